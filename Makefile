@@ -1,0 +1,33 @@
+# The two README commands: `make up` (the service, embedded default) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install up test test-slow test-vllm bench vllm-cpu demo clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install
+	$(VENV)/bin/raas up
+
+test: install
+	$(PY) -m pytest
+
+test-slow: install
+	$(PY) -m pytest -m slow
+
+test-vllm: install
+	$(PY) -m pytest -m vllm
+
+bench: install
+	$(PY) bench/pipeline.py
+
+clean:
+	rm -rf $(VENV) .raas .pytest_cache

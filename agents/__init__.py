@@ -1,0 +1,18 @@
+"""Agent handlers: the interface, the registry, the shared multi-turn loop and the handlers.
+
+`get_handler(name)` returns the registered handler; handler modules register themselves when
+`agents.handlers` is imported (see `agents.registry.load_builtin_handlers`).
+"""
+from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.registry import get_handler, handler_names, register
+
+__all__ = [
+    "AgentHandler",
+    "EvalResult",
+    "HandlerConfig",
+    "RunResult",
+    "StageContext",
+    "get_handler",
+    "handler_names",
+    "register",
+]

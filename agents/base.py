@@ -1,0 +1,134 @@
+"""The AgentHandler interface and what the pipeline hands it (`StageContext`).
+
+A handler is three hooks, one per stage, plus a pydantic config validated at submission time.
+The pipeline owns everything around them: claiming the rollout, starting and stopping the
+sandbox, deadlines, cancel, persistence. Handlers only act through `ctx`.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from app.errors import RolloutCancelled, StageTimeout
+
+
+class HandlerConfig(BaseModel):
+    """Base of every handler's config (the job's `agent_config`); unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class RunResult:
+    """What RUN produced: how the agent stopped and the token-exact trajectory."""
+
+    outcome: str = "completed"  # app.models.Outcome value
+    finish_reason: str | None = None
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    response_logprobs: list[float] | None = None
+    loss_mask: list[int] | None = None
+    policy_versions: list[Any] | None = None
+    token_exact: bool | None = None
+    messages: list[dict[str, Any]] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalResult:
+    """What EVAL produced: the reward and anything worth keeping (e.g. the git patch)."""
+
+    reward: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    """Everything a handler may touch during one stage of one rollout.
+
+    `sandbox` is a client attached to the rollout's sandbox (None for runtime "none");
+    `llm` is the rollout's LLM session (RUN only); `state` is a dict persisted between the
+    stages of one attempt (small JSON); `record_turn` persists one turn before returning.
+    """
+
+    rollout_id: str
+    job_id: str
+    stage: str
+    instance_id: str
+    instance: dict[str, Any]
+    sample_index: int
+    attempt: int
+    agent_config: HandlerConfig
+    job_config: dict[str, Any]
+    deadline: float  # time.monotonic() value
+    state: dict[str, Any]
+    sandbox: Any = None
+    llm: Any = None
+    workspace: str | None = None
+    record_turn: Callable[..., None] = lambda **turn: None
+    cancel_check: Callable[[], bool] = lambda: False
+    run_result: RunResult | None = None
+    logger: Any = None
+
+    def remaining(self) -> float:
+        """Seconds left before this stage's deadline (never negative)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def cancelled(self) -> bool:
+        """True once the job or rollout was cancelled (cheap; rate-limited DB read)."""
+        return self.cancel_check()
+
+    def checkpoint(self) -> None:
+        """Raise if the rollout was cancelled or the stage is out of time (between turns)."""
+        if self.cancel_check():
+            raise RolloutCancelled("rollout cancelled", rollout_id=self.rollout_id)
+        if self.remaining() <= 0:
+            raise StageTimeout(f"{self.stage} deadline passed", rollout_id=self.rollout_id)
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """The job's limits (max_turns, per-stage timeouts, tool_timeout, ...)."""
+        return self.job_config.get("limits", {})
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The job's sampling parameters."""
+        return self.job_config.get("sampling", {})
+
+
+class AgentHandler(ABC):
+    """One kind of agent: how to prepare its sandbox, run it, and grade it."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[HandlerConfig]] = HandlerConfig
+    needs_sandbox: ClassVar[bool] = True
+    needs_llm: ClassVar[bool] = True
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        """Reject an instance at submission time (raise `app.errors.InvalidRequest`)."""
+
+    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
+        """Changes to the job's sandbox spec for this rollout (image, binds, env, limits)."""
+        return {}
+
+    @abstractmethod
+    def init(self, ctx: StageContext) -> None:
+        """INIT: prepare the started sandbox (copy the repo, write files, ...)."""
+
+    @abstractmethod
+    def run(self, ctx: StageContext) -> RunResult:
+        """RUN: drive the multi-turn loop and return the trajectory."""
+
+    @abstractmethod
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        """EVAL: compute the reward (ctx.run_result holds what RUN returned)."""
+
+    def on_failure(self, stage: str, ctx: StageContext, exc: BaseException) -> None:
+        """Called when a stage raised; clean up handler-side resources. Must not raise."""

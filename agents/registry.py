@@ -1,0 +1,64 @@
+"""Handlers registered by name; the name is also ProRL's `data_source`."""
+from __future__ import annotations
+
+import importlib
+import threading
+
+from app.errors import ConfigError, InvalidRequest
+from agents.base import AgentHandler
+
+_handlers: dict[str, AgentHandler] = {}
+_lock = threading.Lock()
+_builtin_loaded = False
+
+# Modules whose import registers the built-in handlers.
+BUILTIN_MODULES = ("agents.handlers",)
+
+
+def register(cls: type[AgentHandler]) -> type[AgentHandler]:
+    """Class decorator: register a handler under `cls.name`; a duplicate name raises."""
+    name = getattr(cls, "name", None)
+    if not name:
+        raise ConfigError(f"handler {cls.__name__} has no name")
+    with _lock:
+        if name in _handlers:
+            raise ConfigError(f"agent handler {name!r} is already registered")
+        _handlers[name] = cls()
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a handler (tests that register throwaway handlers)."""
+    with _lock:
+        _handlers.pop(name, None)
+
+
+def load_builtin_handlers() -> None:
+    """Import the modules that register the built-in handlers (once per process)."""
+    global _builtin_loaded
+    if _builtin_loaded:
+        return
+    for module in BUILTIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    _builtin_loaded = True
+
+
+def handler_names() -> list[str]:
+    """Sorted names of every registered handler."""
+    load_builtin_handlers()
+    return sorted(_handlers)
+
+
+def get_handler(name: str) -> AgentHandler:
+    """The handler registered as `name`; an unknown name lists the valid ones."""
+    load_builtin_handlers()
+    try:
+        return _handlers[name]
+    except KeyError:
+        valid = ", ".join(sorted(_handlers)) or "(none)"
+        raise InvalidRequest(f"unknown agent {name!r}; valid agents: {valid}",
+                             field="agent", valid=sorted(_handlers)) from None

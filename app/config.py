@@ -1,0 +1,83 @@
+"""Service settings: one pydantic model, read from `RAAS_*` environment variables.
+
+Every setting has a default that works embedded (SQLite + the kombu filesystem broker under
+`home`); production overrides `RAAS_DATABASE_URL` and `RAAS_BROKER_URL`.
+"""
+from __future__ import annotations
+
+import socket
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything a raas process (gateway, stage worker, reaper, CLI) needs to know."""
+
+    model_config = SettingsConfigDict(env_prefix="RAAS_", extra="forbid", frozen=True)
+
+    home: Path = Field(Path(".raas"), description="State folder for the embedded default")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in home")
+    broker_url: str | None = Field(None, description="Celery broker; default filesystem in home")
+    broker_key_prefix: str = Field("", description="Redis key prefix, to share one Redis")
+    node: str = Field(default_factory=socket.gethostname, description="This node's name")
+    api_token: str | None = Field(None, description="Bearer token the API demands, if set")
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest request body")
+    max_attempts: int = Field(3, ge=1, description="Tries per rollout before infra_error")
+    heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
+    lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")
+    requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")
+    reaper_interval: float = Field(5.0, gt=0, description="Seconds between reaper passes")
+    stage_grace: float = Field(60.0, ge=0, description="Slack past a stage deadline")
+    max_rollout_seconds: float = Field(
+        6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"
+    )
+    soft_shutdown_timeout: float = Field(60.0, ge=0, description="Drain time on SIGTERM")
+    sandbox_runtime: Literal["auto", "bwrap", "singularity", "local", "none"] = Field(
+        "auto", description="Default sandbox runtime for jobs that do not name one"
+    )
+    workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
+    results_max_wait: float = Field(60.0, ge=0, description="Longest long-poll on results")
+    process_max_wait: float = Field(24 * 3600, gt=0, description="Longest blocking /process")
+
+    @field_validator("node")
+    @classmethod
+    def _node_is_queue_safe(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError(f"node name {value!r} must be non-empty without spaces")
+        return value
+
+    @cached_property
+    def db_url(self) -> str:
+        """The effective database URL."""
+        return self.database_url or f"sqlite:///{self.home.resolve() / 'raas.db'}"
+
+    @cached_property
+    def broker(self) -> str:
+        """The effective broker URL."""
+        return self.broker_url or "filesystem://"
+
+    @property
+    def embedded_broker(self) -> bool:
+        """True when the broker is the kombu filesystem transport under home."""
+        return self.broker.startswith("filesystem")
+
+    @property
+    def broker_folder(self) -> Path:
+        """Where the filesystem transport keeps its messages."""
+        return self.home.resolve() / "broker"
+
+    @property
+    def workspaces(self) -> Path:
+        """Where sandbox workspaces are created."""
+        return (self.workspace_root or self.home / "workspaces").resolve()
+
+
+def load_settings(overrides: Settings | dict | None = None) -> Settings:
+    """Settings from the environment, optionally overridden by a mapping (tests, CLI flags)."""
+    if isinstance(overrides, Settings):
+        return overrides
+    return Settings(**(overrides or {}))

@@ -1,0 +1,103 @@
+"""One exception hierarchy for the whole project.
+
+Every error raised on purpose derives from `RaasError` and, where one fits, from the matching
+built-in so callers can catch either. The gateway maps them to HTTP codes in one place
+(`app.api.errors`); `http_status` and `code` travel with the class.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class RaasError(Exception):
+    """Root of every error raas raises on purpose."""
+
+    http_status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON body sent to API clients."""
+        body: dict[str, Any] = {"error": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class InvalidRequest(RaasError, ValueError):
+    """The caller sent something we cannot accept (bad field, unknown name, bad shape)."""
+
+    http_status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(RaasError, PermissionError):
+    """Missing or wrong API token."""
+
+    http_status = 401
+    code = "unauthorized"
+
+
+class NotFound(RaasError, LookupError):
+    """The addressed job, rollout or server does not exist."""
+
+    http_status = 404
+    code = "not_found"
+
+
+class Conflict(RaasError):
+    """The request clashes with current state (already running, duplicate url, ...)."""
+
+    http_status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request body is larger than the configured limit."""
+
+    http_status = 413
+    code = "payload_too_large"
+
+
+class ConfigError(RaasError, ValueError):
+    """A setting or a job/handler config is invalid; raised at start-up or at submission."""
+
+    http_status = 400
+    code = "config_error"
+
+
+class ServiceUnavailable(RaasError, ConnectionError):
+    """A backing service (database, broker, inference server) cannot be reached."""
+
+    http_status = 503
+    code = "service_unavailable"
+
+
+class StageTimeout(RaasError, TimeoutError):
+    """A stage ran past its deadline."""
+
+    http_status = 504
+    code = "stage_timeout"
+
+
+class RolloutCancelled(RaasError):
+    """The rollout was cancelled; raised at a cooperative check point to unwind a stage."""
+
+    http_status = 409
+    code = "cancelled"
+
+
+class InfraError(RaasError):
+    """The infrastructure failed (sandbox, LLM server, worker); never the agent's fault."""
+
+    code = "infra_error"
+
+
+class AgentError(RaasError):
+    """The agent misbehaved in a way that ends the rollout (e.g. no valid action in N turns)."""
+
+    code = "agent_error"

@@ -1,0 +1,202 @@
+"""SQLAlchemy models: the database is the source of truth, never the broker.
+
+`Job` is a batch, `Rollout` one trajectory, `Turn` the append-only per-turn log, `LLMServer`
+an inference server registered by the trainer. Rollout status moves only along `TRANSITIONS`;
+every stage claims its row with a conditional UPDATE (see `tasks.lifecycle`).
+"""
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now; every timestamp in the database is UTC."""
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    """Opaque 32-hex ids: unguessable, URL-safe, sortable enough for humans."""
+    return uuid.uuid4().hex
+
+
+class Base(DeclarativeBase):
+    """Declarative base of all raas tables."""
+
+
+class Status(str, enum.Enum):
+    """Where a rollout is. `init`/`run`/`eval` with no lease mean 'queued for that stage'."""
+
+    PENDING = "pending"
+    INIT = "init"
+    RUN = "run"
+    EVAL = "eval"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Outcome(str, enum.Enum):
+    """How a rollout ended; infra failures are never disguised as reward 0."""
+
+    COMPLETED = "completed"
+    AGENT_ERROR = "agent_error"
+    TIMEOUT = "timeout"
+    INFRA_ERROR = "infra_error"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+ACTIVE = frozenset({Status.INIT, Status.RUN, Status.EVAL})
+
+# Allowed status moves. Back to PENDING is the reaper's retry of a lost attempt.
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.INIT, Status.FAILED, Status.CANCELLED}),
+    Status.INIT: frozenset({Status.RUN, Status.PENDING, Status.FAILED, Status.CANCELLED}),
+    Status.RUN: frozenset({Status.EVAL, Status.PENDING, Status.FAILED, Status.CANCELLED}),
+    Status.EVAL: frozenset({Status.DONE, Status.PENDING, Status.FAILED, Status.CANCELLED}),
+    Status.DONE: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+
+def sources_of(target: Status) -> list[str]:
+    """The statuses from which `target` may be entered (for conditional UPDATEs)."""
+    return [s.value for s, targets in TRANSITIONS.items() if target in targets]
+
+
+class Job(Base):
+    """A batch submitted by a trainer: instances x n_samples rollouts of one agent."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(128), default="default")
+    agent: Mapped[str] = mapped_column(String(64))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    n_instances: Mapped[int] = mapped_column(Integer, default=0)
+    n_samples: Mapped[int] = mapped_column(Integer, default=1)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Allocator of the per-job completion order; bumped under the job row lock.
+    finished_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    rollouts: Mapped[list[Rollout]] = relationship(back_populates="job", lazy="raise")
+
+    @property
+    def n_rollouts(self) -> int:
+        """Total rollouts of the job."""
+        return self.n_instances * self.n_samples
+
+
+class Rollout(Base):
+    """One trajectory of one sample of one instance, with its lease and its token arrays."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (
+        Index("ix_rollouts_job_seq", "job_id", "result_seq"),
+        Index("ix_rollouts_status", "status"),
+        Index("ix_rollouts_job_instance", "job_id", "instance_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    instance_id: Mapped[str] = mapped_column(String(256))
+    instance: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    sample_index: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), default=Status.PENDING.value)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    node: Mapped[str | None] = mapped_column(String(128))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    sandbox: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    llm_server: Mapped[str | None] = mapped_column(String(512))
+    state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    timing: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    stage_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reward: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    prompt_ids: Mapped[list[int] | None] = mapped_column(JSONType)
+    response_ids: Mapped[list[int] | None] = mapped_column(JSONType)
+    response_logprobs: Mapped[list[float] | None] = mapped_column(JSONType)
+    loss_mask: Mapped[list[int] | None] = mapped_column(JSONType)
+    finish_reason: Mapped[str | None] = mapped_column(String(64))
+    policy_versions: Mapped[list[Any] | None] = mapped_column(JSONType)
+    token_exact: Mapped[bool | None] = mapped_column(Boolean)
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    result_seq: Mapped[int | None] = mapped_column(Integer)
+    completes_group: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    job: Mapped[Job] = relationship(back_populates="rollouts", lazy="raise")
+
+
+class Turn(Base):
+    """Append-only log of one agent turn: what resume, replay and debugging read."""
+
+    __tablename__ = "turns"
+    __table_args__ = (Index("ix_turns_rollout", "rollout_id", "attempt", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    index: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    generated_ids: Mapped[list[int] | None] = mapped_column(JSONType)
+    logprobs: Mapped[list[float] | None] = mapped_column(JSONType)
+    text: Mapped[str | None] = mapped_column(Text)
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    observation: Mapped[str | None] = mapped_column(Text)
+    observation_ids: Mapped[list[int] | None] = mapped_column(JSONType)
+    finish_reason: Mapped[str | None] = mapped_column(String(64))
+    llm_server: Mapped[str | None] = mapped_column(String(512))
+    weight_version: Mapped[str | None] = mapped_column(String(128))
+    gen_seconds: Mapped[float | None] = mapped_column(Float)
+    tool_seconds: Mapped[float | None] = mapped_column(Float)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+
+
+class LLMServer(Base):
+    """An inference server registered by the trainer; `in_flight` counts sticky rollouts."""
+
+    __tablename__ = "llm_servers"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    url: Mapped[str] = mapped_column(String(512), unique=True)
+    model: Mapped[str | None] = mapped_column(String(512))
+    weight_version: Mapped[str | None] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(32), default="vllm")
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,1 @@
+"""Alembic environment and revisions; `raas db upgrade` runs them (see `migrations.runner`)."""

@@ -1,0 +1,65 @@
+"""Shared fixtures: real PostgreSQL and Redis (fail, never skip, when they are down)."""
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+PG_ADMIN_URL = os.environ.get("RAAS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("RAAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _pg_admin_engine() -> sa.Engine:
+    return sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"raas_t_{uuid.uuid4().hex[:12]}"
+    admin = _pg_admin_engine()
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as exc:  # the service must be there: fail loudly
+        pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {exc}")
+    url = sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    from app.db import dispose_all
+
+    dispose_all(close=True)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    """A SQLite database file in the test's temporary folder."""
+    return f"sqlite:///{tmp_path / 'raas.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_url(request) -> str:
+    """Each test using it runs on SQLite and on PostgreSQL."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A unique Redis key prefix so concurrent test runs never share queues."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.fail(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    prefix = f"raas-test-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+    client.close()
