@@ -1,0 +1,78 @@
+"""What a sandbox is made of: the options a job may set and the full spec a runtime starts."""
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+RuntimeName = Literal["auto", "bwrap", "singularity", "local", "none"]
+
+
+class SandboxLimits(BaseModel):
+    """Resource ceilings applied to everything the sandbox runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_timeout: float = Field(60.0, gt=0, description="Default wall seconds per tool call")
+    memory_mb: int = Field(4096, gt=0, description="Memory per sandbox (cgroup) / per process (rlimit)")
+    max_procs: int = Field(512, ge=8, description="Most processes alive at once in the sandbox")
+    output_bytes: int = Field(64 * 1024, ge=256, description="Output kept for the model per call")
+    file_size_mb: int = Field(1024, gt=0, description="Largest file a sandboxed process may write")
+
+
+class Bind(BaseModel):
+    """A host path made visible inside the sandbox."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(description="Absolute host path")
+    sandbox: str | None = Field(None, description="Absolute path inside; default same as host")
+    read_only: bool = Field(True, description="Mount read-only (the default)")
+
+    @field_validator("host", "sandbox")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError(f"bind path {value!r} must be absolute")
+        return value
+
+    @property
+    def target(self) -> str:
+        """The path inside the sandbox."""
+        return self.sandbox or self.host
+
+
+class SandboxOptions(BaseModel):
+    """The sandbox settings a job may choose over the REST API."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runtime: RuntimeName | None = Field(None, description="Runtime; None = the node default")
+    image: str | None = Field(
+        None, description="Rootfs directory (bwrap), .sif path or docker:// ref (singularity)"
+    )
+    python_env: str | None = Field(
+        None, description="Named environment under <RAAS home>/envs, or an absolute path"
+    )
+    binds: list[Bind] = Field(default_factory=list, description="Extra host paths to mount")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables")
+    network: bool = Field(False, description="Share the host network (off = no network at all)")
+    workdir: str | None = Field(None, description="Initial directory inside; default workspace")
+    limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Resource limits")
+    fakeroot: bool = Field(False, description="Singularity --fakeroot (root inside, not outside)")
+
+
+class SandboxSpec(SandboxOptions):
+    """Everything a runtime needs to start one sandbox."""
+
+    workspace: str = Field(
+        description="Absolute host dir, the only writable host path; same path inside"
+    )
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace_absolute(cls, value: str) -> str:
+        if not os.path.isabs(value):
+            raise ValueError(f"workspace {value!r} must be an absolute path")
+        return os.path.normpath(value)
