@@ -1,0 +1,143 @@
+"""Grade a math answer against a reference: math-verify first, sympy equivalence second.
+
+The prediction is what the agent passed to `finish(answer)`, or else the last `\\boxed{...}`
+of its final message. A bare answer (`1/2`, `\\frac{1}{2}`, `0.5`) is read as a formula, not
+searched for numbers in prose, because math-verify's prose extraction turns `3\\pi` into `3`.
+
+math-verify bounds its parsing and comparison with `signal.alarm`, which only works in a
+process's main thread. In the main thread (a prefork worker, a test) we grade in-process; from
+any other thread (a threaded worker pool) we grade in a short-lived child process that is killed
+at the timeout, so a pathological answer can never wedge a worker.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MAX_ANSWER_CHARS = 2000
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class MathGrade:
+    """The reward and how it was reached (`math_verify`, `sympy`, `no_answer`, `timeout`, `none`)."""
+
+    reward: float
+    method: str
+    predicted: str | None = None
+
+
+def extract_boxed(text: str | None) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced."""
+    if not text:
+        return None
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth, begin = 1, i
+    while i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[begin:i].strip()
+        i += 1
+    return None
+
+
+def answer_from_run(answer: str | None, final_message: str | None) -> str | None:
+    """The answer to grade: the finish tool's argument, else the final message's `\\boxed{}`."""
+    if answer is not None and str(answer).strip():
+        text = str(answer).strip()
+        return extract_boxed(text) or text
+    return extract_boxed(final_message)
+
+
+def _as_latex(text: str) -> str:
+    """Wrap a bare answer in `$...$` so math-verify reads all of it as one formula."""
+    if any(mark in text for mark in ("$", "\\(", "\\[", "\\boxed")):
+        return text
+    return f"${text}$"
+
+
+@lru_cache(maxsize=4096)
+def _parse_reference(reference: str) -> list:
+    """Parsed reference answer (cached: every sample of a GRPO group shares it)."""
+    from math_verify import parse
+
+    return parse(_as_latex(reference))
+
+
+def _grade_here(predicted: str, reference: str, timeout_s: int) -> MathGrade:
+    """Grade in this thread (must be the main thread: math-verify uses SIGALRM)."""
+    from math_verify.errors import TimeoutException
+
+    try:
+        return _grade_unguarded(predicted, reference, timeout_s)
+    except TimeoutException:  # a BaseException: math-verify's own handlers let it through
+        return MathGrade(0.0, "timeout", predicted)
+
+
+def _grade_unguarded(predicted: str, reference: str, timeout_s: int) -> MathGrade:
+    """math-verify, then the sympy fallback; each step bounded by `timeout_s` via SIGALRM."""
+    from math_verify import parse, verify
+    from math_verify.utils import timeout
+
+    from agents.rewards.math_sympy import parse_python_math, sympy_equivalent
+
+    gold = _parse_reference(reference)
+    pred = parse(_as_latex(predicted), parsing_timeout=timeout_s)
+    if gold and pred and verify(gold, pred, timeout_seconds=timeout_s):
+        return MathGrade(1.0, "math_verify", predicted)
+    gold_exprs = [g for g in gold if not isinstance(g, str)]
+    if gold_exprs:
+        py_pred = timeout(timeout_seconds=timeout_s)(parse_python_math)(predicted)
+        if py_pred is not None and timeout(timeout_seconds=timeout_s)(sympy_equivalent)(
+                gold_exprs[0], py_pred):
+            return MathGrade(1.0, "sympy", predicted)
+    return MathGrade(0.0, "none", predicted)
+
+
+def _grade_in_child(predicted: str, reference: str, timeout_s: int) -> MathGrade:
+    """Grade in a child process killed after the timeout (for callers off the main thread)."""
+    payload = json.dumps({"predicted": predicted, "reference": reference, "timeout": timeout_s})
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agents.rewards.math_answer"], input=payload,
+                              capture_output=True, text=True, timeout=4 * timeout_s + 15, env=env)
+    except subprocess.TimeoutExpired:
+        return MathGrade(0.0, "timeout", predicted)
+    if proc.returncode != 0:
+        logger.warning("math grading child failed (rc=%s): %s", proc.returncode, proc.stderr[-500:])
+        return MathGrade(0.0, "none", predicted)
+    return MathGrade(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def grade_math_answer(predicted: str | None, reference: str, *, timeout_s: int = 5) -> MathGrade:
+    """Reward 1.0 if `predicted` is mathematically equivalent to `reference`, else 0.0."""
+    if predicted is None or not predicted.strip():
+        return MathGrade(0.0, "no_answer", predicted)
+    predicted = predicted.strip()[:MAX_ANSWER_CHARS]
+    if threading.current_thread() is threading.main_thread():
+        return _grade_here(predicted, reference, timeout_s)
+    return _grade_in_child(predicted, reference, timeout_s)
+
+
+def _main() -> None:
+    """Child-process entry point: JSON request on stdin, one JSON `MathGrade` line on stdout."""
+    request = json.loads(sys.stdin.read())
+    grade = _grade_here(request["predicted"], request["reference"], int(request["timeout"]))
+    print(json.dumps(asdict(grade)))
+
+
+if __name__ == "__main__":
+    _main()
