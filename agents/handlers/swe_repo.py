@@ -1,0 +1,143 @@
+"""Putting a SWE instance's repository at its base commit into a host directory.
+
+An instance's `repo` is a git directory, a tarball (of a git checkout or of plain sources) or a
+plain source directory. Plain sources are committed with a fixed author, date and message, so
+the same files always give the same commit id: the example repos ship as sources and their
+`base_commit` in `examples/swe/instances.jsonl` is reproducible
+(`python examples/swe/build_instances.py` rebuilds that file). Git runs on the host with a sanitized
+environment so the user's git config and hooks never leak in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from app.errors import InfraError, InvalidRequest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+_FIXED_DATE = "2024-01-01T00:00:00+00:00"
+_SKIP = {"__pycache__", ".pytest_cache", ".git"}
+
+
+def git_env() -> dict[str, str]:
+    """Environment for host-side git: no user/system config, fixed identity and dates."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
+        GIT_AUTHOR_NAME="raas", GIT_AUTHOR_EMAIL="raas@localhost", GIT_AUTHOR_DATE=_FIXED_DATE,
+        GIT_COMMITTER_NAME="raas", GIT_COMMITTER_EMAIL="raas@localhost",
+        GIT_COMMITTER_DATE=_FIXED_DATE, LC_ALL="C",
+    )
+    return env
+
+
+def git(cwd: Path, *args: str, check: bool = True) -> str:
+    """Run host git in `cwd` and return stdout; a failure is an InfraError with stderr."""
+    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd,
+                          env=git_env(), capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise InfraError(f"git {' '.join(args)} failed: {proc.stderr.strip()[:2000]}")
+    return proc.stdout
+
+
+def resolve_repo(repo: str, root: str | Path | None = None) -> Path:
+    """An instance's `repo` as an absolute path (relative paths are taken from `root`)."""
+    path = Path(repo).expanduser()
+    if not path.is_absolute():
+        path = Path(root or PROJECT_ROOT) / path
+    if not path.exists():
+        raise InvalidRequest(f"repo {repo!r} does not exist (resolved to {path})", field="repo")
+    return path
+
+
+def _copy_sources(src: Path, dest: Path) -> None:
+    """Copy a source tree with normalized permissions, leaving out caches and .git."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP)
+        target = dest / Path(dirpath).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in sorted(filenames):
+            shutil.copyfile(Path(dirpath) / name, target / name)
+            executable = os.access(Path(dirpath) / name, os.X_OK)
+            os.chmod(target / name, 0o755 if executable else 0o644)
+
+
+def commit_sources(src: Path, dest: Path) -> str:
+    """Make `dest` a git repo holding `src`'s files in one deterministic commit; its id."""
+    _copy_sources(src, dest)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "--no-gpg-sign", "-m", "Initial import")
+    return git(dest, "rev-parse", "HEAD").strip()
+
+
+def _checkout_base(dest: Path, base_commit: str) -> None:
+    """Detach at `base_commit` and drop every other ref so later history is unreachable."""
+    if git(dest, "cat-file", "-t", base_commit, check=False).strip() != "commit":
+        raise InvalidRequest(f"base_commit {base_commit} is not in the repo", field="base_commit")
+    git(dest, "checkout", "-q", "--force", "--detach", base_commit)
+    for ref in git(dest, "for-each-ref", "--format=%(refname)").split():
+        git(dest, "update-ref", "-d", ref)
+    git(dest, "remote", "remove", "origin", check=False)
+    git(dest, "checkout", "-q", "-B", "main")
+    git(dest, "reflog", "expire", "--expire=now", "--all")
+    git(dest, "gc", "-q", "--prune=now")
+
+
+def _extract(tarball: Path, dest: Path) -> Path:
+    """Unpack a tarball into `dest`; the single top-level folder if it has one."""
+    with tarfile.open(tarball) as archive:
+        archive.extractall(dest, filter="data")
+    entries = list(dest.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+
+
+def materialize(repo: str, base_commit: str, dest: str | Path, root: str | Path | None = None) -> None:
+    """Fill the empty directory `dest` with `repo` checked out at `base_commit`."""
+    src, dest = resolve_repo(repo, root), Path(dest)
+    with tempfile.TemporaryDirectory(prefix="raas-swe-") as scratch:
+        if src.is_file() and src.name.endswith(TARBALL_SUFFIXES):
+            src = _extract(src, Path(scratch))
+        elif src.is_file():
+            raise InvalidRequest(f"repo {repo!r} is neither a directory nor a tarball", field="repo")
+        if (src / ".git").exists():
+            git(dest, "clone", "-q", "--no-hardlinks", str(src), ".")
+            _checkout_base(dest, base_commit)
+            return
+        head = commit_sources(src, dest)
+    if head != base_commit:
+        raise InvalidRequest(f"the sources of {repo!r} commit to {head}, not base_commit "
+                             f"{base_commit}", field="base_commit")
+
+
+def example_instances(examples_dir: str | Path) -> list[dict[str, Any]]:
+    """SWE-bench-shaped instances for every example folder (repo/, problem.md, patches)."""
+    examples_dir = Path(examples_dir).resolve()
+    instances = []
+    for folder in sorted(p for p in examples_dir.iterdir() if (p / "repo").is_dir()):
+        tests = json.loads((folder / "tests.json").read_text())
+        with tempfile.TemporaryDirectory() as scratch:
+            base = commit_sources(folder / "repo", Path(scratch))
+        try:
+            repo = str((folder / "repo").relative_to(PROJECT_ROOT))
+        except ValueError:
+            repo = str(folder / "repo")
+        instances.append({
+            "instance_id": f"raas-examples__{folder.name}-1",
+            "repo": repo,
+            "base_commit": base,
+            "problem_statement": (folder / "problem.md").read_text(),
+            "test_patch": (folder / "test.patch").read_text(),
+            "patch": (folder / "fix.patch").read_text(),
+            "FAIL_TO_PASS": tests["FAIL_TO_PASS"],
+            "PASS_TO_PASS": tests["PASS_TO_PASS"],
+        })
+    return instances
+

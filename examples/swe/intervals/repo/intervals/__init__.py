@@ -1,0 +1,4 @@
+"""Closed-interval helpers."""
+from intervals.core import gaps, merge, total_length
+
+__all__ = ["gaps", "merge", "total_length"]
