@@ -1,0 +1,21 @@
+"""LLM backends by name: `vllm`, `sglang`, `openai-chat` (text only, not token-exact)."""
+from agents.llm.backends import openai_chat, sglang, vllm  # noqa: F401 - registers them
+from agents.llm.backends.base import (
+    GenerateRequest,
+    Generation,
+    LLMBackend,
+    ServerError,
+    backend_names,
+    get_backend_class,
+    register_backend,
+)
+
+__all__ = [
+    "GenerateRequest",
+    "Generation",
+    "LLMBackend",
+    "ServerError",
+    "backend_names",
+    "get_backend_class",
+    "register_backend",
+]

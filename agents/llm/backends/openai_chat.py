@@ -1,0 +1,55 @@
+"""Text-only OpenAI chat backend, for API models and evaluation runs: NOT token-exact.
+
+The server applies its own template and returns text, so the ids here are this side's
+re-tokenization of that text and the logprobs are missing. Trajectories built with it carry
+`token_exact = False` and the session logs a warning when it opens: never RL-train on them.
+"""
+from __future__ import annotations
+
+import time
+
+from agents.llm.backends.base import (
+    GenerateRequest,
+    Generation,
+    LLMBackend,
+    ServerError,
+    register_backend,
+)
+
+
+@register_backend
+class OpenAIChatBackend(LLMBackend):
+    """`POST /v1/chat/completions` with messages; returns text only."""
+
+    name = "openai-chat"
+    token_exact = False
+
+    def generate(self, url: str, request: GenerateRequest) -> Generation:
+        """Send the messages (and tools); the caller re-tokenizes the text (not exact)."""
+        sampling = request.sampling
+        body: dict = {
+            "model": request.model,
+            "messages": request.messages,
+            "max_tokens": request.max_tokens,
+            "temperature": sampling.get("temperature", 1.0),
+            "top_p": sampling.get("top_p", 1.0),
+        }
+        for key in ("stop", "seed"):
+            if sampling.get(key) is not None:
+                body[key] = sampling[key]
+        started = time.monotonic()
+        base = url if url.endswith("/v1") else f"{url}/v1"
+        data = self._call("POST", f"{base}/chat/completions", body, request.timeout)
+        try:
+            choice = data["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ServerError(f"{url}: no message in the chat answer ({exc!r})") from exc
+        return Generation(
+            token_ids=[],
+            logprobs=None,
+            finish_reason=choice.get("finish_reason"),
+            text=text,
+            server=url,
+            latency=time.monotonic() - started,
+        )

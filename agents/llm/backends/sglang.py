@@ -1,0 +1,51 @@
+"""SGLang's native `/generate`: `input_ids` in, `output_ids` and per-token logprobs out."""
+from __future__ import annotations
+
+import time
+
+from agents.llm.backends.base import (
+    GenerateRequest,
+    Generation,
+    LLMBackend,
+    ServerError,
+    register_backend,
+)
+
+
+@register_backend
+class SGLangBackend(LLMBackend):
+    """SGLang runtime servers."""
+
+    name = "sglang"
+
+    def generate(self, url: str, request: GenerateRequest) -> Generation:
+        """POST /generate with input_ids and return_logprob; read output ids and logprobs."""
+        sampling = request.sampling
+        params = {
+            "max_new_tokens": request.max_tokens,
+            "temperature": sampling.get("temperature", 1.0),
+            "top_p": sampling.get("top_p", 1.0),
+            "top_k": sampling.get("top_k", -1),
+        }
+        if sampling.get("stop"):
+            params["stop"] = sampling["stop"]
+        if sampling.get("seed") is not None:
+            params["sampling_seed"] = sampling["seed"]
+        body = {"input_ids": request.prompt_ids, "sampling_params": params, "return_logprob": True}
+        started = time.monotonic()
+        data = self._call("POST", f"{url}/generate", body, request.timeout)
+        try:
+            meta = data["meta_info"]
+            entries = meta["output_token_logprobs"]
+            token_ids = [int(entry[1]) for entry in entries]
+            logprobs = [float(entry[0]) for entry in entries]
+            finish = meta.get("finish_reason") or {}
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ServerError(f"{url}: no output_token_logprobs in the answer ({exc!r})") from exc
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+            server=url,
+            latency=time.monotonic() - started,
+        )

@@ -1,0 +1,55 @@
+"""vLLM's token-in/token-out subset of `/v1/completions`: prompt ids in, sampled ids out.
+
+`return_token_ids` makes vLLM send back the exact ids it sampled; `logprobs: 0` adds the
+logprob of each sampled token (and no alternatives, which would only cost bandwidth).
+"""
+from __future__ import annotations
+
+import time
+
+from agents.llm.backends.base import (
+    GenerateRequest,
+    Generation,
+    LLMBackend,
+    ServerError,
+    register_backend,
+)
+
+
+@register_backend
+class VLLMBackend(LLMBackend):
+    """vLLM (or anything speaking its completions subset, like the LLM simulator)."""
+
+    name = "vllm"
+
+    def generate(self, url: str, request: GenerateRequest) -> Generation:
+        """POST /v1/completions with token ids; read `token_ids` and `logprobs.token_logprobs`."""
+        sampling = request.sampling
+        body = {
+            "model": request.model,
+            "prompt": request.prompt_ids,
+            "max_tokens": request.max_tokens,
+            "temperature": sampling.get("temperature", 1.0),
+            "top_p": sampling.get("top_p", 1.0),
+            "top_k": sampling.get("top_k", -1),
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+        for key in ("stop", "seed"):
+            if sampling.get(key) is not None:
+                body[key] = sampling[key]
+        started = time.monotonic()
+        data = self._call("POST", f"{url}/v1/completions", body, request.timeout)
+        try:
+            choice = data["choices"][0]
+            token_ids = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ServerError(f"{url}: no token_ids/logprobs in the answer ({exc!r})") from exc
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=choice.get("finish_reason"),
+            server=url,
+            latency=time.monotonic() - started,
+        )

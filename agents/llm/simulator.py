@@ -1,0 +1,299 @@
+"""LLM simulator (a fake, named as such): a scripted server speaking vLLM's token-id subset.
+
+For tests and benchmarks where no real model can run. It answers
+`POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`), SGLang's
+`POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
+`GET /sim/stats` (request counts, for balancing tests).
+
+Script (JSON file or dict)::
+
+    {
+      "model": "sim",                          # served model name; default: the tokenizer folder
+      "turn_marker": "<|im_start|>assistant",  # counts turns in the decoded prompt
+      "latency": 0.0,                          # seconds added to every answer
+      "default": ["reply for turn 0", "reply for turn 1"],
+      "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
+                                        {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]}
+    }
+
+Which instance: the first `by_instance` key (in script order) that occurs in the decoded prompt
+(e.g. an instance id the task puts in its user message), else `default`. Which turn: the number
+of `turn_marker` occurrences in the prompt minus one (the prompt ends with the generation
+prompt of the current turn); past the end of a list the last reply repeats. A text reply is
+encoded with the tokenizer and closed with the end-of-turn token (`"end": false` leaves it
+open); `"ids"` gives exact ids, e.g. a non-canonical tokenization to provoke drift.
+`max_tokens` truncates a reply (finish reason `length`). Logprobs are a deterministic
+function of (token id, position), in (-3, 0].
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def fake_logprob(token_id: int, position: int) -> float:
+    """Deterministic stand-in for a sampled token's logprob."""
+    return -((token_id * 7919 + position * 104729) % 997) / 997.0 * 3.0
+
+
+class Script:
+    """The scripted replies of one simulator instance, encoded with its tokenizer."""
+
+    def __init__(self, tokenizer_dir: str, script: dict[str, Any]) -> None:
+        folder = Path(tokenizer_dir)
+        self.tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        self.end_text = _token_text(config.get("eos_token")) or "<|im_end|>"
+        self.end_id = self.tok.token_to_id(self.end_text)
+        self.model = script.get("model") or str(folder.resolve())
+        self.turn_marker = script.get("turn_marker", "<|im_start|>assistant")
+        self.latency = float(script.get("latency", 0.0))
+        self.default = list(script.get("default") or ["OK"])
+        self.by_instance = {k: list(v) for k, v in (script.get("by_instance") or {}).items()}
+
+    def select(self, prompt_text: str, turn: int) -> tuple[str, Any]:
+        """(instance key, reply spec) for a prompt at a given turn."""
+        key = next((k for k in self.by_instance if k in prompt_text), "default")
+        replies = self.by_instance.get(key, self.default)
+        return key, replies[min(turn, len(replies) - 1)]
+
+    def reply_ids(self, reply: Any) -> tuple[list[int], float]:
+        """Token ids of one reply (end token appended unless told not to) and its latency."""
+        spec = reply if isinstance(reply, dict) else {"text": str(reply)}
+        latency = float(spec.get("latency", self.latency))
+        if "ids" in spec:
+            return [int(i) for i in spec["ids"]], latency
+        text = spec.get("text", "")
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if spec.get("end", True) and not text.endswith(self.end_text):
+            ids.append(self.end_id)
+        return ids, latency
+
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
+        """Answer one token-id request: ids, logprobs, finish reason, instance key."""
+        prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
+        turn = max(0, prompt_text.count(self.turn_marker) - 1)
+        key, reply = self.select(prompt_text, turn)
+        ids, latency = self.reply_ids(reply)
+        finish = "stop"
+        if len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        if latency:
+            time.sleep(latency)
+        base = len(prompt_ids)
+        return {"ids": ids, "logprobs": [fake_logprob(t, base + i) for i, t in enumerate(ids)],
+                "finish_reason": finish, "instance": key,
+                "text": self.tok.decode(ids, skip_special_tokens=True)}
+
+
+def _token_text(token: Any) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+class SimulatorServer(ThreadingHTTPServer):
+    """The HTTP server holding a Script, a max context length and request counters."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], script: Script, max_model_len: int | None):
+        super().__init__(address, _Handler)
+        self.script = script
+        self.max_model_len = max_model_len
+        self.stats: Counter[str] = Counter()
+        self.stats_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """Base URL clients use."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: SimulatorServer
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: tests start many of them
+        log.debug("llm-sim: " + fmt, *args)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        script = self.server.script
+        if self.path == "/health":
+            self._send(200, {})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [
+                {"id": script.model, "object": "model", "root": script.model,
+                 "max_model_len": self.server.max_model_len}]})
+        elif self.path == "/sim/stats":
+            with self.server.stats_lock:
+                self._send(200, dict(self.server.stats))
+        else:
+            self._send(404, {"error": f"no route {self.path}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        except ValueError:
+            self._send(400, {"error": "body is not JSON"})
+            return
+        routes = {"/v1/completions": self._completions, "/generate": self._generate,
+                  "/v1/chat/completions": self._chat}
+        route = routes.get(self.path)
+        if route is None:
+            self._send(404, {"error": f"no route {self.path}"})
+            return
+        status, answer = route(body)
+        self._send(status, answer)
+
+    def _run(self, prompt: Any, max_tokens: int) -> tuple[int, dict[str, Any]]:
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return 400, {"error": "the simulator only accepts a prompt of token ids"}
+        limit = self.server.max_model_len
+        if limit is not None and len(prompt) + max_tokens > limit:
+            return 400, {"error": f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) "
+                                  f"exceeds max_model_len {limit}"}
+        result = self.server.script.complete(prompt, max_tokens)
+        with self.server.stats_lock:
+            self.server.stats["requests"] += 1
+            self.server.stats[f"instance:{result['instance']}"] += 1
+        return 200, result
+
+    def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16))
+        if status != 200:
+            return status, r
+        choice = {"index": 0, "text": r["text"], "finish_reason": r["finish_reason"],
+                  "token_ids": r["ids"], "prompt_token_ids": body["prompt"],
+                  "logprobs": {"token_logprobs": r["logprobs"],
+                               "tokens": [self.server.script.tok.id_to_token(t) for t in r["ids"]]}}
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(r["ids"])}
+        return 200, {"id": "cmpl-sim", "object": "text_completion",
+                     "model": self.server.script.model, "choices": [choice], "usage": usage}
+
+    def _generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        params = body.get("sampling_params") or {}
+        status, r = self._run(body.get("input_ids"), int(params.get("max_new_tokens") or 16))
+        if status != 200:
+            return status, r
+        meta = {"finish_reason": {"type": r["finish_reason"]},
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(r["logprobs"], r["ids"])],
+                "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(r["ids"])}
+        return 200, {"text": r["text"], "output_ids": r["ids"], "meta_info": meta}
+
+    def _chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        script = self.server.script
+        messages = body.get("messages") or []
+        text = "\n".join(str(m.get("content") or "") for m in messages)
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        key, reply = script.select(text, turn)
+        ids, _ = script.reply_ids(reply)
+        with self.server.stats_lock:
+            self.server.stats["requests"] += 1
+            self.server.stats[f"instance:{key}"] += 1
+        content = script.tok.decode(ids, skip_special_tokens=True)
+        return 200, {"id": "chat-sim", "object": "chat.completion", "model": script.model,
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": content}}]}
+
+
+def _load_script(script: dict[str, Any] | str | Path) -> dict[str, Any]:
+    return script if isinstance(script, dict) else json.loads(Path(script).read_text())
+
+
+def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: int = 0,
+                host: str = "127.0.0.1", max_model_len: int | None = None,
+                latency: float | None = None) -> SimulatorServer:
+    """A bound (not yet serving) simulator server; port 0 picks a free one."""
+    data = dict(_load_script(script))
+    if latency is not None:
+        data["latency"] = latency
+    return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len)
+
+
+def start_simulator(tokenizer_dir: str, script: dict[str, Any] | str | Path,
+                    max_model_len: int | None = None,
+                    latency: float | None = None) -> tuple[str, Callable[[], None]]:
+    """Serve a simulator in a daemon thread on a free port; returns (url, stop)."""
+    server = make_server(tokenizer_dir, script, max_model_len=max_model_len, latency=latency)
+    thread = threading.Thread(target=server.serve_forever, name="llm-sim", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return server.url, stop
+
+
+def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: int,
+                            max_model_len: int | None = None,
+                            ready_timeout: float = 30.0) -> tuple[str, Callable[[], None]]:
+    """Run `raas llm-sim` as a subprocess (killable like a real server); returns (url, stop)."""
+    cmd = [sys.executable, "-m", "agents.llm.simulator", "--tokenizer", str(tokenizer_dir),
+           "--script", str(script_file), "--port", str(port)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).is_success:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+    def stop() -> None:
+        proc.kill()
+        proc.wait(timeout=10)
+
+    return url, stop
+
+
+@click.command("llm-sim")
+@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True),
+              help="Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json)")
+@click.option("--script", "script_file", required=True, type=click.Path(exists=True),
+              help="JSON script of replies (format: see agents/llm/simulator.py)")
+@click.option("--port", default=8100, show_default=True, help="Port to listen on")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind")
+@click.option("--latency", type=float, default=None, help="Seconds added to every answer")
+@click.option("--max-model-len", type=int, default=None, help="Reject longer requests (400)")
+def llm_sim_command(tokenizer_dir: str, script_file: str, port: int, host: str,
+                    latency: float | None, max_model_len: int | None) -> None:
+    """Run the LLM simulator (a scripted fake of vLLM's token-id API) until interrupted."""
+    server = make_server(tokenizer_dir, script_file, port, host, max_model_len, latency)
+    click.echo(f"LLM simulator (fake) serving {server.script.model} on {server.url}")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    llm_sim_command()

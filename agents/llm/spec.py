@@ -1,0 +1,116 @@
+"""The job's `llm` and `sampling` configs, validated once at submission time.
+
+`LLMSpec` says where generation happens (the job's own servers, or the registered pool when
+`servers` is None), which backend speaks to them and which tokenizer builds the trajectory.
+`SamplingParams` is per turn. Both forbid unknown fields so a typo fails the submission with a
+message naming the field instead of being ignored for a whole batch.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.errors import InvalidRequest
+
+BackendName = Literal["vllm", "sglang", "openai-chat"]
+
+
+class ServerSpec(BaseModel):
+    """One inference server named by the job itself (instead of the registered pool)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Base URL, e.g. http://10.0.0.5:8000")
+    model: str | None = Field(None, description="Served model name; default: GET /v1/models")
+    weight_version: str | None = Field(None, description="Recorded with every turn it samples")
+    backend: BackendName | None = Field(None, description="Overrides the job's backend")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"url {value!r} must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class LLMSpec(BaseModel):
+    """Where and how a job's rollouts generate; stored normalised with the job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    servers: list[ServerSpec] | None = Field(
+        None, description="The job's own servers; None = the registered pool (llm_servers)"
+    )
+    backend: BackendName = Field("vllm", description="Wire protocol of the servers")
+    tokenizer: str | None = Field(
+        None, description="Local Hugging Face folder; default: the model path the server reports"
+    )
+    chat_template: str | None = Field(
+        None, description="Path of a Jinja chat template overriding the tokenizer's"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra template variables (e.g. enable_thinking)"
+    )
+    max_model_len: int = Field(4096, gt=0, description="Prompt + all turns, in tokens")
+    request_timeout: float = Field(600.0, gt=0, description="Seconds for one generation call")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the API key (openai-chat)"
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _non_empty(cls, value: list[ServerSpec] | None) -> list[ServerSpec] | None:
+        if value is not None and not value:
+            raise ValueError("servers must list at least one server, or be null for the pool")
+        return value
+
+    @property
+    def token_exact(self) -> bool:
+        """False only for the text-only chat backend (API models, evaluation)."""
+        return self.backend != "openai-chat"
+
+
+class SamplingParams(BaseModel):
+    """Per-turn sampling settings sent with every generation request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass")
+    top_k: int = Field(-1, ge=-1, description="-1 = all tokens")
+    max_tokens: int = Field(1024, gt=0, description="Most tokens per turn (also capped by context)")
+    stop: list[str] | None = Field(None, description="Extra stop strings")
+    seed: int | None = Field(None, description="Per-request seed, for reproducible sampling")
+
+
+def parse_model(model: type[BaseModel], data: dict | None, where: str) -> Any:
+    """Validate `data` against `model`, turning pydantic errors into InvalidRequest."""
+    try:
+        return model.model_validate(data or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in (where, *first["loc"]))
+        raise InvalidRequest(f"{field}: {first['msg']}", field=field) from exc
+
+
+def validate_sampling(sampling: dict | None) -> dict:
+    """The normalised sampling dict of a job; InvalidRequest names the bad field."""
+    return parse_model(SamplingParams, sampling, "sampling").model_dump()
+
+
+def validate_llm_spec(llm_spec: dict, db_url: str) -> dict:
+    """Validate a job's `llm` spec at submission and resolve its tokenizer folder.
+
+    The tokenizer is the named folder, else the model path a server reports in GET /v1/models
+    when that folder exists locally; otherwise InvalidRequest names `llm.tokenizer`.
+    """
+    from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
+
+    spec = parse_model(LLMSpec, llm_spec, "llm")
+    spec.tokenizer = resolve_tokenizer_path(spec, db_url)
+    try:
+        load_chat_tokenizer(spec.tokenizer, spec.chat_template)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"llm.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from exc
+    return spec.model_dump()

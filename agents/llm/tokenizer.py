@@ -1,0 +1,139 @@
+"""The tokenizer and chat template that build a trajectory, loaded offline from a local folder.
+
+A rollout's tokens must come from the same tokenizer the policy was trained with, so it is a
+local Hugging Face folder (tokenizer.json + chat template), never a hub download. When a job
+does not name one, the usual case is that trainer and service share a filesystem: the model
+path a registered server reports in GET /v1/models is that folder.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MODELS_TIMEOUT = 3.0
+
+
+class ChatTokenizer:
+    """A Hugging Face tokenizer plus its chat template, rendering messages to text and ids."""
+
+    def __init__(self, hf_tokenizer: Any, chat_template: str | None = None) -> None:
+        self.hf = hf_tokenizer
+        self.template = chat_template or hf_tokenizer.chat_template
+        if not self.template:
+            raise ValueError("the tokenizer has no chat template and none was given")
+        self.supports_tools = "tools" in self.template
+        # Rendering is pure but transformers' template cache is not documented thread-safe.
+        self._lock = threading.Lock()
+        self.end_ids = self._end_of_turn_ids()
+
+    def _end_of_turn_ids(self) -> frozenset[int]:
+        """Ids that end a turn: eos plus ChatML's <|im_end|> / Llama's <|eot_id|> if present."""
+        ids = {self.hf.eos_token_id} if self.hf.eos_token_id is not None else set()
+        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+            token_id = self.hf.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != self.hf.unk_token_id:
+                ids.add(token_id)
+        return frozenset(ids)
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = False,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat template applied to `messages` (tools passed only if the template uses them)."""
+        kwargs = dict(template_kwargs)
+        if tools and self.supports_tools:
+            kwargs["tools"] = tools
+        with self._lock:
+            return self.hf.apply_chat_template(
+                messages,
+                chat_template=self.template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` alone; special tokens written in the text become their ids."""
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids` with special tokens dropped (for parsing only, never re-encoded)."""
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """Literal text of one token, special tokens included (e.g. "<|im_end|>")."""
+        return self.hf.decode([token_id], skip_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=16)
+def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatTokenizer:
+    """Load (once per process) the tokenizer folder `path`, optionally with another template."""
+    from transformers import AutoTokenizer
+
+    folder = Path(path)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{path} has no tokenizer.json / tokenizer_config.json")
+    hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    template = Path(chat_template).read_text() if chat_template else None
+    return ChatTokenizer(hf, template)
+
+
+def is_tokenizer_folder(path: str | None) -> bool:
+    """True when `path` is a local folder holding a Hugging Face tokenizer."""
+    return bool(path) and any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES)
+
+
+def list_models(url: str) -> list[dict]:
+    """The entries of a server's GET /v1/models ([] when it cannot be asked)."""
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=MODELS_TIMEOUT)
+        response.raise_for_status()
+        entries = response.json().get("data", [])
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        log.info("cannot list models of %s: %s", url, exc)
+        return []
+    return [e for e in entries if isinstance(e, dict)]
+
+
+def server_model_paths(url: str) -> list[str]:
+    """Model roots and ids a server lists: candidates for a local tokenizer folder."""
+    paths = []
+    for entry in list_models(url):
+        paths += [p for p in (entry.get("root"), entry.get("id")) if isinstance(p, str)]
+    return paths
+
+
+def resolve_tokenizer_path(spec: Any, db_url: str) -> str:
+    """The tokenizer folder of an LLMSpec: named, else a server's local model path, else 4xx."""
+    if spec.tokenizer:
+        if not is_tokenizer_folder(spec.tokenizer):
+            raise InvalidRequest(
+                f"llm.tokenizer: {spec.tokenizer!r} is not a local folder with tokenizer.json",
+                field="llm.tokenizer",
+            )
+        return spec.tokenizer
+    from agents.llm.pool import candidate_urls
+
+    for url in candidate_urls(spec, db_url):
+        for path in server_model_paths(url):
+            if is_tokenizer_folder(path):
+                return path
+    raise InvalidRequest(
+        "llm.tokenizer is required: no registered server reports a model path that exists "
+        "locally as a tokenizer folder",
+        field="llm.tokenizer",
+    )
