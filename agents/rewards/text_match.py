@@ -39,16 +39,17 @@ def normalize_answer(text: str) -> str:
 
 
 def exact_match(prediction: str, gold: str) -> float:
-    """1.0 if the normalized strings are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    """1.0 if the normalized strings are equal (and not empty), else 0.0."""
+    pred = normalize_answer(prediction)
+    return float(bool(pred) and pred == normalize_answer(gold))
 
 
 def token_f1(prediction: str, gold: str) -> float:
     """Harmonic mean of token precision and recall after normalization."""
     pred_tokens = normalize_answer(prediction).split()
     gold_tokens = normalize_answer(gold).split()
-    if not pred_tokens or not gold_tokens:
-        return float(pred_tokens == gold_tokens)
+    if not pred_tokens or not gold_tokens:  # an all-punctuation answer matches nothing
+        return 0.0
     common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if common == 0:
         return 0.0

@@ -45,3 +45,8 @@ def test_no_prediction_or_no_gold_is_zero() -> None:
 def test_unknown_metric_raises() -> None:
     with pytest.raises(ValueError, match="unknown text metric"):
         grade_text_answer("x", ["x"], metric="bleu")
+
+
+def test_answers_that_normalize_to_nothing_never_match() -> None:
+    assert exact_match("!", "+") == 0.0
+    assert token_f1("the", "a") == 0.0
