@@ -47,6 +47,18 @@ def load_builtin_handlers() -> None:
     _builtin_loaded = True
 
 
+def load_handler_modules(modules: str | list[str]) -> None:
+    """Import extra handler modules named in settings (comma-separated or a list)."""
+    names = modules.split(",") if isinstance(modules, str) else modules
+    for name in (n.strip() for n in names):
+        if name and name not in _loaded_extra:
+            importlib.import_module(name)
+            _loaded_extra.add(name)
+
+
+_loaded_extra: set[str] = set()
+
+
 def handler_names() -> list[str]:
     """Sorted names of every registered handler."""
     load_builtin_handlers()

@@ -1,0 +1,150 @@
+"""The `raas` command: service processes (up, gateway, worker, reaper, flower), database,
+status, and the trainer-side `submit` / `llm add`."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from app.config import load_settings
+
+log = logging.getLogger("raas")
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.group()
+def main() -> None:
+    """raas: Rollout-as-a-Service for RL training of multi-turn LLM agents."""
+
+
+@main.command()
+@click.option("--home", type=click.Path(path_type=Path), default=None,
+              help="State folder (default .raas, or RAAS_HOME)")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--concurrency", default=4, show_default=True, type=int, help="Per stage pool")
+def up(home: Path | None, host: str, port: int, concurrency: int) -> None:
+    """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
+    from app.embedded import run_embedded
+
+    _setup_logging()
+    if home is not None:
+        os.environ["RAAS_HOME"] = str(home.resolve())
+    run_embedded(load_settings(), host, port, concurrency)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+def gateway(host: str, port: int) -> None:
+    """The REST gateway (for production prefer: gunicorn 'app:create_app()')."""
+    from werkzeug.serving import make_server
+
+    from app import create_app
+
+    _setup_logging()
+    server = make_server(host, port, create_app(), threaded=True)
+    click.echo(f"raas gateway on http://{host}:{port}")
+    server.serve_forever()
+
+
+@main.command()
+@click.option("--stage", type=click.Choice(["init", "run", "eval"]), required=True)
+@click.option("--node", default=None, help="Node name (default RAAS_NODE or the hostname)")
+@click.option("--concurrency", "-c", default=4, show_default=True, type=int)
+@click.option("--pool", default="threads", show_default=True,
+              type=click.Choice(["threads", "prefork", "solo"]))
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str) -> None:
+    """A stage worker pool: init consumes `init`; run/eval consume `<stage>.<node>`."""
+    from tasks.worker import run_worker
+
+    _setup_logging(loglevel)
+    settings = load_settings({"node": node} if node else None)
+    run_worker(settings, stage, concurrency, pool, loglevel)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One pass, print what it did, exit")
+def reaper(once: bool) -> None:
+    """Re-enqueue lost work and stop orphaned sandboxes (run one per node)."""
+    from tasks.celery_app import make_celery
+    from tasks.reaper import Reaper
+
+    _setup_logging()
+    settings = load_settings()
+    r = Reaper(settings, make_celery(settings))
+    if once:
+        click.echo(r.run_once())
+        return
+    signal.signal(signal.SIGTERM, lambda *_: r.stop())
+    r.run_forever()
+
+
+@main.command()
+@click.option("--port", default=5555, show_default=True, type=int)
+def flower(port: int) -> None:
+    """Celery Flower dashboard for this service's broker."""
+    settings = load_settings()
+    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-b", settings.broker,
+                               "flower", f"--port={port}"])
+
+
+@main.group()
+def db() -> None:
+    """Database schema (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Apply migrations up to REVISION."""
+    from migrations.runner import upgrade as run_upgrade
+
+    settings = load_settings()
+    run_upgrade(settings.db_url, revision)
+    click.echo(f"database at {settings.db_url.split('@')[-1]} is at {revision}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+def db_downgrade(revision: str) -> None:
+    """Revert migrations down to REVISION."""
+    from migrations.runner import downgrade as run_downgrade
+
+    run_downgrade(load_settings().db_url, revision)
+
+
+def _register_optional_commands() -> None:
+    """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
+    from client.cli import llm, status, submit
+
+    for command in (submit, status, llm):
+        main.add_command(command)
+    try:
+        from sandbox.cli import env_command
+
+        main.add_command(env_command, "env")
+    except ImportError:
+        pass
+    try:
+        from agents.llm.simulator import llm_sim_command
+
+        main.add_command(llm_sim_command, "llm-sim")
+    except ImportError:
+        pass
+
+
+_register_optional_commands()
+
+if __name__ == "__main__":
+    main()

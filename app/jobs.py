@@ -1,0 +1,174 @@
+"""Job service: accept a submission, report progress, page results, cancel.
+
+A submission is validated completely (agent, handler config, every instance, llm spec) before
+anything is written; rows are committed first and only then enqueued, so an accepted rollout
+exists in the database even if the broker is down (the reaper publishes it later).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from agents.registry import get_handler
+from app.api.routing import validation_error
+from app.config import Settings
+from app.db import session_scope
+from app.errors import InvalidRequest, NotFound
+from app.models import TERMINAL, Job, Rollout, Status, Turn
+from app.schemas import JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
+from tasks import lifecycle
+
+log = logging.getLogger(__name__)
+TERMINAL_VALUES = [s.value for s in TERMINAL]
+
+
+def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
+    """Check the handler-specific parts of a job and return the config stored with it."""
+    from pydantic import ValidationError
+
+    handler = get_handler(req.agent)
+    try:
+        agent_config = handler.Config.model_validate(req.agent_config)
+    except ValidationError as exc:
+        err = validation_error(exc)
+        raise InvalidRequest(f"agent_config.{err.message}", field=f"agent_config.{err.details.get('field')}") from exc
+    for i, inst in enumerate(req.instances):
+        try:
+            handler.validate_instance(inst.data)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}",
+                                 **exc.details) from exc
+    if req.sandbox.binds and not settings.allow_job_binds:
+        raise InvalidRequest("sandbox.binds: jobs may not bind host paths on this service "
+                             "(set RAAS_ALLOW_JOB_BINDS=true to allow)", field="sandbox.binds")
+    llm = None
+    if handler.needs_llm:
+        if req.llm is None:
+            raise InvalidRequest(f"llm: agent {req.agent!r} needs an llm spec", field="llm")
+        from agents.llm.spec import validate_llm_spec
+
+        llm = validate_llm_spec(req.llm.model_dump(), settings.db_url)
+    elif req.llm is not None:
+        llm = req.llm.model_dump()
+    return {"sampling": req.sampling.model_dump(), "limits": req.limits.model_dump(),
+            "sandbox": req.sandbox.model_dump(exclude_defaults=True), "llm": llm,
+            "agent_config": agent_config.model_dump()}
+
+
+def create_job(settings: Settings, req: JobCreate, owner: str,
+               enqueue) -> JobAccepted:  # noqa: ANN001 - callable(list[(id, attempt)])
+    """Persist a job and its rollouts, then enqueue them; idempotent on the key."""
+    if req.idempotency_key:
+        existing = _find_idempotent(settings, owner, req.idempotency_key)
+        if existing is not None:
+            return existing
+    config = validate_submission(settings, req)
+    job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
+              n_instances=len(req.instances), n_samples=req.n_samples)
+    rollouts = [Rollout(job_id=job.id, instance_id=inst.instance_id, instance=inst.data,
+                        sample_index=k, queued_at=lifecycle.utcnow())
+                for inst in req.instances for k in range(req.n_samples)]
+    try:
+        with session_scope(settings.db_url) as s:
+            s.add(job)
+            s.flush()
+            for r in rollouts:
+                r.job_id = job.id
+            s.add_all(rollouts)
+    except IntegrityError:
+        existing = _find_idempotent(settings, owner, req.idempotency_key or "")
+        if existing is None:
+            raise
+        return existing
+    ids = [r.id for r in rollouts]
+    try:
+        enqueue([(rid, 1) for rid in ids])
+    except Exception:  # accepted is accepted: the reaper republishes what is still queued
+        log.exception("job %s: enqueue failed; the reaper will publish its rollouts", job.id)
+    return JobAccepted(job_id=job.id, rollout_ids=ids, created=True)
+
+
+def _find_idempotent(settings: Settings, owner: str, key: str) -> JobAccepted | None:
+    with session_scope(settings.db_url) as s:
+        job_id = s.scalar(select(Job.id).where(Job.owner == owner, Job.idempotency_key == key))
+        if job_id is None:
+            return None
+        ids = s.scalars(select(Rollout.id).where(Rollout.job_id == job_id)
+                        .order_by(Rollout.instance_id, Rollout.sample_index)).all()
+        return JobAccepted(job_id=job_id, rollout_ids=list(ids), created=False)
+
+
+def get_job(s: Session, job_id: str, owner: str | None = None) -> Job:
+    """The job or NotFound."""
+    job = s.get(Job, job_id)
+    if job is None or (owner is not None and job.owner != owner):
+        raise NotFound(f"job {job_id!r} not found")
+    return job
+
+
+def job_view(s: Session, job: Job) -> JobView:
+    """A job with counts per status and outcome."""
+    counts = dict(s.execute(select(Rollout.status, func.count()).where(Rollout.job_id == job.id)
+                            .group_by(Rollout.status)).all())
+    outcomes = dict(s.execute(select(Rollout.outcome, func.count())
+                              .where(Rollout.job_id == job.id,
+                                     Rollout.status.in_(TERMINAL_VALUES))
+                              .group_by(Rollout.outcome)).all())
+    total = job.n_rollouts
+    finished = sum(counts.get(v, 0) for v in TERMINAL_VALUES)
+    if finished >= total:
+        status = "cancelled" if job.cancel_requested else "done"
+    else:
+        status = "cancelling" if job.cancel_requested else "running"
+    return JobView(job_id=job.id, agent=job.agent, status=status, n_instances=job.n_instances,
+                   n_samples=job.n_samples, n_rollouts=total, finished=finished,
+                   progress=round(finished / total, 4) if total else 1.0, counts=counts,
+                   outcomes={k or "none": v for k, v in outcomes.items()},
+                   created_at=job.created_at, finished_at=job.finished_at,
+                   idempotency_key=job.idempotency_key)
+
+
+def rollout_view(r: Rollout, turns: list[Turn] | None = None) -> RolloutView:
+    """The wire form of a rollout (with its turns when given)."""
+    return RolloutView(
+        rollout_id=r.id, job_id=r.job_id, instance_id=r.instance_id,
+        sample_index=r.sample_index, status=r.status, outcome=r.outcome, error=r.error,
+        attempt=r.attempt, node=r.node, reward=r.reward, finish_reason=r.finish_reason,
+        prompt_ids=r.prompt_ids, response_ids=r.response_ids,
+        response_logprobs=r.response_logprobs, loss_mask=r.loss_mask,
+        policy_versions=r.policy_versions, token_exact=r.token_exact, metrics=r.metrics or {},
+        extra=r.extra or {}, messages=r.messages,
+        timing=Timing(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
+        seq=r.result_seq, group_complete=r.completes_group, created_at=r.created_at,
+        finished_at=r.finished_at,
+        turns=None if turns is None else [TurnView.model_validate(t) for t in turns])
+
+
+def results_after(s: Session, job_id: str, after: int, limit: int) -> list[RolloutView]:
+    """Finished rollouts of a job after cursor `after`, in completion order."""
+    rows = s.scalars(select(Rollout).where(Rollout.job_id == job_id,
+                                           Rollout.result_seq > after)
+                     .order_by(Rollout.result_seq).limit(limit)).all()
+    return [rollout_view(r) for r in rows]
+
+
+def cancel_job(settings: Settings, job_id: str, owner: str | None = None) -> JobView:
+    """Stop a job: queued rollouts never start, running ones stop at their next turn."""
+    with session_scope(settings.db_url) as s:
+        job = get_job(s, job_id, owner)
+        job.cancel_requested = True
+        s.execute(update(Rollout).where(Rollout.job_id == job_id,
+                                        Rollout.status.not_in(TERMINAL_VALUES))
+                  .values(cancel_requested=True))
+        pending = s.scalars(select(Rollout.id).where(Rollout.job_id == job_id,
+                                                     Rollout.status == Status.PENDING.value,
+                                                     Rollout.lease_owner.is_(None))).all()
+    for rid in pending:  # never started: no sandbox to release, finish them here
+        lifecycle.finish(settings.db_url, rid, Status.CANCELLED, "cancelled",
+                         expect_status=[Status.PENDING.value], error="cancelled")
+    with session_scope(settings.db_url) as s:
+        return job_view(s, get_job(s, job_id))

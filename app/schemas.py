@@ -1,0 +1,215 @@
+"""The REST wire, typed once: request/response models shared by gateway, SDK and OpenAPI."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agents.llm.spec import LLMSpec, SamplingParams
+from sandbox.spec import SandboxOptions
+
+
+class Strict(BaseModel):
+    """Base of request models: unknown fields are an error naming the field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Instance(Strict):
+    """One task instance; `data` is what the agent handler reads."""
+
+    instance_id: str = Field(min_length=1, max_length=256, description="Unique within the job")
+    data: dict[str, Any] = Field(default_factory=dict, description="Handler-specific fields")
+
+
+class Limits(Strict):
+    """Per-rollout limits; stage deadlines count only while the stage runs."""
+
+    max_turns: int = Field(20, ge=1, le=10_000, description="Agent turns before stopping")
+    max_tokens: int | None = Field(None, gt=0, description="Response tokens over all turns")
+    init_timeout: float = Field(600, gt=0, description="INIT deadline, seconds")
+    run_timeout: float = Field(3600, gt=0, description="RUN deadline, seconds")
+    eval_timeout: float = Field(600, gt=0, description="EVAL deadline, seconds")
+    tool_timeout: float = Field(60, gt=0, description="Wall seconds per tool call")
+
+
+class JobCreate(Strict):
+    """POST /v1/jobs: run `agent` on every instance `n_samples` times."""
+
+    agent: str = Field(min_length=1, description="Registered handler name")
+    instances: list[Instance] = Field(min_length=1, max_length=100_000)
+    n_samples: int = Field(1, ge=1, le=1024, description="GRPO group size per instance")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: Limits = Field(default_factory=Limits)
+    sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
+    llm: LLMSpec | None = Field(None, description="Servers/tokenizer; needed by LLM agents")
+    agent_config: dict[str, Any] = Field(default_factory=dict, description="Handler config")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=256,
+                                        description="Same key, same job: no duplicates")
+
+    @field_validator("instances")
+    @classmethod
+    def _unique_ids(cls, value: list[Instance]) -> list[Instance]:
+        seen: set[str] = set()
+        for inst in value:
+            if inst.instance_id in seen:
+                raise ValueError(f"duplicate instance_id {inst.instance_id!r}")
+            seen.add(inst.instance_id)
+        return value
+
+
+class JobAccepted(BaseModel):
+    """202 answer to a submission (also returned again for a repeated idempotency key)."""
+
+    job_id: str
+    rollout_ids: list[str]
+    created: bool = Field(description="False when the idempotency key matched a job")
+
+
+class JobView(BaseModel):
+    """A job with its progress."""
+
+    job_id: str
+    agent: str
+    status: str = Field(description="running | done | cancelled")
+    n_instances: int
+    n_samples: int
+    n_rollouts: int
+    finished: int
+    progress: float
+    counts: dict[str, int] = Field(description="Rollouts per status")
+    outcomes: dict[str, int] = Field(description="Finished rollouts per outcome")
+    created_at: datetime
+    finished_at: datetime | None = None
+    idempotency_key: str | None = None
+
+
+class JobList(BaseModel):
+    """GET /v1/jobs page."""
+
+    jobs: list[JobView]
+    next_cursor: str | None = None
+
+
+class TurnView(BaseModel):
+    """One turn of a rollout."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    index: int
+    attempt: int
+    created_at: datetime
+    text: str | None = None
+    generated_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    observation: str | None = None
+    observation_ids: list[int] | None = None
+    finish_reason: str | None = None
+    llm_server: str | None = None
+    weight_version: str | None = None
+    gen_seconds: float | None = None
+    tool_seconds: float | None = None
+
+
+class Timing(BaseModel):
+    """Seconds spent in each stage (queue time excluded)."""
+
+    init: float | None = None
+    run: float | None = None
+    eval: float | None = None
+
+
+class RolloutView(BaseModel):
+    """A rollout: identity, status, outcome, reward and the token-exact trajectory."""
+
+    rollout_id: str
+    job_id: str
+    instance_id: str
+    sample_index: int
+    status: str
+    outcome: str | None = None
+    error: str | None = None
+    attempt: int
+    node: str | None = None
+    reward: float | None = None
+    finish_reason: str | None = None
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    response_logprobs: list[float] | None = None
+    loss_mask: list[int] | None = None
+    policy_versions: list[Any] | None = None
+    token_exact: bool | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None
+    timing: Timing
+    seq: int | None = Field(None, description="Place in the job's completion order")
+    group_complete: bool = Field(False, description="Last sample of its instance to finish")
+    created_at: datetime
+    finished_at: datetime | None = None
+    turns: list[TurnView] | None = None
+
+
+class ResultsPage(BaseModel):
+    """GET /v1/jobs/{id}/results: finished rollouts after `cursor`, in completion order."""
+
+    job_id: str
+    items: list[RolloutView]
+    cursor: int = Field(description="Pass as `after` to get the next page")
+    done: bool = Field(description="Every rollout of the job has finished")
+
+
+class LLMServerCreate(Strict):
+    """Register an inference server."""
+
+    url: str = Field(min_length=1, max_length=512)
+    model: str | None = None
+    weight_version: str | None = None
+    backend: str = Field("vllm", pattern="^(vllm|sglang|openai-chat)$")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"url {value!r} must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class LLMServerUpdate(Strict):
+    """Change a registered server (a new weight version after a policy update)."""
+
+    model: str | None = None
+    weight_version: str | None = None
+    backend: str | None = Field(None, pattern="^(vllm|sglang|openai-chat)$")
+    healthy: bool | None = None
+
+
+class LLMServerView(BaseModel):
+    """A registered inference server."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    url: str
+    model: str | None = None
+    weight_version: str | None = None
+    backend: str
+    healthy: bool
+    in_flight: int
+    last_error: str | None = None
+
+
+class LLMServerList(BaseModel):
+    """All registered servers."""
+
+    servers: list[LLMServerView]
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer."""
+
+    error: str
+    message: str
+    details: dict[str, Any] | None = None

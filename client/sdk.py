@@ -1,0 +1,108 @@
+"""The trainer-side SDK: submit a batch, iterate finished rollouts or whole GRPO groups, cancel.
+
+Only httpx: a trainer should not need raas' server dependencies to talk to it.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+
+class RaasHTTPError(RuntimeError):
+    """The service answered with an error; `body` is its JSON error."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        message = body.get("message") if isinstance(body, dict) else str(body)
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.body = body
+
+
+class RaasClient:
+    """A connection to one raas gateway."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", token: str | None = None,
+                 timeout: float = 120.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()
+
+    def __enter__(self) -> RaasClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self.http.request(method, path, **kw)
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = resp.text
+            raise RaasHTTPError(resp.status_code, body)
+        return resp.json()
+
+    def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1,
+               **job: Any) -> dict[str, Any]:
+        """POST /v1/jobs; `instances` are {instance_id, data}; `job` holds the other fields."""
+        body = {"agent": agent, "instances": instances, "n_samples": n_samples, **job}
+        return self._call("POST", "/v1/jobs", json=body)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """GET /v1/jobs/{id}."""
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def rollout(self, rollout_id: str) -> dict[str, Any]:
+        """GET /v1/rollouts/{id} with its turns."""
+        return self._call("GET", f"/v1/rollouts/{rollout_id}")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """POST /v1/jobs/{id}/cancel."""
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def results_page(self, job_id: str, after: int = 0, wait: float = 0,
+                     limit: int = 100) -> dict[str, Any]:
+        """One long-polled page of finished rollouts after cursor `after`."""
+        return self._call("GET", f"/v1/jobs/{job_id}/results",
+                          params={"after": after, "wait": wait, "limit": limit},
+                          timeout=wait + 60)
+
+    def results(self, job_id: str, after: int = 0, wait: float = 30) -> Iterator[dict[str, Any]]:
+        """Every finished rollout from cursor `after` until the job is done."""
+        while True:
+            page = self.results_page(job_id, after, wait)
+            yield from page["items"]
+            after = page["cursor"]
+            if page["done"]:
+                return
+
+    def stream(self, job_id: str, after: int = 0, wait: float = 60) -> Iterator[dict[str, Any]]:
+        """The NDJSON stream of finished rollouts."""
+        params = {"after": after, "wait": wait, "format": "ndjson"}
+        with self.http.stream("GET", f"/v1/jobs/{job_id}/results", params=params,
+                              timeout=None) as resp:
+            for line in resp.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
+    def groups(self, job_id: str, wait: float = 30) -> Iterator[list[dict[str, Any]]]:
+        """Whole GRPO groups (all samples of one instance), as each completes."""
+        pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for item in self.results(job_id, wait=wait):
+            pending[item["instance_id"]].append(item)
+            if item["group_complete"]:
+                yield sorted(pending.pop(item["instance_id"]), key=lambda r: r["sample_index"])
+
+    def add_llm_server(self, url: str, model: str | None = None,
+                       weight_version: str | None = None) -> dict[str, Any]:
+        """Register an inference server with the shared pool."""
+        return self._call("POST", "/v1/llm-servers",
+                          json={"url": url, "model": model, "weight_version": weight_version})

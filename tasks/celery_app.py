@@ -1,0 +1,20 @@
+"""Build the Celery app for a given `Settings` (gateway, workers and tests each make one)."""
+from __future__ import annotations
+
+from celery import Celery
+
+from app.config import Settings
+from tasks.config import celery_config
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app wired to `settings`; the stage tasks are registered on it."""
+    if settings.embedded_broker:
+        settings.broker_folder.mkdir(parents=True, exist_ok=True)
+    app = Celery("raas", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    app.raas_settings = settings  # read by the stage tasks: one source of config per process
+    import tasks.stages  # noqa: F401  (shared_task registration on every app)
+
+    app.finalize()
+    return app

@@ -1,0 +1,80 @@
+"""The one place that owns Celery's queues, router and reliability settings.
+
+Queues: `init` is shared by every node; `run.<node>` and `eval.<node>` belong to the node that
+started the rollout's sandbox (its Unix socket is local). `route_stage` is the only router and
+every process uses it, so whichever worker publishes the next link routes it the same way.
+A stage message without a node falls to `UNROUTED_QUEUE`, which no worker consumes and
+`/metrics` reports, so a routing bug shows up as a growing gauge instead of lost work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from app.config import Settings
+
+INIT_QUEUE = "init"
+UNROUTED_QUEUE = "raas.unrouted"
+STAGES = ("init", "run", "eval")
+TASK_NAMES = {stage: f"raas.{stage}" for stage in STAGES}
+
+
+def stage_queue(stage: str, node: str | None = None) -> str:
+    """The queue a stage's message goes to (`node` is required for run and eval)."""
+    if stage == "init":
+        return INIT_QUEUE
+    if stage not in STAGES or not node:
+        return UNROUTED_QUEUE
+    return f"{stage}.{node}"
+
+
+def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: Any = None,
+                **_: Any) -> dict | None:
+    """Celery router: stage tasks go to their stage queue on the node named in kwargs."""
+    for stage, task_name in TASK_NAMES.items():
+        if name == task_name:
+            return {"queue": stage_queue(stage, (kwargs or {}).get("node"))}
+    return None
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings for `settings`' broker, each with the reason it is there."""
+    transport: dict[str, Any] = {}
+    if settings.embedded_broker:
+        folder = str(settings.broker_folder)
+        transport.update(data_folder_in=folder, data_folder_out=folder, store_processed=False,
+                         # The filesystem transport polls; a short interval keeps stage hops fast.
+                         polling_interval=0.05)
+    else:
+        # Redis redelivers an unacked message after this long: it must exceed the longest
+        # rollout or a healthy long run would be executed twice.
+        transport["visibility_timeout"] = int(settings.max_rollout_seconds * 1.5) + 600
+        if settings.broker_key_prefix:
+            transport["global_keyprefix"] = settings.broker_key_prefix
+    return {
+        "broker_url": settings.broker,
+        "broker_transport_options": transport,
+        # Retry the broker at start-up instead of crashing a worker that came up first.
+        "broker_connection_retry_on_startup": True,
+        # Ack after the stage ran, so a worker that dies mid-stage leaves the message to redo.
+        "task_acks_late": True,
+        # ...and requeue it when the worker process is killed, not just when the task raises.
+        "task_reject_on_worker_lost": True,
+        # One message per free slot: a long agent loop must not sit on prefetched work.
+        "worker_prefetch_multiplier": 1,
+        # Slurm sends SIGTERM before SIGKILL: finish or requeue in-flight stages in this window.
+        "worker_soft_shutdown_timeout": settings.soft_shutdown_timeout,
+        "worker_enable_soft_shutdown_on_idle": True,
+        # Misrouted messages land where nobody consumes them and metrics can see them.
+        "task_default_queue": UNROUTED_QUEUE,
+        "task_create_missing_queues": True,
+        "task_routes": (route_stage,),
+        # Results live in the database; Celery's result backend would be a second truth.
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        # Stage tasks keep their own deadlines; a broker hiccup must not cancel them.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
+    }

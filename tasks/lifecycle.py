@@ -1,0 +1,162 @@
+"""Every write that moves a rollout, as one short conditional transaction.
+
+A stage owns its rollout through a lease (`lease_owner`) taken by a conditional UPDATE; every
+later write is fenced on that lease, so a worker that was presumed dead (and whose rollout was
+handed to someone else) can no longer change it. Terminal writes also allocate the rollout's
+place in the job's completion order under the job's row lock, which gives the results cursor a
+gapless, commit-ordered sequence.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session
+
+from app.db import session_scope
+from app.models import TERMINAL, Job, Rollout, Status, Turn, sources_of, utcnow
+
+log = logging.getLogger(__name__)
+
+TERMINAL_VALUES = [s.value for s in TERMINAL]
+
+
+def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
+          node: str) -> tuple[Rollout, Job] | None:
+    """Take the lease for `stage`; None when it is a duplicate or stale delivery."""
+    queued_status = Status.PENDING.value if stage == "init" else stage
+    values: dict[str, Any] = {"status": stage, "lease_owner": lease, "heartbeat_at": utcnow(),
+                              "stage_started_at": utcnow()}
+    if stage == "init":
+        values["node"] = node
+    with session_scope(db_url) as s:
+        result = s.execute(
+            update(Rollout)
+            .where(Rollout.id == rollout_id, Rollout.attempt == attempt,
+                   Rollout.status == queued_status, Rollout.lease_owner.is_(None))
+            .values(**values)
+        )
+        if result.rowcount != 1:
+            return None
+        rollout = s.get(Rollout, rollout_id)
+        job = s.get(Job, rollout.job_id)
+        s.expunge_all()
+        return rollout, job
+
+
+def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
+    """Write fields of a leased rollout; False when the lease was lost."""
+    with session_scope(db_url) as s:
+        result = s.execute(update(Rollout)
+                           .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
+                           .values(**values))
+        return result.rowcount == 1
+
+
+def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> bool:
+    """Hand a leased rollout to the next stage's queue (status set, lease released)."""
+    return save(db_url, rollout_id, lease, status=to_stage, lease_owner=None,
+                heartbeat_at=None, queued_at=utcnow(), stage_started_at=None, **values)
+
+
+def record_turn(db_url: str, rollout_id: str, attempt: int, **fields: Any) -> None:
+    """Append one turn to the log (committed before the agent's next generation)."""
+    with session_scope(db_url) as s:
+        s.add(Turn(rollout_id=rollout_id, attempt=attempt, **fields))
+
+
+def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
+           lease: str | None = None, expect_status: list[str] | None = None,
+           **values: Any) -> bool:
+    """Move a rollout to a terminal status and give it the next completion sequence number.
+
+    Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel).
+    """
+    with session_scope(db_url) as s:
+        job_id = s.scalar(select(Rollout.job_id).where(Rollout.id == rollout_id))
+        if job_id is None:
+            return False
+        job = s.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+        cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
+        if lease is not None:
+            cond.append(Rollout.lease_owner == lease)
+        if expect_status is not None:
+            cond.append(Rollout.status.in_(expect_status))
+        seq = job.finished_count + 1
+        now = utcnow()
+        result = s.execute(update(Rollout).where(and_(*cond)).values(
+            status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
+            finished_at=now, result_seq=seq, **values))
+        if result.rowcount != 1:
+            s.rollback()
+            return False
+        job.finished_count = seq
+        instance_id = s.scalar(select(Rollout.instance_id).where(Rollout.id == rollout_id))
+        open_siblings = s.scalar(select(func.count()).select_from(Rollout).where(
+            Rollout.job_id == job_id, Rollout.instance_id == instance_id,
+            Rollout.status.not_in(TERMINAL_VALUES)))
+        if open_siblings == 0:
+            s.execute(update(Rollout).where(Rollout.id == rollout_id)
+                      .values(completes_group=True))
+        if seq >= job.n_rollouts:
+            job.finished_at = now
+        return True
+
+
+def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
+          expect_lease: str | None = None, error: str = "") -> int | None:
+    """Send a rollout back to INIT as a new attempt; returns the new attempt number.
+
+    `lease` fences a stage worker giving up its own lease; `expect_lease` fences the reaper
+    on the (stale) lease it observed.
+    """
+    fence = lease if lease is not None else expect_lease
+    with session_scope(db_url) as s:
+        row = s.execute(select(Rollout.attempt, Rollout.status)
+                        .where(Rollout.id == rollout_id)).one_or_none()
+        if row is None or row.status in TERMINAL_VALUES:
+            return None
+        cond = [Rollout.id == rollout_id, Rollout.attempt == row.attempt]
+        cond.append(Rollout.lease_owner == fence if fence is not None
+                    else Rollout.lease_owner.is_(None))
+        result = s.execute(update(Rollout).where(*cond).values(
+            status=Status.PENDING.value, attempt=row.attempt + 1, lease_owner=None,
+            heartbeat_at=None, node=None, sandbox=None, llm_server=None, state={},
+            stage_started_at=None, queued_at=utcnow(), error=error[:4000] or None))
+        return row.attempt + 1 if result.rowcount == 1 else None
+
+
+def cancel_requested(db_url: str, rollout_id: str) -> bool:
+    """True once the rollout (or its job) was asked to stop."""
+    with session_scope(db_url) as s:
+        return bool(s.scalar(select(Rollout.cancel_requested).where(Rollout.id == rollout_id)))
+
+
+def beat(db_url: str, leases: list[str]) -> int:
+    """Refresh the heartbeat of every lease this process holds; returns rows touched."""
+    if not leases:
+        return 0
+    with session_scope(db_url) as s:
+        return s.execute(update(Rollout).where(Rollout.lease_owner.in_(leases))
+                         .values(heartbeat_at=utcnow())).rowcount
+
+
+def seconds_since(start: datetime | None) -> float | None:
+    """Elapsed seconds since a stored timestamp (SQLite returns naive UTC datetimes)."""
+    if start is None:
+        return None
+    if start.tzinfo is None:
+        from datetime import timezone
+
+        start = start.replace(tzinfo=timezone.utc)
+    return (utcnow() - start).total_seconds()
+
+
+def touch_queued(db_url: str, rollout_id: str, attempt: int, status: str) -> bool:
+    """Restart the queued clock of a rollout before republishing it (one reaper wins)."""
+    with session_scope(db_url) as s:
+        return s.execute(update(Rollout).where(
+            Rollout.id == rollout_id, Rollout.attempt == attempt, Rollout.status == status,
+            Rollout.lease_owner.is_(None)).values(queued_at=utcnow())).rowcount == 1

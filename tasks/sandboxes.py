@@ -1,0 +1,68 @@
+"""The pipeline's use of sandboxes: start one per rollout attempt, re-attach, always release.
+
+Sandboxes belong to the node: INIT starts one and stores its handle on the rollout; RUN and
+EVAL (other processes) re-attach from the handle; whoever ends the rollout stops it. Runtime
+"none" means the handler needs no sandbox.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from app.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def wanted_runtime(settings: Settings, options: dict[str, Any], needs_sandbox: bool) -> str:
+    """The runtime for a rollout: the job's choice, else the node default; "none" if unneeded."""
+    if not needs_sandbox:
+        return "none"
+    return options.get("runtime") or settings.sandbox_runtime
+
+
+def workspace_for(settings: Settings, rollout_id: str, attempt: int) -> Path:
+    """A fresh host directory that becomes the sandbox's only writable path."""
+    path = settings.workspaces / f"{rollout_id}-{attempt}"
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
+          runtime: str) -> tuple[Any, dict[str, Any]]:
+    """Start the rollout's sandbox; returns (client, handle)."""
+    from sandbox import SandboxSpec, get_runtime
+
+    workspace = workspace_for(settings, rollout_id, attempt)
+    fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
+    spec = SandboxSpec(workspace=str(workspace), **fields)
+    sb = get_runtime(runtime).start(spec, label=f"{rollout_id}:{attempt}")
+    return sb, sb.handle
+
+
+def attach(handle: dict[str, Any] | None) -> Any:
+    """A client for the sandbox behind `handle` (None when the rollout has none)."""
+    if not handle:
+        return None
+    from sandbox import attach as attach_handle
+
+    return attach_handle(handle)
+
+
+def release(handle: dict[str, Any] | None) -> None:
+    """Stop the sandbox behind `handle` and delete its workspace; never raises."""
+    if not handle:
+        return
+    try:
+        from sandbox import stop_handle
+
+        stop_handle(handle)
+    except Exception:
+        log.exception("stopping sandbox %s failed", handle.get("label"))
+    workspace = handle.get("workspace")
+    if workspace:
+        shutil.rmtree(workspace, ignore_errors=True)

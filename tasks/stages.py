@@ -1,0 +1,276 @@
+"""The three stage tasks (INIT, RUN, EVAL) and what happens around the handler's hooks.
+
+Each task takes ids, claims its rollout with a conditional UPDATE (a duplicate delivery finds
+nothing to claim and exits), beats while it works, and ends by handing the rollout to the next
+stage's queue on this node or by a terminal write. Deadlines start at the claim, so time spent
+queued never counts against the agent. No database transaction is held while a hook runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+from typing import Any
+
+from celery import shared_task
+
+from agents.base import AgentHandler, EvalResult, RunResult, StageContext
+from agents.registry import get_handler
+from app.errors import AgentError, InfraError, RolloutCancelled, StageTimeout
+from app.models import Job, Outcome, Rollout, Status
+from tasks import lifecycle, sandboxes
+from tasks.config import TASK_NAMES
+from tasks.heartbeat import process_heartbeater
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUTS = {"init": 600.0, "run": 3600.0, "eval": 600.0}
+CANCEL_POLL_SECONDS = 1.0
+RETRYABLE = (InfraError, ConnectionError, TimeoutError, OSError)
+
+
+class RolloutLog(logging.LoggerAdapter):
+    """Puts the job and rollout id on every record of a stage."""
+
+    def process(self, msg: str, kwargs: Any) -> tuple[str, Any]:
+        return f"[job={self.extra['job']} rollout={self.extra['rollout']}] {msg}", kwargs
+
+
+def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None) -> None:
+    """Publish a stage message; the shared router picks the queue from `node`."""
+    kwargs = {"node": node} if node else {}
+    app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs)
+
+
+def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Job sandbox options with a handler's overrides (env and limits merge key by key)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if key in ("env", "limits") and isinstance(value, dict):
+            out[key] = {**(out.get(key) or {}), **value}
+        else:
+            out[key] = value
+    return out
+
+
+class StageRun:
+    """One execution of one stage for one rollout attempt."""
+
+    def __init__(self, app: Any, stage: str, rollout_id: str, attempt: int) -> None:
+        self.app = app
+        self.settings = app.raas_settings
+        self.db = self.settings.db_url
+        self.stage = stage
+        self.rollout_id = rollout_id
+        self.attempt = attempt
+        self.lease = f"{self.settings.node}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+        self.log: logging.LoggerAdapter = RolloutLog(logger, {"job": "?", "rollout": rollout_id})
+        self.rollout: Rollout
+        self.job: Job
+        self.handler: AgentHandler | None = None
+        self.ctx: StageContext | None = None
+        self.started = time.monotonic()
+
+    def execute(self) -> None:
+        """Claim, run the stage under a heartbeat, and record how it ended."""
+        claimed = lifecycle.claim(self.db, self.rollout_id, self.attempt, self.stage,
+                                  self.lease, self.settings.node)
+        if claimed is None:
+            logger.info("%s of %s attempt %s: nothing to claim (duplicate or stale)",
+                        self.stage, self.rollout_id, self.attempt)
+            return
+        self.rollout, self.job = claimed
+        self.log = RolloutLog(logger, {"job": self.job.id, "rollout": self.rollout_id})
+        beats = process_heartbeater(self.db, self.settings.heartbeat_interval)
+        with beats.holding(self.lease):
+            self._guarded()
+
+    def _guarded(self) -> None:
+        try:
+            self.handler = get_handler(self.job.agent)
+            self.ctx = self._context()
+            if self.rollout.cancel_requested:
+                raise RolloutCancelled("cancelled before the stage started")
+            getattr(self, f"_{self.stage}")()
+        except RolloutCancelled:
+            self._end(Status.CANCELLED, Outcome.CANCELLED, "cancelled")
+        except StageTimeout as exc:
+            self._end(Status.FAILED, Outcome.TIMEOUT, f"{self.stage}: {exc}")
+        except AgentError as exc:
+            self._end(Status.FAILED, Outcome.AGENT_ERROR, f"{self.stage}: {exc}")
+        except RETRYABLE as exc:
+            self._retry_or_fail(exc)
+        except Exception as exc:
+            self.log.exception("%s failed", self.stage)
+            self._end(Status.FAILED, Outcome.INFRA_ERROR, _describe(exc, self.stage))
+
+    # -- context -------------------------------------------------------------------------
+    def _context(self) -> StageContext:
+        config = self.job.config or {}
+        timeout = float(config.get("limits", {}).get(f"{self.stage}_timeout")
+                        or DEFAULT_TIMEOUTS[self.stage])
+        handler = self.handler
+        return StageContext(
+            rollout_id=self.rollout_id, job_id=self.job.id, stage=self.stage,
+            instance_id=self.rollout.instance_id, instance=self.rollout.instance or {},
+            sample_index=self.rollout.sample_index, attempt=self.attempt,
+            agent_config=handler.Config.model_validate(config.get("agent_config") or {}),
+            job_config=config, deadline=self.started + timeout,
+            state=dict(self.rollout.state or {}),
+            workspace=(self.rollout.sandbox or {}).get("workspace"),
+            record_turn=self._record_turn, cancel_check=self._cancel_checker(),
+            logger=self.log)
+
+    def _record_turn(self, **fields: Any) -> None:
+        lifecycle.record_turn(self.db, self.rollout_id, self.attempt, **fields)
+
+    def _cancel_checker(self):
+        last = {"at": 0.0, "value": False}
+        lock = threading.Lock()
+
+        def check() -> bool:
+            with lock:
+                now = time.monotonic()
+                if not last["value"] and now - last["at"] >= CANCEL_POLL_SECONDS:
+                    last["value"] = lifecycle.cancel_requested(self.db, self.rollout_id)
+                    last["at"] = now
+                return last["value"]
+
+        return check
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self.started, 6)
+
+    # -- the stages ----------------------------------------------------------------------
+    def _init(self) -> None:
+        config = self.job.config or {}
+        runtime = sandboxes.wanted_runtime(self.settings, config.get("sandbox") or {},
+                                           self.handler.needs_sandbox)
+        if runtime != "none":
+            options = merged_options(config.get("sandbox") or {},
+                                     self.handler.sandbox_overrides(self.ctx))
+            sb, handle = sandboxes.start(self.settings, options, self.rollout_id,
+                                         self.attempt, runtime)
+            self.rollout.sandbox = handle  # released by _end if anything below fails
+            if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
+                sandboxes.release(handle)
+                return
+            self.ctx.sandbox, self.ctx.workspace = sb, handle.get("workspace")
+        self.handler.init(self.ctx)
+        self._check_alive()
+        if lifecycle.advance(self.db, self.rollout_id, self.lease, "run",
+                             state=self.ctx.state, init_seconds=self._elapsed()):
+            publish(self.app, "run", self.rollout_id, self.attempt, self.settings.node)
+
+    def _run(self) -> None:
+        self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
+        if self.handler.needs_llm:
+            from agents.llm import LLMSession
+
+            self.ctx.llm = LLMSession.open((self.job.config or {}).get("llm") or {},
+                                           (self.job.config or {}).get("sampling") or {},
+                                           self.rollout_id, self.db)
+        try:
+            result = self.handler.run(self.ctx)
+        except StageTimeout as exc:
+            result = RunResult(outcome=Outcome.TIMEOUT.value, finish_reason="deadline",
+                               metrics={"timeout": str(exc)})
+        finally:
+            if self.ctx.llm is not None:
+                self.ctx.llm.close()
+        self._check_alive()
+        if lifecycle.advance(self.db, self.rollout_id, self.lease, "eval",
+                             **_run_fields(result), state=self.ctx.state,
+                             run_seconds=self._elapsed()):
+            publish(self.app, "eval", self.rollout_id, self.attempt, self.settings.node)
+
+    def _eval(self) -> None:
+        self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
+        self.ctx.run_result = _run_result_of(self.rollout)
+        result: EvalResult = self.handler.evaluate(self.ctx)
+        sandboxes.release(self.rollout.sandbox)
+        lifecycle.finish(
+            self.db, self.rollout_id, Status.DONE,
+            self.rollout.outcome or Outcome.COMPLETED.value, lease=self.lease,
+            reward=float(result.reward), eval_seconds=self._elapsed(), state=self.ctx.state,
+            metrics={**(self.rollout.metrics or {}), **result.metrics},
+            extra={**(self.rollout.extra or {}), **result.extra})
+
+    def _check_alive(self) -> None:
+        """Cancel observed at the end of a stage wins over handing the rollout on."""
+        if lifecycle.cancel_requested(self.db, self.rollout_id):
+            raise RolloutCancelled("cancelled during the stage")
+
+    # -- endings -------------------------------------------------------------------------
+    def _cleanup(self, exc_text: str) -> None:
+        if self.handler is not None and self.ctx is not None:
+            try:
+                self.handler.on_failure(self.stage, self.ctx, RuntimeError(exc_text))
+            except Exception:
+                self.log.exception("on_failure hook raised")
+        sandboxes.release(getattr(self.rollout, "sandbox", None))
+
+    def _end(self, status: Status, outcome: Outcome, error: str) -> None:
+        self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value, outcome.value,
+                      error[:200])
+        self._cleanup(error)
+        lifecycle.finish(self.db, self.rollout_id, status, outcome.value, lease=self.lease,
+                         error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()})
+
+    def _retry_or_fail(self, exc: BaseException) -> None:
+        error = _describe(exc, self.stage)
+        if self.attempt >= self.settings.max_attempts:
+            self.log.warning("%s failed on the last attempt: %s", self.stage, error[:200])
+            self._end(Status.FAILED, Outcome.INFRA_ERROR, error)
+            return
+        self.log.warning("%s failed, retrying: %s", self.stage, error[:200])
+        self._cleanup(error)
+        new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error)
+        if new_attempt is not None:
+            publish(self.app, "init", self.rollout_id, new_attempt)
+
+
+def _describe(exc: BaseException, stage: str) -> str:
+    tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return f"{stage}: {tail}"
+
+
+def _run_fields(result: RunResult) -> dict[str, Any]:
+    return {
+        "outcome": result.outcome, "finish_reason": result.finish_reason,
+        "prompt_ids": result.prompt_ids, "response_ids": result.response_ids,
+        "response_logprobs": result.response_logprobs, "loss_mask": result.loss_mask,
+        "policy_versions": result.policy_versions, "token_exact": result.token_exact,
+        "messages": result.messages, "metrics": result.metrics, "extra": result.extra,
+    }
+
+
+def _run_result_of(rollout: Rollout) -> RunResult:
+    return RunResult(
+        outcome=rollout.outcome or Outcome.COMPLETED.value, finish_reason=rollout.finish_reason,
+        prompt_ids=rollout.prompt_ids, response_ids=rollout.response_ids,
+        response_logprobs=rollout.response_logprobs, loss_mask=rollout.loss_mask,
+        policy_versions=rollout.policy_versions, token_exact=rollout.token_exact,
+        messages=rollout.messages, metrics=dict(rollout.metrics or {}),
+        extra=dict(rollout.extra or {}))
+
+
+@shared_task(name=TASK_NAMES["init"], bind=True)
+def init_stage(self, rollout_id: str, attempt: int, node: str | None = None) -> None:
+    """INIT: claim, start the sandbox, let the handler prepare it."""
+    StageRun(self.app, "init", rollout_id, attempt).execute()
+
+
+@shared_task(name=TASK_NAMES["run"], bind=True)
+def run_stage(self, rollout_id: str, attempt: int, node: str | None = None) -> None:
+    """RUN: the multi-turn agent loop on the node that holds the sandbox."""
+    StageRun(self.app, "run", rollout_id, attempt).execute()
+
+
+@shared_task(name=TASK_NAMES["eval"], bind=True)
+def eval_stage(self, rollout_id: str, attempt: int, node: str | None = None) -> None:
+    """EVAL: compute the reward, release the sandbox, record the result."""
+    StageRun(self.app, "eval", rollout_id, attempt).execute()

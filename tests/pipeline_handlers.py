@@ -1,0 +1,84 @@
+"""Test-only agent handlers for pipeline tests (registered in workers via RAAS_HANDLER_MODULES).
+
+They need no sandbox and no LLM, so pipeline tests exercise exactly the pipeline: claims,
+routing, heartbeats, deadlines, cancel, retries, persistence.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import Field
+
+from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.registry import register
+from app.errors import InfraError
+
+
+class SleepyConfig(HandlerConfig):
+    """Seconds each stage sleeps and how many turns RUN records."""
+
+    init_s: float = Field(0.0, ge=0)
+    run_s: float = Field(0.0, ge=0)
+    eval_s: float = Field(0.0, ge=0)
+    turns: int = Field(1, ge=0)
+    fail_init_attempts: int = Field(0, ge=0, description="INIT raises InfraError this often")
+
+
+def _where() -> dict:
+    return {"node": os.environ.get("RAAS_NODE"), "pid": os.getpid()}
+
+
+@register
+class SleepyHandler(AgentHandler):
+    """Sleeps per stage (in slices, checking cancel), records turns, rewards sample parity."""
+
+    name = "test-sleepy"
+    Config = SleepyConfig
+    needs_sandbox = False
+    needs_llm = False
+
+    def init(self, ctx: StageContext) -> None:
+        if ctx.attempt <= ctx.agent_config.fail_init_attempts:
+            raise InfraError(f"injected INIT failure on attempt {ctx.attempt}")
+        time.sleep(ctx.agent_config.init_s)
+        ctx.state["init"] = _where()
+
+    def run(self, ctx: StageContext) -> RunResult:
+        cfg = ctx.agent_config
+        turns = max(cfg.turns, 1)
+        for i in range(cfg.turns):
+            ctx.checkpoint()
+            time.sleep(cfg.run_s / turns)
+            ctx.record_turn(index=i, text=f"turn {i}", generated_ids=[i, i + 1],
+                            logprobs=[-0.5, -0.25])
+        if not cfg.turns:
+            time.sleep(cfg.run_s)
+        ctx.state["run"] = _where()
+        return RunResult(outcome="completed", finish_reason="stop", prompt_ids=[1, 2, 3],
+                         response_ids=[4, 5], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
+                         messages=[{"role": "user", "content": ctx.instance_id}])
+
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        time.sleep(ctx.agent_config.eval_s)
+        ctx.state["eval"] = _where()
+        return EvalResult(reward=float(ctx.sample_index % 2),
+                          extra={"where": {k: ctx.state.get(k) for k in ("init", "run", "eval")}})
+
+
+@register
+class TrivialHandler(SleepyHandler):
+    """The cheapest rollout: what the pipeline itself costs (benchmarks)."""
+
+    name = "test-trivial"
+    Config = HandlerConfig
+
+    def init(self, ctx: StageContext) -> None:
+        pass
+
+    def run(self, ctx: StageContext) -> RunResult:
+        return RunResult(outcome="completed", finish_reason="stop", response_ids=[1],
+                         loss_mask=[1], response_logprobs=[0.0], prompt_ids=[0])
+
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        return EvalResult(reward=1.0)
