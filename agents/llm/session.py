@@ -77,7 +77,7 @@ class LLMSession:
     def generate(self, deadline: float) -> Generation:
         """Sample one turn before `deadline` (time.monotonic()), failing over between servers."""
         budget = self.builder.budget_left
-        if budget <= 0 or self.builder.trajectory().finish_reason == "length":
+        if budget <= 0:
             self.builder.trajectory().finish_reason = "length"
             return Generation(token_ids=[], logprobs=[], finish_reason="length")
         tried: set[str] = set()

@@ -64,6 +64,7 @@ class TrajectoryBuilder:
         self.traj: Trajectory | None = None
         self.token_exact = token_exact
         self._last_ended = True  # did the last generated turn end with an end-of-turn token?
+        self.exhausted = False  # a delta did not fit: the conversation cannot go on
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tok.render(messages, self.tools, add_generation_prompt, **self.template_kwargs)
@@ -87,7 +88,7 @@ class TrajectoryBuilder:
     @property
     def budget_left(self) -> int:
         """Tokens left before max_model_len (0 once the context is exhausted)."""
-        return max(0, self.max_model_len - self.length)
+        return 0 if self.exhausted else max(0, self.max_model_len - self.length)
 
     def start(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Render the prompt (system + user, with tools) and return its ids."""
@@ -98,7 +99,8 @@ class TrajectoryBuilder:
         self.traj = Trajectory(
             prompt_ids=prompt, token_exact=self.token_exact, messages=[dict(m) for m in messages]
         )
-        if len(prompt) >= self.max_model_len:
+        self.exhausted = len(prompt) >= self.max_model_len
+        if self.exhausted:
             self.traj.finish_reason = "length"
         return prompt
 
@@ -128,7 +130,7 @@ class TrajectoryBuilder:
     def add_messages(self, messages: list[dict]) -> list[int]:
         """Append new messages as the template delta (mask 0); [] if the context is exhausted."""
         traj = self._require()
-        if not messages:
+        if not messages or self.exhausted:
             return []
         if traj.messages[-1].get("role") != "assistant":
             raise TrajectoryError(
@@ -136,7 +138,7 @@ class TrajectoryBuilder:
             )
         delta = self.tok.encode(self.delta_text(messages))
         if self.length + len(delta) > self.max_model_len:
-            traj.finish_reason = "length"
+            traj.finish_reason, self.exhausted = "length", True
             return []
         traj.response_ids += delta
         traj.response_logprobs += [0.0] * len(delta)

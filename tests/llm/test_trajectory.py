@@ -1,0 +1,156 @@
+"""The seam between generated tokens and template deltas, with real templates and tokenizer.
+
+SmolLM2's ChatML template and a Qwen-style template with tools and <think> dropping. The
+"generated" ids here are what a model would sample: the text's ids plus the end-of-turn id.
+"""
+from __future__ import annotations
+
+import pytest
+
+from agents.llm.tokenizer import load_chat_tokenizer
+from agents.llm.trajectory import TrajectoryBuilder, TrajectoryError
+from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2, TOOLS
+
+IM_END, NEWLINE = 2, 198
+PROMPT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List files."}]
+CALL = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
+
+
+def chatml() -> TrajectoryBuilder:
+    return TrajectoryBuilder(load_chat_tokenizer(SMOLLM2), max_model_len=4096)
+
+
+def qwen() -> TrajectoryBuilder:
+    return TrajectoryBuilder(load_chat_tokenizer(SMOLLM2, QWEN_TEMPLATE), max_model_len=4096)
+
+
+def sampled(builder: TrajectoryBuilder, text: str, end: bool = True) -> list[int]:
+    return builder.tok.encode(text) + ([IM_END] if end else [])
+
+
+def add(builder: TrajectoryBuilder, ids: list[int], finish: str = "stop") -> str:
+    return builder.add_generation(ids, [-0.5] * len(ids), finish, "w1")
+
+
+def full_render_ids(builder: TrajectoryBuilder) -> list[int]:
+    msgs = builder.messages
+    return builder.tok.encode(builder._render(msgs, add_generation_prompt=msgs[-1]["role"] != "assistant"))
+
+
+def test_chatml_multi_turn_is_token_exact_and_masks_only_generated() -> None:
+    b = chatml()
+    prompt = b.start(PROMPT)
+    assert b.tok.hf.decode(prompt).endswith("<|im_start|>assistant\n")
+    first = sampled(b, CALL)
+    assert add(b, first) == CALL
+    delta = b.add_messages([{"role": "tool", "content": "a.txt b.txt"}])
+    # The template's "\n" after the sampled <|im_end|> opens the delta, with mask 0.
+    assert delta[0] == NEWLINE and b.tok.hf.decode(delta).endswith("<|im_start|>assistant\n")
+    second = sampled(b, "Two files.")
+    add(b, second)
+    traj = b.trajectory()
+    assert traj.response_ids == first + delta + second
+    assert traj.loss_mask == [1] * len(first) + [0] * len(delta) + [1] * len(second)
+    assert traj.response_logprobs == [-0.5] * len(first) + [0.0] * len(delta) + [-0.5] * len(second)
+    assert traj.turn_boundaries == [[0, len(first)], [len(first) + len(delta), len(traj.response_ids)]]
+    assert traj.weight_versions == ["w1", "w1"] and traj.finish_reason == "stop"
+    # Canonical tokens: a full re-render gives the same ids, up to where the model stopped.
+    assert (traj.prompt_ids + traj.response_ids) == full_render_ids(b)[:-1]
+    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None}
+
+
+def test_chatml_length_stop_delta_closes_the_turn() -> None:
+    b = chatml()
+    b.start(PROMPT)
+    cut = sampled(b, "I will list the files now", end=False)
+    add(b, cut, finish="length")
+    delta = b.add_messages([{"role": "user", "content": "Go on."}])
+    # No end token was sampled: the delta must carry <|im_end|> itself (mask 0).
+    assert delta[:2] == [IM_END, NEWLINE]
+    assert b.trajectory().loss_mask[len(cut)] == 0
+    assert b.audit_drift()["retokenization_drift"] == 0
+
+
+def test_chatml_length_stop_as_last_turn_audits_clean() -> None:
+    b = chatml()
+    b.start(PROMPT)
+    add(b, sampled(b, "partial answer", end=False), finish="length")
+    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None}
+
+
+def test_non_canonical_sampling_is_kept_and_reported() -> None:
+    b = chatml()
+    prompt = b.start(PROMPT)
+    canonical = b.tok.encode("hello")
+    split = b.tok.encode("hel") + b.tok.encode("lo")  # a tokenization a model may sample
+    assert split != canonical
+    add(b, split + [IM_END])
+    assert b.trajectory().response_ids[: len(split)] == split  # never edited
+    report = b.audit_drift()
+    assert report["retokenization_drift"] > 0 and report["first_diff"] == len(prompt)
+
+
+def test_context_budget_bounds_the_trajectory() -> None:
+    b = TrajectoryBuilder(load_chat_tokenizer(SMOLLM2), max_model_len=60)
+    prompt = b.start(PROMPT)
+    add(b, sampled(b, "ok"))
+    assert b.budget_left == 60 - len(prompt) - 2
+    assert b.add_messages([{"role": "tool", "content": "x " * 200}]) == []
+    assert b.trajectory().finish_reason == "length"
+    assert len(b.trajectory().prompt_ids) + len(b.trajectory().response_ids) <= 60
+
+
+def test_out_of_order_calls_raise() -> None:
+    b = chatml()
+    b.start(PROMPT)
+    with pytest.raises(TrajectoryError):
+        b.add_messages([{"role": "user", "content": "x"}])
+    add(b, sampled(b, "a"))
+    with pytest.raises(TrajectoryError):
+        add(b, sampled(b, "b"))
+    b.add_messages([{"role": "tool", "content": "x"}])
+    with pytest.raises(TrajectoryError):
+        b.add_messages([{"role": "tool", "content": "y"}])
+
+
+def test_qwen_style_tools_in_prompt_and_grouped_tool_results() -> None:
+    b = qwen()
+    b.tools = TOOLS
+    prompt = b.start(PROMPT, TOOLS)
+    assert '"name": "bash"' in b.tok.hf.decode(prompt) and "<tools>" in b.tok.hf.decode(prompt)
+    first = sampled(b, CALL + "\n" + CALL.replace("ls", "pwd"))
+    add(b, first)
+    delta = b.add_messages([{"role": "tool", "content": "a.txt"}, {"role": "tool", "content": "/w"}])
+    assert b.tok.hf.decode(delta) == ("\n<|im_start|>user\n<tool_response>\na.txt\n</tool_response>"
+                                      "\n<tool_response>\n/w\n</tool_response><|im_end|>\n"
+                                      "<|im_start|>assistant\n")
+    add(b, sampled(b, "Done."))
+    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None}
+
+
+def test_qwen_style_think_dropping_keeps_sampled_tokens_and_reports_drift() -> None:
+    b = qwen()
+    prompt = b.start(PROMPT, TOOLS)
+    thought = sampled(b, "<think>\nI should look.\n</think>\n\n" + CALL)
+    add(b, thought)
+    b.add_messages([{"role": "tool", "content": "a.txt"}])
+    add(b, sampled(b, "<think>\nOne file.\n</think>\n\nThere is a.txt."))
+    # A new user turn makes the template drop earlier <think> blocks from its re-render...
+    delta = b.add_messages([{"role": "user", "content": "Thanks."}])
+    assert b.tok.hf.decode(delta) == "\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"
+    traj = b.trajectory()
+    # ...but the trajectory keeps what was sampled, and the audit reports the difference.
+    assert traj.response_ids[: len(thought)] == thought
+    report = b.audit_drift()
+    assert report["retokenization_drift"] > 0
+    assert len(prompt) <= report["first_diff"] < len(prompt) + len(thought)
+
+
+def test_qwen_style_length_stop_mid_tool_call() -> None:
+    b = qwen()
+    b.start(PROMPT, TOOLS)
+    cut = sampled(b, '<tool_call>\n{"name": "ba', end=False)
+    add(b, cut, finish="length")
+    delta = b.add_messages([{"role": "user", "content": "Your call was cut off."}])
+    assert delta[:2] == [IM_END, NEWLINE]
+    assert b.audit_drift()["retokenization_drift"] == 0
