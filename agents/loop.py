@@ -1,0 +1,223 @@
+"""The one multi-turn agent loop every handler runs: generate, call tools, observe, repeat.
+
+One implementation for all handlers so the hard parts are right everywhere: each turn is
+persisted (`ctx.record_turn`) before the next generation; the episode ends for a precise reason
+(finish tool, max turns, token budget, deadline, N turns with no valid action); cancel unwinds
+through `RolloutCancelled` for the pipeline to record. Tool misuse and malformed calls are
+observations for the model, counted in the rollout's metrics. The trajectory itself is the
+LLM session's (token-exact); this loop never re-tokenizes model output.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.base import RunResult, StageContext
+from agents.llm import parse_tool_calls
+from agents.tools import Tool, ToolOutput, call_tool, describe_tools
+from app.errors import StageTimeout
+from app.models import Outcome
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TURNS = 20
+DEFAULT_MAX_OBSERVATION_CHARS = 12_000
+NO_TOOL_CALL_MESSAGE = ("No tool call found in your reply. Call one of the tools ({names}) "
+                        "using <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.")
+
+
+@dataclass
+class _Episode:
+    """Counters and the stop reason of one run of the loop."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
+    parse_errors: int = 0
+    invalid_streak: int = 0
+    gen_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    outcome: str = Outcome.COMPLETED.value
+    finish_reason: str | None = None
+    answer: Any = None
+    finished: bool = False
+    tool_names_used: dict[str, int] = field(default_factory=dict)
+
+
+def run_agent_loop(
+    ctx: StageContext,
+    *,
+    system_prompt: str,
+    user_prompt: str,
+    tools: list[Tool],
+    max_turns: int | None = None,
+    max_invalid_turns: int = 3,
+    final_answer: Callable[[str], Any] | None = None,
+    max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
+) -> RunResult:
+    """Drive `ctx.llm` with `tools` until the agent finishes or a limit stops it.
+
+    `final_answer(text)`, if given, is asked about every reply that has no tool call: a
+    non-None result ends the episode with that answer (e.g. a `\\boxed{}` final message).
+    `max_turns` defaults to the job's `limits.max_turns`. Raises `RolloutCancelled` on cancel.
+    """
+    by_name = {tool.name: tool for tool in tools}
+    max_turns = max_turns or int(ctx.limits.get("max_turns") or DEFAULT_MAX_TURNS)
+    max_tokens = ctx.limits.get("max_tokens")
+    ctx.llm.start(_prompt_messages(ctx, system_prompt, user_prompt, tools),
+                  tools=[tool.schema() for tool in tools])
+    ep = _Episode()
+    try:
+        while ep.finish_reason is None:
+            ep.finish_reason = _limit_reached(ctx, ep, max_turns, max_tokens)
+            if ep.finish_reason is None:
+                _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns,
+                          max_observation_chars)
+    except StageTimeout:
+        ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, "deadline"
+    log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns,
+             ep.outcome, ep.finish_reason)
+    return _result(ctx, ep)
+
+
+def _prompt_messages(ctx: StageContext, system_prompt: str, user_prompt: str,
+                     tools: list[Tool]) -> list[dict[str, Any]]:
+    """System + user messages; the tool list goes in the system prompt if the template can't."""
+    if tools and not _template_renders_tools(ctx.llm):
+        system_prompt = f"{system_prompt.rstrip()}\n\n{describe_tools(tools)}"
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_prompt}]
+
+
+def _template_renders_tools(llm: Any) -> bool:
+    tokenizer = getattr(getattr(llm, "builder", None), "tok", None)
+    return bool(getattr(tokenizer, "supports_tools", True))
+
+
+def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int,
+                   max_tokens: int | None) -> str | None:
+    """The finish reason if the episode must stop before another generation, else None."""
+    ctx.checkpoint()  # RolloutCancelled propagates; StageTimeout ends the loop as a timeout
+    trajectory = ctx.llm.trajectory()
+    if ep.turns >= max_turns:
+        return "max_turns"
+    if trajectory.finish_reason == "length" or ctx.llm.budget_left <= 0:
+        return "length"
+    if max_tokens and len(trajectory.response_ids) >= max_tokens:
+        return "length"
+    return None
+
+
+def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
+              final_answer: Callable[[str], Any] | None, max_invalid_turns: int,
+              max_observation_chars: int) -> None:
+    """Generate, act, observe and persist one turn; sets `ep.finish_reason` when it ends."""
+    started = time.monotonic()
+    gen = ctx.llm.generate(ctx.deadline)
+    ep.gen_seconds += time.monotonic() - started
+    if not gen.token_ids and gen.finish_reason == "length":
+        ep.finish_reason = "length"  # the session had no budget left: nothing was generated
+        return
+    index, ep.turns = ep.turns, ep.turns + 1
+    calls, errors = parse_tool_calls(gen.text or "")
+    ep.parse_errors += len(errors)
+    if gen.finish_reason == "length":
+        # A truncated turn's calls are incomplete by construction: never execute them.
+        ep.finish_reason = "length"
+        _record(ctx, index, gen, calls, None, [], 0.0, errors)
+        return
+    tool_started = time.monotonic()
+    outputs = _execute(ctx, ep, tools, calls)
+    tool_seconds = time.monotonic() - tool_started
+    ep.tool_seconds += tool_seconds
+    valid = [o for o in outputs if not o.error]
+    ep.invalid_streak = 0 if valid else ep.invalid_streak + 1
+    finish = next((o for o in outputs if o.finish), None)
+    if finish is None and not calls and not errors and final_answer is not None:
+        answer = final_answer(gen.text or "")
+        if answer is not None:
+            finish = ToolOutput("", finish=True, answer=answer)
+            ep.invalid_streak = 0
+    if finish is not None:
+        ep.finished, ep.answer, ep.finish_reason = True, finish.answer, "finish"
+        _record(ctx, index, gen, calls, None, [], tool_seconds, errors)
+        return
+    messages = _observation_messages(tools, calls, outputs, errors, max_observation_chars)
+    observation_ids = ctx.llm.append_messages(messages)
+    _record(ctx, index, gen, calls, "\n".join(m["content"] for m in messages), observation_ids,
+            tool_seconds, errors)
+    if ep.invalid_streak >= max_invalid_turns:
+        ep.outcome, ep.finish_reason = Outcome.AGENT_ERROR.value, "no_valid_action"
+
+
+def _execute(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
+             calls: list[Any]) -> list[ToolOutput]:
+    """Run the turn's calls in order; a finishing call ends the turn (later calls are skipped)."""
+    outputs = []
+    for call in calls:
+        output = call_tool(ctx, tools, call.name, call.arguments)
+        ep.tool_calls += 1
+        ep.invalid_tool_calls += int(output.error)
+        ep.tool_names_used[call.name] = ep.tool_names_used.get(call.name, 0) + 1
+        outputs.append(output)
+        if output.finish:
+            break
+    return outputs
+
+
+def _observation_messages(tools: dict[str, Tool], calls: list[Any], outputs: list[ToolOutput],
+                          errors: list[str], limit: int) -> list[dict[str, Any]]:
+    """One `tool` message per executed call and per malformed call; a nudge if there were none."""
+    messages = [{"role": "tool", "name": call.name, "content": _clip(out.text, limit)}
+                for call, out in zip(calls, outputs)]
+    messages += [{"role": "tool", "content": f"Error: malformed tool call: {error}"}
+                 for error in errors]
+    if not messages:
+        names = ", ".join(tools)
+        messages = [{"role": "user", "content": NO_TOOL_CALL_MESSAGE.format(names=names)}]
+    return messages
+
+
+def _clip(text: str, limit: int) -> str:
+    """Keep the head and the tail of an over-long observation, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit // 2], text[-(limit // 2):]
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters elided ...]\n{tail}"
+
+
+def _record(ctx: StageContext, index: int, gen: Any, calls: list[Any],
+            observation: str | None, observation_ids: list[int], tool_seconds: float,
+            errors: list[str]) -> None:
+    """Persist one turn (the pipeline writes it to the Turn table before we go on)."""
+    ctx.record_turn(
+        index=index, generated_ids=list(gen.token_ids), logprobs=list(gen.logprobs or []),
+        text=gen.text, tool_calls=[c.to_dict() for c in calls], observation=observation,
+        observation_ids=list(observation_ids), finish_reason=gen.finish_reason,
+        llm_server=gen.server, weight_version=gen.weight_version, gen_seconds=gen.latency,
+        tool_seconds=tool_seconds, extra={"parse_errors": errors} if errors else {},
+    )
+
+
+def _result(ctx: StageContext, ep: _Episode) -> RunResult:
+    """The RunResult: the session's token arrays plus the episode's counters and answer."""
+    traj = ctx.llm.trajectory()
+    metrics: dict[str, Any] = {
+        "turns": ep.turns, "tool_calls": ep.tool_calls,
+        "invalid_tool_calls": ep.invalid_tool_calls, "malformed_tool_calls": ep.parse_errors,
+        "tool_calls_by_name": ep.tool_names_used, "finished": ep.finished,
+        "gen_seconds": round(ep.gen_seconds, 4), "tool_seconds": round(ep.tool_seconds, 4),
+        "response_tokens": len(traj.response_ids),
+        "generated_tokens": sum(traj.loss_mask),
+    }
+    metrics.update(ctx.llm.audit_drift())
+    return RunResult(
+        outcome=ep.outcome, finish_reason=ep.finish_reason,
+        prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
+        response_logprobs=list(traj.response_logprobs), loss_mask=list(traj.loss_mask),
+        policy_versions=list(traj.weight_versions), token_exact=traj.token_exact,
+        messages=[dict(m) for m in traj.messages], metrics=metrics,
+        extra={"answer": ep.answer, "turn_boundaries": [list(b) for b in traj.turn_boundaries]},
+    )
