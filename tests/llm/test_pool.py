@@ -1,0 +1,171 @@
+"""The server pool over several LLM simulators: balance, stickiness, failover, weight swaps."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+from sqlalchemy import select
+
+from agents.llm import LLMSession
+from agents.llm.pool import RegisteredPool, reconcile_in_flight
+from app.db import session_scope
+from app.models import Job, LLMServer, Rollout
+from tests.llm.conftest import SMOLLM2, deadline
+
+SCRIPT = {"default": ['<tool_call>{"name": "step", "arguments": {}}</tool_call>']}
+SPEC = {"tokenizer": SMOLLM2, "max_model_len": 2048}
+
+
+def register(db_url: str, urls: list[str], version: str = "v1") -> None:
+    with session_scope(db_url) as db:
+        for url in urls:
+            db.add(LLMServer(url=url, model=SMOLLM2, weight_version=version))
+
+
+def servers(db_url: str) -> dict[str, LLMServer]:
+    with session_scope(db_url) as db:
+        return {r.url: r for r in db.scalars(select(LLMServer)).all()}
+
+
+def make_rollouts(db_url: str, n: int) -> list[str]:
+    with session_scope(db_url) as db:
+        job = Job(agent="test")
+        db.add(job)
+        db.flush()
+        rows = [Rollout(job_id=job.id, instance_id=f"i{i}", status="run") for i in range(n)]
+        db.add_all(rows)
+        db.flush()
+        return [r.id for r in rows]
+
+
+def sticky(db_url: str, rollout_id: str) -> str | None:
+    with session_scope(db_url) as db:
+        return db.scalar(select(Rollout.llm_server).where(Rollout.id == rollout_id))
+
+
+def requests_seen(url: str) -> int:
+    return httpx.get(f"{url}/sim/stats").json().get("requests", 0)
+
+
+def run_turn(s: LLMSession) -> None:
+    s.generate(deadline())
+    s.append_messages([{"role": "tool", "content": "ok"}])
+
+
+def test_registered_pool_balances_and_sticks(simulators, db_url) -> None:
+    urls = [simulators(SCRIPT)[0] for _ in range(3)]
+    register(db_url, urls)
+    ids = make_rollouts(db_url, 6)
+    sessions = [LLMSession.open(SPEC, {}, rid, db_url) for rid in ids]
+    for s in sessions:
+        s.start([{"role": "user", "content": "go"}])
+    for _ in range(3):
+        for s in sessions:
+            run_turn(s)
+    assert sorted(r.in_flight for r in servers(db_url).values()) == [2, 2, 2]
+    assert [requests_seen(u) for u in urls] == [6, 6, 6]  # 2 rollouts x 3 turns each
+    for rid, s in zip(ids, sessions):
+        assert sticky(db_url, rid) == s.server.url  # every turn on the same server
+    for s in sessions:
+        s.close()
+        s.close()  # idempotent
+    assert [r.in_flight for r in servers(db_url).values()] == [0, 0, 0]
+
+
+def test_concurrent_claims_are_exact(simulators, any_db_url) -> None:
+    from migrations.runner import upgrade
+
+    upgrade(any_db_url)
+    register(any_db_url, [f"http://127.0.0.1:{9 + i}" for i in range(4)])
+    pool = RegisteredPool(any_db_url, "vllm")
+    barrier = threading.Barrier(8)
+
+    def claim() -> None:
+        barrier.wait()
+        pool.acquire()
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.in_flight for r in servers(any_db_url).values()) == [2, 2, 2, 2]
+    reconcile_in_flight(any_db_url)  # no rollout sticks to them: all slots were leaked
+    assert [r.in_flight for r in servers(any_db_url).values()] == [0, 0, 0, 0]
+
+
+def test_killed_server_mid_job_fails_over(simulators, db_url) -> None:
+    started = [simulators(SCRIPT) for _ in range(3)]
+    urls = [u for u, _ in started]
+    register(db_url, urls)
+    ids = make_rollouts(db_url, 6)
+    sessions = [LLMSession.open(SPEC, {}, rid, db_url) for rid in ids]
+    for s in sessions:
+        s.start([{"role": "user", "content": "go"}])
+        run_turn(s)
+    victim, kill = started[1]
+    on_victim = [s for s in sessions if s.server.url == victim]
+    assert len(on_victim) == 2
+    kill()  # mid-job: every rollout has one turn done
+    for _ in range(2):
+        for s in sessions:
+            run_turn(s)
+    rows = servers(db_url)
+    assert rows[victim].healthy is False and rows[victim].last_error
+    for rid, s in zip(ids, sessions):
+        traj = s.trajectory()
+        assert len(traj.turn_boundaries) == 3 and traj.weight_versions == ["v1"] * 3
+        assert s.audit_drift()["retokenization_drift"] == 0
+        assert s.server.url != victim and sticky(db_url, rid) == s.server.url
+    for s in sessions:
+        s.close()
+    assert all(r.in_flight == 0 for r in servers(db_url).values())
+
+
+def test_job_servers_fail_over(simulators, db_url) -> None:
+    (url_a, kill_a), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
+    spec = {**SPEC, "servers": [{"url": url_a, "weight_version": "a"},
+                                {"url": url_b, "weight_version": "b"}]}
+    ids = make_rollouts(db_url, 2)
+    sessions = [LLMSession.open(spec, {}, rid, db_url) for rid in ids]
+    for s in sessions:
+        s.start([{"role": "user", "content": "go"}])
+        run_turn(s)
+    assert {s.server.url for s in sessions} == {url_a, url_b}
+    kill_a()
+    for s in sessions:
+        run_turn(s)
+    assert {s.server.url for s in sessions} == {url_b}
+    moved = next(s for s in sessions if s.trajectory().weight_versions[0] == "a")
+    assert moved.trajectory().weight_versions == ["a", "b"]
+    for s in sessions:
+        s.close()
+
+
+def test_weight_swap_by_re_registering(simulators, db_url) -> None:
+    url, _ = simulators(SCRIPT)
+    register(db_url, [url], "step-1")
+    (rid,) = make_rollouts(db_url, 1)
+    s = LLMSession.open(SPEC, {}, rid, db_url)
+    s.start([{"role": "user", "content": "go"}])
+    run_turn(s)
+    with session_scope(db_url) as db:  # the trainer clears the pool and re-adds new weights
+        db.execute(LLMServer.__table__.delete())
+    register(db_url, [url], "step-2")
+    run_turn(s)
+    assert s.trajectory().weight_versions == ["step-1", "step-2"]
+    s.close()
+    assert servers(db_url)[url].in_flight == 0
+
+
+def test_down_server_comes_back_after_probe(simulators, db_url, monkeypatch) -> None:
+    import agents.llm.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "RECHECK_SECONDS", 0.0)
+    url, _ = simulators(SCRIPT)
+    register(db_url, [url])
+    pool = RegisteredPool(db_url, "vllm")
+    pool.mark_down(url, "simulated failure")
+    assert servers(db_url)[url].healthy is False
+    assert pool.acquire().url == url  # the probe found it healthy again
+    assert servers(db_url)[url].healthy is True and servers(db_url)[url].last_error is None
