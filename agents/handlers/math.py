@@ -1,0 +1,137 @@
+"""`math`: solve a problem with a persistent Python session; graded by math-verify.
+
+The agent has two tools: `python` (the sandbox's persistent interpreter, for computing and
+checking) and `finish(answer)`. A reply with no tool call but a `\\boxed{...}` also ends the
+episode with that answer, since that is how math-tuned models are trained to answer. EVAL
+grades host-side with math-verify and a sympy-equivalence fallback (`agents.rewards`), so it
+needs nothing from the sandbox.
+
+Packages for the agent's Python (sympy, numpy) come from a named environment, by default
+`math`, built once per node with the system interpreter:
+
+    raas env build math --package sympy --package numpy
+
+The handler asks for it through `sandbox_overrides`, unless the job names its own
+`sandbox.python_env`; `python_env: null` in the agent config uses the bare system Python.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.loop import run_agent_loop
+from agents.registry import register
+from agents.rewards.math_answer import answer_from_run, extract_boxed, grade_math_answer
+from agents.tools import builtin_tools, finish_tool
+from app.errors import InvalidRequest
+
+MAX_ANSWER_CHARS = 1000
+
+DEFAULT_SYSTEM_PROMPT = """\
+You are a careful mathematician. Solve the problem step by step.
+You may run Python with the `python` tool (a persistent session; sympy and numpy are \
+installed) to compute or to check your work.
+When you are sure, call the `finish` tool with only the final answer: a number or a \
+simplified expression such as 3/4, 2*sqrt(3) or 5 + i, without words or units."""
+
+DEFAULT_USER_TEMPLATE = "Problem: {problem}"
+
+
+class MathConfig(HandlerConfig):
+    """The `math` handler's agent_config."""
+
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1,
+                               description="System message of every rollout")
+    user_template: str = Field(DEFAULT_USER_TEMPLATE,
+                               description="User message; `{problem}` becomes the problem text")
+    tools: list[Literal["python", "bash"]] = Field(
+        default_factory=lambda: ["python"],
+        description="Sandbox tools besides `finish` (empty: the agent can only reason)")
+    max_turns: int | None = Field(None, ge=1, le=500,
+                                  description="Turn limit; default: the job's limits.max_turns")
+    max_invalid_turns: int = Field(3, ge=1, le=100,
+                                   description="Consecutive turns without a valid action that "
+                                               "end the rollout as agent_error")
+    python_env: str | None = Field("math", description="Sandbox Python environment (sympy, "
+                                   "numpy); null: the system interpreter only")
+    accept_boxed: bool = Field(True, description="A reply without tool calls ending in "
+                               "\\boxed{...} finishes with that answer")
+    grading_timeout_s: int = Field(5, ge=1, le=120,
+                                   description="Seconds allowed to each grading step")
+
+    @field_validator("user_template")
+    @classmethod
+    def _has_problem_slot(cls, value: str) -> str:
+        if "{problem}" not in value:
+            raise ValueError("must contain the placeholder {problem}")
+        return value
+
+
+def _check_text(instance: dict[str, Any], key: str, *, numbers_ok: bool = False) -> None:
+    """Raise InvalidRequest naming `instance.<key>` unless it is a short non-empty value."""
+    value = instance.get(key)
+    ok_types = (str, int, float) if numbers_ok else (str,)
+    if isinstance(value, bool) or not isinstance(value, ok_types) or not str(value).strip():
+        kind = "a non-empty string or a number" if numbers_ok else "a non-empty string"
+        raise InvalidRequest(f"instance.{key} must be {kind}", field=f"instance.{key}")
+
+
+def _final_assistant_text(run: RunResult | None) -> str | None:
+    """Content of the last assistant message of the trajectory, if any."""
+    for message in reversed((run.messages or []) if run else []):
+        if message.get("role") == "assistant" and isinstance(message.get("content"), str):
+            return message["content"]
+    return None
+
+
+@register
+class MathHandler(AgentHandler):
+    """Math word problems with a Python tool; reward 1 iff the answer is equivalent."""
+
+    name = "math"
+    Config = MathConfig
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        """Needs `problem` (text) and `answer` (LaTeX/plain text or a number)."""
+        _check_text(instance, "problem")
+        _check_text(instance, "answer", numbers_ok=True)
+        if len(str(instance["answer"])) > MAX_ANSWER_CHARS:
+            raise InvalidRequest(f"instance.answer is longer than {MAX_ANSWER_CHARS} characters",
+                                 field="instance.answer")
+
+    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
+        """Use the configured Python environment unless the job chose one itself."""
+        env = ctx.agent_config.python_env
+        if env is None or (ctx.job_config.get("sandbox") or {}).get("python_env"):
+            return {}
+        return {"python_env": env}
+
+    def init(self, ctx: StageContext) -> None:
+        """Nothing to prepare: the problem is in the prompt and the tools need no files."""
+
+    def run(self, ctx: StageContext) -> RunResult:
+        """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
+        cfg: MathConfig = ctx.agent_config
+        tools = builtin_tools(list(cfg.tools)) + [finish_tool(
+            description="Submit your final answer and end the task.",
+            answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)")]
+        return run_agent_loop(
+            ctx, system_prompt=cfg.system_prompt,
+            user_prompt=cfg.user_template.replace("{problem}", str(ctx.instance["problem"])),
+            tools=tools, max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns,
+            final_answer=extract_boxed if cfg.accept_boxed else None)
+
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        """Grade the finish answer (else the final message's \\boxed{}) against `answer`."""
+        cfg: MathConfig = ctx.agent_config
+        run = ctx.run_result
+        final_text = _final_assistant_text(run) if cfg.accept_boxed else None
+        predicted = answer_from_run((run.extra or {}).get("answer") if run else None, final_text)
+        reference = str(ctx.instance["answer"])
+        grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s)
+        return EvalResult(
+            reward=grade.reward,
+            metrics={"graded_by": grade.method, "answered": predicted is not None},
+            extra={"predicted_answer": predicted, "reference_answer": reference})
