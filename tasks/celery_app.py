@@ -10,7 +10,7 @@ from tasks.config import celery_config
 def make_celery(settings: Settings) -> Celery:
     """A Celery app wired to `settings`; the stage tasks are registered on it."""
     if settings.embedded_broker:
-        settings.broker_folder.mkdir(parents=True, exist_ok=True)
+        (settings.broker_folder / "control").mkdir(parents=True, exist_ok=True)
     app = Celery("raas", set_as_current=False)
     app.conf.update(celery_config(settings))
     app.raas_settings = settings  # read by the stage tasks: one source of config per process

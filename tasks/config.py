@@ -42,6 +42,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     if settings.embedded_broker:
         folder = str(settings.broker_folder)
         transport.update(data_folder_in=folder, data_folder_out=folder, store_processed=False,
+                         # Exchange bindings; kombu's default is ./control in the cwd.
+                         control_folder=str(settings.broker_folder / "control"),
                          # The filesystem transport polls; a short interval keeps stage hops fast.
                          polling_interval=0.05)
     else:

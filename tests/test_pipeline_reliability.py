@@ -1,0 +1,160 @@
+"""Failure handling with real worker processes: killed workers, two nodes, cancel, retries,
+deadlines, lost broker messages."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from app.db import session_scope
+from app.models import Rollout, Turn
+from tests.conftest import REDIS_URL
+from tests.pipeline_harness import start_service
+
+
+@pytest.fixture
+def redis_pg(tmp_path, pg_url, redis_prefix):
+    """Keyword arguments for a Redis + PostgreSQL service."""
+    return {"db_url": pg_url, "broker_url": REDIS_URL, "key_prefix": redis_prefix}
+
+
+def _wait_for(predicate, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _rows(svc, job_id):
+    with session_scope(svc.settings.db_url) as s:
+        return s.scalars(sa.select(Rollout).where(Rollout.job_id == job_id)).all()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "redis+postgresql"])
+def test_sigkill_run_worker_mid_rollout_finishes_exactly_once(backend, tmp_path, request):
+    kwargs = request.getfixturevalue("redis_pg") if backend != "embedded" else {}
+    svc = start_service(tmp_path, **kwargs)
+    try:
+        job = svc.client.submit("test-sleepy", [{"instance_id": "a"}],
+                                agent_config={"run_s": 6, "turns": 6})
+        rid = job["rollout_ids"][0]
+
+        def running_with_turns():
+            with session_scope(svc.settings.db_url) as s:
+                r = s.get(Rollout, rid)
+                n = s.scalar(sa.select(sa.func.count()).select_from(Turn)
+                             .where(Turn.rollout_id == rid))
+                return r.status == "run" and r.lease_owner and n >= 1
+
+        _wait_for(running_with_turns, what="rollout mid-RUN")
+        svc.kill_worker("run", "node-a")  # SIGKILL: no ack, no cleanup
+        svc.start_worker("run", "node-a")
+        done = svc.wait_done(job["job_id"], timeout=90)
+        assert done["counts"] == {"done": 1}
+        results = svc.all_results(job["job_id"])
+        assert len(results) == 1 and results[0]["seq"] == 1
+        assert results[0]["attempt"] == 2 and results[0]["outcome"] == "completed"
+        with session_scope(svc.settings.db_url) as s:
+            attempts = s.scalars(sa.select(Turn.attempt).where(Turn.rollout_id == rid)).all()
+        assert 1 in attempts and attempts.count(2) == 6  # attempt 1's partial log is kept
+        # a late redelivery of the killed message finds nothing to claim: still exactly once
+        time.sleep(1)
+        assert svc.client.job(job["job_id"])["finished"] == 1
+    finally:
+        svc.stop()
+
+
+def test_two_nodes_run_and_eval_stay_on_the_init_node(tmp_path, redis_pg):
+    svc = start_service(tmp_path, nodes=("node-a", "node-b"), **redis_pg)
+    try:
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(12)],
+                                agent_config={"init_s": 0.2, "run_s": 0.1})
+        svc.wait_done(job["job_id"], timeout=60)
+        results = svc.all_results(job["job_id"])
+        inits = set()
+        for r in results:
+            where = r["extra"]["where"]
+            assert where["init"]["node"] == where["run"]["node"] == where["eval"]["node"]
+            assert r["node"] == where["init"]["node"]
+            inits.add(where["init"]["node"])
+        assert inits == {"node-a", "node-b"}  # the shared init queue fed both nodes
+    finally:
+        svc.stop()
+
+
+def test_cancel_stops_queued_and_running_rollouts(tmp_path):
+    svc = start_service(tmp_path, concurrency=2)
+    try:
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(8)],
+                                agent_config={"run_s": 20, "turns": 40})
+        _wait_for(lambda: any(r.status == "run" and r.lease_owner
+                              for r in _rows(svc, job["job_id"])), what="a running rollout")
+        view = svc.client.cancel(job["job_id"])
+        assert view["status"] in ("cancelling", "cancelled")
+        done = svc.wait_done(job["job_id"], timeout=30)
+        assert done["status"] == "cancelled"
+        assert done["outcomes"] == {"cancelled": 8}
+        for r in _rows(svc, job["job_id"]):
+            assert r.run_seconds is None or r.run_seconds < 10  # stopped at the next turn
+    finally:
+        svc.stop()
+
+
+def test_infra_failures_retry_then_give_up(tmp_path):
+    svc = start_service(tmp_path, extra={"max_attempts": 3})
+    try:
+        ok = svc.client.submit("test-sleepy", [{"instance_id": "x"}],
+                               agent_config={"fail_init_attempts": 2})
+        bad = svc.client.submit("test-sleepy", [{"instance_id": "y"}],
+                                agent_config={"fail_init_attempts": 5})
+        svc.wait_done(ok["job_id"])
+        svc.wait_done(bad["job_id"])
+        [r_ok] = svc.all_results(ok["job_id"])
+        [r_bad] = svc.all_results(bad["job_id"])
+        assert (r_ok["status"], r_ok["outcome"], r_ok["attempt"]) == ("done", "completed", 3)
+        assert (r_bad["status"], r_bad["outcome"], r_bad["attempt"]) == \
+            ("failed", "infra_error", 3)
+        assert "injected INIT failure" in r_bad["error"] and r_bad["reward"] is None
+    finally:
+        svc.stop()
+
+
+def test_stage_deadline_counts_only_running_time(tmp_path):
+    svc = start_service(tmp_path, concurrency=1)
+    try:
+        # 3 rollouts on one RUN slot: the last waits ~2 s in the queue, yet none times out
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"q{k}"} for k in range(3)],
+                                agent_config={"run_s": 1.0, "turns": 4},
+                                limits={"run_timeout": 1.8})
+        late = svc.client.submit("test-sleepy", [{"instance_id": "slow"}],
+                                 agent_config={"run_s": 6.0, "turns": 12},
+                                 limits={"run_timeout": 1.0})
+        assert svc.wait_done(job["job_id"], 60)["outcomes"] == {"completed": 3}
+        svc.wait_done(late["job_id"], 60)
+        [r] = svc.all_results(late["job_id"])
+        assert r["outcome"] == "timeout" and r["timing"]["run"] < 3
+    finally:
+        svc.stop()
+
+
+def test_lost_broker_messages_are_republished(tmp_path, redis_pg):
+    import redis
+
+    svc = start_service(tmp_path, **redis_pg)
+    try:
+        svc.kill_worker("init", "node-a")
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(4)])
+        # the broker "restarts" empty: every queued message is gone
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(f"{redis_pg['key_prefix']}*"):
+            client.delete(key)
+        svc.start_worker("init", "node-a")
+        done = svc.wait_done(job["job_id"], timeout=60)
+        assert done["outcomes"] == {"completed": 4}
+        assert all(r["attempt"] == 1 for r in svc.all_results(job["job_id"]))
+    finally:
+        svc.stop()
