@@ -1,6 +1,11 @@
-"""Rootless sandboxes (bwrap, Singularity, local) with a fast in-sandbox tool server."""
+"""Rootless sandboxes (bwrap, Singularity, local) with a fast in-sandbox tool server.
+
+    rt = get_runtime("bwrap"); sb = rt.start(SandboxSpec(workspace="/abs/dir"), label="r:0")
+    sb.bash("ls"); sb.python("1+1"); sb.edit("view", "a.py"); sb.stop()
+"""
 from __future__ import annotations
 
+from sandbox.client import Sandbox
 from sandbox.errors import (
     ProtocolError,
     SandboxError,
@@ -10,11 +15,18 @@ from sandbox.errors import (
     ToolUsageError,
     UnknownRuntime,
 )
+from sandbox.runtime import Runtime, attach, get_runtime, list_sandboxes, runtime_names, stop_handle
 from sandbox.spec import Bind, SandboxLimits, SandboxOptions, SandboxSpec
+from sandbox.toolserver.protocol import BashResult, Pong, PythonResult
 
 __all__ = [
+    "BashResult",
     "Bind",
+    "Pong",
     "ProtocolError",
+    "PythonResult",
+    "Runtime",
+    "Sandbox",
     "SandboxError",
     "SandboxGone",
     "SandboxLimits",
@@ -24,4 +36,9 @@ __all__ = [
     "SandboxTimeout",
     "ToolUsageError",
     "UnknownRuntime",
+    "attach",
+    "get_runtime",
+    "list_sandboxes",
+    "runtime_names",
+    "stop_handle",
 ]

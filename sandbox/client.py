@@ -1,0 +1,156 @@
+"""Host-side client: one reused Unix-socket connection per sandbox and a deadline per call."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from sandbox.errors import (
+    ProtocolError,
+    SandboxError,
+    SandboxGone,
+    SandboxTimeout,
+    ToolUsageError,
+)
+from sandbox.toolserver import protocol as p
+from sandbox.toolserver.protocol import BashResult, Pong, PythonResult
+
+# Time the server may need beyond the tool's own timeout (interrupt, sync, shell restart).
+CALL_SLACK = 15.0
+_ERRORS: dict[str, type[Exception]] = {
+    "ToolUsageError": ToolUsageError,
+    "ProtocolError": ProtocolError,
+    "SandboxError": SandboxError,
+}
+
+
+class ToolClient:
+    """Speaks the tool protocol to one server; thread-safe, reconnects after a failure."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.sock: socket.socket | None = None
+        self.lock = threading.Lock()
+
+    def _connect(self, deadline: float) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise SandboxGone(f"tool server at {self.socket_path} is gone: {exc}") from exc
+        return sock
+
+    def call(self, op: str, args: Any, deadline_s: float) -> dict[str, Any]:
+        """Send one request and wait at most `deadline_s` for its answer."""
+        with self.lock:
+            deadline = time.monotonic() + deadline_s
+            try:
+                if self.sock is None:
+                    self.sock = self._connect(deadline)
+                self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                p.send_frame(self.sock, {"op": op, "args": args})
+                reply = p.recv_frame(self.sock)
+            except socket.timeout as exc:
+                self.close_locked()  # the stream is now out of step with the server
+                raise SandboxTimeout(f"tool server gave no answer to {op!r} in {deadline_s:g}s") from exc
+            except (ConnectionError, BrokenPipeError, OSError) as exc:
+                self.close_locked()
+                if isinstance(exc, SandboxGone):
+                    raise
+                raise SandboxGone(f"lost the tool server during {op!r}: {exc}") from exc
+            if reply is None:
+                self.close_locked()
+                raise SandboxGone(f"tool server closed the connection during {op!r}")
+        return _unwrap(reply)
+
+    def close_locked(self) -> None:
+        """Drop the connection (caller holds the lock)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def close(self) -> None:
+        """Drop the connection."""
+        with self.lock:
+            self.close_locked()
+
+
+def _unwrap(reply: dict[str, Any]) -> dict[str, Any]:
+    if reply.get("ok"):
+        return reply.get("result") or {}
+    error = reply.get("error") or {}
+    cls = _ERRORS.get(error.get("type", ""), SandboxError)
+    raise cls(error.get("message", "unknown tool server error"))
+
+
+class Sandbox:
+    """A running sandbox: tools, liveness and stop, addressed through its JSON handle."""
+
+    def __init__(self, handle: dict[str, Any]) -> None:
+        self.handle = handle
+        self.client = ToolClient(handle["socket"])
+        self.call_timeout = float(handle.get("call_timeout", 60.0))
+
+    @property
+    def label(self) -> str:
+        """The label given at start (e.g. `<rollout_id>:<attempt>`)."""
+        return self.handle.get("label", "")
+
+    @property
+    def workspace(self) -> str:
+        """The workspace path, identical on the host and inside the sandbox."""
+        return self.handle["workspace"]
+
+    def _call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        return self.client.call(op, args, (timeout or self.call_timeout) + CALL_SLACK)
+
+    def bash(self, command: str, timeout: float | None = None) -> BashResult:
+        """Run a command in the persistent shell; a timeout is `timed_out=True`, not an error."""
+        timeout = timeout or self.call_timeout
+        return p.decode(BashResult, self._call("bash", {"command": command, "timeout": timeout}, timeout))
+
+    def python(self, code: str, timeout: float | None = None) -> PythonResult:
+        """Run code in the persistent Python session."""
+        timeout = timeout or self.call_timeout
+        return p.decode(PythonResult, self._call("python", {"code": code, "timeout": timeout}, timeout))
+
+    def edit(self, command: str, path: str, **kwargs: Any) -> str:
+        """str_replace_editor: view/create/str_replace/insert/undo_edit; misuse raises ToolUsageError."""
+        request = p.EditRequest(command=command, path=path, **kwargs)
+        return self._call("edit", p.encode(request))["text"]
+
+    def read_file(self, path: str) -> str:
+        """Text of a workspace file."""
+        return self._call("read_file", {"path": path})["text"]
+
+    def write_file(self, path: str, content: str) -> None:
+        """Create or overwrite a workspace file."""
+        self._call("write_file", {"path": path, "content": content})
+
+    def reset(self) -> None:
+        """Kill every tool process (shell, Python, their children); the next call starts fresh."""
+        self._call("reset", {})
+
+    def ping(self, timeout: float = 5.0) -> Pong:
+        """Round trip to the tool server; raises SandboxGone/SandboxTimeout if it cannot answer."""
+        return p.decode(Pong, self.client.call("ping", {}, timeout))
+
+    def stop(self) -> None:
+        """Stop the sandbox and everything it started (idempotent)."""
+        from sandbox.runtime import stop_handle
+
+        self.client.close()
+        stop_handle(self.handle)
+
+    def close(self) -> None:
+        """Close this process's connection; the sandbox keeps running."""
+        self.client.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

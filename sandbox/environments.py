@@ -1,0 +1,91 @@
+"""Named Python environments: venvs of the system interpreter, bound read-only into sandboxes.
+
+A venv's scripts carry absolute paths, so an environment is built at its final path on the
+host and bound at that same path inside the sandbox.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from sandbox.errors import SandboxStartError
+
+MANIFEST = "raas-env.json"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def envs_root() -> Path:
+    """`<RAAS home>/envs`: where named environments live on this node."""
+    try:
+        from app.config import load_settings
+
+        home = load_settings().home
+    except Exception:  # noqa: BLE001 - settings may be invalid in a bare sandbox-only process
+        home = Path(os.environ.get("RAAS_HOME", ".raas"))
+    return Path(home).resolve() / "envs"
+
+
+def resolve_env(name: str | None, root: str | os.PathLike | None = None) -> str | None:
+    """The absolute folder of a named (or absolute-path) environment; it must be built."""
+    if name is None:
+        return None
+    path = Path(name) if os.path.isabs(name) else Path(root or envs_root()) / name
+    if not (path / "bin" / "python3").exists():
+        known = ", ".join(e["name"] for e in list_environments(root)) or "none"
+        raise SandboxStartError(
+            f"python environment {name!r} is not built at {path} (built: {known}); "
+            f"run `raas env build {name} --package ...`"
+        )
+    return str(path.resolve())
+
+
+def _manifest(packages: list[str], python: str) -> dict:
+    return {"packages": sorted(packages), "python": python}
+
+
+def build_environment(name: str, packages: list[str], root: str | os.PathLike | None = None,
+                      python: str = SYSTEM_PYTHON) -> Path:
+    """Create `root/name` as a venv with `packages`; a no-op when built with the same list."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"bad environment name {name!r}")
+    base = Path(root or envs_root()).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    target = base / name
+    wanted = _manifest(packages, python)
+    with open(base / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per environment per node at a time
+        if _read_manifest(target) == wanted:
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        subprocess.run([python, "-m", "venv", str(target)], check=True, capture_output=True)
+        if packages:
+            pip = [str(target / "bin" / "python3"), "-m", "pip", "install", "-q",
+                   "--disable-pip-version-check", *packages]
+            result = subprocess.run(pip, capture_output=True, text=True)
+            if result.returncode:
+                shutil.rmtree(target, ignore_errors=True)
+                raise RuntimeError(f"pip install {packages} failed: {result.stderr[-2000:]}")
+        (target / MANIFEST).write_text(json.dumps(wanted))
+    return target
+
+
+def _read_manifest(target: Path) -> dict | None:
+    try:
+        return json.loads((target / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def list_environments(root: str | os.PathLike | None = None) -> list[dict]:
+    """Built environments with their package lists."""
+    base = Path(root or envs_root())
+    found = []
+    for path in sorted(base.iterdir()) if base.is_dir() else []:
+        manifest = _read_manifest(path)
+        if manifest is not None:
+            found.append({"name": path.name, "path": str(path), **manifest})
+    return found

@@ -1,0 +1,67 @@
+"""LocalRuntime: the tool server as a plain host process; no isolation, for development only."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sandbox import limits
+from sandbox.bwrap import sandbox_env
+from sandbox.client import Sandbox
+from sandbox.environments import resolve_env
+from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
+from sandbox.runtime import Runtime, register, save, server_ready, shutdown_quietly
+from sandbox.spec import SandboxSpec
+from sandbox.toolserver.procs import start_time
+
+log = logging.getLogger(__name__)
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+@register("local")
+class LocalRuntime(Runtime):
+    """Runs tools directly on the host: every file the user can reach is reachable."""
+
+    def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
+        """Spawn the tool server in its own session; it adopts orphans so stop finds them."""
+        log.warning("local sandbox runtime: NO isolation for %s (development only)", label or "sandbox")
+        handle = self.new_handle(spec, label)
+        env_dir = resolve_env(spec.python_env)
+        python = f"{env_dir}/bin/python3" if env_dir else (
+            "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
+        env = sandbox_env(spec, env_dir) | {"PYTHONPATH": PACKAGE_DIR}
+        ready_r, ready_w = os.pipe()
+        argv = [sys.executable, "-s", "-B", "-m", "toolserver", "--socket", handle["socket"],
+                "--workspace", spec.workspace, "--workdir", spec.workdir or spec.workspace,
+                "--python", python, "--ready-fd", str(ready_w),
+                *limits.server_flags(spec.limits, [], userns=False, isolated=False)]
+        with open(handle["log_file"], "ab") as log_file:
+            proc = subprocess.Popen(argv, env=env, cwd=spec.workspace, stdin=subprocess.DEVNULL,
+                                    stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(ready_w,),
+                                    start_new_session=True)
+        os.close(ready_w)
+        handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
+        try:
+            server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
+        except BaseException:
+            self.kill(handle)
+            remove_state(handle)
+            raise
+        finally:
+            os.close(ready_r)
+        return save(handle)
+
+    @classmethod
+    def kill(cls, handle: Handle) -> None:
+        """Ask the server to stop its sessions, then kill its whole process tree."""
+        if pid_alive(handle.get("pid"), handle.get("pid_start")):
+            shutdown_quietly(handle, timeout=1.0)
+        kill_pid(handle.get("pid"), handle.get("pid_start"), tree=True)
+        wait_gone(handle.get("pid"), handle.get("pid_start"))
+
+    @classmethod
+    def alive(cls, handle: Handle) -> bool:
+        """True while the server process runs."""
+        return pid_alive(handle.get("pid"), handle.get("pid_start"))

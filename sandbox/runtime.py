@@ -1,0 +1,171 @@
+"""The Runtime interface, the registry of runtimes by name, and node-wide handle operations."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sandbox.client import Sandbox, ToolClient
+from sandbox.errors import SandboxError, SandboxStartError, UnknownRuntime
+from sandbox.handles import Handle, read_handles, remove_state, state_root, write_handle
+from sandbox.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+_REGISTRY: dict[str, type[Runtime]] = {}
+
+
+def register(name: str):
+    """Class decorator adding a runtime under `name`; a duplicate name raises."""
+
+    def add(cls: type[Runtime]) -> type[Runtime]:
+        if name in _REGISTRY:
+            raise ValueError(f"runtime {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+class Runtime(ABC):
+    """Starts sandboxes of one kind; stopping and attaching only need the handle."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, state_dir: str | os.PathLike | None = None, start_timeout: float = 30.0) -> None:
+        self.state_dir = state_root(state_dir)
+        self.start_timeout = start_timeout
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this runtime cannot run on this node, or None when it can."""
+        return None
+
+    @abstractmethod
+    def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
+        """Start a sandbox for `spec`; returns it once its tool server answers."""
+
+    @classmethod
+    @abstractmethod
+    def kill(cls, handle: Handle) -> None:
+        """Force everything the sandbox started to be gone (no RPC, works if the server hangs)."""
+
+    @classmethod
+    @abstractmethod
+    def alive(cls, handle: Handle) -> bool:
+        """True while the sandbox's processes exist."""
+
+    def new_handle(self, spec: SandboxSpec, label: str) -> Handle:
+        """A fresh handle with the paths this sandbox will use on the node."""
+        if not os.path.isdir(spec.workspace):
+            raise SandboxStartError(f"workspace {spec.workspace} is not a directory")
+        sid = uuid.uuid4().hex[:12]
+        socket_dir = self.state_dir / sid
+        socket_dir.mkdir(mode=0o700)
+        return {
+            "runtime": self.name, "id": sid, "label": label, "node": socket.gethostname(),
+            "workspace": spec.workspace, "created": time.time(),
+            "socket_dir": str(socket_dir), "socket": str(socket_dir / "tool.sock"),
+            "handle_file": str(self.state_dir / f"{sid}.json"),
+            "log_file": str(self.state_dir / f"{sid}.log"),
+            "call_timeout": spec.limits.call_timeout,
+        }
+
+
+def runtime_names() -> list[str]:
+    """Registered runtime names."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def _load_builtins() -> None:
+    import sandbox.bwrap  # noqa: F401 - registers "bwrap"
+    import sandbox.local  # noqa: F401 - registers "local"
+    import sandbox.singularity  # noqa: F401 - registers "singularity"
+
+
+def get_runtime(name: str | None = "auto", **kwargs: Any) -> Runtime:
+    """A runtime by name; "auto" is bwrap when usable, else local with a warning."""
+    _load_builtins()
+    name = name or "auto"
+    if name == "auto":
+        reason = _REGISTRY["bwrap"].unavailable_reason()
+        if reason is None:
+            return _REGISTRY["bwrap"](**kwargs)
+        log.warning("bwrap is unusable (%s): falling back to the local runtime WITHOUT isolation", reason)
+        name = "local"
+    if name not in _REGISTRY:
+        valid = ", ".join(["auto", *sorted(_REGISTRY)])
+        raise UnknownRuntime(f"unknown sandbox runtime {name!r}; valid: {valid}", runtime=name)
+    return _REGISTRY[name](**kwargs)
+
+
+def attach(handle: Handle) -> Sandbox:
+    """Use a sandbox started by another process on this node; raises SandboxGone if it is gone."""
+    sandbox = Sandbox(handle)
+    sandbox.ping()
+    return sandbox
+
+
+def stop_handle(handle: Handle) -> None:
+    """Stop a sandbox from any process; idempotent, never raises for an already-gone sandbox."""
+    _load_builtins()
+    cls = _REGISTRY.get(handle.get("runtime", ""))
+    if cls is None:
+        raise SandboxError(f"handle names unknown runtime {handle.get('runtime')!r}")
+    cls.kill(handle)
+    remove_state(handle)
+
+
+def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: bool = False) -> list[Handle]:
+    """Handles of this node's sandboxes (live ones unless `include_dead`), for reapers."""
+    _load_builtins()
+    found = []
+    for handle in read_handles(state_root(state_dir)):
+        cls = _REGISTRY.get(handle.get("runtime", ""))
+        if include_dead or (cls is not None and cls.alive(handle)):
+            found.append(handle)
+    return found
+
+
+def shutdown_quietly(handle: Handle, timeout: float = 1.0) -> None:
+    """Ask a tool server to stop its sessions; ignore any failure (the kill follows)."""
+    try:
+        ToolClient(handle["socket"]).call("shutdown", {}, timeout)
+    except Exception:  # noqa: BLE001 - best effort before a forced kill
+        pass
+
+
+def server_ready(proc_poll, ready_fd: int, timeout: float, log_file: str) -> None:
+    """Wait for the tool server's readiness byte; raise SandboxStartError with the log tail."""
+    import select
+
+    end = time.monotonic() + timeout
+    while True:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise SandboxStartError(f"tool server not ready after {timeout:g}s: {_tail(log_file)}")
+        if select.select([ready_fd], [], [], min(remaining, 0.5))[0]:
+            if os.read(ready_fd, 64):
+                return
+            raise SandboxStartError(f"sandbox exited during start: {_tail(log_file)}")
+        if proc_poll() is not None:
+            raise SandboxStartError(f"sandbox exited during start: {_tail(log_file)}")
+
+
+def _tail(path: str, size: int = 2000) -> str:
+    try:
+        return Path(path).read_text(errors="replace")[-size:]
+    except OSError:
+        return "(no log)"
+
+
+def save(handle: Handle) -> Sandbox:
+    """Persist the handle and return a client for it."""
+    write_handle(handle)
+    return Sandbox(handle)

@@ -1,0 +1,4 @@
+"""Entry point: `python3 -m toolserver --socket ... --workspace ...`."""
+from .server import main
+
+main()

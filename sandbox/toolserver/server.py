@@ -1,0 +1,155 @@
+"""The tool server: serves bash, python and file tools over a Unix socket, one thread per client."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import signal
+import socket
+import socketserver
+import threading
+import time
+from typing import Any
+
+from . import protocol as p
+from .bash import BashSession
+from .editor import Editor
+from .procs import become_subreaper, reap_orphans
+from .python import PythonSession
+
+log = logging.getLogger("raas.toolserver")
+_CONTROL_ENV = ("PYTHONPATH", "RAAS_TOOLSERVER")
+
+
+class ToolServer:
+    """Owns the sessions and dispatches typed requests to them."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in _CONTROL_ENV}
+        self.started = time.monotonic()
+        self.bash = BashSession(env, args.workdir, args.output_bytes)
+        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes)
+        self.editor = Editor(args.workspace)
+        self.stopping = threading.Event()
+
+    def handle(self, op: str, args: Any) -> Any:
+        """Run one request; raises WireError subclasses for typed failures."""
+        if op not in p.OPS:
+            raise p.BadRequest(f"unknown op {op!r}")
+        request = p.decode(p.OPS[op][0], args)
+        if op == "bash":
+            return self.bash.run(request.command, request.timeout)
+        if op == "python":
+            return self.python.run(request.code, request.timeout)
+        if op == "edit":
+            return p.TextResult(self.editor.run(request))
+        if op == "read_file":
+            return p.TextResult(self.editor.read_file(request.path))
+        if op == "write_file":
+            self.editor.write_file(request.path, request.content)
+            return p.Empty()
+        if op == "reset":
+            self.close_sessions()
+            return p.Empty()
+        if op == "shutdown":
+            self.stopping.set()
+            return p.Empty()
+        return p.Pong(p.PROTOCOL_VERSION, os.getpid(), time.monotonic() - self.started)
+
+    def close_sessions(self) -> None:
+        """Kill the shell, the Python worker and everything they started."""
+        with self.bash.lock:
+            self.bash.kill()
+        with self.python.lock:
+            self.python.kill()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        tools: ToolServer = self.server.tools  # type: ignore[attr-defined]
+        while True:
+            try:
+                message = p.recv_frame(self.request)
+            except (OSError, p.WireError, ValueError):
+                return
+            if message is None:
+                return
+            p.send_frame(self.request, _respond(tools, message))
+            if tools.stopping.is_set():
+                threading.Thread(target=self.server.shutdown, daemon=True).start()
+                return
+
+
+def _respond(tools: ToolServer, message: dict) -> dict:
+    try:
+        result = tools.handle(message.get("op"), message.get("args", {}))
+        return {"ok": True, "result": p.encode(result)}
+    except p.WireError as exc:
+        return {"ok": False, "error": {"type": exc.type, "message": str(exc)}}
+    except Exception as exc:  # noqa: BLE001 - any server bug crosses the wire as SandboxError
+        log.exception("request %s failed", message.get("op"))
+        return {"ok": False, "error": {"type": "SandboxError", "message": f"{type(exc).__name__}: {exc}"}}
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+
+def _apply_limits(args: argparse.Namespace) -> None:
+    """Lower rlimits for the server and everything it starts (never raised here)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for name, value in (("RLIMIT_NPROC", args.nproc), ("RLIMIT_AS", args.address_space),
+                        ("RLIMIT_FSIZE", args.fsize)):
+        if value:
+            resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _reaper(tools: ToolServer) -> None:
+    while not tools.stopping.wait(1.0):
+        keep = {s.proc.pid for s in (tools.bash, tools.python) if s.proc is not None}
+        reap_orphans(keep)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line of the server (built by the host-side runtimes)."""
+    parser = argparse.ArgumentParser(prog="toolserver")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--output-bytes", type=int, default=65536)
+    parser.add_argument("--nproc", type=int, default=0)
+    parser.add_argument("--address-space", type=int, default=0)
+    parser.add_argument("--fsize", type=int, default=0)
+    parser.add_argument("--ready-fd", type=int, default=-1)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Listen, signal readiness on --ready-fd, serve until shutdown, then kill the sessions."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s toolserver %(message)s")
+    args = parse_args(argv)
+    _apply_limits(args)
+    # a launcher may have ignored SIGINT; ignored signals survive exec, so restore it for tools
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.makedirs(args.workdir, exist_ok=True)
+    if os.path.exists(args.socket):
+        os.unlink(args.socket)
+    server = _Server(args.socket, _Handler)
+    os.chmod(args.socket, 0o600)
+    become_subreaper()
+    server.tools = ToolServer(args)  # type: ignore[attr-defined]
+    threading.Thread(target=_reaper, args=(server.tools,), daemon=True).start()
+    if args.ready_fd >= 0:
+        os.write(args.ready_fd, b"ready\n")
+        os.close(args.ready_fd)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.tools.close_sessions()  # type: ignore[attr-defined]
+        server.server_close()
+        try:
+            os.unlink(args.socket)
+        except OSError:
+            pass
