@@ -82,3 +82,11 @@ class TrivialHandler(SleepyHandler):
 
     def evaluate(self, ctx: StageContext) -> EvalResult:
         return EvalResult(reward=1.0)
+
+
+@register
+class NeedsLLMHandler(TrivialHandler):
+    """Like test-trivial but declares that it needs an LLM (submission checks the spec)."""
+
+    name = "test-needs-llm"
+    needs_llm = True

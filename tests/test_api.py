@@ -1,0 +1,186 @@
+"""REST API over real HTTP: validation errors, idempotency, servers, health, metrics, OpenAPI."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from werkzeug.serving import make_server
+
+from app import create_app
+from app.config import Settings
+from migrations.runner import upgrade
+
+
+def serve(settings: Settings):
+    upgrade(settings.db_url)
+    app = create_app(settings)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, httpx.Client(base_url=f"http://127.0.0.1:{server.server_port}", timeout=30)
+
+
+@pytest.fixture
+def api(tmp_path):
+    """A gateway (no workers: submissions stay queued) on SQLite + filesystem broker."""
+    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers",
+                        max_body_bytes=200_000)
+    server, client = serve(settings)
+    yield client
+    client.close()
+    server.shutdown()
+
+
+def job(**over):
+    body = {"agent": "test-trivial", "instances": [{"instance_id": "a"}, {"instance_id": "b"}],
+            "n_samples": 2}
+    body.update(over)
+    return body
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    (job(agent="nope"), 400, "unknown agent 'nope'; valid agents: "),
+    (job(instances=[]), 400, "instances"),
+    (job(n_samples=0), 400, "n_samples"),
+    (job(bogus=1), 400, "bogus"),
+    (job(sampling={"temperature": -1}), 400, "sampling.temperature"),
+    (job(sampling={"temprature": 1}), 400, "sampling.temprature"),
+    (job(limits={"max_turns": 0}), 400, "limits.max_turns"),
+    (job(sandbox={"runtime": "docker"}), 400, "sandbox.runtime"),
+    (job(sandbox={"binds": [{"host": "/root"}]}), 400, "sandbox.binds"),
+    (job(instances=[{"instance_id": "a"}, {"instance_id": "a"}]), 400, "duplicate instance_id"),
+    (job(agent="test-needs-llm"), 400, "llm"),
+    (job(agent="test-needs-llm", llm={"tokenizer": "/nonexistent/tok"}), 400, "llm.tokenizer"),
+    (job(agent_config={"x": 1}), 400, "agent_config"),
+    ([1, 2], 400, "body"),
+])
+def test_bad_submissions_name_the_problem(api, body, status, needle):
+    resp = api.post("/v1/jobs", json=body)
+    assert resp.status_code == status, resp.text
+    err = resp.json()
+    assert needle in err["message"], err
+    assert err["error"] in ("invalid_request", "config_error")
+
+
+def test_unknown_agent_lists_valid_ones(api):
+    err = api.post("/v1/jobs", json=job(agent="nope")).json()
+    assert "test-trivial" in err["details"]["valid"]
+
+
+def test_not_json_oversized_and_unknown_routes(api):
+    resp = api.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"] == "invalid_request"
+    big = job(instances=[{"instance_id": f"i{k}", "data": {"pad": "x" * 1000}} for k in range(300)])
+    resp = api.post("/v1/jobs", json=big)
+    assert resp.status_code == 413 and resp.json()["error"] == "payload_too_large"
+    assert api.get("/v1/nothing").status_code == 404
+    assert api.get("/v1/nothing").json()["error"] == "not_found"
+    assert api.delete("/v1/jobs").status_code == 405
+    assert api.get("/v1/jobs/doesnotexist").json()["error"] == "not_found"
+    assert api.get("/v1/rollouts/doesnotexist").status_code == 404
+    assert api.get("/v1/jobs/doesnotexist/results").status_code == 404
+
+
+def test_submission_accepted_and_idempotent(api):
+    first = api.post("/v1/jobs", json=job(idempotency_key="k1"))
+    assert first.status_code == 202
+    body = first.json()
+    assert body["created"] and len(body["rollout_ids"]) == 4
+    again = api.post("/v1/jobs", json=job(idempotency_key="k1")).json()
+    assert again["job_id"] == body["job_id"] and not again["created"]
+    assert sorted(again["rollout_ids"]) == sorted(body["rollout_ids"])
+    other = api.post("/v1/jobs", json=job(idempotency_key="k2")).json()
+    assert other["job_id"] != body["job_id"]
+    view = api.get(f"/v1/jobs/{body['job_id']}").json()
+    assert view["n_rollouts"] == 4 and view["counts"] == {"pending": 4}
+    assert view["status"] == "running" and view["progress"] == 0
+    listing = api.get("/v1/jobs", params={"limit": 1}).json()
+    assert len(listing["jobs"]) == 1 and listing["next_cursor"]
+    nxt = api.get("/v1/jobs", params={"limit": 5, "before": listing["next_cursor"]}).json()
+    assert {j["job_id"] for j in nxt["jobs"]} | {listing["jobs"][0]["job_id"]} == \
+        {body["job_id"], other["job_id"]}
+
+
+def test_results_query_validation_and_empty_long_poll(api):
+    job_id = api.post("/v1/jobs", json=job()).json()["job_id"]
+    assert api.get(f"/v1/jobs/{job_id}/results", params={"after": "x"}).status_code == 400
+    assert api.get(f"/v1/jobs/{job_id}/results", params={"wait": 10_000}).status_code == 400
+    page = api.get(f"/v1/jobs/{job_id}/results", params={"wait": 0.5}).json()
+    assert page == {"job_id": job_id, "items": [], "cursor": 0, "done": False}
+
+
+def test_cancel_of_queued_job_finishes_every_rollout(api):
+    job_id = api.post("/v1/jobs", json=job()).json()["job_id"]
+    view = api.post(f"/v1/jobs/{job_id}/cancel").json()
+    assert view["status"] == "cancelled" and view["outcomes"] == {"cancelled": 4}
+    page = api.get(f"/v1/jobs/{job_id}/results").json()
+    assert [i["seq"] for i in page["items"]] == [1, 2, 3, 4] and page["done"]
+    assert sum(i["group_complete"] for i in page["items"]) == 2
+
+
+def test_llm_server_crud(api):
+    created = api.post("/v1/llm-servers", json={"url": "http://10.0.0.1:8000/",
+                                                "weight_version": "v1"})
+    assert created.status_code == 201
+    sid = created.json()["id"]
+    assert created.json()["url"] == "http://10.0.0.1:8000"
+    dup = api.post("/v1/llm-servers", json={"url": "http://10.0.0.1:8000"})
+    assert dup.status_code == 409 and "already registered" in dup.json()["message"]
+    assert api.post("/v1/llm-servers", json={"url": "ftp://x"}).status_code == 400
+    updated = api.put(f"/v1/llm-servers/{sid}", json={"weight_version": "v2"}).json()
+    assert updated["weight_version"] == "v2"
+    assert [s["id"] for s in api.get("/v1/llm-servers").json()["servers"]] == [sid]
+    assert api.delete(f"/v1/llm-servers/{sid}").status_code == 200
+    assert api.delete(f"/v1/llm-servers/{sid}").status_code == 404
+    assert api.put("/v1/llm-servers/zzz", json={"weight_version": "v3"}).status_code == 404
+
+
+def test_prorl_control_routes(api):
+    assert api.post("/start").status_code == 200
+    assert api.post("/start").status_code == 400  # already running, as ProRL answers
+    assert api.post("/add_llm_server", json={"address": "10.0.0.2:8000"}).json() == \
+        {"added": "http://10.0.0.2:8000"}
+    status = api.get("/status").json()
+    assert status["running"] and status["llm_servers"][0]["address"] == "http://10.0.0.2:8000"
+    assert api.post("/clear_llm_server").json() == {"removed": 1}
+    assert api.post("/stop").json() == {"running": False}
+    assert api.post("/process", json={"instance": {}}).status_code == 400
+    assert api.post("/cancel", json={"job_id": "nope"}).json()["cancelled_jobs"] == 0
+
+
+def test_health_metrics_openapi(api):
+    assert api.get("/healthz").json() == {"ok": True}
+    ready = api.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["broker"] == "ok"
+    api.post("/v1/jobs", json=job())
+    text = api.get("/metrics").text
+    assert 'raas_queue_depth{queue="raas.unrouted"} 0.0' in text
+    assert 'raas_queue_depth{queue="init"} 4.0' in text
+    assert 'raas_rollouts{outcome="",status="pending"} 4.0' in text
+    assert "raas_stage_run_seconds_bucket" in text
+    doc = api.get("/openapi.json").json()
+    post = doc["paths"]["/v1/jobs"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("JobCreate")
+    assert "JobCreate" in doc["components"]["schemas"] and "/process" in doc["paths"]
+    assert "{job_id}" in "".join(doc["paths"])
+
+
+def test_readyz_names_the_unreachable_broker(tmp_path):
+    settings = Settings(home=tmp_path, broker_url="redis://127.0.0.1:1/0")
+    server, client = serve(settings)
+    try:
+        resp = client.get("/readyz")
+        assert resp.status_code == 503
+        assert resp.json()["database"] == "ok" and resp.json()["broker"].startswith("error")
+    finally:
+        server.shutdown()
+
+
+def test_bearer_token(tmp_path):
+    server, client = serve(Settings(home=tmp_path, api_token="s3cret"))
+    try:
+        assert client.get("/v1/jobs").status_code == 401
+        assert client.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/healthz").status_code == 200
+    finally:
+        server.shutdown()
