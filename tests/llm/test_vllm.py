@@ -1,0 +1,81 @@
+"""Real-LLM tier: multi-turn rollouts against a real vLLM (SmolLM2 on CPU), `RAAS_VLLM_URL`.
+
+Run: `RAAS_VLLM_URL=http://127.0.0.1:8000 .venv/bin/python -m pytest -m vllm tests/llm`
+(start the server with `make vllm-cpu` or `scripts/serve_vllm_cpu.sh`).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import httpx
+import pytest
+
+from agents.llm import LLMSession, validate_llm_spec
+from app.db import session_scope
+from app.models import LLMServer
+from tests.llm.conftest import TOOLS, deadline
+
+pytestmark = pytest.mark.vllm
+VLLM_URL = os.environ.get("RAAS_VLLM_URL", "")
+PROMPT = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+          {"role": "user", "content": "What is the capital of France? Then name a river there."}]
+
+
+@pytest.fixture
+def vllm_db(db_url: str) -> str:
+    if not VLLM_URL:
+        pytest.fail("RAAS_VLLM_URL is not set: the vllm tier needs a real server")
+    model = httpx.get(f"{VLLM_URL}/v1/models", timeout=10).json()["data"][0]["id"]
+    with session_scope(db_url) as db:
+        db.add(LLMServer(url=VLLM_URL.rstrip("/"), model=model, weight_version="smollm2-q4"))
+    return db_url
+
+
+def test_multi_turn_rollout_is_token_exact(vllm_db: str) -> None:
+    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)  # tokenizer from GET /v1/models
+    assert os.path.isdir(spec["tokenizer"])
+    sampling = {"temperature": 1.0, "max_tokens": 40, "seed": 7}
+    with LLMSession.open(spec, sampling, "vllm-r1", vllm_db) as s:
+        s.start(PROMPT, TOOLS)
+        generations = []
+        for turn in range(3):
+            generations.append(s.generate(deadline(120)))
+            if turn < 2:
+                s.append_messages([{"role": "user", "content": "Tell me one more fact."}])
+        traj = s.trajectory()
+        for generation, (start, end) in zip(generations, traj.turn_boundaries):
+            assert traj.response_ids[start:end] == generation.token_ids  # as the server sent them
+            assert traj.response_logprobs[start:end] == generation.logprobs
+            assert all(math.isfinite(x) and x <= 0 for x in generation.logprobs)
+            assert generation.weight_version == "smollm2-q4"
+        generated = {i for start, end in traj.turn_boundaries for i in range(start, end)}
+        assert {i for i, m in enumerate(traj.loss_mask) if m} == generated
+        assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.response_logprobs)
+        report = s.audit_drift()
+        assert set(report) == {"retokenization_drift", "first_diff"}
+        assert isinstance(report["retokenization_drift"], int)
+
+
+def test_greedy_turn_matches_a_direct_request(vllm_db: str) -> None:
+    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)
+    with LLMSession.open(spec, {"temperature": 0.0, "max_tokens": 24}, "vllm-r2", vllm_db) as s:
+        s.start(PROMPT)
+        prompt_ids = list(s.trajectory().prompt_ids)
+        generation = s.generate(deadline(120))
+        body = {"model": s.server.model, "prompt": prompt_ids, "max_tokens": 24,
+                "temperature": 0.0, "logprobs": 0, "return_token_ids": True}
+        direct = httpx.post(f"{VLLM_URL}/v1/completions", json=body, timeout=120).json()
+        assert generation.token_ids == direct["choices"][0]["token_ids"]
+
+
+def test_length_stop_against_real_server(vllm_db: str) -> None:
+    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)
+    with LLMSession.open(spec, {"temperature": 1.0, "max_tokens": 4}, "vllm-r3", vllm_db) as s:
+        s.start(PROMPT)
+        generation = s.generate(deadline(120))
+        assert generation.finish_reason == "length" and len(generation.token_ids) == 4
+        delta = s.append_messages([{"role": "user", "content": "Go on."}])
+        assert delta[0] == 2  # <|im_end|> closes the cut turn, mask 0
+        s.generate(deadline(120))
+        assert s.audit_drift()["retokenization_drift"] >= 0
