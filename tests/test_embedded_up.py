@@ -1,0 +1,91 @@
+"""The newcomer's path: `raas up` on the embedded default, `raas submit --wait --out`, Ctrl-C."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from client import RaasClient
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
+    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(tmp_path / "home"),
+                           "--port", str(port), "--concurrency", "2"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert (tmp_path / "home" / "raas.db").exists()  # migrations ran on start
+        assert len(processes_with_env(f"RAAS_HOME={tmp_path / 'home'}")) >= 3
+        data = tmp_path / "batch.jsonl"
+        data.write_text("\n".join(json.dumps({"instance_id": f"p{k}", "k": k}) for k in range(4)))
+        out = tmp_path / "out.jsonl"
+        submit = subprocess.run(
+            [sys.executable, "-m", "app.cli", "submit", str(data), "--agent", "test-sleepy",
+             "--n", "2", "--url", url, "--wait", "--out", str(out)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert submit.returncode == 0, submit.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(rows) == 8 and {r["outcome"] for r in rows} == {"completed"}
+        assert {"rollout_id", "job_id", "instance_id", "sample_index", "node", "reward",
+                "prompt_ids", "response_ids", "response_logprobs", "loss_mask",
+                "timing"} <= set(rows[0])
+        with RaasClient(url) as client:
+            job = client.submit("test-sleepy", [{"instance_id": f"g{k}"} for k in range(3)],
+                                n_samples=2)
+            groups = list(client.groups(job["job_id"]))
+            assert sorted(g[0]["instance_id"] for g in groups) == ["g0", "g1", "g2"]
+            assert all([r["sample_index"] for r in g] == [0, 1] for g in groups)
+            streamed = list(client.stream(job["job_id"]))
+            assert [r["seq"] for r in streamed] == [1, 2, 3, 4, 5, 6]
+        prorl = httpx.post(f"{url}/process", timeout=60, json={
+            "instance": {"instance_id": "pr1", "data_source": "test-sleepy"},
+            "sampling_params": {"temperature": 0.7, "max_new_tokens": 64}, "job_id": "grp"})
+        assert prorl.status_code == 200, prorl.text
+        body = prorl.json()
+        assert body["success"] and body["end_properly"] and body["critical_error"] is None
+        assert body["instance_id"] == "pr1" and body["response_ids"] == [4, 5]
+        assert set(body["timing"]) == {"init_time", "run_time", "eval_time"}
+        assert body["messages"] == [{"role": "user", "content": "pr1"}]
+    finally:
+        os.killpg(up.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+        output = up.communicate(timeout=60)[0].decode(errors="replace")
+    assert up.returncode == 0, output[-3000:]
+    assert not processes_with_env(f"RAAS_HOME={tmp_path / 'home'}"), "workers survived Ctrl-C"
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """Pids whose environment holds `entry` (the stage pools `raas up` spawned)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
