@@ -5,7 +5,13 @@ validates a job's `llm` and `sampling` configs with `validate_llm_spec` / `Sampl
 """
 from agents.llm.backends import Generation
 from agents.llm.session import LLMSession
-from agents.llm.spec import LLMSpec, SamplingParams, ServerSpec, validate_llm_spec, validate_sampling
+from agents.llm.spec import (
+    LLMSpec,
+    SamplingParams,
+    ServerSpec,
+    validate_llm_spec,
+    validate_sampling,
+)
 from agents.llm.tool_calls import ToolCall, parse_tool_calls
 from agents.llm.trajectory import Trajectory, TrajectoryError
 

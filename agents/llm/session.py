@@ -57,7 +57,7 @@ class LLMSession:
                         rollout_id, spec.backend)
         builder = TrajectoryBuilder(tokenizer, spec.max_model_len, spec.chat_template_kwargs,
                                     token_exact=spec.token_exact)
-        return cls(spec, params, rollout_id, make_pool(llm_spec, db_url), builder)
+        return cls(spec, params, rollout_id, make_pool(spec.model_dump(), db_url), builder)
 
     def __enter__(self) -> LLMSession:
         return self

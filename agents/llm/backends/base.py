@@ -22,7 +22,7 @@ class ServerError(ServiceUnavailable):
 
 @dataclass
 class GenerateRequest:
-    """What a backend needs for one turn; chat backends use `messages`, token backends `prompt_ids`."""
+    """One turn's request: token backends send `prompt_ids`, chat backends `messages`."""
 
     prompt_ids: list[int]
     max_tokens: int
