@@ -1,0 +1,185 @@
+"""Real escape attempts against bwrap sandboxes; every one must fail and the host must stay fine."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sandbox import ToolUsageError, stop_handle
+from sandbox.cgroups import pids_current
+from sandbox.handles import read_handles
+from tests.sandbox.conftest import host_processes_matching
+
+
+@pytest.fixture
+def bw(start):
+    """A bwrap sandbox with default limits."""
+    return start("bwrap")
+
+
+def test_cannot_write_outside_the_workspace(bw, tmp_path):
+    outside = tmp_path / "outside.txt"
+    targets = ["/usr/raas-evil", "/etc/raas-evil", "/opt/raas/toolserver/evil.py", str(outside),
+               "/work/raas-evil", "/root/raas-evil"]
+    for target in targets:
+        r = bw.bash(f"echo pwned > {target}")
+        if not target.startswith("/tmp/"):  # /tmp inside is a private tmpfs: writable, not the host's
+            assert r.exit_code != 0, target
+        assert not os.path.exists(target), target
+    assert bw.bash("echo ok > inside.txt && cat inside.txt").output == "ok\n"
+    assert (Path(bw.workspace) / "inside.txt").read_text() == "ok\n"
+
+
+def test_cannot_read_host_secrets_or_data_trees(start, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAAS_TEST_SECRET", "hunter2-env")
+    secret_tmp = tmp_path / "secret.txt"
+    secret_tmp.write_text("hunter2-file")
+    secret_root = Path(f"/root/raas-test-secret-{uuid.uuid4().hex[:8]}")
+    secret_root.write_text("hunter2-root")
+    try:
+        bw = start("bwrap")
+        r = bw.bash(f"cat {secret_tmp} {secret_root}; echo env=$RAAS_TEST_SECRET; cat /proc/*/environ | tr '\\0' '\\n'")
+        assert "hunter2" not in r.output
+        listing = bw.bash("ls -A /root /home /var /srv /mnt /work 2>&1; ls -A /tmp").output
+        assert "No such file" in listing and "hunter2" not in listing
+        assert "root:" not in bw.bash("cat /etc/shadow").output  # masked even where it is readable
+        with pytest.raises(ToolUsageError):
+            bw.read_file(str(secret_tmp))
+    finally:
+        secret_root.unlink()
+
+
+def test_no_network_when_off(start):
+    with socket.create_connection(("127.0.0.1", 5432), timeout=2):
+        pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
+    probe = "import socket; socket.create_connection(('127.0.0.1', 5432), timeout=2); print('connected')"
+    bw = start("bwrap")
+    r = bw.bash(f"python3 -c \"{probe}\"")
+    assert r.exit_code != 0 and "connected" not in r.output
+    assert bw.python(probe).error is not None
+    online = start("bwrap", network=True)
+    assert online.bash(f"python3 -c \"{probe}\"").output == "connected\n"
+
+
+def test_fork_bomb_is_contained(start):
+    bw = start("bwrap", limits={"max_procs": 64})
+    groups = bw.handle["cgroups"]
+    if os.geteuid() == 0 and pids_current(groups) is None:
+        pytest.skip("root without a pids cgroup: RLIMIT_NPROC does not bind root, refusing to fork-bomb")
+    before = len(os.listdir("/proc"))
+    r = bw.bash(":(){ :|:& };:", timeout=5)
+    assert r.exit_code is not None or r.timed_out
+    time.sleep(2)  # let it saturate
+    in_sandbox = pids_current(groups)
+    assert in_sandbox is not None and in_sandbox <= 64
+    assert len([p for p in os.listdir("/proc") if p.isdigit()]) < before + 80
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+    bw.reset()  # kill every tool process; the server survives
+    assert bw.bash("echo alive", timeout=20).output == "alive\n"
+    bw.stop()
+    assert pids_current(groups) is None  # the cgroup is gone with everything in it
+
+
+ROOTLESS_SCRIPT = """
+import os, sys, time
+from sandbox import SandboxLimits, SandboxSpec
+from sandbox.bwrap import BwrapRuntime
+base = sys.argv[1]
+rt = BwrapRuntime(state_dir=base + "/state", use_cgroups=False)
+sb = rt.start(SandboxSpec(workspace=base + "/ws", limits=SandboxLimits(max_procs=64)))
+try:
+    sb.bash(":(){ :|:& };:", timeout=5)
+    time.sleep(2)
+    mine = sum(os.stat("/proc/" + p).st_uid == os.getuid() for p in os.listdir("/proc") if p.isdigit())
+    sb.reset()
+    print(mine, sb.bash("echo alive", timeout=20).output.strip())
+finally:
+    sb.stop()
+"""
+
+
+def test_fork_bomb_rootless_rlimit():
+    """As an unprivileged uid without cgroups, RLIMIT_NPROC (per user namespace) holds the bomb."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged uid for this check")
+    base = Path(tempfile.mkdtemp(prefix="raas-rootless-"))
+    try:
+        base.chmod(0o755)
+        for sub in ("ws", "state"):
+            (base / sub).mkdir(mode=0o700)
+            os.chown(base / sub, 65534, 65534)
+        run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                              sys.executable, "-c", ROOTLESS_SCRIPT, str(base)], capture_output=True,
+                             text=True, timeout=90, cwd=str(Path(__file__).parents[2]))
+        assert run.returncode == 0, run.stderr[-2000:]
+        count, alive = run.stdout.split()
+        assert alive == "alive" and 0 < int(count) <= 64 + 3  # + the client, bwrap and its init
+    finally:
+        for handle in read_handles(base / "state"):  # safety net, as root
+            stop_handle(handle)
+        subprocess.run(["rm", "-rf", str(base)])
+
+
+def test_memory_limit(start):
+    bw = start("bwrap", limits={"memory_mb": 256})
+    r = bw.bash("python3 -c \"b = b'x' * (600 * 1024 * 1024); print('allocated', len(b))\"", timeout=30)
+    assert r.exit_code != 0 and "allocated" not in r.output
+    p = bw.python("b = b'x' * (600 * 1024 * 1024); 'allocated'", timeout=30)
+    assert "allocated" not in p.output
+    assert bw.ping().version == 1
+    assert bw.bash("echo ok").output == "ok\n"
+
+
+def test_huge_output_is_capped_and_server_stays_responsive(bw):
+    started = time.monotonic()
+    r = bw.bash("head -c 100000000 /dev/zero | tr '\\0' x; echo; echo END", timeout=60)
+    assert r.exit_code == 0 and r.output.endswith("END\n")
+    assert len(r.output) < 64 * 1024 + 200 and r.elided_bytes > 99_000_000
+    assert "bytes of output elided" in r.output
+    p = bw.python("print('y' * 100_000_000)", timeout=60)
+    assert len(p.output) < 64 * 1024 + 200
+    assert bw.ping().version == 1 and time.monotonic() - started < 60
+
+
+def test_sleep_is_killed_at_timeout_and_next_call_works(bw):
+    r = bw.bash("sleep 1000", timeout=1)
+    assert r.timed_out
+    assert bw.bash("echo next").output == "next\n"
+    assert "sleep 1000" not in bw.bash("ps -eo args").output
+
+
+def test_background_process_gone_after_stop(bw):
+    tag = f"31337.{os.getpid()}"
+    bw.bash(f"nohup sleep {tag} >/dev/null 2>&1 & disown; (setsid sleep {tag} &)")
+    time.sleep(0.2)
+    assert len(host_processes_matching(f"sleep\0{tag}")) == 2
+    bw.stop()
+    assert host_processes_matching(f"sleep\0{tag}") == []
+
+
+def test_file_tools_stay_in_the_workspace(bw, tmp_path):
+    ws = Path(bw.workspace)
+    (ws / "link").symlink_to("/etc/passwd")
+    (ws / "dirlink").symlink_to(tmp_path)
+    attempts = [
+        lambda: bw.read_file("../../etc/passwd"),
+        lambda: bw.read_file("/etc/passwd"),
+        lambda: bw.edit("view", "../../../../etc/passwd"),
+        lambda: bw.read_file("link"),
+        lambda: bw.edit("view", "link"),
+        lambda: bw.write_file("../escape.txt", "x"),
+        lambda: bw.write_file("dirlink/escape.txt", "x"),
+        lambda: bw.edit("create", "/tmp/escape.txt", file_text="x"),
+        lambda: bw.edit("str_replace", "link", old_str="root", new_str="toor"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ToolUsageError, match="outside the workspace"):
+            attempt()
+    assert not (tmp_path / "escape.txt").exists() and not (ws.parent / "escape.txt").exists()
