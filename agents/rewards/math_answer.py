@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 MAX_ANSWER_CHARS = 2000
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+_CHILD = "from agents.rewards.math_answer import _main; _main()"
 
 
 @dataclass
@@ -112,7 +113,7 @@ def _grade_in_child(predicted: str, reference: str, timeout_s: int) -> MathGrade
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     try:
-        proc = subprocess.run([sys.executable, "-m", "agents.rewards.math_answer"], input=payload,
+        proc = subprocess.run([sys.executable, "-c", _CHILD], input=payload,
                               capture_output=True, text=True, timeout=4 * timeout_s + 15, env=env)
     except subprocess.TimeoutExpired:
         return MathGrade(0.0, "timeout", predicted)
@@ -138,6 +139,3 @@ def _main() -> None:
     grade = _grade_here(request["predicted"], request["reference"], int(request["timeout"]))
     print(json.dumps(asdict(grade)))
 
-
-if __name__ == "__main__":
-    _main()
