@@ -79,9 +79,19 @@ class ChatTokenizer:
         return self.hf.decode([token_id], skip_special_tokens=False)
 
 
-@functools.lru_cache(maxsize=16)
+_load_lock = threading.Lock()
+
+
 def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatTokenizer:
     """Load (once per process) the tokenizer folder `path`, optionally with another template."""
+    # transformers' lazy first import is not thread-safe, and RUN workers open sessions in
+    # threads: serialise loading (cached loads return at once).
+    with _load_lock:
+        return _load_chat_tokenizer(path, chat_template)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
     from transformers import AutoTokenizer
 
     folder = Path(path)
