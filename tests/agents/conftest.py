@@ -19,6 +19,29 @@ from agents.base import HandlerConfig, StageContext
 TOKENIZER_DIR = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokenizer")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_sandbox_dir() -> Iterator[str]:
+    """Keep this run's sandbox handles out of the default state dir.
+
+    A raas reaper running on this machine (another test run's pipeline, `raas up`) stops every
+    sandbox in the default dir that belongs to no live rollout of *its* database, which would
+    kill these tests' sandboxes mid-call.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="raas-sbx-", dir="/tmp")  # short: socket paths are limited
+    old = os.environ.get("RAAS_SANDBOX_DIR")
+    os.environ["RAAS_SANDBOX_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("RAAS_SANDBOX_DIR", None)
+    else:
+        os.environ["RAAS_SANDBOX_DIR"] = old
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def llm_db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A migrated SQLite database for the LLM server pool's bookkeeping (one per session)."""
@@ -77,3 +100,45 @@ def make_ctx() -> Callable[..., StageContext]:
         return ctx
 
     return make
+
+
+@pytest.fixture(scope="session")
+def built_env() -> Callable[[str, list[str]], str]:
+    """Factory: (name, packages) -> absolute path of a sandbox Python environment.
+
+    Built once per machine under the raas home's `envs/` (a no-op when already built with the
+    same packages), so a test passes the path as `python_env`.
+    """
+    from sandbox.environments import build_environment
+
+    def build(name: str, packages: list[str]) -> str:
+        return str(build_environment(name, packages))
+
+    return build
+
+
+@pytest.fixture
+def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: (workspace=None, python_env=None, **options) -> a started real bwrap sandbox.
+
+    The workspace defaults to a fresh folder under tmp_path; every sandbox is stopped at
+    teardown.
+    """
+    from sandbox import SandboxSpec, get_runtime
+
+    started: list[Any] = []
+
+    def make(workspace: str | None = None, python_env: str | None = None,
+             **options: Any) -> Any:
+        if workspace is None:
+            workspace = str(tmp_path / f"ws{len(started)}")
+            Path(workspace).mkdir()
+        sb = get_runtime("bwrap").start(
+            SandboxSpec(workspace=workspace, python_env=python_env, **options),
+            label=f"test:{Path(workspace).name}")
+        started.append(sb)
+        return sb
+
+    yield make
+    for sb in started:
+        sb.stop()
