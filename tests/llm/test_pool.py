@@ -169,3 +169,26 @@ def test_down_server_comes_back_after_probe(simulators, db_url, monkeypatch) -> 
     assert servers(db_url)[url].healthy is False
     assert pool.acquire().url == url  # the probe found it healthy again
     assert servers(db_url)[url].healthy is True and servers(db_url)[url].last_error is None
+
+
+def test_retried_attempt_returns_to_its_server_and_health_sweep(simulators, db_url) -> None:
+    from agents.llm.pool import check_health
+
+    (url_a, kill_a), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
+    register(db_url, [url_a, url_b])
+    (rid,) = make_rollouts(db_url, 1)
+    first = LLMSession.open(SPEC, {}, rid, db_url)
+    first.start([{"role": "user", "content": "go"}])
+    run_turn(first)
+    used = first.server.url
+    first.close()  # the worker's attempt ends; a retry opens a new session for the same rollout
+    with session_scope(db_url) as db:  # make the other server the least loaded one
+        db.execute(LLMServer.__table__.update().where(LLMServer.url == used).values(in_flight=5))
+    again = LLMSession.open(SPEC, {}, rid, db_url)
+    again.start([{"role": "user", "content": "go"}])
+    run_turn(again)
+    assert again.server.url == used == sticky(db_url, rid)  # stickiness beats load
+    again.close()
+    kill_a()
+    assert check_health(db_url)[url_a] is not None and check_health(db_url)[url_b] is None
+    assert servers(db_url)[url_a].healthy is False and servers(db_url)[url_b].healthy is True
