@@ -13,12 +13,6 @@ import traceback
 
 from .output import CappedText, strip_ansi
 
-_executing = False
-
-
-def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
-    if _executing:  # only user code may be interrupted, never the control channel
-        raise KeyboardInterrupt
 
 
 class PlainRunner:
@@ -67,6 +61,7 @@ class IPythonRunner:
         self.shell = InteractiveShell.instance()
         self.shell.colors = "NoColor"
         self.shell.separate_out = ""
+        self.shell.displayhook.write_output_prompt = lambda: None  # plain repr, no "Out[n]:"
         self.errors: list[str] = []
         self.shell._showtraceback = self._collect  # keeps tracebacks out of stdout
 
@@ -92,14 +87,13 @@ def _make_runner():
 
 def main() -> None:
     """Serve cells over private copies of stdin/stdout; user output never touches them."""
-    global _executing
     ctl_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
     ctl_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 65536
-    signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # never interrupt the control channel
     runner = _make_runner()
     ctl_out.write(json.dumps({"ready": type(runner).__name__}) + "\n")
     ctl_out.flush()
@@ -107,12 +101,12 @@ def main() -> None:
         code = json.loads(line)["code"]
         out = CappedText(limit)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            _executing = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # C handler: no extra frame
             try:
                 error = runner.run(code)
             except KeyboardInterrupt:
                 error = "KeyboardInterrupt"
             finally:
-                _executing = False
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         ctl_out.write(json.dumps({"output": out.text(), "error": error}) + "\n")
         ctl_out.flush()
