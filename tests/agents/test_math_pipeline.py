@@ -1,26 +1,40 @@
 """`math` end to end through the real pipeline: gateway, Celery workers, bwrap sandboxes.
 
 The handler's default config is used, so the sandbox gets the environment named `math` from
-the node's `<RAAS home>/envs` (here a link to the cached test build of sympy + numpy). The LLM
-simulator (a fake vLLM, named as such) is scripted per problem to succeed or to fail.
+the node's `<RAAS home>/envs` (here a link to the shared test build of sympy + numpy). The LLM
+simulator (a fake vLLM, named as such) is scripted per problem to succeed or to fail. The
+`vllm`-marked smoke test runs the same path against SmolLM2 on a real vLLM:
+`RAAS_VLLM_URL=http://127.0.0.1:8000 .venv/bin/python -m pytest -m vllm tests/agents`.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agents.llm.simulator import start_simulator
-from tests.agents.test_math_handler import ENVS, SMOLLM2, call
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
+SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl")
                                                 .read_text().splitlines())}
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def instance(instance_id: str) -> dict:
+    data = {k: v for k, v in PROBLEMS[instance_id].items() if k != "instance_id"}
+    return {"instance_id": instance_id, "data": data}
+
+
 CODE = "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.integrate(x*sp.exp(x), (x, 0, 1)))"
-SLOW = "Let me think about it some more."
 SCRIPT = {"by_instance": {
     PROBLEMS["math-008"]["problem"]: [call("python", code=CODE), call("finish", answer="1")],
     PROBLEMS["math-009"]["problem"]: [call("finish", answer="3")],
@@ -29,18 +43,11 @@ SCRIPT = {"by_instance": {
 }}
 
 
-def instance(instance_id: str) -> dict:
-    data = {k: v for k, v in PROBLEMS[instance_id].items() if k != "instance_id"}
-    return {"instance_id": instance_id, "data": data}
-
-
 @pytest.fixture
-def service(tmp_path):
-    from sandbox.environments import build_environment
-
+def service(tmp_path, built_env):
     envs = tmp_path / "envs"
     envs.mkdir()
-    (envs / "math").symlink_to(build_environment("math", ["sympy", "numpy"], root=ENVS))
+    (envs / "math").symlink_to(built_env("math", ["sympy", "numpy"]))
     # One slot per pool: concurrent RUN threads race in transformers' lazy import (reported).
     svc = start_service(tmp_path, concurrency=1)
     yield svc
@@ -81,3 +88,19 @@ def test_cancel_mid_run(service, llm) -> None:
     detail = service.client.rollout(rollout_id)
     assert detail["outcome"] == "cancelled" and job["outcomes"] == {"cancelled": 1}
     assert 2 <= len(detail["turns"]) < 200
+
+
+@pytest.mark.vllm
+def test_math_smoke_on_vllm(service) -> None:
+    """Real SmolLM2: every rollout reaches an outcome with an aligned, token-exact trajectory."""
+    url = os.environ.get("RAAS_VLLM_URL") or pytest.fail("RAAS_VLLM_URL is not set")
+    accepted = service.client.submit(
+        "math", [instance("math-004"), instance("math-011")], n_samples=2,
+        limits={"max_turns": 3, "max_tokens": 1024}, sampling={"temperature": 1.0, "max_tokens": 256},
+        llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096})
+    service.wait_done(accepted["job_id"], timeout=900)
+    for r in service.all_results(accepted["job_id"]):
+        assert r["outcome"] in {"completed", "agent_error", "timeout"}, r.get("error")
+        assert r["token_exact"] is True and sum(r["loss_mask"]) > 0
+        assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["response_logprobs"])
+        assert 0.0 <= r["reward"] <= 1.0
