@@ -1,0 +1,165 @@
+"""The swe handler through INIT -> RUN -> EVAL (LLM simulator, shared loop, real bwrap),
+plus reevaluation of stored patches, grading that agents cannot game, and repo sources.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.handlers.swe import SWEConfig, SWEHandler, reevaluate
+from agents.handlers.swe_repo import PROJECT_ROOT, git_env, materialize
+from app.errors import InvalidRequest
+
+INSTANCES = {json.loads(line)["instance_id"].split("__")[1].rsplit("-", 1)[0]: json.loads(line)
+             for line in (PROJECT_ROOT / "examples/swe/instances.jsonl").read_text().splitlines()}
+INTERVALS = INSTANCES["intervals"]
+BUGGY = "            merged[-1][1] = end\n"
+FIXED = "            merged[-1][1] = max(merged[-1][1], end)\n"
+
+
+@pytest.fixture(scope="module")
+def pytest_env(built_env) -> str:
+    return built_env("pytest", ["pytest"])
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def episode(make_llm, make_ctx, make_sandbox, tmp_path: Path, env: str, replies: list[str],
+            instance: dict = INTERVALS, **config: Any):
+    """INIT, RUN and EVAL of one rollout, sequenced as the pipeline does."""
+    handler = SWEHandler()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    ctx = make_ctx(stage="init", instance=instance, workspace=str(workspace),
+                   agent_config=SWEConfig(**config), limits={"tool_timeout": 20})
+    handler.init(ctx)
+    ctx.sandbox = make_sandbox(str(workspace), python_env=env)
+    ctx.stage, ctx.llm = "run", make_llm({"default": replies}, max_model_len=8192)
+    run = handler.run(ctx)
+    ctx.stage, ctx.run_result = "eval", run
+    return ctx, run, handler.evaluate(ctx)
+
+
+def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbox, tmp_path,
+                                                 pytest_env) -> None:
+    replies = [
+        call("bash", command="git status --short && ls intervals"),
+        call("str_replace_editor", command="view", path="intervals/core.py"),
+        call("str_replace_editor", command="str_replace", path="intervals/core.py",
+             old_str=BUGGY, new_str=FIXED),
+        call("bash", command="python3 -c 'from intervals import merge; print(merge([(1, 10), (2, 3)]))'"),
+        call("submit"),
+    ]
+    ctx, run, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env, replies)
+    assert (run.outcome, run.finish_reason, run.metrics["turns"]) == ("completed", "finish", 5)
+    observations = [t["observation"] for t in ctx.turns_recorded]
+    assert "core.py" in observations[0]
+    assert "def merge" in observations[1]
+    assert observations[3].strip() == "[(1, 10)]"
+    assert result.reward == 1.0, result.extra
+    assert "+            merged[-1][1] = max(merged[-1][1], end)" in result.extra["git_patch"]
+    assert result.metrics["f2p_passed"] == 3 and result.metrics["resolved"] is True
+
+    # The stored patch grades the same in a fresh sandbox; no patch and a broken one grade 0.
+    again = reevaluate(INTERVALS, result.extra["git_patch"],
+                       sandbox_options={"python_env": pytest_env})
+    assert again.reward == 1.0 and again.metrics["patch_applied"] is True
+    assert reevaluate(INTERVALS, "", sandbox_options={"python_env": pytest_env}).reward == 0.0
+    broken = reevaluate(INTERVALS, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n"
+                        "@@ -1 +1 @@\n-x\n+y\n", sandbox_options={"python_env": pytest_env})
+    assert broken.reward == 0.0 and broken.metrics["patch_applied"] is False
+
+
+def test_editing_the_tests_instead_of_the_code_earns_nothing(
+        make_llm, make_ctx, make_sandbox, tmp_path, pytest_env) -> None:
+    # The agent rewrites the FAIL_TO_PASS tests' file so everything it can see passes.
+    fake = "def test_merge_contained_interval():\n    pass\n"
+    replies = [call("str_replace_editor", command="create", path="tests/test_core.py",
+                    file_text=fake),
+               call("bash", command="mkdir -p fake && printf '#!/bin/sh\\nexit 0\\n' > "
+                                    "fake/python3 && chmod +x fake/python3 && "
+                                    "export PATH=$PWD/fake:$PATH"),
+               call("submit")]
+    _, run, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env, replies)
+    assert run.finish_reason == "finish"
+    assert result.reward == 0.0
+    assert result.metrics["f2p_passed"] == 0
+    assert result.metrics["p2p_passed"] == result.metrics["p2p_total"]  # test file restored
+
+
+def test_hanging_tests_hit_the_eval_timeout(make_llm, make_ctx, make_sandbox, tmp_path,
+                                            pytest_env) -> None:
+    replies = [call("str_replace_editor", command="str_replace", path="intervals/core.py",
+                    old_str="    merged = []\n", new_str="    merged = []\n    while True:\n"
+                                                      "        pass\n"),
+               call("submit")]
+    _, _, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env, replies,
+                           test_timeout=3)
+    assert result.reward == 0.0 and result.metrics["tests_timed_out"] is True
+
+
+def test_an_agent_that_never_acts_is_agent_error_and_scores_zero(
+        make_llm, make_ctx, make_sandbox, tmp_path, pytest_env) -> None:
+    _, run, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env,
+                             ["I will not use tools."], max_invalid_turns=2)
+    assert (run.outcome, run.finish_reason) == ("agent_error", "no_valid_action")
+    assert result.reward == 0.0 and result.extra["git_patch"] == ""
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, env=git_env(), check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_repo_from_git_dir_and_tarball_drops_later_history(tmp_path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    materialize(INTERVALS["repo"], INTERVALS["base_commit"], source)
+    (source / "FUTURE.txt").write_text("the fix lives here\n")
+    _git(source, "add", "-A")
+    _git(source, "commit", "-qm", "later commit")
+    tarball = tmp_path / "repo.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(source, arcname="intervals")
+    for repo in (str(source), str(tarball)):
+        dest = tmp_path / f"dest-{Path(repo).name}"
+        dest.mkdir()
+        materialize(repo, INTERVALS["base_commit"], dest)
+        assert _git(dest, "rev-parse", "HEAD") == INTERVALS["base_commit"]
+        assert not (dest / "FUTURE.txt").exists()
+        assert _git(dest, "log", "--all", "--oneline").count("\n") == 0  # one commit only
+    (tmp_path / "dest-bad").mkdir()
+    with pytest.raises(InvalidRequest, match="base_commit"):
+        materialize(str(source), "0" * 40, tmp_path / "dest-bad")
+
+
+@pytest.mark.parametrize("missing", ["repo", "base_commit", "problem_statement", "test_patch",
+                                     "FAIL_TO_PASS", "PASS_TO_PASS", "instance_id"])
+def test_validate_instance_names_the_missing_field(missing: str) -> None:
+    instance = {k: v for k, v in INTERVALS.items() if k != missing}
+    with pytest.raises(InvalidRequest) as info:
+        SWEHandler().validate_instance(instance)
+    assert info.value.details["field"] == f"instance.{missing}"
+
+
+def test_swe_bench_json_string_test_lists_are_accepted() -> None:
+    instance = {**INTERVALS, "FAIL_TO_PASS": json.dumps(INTERVALS["FAIL_TO_PASS"]),
+                "PASS_TO_PASS": "[]"}
+    SWEHandler().validate_instance(instance)
+    with pytest.raises(InvalidRequest):
+        SWEHandler().validate_instance({**INTERVALS, "FAIL_TO_PASS": "not json"})
+
+
+def test_config_is_strict() -> None:
+    with pytest.raises(ValueError, match="tools"):
+        SWEHandler.Config.model_validate({"tools": ["browser"]})
+    with pytest.raises(ValueError, match="extra"):
+        SWEHandler.Config.model_validate({"max_turn": 3})
+    assert SWEHandler.Config.model_validate({}).tools == ["bash", "str_replace_editor"]
