@@ -70,6 +70,11 @@ class LLMSession:
         self.builder.start(messages, tools)
 
     @property
+    def supports_tools(self) -> bool:
+        """True when the chat template renders tool schemas itself (else describe them in text)."""
+        return self.builder.tok.supports_tools
+
+    @property
     def budget_left(self) -> int:
         """Tokens left before max_model_len."""
         return self.builder.budget_left
