@@ -2,7 +2,8 @@
 
 For each question, its gold passage exists, contains one of the accepted answers (after the
 reward's own normalization), and a sensible query (the `query` field, what a searcher would
-type) ranks that passage in the top 5 of the same BM25 index the agent's `search` tool uses.
+type) ranks that passage among the results the agent's `search` tool returns by default (the
+handler's `top_k`), from the same BM25 index.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.registry import get_handler
 from agents.retrieval import BM25Index, load_index
 from agents.rewards.text_match import grade_text_answer, normalize_answer
 
@@ -20,7 +22,7 @@ CORPUS = SEARCH_DIR / "corpus.jsonl"
 QUESTIONS = [json.loads(line) for line in (SEARCH_DIR / "questions.jsonl").read_text().splitlines()
              if line.strip()]
 IDS = [q["instance_id"] for q in QUESTIONS]
-TOP_K = 5
+TOP_K = get_handler("search").Config().top_k  # what one search shows the agent
 
 
 @pytest.fixture(scope="module")
