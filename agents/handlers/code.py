@@ -75,10 +75,10 @@ def solution_file(instance: dict[str, Any]) -> str:
 
 def validate_code_instance(instance: dict[str, Any]) -> None:
     """Reject an instance without a statement, hidden tests, or with a bad solution path."""
-    for name in ("instance_id", "problem_statement"):
-        if not isinstance(instance.get(name), str) or not instance[name].strip():
-            raise InvalidRequest(f"code instance is missing required field {name!r}",
-                                 field=f"instance.{name}")
+    statement = instance.get("problem_statement")
+    if not isinstance(statement, str) or not statement.strip():
+        raise InvalidRequest("code instance is missing required field 'problem_statement'",
+                             field="instance.problem_statement")
     tests = instance.get("hidden_tests")
     if not isinstance(tests, list) or not tests:
         raise InvalidRequest("code instance needs a non-empty list 'hidden_tests'",

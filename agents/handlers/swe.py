@@ -1,8 +1,8 @@
 """`swe`: fix a bug in a repository; reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passes.
 
-Instances have SWE-bench's shape (`instance_id`, `repo`, `base_commit`, `problem_statement`,
-`test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, optional `test_cmd`); `repo` is a local git
-directory, a tarball, or plain sources (committed deterministically, see `swe_repo`). INIT
+Instances have SWE-bench's shape (`instance_id` beside the data; in it `repo`, `base_commit`,
+`problem_statement`, `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, optional `test_cmd`); `repo`
+is a local git directory, a tarball, or plain sources (committed deterministically, see `swe_repo`). INIT
 checks the repo out at the base commit as the workspace; RUN gives the agent bash, the file
 editor and `submit`; EVAL grades the workspace in the same sandbox (`swe_eval.grade`) and keeps
 the agent's `git diff` in `extra["git_patch"]`. `reevaluate()` grades a stored patch again in a
@@ -41,7 +41,7 @@ USER_PROMPT = """The repository is checked out in {workspace} (your current dire
 Make the smallest change to the non-test source files that resolves the problem."""
 
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "instance_id": str, "repo": str, "base_commit": str, "problem_statement": str,
+    "repo": str, "base_commit": str, "problem_statement": str,
     "test_patch": str, "FAIL_TO_PASS": (list, str), "PASS_TO_PASS": (list, str),
 }
 
@@ -176,7 +176,7 @@ def reevaluate(instance: dict[str, Any], git_patch: str | None, *,
         state_dir = state_dir or str(state_root() / "reevaluate")
         sb = get_runtime(runtime, state_dir=state_dir).start(
             SandboxSpec(workspace=workspace, **options),
-            label=f"reevaluate:{instance['instance_id']}")
+            label=f"reevaluate:{instance.get('instance_id', 'instance')}")
         problem = swe_eval.apply_patch(sb, workspace, git_patch or "", swe_eval.AGENT_PATCH)
         if problem is not None:
             return EvalResult(0.0, {"resolved": False, "patch_applied": False}, {

@@ -104,7 +104,6 @@ def test_agent_shell_state_does_not_leak_into_grading(make_ctx, make_sandbox, tm
 
 
 @pytest.mark.parametrize("bad, field", [
-    ({"problem_statement": "x", "hidden_tests": ["assert 1"]}, "instance.instance_id"),
     ({"instance_id": "a", "hidden_tests": ["assert 1"]}, "instance.problem_statement"),
     ({"instance_id": "a", "problem_statement": "x"}, "instance.hidden_tests"),
     ({"instance_id": "a", "problem_statement": "x", "hidden_tests": [{"name": "t"}]},

@@ -141,12 +141,17 @@ def test_repo_from_git_dir_and_tarball_drops_later_history(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("missing", ["repo", "base_commit", "problem_statement", "test_patch",
-                                     "FAIL_TO_PASS", "PASS_TO_PASS", "instance_id"])
+                                     "FAIL_TO_PASS", "PASS_TO_PASS"])
 def test_validate_instance_names_the_missing_field(missing: str) -> None:
     instance = {k: v for k, v in INTERVALS.items() if k != missing}
     with pytest.raises(InvalidRequest) as info:
         SWEHandler().validate_instance(instance)
     assert info.value.details["field"] == f"instance.{missing}"
+
+
+def test_instance_data_without_its_id_is_valid() -> None:
+    # The gateway validates `data`; the id travels beside it (ctx.instance_id).
+    SWEHandler().validate_instance({k: v for k, v in INTERVALS.items() if k != "instance_id"})
 
 
 def test_swe_bench_json_string_test_lists_are_accepted() -> None:
