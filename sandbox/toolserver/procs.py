@@ -109,3 +109,24 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def kill_descendants(root: int, deadline: float = 5.0) -> None:
+    """Stop and kill every process below `root` until none is left (orphans were adopted)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        victims = descendants(root)
+        if not victims:
+            return
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in victims:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        for pid in victims:  # reap what is ours so the next scan does not see zombies
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.005)

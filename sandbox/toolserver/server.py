@@ -15,7 +15,7 @@ from typing import Any
 from . import protocol as p
 from .bash import BashSession
 from .editor import Editor
-from .procs import become_subreaper, reap_orphans
+from .procs import become_subreaper, kill_descendants, reap_orphans
 from .python import PythonSession
 
 log = logging.getLogger("raas.toolserver")
@@ -53,16 +53,17 @@ class ToolServer:
             self.close_sessions()
             return p.Empty()
         if op == "shutdown":
+            self.close_sessions()  # before answering, so the caller may kill us right after
             self.stopping.set()
             return p.Empty()
         return p.Pong(p.PROTOCOL_VERSION, os.getpid(), time.monotonic() - self.started)
 
     def close_sessions(self) -> None:
-        """Kill the shell, the Python worker and everything they started."""
-        with self.bash.lock:
+        """Kill the shell, the Python worker and everything they started (even setsid'd)."""
+        with self.bash.lock, self.python.lock:
             self.bash.kill()
-        with self.python.lock:
             self.python.kill()
+            kill_descendants(os.getpid())
 
 
 class _Handler(socketserver.BaseRequestHandler):
