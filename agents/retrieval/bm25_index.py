@@ -72,9 +72,11 @@ class BM25Index:
                     continue
                 try:
                     row = json.loads(line)
-                    passages.append(Passage(str(row["id"]), str(row.get("title", "")), str(row["text"])))
+                    passages.append(Passage(str(row["id"]), str(row.get("title", "")),
+                                            str(row["text"])))
                 except (ValueError, KeyError) as exc:
-                    raise ConfigError(f"{path}:{n}: bad passage ({exc})", field="corpus_path") from exc
+                    raise ConfigError(f"{path}:{n}: bad passage ({exc})",
+                                      field="corpus_path") from exc
         return cls(passages)
 
     def __len__(self) -> int:

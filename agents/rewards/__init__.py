@@ -6,7 +6,13 @@ example sets without a sandbox or an LLM, and reused by any handler that grades 
 from __future__ import annotations
 
 from agents.rewards.math_answer import MathGrade, answer_from_run, extract_boxed, grade_math_answer
-from agents.rewards.text_match import TextGrade, exact_match, grade_text_answer, normalize_answer, token_f1
+from agents.rewards.text_match import (
+    TextGrade,
+    exact_match,
+    grade_text_answer,
+    normalize_answer,
+    token_f1,
+)
 
 __all__ = [
     "MathGrade",

@@ -30,7 +30,7 @@ _CHILD = "from agents.rewards.math_answer import _main; _main()"
 
 @dataclass
 class MathGrade:
-    """The reward and how it was reached (`math_verify`, `sympy`, `no_answer`, `timeout`, `none`)."""
+    """The reward and how it was reached: math_verify, sympy, no_answer, timeout or none."""
 
     reward: float
     method: str

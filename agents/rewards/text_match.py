@@ -58,12 +58,14 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def grade_text_answer(prediction: str | None, golds: Sequence[str], *, metric: str = "f1") -> TextGrade:
+def grade_text_answer(prediction: str | None, golds: Sequence[str], *,
+                      metric: str = "f1") -> TextGrade:
     """Score `prediction` against every alias in `golds`; the reward is `metric` of the best."""
     if metric not in ("f1", "exact_match"):
         raise ValueError(f"unknown text metric {metric!r}; use 'f1' or 'exact_match'")
     if prediction is None or not prediction.strip() or not golds:
         return TextGrade(0.0, 0.0, 0.0, None)
     scored = [(exact_match(prediction, g), token_f1(prediction, g), g) for g in golds]
-    em, f1, alias = max(scored, key=lambda s: (s[0], s[1]) if metric == "exact_match" else (s[1], s[0]))
+    rank = (lambda s: (s[0], s[1])) if metric == "exact_match" else (lambda s: (s[1], s[0]))
+    em, f1, alias = max(scored, key=rank)
     return TextGrade(em if metric == "exact_match" else f1, em, f1, alias)

@@ -44,7 +44,7 @@ MODULES = (
 def _signature(obj: object) -> str:
     """`(a, b=1)` when inspect can tell, else empty (many C functions have no signature)."""
     try:
-        # Sentinel defaults print as `<... object at 0x7f...>`: drop the address, it changes per run.
+        # Sentinel defaults print as `<... object at 0x7f...>`: the address changes every run.
         return _ADDRESS.sub("", str(inspect.signature(obj)))
     except (TypeError, ValueError):
         return ""

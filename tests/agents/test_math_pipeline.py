@@ -96,7 +96,8 @@ def test_math_smoke_on_vllm(service) -> None:
     url = os.environ.get("RAAS_VLLM_URL") or pytest.fail("RAAS_VLLM_URL is not set")
     accepted = service.client.submit(
         "math", [instance("math-004"), instance("math-011")], n_samples=2,
-        limits={"max_turns": 3, "max_tokens": 1024}, sampling={"temperature": 1.0, "max_tokens": 256},
+        limits={"max_turns": 3, "max_tokens": 1024},
+        sampling={"temperature": 1.0, "max_tokens": 256},
         llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096})
     service.wait_done(accepted["job_id"], timeout=900)
     for r in service.all_results(accepted["job_id"]):

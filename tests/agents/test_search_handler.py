@@ -18,8 +18,8 @@ from agents.registry import get_handler
 from app.errors import InvalidRequest
 
 REPO = Path(__file__).resolve().parents[2]
-QUESTIONS = {q["instance_id"]: q for q in map(json.loads, (REPO / "examples" / "search" /
-                                                           "questions.jsonl").read_text().splitlines())}
+QUESTIONS_FILE = REPO / "examples" / "search" / "questions.jsonl"
+QUESTIONS = {q["instance_id"]: q for q in map(json.loads, QUESTIONS_FILE.read_text().splitlines())}
 LRU = QUESTIONS["search-003"]  # lru_cache maxsize -> 128
 
 
@@ -63,8 +63,8 @@ def test_scripted_success_is_reward_one(rollout) -> None:
 
 
 def test_scripted_wrong_answer_is_reward_zero(rollout) -> None:
-    run, result, _ = rollout({"default": [call("search", query="gzip"), call("answer", text="256")]},
-                             LRU)
+    script = {"default": [call("search", query="gzip"), call("answer", text="256")]}
+    run, result, _ = rollout(script, LRU)
     assert run.outcome == "completed" and result.reward == 0.0
     assert result.metrics["gold_passage_retrieved"] is False
 

@@ -19,8 +19,8 @@ from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
-QUESTIONS = {q["instance_id"]: q for q in map(json.loads, (REPO / "examples" / "search" /
-                                                           "questions.jsonl").read_text().splitlines())}
+QUESTIONS_FILE = REPO / "examples" / "search" / "questions.jsonl"
+QUESTIONS = {q["instance_id"]: q for q in map(json.loads, QUESTIONS_FILE.read_text().splitlines())}
 
 
 def call(name: str, **arguments: str) -> str:
