@@ -37,7 +37,18 @@ DEFAULT_USER_TEMPLATE = "Question: {question}"
 def resolve_corpus(path: str) -> Path:
     """An absolute corpus path; a relative one is relative to the repository root."""
     candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else REPO_ROOT / candidate
+    return (candidate if candidate.is_absolute() else REPO_ROOT / candidate).resolve()
+
+
+def corpus_roots() -> list[Path]:
+    """Where a job may point `corpus_path`: the shipped examples and `<RAAS home>/corpora`.
+
+    A job names a file that the worker reads and shows to the agent, so an arbitrary host path
+    would let any job read host files through the `search` tool.
+    """
+    from app.config import load_settings
+
+    return [(REPO_ROOT / "examples").resolve(), (load_settings().home / "corpora").resolve()]
 
 
 class SearchConfig(HandlerConfig):
@@ -47,8 +58,9 @@ class SearchConfig(HandlerConfig):
                                description="System message of every rollout")
     user_template: str = Field(DEFAULT_USER_TEMPLATE,
                                description="User message; `{question}` becomes the question")
-    corpus_path: str = Field(DEFAULT_CORPUS, description="JSONL passages (id, title, text); "
-                             "relative paths are relative to the repository root")
+    corpus_path: str = Field(DEFAULT_CORPUS, description="JSONL passages (id, title, text) "
+                             "under examples/ or <RAAS home>/corpora; relative paths are "
+                             "relative to the repository root")
     top_k: int = Field(3, ge=1, le=20, description="Passages returned per search")
     max_passage_chars: int = Field(1500, ge=100, le=20000,
                                    description="Each returned passage is clipped to this")
@@ -69,9 +81,12 @@ class SearchConfig(HandlerConfig):
 
     @field_validator("corpus_path")
     @classmethod
-    def _corpus_exists(cls, value: str) -> str:
-        if not resolve_corpus(value).is_file():
-            raise ValueError(f"no corpus file at {resolve_corpus(value)}")
+    def _corpus_allowed_and_exists(cls, value: str) -> str:
+        path, roots = resolve_corpus(value), corpus_roots()
+        if not any(path.is_relative_to(root) for root in roots):
+            raise ValueError(f"must be under {' or '.join(map(str, roots))}")
+        if not path.is_file():
+            raise ValueError(f"no corpus file at {path}")
         return value
 
 

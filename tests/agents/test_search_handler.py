@@ -115,9 +115,18 @@ def test_every_shipped_question_is_a_valid_instance() -> None:
 
 
 @pytest.mark.parametrize("config", [
-    {"top_k": 0}, {"reward": "bleu"}, {"corpus_path": "nope.jsonl"},
+    {"top_k": 0}, {"reward": "bleu"}, {"corpus_path": "examples/search/nope.jsonl"},
+    {"corpus_path": "/etc/passwd"}, {"corpus_path": "examples/../setup.cfg"},
     {"user_template": "no slot"}, {"unknown": 1},
 ])
 def test_bad_config_is_rejected(config: dict) -> None:
     with pytest.raises(ValidationError):
         get_handler("search").Config.model_validate(config)
+
+
+def test_corpus_may_live_in_the_raas_home(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RAAS_HOME", str(tmp_path))
+    corpus = tmp_path / "corpora" / "mine.jsonl"
+    corpus.parent.mkdir()
+    corpus.write_text('{"id": "p1", "title": "t", "text": "hello"}\n')
+    assert get_handler("search").Config(corpus_path=str(corpus)).corpus_path == str(corpus)
