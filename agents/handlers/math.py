@@ -54,8 +54,10 @@ class MathConfig(HandlerConfig):
     max_invalid_turns: int = Field(3, ge=1, le=100,
                                    description="Consecutive turns without a valid action that "
                                                "end the rollout as agent_error")
-    python_env: str | None = Field("math", description="Sandbox Python environment (sympy, "
-                                   "numpy); null: the system interpreter only")
+    python_env: str | None = Field(
+        "math", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Named sandbox Python environment (sympy, numpy) built on each node; null: "
+                    "the system interpreter only. A path is the job's `sandbox.python_env`.")
     accept_boxed: bool = Field(True, description="A reply without tool calls ending in "
                                "\\boxed{...} finishes with that answer")
     grading_timeout_s: int = Field(5, ge=1, le=120,

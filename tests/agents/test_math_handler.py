@@ -136,7 +136,7 @@ def test_every_shipped_problem_is_a_valid_instance() -> None:
 
 @pytest.mark.parametrize("config", [
     {"tools": ["str_replace_editor"]}, {"user_template": "no slot"}, {"max_turns": 0},
-    {"grading_timeout_s": 0}, {"temperature": 1.0},
+    {"grading_timeout_s": 0}, {"temperature": 1.0}, {"python_env": "/root/.pyenv"},
 ])
 def test_bad_config_is_rejected(config: dict) -> None:
     with pytest.raises(ValidationError):
