@@ -14,7 +14,7 @@ from sandbox import cgroups, limits
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxStartError
-from sandbox.handles import Handle, kill_pid, pid_alive, wait_gone
+from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.runtime import Runtime, register, save, server_ready
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
@@ -27,7 +27,7 @@ SOCKET_DIR = "/run/raas"
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 # Host secrets that stay hidden even though /etc is visible (readable if the sandbox maps to root).
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
-                "/etc/security/opasswd", "/etc/machine-id")
+                "/etc/security/opasswd")
 MASKED_DIRS = ("/etc/ssl/private", "/etc/ssh", "/etc/sudoers.d", "/etc/credstore")
 IMAGE_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "lost+found"}
 
@@ -131,39 +131,41 @@ class BwrapRuntime(Runtime):
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Start bwrap in its own session (no die-with-parent: sandboxes belong to the node)."""
         handle = self.new_handle(spec, label)
-        env_dir = resolve_env(spec.python_env)
-        groups = cgroups.create(handle["id"], spec.limits) if self.use_cgroups else []
-        flags = limits.server_flags(spec.limits, groups, userns=True)
-        env = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
-        ready_r, ready_w = os.pipe()
-        info_r, info_w = os.pipe()
-        argv = [a.format(info_fd=info_w, ready_fd=ready_w) if a.startswith("{") else a
-                for a in self.build_argv(spec, handle, env_dir, flags)]
-        handle.update(cgroups=groups)
         try:
-            with open(handle["log_file"], "ab") as log_file:
-                proc = subprocess.Popen(cgroups.join_prefix(groups) + argv, env=env, cwd="/",
-                                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                        pass_fds=(ready_w, info_w), start_new_session=True)
-            os.close(ready_w)
-            os.close(info_w)
-            server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
-            info = json.loads(os.read(info_r, 4096).decode() or "{}")
+            env_dir = resolve_env(spec.python_env)
+            groups = cgroups.create(handle["id"], spec.limits) if self.use_cgroups else []
+            handle.update(cgroups=groups)
+            flags = limits.server_flags(spec.limits, groups, userns=True)
+            argv = self.build_argv(spec, handle, env_dir, flags)
+            env = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
+            self._launch(handle, cgroups.join_prefix(groups) + argv, env)
         except BaseException:
-            os.close(ready_r)
-            os.close(info_r)
-            self.kill(handle | {"pid": proc.pid if "proc" in locals() else None,
-                                "pid_start": start_time(proc.pid) if "proc" in locals() else None})
-            from sandbox.handles import remove_state
-
+            self.kill(handle)
             remove_state(handle)
             raise
-        os.close(ready_r)
-        os.close(info_r)
-        init = info.get("child-pid")
-        handle.update(pid=proc.pid, pid_start=start_time(proc.pid), init_pid=init,
-                      init_start=start_time(init) if init else None)
         return save(handle)
+
+    def _launch(self, handle: Handle, argv: list[str], env: dict[str, str]) -> None:
+        """Run bwrap, wait for the server's ready byte, record bwrap's and the init's pids."""
+        ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe()
+        argv = [a.format(info_fd=info_w, ready_fd=ready_w) if a.startswith("{") else a for a in argv]
+        try:
+            with open(handle["log_file"], "ab") as log_file:
+                proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log_file,
+                                        stderr=subprocess.STDOUT, pass_fds=(ready_w, info_w),
+                                        start_new_session=True)
+            handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
+            os.close(ready_w)
+            os.close(info_w)
+            ready_w = info_w = -1
+            server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
+            init = json.loads(os.read(info_r, 4096).decode() or "{}").get("child-pid")
+            handle.update(init_pid=init, init_start=start_time(init) if init else None)
+        finally:
+            for fd in (ready_r, ready_w, info_r, info_w):
+                if fd >= 0:
+                    os.close(fd)
 
     @classmethod
     def kill(cls, handle: Handle) -> None:

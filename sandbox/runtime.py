@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sandbox.client import Sandbox, ToolClient
-from sandbox.errors import SandboxError, SandboxStartError, UnknownRuntime
+from sandbox.errors import SandboxError, SandboxGone, SandboxStartError, UnknownRuntime
 from sandbox.handles import Handle, read_handles, remove_state, state_root, write_handle
 from sandbox.spec import SandboxSpec
 
@@ -99,6 +99,8 @@ def get_runtime(name: str | None = "auto", **kwargs: Any) -> Runtime:
             return _REGISTRY["bwrap"](**kwargs)
         log.warning("bwrap is unusable (%s): falling back to the local runtime WITHOUT isolation", reason)
         name = "local"
+    if name == "none":
+        raise UnknownRuntime("runtime 'none' means the job needs no sandbox; do not start one")
     if name not in _REGISTRY:
         valid = ", ".join(["auto", *sorted(_REGISTRY)])
         raise UnknownRuntime(f"unknown sandbox runtime {name!r}; valid: {valid}", runtime=name)
@@ -107,6 +109,9 @@ def get_runtime(name: str | None = "auto", **kwargs: Any) -> Runtime:
 
 def attach(handle: Handle) -> Sandbox:
     """Use a sandbox started by another process on this node; raises SandboxGone if it is gone."""
+    here = socket.gethostname()
+    if handle.get("node") not in (None, here):
+        raise SandboxGone(f"sandbox {handle.get('id')} lives on node {handle['node']}, not {here}")
     sandbox = Sandbox(handle)
     sandbox.ping()
     return sandbox

@@ -62,6 +62,13 @@ class SandboxOptions(BaseModel):
     limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Resource limits")
     fakeroot: bool = Field(False, description="Singularity --fakeroot (root inside, not outside)")
 
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_absolute(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
+        return value
+
 
 class SandboxSpec(SandboxOptions):
     """Everything a runtime needs to start one sandbox."""

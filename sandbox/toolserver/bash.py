@@ -13,7 +13,7 @@ import time
 from ptyprocess import PtyProcess
 
 from .output import CappedBuffer
-from .procs import default_signals, kill_session, set_oom_score
+from .procs import child_setup, kill_session, set_oom_score
 from .protocol import BashResult
 
 _SETUP = (
@@ -26,8 +26,9 @@ _SYNC_WAIT = 2.0
 class BashSession:
     """One long-lived shell; commands are sourced from a file so heredocs and long input work."""
 
-    def __init__(self, env: dict[str, str], cwd: str, output_bytes: int) -> None:
+    def __init__(self, env: dict[str, str], cwd: str, output_bytes: int, address_space: int = 0) -> None:
         self.env, self.cwd, self.output_bytes = env, cwd, output_bytes
+        self.address_space = address_space
         self.lock = threading.Lock()
         self.scratch = tempfile.mkdtemp(prefix="raas-bash-")
         self.proc: PtyProcess | None = None
@@ -40,7 +41,7 @@ class BashSession:
         self.nonce = secrets.token_hex(6)
         argv = ["/bin/bash", "--noprofile", "--norc", "--noediting"]
         self.proc = PtyProcess.spawn(argv, env=self.env, cwd=self.cwd, dimensions=(50, 400),
-                                     preexec_fn=default_signals)
+                                     preexec_fn=child_setup(self.address_space))
         set_oom_score(self.proc.pid, 500)
         os.write(self.proc.fd, _SETUP.format(nonce=self.nonce).encode())
         marker = re.compile(rb"__RAAS_%s_READY__\n" % self.nonce.encode())

@@ -67,10 +67,22 @@ def set_oom_score(pid: int, score: int) -> None:
         pass
 
 
-def default_signals() -> None:
-    """In a child before exec: undo Python's SIGPIPE/SIGXFSZ ignores so tools behave normally."""
-    for name in ("SIGPIPE", "SIGXFSZ", "SIGINT"):
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+def child_setup(address_space: int = 0):
+    """A preexec function: default signals (Python ignores SIGPIPE/SIGXFSZ) and the memory rlimit.
+
+    RLIMIT_AS goes on tool processes only: the threaded server reserves malloc arenas per
+    thread and must not run out of address space before the tools it supervises.
+    """
+
+    def setup() -> None:
+        for name in ("SIGPIPE", "SIGXFSZ", "SIGINT"):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        if address_space:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    return setup
 
 
 def become_subreaper() -> None:

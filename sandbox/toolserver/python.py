@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from .procs import kill_session, set_oom_score
+from .procs import child_setup, kill_session, set_oom_score
 from .protocol import PythonResult
 
 _BOOT = (
@@ -23,8 +23,10 @@ _INTERRUPT_WAIT = 2.0
 class PythonSession:
     """Cells share one namespace until a timeout forces a restart."""
 
-    def __init__(self, python: str, env: dict[str, str], cwd: str, output_bytes: int) -> None:
+    def __init__(self, python: str, env: dict[str, str], cwd: str, output_bytes: int,
+                 address_space: int = 0) -> None:
         self.python, self.env, self.cwd, self.output_bytes = python, env, cwd, output_bytes
+        self.address_space = address_space
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.buffer = b""
@@ -33,7 +35,8 @@ class PythonSession:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         argv = [self.python, "-c", _BOOT.format(root=root), str(self.output_bytes)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=self.env, cwd=self.cwd, start_new_session=True)
+                                     env=self.env, cwd=self.cwd, start_new_session=True,
+                                     preexec_fn=child_setup(self.address_space))
         set_oom_score(self.proc.pid, 500)
         if self._read_line(time.monotonic() + _START_WAIT) is None:
             self.kill()
@@ -67,8 +70,14 @@ class PythonSession:
             if self.proc is None or self.proc.poll() is not None:
                 self.kill()
                 self._spawn()
-            self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:  # died between calls (e.g. OOM-killed): start afresh
+                self.kill()
+                self._spawn()
+                self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
+                self.proc.stdin.flush()
             reply = self._read_line(time.monotonic() + timeout)
             if reply is not None:
                 return PythonResult(reply["output"], reply["error"])

@@ -28,8 +28,8 @@ class ToolServer:
     def __init__(self, args: argparse.Namespace) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _CONTROL_ENV}
         self.started = time.monotonic()
-        self.bash = BashSession(env, args.workdir, args.output_bytes)
-        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes)
+        self.bash = BashSession(env, args.workdir, args.output_bytes, args.address_space)
+        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes, args.address_space)
         self.editor = Editor(args.workspace)
         self.stopping = threading.Event()
 
@@ -100,8 +100,7 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 def _apply_limits(args: argparse.Namespace) -> None:
     """Lower rlimits for the server and everything it starts (never raised here)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    for name, value in (("RLIMIT_NPROC", args.nproc), ("RLIMIT_AS", args.address_space),
-                        ("RLIMIT_FSIZE", args.fsize)):
+    for name, value in (("RLIMIT_NPROC", args.nproc), ("RLIMIT_FSIZE", args.fsize)):
         if value:
             resource.setrlimit(getattr(resource, name), (value, value))
 
