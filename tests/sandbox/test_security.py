@@ -93,8 +93,11 @@ from sandbox import SandboxLimits, SandboxSpec
 from sandbox.bwrap import BwrapRuntime
 base = sys.argv[1]
 rt = BwrapRuntime(state_dir=base + "/state", use_cgroups=False)
-sb = rt.start(SandboxSpec(workspace=base + "/ws", limits=SandboxLimits(max_procs=64)))
+sb = rt.start(SandboxSpec(workspace=base + "/ws", limits=SandboxLimits(max_procs=64, memory_mb=256)))
 try:
+    big = sb.bash("python3 -c \\"b = b'x' * (600 * 1024 * 1024); print('allocated')\\"", timeout=30)
+    assert big.exit_code != 0 and "MemoryError" in big.output, big.output  # RLIMIT_AS, no cgroup
+    assert "MemoryError" in sb.python("b = b'x' * (600 * 1024 * 1024)").error
     sb.bash(":(){ :|:& };:", timeout=5)
     time.sleep(2)
     mine = sum(os.stat("/proc/" + p).st_uid == os.getuid() for p in os.listdir("/proc") if p.isdigit())
@@ -106,7 +109,8 @@ finally:
 
 
 def test_fork_bomb_rootless_rlimit():
-    """As an unprivileged uid without cgroups, RLIMIT_NPROC (per user namespace) holds the bomb."""
+    """As an unprivileged uid without cgroups, RLIMIT_NPROC (per user namespace) holds the bomb
+    and RLIMIT_AS holds memory: the rootless path clusters take."""
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged uid for this check")
     base = Path(tempfile.mkdtemp(prefix="raas-rootless-"))
@@ -120,7 +124,7 @@ def test_fork_bomb_rootless_rlimit():
                              text=True, timeout=90, cwd=str(Path(__file__).parents[2]))
         assert run.returncode == 0, run.stderr[-2000:]
         count, alive = run.stdout.split()
-        assert alive == "alive" and 0 < int(count) <= 64 + 3  # + the client, bwrap and its init
+        assert alive == "alive" and 0 < int(count) <= 64 + 3, run.stdout  # + client, bwrap, its init
     finally:
         for handle in read_handles(base / "state"):  # safety net, as root
             stop_handle(handle)

@@ -1,0 +1,67 @@
+"""Pure pieces: output capping, the wire protocol, spec validation, mounts, runtime lookup."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox import SandboxGone, SandboxOptions, SandboxSpec, UnknownRuntime, attach, get_runtime
+from sandbox.bwrap import _root_mounts
+from sandbox.toolserver import protocol as p
+from sandbox.toolserver.output import CappedBuffer, strip_ansi
+
+
+def test_capped_buffer_keeps_head_and_tail():
+    buf = CappedBuffer(100)
+    for i in range(1000):
+        buf.write(f"{i:04d}\n".encode())
+    text = buf.text()
+    assert text.startswith("0000\n0001\n") and text.endswith("0999\n")
+    assert buf.total == 5000 and buf.elided == 4900
+    assert "[... 4900 bytes of output elided ...]" in text
+    small = CappedBuffer(100)
+    small.write(b"short\r\n")
+    assert small.text() == "short\n" and small.elided == 0
+
+
+def test_strip_ansi():
+    assert strip_ansi("\x1b[1;31mred\x1b[0m \x1b]0;title\x07ok\r\n") == "red ok\n"
+
+
+def test_protocol_rejects_unknown_and_missing_fields():
+    assert p.decode(p.BashRequest, {"command": "ls", "timeout": 1}) == p.BashRequest("ls", 1)
+    with pytest.raises(p.BadRequest, match="unknown fields"):
+        p.decode(p.BashRequest, {"command": "ls", "timeout": 1, "sudo": True})
+    with pytest.raises(p.BadRequest):
+        p.decode(p.BashRequest, {"command": "ls"})
+
+
+def test_options_validation():
+    with pytest.raises(ValidationError, match="extra"):
+        SandboxOptions(memory=1)
+    with pytest.raises(ValidationError, match="absolute"):
+        SandboxSpec(workspace="relative/dir")
+    with pytest.raises(ValidationError, match="absolute"):
+        SandboxOptions(workdir="src")
+    with pytest.raises(ValidationError):
+        SandboxOptions(runtime="docker")
+    assert SandboxOptions(runtime="none").runtime == "none"
+
+
+def test_image_rootfs_mounts(tmp_path):
+    for name in ("usr", "etc", "var", "home", "proc", "tmp"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "bin").symlink_to("usr/bin")
+    args = _root_mounts(str(tmp_path))
+    assert args == ["--symlink", "usr/bin", "/bin", "--ro-bind", f"{tmp_path}/etc", "/etc",
+                    "--ro-bind", f"{tmp_path}/usr", "/usr", "--ro-bind", f"{tmp_path}/var", "/var"]
+    host = _root_mounts(None)
+    assert "/home" not in host and "/root" not in host and "/var" not in host and "/tmp" not in host
+
+
+def test_runtime_lookup_errors():
+    with pytest.raises(UnknownRuntime, match="no sandbox"):
+        get_runtime("none")
+    with pytest.raises(SandboxGone, match="lives on node"):
+        attach({"node": "elsewhere-" + os.uname().nodename, "socket": "/nonexistent", "id": "x"})
