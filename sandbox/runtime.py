@@ -68,13 +68,18 @@ class Runtime(ABC):
         socket_dir = self.state_dir / sid
         socket_dir.mkdir(mode=0o700)
         return {
-            "runtime": self.name, "id": sid, "label": label, "node": socket.gethostname(),
+            "runtime": self.name, "id": sid, "label": label, "node": node_name(),
             "workspace": spec.workspace, "created": time.time(),
             "socket_dir": str(socket_dir), "socket": str(socket_dir / "tool.sock"),
             "handle_file": str(self.state_dir / f"{sid}.json"),
             "log_file": str(self.state_dir / f"{sid}.log"),
             "call_timeout": spec.limits.call_timeout,
         }
+
+
+def node_name() -> str:
+    """This node's name as the service knows it (RAAS_NODE, else the hostname)."""
+    return os.environ.get("RAAS_NODE") or socket.gethostname()
 
 
 def runtime_names() -> list[str]:
@@ -109,11 +114,14 @@ def get_runtime(name: str | None = "auto", **kwargs: Any) -> Runtime:
 
 def attach(handle: Handle) -> Sandbox:
     """Use a sandbox started by another process on this node; raises SandboxGone if it is gone."""
-    here = socket.gethostname()
-    if handle.get("node") not in (None, here):
-        raise SandboxGone(f"sandbox {handle.get('id')} lives on node {handle['node']}, not {here}")
     sandbox = Sandbox(handle)
-    sandbox.ping()
+    try:
+        sandbox.ping()
+    except SandboxGone as exc:
+        node = handle.get("node")
+        if node and node not in (node_name(), socket.gethostname()):
+            raise SandboxGone(f"sandbox {handle.get('id')} lives on node {node}, not here: {exc}") from exc
+        raise
     return sandbox
 
 
