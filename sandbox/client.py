@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import fields
 from typing import Any
 
 from sandbox.errors import (
@@ -119,7 +120,11 @@ class Sandbox:
 
     def edit(self, command: str, path: str, **kwargs: Any) -> str:
         """str_replace_editor: view/create/str_replace/insert/undo_edit; misuse raises ToolUsageError."""
-        request = p.EditRequest(command=command, path=path, **kwargs)
+        try:
+            request = p.EditRequest(command=command, path=path, **kwargs)
+        except TypeError:
+            known = ", ".join(f.name for f in fields(p.EditRequest))
+            raise ToolUsageError(f"Unknown parameter(s) {sorted(kwargs)}; the editor takes: {known}.") from None
         return self._call("edit", p.encode(request))["text"]
 
     def read_file(self, path: str) -> str:

@@ -55,6 +55,7 @@ class Editor:
     # -- str_replace_editor --------------------------------------------------------------
     def run(self, req: EditRequest) -> str:
         """Dispatch one editor command."""
+        _check_types(req)
         handler = getattr(self, f"_cmd_{req.command}", None)
         if handler is None:
             raise ToolUsage(f"Unknown command {req.command!r}; use one of: view, create, "
@@ -154,6 +155,20 @@ class Editor:
         return (f"The file {shown} has been edited. Here's the result of running `cat -n` on a "
                 f"snippet of {shown}:\n{body}\nReview the changes and make sure they are as "
                 "expected. Edit the file again if necessary.")
+
+
+def _check_types(req: EditRequest) -> None:
+    """Model-supplied arguments of the wrong type are the model's mistake, said plainly."""
+    for name in ("command", "path", "file_text", "old_str", "new_str"):
+        value = getattr(req, name)
+        if value is not None and not isinstance(value, str):
+            raise ToolUsage(f"Parameter `{name}` must be a string.")
+    if req.insert_line is not None and (isinstance(req.insert_line, bool) or not isinstance(req.insert_line, int)):
+        raise ToolUsage("Parameter `insert_line` must be an integer.")
+    if req.view_range is not None and (
+        not isinstance(req.view_range, list) or not all(isinstance(v, int) for v in req.view_range)
+    ):
+        raise ToolUsage("Parameter `view_range` must be a list of two integers, e.g. [1, 20].")
 
 
 def _numbered(lines: list[str], first: int) -> str:

@@ -164,3 +164,9 @@ def test_runtime_registry():
     with pytest.raises(UnknownRuntime, match="valid: auto, bwrap, local, singularity"):
         get_runtime("docker")
     assert get_runtime("auto").name == "bwrap"
+
+
+def test_unknown_editor_parameter_is_a_tool_usage_error(start):
+    sb = start("bwrap")
+    with pytest.raises(ToolUsageError, match="Unknown parameter"):
+        sb.edit("create", "x.txt", content="hi")

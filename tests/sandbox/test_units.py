@@ -65,3 +65,18 @@ def test_runtime_lookup_errors():
         get_runtime("none")
     with pytest.raises(SandboxGone, match="lives on node"):
         attach({"node": "elsewhere-" + os.uname().nodename, "socket": "/nonexistent", "id": "x"})
+
+
+def test_editor_misuse_is_a_model_readable_error(tmp_path):
+    from sandbox.toolserver.editor import Editor
+    from sandbox.toolserver.protocol import EditRequest, ToolUsage
+
+    editor = Editor(str(tmp_path))
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    with pytest.raises(ToolUsage, match="insert_line` must be an integer"):
+        editor.run(EditRequest("insert", "a.txt", insert_line="3", new_str="x"))
+    with pytest.raises(ToolUsage, match="view_range"):
+        editor.run(EditRequest("view", "a.txt", view_range="1-2"))
+    with pytest.raises(ToolUsage, match="Invalid view_range"):
+        editor.run(EditRequest("view", "a.txt", view_range=[2, 9]))
+    assert "     2\ttwo" in editor.run(EditRequest("view", "a.txt", view_range=[2, -1]))
