@@ -54,6 +54,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             transport["global_keyprefix"] = settings.broker_key_prefix
     return {
         "broker_url": settings.broker,
+        # kombu's own filesystem transport can lose messages under load (see fs_transport).
+        "broker_transport": "tasks.fs_transport:Transport" if settings.embedded_broker else None,
         "broker_transport_options": transport,
         # Retry the broker at start-up instead of crashing a worker that came up first.
         "broker_connection_retry_on_startup": True,

@@ -136,7 +136,10 @@ class Reaper:
             from sandbox import list_sandboxes
         except ImportError:
             return 0
-        handles = list_sandboxes()
+        # Only sandboxes of this deployment: their workspaces live under our workspace root.
+        # Another raas (or a re-evaluation) on the same node is none of our business.
+        root = str(self.settings.workspaces) + "/"
+        handles = [h for h in list_sandboxes() if str(h.get("workspace", "")).startswith(root)]
         if not handles:
             return 0
         wanted = {}

@@ -100,7 +100,8 @@ class Service:
 
 def start_service(home: Path, *, db_url: str | None = None, broker_url: str | None = None,
                   key_prefix: str = "", nodes: tuple[str, ...] = ("node-a",),
-                  concurrency: int = 4, reaper: bool = True, handler_modules: str = "",
+                  concurrency: int | dict[str, int] = 4, reaper: bool = True,
+                  handler_modules: str = "", stages: tuple[str, ...] = ("init", "run", "eval"),
                   extra: dict[str, Any] | None = None) -> Service:
     """Migrate, start the gateway in a thread, one pool per stage and node, and a reaper."""
     modules = ",".join(m for m in ("tests.pipeline_handlers", handler_modules) if m)
@@ -122,8 +123,9 @@ def start_service(home: Path, *, db_url: str | None = None, broker_url: str | No
     logs.mkdir(parents=True, exist_ok=True)
     svc = Service(settings, env, url, RaasClient(url, timeout=60), logs, _server=server)
     for node in nodes:
-        for stage in ("init", "run", "eval"):
-            svc.start_worker(stage, node, concurrency)
+        for stage in stages:
+            n = concurrency if isinstance(concurrency, int) else concurrency[stage]
+            svc.start_worker(stage, node, n)
     if reaper:
         svc._reaper = Reaper(settings, app.extensions["celery"])
         threading.Thread(target=svc._reaper.run_forever, daemon=True).start()

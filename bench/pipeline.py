@@ -1,0 +1,160 @@
+"""Pipeline benchmark: trivial-rollout throughput and stage overlap. Prints JSON + a table.
+
+(a) Throughput and per-rollout overhead with a trivial handler (no sandbox, no LLM), on the
+    embedded default (SQLite + filesystem broker) and on Redis + PostgreSQL.
+(b) Stage overlap with sleep-bound stages (INIT 1 s, RUN 2 s, EVAL 1 s) and the same total
+    concurrency: three pools (3/6/3) vs the baseline, one pool of 12 that runs the three stages
+    back to back per rollout through the same stage code (bench/serial_worker.py).
+
+Usage: .venv/bin/python bench/pipeline.py [--quick]   (needs Redis :6379 and PostgreSQL :5432)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.pipeline_harness import start_service  # noqa: E402
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+def backend(name: str) -> tuple[dict, callable]:
+    """Service keyword arguments for a backend and a cleanup function."""
+    if name == "embedded":
+        return {}, lambda: None
+    db = f"raas_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{db}"'))
+
+    def drop() -> None:
+        from app.db import dispose_all
+
+        dispose_all(close=True)
+        with admin.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+
+    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{db}"
+    return {"db_url": url, "broker_url": REDIS, "key_prefix": f"raas-bench-{db}:"}, drop
+
+
+def wait_all(svc, job_id: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        j = svc.client.job(job_id)
+        if j["finished"] >= j["n_rollouts"]:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(job_id)
+
+
+def finish_times(svc, job_id: str) -> list[float]:
+    from app.db import session_scope
+    from app.models import Rollout
+
+    with session_scope(svc.settings.db_url) as s:
+        rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at)
+                         .where(Rollout.job_id == job_id)).all()
+    return sorted((f - c).total_seconds() for c, f in rows)
+
+
+def throughput(name: str, n: int) -> dict:
+    """(a): a batch of n trivial rollouts, then single rollouts on an idle service."""
+    kwargs, cleanup = backend(name)
+    with tempfile.TemporaryDirectory() as home:
+        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False, **kwargs)
+        try:
+            warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
+            wait_all(svc, warm["job_id"])
+            instances = [{"instance_id": f"i{k}"} for k in range(n)]
+            t0 = time.monotonic()
+            job = svc.client.submit("test-trivial", instances)
+            submitted = time.monotonic() - t0
+            wait_all(svc, job["job_id"])
+            wall = time.monotonic() - t0
+            latencies = []
+            for k in range(10):
+                t1 = time.monotonic()
+                one = svc.client.submit("test-trivial", [{"instance_id": f"solo{k}"}])
+                wait_all(svc, one["job_id"])
+                latencies.append(finish_times(svc, one["job_id"])[0])
+        finally:
+            svc.stop()
+            cleanup()
+    return {"backend": name, "rollouts": n, "submit_s": round(submitted, 3),
+            "wall_s": round(wall, 3), "rollouts_per_s": round(n / wall, 1),
+            "solo_latency_p50_ms": round(statistics.median(latencies) * 1000, 1)}
+
+
+def overlap(mode: str, n: int) -> dict:
+    """(b): sleep-bound stages, three pools vs one serial pool, same total concurrency."""
+    kwargs, cleanup = backend("redis+postgresql")
+    conc = {"init": 3, "run": 6, "eval": 3}
+    with tempfile.TemporaryDirectory() as home:
+        stages = ("init", "run", "eval") if mode == "three-pools" else ()
+        svc = start_service(Path(home), nodes=("bench",), concurrency=conc, reaper=False,
+                            stages=stages, **kwargs)
+        serial = None
+        if mode == "serial-pool":
+            serial = subprocess.Popen([sys.executable, str(REPO / "bench/serial_worker.py"),
+                                       "--concurrency", str(sum(conc.values()))],
+                                      env={**svc.env, "RAAS_NODE": "bench"}, cwd=REPO)
+        try:
+            cfg = {"init_s": 1.0, "run_s": 2.0, "eval_s": 1.0, "turns": 1}
+            t0 = time.monotonic()
+            job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(n)],
+                                    agent_config=cfg)
+            wait_all(svc, job["job_id"])
+            wall = time.monotonic() - t0
+            done = finish_times(svc, job["job_id"])
+        finally:
+            if serial:
+                serial.terminate()
+                serial.wait(30)
+            svc.stop()
+            cleanup()
+    bound = min(conc["init"] / 1.0, conc["run"] / 2.0, conc["eval"] / 1.0)
+    lo, hi = n // 6, n - n // 6  # steady state: drop the fill and the drain
+    steady = (hi - lo) / (done[hi - 1] - done[lo - 1])
+    return {"mode": mode, "rollouts": n, "concurrency": conc if stages else sum(conc.values()),
+            "wall_s": round(wall, 2), "rollouts_per_s": round(n / wall, 3),
+            "steady_rollouts_per_s": round(steady, 3), "bottleneck_bound_per_s": bound,
+            "steady_vs_bound": round(steady / bound, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller batches")
+    args = parser.parse_args()
+    n_trivial, n_sleepy = (200, 30) if args.quick else (1000, 90)
+    report = {"throughput": [throughput(b, n_trivial) for b in ("embedded", "redis+postgresql")],
+              "overlap": [overlap(m, n_sleepy) for m in ("three-pools", "serial-pool")]}
+    print(json.dumps(report, indent=2))
+    print("\n| backend | rollouts | wall s | rollouts/s | solo latency p50 ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in report["throughput"]:
+        print(f"| {r['backend']} | {r['rollouts']} | {r['wall_s']} | {r['rollouts_per_s']} | "
+              f"{r['solo_latency_p50_ms']} |")
+    print("\n| mode | rollouts | wall s | rollouts/s | steady/s | bound/s | steady/bound |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in report["overlap"]:
+        print(f"| {r['mode']} | {r['rollouts']} | {r['wall_s']} | {r['rollouts_per_s']} | "
+              f"{r['steady_rollouts_per_s']} | {r['bottleneck_bound_per_s']} | "
+              f"{r['steady_vs_bound']} |")
+
+
+if __name__ == "__main__":
+    main()
