@@ -136,13 +136,16 @@ def stop_handle(handle: Handle) -> None:
 
 
 def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: bool = False) -> list[Handle]:
-    """Handles of this node's sandboxes (live ones unless `include_dead`), for reapers."""
+    """Handles of this node's live sandboxes, for reapers; dead ones are cleaned up on the way
+    (their cgroups and files removed) unless `include_dead` asks to see them."""
     _load_builtins()
     found = []
     for handle in read_handles(state_root(state_dir)):
         cls = _REGISTRY.get(handle.get("runtime", ""))
         if include_dead or (cls is not None and cls.alive(handle)):
             found.append(handle)
+        elif cls is not None:
+            stop_handle(handle)
     return found
 
 

@@ -71,6 +71,7 @@ class BashSession:
                 self.kill()
                 self._spawn()
             self.seq += 1
+            os.makedirs(self.scratch, exist_ok=True)  # the agent may have wiped /tmp
             path = os.path.join(self.scratch, "cmd")
             with open(path, "w") as handle:
                 handle.write(command if command.endswith("\n") else command + "\n")

@@ -1,6 +1,7 @@
 """Bounded output capture: keep the head and the tail, count what was elided, strip ANSI."""
 from __future__ import annotations
 
+import io
 import re
 
 _ANSI = re.compile(
@@ -64,6 +65,10 @@ class CappedText:
 
     def flush(self) -> None:
         """Nothing to flush; present for file-like compatibility."""
+
+    def fileno(self) -> int:
+        """No descriptor: output is captured in memory."""
+        raise io.UnsupportedOperation("fileno")
 
     def isatty(self) -> bool:
         """Never a terminal (keeps libraries from emitting colours)."""

@@ -170,3 +170,18 @@ def test_unknown_editor_parameter_is_a_tool_usage_error(start):
     sb = start("bwrap")
     with pytest.raises(ToolUsageError, match="Unknown parameter"):
         sb.edit("create", "x.txt", content="hi")
+
+
+def test_shell_survives_the_agent_wiping_tmp(start):
+    sb = start("bwrap")
+    sb.bash("rm -rf /tmp/* /tmp/.[!.]*")
+    assert sb.bash("echo fine").output == "fine\n"
+
+
+def test_dead_sandboxes_are_pruned_from_the_listing(start, state_dir):
+    sb = start("bwrap", label="doomed:0")
+    os.kill(sb.handle["init_pid"], signal.SIGKILL)  # the sandbox dies behind our back
+    time.sleep(0.2)
+    assert list_sandboxes(state_dir) == []
+    assert not os.path.exists(sb.handle["handle_file"])
+    assert all(not os.path.exists(path) for path in sb.handle["cgroups"])
