@@ -116,7 +116,8 @@ def bench_tmux(n: int) -> dict[str, dict] | str:
     if shutil.which("tmux") is None:
         return "tmux not installed"
     name = f"raasbench{uuid.uuid4().hex[:6]}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "250", "-y", "50", "bash --norc"], check=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "250", "-y", "50", "bash --norc"],
+                   check=True)
     samples = []
     try:
         for i in range(n):
@@ -145,7 +146,8 @@ def table(results: dict) -> str:
             rows.append(f"{system:<14} {'(skipped)':<12} {ops}")
             continue
         for op, stats in ops.items():
-            rows.append(f"{system:<14} {op:<12} {stats['n']:>5} {stats['p50_ms']:>10.3f} {stats['p99_ms']:>10.3f}")
+            rows.append(f"{system:<14} {op:<12} {stats['n']:>5} "
+                        f"{stats['p50_ms']:>10.3f} {stats['p99_ms']:>10.3f}")
     rows.append("")
     rows += [f"{key}: {value}" for key, value in results["summary"].items()]
     return "\n".join(rows)

@@ -124,7 +124,9 @@ class Sandbox:
             request = p.EditRequest(command=command, path=path, **kwargs)
         except TypeError:
             known = ", ".join(f.name for f in fields(p.EditRequest))
-            raise ToolUsageError(f"Unknown parameter(s) {sorted(kwargs)}; the editor takes: {known}.") from None
+            raise ToolUsageError(
+                f"Unknown parameter(s) {sorted(kwargs)}; the editor takes: {known}."
+            ) from None
         return self._call("edit", p.encode(request))["text"]
 
     def read_file(self, path: str) -> str:

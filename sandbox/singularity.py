@@ -75,7 +75,8 @@ class SingularityRuntime(Runtime):
                  image_cache: str | os.PathLike | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.commands = commands or SingularityCommands()
-        self.image_cache = Path(image_cache or os.environ.get("RAAS_IMAGE_CACHE") or envs_root().parent / "images")
+        default_cache = os.environ.get("RAAS_IMAGE_CACHE") or envs_root().parent / "images"
+        self.image_cache = Path(image_cache or default_cache)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -92,7 +92,8 @@ class Editor:
             for name in dirnames + sorted(f for f in filenames if not f.startswith(".")):
                 entries.append(os.path.join(dirpath, name))
         listing = "\n".join(sorted(entries)[:2000])
-        return f"Files and directories up to 2 levels deep in {full}, excluding hidden items:\n{full}\n{listing}\n"
+        return (f"Files and directories up to 2 levels deep in {full}, excluding hidden items:\n"
+                f"{full}\n{listing}\n")
 
     def _cmd_create(self, req: EditRequest, full: str) -> str:
         if req.file_text is None:
@@ -163,7 +164,8 @@ def _check_types(req: EditRequest) -> None:
         value = getattr(req, name)
         if value is not None and not isinstance(value, str):
             raise ToolUsage(f"Parameter `{name}` must be a string.")
-    if req.insert_line is not None and (isinstance(req.insert_line, bool) or not isinstance(req.insert_line, int)):
+    line = req.insert_line
+    if line is not None and (isinstance(line, bool) or not isinstance(line, int)):
         raise ToolUsage("Parameter `insert_line` must be an integer.")
     if req.view_range is not None and (
         not isinstance(req.view_range, list) or not all(isinstance(v, int) for v in req.view_range)

@@ -45,7 +45,8 @@ def test_cannot_read_host_secrets_or_data_trees(start, tmp_path, monkeypatch):
     secret_root.write_text("hunter2-root")
     try:
         bw = start("bwrap")
-        r = bw.bash(f"cat {secret_tmp} {secret_root}; echo env=$RAAS_TEST_SECRET; cat /proc/*/environ | tr '\\0' '\\n'")
+        r = bw.bash(f"cat {secret_tmp} {secret_root}; echo env=$RAAS_TEST_SECRET; "
+                    "cat /proc/*/environ | tr '\\0' '\\n'")
         assert "hunter2" not in r.output
         listing = bw.bash("ls -A /root /home /var /srv /mnt /work 2>&1; ls -A /tmp").output
         assert "No such file" in listing and "hunter2" not in listing
