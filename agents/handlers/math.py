@@ -116,13 +116,15 @@ class MathHandler(AgentHandler):
     def run(self, ctx: StageContext) -> RunResult:
         """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
         cfg: MathConfig = ctx.agent_config
-        tools = builtin_tools(list(cfg.tools)) + [finish_tool(
-            description="Submit your final answer and end the task.",
-            answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)")]
+        finish = finish_tool(description="Submit your final answer and end the task.",
+                             answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)")
+        # Models often send a bare JSON number ({"answer": 12}); that is an answer, not misuse.
+        finish.parameters["properties"]["answer"]["type"] = ["string", "number"]
         return run_agent_loop(
             ctx, system_prompt=cfg.system_prompt,
             user_prompt=cfg.user_template.replace("{problem}", str(ctx.instance["problem"])),
-            tools=tools, max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns,
+            tools=builtin_tools(list(cfg.tools)) + [finish], max_turns=cfg.max_turns,
+            max_invalid_turns=cfg.max_invalid_turns,
             final_answer=extract_boxed if cfg.accept_boxed else None)
 
     def evaluate(self, ctx: StageContext) -> EvalResult:

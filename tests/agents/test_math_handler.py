@@ -82,6 +82,11 @@ def test_python_syntax_answer_uses_sympy_fallback(rollout) -> None:
     assert (result.reward, result.metrics["graded_by"]) == (1.0, "sympy")
 
 
+def test_numeric_json_answer_is_accepted(rollout) -> None:
+    run, result, _ = rollout({"default": [call("finish", answer=1)]}, INTEGRAL)
+    assert (run.finish_reason, run.extra["answer"], result.reward) == ("finish", 1, 1.0)
+
+
 def test_wrong_answer_is_reward_zero(rollout) -> None:
     script = {"default": [call("python", code="print(1+1)"), call("finish", answer="2")]}
     run, result, _ = rollout(script, INTEGRAL)
