@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,7 +18,7 @@ from app.api.routing import validation_error
 from app.config import Settings
 from app.db import session_scope
 from app.errors import InvalidRequest, NotFound
-from app.models import TERMINAL, Job, Rollout, Status, Turn
+from app.models import TERMINAL, Job, Rollout, Status, Turn, new_id
 from app.schemas import JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
 from tasks import lifecycle
 
@@ -69,22 +69,23 @@ def create_job(settings: Settings, req: JobCreate, owner: str,
     config = validate_submission(settings, req)
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
               n_instances=len(req.instances), n_samples=req.n_samples)
-    rollouts = [Rollout(job_id=job.id, instance_id=inst.instance_id, instance=inst.data,
-                        sample_index=k, queued_at=lifecycle.utcnow())
-                for inst in req.instances for k in range(req.n_samples)]
+    now = lifecycle.utcnow()
+    rows = [{"id": new_id(), "instance_id": inst.instance_id, "instance": inst.data,
+             "sample_index": k, "queued_at": now, "created_at": now}
+            for inst in req.instances for k in range(req.n_samples)]
     try:
         with session_scope(settings.db_url) as s:
             s.add(job)
             s.flush()
-            for r in rollouts:
-                r.job_id = job.id
-            s.add_all(rollouts)
+            for row in rows:
+                row["job_id"] = job.id
+            s.execute(insert(Rollout), rows)  # Core bulk insert: one round trip per batch
     except IntegrityError:
         existing = _find_idempotent(settings, owner, req.idempotency_key or "")
         if existing is None:
             raise
         return existing
-    ids = [r.id for r in rollouts]
+    ids = [row["id"] for row in rows]
     try:
         enqueue([(rid, 1) for rid in ids])
     except Exception:  # accepted is accepted: the reaper republishes what is still queued

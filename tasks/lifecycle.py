@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import and_, func, select, update
@@ -27,23 +28,40 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
           node: str) -> tuple[Rollout, Job] | None:
     """Take the lease for `stage`; None when it is a duplicate or stale delivery."""
     queued_status = Status.PENDING.value if stage == "init" else stage
-    values: dict[str, Any] = {"status": stage, "lease_owner": lease, "heartbeat_at": utcnow(),
-                              "stage_started_at": utcnow()}
+    now = utcnow()
+    values: dict[str, Any] = {"status": stage, "lease_owner": lease, "heartbeat_at": now,
+                              "stage_started_at": now}
     if stage == "init":
         values["node"] = node
     with session_scope(db_url) as s:
-        result = s.execute(
+        rollout = s.scalars(
             update(Rollout)
             .where(Rollout.id == rollout_id, Rollout.attempt == attempt,
                    Rollout.status == queued_status, Rollout.lease_owner.is_(None))
-            .values(**values)
-        )
-        if result.rowcount != 1:
+            .values(**values).returning(Rollout),
+            execution_options={"synchronize_session": False},
+        ).one_or_none()
+        if rollout is None:
             return None
-        rollout = s.get(Rollout, rollout_id)
-        job = s.get(Job, rollout.job_id)
-        s.expunge_all()
-        return rollout, job
+        s.expunge(rollout)
+    return rollout, job_snapshot(db_url, rollout.job_id)
+
+
+@lru_cache(maxsize=4096)
+def _job_snapshot(db_url: str, job_id: str) -> Job:
+    with session_scope(db_url) as s:
+        job = s.get(Job, job_id)
+        s.expunge(job)
+        return job
+
+
+def job_snapshot(db_url: str, job_id: str) -> Job:
+    """The job's immutable part (agent, config, sizes), cached per process.
+
+    Only `cancel_requested`, `finished_count` and `finished_at` ever change on a job, and stage
+    code reads cancel from the rollout row, so a cached copy is safe and saves a query per stage.
+    """
+    return _job_snapshot(db_url, job_id)
 
 
 def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
@@ -56,9 +74,17 @@ def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
 
 
 def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> bool:
-    """Hand a leased rollout to the next stage's queue (status set, lease released)."""
-    return save(db_url, rollout_id, lease, status=to_stage, lease_owner=None,
-                heartbeat_at=None, queued_at=utcnow(), stage_started_at=None, **values)
+    """Hand a leased rollout to the next stage's queue (status set, lease released).
+
+    Refuses (False) when the lease was lost or a cancel arrived: the caller then checks
+    `cancel_requested` and ends the rollout itself.
+    """
+    with session_scope(db_url) as s:
+        return s.execute(update(Rollout).where(
+            Rollout.id == rollout_id, Rollout.lease_owner == lease,
+            Rollout.cancel_requested.is_(False)).values(
+            status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=utcnow(),
+            stage_started_at=None, **values)).rowcount == 1
 
 
 def record_turn(db_url: str, rollout_id: str, attempt: int, **fields: Any) -> None:
@@ -73,35 +99,36 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     """Move a rollout to a terminal status and give it the next completion sequence number.
 
     Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel).
+    The job counter is bumped in the same transaction (the row lock orders completions), so
+    the results cursor never skips a rollout that commits late.
     """
+    cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
+    if lease is not None:
+        cond.append(Rollout.lease_owner == lease)
+    if expect_status is not None:
+        cond.append(Rollout.status.in_(expect_status))
+    now = utcnow()
     with session_scope(db_url) as s:
-        job_id = s.scalar(select(Rollout.job_id).where(Rollout.id == rollout_id))
-        if job_id is None:
-            return False
-        job = s.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
-        cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
-        if lease is not None:
-            cond.append(Rollout.lease_owner == lease)
-        if expect_status is not None:
-            cond.append(Rollout.status.in_(expect_status))
-        seq = job.finished_count + 1
-        now = utcnow()
-        result = s.execute(update(Rollout).where(and_(*cond)).values(
+        row = s.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
-            finished_at=now, result_seq=seq, **values))
-        if result.rowcount != 1:
-            s.rollback()
+            finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id),
+            execution_options={"synchronize_session": False}).one_or_none()
+        if row is None:
             return False
-        job.finished_count = seq
-        instance_id = s.scalar(select(Rollout.instance_id).where(Rollout.id == rollout_id))
-        open_siblings = s.scalar(select(func.count()).select_from(Rollout).where(
-            Rollout.job_id == job_id, Rollout.instance_id == instance_id,
-            Rollout.status.not_in(TERMINAL_VALUES)))
-        if open_siblings == 0:
-            s.execute(update(Rollout).where(Rollout.id == rollout_id)
-                      .values(completes_group=True))
-        if seq >= job.n_rollouts:
-            job.finished_at = now
+        seq, total, n_samples = s.execute(update(Job).where(Job.id == row.job_id).values(
+            finished_count=Job.finished_count + 1).returning(
+            Job.finished_count, Job.n_instances * Job.n_samples, Job.n_samples),
+            execution_options={"synchronize_session": False}).one()
+        group_done = n_samples == 1 or not s.scalar(
+            select(func.count()).select_from(Rollout).where(
+                Rollout.job_id == row.job_id, Rollout.instance_id == row.instance_id,
+                Rollout.status.not_in(TERMINAL_VALUES)))
+        s.execute(update(Rollout).where(Rollout.id == rollout_id).values(
+            result_seq=seq, completes_group=group_done),
+            execution_options={"synchronize_session": False})
+        if seq >= total:
+            s.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now),
+                      execution_options={"synchronize_session": False})
         return True
 
 

@@ -39,10 +39,12 @@ class RolloutLog(logging.LoggerAdapter):
         return f"[job={self.extra['job']} rollout={self.extra['rollout']}] {msg}", kwargs
 
 
-def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None) -> None:
+def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
+            producer: Any = None) -> None:
     """Publish a stage message; the shared router picks the queue from `node`."""
     kwargs = {"node": node} if node else {}
-    app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs)
+    app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
+                  producer=producer)
 
 
 def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -160,10 +162,7 @@ class StageRun:
                 return
             self.ctx.sandbox, self.ctx.workspace = sb, handle.get("workspace")
         self.handler.init(self.ctx)
-        self._check_alive()
-        if lifecycle.advance(self.db, self.rollout_id, self.lease, "run",
-                             state=self.ctx.state, init_seconds=self._elapsed()):
-            publish(self.app, "run", self.rollout_id, self.attempt, self.settings.node)
+        self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:
         self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
@@ -181,11 +180,8 @@ class StageRun:
         finally:
             if self.ctx.llm is not None:
                 self.ctx.llm.close()
-        self._check_alive()
-        if lifecycle.advance(self.db, self.rollout_id, self.lease, "eval",
-                             **_run_fields(result), state=self.ctx.state,
-                             run_seconds=self._elapsed()):
-            publish(self.app, "eval", self.rollout_id, self.attempt, self.settings.node)
+        self._hand_on("eval", **_run_fields(result), state=self.ctx.state,
+                      run_seconds=self._elapsed())
 
     def _eval(self) -> None:
         self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
@@ -199,9 +195,11 @@ class StageRun:
             metrics={**(self.rollout.metrics or {}), **result.metrics},
             extra={**(self.rollout.extra or {}), **result.extra})
 
-    def _check_alive(self) -> None:
-        """Cancel observed at the end of a stage wins over handing the rollout on."""
-        if lifecycle.cancel_requested(self.db, self.rollout_id):
+    def _hand_on(self, stage: str, **values: Any) -> None:
+        """Queue the next stage on this node; a cancel that arrived meanwhile wins."""
+        if lifecycle.advance(self.db, self.rollout_id, self.lease, stage, **values):
+            publish(self.app, stage, self.rollout_id, self.attempt, self.settings.node)
+        elif lifecycle.cancel_requested(self.db, self.rollout_id):
             raise RolloutCancelled("cancelled during the stage")
 
     # -- endings -------------------------------------------------------------------------

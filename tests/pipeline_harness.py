@@ -96,6 +96,18 @@ class Service:
         self.client.close()
         if self._server:
             self._server.shutdown()
+        self.release_sandboxes()
+
+    def release_sandboxes(self) -> int:
+        """Stop sandboxes this service left behind (rollouts still running at stop)."""
+        from sandbox import list_sandboxes
+        from tasks.sandboxes import release
+
+        root = str(self.settings.workspaces) + "/"
+        leftovers = [h for h in list_sandboxes() if str(h.get("workspace", "")).startswith(root)]
+        for handle in leftovers:
+            release(handle)
+        return len(leftovers)
 
 
 def start_service(home: Path, *, db_url: str | None = None, broker_url: str | None = None,

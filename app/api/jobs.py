@@ -24,8 +24,9 @@ def _settings():
 
 def _enqueue(pairs: list[tuple[str, int]]) -> None:
     celery = current_app.extensions["celery"]
-    for rollout_id, attempt in pairs:
-        publish(celery, "init", rollout_id, attempt)
+    with celery.producer_or_acquire() as producer:  # one connection for the whole batch
+        for rollout_id, attempt in pairs:
+            publish(celery, "init", rollout_id, attempt, producer=producer)
 
 
 @typed_route(bp, "/v1/jobs", "POST", body=JobCreate, response=JobAccepted, status=202,
