@@ -14,7 +14,8 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("raas", set_as_current=False)
     app.conf.update(celery_config(settings))
     app.raas_settings = settings  # read by the stage tasks: one source of config per process
-    import tasks.stages  # noqa: F401  (shared_task registration on every app)
+    import tasks.reevaluate  # noqa: F401  (shared_task registration on every app)
+    import tasks.stages  # noqa: F401
 
     app.finalize()
     return app

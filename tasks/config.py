@@ -16,6 +16,7 @@ INIT_QUEUE = "init"
 UNROUTED_QUEUE = "raas.unrouted"
 STAGES = ("init", "run", "eval")
 TASK_NAMES = {stage: f"raas.{stage}" for stage in STAGES}
+REEVALUATE_TASK = "raas.reevaluate"
 
 
 def stage_queue(stage: str, node: str | None = None) -> str:
@@ -33,6 +34,8 @@ def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: 
     for stage, task_name in TASK_NAMES.items():
         if name == task_name:
             return {"queue": stage_queue(stage, (kwargs or {}).get("node"))}
+    if name == REEVALUATE_TASK:  # needs a fresh sandbox on any node, like INIT
+        return {"queue": INIT_QUEUE}
     return None
 
 

@@ -95,8 +95,23 @@ def test_swe_and_code_jobs_run_to_rewards(service, llm) -> None:
     assert "timed out" in observations[1] and observations[2].strip() == "alive"
     assert money["metrics"]["malformed_tool_calls"] == 1
 
-    rewards = {r["instance_id"]: r["reward"] for r in service.all_results(code["job_id"])}
+    # POST /v1/rollouts/{id}/reevaluate grades the stored patch again in a fresh sandbox
+    again = service.client._call("POST", f"/v1/rollouts/{by_id[INTERVALS]['rollout_id']}"
+                                 "/reevaluate", params={"wait": 120})
+    [entry] = again["extra"]["reevaluations"]
+    assert entry["reward"] == 1.0 and entry["request_id"] == again["extra"]["reevaluation_request"]
+    assert again["reward"] == 1.0  # the rollout's own reward is untouched
+    unfixed = service.client._call("POST", f"/v1/rollouts/{by_id[SLUGIFY]['rollout_id']}"
+                                   "/reevaluate", params={"wait": 120})
+    assert unfixed["extra"]["reevaluations"][0]["reward"] == 0.0
+
+    results = service.all_results(code["job_id"])
+    rewards = {r["instance_id"]: r["reward"] for r in results}
     assert rewards["code-fizzbuzz"] == 1.0
+    import httpx
+
+    refused = httpx.post(f"{service.url}/v1/rollouts/{results[0]['rollout_id']}/reevaluate")
+    assert refused.status_code == 400 and "does not support" in refused.text
     assert 0.0 < rewards["code-palindrome"] < 1.0  # case/punctuation tests fail
 
 
