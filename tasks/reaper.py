@@ -8,12 +8,16 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
 - queued rollouts whose message may be lost (the broker restarted without persistence): when
   their queue is empty but the database says they wait, the message is published again —
   harmless if it was not lost, because the duplicate finds nothing to claim;
-- sandboxes on this node whose rollout ended, moved on to another attempt, or is unknown.
+- sandboxes on this node whose rollout ended, moved on to another attempt, or is unknown;
+- the LLM server pool, every `LLM_MAINTENANCE_SECONDS`: health probes (a server marked down
+  comes back when it answers) and in-flight counts recomputed from the rollouts in RUN
+  (a killed worker never released its slot).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +32,7 @@ from tasks.stages import DEFAULT_TIMEOUTS, publish
 
 log = logging.getLogger(__name__)
 ACTIVE_STAGES = ["init", "run", "eval"]
+LLM_MAINTENANCE_SECONDS = 60.0
 
 
 class Reaper:
@@ -38,11 +43,24 @@ class Reaper:
         self.db = settings.db_url
         self.celery = celery
         self._stop = threading.Event()
+        self._llm_checked = 0.0
 
     def run_once(self) -> dict[str, int]:
         """One pass; returns how many rollouts each rule touched."""
         return {"lost": self.reclaim_lost(), "overdue": self.fail_overdue(),
-                "requeued": self.republish_stale(), "sandboxes": self.sweep_sandboxes()}
+                "requeued": self.republish_stale(), "sandboxes": self.sweep_sandboxes(),
+                "llm_servers": self.maintain_llm_pool()}
+
+    def maintain_llm_pool(self, force: bool = False) -> int:
+        """Probe registered servers and repair in-flight counts; returns servers probed."""
+        now = time.monotonic()
+        if not force and now - self._llm_checked < LLM_MAINTENANCE_SECONDS:
+            return 0
+        self._llm_checked = now
+        from agents.llm.pool import check_health, reconcile_in_flight
+
+        reconcile_in_flight(self.db)
+        return len(check_health(self.db))
 
     def run_forever(self) -> None:
         """Reap every `reaper_interval` seconds until `stop()`."""

@@ -158,3 +158,20 @@ def test_lost_broker_messages_are_republished(tmp_path, redis_pg):
         assert all(r["attempt"] == 1 for r in svc.all_results(job["job_id"]))
     finally:
         svc.stop()
+
+
+def test_reaper_repairs_the_llm_pool(tmp_path):
+    """A server that died with slots held is marked down and its leaked slots are freed."""
+    from app.models import LLMServer
+    from migrations.runner import upgrade
+    from tasks.reaper import Reaper
+    from app.config import Settings
+
+    settings = Settings(home=tmp_path)
+    upgrade(settings.db_url)
+    with session_scope(settings.db_url) as s:
+        s.add(LLMServer(url="http://127.0.0.1:9", in_flight=5))
+    assert Reaper(settings, celery=None).maintain_llm_pool(force=True) == 1
+    with session_scope(settings.db_url) as s:
+        server = s.scalars(sa.select(LLMServer)).one()
+        assert (server.in_flight, server.healthy) == (0, False) and server.last_error
