@@ -20,7 +20,7 @@ from app.api.routing import typed_route
 from app.db import session_scope
 from app.errors import InvalidRequest, StageTimeout
 from app.jobs import cancel_job, create_job
-from app.models import TERMINAL, Job, LLMServer, Rollout
+from app.models import TERMINAL, Job, LLMServer, Rollout, Turn
 from app.schemas import Instance, JobCreate, LLMServerCreate
 
 bp = Blueprint("prorl", __name__)
@@ -79,7 +79,11 @@ def process(body: ProcessRequest) -> dict[str, Any]:
             job = s.get(Job, accepted.job_id)
             job.config = {**job.config, "prorl_job_id": body.job_id}
     rollout = _wait_terminal(settings.db_url, accepted.rollout_ids[0], settings.process_max_wait)
-    return prorl_result(rollout)
+    with session_scope(settings.db_url) as s:
+        turns = s.scalars(select(Turn).where(Turn.rollout_id == rollout.id,
+                                             Turn.attempt == rollout.attempt)
+                          .order_by(Turn.index)).all()
+    return prorl_result(rollout, list(turns))
 
 
 def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
@@ -95,7 +99,7 @@ def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
         time.sleep(0.2)
 
 
-def prorl_result(r: Rollout) -> dict[str, Any]:
+def prorl_result(r: Rollout, turns: list[Turn] | None = None) -> dict[str, Any]:
     """A finished rollout in ProRL's response shape."""
     extra = r.extra or {}
     outcome = r.outcome or ""
@@ -106,7 +110,8 @@ def prorl_result(r: Rollout) -> dict[str, Any]:
         critical = (r.error or "run:").split(":", 1)[0] or "run"
     return {
         "instance_id": r.instance_id, "trajectory_id": r.id,
-        "messages": prorl_messages(r.messages or []), "tools": extra.get("tools", []),
+        "messages": prorl_messages(r.messages or [], r.prompt_ids or [], turns or []),
+        "tools": extra.get("tools", []),
         "success": r.status == "done", "error": r.error, "finish": r.finish_reason,
         "end_properly": outcome == "completed", "resolved": bool(r.reward and r.reward >= 1.0),
         "reward": r.reward, "critical_error": critical,
@@ -119,19 +124,22 @@ def prorl_result(r: Rollout) -> dict[str, Any]:
     }
 
 
-def prorl_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as {role, content}; assistant ones keep ids, logprobs and flat tool calls."""
-    out = []
+def prorl_messages(messages: list[dict[str, Any]], prompt_ids: list[int],
+                   turns: list[Turn]) -> list[dict[str, Any]]:
+    """Messages as {role, content}; the k-th assistant message also carries turn k's generated
+    ids (`token_ids`), the exact prompt of that call (`input_ids`), `logprobs` and its tool
+    calls flattened to {name, arguments}: the shape NeMo Gym's ProRL adapter reads."""
+    out, context, k = [], list(prompt_ids), 0
     for m in messages:
         item = {"role": m.get("role"), "content": m.get("content")}
-        if m.get("role") == "assistant":
-            for key in ("token_ids", "input_ids", "logprobs"):
-                if key in m:
-                    item[key] = m[key]
-            calls = m.get("tool_calls") or []
-            item["tool_calls"] = [{"name": (c.get("function") or c).get("name"),
-                                   "arguments": (c.get("function") or c).get("arguments")}
-                                  for c in calls]
+        if m.get("role") == "assistant" and k < len(turns):
+            turn = turns[k]
+            item.update(token_ids=turn.generated_ids or [], input_ids=list(context),
+                        logprobs=turn.logprobs or [],
+                        tool_calls=[{"name": c.get("name"), "arguments": c.get("arguments")}
+                                    for c in (turn.tool_calls or [])])
+            context += (turn.generated_ids or []) + (turn.observation_ids or [])
+            k += 1
         out.append(item)
     return out
 
