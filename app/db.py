@@ -58,7 +58,23 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=_pre_ping, pool_size=10, max_overflow=20,
+                         pool_recycle=1800)
+
+
+_pre_ping = True
+
+
+def use_pre_ping(enabled: bool) -> None:
+    """Choose whether new engines test connections on checkout.
+
+    The gateway keeps it (a request after a database restart then just works). Stage workers
+    turn it off: it costs a round trip on every checkout, a third of a stage's queries. There a
+    connection broken by a restart fails its statement, SQLAlchemy drops the whole pool, and
+    the stage's retry path (or the reaper) redoes the work.
+    """
+    global _pre_ping
+    _pre_ping = enabled
 
 
 def get_engine(url: str) -> Engine:

@@ -5,11 +5,15 @@ Only httpx: a trainer should not need raas' server dependencies to talk to it.
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+
+
+RETRY_STATUSES = {502, 503, 504}
 
 
 class RaasHTTPError(RuntimeError):
@@ -26,7 +30,8 @@ class RaasClient:
     """A connection to one raas gateway."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000", token: str | None = None,
-                 timeout: float = 120.0) -> None:
+                 timeout: float = 120.0, read_retries: int = 8) -> None:
+        self.read_retries = max(1, read_retries)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
 
@@ -41,7 +46,7 @@ class RaasClient:
         self.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self.http.request(method, path, **kw)
+        resp = self._request(method, path, **kw)
         if resp.status_code >= 400:
             try:
                 body = resp.json()
@@ -49,6 +54,24 @@ class RaasClient:
                 body = resp.text
             raise RaasHTTPError(resp.status_code, body)
         return resp.json()
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """Reads ride out a gateway or database restart: retry 502/503/504 and lost
+        connections with backoff. Writes are sent once (a submission is made idempotent
+        with `idempotency_key`, not by blind retries)."""
+        attempts = self.read_retries if method == "GET" else 1
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                resp = self.http.request(method, path, **kw)
+            except httpx.TransportError:
+                if last:
+                    raise
+            else:
+                if resp.status_code not in RETRY_STATUSES or last:
+                    return resp
+            time.sleep(min(0.25 * 2 ** attempt, 5.0))
+        raise AssertionError("unreachable")
 
     def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1,
                **job: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from celery import shared_task
+from sqlalchemy.exc import OperationalError
 
 from agents.base import AgentHandler, EvalResult, RunResult, StageContext
 from agents.registry import get_handler
@@ -29,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUTS = {"init": 600.0, "run": 3600.0, "eval": 600.0}
 CANCEL_POLL_SECONDS = 1.0
-RETRYABLE = (InfraError, ConnectionError, TimeoutError, OSError)
+# Infrastructure trouble gets a new attempt; sqlalchemy's OperationalError covers a database
+# that restarted under us (its connections are dropped and the next checkout reconnects).
+RETRYABLE = (InfraError, ConnectionError, TimeoutError, OSError, OperationalError)
 
 
 class RolloutLog(logging.LoggerAdapter):

@@ -5,6 +5,7 @@ import os
 
 from agents.registry import load_handler_modules
 from app.config import Settings
+from app.db import use_pre_ping
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
 
@@ -21,5 +22,6 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
                loglevel: str = "INFO") -> None:
     """Block running the worker (returns on shutdown)."""
     load_handler_modules(settings.handler_modules)
+    use_pre_ping(False)
     app = make_celery(settings)
     app.worker_main(worker_argv(settings, stage, concurrency, pool, loglevel))

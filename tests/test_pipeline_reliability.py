@@ -175,3 +175,30 @@ def test_reaper_repairs_the_llm_pool(tmp_path):
     with session_scope(settings.db_url) as s:
         server = s.scalars(sa.select(LLMServer)).one()
         assert (server.in_flight, server.healthy) == (0, False) and server.last_error
+
+
+def test_database_connections_dropped_mid_job_lose_nothing(tmp_path, redis_pg):
+    """Every PostgreSQL connection of the service is killed mid-job (what a database restart
+    does to clients): the gateway, workers and reaper reconnect, every rollout still ends."""
+    from tests.conftest import _pg_admin_engine
+
+    svc = start_service(tmp_path, **redis_pg)
+    try:
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)],
+                                agent_config={"run_s": 2, "turns": 4})
+        _wait_for(lambda: any(r.status == "run" and r.lease_owner
+                              for r in _rows(svc, job["job_id"])), what="a running rollout")
+        dbname = sa.engine.make_url(redis_pg["db_url"]).database
+        admin = _pg_admin_engine()
+        with admin.connect() as conn:
+            killed = conn.execute(sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = :db AND pid <> pg_backend_pid()"), {"db": dbname}).scalar()
+        admin.dispose()
+        assert killed >= 3  # gateway + the stage pools held connections
+        done = svc.wait_done(job["job_id"], timeout=120)
+        assert done["counts"] == {"done": 6}, done
+        results = svc.all_results(job["job_id"])
+        assert sorted(r["seq"] for r in results) == list(range(1, 7))
+    finally:
+        svc.stop()

@@ -4,9 +4,10 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, jsonify
+from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.errors import PayloadTooLarge, RaasError
+from app.errors import PayloadTooLarge, RaasError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,11 @@ def register_error_handlers(app: Flask) -> None:
                         "message": exc.description or exc.name})
         resp.status_code = exc.code or 500
         return resp
+
+    @app.errorhandler(OperationalError)
+    def _database_down(exc: OperationalError):
+        log.warning("database unavailable: %s", exc.orig)
+        return _json(ServiceUnavailable("the database is unavailable; retry shortly"))
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
