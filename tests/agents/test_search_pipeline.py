@@ -29,9 +29,7 @@ def call(name: str, **arguments: str) -> str:
 
 @pytest.fixture
 def service(tmp_path):
-    # One slot per pool: two RUN threads importing transformers at once race in its lazy
-    # import (`cannot import name 'AutoTokenizer'`), an LLM-layer bug reported to its owner.
-    svc = start_service(tmp_path, concurrency=1)
+    svc = start_service(tmp_path, concurrency=2)
     yield svc
     svc.stop()
 
