@@ -115,8 +115,15 @@ class AgentHandler(ABC):
         """Reject an instance at submission time (raise `app.errors.InvalidRequest`)."""
 
     def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
-        """Changes to the job's sandbox spec for this rollout (image, binds, env, limits)."""
-        return {}
+        """Changes to the job's sandbox spec for this rollout (image, binds, env, limits).
+
+        By default: the handler config's `python_env` (a named environment with the packages
+        the agent's tools need), unless the job chose an environment itself.
+        """
+        env = getattr(ctx.agent_config, "python_env", None)
+        if env is None or (ctx.job_config.get("sandbox") or {}).get("python_env"):
+            return {}
+        return {"python_env": env}
 
     @abstractmethod
     def init(self, ctx: StageContext) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import click

@@ -14,7 +14,6 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import and_, func, select, update
-from sqlalchemy.orm import Session
 
 from app.db import session_scope
 from app.models import TERMINAL, Job, Rollout, Status, Turn, sources_of, utcnow

@@ -106,13 +106,6 @@ class CodeHandler(AgentHandler):
         """Reject an instance without a statement, hidden tests, or with a bad solution path."""
         validate_code_instance(instance)
 
-    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
-        """The configured environment, unless the job chose one itself."""
-        env = ctx.agent_config.python_env  # type: ignore[attr-defined]
-        if env is None or (ctx.job_config.get("sandbox") or {}).get("python_env"):
-            return {}
-        return {"python_env": env}
-
     def init(self, ctx: StageContext) -> None:
         """Nothing goes into the workspace: the tests stay out of the sandbox until EVAL."""
         if not ctx.workspace:

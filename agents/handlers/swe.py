@@ -96,13 +96,6 @@ class SWEHandler(AgentHandler):
         """Reject an instance missing a SWE-bench field (the error names it)."""
         validate_swe_instance(instance)
 
-    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
-        """The configured environment (pytest), unless the job chose one or the config says None."""
-        env = ctx.agent_config.python_env  # type: ignore[attr-defined]
-        if env is None or (ctx.job_config.get("sandbox") or {}).get("python_env"):
-            return {}
-        return {"python_env": env}
-
     def init(self, ctx: StageContext) -> None:
         """Check the repo out at its base commit as the workspace."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]

@@ -6,7 +6,6 @@ import logging
 import os
 import resource
 import signal
-import socket
 import socketserver
 import threading
 import time
