@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.llm.spec import LLMSpec, SamplingParams
+from agents.llm.spec import BackendName, LLMSpec, SamplingParams, ServerSpec
 from sandbox.spec import SandboxOptions
 
 
@@ -161,20 +161,10 @@ class ResultsPage(BaseModel):
     done: bool = Field(description="Every rollout of the job has finished")
 
 
-class LLMServerCreate(Strict):
-    """Register an inference server."""
+class LLMServerCreate(ServerSpec):
+    """Register an inference server (same fields and checks as a job's own server)."""
 
-    url: str = Field(min_length=1, max_length=512)
-    model: str | None = None
-    weight_version: str | None = None
-    backend: str = Field("vllm", pattern="^(vllm|sglang|openai-chat)$")
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"url {value!r} must start with http:// or https://")
-        return value.rstrip("/")
+    backend: BackendName = Field("vllm", description="Wire protocol of the server")
 
 
 class LLMServerUpdate(Strict):
@@ -182,7 +172,7 @@ class LLMServerUpdate(Strict):
 
     model: str | None = None
     weight_version: str | None = None
-    backend: str | None = Field(None, pattern="^(vllm|sglang|openai-chat)$")
+    backend: BackendName | None = None
     healthy: bool | None = None
 
 
