@@ -2,14 +2,12 @@
 
 The handler's default config is used, so the sandbox gets the environment named `math` from
 the node's `<RAAS home>/envs` (here a link to the shared test build of sympy + numpy). The LLM
-simulator (a fake vLLM, named as such) is scripted per problem to succeed or to fail. The
-`vllm`-marked smoke test runs the same path against SmolLM2 on a real vLLM:
-`RAAS_VLLM_URL=http://127.0.0.1:8000 .venv/bin/python -m pytest -m vllm tests/agents`.
+simulator (a fake vLLM, named as such) is scripted per problem to succeed or to fail.
+The run against SmolLM2 on a real vLLM is `tests/agents/test_vllm_smoke.py` (marked `vllm`).
 """
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,19 +86,3 @@ def test_cancel_mid_run(service, llm) -> None:
     assert detail["outcome"] == "cancelled" and job["outcomes"] == {"cancelled": 1}
     assert 2 <= len(detail["turns"]) < 200
 
-
-@pytest.mark.vllm
-def test_math_smoke_on_vllm(service) -> None:
-    """Real SmolLM2: every rollout reaches an outcome with an aligned, token-exact trajectory."""
-    url = os.environ.get("RAAS_VLLM_URL") or pytest.fail("RAAS_VLLM_URL is not set")
-    accepted = service.client.submit(
-        "math", [instance("math-004"), instance("math-011")], n_samples=2,
-        limits={"max_turns": 3, "max_tokens": 1024},
-        sampling={"temperature": 1.0, "max_tokens": 256},
-        llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096})
-    service.wait_done(accepted["job_id"], timeout=900)
-    for r in service.all_results(accepted["job_id"]):
-        assert r["outcome"] in {"completed", "agent_error", "timeout"}, r.get("error")
-        assert r["token_exact"] is True and sum(r["loss_mask"]) > 0
-        assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["response_logprobs"])
-        assert 0.0 <= r["reward"] <= 1.0

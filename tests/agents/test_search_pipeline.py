@@ -1,14 +1,12 @@
 """`search` end to end through the real pipeline: gateway, Celery workers, DB, simulator LLM.
 
 The embedded default (SQLite + filesystem broker), real worker processes per stage; the LLM
-simulator (a fake vLLM, named as such) is scripted per question to succeed or to fail. The
-`vllm`-marked smoke test runs the same path against SmolLM2 on a real vLLM
-(`RAAS_VLLM_URL=http://127.0.0.1:8000 .venv/bin/python -m pytest -m vllm tests/agents`).
+simulator (a fake vLLM, named as such) is scripted per question to succeed or to fail.
+The run against SmolLM2 on a real vLLM is `tests/agents/test_vllm_smoke.py` (marked `vllm`).
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -80,21 +78,3 @@ def test_bad_search_jobs_are_rejected_at_submission(service, body, field) -> Non
     assert err.value.status == 400
     assert field in json.dumps(err.value.body)
 
-
-@pytest.mark.vllm
-def test_search_smoke_on_vllm(service) -> None:
-    """Real SmolLM2: every rollout reaches an outcome with an aligned, token-exact trajectory."""
-    url = os.environ.get("RAAS_VLLM_URL") or pytest.fail("RAAS_VLLM_URL is not set")
-    instances = [{"instance_id": i, "data": {k: v for k, v in QUESTIONS[i].items()
-                                             if k != "instance_id"}}
-                 for i in ("search-003", "search-020")]
-    accepted = service.client.submit(
-        "search", instances, n_samples=2, limits={"max_turns": 3, "max_tokens": 1024},
-        sampling={"temperature": 1.0, "max_tokens": 256},
-        llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096})
-    service.wait_done(accepted["job_id"], timeout=900)
-    for r in service.all_results(accepted["job_id"]):
-        assert r["outcome"] in {"completed", "agent_error", "timeout"}, r.get("error")
-        assert r["token_exact"] is True and sum(r["loss_mask"]) > 0
-        assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["response_logprobs"])
-        assert 0.0 <= r["reward"] <= 1.0
