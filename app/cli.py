@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import click
@@ -91,10 +90,11 @@ def reaper(once: bool) -> None:
 @main.command()
 @click.option("--port", default=5555, show_default=True, type=int)
 def flower(port: int) -> None:
-    """Celery Flower dashboard for this service's broker."""
-    settings = load_settings()
-    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-b", settings.broker,
-                               "flower", f"--port={port}"])
+    """Celery Flower for this service's broker (with the same transport settings)."""
+    from tasks.celery_app import make_celery
+
+    app = make_celery(load_settings())
+    app.start(["flower", f"--port={port}"])
 
 
 @main.group()

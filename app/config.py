@@ -38,6 +38,7 @@ class Settings(BaseSettings):
         6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"
     )
     soft_shutdown_timeout: float = Field(60.0, ge=0, description="Drain time on SIGTERM")
+    task_events: bool = Field(False, description="Send Celery task events (for Flower)")
     sandbox_runtime: Literal["auto", "bwrap", "singularity", "local", "none"] = Field(
         "auto", description="Default sandbox runtime for jobs that do not name one"
     )

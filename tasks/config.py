@@ -82,6 +82,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         # Stage tasks keep their own deadlines; a broker hiccup must not cancel them.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Task events feed Flower's task views; off by default, they cost broker traffic.
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
         "worker_hijack_root_logger": False,
         "worker_redirect_stdouts": False,
     }
