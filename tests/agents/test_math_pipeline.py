@@ -41,17 +41,19 @@ SCRIPT = {"by_instance": {
 }}
 
 
-@pytest.fixture
-def service(tmp_path, built_env):
-    envs = tmp_path / "envs"
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, built_env):
+    """One service for the module; its `math` environment links to the shared test build."""
+    home = tmp_path_factory.mktemp("math-pipeline")
+    envs = home / "envs"
     envs.mkdir()
     (envs / "math").symlink_to(built_env("math", ["sympy", "numpy"]))
-    svc = start_service(tmp_path, concurrency=2)
+    svc = start_service(home, concurrency=2)
     yield svc
     svc.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def llm():
     url, stop = start_simulator(SMOLLM2, SCRIPT)
     yield {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096}

@@ -25,9 +25,10 @@ def call(name: str, **arguments: str) -> str:
     return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
 
 
-@pytest.fixture
-def service(tmp_path):
-    svc = start_service(tmp_path, concurrency=2)
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """One service for the module."""
+    svc = start_service(tmp_path_factory.mktemp("search-pipeline"), concurrency=2)
     yield svc
     svc.stop()
 
