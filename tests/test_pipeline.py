@@ -47,3 +47,17 @@ def test_batch_runs_every_rollout_to_done_with_groups(service) -> None:
     assert detail["timing"]["init"] is not None and detail["timing"]["eval"] is not None
     # fetching twice returns the same data
     assert service.all_results(accepted["job_id"]) == results
+
+
+def test_sqlite_takes_concurrent_writers_without_locking_errors(tmp_path):
+    """Gateway, three pools of 4 threads and the reaper all write one SQLite file at once."""
+    svc = start_service(tmp_path, concurrency=4)
+    try:
+        jobs = [svc.client.submit("test-sleepy", instances(50), n_samples=2,
+                                  agent_config={"turns": 3}) for _ in range(2)]
+        for job in jobs:
+            assert svc.wait_done(job["job_id"], timeout=120)["counts"] == {"done": 100}
+        logs = svc.log_tail(lines=100_000)
+        assert "database is locked" not in logs and "Traceback" not in logs
+    finally:
+        svc.stop()
