@@ -61,6 +61,9 @@ class SearchConfig(HandlerConfig):
     corpus_path: str = Field(DEFAULT_CORPUS, description="JSONL passages (id, title, text) "
                              "under examples/ or <RAAS home>/corpora; relative paths are "
                              "relative to the repository root")
+    corpus_description: str = Field(
+        "the Python standard library documentation", min_length=1, max_length=300,
+        description="What the corpus is, as the `search` tool's description tells the model")
     top_k: int = Field(3, ge=1, le=20, description="Passages returned per search")
     max_passage_chars: int = Field(1500, ge=100, le=20000,
                                    description="Each returned passage is clipped to this")
@@ -129,7 +132,8 @@ class SearchHandler(AgentHandler):
         """The shared loop with `search(query)` and `answer(text)`."""
         cfg: SearchConfig = ctx.agent_config
         index = load_index(resolve_corpus(cfg.corpus_path))
-        tools = [search_tool(index, top_k=cfg.top_k, max_passage_chars=cfg.max_passage_chars),
+        tools = [search_tool(index, top_k=cfg.top_k, max_passage_chars=cfg.max_passage_chars,
+                             corpus_description=cfg.corpus_description),
                  answer_tool()]
         return run_agent_loop(
             ctx, system_prompt=cfg.system_prompt,

@@ -38,7 +38,8 @@ def _remember(ctx: StageContext, hits: list[SearchHit]) -> None:
             seen.append(hit.passage.id)
 
 
-def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int) -> Tool:
+def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int,
+                corpus_description: str) -> Tool:
     """`search(query)`: the top_k passages of the local corpus for a keyword query."""
 
     def run(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
@@ -54,9 +55,8 @@ def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int) -> Tool
 
     return Tool(
         name="search",
-        description=(f"Search the reference documentation (Python standard library docs) and "
-                     f"return the {top_k} most relevant passages. Use specific keywords, e.g. "
-                     f"a module or function name and what it does."),
+        description=(f"Search {corpus_description} and return the {top_k} most relevant "
+                     f"passages. Use specific keywords, e.g. a name and what it does."),
         parameters={"type": "object", "additionalProperties": False, "required": ["query"],
                     "properties": {"query": {"type": "string",
                                              "description": "Keywords to search for"}}},
