@@ -11,7 +11,7 @@ Packages for the agent's Python (sympy, numpy) come from a named environment, by
 
     raas env build math --package sympy --package numpy
 
-The handler asks for it through `sandbox_overrides`, unless the job names its own
+The handler asks for it through the default `sandbox_overrides`, unless the job names its own
 `sandbox.python_env`; `python_env: null` in the agent config uses the bare system Python.
 """
 from __future__ import annotations
@@ -102,13 +102,6 @@ class MathHandler(AgentHandler):
         if len(str(instance["answer"])) > MAX_ANSWER_CHARS:
             raise InvalidRequest(f"instance.answer is longer than {MAX_ANSWER_CHARS} characters",
                                  field="instance.answer")
-
-    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
-        """Use the configured Python environment unless the job chose one itself."""
-        env = ctx.agent_config.python_env
-        if env is None or (ctx.job_config.get("sandbox") or {}).get("python_env"):
-            return {}
-        return {"python_env": env}
 
     def init(self, ctx: StageContext) -> None:
         """Nothing to prepare: the problem is in the prompt and the tools need no files."""
