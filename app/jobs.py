@@ -46,12 +46,10 @@ def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
         raise InvalidRequest("sandbox.binds: jobs may not bind host paths on this service "
                              "(set RAAS_ALLOW_JOB_BINDS=true to allow)", field="sandbox.binds")
     llm = None
-    if handler.needs_llm:
-        if req.llm is None:
-            raise InvalidRequest(f"llm: agent {req.agent!r} needs an llm spec", field="llm")
-        from agents.llm.spec import validate_llm_spec
+    if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
+        from agents.llm.spec import LLMSpec, validate_llm_spec
 
-        llm = validate_llm_spec(req.llm.model_dump(), settings.db_url)
+        llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(), settings.db_url)
     elif req.llm is not None:
         llm = req.llm.model_dump()
     return {"sampling": req.sampling.model_dump(), "limits": req.limits.model_dump(),

@@ -49,7 +49,7 @@ def job(**over):
     (job(sandbox={"runtime": "docker"}), 400, "sandbox.runtime"),
     (job(sandbox={"binds": [{"host": "/root"}]}), 400, "sandbox.binds"),
     (job(instances=[{"instance_id": "a"}, {"instance_id": "a"}]), 400, "duplicate instance_id"),
-    (job(agent="test-needs-llm"), 400, "llm"),
+    (job(agent="test-needs-llm"), 400, "llm.tokenizer"),  # no spec, no registered server
     (job(agent="test-needs-llm", llm={"tokenizer": "/nonexistent/tok"}), 400, "llm.tokenizer"),
     (job(agent_config={"x": 1}), 400, "agent_config"),
     ([1, 2], 400, "body"),
