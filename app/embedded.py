@@ -51,14 +51,16 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int) -> 
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade(settings.db_url)
     app = create_app(settings)
-    children = spawn_workers(settings, concurrency)
+    server = make_server(host, port, app, threaded=True)  # a busy port fails before any child
+    children: list[subprocess.Popen] = []
     reaper = Reaper(settings, app.extensions["celery"])
-    threading.Thread(target=reaper.run_forever, name="raas-reaper", daemon=True).start()
-    server = make_server(host, port, app, threaded=True)
+    # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    log.info("raas up: http://%s:%s (home %s, node %s)", host, port, settings.home.resolve(),
-             settings.node)
     try:
+        children = spawn_workers(settings, concurrency)
+        threading.Thread(target=reaper.run_forever, name="raas-reaper", daemon=True).start()
+        log.info("raas up: http://%s:%s (home %s, node %s)", host, port,
+                 settings.home.resolve(), settings.node)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -89,3 +89,34 @@ def processes_with_env(entry: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def test_up_on_a_busy_port_fails_without_leaving_workers(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+        env["PYTHONPATH"] = str(REPO)
+        home = tmp_path / "home"
+        up = subprocess.run([sys.executable, "-m", "app.cli", "up", "--home", str(home),
+                             "--port", str(port)], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert up.returncode != 0 and "Address already in use" in up.stderr
+    assert not processes_with_env(f"RAAS_HOME={home}")
+
+
+def test_up_stops_cleanly_on_sigterm(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env["PYTHONPATH"] = str(REPO)
+    home = tmp_path / "home"
+    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(home),
+                           "--port", str(port)], env=env, cwd=tmp_path,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(processes_with_env(f"RAAS_HOME={home}")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    up.send_signal(signal.SIGTERM)  # only the parent: it must take its pools down itself
+    assert up.wait(60) == 0
+    assert not processes_with_env(f"RAAS_HOME={home}")
