@@ -22,7 +22,8 @@ def _settings():
     return current_app.config["RAAS"]
 
 
-def _enqueue(pairs: list[tuple[str, int]]) -> None:
+def enqueue_rollouts(pairs: list[tuple[str, int]]) -> None:
+    """Publish INIT for (rollout id, attempt) pairs over one producer connection."""
     celery = current_app.extensions["celery"]
     with celery.producer_or_acquire() as producer:  # one connection for the whole batch
         for rollout_id, attempt in pairs:
@@ -32,7 +33,7 @@ def _enqueue(pairs: list[tuple[str, int]]) -> None:
 @typed_route(bp, "/v1/jobs", "POST", body=JobCreate, response=JobAccepted, status=202,
              summary="Submit a batch: every instance n_samples times")
 def submit(body: JobCreate) -> JobAccepted:
-    return create_job(_settings(), body, g.owner, _enqueue)
+    return create_job(_settings(), body, g.owner, enqueue_rollouts)
 
 
 @typed_route(bp, "/v1/jobs", "GET", response=JobList, summary="List jobs, newest first",

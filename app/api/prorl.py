@@ -14,7 +14,7 @@ from flask import Blueprint, current_app, g
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from app.api.jobs import _enqueue
+from app.api.jobs import enqueue_rollouts
 from app.api.llm_servers import clear_servers, register_server
 from app.api.routing import typed_route
 from app.db import session_scope
@@ -73,7 +73,7 @@ def process(body: ProcessRequest) -> dict[str, Any]:
     instance_id = str(inst.get("instance_id") or uuid.uuid4().hex)
     req = JobCreate(agent=agent, instances=[Instance(instance_id=instance_id, data=inst)],
                     sampling=_sampling(body.sampling_params), llm={})
-    accepted = create_job(settings, req, g.owner, _enqueue)
+    accepted = create_job(settings, req, g.owner, enqueue_rollouts)
     if body.job_id:
         with session_scope(settings.db_url) as s:
             job = s.get(Job, accepted.job_id)
