@@ -101,7 +101,7 @@ def status(job_id: str | None, url: str) -> None:
         if job_id:
             click.echo(json.dumps(client.job(job_id), indent=2))
             return
-        for j in client._call("GET", "/v1/jobs", params={"limit": 20})["jobs"]:
+        for j in client.jobs(limit=20)["jobs"]:
             click.echo(f"{j['job_id']}  {j['agent']:<10} {j['status']:<10} "
                        f"{j['finished']}/{j['n_rollouts']}  {j['outcomes']}")
 

@@ -83,6 +83,13 @@ class RaasClient:
         """GET /v1/jobs/{id}."""
         return self._call("GET", f"/v1/jobs/{job_id}")
 
+    def jobs(self, limit: int = 50, before: str | None = None) -> dict[str, Any]:
+        """GET /v1/jobs: newest first; pass `next_cursor` as `before` for the next page."""
+        params: dict[str, Any] = {"limit": limit}
+        if before:
+            params["before"] = before
+        return self._call("GET", "/v1/jobs", params=params)
+
     def rollout(self, rollout_id: str) -> dict[str, Any]:
         """GET /v1/rollouts/{id} with its turns."""
         return self._call("GET", f"/v1/rollouts/{rollout_id}")
@@ -123,6 +130,11 @@ class RaasClient:
             pending[item["instance_id"]].append(item)
             if item["group_complete"]:
                 yield sorted(pending.pop(item["instance_id"]), key=lambda r: r["sample_index"])
+
+    def reevaluate(self, rollout_id: str, wait: float = 0) -> dict[str, Any]:
+        """POST /v1/rollouts/{id}/reevaluate: grade the stored result again (SWE)."""
+        return self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate",
+                          params={"wait": wait}, timeout=wait + 60)
 
     def add_llm_server(self, url: str, model: str | None = None,
                        weight_version: str | None = None) -> dict[str, Any]:

@@ -96,13 +96,11 @@ def test_swe_and_code_jobs_run_to_rewards(service, llm) -> None:
     assert money["metrics"]["malformed_tool_calls"] == 1
 
     # POST /v1/rollouts/{id}/reevaluate grades the stored patch again in a fresh sandbox
-    again = service.client._call("POST", f"/v1/rollouts/{by_id[INTERVALS]['rollout_id']}"
-                                 "/reevaluate", params={"wait": 120})
+    again = service.client.reevaluate(by_id[INTERVALS]["rollout_id"], wait=120)
     [entry] = again["extra"]["reevaluations"]
     assert entry["reward"] == 1.0 and entry["request_id"] == again["extra"]["reevaluation_request"]
     assert again["reward"] == 1.0  # the rollout's own reward is untouched
-    unfixed = service.client._call("POST", f"/v1/rollouts/{by_id[SLUGIFY]['rollout_id']}"
-                                   "/reevaluate", params={"wait": 120})
+    unfixed = service.client.reevaluate(by_id[SLUGIFY]["rollout_id"], wait=120)
     assert unfixed["extra"]["reevaluations"][0]["reward"] == 0.0
 
     results = service.all_results(code["job_id"])
