@@ -140,9 +140,12 @@ def test_prorl_control_routes(api):
     assert api.post("/start").status_code == 400  # already running, as ProRL answers
     assert api.post("/add_llm_server", json={"address": "10.0.0.2:8000"}).json() == \
         {"added": "http://10.0.0.2:8000"}
+    # ProRL's docs register the OpenAI base (with /v1): stored as the server's base URL
+    assert api.post("/add_llm_server", json={"address": "http://10.0.0.3:8000/v1"}).json() == \
+        {"added": "http://10.0.0.3:8000"}
     status = api.get("/status").json()
     assert status["running"] and status["llm_servers"][0]["address"] == "http://10.0.0.2:8000"
-    assert api.post("/clear_llm_server").json() == {"removed": 1}
+    assert api.post("/clear_llm_server").json() == {"removed": 2}
     assert api.post("/stop").json() == {"running": False}
     assert api.post("/process", json={"instance": {}}).status_code == 400
     assert api.post("/cancel", json={"job_id": "nope"}).json()["cancelled_jobs"] == 0

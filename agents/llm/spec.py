@@ -31,7 +31,8 @@ class ServerSpec(BaseModel):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"url {value!r} must start with http:// or https://")
-        return value.rstrip("/")
+        # Servers are stored by base URL; ProRL and OpenAI-style clients often add `/v1`.
+        return value.rstrip("/").removesuffix("/v1")
 
 
 class LLMSpec(BaseModel):
