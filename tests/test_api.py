@@ -147,7 +147,11 @@ def test_prorl_control_routes(api):
     assert status["running"] and status["llm_servers"][0]["address"] == "http://10.0.0.2:8000"
     assert api.post("/clear_llm_server").json() == {"removed": 2}
     assert api.post("/stop").json() == {"running": False}
-    assert api.post("/process", json={"instance": {}}).status_code == 400
+    unknown = api.post("/process", json={"instance": {"data_source": "nope"}})
+    assert unknown.status_code == 400 and "unknown agent 'nope'" in unknown.text
+    # no data_source = ProRL's default dataset (SWE-bench): the swe agent validates the instance
+    missing = api.post("/process", json={"instance": {"instance_id": "x"}})
+    assert missing.status_code == 400 and "instance" in missing.json()["message"]
     assert api.post("/cancel", json={"job_id": "nope"}).json()["cancelled_jobs"] == 0
 
 

@@ -26,6 +26,12 @@ from app.schemas import Instance, JobCreate, LLMServerCreate
 bp = Blueprint("prorl", __name__)
 
 
+# ProRL's dataset names for what raas calls agents; any other data_source is an agent name.
+DATA_SOURCE_ALIASES = {"swebench": "swe", "swe-bench": "swe", "swe_bench": "swe",
+                       "swe-gym": "swe", "swe_gym": "swe", "r2e-gym": "swe", "r2e_gym": "swe",
+                       "stem": "search"}
+
+
 class ProcessRequest(BaseModel):
     """POST /process body, as ProRL sends it."""
 
@@ -66,10 +72,8 @@ def _sampling(params: dict[str, Any]) -> dict[str, Any]:
 def process(body: ProcessRequest) -> dict[str, Any]:
     settings = current_app.config["RAAS"]
     inst = dict(body.instance)
-    agent = inst.pop("data_source", None)
-    if not agent:
-        raise InvalidRequest("instance.data_source: names the agent and is required",
-                             field="instance.data_source")
+    source = str(inst.pop("data_source", None) or "swebench")  # ProRL's default dataset
+    agent = DATA_SOURCE_ALIASES.get(source.lower(), source)
     instance_id = str(inst.get("instance_id") or uuid.uuid4().hex)
     req = JobCreate(agent=agent, instances=[Instance(instance_id=instance_id, data=inst)],
                     sampling=_sampling(body.sampling_params), llm={})
