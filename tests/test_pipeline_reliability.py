@@ -202,3 +202,22 @@ def test_database_connections_dropped_mid_job_lose_nothing(tmp_path, redis_pg):
         assert sorted(r["seq"] for r in results) == list(range(1, 7))
     finally:
         svc.stop()
+
+
+def test_hung_stage_past_deadline_is_timed_out_by_the_reaper(tmp_path):
+    """A hook that never reaches a checkpoint still beats; the reaper ends it at deadline +
+    grace, and the hung thread's late writes are fenced off."""
+    svc = start_service(tmp_path, concurrency=2)
+    try:
+        job = svc.client.submit("test-sleepy", [{"instance_id": "stuck"}],
+                                agent_config={"run_s": 10, "turns": 0},  # one blocking sleep
+                                limits={"run_timeout": 1})
+        done = svc.wait_done(job["job_id"], timeout=30)
+        [r] = svc.all_results(job["job_id"])
+        assert (r["status"], r["outcome"]) == ("failed", "timeout")
+        assert "hung past its deadline" in r["error"]
+        time.sleep(9)  # the hung thread wakes up and tries to hand the rollout on
+        [again] = svc.all_results(job["job_id"])
+        assert again == r and svc.client.job(job["job_id"])["finished"] == 1 == done["finished"]
+    finally:
+        svc.stop()
