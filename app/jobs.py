@@ -18,12 +18,11 @@ from app.api.routing import validation_error
 from app.config import Settings
 from app.db import session_scope
 from app.errors import InvalidRequest, NotFound
-from app.models import TERMINAL, Job, Rollout, Status, Turn, new_id
+from app.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
 from app.schemas import JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
 from tasks import lifecycle
 
 log = logging.getLogger(__name__)
-TERMINAL_VALUES = [s.value for s in TERMINAL]
 
 
 def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class Outcome(str, enum.Enum):
 
 
 TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+TERMINAL_VALUES = sorted(s.value for s in TERMINAL)  # for SQL `IN` clauses
 ACTIVE = frozenset({Status.INIT, Status.RUN, Status.EVAL})
 
 # Allowed status moves. Back to PENDING is the reaper's retry of a lost attempt.

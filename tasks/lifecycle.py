@@ -16,11 +16,10 @@ from typing import Any
 from sqlalchemy import and_, func, select, update
 
 from app.db import session_scope
-from app.models import TERMINAL, Job, Rollout, Status, Turn, sources_of, utcnow
+from app.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, sources_of, utcnow
 
 log = logging.getLogger(__name__)
 
-TERMINAL_VALUES = [s.value for s in TERMINAL]
 
 
 def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,

@@ -20,7 +20,7 @@ from app.api.routing import typed_route
 from app.db import session_scope
 from app.errors import InvalidRequest, StageTimeout
 from app.jobs import cancel_job, create_job
-from app.models import TERMINAL, Job, LLMServer, Rollout, Turn
+from app.models import TERMINAL_VALUES, Job, LLMServer, Rollout, Turn
 from app.schemas import Instance, JobCreate, LLMServerCreate
 
 bp = Blueprint("prorl", __name__)
@@ -92,11 +92,10 @@ def process(body: ProcessRequest) -> dict[str, Any]:
 
 def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
     deadline = time.monotonic() + max_wait
-    terminal = {s.value for s in TERMINAL}
     while True:
         with session_scope(db_url) as s:
             r = s.get(Rollout, rollout_id)
-            if r.status in terminal:
+            if r.status in TERMINAL_VALUES:
                 return r
         if time.monotonic() > deadline:
             raise StageTimeout(f"rollout {rollout_id} did not finish in {max_wait}s")
@@ -166,7 +165,7 @@ def status() -> dict[str, Any]:
         servers = [{"address": u, "healthy": h, "in_flight": n} for u, h, n in
                    s.execute(select(LLMServer.url, LLMServer.healthy, LLMServer.in_flight))]
         active = s.scalar(select(Rollout.id).where(
-            Rollout.status.not_in([t.value for t in TERMINAL])).limit(1))
+            Rollout.status.not_in(TERMINAL_VALUES)).limit(1))
     return {"running": _flag().is_set(), "busy": active is not None, "llm_servers": servers}
 
 
