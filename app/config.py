@@ -43,6 +43,12 @@ class Settings(BaseSettings):
         "auto", description="Default sandbox runtime for jobs that do not name one"
     )
     workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
+    repo_mirror_root: Path | None = Field(
+        None, description="Repository mirror: `owner__name` bare git dirs or tarballs that an "
+                          "instance's `owner/name` repo slug resolves to (unset: no mirror)")
+    image_root: Path | None = Field(
+        None, description="Per-instance environments by name: `<name>.sif` for Singularity, "
+                          "a rootfs dir or Python env `<name>/` for bwrap (unset: none)")
     results_max_wait: float = Field(60.0, ge=0, description="Longest long-poll on results")
     process_max_wait: float = Field(24 * 3600, gt=0, description="Longest blocking /process")
 
