@@ -8,6 +8,7 @@ path a registered server reports in GET /v1/models is that folder.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import threading
@@ -21,13 +22,22 @@ from app.errors import InvalidRequest
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Stands in for an assistant message's content when locating what a template writes around it.
+SENTINEL = "\x00raas-assistant-turn\x00"
 MODELS_TIMEOUT = 3.0
 
 
 class ChatTokenizer:
-    """A Hugging Face tokenizer plus its chat template, rendering messages to text and ids."""
+    """A Hugging Face tokenizer plus its chat template, rendering messages to text and ids.
 
-    def __init__(self, hf_tokenizer: Any, chat_template: str | None = None) -> None:
+    End of turn comes from the model's own files, never from a list of names: every
+    `eos_token_id` of the tokenizer and of `generation_config.json` (Llama 3.1 lists
+    `<|eot_id|>`, `<|eom_id|>` and `<|end_of_text|>`; Qwen `<|im_end|>` and `<|endoftext|>`),
+    plus the token the chat template itself writes after an assistant message.
+    """
+
+    def __init__(self, hf_tokenizer: Any, chat_template: str | None = None,
+                 generation_eos_ids: list[int] | None = None) -> None:
         self.hf = hf_tokenizer
         self.template = chat_template or hf_tokenizer.chat_template
         if not self.template:
@@ -35,16 +45,40 @@ class ChatTokenizer:
         self.supports_tools = "tools" in self.template
         # Rendering is pure but transformers' template cache is not documented thread-safe.
         self._lock = threading.Lock()
-        self.end_ids = self._end_of_turn_ids()
+        self.close_text = self._assistant_close_text()
+        self.turn_end_id = self._template_turn_end_id()
+        self.end_ids = self._end_of_turn_ids(generation_eos_ids or [])
+        # <|eom_id|> (Llama 3.1): the message ends and a tool result (ipython) comes next.
+        self.eom_ids = frozenset(i for i in self.end_ids if self.token_text(i) == "<|eom_id|>")
 
-    def _end_of_turn_ids(self) -> frozenset[int]:
-        """Ids that end a turn: eos plus ChatML's <|im_end|> / Llama's <|eot_id|> if present."""
-        ids = {self.hf.eos_token_id} if self.hf.eos_token_id is not None else set()
-        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
-            token_id = self.hf.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id != self.hf.unk_token_id:
-                ids.add(token_id)
+    def _assistant_close_text(self) -> str:
+        """What the template writes right after an assistant message's content."""
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": SENTINEL}]
+        rendered = self.render(probe, add_generation_prompt=False)
+        return rendered[rendered.index(SENTINEL) + len(SENTINEL):]
+
+    def _template_turn_end_id(self) -> int | None:
+        """The special token that opens the template's closing text (`<|im_end|>`, `<|eot_id|>`)."""
+        ids = self.encode(self.close_text)
+        special = set(self.hf.all_special_ids) | set(getattr(self.hf, "added_tokens_decoder", {}))
+        return ids[0] if ids and ids[0] in special else None
+
+    def _end_of_turn_ids(self, generation_eos_ids: list[int]) -> frozenset[int]:
+        ids = set(generation_eos_ids)
+        if self.hf.eos_token_id is not None:
+            ids.add(self.hf.eos_token_id)
+        if self.turn_end_id is not None:
+            ids.add(self.turn_end_id)
         return frozenset(ids)
+
+    def end_text_at(self, text: str) -> tuple[int, int] | None:
+        """(start, end) of the first end-of-turn token written in `text`, if any."""
+        found = [(text.find(t), len(t)) for t in (self.token_text(i) for i in self.end_ids)]
+        found = [(at, n) for at, n in found if at >= 0]
+        if not found:
+            return None
+        at, n = min(found)
+        return at, at + n
 
     def render(
         self,
@@ -71,12 +105,33 @@ class ChatTokenizer:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        """Text of `ids` with special tokens dropped (for parsing only, never re-encoded)."""
-        return self.hf.decode(ids, skip_special_tokens=True)
+        """Text of one generated turn for parsing (never re-encoded into the trajectory).
+
+        Special tokens are kept (a model's `<tool_call>` or `<|python_tag|>` may be one); only
+        the end-of-turn token the turn stopped on is dropped: the template writes its own.
+        """
+        ids = list(ids)
+        while ids and ids[-1] in self.end_ids:
+            ids.pop()
+        return self.hf.decode(ids, skip_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:
         """Literal text of one token, special tokens included (e.g. "<|im_end|>")."""
         return self.hf.decode([token_id], skip_special_tokens=False)
+
+
+def generation_eos_ids(folder: Path) -> list[int]:
+    """The `eos_token_id`s of a model folder's generation_config.json (int or list)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("ignoring unreadable %s: %s", path, exc)
+        return []
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int)]
 
 
 _load_lock = threading.Lock()
@@ -99,7 +154,7 @@ def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
         raise FileNotFoundError(f"{path} has no tokenizer.json / tokenizer_config.json")
     hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     template = Path(chat_template).read_text() if chat_template else None
-    return ChatTokenizer(hf, template)
+    return ChatTokenizer(hf, template, generation_eos_ids(folder))
 
 
 def is_tokenizer_folder(path: str | None) -> bool:

@@ -9,17 +9,20 @@ The seam: the model stops at its end-of-turn token but the template renders e.g.
 `<|im_end|>\\n` and may rewrite earlier turns (Qwen3 drops old `<think>` blocks). So the delta
 is located on a probe render in which the last assistant content is a sentinel: everything the
 template writes after that turn's end token is the delta. A turn that stopped without an end
-token (length) gets the template's closing text, end token included, at the head of its delta.
+token (cut on length) gets the template's closing text, end token included, at the head of its
+delta. A turn that stopped on *any* end-of-turn token (`<|im_end|>`, Qwen's `<|endoftext|>`,
+Llama 3.1's `<|eot_id|>` or `<|eom_id|>`) keeps that token, and the template's own closing
+token is left out of the delta: inserting `<|eot_id|>` after a sampled `<|eom_id|>` would be
+a sequence the template never produces.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents.llm.tokenizer import ChatTokenizer
+from agents.llm.drift import align_drift
+from agents.llm.tokenizer import SENTINEL, ChatTokenizer
 from app.errors import RaasError
-
-SENTINEL = "\x00raas-assistant-turn\x00"
 
 
 class TrajectoryError(RaasError, ValueError):
@@ -48,7 +51,12 @@ class Trajectory:
 
 
 class TrajectoryBuilder:
-    """Grows one Trajectory turn by turn, bounded by `max_model_len`."""
+    """Grows one Trajectory turn by turn, bounded by the context length `max_model_len`.
+
+    `max_model_len` is the effective context: the job's, lowered by the session to what the
+    server reports (`limit_context`). A delta that does not fit ends the conversation
+    (`exhausted`, finish reason `context`); nothing is ever truncated into the trajectory.
+    """
 
     def __init__(
         self,
@@ -65,6 +73,18 @@ class TrajectoryBuilder:
         self.token_exact = token_exact
         self._last_ended = True  # did the last generated turn end with an end-of-turn token?
         self.exhausted = False  # a delta did not fit: the conversation cannot go on
+
+    def limit_context(self, max_model_len: int) -> None:
+        """Lower the context length (a server serves less than the job asked for)."""
+        self.max_model_len = min(self.max_model_len, max_model_len)
+        if self.traj is not None and self.length >= self.max_model_len:
+            self.exhausted = True
+            self.traj.finish_reason = "context"
+
+    @property
+    def prompt_fits(self) -> bool:
+        """True when the prompt leaves room for at least one generated token."""
+        return len(self._require().prompt_ids) < self.max_model_len
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tok.render(messages, self.tools, add_generation_prompt, **self.template_kwargs)
@@ -101,7 +121,7 @@ class TrajectoryBuilder:
         )
         self.exhausted = len(prompt) >= self.max_model_len
         if self.exhausted:
-            self.traj.finish_reason = "length"
+            self.traj.finish_reason = "context"
         return prompt
 
     def add_generation(
@@ -137,8 +157,8 @@ class TrajectoryBuilder:
                 "append_messages twice without a generation: pass all of a turn's messages at once"
             )
         delta = self.tok.encode(self.delta_text(messages))
-        if self.length + len(delta) > self.max_model_len:
-            traj.finish_reason, self.exhausted = "length", True
+        if self.length + len(delta) >= self.max_model_len:  # no room left to generate after it
+            traj.finish_reason, self.exhausted = "context", True
             return []
         traj.response_ids += delta
         traj.response_logprobs += [0.0] * len(delta)
@@ -153,10 +173,10 @@ class TrajectoryBuilder:
         rendered = self._render(probe, add_generation_prompt=True)
         after = rendered[rendered.index(SENTINEL) + len(SENTINEL):]
         if not self._last_ended:
-            return after  # stopped on length: the template's closing text belongs to the delta
-        end_text = self.tok.token_text(self._require().response_ids[-1])
-        at = after.find(end_text)
-        return after[at + len(end_text):] if at >= 0 else after
+            return after  # cut on length: the template's closing text belongs to the delta
+        # The sampled end token stands for the template's closing end token (whichever it was).
+        close = self.tok.end_text_at(after)
+        return after[close[1]:] if close is not None else after
 
     def reference_ids(self) -> list[int]:
         """Ids of a full re-render of the conversation, cut where the trajectory stops."""
@@ -164,29 +184,21 @@ class TrajectoryBuilder:
         last_is_assistant = traj.messages[-1].get("role") == "assistant"
         text = self._render(traj.messages, add_generation_prompt=not last_is_assistant)
         if last_is_assistant:
-            # Compare only up to where the model stopped; the template's close is not sampled.
-            end_text = self.tok.token_text(traj.response_ids[-1]) if traj.response_ids else ""
-            at = text.rfind(end_text) if (self._last_ended and end_text) else -1
-            if at >= 0:
-                text = text[: at + len(end_text)]
-            else:
-                text = self._cut_before_close(text)
+            # Compare only up to where the model stopped; the template's close is not sampled,
+            # except its end token when the model did sample one.
+            tail = self.tok.close_text
+            if tail and text.endswith(tail):
+                text = text[: len(text) - len(tail)]
+                close = self.tok.end_text_at(tail)
+                if self._last_ended and close is not None:
+                    text += tail[: close[1]]
         return self.tok.encode(text)
 
-    def _cut_before_close(self, text: str) -> str:
-        """Drop the closing text the template appends after the last (unfinished) turn."""
-        closing = self._render([{"role": "assistant", "content": SENTINEL}], False)
-        tail = closing[closing.index(SENTINEL) + len(SENTINEL):]
-        return text[: len(text) - len(tail)] if tail and text.endswith(tail) else text
-
     def audit_drift(self) -> dict[str, Any]:
-        """Compare with a full re-render; report, never edit. Positions past the shorter differ."""
+        """Compare with a full re-render; report, never edit (see `agents.llm.drift`)."""
         traj = self._require()
-        built = traj.prompt_ids + traj.response_ids
-        reference = self.reference_ids()
-        diffs = [i for i in range(max(len(built), len(reference)))
-                 if i >= len(built) or i >= len(reference) or built[i] != reference[i]]
-        return {"retokenization_drift": len(diffs), "first_diff": diffs[0] if diffs else None}
+        return align_drift(traj.prompt_ids + traj.response_ids, self.reference_ids(),
+                           len(traj.prompt_ids), traj.turn_boundaries)
 
     def trajectory(self) -> Trajectory:
         """The trajectory so far (a live object: copy it before mutating)."""

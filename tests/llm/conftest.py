@@ -57,3 +57,19 @@ def simulators() -> Iterator[Callable[..., tuple[str, Callable[[], None]]]]:
 def deadline(seconds: float = 20.0) -> float:
     """A time.monotonic() deadline `seconds` from now."""
     return time.monotonic() + seconds
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Qwen3-style tokenizer folder built offline (see tests/llm/styles.py)."""
+    from tests.llm.styles import build_qwen3_style
+
+    return build_qwen3_style(tmp_path_factory.mktemp("qwen3-style"))
+
+
+@pytest.fixture(scope="session")
+def llama31_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Llama-3.1-style tokenizer folder built offline (see tests/llm/styles.py)."""
+    from tests.llm.styles import build_llama31_style
+
+    return build_llama31_style(tmp_path_factory.mktemp("llama31-style"))

@@ -56,7 +56,7 @@ def test_chatml_multi_turn_is_token_exact_and_masks_only_generated() -> None:
     assert traj.weight_versions == ["w1", "w1"] and traj.finish_reason == "stop"
     # Canonical tokens: a full re-render gives the same ids, up to where the model stopped.
     assert (traj.prompt_ids + traj.response_ids) == full_render_ids(b)[:-1]
-    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None}
+    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": []}
 
 
 def test_chatml_length_stop_delta_closes_the_turn() -> None:
@@ -75,7 +75,7 @@ def test_chatml_length_stop_as_last_turn_audits_clean() -> None:
     b = chatml()
     b.start(PROMPT)
     add(b, sampled(b, "partial answer", end=False), finish="length")
-    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None}
+    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": []}
 
 
 def test_non_canonical_sampling_is_kept_and_reported() -> None:
@@ -96,7 +96,7 @@ def test_context_budget_bounds_the_trajectory() -> None:
     add(b, sampled(b, "ok"))
     assert b.budget_left == 60 - len(prompt) - 2
     assert b.add_messages([{"role": "tool", "content": "x " * 200}]) == []
-    assert b.trajectory().finish_reason == "length"
+    assert b.trajectory().finish_reason == "context"
     assert len(b.trajectory().prompt_ids) + len(b.trajectory().response_ids) <= 60
 
 
@@ -125,7 +125,7 @@ def test_qwen_style_tools_in_prompt_and_grouped_tool_results() -> None:
                                       "\n<tool_response>\n/w\n</tool_response><|im_end|>\n"
                                       "<|im_start|>assistant\n")
     add(b, sampled(b, "Done."))
-    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None}
+    assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": []}
 
 
 def test_qwen_style_think_dropping_keeps_sampled_tokens_and_reports_drift() -> None:
@@ -154,3 +154,24 @@ def test_qwen_style_length_stop_mid_tool_call() -> None:
     delta = b.add_messages([{"role": "user", "content": "Your call was cut off."}])
     assert delta[:2] == [IM_END, NEWLINE]
     assert b.audit_drift()["retokenization_drift"] == 0
+
+
+def test_drift_audit_aligns_and_reports_per_turn() -> None:
+    """One non-canonical split in turn 1 is 2 differing tokens in turn 1, not a shifted tail."""
+    b = chatml()
+    prompt = b.start(PROMPT)
+    add(b, sampled(b, CALL))
+    b.add_messages([{"role": "tool", "content": "a.txt b.txt " * 20}])
+    split = b.tok.encode("hel") + b.tok.encode("lo")
+    add(b, split + b.tok.encode(" world, two files.") + [IM_END])
+    b.add_messages([{"role": "user", "content": "And then? " * 30}])
+    add(b, sampled(b, "That is all " * 10))
+    traj = b.trajectory()
+    built, reference = traj.prompt_ids + traj.response_ids, b.reference_ids()
+    shifted = sum(1 for i in range(max(len(built), len(reference)))
+                  if i >= len(built) or i >= len(reference) or built[i] != reference[i])
+    assert shifted > 100  # what the position count used to report
+    report = b.audit_drift()
+    turn1 = len(prompt) + traj.turn_boundaries[1][0]
+    assert report == {"retokenization_drift": 2, "first_diff": turn1,
+                      "drift_turns": [{"turn": 1, "first_diff": turn1, "differing_tokens": 2}]}
