@@ -19,7 +19,7 @@ from app.config import Settings
 from app.db import session_scope
 from app.errors import InvalidRequest, NotFound
 from app.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
-from app.schemas import JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
+from app.schemas import AttemptView, JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
 from tasks import lifecycle
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,14 @@ def job_view(s: Session, job: Job) -> JobView:
 
 
 def rollout_view(r: Rollout, turns: list[Turn] | None = None) -> RolloutView:
-    """The wire form of a rollout (with its turns when given)."""
+    """The wire form of a rollout; given its turns, they are grouped by attempt."""
+    current, earlier = None, None
+    if turns is not None:
+        current = [TurnView.model_validate(t) for t in turns if t.attempt == r.attempt]
+        earlier = [AttemptView(
+            attempt=h.get("attempt", 0), error=h.get("error"), ended_at=h.get("ended_at"),
+            turns=[TurnView.model_validate(t) for t in turns if t.attempt == h.get("attempt")])
+            for h in (r.attempt_history or [])]
     return RolloutView(
         rollout_id=r.id, job_id=r.job_id, instance_id=r.instance_id,
         sample_index=r.sample_index, status=r.status, outcome=r.outcome, error=r.error,
@@ -142,8 +149,7 @@ def rollout_view(r: Rollout, turns: list[Turn] | None = None) -> RolloutView:
         extra=r.extra or {}, messages=r.messages,
         timing=Timing(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
         seq=r.result_seq, group_complete=r.completes_group, created_at=r.created_at,
-        finished_at=r.finished_at,
-        turns=None if turns is None else [TurnView.model_validate(t) for t in turns])
+        finished_at=r.finished_at, turns=current, earlier_attempts=earlier)
 
 
 def results_after(s: Session, job_id: str, after: int, limit: int) -> list[RolloutView]:

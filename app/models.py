@@ -63,6 +63,9 @@ class Outcome(str, enum.Enum):
     TIMEOUT = "timeout"
     INFRA_ERROR = "infra_error"
     CANCELLED = "cancelled"
+    # The instance's prompt does not fit the effective context: nothing was generated, nothing
+    # graded (reward null). A trainer drops it; it is never a reward-0 sample.
+    PROMPT_TOO_LONG = "prompt_too_long"
 
 
 TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
@@ -130,8 +133,10 @@ class Rollout(Base):
     sample_index: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default=Status.PENDING.value)
     outcome: Mapped[str | None] = mapped_column(String(16))
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)  # the current attempt's (None once done)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    # Earlier attempts and why each ended: [{"attempt", "error", "ended_at"}].
+    attempt_history: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
     node: Mapped[str | None] = mapped_column(String(128))
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -199,6 +204,10 @@ class LLMServer(Base):
     weight_version: Mapped[str | None] = mapped_column(String(128))
     backend: Mapped[str] = mapped_column(String(32), default="vllm")
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Paused by the trainer while it loads new weights: generations wait, they do not fail.
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The server's --logprobs-mode (vLLM): what its logprobs mean; recorded on every turn.
+    logprobs_mode: Mapped[str] = mapped_column(String(32), default="raw_logprobs")
     in_flight: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
     checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

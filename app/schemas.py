@@ -111,6 +111,17 @@ class TurnView(BaseModel):
     weight_version: str | None = None
     gen_seconds: float | None = None
     tool_seconds: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict,
+                                  description="logprobs_mode, parse errors, staleness, ...")
+
+
+class AttemptView(BaseModel):
+    """An earlier attempt of a rollout: why it ended and the turns it had logged."""
+
+    attempt: int
+    error: str | None = None
+    ended_at: str | None = None
+    turns: list[TurnView] | None = None
 
 
 class Timing(BaseModel):
@@ -149,7 +160,10 @@ class RolloutView(BaseModel):
     group_complete: bool = Field(False, description="Last sample of its instance to finish")
     created_at: datetime
     finished_at: datetime | None = None
-    turns: list[TurnView] | None = None
+    turns: list[TurnView] | None = Field(
+        None, description="Turns of the current attempt (the one the trajectory belongs to)")
+    earlier_attempts: list[AttemptView] | None = Field(
+        None, description="Attempts that were retried, oldest first, with their own turns")
 
 
 class ResultsPage(BaseModel):

@@ -100,6 +100,8 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     The job counter is bumped in the same transaction (the row lock orders completions), so
     the results cursor never skips a rollout that commits late.
     """
+    if status == Status.DONE:
+        values.setdefault("error", None)  # an earlier attempt's error stays in attempt_history
     cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
     if lease is not None:
         cond.append(Rollout.lease_owner == lease)
@@ -135,11 +137,12 @@ def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
     """Send a rollout back to INIT as a new attempt; returns the new attempt number.
 
     `lease` fences a stage worker giving up its own lease; `expect_lease` fences the reaper
-    on the (stale) lease it observed.
+    on the (stale) lease it observed. The ended attempt and its error are appended to
+    `attempt_history` (the attempt number fences that read-modify-write too).
     """
     fence = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
-        row = s.execute(select(Rollout.attempt, Rollout.status)
+        row = s.execute(select(Rollout.attempt, Rollout.status, Rollout.attempt_history)
                         .where(Rollout.id == rollout_id)).one_or_none()
         if row is None or row.status in TERMINAL_VALUES:
             return None
@@ -149,7 +152,10 @@ def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
         result = s.execute(update(Rollout).where(*cond).values(
             status=Status.PENDING.value, attempt=row.attempt + 1, lease_owner=None,
             heartbeat_at=None, node=None, sandbox=None, llm_server=None, state={},
-            stage_started_at=None, queued_at=utcnow(), error=error[:4000] or None))
+            stage_started_at=None, queued_at=utcnow(), error=error[:4000] or None,
+            attempt_history=[*(row.attempt_history or []), {
+                "attempt": row.attempt, "error": error[:4000] or None,
+                "ended_at": utcnow().isoformat()}]))
         return row.attempt + 1 if result.rowcount == 1 else None
 
 

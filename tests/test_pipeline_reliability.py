@@ -61,6 +61,11 @@ def test_sigkill_run_worker_mid_rollout_finishes_exactly_once(backend, tmp_path,
         with session_scope(svc.settings.db_url) as s:
             attempts = s.scalars(sa.select(Turn.attempt).where(Turn.rollout_id == rid)).all()
         assert 1 in attempts and attempts.count(2) == 6  # attempt 1's partial log is kept
+        # The view groups turns by attempt: the trajectory's (current) turns, then history.
+        view = svc.client.rollout(rid)
+        assert [t["attempt"] for t in view["turns"]] == [2] * 6 and view["error"] is None
+        [earlier] = view["earlier_attempts"]
+        assert earlier["attempt"] == 1 and earlier["turns"] and "stopped beating" in earlier["error"]
         # a late redelivery of the killed message finds nothing to claim: still exactly once
         time.sleep(1)
         assert svc.client.job(job["job_id"])["finished"] == 1
@@ -119,6 +124,11 @@ def test_infra_failures_retry_then_give_up(tmp_path):
         assert (r_bad["status"], r_bad["outcome"], r_bad["attempt"]) == \
             ("failed", "infra_error", 3)
         assert "injected INIT failure" in r_bad["error"] and r_bad["reward"] is None
+        # Completed: no error text from the failed attempts; their errors stay in the history.
+        assert r_ok["error"] is None
+        history = svc.client.rollout(r_ok["rollout_id"])["earlier_attempts"]
+        assert [h["attempt"] for h in history] == [1, 2]
+        assert all("injected INIT failure" in h["error"] for h in history)
     finally:
         svc.stop()
 
