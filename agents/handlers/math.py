@@ -62,6 +62,9 @@ class MathConfig(HandlerConfig):
                                "\\boxed{...} finishes with that answer")
     grading_timeout_s: int = Field(5, ge=1, le=120,
                                    description="Seconds allowed to each grading step")
+    decimal_tolerance: float = Field(
+        1e-6, ge=0, le=0.1, description="Relative tolerance for non-integer decimal reference "
+        "answers only; integer and rational references always need the exact number")
 
     @field_validator("user_template")
     @classmethod
@@ -127,7 +130,8 @@ class MathHandler(AgentHandler):
         final_text = _final_assistant_text(run) if cfg.accept_boxed else None
         predicted = answer_from_run((run.extra or {}).get("answer") if run else None, final_text)
         reference = str(ctx.instance["answer"])
-        grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s)
+        grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s,
+                                  decimal_tolerance=cfg.decimal_tolerance)
         return EvalResult(
             reward=grade.reward,
             metrics={"graded_by": grade.method, "answered": predicted is not None},

@@ -1,7 +1,11 @@
 """Grade a math answer against a reference: math-verify first, sympy equivalence second.
 
 The prediction is what the agent passed to `finish(answer)`, or else the last `\\boxed{...}`
-of its final message. A bare answer (`1/2`, `\\frac{1}{2}`, `0.5`) is read as a formula, not
+of its final message. How close is close enough depends on the reference: an integer or
+rational reference (`1000000`, `3/4`, `\\frac{3}{4}`, `2.0`) needs the exact number (so
+`1000001` never scores for `1000000`, nor `0.3333333` for `1/3`); a non-integer decimal
+reference (`3.14159`) accepts a relative `decimal_tolerance` (job config); any other reference
+(`2\\sqrt{3}`, `x^2+1`, sets, intervals) goes to math-verify, then sympy equivalence. A bare answer (`1/2`, `\\frac{1}{2}`, `0.5`) is read as a formula, not
 searched for numbers in prose, because math-verify's prose extraction turns `3\\pi` into `3`.
 
 math-verify bounds its parsing and comparison with `signal.alarm`, which only works in a
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -24,13 +29,16 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 MAX_ANSWER_CHARS = 2000
+DECIMAL_TOLERANCE = 1e-6
+_DECIMAL = re.compile(r"\d?\.\d")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _CHILD = "from agents.rewards.math_answer import _main; _main()"
 
 
 @dataclass
 class MathGrade:
-    """The reward and how it was reached: math_verify, sympy, no_answer, timeout or none."""
+    """The reward and how it was reached: exact, decimal, math_verify, sympy, no_answer,
+    timeout or none."""
 
     reward: float
     method: str
@@ -77,29 +85,77 @@ def _parse_reference(reference: str) -> list:
     return parse(_as_latex(reference))
 
 
-def _grade_here(predicted: str, reference: str, timeout_s: int) -> MathGrade:
+def _grade_here(predicted: str, reference: str, timeout_s: int,
+                decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
     """Grade in this thread (must be the main thread: math-verify uses SIGALRM)."""
     from math_verify.errors import TimeoutException
 
     try:
-        return _grade_unguarded(predicted, reference, timeout_s)
+        return _grade_unguarded(predicted, reference, timeout_s, decimal_tolerance)
     except TimeoutException:  # a BaseException: math-verify's own handlers let it through
         return MathGrade(0.0, "timeout", predicted)
 
 
-def _grade_unguarded(predicted: str, reference: str, timeout_s: int) -> MathGrade:
-    """math-verify, then the sympy fallback; each step bounded by `timeout_s` via SIGALRM."""
+def reference_kind(reference: str, gold: list) -> str:
+    """"exact" (integer/rational), "decimal" (non-integer decimal) or "symbolic"."""
+    import sympy
+
+    exprs = [g for g in gold if isinstance(g, sympy.Expr)]
+    if not exprs or exprs[0].free_symbols or not exprs[0].is_number:
+        return "symbolic"
+    value = exprs[0]
+    if isinstance(value, sympy.Float):
+        return "exact" if float(value).is_integer() else "decimal"
+    if isinstance(value, sympy.Rational):
+        decimal = _DECIMAL.search(reference) is not None
+        return "decimal" if decimal and not value.is_Integer else "exact"
+    return "symbolic"
+
+
+def _candidates(predicted: str, timeout_s: int) -> list:
+    """Every reading of the prediction: math-verify's and the Python-syntax parser's."""
+    from math_verify import parse
+    from math_verify.utils import timeout
+
+    from agents.rewards.math_sympy import parse_python_math
+
+    import sympy
+
+    found = []
+    for parsed in parse(_as_latex(predicted), parsing_timeout=timeout_s):
+        if isinstance(parsed, sympy.Eq) and isinstance(parsed.lhs, sympy.Symbol):
+            parsed = parsed.rhs  # "x = 12" answers 12
+        if not isinstance(parsed, str):
+            found.append(parsed)
+    py_pred = timeout(timeout_seconds=timeout_s)(parse_python_math)(predicted)
+    return found + ([py_pred] if py_pred is not None else [])
+
+
+def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
+                     decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
+    """Exact, decimal or symbolic comparison per the reference; each step bounded by SIGALRM."""
     from math_verify import parse, verify
     from math_verify.utils import timeout
 
-    from agents.rewards.math_sympy import parse_python_math, sympy_equivalent
+    from agents.rewards.math_sympy import exactly_equal, sympy_equivalent, within_tolerance
 
     gold = _parse_reference(reference)
+    kind = reference_kind(reference, gold)
+    if kind in ("exact", "decimal"):
+        value = next(g for g in gold if not isinstance(g, str))
+        same = exactly_equal if kind == "exact" else (
+            lambda g, p: within_tolerance(g, p, decimal_tolerance))
+        for candidate in _candidates(predicted, timeout_s):
+            if timeout(timeout_seconds=timeout_s)(same)(value, candidate):
+                return MathGrade(1.0, kind, predicted)
+        return MathGrade(0.0, "none", predicted)
     pred = parse(_as_latex(predicted), parsing_timeout=timeout_s)
     if gold and pred and verify(gold, pred, timeout_seconds=timeout_s):
         return MathGrade(1.0, "math_verify", predicted)
     gold_exprs = [g for g in gold if not isinstance(g, str)]
     if gold_exprs:
+        from agents.rewards.math_sympy import parse_python_math
+
         py_pred = timeout(timeout_seconds=timeout_s)(parse_python_math)(predicted)
         if py_pred is not None and timeout(timeout_seconds=timeout_s)(sympy_equivalent)(
                 gold_exprs[0], py_pred):
@@ -107,9 +163,11 @@ def _grade_unguarded(predicted: str, reference: str, timeout_s: int) -> MathGrad
     return MathGrade(0.0, "none", predicted)
 
 
-def _grade_in_child(predicted: str, reference: str, timeout_s: int) -> MathGrade:
+def _grade_in_child(predicted: str, reference: str, timeout_s: int,
+                    decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
     """Grade in a child process killed after the timeout (for callers off the main thread)."""
-    payload = json.dumps({"predicted": predicted, "reference": reference, "timeout": timeout_s})
+    payload = json.dumps({"predicted": predicted, "reference": reference, "timeout": timeout_s,
+                          "tolerance": decimal_tolerance})
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     try:
@@ -123,19 +181,21 @@ def _grade_in_child(predicted: str, reference: str, timeout_s: int) -> MathGrade
     return MathGrade(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def grade_math_answer(predicted: str | None, reference: str, *, timeout_s: int = 5) -> MathGrade:
+def grade_math_answer(predicted: str | None, reference: str, *, timeout_s: int = 5,
+                      decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
     """Reward 1.0 if `predicted` is mathematically equivalent to `reference`, else 0.0."""
     if predicted is None or not predicted.strip():
         return MathGrade(0.0, "no_answer", predicted)
     predicted = predicted.strip()[:MAX_ANSWER_CHARS]
     if threading.current_thread() is threading.main_thread():
-        return _grade_here(predicted, reference, timeout_s)
-    return _grade_in_child(predicted, reference, timeout_s)
+        return _grade_here(predicted, reference, timeout_s, decimal_tolerance)
+    return _grade_in_child(predicted, reference, timeout_s, decimal_tolerance)
 
 
 def _main() -> None:
     """Child-process entry point: JSON request on stdin, one JSON `MathGrade` line on stdout."""
     request = json.loads(sys.stdin.read())
-    grade = _grade_here(request["predicted"], request["reference"], int(request["timeout"]))
+    grade = _grade_here(request["predicted"], request["reference"], int(request["timeout"]),
+                        float(request["tolerance"]))
     print(json.dumps(asdict(grade)))
 

@@ -21,7 +21,6 @@ from sympy.parsing.sympy_parser import (
 MAX_CHARS = 300
 MAX_EXPONENT = 200
 MAX_DIGITS = 60
-RELATIVE_TOLERANCE = 1e-6
 
 _ALLOWED_CHARS = re.compile(r"^[0-9A-Za-z_.+\-*/^(),\s]*$")
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
@@ -76,19 +75,44 @@ def _small_enough(expr: sympy.Expr) -> bool:
     return True
 
 
+def exact_value(expr: sympy.Basic) -> sympy.Expr | None:
+    """`expr` as an exact number (decimals read as the rationals they spell), or None."""
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols or not _small_enough(expr):
+        return None
+    expr = expr.doit()
+    return expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)})
+
+
+def exactly_equal(gold: sympy.Rational, predicted: sympy.Basic) -> bool:
+    """True only if `predicted` is exactly the rational number `gold` (1000001 != 1000000)."""
+    value = exact_value(predicted)
+    if value is None or not value.is_number:
+        return False
+    try:
+        return bool(sympy.simplify(value - gold) == 0)
+    except Exception:  # noqa: BLE001 - sympy may raise on odd inputs; unequal then
+        return False
+
+
+def within_tolerance(gold: sympy.Expr, predicted: sympy.Basic, tolerance: float) -> bool:
+    """True if two closed numbers differ by at most `tolerance` relative (at least absolute)."""
+    if not isinstance(predicted, sympy.Expr) or predicted.free_symbols \
+            or not _small_enough(predicted):
+        return False
+    try:
+        g, p = complex(sympy.N(gold, 30)), complex(sympy.N(predicted.doit(), 30))
+    except (TypeError, ValueError):
+        return False
+    return abs(g - p) <= tolerance * max(1.0, abs(g))
+
+
 def sympy_equivalent(gold: sympy.Basic, predicted: sympy.Expr) -> bool:
-    """True if the two expressions are equal symbolically, or numerically to 1e-6 relative."""
+    """True if the two expressions are equal symbolically (no numeric tolerance here)."""
     if not isinstance(gold, sympy.Expr):
         return False
     predicted = predicted.doit()
     if predicted.has(sympy.I):  # a LaTeX reference writes the imaginary unit as the letter i
         gold = gold.xreplace({s: sympy.I for s in gold.free_symbols if s.name == "i"})
-    if not gold.free_symbols and not predicted.free_symbols:
-        try:
-            g, p = complex(sympy.N(gold, 30)), complex(sympy.N(predicted, 30))
-        except (TypeError, ValueError):
-            return False
-        return abs(g - p) <= RELATIVE_TOLERANCE * max(1.0, abs(g))
     if {s.name for s in gold.free_symbols} != {s.name for s in predicted.free_symbols}:
         return False
     # Symbols from different parsers are distinct objects: rebind the prediction's by name.
