@@ -80,7 +80,9 @@ def run_agent_loop(
         ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, "deadline"
     log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns,
              ep.outcome, ep.finish_reason)
-    return _result(ctx, ep)
+    result = _result(ctx, ep)
+    result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
+    return result
 
 
 def _prompt_messages(ctx: StageContext, system_prompt: str, user_prompt: str,
@@ -115,7 +117,7 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
               max_observation_chars: int) -> None:
     """Generate, act, observe and persist one turn; sets `ep.finish_reason` when it ends."""
     started = time.monotonic()
-    gen = ctx.llm.generate(ctx.deadline)
+    gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check)
     ep.gen_seconds += time.monotonic() - started
     if not gen.token_ids and gen.finish_reason == "length":
         ep.finish_reason = "length"  # the session had no budget left: nothing was generated
@@ -219,5 +221,6 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
         response_logprobs=list(traj.response_logprobs), loss_mask=list(traj.loss_mask),
         policy_versions=list(traj.weight_versions), token_exact=traj.token_exact,
         messages=[dict(m) for m in traj.messages], metrics=metrics,
-        extra={"answer": ep.answer, "turn_boundaries": [list(b) for b in traj.turn_boundaries]},
+        extra={"answer": ep.answer, "turn_boundaries": [list(b) for b in traj.turn_boundaries],
+               "message_token_counts": list(traj.message_token_counts)},
     )

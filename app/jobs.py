@@ -57,13 +57,17 @@ def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
 
 
 def create_job(settings: Settings, req: JobCreate, owner: str,
-               enqueue) -> JobAccepted:  # noqa: ANN001 - callable(list[(id, attempt)])
-    """Persist a job and its rollouts, then enqueue them; idempotent on the key."""
+               enqueue,  # noqa: ANN001 - callable(list[(id, attempt)])
+               extra_config: dict[str, Any] | None = None) -> JobAccepted:
+    """Persist a job and its rollouts, then enqueue them; idempotent on the key.
+
+    `extra_config` is stored with the job's config (e.g. the ProRL job id /cancel looks up).
+    """
     if req.idempotency_key:
         existing = _find_idempotent(settings, owner, req.idempotency_key)
         if existing is not None:
             return existing
-    config = validate_submission(settings, req)
+    config = {**validate_submission(settings, req), **(extra_config or {})}
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
               n_instances=len(req.instances), n_samples=req.n_samples)
     now = lifecycle.utcnow()

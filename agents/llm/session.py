@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
+from agents.llm.backends.abort import abort_when
 from agents.llm.pool import ServerInfo, ServerPool, make_pool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import load_chat_tokenizer, list_models, resolve_tokenizer_path
 from agents.llm.trajectory import Trajectory, TrajectoryBuilder
-from app.errors import ServiceUnavailable, StageTimeout
+from app.errors import RolloutCancelled, ServiceUnavailable, StageTimeout
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,13 @@ class LLMSession:
         """Tokens left before max_model_len."""
         return self.builder.budget_left
 
-    def generate(self, deadline: float) -> Generation:
-        """Sample one turn before `deadline` (time.monotonic()), failing over between servers."""
+    def generate(self, deadline: float,
+                 cancelled: Callable[[], bool] | None = None) -> Generation:
+        """Sample one turn before `deadline` (time.monotonic()), failing over between servers.
+
+        When `cancelled()` turns true mid-call the request's connection is closed (the server
+        stops decoding) and RolloutCancelled is raised instead of waiting for the turn.
+        """
         budget = self.builder.budget_left
         if budget <= 0:
             self.builder.trajectory().finish_reason = "length"
@@ -90,8 +97,16 @@ class LLMSession:
             server = self._server_for_turn(deadline, tried)
             request = self._request(server, min(self.sampling.max_tokens, budget), deadline)
             try:
-                generation = self.backend.generate(server.url, request)
+                with abort_when(cancelled) as handle:
+                    self.backend.abort_handle = handle
+                    try:
+                        generation = self.backend.generate(server.url, request)
+                    finally:
+                        self.backend.abort_handle = None
             except ServerError as exc:
+                if handle is not None and handle.aborted:
+                    raise RolloutCancelled("rollout cancelled during generation",
+                                           rollout_id=self.rollout_id) from exc
                 if time.monotonic() >= deadline:
                     raise StageTimeout(f"generation passed its deadline on {server.url}") from exc
                 self._fail_over(server, str(exc))

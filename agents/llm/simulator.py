@@ -23,12 +23,15 @@ prompt of the current turn); past the end of a list the last reply repeats. A te
 encoded with the tokenizer and closed with the end-of-turn token (`"end": false` leaves it
 open); `"ids"` gives exact ids, e.g. a non-canonical tokenization to provoke drift.
 `max_tokens` truncates a reply (finish reason `length`). Logprobs are a deterministic
-function of (token id, position), in (-3, 0].
+function of (token id, position), in (-3, 0]. Like vLLM, a request whose client disconnects
+while it is "decoding" (its latency) is aborted: no answer, counted as `aborted` in the stats.
 """
 from __future__ import annotations
 
 import json
 import logging
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -84,8 +87,10 @@ class Script:
             ids.append(self.end_id)
         return ids, latency
 
-    def complete(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
-        """Answer one token-id request: ids, logprobs, finish reason, instance key."""
+    def complete(self, prompt_ids: list[int], max_tokens: int,
+                 disconnected: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+        """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
+        the client went away during the reply's latency)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
@@ -93,8 +98,11 @@ class Script:
         finish = "stop"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
-        if latency:
-            time.sleep(latency)
+        until = time.monotonic() + latency
+        while time.monotonic() < until:
+            if disconnected():
+                return None
+            time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         base = len(prompt_ids)
         return {"ids": ids, "logprobs": [fake_logprob(t, base + i) for i, t in enumerate(ids)],
                 "finish_reason": finish, "instance": key,
@@ -138,6 +146,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
+    def _client_gone(self) -> bool:
+        """True once the client closed its side (the request body was already read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         script = self.server.script
         if self.path == "/health":
@@ -165,6 +181,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no route {self.path}"})
             return
         status, answer = route(body)
+        if status == 499:  # aborted: the client is gone, there is no one to answer
+            self.close_connection = True
+            return
         self._send(status, answer)
 
     def _run(self, prompt: Any, max_tokens: int) -> tuple[int, dict[str, Any]]:
@@ -174,7 +193,11 @@ class _Handler(BaseHTTPRequestHandler):
         if limit is not None and len(prompt) + max_tokens > limit:
             return 400, {"error": f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) "
                                   f"exceeds max_model_len {limit}"}
-        result = self.server.script.complete(prompt, max_tokens)
+        result = self.server.script.complete(prompt, max_tokens, self._client_gone)
+        if result is None:
+            with self.server.stats_lock:
+                self.server.stats["aborted"] += 1
+            return 499, {"error": "client disconnected"}
         with self.server.stats_lock:
             self.server.stats["requests"] += 1
             self.server.stats[f"instance:{result['instance']}"] += 1

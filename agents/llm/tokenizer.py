@@ -104,6 +104,34 @@ class ChatTokenizer:
         """Token ids of `text` alone; special tokens written in the text become their ids."""
         return list(self.hf.encode(text, add_special_tokens=False))
 
+    def split_counts(self, text: str, ids: list[int], cuts: list[int | None]) -> list[int]:
+        """Token counts of the pieces of `text` cut at character offsets `cuts` (None = no cut
+        there: the piece is merged into the next), given `ids = encode(text)`. A token that
+        straddles a cut goes to the piece it starts in; the counts always add up to len(ids)."""
+        offsets = self._offsets(text, ids)
+        counts, start = [], 0
+        for cut in cuts:
+            if cut is None or offsets is None:
+                counts.append(0)
+                continue
+            end = start
+            while end < len(ids) and offsets[end] < cut:
+                end += 1
+            counts.append(end - start)
+            start = end
+        counts.append(len(ids) - start)
+        return counts
+
+    def _offsets(self, text: str, ids: list[int]) -> list[int] | None:
+        """Start offset in `text` of each token of `ids` (None if the tokenizer cannot say)."""
+        try:
+            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        except (NotImplementedError, ValueError, TypeError):
+            return None
+        if list(enc["input_ids"]) != list(ids):
+            return None
+        return [start for start, _ in enc["offset_mapping"]]
+
     def decode(self, ids: list[int]) -> str:
         """Text of one generated turn for parsing (never re-encoded into the trajectory).
 

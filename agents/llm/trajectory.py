@@ -44,6 +44,9 @@ class Trajectory:
     weight_versions: list[str | None] = field(default_factory=list)
     token_exact: bool = True
     messages: list[dict[str, Any]] = field(default_factory=list)
+    # Tokens of each message, aligned with `messages`: they add up to prompt + response, so a
+    # client can give every message its own `token_ids` (ProRL's shape).
+    message_token_counts: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (for the Rollout row and the results API)."""
@@ -119,6 +122,7 @@ class TrajectoryBuilder:
         self.traj = Trajectory(
             prompt_ids=prompt, token_exact=self.token_exact, messages=[dict(m) for m in messages]
         )
+        self.traj.message_token_counts = self._prompt_counts(list(messages), prompt)
         self.exhausted = len(prompt) >= self.max_model_len
         if self.exhausted:
             self.traj.finish_reason = "context"
@@ -145,6 +149,7 @@ class TrajectoryBuilder:
         self._last_ended = bool(token_ids) and token_ids[-1] in self.tok.end_ids
         text = self.tok.decode(token_ids)
         traj.messages.append({"role": "assistant", "content": text})
+        traj.message_token_counts.append(len(token_ids))
         return text
 
     def add_messages(self, messages: list[dict]) -> list[int]:
@@ -156,7 +161,8 @@ class TrajectoryBuilder:
             raise TrajectoryError(
                 "append_messages twice without a generation: pass all of a turn's messages at once"
             )
-        delta = self.tok.encode(self.delta_text(messages))
+        text = self.delta_text(messages)
+        delta = self.tok.encode(text)
         if self.length + len(delta) >= self.max_model_len:  # no room left to generate after it
             traj.finish_reason, self.exhausted = "context", True
             return []
@@ -164,7 +170,28 @@ class TrajectoryBuilder:
         traj.response_logprobs += [0.0] * len(delta)
         traj.loss_mask += [0] * len(delta)
         traj.messages += [dict(m) for m in messages]
+        traj.message_token_counts += self._delta_counts(messages, text, delta)
         return delta
+
+    def _prompt_counts(self, messages: list[dict], prompt: list[int]) -> list[int]:
+        """Split the prompt's ids between its messages (the last one takes the generation
+        prompt): message k ends where the template of `messages[:k+1]` ends."""
+        full = self._render(messages, add_generation_prompt=True)
+        cuts = []
+        for k in range(1, len(messages)):
+            head = self._render(messages[:k], add_generation_prompt=False)
+            cuts.append(len(head) if full.startswith(head) else None)
+        return self.tok.split_counts(full, prompt, cuts)
+
+    def _delta_counts(self, messages: list[dict], text: str, delta: list[int]) -> list[int]:
+        """Split one delta between the messages it renders (by where each one's text starts)."""
+        cuts, at = [], 0
+        for message in messages[1:]:
+            content = str(message.get("content") or "")
+            found = text.find(content, at) if content else -1
+            cuts.append(found if found >= 0 else None)
+            at = max(at, found)
+        return self.tok.split_counts(text, delta, cuts)
 
     def delta_text(self, new_messages: list[dict]) -> str:
         """Text the template writes after the last generated turn, up to the next generation."""

@@ -129,3 +129,27 @@ def test_validate_spec_errors_name_the_field(simulators, db_url, tmp_path) -> No
     with pytest.raises(InvalidRequest, match="sampling.top_p"):
         validate_sampling({"top_p": 2})
     assert SamplingParams().max_tokens == validate_sampling(None)["max_tokens"]
+
+
+def test_cancel_aborts_a_generation_in_flight(simulators, db_url) -> None:
+    """A cancel mid-generation closes the request: the server stops "decoding" (it counts the
+    abort) and the session raises RolloutCancelled at once instead of waiting for the turn."""
+    import httpx
+
+    from app.errors import RolloutCancelled
+
+    url, _ = simulators({"default": [{"text": "slow answer", "latency": 30}]})
+    flip_at = time.monotonic() + 0.5
+    with LLMSession.open(spec_for(url), {"max_tokens": 50}, "r-abort", db_url) as s:
+        s.start(PROMPT)
+        started = time.monotonic()
+        with pytest.raises(RolloutCancelled):
+            s.generate(deadline(60), cancelled=lambda: time.monotonic() >= flip_at)
+        assert time.monotonic() - started < 3  # not the 30 s the turn would take
+    stats = {}
+    for _ in range(40):  # the simulator notices the closed connection within ~50 ms
+        stats = httpx.get(f"{url}/sim/stats").json()
+        if stats.get("aborted"):
+            break
+        time.sleep(0.05)
+    assert stats.get("aborted") == 1 and not stats.get("requests")

@@ -175,3 +175,31 @@ def test_drift_audit_aligns_and_reports_per_turn() -> None:
     turn1 = len(prompt) + traj.turn_boundaries[1][0]
     assert report == {"retokenization_drift": 2, "first_diff": turn1,
                       "drift_turns": [{"turn": 1, "first_diff": turn1, "differing_tokens": 2}]}
+
+
+@pytest.mark.parametrize("make", [chatml, qwen], ids=["chatml", "qwen-tools"])
+def test_message_token_counts_split_the_sequence_per_message(make) -> None:
+    """Each message's slice (ProRL's per-message `token_ids`) concatenates to the sequence."""
+    b = make()
+    b.start(PROMPT, TOOLS)
+    add(b, sampled(b, CALL))
+    b.add_messages([{"role": "tool", "name": "bash", "content": "a.txt"},
+                    {"role": "tool", "name": "bash", "content": "b.txt"}])
+    add(b, sampled(b, "Done."))
+    traj = b.trajectory()
+    counts = traj.message_token_counts
+    assert len(counts) == len(traj.messages) == 6
+    seq = traj.prompt_ids + traj.response_ids
+    assert sum(counts) == len(seq)
+    pieces, at = [], 0
+    for n in counts:
+        pieces.append(seq[at:at + n])
+        at += n
+    text = [b.tok.hf.decode(p) for p in pieces]
+    assert sum(counts[:2]) == len(traj.prompt_ids)
+    assert "You are terse." in text[0] and "List files." not in text[0]
+    assert "List files." in text[1]
+    assert pieces[2] == sampled(b, CALL)  # the assistant slice is exactly what was generated
+    assert "a.txt" in text[3] and "b.txt" not in text[3] and "b.txt" in text[4]
+    assert all(counts[:5])  # no message is left empty on these templates
+    assert pieces[-1] == sampled(b, "Done.")

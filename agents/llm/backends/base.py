@@ -56,6 +56,7 @@ class LLMBackend(ABC):
     def __init__(self, client: httpx.Client | None = None, api_key: str | None = None) -> None:
         self.client = client or httpx.Client()
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.abort_handle: Any = None  # set around a call that may be aborted (abort.py)
 
     @abstractmethod
     def generate(self, url: str, request: GenerateRequest) -> Generation:
@@ -67,9 +68,13 @@ class LLMBackend(ABC):
 
     def _call(self, method: str, url: str, body: dict | None, timeout: float) -> Any:
         """One HTTP call; network trouble and 5xx are ServerError, 4xx InvalidRequest."""
+        headers, extensions = self.headers, {}
+        if self.abort_handle is not None:  # own connection, so abort() can cut it
+            headers = {**headers, "Connection": "close"}
+            extensions = {"trace": self.abort_handle.trace}
         try:
             response = self.client.request(method, url, json=body, timeout=timeout,
-                                           headers=self.headers)
+                                           headers=headers, extensions=extensions)
         except httpx.HTTPError as exc:
             raise ServerError(f"{url}: {type(exc).__name__}: {exc}", url=url) from exc
         if response.status_code >= 500 or response.status_code in (404, 408, 429):
