@@ -135,24 +135,43 @@ def test_llm_server_crud(api):
     assert api.put("/v1/llm-servers/zzz", json={"weight_version": "v3"}).status_code == 404
 
 
-def test_prorl_control_routes(api):
-    assert api.post("/start").status_code == 200
-    assert api.post("/start").status_code == 400  # already running, as ProRL answers
-    assert api.post("/add_llm_server", json={"address": "10.0.0.2:8000"}).json() == \
-        {"added": "http://10.0.0.2:8000"}
-    # ProRL's docs register the OpenAI base (with /v1): stored as the server's base URL
-    assert api.post("/add_llm_server", json={"address": "http://10.0.0.3:8000/v1"}).json() == \
-        {"added": "http://10.0.0.3:8000"}
+def test_prorl_lifecycle_and_errors_as_prorl_answers_them(api):
+    """ProRL's lifecycle: 503 before /start on /process, /status, /stop (v1 unaffected);
+    errors are `{"detail": ...}`; a body missing a field is 422; /add_llm_server is idempotent."""
+    ok = {"instance": {"data_source": "math", "problem": "1+1?", "answer": "2"},
+          "sampling_params": {"temperature": 0.6}}
+    for early in (api.post("/process", json=ok), api.get("/status"), api.post("/stop")):
+        assert early.status_code == 503, early.text
+        assert early.json() == {"detail": "Server is not running. Please start the server first."}
+    assert api.get("/v1/jobs").status_code == 200  # the v1 API never waits for /start
+    assert api.post("/start").json() == {"status": "Server started successfully"}
+    again = api.post("/start")
+    assert again.status_code == 400 and again.json() == {"detail": "Server is already running"}
+    first = api.post("/add_llm_server", json={"address": "10.0.0.2:8000"})
+    assert first.status_code == 200 and first.json()["added"] == "http://10.0.0.2:8000"
+    # NeMo RL treats any non-200 as fatal: a known address is fine, as in ProRL
+    assert api.post("/add_llm_server", json={"address": "http://10.0.0.2:8000/v1"}).status_code == 200
     status = api.get("/status").json()
-    assert status["running"] and status["llm_servers"][0]["address"] == "http://10.0.0.2:8000"
-    assert api.post("/clear_llm_server").json() == {"removed": 2}
-    assert api.post("/stop").json() == {"running": False}
-    unknown = api.post("/process", json={"instance": {"data_source": "nope"}})
-    assert unknown.status_code == 400 and "unknown agent 'nope'" in unknown.text
+    assert status["status"] == "running" and status["pending_jobs"] == 0
+    assert [s["address"] for s in status["llm_servers"]] == ["http://10.0.0.2:8000"]
+    missing = api.post("/process", json={"instance": {"data_source": "math"}})
+    assert missing.status_code == 422
+    assert missing.json()["detail"][0]["loc"] == ["body", "sampling_params"]
+    unknown_key = api.post("/process", json={**ok, "sampling_params": {"temprature": 0.6}})
+    assert unknown_key.status_code == 400
+    detail = unknown_key.json()["detail"]
+    assert "'temprature'" in detail and "temperature" in detail and "max_output_tokens" in detail
+    unknown = api.post("/process", json={"instance": {"data_source": "nope"},
+                                         "sampling_params": {}})
+    assert unknown.status_code == 400 and "unknown agent 'nope'" in unknown.json()["detail"]
     # no data_source = ProRL's default dataset (SWE-bench): the swe agent validates the instance
-    missing = api.post("/process", json={"instance": {"instance_id": "x"}})
-    assert missing.status_code == 400 and "instance" in missing.json()["message"]
-    assert api.post("/cancel", json={"job_id": "nope"}).json()["cancelled_jobs"] == 0
+    bad_swe = api.post("/process", json={"instance": {"instance_id": "x"}, "sampling_params": {}})
+    assert bad_swe.status_code == 400 and "repo" in bad_swe.json()["detail"]
+    cancel = api.post("/cancel", json={"job_id": "nope"})
+    assert cancel.status_code == 200 and cancel.json()["status"] == "Cancel requested for job nope"
+    assert api.post("/clear_llm_server").json()["removed"] == 1
+    assert api.post("/stop").json()["status"] == "Server stopped successfully"
+    assert api.get("/status").status_code == 503
 
 
 def test_health_metrics_openapi(api):

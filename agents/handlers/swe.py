@@ -19,6 +19,7 @@ from pydantic import Field
 
 from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
 from agents.handlers import swe_eval
+from agents.handlers.swe_images import resolve_instance_image
 from agents.handlers.swe_repo import materialize
 from agents.loop import run_agent_loop
 from agents.registry import register
@@ -64,6 +65,13 @@ class SWEConfig(HandlerConfig):
                                                     "(default: the raas checkout)")
 
 
+def _settings() -> Any:
+    """The node's operator settings (repository mirror and image root live there)."""
+    from app.config import load_settings
+
+    return load_settings()
+
+
 def validate_swe_instance(instance: dict[str, Any]) -> None:
     """Reject an instance missing a SWE-bench field (the error names it)."""
     for name, kind in REQUIRED_FIELDS.items():
@@ -96,13 +104,22 @@ class SWEHandler(AgentHandler):
         """Reject an instance missing a SWE-bench field (the error names it)."""
         validate_swe_instance(instance)
 
+    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
+        """The instance's own image when the operator has an image root, else `python_env`."""
+        image_root = _settings().image_root
+        if image_root is None:
+            return super().sandbox_overrides(ctx)
+        runtime = (ctx.job_config.get("sandbox") or {}).get("runtime") \
+            or _settings().sandbox_runtime
+        return resolve_instance_image(ctx.instance_id, image_root, runtime)
+
     def init(self, ctx: StageContext) -> None:
         """Check the repo out at its base commit as the workspace."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
         if not ctx.workspace:
             raise InvalidRequest("the swe agent needs a sandbox", field="sandbox.runtime")
         materialize(ctx.instance["repo"], ctx.instance["base_commit"], ctx.workspace,
-                    cfg.repo_root)
+                    cfg.repo_root, _settings().repo_mirror_root)
         ctx.state.update(workspace=ctx.workspace, base_commit=ctx.instance["base_commit"])
 
     def run(self, ctx: StageContext) -> RunResult:
@@ -165,7 +182,8 @@ def reevaluate(instance: dict[str, Any], git_patch: str | None, *,
     workspace = tempfile.mkdtemp(prefix="raas-reeval-", dir=workspace_root)
     sb = None
     try:
-        materialize(instance["repo"], instance["base_commit"], workspace, cfg.repo_root)
+        materialize(instance["repo"], instance["base_commit"], workspace, cfg.repo_root,
+                    _settings().repo_mirror_root)
         state_dir = state_dir or str(state_root() / "reevaluate")
         sb = get_runtime(runtime, state_dir=state_dir).start(
             SandboxSpec(workspace=workspace, **options),

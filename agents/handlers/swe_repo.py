@@ -1,7 +1,10 @@
 """Putting a SWE instance's repository at its base commit into a host directory.
 
 An instance's `repo` is a git directory, a tarball (of a git checkout or of plain sources) or a
-plain source directory. Plain sources are committed with a fixed author, date and message, so
+plain source directory, or, as SWE-bench / SWE-Gym publish it, a GitHub slug (`getmoto/moto`)
+resolved against the operator's repository mirror (`RAAS_REPO_MIRROR_ROOT`): a bare git dir,
+a `.git` dir or a tarball named `owner__name` under it. A slug that is not there is a
+`NotProvisioned` error at INIT naming what was looked up and where. Plain sources are committed with a fixed author, date and message, so
 the same files always give the same commit id: the example repos ship as sources and their
 `base_commit` in `examples/swe/instances.jsonl` is reproducible
 (`python examples/swe/build_instances.py` rebuilds that file). Git runs on the host with a sanitized
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -18,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from app.errors import InfraError, InvalidRequest
+from app.errors import InfraError, InvalidRequest, RaasError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
@@ -47,8 +51,49 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     return proc.stdout
 
 
-def resolve_repo(repo: str, root: str | Path | None = None) -> Path:
-    """An instance's `repo` as an absolute path (relative paths are taken from `root`)."""
+_SLUG = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+class NotProvisioned(RaasError, LookupError):
+    """A repository or image the instance needs is not on this node (operator's mirror/root).
+
+    Not retried: another attempt on the same node finds the same directory listing.
+    """
+
+    code = "not_provisioned"
+
+
+def is_slug(repo: str) -> bool:
+    """True for a GitHub-style `owner/name` (what SWE-bench and SWE-Gym put in `repo`)."""
+    return bool(_SLUG.match(repo)) and not repo.startswith(".") and ".." not in repo
+
+
+def mirror_candidates(slug: str) -> list[str]:
+    """Names an `owner/name` slug may have in the mirror, in lookup order."""
+    base = slug.replace("/", "__")
+    return [base, f"{base}.git", *(base + suffix for suffix in TARBALL_SUFFIXES)]
+
+
+def resolve_slug(slug: str, mirror_root: str | Path | None) -> Path:
+    """The mirror entry of `slug`, or NotProvisioned naming the names and the root."""
+    names = mirror_candidates(slug)
+    if mirror_root is None:
+        raise NotProvisioned(f"repo {slug!r} is a repository slug but no repository mirror is "
+                             f"configured on this node (set RAAS_REPO_MIRROR_ROOT)", repo=slug)
+    for name in names:
+        path = Path(mirror_root) / name
+        if path.exists():
+            return path
+    raise NotProvisioned(f"repo {slug!r} is not in the repository mirror {mirror_root} "
+                         f"(looked for {', '.join(names)})", repo=slug, looked_for=names)
+
+
+def resolve_repo(repo: str, root: str | Path | None = None,
+                 mirror_root: str | Path | None = None) -> Path:
+    """An instance's `repo` as an absolute path: a slug from the mirror, a relative path from
+    `root` (default: the raas checkout)."""
+    if is_slug(repo) and not (Path(root or PROJECT_ROOT) / repo).exists():
+        return resolve_slug(repo, mirror_root)
     path = Path(repo).expanduser()
     if not path.is_absolute():
         path = Path(root or PROJECT_ROOT) / path
@@ -99,15 +144,21 @@ def _extract(tarball: Path, dest: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-def materialize(repo: str, base_commit: str, dest: str | Path, root: str | Path | None = None) -> None:
+def _is_git(path: Path) -> bool:
+    """A checkout (`.git` inside) or a bare repository (HEAD + objects/ at the top)."""
+    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+
+
+def materialize(repo: str, base_commit: str, dest: str | Path, root: str | Path | None = None,
+                mirror_root: str | Path | None = None) -> None:
     """Fill the empty directory `dest` with `repo` checked out at `base_commit`."""
-    src, dest = resolve_repo(repo, root), Path(dest)
+    src, dest = resolve_repo(repo, root, mirror_root), Path(dest)
     with tempfile.TemporaryDirectory(prefix="raas-swe-") as scratch:
         if src.is_file() and src.name.endswith(TARBALL_SUFFIXES):
             src = _extract(src, Path(scratch))
         elif src.is_file():
             raise InvalidRequest(f"repo {repo!r} is neither a directory nor a tarball", field="repo")
-        if (src / ".git").exists():
+        if _is_git(src):
             git(dest, "clone", "-q", "--no-hardlinks", str(src), ".")
             _checkout_base(dest, base_commit)
             return
