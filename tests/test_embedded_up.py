@@ -63,15 +63,19 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
             assert all([r["sample_index"] for r in g] == [0, 1] for g in groups)
             streamed = list(client.stream(job["job_id"]))
             assert [r["seq"] for r in streamed] == [1, 2, 3, 4, 5, 6]
+        assert httpx.post(f"{url}/start", timeout=10).status_code == 200  # ProRL's lifecycle
         prorl = httpx.post(f"{url}/process", timeout=60, json={
-            "instance": {"instance_id": "pr1", "data_source": "test-sleepy"},
+            "instance": {"instance_id": "pr1", "data_source": "test-sleepy", "trajectory_id": 3},
             "sampling_params": {"temperature": 0.7, "max_new_tokens": 64}, "job_id": "grp"})
         assert prorl.status_code == 200, prorl.text
         body = prorl.json()
         assert body["success"] and body["end_properly"] and body["critical_error"] is None
-        assert body["instance_id"] == "pr1" and body["response_ids"] == [4, 5]
-        assert set(body["timing"]) == {"init_time", "run_time", "eval_time"}
-        assert body["messages"] == [{"role": "user", "content": "pr1"}]
+        assert body["filter"] is False and body["finish"] is False
+        assert body["instance_id"] == "pr1" and body["trajectory_id"] == 3
+        assert set(body["timing"]) == {"init_time", "run_time", "eval_time", "others_time",
+                                       "counted_elapsed", "timeout_triggered"}
+        # this test handler's trajectory has no assistant message: ProRL's list is then empty
+        assert body["messages"] == [] and body["prompt_ids"] == [1, 2, 3]
     finally:
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
         output = up.communicate(timeout=60)[0].decode(errors="replace")
