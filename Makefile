@@ -12,7 +12,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
+# Chromium + chromedriver for the dashboard's browser tests (apt-get only when missing).
 install: $(VENV)/.installed
+	scripts/install_chromium.sh
 
 up: install
 	$(VENV)/bin/raas up

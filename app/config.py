@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     broker_key_prefix: str = Field("", description="Redis key prefix, to share one Redis")
     node: str = Field(default_factory=socket.gethostname, description="This node's name")
     api_token: str | None = Field(None, description="Bearer token the API demands, if set")
+    ui_secret_key: str | None = Field(
+        None, description="Signs /ui session cookies; default derived from the API token")
     allow_job_binds: bool = Field(False, description="Let jobs bind host paths in sandboxes")
     handler_modules: str = Field("", description="Extra comma-separated handler modules")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest request body")

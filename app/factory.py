@@ -8,6 +8,7 @@ from typing import Any
 from flask import Flask, g, request
 
 from agents.registry import load_handler_modules
+from app import ui
 from app.api import errors, health, jobs, llm_servers, prorl, rollouts
 from app.config import load_settings
 from app.errors import Unauthorized
@@ -26,7 +27,7 @@ def build_app(config: Any = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.extensions["celery"] = make_celery(settings)
-    for module in (jobs, rollouts, llm_servers, health, prorl):
+    for module in (jobs, rollouts, llm_servers, health, prorl, ui):
         app.register_blueprint(module.bp)
     errors.register_error_handlers(app)
     app.before_request(_authenticate)

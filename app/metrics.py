@@ -1,12 +1,15 @@
 """Prometheus metrics, computed at scrape time from the two sources of truth.
 
 Queue depths come from the broker (including the unrouted queue nobody consumes: a value
-above zero is a routing bug); rollout counts and stage-duration histograms come from the
-database, so every gateway reports the same numbers no matter which worker did the work.
+above zero is a routing bug); rollout counts, stage-duration histograms and the inference
+servers come from the database, so every gateway reports the same numbers no matter which
+worker did the work. The functions here are also what the dashboard's stage view shows.
 """
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,11 +17,15 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from sqlalchemy import case, func, select
 
 from app.db import session_scope
-from app.models import Rollout
+from app.models import LLMServer, Rollout
 from tasks.config import UNROUTED_QUEUE
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+CONSUMERS_TIMEOUT = 0.5  # seconds to collect workers' replies to the active_queues broadcast
+CONSUMERS_TTL = 5.0  # reuse one broadcast for this long: scrapes and page refreshes are cheap
+_consumers_cache: dict[int, tuple[float, dict[str, int]]] = {}
+_consumers_lock = threading.Lock()
 
 
 def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
@@ -35,12 +42,47 @@ def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
     return depths
 
 
+def queue_consumers(celery: Any) -> dict[str, int]:
+    """Live worker pools consuming each queue (Celery's active_queues broadcast, cached).
+
+    The broker cannot tell (Redis and the filesystem transport report no consumers), so the
+    workers are asked; one that does not answer within CONSUMERS_TIMEOUT is not counted.
+    """
+    with _consumers_lock:
+        cached = _consumers_cache.get(id(celery))
+        if cached and time.monotonic() - cached[0] < CONSUMERS_TTL:
+            return dict(cached[1])
+        counts: dict[str, int] = {}
+        replies = celery.control.inspect(timeout=CONSUMERS_TIMEOUT).active_queues() or {}
+        for queues in replies.values():
+            for queue in queues or []:
+                counts[queue["name"]] = counts.get(queue["name"], 0) + 1
+        _consumers_cache[id(celery)] = (time.monotonic(), counts)
+        return dict(counts)
+
+
 def known_queues(db_url: str) -> list[str]:
     """init, the unrouted queue, and run/eval queues of every node that ever ran INIT."""
     with session_scope(db_url) as s:
         nodes = s.scalars(select(Rollout.node).where(Rollout.node.is_not(None)).distinct()).all()
     return ["init", UNROUTED_QUEUE] + [f"{stage}.{n}" for n in sorted(nodes)
                                        for stage in ("run", "eval")]
+
+
+def rollout_counts(s: Any, owner: str | None = None) -> list[tuple[str, str | None, int]]:
+    """(status, outcome, count) over all rollouts, or over one owner's jobs."""
+    from app.models import Job
+
+    q = select(Rollout.status, Rollout.outcome, func.count()).group_by(Rollout.status,
+                                                                        Rollout.outcome)
+    if owner is not None:
+        q = q.join(Job, Job.id == Rollout.job_id).where(Job.owner == owner)
+    return [(status, outcome, n) for status, outcome, n in s.execute(q)]
+
+
+def llm_servers(s: Any) -> list[LLMServer]:
+    """The registered inference servers (health and in-flight counts), oldest first."""
+    return list(s.scalars(select(LLMServer).order_by(LLMServer.created_at, LLMServer.id)))
 
 
 class RaasCollector:
@@ -53,23 +95,37 @@ class RaasCollector:
     def collect(self):
         """Yield the metric families."""
         depth = GaugeMetricFamily("raas_queue_depth", "Messages waiting per queue", labels=["queue"])
+        consumers = GaugeMetricFamily("raas_queue_consumers", "Worker pools consuming each queue",
+                                      labels=["queue"])
         try:
-            for queue, n in queue_depths(self.celery, known_queues(self.db_url)).items():
+            queues = known_queues(self.db_url)
+            for queue, n in queue_depths(self.celery, queues).items():
                 depth.add_metric([queue], n)
+            live = queue_consumers(self.celery)
+            for queue in sorted(set(queues) | set(live)):
+                consumers.add_metric([queue], live.get(queue, 0))
         except Exception:
             log.exception("reading queue depths failed")
         yield depth
-        yield from self._rollouts()
+        yield consumers
+        yield from self._database()
 
-    def _rollouts(self):
+    def _database(self):
         by_status = GaugeMetricFamily("raas_rollouts", "Rollouts by status and outcome",
                                       labels=["status", "outcome"])
+        in_flight = GaugeMetricFamily("raas_llm_server_in_flight",
+                                      "Rollouts stuck to each inference server", labels=["server"])
+        healthy = GaugeMetricFamily("raas_llm_server_healthy", "1 if the server is healthy",
+                                    labels=["server"])
         with session_scope(self.db_url) as s:
-            for status, outcome, n in s.execute(
-                    select(Rollout.status, Rollout.outcome, func.count())
-                    .group_by(Rollout.status, Rollout.outcome)):
+            for status, outcome, n in rollout_counts(s):
                 by_status.add_metric([status, outcome or ""], n)
             yield by_status
+            for server in llm_servers(s):  # labelled by id: /metrics is open, urls may not be
+                in_flight.add_metric([server.id], server.in_flight)
+                healthy.add_metric([server.id], int(server.healthy))
+            yield in_flight
+            yield healthy
             for stage in ("init", "run", "eval"):
                 yield self._histogram(s, stage)
 

@@ -1,0 +1,213 @@
+"""The dashboard's pages: every query goes through `g.owner`, the same scoping as the API."""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app, g, redirect, render_template, request, url_for
+from sqlalchemy import select
+
+from app.db import session_scope
+from app.errors import InvalidRequest, NotFound
+from app.jobs import cancel_job, get_job, job_view
+from app.metrics import known_queues, llm_servers, queue_consumers, queue_depths, rollout_counts
+from app.models import Job, Rollout, Turn
+from app.ui import charts, tokens
+from app.ui.auth import bp, check_csrf
+from tasks.config import UNROUTED_QUEUE
+
+ROW_COLUMNS = ("id", "instance_id", "sample_index", "status", "outcome", "reward", "attempt",
+               "node", "error", "init_seconds", "run_seconds", "eval_seconds", "created_at",
+               "finished_at", "finish_reason")
+MAX_GROUPS = 200  # instances listed on a job page; the charts cover every rollout
+JOBS_PAGE = 50
+ARTIFACT_KEYS = ("git_patch", "patch", "answer", "predicted_answer", "reference_answer",
+                 "artifact", "solution_files", "dropped_files")
+
+
+def _settings():
+    return current_app.config["RAAS"]
+
+
+@bp.get("/")
+def jobs():
+    """The owner's jobs, newest first; the rows refresh themselves while any job runs."""
+    with session_scope(_settings().db_url) as s:
+        q = select(Job).where(Job.owner == g.owner)
+        before = request.args.get("before")
+        if before:
+            pivot = get_job(s, before, g.owner)
+            q = q.where((Job.created_at < pivot.created_at)
+                        | ((Job.created_at == pivot.created_at) & (Job.id < pivot.id)))
+        rows = s.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(JOBS_PAGE)).all()
+        views = [job_view(s, j) for j in rows]
+    running = any(v.status in ("running", "cancelling") for v in views)
+    template = "ui/_job_rows.html" if request.args.get("fragment") else "ui/jobs.html"
+    return render_template(template, jobs=views, running=running,
+                           next_cursor=views[-1].job_id if len(views) == JOBS_PAGE else None)
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel(job_id: str):
+    """Cancel a job (the page asked for confirmation first)."""
+    check_csrf()
+    cancel_job(_settings(), job_id, g.owner)
+    return redirect(request.form.get("back") or url_for("ui.job", job_id=job_id), code=303)
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id: str):
+    """A job: GRPO groups, outcomes, stage timings, throughput, the slowest and the failed."""
+    with session_scope(_settings().db_url) as s:
+        j = get_job(s, job_id, g.owner)
+        view = job_view(s, j)
+        cols = [getattr(Rollout, c) for c in ROW_COLUMNS]
+        rows = [dict(zip(ROW_COLUMNS, row)) for row in
+                s.execute(select(*cols).where(Rollout.job_id == job_id))]
+        config = j.config or {}
+    groups = charts.groups(rows)
+    return render_template(
+        "ui/job.html", job=view, config=config, groups=groups[:MAX_GROUPS],
+        n_groups=len(groups), reward_range=charts.reward_range(rows),
+        histograms=charts.stage_histograms(rows),
+        throughput=charts.throughput(rows, view.created_at), slowest=charts.slowest(rows),
+        failed=charts.failed(rows), total_seconds=charts.total_seconds)
+
+
+def _owned_rollout(s: Any, rollout_id: str) -> tuple[Rollout, Job]:
+    r = s.get(Rollout, rollout_id)
+    job = s.get(Job, r.job_id) if r is not None else None
+    if r is None or job.owner != g.owner:
+        raise NotFound(f"rollout {rollout_id!r} not found")
+    return r, job
+
+
+def _turns(s: Any, r: Rollout) -> tuple[list[Turn], int]:
+    """The turns of the rollout's current attempt, and how many earlier attempts logged."""
+    rows = s.scalars(select(Turn).where(Turn.rollout_id == r.id)
+                     .order_by(Turn.attempt, Turn.index, Turn.id)).all()
+    current = [t for t in rows if t.attempt == r.attempt]
+    return current, len(rows) - len(current)
+
+
+@bp.get("/rollouts/<rollout_id>")
+def rollout(rollout_id: str):
+    """A rollout: header, timing waterfall, the conversation with a lazy token view per turn."""
+    with session_scope(_settings().db_url) as s:
+        r, job = _owned_rollout(s, rollout_id)
+        turns, earlier = _turns(s, r)
+        segs = tokens.segments(r, turns)
+        metrics = dict(r.metrics or {})
+        extra = {k: v for k, v in (r.extra or {}).items() if k != "turn_boundaries"}
+        return render_template(
+            "ui/rollout.html", r=r, job=job, turns=turns, earlier_turns=earlier,
+            segments=segs, metrics=metrics, waterfall=_waterfall(r, turns),
+            prompt_messages=_prompt_messages(r.messages or []), n_tokens=len(r.prompt_ids or []) + len(r.response_ids or []),
+            n_trained=sum(r.loss_mask or []), drift=_drift(metrics, segs),
+            artifacts={k: extra[k] for k in ARTIFACT_KEYS if extra.get(k) not in (None, "", [], {})},
+            other_extra={k: v for k, v in extra.items() if k not in ARTIFACT_KEYS},
+            tokenizer=tokens.tokenizer_path(job))
+
+
+@bp.get("/rollouts/<rollout_id>/tokens.json")
+def rollout_tokens(rollout_id: str):
+    """One segment's tokens (the page fetches a turn when it is opened)."""
+    raw = request.args.get("segment", "")
+    with session_scope(_settings().db_url) as s:
+        r, job = _owned_rollout(s, rollout_id)
+        segs = tokens.segments(r, _turns(s, r)[0])
+        if not raw.isdigit() or int(raw) >= len(segs):
+            raise InvalidRequest(f"segment must be 0..{len(segs) - 1}, got {raw!r}",
+                                 field="segment")
+        seg = segs[int(raw)]
+        return {**seg, **tokens.token_rows(r, job, seg["start"], seg["end"])}
+
+
+def _prompt_messages(messages: list[dict]) -> list[dict]:
+    """The messages before the first assistant turn (system, user)."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant":
+            break
+        out.append(m)
+    return out
+
+
+def _waterfall(r: Rollout, turns: list[Turn]) -> dict[str, Any]:
+    """Bars on one time axis: init, each turn's generation then tools, eval."""
+    bars, t = [], 0.0
+    if r.init_seconds is not None:
+        bars.append({"label": "init", "kind": "init", "start": 0.0, "dur": r.init_seconds})
+        t = r.init_seconds
+    run_start = t
+    for turn in turns:
+        for kind, dur in (("gen", turn.gen_seconds), ("tool", turn.tool_seconds)):
+            if dur:
+                bars.append({"label": f"turn {turn.index} {kind}", "kind": kind, "start": t,
+                             "dur": dur})
+                t += dur
+    if r.run_seconds is not None:
+        t = max(t, run_start + r.run_seconds)
+    if r.eval_seconds is not None:
+        bars.append({"label": "eval", "kind": "eval", "start": t, "dur": r.eval_seconds})
+        t += r.eval_seconds
+    return {"bars": bars, "total": t or 1.0, "run_start": run_start,
+            "run": r.run_seconds}
+
+
+def _drift(metrics: dict[str, Any], segs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The drift audit's first divergence and the segment that holds it."""
+    first = metrics.get("first_diff")
+    if not metrics.get("retokenization_drift") or first is None:
+        return None
+    seg = next((i for i, sg in enumerate(segs) if sg["start"] <= first < sg["end"]), None)
+    return {"count": metrics["retokenization_drift"], "first": first, "segment": seg}
+
+
+@bp.get("/stages")
+def stages():
+    """Live stage view: the numbers of /metrics (queues, consumers, rollouts, servers)."""
+    settings = _settings()
+    celery = current_app.extensions["celery"]
+    queues = known_queues(settings.db_url)
+    try:
+        depths, consumers, broker_error = queue_depths(celery, queues), queue_consumers(celery), None
+    except Exception as exc:  # the page still shows the database's numbers
+        depths, consumers, broker_error = {}, {}, f"{exc.__class__.__name__}: {exc}"
+    with session_scope(settings.db_url) as s:
+        everyone = rollout_counts(s)
+        mine = rollout_counts(s, g.owner)
+        servers = [{"id": v.id, "url": v.url, "model": v.model, "weight_version": v.weight_version,
+                    "healthy": v.healthy, "in_flight": v.in_flight, "last_error": v.last_error}
+                   for v in llm_servers(s)]
+    template = "ui/_stages_body.html" if request.args.get("fragment") else "ui/stages.html"
+    return render_template(template, table=_queue_table(queues, depths, consumers),
+                           everyone=_status_table(everyone), mine=_status_table(mine),
+                           servers=servers, broker_error=broker_error)
+
+
+def _queue_table(queues: list[str], depths: dict[str, int],
+                 consumers: dict[str, int]) -> list[dict[str, Any]]:
+    """One row per queue: stage, node, waiting messages, consuming pools."""
+    rows = []
+    for q in sorted(set(queues) | set(consumers)):
+        if q == "init":
+            stage, node = "init", "any"
+        elif q == UNROUTED_QUEUE:
+            stage, node = "unrouted", "none"
+        else:
+            stage, _, node = q.partition(".")
+        rows.append({"queue": q, "stage": stage, "node": node, "depth": depths.get(q, 0),
+                     "consumers": consumers.get(q, 0)})
+    order = {"init": 0, "run": 1, "eval": 2}
+    return sorted(rows, key=lambda row: (order.get(row["stage"], 3), row["node"]))
+
+
+def _status_table(counts: list[tuple[str, str | None, int]]) -> dict[str, Any]:
+    """{by_status: {status: n}, by_outcome: {outcome: n}}."""
+    by_status: dict[str, int] = {}
+    by_outcome: dict[str, int] = {}
+    for status, outcome, n in counts:
+        by_status[status] = by_status.get(status, 0) + n
+        if outcome:
+            by_outcome[outcome] = by_outcome.get(outcome, 0) + n
+    return {"by_status": by_status, "by_outcome": by_outcome}

@@ -1,0 +1,255 @@
+"""The /ui dashboard in a real headless Chromium against a real service.
+
+One service per module (tests/pipeline_harness: gateway over HTTP, Celery worker processes,
+reaper, embedded SQLite + filesystem broker) with `RAAS_API_TOKEN` set; rollouts come from the
+`search` agent driven by the LLM simulator (a fake vLLM, named as such) through the pipeline,
+tokenized with the real SmolLM2 tokenizer. Screenshots of every page are saved under
+$RAAS_UI_ARTIFACTS (default: a temp dir) and the path is printed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from tokenizers import Tokenizer
+
+from agents.llm.simulator import start_simulator
+from client import RaasClient
+from tests.pipeline_harness import start_service
+from tests.ui.browser import chromium, console_errors
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
+QUESTIONS = {q["instance_id"]: q for q in map(json.loads, (
+    REPO / "examples" / "search" / "questions.jsonl").read_text().splitlines())}
+TOKEN = "ui-test-token"
+
+
+def call(name: str, **arguments: str) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def drifting_reply(text: str) -> dict:
+    """`text` sampled one character per token: valid, but not how the tokenizer splits it."""
+    tok = Tokenizer.from_file(f"{SMOLLM2}/tokenizer.json")
+    lead = [i for ch in "Searching now. " for i in tok.encode(ch, add_special_tokens=False).ids]
+    end = tok.token_to_id("<|im_end|>")
+    return {"ids": lead + tok.encode(text, add_special_tokens=False).ids + [end]}
+
+
+def instance(iid: str) -> dict:
+    return {"instance_id": iid, "data": {k: v for k, v in QUESTIONS[iid].items()
+                                         if k != "instance_id"}}
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    path = Path(os.environ.get("RAAS_UI_ARTIFACTS") or tempfile.mkdtemp(prefix="raas-ui-"))
+    path.mkdir(parents=True, exist_ok=True)
+    print(f"\nUI screenshots: {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    svc = start_service(tmp_path_factory.mktemp("ui"), concurrency=2,
+                        extra={"api_token": TOKEN})
+    svc.client.close()
+    svc.client = RaasClient(svc.url, token=TOKEN, timeout=60)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def jobs(service):
+    """A finished job (completed with and without drift, agent_error), a slow one, another's."""
+    good, bad, slow = QUESTIONS["search-003"], QUESTIONS["search-016"], QUESTIONS["search-002"]
+    script = {"by_instance": {
+        good["question"]: [drifting_reply(call("search", query=good["query"])),
+                           call("answer", text="128")],
+        bad["question"]: [call("search", query=bad["query"]), call("answer", text="uuid1")],
+        QUESTIONS["search-001"]["question"]: ["I am not sure what to do."],
+        slow["question"]: [{"text": call("search", query="heapq"), "latency": 8}],
+    }}
+    url, stop = start_simulator(SMOLLM2, script)
+    llm = {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
+    service.client.add_llm_server(url, weight_version="step-7")  # for the stage view
+    main = service.client.submit("search", [instance(i) for i in
+                                            ("search-003", "search-016", "search-001")],
+                                 n_samples=2, limits={"max_turns": 4}, llm=llm)
+    other = service.client.submit("search", [instance("search-016")], llm=llm,
+                                  limits={"max_turns": 4})
+    service.wait_done(main["job_id"], timeout=120)
+    service.wait_done(other["job_id"], timeout=120)
+    engine = sa.create_engine(service.settings.db_url)
+    with engine.begin() as conn:  # another tenant's job: must be invisible to this token
+        conn.execute(sa.text("UPDATE jobs SET owner = 'someone-else' WHERE id = :id"),
+                     {"id": other["job_id"]})
+    engine.dispose()
+    slow_job = service.client.submit("search", [instance("search-002")], llm=llm,
+                                     limits={"max_turns": 4})
+    yield {"main": main, "other": other, "slow": slow_job}
+    stop()
+
+
+@pytest.fixture(scope="module")
+def browser(service, jobs):
+    """Chromium logged in through the form."""
+    with chromium() as driver:
+        driver.get(f"{service.url}/ui/")
+        driver.find_element("id", "token").send_keys(TOKEN)
+        driver.find_element("css selector", "#login button").click()
+        wait_for(lambda: driver.current_url.endswith("/ui/"))
+        assert all("401" in m for m in console_errors(driver))  # the login page's own status
+        yield driver
+
+
+def wait_for(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def shot(driver, artifacts: Path, name: str) -> None:
+    driver.save_screenshot(str(artifacts / f"{name}.png"))
+
+
+def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs) -> None:
+    main, other = jobs["main"], jobs["other"]
+    with httpx.Client(base_url=service.url) as anon:
+        page = anon.get("/ui/")
+        assert page.status_code == 401 and 'id="login"' in page.text
+        assert anon.get("/ui/?token=wrong").status_code == 401
+        assert anon.get(f"/ui/jobs/{main['job_id']}").status_code == 401
+        assert anon.get(f"/ui/rollouts/{main['rollout_ids'][0]}/tokens.json?segment=0"
+                        ).status_code == 401
+        assert anon.post("/ui/login", data={"token": "wrong"}).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=service.url, headers=auth) as mine:
+        assert mine.get(f"/ui/jobs/{main['job_id']}").status_code == 200
+        assert mine.get(f"/ui/jobs/{other['job_id']}").status_code == 404
+        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}").status_code == 404
+        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}/tokens.json?segment=0"
+                        ).status_code == 404
+        assert mine.post(f"/ui/jobs/{other['job_id']}/cancel").status_code == 404
+        assert other["job_id"] not in mine.get("/ui/").text
+        # The cookie is for /ui only: it never authenticates an API call.
+    with httpx.Client(base_url=service.url) as browser_like:
+        browser_like.post("/ui/login", data={"token": TOKEN})
+        assert browser_like.get("/ui/").status_code == 200
+        assert browser_like.get("/v1/jobs").status_code == 401
+
+
+def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifacts) -> None:
+    main = service.client.job(jobs["main"]["job_id"])
+    assert main["outcomes"] == {"completed": 4, "agent_error": 2}
+    browser.get(f"{service.url}/ui/")
+    row = browser.find_element("css selector", f'tr[data-job="{main["job_id"]}"]')
+    shown = {b.get_attribute("data-outcome"): int(b.find_element("tag name", "b").text)
+             for b in row.find_elements("css selector", ".badge")}
+    assert shown == main["outcomes"]
+    assert "6 / 6" in row.text and "search" in row.text
+    assert jobs["other"]["job_id"] not in browser.page_source
+    shot(browser, artifacts, "jobs")
+    assert console_errors(browser) == []
+
+
+def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browser,
+                                                            artifacts) -> None:
+    job_id = jobs["main"]["job_id"]
+    browser.get(f"{service.url}/ui/")
+    browser.find_element("css selector", f'tr[data-job="{job_id}"] a').click()  # click 1
+    wait_for(lambda: browser.find_elements("id", "groups"))
+    shot(browser, artifacts, "job")
+    assert console_errors(browser) == []
+    group = browser.find_element("css selector", 'tr.group[data-instance="search-003"]')
+    group.find_element("css selector", "a.chip").click()  # click 2: a rollout
+    wait_for(lambda: browser.find_elements("id", "conversation"))
+    rollout_id = browser.current_url.rsplit("/", 1)[-1]
+    stored = service.client.rollout(rollout_id)
+    n_tokens = len(stored["prompt_ids"]) + len(stored["response_ids"])
+    assert len(browser.find_elements("css selector", ".turn")) == len(stored["turns"]) == 2
+    assert int(browser.find_element("id", "n-tokens").text) == n_tokens
+    assert int(browser.find_element("id", "n-trained").text) == sum(stored["loss_mask"])
+    browser.find_element("id", "expand-all").click()
+    boxes = browser.find_elements("css selector", "details.tokens .tokbox")
+    wait_for(lambda: all(b.get_attribute("data-loaded") for b in boxes))
+    assert len(browser.find_elements("css selector", ".tokbox .tok")) == n_tokens
+    trained = browser.find_elements("css selector", ".tokbox .tok.m1")
+    assert len(trained) == sum(stored["loss_mask"])
+    # Hover the 5th trained token: the tip shows exactly the stored logprob.
+    k = [i for i, m in enumerate(stored["loss_mask"]) if m == 1][4]
+    from selenium.webdriver import ActionChains
+
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", trained[4])
+    ActionChains(browser).move_to_element(trained[4]).perform()
+    tip = browser.find_element("id", "tip")
+    wait_for(lambda: tip.is_displayed())
+    lines = dict(line.split(" ", 1) for line in tip.text.splitlines())
+    assert float(lines["logprob"].split()[0]) == stored["response_logprobs"][k]
+    assert f"id {stored['response_ids'][k]}" in tip.text
+    assert lines["mask"].startswith("1")
+    # The drift audit found the non-canonical tokens of turn 0; the first one is marked.
+    assert stored["metrics"]["retokenization_drift"] > 0
+    drift = browser.find_elements("css selector", ".tokbox .tok.drift")
+    assert len(drift) == 1 and browser.find_element("id", "drift").is_displayed()
+    shot(browser, artifacts, "rollout")
+    assert console_errors(browser) == []
+
+
+def test_stage_view_shows_the_metrics_numbers(service, jobs, browser, artifacts) -> None:
+    browser.get(f"{service.url}/ui/stages")
+    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(
+                   httpx.get(f"{service.url}/metrics").text) for s in family.samples}
+    done = sum(v for (name, labels), v in metrics.items()
+               if name == "raas_rollouts" and ("status", "done") in labels)
+    cell = browser.find_element("css selector", 'tr[data-status="done"] td.all')
+    assert int(cell.text) == int(done) >= 6
+    consumers = browser.find_element("css selector", 'tr[data-queue="init"] td.consumers')
+    assert int(consumers.text) >= 1  # the INIT pool answered the broadcast
+    assert metrics[("raas_queue_consumers", (("queue", "init"),))] == int(consumers.text)
+    server = httpx.get(f"{service.url}/v1/llm-servers",
+                       headers={"Authorization": f"Bearer {TOKEN}"}).json()["servers"][0]
+    row = browser.find_element("css selector", f'tr[data-server="{server["id"]}"]')
+    assert "step-7" in row.text and "healthy" in row.text
+    assert int(row.find_element("css selector", ".in-flight").text) == metrics[
+        ("raas_llm_server_in_flight", (("server", server["id"]),))]
+    shot(browser, artifacts, "stages")
+    assert console_errors(browser) == []
+
+
+def test_cancel_asks_first_then_cancels(service, jobs, browser, artifacts) -> None:
+    job_id = jobs["slow"]["job_id"]
+    browser.get(f"{service.url}/ui/jobs/{job_id}")
+    if browser.find_element("id", "job-header").get_attribute("data-status") != "running":
+        pytest.fail("the slow job finished before the test could cancel it")
+    browser.find_element("css selector", "form.cancel button").click()
+    alert = wait_for(lambda: _alert(browser))
+    assert "Cancel job" in alert.text
+    alert.dismiss()  # said no: nothing happens
+    assert service.client.job(job_id)["status"] == "running"
+    browser.find_element("css selector", "form.cancel button").click()
+    wait_for(lambda: _alert(browser)).accept()
+    wait_for(lambda: service.client.job(job_id)["status"] in ("cancelling", "cancelled"))
+    shot(browser, artifacts, "job-cancelled")
+
+
+def _alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
