@@ -2,7 +2,9 @@
 
 One implementation for all handlers so the hard parts are right everywhere: each turn is
 persisted (`ctx.record_turn`) before the next generation; the episode ends for a precise reason
-(finish tool, max turns, token budget, deadline, N turns with no valid action); cancel unwinds
+(`agents.finish_reasons`: finish tool, max turns, full context, generated-token budget,
+staleness, deadline, N turns with no valid action); a turn cut at its per-turn length goes on
+by default; a prompt that does not fit is `prompt_too_long`, not a sample; cancel unwinds
 through `RolloutCancelled` for the pipeline to record. Tool misuse and malformed calls are
 observations for the model, counted in the rollout's metrics. The trajectory itself is the
 LLM session's (token-exact); this loop never re-tokenizes model output.
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.base import RunResult, StageContext
+from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools
 from app.errors import StageTimeout
@@ -27,6 +30,8 @@ DEFAULT_MAX_TURNS = 20
 DEFAULT_MAX_OBSERVATION_CHARS = 12_000
 NO_TOOL_CALL_MESSAGE = ("No tool call found in your reply. Call one of the tools ({names}) "
                         "using <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.")
+TURN_CUT_MESSAGE = ("Your reply was cut off at the limit of {n} tokens per turn, so nothing in it "
+                    "was run. Reply again, shorter.")
 
 
 @dataclass
@@ -45,6 +50,7 @@ class _Episode:
     answer: Any = None
     finished: bool = False
     tool_names_used: dict[str, int] = field(default_factory=dict)
+    max_invalid_turns: int = 3
 
 
 def run_agent_loop(
@@ -66,18 +72,20 @@ def run_agent_loop(
     """
     by_name = {tool.name: tool for tool in tools}
     max_turns = max_turns or int(ctx.limits.get("max_turns") or DEFAULT_MAX_TURNS)
-    max_tokens = ctx.limits.get("max_tokens")
     ctx.llm.start(_prompt_messages(ctx, system_prompt, user_prompt, tools),
                   tools=[tool.schema() for tool in tools])
-    ep = _Episode()
+    ep = _Episode(max_invalid_turns=max_invalid_turns)
     try:
         while ep.finish_reason is None:
-            ep.finish_reason = _limit_reached(ctx, ep, max_turns, max_tokens)
+            ep.finish_reason = _limit_reached(ctx, ep, max_turns)
             if ep.finish_reason is None:
                 _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns,
                           max_observation_chars)
     except StageTimeout:
-        ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, "deadline"
+        ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, FinishReason.DEADLINE.value
+    if ep.turns == 0 and ep.finish_reason == FinishReason.CONTEXT.value:
+        # Not a sample: the prompt alone fills the context. Never graded as reward 0.
+        ep.outcome = Outcome.PROMPT_TOO_LONG.value
     log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns,
              ep.outcome, ep.finish_reason)
     result = _result(ctx, ep)
@@ -98,18 +106,38 @@ def _template_renders_tools(llm: Any) -> bool:
     return bool(getattr(tokenizer, "supports_tools", True))
 
 
-def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int,
-                   max_tokens: int | None) -> str | None:
+def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int) -> str | None:
     """The finish reason if the episode must stop before another generation, else None."""
     ctx.checkpoint()  # RolloutCancelled propagates; StageTimeout ends the loop as a timeout
     trajectory = ctx.llm.trajectory()
     if ep.turns >= max_turns:
-        return "max_turns"
-    if trajectory.finish_reason == "length" or ctx.llm.budget_left <= 0:
-        return "length"
-    if max_tokens and len(trajectory.response_ids) >= max_tokens:
-        return "length"
+        return FinishReason.MAX_TURNS.value
+    if trajectory.finish_reason == FinishReason.CONTEXT.value or ctx.llm.budget_left <= 0:
+        return FinishReason.CONTEXT.value
+    if _tokens_left(ctx) == 0:
+        return FinishReason.TOKEN_BUDGET.value
+    limit = ctx.limits.get("max_staleness")
+    if (limit is not None and ctx.limits.get("on_stale") == "stop"
+            and staleness(trajectory.weight_versions) > limit):
+        return FinishReason.STALE.value
     return None
+
+
+def _tokens_left(ctx: StageContext) -> int | None:
+    """Generated tokens left under `limits.max_tokens` (None = no budget)."""
+    budget = ctx.limits.get("max_tokens")
+    if not budget:
+        return None
+    return max(0, int(budget) - sum(ctx.llm.trajectory().loss_mask))
+
+
+def staleness(weight_versions: list[str | None]) -> int:
+    """Weight updates a rollout's turns span: distinct versions in order of use, minus one."""
+    seen: list[str | None] = []
+    for version in weight_versions:
+        if not seen or seen[-1] != version:
+            seen.append(version)
+    return max(0, len(seen) - 1)
 
 
 def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
@@ -117,18 +145,16 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
               max_observation_chars: int) -> None:
     """Generate, act, observe and persist one turn; sets `ep.finish_reason` when it ends."""
     started = time.monotonic()
-    gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check)
+    gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
     ep.gen_seconds += time.monotonic() - started
-    if not gen.token_ids and gen.finish_reason == "length":
-        ep.finish_reason = "length"  # the session had no budget left: nothing was generated
+    if not gen.token_ids and gen.finish_reason in CUT_TURN:
+        ep.finish_reason = gen.finish_reason  # no room left: nothing was generated
         return
     index, ep.turns = ep.turns, ep.turns + 1
     calls, errors = parse_tool_calls(gen.text or "")
     ep.parse_errors += len(errors)
-    if gen.finish_reason == "length":
-        # A truncated turn's calls are incomplete by construction: never execute them.
-        ep.finish_reason = "length"
-        _record(ctx, index, gen, calls, None, [], 0.0, errors)
+    if gen.finish_reason in CUT_TURN:
+        _cut_turn(ctx, ep, index, gen, calls, errors)
         return
     tool_started = time.monotonic()
     outputs = _execute(ctx, ep, tools, calls)
@@ -143,7 +169,7 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
             finish = ToolOutput("", finish=True, answer=answer)
             ep.invalid_streak = 0
     if finish is not None:
-        ep.finished, ep.answer, ep.finish_reason = True, finish.answer, "finish"
+        ep.finished, ep.answer, ep.finish_reason = True, finish.answer, FinishReason.FINISH.value
         _record(ctx, index, gen, calls, None, [], tool_seconds, errors)
         return
     messages = _observation_messages(tools, calls, outputs, errors, max_observation_chars)
@@ -151,7 +177,31 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
     _record(ctx, index, gen, calls, "\n".join(m["content"] for m in messages), observation_ids,
             tool_seconds, errors)
     if ep.invalid_streak >= max_invalid_turns:
-        ep.outcome, ep.finish_reason = Outcome.AGENT_ERROR.value, "no_valid_action"
+        ep.outcome = Outcome.AGENT_ERROR.value
+        ep.finish_reason = FinishReason.NO_VALID_ACTION.value
+
+
+def _cut_turn(ctx: StageContext, ep: _Episode, index: int, gen: Any, calls: list[Any],
+              errors: list[str]) -> None:
+    """A generation cut short: its calls are incomplete by construction, never executed.
+
+    A per-turn cut goes on by default (the model is told, and it counts as a turn without a
+    valid action); a full context or an exhausted token budget ends the episode.
+    """
+    reason = gen.finish_reason
+    go_on = (reason == FinishReason.TURN_LENGTH.value
+             and ctx.limits.get("continue_after_turn_length", True))
+    if not go_on:
+        ep.finish_reason = reason
+        _record(ctx, index, gen, calls, None, [], 0.0, errors)
+        return
+    message = {"role": "user", "content": TURN_CUT_MESSAGE.format(n=len(gen.token_ids))}
+    observation_ids = ctx.llm.append_messages([message])
+    _record(ctx, index, gen, calls, message["content"], observation_ids, 0.0, errors)
+    ep.invalid_streak += 1
+    if ep.invalid_streak >= ep.max_invalid_turns:
+        ep.outcome = Outcome.AGENT_ERROR.value
+        ep.finish_reason = FinishReason.NO_VALID_ACTION.value
 
 
 def _execute(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
@@ -199,8 +249,19 @@ def _record(ctx: StageContext, index: int, gen: Any, calls: list[Any],
         text=gen.text, tool_calls=[c.to_dict() for c in calls], observation=observation,
         observation_ids=list(observation_ids), finish_reason=gen.finish_reason,
         llm_server=gen.server, weight_version=gen.weight_version, gen_seconds=gen.latency,
-        tool_seconds=tool_seconds, extra={"parse_errors": errors} if errors else {},
+        tool_seconds=tool_seconds, extra=_turn_extra(gen, errors),
     )
+
+
+def _turn_extra(gen: Any, errors: list[str]) -> dict[str, Any]:
+    extra: dict[str, Any] = {"parse_errors": errors} if errors else {}
+    if getattr(gen, "logprobs_mode", None):
+        extra["logprobs_mode"] = gen.logprobs_mode
+    return extra
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
 
 
 def _result(ctx: StageContext, ep: _Episode) -> RunResult:
@@ -213,7 +274,14 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
         "gen_seconds": round(ep.gen_seconds, 4), "tool_seconds": round(ep.tool_seconds, 4),
         "response_tokens": len(traj.response_ids),
         "generated_tokens": sum(traj.loss_mask),
+        "truncated": ep.finish_reason in TRUNCATING,
+        "context_length": ctx.llm.context_length,
+        "logprobs_mode": ctx.llm.logprobs_mode,
+        "weight_versions": _distinct(traj.weight_versions),
+        "staleness": staleness(traj.weight_versions),
     }
+    if ctx.limits.get("max_staleness") is not None:
+        metrics["stale"] = metrics["staleness"] > ctx.limits["max_staleness"]
     metrics.update(ctx.llm.audit_drift())
     return RunResult(
         outcome=ep.outcome, finish_reason=ep.finish_reason,

@@ -5,28 +5,47 @@ samples one turn, `append_messages(observations)` adds the template delta, and a
 `trajectory()` and `audit_drift()` give what is stored on the rollout. The session holds one
 in-flight slot on one server for its whole life (released by `close()`) and moves to another
 server only when its server fails or leaves the pool.
+
+Every request asks for at most what fits: `min(sampling.max_tokens, context left, generated
+tokens left)`, where the context is the job's `max_model_len` lowered to what the server reports
+in GET /v1/models. The turn's finish reason names the cap that cut it (`turn_length`,
+`context`, `token_budget`; see `agents.finish_reasons`). A server the trainer paused (weights
+loading) makes the turn wait, never fail; a request vLLM aborted is asked again.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
+from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
 from agents.llm.pool import ServerInfo, ServerPool, make_pool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
-from agents.llm.tokenizer import load_chat_tokenizer, list_models, resolve_tokenizer_path
+from agents.llm.tokenizer import (
+    list_models,
+    load_chat_tokenizer,
+    remember_max_model_len,
+    resolve_tokenizer_path,
+    server_max_model_len,
+)
 from agents.llm.trajectory import Trajectory, TrajectoryBuilder
-from app.errors import RolloutCancelled, ServiceUnavailable, StageTimeout
+from app.errors import InvalidRequest, RolloutCancelled, ServiceUnavailable, StageTimeout
 
 log = logging.getLogger(__name__)
 
 NO_SERVER_RETRY_SECONDS = 0.5
 # When every server is down, keep trying this long (within the deadline) before giving up.
 NO_SERVER_WAIT_SECONDS = 30.0
+# How often a turn waiting on a paused server (or after an aborted request) looks again.
+PAUSE_POLL_SECONDS = 0.25
+# vLLM/SGLang error texts for a request longer than the server's context.
+_CONTEXT_ERRORS = ("maximum context length", "max_model_len", "context length", "too long")
+_CONTEXT_LIMIT = re.compile(r"maximum context length is (\d+)")
 _model_names: dict[str, str | None] = {}
 
 
@@ -44,6 +63,7 @@ class LLMSession:
         self.backend = get_backend_class(spec.backend)(api_key=api_key)
         self.server: ServerInfo | None = None
         self._stuck_url: str | None = None
+        self._modes: set[str | None] = set()
         self.closed = False
 
     @classmethod
@@ -78,24 +98,38 @@ class LLMSession:
 
     @property
     def budget_left(self) -> int:
-        """Tokens left before max_model_len."""
+        """Tokens left before the effective context length."""
         return self.builder.budget_left
 
-    def generate(self, deadline: float,
-                 cancelled: Callable[[], bool] | None = None) -> Generation:
+    @property
+    def context_length(self) -> int:
+        """The effective context: min(job's max_model_len, servers' reported max_model_len)."""
+        return self.builder.max_model_len
+
+    @property
+    def logprobs_mode(self) -> str | None:
+        """What the stored logprobs are (`raw_logprobs` / `processed_logprobs`), once known."""
+        modes = {m for m in self._modes if m}
+        return modes.pop() if len(modes) == 1 else ("mixed" if modes else None)
+
+    def generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
+                 max_new_tokens: int | None = None) -> Generation:
         """Sample one turn before `deadline` (time.monotonic()), failing over between servers.
 
-        When `cancelled()` turns true mid-call the request's connection is closed (the server
-        stops decoding) and RolloutCancelled is raised instead of waiting for the turn.
+        The request asks for at most `sampling.max_tokens`, the context left and
+        `max_new_tokens` (what the job's generated-token budget leaves); when nothing is left,
+        no request is sent and the generation is empty with that cap as finish reason. When
+        `cancelled()` turns true mid-call the request's connection is closed (the server stops
+        decoding) and RolloutCancelled is raised instead of waiting for the turn.
         """
-        budget = self.builder.budget_left
-        if budget <= 0:
-            self.builder.trajectory().finish_reason = "length"
-            return Generation(token_ids=[], logprobs=[], finish_reason="length")
         tried: set[str] = set()
         while True:
             server = self._server_for_turn(deadline, tried)
-            request = self._request(server, min(self.sampling.max_tokens, budget), deadline)
+            self._fit_context(server)
+            cap, reason = self._turn_cap(max_new_tokens)
+            if cap <= 0:
+                return self._no_room(reason)
+            request = self._request(server, cap, deadline)
             try:
                 with abort_when(cancelled) as handle:
                     self.backend.abort_handle = handle
@@ -112,7 +146,57 @@ class LLMSession:
                 self._fail_over(server, str(exc))
                 tried.add(server.url)
                 continue
-            return self._record(generation, server)
+            except InvalidRequest as exc:
+                if not any(text in exc.message.lower() for text in _CONTEXT_ERRORS):
+                    raise
+                if self._learn_context(server, exc.message):
+                    continue  # ask again within the limit the server just told us
+                return self._no_room(FinishReason.CONTEXT.value)
+            if generation.finish_reason == "abort":  # e.g. vLLM paused with in-flight requests
+                self._sleep_before(deadline, f"{server.url} aborted the request")
+                continue
+            return self._record(generation, server, cap, reason)
+
+    def _turn_cap(self, max_new_tokens: int | None) -> tuple[int, str]:
+        """Most tokens this turn may generate, and the finish reason if that cap cuts it."""
+        caps = [(self.builder.budget_left, FinishReason.CONTEXT.value)]
+        if max_new_tokens is not None:
+            caps.append((max_new_tokens, FinishReason.TOKEN_BUDGET.value))
+        caps.append((self.sampling.max_tokens, FinishReason.TURN_LENGTH.value))
+        return min(caps, key=lambda c: c[0])  # ties: the cap that ends the episode wins
+
+    def _no_room(self, reason: str) -> Generation:
+        """An empty generation: the context is full or the token budget is spent."""
+        if reason == FinishReason.CONTEXT.value:
+            self.builder.exhausted = True
+            self.builder.trajectory().finish_reason = reason
+        return Generation(token_ids=[], logprobs=[], finish_reason=reason)
+
+    def _fit_context(self, server: ServerInfo) -> None:
+        """Lower the context to what the server reports serving (GET /v1/models)."""
+        served = server_max_model_len(server.url)
+        if served is not None and served < self.builder.max_model_len:
+            log.info("rollout %s: %s serves max_model_len %d < the job's %d", self.rollout_id,
+                     server.url, served, self.builder.max_model_len)
+            self.builder.limit_context(served)
+
+    def _learn_context(self, server: ServerInfo, message: str) -> bool:
+        """A context 400 that names the server's limit: lower ours; True if it got lower."""
+        log.info("rollout %s: %s rejects the request: %s", self.rollout_id, server.url,
+                 message[:300])
+        match = _CONTEXT_LIMIT.search(message)
+        served = int(match.group(1)) if match else None
+        if served is None or served >= self.builder.max_model_len:
+            return False
+        remember_max_model_len(server.url, served)
+        self.builder.limit_context(served)
+        return True
+
+    def _sleep_before(self, deadline: float, why: str) -> None:
+        """Wait a poll interval, or raise StageTimeout if the deadline comes first."""
+        if time.monotonic() + PAUSE_POLL_SECONDS >= deadline:
+            raise StageTimeout(f"rollout {self.rollout_id}: deadline passed while {why}")
+        time.sleep(PAUSE_POLL_SECONDS)
 
     def _request(self, server: ServerInfo, max_tokens: int, deadline: float) -> GenerateRequest:
         remaining = deadline - time.monotonic()
@@ -129,16 +213,30 @@ class LLMSession:
             tools=self.builder.tools,
         )
 
-    def _record(self, generation: Generation, server: ServerInfo) -> Generation:
+    def _record(self, generation: Generation, server: ServerInfo, cap: int,
+                cap_reason: str) -> Generation:
         """Append the turn to the trajectory and stamp it with server and weight version."""
         if not self.backend.token_exact:
             generation = self._tokenize_text_answer(generation)
+        generation.finish_reason = self._turn_reason(generation, cap, cap_reason)
         generation.server = server.url
         generation.weight_version = server.weight_version
+        generation.logprobs_mode = getattr(server, "logprobs_mode", None)
+        self._modes.add(generation.logprobs_mode)
         generation.text = self.builder.add_generation(
             generation.token_ids, generation.logprobs, generation.finish_reason,
             server.weight_version)
         return generation
+
+    def _turn_reason(self, generation: Generation, cap: int, cap_reason: str) -> str | None:
+        """The server's `length` made precise: which cap cut the turn."""
+        ids, raw = generation.token_ids, generation.finish_reason
+        if raw == "length":
+            # Fewer tokens than asked: the server hit its own context limit.
+            return cap_reason if len(ids) >= cap else FinishReason.CONTEXT.value
+        if raw == "stop" or (ids and ids[-1] in self.builder.tok.end_ids):
+            return FinishReason.STOP.value
+        return raw
 
     def _tokenize_text_answer(self, generation: Generation) -> Generation:
         """Text-only backends: re-tokenize the answer (inexact) and close it with an end token."""

@@ -21,7 +21,9 @@ Which instance: the first `by_instance` key (in script order) that occurs in the
 of `turn_marker` occurrences in the prompt minus one (the prompt ends with the generation
 prompt of the current turn); past the end of a list the last reply repeats. A text reply is
 encoded with the tokenizer and closed with the end-of-turn token (`"end": false` leaves it
-open); `"ids"` gives exact ids, e.g. a non-canonical tokenization to provoke drift.
+open, `"end_token": "<|eom_id|>"` closes it with another token); `"ids"` gives exact ids, e.g.
+a non-canonical tokenization to provoke drift. With `--max-model-len` it rejects, with vLLM's
+message, a request whose prompt + max_tokens exceeds it, and reports it in GET /v1/models.
 `max_tokens` truncates a reply (finish reason `length`). Logprobs are a deterministic
 function of (token id, position), in (-3, 0]. Like vLLM, a request whose client disconnects
 while it is "decoding" (its latency) is aborted: no answer, counted as `aborted` in the stats.
@@ -83,8 +85,9 @@ class Script:
             return [int(i) for i in spec["ids"]], latency
         text = spec.get("text", "")
         ids = self.tok.encode(text, add_special_tokens=False).ids
-        if spec.get("end", True) and not text.endswith(self.end_text):
-            ids.append(self.end_id)
+        end_text = spec.get("end_token") or self.end_text  # e.g. "<|eom_id|>" for a tool turn
+        if spec.get("end", True) and not text.endswith(end_text):
+            ids.append(self.tok.token_to_id(end_text))
         return ids, latency
 
     def complete(self, prompt_ids: list[int], max_tokens: int,
@@ -118,10 +121,12 @@ class SimulatorServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], script: Script, max_model_len: int | None):
+    def __init__(self, address: tuple[str, int], script: Script, max_model_len: int | None,
+                 report_max_model_len: bool = True):
         super().__init__(address, _Handler)
         self.script = script
         self.max_model_len = max_model_len
+        self.report_max_model_len = report_max_model_len
         self.stats: Counter[str] = Counter()
         self.stats_lock = threading.Lock()
 
@@ -161,7 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [
                 {"id": script.model, "object": "model", "root": script.model,
-                 "max_model_len": self.server.max_model_len}]})
+                 "max_model_len": self.server.max_model_len
+                 if self.server.report_max_model_len else None}]})
         elif self.path == "/sim/stats":
             with self.server.stats_lock:
                 self._send(200, dict(self.server.stats))
@@ -191,8 +197,11 @@ class _Handler(BaseHTTPRequestHandler):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
         limit = self.server.max_model_len
         if limit is not None and len(prompt) + max_tokens > limit:
-            return 400, {"error": f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) "
-                                  f"exceeds max_model_len {limit}"}
+            # vLLM's wording, which clients match on.
+            return 400, {"error": f"This model's maximum context length is {limit} tokens. "
+                                  f"However, you requested {len(prompt) + max_tokens} tokens "
+                                  f"({len(prompt)} in the messages, {max_tokens} in the "
+                                  "completion)."}
         result = self.server.script.complete(prompt, max_tokens, self._client_gone)
         if result is None:
             with self.server.stats_lock:
@@ -247,19 +256,26 @@ def _load_script(script: dict[str, Any] | str | Path) -> dict[str, Any]:
 
 def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: int = 0,
                 host: str = "127.0.0.1", max_model_len: int | None = None,
-                latency: float | None = None) -> SimulatorServer:
-    """A bound (not yet serving) simulator server; port 0 picks a free one."""
+                latency: float | None = None,
+                report_max_model_len: bool = True) -> SimulatorServer:
+    """A bound (not yet serving) simulator server; port 0 picks a free one.
+
+    `max_model_len` makes it reject, like vLLM, a request whose prompt + max_tokens exceeds it
+    (HTTP 400) and report it in GET /v1/models unless `report_max_model_len` is false.
+    """
     data = dict(_load_script(script))
     if latency is not None:
         data["latency"] = latency
-    return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len)
+    return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len,
+                           report_max_model_len)
 
 
 def start_simulator(tokenizer_dir: str, script: dict[str, Any] | str | Path,
-                    max_model_len: int | None = None,
-                    latency: float | None = None) -> tuple[str, Callable[[], None]]:
+                    max_model_len: int | None = None, latency: float | None = None,
+                    report_max_model_len: bool = True) -> tuple[str, Callable[[], None]]:
     """Serve a simulator in a daemon thread on a free port; returns (url, stop)."""
-    server = make_server(tokenizer_dir, script, max_model_len=max_model_len, latency=latency)
+    server = make_server(tokenizer_dir, script, max_model_len=max_model_len, latency=latency,
+                         report_max_model_len=report_max_model_len)
     thread = threading.Thread(target=server.serve_forever, name="llm-sim", daemon=True)
     thread.start()
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,32 @@ def list_models(url: str) -> list[dict]:
         log.info("cannot list models of %s: %s", url, exc)
         return []
     return [e for e in entries if isinstance(e, dict)]
+
+
+_served_lengths: dict[str, tuple[float, int | None]] = {}
+SERVED_LENGTH_TTL = 300.0
+
+
+def server_max_model_len(url: str) -> int | None:
+    """The context length a server reports in GET /v1/models (vLLM's `max_model_len`).
+
+    Cached per process for SERVED_LENGTH_TTL seconds; None when the server does not say.
+    """
+    now = time.monotonic()
+    cached = _served_lengths.get(url)
+    if cached is not None and now - cached[0] < SERVED_LENGTH_TTL:
+        return cached[1]
+    entries = list_models(url)
+    lengths = [e.get("max_model_len") for e in entries]
+    value = min((n for n in lengths if isinstance(n, int) and n > 0), default=None)
+    if entries:  # an unreachable server is asked again next time
+        _served_lengths[url] = (now, value)
+    return value
+
+
+def remember_max_model_len(url: str, max_model_len: int) -> None:
+    """Record a limit a server stated in an error (it did not report it in /v1/models)."""
+    _served_lengths[url] = (time.monotonic(), max_model_len)
 
 
 def server_model_paths(url: str) -> list[str]:

@@ -61,8 +61,11 @@ def make_llm(llm_db_url: str) -> Iterator[Callable[..., Any]]:
     cleanups: list[Callable[[], None]] = []
 
     def make(script: dict[str, Any], max_model_len: int = 4096,
-             sampling: dict[str, Any] | None = None) -> LLMSession:
-        url, stop = start_simulator(TOKENIZER_DIR, script)
+             sampling: dict[str, Any] | None = None, server_max: int | None = None,
+             report: bool = True) -> LLMSession:
+        """`server_max`: the simulator's own max_model_len (`report`: in GET /v1/models)."""
+        url, stop = start_simulator(TOKENIZER_DIR, script, max_model_len=server_max,
+                                    report_max_model_len=report)
         cleanups.append(stop)
         spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": TOKENIZER_DIR,
                 "max_model_len": max_model_len}

@@ -139,17 +139,18 @@ def test_max_turns(make_llm, make_ctx) -> None:
     assert len(ctx.turns_recorded) == 4
 
 
-def test_context_exhausted_stops_with_length(make_llm, make_ctx) -> None:
+def test_context_exhausted_stops_with_context(make_llm, make_ctx) -> None:
     long_reply = "word " * 120 + call("echo", text="x")
     ctx, result = run(make_llm, make_ctx, [long_reply], max_model_len=900)
-    assert (result.outcome, result.finish_reason) == ("completed", "length")
+    assert (result.outcome, result.finish_reason) == ("completed", "context")
     assert len(result.prompt_ids) + len(result.response_ids) <= 900
 
 
-def test_response_token_limit_stops_with_length(make_llm, make_ctx) -> None:
+def test_generated_token_budget_stops_with_token_budget(make_llm, make_ctx) -> None:
     ctx, result = run(make_llm, make_ctx, [call("echo", text="x")],
                       limits={"max_tokens": 100, "max_turns": 50})
-    assert result.finish_reason == "length" and len(ctx.turns_recorded) < 50
+    assert result.finish_reason == "token_budget" and len(ctx.turns_recorded) < 50
+    assert sum(result.loss_mask) == 100
 
 
 def test_deadline_ends_the_loop_as_timeout_keeping_the_trajectory(make_llm, make_ctx) -> None:

@@ -58,15 +58,16 @@ def test_length_stop_and_context_exhaustion(simulators, db_url) -> None:
     prompt = [{"role": "user", "content": "hi"}]
     s.start(prompt)
     generation = s.generate(deadline())
-    assert generation.finish_reason == "length" and len(generation.token_ids) == 3
+    assert generation.finish_reason == "turn_length" and len(generation.token_ids) == 3
     assert 2 not in generation.token_ids
     delta = s.append_messages([{"role": "user", "content": "more"}])
     assert delta[0] == 2  # the delta closes the unfinished turn itself
     while s.budget_left > 0:
         s.generate(deadline())
         s.append_messages([{"role": "user", "content": "more"}])
-    assert s.generate(deadline()).token_ids == []
-    assert s.trajectory().finish_reason == "length"
+    last = s.generate(deadline())
+    assert last.token_ids == [] and last.finish_reason == "context"
+    assert s.trajectory().finish_reason == "context"
     assert len(s.trajectory().prompt_ids) + len(s.trajectory().response_ids) <= 60
     s.close()
 

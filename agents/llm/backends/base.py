@@ -44,6 +44,7 @@ class Generation:
     text: str = ""  # decoded, for parsing tool calls only; never re-encoded
     server: str | None = None
     weight_version: str | None = None
+    logprobs_mode: str | None = None  # what `logprobs` are, as the server declares it
     latency: float = 0.0
 
 

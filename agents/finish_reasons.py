@@ -1,0 +1,47 @@
+"""Why a turn or a rollout ended: one vocabulary, one table (the README copies it).
+
+`finish_reason` of a **turn** (`Turn.finish_reason`) says how one generation stopped;
+`finish_reason` of a **rollout** says why the episode ended. A trainer filters on the rollout's
+`outcome` first (only `completed` rollouts are graded samples) and may use the finish reason
+and `metrics.truncated` for overlong filtering or shaping.
+
+| value | turn | rollout | meaning | outcome |
+| --- | --- | --- | --- | --- |
+| `stop` | yes | - | the model ended its turn (an end-of-turn token or a stop string) | - |
+| `turn_length` | yes | if `limits.continue_after_turn_length` is false | cut at `sampling.max_tokens`; by default the episode goes on (the model is told its reply was cut, nothing in it runs) | `completed` |
+| `context` | yes | yes | the context window is full: prompt + turns reached the effective context (min of `llm.max_model_len` and the server's `max_model_len`) | `completed`; `prompt_too_long` when it happened before the first token |
+| `token_budget` | yes | yes | `limits.max_tokens` generated tokens were produced (tool observations do not count) | `completed` |
+| `finish` | - | yes | the agent called its finish tool or gave a final answer | `completed` |
+| `max_turns` | - | yes | `limits.max_turns` (or the handler's) turns were taken | `completed` |
+| `stale` | - | yes | with `limits.on_stale="stop"`: the turns spanned more than `limits.max_staleness` weight updates | `completed` (metrics.stale) |
+| `no_valid_action` | - | yes | N turns in a row without a valid tool call | `agent_error` |
+| `deadline` | - | yes | the RUN deadline passed | `timeout` |
+| `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
+"""
+from __future__ import annotations
+
+import enum
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation (turn) or an episode (rollout) stopped; see the module table."""
+
+    STOP = "stop"
+    TURN_LENGTH = "turn_length"
+    CONTEXT = "context"
+    TOKEN_BUDGET = "token_budget"
+    FINISH = "finish"
+    MAX_TURNS = "max_turns"
+    STALE = "stale"
+    NO_VALID_ACTION = "no_valid_action"
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
+
+
+# Generation cuts: the turn's text is incomplete, so its tool calls are never executed.
+CUT_TURN = frozenset({FinishReason.TURN_LENGTH.value, FinishReason.CONTEXT.value,
+                      FinishReason.TOKEN_BUDGET.value})
+# Episodes stopped by a limit rather than by the agent (`metrics.truncated` is true).
+TRUNCATING = frozenset({FinishReason.TURN_LENGTH.value, FinishReason.CONTEXT.value,
+                        FinishReason.TOKEN_BUDGET.value, FinishReason.MAX_TURNS.value,
+                        FinishReason.STALE.value})
