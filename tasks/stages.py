@@ -183,8 +183,23 @@ class StageRun:
         finally:
             if self.ctx.llm is not None:
                 self.ctx.llm.close()
+        if result.outcome == Outcome.PROMPT_TOO_LONG.value:
+            self._not_a_sample(result)
+            return
         self._hand_on("eval", **_run_fields(result), state=self.ctx.state,
                       run_seconds=self._elapsed())
+
+    def _not_a_sample(self, result: RunResult) -> None:
+        """A prompt that does not fit: end here, ungraded (reward null), never reward 0."""
+        fields = _run_fields(result)
+        outcome = fields.pop("outcome")
+        error = (f"run: the prompt ({len(result.prompt_ids or [])} tokens) does not fit the "
+                 f"context ({result.metrics.get('context_length')} tokens)")
+        self.log.info("%s", error)
+        sandboxes.release(self.rollout.sandbox)
+        lifecycle.finish(self.db, self.rollout_id, Status.FAILED, outcome, lease=self.lease,
+                         error=error, state=self.ctx.state, run_seconds=self._elapsed(),
+                         **fields)
 
     def _eval(self) -> None:
         self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
