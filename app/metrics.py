@@ -19,11 +19,13 @@ from sqlalchemy import case, func, select
 from app.db import session_scope
 from app.models import LLMServer, Rollout
 from tasks.config import UNROUTED_QUEUE
+from tasks.fs_transport import sweep_stale_broadcasts
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 CONSUMERS_TIMEOUT = 0.5  # seconds to collect workers' replies to the active_queues broadcast
-CONSUMERS_TTL = 5.0  # reuse one broadcast for this long: scrapes and page refreshes are cheap
+CONSUMERS_TTL = 5.0
+BROADCAST_MAX_AGE = 30.0  # a live worker takes its broadcast within a polling interval  # reuse one broadcast for this long: scrapes and page refreshes are cheap
 _consumers_cache: dict[int, tuple[float, dict[str, int]]] = {}
 _consumers_lock = threading.Lock()
 
@@ -58,7 +60,10 @@ def queue_consumers(celery: Any) -> dict[str, int]:
             for queue in queues or []:
                 counts[queue["name"]] = counts.get(queue["name"], 0) + 1
         _consumers_cache[id(celery)] = (time.monotonic(), counts)
-        return dict(counts)
+    folder = (celery.conf.broker_transport_options or {}).get("data_folder_out")
+    if folder:  # the embedded broker keeps broadcasts for dead workers: drop old ones
+        sweep_stale_broadcasts(folder, BROADCAST_MAX_AGE)
+    return dict(counts)
 
 
 def known_queues(db_url: str) -> list[str]:

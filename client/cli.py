@@ -68,6 +68,7 @@ def submit(file: Path, agent: str, n_samples: int, url: str, job_file: Path | No
         except RaasHTTPError as exc:
             raise click.ClickException(f"{exc} {json.dumps(exc.body)}") from None
         click.echo(f"job {accepted['job_id']}: {len(accepted['rollout_ids'])} rollouts")
+        click.echo(f"dashboard: {url.rstrip('/')}/ui/jobs/{accepted['job_id']}")
         if wait or out:
             follow(client, accepted["job_id"], len(accepted["rollout_ids"]), out)
 

@@ -8,7 +8,9 @@ write under a name no consumer matches and rename it into place, which is atomic
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from pathlib import Path
 
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
@@ -36,3 +38,21 @@ class Transport(filesystem.Transport):
     """Filesystem transport using the atomic channel."""
 
     Channel = Channel
+
+
+def sweep_stale_broadcasts(folder: str, max_age: float = 60.0) -> int:
+    """Delete control broadcasts (e.g. `inspect`) that no worker took within `max_age`.
+
+    The filesystem transport never forgets a worker's pidbox binding, so every broadcast
+    also writes a message for each worker that ever died here; a live worker takes its own
+    within a polling interval, so an old one is garbage. Returns how many were removed.
+    """
+    now, removed = time.time(), 0
+    for path in Path(folder).glob("*.celery.pidbox.msg"):
+        try:
+            if now - path.stat().st_mtime > max_age:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # a worker took it meanwhile
+            continue
+    return removed

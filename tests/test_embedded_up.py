@@ -51,6 +51,10 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert submit.returncode == 0, submit.stderr
         rows = [json.loads(line) for line in out.read_text().splitlines()]
+        ui_url = f"{url}/ui/jobs/{rows[0]['job_id']}"
+        assert ui_url in submit.stdout  # `raas submit` prints the job's dashboard page
+        page = httpx.get(ui_url, timeout=30)
+        assert page.status_code == 200 and 'id="groups"' in page.text
         assert len(rows) == 8 and {r["outcome"] for r in rows} == {"completed"}
         assert {"rollout_id", "job_id", "instance_id", "sample_index", "node", "reward",
                 "prompt_ids", "response_ids", "response_logprobs", "loss_mask",

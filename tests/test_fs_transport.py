@@ -49,3 +49,22 @@ def test_consumers_never_see_partial_messages(tmp_path):
             break
     assert got == 300
     conn.release()
+
+
+def test_stale_broadcasts_are_swept_fresh_ones_and_tasks_stay(tmp_path):
+    """A dead worker's pidbox messages go after max_age; queued stage messages never do."""
+    import os
+    import time
+
+    from tasks.fs_transport import sweep_stale_broadcasts
+
+    old = tmp_path / "1_a.run@node-a-1.celery.pidbox.msg"
+    fresh = tmp_path / "2_b.run@node-a-2.celery.pidbox.msg"
+    task = tmp_path / "3_c.init.msg"
+    for path in (old, fresh, task):
+        path.write_text("{}")
+    past = time.time() - 120
+    for path in (old, task):
+        os.utime(path, (past, past))
+    assert sweep_stale_broadcasts(str(tmp_path), max_age=60) == 1
+    assert not old.exists() and fresh.exists() and task.exists()
