@@ -16,8 +16,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 install: $(VENV)/.installed
 	scripts/install_chromium.sh
 
+# `make up PORT=8001` (or RAAS_PORT=8001) moves the gateway off 8000.
+PORT ?=
 up: install
-	$(VENV)/bin/raas up
+	$(VENV)/bin/raas up $(if $(PORT),--port $(PORT))
 
 test: install
 	$(PY) -m pytest

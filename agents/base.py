@@ -110,6 +110,10 @@ class AgentHandler(ABC):
     Config: ClassVar[type[HandlerConfig]] = HandlerConfig
     needs_sandbox: ClassVar[bool] = True
     needs_llm: ClassVar[bool] = True
+    # Named sandbox Python environments this handler's configs ask for, with their pip
+    # packages: a node builds one the first time a rollout needs it (`raas env build NAME`
+    # ahead of time does the same), so a fresh home runs without a manual build step.
+    environments: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `app.errors.InvalidRequest`)."""

@@ -74,3 +74,13 @@ def get_handler(name: str) -> AgentHandler:
         valid = ", ".join(sorted(_handlers)) or "(none)"
         raise InvalidRequest(f"unknown agent {name!r}; valid agents: {valid}",
                              field="agent", valid=sorted(_handlers)) from None
+
+
+def declared_environments() -> dict[str, list[str]]:
+    """Environment name -> pip packages, as declared by the registered handlers."""
+    load_builtin_handlers()
+    declared: dict[str, list[str]] = {}
+    for name in sorted(_handlers):
+        for env, packages in _handlers[name].environments.items():
+            declared.setdefault(env, sorted(packages))
+    return declared

@@ -27,7 +27,8 @@ def main() -> None:
 @click.option("--home", type=click.Path(path_type=Path), default=None,
               help="State folder (default .raas, or RAAS_HOME)")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=int, envvar="RAAS_PORT",
+              help="Gateway port (or RAAS_PORT)")
 @click.option("--concurrency", default=4, show_default=True, type=int, help="Per stage pool")
 def up(home: Path | None, host: str, port: int, concurrency: int) -> None:
     """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
@@ -108,9 +109,18 @@ def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION."""
     from migrations.runner import upgrade as run_upgrade
 
+    from sqlalchemy.exc import OperationalError
+
     settings = load_settings()
-    run_upgrade(settings.db_url, revision)
-    click.echo(f"database at {settings.db_url.split('@')[-1]} is at {revision}")
+    where = settings.db_url.split("@")[-1]
+    try:
+        run_upgrade(settings.db_url, revision)
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise click.ClickException(
+            f"cannot reach the database at {where}: {reason}. Start it, or point to another "
+            f"with RAAS_DATABASE_URL (default: SQLite under RAAS_HOME).") from None
+    click.echo(f"database at {where} is at {revision}")
 
 
 @db.command("downgrade")
@@ -129,9 +139,10 @@ def _register_optional_commands() -> None:
     for command in (submit, status, llm):
         main.add_command(command)
     try:
-        from sandbox.cli import env_command
+        from agents.registry import declared_environments
+        from sandbox.cli import make_env_command
 
-        main.add_command(env_command, "env")
+        main.add_command(make_env_command(declared_environments), "env")
     except ImportError:
         pass
     try:

@@ -1,19 +1,56 @@
-"""Trainer-side commands: `raas submit`, `raas status`, `raas llm add`."""
+"""Trainer-side commands: `raas submit`, `raas status`, `raas llm add|list|rm`.
+
+Expected failures (no gateway at the URL, an unknown job, a rejected submission) end in one
+line that says what to do, never a traceback.
+"""
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 
-from client.sdk import RaasClient, RaasHTTPError
+from client.sdk import RaasClient, RaasHTTPError, as_instance
 
-DEFAULT_URL = os.environ.get("RAAS_URL", "http://127.0.0.1:8000")
+DEFAULT_URL = "http://127.0.0.1:8000"
 OUT_FIELDS = ("rollout_id", "job_id", "instance_id", "sample_index", "node", "status", "outcome",
               "reward", "finish_reason", "prompt_ids", "response_ids", "response_logprobs",
               "loss_mask", "policy_versions", "token_exact", "timing", "error")
+PROBE_TIMEOUT = 5.0
+
+url_option = click.option("--url", envvar="RAAS_URL", default=DEFAULT_URL, show_default=True,
+                          help="raas gateway (or set RAAS_URL)")
+
+
+def unreachable_message(url: str, exc: BaseException) -> str:
+    """What to say when nothing answers at the gateway URL."""
+    return (f"cannot reach the raas gateway at {url} ({type(exc).__name__}: {exc}). Start it "
+            f"with `raas up` (or `make up`), or point to it with --url URL or RAAS_URL=URL.")
+
+
+def http_error_message(exc: RaasHTTPError) -> str:
+    """The gateway's error in one line, with the field it names."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    details = body.get("details") or {}
+    field = details.get("field") if isinstance(details, dict) else None
+    return f"{exc}" + (f" (field: {field})" if field else "")
+
+
+@contextmanager
+def gateway(url: str) -> Iterator[RaasClient]:
+    """A client for `url` that fails fast, in one line, when nothing listens there."""
+    try:
+        with RaasClient(url) as client:
+            client.http.get("/healthz", timeout=PROBE_TIMEOUT)
+            yield client
+    except httpx.TransportError as exc:
+        raise click.ClickException(unreachable_message(url, exc)) from None
+    except RaasHTTPError as exc:
+        raise click.ClickException(http_error_message(exc)) from None
 
 
 def read_instances(path: Path) -> list[dict[str, Any]]:
@@ -28,11 +65,7 @@ def read_instances(path: Path) -> list[dict[str, Any]]:
             raise click.BadParameter(f"{path}:{n}: not JSON ({exc})") from None
         if not isinstance(obj, dict) or "instance_id" not in obj:
             raise click.BadParameter(f"{path}:{n}: each line needs an instance_id")
-        if set(obj) <= {"instance_id", "data"}:
-            out.append({"instance_id": str(obj["instance_id"]), "data": obj.get("data", {})})
-        else:
-            data = {k: v for k, v in obj.items() if k != "instance_id"}
-            out.append({"instance_id": str(obj["instance_id"]), "data": data})
+        out.append(as_instance(obj))
     return out
 
 
@@ -40,13 +73,14 @@ def read_instances(path: Path) -> list[dict[str, Any]]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--agent", required=True, help="Registered handler name")
 @click.option("--n", "n_samples", default=1, show_default=True, help="Samples per instance")
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@url_option
 @click.option("--job", "job_file", type=click.Path(exists=True, path_type=Path),
               help="JSON with sampling/limits/llm/sandbox/agent_config")
 @click.option("--llm-server", multiple=True, help="Inference server URL (else the pool)")
 @click.option("--tokenizer", default=None, help="Local tokenizer folder")
 @click.option("--idempotency-key", default=None)
-@click.option("--wait/--no-wait", default=False, help="Wait for every rollout")
+@click.option("--wait/--no-wait", default=False,
+              help="Wait for every rollout; exit 1 if any ended in infra_error")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write one JSON object per finished rollout (implies --wait)")
 def submit(file: Path, agent: str, n_samples: int, url: str, job_file: Path | None,
@@ -62,47 +96,85 @@ def submit(file: Path, agent: str, n_samples: int, url: str, job_file: Path | No
             llm["tokenizer"] = tokenizer
     if idempotency_key:
         job["idempotency_key"] = idempotency_key
-    with RaasClient(url) as client:
-        try:
-            accepted = client.submit(agent, read_instances(file), n_samples, **job)
-        except RaasHTTPError as exc:
-            raise click.ClickException(f"{exc} {json.dumps(exc.body)}") from None
+    instances = read_instances(file)
+    with gateway(url) as client:
+        accepted = client.submit(agent, instances, n_samples, **job)
         click.echo(f"job {accepted['job_id']}: {len(accepted['rollout_ids'])} rollouts")
         click.echo(f"dashboard: {url.rstrip('/')}/ui/jobs/{accepted['job_id']}")
         if wait or out:
-            follow(client, accepted["job_id"], len(accepted["rollout_ids"]), out)
+            rows = follow(client, accepted["job_id"], len(accepted["rollout_ids"]), out)
+    if wait or out:
+        report(accepted["job_id"], rows)
 
 
-def follow(client: RaasClient, job_id: str, total: int, out: Path | None) -> None:
+def follow(client: RaasClient, job_id: str, total: int,
+           out: Path | None) -> list[dict[str, Any]]:
     """Progress bar until the job is done; optional JSONL of the finished rollouts."""
     from tqdm import tqdm
 
+    rows: list[dict[str, Any]] = []
     outcomes: dict[str, int] = {}
     sink = out.open("w") if out else None
     try:
         with tqdm(total=total, desc=job_id[:8], unit="rollout") as bar:
             for item in client.results(job_id, wait=30):
-                outcomes[item["outcome"] or "none"] = outcomes.get(item["outcome"] or "none", 0) + 1
+                row = {k: item.get(k) for k in OUT_FIELDS}
+                rows.append(row)
+                outcomes[row["outcome"] or "none"] = outcomes.get(row["outcome"] or "none", 0) + 1
                 bar.update(1)
                 bar.set_postfix(outcomes)
                 if sink:
-                    sink.write(json.dumps({k: item.get(k) for k in OUT_FIELDS}) + "\n")
+                    sink.write(json.dumps(row) + "\n")
     finally:
         if sink:
             sink.close()
-    click.echo(f"job {job_id} done: {outcomes}")
+    return rows
+
+
+def outcome_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per outcome: how many, the mean reward, and the first error if any."""
+    by_outcome: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_outcome.setdefault(row.get("outcome") or "none", []).append(row)
+    lines = []
+    for outcome, group in sorted(by_outcome.items(), key=lambda kv: -len(kv[1])):
+        rewards = [r["reward"] for r in group if r.get("reward") is not None]
+        line = f"  {outcome:<12} {len(group):>5}"
+        if rewards:
+            line += f"  mean reward {sum(rewards) / len(rewards):.2f}"
+        error = next((r["error"] for r in group if r.get("error")), None)
+        if error:
+            line += f"  e.g. {' '.join(str(error).split())[:240]}"
+        lines.append(line)
+    return lines
+
+
+def report(job_id: str, rows: list[dict[str, Any]]) -> None:
+    """Print the outcome summary; exit 1 when the service could not run some rollouts."""
+    click.echo(f"job {job_id} done: {len(rows)} rollouts")
+    for line in outcome_lines(rows):
+        click.echo(line)
+    failed = sum(1 for r in rows if r.get("outcome") == "infra_error")
+    if failed:
+        click.echo(f"{failed} rollout(s) ended in infra_error: the service could not run them "
+                   f"(the error above says why; `raas status {job_id}` has the details)",
+                   err=True)
+        raise SystemExit(1)
 
 
 @click.command()
 @click.argument("job_id", required=False)
-@click.option("--url", default=DEFAULT_URL, show_default=True)
+@url_option
 def status(job_id: str | None, url: str) -> None:
     """A job's progress, or the latest jobs."""
-    with RaasClient(url) as client:
+    with gateway(url) as client:
         if job_id:
             click.echo(json.dumps(client.job(job_id), indent=2))
             return
-        for j in client.jobs(limit=20)["jobs"]:
+        jobs = client.jobs(limit=20)["jobs"]
+        if not jobs:
+            click.echo(f"no jobs yet at {url}")
+        for j in jobs:
             click.echo(f"{j['job_id']}  {j['agent']:<10} {j['status']:<10} "
                        f"{j['finished']}/{j['n_rollouts']}  {j['outcomes']}")
 
@@ -112,15 +184,67 @@ def llm() -> None:
     """Inference servers in the shared pool."""
 
 
+def check_server(server_url: str) -> str | None:
+    """The model a server lists at /v1/models; a one-line error when it does not answer."""
+    models = f"{server_url.rstrip('/')}/v1/models"
+    try:
+        response = httpx.get(models, timeout=PROBE_TIMEOUT)
+        response.raise_for_status()
+        entries = response.json().get("data") or [{}]
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise click.ClickException(
+            f"no inference server answers at {models} ({type(exc).__name__}: {exc}). Start "
+            f"it first (`raas llm-sim` for a demo, `make vllm-cpu` for a real one), or pass "
+            f"--no-check to register it anyway.") from None
+    return entries[0].get("id") if isinstance(entries[0], dict) else None
+
+
 @llm.command("add")
 @click.argument("server_url")
 @click.option("--model", default=None)
 @click.option("--weight-version", default=None)
-@click.option("--url", default=DEFAULT_URL, show_default=True)
-def llm_add(server_url: str, model: str | None, weight_version: str | None, url: str) -> None:
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Check that the server answers GET /v1/models first")
+@url_option
+def llm_add(server_url: str, model: str | None, weight_version: str | None, check: bool,
+            url: str) -> None:
     """Register SERVER_URL (e.g. http://10.0.0.5:8000) with the pool."""
-    with RaasClient(url) as client:
-        try:
-            click.echo(json.dumps(client.add_llm_server(server_url, model, weight_version)))
-        except RaasHTTPError as exc:
-            raise click.ClickException(str(exc)) from None
+    served = check_server(server_url) if check else None
+    with gateway(url) as client:
+        server = client.add_llm_server(server_url, model, weight_version)
+    click.echo(f"registered {server['url']} (id {server['id']}"
+               + (f", serving {served}" if served else "") + ")")
+
+
+@llm.command("list")
+@url_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON")
+def llm_list(url: str, as_json: bool) -> None:
+    """The registered servers with their health and load."""
+    with gateway(url) as client:
+        servers = client.llm_servers()
+    if as_json:
+        click.echo(json.dumps(servers, indent=1))
+        return
+    if not servers:
+        click.echo("no LLM server registered: `raas llm add URL`")
+    for s in servers:
+        health = "healthy" if s["healthy"] else f"unhealthy ({s.get('last_error') or '?'})"
+        click.echo(f"{s['id']}  {s['url']:<28} {s.get('model') or '-':<20} "
+                   f"in-flight {s['in_flight']:<3} {health}")
+
+
+@llm.command("rm")
+@click.argument("server")
+@url_option
+def llm_rm(server: str, url: str) -> None:
+    """Remove SERVER (its id or its URL) from the pool."""
+    with gateway(url) as client:
+        servers = client.llm_servers()
+        wanted = server.rstrip("/").removesuffix("/v1")
+        match = [s for s in servers if wanted in (s["id"], s["url"].rstrip("/"))]
+        if not match:
+            known = ", ".join(s["url"] for s in servers) or "none"
+            raise click.ClickException(f"no registered server {server!r} (registered: {known})")
+        client.remove_llm_server(match[0]["id"])
+    click.echo(f"removed {match[0]['url']}")

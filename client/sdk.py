@@ -26,6 +26,20 @@ class RaasHTTPError(RuntimeError):
         self.body = body
 
 
+def as_instance(row: dict[str, Any]) -> dict[str, Any]:
+    """One instance in the wire form `{instance_id, data}`.
+
+    Accepts the wrapped form itself or a flat row (`{"instance_id": "p1", "problem": ...}`):
+    everything but `instance_id` is then the data, as in a JSONL file for `raas submit`.
+    """
+    if not isinstance(row, dict) or "instance_id" not in row:
+        raise ValueError(f"an instance needs an instance_id: {str(row)[:200]}")
+    if set(row) <= {"instance_id", "data"}:
+        return {"instance_id": str(row["instance_id"]), "data": row.get("data") or {}}
+    return {"instance_id": str(row["instance_id"]),
+            "data": {k: v for k, v in row.items() if k != "instance_id"}}
+
+
 class RaasClient:
     """A connection to one raas gateway."""
 
@@ -75,8 +89,10 @@ class RaasClient:
 
     def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1,
                **job: Any) -> dict[str, Any]:
-        """POST /v1/jobs; `instances` are {instance_id, data}; `job` holds the other fields."""
-        body = {"agent": agent, "instances": instances, "n_samples": n_samples, **job}
+        """POST /v1/jobs; `instances` are flat rows or `{instance_id, data}` (see
+        `as_instance`); `job` holds the other fields (sampling, limits, llm, ...)."""
+        body = {"agent": agent, "instances": [as_instance(i) for i in instances],
+                "n_samples": n_samples, **job}
         return self._call("POST", "/v1/jobs", json=body)
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -141,3 +157,11 @@ class RaasClient:
         """Register an inference server with the shared pool."""
         return self._call("POST", "/v1/llm-servers",
                           json={"url": url, "model": model, "weight_version": weight_version})
+
+    def llm_servers(self) -> list[dict[str, Any]]:
+        """The registered inference servers."""
+        return self._call("GET", "/v1/llm-servers")["servers"]
+
+    def remove_llm_server(self, server_id: str) -> dict[str, Any]:
+        """Remove a registered server by id."""
+        return self._call("DELETE", f"/v1/llm-servers/{server_id}")

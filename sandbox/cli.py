@@ -1,42 +1,63 @@
-"""`raas env ...`: build and list the named Python environments sandboxes can use."""
+"""`raas env ...`: build and list the named Python environments sandboxes can use.
+
+The sandbox package knows nothing of agents, so the environments that handlers declare
+(name -> packages) are passed in by whoever mounts the command (`make_env_command`).
+"""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import click
 
 from sandbox.environments import build_environment, envs_root, list_environments
 
-
-@click.group("env")
-def env_command() -> None:
-    """Named Python environments for sandboxes (built once per node)."""
+Declared = Callable[[], dict[str, list[str]]]
 
 
-@env_command.command("build")
-@click.argument("name")
-@click.option("--package", "-p", "packages", multiple=True, help="pip requirement; repeatable")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="Folder holding environments (default <RAAS home>/envs)")
-@click.option("--python", "python", default="/usr/bin/python3", show_default=True,
-              help="Interpreter the venv is made from (must exist inside sandboxes)")
-def build(name: str, packages: tuple[str, ...], root: str | None, python: str) -> None:
-    """Create or update environment NAME with the given packages (no-op if unchanged)."""
-    path = build_environment(name, list(packages), root=root, python=python)
-    click.echo(f"{name}: {path}")
+def make_env_command(declared: Declared = dict) -> click.Group:
+    """The `env` command group; `declared()` gives the environments handlers ask for."""
+
+    @click.group("env")
+    def env_command() -> None:
+        """Named Python environments for sandboxes (built once per node, on first use)."""
+
+    @env_command.command("build")
+    @click.argument("name")
+    @click.option("--package", "-p", "packages", multiple=True,
+                  help="pip requirement; repeatable (default: what the handlers declare)")
+    @click.option("--root", type=click.Path(file_okay=False), default=None,
+                  help="Folder holding environments (default <RAAS home>/envs)")
+    @click.option("--python", "python", default="/usr/bin/python3", show_default=True,
+                  help="Interpreter the venv is made from (must exist inside sandboxes)")
+    def build(name: str, packages: tuple[str, ...], root: str | None, python: str) -> None:
+        """Create or update environment NAME with the given packages (no-op if unchanged)."""
+        wanted = list(packages) or declared().get(name, [])
+        click.echo(f"building {name} ({' '.join(wanted) or 'no packages'}) ...")
+        path = build_environment(name, wanted, root=root, python=python)
+        click.echo(f"{name}: {path}")
+
+    @env_command.command("list")
+    @click.option("--root", type=click.Path(file_okay=False), default=None,
+                  help="Folder holding environments (default <RAAS home>/envs)")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON")
+    def list_(root: str | None, as_json: bool) -> None:
+        """Built environments and the ones handlers declare (built on first use)."""
+        envs = [{**env, "built": True} for env in list_environments(root)]
+        built = {env["name"] for env in envs}
+        envs += [{"name": name, "packages": packages, "path": None, "built": False}
+                 for name, packages in sorted(declared().items()) if name not in built]
+        if as_json:
+            click.echo(json.dumps(envs, indent=1))
+            return
+        if not envs:
+            click.echo(f"no environments under {root or envs_root()}")
+        for env in envs:
+            where = env["path"] or "not built yet: built on first use (or `raas env build " \
+                                   f"{env['name']}`)"
+            click.echo(f"{env['name']:<12} {' '.join(env['packages']) or '-':<24} {where}")
+
+    return env_command
 
 
-@env_command.command("list")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="Folder holding environments (default <RAAS home>/envs)")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON")
-def list_(root: str | None, as_json: bool) -> None:
-    """Show built environments and their packages."""
-    envs = list_environments(root)
-    if as_json:
-        click.echo(json.dumps(envs, indent=1))
-        return
-    if not envs:
-        click.echo(f"no environments under {root or envs_root()}")
-    for env in envs:
-        click.echo(f"{env['name']:<20} {' '.join(env['packages']) or '-':<40} {env['path']}")
+env_command = make_env_command()

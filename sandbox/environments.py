@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from sandbox.errors import SandboxStartError
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "raas-env.json"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -41,6 +45,30 @@ def resolve_env(name: str | None, root: str | os.PathLike | None = None) -> str 
             f"run `raas env build {name} --package ...`"
         )
     return str(path.resolve())
+
+
+def is_built(name: str, root: str | os.PathLike | None = None) -> bool:
+    """True when environment `name` is complete (its manifest is written last)."""
+    path = Path(name) if os.path.isabs(name) else Path(root or envs_root()) / name
+    return _read_manifest(path) is not None
+
+
+def ensure_environment(name: str, packages: list[str], root: str | os.PathLike | None = None,
+                       python: str = SYSTEM_PYTHON) -> bool:
+    """Build `name` with `packages` unless it is built already; True if this call built it.
+
+    An environment built by hand (other packages) is left alone. Concurrent first uses on a
+    node wait on the build lock, then find it built.
+    """
+    if is_built(name, root):
+        return False
+    log.info("building sandbox environment %r (%s) on first use; this takes a minute",
+             name, " ".join(packages) or "no packages")
+    started = time.monotonic()
+    target = build_environment(name, packages, root=root, python=python)
+    log.info("sandbox environment %r ready at %s (%.0f s)", name, target,
+             time.monotonic() - started)
+    return True
 
 
 def _manifest(packages: list[str], python: str) -> dict:

@@ -7,6 +7,7 @@ EVAL (other processes) re-attach from the handle; whoever ends the rollout stops
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,28 @@ def workspace_for(settings: Settings, rollout_id: str, attempt: int) -> Path:
     return path
 
 
+def ensure_declared_environment(name: str | None) -> None:
+    """Build a named environment a handler declares if this node has not built it yet.
+
+    Undeclared names and paths are left to the runtime, which says how to build them.
+    """
+    if not name or os.path.isabs(name):
+        return
+    from agents.registry import declared_environments
+    from sandbox.environments import ensure_environment
+
+    packages = declared_environments().get(name)
+    if packages is not None:
+        ensure_environment(name, packages)
+
+
 def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
           runtime: str) -> tuple[Any, dict[str, Any]]:
-    """Start the rollout's sandbox; returns (client, handle)."""
+    """Start the rollout's sandbox (building its declared environment on first use);
+    returns (client, handle)."""
     from sandbox import SandboxSpec, get_runtime
 
+    ensure_declared_environment(options.get("python_env"))
     workspace = workspace_for(settings, rollout_id, attempt)
     fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
     spec = SandboxSpec(workspace=str(workspace), **fields)

@@ -97,6 +97,7 @@ class MathHandler(AgentHandler):
 
     name = "math"
     Config = MathConfig
+    environments = {"math": ("sympy", "numpy")}
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Needs `problem` (text) and `answer` (LaTeX/plain text or a number)."""

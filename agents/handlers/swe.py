@@ -99,6 +99,7 @@ class SWEHandler(AgentHandler):
 
     name = "swe"
     Config = SWEConfig
+    environments = {"pytest": ("pytest",)}
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance missing a SWE-bench field (the error names it)."""

@@ -248,7 +248,14 @@ def resolve_tokenizer_path(spec: Any, db_url: str) -> str:
         return spec.tokenizer
     from agents.llm.pool import candidate_urls
 
-    for url in candidate_urls(spec, db_url):
+    urls = candidate_urls(spec, db_url)
+    if not urls:
+        raise InvalidRequest(
+            "no LLM server is registered: register one with `raas llm add URL` (a vLLM or "
+            "SGLang server; `raas llm-sim` serves a demo one), or name llm.servers in the job",
+            field="llm.servers",
+        )
+    for url in urls:
         for path in server_model_paths(url):
             if is_tokenizer_folder(path):
                 return path
