@@ -73,6 +73,8 @@ def read_instances(path: Path) -> list[dict[str, Any]]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--agent", required=True, help="Registered handler name")
 @click.option("--n", "n_samples", default=1, show_default=True, help="Samples per instance")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Only the first LIMIT instances of FILE")
 @url_option
 @click.option("--job", "job_file", type=click.Path(exists=True, path_type=Path),
               help="JSON with sampling/limits/llm/sandbox/agent_config")
@@ -83,7 +85,8 @@ def read_instances(path: Path) -> list[dict[str, Any]]:
               help="Wait for every rollout; exit 1 if any ended in infra_error")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write one JSON object per finished rollout (implies --wait)")
-def submit(file: Path, agent: str, n_samples: int, url: str, job_file: Path | None,
+def submit(file: Path, agent: str, n_samples: int, limit: int | None, url: str,
+           job_file: Path | None,
            llm_server: tuple[str, ...], tokenizer: str | None, idempotency_key: str | None,
            wait: bool, out: Path | None) -> None:
     """Submit FILE.jsonl as one job; with --wait/--out follow it to the end."""
@@ -96,7 +99,7 @@ def submit(file: Path, agent: str, n_samples: int, url: str, job_file: Path | No
             llm["tokenizer"] = tokenizer
     if idempotency_key:
         job["idempotency_key"] = idempotency_key
-    instances = read_instances(file)
+    instances = read_instances(file)[:limit]
     with gateway(url) as client:
         accepted = client.submit(agent, instances, n_samples, **job)
         click.echo(f"job {accepted['job_id']}: {len(accepted['rollout_ids'])} rollouts")

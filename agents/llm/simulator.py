@@ -13,8 +13,13 @@ Script (JSON file or dict)::
       "latency": 0.0,                          # seconds added to every answer
       "default": ["reply for turn 0", "reply for turn 1"],
       "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
-                                        {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]}
+                                        {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]},
+      "policy": "demo-math"                    # a built-in policy answers instead (below)
     }
+
+`raas llm-sim` with no arguments serves the bundled SmolLM2 tokenizer (`BUNDLED_TOKENIZER`)
+with the `demo-math` policy (`agents/llm/demo_policy.py`), which solves `examples/math.jsonl`
+through the python tool: the no-GPU demo of the README's quick start.
 
 Which instance: the first `by_instance` key (in script order) that occurs in the decoded prompt
 (e.g. an instance id the task puts in its user message), else `default`. Which turn: the number
@@ -44,11 +49,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import click
 import httpx
 from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
+
+BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "data" / "smollm2-tokenizer"
+DEFAULT_SCRIPT: dict[str, Any] = {"policy": "demo-math"}
+
+
+def _policies() -> dict[str, Callable[[str, int], Any]]:
+    """Built-in policies by name: (decoded prompt, turn) -> reply."""
+    from agents.llm.demo_policy import demo_math_reply
+
+    return {"demo-math": demo_math_reply}
 
 
 def fake_logprob(token_id: int, position: int) -> float:
@@ -70,9 +84,21 @@ class Script:
         self.latency = float(script.get("latency", 0.0))
         self.default = list(script.get("default") or ["OK"])
         self.by_instance = {k: list(v) for k, v in (script.get("by_instance") or {}).items()}
+        self.policy = self._policy(script.get("policy"))
+
+    @staticmethod
+    def _policy(name: str | None) -> Callable[[str, int], Any] | None:
+        if name is None:
+            return None
+        policies = _policies()
+        if name not in policies:
+            raise ValueError(f"unknown simulator policy {name!r}; known: {', '.join(policies)}")
+        return policies[name]
 
     def select(self, prompt_text: str, turn: int) -> tuple[str, Any]:
         """(instance key, reply spec) for a prompt at a given turn."""
+        if self.policy is not None:
+            return "policy", self.policy(prompt_text, turn)
         key = next((k for k in self.by_instance if k in prompt_text), "default")
         replies = self.by_instance.get(key, self.default)
         return key, replies[min(turn, len(replies) - 1)]
@@ -312,27 +338,7 @@ def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: i
     return url, stop
 
 
-@click.command("llm-sim")
-@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True),
-              help="Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json)")
-@click.option("--script", "script_file", required=True, type=click.Path(exists=True),
-              help="JSON script of replies (format: see agents/llm/simulator.py)")
-@click.option("--port", default=8100, show_default=True, help="Port to listen on")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind")
-@click.option("--latency", type=float, default=None, help="Seconds added to every answer")
-@click.option("--max-model-len", type=int, default=None, help="Reject longer requests (400)")
-def llm_sim_command(tokenizer_dir: str, script_file: str, port: int, host: str,
-                    latency: float | None, max_model_len: int | None) -> None:
-    """Run the LLM simulator (a scripted fake of vLLM's token-id API) until interrupted."""
-    server = make_server(tokenizer_dir, script_file, port, host, max_model_len, latency)
-    click.echo(f"LLM simulator (fake) serving {server.script.model} on {server.url}")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-
-
 if __name__ == "__main__":
+    from agents.llm.simulator_cli import llm_sim_command
+
     llm_sim_command()

@@ -1,0 +1,119 @@
+"""`raas llm-sim`: run the LLM simulator (a fake model) from the command line.
+
+With no arguments it serves the bundled SmolLM2 tokenizer with the demo-math policy, the
+no-GPU path of the README's quick start; `--register` adds it to a raas gateway's pool and
+`--detach` returns once it answers (and is registered), leaving it running in the background.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+from agents.llm.simulator import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, make_server
+
+READY_TIMEOUT = 60.0
+
+
+def register_with_gateway(gateway: str, server_url: str, patience: float = 60.0) -> str | None:
+    """Add `server_url` to the gateway's pool (waiting for a gateway that is still starting);
+    None when registered, else what went wrong."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            response = httpx.post(f"{gateway.rstrip('/')}/v1/llm-servers",
+                                  json={"url": server_url}, timeout=10)
+            break
+        except httpx.TransportError as exc:
+            if time.monotonic() > deadline:
+                return (f"cannot reach the raas gateway at {gateway} ({exc}); start it with "
+                        f"`raas up`, or point to it with --url or RAAS_URL")
+            time.sleep(0.5)
+    if response.status_code in (201, 409):  # 409: registered already
+        return None
+    return f"the raas gateway at {gateway} refused it: HTTP {response.status_code} " \
+           f"{response.text[:300]}"
+
+
+def _register_or_say(gateway: str, server_url: str) -> None:
+    problem = register_with_gateway(gateway, server_url)
+    click.echo(problem or f"registered {server_url} with the raas gateway at {gateway}",
+               err=bool(problem))
+
+
+def _detach(args: list[str], server_url: str, log_path: Path) -> int:
+    """Start the simulator as a background process and wait until it answers; its pid."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "agents.llm.simulator", *args],
+                                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{server_url}/health", timeout=1).is_success:
+                return proc.pid
+        except httpx.TransportError:
+            time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    raise click.ClickException(f"the simulator did not start on {server_url}; see {log_path}")
+
+
+@click.command("llm-sim")
+@click.option("--tokenizer", "tokenizer_dir", default=str(BUNDLED_TOKENIZER),
+              type=click.Path(exists=True), show_default="the bundled SmolLM2 tokenizer",
+              help="Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json)")
+@click.option("--script", "script_file", default=None, type=click.Path(exists=True),
+              help="JSON script of replies (format: see agents/llm/simulator.py); default: "
+                   "the demo policy that solves examples/math.jsonl with the python tool")
+@click.option("--port", default=8100, show_default=True, envvar="RAAS_LLM_SIM_PORT",
+              help="Port to listen on (or RAAS_LLM_SIM_PORT)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind")
+@click.option("--latency", type=float, default=None, help="Seconds added to every answer")
+@click.option("--max-model-len", type=int, default=None, help="Reject longer requests (400)")
+@click.option("--register", is_flag=True,
+              help="Add it to the pool of the raas gateway at --url (like `raas llm add`)")
+@click.option("--detach", is_flag=True,
+              help="Run in the background: return once it answers (and is registered)")
+@click.option("--url", envvar="RAAS_URL", default="http://127.0.0.1:8000", show_default=True,
+              help="raas gateway for --register (or RAAS_URL)")
+def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host: str,
+                    latency: float | None, max_model_len: int | None, register: bool,
+                    detach: bool, url: str) -> None:
+    """Run the LLM simulator (a fake of vLLM's token-id API) until interrupted."""
+    server_url = f"http://{host}:{port}"
+    if detach:
+        args = ["--tokenizer", tokenizer_dir, "--port", str(port), "--host", host]
+        args += ["--script", script_file] if script_file else []
+        args += ["--latency", str(latency)] if latency is not None else []
+        args += ["--max-model-len", str(max_model_len)] if max_model_len else []
+        log_path = Path(os.environ.get("RAAS_HOME", ".raas")) / f"llm-sim-{port}.log"
+        pid = _detach(args, server_url, log_path)
+        click.echo(f"LLM simulator (a fake model) on {server_url}, pid {pid} (stop: kill {pid}; "
+                   f"log {log_path})")
+        if register:
+            problem = register_with_gateway(url, server_url)
+            if problem:
+                raise click.ClickException(problem)
+            click.echo(f"registered {server_url} with the raas gateway at {url}")
+        return
+    server = make_server(tokenizer_dir, script_file or DEFAULT_SCRIPT, port, host,
+                         max_model_len, latency)
+    what = f"script {script_file}" if script_file else "the demo-math policy"
+    click.echo(f"LLM simulator (a fake model: {what}) on {server.url}"
+               + ("" if register else f"; register it with `raas llm add {server.url}`"))
+    if register:
+        threading.Thread(target=_register_or_say, args=(url, server.url), daemon=True).start()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
