@@ -3,7 +3,8 @@
 For tests and benchmarks where no real model can run. It answers
 `POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`), SGLang's
 `POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
-`GET /sim/stats` (request counts, for balancing tests).
+`GET /sim/stats` (request counts, for balancing tests; `started` counts requests as they
+arrive, `requests` as they are answered).
 
 Script (JSON file or dict)::
 
@@ -228,6 +229,8 @@ class _Handler(BaseHTTPRequestHandler):
                                   f"However, you requested {len(prompt) + max_tokens} tokens "
                                   f"({len(prompt)} in the messages, {max_tokens} in the "
                                   "completion)."}
+        with self.server.stats_lock:
+            self.server.stats["started"] += 1
         result = self.server.script.complete(prompt, max_tokens, self._client_gone)
         if result is None:
             with self.server.stats_lock:
