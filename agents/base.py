@@ -118,6 +118,15 @@ class AgentHandler(ABC):
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `app.errors.InvalidRequest`)."""
 
+    def prompt(self, instance: dict[str, Any],
+               config: HandlerConfig) -> tuple[str, str, list[Any]] | None:
+        """(system prompt, user prompt, tools) of a rollout if known before INIT, else None.
+
+        A handler that knows it lets a submission reject an instance whose prompt cannot fit
+        the context, instead of running it to a `prompt_too_long` outcome.
+        """
+        return None
+
     def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
         """Changes to the job's sandbox spec for this rollout (image, binds, env, limits).
 

@@ -95,8 +95,13 @@ def run_agent_loop(
 
 def _prompt_messages(ctx: StageContext, system_prompt: str, user_prompt: str,
                      tools: list[Tool]) -> list[dict[str, Any]]:
+    return prompt_messages(system_prompt, user_prompt, tools, _template_renders_tools(ctx.llm))
+
+
+def prompt_messages(system_prompt: str, user_prompt: str, tools: list[Tool],
+                    template_renders_tools: bool) -> list[dict[str, Any]]:
     """System + user messages; the tool list goes in the system prompt if the template can't."""
-    if tools and not _template_renders_tools(ctx.llm):
+    if tools and not template_renders_tools:
         system_prompt = f"{system_prompt.rstrip()}\n\n{describe_tools(tools)}"
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_prompt}]
 

@@ -49,11 +49,24 @@ def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
         from agents.llm.spec import LLMSpec, validate_llm_spec
 
         llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(), settings.db_url)
+        _check_prompts_fit(settings, handler, agent_config, req, llm)
     elif req.llm is not None:
         llm = req.llm.model_dump()
     return {"sampling": req.sampling.model_dump(), "limits": req.limits.model_dump(),
             "sandbox": req.sandbox.model_dump(exclude_defaults=True), "llm": llm,
             "agent_config": agent_config.model_dump()}
+
+
+def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req: JobCreate,
+                       llm: dict[str, Any]) -> None:
+    """Reject an instance whose prompt cannot fit the context, when that is knowable now."""
+    from agents.llm.pool import candidate_urls
+    from agents.llm.spec import LLMSpec
+    from agents.prompt_fit import check_prompts_fit
+
+    urls = candidate_urls(LLMSpec.model_validate(llm), settings.db_url)
+    check_prompts_fit(handler, agent_config, [(i.instance_id, i.data) for i in req.instances],
+                      llm, urls)
 
 
 def create_job(settings: Settings, req: JobCreate, owner: str,

@@ -110,17 +110,24 @@ class MathHandler(AgentHandler):
     def init(self, ctx: StageContext) -> None:
         """Nothing to prepare: the problem is in the prompt and the tools need no files."""
 
-    def run(self, ctx: StageContext) -> RunResult:
-        """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
-        cfg: MathConfig = ctx.agent_config
+    def prompt(self, instance: dict[str, Any],
+               config: HandlerConfig) -> tuple[str, str, list[Any]]:
+        """The system prompt, the problem in the user template, `python` (+ tools) and finish."""
+        cfg: MathConfig = config  # type: ignore[assignment]
         finish = finish_tool(description="Submit your final answer and end the task.",
                              answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)")
         # Models often send a bare JSON number ({"answer": 12}); that is an answer, not misuse.
         finish.parameters["properties"]["answer"]["type"] = ["string", "number"]
+        return (cfg.system_prompt, cfg.user_template.replace("{problem}", str(instance["problem"])),
+                builtin_tools(list(cfg.tools)) + [finish])
+
+    def run(self, ctx: StageContext) -> RunResult:
+        """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
+        cfg: MathConfig = ctx.agent_config
+        system_prompt, user_prompt, tools = self.prompt(ctx.instance, cfg)
         return run_agent_loop(
-            ctx, system_prompt=cfg.system_prompt,
-            user_prompt=cfg.user_template.replace("{problem}", str(ctx.instance["problem"])),
-            tools=builtin_tools(list(cfg.tools)) + [finish], max_turns=cfg.max_turns,
+            ctx, system_prompt=system_prompt, user_prompt=user_prompt,
+            tools=tools, max_turns=cfg.max_turns,
             max_invalid_turns=cfg.max_invalid_turns,
             final_answer=extract_boxed if cfg.accept_boxed else None)
 

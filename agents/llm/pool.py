@@ -8,9 +8,10 @@ named by a job itself are not rows; their load is counted from the rollouts that
 
 Stickiness keeps a rollout's turns on one server for prefix-cache reuse; the url is written to
 `Rollout.llm_server` so a retried attempt returns to it. A failing server is marked down and
-re-probed after `RECHECK_SECONDS`. Clearing and re-adding servers is how a trainer swaps
-weights: the session re-reads its server's row every turn, so each turn records the weight
-version it was really sampled with.
+re-probed after `RECHECK_SECONDS`. Weight updates do not remove servers: the trainer pauses a
+server (`paused`: new generations wait, in-flight ones finish), loads the weights, and sets the
+new `weight_version` while resuming; the session re-reads its server's row every turn, so each
+turn records the weight version it was really sampled with.
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class ServerInfo:
     model: str | None
     weight_version: str | None
     backend: str
+    paused: bool = False  # the trainer is loading weights: wait, do not fail
+    logprobs_mode: str | None = "raw_logprobs"  # the server's --logprobs-mode
 
 
 def probe(url: str) -> str | None:
@@ -92,11 +95,16 @@ class ServerPool(ABC):
             return s.scalar(select(Rollout.llm_server).where(Rollout.id == rollout_id))
 
 
+class ServersPaused(ServiceUnavailable):
+    """Every usable server is paused (weights loading): wait for a resume, do not give up."""
+
+
 class RegisteredPool(ServerPool):
     """The trainer's servers in the `llm_servers` table, shared by all workers on all nodes."""
 
     def _info(self, row: LLMServer) -> ServerInfo:
-        return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend)
+        return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend,
+                          bool(row.paused), row.logprobs_mode)
 
     def _recheck_down(self) -> None:
         """Probe servers marked down long enough ago; bring back the ones that answer."""
@@ -116,13 +124,17 @@ class RegisteredPool(ServerPool):
         for _ in range(CLAIM_RETRIES):
             with session_scope(self.db_url) as s:
                 query = select(LLMServer).where(LLMServer.healthy.is_(True))
-                rows = [r for r in s.scalars(query).all() if r.url not in exclude]
+                healthy = [r for r in s.scalars(query).all() if r.url not in exclude]
+                rows = [r for r in healthy if not r.paused]
+                if healthy and not rows:
+                    raise ServersPaused("every healthy LLM server is paused")
                 if not rows:
                     break
                 row = min(rows, key=lambda r: (r.in_flight, r.created_at, r.url))
                 claimed = s.execute(update(LLMServer).where(
                     LLMServer.id == row.id, LLMServer.in_flight == row.in_flight,
-                    LLMServer.healthy.is_(True)).values(in_flight=LLMServer.in_flight + 1))
+                    LLMServer.healthy.is_(True), LLMServer.paused.is_(False))
+                    .values(in_flight=LLMServer.in_flight + 1))
                 if claimed.rowcount == 1:
                     return self._info(row)
         raise ServiceUnavailable("no healthy LLM server is registered"
@@ -168,7 +180,9 @@ class JobServerPool(ServerPool):
     def __init__(self, db_url: str, backend: str, servers: list[dict[str, Any]]) -> None:
         super().__init__(db_url, backend)
         self.servers = {s["url"]: ServerInfo(s["url"], s.get("model"), s.get("weight_version"),
-                                             s.get("backend") or backend) for s in servers}
+                                             s.get("backend") or backend, False,
+                                             s.get("logprobs_mode") or "raw_logprobs")
+                        for s in servers}
         self._local: dict[str, int] = {url: 0 for url in self.servers}
 
     def _healthy(self, url: str) -> bool:

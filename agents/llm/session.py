@@ -24,7 +24,7 @@ from typing import Any
 from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
-from agents.llm.pool import ServerInfo, ServerPool, make_pool
+from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, make_pool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
     list_models,
@@ -34,7 +34,13 @@ from agents.llm.tokenizer import (
     server_max_model_len,
 )
 from agents.llm.trajectory import Trajectory, TrajectoryBuilder
-from app.errors import InvalidRequest, RolloutCancelled, ServiceUnavailable, StageTimeout
+from app.errors import (
+    ConfigError,
+    InvalidRequest,
+    RolloutCancelled,
+    ServiceUnavailable,
+    StageTimeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,12 +254,16 @@ class LLMSession:
         return generation
 
     def _server_for_turn(self, deadline: float, tried: set[str]) -> ServerInfo:
-        """The sticky server (re-read: weight version may change), else a fresh pick."""
+        """The sticky server (re-read: weight version may change), else a fresh pick.
+
+        A paused server (weights loading) is waited for, up to the deadline: the rollout keeps
+        its slot and its prefix cache, and the next turn records the new weight version.
+        """
         if self.server is not None:
-            current = self.pool.lookup(self.server.url)
+            current = self._unpaused(self.server.url, deadline)
             if current is not None:
                 self.server = current
-                return current
+                return self._check_mode(current)
             log.info("rollout %s: server %s left the pool", self.rollout_id, self.server.url)
             self.pool.release(self.server.url)
             self.server = None
@@ -265,7 +275,25 @@ class LLMSession:
         if self._stuck_url != self.server.url:
             self.pool.stick(self.rollout_id, self.server.url)
             self._stuck_url = self.server.url
-        return self.server
+        if self.server.paused:  # a sticky take of a paused server: wait here
+            return self._server_for_turn(deadline, tried)
+        return self._check_mode(self.server)
+
+    def _unpaused(self, url: str, deadline: float) -> ServerInfo | None:
+        """The server's current info once it is not paused (None if it left the pool)."""
+        current = self.pool.lookup(url)
+        while current is not None and current.paused:
+            self._sleep_before(deadline, f"waiting for paused server {url}")
+            current = self.pool.lookup(url)
+        return current
+
+    def _check_mode(self, server: ServerInfo) -> ServerInfo:
+        """Refuse a server whose logprobs are not the kind the job asked for."""
+        wanted = self.spec.logprobs_mode
+        if wanted is not None and server.logprobs_mode != wanted:
+            raise ConfigError(f"llm.logprobs_mode: the job needs {wanted} but {server.url} "
+                              f"declares {server.logprobs_mode}")
+        return server
 
     def _acquire(self, deadline: float, tried: set[str]) -> ServerInfo:
         """Pick a server, waiting (bounded by the deadline) while none is healthy."""
@@ -273,6 +301,9 @@ class LLMSession:
         while True:
             try:
                 return self.pool.acquire(exclude=frozenset(tried))
+            except ServersPaused:
+                self._sleep_before(deadline, "every server is paused")
+                give_up = min(deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
             except ServiceUnavailable as exc:
                 if time.monotonic() + NO_SERVER_RETRY_SECONDS >= give_up:
                     raise ServiceUnavailable(f"rollout {self.rollout_id}: {exc.message}") from exc

@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from app.errors import InvalidRequest
 
 BackendName = Literal["vllm", "sglang", "openai-chat"]
+# vLLM's --logprobs-mode values that are logprobs (the *_logits modes are not): raw = the
+# model's distribution before temperature/top-k/top-p and logit processors (vLLM's default),
+# processed = the distribution actually sampled from, after all of them.
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 
 
 class ServerSpec(BaseModel):
@@ -25,6 +29,9 @@ class ServerSpec(BaseModel):
     model: str | None = Field(None, description="Served model name; default: GET /v1/models")
     weight_version: str | None = Field(None, description="Recorded with every turn it samples")
     backend: BackendName | None = Field(None, description="Overrides the job's backend")
+    logprobs_mode: LogprobsMode = Field(
+        "raw_logprobs", description="The server's --logprobs-mode (vLLM default raw_logprobs); "
+        "recorded on every turn it samples")
 
     @field_validator("url")
     @classmethod
@@ -57,6 +64,10 @@ class LLMSpec(BaseModel):
     request_timeout: float = Field(600.0, gt=0, description="Seconds for one generation call")
     api_key_env: str | None = Field(
         None, description="Environment variable holding the API key (openai-chat)"
+    )
+    logprobs_mode: LogprobsMode | None = Field(
+        None, description="Only use servers whose logprobs are of this kind (raw_logprobs or "
+        "processed_logprobs); None = any (the rollout records which)"
     )
 
     @field_validator("servers")

@@ -1,0 +1,50 @@
+"""Submission-time check that each instance's prompt fits the context (issue 12).
+
+A prompt that leaves no room for one generated token can never become a sample. When the
+handler can say what its prompt is before INIT (`AgentHandler.prompt`) and the context is
+known (the job's `llm.max_model_len`, lowered to what the servers report in GET /v1/models),
+the submission is rejected with the instance named; otherwise the rollout ends at RUN with
+the `prompt_too_long` outcome. Only prompts whose rendered text has at least as many
+characters as the context are tokenized (every token covers at least one character), so a
+large batch of ordinary prompts costs one template render each.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from agents.base import AgentHandler, HandlerConfig
+from agents.llm.tokenizer import load_chat_tokenizer, server_max_model_len
+from agents.loop import prompt_messages
+from app.errors import InvalidRequest
+
+
+def effective_context(llm: dict[str, Any], urls: list[str]) -> tuple[int, str]:
+    """The largest context any of `urls` could give the job, and how it was derived."""
+    served = [n for n in (server_max_model_len(url) for url in urls) if n is not None]
+    job = int(llm["max_model_len"])
+    if served and len(served) == len(urls) and max(served) < job:
+        return max(served), f"llm.max_model_len {job}, servers serve at most {max(served)}"
+    return job, f"llm.max_model_len {job}"
+
+
+def check_prompts_fit(handler: AgentHandler, config: HandlerConfig,
+                      instances: list[tuple[str, dict[str, Any]]], llm: dict[str, Any],
+                      urls: list[str]) -> None:
+    """Raise InvalidRequest naming the first instance whose prompt cannot fit the context."""
+    if not instances or handler.prompt(instances[0][1], config) is None:
+        return
+    tok = load_chat_tokenizer(llm["tokenizer"], llm.get("chat_template"))
+    limit, why = effective_context(llm, urls)
+    for index, (instance_id, data) in enumerate(instances):
+        system, user, tools = handler.prompt(data, config)
+        schemas = [tool.schema() for tool in tools]
+        text = tok.render(prompt_messages(system, user, tools, tok.supports_tools), schemas,
+                          True, **(llm.get("chat_template_kwargs") or {}))
+        if len(text) < limit:
+            continue
+        n = len(tok.encode(text))
+        if n >= limit:
+            raise InvalidRequest(
+                f"instances[{index}] ({instance_id}): the prompt is {n} tokens and leaves no "
+                f"room to generate in a context of {limit} tokens ({why})",
+                field=f"instances[{index}]")
