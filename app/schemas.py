@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.llm.spec import BackendName, LLMSpec, SamplingParams, ServerSpec
+from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
 from sandbox.spec import SandboxOptions
 
 
@@ -194,12 +194,15 @@ class LLMServerCreate(ServerSpec):
 
 
 class LLMServerUpdate(Strict):
-    """Change a registered server (a new weight version after a policy update)."""
+    """Change a registered server: pause it for a weight update, resume it with a new version."""
 
     model: str | None = None
-    weight_version: str | None = None
+    weight_version: str | None = Field(None, description="Recorded with every later turn")
     backend: BackendName | None = None
     healthy: bool | None = None
+    paused: bool | None = Field(None, description="true: generations wait (weights loading); "
+                                "false: resume")
+    logprobs_mode: LogprobsMode | None = Field(None, description="The server's --logprobs-mode")
 
 
 class LLMServerView(BaseModel):
@@ -213,6 +216,8 @@ class LLMServerView(BaseModel):
     weight_version: str | None = None
     backend: str
     healthy: bool
+    paused: bool = False
+    logprobs_mode: str = "raw_logprobs"
     in_flight: int
     last_error: str | None = None
 

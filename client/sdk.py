@@ -158,6 +158,21 @@ class RaasClient:
         return self._call("POST", "/v1/llm-servers",
                           json={"url": url, "model": model, "weight_version": weight_version})
 
+    def update_llm_server(self, server_id: str, **fields: Any) -> dict[str, Any]:
+        """PUT /v1/llm-servers/{id} (weight_version, paused, healthy, ...)."""
+        return self._call("PUT", f"/v1/llm-servers/{server_id}", json=fields)
+
+    def pause_llm_server(self, server_id: str) -> dict[str, Any]:
+        """Stop sending new generations to a server (its rollouts wait) before a weight load."""
+        return self.update_llm_server(server_id, paused=True)
+
+    def resume_llm_server(self, server_id: str, weight_version: str | None = None) -> dict[str, Any]:
+        """Resume a paused server, recording its new weight version from the next turn on."""
+        fields: dict[str, Any] = {"paused": False}
+        if weight_version is not None:
+            fields["weight_version"] = weight_version
+        return self.update_llm_server(server_id, **fields)
+
     def llm_servers(self) -> list[dict[str, Any]]:
         """The registered inference servers."""
         return self._call("GET", "/v1/llm-servers")["servers"]

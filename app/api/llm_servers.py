@@ -1,4 +1,10 @@
-"""v1 llm-servers: the inference servers the trainer registers (and swaps on weight updates)."""
+"""v1 llm-servers: the inference servers the trainer registers, pauses and updates.
+
+Weight updates without restarts: `PUT {"paused": true}` (no new generation goes to the server;
+rollouts that use it wait, they do not fail), load the weights, then
+`PUT {"paused": false, "weight_version": "<new>"}`. Every turn records the version it was
+sampled with; see the README's weight-update flow.
+"""
 from __future__ import annotations
 
 from flask import Blueprint, current_app
@@ -23,7 +29,8 @@ def register_server(db_url: str, body: LLMServerCreate) -> LLMServerView:
     try:
         with session_scope(db_url) as s:
             server = LLMServer(url=body.url, model=body.model,
-                               weight_version=body.weight_version, backend=body.backend)
+                               weight_version=body.weight_version, backend=body.backend,
+                               logprobs_mode=body.logprobs_mode)
             s.add(server)
             s.flush()
             return LLMServerView.model_validate(server)
@@ -32,7 +39,7 @@ def register_server(db_url: str, body: LLMServerCreate) -> LLMServerView:
 
 
 def clear_servers(db_url: str) -> int:
-    """Remove every registered server (how a trainer swaps weights); returns how many."""
+    """Remove every registered server; returns how many. (To swap weights, pause instead.)"""
     with session_scope(db_url) as s:
         servers = s.scalars(select(LLMServer)).all()
         for server in servers:
@@ -55,7 +62,8 @@ def index() -> LLMServerList:
 
 
 @typed_route(bp, "/v1/llm-servers/<server_id>", "PUT", body=LLMServerUpdate,
-             response=LLMServerView, summary="Update a server (e.g. its weight version)")
+             response=LLMServerView,
+             summary="Update a server: pause/resume it, set its new weight version")
 def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
     with session_scope(_db()) as s:
         server = s.get(LLMServer, server_id)
