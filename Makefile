@@ -32,6 +32,7 @@ test-vllm: install
 
 bench: install
 	$(PY) bench/pipeline.py
+	$(PY) bench/ui_render.py
 
 clean:
 	rm -rf $(VENV) .raas .pytest_cache

@@ -110,13 +110,16 @@ def rollout(rollout_id: str):
 
 @bp.get("/rollouts/<rollout_id>/tokens.json")
 def rollout_tokens(rollout_id: str):
-    """One segment's tokens (the page fetches a turn when it is opened)."""
+    """One segment's tokens (a turn being opened), or every segment (`segment=all`)."""
     raw = request.args.get("segment", "")
     with session_scope(_settings().db_url) as s:
         r, job = _owned_rollout(s, rollout_id)
         segs = tokens.segments(r, _turns(s, r)[0])
+        if raw == "all":
+            return {"segments": [{**sg, **tokens.token_rows(r, job, sg["start"], sg["end"])}
+                                 for sg in segs]}
         if not raw.isdigit() or int(raw) >= len(segs):
-            raise InvalidRequest(f"segment must be 0..{len(segs) - 1}, got {raw!r}",
+            raise InvalidRequest(f"segment must be 0..{len(segs) - 1} or all, got {raw!r}",
                                  field="segment")
         seg = segs[int(raw)]
         return {**seg, **tokens.token_rows(r, job, seg["start"], seg["end"])}

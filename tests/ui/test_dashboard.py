@@ -79,7 +79,8 @@ def jobs(service):
         slow["question"]: [{"text": call("search", query="heapq"), "latency": 8}],
     }}
     url, stop = start_simulator(SMOLLM2, script)
-    llm = {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
+    llm = {"servers": [{"url": url, "weight_version": "step-6"}], "tokenizer": SMOLLM2,
+           "max_model_len": 4096}
     service.client.add_llm_server(url, weight_version="step-7")  # for the stage view
     main = service.client.submit("search", [instance(i) for i in
                                             ("search-003", "search-016", "search-001")],
@@ -200,6 +201,7 @@ def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browse
     assert float(lines["logprob"].split()[0]) == stored["response_logprobs"][k]
     assert f"id {stored['response_ids'][k]}" in tip.text
     assert lines["mask"].startswith("1")
+    assert lines["policy"] == "version step-6" == f"version {stored['policy_versions'][0]}"
     # The drift audit found the non-canonical tokens of turn 0; the first one is marked.
     assert stored["metrics"]["retokenization_drift"] > 0
     drift = browser.find_elements("css selector", ".tokbox .tok.drift")

@@ -113,8 +113,17 @@ if (conv) {
     tok.classList.add("sel");
     showTip(tok, e.clientX, e.clientY);
   });
-  document.getElementById("expand-all").addEventListener("click", () => {
-    conv.querySelectorAll("details.tokens").forEach((d) => { d.open = true; });
+  // One request for every segment: 30 turns opened one by one would be 30 round trips.
+  document.getElementById("expand-all").addEventListener("click", async () => {
+    const all = [...conv.querySelectorAll("details.tokens")];
+    const resp = await fetch(`${conv.dataset.tokens}?segment=all`, {headers: {Accept: "application/json"}});
+    if (!resp.ok) { all.forEach((d) => { d.open = true; }); return; }
+    const {segments} = await resp.json();
+    all.forEach((d) => {
+      const box = d.querySelector(".tokbox");
+      if (!box.dataset.loaded) renderSegment(box, segments[Number(d.dataset.segment)]);
+      d.open = true;
+    });
   });
   document.querySelectorAll(".goto-token").forEach((a) => a.addEventListener("click", (e) => {
     e.preventDefault();
