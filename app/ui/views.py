@@ -180,7 +180,7 @@ def stages():
         everyone = rollout_counts(s)
         mine = rollout_counts(s, g.owner)
         servers = [{"id": v.id, "url": v.url, "model": v.model, "weight_version": v.weight_version,
-                    "healthy": v.healthy, "in_flight": v.in_flight, "last_error": v.last_error}
+                    "healthy": v.healthy, "paused": v.paused, "in_flight": v.in_flight, "last_error": v.last_error}
                    for v in llm_servers(s)]
     template = "ui/_stages_body.html" if request.args.get("fragment") else "ui/stages.html"
     return render_template(template, table=_queue_table(queues, depths, consumers),
