@@ -120,6 +120,12 @@ def validate_llm_spec(llm_spec: dict, db_url: str) -> dict:
     from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
 
     spec = parse_model(LLMSpec, llm_spec, "llm")
+    for i, server in enumerate(spec.servers or []):
+        if spec.logprobs_mode is not None and server.logprobs_mode != spec.logprobs_mode:
+            raise InvalidRequest(
+                f"llm.servers.{i}.logprobs_mode: the job asks for {spec.logprobs_mode} but "
+                f"{server.url} declares {server.logprobs_mode} (vLLM --logprobs-mode)",
+                field=f"llm.servers.{i}.logprobs_mode")
     spec.tokenizer = resolve_tokenizer_path(spec, db_url)
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template)

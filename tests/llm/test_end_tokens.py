@@ -101,3 +101,29 @@ def test_tool_call_tags_that_are_special_tokens_parse(qwen3_dir) -> None:
     assert errors == [] and not text.endswith("<|im_end|>")
     b.add_messages([{"role": "tool", "content": "a.txt"}])
     assert b.audit_drift()["retokenization_drift"] == 0
+
+
+def test_llama31_eom_tool_turn_through_the_session(llama31_dir, db_url) -> None:
+    """The same seam over HTTP: the simulator (a vLLM fake) ends the tool turn with eom."""
+    from agents.llm import LLMSession
+    from agents.llm.simulator import start_simulator
+    from tests.llm.conftest import deadline
+
+    script = {"turn_marker": "<|start_header_id|>assistant",
+              "default": [{"text": CALL, "end_token": "<|eom_id|>"}, "Two files."]}
+    url, stop = start_simulator(llama31_dir, script)
+    spec = {"servers": [{"url": url}], "tokenizer": llama31_dir, "max_model_len": 2048}
+    try:
+        with LLMSession.open(spec, {"max_tokens": 200}, "llama-eom", db_url) as s:
+            s.start(PROMPT, TOOLS)
+            first = s.generate(deadline())
+            eom, eot = (s.builder.tok.hf.convert_tokens_to_ids(t)
+                        for t in ("<|eom_id|>", "<|eot_id|>"))
+            assert first.token_ids[-1] == eom and first.finish_reason == "stop"
+            assert parse_tool_calls(first.text)[0][0].name == "bash"
+            delta = s.append_messages([{"role": "tool", "content": "a.txt"}])
+            assert delta[0] != eot
+            second = s.generate(deadline())
+            assert second.token_ids[-1] == eot and second.text == "Two files."
+    finally:
+        stop()

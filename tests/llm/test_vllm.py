@@ -53,7 +53,7 @@ def test_multi_turn_rollout_is_token_exact(vllm_db: str) -> None:
         assert {i for i, m in enumerate(traj.loss_mask) if m} == generated
         assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.response_logprobs)
         report = s.audit_drift()
-        assert set(report) == {"retokenization_drift", "first_diff"}
+        assert set(report) == {"retokenization_drift", "first_diff", "drift_turns"}
         assert isinstance(report["retokenization_drift"], int)
 
 
@@ -79,3 +79,37 @@ def test_length_stop_against_real_server(vllm_db: str) -> None:
         assert delta[0] == 2  # <|im_end|> closes the cut turn, mask 0
         s.generate(deadline(120))
         assert s.audit_drift()["retokenization_drift"] >= 0
+
+
+def test_server_context_caps_every_request(vllm_db: str) -> None:
+    """Issue 12 case 1 on a real vLLM: the job asks 8192, the server's max_model_len wins."""
+    served = httpx.get(f"{VLLM_URL}/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+    spec = validate_llm_spec({"max_model_len": 8192}, vllm_db)
+    with LLMSession.open(spec, {"temperature": 1.0, "max_tokens": 4096}, "vllm-ctx", vllm_db) as s:
+        s.start(PROMPT, TOOLS)
+        generation = s.generate(deadline(600))  # asks for at most what fits: no HTTP 400
+        assert s.context_length == served
+        assert generation.finish_reason in ("stop", "context")
+        traj = s.trajectory()
+        assert len(traj.prompt_ids) + len(traj.response_ids) <= served
+
+
+def test_prompt_longer_than_the_server_context_generates_nothing(vllm_db: str) -> None:
+    """Issue 12 case 2: an empty `context` generation, never an HTTP 400 or a reward-0 turn."""
+    spec = validate_llm_spec({"max_model_len": 100_000}, vllm_db)
+    long_prompt = [{"role": "user", "content": "word " * 20_000}]
+    with LLMSession.open(spec, {"max_tokens": 16}, "vllm-long", vllm_db) as s:
+        s.start(long_prompt)
+        generation = s.generate(deadline(120))
+        assert (generation.token_ids, generation.finish_reason) == ([], "context")
+
+
+def test_generated_token_budget_caps_the_request(vllm_db: str) -> None:
+    """Issue 12 case 3: max_new_tokens (what limits.max_tokens leaves) caps the request."""
+    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)
+    with LLMSession.open(spec, {"temperature": 1.0, "max_tokens": 512, "seed": 3}, "vllm-budget",
+                         vllm_db) as s:
+        s.start(PROMPT)
+        generation = s.generate(deadline(120), max_new_tokens=5)
+        assert len(generation.token_ids) <= 5
+        assert generation.finish_reason in ("stop", "token_budget")

@@ -1,0 +1,96 @@
+"""Weight updates without restarts and logprob modes (issue 12, cases 7-8), on the simulator.
+
+The trainer's side is the database row (what PUT /v1/llm-servers writes): pausing a server
+makes a turn wait instead of failing, resuming with a new weight_version is recorded on the
+next turn; a server's declared --logprobs-mode is recorded and can be required by a job.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import update
+
+from agents.llm import LLMSession, validate_llm_spec
+from agents.llm.pool import RegisteredPool, ServersPaused
+from app.db import session_scope
+from app.errors import ConfigError, InvalidRequest
+from app.models import LLMServer
+from tests.llm.conftest import SMOLLM2, deadline
+from tests.llm.test_pool import SCRIPT, SPEC, make_rollouts, register, requests_seen
+
+
+def set_row(db_url: str, url: str, **values) -> None:
+    with session_scope(db_url) as db:
+        db.execute(update(LLMServer).where(LLMServer.url == url).values(**values))
+
+
+def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulators,
+                                                                       db_url) -> None:
+    url, _ = simulators(SCRIPT)
+    register(db_url, [url], "v1")
+    [rid] = make_rollouts(db_url, 1)
+    with LLMSession.open(SPEC, {}, rid, db_url) as s:
+        s.start([{"role": "user", "content": "go"}])
+        assert s.generate(deadline()).weight_version == "v1"
+        s.append_messages([{"role": "tool", "content": "ok"}])
+        set_row(db_url, url, paused=True)  # PUT {"paused": true}
+        seen = requests_seen(url)
+        threading.Timer(1.5, set_row, args=(db_url, url),
+                        kwargs={"paused": False, "weight_version": "v2"}).start()
+        started = time.monotonic()
+        second = s.generate(deadline())
+        assert time.monotonic() - started >= 1.4  # waited for the resume, did not fail
+        assert requests_seen(url) == seen + 1  # nothing was sent while paused
+        assert second.weight_version == "v2"
+        assert s.trajectory().weight_versions == ["v1", "v2"]
+
+
+def test_paused_server_past_the_deadline_is_a_timeout_not_a_failover(simulators,
+                                                                    db_url) -> None:
+    from app.errors import StageTimeout
+
+    url, _ = simulators(SCRIPT)
+    register(db_url, [url], "v1")
+    set_row(db_url, url, paused=True)
+    [rid] = make_rollouts(db_url, 1)
+    with LLMSession.open(SPEC, {}, rid, db_url) as s:
+        s.start([{"role": "user", "content": "go"}])
+        with pytest.raises(StageTimeout, match="paused"):
+            s.generate(time.monotonic() + 1.0)
+    assert requests_seen(url) == 0
+
+
+def test_pool_skips_paused_servers_and_says_when_all_are(simulators, db_url) -> None:
+    a, b = simulators(SCRIPT)[0], simulators(SCRIPT)[0]
+    register(db_url, [a, b])
+    set_row(db_url, a, paused=True)
+    pool = RegisteredPool(db_url, "vllm")
+    assert pool.acquire().url == b
+    set_row(db_url, b, paused=True)
+    with pytest.raises(ServersPaused):
+        pool.acquire()
+
+
+def test_logprobs_mode_is_recorded_per_turn(simulators, db_url) -> None:
+    url, _ = simulators(SCRIPT)
+    spec = {"servers": [{"url": url, "logprobs_mode": "processed_logprobs"}],
+            "tokenizer": SMOLLM2, "max_model_len": 2048, "logprobs_mode": "processed_logprobs"}
+    with LLMSession.open(spec, {}, "modes-1", db_url) as s:
+        s.start([{"role": "user", "content": "go"}])
+        assert s.generate(deadline()).logprobs_mode == "processed_logprobs"
+        assert s.logprobs_mode == "processed_logprobs"
+
+
+def test_logprobs_mode_mismatch_is_refused(simulators, db_url) -> None:
+    url, _ = simulators(SCRIPT)
+    with pytest.raises(InvalidRequest, match=r"llm.servers.0.logprobs_mode"):
+        validate_llm_spec({"servers": [{"url": url}], "tokenizer": SMOLLM2,
+                           "logprobs_mode": "processed_logprobs"}, db_url)
+    register(db_url, [url])  # declares vLLM's default, raw_logprobs
+    [rid] = make_rollouts(db_url, 1)
+    with LLMSession.open({**SPEC, "logprobs_mode": "processed_logprobs"}, {}, rid, db_url) as s:
+        s.start([{"role": "user", "content": "go"}])
+        with pytest.raises(ConfigError, match="processed_logprobs"):
+            s.generate(deadline())
