@@ -210,3 +210,18 @@ def test_bearer_token(tmp_path):
         assert client.get("/healthz").status_code == 200
     finally:
         server.shutdown()
+
+
+def test_prorl_started_state_is_shared_by_gateways(tmp_path):
+    """Two gateways on one database (gunicorn workers, several hosts) agree on /start."""
+    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers")
+    (one, a), (two, b) = serve(settings), serve(settings)
+    try:
+        assert b.get("/status").status_code == 503
+        assert a.post("/start").status_code == 200
+        assert b.get("/status").status_code == 200 and b.post("/start").status_code == 400
+        assert b.post("/stop").status_code == 200 and a.get("/status").status_code == 503
+    finally:
+        for server, client in ((one, a), (two, b)):
+            client.close()
+            server.shutdown()

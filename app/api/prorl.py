@@ -3,6 +3,8 @@
 `/process` runs one rollout through the same pipeline as `/v1/jobs` and blocks until it ends;
 the answer has ProRL's shape (`prorl_results`). The lifecycle is ProRL's: until `/start`,
 `/process`, `/status` and `/stop` answer 503; `/stop` cancels the ProRL work still in flight.
+The started state is a row in `service_flags`, so every gateway process (gunicorn workers,
+several gateways) agrees on it.
 ProRL's `job_id` groups `/process` calls so `/cancel` can stop them together; a cancelled
 rollout's in-flight generation is aborted (its HTTP request closed) rather than awaited.
 Errors on these routes have ProRL's (FastAPI's) body: `{"detail": ...}`, 422 for a body that
@@ -15,7 +17,8 @@ import uuid
 from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from app.api.jobs import enqueue_rollouts
 from app.api.llm_servers import clear_servers, register_server
@@ -26,12 +29,13 @@ from app.api.routing import typed_route
 from app.db import session_scope
 from app.errors import Conflict, InvalidRequest, RaasError, ServiceUnavailable, StageTimeout
 from app.jobs import cancel_job, create_job
-from app.models import TERMINAL_VALUES, Job, LLMServer, Rollout, Turn
+from app.models import TERMINAL_VALUES, Job, LLMServer, Rollout, ServiceFlag, Turn, utcnow
 from app.schemas import Instance, JobCreate, LLMServerCreate
 
 bp = Blueprint("prorl", __name__)
 POLL_SECONDS = 0.2
 NOT_RUNNING = "Server is not running. Please start the server first."
+RUNNING_FLAG = "prorl_running"
 
 
 class ServerNotRunning(ServiceUnavailable):
@@ -58,15 +62,31 @@ def _settings():
     return current_app.config["RAAS"]
 
 
-def _running_flag():
-    """ProRL's started/stopped state of this gateway process."""
-    import threading
+def _is_running() -> bool:
+    """ProRL's started/stopped state, in the database so every gateway process agrees."""
+    with session_scope(_settings().db_url) as s:
+        flag = s.get(ServiceFlag, RUNNING_FLAG)
+        return bool(flag and flag.enabled)
 
-    return current_app.extensions.setdefault("prorl_running", threading.Event())
+
+def _set_running(value: bool) -> bool:
+    """Switch the state; False when it already was `value` (one UPDATE decides races)."""
+    with session_scope(_settings().db_url) as s:
+        changed = s.execute(update(ServiceFlag).where(
+            ServiceFlag.name == RUNNING_FLAG, ServiceFlag.enabled.is_not(value))
+            .values(enabled=value, updated_at=utcnow())).rowcount
+        if changed or s.get(ServiceFlag, RUNNING_FLAG) is not None:
+            return bool(changed)
+    try:
+        with session_scope(_settings().db_url) as s:
+            s.add(ServiceFlag(name=RUNNING_FLAG, enabled=value))
+        return True
+    except IntegrityError:  # another gateway created it first
+        return _set_running(value)
 
 
 def _require_running() -> None:
-    if not _running_flag().is_set():
+    if not _is_running():
         raise ServerNotRunning(NOT_RUNNING)
 
 
@@ -166,17 +186,16 @@ def clear_llm_server() -> dict[str, Any]:
 @typed_route(bp, "/start", "POST", summary="Start accepting /process (400 if running)",
              tag="prorl")
 def start() -> dict[str, Any]:
-    if _running_flag().is_set():
+    if not _set_running(True):
         raise InvalidRequest("Server is already running")
-    _running_flag().set()
     return {"status": "Server started successfully"}
 
 
 @typed_route(bp, "/stop", "POST", summary="Stop accepting /process; cancel ProRL work in flight",
              tag="prorl")
 def stop() -> dict[str, Any]:
-    _require_running()
-    _running_flag().clear()
+    if not _is_running() or not _set_running(False):
+        raise ServerNotRunning(NOT_RUNNING)
     settings = _settings()
     with session_scope(settings.db_url) as s:
         ids = _prorl_jobs(s, unfinished=True)
