@@ -30,7 +30,7 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
     up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(tmp_path / "home"),
                            "--port", str(port), "--concurrency", "2"], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          start_new_session=True)
+                          start_new_session=True, preexec_fn=default_sigint)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -81,10 +81,26 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
         # this test handler's trajectory has no assistant message: ProRL's list is then empty
         assert body["messages"] == [] and body["prompt_ids"] == [1, 2, 3]
     finally:
-        os.killpg(up.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
-        output = up.communicate(timeout=60)[0].decode(errors="replace")
+        output = ctrl_c(up)
     assert up.returncode == 0, output[-3000:]
     assert not processes_with_env(f"RAAS_HOME={tmp_path / 'home'}"), "workers survived Ctrl-C"
+
+
+def default_sigint() -> None:
+    """In the child: Ctrl-C's default action, even if this test runs with SIGINT ignored
+    (a parent launched in the background passes that on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def ctrl_c(up: subprocess.Popen, grace: float = 60) -> str:
+    """Ctrl-C to the process group of `raas up`; SIGKILL it if it does not stop (never leak)."""
+    os.killpg(up.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    try:
+        return up.communicate(timeout=grace)[0].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.communicate()
+        raise AssertionError("raas up did not stop on Ctrl-C") from None
 
 
 def processes_with_env(entry: str) -> list[int]:
@@ -126,5 +142,9 @@ def test_up_stops_cleanly_on_sigterm(tmp_path):
     while len(processes_with_env(f"RAAS_HOME={home}")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
     up.send_signal(signal.SIGTERM)  # only the parent: it must take its pools down itself
-    assert up.wait(60) == 0
+    try:
+        assert up.wait(60) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
     assert not processes_with_env(f"RAAS_HOME={home}")

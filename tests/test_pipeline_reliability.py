@@ -136,17 +136,18 @@ def test_infra_failures_retry_then_give_up(tmp_path):
 def test_stage_deadline_counts_only_running_time(tmp_path):
     svc = start_service(tmp_path, concurrency=1)
     try:
-        # 3 rollouts on one RUN slot: the last waits ~2 s in the queue, yet none times out
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"q{k}"} for k in range(3)],
+        # 6 rollouts of ~1 s on one RUN slot: the last waits >= 5 s in the queue, more than
+        # its 4 s limit, yet none times out (4x headroom on the work itself for a busy machine)
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"q{k}"} for k in range(6)],
                                 agent_config={"run_s": 1.0, "turns": 4},
-                                limits={"run_timeout": 1.8})
+                                limits={"run_timeout": 4.0})
         late = svc.client.submit("test-sleepy", [{"instance_id": "slow"}],
-                                 agent_config={"run_s": 6.0, "turns": 12},
+                                 agent_config={"run_s": 20.0, "turns": 40},
                                  limits={"run_timeout": 1.0})
-        assert svc.wait_done(job["job_id"], 60)["outcomes"] == {"completed": 3}
-        svc.wait_done(late["job_id"], 60)
+        assert svc.wait_done(job["job_id"], 90)["outcomes"] == {"completed": 6}
+        svc.wait_done(late["job_id"], 90)
         [r] = svc.all_results(late["job_id"])
-        assert r["outcome"] == "timeout" and r["timing"]["run"] < 3
+        assert r["outcome"] == "timeout" and r["timing"]["run"] < 10
     finally:
         svc.stop()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.test_embedded_up import free_port, processes_with_env
+from tests.test_embedded_up import ctrl_c, default_sigint, free_port, processes_with_env
 
 REPO = Path(__file__).resolve().parent.parent
 MARKER = "<!-- tests/test_quickstart.py runs these blocks verbatim"
@@ -76,7 +76,7 @@ def test_readme_quick_start_on_a_fresh_home(tmp_path):
     home = work / ".raas"
     up = subprocess.Popen(["raas", "up"], env=env, cwd=work, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, start_new_session=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          preexec_fn=default_sigint)
     sim_pid = None
     try:
         wait_ready(env["RAAS_URL"], up)
@@ -114,7 +114,6 @@ def test_readme_quick_start_on_a_fresh_home(tmp_path):
     finally:
         if sim_pid:
             os.kill(sim_pid, signal.SIGKILL)
-        os.killpg(up.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
-        output = up.communicate(timeout=90)[0].decode(errors="replace")
+        output = ctrl_c(up, grace=90)
     assert up.returncode == 0, output[-3000:]
     assert not processes_with_env(f"RAAS_HOME={home.resolve()}"), "workers survived Ctrl-C"
