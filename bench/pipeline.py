@@ -7,8 +7,13 @@
     same stage code (bench/serial_worker.py): with the same total concurrency (12), and sized
     to what a node can afford for INIT (3 concurrent sandbox starts): a serial slot may be in
     INIT at any moment, so a node that can start only 3 sandboxes at once can run only 3.
+(c) Math EVAL: `examples/math.jsonl` through the whole pipeline (bwrap sandboxes, the `math`
+    environment, the LLM simulator's demo policy, a fake model) on the embedded default; EVAL
+    seconds per rollout with the persistent grading process (`grading_process: warm`) against
+    the baseline of a new grading process per rollout (`per_call`, the old way), same run.
 
-Usage: .venv/bin/python bench/pipeline.py [--quick]   (needs Redis :6379 and PostgreSQL :5432)
+Usage: .venv/bin/python bench/pipeline.py [--quick] [--only throughput|overlap|math-eval]
+(needs Redis :6379 and PostgreSQL :5432 for (a) and (b))
 """
 from __future__ import annotations
 
@@ -137,15 +142,68 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
             "steady_vs_bound": round(steady / bound, 3)}
 
 
+def math_eval(n: int) -> list[dict]:
+    """(c): math rollouts graded per_call (baseline) then warm, on one service."""
+    from agents.llm.simulator import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, start_simulator
+    from sandbox.environments import build_environment
+
+    rows = [json.loads(line) for line in (REPO / "examples/math.jsonl").read_text().splitlines()]
+    instances = [{"instance_id": f"{r['instance_id']}-{k}", "data": r}
+                 for k in range(n // len(rows) + 1) for r in rows][:n]
+    url, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), DEFAULT_SCRIPT)
+    results = []
+    with tempfile.TemporaryDirectory() as home:
+        (Path(home) / "envs").mkdir()
+        (Path(home) / "envs" / "math").symlink_to(build_environment("math", ["numpy", "sympy"]))
+        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False)
+        try:
+            for mode in ("per_call", "warm"):
+                job = svc.client.submit("math", instances, llm={"servers": [{"url": url}]},
+                                        agent_config={"grading_process": mode})
+                t0 = time.monotonic()
+                wait_all(svc, job["job_id"])
+                wall = time.monotonic() - t0
+                done = svc.all_results(job["job_id"])
+                evals = [r["timing"]["eval"] for r in done if r["timing"]["eval"] is not None]
+                runs = [r["timing"]["run"] for r in done if r["timing"]["run"] is not None]
+                grading = [svc.client.rollout(r["rollout_id"])["metrics"]["grading_seconds"]
+                           for r in done]
+                results.append({
+                    "grading_process": mode, "rollouts": len(done),
+                    "rewarded": sum(r["reward"] == 1.0 for r in done),
+                    "eval_p50_s": round(statistics.median(evals), 3),
+                    "eval_p90_s": round(statistics.quantiles(evals, n=10)[-1], 3),
+                    "grading_p50_s": round(statistics.median(grading), 4),
+                    "run_p50_s": round(statistics.median(runs), 3), "wall_s": round(wall, 2)})
+        finally:
+            svc.stop()
+            stop_sim()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller batches")
+    parser.add_argument("--only", choices=["throughput", "overlap", "math-eval"], default=None)
     args = parser.parse_args()
-    n_trivial, n_sleepy = (200, 30) if args.quick else (1000, 90)
-    report = {"throughput": [throughput(b, n_trivial) for b in ("embedded", "redis+postgresql")],
-              "overlap": [overlap("three-pools", n_sleepy), overlap("serial-pool", n_sleepy, 12),
-                          overlap("serial-pool", n_sleepy // 3, 3)]}
+    n_trivial, n_sleepy, n_math = (200, 30, 24) if args.quick else (1000, 90, 42)
+    wanted = {args.only} if args.only else {"throughput", "overlap", "math-eval"}
+    report: dict = {"throughput": [], "overlap": [], "math_eval": []}
+    if "throughput" in wanted:
+        report["throughput"] = [throughput(b, n_trivial) for b in ("embedded", "redis+postgresql")]
+    if "overlap" in wanted:
+        report["overlap"] = [overlap("three-pools", n_sleepy),
+                             overlap("serial-pool", n_sleepy, 12),
+                             overlap("serial-pool", n_sleepy // 3, 3)]
+    if "math-eval" in wanted:
+        report["math_eval"] = math_eval(n_math)
     print(json.dumps(report, indent=2))
+    print("\n| math EVAL grading | rollouts | reward 1 | EVAL p50 s | EVAL p90 s | grading p50 s "
+          "| RUN p50 s | wall s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in report["math_eval"]:
+        print(f"| {r['grading_process']} | {r['rollouts']} | {r['rewarded']} | {r['eval_p50_s']} | "
+              f"{r['eval_p90_s']} | {r['grading_p50_s']} | {r['run_p50_s']} | {r['wall_s']} |")
     print("\n| backend | rollouts | wall s | rollouts/s | solo latency p50 ms |")
     print("| --- | --- | --- | --- | --- |")
     for r in report["throughput"]:

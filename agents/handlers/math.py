@@ -16,6 +16,7 @@ The handler asks for it through the default `sandbox_overrides`, unless the job 
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -65,6 +66,9 @@ class MathConfig(HandlerConfig):
     decimal_tolerance: float = Field(
         1e-6, ge=0, le=0.1, description="Relative tolerance for non-integer decimal reference "
         "answers only; integer and rational references always need the exact number")
+    grading_process: Literal["warm", "per_call"] = Field(
+        "warm", description="Where EVAL grades: a persistent grading process (warm) or a new "
+                            "process per rollout (per_call: seconds slower; a benchmark baseline)")
 
     @field_validator("user_template")
     @classmethod
@@ -138,9 +142,12 @@ class MathHandler(AgentHandler):
         final_text = _final_assistant_text(run) if cfg.accept_boxed else None
         predicted = answer_from_run((run.extra or {}).get("answer") if run else None, final_text)
         reference = str(ctx.instance["answer"])
+        started = time.monotonic()
         grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s,
-                                  decimal_tolerance=cfg.decimal_tolerance)
+                                  decimal_tolerance=cfg.decimal_tolerance,
+                                  process=cfg.grading_process)
         return EvalResult(
             reward=grade.reward,
-            metrics={"graded_by": grade.method, "answered": predicted is not None},
+            metrics={"graded_by": grade.method, "answered": predicted is not None,
+                     "grading_seconds": round(time.monotonic() - started, 4)},
             extra={"predicted_answer": predicted, "reference_answer": reference})

@@ -10,8 +10,9 @@ searched for numbers in prose, because math-verify's prose extraction turns `3\\
 
 math-verify bounds its parsing and comparison with `signal.alarm`, which only works in a
 process's main thread. In the main thread (a prefork worker, a test) we grade in-process; from
-any other thread (a threaded worker pool) we grade in a short-lived child process that is killed
-at the timeout, so a pathological answer can never wedge a worker.
+any other thread (a threaded worker pool) we grade in a persistent child process
+(`agents.rewards.warm_worker`: the grader imported once) that is killed at the timeout and
+restarted, so a pathological answer can never wedge a worker.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ DECIMAL_TOLERANCE = 1e-6
 _DECIMAL = re.compile(r"\d?\.\d")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _CHILD = "from agents.rewards.math_answer import _main; _main()"
+_WARM_TARGET = "agents.rewards.math_answer:_grade_request"
 
 
 @dataclass
@@ -163,6 +165,28 @@ def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
     return MathGrade(0.0, "none", predicted)
 
 
+def _grade_request(predicted: str, reference: str, timeout_s: int,
+                   decimal_tolerance: float = DECIMAL_TOLERANCE) -> dict:
+    """Warm-worker entry point (runs in that process's main thread): the grade as a dict."""
+    return asdict(_grade_here(predicted, reference, timeout_s, decimal_tolerance))
+
+
+def _grade_warm(predicted: str, reference: str, timeout_s: int,
+                decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
+    """Grade in a persistent grading process (grader imported once; killed and restarted
+    after the timeout or a crash)."""
+    from agents.rewards.warm_worker import WorkerFailed, warm_pool
+
+    pool = warm_pool(_WARM_TARGET, warmup=("sympy", "math_verify", "agents.rewards.math_sympy"))
+    try:
+        return MathGrade(**pool.call({"args": [predicted, reference, timeout_s,
+                                               decimal_tolerance]},
+                                     timeout=4 * timeout_s + 15))
+    except WorkerFailed as exc:
+        logger.warning("math grading failed: %s", exc)
+        return MathGrade(0.0, "timeout" if "timed out" in str(exc) else "none", predicted)
+
+
 def _grade_in_child(predicted: str, reference: str, timeout_s: int,
                     decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
     """Grade in a child process killed after the timeout (for callers off the main thread)."""
@@ -182,14 +206,21 @@ def _grade_in_child(predicted: str, reference: str, timeout_s: int,
 
 
 def grade_math_answer(predicted: str | None, reference: str, *, timeout_s: int = 5,
-                      decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
-    """Reward 1.0 if `predicted` is mathematically equivalent to `reference`, else 0.0."""
+                      decimal_tolerance: float = DECIMAL_TOLERANCE,
+                      process: str = "warm") -> MathGrade:
+    """Reward 1.0 if `predicted` is mathematically equivalent to `reference`, else 0.0.
+
+    Off the main thread, `process` picks where: "warm" (a persistent grading process) or
+    "per_call" (a fresh process per grading: seconds slower, the benchmark's baseline).
+    """
     if predicted is None or not predicted.strip():
         return MathGrade(0.0, "no_answer", predicted)
     predicted = predicted.strip()[:MAX_ANSWER_CHARS]
     if threading.current_thread() is threading.main_thread():
         return _grade_here(predicted, reference, timeout_s, decimal_tolerance)
-    return _grade_in_child(predicted, reference, timeout_s, decimal_tolerance)
+    if process == "per_call":
+        return _grade_in_child(predicted, reference, timeout_s, decimal_tolerance)
+    return _grade_warm(predicted, reference, timeout_s, decimal_tolerance)
 
 
 def _main() -> None:
