@@ -149,6 +149,9 @@ class LLMSession:
                                            rollout_id=self.rollout_id) from exc
                 if time.monotonic() >= deadline:
                     raise StageTimeout(f"generation passed its deadline on {server.url}") from exc
+                current = self.pool.lookup(server.url)
+                if current is not None and current.paused:
+                    continue  # paused mid-request (weights loading): wait, then ask again
                 self._fail_over(server, str(exc))
                 tried.add(server.url)
                 continue
