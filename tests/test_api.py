@@ -167,6 +167,9 @@ def test_prorl_lifecycle_and_errors_as_prorl_answers_them(api):
     # no data_source = ProRL's default dataset (SWE-bench): the swe agent validates the instance
     bad_swe = api.post("/process", json={"instance": {"instance_id": "x"}, "sampling_params": {}})
     assert bad_swe.status_code == 400 and "repo" in bad_swe.json()["detail"]
+    huge = api.post("/process", content=b"{" + b" " * 300_000 + b"}",
+                    headers={"Content-Type": "application/json"})
+    assert huge.status_code == 413 and "detail" in huge.json()
     cancel = api.post("/cancel", json={"job_id": "nope"})
     assert cancel.status_code == 200 and cancel.json()["status"] == "Cancel requested for job nope"
     assert api.post("/clear_llm_server").json()["removed"] == 1

@@ -18,7 +18,8 @@ from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app.api.jobs import enqueue_rollouts
 from app.api.llm_servers import clear_servers, register_server
@@ -55,6 +56,30 @@ def _detail_body(exc: RaasError):
         return resp
     resp = jsonify({"detail": exc.message})
     resp.status_code = exc.http_status
+    return resp
+
+
+@bp.errorhandler(RequestEntityTooLarge)  # the app has its own for this one: be more specific
+@bp.errorhandler(HTTPException)
+def _http_detail(exc: HTTPException):
+    """Werkzeug's HTTP errors (413, 405, ...) in ProRL's body."""
+    resp = jsonify({"detail": exc.description or exc.name})
+    resp.status_code = exc.code or 500
+    return resp
+
+
+@bp.errorhandler(OperationalError)
+def _database_detail(exc: OperationalError):
+    resp = jsonify({"detail": "the database is unavailable; retry shortly"})
+    resp.status_code = 503
+    return resp
+
+
+@bp.errorhandler(Exception)
+def _unexpected_detail(exc: Exception):
+    current_app.logger.exception("ProRL route failed")
+    resp = jsonify({"detail": f"{type(exc).__name__}: {exc}"})
+    resp.status_code = 500
     return resp
 
 
