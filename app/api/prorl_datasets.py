@@ -156,5 +156,6 @@ def code_instance(instance: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stdio_test(case: dict[str, str], k: int) -> dict[str, str]:
-    """A stdin/stdout case as a hidden test of the code agent (tokens compared)."""
-    return {"name": f"case_{k}", "stdin": case["input"], "stdout": case["output"]}
+    """An input/output case as a hidden test of the code agent (stdin in, stdout compared on
+    the host)."""
+    return {"name": f"case_{k}", "input": case["input"], "output": case["output"]}
