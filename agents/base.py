@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from app.errors import RolloutCancelled, StageTimeout
+from core.errors import RolloutCancelled, StageTimeout
 
 
 class HandlerConfig(BaseModel):
@@ -27,7 +27,7 @@ class HandlerConfig(BaseModel):
 class RunResult:
     """What RUN produced: how the agent stopped and the token-exact trajectory."""
 
-    outcome: str = "completed"  # app.models.Outcome value
+    outcome: str = "completed"  # core.models.Outcome value
     finish_reason: str | None = None
     prompt_ids: list[int] | None = None
     response_ids: list[int] | None = None
@@ -116,7 +116,7 @@ class AgentHandler(ABC):
     environments: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
-        """Reject an instance at submission time (raise `app.errors.InvalidRequest`)."""
+        """Reject an instance at submission time (raise `core.errors.InvalidRequest`)."""
 
     def prompt(self, instance: dict[str, Any],
                config: HandlerConfig) -> tuple[str, str, list[Any]] | None:

@@ -21,8 +21,8 @@ from agents.base import RunResult, StageContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools
-from app.errors import StageTimeout
-from app.models import Outcome
+from core.errors import StageTimeout
+from core.models import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 from agents.base import AgentHandler, HandlerConfig
 from agents.llm.tokenizer import load_chat_tokenizer, server_max_model_len
 from agents.loop import prompt_messages
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 
 def effective_context(llm: dict[str, Any], urls: list[str]) -> tuple[int, str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import importlib
 import threading
 
-from app.errors import ConfigError, InvalidRequest
 from agents.base import AgentHandler
+from core.errors import ConfigError, InvalidRequest
 
 _handlers: dict[str, AgentHandler] = {}
 _lock = threading.Lock()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.base import StageContext
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 DEFAULT_TOOL_TIMEOUT = 60.0
 MIN_TOOL_TIMEOUT = 0.5  # a call squeezed by the deadline still gets a usable slice
@@ -126,7 +126,7 @@ def _run_editor(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
     try:
         result = _sandbox(ctx).edit(**arguments)
     except ToolUsageError as exc:
-        return ToolOutput(f"Error: {exc.message}", error=True)
+        return ToolOutput(f"Error: {exc}", error=True)
     return ToolOutput(str(getattr(result, "output", result)))
 
 

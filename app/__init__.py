@@ -1,7 +1,7 @@
-"""The raas gateway: Flask app factory, REST API, persistence and configuration.
+"""The raas gateway: Flask app factory, REST API, wire schemas and the CLI.
 
-Importing this package stays cheap (no Flask import) so that workers, the sandbox client and
-the CLI can use `app.errors`, `app.config` and `app.models` without loading the web stack.
+The shared core (errors, settings, models, db) lives in `core/`; importing this package stays
+cheap (no Flask import) so that the CLI can start quickly.
 """
 from __future__ import annotations
 

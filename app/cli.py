@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from app.config import load_settings
+from core.settings import load_settings
 
 log = logging.getLogger("raas")
 
@@ -107,9 +107,9 @@ def db() -> None:
 @click.option("--revision", default="head", show_default=True)
 def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION."""
-    from migrations.runner import upgrade as run_upgrade
-
     from sqlalchemy.exc import OperationalError
+
+    from migrations.runner import upgrade as run_upgrade
 
     settings = load_settings()
     where = settings.db_url.split("@")[-1]
@@ -142,7 +142,8 @@ def _register_optional_commands() -> None:
         from agents.registry import declared_environments
         from sandbox.cli import make_env_command
 
-        main.add_command(make_env_command(declared_environments), "env")
+        main.add_command(make_env_command(declared_environments,
+                                          lambda: load_settings().envs_root), "env")
     except ImportError:
         pass
     try:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-from app.config import Settings
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 15

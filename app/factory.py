@@ -10,8 +10,8 @@ from flask import Flask, g, request
 from agents.registry import load_handler_modules
 from app import ui
 from app.api import errors, health, jobs, llm_servers, prorl, rollouts
-from app.config import load_settings
-from app.errors import Unauthorized
+from core.errors import Unauthorized
+from core.settings import load_settings
 from tasks.celery_app import make_celery
 
 log = logging.getLogger(__name__)

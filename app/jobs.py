@@ -14,13 +14,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agents.registry import get_handler
-from app.api.routing import validation_error
-from app.config import Settings
-from app.db import session_scope
-from app.errors import InvalidRequest, NotFound
-from app.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
 from app.schemas import AttemptView, JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
+from core.db import session_scope
+from core.errors import InvalidRequest, NotFound, validation_error
+from core.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
+from core.settings import Settings
 from tasks import lifecycle
+from tasks.stages import enqueue_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req:
 
 
 def create_job(settings: Settings, req: JobCreate, owner: str,
-               enqueue,  # noqa: ANN001 - callable(list[(id, attempt)])
+               celery: Any,
                extra_config: dict[str, Any] | None = None) -> JobAccepted:
     """Persist a job and its rollouts, then enqueue them; idempotent on the key.
 
@@ -101,7 +101,7 @@ def create_job(settings: Settings, req: JobCreate, owner: str,
         return existing
     ids = [row["id"] for row in rows]
     try:
-        enqueue([(rid, 1) for rid in ids])
+        enqueue_rollouts(celery, [(rid, 1) for rid in ids])
     except Exception:  # accepted is accepted: the reaper republishes what is still queued
         log.exception("job %s: enqueue failed; the reaper will publish its rollouts", job.id)
     return JobAccepted(job_id=job.id, rollout_ids=ids, created=True)

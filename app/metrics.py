@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from sqlalchemy import case, func, select
 
-from app.db import session_scope
-from app.models import LLMServer, Rollout
-from tasks.config import UNROUTED_QUEUE
+from core.db import session_scope
+from core.models import LLMServer, Rollout
 from tasks.fs_transport import sweep_stale_broadcasts
+from tasks.queues import known_queues, queue_depths
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -28,20 +28,6 @@ CONSUMERS_TTL = 5.0
 BROADCAST_MAX_AGE = 30.0  # a live worker takes its broadcast within a polling interval  # reuse one broadcast for this long: scrapes and page refreshes are cheap
 _consumers_cache: dict[int, tuple[float, dict[str, int]]] = {}
 _consumers_lock = threading.Lock()
-
-
-def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
-    """Messages waiting in each queue (passive declare: never creates anything)."""
-    depths: dict[str, int] = {}
-    with celery.connection_for_write() as conn:
-        channel = conn.default_channel
-        for queue in queues:
-            try:
-                depths[queue] = channel.queue_declare(queue=queue, passive=True).message_count
-            except Exception:  # a queue nobody declared yet is simply empty
-                depths[queue] = 0
-                channel = conn.channel() if conn.connected else conn.default_channel
-    return depths
 
 
 def queue_consumers(celery: Any) -> dict[str, int]:
@@ -66,17 +52,9 @@ def queue_consumers(celery: Any) -> dict[str, int]:
     return dict(counts)
 
 
-def known_queues(db_url: str) -> list[str]:
-    """init, the unrouted queue, and run/eval queues of every node that ever ran INIT."""
-    with session_scope(db_url) as s:
-        nodes = s.scalars(select(Rollout.node).where(Rollout.node.is_not(None)).distinct()).all()
-    return ["init", UNROUTED_QUEUE] + [f"{stage}.{n}" for n in sorted(nodes)
-                                       for stage in ("run", "eval")]
-
-
 def rollout_counts(s: Any, owner: str | None = None) -> list[tuple[str, str | None, int]]:
     """(status, outcome, count) over all rollouts, or over one owner's jobs."""
-    from app.models import Job
+    from core.models import Job
 
     q = select(Rollout.status, Rollout.outcome, func.count()).group_by(Rollout.status,
                                                                         Rollout.outcome)

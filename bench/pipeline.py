@@ -48,7 +48,7 @@ def backend(name: str) -> tuple[dict, callable]:
         c.execute(sa.text(f'CREATE DATABASE "{db}"'))
 
     def drop() -> None:
-        from app.db import dispose_all
+        from core.db import dispose_all
 
         dispose_all(close=True)
         with admin.connect() as c:
@@ -69,8 +69,8 @@ def wait_all(svc, job_id: str, timeout: float = 600) -> None:
 
 
 def finish_times(svc, job_id: str) -> list[float]:
-    from app.db import session_scope
-    from app.models import Rollout
+    from core.db import session_scope
+    from core.models import Rollout
 
     with session_scope(svc.settings.db_url) as s:
         rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from agents.registry import load_handler_modules
-from app.config import load_settings
+from core.settings import load_settings
 from tasks import stages
 from tasks.celery_app import make_celery
 

@@ -35,8 +35,8 @@ import httpx  # noqa: E402
 from werkzeug.serving import make_server  # noqa: E402
 
 from app import create_app  # noqa: E402
-from app.db import session_scope  # noqa: E402
-from app.models import Job, Rollout, Turn  # noqa: E402
+from core.db import session_scope  # noqa: E402
+from core.models import Job, Rollout, Turn  # noqa: E402
 from migrations.runner import upgrade  # noqa: E402
 from tests.ui.browser import chromium  # noqa: E402
 

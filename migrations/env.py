@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from app.db import make_engine
-from app.models import Base
+from core.db import make_engine
+from core.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -6,7 +6,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from app.db import normalize_url
+from core.db import normalize_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent
 

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from sandbox import bwrap, local, singularity  # noqa: F401 - importing them registers them
 from sandbox.client import Sandbox
 from sandbox.errors import (
     ProtocolError,
@@ -16,6 +17,7 @@ from sandbox.errors import (
     UnknownRuntime,
 )
 from sandbox.runtime import Runtime, attach, get_runtime, list_sandboxes, runtime_names, stop_handle
+from sandbox.settings import SandboxSettings
 from sandbox.spec import Bind, SandboxLimits, SandboxOptions, SandboxSpec
 from sandbox.toolserver.protocol import BashResult, Pong, PythonResult
 
@@ -31,6 +33,7 @@ __all__ = [
     "SandboxGone",
     "SandboxLimits",
     "SandboxOptions",
+    "SandboxSettings",
     "SandboxSpec",
     "SandboxStartError",
     "SandboxTimeout",

@@ -6,23 +6,17 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
-
-import ptyprocess
 
 from sandbox import cgroups, limits
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxStartError
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
-from sandbox.runtime import Runtime, register, save, server_ready
+from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
+from sandbox.runtime import Runtime, register, server_ready
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
-TOOLSERVER_DIR = str(Path(__file__).resolve().parent / "toolserver")
-PTYPROCESS_DIR = str(Path(ptyprocess.__file__).resolve().parent)
-OPT = "/opt/raas"
-SOCKET_DIR = "/run/raas"
 # System trees a program may need; never home, root, tmp, var, srv, mnt or data folders.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 # Host secrets that stay hidden even though /etc is visible (readable if the sandbox maps to root).
@@ -75,18 +69,6 @@ def _root_mounts(image: str | None) -> list[str]:
     return args
 
 
-def sandbox_env(spec: SandboxSpec, env_dir: str | None) -> dict[str, str]:
-    """The environment inside: minimal and explicit, so host variables never leak in."""
-    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    env = {"PATH": path, "HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
-           "PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat", "NO_COLOR": "1",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp"}
-    if env_dir:
-        env.update(PATH=f"{env_dir}/bin:{path}", VIRTUAL_ENV=env_dir)
-    env.update(spec.env)
-    return env
-
-
 @register("bwrap")
 class BwrapRuntime(Runtime):
     """Namespaced sandboxes that belong to the node and outlive the process that started them."""
@@ -132,8 +114,8 @@ class BwrapRuntime(Runtime):
         """Start bwrap in its own session (no die-with-parent: sandboxes belong to the node)."""
         handle = self.new_handle(spec, label)
         try:
-            env_dir = resolve_env(spec.python_env)
-            groups = cgroups.create(handle["id"], spec.limits) if self.use_cgroups else []
+            env_dir = resolve_env(spec.python_env, self.settings.envs_root)
+            groups = cgroups.create(handle["id"], spec.limits, self.settings.cgroup_parent) if self.use_cgroups else []
             handle.update(cgroups=groups)
             flags = limits.server_flags(spec.limits, groups, userns=True)
             argv = self.build_argv(spec, handle, env_dir, flags)
@@ -143,7 +125,7 @@ class BwrapRuntime(Runtime):
             self.kill(handle)
             remove_state(handle)
             raise
-        return save(handle)
+        return self.save(handle)
 
     def _launch(self, handle: Handle, argv: list[str], env: dict[str, str]) -> None:
         """Run bwrap, wait for the server's ready byte, record bwrap's and the init's pids."""

@@ -39,9 +39,9 @@ def _own_paths() -> dict[str, str]:
     return paths
 
 
-def _parents() -> dict[str, Path]:
-    """Controller -> a writable directory where a child cgroup with that controller can live."""
-    override = os.environ.get("RAAS_SANDBOX_CGROUP_PARENT")
+def _parents(override: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Controller -> a writable directory where a child cgroup with that controller can live
+    (`override`: the operator's cgroup v2 parent instead of our own cgroup)."""
     own, parents = _own_paths(), {}
     for mount, fstype, options in _mounts():
         if fstype == "cgroup2":
@@ -62,11 +62,12 @@ def _parents() -> dict[str, Path]:
     return parents
 
 
-def create(name: str, limits: SandboxLimits) -> list[str]:
-    """Create cgroups limiting pids and memory; returns their directories (maybe none)."""
+def create(name: str, limits: SandboxLimits, parent: str | os.PathLike | None = None) -> list[str]:
+    """Create cgroups limiting pids and memory under `parent` (default our own cgroup); returns
+    their directories (maybe none)."""
     made: dict[Path, None] = {}
-    for controller, parent in _parents().items():
-        path = parent / f"raas-{name}"
+    for controller, base in _parents(parent).items():
+        path = base / f"raas-{name}"
         try:
             path.mkdir(exist_ok=True)
             _configure(path, controller, limits)

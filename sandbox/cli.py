@@ -1,22 +1,27 @@
 """`raas env ...`: build and list the named Python environments sandboxes can use.
 
-The sandbox package knows nothing of agents, so the environments that handlers declare
-(name -> packages) are passed in by whoever mounts the command (`make_env_command`).
+The sandbox package knows nothing of agents or of the service's settings, so the environments
+that handlers declare (name -> packages) and the default folder are passed in by whoever mounts
+the command (`make_env_command`).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
-from sandbox.environments import build_environment, envs_root, list_environments
+from sandbox.environments import build_environment, list_environments
+from sandbox.settings import DEFAULT_ENVS_ROOT
 
 Declared = Callable[[], dict[str, list[str]]]
 
 
-def make_env_command(declared: Declared = dict) -> click.Group:
-    """The `env` command group; `declared()` gives the environments handlers ask for."""
+def make_env_command(declared: Declared = dict,
+                     default_root: Callable[[], Path] = lambda: DEFAULT_ENVS_ROOT) -> click.Group:
+    """The `env` command group; `declared()` gives the environments handlers ask for,
+    `default_root()` the folder used when --root is not given."""
 
     @click.group("env")
     def env_command() -> None:
@@ -34,7 +39,7 @@ def make_env_command(declared: Declared = dict) -> click.Group:
         """Create or update environment NAME with the given packages (no-op if unchanged)."""
         wanted = list(packages) or declared().get(name, [])
         click.echo(f"building {name} ({' '.join(wanted) or 'no packages'}) ...")
-        path = build_environment(name, wanted, root=root, python=python)
+        path = build_environment(name, wanted, root=root or default_root(), python=python)
         click.echo(f"{name}: {path}")
 
     @env_command.command("list")
@@ -43,6 +48,7 @@ def make_env_command(declared: Declared = dict) -> click.Group:
     @click.option("--json", "as_json", is_flag=True, help="Print JSON")
     def list_(root: str | None, as_json: bool) -> None:
         """Built environments and the ones handlers declare (built on first use)."""
+        root = root or str(default_root())
         envs = [{**env, "built": True} for env in list_environments(root)]
         built = {env["name"] for env in envs}
         envs += [{"name": name, "packages": packages, "path": None, "built": False}
@@ -51,7 +57,7 @@ def make_env_command(declared: Declared = dict) -> click.Group:
             click.echo(json.dumps(envs, indent=1))
             return
         if not envs:
-            click.echo(f"no environments under {root or envs_root()}")
+            click.echo(f"no environments under {root}")
         for env in envs:
             where = env["path"] or "not built yet: built on first use (or `raas env build " \
                                    f"{env['name']}`)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -88,10 +89,15 @@ def _unwrap(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 class Sandbox:
-    """A running sandbox: tools, liveness and stop, addressed through its JSON handle."""
+    """A running sandbox: tools, liveness and stop, addressed through its JSON handle.
 
-    def __init__(self, handle: dict[str, Any]) -> None:
+    `stop` is the runtime registry's `stop_handle`, handed in by whoever made this client so
+    the client does not import the runtimes (which import it).
+    """
+
+    def __init__(self, handle: dict[str, Any], stop: Callable[[dict[str, Any]], None]) -> None:
         self.handle = handle
+        self._stop = stop
         self.client = ToolClient(handle["socket"])
         self.call_timeout = float(handle.get("call_timeout", 60.0))
 
@@ -147,10 +153,8 @@ class Sandbox:
 
     def stop(self) -> None:
         """Stop the sandbox and everything it started (idempotent)."""
-        from sandbox.runtime import stop_handle
-
         self.client.close()
-        stop_handle(self.handle)
+        self._stop(self.handle)
 
     def close(self) -> None:
         """Close this process's connection; the sandbox keeps running."""

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from sandbox.errors import SandboxStartError
+from sandbox.settings import DEFAULT_ENVS_ROOT
 
 log = logging.getLogger(__name__)
 
@@ -22,22 +23,11 @@ MANIFEST = "raas-env.json"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def envs_root() -> Path:
-    """`<RAAS home>/envs`: where named environments live on this node."""
-    try:
-        from app.config import load_settings
-
-        home = load_settings().home
-    except Exception:  # noqa: BLE001 - settings may be invalid in a bare sandbox-only process
-        home = Path(os.environ.get("RAAS_HOME", ".raas"))
-    return Path(home).resolve() / "envs"
-
-
-def resolve_env(name: str | None, root: str | os.PathLike | None = None) -> str | None:
+def resolve_env(name: str | None, root: str | os.PathLike = DEFAULT_ENVS_ROOT) -> str | None:
     """The absolute folder of a named (or absolute-path) environment; it must be built."""
     if name is None:
         return None
-    path = Path(name) if os.path.isabs(name) else Path(root or envs_root()) / name
+    path = Path(name) if os.path.isabs(name) else Path(root) / name
     if not (path / "bin" / "python3").exists():
         known = ", ".join(e["name"] for e in list_environments(root)) or "none"
         raise SandboxStartError(
@@ -47,13 +37,13 @@ def resolve_env(name: str | None, root: str | os.PathLike | None = None) -> str 
     return str(path.resolve())
 
 
-def is_built(name: str, root: str | os.PathLike | None = None) -> bool:
+def is_built(name: str, root: str | os.PathLike = DEFAULT_ENVS_ROOT) -> bool:
     """True when environment `name` is complete (its manifest is written last)."""
-    path = Path(name) if os.path.isabs(name) else Path(root or envs_root()) / name
+    path = Path(name) if os.path.isabs(name) else Path(root) / name
     return _read_manifest(path) is not None
 
 
-def ensure_environment(name: str, packages: list[str], root: str | os.PathLike | None = None,
+def ensure_environment(name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT,
                        python: str = SYSTEM_PYTHON) -> bool:
     """Build `name` with `packages` unless it is built already; True if this call built it.
 
@@ -75,12 +65,12 @@ def _manifest(packages: list[str], python: str) -> dict:
     return {"packages": sorted(packages), "python": python}
 
 
-def build_environment(name: str, packages: list[str], root: str | os.PathLike | None = None,
+def build_environment(name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT,
                       python: str = SYSTEM_PYTHON) -> Path:
     """Create `root/name` as a venv with `packages`; a no-op when built with the same list."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"bad environment name {name!r}")
-    base = Path(root or envs_root()).resolve()
+    base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
     target = base / name
     wanted = _manifest(packages, python)
@@ -108,9 +98,9 @@ def _read_manifest(target: Path) -> dict | None:
         return None
 
 
-def list_environments(root: str | os.PathLike | None = None) -> list[dict]:
+def list_environments(root: str | os.PathLike = DEFAULT_ENVS_ROOT) -> list[dict]:
     """Built environments with their package lists."""
-    base = Path(root or envs_root())
+    base = Path(root)
     found = []
     for path in sorted(base.iterdir()) if base.is_dir() else []:
         manifest = _read_manifest(path)

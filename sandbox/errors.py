@@ -1,13 +1,22 @@
-"""Sandbox errors, rooted in the project hierarchy (`app.errors`)."""
+"""Sandbox errors: the package's own root, so it depends on nothing of the service.
+
+Each class also derives from the matching built-in so callers can catch either; the pipeline
+maps `SandboxError` to a retryable infrastructure failure where it catches it (`tasks.stages`).
+"""
 from __future__ import annotations
 
-from app.errors import ConfigError, InfraError, RaasError
+from typing import Any
 
 
-class SandboxError(InfraError):
+class SandboxError(Exception):
     """The sandbox infrastructure failed; never the agent's fault."""
 
     code = "sandbox_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
 
 
 class SandboxStartError(SandboxError):
@@ -28,20 +37,22 @@ class SandboxGone(SandboxError, ConnectionError):
     code = "sandbox_gone"
 
 
-class UnknownRuntime(ConfigError):
+class UnknownRuntime(SandboxError, ValueError):
     """A runtime name that is not registered (the message lists the valid ones)."""
 
     code = "unknown_runtime"
-
-
-class ToolUsageError(RaasError, ValueError):
-    """The model used a file tool wrongly; the message is written for the model to read."""
-
-    http_status = 400
-    code = "tool_usage_error"
 
 
 class ProtocolError(SandboxError):
     """The tool server answered something the client cannot understand."""
 
     code = "sandbox_protocol_error"
+
+
+class ToolUsageError(ValueError):
+    """The model used a file tool wrongly; the message is written for the model to read.
+
+    Not a `SandboxError`: it is the agent's mistake, shown to it as a tool result.
+    """
+
+    code = "tool_usage_error"

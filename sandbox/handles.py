@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandbox.settings import default_state_dir
 from sandbox.toolserver.procs import descendants, is_running
 
 Handle = dict[str, Any]
@@ -15,8 +16,7 @@ Handle = dict[str, Any]
 
 def state_root(override: str | os.PathLike | None = None) -> Path:
     """Per-user directory (0700) holding sockets and handle files of this node's sandboxes."""
-    chosen = override or os.environ.get("RAAS_SANDBOX_DIR") or f"/tmp/raas-sandboxes-{os.getuid()}"
-    root = Path(chosen)
+    root = Path(override or default_state_dir())
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     if root.stat().st_uid != os.getuid():  # another user could hijack our sockets
         raise PermissionError(f"sandbox state dir {root} is not owned by uid {os.getuid()}")

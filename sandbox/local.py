@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from sandbox import limits
-from sandbox.bwrap import sandbox_env
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
-from sandbox.runtime import Runtime, register, save, server_ready, shutdown_quietly
+from sandbox.inside import sandbox_env
+from sandbox.runtime import Runtime, register, server_ready, shutdown_quietly
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -28,7 +28,7 @@ class LocalRuntime(Runtime):
         """Spawn the tool server in its own session; it adopts orphans so stop finds them."""
         log.warning("local sandbox runtime: NO isolation for %s (development only)", label or "sandbox")
         handle = self.new_handle(spec, label)
-        env_dir = resolve_env(spec.python_env)
+        env_dir = resolve_env(spec.python_env, self.settings.envs_root)
         python = f"{env_dir}/bin/python3" if env_dir else (
             "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
         env = sandbox_env(spec, env_dir) | {"PYTHONPATH": PACKAGE_DIR}
@@ -51,7 +51,7 @@ class LocalRuntime(Runtime):
             raise
         finally:
             os.close(ready_r)
-        return save(handle)
+        return self.save(handle)
 
     @classmethod
     def kill(cls, handle: Handle) -> None:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from sandbox.client import Sandbox, ToolClient
 from sandbox.errors import SandboxError, SandboxGone, SandboxStartError, UnknownRuntime
 from sandbox.handles import Handle, read_handles, remove_state, state_root, write_handle
+from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,11 @@ class Runtime(ABC):
 
     name: ClassVar[str] = ""
 
-    def __init__(self, state_dir: str | os.PathLike | None = None, start_timeout: float = 30.0) -> None:
-        self.state_dir = state_root(state_dir)
-        self.start_timeout = start_timeout
+    def __init__(self, settings: SandboxSettings | None = None, **changes: Any) -> None:
+        """`settings` are the node's; keyword `changes` replace single fields (e.g. state_dir)."""
+        self.settings = (settings or SandboxSettings()).with_changes(**changes)
+        self.state_dir = state_root(self.settings.state_dir)
+        self.start_timeout = self.settings.start_timeout
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -68,7 +71,7 @@ class Runtime(ABC):
         socket_dir = self.state_dir / sid
         socket_dir.mkdir(mode=0o700)
         return {
-            "runtime": self.name, "id": sid, "label": label, "node": node_name(),
+            "runtime": self.name, "id": sid, "label": label, "node": self.settings.node,
             "workspace": spec.workspace, "created": time.time(),
             "socket_dir": str(socket_dir), "socket": str(socket_dir / "tool.sock"),
             "handle_file": str(self.state_dir / f"{sid}.json"),
@@ -76,27 +79,21 @@ class Runtime(ABC):
             "call_timeout": spec.limits.call_timeout,
         }
 
-
-def node_name() -> str:
-    """This node's name as the service knows it (RAAS_NODE, else the hostname)."""
-    return os.environ.get("RAAS_NODE") or socket.gethostname()
+    def save(self, handle: Handle) -> Sandbox:
+        """Persist the handle and return a client for it."""
+        write_handle(handle)
+        return Sandbox(handle, stop_handle)
 
 
 def runtime_names() -> list[str]:
-    """Registered runtime names."""
-    _load_builtins()
+    """Registered runtime names (the built-in ones register when `sandbox` is imported)."""
     return sorted(_REGISTRY)
 
 
-def _load_builtins() -> None:
-    import sandbox.bwrap  # noqa: F401 - registers "bwrap"
-    import sandbox.local  # noqa: F401 - registers "local"
-    import sandbox.singularity  # noqa: F401 - registers "singularity"
-
-
-def get_runtime(name: str | None = "auto", **kwargs: Any) -> Runtime:
+def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = None,
+                **kwargs: Any) -> Runtime:
     """A runtime by name; "auto" is bwrap when usable, else local with a warning."""
-    _load_builtins()
+    kwargs["settings"] = settings
     name = name or "auto"
     if name == "auto":
         reason = _REGISTRY["bwrap"].unavailable_reason()
@@ -112,22 +109,22 @@ def get_runtime(name: str | None = "auto", **kwargs: Any) -> Runtime:
     return _REGISTRY[name](**kwargs)
 
 
-def attach(handle: Handle) -> Sandbox:
-    """Use a sandbox started by another process on this node; raises SandboxGone if it is gone."""
-    sandbox = Sandbox(handle)
+def attach(handle: Handle, node: str | None = None) -> Sandbox:
+    """Use a sandbox started by another process on this node (named `node`, default the
+    hostname); raises SandboxGone if it is gone."""
+    sandbox = Sandbox(handle, stop_handle)
     try:
         sandbox.ping()
     except SandboxGone as exc:
-        node = handle.get("node")
-        if node and node not in (node_name(), socket.gethostname()):
-            raise SandboxGone(f"sandbox {handle.get('id')} lives on node {node}, not here: {exc}") from exc
+        owner = handle.get("node")
+        if owner and owner not in (node, socket.gethostname()):
+            raise SandboxGone(f"sandbox {handle.get('id')} lives on node {owner}, not here: {exc}") from exc
         raise
     return sandbox
 
 
 def stop_handle(handle: Handle) -> None:
     """Stop a sandbox from any process; idempotent, never raises for an already-gone sandbox."""
-    _load_builtins()
     cls = _REGISTRY.get(handle.get("runtime", ""))
     if cls is None:
         raise SandboxError(f"handle names unknown runtime {handle.get('runtime')!r}")
@@ -138,7 +135,6 @@ def stop_handle(handle: Handle) -> None:
 def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: bool = False) -> list[Handle]:
     """Handles of this node's live sandboxes, for reapers; dead ones are cleaned up on the way
     (their cgroups and files removed) unless `include_dead` asks to see them."""
-    _load_builtins()
     found = []
     for handle in read_handles(state_root(state_dir)):
         cls = _REGISTRY.get(handle.get("runtime", ""))
@@ -179,9 +175,3 @@ def _tail(path: str, size: int = 2000) -> str:
         return Path(path).read_text(errors="replace")[-size:]
     except OSError:
         return "(no log)"
-
-
-def save(handle: Handle) -> Sandbox:
-    """Persist the handle and return a client for it."""
-    write_handle(handle)
-    return Sandbox(handle)

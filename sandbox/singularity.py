@@ -12,15 +12,14 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 from sandbox import limits
-from sandbox.bwrap import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
-from sandbox.client import Sandbox
-from sandbox.environments import envs_root, resolve_env
+from sandbox.client import Sandbox, ToolClient
+from sandbox.environments import resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
-from sandbox.runtime import Runtime, register, save
+from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
+from sandbox.runtime import Runtime, register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -71,12 +70,10 @@ def _bind(host: str, target: str, read_only: bool) -> list[str]:
 class SingularityRuntime(Runtime):
     """One Singularity instance per sandbox; the tool server runs in it via `exec instance://`."""
 
-    def __init__(self, *args, commands: SingularityCommands | None = None,
-                 image_cache: str | os.PathLike | None = None, **kwargs) -> None:
+    def __init__(self, *args, commands: SingularityCommands | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.commands = commands or SingularityCommands()
-        default_cache = os.environ.get("RAAS_IMAGE_CACHE") or envs_root().parent / "images"
-        self.image_cache = Path(image_cache or default_cache)
+        self.image_cache = self.settings.images
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -140,7 +137,7 @@ class SingularityRuntime(Runtime):
         handle = self.new_handle(spec, label)
         handle.update(instance=f"raas-{handle['id']}", binary=self.commands.binary)
         try:
-            env_dir = resolve_env(spec.python_env)
+            env_dir = resolve_env(spec.python_env, self.settings.envs_root)
             image = self.resolve_image(spec.image)
             done = self.commands.run(self.start_argv(spec, handle, image, env_dir), self.start_timeout)
             if done.returncode:
@@ -153,7 +150,7 @@ class SingularityRuntime(Runtime):
             self.kill(handle, self.commands)
             remove_state(handle)
             raise
-        return save(handle)
+        return self.save(handle)
 
     def _wait_ready(self, handle: Handle, proc: subprocess.Popen) -> None:
         end = time.monotonic() + self.start_timeout
@@ -162,7 +159,7 @@ class SingularityRuntime(Runtime):
                 raise SandboxStartError(f"tool server exited in the instance (see {handle['log_file']})")
             if os.path.exists(handle["socket"]):
                 try:
-                    Sandbox(handle).ping(timeout=2.0)
+                    ToolClient(handle["socket"]).call("ping", {}, 2.0)
                     return
                 except (SandboxGone, SandboxTimeout):
                     pass

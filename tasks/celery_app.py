@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from app.config import Settings
+from core.settings import Settings
 from tasks.config import celery_config
 
 

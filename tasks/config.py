@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.config import Settings
+from core.settings import Settings
 
 INIT_QUEUE = "init"
 UNROUTED_QUEUE = "raas.unrouted"

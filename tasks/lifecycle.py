@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import and_, func, select, update
 
-from app.db import session_scope
-from app.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, sources_of, utcnow
+from core.db import session_scope
+from core.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, sources_of, utcnow
 
 log = logging.getLogger(__name__)
 

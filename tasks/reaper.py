@@ -23,9 +23,9 @@ from typing import Any
 
 from sqlalchemy import or_, select
 
-from app.config import Settings
-from app.db import session_scope
-from app.models import Job, Outcome, Rollout, Status, utcnow
+from core.db import session_scope
+from core.models import Job, Outcome, Rollout, Status, utcnow
+from core.settings import Settings
 from tasks import lifecycle, sandboxes
 from tasks.config import stage_queue
 from tasks.stages import DEFAULT_TIMEOUTS, publish
@@ -134,7 +134,7 @@ class Reaper:
                                     Rollout.queued_at < cutoff)).all()
         if not rows:
             return 0
-        from app.metrics import queue_depths
+        from tasks.queues import queue_depths
 
         stage_of = {r.id: ("init" if r.status == Status.PENDING.value else r.status) for r in rows}
         queues = {stage_queue(stage_of[r.id], r.node) for r in rows}
@@ -157,7 +157,8 @@ class Reaper:
         # Only sandboxes of this deployment: their workspaces live under our workspace root.
         # Another raas (or a re-evaluation) on the same node is none of our business.
         root = str(self.settings.workspaces) + "/"
-        handles = [h for h in list_sandboxes() if str(h.get("workspace", "")).startswith(root)]
+        handles = [h for h in list_sandboxes(self.settings.sandbox_dir)
+                   if str(h.get("workspace", "")).startswith(root)]
         if not handles:
             return 0
         wanted = {}

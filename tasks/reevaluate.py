@@ -13,10 +13,10 @@ from celery import shared_task
 from sqlalchemy import select
 
 from agents.registry import get_handler
-from app.db import session_scope
-from app.models import Job, Rollout, utcnow
+from core.db import session_scope
+from core.models import Job, Rollout, utcnow
 from tasks.config import REEVALUATE_TASK
-from tasks.sandboxes import wanted_runtime
+from tasks.sandboxes import sandbox_settings, wanted_runtime
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
             instance, extra.get("git_patch"), agent_config=config.get("agent_config"),
             sandbox_options=options,
             runtime=wanted_runtime(settings, options, handler.needs_sandbox),
-            workspace_root=str(settings.workspaces))
+            workspace_root=str(settings.workspaces), sandbox_settings=sandbox_settings(settings))
         entry.update(reward=result.reward, metrics=result.metrics,
                      extra={k: v for k, v in result.extra.items() if k != "git_patch"})
     except Exception as exc:

@@ -12,9 +12,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings
+from core.errors import ConfigError
+from core.settings import Settings
+from sandbox import SandboxSettings
 
 log = logging.getLogger(__name__)
+
+
+def sandbox_settings(settings: Settings) -> SandboxSettings:
+    """The sandbox package's settings, from the service's (it reads no environment itself)."""
+    return SandboxSettings(state_dir=settings.sandbox_dir, node=settings.node,
+                           envs_root=settings.envs_root, image_cache=settings.image_cache,
+                           cgroup_parent=settings.sandbox_cgroup_parent)
 
 
 def wanted_runtime(settings: Settings, options: dict[str, Any], needs_sandbox: bool) -> str:
@@ -33,7 +42,7 @@ def workspace_for(settings: Settings, rollout_id: str, attempt: int) -> Path:
     return path
 
 
-def ensure_declared_environment(name: str | None) -> None:
+def ensure_declared_environment(settings: Settings, name: str | None) -> None:
     """Build a named environment a handler declares if this node has not built it yet.
 
     Undeclared names and paths are left to the runtime, which says how to build them.
@@ -45,30 +54,34 @@ def ensure_declared_environment(name: str | None) -> None:
 
     packages = declared_environments().get(name)
     if packages is not None:
-        ensure_environment(name, packages)
+        ensure_environment(name, packages, settings.envs_root)
 
 
 def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
           runtime: str) -> tuple[Any, dict[str, Any]]:
     """Start the rollout's sandbox (building its declared environment on first use);
     returns (client, handle)."""
-    from sandbox import SandboxSpec, get_runtime
+    from sandbox import SandboxSpec, UnknownRuntime, get_runtime
 
-    ensure_declared_environment(options.get("python_env"))
+    ensure_declared_environment(settings, options.get("python_env"))
     workspace = workspace_for(settings, rollout_id, attempt)
     fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
     spec = SandboxSpec(workspace=str(workspace), **fields)
-    sb = get_runtime(runtime).start(spec, label=f"{rollout_id}:{attempt}")
+    try:
+        chosen = get_runtime(runtime, sandbox_settings(settings))
+    except UnknownRuntime as exc:  # a configuration mistake: retrying cannot help
+        raise ConfigError(str(exc), runtime=runtime) from exc
+    sb = chosen.start(spec, label=f"{rollout_id}:{attempt}")
     return sb, sb.handle
 
 
-def attach(handle: dict[str, Any] | None) -> Any:
+def attach(settings: Settings, handle: dict[str, Any] | None) -> Any:
     """A client for the sandbox behind `handle` (None when the rollout has none)."""
     if not handle:
         return None
     from sandbox import attach as attach_handle
 
-    return attach_handle(handle)
+    return attach_handle(handle, settings.node)
 
 
 def release(handle: dict[str, Any] | None) -> None:

@@ -20,8 +20,9 @@ from sqlalchemy.exc import OperationalError
 
 from agents.base import AgentHandler, EvalResult, RunResult, StageContext
 from agents.registry import get_handler
-from app.errors import AgentError, InfraError, RolloutCancelled, StageTimeout
-from app.models import Job, Outcome, Rollout, Status
+from core.errors import AgentError, InfraError, RolloutCancelled, StageTimeout
+from core.models import Job, Outcome, Rollout, Status
+from sandbox import SandboxError
 from tasks import lifecycle, sandboxes
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import process_heartbeater
@@ -32,7 +33,8 @@ DEFAULT_TIMEOUTS = {"init": 600.0, "run": 3600.0, "eval": 600.0}
 CANCEL_POLL_SECONDS = 1.0
 # Infrastructure trouble gets a new attempt; sqlalchemy's OperationalError covers a database
 # that restarted under us (its connections are dropped and the next checkout reconnects).
-RETRYABLE = (InfraError, ConnectionError, TimeoutError, OSError, OperationalError)
+# Sandbox infrastructure errors have their own root (the sandbox package is standalone).
+RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError)
 
 
 class RolloutLog(logging.LoggerAdapter):
@@ -48,6 +50,13 @@ def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | Non
     kwargs = {"node": node} if node else {}
     app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
                   producer=producer)
+
+
+def enqueue_rollouts(app: Any, pairs: list[tuple[str, int]]) -> None:
+    """Publish INIT for (rollout id, attempt) pairs over one producer connection."""
+    with app.producer_or_acquire() as producer:  # one connection for the whole batch
+        for rollout_id, attempt in pairs:
+            publish(app, "init", rollout_id, attempt, producer=producer)
 
 
 def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +177,7 @@ class StageRun:
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:
-        self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
+        self.ctx.sandbox = sandboxes.attach(self.settings, self.rollout.sandbox)
         if self.handler.needs_llm:
             from agents.llm import LLMSession
 
@@ -202,7 +211,7 @@ class StageRun:
                          **fields)
 
     def _eval(self) -> None:
-        self.ctx.sandbox = sandboxes.attach(self.rollout.sandbox)
+        self.ctx.sandbox = sandboxes.attach(self.settings, self.rollout.sandbox)
         self.ctx.run_result = _run_result_of(self.rollout)
         result: EvalResult = self.handler.evaluate(self.ctx)
         sandboxes.release(self.rollout.sandbox)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 from agents.registry import load_handler_modules
-from app.config import Settings
-from app.db import use_pre_ping
+from core.db import use_pre_ping
+from core.settings import Settings
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
 

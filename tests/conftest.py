@@ -28,7 +28,7 @@ def pg_url() -> Iterator[str]:
         pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {exc}")
     url = sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     yield url
-    from app.db import dispose_all
+    from core.db import dispose_all
 
     dispose_all(close=True)
     with admin.connect() as conn:

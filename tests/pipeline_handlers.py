@@ -12,7 +12,7 @@ from pydantic import Field
 
 from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
 from agents.registry import register
-from app.errors import InfraError
+from core.errors import InfraError
 
 
 class SleepyConfig(HandlerConfig):

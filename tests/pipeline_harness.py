@@ -19,8 +19,8 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.config import Settings
 from client import RaasClient
+from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.reaper import Reaper
 

@@ -8,7 +8,7 @@ import pytest
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.config import Settings
+from core.settings import Settings
 from migrations.runner import upgrade
 
 

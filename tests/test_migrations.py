@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from app.models import Base
+from core.models import Base
 from migrations.runner import downgrade, upgrade
 
 

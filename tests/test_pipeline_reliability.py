@@ -7,8 +7,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from app.db import session_scope
-from app.models import Rollout, Turn
+from core.db import session_scope
+from core.models import Rollout, Turn
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service
 
@@ -173,10 +173,10 @@ def test_lost_broker_messages_are_republished(tmp_path, redis_pg):
 
 def test_reaper_repairs_the_llm_pool(tmp_path):
     """A server that died with slots held is marked down and its leaked slots are freed."""
-    from app.models import LLMServer
+    from core.models import LLMServer
+    from core.settings import Settings
     from migrations.runner import upgrade
     from tasks.reaper import Reaper
-    from app.config import Settings
 
     settings = Settings(home=tmp_path)
     upgrade(settings.db_url)

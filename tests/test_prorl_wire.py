@@ -7,7 +7,7 @@ import pytest
 
 from app.api.prorl_datasets import io_cases, map_instance
 from app.api.prorl_wire import IGNORED_KEYS, ProRLSampling
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 
 def test_sampling_params_map_to_sampling_limits_and_llm() -> None:

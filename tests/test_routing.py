@@ -1,11 +1,12 @@
 """Routing: one router for every process; a stage message without a node is impossible to miss."""
 from __future__ import annotations
 
-from app.config import Settings
-from app.metrics import queue_depths, render
+from app.metrics import render
+from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.celery_app import make_celery
 from tasks.config import UNROUTED_QUEUE, route_stage
+from tasks.queues import queue_depths
 from tasks.stages import publish
 
 

@@ -21,7 +21,7 @@ from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, Stag
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 SYSTEM_PROMPT = """You are an expert Python programmer working in a sandbox. Write the requested
 code into the solution file with the file editor, test it by running it, and call `submit` when

@@ -26,7 +26,7 @@ from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.rewards.math_answer import answer_from_run, extract_boxed, grade_math_answer
 from agents.tools import builtin_tools, finish_tool
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 MAX_ANSWER_CHARS = 1000
 

@@ -19,7 +19,7 @@ from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.retrieval import load_index
 from agents.rewards.text_match import grade_text_answer, normalize_answer
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = "examples/search/corpus.jsonl"
@@ -46,7 +46,7 @@ def corpus_roots() -> list[Path]:
     A job names a file that the worker reads and shows to the agent, so an arbitrary host path
     would let any job read host files through the `search` tool.
     """
-    from app.config import load_settings
+    from core.settings import load_settings
 
     return [(REPO_ROOT / "examples").resolve(), (load_settings().home / "corpora").resolve()]
 

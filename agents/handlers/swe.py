@@ -24,7 +24,7 @@ from agents.handlers.swe_repo import materialize
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SWEConfig(HandlerConfig):
 
 def _settings() -> Any:
     """The node's operator settings (repository mirror and image root live there)."""
-    from app.config import load_settings
+    from core.settings import load_settings
 
     return load_settings()
 
@@ -163,16 +163,17 @@ def reevaluate(instance: dict[str, Any], git_patch: str | None, *,
                agent_config: dict[str, Any] | None = None,
                sandbox_options: dict[str, Any] | None = None,
                runtime: str = "bwrap", workspace_root: str | None = None,
-               state_dir: str | None = None) -> EvalResult:
+               sandbox_settings: Any = None) -> EvalResult:
     """Re-run EVAL for a stored patch: fresh workspace at base commit, fresh sandbox.
 
     `agent_config` is the job's (validated here), `sandbox_options` the job's sandbox options
     (the handler's python_env unless the job chose one); the sandbox and its workspace are
     always removed. A patch that no longer applies gives reward 0 with the reason in extra.
-    The sandbox's handle lives in `state_dir` (default `<sandbox state root>/reevaluate`),
+    `sandbox_settings` are the node's (`sandbox.SandboxSettings`); the sandbox's handle lives
+    in `<their state dir>/reevaluate`,
     away from the node reaper's sweep, which stops sandboxes that belong to no live rollout.
     """
-    from sandbox import SandboxSpec, get_runtime
+    from sandbox import SandboxSettings, SandboxSpec, get_runtime
     from sandbox.handles import state_root
 
     validate_swe_instance(instance)
@@ -185,8 +186,9 @@ def reevaluate(instance: dict[str, Any], git_patch: str | None, *,
     try:
         materialize(instance["repo"], instance["base_commit"], workspace, cfg.repo_root,
                     _settings().repo_mirror_root)
-        state_dir = state_dir or str(state_root() / "reevaluate")
-        sb = get_runtime(runtime, state_dir=state_dir).start(
+        node = sandbox_settings or SandboxSettings()
+        state_dir = state_root(node.state_dir) / "reevaluate"
+        sb = get_runtime(runtime, node, state_dir=state_dir).start(
             SandboxSpec(workspace=workspace, **options),
             label=f"reevaluate:{instance.get('instance_id', 'instance')}")
         problem = swe_eval.apply_patch(sb, workspace, git_patch or "", swe_eval.AGENT_PATCH)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from app.errors import InfraError, InvalidRequest, RaasError
+from core.errors import InfraError, InvalidRequest, RaasError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")

@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select, update
 
-from app.db import session_scope
-from app.errors import ServiceUnavailable
-from app.models import LLMServer, Rollout, Status, utcnow
+from core.db import session_scope
+from core.errors import ServiceUnavailable
+from core.models import LLMServer, Rollout, Status, utcnow
 
 log = logging.getLogger(__name__)
 

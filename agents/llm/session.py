@@ -34,7 +34,7 @@ from agents.llm.tokenizer import (
     server_max_model_len,
 )
 from agents.llm.trajectory import Trajectory, TrajectoryBuilder
-from app.errors import (
+from core.errors import (
     ConfigError,
     InvalidRequest,
     RolloutCancelled,

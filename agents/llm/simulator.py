@@ -320,7 +320,7 @@ def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: i
                             max_model_len: int | None = None,
                             ready_timeout: float = 30.0) -> tuple[str, Callable[[], None]]:
     """Run `raas llm-sim` as a subprocess (killable like a real server); returns (url, stop)."""
-    cmd = [sys.executable, "-m", "agents.llm.simulator", "--tokenizer", str(tokenizer_dir),
+    cmd = [sys.executable, "-m", "agents.llm.simulator_cli", "--tokenizer", str(tokenizer_dir),
            "--script", str(script_file), "--port", str(port)]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
@@ -339,9 +339,3 @@ def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: i
         proc.wait(timeout=10)
 
     return url, stop
-
-
-if __name__ == "__main__":
-    from agents.llm.simulator_cli import llm_sim_command
-
-    llm_sim_command()

@@ -51,7 +51,7 @@ def _detach(args: list[str], server_url: str, log_path: Path) -> int:
     """Start the simulator as a background process and wait until it answers; its pid."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "agents.llm.simulator", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "agents.llm.simulator_cli", *args],
                                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     deadline = time.monotonic() + READY_TIMEOUT
@@ -117,3 +117,7 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
         pass
     finally:
         server.server_close()
+
+
+if __name__ == "__main__":
+    llm_sim_command()

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 BackendName = Literal["vllm", "sglang", "openai-chat"]
 # vLLM's --logprobs-mode values that are logprobs (the *_logits modes are not): raw = the

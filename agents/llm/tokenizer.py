@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from agents.llm.drift import align_drift
 from agents.llm.tokenizer import SENTINEL, ChatTokenizer
-from app.errors import RaasError
+from core.errors import RaasError
 
 
 class TrajectoryError(RaasError, ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import bm25s
 
-from app.errors import ConfigError
+from core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from flask import Flask, jsonify
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.errors import PayloadTooLarge, RaasError, ServiceUnavailable
+from core.errors import PayloadTooLarge, RaasError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 

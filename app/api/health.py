@@ -4,9 +4,9 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy import text
 
-from app.db import session_scope
 from app.metrics import render
 from app.openapi import build_openapi
+from core.db import session_scope
 
 bp = Blueprint("health", __name__)
 

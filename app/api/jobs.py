@@ -8,11 +8,10 @@ from flask import Blueprint, Response, current_app, g, request, stream_with_cont
 from sqlalchemy import select
 
 from app.api.routing import query_number, typed_route
-from app.db import session_scope
 from app.jobs import cancel_job, create_job, get_job, job_view, results_after
-from app.models import Job
 from app.schemas import JobAccepted, JobCreate, JobList, JobView, ResultsPage
-from tasks.stages import publish
+from core.db import session_scope
+from core.models import Job
 
 bp = Blueprint("jobs", __name__)
 POLL_SECONDS = 0.2
@@ -22,18 +21,10 @@ def _settings():
     return current_app.config["RAAS"]
 
 
-def enqueue_rollouts(pairs: list[tuple[str, int]]) -> None:
-    """Publish INIT for (rollout id, attempt) pairs over one producer connection."""
-    celery = current_app.extensions["celery"]
-    with celery.producer_or_acquire() as producer:  # one connection for the whole batch
-        for rollout_id, attempt in pairs:
-            publish(celery, "init", rollout_id, attempt, producer=producer)
-
-
 @typed_route(bp, "/v1/jobs", "POST", body=JobCreate, response=JobAccepted, status=202,
              summary="Submit a batch: every instance n_samples times")
 def submit(body: JobCreate) -> JobAccepted:
-    return create_job(_settings(), body, g.owner, enqueue_rollouts)
+    return create_job(_settings(), body, g.owner, current_app.extensions["celery"])
 
 
 @typed_route(bp, "/v1/jobs", "GET", response=JobList, summary="List jobs, newest first",

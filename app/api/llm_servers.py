@@ -9,42 +9,19 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from app.api.routing import typed_route
-from app.db import session_scope
-from app.errors import Conflict, NotFound
-from app.models import LLMServer
 from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView
+from app.servers import register_server
+from core.db import session_scope
+from core.errors import NotFound
+from core.models import LLMServer
 
 bp = Blueprint("llm_servers", __name__)
 
 
 def _db() -> str:
     return current_app.config["RAAS"].db_url
-
-
-def register_server(db_url: str, body: LLMServerCreate) -> LLMServerView:
-    """Add a server to the shared pool; a duplicate url is a 409."""
-    try:
-        with session_scope(db_url) as s:
-            server = LLMServer(url=body.url, model=body.model,
-                               weight_version=body.weight_version, backend=body.backend,
-                               logprobs_mode=body.logprobs_mode)
-            s.add(server)
-            s.flush()
-            return LLMServerView.model_validate(server)
-    except IntegrityError:
-        raise Conflict(f"llm server {body.url!r} is already registered", field="url") from None
-
-
-def clear_servers(db_url: str) -> int:
-    """Remove every registered server; returns how many. (To swap weights, pause instead.)"""
-    with session_scope(db_url) as s:
-        servers = s.scalars(select(LLMServer)).all()
-        for server in servers:
-            s.delete(server)
-        return len(servers)
 
 
 @typed_route(bp, "/v1/llm-servers", "POST", body=LLMServerCreate, response=LLMServerView,

@@ -21,17 +21,16 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app.api.jobs import enqueue_rollouts
-from app.api.llm_servers import clear_servers, register_server
 from app.api.prorl_datasets import map_instance
 from app.api.prorl_results import prorl_result
 from app.api.prorl_wire import AddServer, CancelRequest, ProcessRequest, ProRLSampling
 from app.api.routing import typed_route
-from app.db import session_scope
-from app.errors import Conflict, InvalidRequest, RaasError, ServiceUnavailable, StageTimeout
 from app.jobs import cancel_job, create_job
-from app.models import TERMINAL_VALUES, Job, LLMServer, Rollout, ServiceFlag, Turn, utcnow
 from app.schemas import Instance, JobCreate, LLMServerCreate
+from app.servers import clear_servers, register_server
+from core.db import session_scope
+from core.errors import Conflict, InvalidRequest, RaasError, ServiceUnavailable, StageTimeout
+from core.models import TERMINAL_VALUES, Job, LLMServer, Rollout, ServiceFlag, Turn, utcnow
 
 bp = Blueprint("prorl", __name__)
 POLL_SECONDS = 0.2
@@ -128,7 +127,7 @@ def process(body: ProcessRequest) -> dict[str, Any]:
                     sampling=parts["sampling"], limits=parts["limits"], llm=parts["llm"],
                     agent_config=body.agent_config or {})
     prorl_job_id = body.job_id or uuid.uuid4().hex
-    accepted = create_job(settings, req, g.owner, enqueue_rollouts,
+    accepted = create_job(settings, req, g.owner, current_app.extensions["celery"],
                           extra_config={"prorl_job_id": prorl_job_id,
                                         "prorl_data_source": mapped.data_source})
     rollout = _wait_terminal(settings.db_url, accepted.rollout_ids[0], settings.process_max_wait)

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 SWE_SOURCES = {"swebench", "swe-bench", "swe_bench", "swe-gym", "swe_gym", "swegym",
                "r2e-gym", "r2e_gym", "r2egym", "nemo_gym_swe"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.models import Rollout, Turn
+from core.models import Rollout, Turn
 
 # Finish reasons that mean the episode was cut by a length limit (ProRL's `end_properly=False`).
 LENGTH_REASONS = {"length", "context", "token_budget", "turn_length"}

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 # Accepted for compatibility, without effect: raas owns these concerns itself.
 IGNORED_KEYS: dict[str, str] = {

@@ -8,13 +8,13 @@ from flask import Blueprint, current_app, g, request
 from sqlalchemy import select
 
 from app.api.routing import query_number, typed_route
-from app.db import session_scope
-from app.errors import Conflict, InvalidRequest, NotFound
+from app.jobs import rollout_view
+from app.schemas import RolloutView
+from core.db import session_scope
+from core.errors import Conflict, InvalidRequest, NotFound
+from core.models import Job, Rollout, Turn
 from tasks.config import REEVALUATE_TASK
 from tasks.reevaluate import supports_reevaluation
-from app.jobs import rollout_view
-from app.models import Job, Rollout, Turn
-from app.schemas import RolloutView
 
 bp = Blueprint("rollouts", __name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest, validation_error
 
 
 @dataclass
@@ -32,15 +32,6 @@ class RouteDoc:
 
 
 ROUTES: list[RouteDoc] = []
-
-
-def validation_error(exc: ValidationError, where: str = "body") -> InvalidRequest:
-    """A pydantic error as an InvalidRequest naming the first bad field."""
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or where
-    return InvalidRequest(f"{loc}: {first['msg']}", field=loc,
-                          errors=[{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
-                                  for e in exc.errors()[:20]])
 
 
 def parse_body(model: type[BaseModel]) -> BaseModel:

@@ -8,6 +8,7 @@ Every query is scoped by `g.owner`, exactly like the API.
 """
 from __future__ import annotations
 
+from app.ui import views  # noqa: F401 - registers the pages on the blueprint
 from app.ui.auth import bp
 
 __all__ = ["bp"]

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, Flask, abort, g, redirect, render_template, request, session
 
-from app.errors import NotFound, Unauthorized
+from core.errors import NotFound, Unauthorized
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
@@ -138,5 +138,3 @@ def _not_found(exc: NotFound):
         return exc.to_dict(), 404
     return render_template("ui/error.html", title="Not found", message=exc.message), 404
 
-
-from app.ui import views  # noqa: E402,F401 - registers the pages on bp

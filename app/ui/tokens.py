@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any
 
-from app.models import Job, Rollout, Turn
+from core.models import Job, Rollout, Turn
 
 log = logging.getLogger(__name__)
 _pieces: dict[str, dict[int, str]] = {}

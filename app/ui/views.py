@@ -6,14 +6,15 @@ from typing import Any
 from flask import current_app, g, redirect, render_template, request, url_for
 from sqlalchemy import select
 
-from app.db import session_scope
-from app.errors import InvalidRequest, NotFound
 from app.jobs import cancel_job, get_job, job_view
-from app.metrics import known_queues, llm_servers, queue_consumers, queue_depths, rollout_counts
-from app.models import Job, Rollout, Turn
+from app.metrics import llm_servers, queue_consumers, rollout_counts
 from app.ui import charts, tokens
 from app.ui.auth import bp, check_csrf
+from core.db import session_scope
+from core.errors import InvalidRequest, NotFound
+from core.models import Job, Rollout, Turn
 from tasks.config import UNROUTED_QUEUE
+from tasks.queues import known_queues, queue_depths
 
 ROW_COLUMNS = ("id", "instance_id", "sample_index", "status", "outcome", "reward", "attempt",
                "node", "error", "init_seconds", "run_seconds", "eval_seconds", "created_at",

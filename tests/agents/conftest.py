@@ -121,7 +121,15 @@ def built_env() -> Callable[[str, list[str]], str]:
 
 
 @pytest.fixture
-def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def sandbox_settings(private_sandbox_dir: str) -> Any:
+    """The node's sandbox settings for these tests: handles in the private state dir."""
+    from sandbox import SandboxSettings
+
+    return SandboxSettings(state_dir=private_sandbox_dir)
+
+
+@pytest.fixture
+def make_sandbox(tmp_path: Path, sandbox_settings: Any) -> Iterator[Callable[..., Any]]:
     """Factory: (workspace=None, python_env=None, **options) -> a started real bwrap sandbox.
 
     The workspace defaults to a fresh folder under tmp_path; every sandbox is stopped at
@@ -136,7 +144,7 @@ def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         if workspace is None:
             workspace = str(tmp_path / f"ws{len(started)}")
             Path(workspace).mkdir()
-        sb = get_runtime("bwrap").start(
+        sb = get_runtime("bwrap", sandbox_settings).start(
             SandboxSpec(workspace=workspace, python_env=python_env, **options),
             label=f"test:{Path(workspace).name}")
         started.append(sb)

@@ -12,7 +12,7 @@ import pytest
 
 from agents.handlers.code import CodeConfig, CodeHandler, grade_solution
 from agents.handlers.swe_repo import PROJECT_ROOT
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 SECRET = "assert frobnicate(31337) == 'hidden-marker-7f3a'"
 INSTANCE = {

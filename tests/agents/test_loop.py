@@ -14,7 +14,7 @@ import pytest
 
 from agents.loop import run_agent_loop
 from agents.tools import Tool, ToolOutput, finish_tool
-from app.errors import RolloutCancelled
+from core.errors import RolloutCancelled
 
 
 def call(name: str, **arguments: Any) -> str:

@@ -109,8 +109,8 @@ def test_repeated_turn_length_cuts_are_no_valid_action(make_llm, make_ctx) -> No
 
 def _registered_session(llm_db_url: str, url: str, version: str):
     from agents.llm import LLMSession
-    from app.db import session_scope
-    from app.models import LLMServer
+    from core.db import session_scope
+    from core.models import LLMServer
     from tests.agents.conftest import TOKENIZER_DIR
 
     with session_scope(llm_db_url) as db:
@@ -126,8 +126,8 @@ def test_max_staleness_marks_or_stops(llm_db_url, make_ctx, on_stale) -> None:
 
     from agents.llm.simulator import start_simulator
     from agents.tools import Tool
-    from app.db import session_scope
-    from app.models import LLMServer
+    from core.db import session_scope
+    from core.models import LLMServer
     from tests.agents.conftest import TOKENIZER_DIR
 
     url, stop = start_simulator(TOKENIZER_DIR, {"default": [

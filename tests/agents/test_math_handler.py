@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from agents.base import RunResult
 from agents.registry import get_handler
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl")

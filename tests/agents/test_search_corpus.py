@@ -69,7 +69,7 @@ def test_load_index_is_cached_per_file(index: BM25Index) -> None:
 
 
 def test_bad_corpus_is_a_config_error(tmp_path: Path) -> None:
-    from app.errors import ConfigError
+    from core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not found"):
         load_index(tmp_path / "missing.jsonl")

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from agents.base import RunResult
 from agents.registry import get_handler
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTIONS_FILE = REPO / "examples" / "search" / "questions.jsonl"

@@ -13,7 +13,7 @@ import pytest
 
 from agents.handlers.swe import SWEConfig, SWEHandler, reevaluate
 from agents.handlers.swe_repo import PROJECT_ROOT, git_env, materialize
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 INSTANCES = {json.loads(line)["instance_id"].split("__")[1].rsplit("-", 1)[0]: json.loads(line)
              for line in (PROJECT_ROOT / "examples/swe/instances.jsonl").read_text().splitlines()}
@@ -48,7 +48,7 @@ def episode(make_llm, make_ctx, make_sandbox, tmp_path: Path, env: str, replies:
 
 
 def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbox, tmp_path,
-                                                 pytest_env) -> None:
+                                                 pytest_env, sandbox_settings) -> None:
     replies = [
         call("bash", command="git status --short && ls intervals"),
         call("str_replace_editor", command="view", path="intervals/core.py"),
@@ -69,11 +69,14 @@ def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbo
 
     # The stored patch grades the same in a fresh sandbox; no patch and a broken one grade 0.
     again = reevaluate(INTERVALS, result.extra["git_patch"],
-                       sandbox_options={"python_env": pytest_env})
+                       sandbox_options={"python_env": pytest_env},
+                       sandbox_settings=sandbox_settings)
     assert again.reward == 1.0 and again.metrics["patch_applied"] is True
-    assert reevaluate(INTERVALS, "", sandbox_options={"python_env": pytest_env}).reward == 0.0
+    assert reevaluate(INTERVALS, "", sandbox_options={"python_env": pytest_env},
+                      sandbox_settings=sandbox_settings).reward == 0.0
     broken = reevaluate(INTERVALS, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n"
-                        "@@ -1 +1 @@\n-x\n+y\n", sandbox_options={"python_env": pytest_env})
+                        "@@ -1 +1 @@\n-x\n+y\n", sandbox_options={"python_env": pytest_env},
+                        sandbox_settings=sandbox_settings)
     assert broken.reward == 0.0 and broken.metrics["patch_applied"] is False
 
 

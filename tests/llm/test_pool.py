@@ -8,8 +8,8 @@ from sqlalchemy import select
 
 from agents.llm import LLMSession
 from agents.llm.pool import RegisteredPool, reconcile_in_flight
-from app.db import session_scope
-from app.models import Job, LLMServer, Rollout
+from core.db import session_scope
+from core.models import Job, LLMServer, Rollout
 from tests.llm.conftest import SMOLLM2, deadline
 
 SCRIPT = {"default": ['<tool_call>{"name": "step", "arguments": {}}</tool_call>']}

@@ -8,9 +8,9 @@ from tokenizers import Tokenizer
 
 from agents.llm import LLMSession, SamplingParams, parse_tool_calls, validate_llm_spec
 from agents.llm.spec import validate_sampling
-from app.db import session_scope
-from app.errors import InvalidRequest, StageTimeout
-from app.models import LLMServer
+from core.db import session_scope
+from core.errors import InvalidRequest, StageTimeout
+from core.models import LLMServer
 from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2, TOOLS, deadline
 
 CALLS = ('<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>\n'
@@ -137,7 +137,7 @@ def test_cancel_aborts_a_generation_in_flight(simulators, db_url) -> None:
     abort) and the session raises RolloutCancelled at once instead of waiting for the turn."""
     import httpx
 
-    from app.errors import RolloutCancelled
+    from core.errors import RolloutCancelled
 
     url, _ = simulators({"default": [{"text": "slow answer", "latency": 30}]})
     flip_at = time.monotonic() + 0.5

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from agents.llm import LLMSession, validate_llm_spec
-from app.db import session_scope
-from app.models import LLMServer
+from core.db import session_scope
+from core.models import LLMServer
 from tests.llm.conftest import TOOLS, deadline
 
 pytestmark = pytest.mark.vllm

@@ -14,9 +14,9 @@ from sqlalchemy import update
 
 from agents.llm import LLMSession, validate_llm_spec
 from agents.llm.pool import RegisteredPool, ServersPaused
-from app.db import session_scope
-from app.errors import ConfigError, InvalidRequest
-from app.models import LLMServer
+from core.db import session_scope
+from core.errors import ConfigError, InvalidRequest
+from core.models import LLMServer
 from tests.llm.conftest import SMOLLM2, deadline
 from tests.llm.test_pool import SCRIPT, SPEC, make_rollouts, register, requests_seen
 
@@ -49,7 +49,7 @@ def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulato
 
 def test_paused_server_past_the_deadline_is_a_timeout_not_a_failover(simulators,
                                                                     db_url) -> None:
-    from app.errors import StageTimeout
+    from core.errors import StageTimeout
 
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "v1")

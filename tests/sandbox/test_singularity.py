@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import Bind, SandboxLimits, SandboxSpec, SandboxStartError, list_sandboxes, stop_handle
-from sandbox.bwrap import PTYPROCESS_DIR, TOOLSERVER_DIR
+from sandbox.inside import PTYPROCESS_DIR, TOOLSERVER_DIR
 from sandbox.singularity import SingularityCommands, SingularityRuntime
 
 

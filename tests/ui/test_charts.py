@@ -5,8 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app.models import Rollout, Turn
 from app.ui import charts, tokens
+from core.models import Rollout, Turn
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from app.errors import ConfigError, InvalidRequest, ServiceUnavailable
+from core.errors import ConfigError, InvalidRequest, ServiceUnavailable
 
 
 class ServerError(ServiceUnavailable):

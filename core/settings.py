@@ -45,6 +45,13 @@ class Settings(BaseSettings):
         "auto", description="Default sandbox runtime for jobs that do not name one"
     )
     workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
+    sandbox_dir: Path | None = Field(
+        None, description="Sandbox sockets and handle files (a 0700 folder of this user); "
+                          "default /tmp/raas-sandboxes-<uid>")
+    image_cache: Path | None = Field(
+        None, description="Pulled Singularity images; default <home>/images")
+    sandbox_cgroup_parent: Path | None = Field(
+        None, description="cgroup v2 folder for sandbox cgroups; default the worker's own")
     repo_mirror_root: Path | None = Field(
         None, description="Repository mirror: `owner__name` bare git dirs or tarballs that an "
                           "instance's `owner/name` repo slug resolves to (unset: no mirror)")
@@ -80,6 +87,11 @@ class Settings(BaseSettings):
     def broker_folder(self) -> Path:
         """Where the filesystem transport keeps its messages."""
         return self.home.resolve() / "broker"
+
+    @property
+    def envs_root(self) -> Path:
+        """Where the named sandbox Python environments live."""
+        return self.home.resolve() / "envs"
 
     @property
     def workspaces(self) -> Path:

@@ -6,7 +6,10 @@ built-in so callers can catch either. The gateway maps them to HTTP codes in one
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class RaasError(Exception):
@@ -101,3 +104,12 @@ class AgentError(RaasError):
     """The agent misbehaved in a way that ends the rollout (e.g. no valid action in N turns)."""
 
     code = "agent_error"
+
+
+def validation_error(exc: ValidationError, where: str = "body") -> InvalidRequest:
+    """A pydantic error as an InvalidRequest naming the first bad field."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or where
+    return InvalidRequest(f"{loc}: {first['msg']}", field=loc,
+                          errors=[{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+                                  for e in exc.errors()[:20]])
