@@ -21,8 +21,10 @@ ROW_COLUMNS = ("id", "instance_id", "sample_index", "status", "outcome", "reward
                "finished_at", "finish_reason")
 MAX_GROUPS = 200  # instances listed on a job page; the charts cover every rollout
 JOBS_PAGE = 50
-ARTIFACT_KEYS = ("git_patch", "patch", "answer", "predicted_answer", "reference_answer",
-                 "artifact", "solution_files", "dropped_files")
+# What the grader graded (swe: the patch; code: solution files; math/search: the answer) and
+# what was kept from it (swe drops test files): shown above the rest of `extra`.
+ARTIFACT_KEYS = ("git_patch", "patch", "files", "answer", "predicted_answer", "reference_answer",
+                 "artifact", "dropped_files", "dropped_reasons")
 
 
 def _settings():
@@ -159,12 +161,19 @@ def _waterfall(r: Rollout, turns: list[Turn]) -> dict[str, Any]:
 
 
 def _drift(metrics: dict[str, Any], segs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The drift audit's first divergence and the segment that holds it."""
-    first = metrics.get("first_diff")
-    if not metrics.get("retokenization_drift") or first is None:
+    """The drift audit's divergences: the first of each affected turn, with its segment."""
+    if not metrics.get("retokenization_drift") or metrics.get("first_diff") is None:
         return None
-    seg = next((i for i, sg in enumerate(segs) if sg["start"] <= first < sg["end"]), None)
-    return {"count": metrics["retokenization_drift"], "first": first, "segment": seg}
+    per_turn = metrics.get("drift_turns") or [
+        {"first_diff": metrics["first_diff"], "differing_tokens": metrics["retokenization_drift"]}]
+    marks = []
+    for entry in per_turn:
+        first = entry["first_diff"]
+        seg = next((i for i, sg in enumerate(segs) if sg["start"] <= first < sg["end"]), None)
+        marks.append({"first": first, "count": entry.get("differing_tokens"), "segment": seg,
+                      "label": segs[seg]["label"] if seg is not None else "past the end"})
+    return {"count": metrics["retokenization_drift"], "first": metrics["first_diff"],
+            "marks": marks, "positions": [m["first"] for m in marks]}
 
 
 @bp.get("/stages")

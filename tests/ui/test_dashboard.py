@@ -206,6 +206,7 @@ def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browse
     assert stored["metrics"]["retokenization_drift"] > 0
     drift = browser.find_elements("css selector", ".tokbox .tok.drift")
     assert len(drift) == 1 and browser.find_element("id", "drift").is_displayed()
+    assert "128" in browser.find_element("id", "artifacts").text  # the graded answer
     shot(browser, artifacts, "rollout")
     assert console_errors(browser) == []
 

@@ -43,12 +43,12 @@ function shade(tok, mask, lp) {
 
 function renderSegment(box, data) {
   const frag = document.createDocumentFragment();
-  const drift = conv.dataset.drift === "" ? -1 : Number(conv.dataset.drift);
+  const drift = new Set(JSON.parse(conv.dataset.drift || "[]"));
   for (let i = 0; i < data.ids.length; i++) {
     const tok = document.createElement("span");
     const mask = data.mask[i];
     tok.className = mask === 1 ? "tok m1" : "tok m0";
-    if (data.start + i === drift) tok.classList.add("drift");
+    if (drift.has(data.start + i)) tok.classList.add("drift");
     tok.dataset.i = i;
     tok.textContent = data.pieces ? shown(data.pieces[i]) : `⟨${data.ids[i]}⟩`;
     shade(tok, mask, data.logprobs[i]);
@@ -82,7 +82,7 @@ function describe(tok) {
     `mask ${d.mask[i]} (${d.mask[i] === 1 ? "trained" : "not trained"})`,
     `logprob ${lp === null ? "–" : lp}` + (lp === null ? "" : `   p ${Math.exp(lp).toFixed(4)}`),
     `policy version ${d.versions[i] === null ? "–" : d.versions[i]}`];
-  if (d.start + i === Number(conv.dataset.drift)) lines.push("drift audit: first divergence");
+  if (JSON.parse(conv.dataset.drift || "[]").includes(d.start + i)) lines.push("drift audit: first divergence of this turn");
   return lines.join("\n");
 }
 
@@ -128,6 +128,7 @@ if (conv) {
   document.querySelectorAll(".goto-token").forEach((a) => a.addEventListener("click", (e) => {
     e.preventDefault();
     const details = conv.querySelector(`details.tokens[data-segment="${a.dataset.segment}"]`);
+    if (!details) return;
     const go = () => {
       const box = details.querySelector(".tokbox");
       const tok = box.children[Number(a.dataset.pos) - Number(details.dataset.start)];
