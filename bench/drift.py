@@ -12,6 +12,10 @@ Sources of sampled ids:
     a model at temperature 1, sometimes samples a non-canonical split of a token (rate
     `--split-rate`), stops on length, or thinks in `<think>` blocks (Qwen-style template).
 
+For drifted trajectories it also reports how much drifted: tokens that differ after aligning
+the trajectory with the re-render (the audit's `retokenization_drift`) against the count of
+differing positions the audit used to report (every token after one split counted).
+
 Also reports the builder's per-turn overhead (render + tokenize the delta, append the turn), in
 microseconds. Run: `.venv/bin/python bench/drift.py [--vllm-url http://127.0.0.1:8000]`.
 """
@@ -85,6 +89,8 @@ def synthetic_run(n: int, template: str | None, think: bool, split_rate: float,
     rng = random.Random(seed)
     naive = builder_bad = 0
     turn_us: list[float] = []
+    aligned: list[int] = []  # differing tokens after alignment, per drifted trajectory
+    shifted: list[int] = []  # differing positions (the audit's count before issue 12)
     for i in range(n):
         b = TrajectoryBuilder(tok, max_model_len=8192)
         b.start([{"role": "system", "content": "You fix repositories."},
@@ -101,11 +107,25 @@ def synthetic_run(n: int, template: str | None, think: bool, split_rate: float,
             elif turn == 1:  # a user turn: Qwen-style templates drop earlier <think> blocks
                 b.add_messages([{"role": "user", "content": "Looks good, finish up."}])
             turn_us.append((time.perf_counter() - started) * 1e6)
-        naive += b.audit_drift()["retokenization_drift"] > 0
+        report = b.audit_drift()
+        if report["retokenization_drift"] > 0:
+            naive += 1
+            aligned.append(report["retokenization_drift"])
+            shifted.append(shifted_positions(b))
         builder_bad += exact_mismatch(b, sampled)
     return {"n": n, "naive_drifted": naive, "builder_drifted": builder_bad,
+            "aligned_median": statistics.median(aligned) if aligned else 0,
+            "shifted_median": statistics.median(shifted) if shifted else 0,
             "turn_us_median": statistics.median(turn_us),
             "turn_us_p95": sorted(turn_us)[int(len(turn_us) * 0.95)]}
+
+
+def shifted_positions(b: TrajectoryBuilder) -> int:
+    """Positions where the trajectory and a full re-render differ, without alignment."""
+    traj = b.trajectory()
+    built, reference = traj.prompt_ids + traj.response_ids, b.reference_ids()
+    return sum(1 for i in range(max(len(built), len(reference)))
+               if i >= len(built) or i >= len(reference) or built[i] != reference[i])
 
 
 def exact_mismatch(b: TrajectoryBuilder, sampled: list[list[int]]) -> bool:
@@ -177,14 +197,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(sets, indent=2))
         return
-    print("| set | conversations | naive drifted | builder drifted | builder µs/turn (median, p95) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| set | conversations | naive drifted | builder drifted | builder µs/turn (median, p95) "
+          "| drifted tokens after alignment (median) | shifted positions (median) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, r in sets.items():
         timing = (f"{r['turn_us_median']:.0f}, {r['turn_us_p95']:.0f}" if "turn_us_median" in r
                   else f"({r['generated_tokens']} tokens sampled in {r['seconds']} s)")
         rate = 100.0 * r["naive_drifted"] / r["n"]
         print(f"| {name} | {r['n']} | {r['naive_drifted']} ({rate:.1f}%) | "
-              f"{r['builder_drifted']} | {timing} |")
+              f"{r['builder_drifted']} | {timing} | {r.get('aligned_median', '-')} | "
+              f"{r.get('shifted_median', '-')} |")
 
 
 if __name__ == "__main__":
