@@ -51,7 +51,8 @@ NO_SERVER_WAIT_SECONDS = 30.0
 PAUSE_POLL_SECONDS = 0.25
 # vLLM/SGLang error texts for a request longer than the server's context.
 _CONTEXT_ERRORS = ("maximum context length", "max_model_len", "context length", "too long")
-_CONTEXT_LIMIT = re.compile(r"maximum context length is (\d+)")
+# vLLM: "maximum context length is 4096 tokens"; SGLang: "... context length (4096 tokens)".
+_CONTEXT_LIMIT = re.compile(r"maximum context length is (\d+)|context length \((\d+) tokens")
 _model_names: dict[str, str | None] = {}
 
 
@@ -194,7 +195,7 @@ class LLMSession:
         log.info("rollout %s: %s rejects the request: %s", self.rollout_id, server.url,
                  message[:300])
         match = _CONTEXT_LIMIT.search(message)
-        served = int(match.group(1)) if match else None
+        served = int(match.group(1) or match.group(2)) if match else None
         if served is None or served >= self.builder.max_model_len:
             return False
         remember_max_model_len(server.url, served)
