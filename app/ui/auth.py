@@ -90,7 +90,7 @@ def _template_globals() -> dict:
     return {"csrf_token": csrf_token}
 
 
-def _safe_next(value: str | None) -> str:
+def safe_next(value: str | None) -> str:
     """Only local /ui paths are followed after login (no open redirect)."""
     if value and value.startswith("/ui") and "//" not in value and "\\" not in value:
         return value
@@ -100,7 +100,7 @@ def _safe_next(value: str | None) -> str:
 @bp.get("/login")
 def login_form():
     """Already authenticated (or no auth configured): go on."""
-    return redirect(_safe_next(request.args.get("next")))
+    return redirect(safe_next(request.args.get("next")))
 
 
 @bp.post("/login")
@@ -109,7 +109,7 @@ def login():
     token = request.form.get("token")
     if token:
         session[SESSION_TOKEN] = token
-    return redirect(_safe_next(request.form.get("next")), code=303)
+    return redirect(safe_next(request.form.get("next")), code=303)
 
 
 @bp.post("/logout")
@@ -128,7 +128,7 @@ def _unauthorized(exc: Unauthorized):
     if wrong and session.get(SESSION_TOKEN):
         session.pop(SESSION_TOKEN)
     nxt = request.form.get("next") if request.method == "POST" else request.full_path
-    return render_template("ui/login.html", next=_safe_next(nxt), wrong=wrong), 401
+    return render_template("ui/login.html", next=safe_next(nxt), wrong=wrong), 401
 
 
 @bp.errorhandler(NotFound)

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from app.jobs import cancel_job, get_job, job_view
 from app.metrics import llm_servers, queue_consumers, rollout_counts
 from app.ui import charts, tokens
-from app.ui.auth import bp, check_csrf
+from app.ui.auth import bp, check_csrf, safe_next
 from core.db import session_scope
 from core.errors import InvalidRequest, NotFound
 from core.models import Job, Rollout, Turn
@@ -54,7 +54,8 @@ def cancel(job_id: str):
     """Cancel a job (the page asked for confirmation first)."""
     check_csrf()
     cancel_job(_settings(), job_id, g.owner)
-    return redirect(request.form.get("back") or url_for("ui.job", job_id=job_id), code=303)
+    back = request.form.get("back")
+    return redirect(safe_next(back) if back else url_for("ui.job", job_id=job_id), code=303)
 
 
 @bp.get("/jobs/<job_id>")
