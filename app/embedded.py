@@ -1,8 +1,9 @@
 """`raas up`: the whole service in one command on the embedded default.
 
 SQLite and the kombu filesystem broker live under the home folder; migrations run first; the
-three stage pools are child processes (so a crash in one does not take the gateway down); the
-reaper runs in a thread; Ctrl-C stops everything, children first.
+three stage pools are child processes (so a crash in one does not take the gateway down) that
+a supervisor thread restarts when one dies; the reaper runs in a thread; Ctrl-C stops
+everything, children first, then the sandboxes this deployment left running.
 """
 from __future__ import annotations
 
@@ -12,19 +13,80 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 15
+SUPERVISE_INTERVAL = 1.0
+RESTART_BACKOFF = 5.0  # a pool that keeps crashing at start is retried this often, not faster
+STAGES = ("init", "run", "eval")
 
 
-def spawn_workers(settings: Settings, concurrency: int) -> list[subprocess.Popen]:
-    """One child process per stage pool, with this process's settings in its environment."""
+def spawn_worker(settings: Settings, stage: str, concurrency: int) -> subprocess.Popen:
+    """One stage pool as a child process, with this process's settings in its environment."""
     env = {**os.environ, "RAAS_HOME": str(settings.home.resolve()), "RAAS_NODE": settings.node}
-    return [subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--stage", stage,
-                              "--concurrency", str(concurrency)], env=env)
-            for stage in ("init", "run", "eval")]
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--stage", stage,
+                             "--concurrency", str(concurrency)], env=env)
+
+
+class Supervisor:
+    """Keeps one pool per stage alive: a pool that exits is started again (with a log line)."""
+
+    def __init__(self, settings: Settings, concurrency: int) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self.pools: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        """Spawn the pools and the watching thread."""
+        with self.lock:
+            for stage in STAGES:
+                self._spawn(stage)
+        threading.Thread(target=self._watch, name="raas-supervisor", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(SUPERVISE_INTERVAL):
+            with self.lock:
+                if self.stopping.is_set():
+                    return
+                for stage, proc in list(self.pools.items()):
+                    if proc.poll() is None:
+                        continue
+                    if time.monotonic() - self.started[stage] < RESTART_BACKOFF:
+                        continue
+                    log.warning("%s pool (pid %s) exited with %s; starting a new one",
+                                stage.upper(), proc.pid, _describe_exit(proc.returncode))
+                    self._spawn(stage)
+
+    def _spawn(self, stage: str) -> None:
+        self.pools[stage] = spawn_worker(self.settings, stage, self.concurrency)
+        self.started[stage] = time.monotonic()
+
+    def stop(self) -> None:
+        """Stop watching, then stop every pool."""
+        self.stopping.set()
+        with self.lock:
+            stop_children(list(self.pools.values()))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def _interrupt(supervisor: Supervisor) -> None:
+    """Ctrl-C: the pools got it too and are exiting; do not restart them."""
+    supervisor.stopping.set()
+    raise KeyboardInterrupt
 
 
 def stop_children(children: list[subprocess.Popen]) -> None:
@@ -40,6 +102,21 @@ def stop_children(children: list[subprocess.Popen]) -> None:
             child.wait()
 
 
+def stop_deployment_sandboxes(settings: Settings) -> int:
+    """Stop the sandboxes whose workspaces are this deployment's; returns how many."""
+    from sandbox import list_sandboxes
+    from tasks.sandboxes import release
+
+    root = str(settings.workspaces) + "/"
+    handles = [h for h in list_sandboxes() if str(h.get("workspace", "")).startswith(root)]
+    for handle in handles:
+        release(handle)
+    if handles:
+        log.info("stopped %s sandbox(es) of rollouts between stages; the next `raas up` "
+                 "retries those rollouts", len(handles))
+    return len(handles)
+
+
 def run_embedded(settings: Settings, host: str, port: int, concurrency: int) -> None:
     """Run until Ctrl-C."""
     from werkzeug.serving import make_server
@@ -52,20 +129,26 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int) -> 
     upgrade(settings.db_url)
     app = create_app(settings)
     server = make_server(host, port, app, threaded=True)  # a busy port fails before any child
-    children: list[subprocess.Popen] = []
+    supervisor = Supervisor(settings, concurrency)
     reaper = Reaper(settings, app.extensions["celery"])
     # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda *_: _interrupt(supervisor))
     try:
-        children = spawn_workers(settings, concurrency)
+        supervisor.start()
         threading.Thread(target=reaper.run_forever, name="raas-reaper", daemon=True).start()
-        log.info("raas up: http://%s:%s (home %s, node %s)", host, port,
-                 settings.home.resolve(), settings.node)
+        log.info("raas up: http://%s:%s (home %s, node %s, pools init/run/eval x%s)", host, port,
+                 settings.home.resolve(), settings.node, concurrency)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         log.info("stopping")
         reaper.stop()
-        stop_children(children)
+        supervisor.stop()
+        try:
+            stop_deployment_sandboxes(settings)
+        except Exception:  # noqa: BLE001 - stopping must finish; the next reaper sweeps them
+            log.exception("stopping this deployment's sandboxes failed")
         server.server_close()

@@ -26,12 +26,13 @@ BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 CONSUMERS_TIMEOUT = 0.5  # seconds to collect workers' replies to the active_queues broadcast
 CONSUMERS_TTL = 5.0
 BROADCAST_MAX_AGE = 30.0  # a live worker takes its broadcast within a polling interval  # reuse one broadcast for this long: scrapes and page refreshes are cheap
-_consumers_cache: dict[int, tuple[float, dict[str, int]]] = {}
+_consumers_cache: dict[int, tuple[float, dict[str, list[str]]]] = {}
 _consumers_lock = threading.Lock()
 
 
-def queue_consumers(celery: Any) -> dict[str, int]:
-    """Live worker pools consuming each queue (Celery's active_queues broadcast, cached).
+def worker_queues(celery: Any) -> dict[str, list[str]]:
+    """Queues each live worker pool consumes, by worker name (Celery's active_queues
+    broadcast, cached for CONSUMERS_TTL).
 
     The broker cannot tell (Redis and the filesystem transport report no consumers), so the
     workers are asked; one that does not answer within CONSUMERS_TIMEOUT is not counted.
@@ -40,16 +41,22 @@ def queue_consumers(celery: Any) -> dict[str, int]:
         cached = _consumers_cache.get(id(celery))
         if cached and time.monotonic() - cached[0] < CONSUMERS_TTL:
             return dict(cached[1])
-        counts: dict[str, int] = {}
         replies = celery.control.inspect(timeout=CONSUMERS_TIMEOUT).active_queues() or {}
-        for queues in replies.values():
-            for queue in queues or []:
-                counts[queue["name"]] = counts.get(queue["name"], 0) + 1
-        _consumers_cache[id(celery)] = (time.monotonic(), counts)
+        workers = {name: [q["name"] for q in queues or []] for name, queues in replies.items()}
+        _consumers_cache[id(celery)] = (time.monotonic(), workers)
     folder = (celery.conf.broker_transport_options or {}).get("data_folder_out")
     if folder:  # the embedded broker keeps broadcasts for dead workers: drop old ones
         sweep_stale_broadcasts(folder, BROADCAST_MAX_AGE)
-    return dict(counts)
+    return dict(workers)
+
+
+def queue_consumers(celery: Any) -> dict[str, int]:
+    """Live worker pools consuming each queue."""
+    counts: dict[str, int] = {}
+    for queues in worker_queues(celery).values():
+        for queue in queues:
+            counts[queue] = counts.get(queue, 0) + 1
+    return counts
 
 
 def rollout_counts(s: Any, owner: str | None = None) -> list[tuple[str, str | None, int]]:

@@ -90,3 +90,15 @@ class NeedsLLMHandler(TrivialHandler):
 
     name = "test-needs-llm"
     needs_llm = True
+
+
+@register
+class SandboxedHandler(SleepyHandler):
+    """Like test-sleepy, with a real sandbox started in INIT (what Ctrl-C must not leak)."""
+
+    name = "test-sandboxed"
+    needs_sandbox = True
+
+    def init(self, ctx: StageContext) -> None:
+        ctx.sandbox.write_file(f"{ctx.workspace}/started", "yes")
+        super().init(ctx)

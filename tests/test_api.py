@@ -49,7 +49,7 @@ def job(**over):
     (job(sandbox={"runtime": "docker"}), 400, "sandbox.runtime"),
     (job(sandbox={"binds": [{"host": "/root"}]}), 400, "sandbox.binds"),
     (job(instances=[{"instance_id": "a"}, {"instance_id": "a"}]), 400, "duplicate instance_id"),
-    (job(agent="test-needs-llm"), 400, "llm.tokenizer"),  # no spec, no registered server
+    (job(agent="test-needs-llm"), 400, "no LLM server is registered"),  # no spec, no server
     (job(agent="test-needs-llm", llm={"tokenizer": "/nonexistent/tok"}), 400, "llm.tokenizer"),
     (job(agent_config={"x": 1}), 400, "agent_config"),
     ([1, 2], 400, "body"),
@@ -179,8 +179,10 @@ def test_prorl_lifecycle_and_errors_as_prorl_answers_them(api):
 
 def test_health_metrics_openapi(api):
     assert api.get("/healthz").json() == {"ok": True}
-    ready = api.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["broker"] == "ok"
+    ready = api.get("/readyz")  # no worker pool runs in this test: not ready, and it says why
+    assert ready.status_code == 503 and ready.json()["broker"] == "ok"
+    assert ready.json()["stages"] == {"init": 0}
+    assert ready.json()["workers"] == "error: no worker consumes init"
     api.post("/v1/jobs", json=job())
     text = api.get("/metrics").text
     assert 'raas_queue_depth{queue="raas.unrouted"} 0.0' in text

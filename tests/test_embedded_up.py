@@ -148,3 +148,68 @@ def test_up_stops_cleanly_on_sigterm(tmp_path):
         if up.poll() is None:
             up.kill()
     assert not processes_with_env(f"RAAS_HOME={home}")
+
+
+def stage_pids(home: Path, stage: str) -> list[int]:
+    """Pids of `raas up`'s pool for one stage."""
+    return [pid for pid in processes_with_env(f"RAAS_HOME={home}")
+            if f"--stage\0{stage}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def ready(url: str) -> tuple[int, dict]:
+    try:
+        resp = httpx.get(f"{url}/readyz", timeout=10)
+        return resp.status_code, resp.json()
+    except httpx.TransportError:
+        return 0, {}
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
+    from sandbox import list_sandboxes
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
+    home = tmp_path / "home"
+    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(home),
+                           "--port", str(port), "--concurrency", "2"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True, preexec_fn=default_sigint)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        status, body = wait_until(lambda: (lambda r: r if r[0] == 200 else None)(ready(url)),
+                                  90, "readyz 200")
+        node = next(q.split(".", 1)[1] for q in body["stages"] if q.startswith("run."))
+        assert body["stages"] == {"init": 1, f"run.{node}": 1, f"eval.{node}": 1}
+        [run_pid] = stage_pids(home, "run")
+        os.kill(run_pid, signal.SIGSTOP)  # hung: alive for the supervisor, silent to readyz
+        status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(ready(url)),
+                                  30, "readyz 503 while the RUN pool does not answer")
+        assert body["stages"][f"run.{node}"] == 0
+        assert body["workers"] == f"error: no worker consumes run.{node}"
+        os.kill(run_pid, signal.SIGKILL)
+        wait_until(lambda: ready(url)[0] == 200, 60, "readyz 200 again")
+        assert stage_pids(home, "run") and run_pid not in stage_pids(home, "run")
+        with RaasClient(url) as client:
+            job = client.submit("test-sandboxed", [{"instance_id": "s0"}],
+                                agent_config={"run_s": 60, "turns": 60})
+            wait_until(lambda: client.job(job["job_id"])["counts"].get("run"), 60, "RUN")
+        root = str(home.resolve() / "workspaces") + "/"
+        mine = lambda: [h for h in list_sandboxes() if h.get("workspace", "").startswith(root)]
+        assert len(mine()) == 1
+    finally:
+        output = ctrl_c(up)
+    assert up.returncode == 0, output[-3000:]
+    assert f"RUN pool (pid {run_pid}) exited with signal SIGKILL; starting a new one" in output
+    assert not mine(), "Ctrl-C left a sandbox running"
+    assert not processes_with_env(f"RAAS_HOME={home}")

@@ -1,10 +1,13 @@
-"""Liveness, readiness (database + broker reachable), Prometheus metrics and the OpenAPI doc."""
+"""Liveness, readiness (database and broker reachable, a consumer on every stage queue),
+Prometheus metrics and the OpenAPI doc."""
 from __future__ import annotations
+
+from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy import text
 
-from app.metrics import render
+from app.metrics import render, worker_queues
 from app.openapi import build_openapi
 from core.db import session_scope
 
@@ -19,9 +22,10 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    """Database and broker both answer; 503 naming the one that does not."""
+    """Database and broker answer and every stage queue has a consumer; 503 naming what is not."""
     settings = current_app.config["RAAS"]
-    checks: dict[str, str] = {}
+    celery = current_app.extensions["celery"]
+    checks: dict[str, Any] = {}
     try:
         with session_scope(settings.db_url) as s:
             s.execute(text("SELECT 1"))
@@ -29,15 +33,35 @@ def readyz():
     except Exception as exc:
         checks["database"] = f"error: {exc.__class__.__name__}: {exc}"[:300]
     try:
-        with current_app.extensions["celery"].connection_for_write() as conn:
+        with celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
         checks["broker"] = "ok"
+        stages = stage_consumers(worker_queues(celery))
+        idle = [queue for queue, n in stages.items() if n == 0]
+        checks["stages"] = stages
+        checks["workers"] = "ok" if not idle else f"error: no worker consumes {', '.join(idle)}"
     except Exception as exc:
-        checks["broker"] = f"error: {exc.__class__.__name__}: {exc}"[:300]
-    ready = all(v == "ok" for v in checks.values())
+        checks.setdefault("broker", f"error: {exc.__class__.__name__}: {exc}"[:300])
+    ready = all(v == "ok" for k, v in checks.items() if k != "stages")
     resp = jsonify({"ready": ready, **checks})
     resp.status_code = 200 if ready else 503
     return resp
+
+
+def stage_consumers(workers: dict[str, list[str]]) -> dict[str, int]:
+    """Consumers of `init` and of run/eval of every node with a live pool.
+
+    A node is known by its pools' names (`<stage>@<node>-<pid>`, tasks/worker.py), so a node
+    whose RUN pool died while its INIT or EVAL pool lives shows `run.<node>: 0`.
+    """
+    counts: dict[str, int] = {"init": 0}
+    for name, queues in workers.items():
+        node = name.partition("@")[2].rpartition("-")[0]
+        for queue in (f"run.{node}", f"eval.{node}") if node else ():
+            counts.setdefault(queue, 0)
+        for queue in queues:
+            counts[queue] = counts.get(queue, 0) + 1
+    return {q: n for q, n in counts.items() if q == "init" or q.startswith(("run.", "eval."))}
 
 
 @bp.get("/metrics")
