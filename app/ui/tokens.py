@@ -20,20 +20,55 @@ _pieces_lock = threading.Lock()
 
 
 def segments(r: Rollout, turns: list[Turn]) -> list[dict[str, Any]]:
-    """[{label, start, end, turn}] over prompt+response positions (end exclusive)."""
+    """[{label, start, end, turn, live}] over prompt+response positions (end exclusive).
+
+    A rollout still running has no token arrays yet (they are stored when RUN ends): its
+    segments are then the turn log's (`live`), positions counted from the first response token.
+    """
     n_prompt, n_resp = len(r.prompt_ids or []), len(r.response_ids or [])
-    out = [{"label": "prompt", "start": 0, "end": n_prompt, "turn": None}]
+    out = [{"label": "prompt", "start": 0, "end": n_prompt, "turn": None, "live": False}]
+    if r.response_ids is None and turns:
+        return out + _live_segments(turns)
     starts = _turn_starts(r, turns, n_resp)
     if starts is None:
         if n_resp:
             out.append({"label": "response", "start": n_prompt, "end": n_prompt + n_resp,
-                        "turn": None})
+                        "turn": None, "live": False})
         return out
     for k, start in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else n_resp
         out.append({"label": f"turn {k}", "start": n_prompt + start, "end": n_prompt + end,
-                    "turn": k})
+                    "turn": k, "live": False})
     return out
+
+
+def _live_segments(turns: list[Turn]) -> list[dict[str, Any]]:
+    """One segment per logged turn: its generated ids, then its observation delta."""
+    out, pos = [], 0
+    for k, t in enumerate(turns):
+        n = len(t.generated_ids or []) + len(t.observation_ids or [])
+        out.append({"label": f"turn {k}", "start": pos, "end": pos + n, "turn": k, "live": True})
+        pos += n
+    return out
+
+
+def live_rows(turn: Turn, job: Job, start: int) -> dict[str, Any]:
+    """A running rollout's turn from the turn log: generated (mask 1) then observation ids."""
+    gen, obs = list(turn.generated_ids or []), list(turn.observation_ids or [])
+    logprobs = list(turn.logprobs or [])
+    logprobs = (logprobs + [None] * len(gen))[:len(gen)]
+    ids = gen + obs
+    return {"start": start, "end": start + len(ids), "ids": ids,
+            "pieces": pieces(tokenizer_path(job), ids), "mask": [1] * len(gen) + [0] * len(obs),
+            "logprobs": logprobs + [0.0] * len(obs),
+            "versions": [turn.weight_version] * len(gen) + [None] * len(obs)}
+
+
+def segment_rows(r: Rollout, job: Job, turns: list[Turn], seg: dict[str, Any]) -> dict[str, Any]:
+    """The tokens of one segment, from the stored arrays or (live) from the turn log."""
+    if seg["live"]:
+        return {**seg, **live_rows(turns[seg["turn"]], job, seg["start"])}
+    return {**seg, **token_rows(r, job, seg["start"], seg["end"])}
 
 
 def _turn_starts(r: Rollout, turns: list[Turn], n_resp: int) -> list[int] | None:

@@ -118,15 +118,14 @@ def rollout_tokens(rollout_id: str):
     raw = request.args.get("segment", "")
     with session_scope(_settings().db_url) as s:
         r, job = _owned_rollout(s, rollout_id)
-        segs = tokens.segments(r, _turns(s, r)[0])
+        turns = _turns(s, r)[0]
+        segs = tokens.segments(r, turns)
         if raw == "all":
-            return {"segments": [{**sg, **tokens.token_rows(r, job, sg["start"], sg["end"])}
-                                 for sg in segs]}
+            return {"segments": [tokens.segment_rows(r, job, turns, sg) for sg in segs]}
         if not raw.isdigit() or int(raw) >= len(segs):
             raise InvalidRequest(f"segment must be 0..{len(segs) - 1} or all, got {raw!r}",
                                  field="segment")
-        seg = segs[int(raw)]
-        return {**seg, **tokens.token_rows(r, job, seg["start"], seg["end"])}
+        return tokens.segment_rows(r, job, turns, segs[int(raw)])
 
 
 def _prompt_messages(messages: list[dict]) -> list[dict]:

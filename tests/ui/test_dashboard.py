@@ -95,7 +95,7 @@ def jobs(service):
                      {"id": other["job_id"]})
     engine.dispose()
     slow_job = service.client.submit("search", [instance("search-002")], llm=llm,
-                                     limits={"max_turns": 4})
+                                     limits={"max_turns": 30})  # 8 s a turn: minutes
     yield {"main": main, "other": other, "slow": slow_job}
     stop()
 

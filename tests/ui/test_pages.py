@@ -60,11 +60,18 @@ def test_a_running_rollout_shows_its_logged_turns(app) -> None:
     _, rollout_id = add(app, status="run", node="n1")
     with session_scope(app.config["RAAS"].db_url) as s:
         s.add(Turn(rollout_id=rollout_id, index=0, text="thinking", generated_ids=[1, 2],
+                   logprobs=[-0.5, -0.25], observation_ids=[7, 8, 9], weight_version="v3",
                    tool_calls=[{"name": "bash", "arguments": {"command": "ls"}}],
                    observation="README.md", gen_seconds=0.5, tool_seconds=0.1))
-    page = app.test_client().get(f"/ui/rollouts/{rollout_id}")
+    client = app.test_client()
+    page = client.get(f"/ui/rollouts/{rollout_id}")
     assert page.status_code == 200
     assert 'id="turn-0"' in page.text and "README.md" in page.text and "bash" in page.text
+    assert 'id="live-note"' in page.text
+    turn = client.get(f"/ui/rollouts/{rollout_id}/tokens.json?segment=1").json
+    assert turn["live"] and turn["ids"] == [1, 2, 7, 8, 9] and turn["mask"] == [1, 1, 0, 0, 0]
+    assert turn["logprobs"] == [-0.5, -0.25, 0.0, 0.0, 0.0]
+    assert turn["versions"] == ["v3", "v3", None, None, None]
 
 
 def test_stage_view_and_jobs_page_render_with_nothing(app) -> None:
