@@ -24,8 +24,8 @@ from tasks.queues import known_queues, queue_depths
 log = logging.getLogger(__name__)
 BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 CONSUMERS_TIMEOUT = 0.5  # seconds to collect workers' replies to the active_queues broadcast
-CONSUMERS_TTL = 5.0
-BROADCAST_MAX_AGE = 30.0  # a live worker takes its broadcast within a polling interval  # reuse one broadcast for this long: scrapes and page refreshes are cheap
+CONSUMERS_TTL = 5.0  # reuse one broadcast for this long: scrapes and page refreshes are cheap
+BROADCAST_MAX_AGE = 30.0  # a live worker takes its broadcast within a polling interval
 _consumers_cache: dict[int, tuple[float, dict[str, list[str]]]] = {}
 _consumers_lock = threading.Lock()
 
