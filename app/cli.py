@@ -14,8 +14,23 @@ from core.settings import load_settings
 log = logging.getLogger("raas")
 
 
-def _setup_logging(level: str = "INFO") -> None:
+# Libraries whose INFO lines (Celery's per-task lines, Alembic's plugin lines, one line per
+# HTTP request) bury ours: WARNING unless --verbose; requests with --access-log.
+CHATTY_LOGGERS = ("alembic", "celery", "kombu", "amqp", "werkzeug")
+
+
+def _setup_logging(level: str = "INFO", verbose: bool = False, access_log: bool = False) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        for name in CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    if access_log:
+        logging.getLogger("werkzeug").setLevel(logging.INFO)
+
+
+verbose_option = click.option("--verbose", "-v", is_flag=True,
+                              help="Also the libraries' INFO lines (Celery, Alembic, requests)")
+access_log_option = click.option("--access-log", is_flag=True, help="Log every HTTP request")
 
 
 @click.group()
@@ -30,26 +45,31 @@ def main() -> None:
 @click.option("--port", default=8000, show_default=True, type=int, envvar="RAAS_PORT",
               help="Gateway port (or RAAS_PORT)")
 @click.option("--concurrency", default=4, show_default=True, type=int, help="Per stage pool")
-def up(home: Path | None, host: str, port: int, concurrency: int) -> None:
+@verbose_option
+@access_log_option
+def up(home: Path | None, host: str, port: int, concurrency: int, verbose: bool,
+       access_log: bool) -> None:
     """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
     from app.embedded import run_embedded
 
-    _setup_logging()
+    _setup_logging(verbose=verbose, access_log=access_log)
     if home is not None:
         os.environ["RAAS_HOME"] = str(home.resolve())
-    run_embedded(load_settings(), host, port, concurrency)
+    run_embedded(load_settings(), host, port, concurrency, verbose=verbose)
 
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-def gateway(host: str, port: int) -> None:
+@verbose_option
+@access_log_option
+def gateway(host: str, port: int, verbose: bool, access_log: bool) -> None:
     """The REST gateway (for production prefer: gunicorn 'app:create_app()')."""
     from werkzeug.serving import make_server
 
     from app import create_app
 
-    _setup_logging()
+    _setup_logging(verbose=verbose, access_log=access_log)
     server = make_server(host, port, create_app(), threaded=True)
     click.echo(f"raas gateway on http://{host}:{port}")
     server.serve_forever()
@@ -62,13 +82,15 @@ def gateway(host: str, port: int) -> None:
 @click.option("--pool", default="threads", show_default=True,
               type=click.Choice(["threads", "prefork", "solo"]))
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str) -> None:
+@verbose_option
+def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str,
+           verbose: bool) -> None:
     """A stage worker pool: init consumes `init`; run/eval consume `<stage>.<node>`."""
     from tasks.worker import run_worker
 
-    _setup_logging(loglevel)
+    _setup_logging(loglevel, verbose=verbose)
     settings = load_settings({"node": node} if node else None)
-    run_worker(settings, stage, concurrency, pool, loglevel)
+    run_worker(settings, stage, concurrency, pool, loglevel, quiet=not verbose)
 
 
 @main.command()

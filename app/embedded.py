@@ -24,19 +24,22 @@ RESTART_BACKOFF = 5.0  # a pool that keeps crashing at start is retried this oft
 STAGES = ("init", "run", "eval")
 
 
-def spawn_worker(settings: Settings, stage: str, concurrency: int) -> subprocess.Popen:
+def spawn_worker(settings: Settings, stage: str, concurrency: int,
+                 verbose: bool = False) -> subprocess.Popen:
     """One stage pool as a child process, with this process's settings in its environment."""
     env = {**os.environ, "RAAS_HOME": str(settings.home.resolve()), "RAAS_NODE": settings.node}
     return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--stage", stage,
-                             "--concurrency", str(concurrency)], env=env)
+                             "--concurrency", str(concurrency),
+                             *(["--verbose"] if verbose else [])], env=env)
 
 
 class Supervisor:
     """Keeps one pool per stage alive: a pool that exits is started again (with a log line)."""
 
-    def __init__(self, settings: Settings, concurrency: int) -> None:
+    def __init__(self, settings: Settings, concurrency: int, verbose: bool = False) -> None:
         self.settings = settings
         self.concurrency = concurrency
+        self.verbose = verbose
         self.pools: dict[str, subprocess.Popen] = {}
         self.started: dict[str, float] = {}
         self.stopping = threading.Event()
@@ -64,7 +67,7 @@ class Supervisor:
                     self._spawn(stage)
 
     def _spawn(self, stage: str) -> None:
-        self.pools[stage] = spawn_worker(self.settings, stage, self.concurrency)
+        self.pools[stage] = spawn_worker(self.settings, stage, self.concurrency, self.verbose)
         self.started[stage] = time.monotonic()
 
     def stop(self) -> None:
@@ -117,7 +120,8 @@ def stop_deployment_sandboxes(settings: Settings) -> int:
     return len(handles)
 
 
-def run_embedded(settings: Settings, host: str, port: int, concurrency: int) -> None:
+def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
+                 verbose: bool = False) -> None:
     """Run until Ctrl-C."""
     from werkzeug.serving import make_server
 
@@ -129,7 +133,7 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int) -> 
     upgrade(settings.db_url)
     app = create_app(settings)
     server = make_server(host, port, app, threaded=True)  # a busy port fails before any child
-    supervisor = Supervisor(settings, concurrency)
+    supervisor = Supervisor(settings, concurrency, verbose)
     reaper = Reaper(settings, app.extensions["celery"])
     # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
@@ -138,8 +142,10 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int) -> 
     try:
         supervisor.start()
         threading.Thread(target=reaper.run_forever, name="raas-reaper", daemon=True).start()
-        log.info("raas up: http://%s:%s (home %s, node %s, pools init/run/eval x%s)", host, port,
-                 settings.home.resolve(), settings.node, concurrency)
+        log.info("raas up: gateway http://%s:%s, home %s, node %s, database %s (migrated), "
+                 "broker %s, pools init/run/eval x%s", host, port, settings.home.resolve(),
+                 settings.node, settings.db_url.split("@")[-1], settings.broker.split("@")[-1],
+                 concurrency)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

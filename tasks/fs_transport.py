@@ -39,6 +39,11 @@ class Transport(filesystem.Transport):
 
     Channel = Channel
 
+    @property
+    def default_connection_params(self) -> dict:
+        """No host: a folder needs none (kombu warns "No hostname was supplied" otherwise)."""
+        return {"port": self.default_port, "hostname": None}
+
 
 def sweep_stale_broadcasts(folder: str, max_age: float = 60.0) -> int:
     """Delete control broadcasts (e.g. `inspect`) that no worker took within `max_age`.

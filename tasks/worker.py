@@ -1,7 +1,12 @@
 """Start one stage's Celery worker pool on this node."""
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+
+from celery.platforms import SecurityWarning
+from celery.signals import worker_ready
 
 from agents.registry import load_handler_modules
 from core.db import use_pre_ping
@@ -9,19 +14,33 @@ from core.settings import Settings
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
 
+log = logging.getLogger(__name__)
+
 
 def worker_argv(settings: Settings, stage: str, concurrency: int, pool: str,
-                loglevel: str) -> list[str]:
-    """Celery worker arguments: one queue, the stage's pool, no chatter between workers."""
-    return ["worker", "-Q", stage_queue(stage, settings.node), "-P", pool,
-            "-c", str(concurrency), "-n", f"{stage}@{settings.node}-{os.getpid()}",
+                loglevel: str, quiet: bool = False) -> list[str]:
+    """Celery worker arguments: one queue, the stage's pool, no chatter between workers
+    (and no start-up banner when quiet)."""
+    return [*(["--quiet"] if quiet else []), "worker", "-Q", stage_queue(stage, settings.node),
+            "-P", pool, "-c", str(concurrency), "-n", f"{stage}@{settings.node}-{os.getpid()}",
             "-l", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat"]
 
 
 def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "threads",
-               loglevel: str = "INFO") -> None:
+               loglevel: str = "INFO", quiet: bool = False) -> None:
     """Block running the worker (returns on shutdown)."""
     load_handler_modules(settings.handler_modules)
     use_pre_ping(False)
     app = make_celery(settings)
-    app.worker_main(worker_argv(settings, stage, concurrency, pool, loglevel))
+    queue = stage_queue(stage, settings.node)
+    if quiet:
+        # Celery warns on every start as root; stage code never runs agent code (sandboxes
+        # do), and root is how containers run: not something the operator can act on.
+        warnings.filterwarnings("ignore", category=SecurityWarning)
+
+    @worker_ready.connect(weak=False)
+    def _ready(**_: object) -> None:
+        log.info("%s pool ready: queue %s, %s %s, pid %s", stage.upper(), queue, concurrency,
+                 pool, os.getpid())
+
+    app.worker_main(worker_argv(settings, stage, concurrency, pool, loglevel, quiet))

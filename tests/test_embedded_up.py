@@ -211,5 +211,10 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
         output = ctrl_c(up)
     assert up.returncode == 0, output[-3000:]
     assert f"RUN pool (pid {run_pid}) exited with signal SIGKILL; starting a new one" in output
+    # a quiet console: one line per component, no banners, no warnings nobody can act on
+    assert output.count(" pool ready: queue ") == 4 and output.count("raas up: gateway ") == 1
+    for noise in ("[config]", "SecurityWarning", "No hostname was supplied", "alembic",
+                  "GET /readyz", "celery.worker"):
+        assert noise not in output, noise
     assert not mine(), "Ctrl-C left a sandbox running"
     assert not processes_with_env(f"RAAS_HOME={home}")
