@@ -1,0 +1,73 @@
+"""The README's production gateway line run for real (gunicorn), and the dev stack's file.
+
+Docker cannot run on this machine, so docker-compose.dev.yml is only checked as a file: the
+gateway is the README's gunicorn line, the node builds the handlers' sandbox environments,
+and the image has the system Python that `raas env build` makes them from.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.test_embedded_up import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def readme_gunicorn_line() -> str:
+    """The production gateway command as the README gives it."""
+    text = (REPO / "README.md").read_text()
+    return re.search(r"`(gunicorn -w \d+ -b [^`]*'app:create_app\(\)')`", text).group(1)
+
+
+def test_readme_gunicorn_line_serves_the_api(tmp_path):
+    line = readme_gunicorn_line()
+    port = free_port()
+    argv = shlex.split(line.replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
+    assert argv[0] == "gunicorn" and f"127.0.0.1:{port}" in argv
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env.update(PYTHONPATH=str(REPO), RAAS_HOME=str(tmp_path / "home"),
+               RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    server = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        accepted = httpx.post(f"{url}/v1/jobs", timeout=30, json={
+            "agent": "test-trivial", "instances": [{"instance_id": "a", "data": {}}]})
+        assert accepted.status_code == 202, accepted.text
+        job = httpx.get(f"{url}/v1/jobs/{accepted.json()['job_id']}", timeout=30).json()
+        assert job["n_rollouts"] == 1
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        output = server.communicate(timeout=60)[0].decode(errors="replace")
+    assert "Booting worker" in output, output[-2000:]
+
+
+def test_dev_stack_builds_environments_with_the_system_python():
+    compose = yaml.safe_load((REPO / "docker-compose.dev.yml").read_text())
+    services = compose["services"]
+    assert services["gateway"]["command"] == readme_gunicorn_line()
+    node = services["node"]["command"]
+    assert node.index("raas env build math") < node.index("raas worker")
+    assert "raas env build pytest" in node
+    image = compose["x-raas"]["build"]["dockerfile_inline"]
+    assert re.search(r"apt-get install .*\bpython3\b.*\bpython3-venv\b", image)  # /usr/bin/python3
