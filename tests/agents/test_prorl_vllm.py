@@ -61,9 +61,21 @@ def test_cancel_returns_without_waiting_for_the_turn(http) -> None:
     thread = threading.Thread(target=lambda: answer.update(result=process(
         http, {"max_output_tokens": 1500, "max_model_len": 2048}, job_id="vllm-cancel")))
     thread.start()
-    time.sleep(20)  # INIT done, the first (long, CPU) generation in flight
+    started = time.monotonic()
+    while running_requests() == 0 and time.monotonic() - started < 120:
+        time.sleep(0.2)
+    time.sleep(1)  # the first (long, CPU) generation is being decoded
     cancel_at = time.monotonic()
     http.post("/cancel", json={"job_id": "vllm-cancel"})
     thread.join(timeout=60)
     assert not thread.is_alive() and time.monotonic() - cancel_at < 15
     assert answer["result"]["outcome"] == "cancelled" and answer["result"]["filter"] is True
+    assert running_requests() == 0  # vLLM stopped decoding: the request was aborted
+
+
+def running_requests() -> float:
+    """vLLM's own gauge of requests being decoded."""
+    for line in httpx.get(f"{VLLM_URL}/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.split()[-1])
+    raise AssertionError("vLLM /metrics has no vllm:num_requests_running")
