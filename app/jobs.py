@@ -7,6 +7,7 @@ exists in the database even if the broker is down (the reaper publishes it later
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -20,6 +21,7 @@ from core.errors import InvalidRequest, NotFound, validation_error
 from core.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
 from core.settings import Settings
 from tasks import lifecycle
+from tasks.llm_pool import registered_urls
 from tasks.stages import enqueue_rollouts
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,8 @@ def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
     if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
         from agents.llm.spec import LLMSpec, validate_llm_spec
 
-        llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(), settings.db_url)
+        llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(),
+                                partial(registered_urls, settings.db_url))
         _check_prompts_fit(settings, handler, agent_config, req, llm)
     elif req.llm is not None:
         llm = req.llm.model_dump()
@@ -64,7 +67,7 @@ def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req:
     from agents.llm.spec import LLMSpec
     from agents.prompt_fit import check_prompts_fit
 
-    urls = candidate_urls(LLMSpec.model_validate(llm), settings.db_url)
+    urls = candidate_urls(LLMSpec.model_validate(llm), partial(registered_urls, settings.db_url))
     check_prompts_fit(handler, agent_config, [(i.instance_id, i.data) for i in req.instances],
                       llm, urls)
 

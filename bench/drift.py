@@ -26,7 +26,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -138,17 +137,13 @@ def exact_mismatch(b: TrajectoryBuilder, sampled: list[list[int]]) -> bool:
 def vllm_run(url: str, n: int, concurrency: int, max_tokens: int) -> dict:
     """n real 3-turn conversations sampled by a vLLM server; the same two counts."""
     from agents.llm import LLMSession
-    from migrations.runner import upgrade
-
-    db_url = f"sqlite:///{tempfile.mkdtemp()}/drift.db"
-    upgrade(db_url)
     spec = {"servers": [{"url": url}], "tokenizer": TOKENIZER, "max_model_len": 2048}
     sampling = {"temperature": 1.0, "max_tokens": max_tokens}
     rng = random.Random(0)
     prompts = [rng.choice(COMMANDS) for _ in range(n)]
 
     def one(i: int) -> tuple[bool, bool, int]:
-        with LLMSession.open(spec, sampling, f"drift-{i}", db_url) as s:
+        with LLMSession.open(spec, sampling, f"drift-{i}") as s:
             s.start([{"role": "system", "content": "You are a shell assistant. To run a command, "
                       'write <tool_call>{"name": "bash", "arguments": {"cmd": "..."}}</tool_call>.'},
                      {"role": "user", "content": f"Run `{prompts[i]}` and explain the output."}])

@@ -94,6 +94,14 @@ class RolloutCancelled(RaasError):
     code = "cancelled"
 
 
+class LeaseLost(RaasError):
+    """This worker no longer owns the rollout (the reaper gave it to a new attempt): stop
+    without writing anything more."""
+
+    http_status = 409
+    code = "lease_lost"
+
+
 class InfraError(RaasError):
     """The infrastructure failed (sandbox, LLM server, worker); never the agent's fault."""
 

@@ -57,7 +57,7 @@ class Reaper:
         if not force and now - self._llm_checked < LLM_MAINTENANCE_SECONDS:
             return 0
         self._llm_checked = now
-        from agents.llm.pool import check_health, reconcile_in_flight
+        from tasks.llm_pool import check_health, reconcile_in_flight
 
         reconcile_in_flight(self.db)
         return len(check_health(self.db))

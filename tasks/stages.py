@@ -20,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 
 from agents.base import AgentHandler, EvalResult, RunResult, StageContext
 from agents.registry import get_handler
-from core.errors import AgentError, InfraError, RolloutCancelled, StageTimeout
+from core.errors import AgentError, InfraError, LeaseLost, RolloutCancelled, StageTimeout
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
 from tasks import lifecycle, sandboxes
@@ -109,6 +109,8 @@ class StageRun:
             if self.rollout.cancel_requested:
                 raise RolloutCancelled("cancelled before the stage started")
             getattr(self, f"_{self.stage}")()
+        except LeaseLost as exc:  # another attempt owns the rollout now: write nothing
+            self.log.warning("%s stops: %s", self.stage, exc)
         except RolloutCancelled:
             self._end(Status.CANCELLED, Outcome.CANCELLED, "cancelled")
         except StageTimeout as exc:
@@ -180,10 +182,12 @@ class StageRun:
         self.ctx.sandbox = sandboxes.attach(self.settings, self.rollout.sandbox)
         if self.handler.needs_llm:
             from agents.llm import LLMSession
+            from tasks.llm_pool import make_pool
 
-            self.ctx.llm = LLMSession.open((self.job.config or {}).get("llm") or {},
-                                           (self.job.config or {}).get("sampling") or {},
-                                           self.rollout_id, self.db)
+            spec = (self.job.config or {}).get("llm") or {}
+            self.ctx.llm = LLMSession.open(spec, (self.job.config or {}).get("sampling") or {},
+                                           self.rollout_id,
+                                           make_pool(spec, self.db, self.rollout_id, self.lease))
         try:
             result = self.handler.run(self.ctx)
         except StageTimeout as exc:

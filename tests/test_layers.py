@@ -177,6 +177,12 @@ def test_services_do_not_import_http_and_blueprints_not_each_other():
     assert gateway_violations() == []
 
 
+def test_agents_never_touch_the_database():
+    """The agent loop, handlers and LLM layer see the pool interface, never a session."""
+    assert [f"{m} -> core.db" for m, targets in sorted(GRAPH.items())
+            if top(m) == "agents" and "core.db" in targets] == []
+
+
 def test_no_import_circle():
     assert circles() == []
 

@@ -24,7 +24,7 @@ from typing import Any
 from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
-from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, make_pool
+from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
     list_models,
@@ -74,19 +74,27 @@ class LLMSession:
         self.closed = False
 
     @classmethod
-    def open(cls, llm_spec: dict, sampling: dict, rollout_id: str, db_url: str) -> LLMSession:
-        """A session for `rollout_id` from the job's (normalised) llm spec and sampling dict."""
+    def open(cls, llm_spec: dict, sampling: dict, rollout_id: str,
+             pool: ServerPool | None = None) -> LLMSession:
+        """A session for `rollout_id` from the job's (normalised) llm spec and sampling dict.
+
+        `pool` is where servers come from (the pipeline's keeps its books in the database);
+        without one, the spec's own servers are used with in-process bookkeeping.
+        """
         spec: LLMSpec = parse_model(LLMSpec, llm_spec, "llm")
         params: SamplingParams = parse_model(SamplingParams, sampling, "sampling")
+        if pool is None:
+            pool = StaticServerPool(spec.backend, rollout_id,
+                                    [s.model_dump() for s in spec.servers or []])
         if spec.tokenizer is None:
-            spec.tokenizer = resolve_tokenizer_path(spec, db_url)
+            spec.tokenizer = resolve_tokenizer_path(spec, pool.candidate_urls)
         tokenizer = load_chat_tokenizer(spec.tokenizer, spec.chat_template)
         if not spec.token_exact:
             log.warning("rollout %s uses the text-only %s backend: trajectory NOT token-exact",
                         rollout_id, spec.backend)
         builder = TrajectoryBuilder(tokenizer, spec.max_model_len, spec.chat_template_kwargs,
                                     token_exact=spec.token_exact)
-        return cls(spec, params, rollout_id, make_pool(spec.model_dump(), db_url), builder)
+        return cls(spec, params, rollout_id, pool, builder)
 
     def __enter__(self) -> LLMSession:
         return self
@@ -272,12 +280,12 @@ class LLMSession:
             self.pool.release(self.server.url)
             self.server = None
         if not tried:
-            sticky = self.pool.sticky_url(self.rollout_id)
+            sticky = self.pool.sticky_url()
             self.server = self.pool.take(sticky) if sticky else None
         if self.server is None:
             self.server = self._acquire(deadline, tried)
         if self._stuck_url != self.server.url:
-            self.pool.stick(self.rollout_id, self.server.url)
+            self.pool.stick(self.server.url)
             self._stuck_url = self.server.url
         if self.server.paused:  # a sticky take of a paused server: wait here
             return self._server_for_turn(deadline, tried)

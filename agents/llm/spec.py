@@ -7,6 +7,7 @@ message naming the field instead of being ignored for a whole batch.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -111,11 +112,12 @@ def validate_sampling(sampling: dict | None) -> dict:
     return parse_model(SamplingParams, sampling, "sampling").model_dump()
 
 
-def validate_llm_spec(llm_spec: dict, db_url: str) -> dict:
+def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list) -> dict:
     """Validate a job's `llm` spec at submission and resolve its tokenizer folder.
 
-    The tokenizer is the named folder, else the model path a server reports in GET /v1/models
-    when that folder exists locally; otherwise InvalidRequest names `llm.tokenizer`.
+    The tokenizer is the named folder, else the model path a server (the job's, else one of
+    `registered()`) reports in GET /v1/models when that folder exists locally; otherwise
+    InvalidRequest names `llm.tokenizer`.
     """
     from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
 
@@ -126,7 +128,7 @@ def validate_llm_spec(llm_spec: dict, db_url: str) -> dict:
                 f"llm.servers.{i}.logprobs_mode: the job asks for {spec.logprobs_mode} but "
                 f"{server.url} declares {server.logprobs_mode} (vLLM --logprobs-mode)",
                 field=f"llm.servers.{i}.logprobs_mode")
-    spec.tokenizer = resolve_tokenizer_path(spec, db_url)
+    spec.tokenizer = resolve_tokenizer_path(spec, registered)
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template)
     except (OSError, ValueError) as exc:

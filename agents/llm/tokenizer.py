@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +238,11 @@ def server_model_paths(url: str) -> list[str]:
     return paths
 
 
-def resolve_tokenizer_path(spec: Any, db_url: str) -> str:
-    """The tokenizer folder of an LLMSpec: named, else a server's local model path, else 4xx."""
+def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list) -> str:
+    """The tokenizer folder of an LLMSpec: named, else a server's local model path, else 4xx.
+
+    `registered()` lists the registered servers' urls, asked only when the spec names none.
+    """
     if spec.tokenizer:
         if not is_tokenizer_folder(spec.tokenizer):
             raise InvalidRequest(
@@ -248,7 +252,7 @@ def resolve_tokenizer_path(spec: Any, db_url: str) -> str:
         return spec.tokenizer
     from agents.llm.pool import candidate_urls
 
-    urls = candidate_urls(spec, db_url)
+    urls = candidate_urls(spec, registered)
     if not urls:
         raise InvalidRequest(
             "no LLM server is registered: register one with `raas llm add URL` (a vLLM or "

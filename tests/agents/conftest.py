@@ -42,19 +42,12 @@ def private_sandbox_dir() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def llm_db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A migrated SQLite database for the LLM server pool's bookkeeping (one per session)."""
-    from migrations.runner import upgrade
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('llm-db') / 'raas.db'}"
-    upgrade(url)
-    return url
-
-
 @pytest.fixture
-def make_llm(llm_db_url: str) -> Iterator[Callable[..., Any]]:
-    """Factory: (script dict, max_model_len=4096) -> an open LLMSession on a fresh simulator."""
+def make_llm() -> Iterator[Callable[..., Any]]:
+    """Factory: (script dict, max_model_len=4096) -> an open LLMSession on a fresh simulator.
+
+    The session's pool is the in-process one for the job's named server: no database.
+    """
     from agents.llm import LLMSession
     from agents.llm.simulator import start_simulator
 
@@ -69,8 +62,7 @@ def make_llm(llm_db_url: str) -> Iterator[Callable[..., Any]]:
         cleanups.append(stop)
         spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": TOKENIZER_DIR,
                 "max_model_len": max_model_len}
-        session = LLMSession.open(spec, sampling or {"max_tokens": 512}, "rollout-test",
-                                  llm_db_url)
+        session = LLMSession.open(spec, sampling or {"max_tokens": 512}, "rollout-test")
         cleanups.append(session.close)
         return session
 

@@ -107,49 +107,30 @@ def test_repeated_turn_length_cuts_are_no_valid_action(make_llm, make_ctx) -> No
     assert [t["finish_reason"] for t in ctx.turns_recorded] == ["turn_length"] * 3
 
 
-def _registered_session(llm_db_url: str, url: str, version: str):
-    from agents.llm import LLMSession
-    from core.db import session_scope
-    from core.models import LLMServer
-    from tests.agents.conftest import TOKENIZER_DIR
-
-    with session_scope(llm_db_url) as db:
-        db.add(LLMServer(url=url, model="sim", weight_version=version))
-    return LLMSession.open({"tokenizer": TOKENIZER_DIR, "max_model_len": 4096},
-                           {"max_tokens": 512}, "rollout-stale", llm_db_url)
-
-
 @pytest.mark.parametrize("on_stale", ["mark", "stop"])
-def test_max_staleness_marks_or_stops(llm_db_url, make_ctx, on_stale) -> None:
-    """Case 8: a weight update between turns (the trainer's PUT) makes the rollout stale."""
-    from sqlalchemy import delete, update
+def test_max_staleness_marks_or_stops(make_llm, make_ctx, on_stale) -> None:
+    """Case 8: a weight update between turns (the trainer's PUT) makes the rollout stale.
 
-    from agents.llm.simulator import start_simulator
+    The pool is the session's in-process one; the update rewrites the version it reports,
+    as the registered pool would after `PUT /v1/llm-servers/<id>`.
+    """
+    from dataclasses import replace
+
     from agents.tools import Tool
-    from core.db import session_scope
-    from core.models import LLMServer
-    from tests.agents.conftest import TOKENIZER_DIR
 
-    url, stop = start_simulator(TOKENIZER_DIR, {"default": [
-        call("update", text="x"), call("echo", text="y"), call("finish", answer="1")]})
+    llm = make_llm({"default": [call("update", text="x"), call("echo", text="y"),
+                                call("finish", answer="1")]})
+    [url] = llm.pool.servers
+    llm.pool.servers[url] = replace(llm.pool.servers[url], weight_version="v1")
 
     def weight_update(ctx, arguments):
-        with session_scope(llm_db_url) as db:
-            db.execute(update(LLMServer).where(LLMServer.url == url)
-                       .values(weight_version="v2"))
+        llm.pool.servers[url] = replace(llm.pool.servers[url], weight_version="v2")
         return "updated"
 
     tools = [Tool("update", "Stands in for a trainer's weight update.", {"type": "object"},
                   weight_update), *TOOLS]
-    llm = _registered_session(llm_db_url, url, "v1")
-    try:
-        ctx = make_ctx(llm=llm, limits={"max_staleness": 0, "on_stale": on_stale})
-        result = run_agent_loop(ctx, system_prompt="s", user_prompt="u", tools=tools)
-    finally:
-        llm.close()
-        stop()
-        with session_scope(llm_db_url) as db:
-            db.execute(delete(LLMServer).where(LLMServer.url == url))
+    ctx = make_ctx(llm=llm, limits={"max_staleness": 0, "on_stale": on_stale})
+    result = run_agent_loop(ctx, system_prompt="s", user_prompt="u", tools=tools)
     versions = [t["weight_version"] for t in ctx.turns_recorded]
     assert result.metrics["stale"] is True and result.metrics["staleness"] == 1
     if on_stale == "stop":

@@ -103,7 +103,7 @@ def test_tool_call_tags_that_are_special_tokens_parse(qwen3_dir) -> None:
     assert b.audit_drift()["retokenization_drift"] == 0
 
 
-def test_llama31_eom_tool_turn_through_the_session(llama31_dir, db_url) -> None:
+def test_llama31_eom_tool_turn_through_the_session(llama31_dir) -> None:
     """The same seam over HTTP: the simulator (a vLLM fake) ends the tool turn with eom."""
     from agents.llm import LLMSession
     from agents.llm.simulator import start_simulator
@@ -114,7 +114,7 @@ def test_llama31_eom_tool_turn_through_the_session(llama31_dir, db_url) -> None:
     url, stop = start_simulator(llama31_dir, script)
     spec = {"servers": [{"url": url}], "tokenizer": llama31_dir, "max_model_len": 2048}
     try:
-        with LLMSession.open(spec, {"max_tokens": 200}, "llama-eom", db_url) as s:
+        with LLMSession.open(spec, {"max_tokens": 200}, "llama-eom") as s:
             s.start(PROMPT, TOOLS)
             first = s.generate(deadline())
             eom, eot = (s.builder.tok.hf.convert_tokens_to_ids(t)

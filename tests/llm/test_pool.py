@@ -4,16 +4,19 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from agents.llm import LLMSession
-from agents.llm.pool import RegisteredPool, reconcile_in_flight
 from core.db import session_scope
+from core.errors import LeaseLost
 from core.models import Job, LLMServer, Rollout
+from tasks.llm_pool import RegisteredPool, make_pool, reconcile_in_flight
 from tests.llm.conftest import SMOLLM2, deadline
 
 SCRIPT = {"default": ['<tool_call>{"name": "step", "arguments": {}}</tool_call>']}
 SPEC = {"tokenizer": SMOLLM2, "max_model_len": 2048}
+LEASE = "test-node/1/lease"  # the stage lease the rollouts below are held under
 
 
 def register(db_url: str, urls: list[str], version: str = "v1") -> None:
@@ -32,7 +35,8 @@ def make_rollouts(db_url: str, n: int) -> list[str]:
         job = Job(agent="test")
         db.add(job)
         db.flush()
-        rows = [Rollout(job_id=job.id, instance_id=f"i{i}", status="run") for i in range(n)]
+        rows = [Rollout(job_id=job.id, instance_id=f"i{i}", status="run", lease_owner=LEASE)
+                for i in range(n)]
         db.add_all(rows)
         db.flush()
         return [r.id for r in rows]
@@ -41,6 +45,13 @@ def make_rollouts(db_url: str, n: int) -> list[str]:
 def sticky(db_url: str, rollout_id: str) -> str | None:
     with session_scope(db_url) as db:
         return db.scalar(select(Rollout.llm_server).where(Rollout.id == rollout_id))
+
+
+def open_session(spec: dict, rollout_id: str, db_url: str, sampling: dict | None = None,
+                 lease: str = LEASE) -> LLMSession:
+    """A session on the pipeline's pool for a leased rollout (as the RUN stage opens it)."""
+    return LLMSession.open(spec, sampling or {}, rollout_id,
+                           make_pool(spec, db_url, rollout_id, lease))
 
 
 def requests_seen(url: str) -> int:
@@ -56,7 +67,7 @@ def test_registered_pool_balances_and_sticks(simulators, db_url) -> None:
     urls = [simulators(SCRIPT)[0] for _ in range(3)]
     register(db_url, urls)
     ids = make_rollouts(db_url, 6)
-    sessions = [LLMSession.open(SPEC, {}, rid, db_url) for rid in ids]
+    sessions = [open_session(SPEC, rid, db_url) for rid in ids]
     for s in sessions:
         s.start([{"role": "user", "content": "go"}])
     for _ in range(3):
@@ -77,7 +88,7 @@ def test_concurrent_claims_are_exact(simulators, any_db_url) -> None:
 
     upgrade(any_db_url)
     register(any_db_url, [f"http://127.0.0.1:{9 + i}" for i in range(4)])
-    pool = RegisteredPool(any_db_url, "vllm")
+    pool = RegisteredPool(any_db_url, "vllm", "no-rollout", LEASE)
     barrier = threading.Barrier(8)
 
     def claim() -> None:
@@ -99,7 +110,7 @@ def test_killed_server_mid_job_fails_over(simulators, db_url) -> None:
     urls = [u for u, _ in started]
     register(db_url, urls)
     ids = make_rollouts(db_url, 6)
-    sessions = [LLMSession.open(SPEC, {}, rid, db_url) for rid in ids]
+    sessions = [open_session(SPEC, rid, db_url) for rid in ids]
     for s in sessions:
         s.start([{"role": "user", "content": "go"}])
         run_turn(s)
@@ -127,7 +138,7 @@ def test_job_servers_fail_over(simulators, db_url) -> None:
     spec = {**SPEC, "servers": [{"url": url_a, "weight_version": "a"},
                                 {"url": url_b, "weight_version": "b"}]}
     ids = make_rollouts(db_url, 2)
-    sessions = [LLMSession.open(spec, {}, rid, db_url) for rid in ids]
+    sessions = [open_session(spec, rid, db_url) for rid in ids]
     for s in sessions:
         s.start([{"role": "user", "content": "go"}])
         run_turn(s)
@@ -146,7 +157,7 @@ def test_weight_swap_by_re_registering(simulators, db_url) -> None:
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "step-1")
     (rid,) = make_rollouts(db_url, 1)
-    s = LLMSession.open(SPEC, {}, rid, db_url)
+    s = open_session(SPEC, rid, db_url)
     s.start([{"role": "user", "content": "go"}])
     run_turn(s)
     with session_scope(db_url) as db:  # the trainer clears the pool and re-adds new weights
@@ -159,12 +170,12 @@ def test_weight_swap_by_re_registering(simulators, db_url) -> None:
 
 
 def test_down_server_comes_back_after_probe(simulators, db_url, monkeypatch) -> None:
-    import agents.llm.pool as pool_module
+    import tasks.llm_pool as pool_module
 
     monkeypatch.setattr(pool_module, "RECHECK_SECONDS", 0.0)
     url, _ = simulators(SCRIPT)
     register(db_url, [url])
-    pool = RegisteredPool(db_url, "vllm")
+    pool = RegisteredPool(db_url, "vllm", "no-rollout", LEASE)
     pool.mark_down(url, "simulated failure")
     assert servers(db_url)[url].healthy is False
     assert pool.acquire().url == url  # the probe found it healthy again
@@ -172,19 +183,19 @@ def test_down_server_comes_back_after_probe(simulators, db_url, monkeypatch) -> 
 
 
 def test_retried_attempt_returns_to_its_server_and_health_sweep(simulators, db_url) -> None:
-    from agents.llm.pool import check_health
+    from tasks.llm_pool import check_health
 
     (url_a, kill_a), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
     register(db_url, [url_a, url_b])
     (rid,) = make_rollouts(db_url, 1)
-    first = LLMSession.open(SPEC, {}, rid, db_url)
+    first = open_session(SPEC, rid, db_url)
     first.start([{"role": "user", "content": "go"}])
     run_turn(first)
     used = first.server.url
     first.close()  # the worker's attempt ends; a retry opens a new session for the same rollout
     with session_scope(db_url) as db:  # make the other server the least loaded one
         db.execute(LLMServer.__table__.update().where(LLMServer.url == used).values(in_flight=5))
-    again = LLMSession.open(SPEC, {}, rid, db_url)
+    again = open_session(SPEC, rid, db_url)
     again.start([{"role": "user", "content": "go"}])
     run_turn(again)
     assert again.server.url == used == sticky(db_url, rid)  # stickiness beats load
@@ -192,3 +203,20 @@ def test_retried_attempt_returns_to_its_server_and_health_sweep(simulators, db_u
     kill_a()
     assert check_health(db_url)[url_a] is not None and check_health(db_url)[url_b] is None
     assert servers(db_url)[url_a].healthy is False and servers(db_url)[url_b].healthy is True
+
+
+def test_sticking_is_fenced_on_the_lease(simulators, db_url) -> None:
+    """A worker that lost its rollout (the reaper gave it to a new attempt) writes nothing."""
+    url, _ = simulators(SCRIPT)
+    register(db_url, [url])
+    (rid,) = make_rollouts(db_url, 1)
+    with open_session(SPEC, rid, db_url, lease="someone-else/2/old") as s:
+        s.start([{"role": "user", "content": "go"}])
+        with pytest.raises(LeaseLost, match="lost"):
+            s.generate(deadline())
+    assert sticky(db_url, rid) is None
+    with open_session(SPEC, rid, db_url) as s:  # the lease holder's write lands
+        s.start([{"role": "user", "content": "go"}])
+        run_turn(s)
+    assert sticky(db_url, rid) == url
+

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 from tokenizers import Tokenizer
@@ -11,6 +12,7 @@ from agents.llm.spec import validate_sampling
 from core.db import session_scope
 from core.errors import InvalidRequest, StageTimeout
 from core.models import LLMServer
+from tasks.llm_pool import registered_urls
 from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2, TOOLS, deadline
 
 CALLS = ('<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>\n'
@@ -29,9 +31,9 @@ def spec_for(url: str, **extra) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
-def test_multi_turn_rollout_is_token_exact(simulators, db_url, backend) -> None:
+def test_multi_turn_rollout_is_token_exact(simulators, backend) -> None:
     url, _ = simulators(SCRIPT)
-    with LLMSession.open(spec_for(url, backend=backend), {"max_tokens": 200}, "r1", db_url) as s:
+    with LLMSession.open(spec_for(url, backend=backend), {"max_tokens": 200}, "r1") as s:
         s.start(PROMPT, TOOLS)
         first = s.generate(deadline())
         assert first.token_ids == ids_of(CALLS) + [2]  # exactly what the server returned
@@ -52,9 +54,9 @@ def test_multi_turn_rollout_is_token_exact(simulators, db_url, backend) -> None:
         assert s.budget_left == 2048 - len(traj.prompt_ids) - len(traj.response_ids)
 
 
-def test_length_stop_and_context_exhaustion(simulators, db_url) -> None:
+def test_length_stop_and_context_exhaustion(simulators) -> None:
     url, _ = simulators({"default": ["a long answer that will not fit in the budget"]})
-    s = LLMSession.open(spec_for(url, max_model_len=60), {"max_tokens": 3}, "r2", db_url)
+    s = LLMSession.open(spec_for(url, max_model_len=60), {"max_tokens": 3}, "r2")
     prompt = [{"role": "user", "content": "hi"}]
     s.start(prompt)
     generation = s.generate(deadline())
@@ -72,9 +74,9 @@ def test_length_stop_and_context_exhaustion(simulators, db_url) -> None:
     s.close()
 
 
-def test_deadline_is_honoured(simulators, db_url) -> None:
+def test_deadline_is_honoured(simulators) -> None:
     url, _ = simulators({"default": [{"text": "slow", "latency": 2.0}]})
-    s = LLMSession.open(spec_for(url), {}, "r3", db_url)
+    s = LLMSession.open(spec_for(url), {}, "r3")
     s.start([{"role": "user", "content": "hi"}])
     started = time.monotonic()
     with pytest.raises(StageTimeout):
@@ -83,9 +85,9 @@ def test_deadline_is_honoured(simulators, db_url) -> None:
     s.close()
 
 
-def test_openai_chat_is_marked_not_token_exact(simulators, db_url, caplog) -> None:
+def test_openai_chat_is_marked_not_token_exact(simulators, caplog) -> None:
     url, _ = simulators({"default": ["chat answer"]})
-    s = LLMSession.open(spec_for(url, backend="openai-chat"), {}, "r4", db_url)
+    s = LLMSession.open(spec_for(url, backend="openai-chat"), {}, "r4")
     assert "NOT token-exact" in caplog.text
     s.start([{"role": "user", "content": "hi"}])
     assert s.generate(deadline()).text == "chat answer"
@@ -93,10 +95,9 @@ def test_openai_chat_is_marked_not_token_exact(simulators, db_url, caplog) -> No
     s.close()
 
 
-def test_qwen_style_template_through_the_session(simulators, db_url) -> None:
+def test_qwen_style_template_through_the_session(simulators) -> None:
     url, _ = simulators(SCRIPT)
-    s = LLMSession.open(spec_for(url, chat_template=QWEN_TEMPLATE), {"max_tokens": 200}, "r5",
-                        db_url)
+    s = LLMSession.open(spec_for(url, chat_template=QWEN_TEMPLATE), {"max_tokens": 200}, "r5")
     s.start(PROMPT, TOOLS)
     assert "<tools>" in s.builder.tok.hf.decode(s.trajectory().prompt_ids)
     s.generate(deadline())
@@ -108,31 +109,32 @@ def test_qwen_style_template_through_the_session(simulators, db_url) -> None:
 
 def test_validate_spec_resolves_tokenizer_from_server_models(simulators, db_url) -> None:
     url, _ = simulators({"default": ["x"]})  # reports the tokenizer folder as its model
-    spec = validate_llm_spec({"servers": [{"url": url}]}, db_url)
+    spec = validate_llm_spec({"servers": [{"url": url}]})
     assert spec["tokenizer"].endswith("smollm2-tokenizer") and spec["backend"] == "vllm"
     with session_scope(db_url) as db:
         db.add(LLMServer(url=url, model=SMOLLM2))
-    assert validate_llm_spec({"max_model_len": 1024}, db_url)["tokenizer"] == SMOLLM2
+    registered = partial(registered_urls, db_url)
+    assert validate_llm_spec({"max_model_len": 1024}, registered)["tokenizer"] == SMOLLM2
 
 
-def test_validate_spec_errors_name_the_field(simulators, db_url, tmp_path) -> None:
+def test_validate_spec_errors_name_the_field(simulators, tmp_path) -> None:
     url, _ = simulators({"model": "not-a-local-path", "default": ["x"]})
     with pytest.raises(InvalidRequest, match="llm.tokenizer"):
-        validate_llm_spec({"servers": [{"url": url}]}, db_url)
+        validate_llm_spec({"servers": [{"url": url}]})
     with pytest.raises(InvalidRequest, match="llm.tokenizer"):
-        validate_llm_spec({"tokenizer": str(tmp_path)}, db_url)
+        validate_llm_spec({"tokenizer": str(tmp_path)})
     with pytest.raises(InvalidRequest, match="llm.max_model_len"):
-        validate_llm_spec({"tokenizer": SMOLLM2, "max_model_len": 0}, db_url)
+        validate_llm_spec({"tokenizer": SMOLLM2, "max_model_len": 0})
     with pytest.raises(InvalidRequest, match="llm.temperature"):
-        validate_llm_spec({"tokenizer": SMOLLM2, "temperature": 1}, db_url)
+        validate_llm_spec({"tokenizer": SMOLLM2, "temperature": 1})
     with pytest.raises(InvalidRequest, match=r"llm.servers.0.url"):
-        validate_llm_spec({"servers": [{"url": "10.0.0.1:80"}]}, db_url)
+        validate_llm_spec({"servers": [{"url": "10.0.0.1:80"}]})
     with pytest.raises(InvalidRequest, match="sampling.top_p"):
         validate_sampling({"top_p": 2})
     assert SamplingParams().max_tokens == validate_sampling(None)["max_tokens"]
 
 
-def test_cancel_aborts_a_generation_in_flight(simulators, db_url) -> None:
+def test_cancel_aborts_a_generation_in_flight(simulators) -> None:
     """A cancel mid-generation closes the request: the server stops "decoding" (it counts the
     abort) and the session raises RolloutCancelled at once instead of waiting for the turn."""
     import httpx
@@ -141,7 +143,7 @@ def test_cancel_aborts_a_generation_in_flight(simulators, db_url) -> None:
 
     url, _ = simulators({"default": [{"text": "slow answer", "latency": 30}]})
     flip_at = time.monotonic() + 0.5
-    with LLMSession.open(spec_for(url), {"max_tokens": 50}, "r-abort", db_url) as s:
+    with LLMSession.open(spec_for(url), {"max_tokens": 50}, "r-abort") as s:
         s.start(PROMPT)
         started = time.monotonic()
         with pytest.raises(RolloutCancelled):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 
 import httpx
 import pytest
@@ -14,7 +15,9 @@ import pytest
 from agents.llm import LLMSession, validate_llm_spec
 from core.db import session_scope
 from core.models import LLMServer
+from tasks.llm_pool import registered_urls
 from tests.llm.conftest import TOOLS, deadline
+from tests.llm.test_pool import make_rollouts, open_session
 
 pytestmark = pytest.mark.vllm
 VLLM_URL = os.environ.get("RAAS_VLLM_URL", "")
@@ -32,11 +35,18 @@ def vllm_db(db_url: str) -> str:
     return db_url
 
 
+def leased_session(spec: dict, sampling: dict, db_url: str) -> LLMSession:
+    """A session on the registered pool for a fresh leased rollout, as the RUN stage opens it."""
+    (rollout_id,) = make_rollouts(db_url, 1)
+    return open_session(spec, rollout_id, db_url, sampling)
+
+
 def test_multi_turn_rollout_is_token_exact(vllm_db: str) -> None:
-    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)  # tokenizer from GET /v1/models
+    # The tokenizer comes from the registered server's GET /v1/models.
+    spec = validate_llm_spec({"max_model_len": 2048}, partial(registered_urls, vllm_db))
     assert os.path.isdir(spec["tokenizer"])
     sampling = {"temperature": 1.0, "max_tokens": 40, "seed": 7}
-    with LLMSession.open(spec, sampling, "vllm-r1", vllm_db) as s:
+    with leased_session(spec, sampling, vllm_db) as s:
         s.start(PROMPT, TOOLS)
         generations = []
         for turn in range(3):
@@ -58,8 +68,8 @@ def test_multi_turn_rollout_is_token_exact(vllm_db: str) -> None:
 
 
 def test_greedy_turn_matches_a_direct_request(vllm_db: str) -> None:
-    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)
-    with LLMSession.open(spec, {"temperature": 0.0, "max_tokens": 24}, "vllm-r2", vllm_db) as s:
+    spec = validate_llm_spec({"max_model_len": 2048}, partial(registered_urls, vllm_db))
+    with leased_session(spec, {"temperature": 0.0, "max_tokens": 24}, vllm_db) as s:
         s.start(PROMPT)
         prompt_ids = list(s.trajectory().prompt_ids)
         generation = s.generate(deadline(120))
@@ -70,8 +80,8 @@ def test_greedy_turn_matches_a_direct_request(vllm_db: str) -> None:
 
 
 def test_length_stop_against_real_server(vllm_db: str) -> None:
-    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)
-    with LLMSession.open(spec, {"temperature": 1.0, "max_tokens": 4}, "vllm-r3", vllm_db) as s:
+    spec = validate_llm_spec({"max_model_len": 2048}, partial(registered_urls, vllm_db))
+    with leased_session(spec, {"temperature": 1.0, "max_tokens": 4}, vllm_db) as s:
         s.start(PROMPT)
         generation = s.generate(deadline(120))
         assert generation.finish_reason == "length" and len(generation.token_ids) == 4
@@ -84,8 +94,8 @@ def test_length_stop_against_real_server(vllm_db: str) -> None:
 def test_server_context_caps_every_request(vllm_db: str) -> None:
     """Issue 12 case 1 on a real vLLM: the job asks 8192, the server's max_model_len wins."""
     served = httpx.get(f"{VLLM_URL}/v1/models", timeout=10).json()["data"][0]["max_model_len"]
-    spec = validate_llm_spec({"max_model_len": 8192}, vllm_db)
-    with LLMSession.open(spec, {"temperature": 1.0, "max_tokens": 4096}, "vllm-ctx", vllm_db) as s:
+    spec = validate_llm_spec({"max_model_len": 8192}, partial(registered_urls, vllm_db))
+    with leased_session(spec, {"temperature": 1.0, "max_tokens": 4096}, vllm_db) as s:
         s.start(PROMPT, TOOLS)
         generation = s.generate(deadline(600))  # asks for at most what fits: no HTTP 400
         assert s.context_length == served
@@ -96,9 +106,9 @@ def test_server_context_caps_every_request(vllm_db: str) -> None:
 
 def test_prompt_longer_than_the_server_context_generates_nothing(vllm_db: str) -> None:
     """Issue 12 case 2: an empty `context` generation, never an HTTP 400 or a reward-0 turn."""
-    spec = validate_llm_spec({"max_model_len": 100_000}, vllm_db)
+    spec = validate_llm_spec({"max_model_len": 100_000}, partial(registered_urls, vllm_db))
     long_prompt = [{"role": "user", "content": "word " * 20_000}]
-    with LLMSession.open(spec, {"max_tokens": 16}, "vllm-long", vllm_db) as s:
+    with leased_session(spec, {"max_tokens": 16}, vllm_db) as s:
         s.start(long_prompt)
         generation = s.generate(deadline(120))
         assert (generation.token_ids, generation.finish_reason) == ([], "context")
@@ -106,9 +116,8 @@ def test_prompt_longer_than_the_server_context_generates_nothing(vllm_db: str) -
 
 def test_generated_token_budget_caps_the_request(vllm_db: str) -> None:
     """Issue 12 case 3: max_new_tokens (what limits.max_tokens leaves) caps the request."""
-    spec = validate_llm_spec({"max_model_len": 2048}, vllm_db)
-    with LLMSession.open(spec, {"temperature": 1.0, "max_tokens": 512, "seed": 3}, "vllm-budget",
-                         vllm_db) as s:
+    spec = validate_llm_spec({"max_model_len": 2048}, partial(registered_urls, vllm_db))
+    with leased_session(spec, {"temperature": 1.0, "max_tokens": 512, "seed": 3}, vllm_db) as s:
         s.start(PROMPT)
         generation = s.generate(deadline(120), max_new_tokens=5)
         assert len(generation.token_ids) <= 5

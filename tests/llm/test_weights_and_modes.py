@@ -13,12 +13,21 @@ import pytest
 from sqlalchemy import update
 
 from agents.llm import LLMSession, validate_llm_spec
-from agents.llm.pool import RegisteredPool, ServersPaused
+from agents.llm.pool import ServersPaused
 from core.db import session_scope
 from core.errors import ConfigError, InvalidRequest
 from core.models import LLMServer
+from tasks.llm_pool import RegisteredPool
 from tests.llm.conftest import SMOLLM2, deadline
-from tests.llm.test_pool import SCRIPT, SPEC, make_rollouts, register, requests_seen
+from tests.llm.test_pool import (
+    LEASE,
+    SCRIPT,
+    SPEC,
+    make_rollouts,
+    open_session,
+    register,
+    requests_seen,
+)
 
 
 def set_row(db_url: str, url: str, **values) -> None:
@@ -31,7 +40,7 @@ def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulato
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "v1")
     [rid] = make_rollouts(db_url, 1)
-    with LLMSession.open(SPEC, {}, rid, db_url) as s:
+    with open_session(SPEC, rid, db_url) as s:
         s.start([{"role": "user", "content": "go"}])
         assert s.generate(deadline()).weight_version == "v1"
         s.append_messages([{"role": "tool", "content": "ok"}])
@@ -55,7 +64,7 @@ def test_paused_server_past_the_deadline_is_a_timeout_not_a_failover(simulators,
     register(db_url, [url], "v1")
     set_row(db_url, url, paused=True)
     [rid] = make_rollouts(db_url, 1)
-    with LLMSession.open(SPEC, {}, rid, db_url) as s:
+    with open_session(SPEC, rid, db_url) as s:
         s.start([{"role": "user", "content": "go"}])
         with pytest.raises(StageTimeout, match="paused"):
             s.generate(time.monotonic() + 1.0)
@@ -66,7 +75,7 @@ def test_pool_skips_paused_servers_and_says_when_all_are(simulators, db_url) -> 
     a, b = simulators(SCRIPT)[0], simulators(SCRIPT)[0]
     register(db_url, [a, b])
     set_row(db_url, a, paused=True)
-    pool = RegisteredPool(db_url, "vllm")
+    pool = RegisteredPool(db_url, "vllm", "no-rollout", LEASE)
     assert pool.acquire().url == b
     set_row(db_url, b, paused=True)
     with pytest.raises(ServersPaused):
@@ -77,7 +86,7 @@ def test_logprobs_mode_is_recorded_per_turn(simulators, db_url) -> None:
     url, _ = simulators(SCRIPT)
     spec = {"servers": [{"url": url, "logprobs_mode": "processed_logprobs"}],
             "tokenizer": SMOLLM2, "max_model_len": 2048, "logprobs_mode": "processed_logprobs"}
-    with LLMSession.open(spec, {}, "modes-1", db_url) as s:
+    with LLMSession.open(spec, {}, "modes-1") as s:
         s.start([{"role": "user", "content": "go"}])
         assert s.generate(deadline()).logprobs_mode == "processed_logprobs"
         assert s.logprobs_mode == "processed_logprobs"
@@ -87,10 +96,10 @@ def test_logprobs_mode_mismatch_is_refused(simulators, db_url) -> None:
     url, _ = simulators(SCRIPT)
     with pytest.raises(InvalidRequest, match=r"llm.servers.0.logprobs_mode"):
         validate_llm_spec({"servers": [{"url": url}], "tokenizer": SMOLLM2,
-                           "logprobs_mode": "processed_logprobs"}, db_url)
+                           "logprobs_mode": "processed_logprobs"})
     register(db_url, [url])  # declares vLLM's default, raw_logprobs
     [rid] = make_rollouts(db_url, 1)
-    with LLMSession.open({**SPEC, "logprobs_mode": "processed_logprobs"}, {}, rid, db_url) as s:
+    with open_session({**SPEC, "logprobs_mode": "processed_logprobs"}, rid, db_url) as s:
         s.start([{"role": "user", "content": "go"}])
         with pytest.raises(ConfigError, match="processed_logprobs"):
             s.generate(deadline())

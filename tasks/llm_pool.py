@@ -1,0 +1,190 @@
+"""The pipeline's LLM server pools: load, stickiness and health kept in the database.
+
+Registered servers (`llm_servers` table, written by the trainer through the API) are shared by
+every RUN worker on every node: a slot is taken with an atomic conditional UPDATE of
+`in_flight`, so two workers never both see the same count and pick the same server. Servers
+named by a job itself are not rows; their load is counted from the rollouts that stick to them
+(`Rollout.llm_server` of rollouts in RUN) and their health is kept per process.
+
+Stickiness writes the url to `Rollout.llm_server`, fenced on the stage's lease like every
+other rollout write, so a retried attempt returns to it and a worker that lost its rollout
+writes nothing. A failing server is marked down and re-probed after `RECHECK_SECONDS`. Weight
+updates do not remove servers: the trainer pauses a server (`paused`: new generations wait,
+in-flight ones finish), loads the weights, and sets the new `weight_version` while resuming;
+the session re-reads its server's row every turn, so each turn records the weight version it
+was really sampled with.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from agents.llm.pool import (
+    RECHECK_SECONDS,
+    ServerInfo,
+    ServerPool,
+    ServersPaused,
+    StaticServerPool,
+    probe,
+)
+from core.db import session_scope
+from core.errors import LeaseLost, ServiceUnavailable
+from core.models import LLMServer, Rollout, Status, utcnow
+from tasks import lifecycle
+
+CLAIM_RETRIES = 8
+
+
+class RolloutStickiness:
+    """`stick` / `sticky_url` on the rollout's row; the write is fenced on the stage's lease."""
+
+    db_url: str
+    rollout_id: str
+    lease: str
+
+    def stick(self, url: str) -> None:
+        """Record the rollout's server; LeaseLost if this worker no longer owns the rollout."""
+        if not lifecycle.save(self.db_url, self.rollout_id, self.lease, llm_server=url):
+            raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
+
+    def sticky_url(self) -> str | None:
+        """The server a previous turn or attempt of this rollout used."""
+        with session_scope(self.db_url) as s:
+            return s.scalar(select(Rollout.llm_server).where(Rollout.id == self.rollout_id))
+
+
+class RegisteredPool(RolloutStickiness, ServerPool):
+    """The trainer's servers in the `llm_servers` table, shared by all workers on all nodes."""
+
+    def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str) -> None:
+        super().__init__(backend, rollout_id)
+        self.db_url, self.lease = db_url, lease
+
+    def _info(self, row: LLMServer) -> ServerInfo:
+        return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend,
+                          bool(row.paused), row.logprobs_mode)
+
+    def _recheck_down(self) -> None:
+        """Probe servers marked down long enough ago; bring back the ones that answer."""
+        stale = time.time() - RECHECK_SECONDS
+        with session_scope(self.db_url) as s:
+            rows = s.scalars(select(LLMServer).where(LLMServer.healthy.is_(False))).all()
+            urls = [r.url for r in rows if r.checked_at is None or r.checked_at.timestamp() < stale]
+        for url in urls:
+            error = probe(url)
+            with session_scope(self.db_url) as s:
+                s.execute(update(LLMServer).where(LLMServer.url == url).values(
+                    healthy=error is None, last_error=error, checked_at=utcnow()))
+
+    def acquire(self, exclude: frozenset[str] = frozenset()) -> ServerInfo:
+        """Claim the least-loaded healthy row with a conditional UPDATE (retry on a race)."""
+        self._recheck_down()
+        for _ in range(CLAIM_RETRIES):
+            with session_scope(self.db_url) as s:
+                query = select(LLMServer).where(LLMServer.healthy.is_(True))
+                healthy = [r for r in s.scalars(query).all() if r.url not in exclude]
+                rows = [r for r in healthy if not r.paused]
+                if healthy and not rows:
+                    raise ServersPaused("every healthy LLM server is paused")
+                if not rows:
+                    break
+                row = min(rows, key=lambda r: (r.in_flight, r.created_at, r.url))
+                claimed = s.execute(update(LLMServer).where(
+                    LLMServer.id == row.id, LLMServer.in_flight == row.in_flight,
+                    LLMServer.healthy.is_(True), LLMServer.paused.is_(False))
+                    .values(in_flight=LLMServer.in_flight + 1))
+                if claimed.rowcount == 1:
+                    return self._info(row)
+        raise ServiceUnavailable("no healthy LLM server is registered"
+                                 + (f" (besides {sorted(exclude)})" if exclude else ""))
+
+    def take(self, url: str) -> ServerInfo | None:
+        """Claim a slot on `url` if it is still registered and healthy."""
+        with session_scope(self.db_url) as s:
+            row = s.scalar(select(LLMServer).where(LLMServer.url == url))
+            if row is None or not row.healthy:
+                return None
+            s.execute(update(LLMServer).where(LLMServer.id == row.id)
+                      .values(in_flight=LLMServer.in_flight + 1))
+            return self._info(row)
+
+    def release(self, url: str) -> None:
+        """Decrement `in_flight`, never below zero."""
+        with session_scope(self.db_url) as s:
+            s.execute(update(LLMServer).where(LLMServer.url == url, LLMServer.in_flight > 0)
+                      .values(in_flight=LLMServer.in_flight - 1))
+
+    def mark_down(self, url: str, error: str) -> None:
+        """healthy=false with the error, visible to every worker and to GET /v1/llm-servers."""
+        with session_scope(self.db_url) as s:
+            s.execute(update(LLMServer).where(LLMServer.url == url).values(
+                healthy=False, last_error=error[:2000], checked_at=utcnow()))
+
+    def lookup(self, url: str) -> ServerInfo | None:
+        """The row's current model and weight version."""
+        with session_scope(self.db_url) as s:
+            row = s.scalar(select(LLMServer).where(LLMServer.url == url))
+            return self._info(row) if row is not None else None
+
+    def candidate_urls(self) -> list[str]:
+        """Every registered server, healthy first."""
+        return registered_urls(self.db_url)
+
+
+class JobServerPool(RolloutStickiness, StaticServerPool):
+    """Servers named in the job's spec; load = rollouts in RUN that stick to each of them."""
+
+    def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str,
+                 servers: list[dict[str, Any]]) -> None:
+        super().__init__(backend, rollout_id, servers)
+        self.db_url, self.lease = db_url, lease
+
+    def load(self) -> dict[str, int]:
+        """This process's slots, or the rollouts in RUN on each server when that is more."""
+        with session_scope(self.db_url) as s:
+            rows = s.execute(select(Rollout.llm_server, func.count()).where(
+                Rollout.status == Status.RUN.value, Rollout.llm_server.in_(list(self.servers)))
+                .group_by(Rollout.llm_server)).all()
+        counts = super().load()
+        for url, n in rows:
+            counts[url] = max(counts.get(url, 0), n)
+        return counts
+
+
+def make_pool(spec: dict[str, Any], db_url: str, rollout_id: str, lease: str) -> ServerPool:
+    """The pool of one leased rollout: the job's own servers when it names some, else the
+    registered pool."""
+    backend = spec.get("backend", "vllm")
+    if spec.get("servers"):
+        return JobServerPool(db_url, backend, rollout_id, lease, spec["servers"])
+    return RegisteredPool(db_url, backend, rollout_id, lease)
+
+
+def registered_urls(db_url: str) -> list[str]:
+    """Every registered server url, healthy first (for tokenizer and model discovery)."""
+    with session_scope(db_url) as s:
+        rows = s.scalars(select(LLMServer).order_by(LLMServer.healthy.desc())).all()
+        return [r.url for r in rows]
+
+
+def reconcile_in_flight(db_url: str) -> None:
+    """Reset every `in_flight` to the rollouts in RUN that stick to it (repairs lost workers)."""
+    with session_scope(db_url) as s:
+        counts = dict(s.execute(select(Rollout.llm_server, func.count()).where(
+            Rollout.status == Status.RUN.value).group_by(Rollout.llm_server)).all())
+        for row in s.scalars(select(LLMServer)).all():
+            row.in_flight = counts.get(row.url, 0)
+
+
+def check_health(db_url: str) -> dict[str, str | None]:
+    """Probe every registered server and record the result; {url: error or None}."""
+    with session_scope(db_url) as s:
+        urls = list(s.scalars(select(LLMServer.url)).all())
+    results = {url: probe(url) for url in urls}
+    with session_scope(db_url) as s:
+        for url, error in results.items():
+            s.execute(update(LLMServer).where(LLMServer.url == url).values(
+                healthy=error is None, last_error=error, checked_at=utcnow()))
+    return results
