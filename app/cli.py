@@ -110,13 +110,30 @@ def reaper(once: bool) -> None:
     r.run_forever()
 
 
+def flower_notes(settings) -> list[str]:
+    """What Flower cannot show with these settings, and what to set so that it can."""
+    notes = []
+    if not settings.task_events:
+        notes.append("Flower sees workers and tasks only through Celery task events, which are "
+                     "off: set RAAS_TASK_EVENTS=true for the workers (`raas up`) and for "
+                     "this command.")
+    if settings.embedded_broker:
+        notes.append("Flower's Broker page needs Redis (RAAS_BROKER_URL=redis://...); on the "
+                     "embedded filesystem broker, queue depths and consumers per queue are "
+                     "at /metrics and on the dashboard (/ui).")
+    return notes
+
+
 @main.command()
 @click.option("--port", default=5555, show_default=True, type=int)
 def flower(port: int) -> None:
     """Celery Flower for this service's broker (with the same transport settings)."""
     from tasks.celery_app import make_celery
 
-    app = make_celery(load_settings())
+    settings = load_settings()
+    for note in flower_notes(settings):
+        click.echo(note, err=True)
+    app = make_celery(settings)
     app.start(["flower", f"--port={port}"])
 
 
