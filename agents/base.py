@@ -75,6 +75,7 @@ class StageContext:
     record_turn: Callable[..., None] = lambda **turn: None
     cancel_check: Callable[[], bool] = lambda: False
     run_result: RunResult | None = None
+    artifact: dict[str, Any] | None = None  # what RUN produced, stored before EVAL grades it
     logger: Any = None
 
     def remaining(self) -> float:
@@ -104,7 +105,14 @@ class StageContext:
 
 
 class AgentHandler(ABC):
-    """One kind of agent: how to prepare its sandbox, run it, and grade it."""
+    """One kind of agent: how to prepare its sandbox, run it, and grade it.
+
+    Grading never trusts the RUN sandbox: when RUN ends the pipeline kills it, asks
+    `artifact(ctx)` for what the agent produced (read from the dead workspace without following
+    anything in it), stores that on the rollout, and EVAL grades the stored artifact — in a
+    fresh sandbox filled by `prepare_eval` when `eval_in_sandbox` is set, else on the host.
+    Re-evaluation runs the same EVAL on the same stored artifact.
+    """
 
     name: ClassVar[str]
     Config: ClassVar[type[HandlerConfig]] = HandlerConfig
@@ -114,6 +122,7 @@ class AgentHandler(ABC):
     # packages: a node builds one the first time a rollout needs it (`raas env build NAME`
     # ahead of time does the same), so a fresh home runs without a manual build step.
     environments: ClassVar[dict[str, tuple[str, ...]]] = {}
+    eval_in_sandbox: ClassVar[bool] = False
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `core.errors.InvalidRequest`)."""
@@ -146,9 +155,24 @@ class AgentHandler(ABC):
     def run(self, ctx: StageContext) -> RunResult:
         """RUN: drive the multi-turn loop and return the trajectory."""
 
+    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+        """RUN's end, after the sandbox was killed: what the agent produced (small JSON).
+
+        `ctx.workspace` is the dead sandbox's workspace on the host: read it only with
+        `sandbox.workspace` (no links followed, sizes capped). By default the finishing tool's
+        answer (`run_result.extra["answer"]`).
+        """
+        answer = (ctx.run_result.extra or {}).get("answer") if ctx.run_result else None
+        return {} if answer is None else {"answer": answer}
+
+    def prepare_eval(self, ctx: StageContext, workspace: str) -> None:
+        """EVAL with `eval_in_sandbox`: fill the empty fresh `workspace` from the instance's
+        clean state plus `ctx.artifact` (host side, before the grading sandbox starts)."""
+
     @abstractmethod
     def evaluate(self, ctx: StageContext) -> EvalResult:
-        """EVAL: compute the reward (ctx.run_result holds what RUN returned)."""
+        """EVAL: the reward of `ctx.artifact` (ctx.run_result holds what RUN returned;
+        ctx.sandbox is the fresh grading sandbox when `eval_in_sandbox`, else None)."""
 
     def on_failure(self, stage: str, ctx: StageContext, exc: BaseException) -> None:
         """Called when a stage raised; clean up handler-side resources. Must not raise."""

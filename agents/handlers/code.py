@@ -1,23 +1,23 @@
-"""`code`: write a solution file; reward from hidden tests that enter the sandbox only in EVAL.
+"""`code`: write a solution file; reward from hidden tests that enter a fresh sandbox in EVAL.
 
-The hidden tests live in the instance (the database) and nowhere the sandbox can see during
-RUN: the agent cannot read what it is graded on. EVAL starts a fresh shell, then writes each
-test to a randomly named file, runs it in its own process with a timeout, and deletes it. A
-test passes when its process exits 0 *and* prints the per-test nonce the harness adds after the
-test code, so a solution that exits early (`sys.exit(0)` at import) does not pass. Reward is
-the fraction passed or all-or-nothing (config).
+The hidden tests live in the instance (the database) and nowhere the agent's sandbox can see
+during RUN. When RUN ends the pipeline kills that sandbox and stores the solution file (read
+from the host, links never followed) as the rollout's artifact. EVAL starts a fresh sandbox
+holding only that file and runs each test in its own process (`code_grading`): input/output
+tests compare the solution's stdout on the host, call tests compare values the harness sends
+back; nothing the solution prints counts as a pass. Reward is the fraction passed or
+all-or-nothing (config).
 """
 from __future__ import annotations
 
 import json
-import secrets
-import shlex
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import Field
 
 from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.handlers.code_grading import normalize_tests, run_test
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
@@ -25,19 +25,14 @@ from core.errors import InvalidRequest
 
 SYSTEM_PROMPT = """You are an expert Python programmer working in a sandbox. Write the requested
 code into the solution file with the file editor, test it by running it, and call `submit` when
-you are confident it is correct. Hidden tests will import your solution file and check it."""
+you are confident it is correct. Hidden tests will run or import your solution file and check
+its results."""
 
 USER_PROMPT = """{problem_statement}
 
 Write your solution in `{solution_file}` in {workspace} (your current directory)."""
 
-_HARNESS = """import sys
-sys.dont_write_bytecode = True
-sys.path.insert(0, {workspace!r})
-from {module} import *
-{code}
-print({marker!r})
-"""
+MAX_SOLUTION_BYTES = 1024 * 1024
 
 
 class CodeConfig(HandlerConfig):
@@ -58,14 +53,9 @@ class CodeConfig(HandlerConfig):
                                                      "(None: the system python3 / the job's)")
 
 
-def hidden_tests(instance: dict[str, Any]) -> list[dict[str, str]]:
-    """The instance's hidden tests as [{name, code}] (plain strings get numbered names)."""
-    tests = []
-    for i, test in enumerate(instance.get("hidden_tests") or [], start=1):
-        if isinstance(test, str):
-            test = {"name": f"test_{i}", "code": test}
-        tests.append({"name": str(test.get("name") or f"test_{i}"), "code": str(test["code"])})
-    return tests
+def hidden_tests(instance: dict[str, Any]) -> list[dict[str, Any]]:
+    """The instance's hidden tests, typed (see `code_grading.normalize_tests`)."""
+    return normalize_tests(instance.get("hidden_tests"))
 
 
 def solution_file(instance: dict[str, Any]) -> str:
@@ -79,15 +69,7 @@ def validate_code_instance(instance: dict[str, Any]) -> None:
     if not isinstance(statement, str) or not statement.strip():
         raise InvalidRequest("code instance is missing required field 'problem_statement'",
                              field="instance.problem_statement")
-    tests = instance.get("hidden_tests")
-    if not isinstance(tests, list) or not tests:
-        raise InvalidRequest("code instance needs a non-empty list 'hidden_tests'",
-                             field="instance.hidden_tests")
-    for test in tests:
-        if not (isinstance(test, str) or (isinstance(test, dict)
-                                          and isinstance(test.get("code"), str))):
-            raise InvalidRequest("each hidden test is a string or {name, code}",
-                                 field="instance.hidden_tests")
+    hidden_tests(instance)
     path = PurePosixPath(solution_file(instance))
     if path.is_absolute() or ".." in path.parts or path.suffix != ".py" \
             or not all(part.isidentifier() for part in path.with_suffix("").parts):
@@ -124,50 +106,54 @@ class CodeHandler(AgentHandler):
                               tools=[*builtin_tools(cfg.tools), submit],
                               max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns)
 
+    eval_in_sandbox = True
+
+    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+        """The solution file as the agent left it (absent, not a regular file or too big: none)."""
+        from sandbox.workspace import read_regular
+
+        name = solution_file(ctx.instance)
+        data = read_regular(ctx.workspace, name, MAX_SOLUTION_BYTES) if ctx.workspace else None
+        if data is None:
+            return {"files": {}}
+        return {"files": {name: data.decode("utf-8", errors="replace")}}
+
+    def prepare_eval(self, ctx: StageContext, workspace: str) -> None:
+        """The fresh workspace holds the stored solution file and nothing else."""
+        from pathlib import Path
+
+        name = solution_file(ctx.instance)
+        text = ((ctx.artifact or {}).get("files") or {}).get(name)
+        if isinstance(text, str):
+            target = Path(workspace, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+
     def evaluate(self, ctx: StageContext) -> EvalResult:
         """Run every hidden test in its own process; reward per the config."""
         cfg: CodeConfig = ctx.agent_config  # type: ignore[assignment]
-        workspace = ctx.state.get("workspace") or ctx.workspace
+        workspace = ctx.workspace or ctx.state.get("workspace")
         return grade_solution(ctx.sandbox, workspace, ctx.instance, cfg, ctx.remaining)
 
 
 def grade_solution(sb: Any, workspace: str, instance: dict[str, Any], cfg: CodeConfig,
                    remaining: Any = None) -> EvalResult:
-    """Copy in, run and delete the hidden tests one by one; the solution is never rewritten."""
-    sb.reset()  # a fresh shell: nothing the agent left running or exported affects grading
-    module = solution_file(instance)[:-3].replace("/", ".")
+    """Run the hidden tests one by one in the grading sandbox; compare on the host."""
+    name = solution_file(instance)
+    module = name[:-3].replace("/", ".")
     results: dict[str, str] = {}
     for test in hidden_tests(instance):
         budget = cfg.test_timeout if remaining is None else min(cfg.test_timeout, remaining())
         if budget <= 0:
             results[test["name"]] = "not_run"
             continue
-        results[test["name"]] = _run_one(sb, workspace, module, test["code"], budget)
+        results[test["name"]] = run_test(sb, workspace, module, name, test, budget)
     passed = sum(status == "passed" for status in results.values())
     fraction = passed / len(results) if results else 0.0
     reward = fraction if cfg.reward == "fraction" else float(passed == len(results))
     metrics = {"tests_passed": passed, "tests_total": len(results),
                "tests_timed_out": sum(s == "timeout" for s in results.values())}
     return EvalResult(reward, metrics, {"test_results": results})
-
-
-def _run_one(sb: Any, workspace: str, module: str, code: str, timeout: float) -> str:
-    """passed / failed / timeout for one hidden test, in a fresh interpreter."""
-    nonce = secrets.token_hex(8)
-    marker = f"RAAS-TEST-PASSED-{nonce}"
-    path = f"{workspace}/.raas_test_{nonce}.py"
-    sb.write_file(path, _HARNESS.format(workspace=workspace, module=module, code=code,
-                                        marker=marker))
-    try:
-        result = sb.bash(f"cd {shlex.quote(workspace)} && python3 {shlex.quote(path)}",
-                         timeout=timeout)
-    finally:
-        sb.bash(f"rm -f {shlex.quote(path)}", timeout=10)
-    if result.timed_out:
-        return "timeout"
-    lines = result.output.strip().splitlines()
-    return "passed" if result.exit_code == 0 and lines and lines[-1].strip() == marker \
-        else "failed"
 
 
 def load_instances(path: str) -> list[dict[str, Any]]:

@@ -135,12 +135,19 @@ class MathHandler(AgentHandler):
             max_invalid_turns=cfg.max_invalid_turns,
             final_answer=extract_boxed if cfg.accept_boxed else None)
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
-        """Grade the finish answer (else the final message's \\boxed{}) against `answer`."""
+    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+        """The answer: the finish tool's argument, else the final message's \\boxed{}."""
         cfg: MathConfig = ctx.agent_config
         run = ctx.run_result
         final_text = _final_assistant_text(run) if cfg.accept_boxed else None
         predicted = answer_from_run((run.extra or {}).get("answer") if run else None, final_text)
+        return {} if predicted is None else {"answer": predicted}
+
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        """Grade the stored answer against the instance's `answer`, on the host."""
+        cfg: MathConfig = ctx.agent_config
+        artifact = ctx.artifact if ctx.artifact is not None else self.artifact(ctx)
+        predicted = artifact.get("answer")
         reference = str(ctx.instance["answer"])
         started = time.monotonic()
         grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s,

@@ -143,8 +143,8 @@ class SearchHandler(AgentHandler):
     def evaluate(self, ctx: StageContext) -> EvalResult:
         """Score the submitted answer; also report whether the gold passage was retrieved."""
         cfg: SearchConfig = ctx.agent_config
-        run = ctx.run_result
-        predicted = (run.extra or {}).get("answer") if run else None
+        artifact = ctx.artifact if ctx.artifact is not None else self.artifact(ctx)
+        predicted = artifact.get("answer")
         predicted = str(predicted) if predicted is not None else None
         grade = grade_text_answer(predicted, _accepted_answers(ctx.instance), metric=cfg.reward)
         retrieved = ctx.state.get("retrieved") or []

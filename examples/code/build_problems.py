@@ -1,8 +1,10 @@
 """Source of examples/code.jsonl: coding problems with hidden tests and reference solutions.
 
-Each problem: a statement naming the function to write in `solution.py`, a reference solution,
-and hidden tests (each a snippet run in its own process after `from solution import *`; it
-passes when it exits cleanly). Run `.venv/bin/python examples/code/build_problems.py` after
+Each problem: a statement naming the function to write in `solution.py` (or, for the `io-`
+problems, a program reading stdin), a reference solution, and hidden tests in the graded format
+(`agents/handlers/code_grading.py`): assert snippets written here are turned into
+`{call, expected}` tests, others are given as `{setup, call, expected | raises}` or
+`{input, output}`. Each runs in its own process; values and outputs are compared on the host. Run `.venv/bin/python examples/code/build_problems.py` after
 editing; tests/agents/test_code_examples.py checks every reference solution through real EVAL.
 """
 from __future__ import annotations
@@ -117,7 +119,7 @@ PROBLEMS: list[dict] = [
     return "".join(out)
 ''',
         tests=["assert rle_decode('a3b1c2') == 'aaabcc'", "assert rle_decode('') == ''",
-               "assert rle_decode('x12') == 'x' * 12", "assert rle_decode('a1b1a1') == 'aba'"],
+               "assert rle_decode('x12') == 'xxxxxxxxxxxx'", "assert rle_decode('a1b1a1') == 'aba'"],
     ),
     dict(
         id="two-sum",
@@ -135,7 +137,8 @@ PROBLEMS: list[dict] = [
         tests=["assert two_sum([2, 7, 11, 15], 9) == (0, 1)",
                "assert two_sum([3, 2, 4], 6) == (1, 2)",
                "assert two_sum([-3, 4, 3, 90], 0) == (0, 2)",
-               "nums = list(range(0, 200000, 2)) + [7]\nassert two_sum(nums, 199998 + 7) == (99999, 100000)"],
+               dict(setup="nums = list(range(0, 200000, 2)) + [7]", call="two_sum(nums, 199998 + 7)",
+                    expected="(99999, 100000)")],
     ),
     dict(
         id="brackets",
@@ -236,7 +239,8 @@ def word_count(text):
 ''',
         tests=["assert transpose([[1, 2, 3], [4, 5, 6]]) == [[1, 4], [2, 5], [3, 6]]",
                "assert transpose([]) == []", "assert transpose([[1]]) == [[1]]",
-               "m = [[1, 2], [3, 4]]\ntransposed = transpose(m)\nassert m == [[1, 2], [3, 4]]"],
+               dict(setup="m = [[1, 2], [3, 4]]\ntransposed = transpose(m)", call="m",
+                    expected="[[1, 2], [3, 4]]")],
     ),
     dict(
         id="binary-search",
@@ -254,7 +258,9 @@ def word_count(text):
 ''',
         tests=["assert find_first([1, 2, 2, 2, 3], 2) == 1", "assert find_first([], 5) == -1",
                "assert find_first([1, 3, 5], 4) == -1", "assert find_first([5, 5, 5], 5) == 0",
-               "big = list(range(10_000_000))\nfor _ in range(100000):\n    assert find_first(big, 9_999_999) == 9_999_999"],
+               dict(setup="big = list(range(10_000_000))",
+                    call="all(find_first(big, 9_999_999) == 9_999_999 for _ in range(100000))",
+                    expected="True")],
     ),
     dict(
         id="common-prefix",
@@ -337,7 +343,7 @@ def word_count(text):
 ''',
         tests=["assert chunks([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]",
                "assert chunks([], 3) == []", "assert chunks([1, 2], 5) == [[1, 2]]",
-               "try:\n    chunks([1], 0)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError('no ValueError')"],
+               dict(call="chunks([1], 0)", raises="ValueError")],
     ),
     dict(
         id="merge-sorted",
@@ -405,8 +411,8 @@ def parse_duration(text):
 ''',
         tests=["assert parse_duration('1h30m') == 5400", "assert parse_duration('45s') == 45",
                "assert parse_duration('1d2h') == 93600", "assert parse_duration('2h5s') == 7205",
-               "for bad in ['', '5', '1m1h', 'abc', '1h 2m']:\n    try:\n        parse_duration(bad)\n"
-               "    except ValueError:\n        continue\n    raise AssertionError(bad)"],
+               dict(call="[raised(parse_duration, bad) for bad in ['', '5', '1m1h', 'abc', '1h 2m']]",
+                    expected=repr(["ValueError"] * 5))],
     ),
     dict(
         id="fibonacci-mod",
@@ -442,6 +448,50 @@ def parse_duration(text):
 ]
 
 
+# Input/output problems in the style of APPS / CodeContests: the solution is a script reading
+# stdin; its stdout is compared on the host.
+PROBLEMS += [
+    dict(
+        id="io-pair-sums",
+        statement="Write a program (stdin to stdout). The first line holds n; each of the next n "
+                  "lines holds two integers a and b. Print a + b for each pair, one per line.",
+        solution='''import sys
+
+data = sys.stdin.read().split()
+n = int(data[0])
+print("\\n".join(str(int(data[1 + 2 * i]) + int(data[2 + 2 * i])) for i in range(n)))
+''',
+        tests=[dict(input="2\n1 2\n10 -3\n", output="3\n7\n"),
+               dict(input="1\n0 0\n", output="0\n"),
+               dict(input="3\n1000000000000 1\n-5 -5\n7 8\n",
+                    output="1000000000001\n-10\n15\n")],
+    ),
+    dict(
+        id="io-reverse-words",
+        statement="Write a program (stdin to stdout) that prints every input line with its "
+                  "words (separated by spaces) in reverse order.",
+        solution='''import sys
+
+for line in sys.stdin.read().splitlines():
+    print(" ".join(reversed(line.split())))
+''',
+        tests=[dict(input="hello world\n", output="world hello\n"),
+               dict(input="a b c\nsingle\n", output="c b a\nsingle\n"),
+               dict(input="  spaced   out  \n", output="out spaced\n")],
+    ),
+]
+
+
+def as_test(test: str | dict, number: int) -> dict:
+    """A hidden test in the graded format: assert snippets become call/expected tests."""
+    from agents.handlers.code_grading import normalize_tests
+
+    if isinstance(test, dict):
+        return {"name": f"test_{number}", **test}
+    typed = normalize_tests([test])[0]
+    return {"name": f"test_{number}", "call": typed["call"], "expected": typed["expected"]}
+
+
 def main() -> int:
     """Write examples/code.jsonl (one instance per problem)."""
     lines = []
@@ -450,8 +500,7 @@ def main() -> int:
             "instance_id": f"code-{problem['id']}",
             "problem_statement": problem["statement"],
             "solution_file": "solution.py",
-            "hidden_tests": [{"name": f"test_{i}", "code": code}
-                             for i, code in enumerate(problem["tests"], start=1)],
+            "hidden_tests": [as_test(test, i) for i, test in enumerate(problem["tests"], start=1)],
             "reference_solution": problem["solution"],
         }))
     OUT.write_text("\n".join(lines) + "\n")

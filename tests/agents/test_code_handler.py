@@ -95,6 +95,29 @@ def test_exiting_early_at_import_does_not_pass(make_ctx, make_sandbox, tmp_path)
     assert grade_solution(sb, str(tmp_path), INSTANCE, CodeConfig()).reward == 0.0
 
 
+def test_printing_a_pass_marker_and_exiting_zero_does_not_pass(make_sandbox, tmp_path) -> None:
+    sb = make_sandbox(str(tmp_path))
+    sb.write_file(f"{tmp_path}/solution.py",
+                  "import os, sys\nprint('RAAS-TEST-PASSED-' + sys.argv[0])\n"
+                  "print('{\"value\": true}')\nos._exit(0)\n")
+    result = grade_solution(sb, str(tmp_path), INSTANCE, CodeConfig())
+    assert result.reward == 0.0 and set(result.extra["test_results"].values()) == {"failed"}
+
+
+def test_input_output_tests_compare_stdout_on_the_host(make_sandbox, tmp_path) -> None:
+    instance = {"instance_id": "io", "problem_statement": "double it",
+                "hidden_tests": [{"input": "2\n", "output": "4\n"},
+                                 {"input": "5\n", "output": "10"},
+                                 {"input": "0\n", "output": "0\n"}]}
+    sb = make_sandbox(str(tmp_path))
+    sb.write_file(f"{tmp_path}/solution.py", "print(int(input()) * 2 if input != 0 else 1)\n")
+    assert grade_solution(sb, str(tmp_path), instance, CodeConfig()).reward == 1.0
+    # the expected output is nowhere in the sandbox: a solution can only print its own answer
+    sb.write_file(f"{tmp_path}/solution.py", "import os\nprint(os.listdir('.'), open(0).read())\n")
+    result = grade_solution(sb, str(tmp_path), instance, CodeConfig())
+    assert result.reward == 0.0
+
+
 def test_agent_shell_state_does_not_leak_into_grading(make_ctx, make_sandbox, tmp_path) -> None:
     sb = make_sandbox(str(tmp_path))
     sb.write_file(f"{tmp_path}/solution.py", SOLUTION)
@@ -107,7 +130,13 @@ def test_agent_shell_state_does_not_leak_into_grading(make_ctx, make_sandbox, tm
     ({"instance_id": "a", "hidden_tests": ["assert 1"]}, "instance.problem_statement"),
     ({"instance_id": "a", "problem_statement": "x"}, "instance.hidden_tests"),
     ({"instance_id": "a", "problem_statement": "x", "hidden_tests": [{"name": "t"}]},
-     "instance.hidden_tests"),
+     "instance.hidden_tests[0]"),
+    ({"instance_id": "a", "problem_statement": "x",
+      "hidden_tests": ["assert f(1) == 1", "import os\nassert f(2) == 2"]},
+     "instance.hidden_tests[1]"),  # only single asserts can be graded outside the solution
+    ({"instance_id": "a", "problem_statement": "x",
+      "hidden_tests": [{"call": "f(1)", "expected": "g(1)"}]},
+     "instance.hidden_tests[0]"),  # expected values are literals, never code
     ({"instance_id": "a", "problem_statement": "x", "hidden_tests": ["assert 1"],
       "solution_file": "../escape.py"}, "instance.solution_file"),
 ])
