@@ -76,6 +76,8 @@ class StageContext:
     cancel_check: Callable[[], bool] = lambda: False
     run_result: RunResult | None = None
     artifact: dict[str, Any] | None = None  # what RUN produced, stored before EVAL grades it
+    # RUN: why a sandbox failure is the agent's doing ("disk_quota", "oom", ...), else None.
+    diagnose: Callable[[BaseException], str | None] = lambda exc: None
     logger: Any = None
 
     def remaining(self) -> float:
@@ -165,9 +167,11 @@ class AgentHandler(ABC):
         answer = (ctx.run_result.extra or {}).get("answer") if ctx.run_result else None
         return {} if answer is None else {"answer": answer}
 
-    def prepare_eval(self, ctx: StageContext, workspace: str) -> None:
+    def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any] | None:
         """EVAL with `eval_in_sandbox`: fill the empty fresh `workspace` from the instance's
-        clean state plus `ctx.artifact` (host side, before the grading sandbox starts)."""
+        clean state plus `ctx.artifact` (host side, before the grading sandbox starts).
+        Returns facts worth keeping (merged into the result's `extra`), e.g. dropped files."""
+        return None
 
     @abstractmethod
     def evaluate(self, ctx: StageContext) -> EvalResult:

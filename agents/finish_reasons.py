@@ -16,6 +16,9 @@ and `metrics.truncated` for overlong filtering or shaping.
 | `stale` | - | yes | with `limits.on_stale="stop"`: the turns spanned more than `limits.max_staleness` weight updates | `completed` (metrics.stale) |
 | `no_valid_action` | - | yes | N turns in a row without a valid tool call | `agent_error` |
 | `deadline` | - | yes | the RUN deadline passed | `timeout` |
+| `disk_quota` | - | yes | the workspace outgrew `sandbox.limits.disk_mb`; a watchdog stopped the sandbox | `agent_error` (reward 0) |
+| `oom` | - | yes | the tool server died and the sandbox's memory cgroup recorded an OOM kill | `agent_error` (reward 0) |
+| `tool_server_died` | - | yes | the agent's own processes took its tool server down (e.g. killed it) | `agent_error` (reward 0) |
 | `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
 """
 from __future__ import annotations
@@ -36,6 +39,14 @@ class FinishReason(str, enum.Enum):
     NO_VALID_ACTION = "no_valid_action"
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
+    DISK_QUOTA = "disk_quota"
+    OOM = "oom"
+    TOOL_SERVER_DIED = "tool_server_died"
+
+
+# The agent broke its own sandbox: agent_error with reward 0, no EVAL (never infra_error).
+SELF_INFLICTED = frozenset({FinishReason.DISK_QUOTA.value, FinishReason.OOM.value,
+                            FinishReason.TOOL_SERVER_DIED.value})
 
 
 # Generation cuts: the turn's text is incomplete, so its tool calls are never executed.

@@ -23,6 +23,7 @@ from agents.llm import parse_tool_calls
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools
 from core.errors import StageTimeout
 from core.models import Outcome
+from sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ def run_agent_loop(
                           max_observation_chars)
     except StageTimeout:
         ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, FinishReason.DEADLINE.value
+    except SandboxError as exc:
+        reason = ctx.diagnose(exc)
+        if reason is None:
+            raise  # infrastructure: the pipeline retries
+        ep.outcome, ep.finish_reason = Outcome.AGENT_ERROR.value, reason
     if ep.turns == 0 and ep.finish_reason == FinishReason.CONTEXT.value:
         # Not a sample: the prompt alone fills the context. Never graded as reward 0.
         ep.outcome = Outcome.PROMPT_TOO_LONG.value

@@ -162,6 +162,9 @@ class Rollout(Base):
     token_exact: Mapped[bool | None] = mapped_column(Boolean)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     extra: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    # What RUN produced (swe: file changes, code: solution files, math/search: the answer),
+    # stored before EVAL grades it; re-evaluation grades the same artifact.
+    artifact: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     result_seq: Mapped[int | None] = mapped_column(Integer)
     completes_group: Mapped[bool] = mapped_column(Boolean, default=False)
 

@@ -93,7 +93,9 @@ class BwrapRuntime(Runtime):
         if not spec.network:
             argv += ["--unshare-net"]
         argv += _root_mounts(spec.image)
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run",
+        size = str(spec.limits.tmp_bytes)  # a /tmp flood is ENOSPC, never an OOM of the server
+        argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
+                 "--size", size, "--tmpfs", "/run",
                  "--ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver",
                  "--ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess",
                  "--bind", handle["socket_dir"], SOCKET_DIR,

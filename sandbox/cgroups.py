@@ -112,6 +112,21 @@ def pids_current(paths: list[str]) -> int | None:
     return None
 
 
+def oom_kills(paths: list[str]) -> int:
+    """Processes the kernel OOM-killed in the sandbox's memory cgroup so far (v2 or v1)."""
+    for path in paths:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                text = Path(path, name).read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return 0
+
+
 def destroy(paths: list[str], timeout: float = 5.0) -> None:
     """Kill whatever is left in the cgroups and remove them."""
     end = time.monotonic() + timeout

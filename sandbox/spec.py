@@ -19,6 +19,15 @@ class SandboxLimits(BaseModel):
     max_procs: int = Field(512, ge=8, description="Most processes alive at once in the sandbox")
     output_bytes: int = Field(64 * 1024, ge=256, description="Output kept for the model per call")
     file_size_mb: int = Field(1024, gt=0, description="Largest file a sandboxed process may write")
+    disk_mb: int = Field(10240, gt=0, description="Most the workspace may hold; past it a watchdog "
+                                                  "stops the sandbox (agent_error disk_quota)")
+    tmp_mb: int | None = Field(None, gt=0, description="Size of the sandbox's /tmp and /run tmpfs "
+                                                       "(bwrap); default a quarter of memory_mb")
+
+    @property
+    def tmp_bytes(self) -> int:
+        """/tmp size in bytes: tmpfs pages count against memory, so a full /tmp must not OOM."""
+        return (self.tmp_mb or max(16, self.memory_mb // 4)) * 1024 * 1024
 
 
 class Bind(BaseModel):

@@ -1,29 +1,29 @@
-"""Re-run EVAL of a stored rollout in a fresh sandbox (e.g. a SWE patch after a test fix).
+"""Re-run EVAL of a stored rollout: the same grading code path, on the same stored artifact.
 
 Runs on the shared `init` queue (any node can start a sandbox) and appends its result to the
-rollout's `extra["reevaluations"]`; the rollout's own reward is never changed.
+rollout's `extra["reevaluations"]`; the rollout's own reward is never changed. Grading sandboxes
+of re-evaluations live in their own state dir, away from the node reaper's sweep (which stops
+sandboxes that belong to no live rollout attempt).
 """
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from typing import Any
 
 from celery import shared_task
 from sqlalchemy import select
 
+from agents.base import RunResult, StageContext
 from agents.registry import get_handler
 from core.db import session_scope
 from core.models import Job, Rollout, utcnow
+from tasks import grading
 from tasks.config import REEVALUATE_TASK
-from tasks.sandboxes import sandbox_settings, wanted_runtime
 
 log = logging.getLogger(__name__)
-
-
-def supports_reevaluation(agent: str) -> bool:
-    """True when the agent's handler can grade a stored result again."""
-    return callable(getattr(get_handler(agent), "reevaluate", None))
+REEVALUATE_TIMEOUT = 600.0
 
 
 def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
@@ -36,26 +36,45 @@ def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
         rollout.extra = extra
 
 
+def _context(rollout: Rollout, job: Job, handler: Any) -> StageContext:
+    config = job.config or {}
+    timeout = float((config.get("limits") or {}).get("eval_timeout") or REEVALUATE_TIMEOUT)
+    return StageContext(
+        rollout_id=rollout.id, job_id=job.id, stage="eval", instance_id=rollout.instance_id,
+        instance=rollout.instance or {}, sample_index=rollout.sample_index,
+        attempt=rollout.attempt,
+        agent_config=handler.Config.model_validate(config.get("agent_config") or {}),
+        job_config=config, deadline=time.monotonic() + timeout, state=dict(rollout.state or {}),
+        run_result=RunResult(outcome=rollout.outcome or "completed",
+                             finish_reason=rollout.finish_reason, messages=rollout.messages,
+                             extra=dict(rollout.extra or {})),
+        artifact=rollout.artifact, logger=log)
+
+
 @shared_task(name=REEVALUATE_TASK, bind=True)
 def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
-    """Grade the stored result of `rollout_id` again and record it under `request_id`."""
+    """Grade the stored artifact of `rollout_id` again and record it under `request_id`."""
     settings = self.app.raas_settings
     with session_scope(settings.db_url) as s:
         rollout = s.get(Rollout, rollout_id)
         job = s.get(Job, rollout.job_id)
-        instance, extra, config = rollout.instance, dict(rollout.extra or {}), job.config or {}
-        agent = job.agent
+        s.expunge_all()
     entry: dict[str, Any] = {"request_id": request_id, "node": settings.node}
     try:
-        handler = get_handler(agent)
-        options = config.get("sandbox") or {}
-        result = handler.reevaluate(
-            instance, extra.get("git_patch"), agent_config=config.get("agent_config"),
-            sandbox_options=options,
-            runtime=wanted_runtime(settings, options, handler.needs_sandbox),
-            workspace_root=str(settings.workspaces), sandbox_settings=sandbox_settings(settings))
+        from sandbox.handles import state_root
+
+        from tasks.sandboxes import sandbox_settings
+
+        handler = get_handler(job.agent)
+        result = grading.grade(
+            settings, handler, _context(rollout, job, handler),
+            job_sandbox=(job.config or {}).get("sandbox") or {},
+            label=(f"reevaluate-{rollout_id}", 0),
+            workspace=settings.workspaces / f"reevaluate-{request_id}",
+            state_dir=str(state_root(sandbox_settings(settings).state_dir) / "reevaluate"))
         entry.update(reward=result.reward, metrics=result.metrics,
-                     extra={k: v for k, v in result.extra.items() if k != "git_patch"})
+                     extra={k: v for k, v in result.extra.items()
+                            if k not in ("git_patch", "test_output")})
     except Exception as exc:
         log.exception("re-evaluation of %s failed", rollout_id)
         entry["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -58,21 +58,32 @@ def ensure_declared_environment(settings: Settings, name: str | None) -> None:
 
 
 def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
-          runtime: str) -> tuple[Any, dict[str, Any]]:
-    """Start the rollout's sandbox (building its declared environment on first use);
-    returns (client, handle)."""
+          runtime: str, workspace: Path | None = None,
+          state_dir: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """Start the rollout's sandbox (building its declared environment on first use) on a
+    fresh workspace unless one is given; returns (client, handle)."""
     from sandbox import SandboxSpec, UnknownRuntime, get_runtime
 
     ensure_declared_environment(settings, options.get("python_env"))
-    workspace = workspace_for(settings, rollout_id, attempt)
+    workspace = workspace or workspace_for(settings, rollout_id, attempt)
     fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
     spec = SandboxSpec(workspace=str(workspace), **fields)
+    kwargs = {"state_dir": state_dir} if state_dir else {}
     try:
-        chosen = get_runtime(runtime, sandbox_settings(settings))
+        chosen = get_runtime(runtime, sandbox_settings(settings), **kwargs)
     except UnknownRuntime as exc:  # a configuration mistake: retrying cannot help
         raise ConfigError(str(exc), runtime=runtime) from exc
     sb = chosen.start(spec, label=f"{rollout_id}:{attempt}")
     return sb, sb.handle
+
+
+def stop(handle: dict[str, Any] | None) -> None:
+    """Kill everything the sandbox runs but keep its workspace (RUN's end, before the artifact)."""
+    if not handle:
+        return
+    from sandbox import stop_handle
+
+    stop_handle(handle)
 
 
 def attach(settings: Settings, handle: dict[str, Any] | None) -> Any:

@@ -23,7 +23,8 @@ from agents.registry import get_handler
 from core.errors import AgentError, InfraError, LeaseLost, RolloutCancelled, StageTimeout
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import lifecycle, sandboxes
+from agents.finish_reasons import SELF_INFLICTED
+from tasks import grading, lifecycle, sandboxes
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import process_heartbeater
 
@@ -115,8 +116,8 @@ class StageRun:
             self._end(Status.CANCELLED, Outcome.CANCELLED, "cancelled")
         except StageTimeout as exc:
             self._end(Status.FAILED, Outcome.TIMEOUT, f"{self.stage}: {exc}")
-        except AgentError as exc:
-            self._end(Status.FAILED, Outcome.AGENT_ERROR, f"{self.stage}: {exc}")
+        except AgentError as exc:  # what the agent breaks is its failure: reward 0, not None
+            self._end(Status.FAILED, Outcome.AGENT_ERROR, f"{self.stage}: {exc}", reward=0.0)
         except RETRYABLE as exc:
             self._retry_or_fail(exc)
         except Exception as exc:
@@ -179,7 +180,12 @@ class StageRun:
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:
-        self.ctx.sandbox = sandboxes.attach(self.settings, self.rollout.sandbox)
+        from tasks.run_guard import RunGuard
+
+        handle = self.rollout.sandbox
+        self.ctx.sandbox = sandboxes.attach(self.settings, handle)
+        guard = RunGuard(handle, (self.job.config or {}).get("sandbox") or {})
+        self.ctx.diagnose = guard.diagnose
         if self.handler.needs_llm:
             from agents.llm import LLMSession
             from tasks.llm_pool import make_pool
@@ -189,42 +195,62 @@ class StageRun:
                                            self.rollout_id,
                                            make_pool(spec, self.db, self.rollout_id, self.lease))
         try:
-            result = self.handler.run(self.ctx)
+            with guard.watching():
+                result = self.handler.run(self.ctx)
         except StageTimeout as exc:
             result = RunResult(outcome=Outcome.TIMEOUT.value, finish_reason="deadline",
                                metrics={"timeout": str(exc)})
         finally:
             if self.ctx.llm is not None:
                 self.ctx.llm.close()
-        if result.outcome == Outcome.PROMPT_TOO_LONG.value:
-            self._not_a_sample(result)
+        sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
+        if result.outcome == Outcome.PROMPT_TOO_LONG.value \
+                or result.finish_reason in SELF_INFLICTED:
+            self._end_ungraded(result)
             return
-        self._hand_on("eval", **_run_fields(result), state=self.ctx.state,
+        self.ctx.run_result = result
+        artifact = self.handler.artifact(self.ctx)  # read from the dead workspace
+        self._hand_on("eval", **_run_fields(result), artifact=artifact, state=self.ctx.state,
                       run_seconds=self._elapsed())
+        sandboxes.release(handle)  # the workspace: its artifact is stored
 
-    def _not_a_sample(self, result: RunResult) -> None:
-        """A prompt that does not fit: end here, ungraded (reward null), never reward 0."""
+    def _end_ungraded(self, result: RunResult) -> None:
+        """End at RUN: a prompt that does not fit (reward null, not a sample) or a sandbox the
+        agent broke (agent_error, reward 0); the trajectory is kept either way."""
         fields = _run_fields(result)
         outcome = fields.pop("outcome")
-        error = (f"run: the prompt ({len(result.prompt_ids or [])} tokens) does not fit the "
-                 f"context ({result.metrics.get('context_length')} tokens)")
+        if outcome == Outcome.PROMPT_TOO_LONG.value:
+            reward = None
+            error = (f"run: the prompt ({len(result.prompt_ids or [])} tokens) does not fit "
+                     f"the context ({result.metrics.get('context_length')} tokens)")
+        else:
+            reward, error = 0.0, f"run: the agent broke its sandbox ({result.finish_reason})"
         self.log.info("%s", error)
         sandboxes.release(self.rollout.sandbox)
         lifecycle.finish(self.db, self.rollout_id, Status.FAILED, outcome, lease=self.lease,
-                         error=error, state=self.ctx.state, run_seconds=self._elapsed(),
-                         **fields)
+                         error=error, reward=reward, state=self.ctx.state,
+                         run_seconds=self._elapsed(), **fields)
 
     def _eval(self) -> None:
-        self.ctx.sandbox = sandboxes.attach(self.settings, self.rollout.sandbox)
         self.ctx.run_result = _run_result_of(self.rollout)
-        result: EvalResult = self.handler.evaluate(self.ctx)
-        sandboxes.release(self.rollout.sandbox)
+        self.ctx.artifact = self.rollout.artifact
+        result: EvalResult = grading.grade(
+            self.settings, self.handler, self.ctx,
+            job_sandbox=(self.job.config or {}).get("sandbox") or {},
+            label=(self.rollout_id, self.attempt),
+            workspace=self.settings.workspaces / f"{self.rollout_id}-{self.attempt}-eval",
+            on_start=self._keep_sandbox)
         lifecycle.finish(
             self.db, self.rollout_id, Status.DONE,
             self.rollout.outcome or Outcome.COMPLETED.value, lease=self.lease,
             reward=float(result.reward), eval_seconds=self._elapsed(), state=self.ctx.state,
             metrics={**(self.rollout.metrics or {}), **result.metrics},
             extra={**(self.rollout.extra or {}), **result.extra})
+
+    def _keep_sandbox(self, handle: dict[str, Any]) -> None:
+        """Record the grading sandbox so the reaper and failure paths can stop it."""
+        self.rollout.sandbox = handle
+        lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle)
 
     def _hand_on(self, stage: str, **values: Any) -> None:
         """Queue the next stage on this node; a cancel that arrived meanwhile wins."""
@@ -242,12 +268,13 @@ class StageRun:
                 self.log.exception("on_failure hook raised")
         sandboxes.release(getattr(self.rollout, "sandbox", None))
 
-    def _end(self, status: Status, outcome: Outcome, error: str) -> None:
+    def _end(self, status: Status, outcome: Outcome, error: str, **values: Any) -> None:
         self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value, outcome.value,
                       error[:200])
         self._cleanup(error)
         lifecycle.finish(self.db, self.rollout_id, status, outcome.value, lease=self.lease,
-                         error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()})
+                         error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()},
+                         **values)
 
     def _retry_or_fail(self, exc: BaseException) -> None:
         error = _describe(exc, self.stage)

@@ -118,7 +118,7 @@ class CodeHandler(AgentHandler):
             return {"files": {}}
         return {"files": {name: data.decode("utf-8", errors="replace")}}
 
-    def prepare_eval(self, ctx: StageContext, workspace: str) -> None:
+    def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any] | None:
         """The fresh workspace holds the stored solution file and nothing else."""
         from pathlib import Path
 
@@ -128,6 +128,7 @@ class CodeHandler(AgentHandler):
             target = Path(workspace, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+        return None
 
     def evaluate(self, ctx: StageContext) -> EvalResult:
         """Run every hidden test in its own process; reward per the config."""

@@ -24,7 +24,7 @@ import secrets
 import shlex
 from typing import Any
 
-from app.errors import InvalidRequest
+from core.errors import InvalidRequest
 
 MAX_VALUE_CHARS = 8 * 1024 * 1024
 HARNESS_NAME = ".raas_harness.py"

@@ -2,29 +2,31 @@
 
 Instances have SWE-bench's shape (`instance_id` beside the data; in it `repo`, `base_commit`,
 `problem_statement`, `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, optional `test_cmd`); `repo`
-is a local git directory, a tarball, or plain sources (committed deterministically, see `swe_repo`). INIT
-checks the repo out at the base commit as the workspace; RUN gives the agent bash, the file
-editor and `submit`; EVAL grades the workspace in the same sandbox (`swe_eval.grade`) and keeps
-the agent's `git diff` in `extra["git_patch"]`. `reevaluate()` grades a stored patch again in a
-fresh sandbox (the `POST /v1/rollouts/{id}/reevaluate` route).
+is a local git directory, a tarball, or plain sources (committed deterministically, see
+`swe_repo`). INIT checks the repo out at the base commit as the workspace; RUN gives the agent
+bash, the file editor and `submit`. When RUN ends the pipeline kills the sandbox and the
+artifact is the agent's file changes against a clean checkout (`swe_diff`, no git on the
+agent's `.git`). EVAL checks the base commit out again into a fresh workspace, applies the
+changes minus test files and test infrastructure (`extra["dropped_files"]`), and grades it in
+a fresh sandbox (`swe_eval`). Re-evaluation is the same EVAL on the stored artifact.
 """
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 from typing import Any, Literal
 
 from pydantic import Field
 
 from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
-from agents.handlers import swe_eval
+from agents.handlers import swe_diff, swe_eval
 from agents.handlers.swe_images import resolve_instance_image
 from agents.handlers.swe_repo import materialize
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
 from core.errors import InvalidRequest
+from sandbox.workspace import walk
 
 log = logging.getLogger(__name__)
 
@@ -135,70 +137,33 @@ class SWEHandler(AgentHandler):
                               tools=[*builtin_tools(cfg.tools), submit],
                               max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns)
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
-        """Store the agent's diff, then grade the workspace with the instance's tests."""
+    eval_in_sandbox = True
+
+    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+        """The agent's changes: its dead workspace compared with a clean base checkout."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
-        workspace = ctx.state.get("workspace") or ctx.workspace
-        return evaluate_workspace(ctx.sandbox, workspace, ctx.instance,
-                                  min(cfg.test_timeout, max(1.0, ctx.remaining())))
+        with tempfile.TemporaryDirectory(prefix="raas-swe-base-") as clean:
+            materialize(ctx.instance["repo"], ctx.instance["base_commit"], clean, cfg.repo_root,
+                        _settings().repo_mirror_root)
+            return swe_diff.workspace_changes(ctx.workspace, clean)
 
-    def reevaluate(self, instance: dict[str, Any], git_patch: str | None,
-                   **kwargs: Any) -> EvalResult:
-        """Grade a stored patch again in a fresh sandbox (see the module function)."""
-        return reevaluate(instance, git_patch, **kwargs)
-
-
-def evaluate_workspace(sb: Any, workspace: str, instance: dict[str, Any],
-                       test_timeout: float) -> EvalResult:
-    """EVAL of a live workspace: fresh shell, capture `git diff`, then grade."""
-    sb.reset()  # a fresh shell: nothing the agent set up in its shell survives into grading
-    patch = swe_eval.capture_patch(sb, workspace, instance["base_commit"])
-    if patch is None:
-        return EvalResult(0.0, {"resolved": False}, {
-            "git_patch": None, "eval_error": "git could not diff the workspace (repo broken?)"})
-    return swe_eval.grade(instance, workspace, sb, test_timeout, patch=patch)
-
-
-def reevaluate(instance: dict[str, Any], git_patch: str | None, *,
-               agent_config: dict[str, Any] | None = None,
-               sandbox_options: dict[str, Any] | None = None,
-               runtime: str = "bwrap", workspace_root: str | None = None,
-               sandbox_settings: Any = None) -> EvalResult:
-    """Re-run EVAL for a stored patch: fresh workspace at base commit, fresh sandbox.
-
-    `agent_config` is the job's (validated here), `sandbox_options` the job's sandbox options
-    (the handler's python_env unless the job chose one); the sandbox and its workspace are
-    always removed. A patch that no longer applies gives reward 0 with the reason in extra.
-    `sandbox_settings` are the node's (`sandbox.SandboxSettings`); the sandbox's handle lives
-    in `<their state dir>/reevaluate`,
-    away from the node reaper's sweep, which stops sandboxes that belong to no live rollout.
-    """
-    from sandbox import SandboxSettings, SandboxSpec, get_runtime
-    from sandbox.handles import state_root
-
-    validate_swe_instance(instance)
-    cfg = SWEConfig.model_validate(agent_config or {})
-    options = {k: v for k, v in (sandbox_options or {}).items() if k != "runtime" and v is not None}
-    if cfg.python_env and not options.get("python_env"):
-        options["python_env"] = cfg.python_env
-    workspace = tempfile.mkdtemp(prefix="raas-reeval-", dir=workspace_root)
-    sb = None
-    try:
-        materialize(instance["repo"], instance["base_commit"], workspace, cfg.repo_root,
+    def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any]:
+        """A clean checkout plus the agent's changes, minus tests and test infrastructure."""
+        cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
+        materialize(ctx.instance["repo"], ctx.instance["base_commit"], workspace, cfg.repo_root,
                     _settings().repo_mirror_root)
-        node = sandbox_settings or SandboxSettings()
-        state_dir = state_root(node.state_dir) / "reevaluate"
-        sb = get_runtime(runtime, node, state_dir=state_dir).start(
-            SandboxSpec(workspace=workspace, **options),
-            label=f"reevaluate:{instance.get('instance_id', 'instance')}")
-        problem = swe_eval.apply_patch(sb, workspace, git_patch or "", swe_eval.AGENT_PATCH)
-        if problem is not None:
-            return EvalResult(0.0, {"resolved": False, "patch_applied": False}, {
-                "git_patch": git_patch, "eval_error": f"patch did not apply: {problem}"})
-        result = swe_eval.grade(instance, workspace, sb, cfg.test_timeout, patch=git_patch)
-        result.metrics["patch_applied"] = True
-        return result
-    finally:
-        if sb is not None:
-            sb.stop()
-        shutil.rmtree(workspace, ignore_errors=True)
+        changes = (ctx.artifact or {}).get("files") or {}
+        kept, dropped = swe_diff.split_changes(
+            changes, set(walk(workspace).files),
+            swe_diff.test_patch_paths(ctx.instance["test_patch"]))
+        patch = swe_diff.display_patch(workspace, kept)
+        swe_diff.apply_changes(workspace, kept)
+        return {"git_patch": patch, "dropped_files": sorted(dropped),
+                "dropped_reasons": dropped,
+                "skipped_files": sorted((ctx.artifact or {}).get("skipped") or {})}
+
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        """Grade the prepared workspace in the fresh sandbox with the instance's tests."""
+        cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
+        return swe_eval.grade(ctx.instance, ctx.workspace, ctx.sandbox,
+                              min(cfg.test_timeout, max(1.0, ctx.remaining())))

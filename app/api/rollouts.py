@@ -14,7 +14,6 @@ from core.db import session_scope
 from core.errors import Conflict, InvalidRequest, NotFound
 from core.models import Job, Rollout, Turn
 from tasks.config import REEVALUATE_TASK
-from tasks.reevaluate import supports_reevaluation
 
 bp = Blueprint("rollouts", __name__)
 
@@ -34,7 +33,7 @@ def show(rollout_id: str) -> RolloutView:
 
 
 @typed_route(bp, "/v1/rollouts/<rollout_id>/reevaluate", "POST", response=RolloutView,
-             status=202, summary="Re-run EVAL of the stored result in a fresh sandbox",
+             status=202, summary="Re-run EVAL (the same grading path) on the stored artifact",
              query={"wait": "seconds to wait for the new result (default 0)"})
 def reevaluate(rollout_id: str) -> RolloutView:
     settings = current_app.config["RAAS"]
@@ -48,9 +47,9 @@ def reevaluate(rollout_id: str) -> RolloutView:
         if r.status != "done":
             raise Conflict(f"rollout {rollout_id!r} is {r.status}; only done rollouts can be "
                            "re-evaluated")
-        agent = job.agent
-    if not supports_reevaluation(agent):
-        raise InvalidRequest(f"agent {agent!r} does not support re-evaluation")
+        if r.artifact is None:
+            raise InvalidRequest(f"rollout {rollout_id!r} has no stored artifact to grade "
+                                 "(it ended before RUN finished, or predates artifacts)")
     request_id = uuid.uuid4().hex
     current_app.extensions["celery"].send_task(REEVALUATE_TASK, args=[rollout_id, request_id])
     deadline = time.monotonic() + wait

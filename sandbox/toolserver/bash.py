@@ -71,10 +71,14 @@ class BashSession:
                 self.kill()
                 self._spawn()
             self.seq += 1
-            os.makedirs(self.scratch, exist_ok=True)  # the agent may have wiped /tmp
             path = os.path.join(self.scratch, "cmd")
-            with open(path, "w") as handle:
-                handle.write(command if command.endswith("\n") else command + "\n")
+            try:
+                os.makedirs(self.scratch, exist_ok=True)  # the agent may have wiped /tmp
+                with open(path, "w") as handle:
+                    handle.write(command if command.endswith("\n") else command + "\n")
+            except OSError as exc:  # the agent filled /tmp: its problem, told as an observation
+                return BashResult(f"[cannot start the command: {exc.strerror} writing "
+                                  f"{path}; free space in /tmp]", None)
             line = f" . {path}; printf '\\n__RAAS_%s_%s_%d__\\n' {self.nonce} {self.seq} \"$?\"\n"
             out = CappedBuffer(self.output_bytes)
             out.write(self.pending)

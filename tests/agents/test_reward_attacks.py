@@ -17,6 +17,8 @@ import pytest
 from agents.llm.simulator import start_simulator
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.timeout(600)  # the first test runs every attack (module fixture)
+
 REPO = Path(__file__).resolve().parents[2]
 PAYLOADS = Path(__file__).resolve().parent / "attacks"
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
@@ -121,7 +123,7 @@ def outcomes(service, llm) -> dict[str, dict[str, Any]]:
         service.client.submit("swe", [tagged(n, INTERVALS, "problem_statement")
                                       for n in ATTACKS if n.startswith("swe-")],
                               limits={"max_turns": 4, "tool_timeout": 20}, llm=llm,
-                              sampling=SAMPLING),
+                              sampling=SAMPLING, agent_config={"test_timeout": 30}),
         service.client.submit("code", [tagged(n, FIZZBUZZ, "problem_statement")
                                        for n in ATTACKS if n.startswith("code-")],
                               limits={"max_turns": 4}, llm=llm, sampling=SAMPLING),
@@ -136,7 +138,7 @@ def outcomes(service, llm) -> dict[str, dict[str, Any]]:
     ]
     views = {}
     for job in jobs:
-        service.wait_done(job["job_id"], timeout=300)
+        service.wait_done(job["job_id"], timeout=240)
         for result in service.all_results(job["job_id"]):
             views[result["instance_id"]] = service.client.rollout(result["rollout_id"])
     print("\nattack            outcome      reward  finish_reason")

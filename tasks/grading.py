@@ -1,0 +1,61 @@
+"""EVAL's one code path, shared by the EVAL stage and re-evaluation.
+
+The artifact RUN stored is graded without trusting RUN's sandbox: handlers with
+`eval_in_sandbox` get a FRESH sandbox (new tool server, socket and process tree, no network)
+on a fresh workspace that `prepare_eval` fills from the instance's clean state plus the
+artifact; the others grade on the host. The grading sandbox is always released.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agents.base import AgentHandler, EvalResult, StageContext
+from core.settings import Settings
+from tasks import sandboxes
+
+log = logging.getLogger(__name__)
+
+# The grading sandbox returns test reports through the tool's output: room for big ones.
+EVAL_OUTPUT_BYTES = 32 * 1024 * 1024
+
+
+def eval_options(job_sandbox: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The job's sandbox options for grading: the handler's overrides, no network, big output."""
+    from tasks.stages import merged_options
+
+    options = merged_options(job_sandbox or {}, overrides)
+    options["network"] = False
+    options["limits"] = {**(options.get("limits") or {}), "output_bytes": EVAL_OUTPUT_BYTES}
+    return options
+
+
+def grade(settings: Settings, handler: AgentHandler, ctx: StageContext, *,
+          job_sandbox: dict[str, Any], label: tuple[str, int], workspace: Path,
+          state_dir: str | None = None,
+          on_start: Callable[[dict[str, Any]], None] | None = None) -> EvalResult:
+    """Grade `ctx.artifact`; `on_start(handle)` lets the caller record the grading sandbox."""
+    if not handler.eval_in_sandbox:
+        return handler.evaluate(ctx)
+    shutil.rmtree(workspace, ignore_errors=True)
+    workspace.mkdir(parents=True)
+    handle = None
+    try:
+        notes = handler.prepare_eval(ctx, str(workspace)) or {}
+        options = eval_options(job_sandbox, handler.sandbox_overrides(ctx))
+        runtime = sandboxes.wanted_runtime(settings, options, True)
+        sb, handle = sandboxes.start(settings, options, label[0], label[1], runtime,
+                                     workspace=workspace, state_dir=state_dir)
+        if on_start is not None:
+            on_start(handle)
+        ctx.sandbox, ctx.workspace = sb, str(workspace)
+        result = handler.evaluate(ctx)
+        result.extra = {**notes, **result.extra}
+        return result
+    finally:
+        if handle is not None:
+            sandboxes.release(handle)
+        shutil.rmtree(workspace, ignore_errors=True)
