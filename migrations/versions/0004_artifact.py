@@ -1,7 +1,7 @@
 """Reward integrity: rollouts.artifact (what RUN produced, graded by EVAL and re-evaluation).
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from sqlalchemy.dialects import postgresql
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
-revision = '0003'
-down_revision = '0002'
+revision = '0004'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 
