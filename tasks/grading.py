@@ -25,9 +25,7 @@ EVAL_OUTPUT_BYTES = 32 * 1024 * 1024
 
 def eval_options(job_sandbox: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """The job's sandbox options for grading: the handler's overrides, no network, big output."""
-    from tasks.stages import merged_options
-
-    options = merged_options(job_sandbox or {}, overrides)
+    options = sandboxes.merged_options(job_sandbox or {}, overrides)
     options["network"] = False
     options["limits"] = {**(options.get("limits") or {}), "output_bytes": EVAL_OUTPUT_BYTES}
     return options

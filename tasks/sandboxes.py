@@ -26,6 +26,17 @@ def sandbox_settings(settings: Settings) -> SandboxSettings:
                            cgroup_parent=settings.sandbox_cgroup_parent)
 
 
+def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Job sandbox options with a handler's overrides (env and limits merge key by key)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if key in ("env", "limits") and isinstance(value, dict):
+            out[key] = {**(out.get(key) or {}), **value}
+        else:
+            out[key] = value
+    return out
+
+
 def wanted_runtime(settings: Settings, options: dict[str, Any], needs_sandbox: bool) -> str:
     """The runtime for a rollout: the job's choice, else the node default; "none" if unneeded."""
     if not needs_sandbox:

@@ -60,17 +60,6 @@ def enqueue_rollouts(app: Any, pairs: list[tuple[str, int]]) -> None:
             publish(app, "init", rollout_id, attempt, producer=producer)
 
 
-def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Job sandbox options with a handler's overrides (env and limits merge key by key)."""
-    out = dict(base)
-    for key, value in overrides.items():
-        if key in ("env", "limits") and isinstance(value, dict):
-            out[key] = {**(out.get(key) or {}), **value}
-        else:
-            out[key] = value
-    return out
-
-
 class StageRun:
     """One execution of one stage for one rollout attempt."""
 
@@ -167,7 +156,7 @@ class StageRun:
         runtime = sandboxes.wanted_runtime(self.settings, config.get("sandbox") or {},
                                            self.handler.needs_sandbox)
         if runtime != "none":
-            options = merged_options(config.get("sandbox") or {},
+            options = sandboxes.merged_options(config.get("sandbox") or {},
                                      self.handler.sandbox_overrides(self.ctx))
             sb, handle = sandboxes.start(self.settings, options, self.rollout_id,
                                          self.attempt, runtime)

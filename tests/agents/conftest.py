@@ -145,3 +145,35 @@ def make_sandbox(tmp_path: Path, sandbox_settings: Any) -> Iterator[Callable[...
     yield make
     for sb in started:
         sb.stop()
+
+
+@pytest.fixture
+def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
+    """EVAL as the pipeline runs it: (handler, ctx after RUN, sandbox options) -> EvalResult.
+
+    Kills RUN's sandbox (`ctx.sandbox`), reads the artifact from its dead workspace, stores it on
+    `ctx.artifact`, then grades it through `tasks.grading.grade` (a fresh sandbox when the
+    handler asks for one). Calling it again with `artifact=` re-grades a stored artifact, which
+    is what re-evaluation does.
+    """
+    from core.settings import Settings
+    from tasks import grading
+
+    settings = Settings(home=tmp_path / "eval-home", sandbox_runtime="bwrap")
+    count = [0]
+
+    def grade(handler: Any, ctx: StageContext, sandbox: dict[str, Any] | None = None,
+              artifact: dict[str, Any] | None = None) -> Any:
+        if artifact is None:
+            if ctx.sandbox is not None:
+                ctx.sandbox.stop()
+            ctx.artifact = handler.artifact(ctx)
+        else:
+            ctx.artifact = artifact
+        ctx.stage = "eval"
+        count[0] += 1
+        return grading.grade(settings, handler, ctx, job_sandbox=sandbox or {},
+                             label=(ctx.rollout_id, count[0]),
+                             workspace=settings.workspaces / f"eval-{count[0]}")
+
+    return grade

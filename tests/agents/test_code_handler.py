@@ -28,8 +28,8 @@ def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def run_episode(make_llm, make_ctx, make_sandbox, tmp_path, replies, instance=INSTANCE,
-                **config: Any):
+def run_episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path, replies,
+                instance=INSTANCE, **config: Any):
     """INIT, RUN and EVAL of one rollout, as the pipeline sequences them."""
     handler = CodeHandler()
     cfg = CodeConfig(**config)
@@ -38,12 +38,12 @@ def run_episode(make_llm, make_ctx, make_sandbox, tmp_path, replies, instance=IN
     handler.init(ctx)
     ctx.stage, ctx.llm = "run", make_llm({"default": replies})
     run = handler.run(ctx)
-    ctx.stage, ctx.run_result = "eval", run
-    return ctx, run, handler.evaluate(ctx)
+    ctx.run_result = run
+    return ctx, run, grade_artifact(handler, ctx)  # RUN's sandbox killed, fresh one grades
 
 
 def test_agent_cannot_read_hidden_tests_and_a_correct_solution_scores_one(
-        make_llm, make_ctx, make_sandbox, tmp_path) -> None:
+        make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path) -> None:
     examples = PROJECT_ROOT / "examples" / "code.jsonl"
     snooping = " ; ".join([
         f"cat {examples}", f"ls {PROJECT_ROOT}", "ls -a . /tmp",
@@ -58,7 +58,8 @@ def test_agent_cannot_read_hidden_tests_and_a_correct_solution_scores_one(
         call("bash", command="python3 -c 'from solution import frobnicate; print(frobnicate(2))'"),
         call("submit"),
     ]
-    ctx, run, result = run_episode(make_llm, make_ctx, make_sandbox, tmp_path, replies)
+    ctx, run, result = run_episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path,
+                                   replies)
     assert (run.outcome, run.finish_reason) == ("completed", "finish")
     observations = [t["observation"] or "" for t in ctx.turns_recorded]
     assert "SNOOP-DONE" in observations[1]
@@ -67,6 +68,7 @@ def test_agent_cannot_read_hidden_tests_and_a_correct_solution_scores_one(
     assert "\n0\nSNOOP-DONE" in observations[1]  # grep over every reachable file: no hit
     assert observations[2].strip() == "2"
     assert result.reward == 1.0 and result.metrics["tests_passed"] == 3
+    assert ctx.artifact == {"files": {"solution.py": SOLUTION}}
 
 
 def test_partial_solution_fraction_vs_all_or_nothing(make_ctx, make_sandbox, tmp_path) -> None:

@@ -2,7 +2,8 @@
 
 For each instance in examples/swe/instances.jsonl, in a real bwrap sandbox with the pytest
 environment: the repo at its base commit gets reward 0 (FAIL_TO_PASS fail, PASS_TO_PASS pass),
-and the reference fix, applied in the sandbox as an agent would, gets reward 1.
+and the reference fix, applied in the sandbox as an agent would, gets reward 1 — graded as the
+pipeline does (RUN's sandbox killed, the artifact graded in a fresh sandbox).
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ def prepared(make_ctx, make_sandbox, tmp_path: Path, instance: dict[str, Any], e
                    agent_config=SWEConfig(**config))
     handler.init(ctx)
     ctx.sandbox = make_sandbox(str(workspace), python_env=env)
-    ctx.stage = "eval"
     return handler, ctx
 
 
@@ -55,9 +55,10 @@ def test_instances_file_is_up_to_date_and_well_formed() -> None:
 
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["instance_id"] for i in INSTANCES])
 def test_unpatched_repo_fails_and_reference_fix_passes(instance, make_ctx, make_sandbox,
-                                                       tmp_path, pytest_env) -> None:
+                                                       grade_artifact, tmp_path,
+                                                       pytest_env) -> None:
     handler, ctx = prepared(make_ctx, make_sandbox, tmp_path / "base", instance, pytest_env)
-    base = handler.evaluate(ctx)
+    base = grade_artifact(handler, ctx, {"python_env": pytest_env})
     assert base.reward == 0.0
     assert base.metrics["f2p_passed"] == 0
     assert base.metrics["p2p_passed"] == base.metrics["p2p_total"] == len(instance["PASS_TO_PASS"])
@@ -65,7 +66,7 @@ def test_unpatched_repo_fails_and_reference_fix_passes(instance, make_ctx, make_
 
     handler, ctx = prepared(make_ctx, make_sandbox, tmp_path / "fix", instance, pytest_env)
     agent_applies(ctx, instance["patch"])
-    fixed = handler.evaluate(ctx)
+    fixed = grade_artifact(handler, ctx, {"python_env": pytest_env})
     assert fixed.reward == 1.0, fixed.extra.get("test_output")
     assert fixed.metrics["f2p_passed"] == len(instance["FAIL_TO_PASS"])
     assert set(fixed.extra["test_results"].values()) == {"passed"}

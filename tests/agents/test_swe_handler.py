@@ -1,5 +1,6 @@
 """The swe handler through INIT -> RUN -> EVAL (LLM simulator, shared loop, real bwrap),
-plus reevaluation of stored patches, grading that agents cannot game, and repo sources.
+EVAL as the pipeline runs it (artifact from the dead workspace, a fresh grading sandbox),
+re-grading of stored artifacts, grading that agents cannot game, and repo sources.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from agents.handlers.swe import SWEConfig, SWEHandler, reevaluate
+from agents.handlers import swe_diff
+from agents.handlers.swe import SWEConfig, SWEHandler
 from agents.handlers.swe_repo import PROJECT_ROOT, git_env, materialize
 from core.errors import InvalidRequest
 
@@ -31,8 +33,8 @@ def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def episode(make_llm, make_ctx, make_sandbox, tmp_path: Path, env: str, replies: list[str],
-            instance: dict = INTERVALS, **config: Any):
+def episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path: Path, env: str,
+            replies: list[str], instance: dict = INTERVALS, **config: Any):
     """INIT, RUN and EVAL of one rollout, sequenced as the pipeline does."""
     handler = SWEHandler()
     workspace = tmp_path / "ws"
@@ -43,12 +45,12 @@ def episode(make_llm, make_ctx, make_sandbox, tmp_path: Path, env: str, replies:
     ctx.sandbox = make_sandbox(str(workspace), python_env=env)
     ctx.stage, ctx.llm = "run", make_llm({"default": replies}, max_model_len=8192)
     run = handler.run(ctx)
-    ctx.stage, ctx.run_result = "eval", run
-    return ctx, run, handler.evaluate(ctx)
+    ctx.run_result = run
+    return ctx, run, grade_artifact(handler, ctx, {"python_env": env})
 
 
 def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbox, tmp_path,
-                                                 pytest_env, sandbox_settings) -> None:
+                                                 grade_artifact, pytest_env) -> None:
     replies = [
         call("bash", command="git status --short && ls intervals"),
         call("str_replace_editor", command="view", path="intervals/core.py"),
@@ -57,61 +59,93 @@ def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbo
         call("bash", command="python3 -c 'from intervals import merge; print(merge([(1, 10), (2, 3)]))'"),
         call("submit"),
     ]
-    ctx, run, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env, replies)
+    ctx, run, result = episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path,
+                               pytest_env, replies)
     assert (run.outcome, run.finish_reason, run.metrics["turns"]) == ("completed", "finish", 5)
     observations = [t["observation"] for t in ctx.turns_recorded]
     assert "core.py" in observations[0]
     assert "def merge" in observations[1]
     assert observations[3].strip() == "[(1, 10)]"
     assert result.reward == 1.0, result.extra
+    assert list(ctx.artifact["files"]) == ["intervals/core.py"]  # no caches, no .git
     assert "+            merged[-1][1] = max(merged[-1][1], end)" in result.extra["git_patch"]
     assert result.metrics["f2p_passed"] == 3 and result.metrics["resolved"] is True
 
-    # The stored patch grades the same in a fresh sandbox; no patch and a broken one grade 0.
-    again = reevaluate(INTERVALS, result.extra["git_patch"],
-                       sandbox_options={"python_env": pytest_env},
-                       sandbox_settings=sandbox_settings)
-    assert again.reward == 1.0 and again.metrics["patch_applied"] is True
-    assert reevaluate(INTERVALS, "", sandbox_options={"python_env": pytest_env},
-                      sandbox_settings=sandbox_settings).reward == 0.0
-    broken = reevaluate(INTERVALS, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n"
-                        "@@ -1 +1 @@\n-x\n+y\n", sandbox_options={"python_env": pytest_env},
-                        sandbox_settings=sandbox_settings)
-    assert broken.reward == 0.0 and broken.metrics["patch_applied"] is False
+    # The stored artifact grades the same again (re-evaluation); no changes grade 0.
+    handler = SWEHandler()
+    again = grade_artifact(handler, ctx, {"python_env": pytest_env}, artifact=ctx.artifact)
+    assert again.reward == 1.0
+    assert grade_artifact(handler, ctx, {"python_env": pytest_env},
+                          artifact={"files": {}}).reward == 0.0
+
+
+def test_the_artifact_never_follows_links_or_reads_fifos(tmp_path) -> None:
+    clean, agent = tmp_path / "clean", tmp_path / "agent"
+    materialize(INTERVALS["repo"], INTERVALS["base_commit"], clean)
+    materialize(INTERVALS["repo"], INTERVALS["base_commit"], agent)
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("hunter2")
+    (agent / "leak.txt").symlink_to(secret)
+    (agent / "intervals" / "core.py").unlink()
+    (agent / "intervals" / "core.py").symlink_to(secret)
+    (agent / "linked-dir").symlink_to(tmp_path)
+    import os
+
+    os.mkfifo(agent / "pipe")
+    (agent / "__pycache__").mkdir()
+    (agent / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    changes = swe_diff.workspace_changes(str(agent), str(clean))
+    assert changes["files"] == {}  # nothing read through a link, the fifo never opened
+    assert set(changes["skipped"]) == {"leak.txt", "intervals/core.py", "linked-dir", "pipe"}
+    assert "hunter2" not in json.dumps(changes)
+
+
+def test_test_infrastructure_is_dropped_before_grading() -> None:
+    changes = {p: {"text": "x"} for p in (
+        "intervals/core.py", "tests/test_core.py", "conftest.py", "sub/conftest.py",
+        "pytest.ini", "setup.cfg", "pyproject.toml", "tox.ini", "sitecustomize.py",
+        "evil.pth", "pytest.py", "json.py", "unittest/__init__.py", "intervals/new_helper.py",
+        ".git/config", "../outside.py")}
+    kept, dropped = swe_diff.split_changes(changes, {"intervals/core.py", "tests/test_core.py"},
+                                           {"tests/test_core.py"})
+    assert sorted(kept) == ["intervals/core.py", "intervals/new_helper.py"]
+    assert dropped["tests/test_core.py"] == "touched by test_patch"
+    assert dropped["pytest.py"].startswith("new module shadowing")
+    assert len(dropped) == len(changes) - 2
 
 
 def test_editing_the_tests_instead_of_the_code_earns_nothing(
-        make_llm, make_ctx, make_sandbox, tmp_path, pytest_env) -> None:
+        make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path, pytest_env) -> None:
     # The agent rewrites the FAIL_TO_PASS tests' file so everything it can see passes.
-    fake = "def test_merge_contained_interval():\n    pass\n"
-    replies = [call("str_replace_editor", command="create", path="tests/test_core.py",
-                    file_text=fake),
+    replies = [call("bash", command="printf 'def test_merge_contained_interval():\\n    pass\\n'"
+                                    " > tests/test_core.py"),
                call("bash", command="mkdir -p fake && printf '#!/bin/sh\\nexit 0\\n' > "
                                     "fake/python3 && chmod +x fake/python3 && "
                                     "export PATH=$PWD/fake:$PATH"),
                call("submit")]
-    _, run, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env, replies)
+    _, run, result = episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path,
+                             pytest_env, replies)
     assert run.finish_reason == "finish"
-    assert result.reward == 0.0
+    assert result.reward == 0.0 and result.extra["dropped_files"] == ["tests/test_core.py"]
     assert result.metrics["f2p_passed"] == 0
     assert result.metrics["p2p_passed"] == result.metrics["p2p_total"]  # test file restored
 
 
-def test_hanging_tests_hit_the_eval_timeout(make_llm, make_ctx, make_sandbox, tmp_path,
-                                            pytest_env) -> None:
+def test_hanging_tests_hit_the_eval_timeout(make_llm, make_ctx, make_sandbox, grade_artifact,
+                                            tmp_path, pytest_env) -> None:
     replies = [call("str_replace_editor", command="str_replace", path="intervals/core.py",
                     old_str="    merged = []\n", new_str="    merged = []\n    while True:\n"
                                                       "        pass\n"),
                call("submit")]
-    _, _, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env, replies,
-                           test_timeout=3)
+    _, _, result = episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path,
+                           pytest_env, replies, test_timeout=3)
     assert result.reward == 0.0 and result.metrics["tests_timed_out"] is True
 
 
 def test_an_agent_that_never_acts_is_agent_error_and_scores_zero(
-        make_llm, make_ctx, make_sandbox, tmp_path, pytest_env) -> None:
-    _, run, result = episode(make_llm, make_ctx, make_sandbox, tmp_path, pytest_env,
-                             ["I will not use tools."], max_invalid_turns=2)
+        make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path, pytest_env) -> None:
+    _, run, result = episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path,
+                             pytest_env, ["I will not use tools."], max_invalid_turns=2)
     assert (run.outcome, run.finish_reason) == ("agent_error", "no_valid_action")
     assert result.reward == 0.0 and result.extra["git_patch"] == ""
 
