@@ -161,6 +161,9 @@ def test_prorl_lifecycle_and_errors_as_prorl_answers_them(api):
     assert unknown_key.status_code == 400
     detail = unknown_key.json()["detail"]
     assert "'temprature'" in detail and "temperature" in detail and "max_output_tokens" in detail
+    negative = api.post("/process", json={**ok, "sampling_params": {"temperature": -1}})
+    assert negative.status_code == 422
+    assert negative.json()["detail"][0]["loc"] == ["body", "sampling_params", "temperature"]
     unknown = api.post("/process", json={"instance": {"data_source": "nope"},
                                          "sampling_params": {}})
     assert unknown.status_code == 400 and "unknown agent 'nope'" in unknown.json()["detail"]

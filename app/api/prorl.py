@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify
+from pydantic import ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -29,7 +30,14 @@ from app.jobs import cancel_job, create_job
 from app.schemas import Instance, JobCreate, LLMServerCreate
 from app.servers import clear_servers, register_server
 from core.db import session_scope
-from core.errors import Conflict, InvalidRequest, RaasError, ServiceUnavailable, StageTimeout
+from core.errors import (
+    Conflict,
+    InvalidRequest,
+    RaasError,
+    ServiceUnavailable,
+    StageTimeout,
+    validation_error,
+)
 from core.models import TERMINAL_VALUES, Job, LLMServer, Rollout, ServiceFlag, Turn, utcnow
 
 bp = Blueprint("prorl", __name__)
@@ -120,12 +128,18 @@ def process(body: ProcessRequest) -> dict[str, Any]:
     _require_running()
     started = time.monotonic()
     settings = _settings()
-    parts = ProRLSampling.model_validate(body.sampling_params).job_parts()
+    try:
+        parts = ProRLSampling.model_validate(body.sampling_params).job_parts()
+    except ValidationError as exc:  # a bad value: 422 naming body.sampling_params.<key>
+        raise _prefixed(validation_error(exc), "sampling_params") from exc
     mapped = map_instance(body.instance)
-    req = JobCreate(agent=mapped.agent,
-                    instances=[Instance(instance_id=mapped.instance_id, data=mapped.data)],
-                    sampling=parts["sampling"], limits=parts["limits"], llm=parts["llm"],
-                    agent_config=body.agent_config or {})
+    try:
+        req = JobCreate(agent=mapped.agent,
+                        instances=[Instance(instance_id=mapped.instance_id, data=mapped.data)],
+                        sampling=parts["sampling"], limits=parts["limits"], llm=parts["llm"],
+                        agent_config=body.agent_config or {})
+    except ValidationError as exc:  # e.g. an instance_id longer than 256 characters
+        raise validation_error(exc, "instance") from exc
     prorl_job_id = body.job_id or uuid.uuid4().hex
     accepted = create_job(settings, req, g.owner, current_app.extensions["celery"],
                           extra_config={"prorl_job_id": prorl_job_id,
@@ -138,6 +152,13 @@ def process(body: ProcessRequest) -> dict[str, Any]:
         s.expunge_all()
     return prorl_result(rollout, list(turns), body.instance, mapped.instance_id,
                         wall_seconds=time.monotonic() - started)
+
+
+def _prefixed(error: InvalidRequest, prefix: str) -> InvalidRequest:
+    """The same validation error with its fields under `prefix`."""
+    for item in error.details.get("errors", []):
+        item["field"] = f"{prefix}.{item['field']}"
+    return error
 
 
 def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
