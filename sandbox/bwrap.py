@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 
 from sandbox import cgroups, limits
@@ -12,8 +13,8 @@ from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxStartError
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
-from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
-from sandbox.runtime import Runtime, register, server_ready
+from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, sandbox_env
+from sandbox.runtime import Runtime, pin_server, register, server_ready
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -98,7 +99,6 @@ class BwrapRuntime(Runtime):
                  "--size", size, "--tmpfs", "/run",
                  "--ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver",
                  "--ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess",
-                 "--bind", handle["socket_dir"], SOCKET_DIR,
                  "--bind", spec.workspace, spec.workspace]
         if env_dir:
             argv += ["--ro-bind", env_dir, env_dir]
@@ -108,7 +108,7 @@ class BwrapRuntime(Runtime):
         python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
         argv += ["--chdir", "/", "--info-fd", "{info_fd}", "--",
                  "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
-                 "--socket", f"{SOCKET_DIR}/tool.sock", "--workspace", spec.workspace,
+                 "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
                  "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}", *server_flags]
         return argv
 
@@ -130,23 +130,39 @@ class BwrapRuntime(Runtime):
         return self.save(handle)
 
     def _launch(self, handle: Handle, argv: list[str], env: dict[str, str]) -> None:
-        """Run bwrap, wait for the server's ready byte, record bwrap's and the init's pids."""
+        """Run bwrap, wait for the server's ready byte, record bwrap's, the init's and the
+        server's pids.
+
+        The host binds the tool socket in its own 0700 state dir and hands the bound socket
+        to the server as an inherited descriptor (the server calls listen, so SO_PEERCRED
+        names it): the socket's directory is never mounted in the sandbox, so nothing inside
+        can move, replace or even see it.
+        """
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
-        argv = [a.format(info_fd=info_w, ready_fd=ready_w) if a.startswith("{") else a for a in argv]
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(handle["socket"])
+        os.chmod(handle["socket"], 0o600)
+        listen_fd = listener.fileno()
+        argv = [a.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd)
+                if a.startswith("{") else a for a in argv]
         try:
             with open(handle["log_file"], "ab") as log_file:
                 proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log_file,
-                                        stderr=subprocess.STDOUT, pass_fds=(ready_w, info_w),
+                                        stderr=subprocess.STDOUT,
+                                        pass_fds=(ready_w, info_w, listen_fd),
                                         start_new_session=True)
             handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
             os.close(ready_w)
             os.close(info_w)
+            listener.close()
             ready_w = info_w = -1
             server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
             init = json.loads(os.read(info_r, 4096).decode() or "{}").get("child-pid")
             handle.update(init_pid=init, init_start=start_time(init) if init else None)
+            pin_server(handle)
         finally:
+            listener.close()
             for fd in (ready_r, ready_w, info_r, info_w):
                 if fd >= 0:
                     os.close(fd)

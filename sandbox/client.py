@@ -1,7 +1,9 @@
 """Host-side client: one reused Unix-socket connection per sandbox and a deadline per call."""
 from __future__ import annotations
 
+import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -12,10 +14,12 @@ from sandbox.errors import (
     ProtocolError,
     SandboxError,
     SandboxGone,
+    SandboxTampered,
     SandboxTimeout,
     ToolUsageError,
 )
 from sandbox.toolserver import protocol as p
+from sandbox.toolserver.procs import start_time
 from sandbox.toolserver.protocol import BashResult, Pong, PythonResult
 
 # Time the server may need beyond the tool's own timeout (interrupt, sync, shell restart).
@@ -27,11 +31,23 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-class ToolClient:
-    """Speaks the tool protocol to one server; thread-safe, reconnects after a failure."""
+def peer_of(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process that listens on the other end (SO_PEERCRED, host pid)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
 
-    def __init__(self, socket_path: str) -> None:
+
+class ToolClient:
+    """Speaks the tool protocol to one server; thread-safe, reconnects after a failure.
+
+    With `server` = (pid, start time) every connection checks with SO_PEERCRED that the peer
+    is that very process (and our uid): a socket someone swapped raises `SandboxTampered`.
+    """
+
+    def __init__(self, socket_path: str, server: tuple[int, int] | None = None) -> None:
         self.socket_path = socket_path
+        self.server = server
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()
 
@@ -43,7 +59,18 @@ class ToolClient:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise SandboxGone(f"tool server at {self.socket_path} is gone: {exc}") from exc
+        if self.server is not None:
+            self._check_peer(sock)
         return sock
+
+    def _check_peer(self, sock: socket.socket) -> None:
+        pid, uid = peer_of(sock)
+        expected_pid, expected_start = self.server
+        if pid != expected_pid or uid != os.getuid() or start_time(pid) != expected_start:
+            sock.close()
+            raise SandboxTampered(f"tool socket {self.socket_path} is answered by pid {pid} "
+                                  f"(uid {uid}), not by the server the runtime started "
+                                  f"(pid {expected_pid})")
 
     def call(self, op: str, args: Any, deadline_s: float) -> dict[str, Any]:
         """Send one request and wait at most `deadline_s` for its answer."""
@@ -58,6 +85,8 @@ class ToolClient:
             except socket.timeout as exc:
                 self.close_locked()  # the stream is now out of step with the server
                 raise SandboxTimeout(f"tool server gave no answer to {op!r} in {deadline_s:g}s") from exc
+            except SandboxTampered:
+                raise
             except (ConnectionError, BrokenPipeError, OSError) as exc:
                 self.close_locked()
                 if isinstance(exc, SandboxGone):
@@ -98,7 +127,9 @@ class Sandbox:
     def __init__(self, handle: dict[str, Any], stop: Callable[[dict[str, Any]], None]) -> None:
         self.handle = handle
         self._stop = stop
-        self.client = ToolClient(handle["socket"])
+        server = (handle["server_pid"], handle["server_start"]) \
+            if handle.get("server_pid") else None
+        self.client = ToolClient(handle["socket"], server)
         self.call_timeout = float(handle.get("call_timeout", 60.0))
 
     @property

@@ -25,6 +25,15 @@ class SandboxStartError(SandboxError):
     code = "sandbox_start_error"
 
 
+class SandboxTampered(SandboxError):
+    """The tool socket is answered by a process other than the server the runtime started.
+
+    Always an error, never a result: nothing said over such a socket may become a reward.
+    """
+
+    code = "sandbox_tampered"
+
+
 class SandboxTimeout(SandboxError, TimeoutError):
     """A tool call got no answer before its deadline: the tool server is hung or overloaded."""
 

@@ -12,7 +12,7 @@ from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import sandbox_env
-from sandbox.runtime import Runtime, register, server_ready, shutdown_quietly
+from sandbox.runtime import Runtime, pin_server, register, server_ready, shutdown_quietly
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -45,6 +45,7 @@ class LocalRuntime(Runtime):
         handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
         try:
             server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
+            pin_server(handle)
         except BaseException:
             self.kill(handle)
             remove_state(handle)

@@ -145,10 +145,34 @@ def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: boo
     return found
 
 
+def pin_server(handle: Handle, timeout: float = 5.0) -> None:
+    """Record which process serves the tool socket (SO_PEERCRED at first contact, before any
+    agent code ran); every later connection must reach that very process (`ToolClient`)."""
+    from sandbox.client import peer_of
+    from sandbox.toolserver.procs import descendants, start_time
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(handle["socket"])
+        pid, uid = peer_of(sock)
+    except OSError as exc:
+        raise SandboxStartError(f"tool socket {handle['socket']} did not answer: {exc}") from exc
+    finally:
+        sock.close()
+    root = handle.get("pid")
+    if uid != os.getuid() or (pid != root and pid not in descendants(root)):
+        raise SandboxStartError(f"tool socket answered by pid {pid} (uid {uid}), which this "
+                                f"runtime did not start (pid {root})")
+    handle.update(server_pid=pid, server_start=start_time(pid))
+
+
 def shutdown_quietly(handle: Handle, timeout: float = 1.0) -> None:
     """Ask a tool server to stop its sessions; ignore any failure (the kill follows)."""
     try:
-        ToolClient(handle["socket"]).call("shutdown", {}, timeout)
+        server = (handle["server_pid"], handle["server_start"]) \
+            if handle.get("server_pid") else None
+        ToolClient(handle["socket"], server).call("shutdown", {}, timeout)
     except Exception:  # noqa: BLE001 - best effort before a forced kill
         pass
 

@@ -19,7 +19,7 @@ from sandbox.environments import resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
-from sandbox.runtime import Runtime, register
+from sandbox.runtime import Runtime, pin_server, register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -160,6 +160,7 @@ class SingularityRuntime(Runtime):
             if os.path.exists(handle["socket"]):
                 try:
                     ToolClient(handle["socket"]).call("ping", {}, 2.0)
+                    pin_server(handle)  # the socket dir is bound in: later swaps are caught
                     return
                 except (SandboxGone, SandboxTimeout):
                     pass

@@ -6,6 +6,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import socketserver
 import threading
 import time
@@ -110,10 +111,39 @@ def _reaper(tools: ToolServer) -> None:
         reap_orphans(keep)
 
 
+def _listen(args: argparse.Namespace) -> _Server:
+    """The listening server: on the inherited socket (bwrap) or on a path created here."""
+    if args.listen_fd >= 0:
+        server = _Server(args.socket or "inherited", _Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = socket.socket(fileno=args.listen_fd)
+        os.set_inheritable(args.listen_fd, False)  # never into a tool process
+        server.socket.listen(64)  # listen here, so SO_PEERCRED names this process
+        return server
+    if os.path.exists(args.socket):
+        os.unlink(args.socket)
+    server = _Server(args.socket, _Handler)
+    os.chmod(args.socket, 0o600)
+    return server
+
+
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: tool processes (same uid, no capabilities) can neither ptrace this
+    server nor open its /proc/<pid>/fd, so its sockets stay out of their reach."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the server (built by the host-side runtimes)."""
     parser = argparse.ArgumentParser(prog="toolserver")
-    parser.add_argument("--socket", required=True)
+    parser.add_argument("--socket", default=None, help="path to listen on (created here)")
+    parser.add_argument("--listen-fd", type=int, default=-1,
+                        help="an inherited bound socket to listen on (its path is not visible)")
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--python", default="/usr/bin/python3")
@@ -133,11 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     # a launcher may have ignored SIGINT; ignored signals survive exec, so restore it for tools
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.makedirs(args.workdir, exist_ok=True)
-    if os.path.exists(args.socket):
-        os.unlink(args.socket)
-    server = _Server(args.socket, _Handler)
-    os.chmod(args.socket, 0o600)
+    server = _listen(args)
     become_subreaper()
+    _not_dumpable()
     server.tools = ToolServer(args)  # type: ignore[attr-defined]
     threading.Thread(target=_reaper, args=(server.tools,), daemon=True).start()
     if args.ready_fd >= 0:
@@ -148,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.tools.close_sessions()  # type: ignore[attr-defined]
         server.server_close()
-        try:
-            os.unlink(args.socket)
-        except OSError:
-            pass
+        if args.socket:
+            try:
+                os.unlink(args.socket)
+            except OSError:
+                pass

@@ -159,6 +159,12 @@ def test_swe_attacks_earn_nothing(outcomes, service, name) -> None:
     assert earned(outcomes[name]) == ("completed", 0.0), service.log_tail()
 
 
+@pytest.mark.parametrize("name", ["swe-socket", "code-socket"])
+def test_the_tool_socket_is_not_there_to_take(outcomes, name) -> None:
+    listing = outcomes[name]["turns"][0]["observation"]
+    assert "No such file or directory" in listing and "tool.sock" not in listing
+
+
 def test_swe_test_infrastructure_is_dropped_and_recorded(outcomes) -> None:
     assert outcomes["swe-conftest"]["extra"]["dropped_files"] == ["conftest.py"]
     assert outcomes["swe-shadow"]["extra"]["dropped_files"] == ["pytest.py"]

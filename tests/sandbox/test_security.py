@@ -194,3 +194,35 @@ def test_no_nested_user_namespaces(bw):
     """Nested user namespaces would hand the agent a fresh capability set to attack the kernel with."""
     r = bw.bash("unshare -U true")
     assert r.exit_code != 0
+
+
+def test_tool_socket_is_out_of_reach_inside(bw):
+    """The host binds the socket in its own state dir and passes it in: nothing to move."""
+    assert bw.handle["server_pid"] and bw.handle["server_start"]
+    r = bw.bash("ls -A /run; find / -xdev -type s 2>/dev/null | head; echo done")
+    assert "raas" not in r.output and "tool.sock" not in r.output and r.output.endswith("done\n")
+    # the server is not dumpable: its descriptors (the listening socket) are not reachable
+    fds = bw.bash("ls /proc/$PPID/fd 2>&1; cat /proc/$PPID/environ 2>&1 | head -c 100")
+    assert "Permission denied" in fds.output
+    assert bw.bash("echo still-serving").output == "still-serving\n"
+
+
+def test_a_swapped_socket_is_an_error_never_an_answer(start):
+    """Whoever answers on the socket path must be the server the runtime started."""
+    from sandbox import Sandbox
+    from sandbox.errors import SandboxTampered
+
+    local = start("local")
+    path = local.handle["socket"]
+    os.rename(path, path + ".real")
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor.bind(path)
+    impostor.listen(1)
+    try:
+        with pytest.raises(SandboxTampered, match="not by the server"):
+            Sandbox(local.handle, stop_handle).ping()
+    finally:
+        impostor.close()
+        os.unlink(path)
+        os.rename(path + ".real", path)
+    assert Sandbox(local.handle, stop_handle).ping().pid == local.handle["server_pid"]
