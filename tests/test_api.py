@@ -233,3 +233,18 @@ def test_prorl_started_state_is_shared_by_gateways(tmp_path):
         for server, client in ((one, a), (two, b)):
             client.close()
             server.shutdown()
+
+
+def test_sdk_takes_flat_rows_like_the_cli(api, tmp_path):
+    from client import RaasClient
+    from core.db import session_scope
+    from core.models import Rollout
+
+    with RaasClient(str(api.base_url)) as sdk:
+        flat = sdk.submit("test-trivial", [{"instance_id": "p1", "problem": "2+3", "answer": 5}])
+        wrapped = sdk.submit("test-trivial", [{"instance_id": "p1",
+                                              "data": {"problem": "2+3", "answer": 5}}])
+    [a], [b] = flat["rollout_ids"], wrapped["rollout_ids"]
+    with session_scope(Settings(home=tmp_path).db_url) as s:
+        assert s.get(Rollout, a).instance == s.get(Rollout, b).instance == {
+            "problem": "2+3", "answer": 5}
