@@ -47,6 +47,16 @@ RAMBLING = deepscaler("Name every prime below one hundred.", "25", 2)
 LOOPING = deepscaler("How many edges has a cube?", "12", 3)
 SLOW = deepscaler("What is the 1000th prime?", "7919", 4)
 LONG_TEXT = " ".join(["two three five seven eleven thirteen"] * 20)
+CODE_HINT = "Write Python code to solve the problem. Present the code in \n```python\nYour code\n```\nat the end."
+SUM = {"data_source": "codecontests", "instance_id": "cc-sum",
+       "prompt": [{"role": "user", "content": "Read two integers and print their sum.\n\n" + CODE_HINT}],
+       "reward_model": {"ground_truth": json.dumps({"inputs": ["1 2\n", "5 7\n"],
+                                                    "outputs": ["3\n", "12\n"]}), "style": "rule"}}
+MAX = {"data_source": "deepcoder", "instance_id": "dc-max",
+       "prompt": [{"role": "user", "content": "Print the largest of three integers."}],
+       "reward_model": {"ground_truth": json.dumps([
+           {"input": "1 9 3\n", "output": "9\n", "testtype": "stdin"},
+           {"input": "-5 -2 -9\n", "output": "-2\n", "testtype": "stdin"}])}}
 
 SWE_FIX = [call("str_replace_editor", command="str_replace", path="intervals/core.py",
                 old_str="merged[-1][1] = end\n",
@@ -64,6 +74,13 @@ def script(swe_rows: dict[str, dict]) -> dict[str, Any]:
         "Name every prime": [LONG_TEXT],
         "How many edges": [call("python", code="print(12)")],
         "1000th prime": [{"text": "thinking", "latency": 60}],
+        "two integers and print their sum": [
+            call("str_replace_editor", command="create", path="solution.py",
+                 file_text="a, b = map(int, input().split())\nprint(a + b)\n"), call("submit")],
+        "largest of three": [  # wrong on negatives: max of the absolute values
+            call("str_replace_editor", command="create", path="solution.py",
+                 file_text="xs = list(map(int, input().split()))\nprint(max(xs, key=abs))\n"),
+            call("submit")],
         first_line(swe_rows["raas-examples__intervals-1"]["problem_statement"]): SWE_FIX,
     }}
 
@@ -254,3 +271,13 @@ def test_swe_gym_instances_as_they_come(service, mirror) -> None:
     assert no_image["outcome"] == "infra_error" and no_image["critical_error"] == "init"
     assert "getmoto__moto-7365" in no_image["error"] and "images" in no_image["error"]
     assert no_image["filter"] is True
+
+
+def test_code_datasets_graded_on_their_input_output_cases(service) -> None:
+    """CodeContests ({inputs, outputs}) and DeepCoder ([{input, output}]) rows run as the code
+    agent with their test cases as hidden input/output tests."""
+    right = process(service, SUM, {**NEMO_RL_SAMPLING, "max_iterations": 3})
+    assert right["success"] and right["resolved"] and right["reward"] == 1.0, right["error"]
+    check_token_shape(right)
+    wrong = process(service, MAX, {**NEMO_RL_SAMPLING, "max_iterations": 3})
+    assert wrong["success"] and not wrong["resolved"] and wrong["reward"] == 0.5
