@@ -204,30 +204,31 @@ def list_models(url: str) -> list[dict]:
     return [e for e in entries if isinstance(e, dict)]
 
 
-_served_lengths: dict[str, tuple[float, int | None]] = {}
+_served_lengths: dict[str, tuple[float, int | None]] = {}  # url -> (expires at, length)
 SERVED_LENGTH_TTL = 300.0
+UNREACHABLE_TTL = 30.0  # a server that did not answer is asked again after this long
 
 
 def server_max_model_len(url: str) -> int | None:
     """The context length a server reports in GET /v1/models (vLLM's `max_model_len`).
 
-    Cached per process for SERVED_LENGTH_TTL seconds; None when the server does not say.
+    Cached per process (SERVED_LENGTH_TTL; UNREACHABLE_TTL when it did not answer, so a down
+    server does not cost every submission a timeout); None when the server does not say.
     """
     now = time.monotonic()
     cached = _served_lengths.get(url)
-    if cached is not None and now - cached[0] < SERVED_LENGTH_TTL:
+    if cached is not None and now < cached[0]:
         return cached[1]
     entries = list_models(url)
     lengths = [e.get("max_model_len") for e in entries]
     value = min((n for n in lengths if isinstance(n, int) and n > 0), default=None)
-    if entries:  # an unreachable server is asked again next time
-        _served_lengths[url] = (now, value)
+    _served_lengths[url] = (now + (SERVED_LENGTH_TTL if entries else UNREACHABLE_TTL), value)
     return value
 
 
 def remember_max_model_len(url: str, max_model_len: int) -> None:
     """Record a limit a server stated in an error (it did not report it in /v1/models)."""
-    _served_lengths[url] = (time.monotonic(), max_model_len)
+    _served_lengths[url] = (time.monotonic() + SERVED_LENGTH_TTL, max_model_len)
 
 
 def server_model_paths(url: str) -> list[str]:
