@@ -90,9 +90,10 @@ def resolve_slug(slug: str, mirror_root: str | Path | None) -> Path:
 
 def resolve_repo(repo: str, root: str | Path | None = None,
                  mirror_root: str | Path | None = None) -> Path:
-    """An instance's `repo` as an absolute path: a slug from the mirror, a relative path from
-    `root` (default: the raas checkout)."""
-    if is_slug(repo) and not (Path(root or PROJECT_ROOT) / repo).exists():
+    """An instance's `repo` as an absolute path: a slug from the mirror (only from there when a
+    mirror is configured), else a relative path from `root` (default: the raas checkout)."""
+    if is_slug(repo) and (mirror_root is not None
+                          or not (Path(root or PROJECT_ROOT) / repo).exists()):
         return resolve_slug(repo, mirror_root)
     path = Path(repo).expanduser()
     if not path.is_absolute():
