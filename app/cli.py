@@ -47,15 +47,17 @@ def main() -> None:
 @click.option("--concurrency", default=4, show_default=True, type=int, help="Per stage pool")
 @verbose_option
 @access_log_option
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback host without API tokens")
 def up(home: Path | None, host: str, port: int, concurrency: int, verbose: bool,
-       access_log: bool) -> None:
+       access_log: bool, insecure: bool) -> None:
     """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
     from app.embedded import run_embedded
 
     _setup_logging(verbose=verbose, access_log=access_log)
     if home is not None:
         os.environ["RAAS_HOME"] = str(home.resolve())
-    run_embedded(load_settings(), host, port, concurrency, verbose=verbose)
+    run_embedded(load_settings(), host, port, concurrency, verbose=verbose,
+                 insecure=insecure)
 
 
 @main.command()
@@ -63,14 +65,18 @@ def up(home: Path | None, host: str, port: int, concurrency: int, verbose: bool,
 @click.option("--port", default=8000, show_default=True, type=int)
 @verbose_option
 @access_log_option
-def gateway(host: str, port: int, verbose: bool, access_log: bool) -> None:
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback host without API tokens")
+def gateway(host: str, port: int, verbose: bool, access_log: bool, insecure: bool) -> None:
     """The REST gateway (for production prefer: gunicorn 'app:create_app()')."""
     from werkzeug.serving import make_server
 
     from app import create_app
+    from app.auth import check_exposure
 
     _setup_logging(verbose=verbose, access_log=access_log)
-    server = make_server(host, port, create_app(), threaded=True)
+    app = create_app()
+    check_exposure(app.config["RAAS"], host, insecure)
+    server = make_server(host, port, app, threaded=True)
     click.echo(f"raas gateway on http://{host}:{port}")
     server.serve_forever()
 
@@ -126,15 +132,28 @@ def flower_notes(settings) -> list[str]:
 
 @main.command()
 @click.option("--port", default=5555, show_default=True, type=int)
-def flower(port: int) -> None:
-    """Celery Flower for this service's broker (with the same transport settings)."""
+@click.option("--address", default="127.0.0.1", show_default=True, help="Interface to bind")
+@click.option("--basic-auth", envvar="RAAS_FLOWER_BASIC_AUTH", default=None,
+              help="user:password, required on a non-loopback address (env RAAS_FLOWER_BASIC_AUTH)")
+def flower(port: int, address: str, basic_auth: str | None) -> None:
+    """Celery Flower for this service's broker (loopback by default; basic auth when exposed)."""
+    from app.auth import is_loopback
     from tasks.celery_app import make_celery
 
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        user, _, password = basic_auth.partition(":")
+        if not user or len(password) < 8:
+            raise click.BadParameter("must be user:password with a password of 8+ characters",
+                                     param_hint="--basic-auth")
+        argv.append(f"--basic-auth={basic_auth}")
+    elif not is_loopback(address):
+        raise click.BadParameter(f"Flower on {address} needs --basic-auth user:password",
+                                 param_hint="--basic-auth")
     settings = load_settings()
     for note in flower_notes(settings):
         click.echo(note, err=True)
-    app = make_celery(settings)
-    app.start(["flower", f"--port={port}"])
+    make_celery(settings).start(argv)
 
 
 @main.group()
@@ -173,7 +192,10 @@ def db_downgrade(revision: str) -> None:
 
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
+    from app.tokens_cli import token_command
     from client.cli import llm, status, submit
+
+    main.add_command(token_command)
 
     for command in (submit, status, llm):
         main.add_command(command)

@@ -1,21 +1,19 @@
 """Flask app factory: settings, Celery, blueprints, auth and error handling in one place."""
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
-from flask import Flask, g, request
+from flask import Flask
 
 from agents.registry import load_handler_modules
 from app import ui
-from app.api import errors, health, jobs, llm_servers, prorl, rollouts
-from core.errors import Unauthorized
+from app.api import errors, health, jobs, llm_servers, policy, prorl, rollouts
+from app.auth import authenticate
 from core.settings import load_settings
 from tasks.celery_app import make_celery
 
 log = logging.getLogger(__name__)
-OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
 
 
 def build_app(config: Any = None) -> Flask:
@@ -27,21 +25,8 @@ def build_app(config: Any = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.extensions["celery"] = make_celery(settings)
-    for module in (jobs, rollouts, llm_servers, health, prorl, ui):
+    for module in (jobs, rollouts, llm_servers, policy, health, prorl, ui):
         app.register_blueprint(module.bp)
     errors.register_error_handlers(app)
-    app.before_request(_authenticate)
+    app.before_request(authenticate)
     return app
-
-
-def _authenticate() -> None:
-    """Bearer-token auth when `RAAS_API_TOKEN` is set; every caller is one owner."""
-    from flask import current_app
-
-    token = current_app.config["RAAS"].api_token
-    g.owner = "default"
-    if token is None or request.path in OPEN_PATHS:
-        return
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise Unauthorized("missing or wrong bearer token")

@@ -20,6 +20,7 @@ from core.db import session_scope
 from core.errors import InvalidRequest, NotFound, validation_error
 from core.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
 from core.settings import Settings
+from core.policy import DEFAULT_OWNER, check_python_env, check_sandbox_options
 from tasks import lifecycle
 from tasks.llm_pool import registered_urls
 from tasks.stages import enqueue_rollouts
@@ -27,7 +28,8 @@ from tasks.stages import enqueue_rollouts
 log = logging.getLogger(__name__)
 
 
-def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
+def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT_OWNER,
+                        admin: bool = True) -> dict[str, Any]:
     """Check the handler-specific parts of a job and return the config stored with it."""
     from pydantic import ValidationError
 
@@ -43,47 +45,53 @@ def validate_submission(settings: Settings, req: JobCreate) -> dict[str, Any]:
         except InvalidRequest as exc:
             raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}",
                                  **exc.details) from exc
-    if req.sandbox.binds and not settings.allow_job_binds:
-        raise InvalidRequest("sandbox.binds: jobs may not bind host paths on this service "
-                             "(set RAAS_ALLOW_JOB_BINDS=true to allow)", field="sandbox.binds")
+    check_sandbox_options(settings.policy.sandbox, req.sandbox.model_dump(exclude_unset=True))
+    if getattr(agent_config, "python_env", None) is not None:  # handlers ask for it by name
+        check_python_env(settings.policy.sandbox, agent_config.python_env,
+                         "agent_config.python_env")
     llm = None
     if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
         from agents.llm.spec import LLMSpec, validate_llm_spec
 
         llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(),
-                                partial(registered_urls, settings.db_url))
-        _check_prompts_fit(settings, handler, agent_config, req, llm)
-    elif req.llm is not None:
-        llm = req.llm.model_dump()
+                                partial(registered_urls, settings.db_url, owner),
+                                settings.policy.llm, admin)
+        _check_prompts_fit(settings, handler, agent_config, req, llm, owner)
+    elif req.llm is not None:  # unused by the handler: stored, but held to the same rules
+        from agents.llm.spec import check_llm_policy
+
+        llm = check_llm_policy(req.llm.model_copy(), settings.policy.llm, admin).model_dump()
     return {"sampling": req.sampling.model_dump(), "limits": req.limits.model_dump(),
             "sandbox": req.sandbox.model_dump(exclude_defaults=True), "llm": llm,
             "agent_config": agent_config.model_dump()}
 
 
 def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req: JobCreate,
-                       llm: dict[str, Any]) -> None:
+                       llm: dict[str, Any], owner: str) -> None:
     """Reject an instance whose prompt cannot fit the context, when that is knowable now."""
     from agents.llm.pool import candidate_urls
     from agents.llm.spec import LLMSpec
     from agents.prompt_fit import check_prompts_fit
 
-    urls = candidate_urls(LLMSpec.model_validate(llm), partial(registered_urls, settings.db_url))
+    urls = candidate_urls(LLMSpec.model_validate(llm),
+                          partial(registered_urls, settings.db_url, owner))
     check_prompts_fit(handler, agent_config, [(i.instance_id, i.data) for i in req.instances],
                       llm, urls)
 
 
 def create_job(settings: Settings, req: JobCreate, owner: str,
                celery: Any,
-               extra_config: dict[str, Any] | None = None) -> JobAccepted:
+               extra_config: dict[str, Any] | None = None, admin: bool = True) -> JobAccepted:
     """Persist a job and its rollouts, then enqueue them; idempotent on the key.
 
-    `extra_config` is stored with the job's config (e.g. the ProRL job id /cancel looks up).
+    `extra_config` is stored with the job's config (e.g. the ProRL job id /cancel looks up);
+    `admin` callers may name any LLM server URL (tenants only allowlisted ones).
     """
     if req.idempotency_key:
         existing = _find_idempotent(settings, owner, req.idempotency_key)
         if existing is not None:
             return existing
-    config = {**validate_submission(settings, req), **(extra_config or {})}
+    config = {**validate_submission(settings, req, owner, admin), **(extra_config or {})}
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
               n_instances=len(req.instances), n_samples=req.n_samples)
     now = lifecycle.utcnow()

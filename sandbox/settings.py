@@ -34,6 +34,9 @@ class SandboxSettings(BaseModel):
         None, description="cgroup v2 folder to create sandbox cgroups under; default this "
                           "process's own cgroup")
     start_timeout: float = Field(30.0, gt=0, description="Seconds a tool server has to start")
+    allow_local_fallback: bool = Field(
+        False, description="Whether `auto` may fall back to the unisolated local runtime when "
+                           "bwrap is unusable (the operator's decision, never a job's)")
 
     @property
     def images(self) -> Path:

@@ -32,6 +32,7 @@ from agents.llm.pool import (
 from core.db import session_scope
 from core.errors import LeaseLost, ServiceUnavailable
 from core.models import LLMServer, Rollout, Status, utcnow
+from core.policy import DEFAULT_OWNER
 from tasks import lifecycle
 
 CLAIM_RETRIES = 8
@@ -56,26 +57,36 @@ class RolloutStickiness:
 
 
 class RegisteredPool(RolloutStickiness, ServerPool):
-    """The trainer's servers in the `llm_servers` table, shared by all workers on all nodes."""
+    """One owner's servers in the `llm_servers` table, shared by all workers on all nodes."""
 
-    def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str) -> None:
+    def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str,
+                 owner: str = DEFAULT_OWNER) -> None:
         super().__init__(backend, rollout_id)
-        self.db_url, self.lease = db_url, lease
+        self.db_url, self.lease, self.owner = db_url, lease, owner
 
     def _info(self, row: LLMServer) -> ServerInfo:
         return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend,
-                          bool(row.paused), row.logprobs_mode)
+                          bool(row.paused), row.logprobs_mode, row.credential)
+
+    def _mine(self, *conditions: Any) -> Any:
+        """`select(LLMServer)` of this owner's rows."""
+        return select(LLMServer).where(LLMServer.owner == self.owner, *conditions)
+
+    def _update(self, url: str, *conditions: Any) -> Any:
+        """`update(LLMServer)` of this owner's row for `url`."""
+        return update(LLMServer).where(LLMServer.owner == self.owner, LLMServer.url == url,
+                                       *conditions)
 
     def _recheck_down(self) -> None:
         """Probe servers marked down long enough ago; bring back the ones that answer."""
         stale = time.time() - RECHECK_SECONDS
         with session_scope(self.db_url) as s:
-            rows = s.scalars(select(LLMServer).where(LLMServer.healthy.is_(False))).all()
+            rows = s.scalars(self._mine(LLMServer.healthy.is_(False))).all()
             urls = [r.url for r in rows if r.checked_at is None or r.checked_at.timestamp() < stale]
         for url in urls:
             error = probe(url)
             with session_scope(self.db_url) as s:
-                s.execute(update(LLMServer).where(LLMServer.url == url).values(
+                s.execute(self._update(url).values(
                     healthy=error is None, last_error=error, checked_at=utcnow()))
 
     def acquire(self, exclude: frozenset[str] = frozenset()) -> ServerInfo:
@@ -83,7 +94,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         self._recheck_down()
         for _ in range(CLAIM_RETRIES):
             with session_scope(self.db_url) as s:
-                query = select(LLMServer).where(LLMServer.healthy.is_(True))
+                query = self._mine(LLMServer.healthy.is_(True))
                 healthy = [r for r in s.scalars(query).all() if r.url not in exclude]
                 rows = [r for r in healthy if not r.paused]
                 if healthy and not rows:
@@ -103,7 +114,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     def take(self, url: str) -> ServerInfo | None:
         """Claim a slot on `url` if it is still registered and healthy."""
         with session_scope(self.db_url) as s:
-            row = s.scalar(select(LLMServer).where(LLMServer.url == url))
+            row = s.scalar(self._mine(LLMServer.url == url))
             if row is None or not row.healthy:
                 return None
             s.execute(update(LLMServer).where(LLMServer.id == row.id)
@@ -113,32 +124,32 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     def release(self, url: str) -> None:
         """Decrement `in_flight`, never below zero."""
         with session_scope(self.db_url) as s:
-            s.execute(update(LLMServer).where(LLMServer.url == url, LLMServer.in_flight > 0)
+            s.execute(self._update(url, LLMServer.in_flight > 0)
                       .values(in_flight=LLMServer.in_flight - 1))
 
     def mark_down(self, url: str, error: str) -> None:
         """healthy=false with the error, visible to every worker and to GET /v1/llm-servers."""
         with session_scope(self.db_url) as s:
-            s.execute(update(LLMServer).where(LLMServer.url == url).values(
+            s.execute(self._update(url).values(
                 healthy=False, last_error=error[:2000], checked_at=utcnow()))
 
     def lookup(self, url: str) -> ServerInfo | None:
         """The row's current model and weight version."""
         with session_scope(self.db_url) as s:
-            row = s.scalar(select(LLMServer).where(LLMServer.url == url))
+            row = s.scalar(self._mine(LLMServer.url == url))
             return self._info(row) if row is not None else None
 
     def candidate_urls(self) -> list[str]:
-        """Every registered server, healthy first."""
-        return registered_urls(self.db_url)
+        """Every server of this owner, healthy first."""
+        return registered_urls(self.db_url, self.owner)
 
 
 class JobServerPool(RolloutStickiness, StaticServerPool):
     """Servers named in the job's spec; load = rollouts in RUN that stick to each of them."""
 
     def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str,
-                 servers: list[dict[str, Any]]) -> None:
-        super().__init__(backend, rollout_id, servers)
+                 servers: list[dict[str, Any]], credential: str | None = None) -> None:
+        super().__init__(backend, rollout_id, servers, credential)
         self.db_url, self.lease = db_url, lease
 
     def load(self) -> dict[str, int]:
@@ -153,19 +164,22 @@ class JobServerPool(RolloutStickiness, StaticServerPool):
         return counts
 
 
-def make_pool(spec: dict[str, Any], db_url: str, rollout_id: str, lease: str) -> ServerPool:
+def make_pool(spec: dict[str, Any], db_url: str, rollout_id: str, lease: str,
+              owner: str = DEFAULT_OWNER) -> ServerPool:
     """The pool of one leased rollout: the job's own servers when it names some, else the
-    registered pool."""
+    job owner's registered pool."""
     backend = spec.get("backend", "vllm")
     if spec.get("servers"):
-        return JobServerPool(db_url, backend, rollout_id, lease, spec["servers"])
-    return RegisteredPool(db_url, backend, rollout_id, lease)
+        return JobServerPool(db_url, backend, rollout_id, lease, spec["servers"],
+                             spec.get("credential"))
+    return RegisteredPool(db_url, backend, rollout_id, lease, owner)
 
 
-def registered_urls(db_url: str) -> list[str]:
-    """Every registered server url, healthy first (for tokenizer and model discovery)."""
+def registered_urls(db_url: str, owner: str = DEFAULT_OWNER) -> list[str]:
+    """`owner`'s registered server urls, healthy first (tokenizer and model discovery)."""
     with session_scope(db_url) as s:
-        rows = s.scalars(select(LLMServer).order_by(LLMServer.healthy.desc())).all()
+        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner)
+                         .order_by(LLMServer.healthy.desc())).all()
         return [r.url for r in rows]
 
 

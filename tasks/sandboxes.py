@@ -2,7 +2,10 @@
 
 Sandboxes belong to the node: INIT starts one and stores its handle on the rollout; RUN and
 EVAL (other processes) re-attach from the handle; whoever ends the rollout stops it. Runtime
-"none" means the handler needs no sandbox.
+"none" means the handler needs no sandbox. The worker holds the job's sandbox options to its
+own operator policy again (the gateway did at submission): names only for environments and
+images (resolved here under the operator's roots), limits within the caps, and `auto` falls
+back to the unisolated local runtime only when the policy lists `local`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from typing import Any
 from core.errors import ConfigError
 from core.settings import Settings
 from sandbox import SandboxSettings
+from core.errors import InvalidRequest
+from core.policy import check_sandbox_options, local_fallback_allowed, plain_name
+from sandbox.spec import SandboxLimits
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +29,8 @@ def sandbox_settings(settings: Settings) -> SandboxSettings:
     """The sandbox package's settings, from the service's (it reads no environment itself)."""
     return SandboxSettings(state_dir=settings.sandbox_dir, node=settings.node,
                            envs_root=settings.envs_root, image_cache=settings.image_cache,
-                           cgroup_parent=settings.sandbox_cgroup_parent)
+                           cgroup_parent=settings.sandbox_cgroup_parent,
+                           allow_local_fallback=local_fallback_allowed(settings.policy.sandbox))
 
 
 def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -38,10 +45,48 @@ def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
 
 
 def wanted_runtime(settings: Settings, options: dict[str, Any], needs_sandbox: bool) -> str:
-    """The runtime for a rollout: the job's choice, else the node default; "none" if unneeded."""
+    """The runtime for a rollout: the job's choice, else the node default; "none" if unneeded.
+
+    The job's own options must pass this node's policy (InvalidRequest names the rule)."""
     if not needs_sandbox:
         return "none"
+    check_sandbox_options(settings.policy.sandbox, options)
     return options.get("runtime") or settings.sandbox_runtime
+
+
+def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> dict[str, Any]:
+    """SandboxSpec fields from merged job + handler options: names resolved under the
+    operator's roots, limits no higher than the operator's caps."""
+    fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
+    if "python_env" in fields and not _under_image_root(settings, fields["python_env"]):
+        plain_name(fields["python_env"], "sandbox.python_env")  # built under <home>/envs
+    if "image" in fields and not _under_image_root(settings, fields["image"]):
+        fields["image"] = resolve_image(settings, fields["image"], runtime)
+    caps = settings.policy.sandbox.max_limits.model_dump()
+    limits = {name: min(value, caps[name]) if name in caps else value
+              for name, value in SandboxLimits(**fields.get("limits") or {}).model_dump().items()}
+    fields["limits"] = limits
+    return fields
+
+
+def _under_image_root(settings: Settings, value: str) -> bool:
+    """True for a path a handler resolved inside the operator's image root (the job's own
+    options were held to names-only before handlers saw them)."""
+    root = settings.image_root
+    return root is not None and os.path.isabs(value) and \
+        Path(value).resolve().is_relative_to(root.resolve())
+
+
+def resolve_image(settings: Settings, name: str, runtime: str) -> str:
+    """An image name as its path under `image_root`: `<name>.sif` (singularity) or `<name>/`."""
+    plain_name(name, "sandbox.image")
+    if settings.image_root is None:
+        raise InvalidRequest(f"sandbox.image {name!r}: this node has no image_root", field="image")
+    path = settings.image_root.resolve() / (f"{name}.sif" if runtime == "singularity" else name)
+    if not path.exists():
+        raise InvalidRequest(f"sandbox.image {name!r} is not under this node's image root",
+                             field="sandbox.image")
+    return str(path)
 
 
 def workspace_for(settings: Settings, rollout_id: str, attempt: int) -> Path:
@@ -76,8 +121,8 @@ def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt:
     from sandbox import SandboxSpec, UnknownRuntime, get_runtime
 
     ensure_declared_environment(settings, options.get("python_env"))
+    fields = spec_fields(settings, options, runtime)
     workspace = workspace or workspace_for(settings, rollout_id, attempt)
-    fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
     spec = SandboxSpec(workspace=str(workspace), **fields)
     kwargs = {"state_dir": state_dir} if state_dir else {}
     try:

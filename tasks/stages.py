@@ -180,9 +180,10 @@ class StageRun:
             from tasks.llm_pool import make_pool
 
             spec = (self.job.config or {}).get("llm") or {}
+            pool = make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner)
             self.ctx.llm = LLMSession.open(spec, (self.job.config or {}).get("sampling") or {},
-                                           self.rollout_id,
-                                           make_pool(spec, self.db, self.rollout_id, self.lease))
+                                           self.rollout_id, pool,
+                                           policy=self.settings.policy.llm)
         try:
             with guard.watching():
                 result = self.handler.run(self.ctx)

@@ -6,6 +6,7 @@ Other test modules use `start_service(...)`; workers load the test-only handlers
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,7 +127,8 @@ def start_service(home: Path, *, db_url: str | None = None, broker_url: str | No
     env["PYTHONPATH"] = str(REPO)
     for key, value in values.items():
         if value is not None:
-            env[f"RAAS_{key.upper()}"] = str(value)
+            env[f"RAAS_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) \
+                else str(value)
     app = create_app(settings)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()

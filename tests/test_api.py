@@ -211,10 +211,10 @@ def test_readyz_names_the_unreachable_broker(tmp_path):
 
 
 def test_bearer_token(tmp_path):
-    server, client = serve(Settings(home=tmp_path, api_token="s3cret"))
+    server, client = serve(Settings(home=tmp_path, api_token="s3cret-token"))
     try:
         assert client.get("/v1/jobs").status_code == 401
-        assert client.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/v1/jobs", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
         assert client.get("/healthz").status_code == 200
     finally:
         server.shutdown()

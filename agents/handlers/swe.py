@@ -21,7 +21,7 @@ from pydantic import Field
 from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
 from agents.handlers import swe_diff, swe_eval
 from agents.handlers.swe_images import resolve_instance_image
-from agents.handlers.swe_repo import materialize
+from agents.handlers.swe_repo import check_repo_name, materialize
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
@@ -63,8 +63,6 @@ class SWEConfig(HandlerConfig):
     python_env: str | None = Field("pytest", description="Sandbox Python environment with "
                                                          "pytest (None: the job's choice)")
     test_timeout: float = Field(300.0, gt=0, description="Seconds for EVAL's test run")
-    repo_root: str | None = Field(None, description="Base of relative `repo` paths "
-                                                    "(default: the raas checkout)")
 
 
 def _settings() -> Any:
@@ -93,6 +91,8 @@ def validate_swe_instance(instance: dict[str, Any]) -> None:
         raise InvalidRequest("FAIL_TO_PASS lists no test", field="instance.FAIL_TO_PASS")
     if "test_cmd" in instance and not isinstance(instance["test_cmd"], str):
         raise InvalidRequest("test_cmd must be a string", field="instance.test_cmd")
+    check_repo_name(instance["repo"])
+
 
 
 @register
@@ -118,11 +118,10 @@ class SWEHandler(AgentHandler):
 
     def init(self, ctx: StageContext) -> None:
         """Check the repo out at its base commit as the workspace."""
-        cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
         if not ctx.workspace:
             raise InvalidRequest("the swe agent needs a sandbox", field="sandbox.runtime")
         materialize(ctx.instance["repo"], ctx.instance["base_commit"], ctx.workspace,
-                    cfg.repo_root, _settings().repo_mirror_root)
+                    _settings().repo_root, _settings().repo_mirror_root)
         ctx.state.update(workspace=ctx.workspace, base_commit=ctx.instance["base_commit"])
 
     def run(self, ctx: StageContext) -> RunResult:
@@ -141,17 +140,15 @@ class SWEHandler(AgentHandler):
 
     def artifact(self, ctx: StageContext) -> dict[str, Any]:
         """The agent's changes: its dead workspace compared with a clean base checkout."""
-        cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
         with tempfile.TemporaryDirectory(prefix="raas-swe-base-") as clean:
-            materialize(ctx.instance["repo"], ctx.instance["base_commit"], clean, cfg.repo_root,
-                        _settings().repo_mirror_root)
+            materialize(ctx.instance["repo"], ctx.instance["base_commit"], clean,
+                        _settings().repo_root, _settings().repo_mirror_root)
             return swe_diff.workspace_changes(ctx.workspace, clean)
 
     def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any]:
         """A clean checkout plus the agent's changes, minus tests and test infrastructure."""
-        cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
-        materialize(ctx.instance["repo"], ctx.instance["base_commit"], workspace, cfg.repo_root,
-                    _settings().repo_mirror_root)
+        materialize(ctx.instance["repo"], ctx.instance["base_commit"], workspace,
+                    _settings().repo_root, _settings().repo_mirror_root)
         changes = (ctx.artifact or {}).get("files") or {}
         kept, dropped = swe_diff.split_changes(
             changes, set(walk(workspace).files),

@@ -88,18 +88,33 @@ def resolve_slug(slug: str, mirror_root: str | Path | None) -> Path:
                          f"(looked for {', '.join(names)})", repo=slug, looked_for=names)
 
 
+def check_repo_name(repo: str) -> None:
+    """A job names a repository relative to the operator's repo root (or by slug), never by
+    host path."""
+    parts = Path(repo).parts
+    if not parts or Path(repo).is_absolute() or repo.startswith("~") or ".." in parts:
+        raise InvalidRequest(f"repo {repo!r} must be a path relative to the operator's repo "
+                             "root or an owner/name slug (no absolute path, `~` or `..`)",
+                             field="repo")
+
+
 def resolve_repo(repo: str, root: str | Path | None = None,
                  mirror_root: str | Path | None = None) -> Path:
     """An instance's `repo` as an absolute path: a slug from the mirror (only from there when a
-    mirror is configured), else a relative path from `root` (default: the raas checkout)."""
-    if is_slug(repo) and (mirror_root is not None
-                          or not (Path(root or PROJECT_ROOT) / repo).exists()):
+    mirror is configured), else a path inside the operator's repo `root` (default: relative to
+    the raas checkout, inside its examples/; symlinks may not lead out)."""
+    check_repo_name(repo)
+    base = Path(root).resolve() if root else PROJECT_ROOT
+    fence = base if root else PROJECT_ROOT / "examples"
+    path = (base / repo).resolve()
+    inside = path.is_relative_to(fence)
+    if is_slug(repo) and (mirror_root is not None or not (inside and path.exists())):
         return resolve_slug(repo, mirror_root)
-    path = Path(repo).expanduser()
-    if not path.is_absolute():
-        path = Path(root or PROJECT_ROOT) / path
+    if not inside:
+        raise InvalidRequest(f"repo {repo!r} is outside the operator's repo root", field="repo")
     if not path.exists():
-        raise InvalidRequest(f"repo {repo!r} does not exist (resolved to {path})", field="repo")
+        raise InvalidRequest(f"repo {repo!r} does not exist in the operator's repo root",
+                             field="repo")
     return path
 
 

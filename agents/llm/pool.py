@@ -37,6 +37,7 @@ class ServerInfo:
     backend: str
     paused: bool = False  # the trainer is loading weights: wait, do not fail
     logprobs_mode: str | None = "raw_logprobs"  # the server's --logprobs-mode
+    credential: str | None = None  # an operator-registered credential's name (policy.llm)
 
 
 def probe(url: str) -> str | None:
@@ -107,11 +108,13 @@ _static_lock = threading.Lock()
 class StaticServerPool(ServerPool):
     """Servers named in the job's spec; load, stickiness and health are kept in this process."""
 
-    def __init__(self, backend: str, rollout_id: str, servers: list[dict[str, Any]]) -> None:
+    def __init__(self, backend: str, rollout_id: str, servers: list[dict[str, Any]],
+                 credential: str | None = None) -> None:
         super().__init__(backend, rollout_id)
         self.servers = {s["url"]: ServerInfo(s["url"], s.get("model"), s.get("weight_version"),
                                              s.get("backend") or backend, False,
-                                             s.get("logprobs_mode") or "raw_logprobs")
+                                             s.get("logprobs_mode") or "raw_logprobs",
+                                             s.get("credential") or credential)
                         for s in servers}
         self._local: dict[str, int] = {url: 0 for url in self.servers}
         self._stuck: str | None = None

@@ -24,6 +24,7 @@ from typing import Any
 from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
+from agents.llm.backends.base import server_said
 from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
@@ -41,6 +42,7 @@ from core.errors import (
     ServiceUnavailable,
     StageTimeout,
 )
+from core.policy import LLMPolicy, check_credential
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +62,15 @@ class LLMSession:
     """One rollout's conversation with the policy: token-exact trajectory + sticky server."""
 
     def __init__(self, spec: LLMSpec, sampling: SamplingParams, rollout_id: str,
-                 pool: ServerPool, builder: TrajectoryBuilder) -> None:
+                 pool: ServerPool, builder: TrajectoryBuilder,
+                 policy: LLMPolicy | None = None) -> None:
         self.spec = spec
         self.sampling = sampling
         self.rollout_id = rollout_id
         self.pool = pool
         self.builder = builder
-        api_key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
-        self.backend = get_backend_class(spec.backend)(api_key=api_key)
+        self.policy = policy or LLMPolicy()  # the worker's: where credentials live
+        self.backend = get_backend_class(spec.backend)()
         self.server: ServerInfo | None = None
         self._stuck_url: str | None = None
         self._modes: set[str | None] = set()
@@ -75,7 +78,7 @@ class LLMSession:
 
     @classmethod
     def open(cls, llm_spec: dict, sampling: dict, rollout_id: str,
-             pool: ServerPool | None = None) -> LLMSession:
+             pool: ServerPool | None = None, policy: LLMPolicy | None = None) -> LLMSession:
         """A session for `rollout_id` from the job's (normalised) llm spec and sampling dict.
 
         `pool` is where servers come from (the pipeline's keeps its books in the database);
@@ -85,16 +88,17 @@ class LLMSession:
         params: SamplingParams = parse_model(SamplingParams, sampling, "sampling")
         if pool is None:
             pool = StaticServerPool(spec.backend, rollout_id,
-                                    [s.model_dump() for s in spec.servers or []])
+                                    [s.model_dump() for s in spec.servers or []],
+                                    spec.credential)
         if spec.tokenizer is None:
             spec.tokenizer = resolve_tokenizer_path(spec, pool.candidate_urls)
-        tokenizer = load_chat_tokenizer(spec.tokenizer, spec.chat_template)
+        tokenizer = load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
         if not spec.token_exact:
             log.warning("rollout %s uses the text-only %s backend: trajectory NOT token-exact",
                         rollout_id, spec.backend)
         builder = TrajectoryBuilder(tokenizer, spec.max_model_len, spec.chat_template_kwargs,
                                     token_exact=spec.token_exact)
-        return cls(spec, params, rollout_id, pool, builder)
+        return cls(spec, params, rollout_id, pool, builder, policy)
 
     def __enter__(self) -> LLMSession:
         return self
@@ -145,6 +149,7 @@ class LLMSession:
             if cap <= 0:
                 return self._no_room(reason)
             request = self._request(server, cap, deadline)
+            request.headers = self._auth_headers(server)
             try:
                 with abort_when(cancelled) as handle:
                     self.backend.abort_handle = handle
@@ -165,9 +170,10 @@ class LLMSession:
                 tried.add(server.url)
                 continue
             except InvalidRequest as exc:
-                if not any(text in exc.message.lower() for text in _CONTEXT_ERRORS):
+                said = server_said(exc)  # the body: parsed here, never put in results
+                if not any(text in said.lower() for text in _CONTEXT_ERRORS):
                     raise
-                if self._learn_context(server, exc.message):
+                if self._learn_context(server, said):
                     continue  # ask again within the limit the server just told us
                 return self._no_room(FinishReason.CONTEXT.value)
             if generation.finish_reason == "abort":  # e.g. vLLM paused with in-flight requests
@@ -215,6 +221,18 @@ class LLMSession:
         if time.monotonic() + PAUSE_POLL_SECONDS >= deadline:
             raise StageTimeout(f"rollout {self.rollout_id}: deadline passed while {why}")
         time.sleep(PAUSE_POLL_SECONDS)
+
+    def _auth_headers(self, server: ServerInfo) -> dict[str, str]:
+        """The server's credential, read from the worker variable the operator registered for
+        it and sent only to the URLs the operator allowed (never a variable the job names)."""
+        if server.credential is None:
+            return {}
+        cred = check_credential(self.policy, server.credential, server.url, "credential")
+        secret = os.environ.get(cred.env)
+        if not secret:
+            raise ServiceUnavailable(f"credential {server.credential!r} is not set on this "
+                                     "worker")
+        return {"Authorization": f"Bearer {secret}"}
 
     def _request(self, server: ServerInfo, max_tokens: int, deadline: float) -> GenerateRequest:
         remaining = deadline - time.monotonic()

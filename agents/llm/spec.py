@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import InvalidRequest
+from core.policy import LLMPolicy, chat_template_text, check_credential, check_server_url
 
 BackendName = Literal["vllm", "sglang", "openai-chat"]
 # vLLM's --logprobs-mode values that are logprobs (the *_logits modes are not): raw = the
@@ -30,6 +32,8 @@ class ServerSpec(BaseModel):
     model: str | None = Field(None, description="Served model name; default: GET /v1/models")
     weight_version: str | None = Field(None, description="Recorded with every turn it samples")
     backend: BackendName | None = Field(None, description="Overrides the job's backend")
+    credential: str | None = Field(
+        None, description="Name of an operator-registered credential sent to this server")
     logprobs_mode: LogprobsMode = Field(
         "raw_logprobs", description="The server's --logprobs-mode (vLLM default raw_logprobs); "
         "recorded on every turn it samples")
@@ -39,6 +43,10 @@ class ServerSpec(BaseModel):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"url {value!r} must start with http:// or https://")
+        parts = urlsplit(value)
+        if parts.query or parts.fragment or "@" in parts.netloc or not parts.hostname:
+            raise ValueError(f"url {value!r} must be a base URL: scheme, host, port and path "
+                             "only (no query, fragment or user info)")
         # Servers are stored by base URL; ProRL and OpenAI-style clients often add `/v1`.
         return value.rstrip("/").removesuffix("/v1")
 
@@ -56,15 +64,18 @@ class LLMSpec(BaseModel):
         None, description="Local Hugging Face folder; default: the model path the server reports"
     )
     chat_template: str | None = Field(
-        None, description="Path of a Jinja chat template overriding the tokenizer's"
+        None, description="Name of an operator-registered chat template (GET /v1/policy)"
+    )
+    chat_template_text: str | None = Field(
+        None, description="Inline Jinja chat template (size-capped by the operator)"
     )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra template variables (e.g. enable_thinking)"
     )
     max_model_len: int = Field(4096, gt=0, description="Prompt + all turns, in tokens")
     request_timeout: float = Field(600.0, gt=0, description="Seconds for one generation call")
-    api_key_env: str | None = Field(
-        None, description="Environment variable holding the API key (openai-chat)"
+    credential: str | None = Field(
+        None, description="Name of an operator-registered credential for the job's servers"
     )
     logprobs_mode: LogprobsMode | None = Field(
         None, description="Only use servers whose logprobs are of this kind (raw_logprobs or "
@@ -112,16 +123,20 @@ def validate_sampling(sampling: dict | None) -> dict:
     return parse_model(SamplingParams, sampling, "sampling").model_dump()
 
 
-def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list) -> dict:
-    """Validate a job's `llm` spec at submission and resolve its tokenizer folder.
+def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list,
+                      policy: LLMPolicy | None = None, admin: bool = True) -> dict:
+    """Validate a job's `llm` spec at submission against the operator's policy and resolve
+    its tokenizer folder and chat template text.
 
-    The tokenizer is the named folder, else the model path a server (the job's, else one of
-    `registered()`) reports in GET /v1/models when that folder exists locally; otherwise
-    InvalidRequest names `llm.tokenizer`.
+    The job's own server URLs must be on the operator's allowlist (admins: any), credentials
+    registered for those URLs, the template a registered name or capped inline text. The
+    tokenizer is the named folder, else the model path a server (the job's, else one of
+    `registered()`, the caller's owner's) reports in GET /v1/models when that folder exists
+    locally; otherwise InvalidRequest names `llm.tokenizer`.
     """
     from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
 
-    spec = parse_model(LLMSpec, llm_spec, "llm")
+    spec = check_llm_policy(parse_model(LLMSpec, llm_spec, "llm"), policy or LLMPolicy(), admin)
     for i, server in enumerate(spec.servers or []):
         if spec.logprobs_mode is not None and server.logprobs_mode != spec.logprobs_mode:
             raise InvalidRequest(
@@ -130,7 +145,25 @@ def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list
                 field=f"llm.servers.{i}.logprobs_mode")
     spec.tokenizer = resolve_tokenizer_path(spec, registered)
     try:
-        load_chat_tokenizer(spec.tokenizer, spec.chat_template)
+        load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
     except (OSError, ValueError) as exc:
         raise InvalidRequest(f"llm.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from exc
     return spec.model_dump()
+
+
+def check_llm_policy(spec: LLMSpec, policy: LLMPolicy, admin: bool) -> LLMSpec:
+    """Hold the spec's servers, credentials and template to the policy; the template's
+    text replaces its registered name (workers need no template folder)."""
+    for i, server in enumerate(spec.servers or []):
+        check_server_url(policy, server.url, admin, f"llm.servers[{i}].url")
+        for name, where in ((server.credential, f"llm.servers[{i}].credential"),
+                            (spec.credential, "llm.credential")):
+            if name is not None:
+                check_credential(policy, name, server.url, where)
+    if spec.credential is not None and not spec.servers:
+        raise InvalidRequest("llm.credential: the registered pool's servers carry their own "
+                             "credentials; name one only with llm.servers", field="llm.credential")
+    spec.chat_template_text = chat_template_text(policy, spec.chat_template,
+                                                 spec.chat_template_text)
+    spec.chat_template = None
+    return spec

@@ -168,7 +168,8 @@ _load_lock = threading.Lock()
 
 
 def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatTokenizer:
-    """Load (once per process) the tokenizer folder `path`, optionally with another template."""
+    """(`chat_template` is Jinja text: templates are resolved from registered names before
+    they get here; never a path.) Load (once per process) the tokenizer folder `path`, optionally with another template."""
     # transformers' lazy first import is not thread-safe, and RUN workers open sessions in
     # threads: serialise loading (cached loads return at once).
     with _load_lock:
@@ -183,7 +184,7 @@ def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise FileNotFoundError(f"{path} has no tokenizer.json / tokenizer_config.json")
     hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    template = Path(chat_template).read_text() if chat_template else None
+    template = chat_template
     return ChatTokenizer(hf, template, generation_eos_ids(folder))
 
 

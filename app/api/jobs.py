@@ -24,7 +24,8 @@ def _settings():
 @typed_route(bp, "/v1/jobs", "POST", body=JobCreate, response=JobAccepted, status=202,
              summary="Submit a batch: every instance n_samples times")
 def submit(body: JobCreate) -> JobAccepted:
-    return create_job(_settings(), body, g.owner, current_app.extensions["celery"])
+    return create_job(_settings(), body, g.owner, current_app.extensions["celery"],
+                      admin=g.admin)
 
 
 @typed_route(bp, "/v1/jobs", "GET", response=JobList, summary="List jobs, newest first",

@@ -1,14 +1,16 @@
-"""v1 llm-servers: the inference servers the trainer registers, pauses and updates.
+"""v1 llm-servers: each owner's inference servers, registered, paused and updated.
 
 Weight updates without restarts: `PUT {"paused": true}` (no new generation goes to the server;
 rollouts that use it wait, they do not fail), load the weights, then
 `PUT {"paused": false, "weight_version": "<new>"}`. Every turn records the version it was
-sampled with; see the README's weight-update flow.
+sampled with; see the README's weight-update flow. Servers belong to the caller's owner:
+another owner's server ids answer 404 (registration rules: `app.servers`).
 """
 from __future__ import annotations
 
-from flask import Blueprint, current_app
+from flask import Blueprint, current_app, g
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.api.routing import typed_route
 from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView
@@ -24,17 +26,26 @@ def _db() -> str:
     return current_app.config["RAAS"].db_url
 
 
+def _own_server(s: Session, server_id: str) -> LLMServer:
+    """The caller's server, or NotFound (another owner's id answers the same)."""
+    server = s.get(LLMServer, server_id)
+    if server is None or server.owner != g.owner:
+        raise NotFound(f"llm server {server_id!r} not found")
+    return server
+
+
 @typed_route(bp, "/v1/llm-servers", "POST", body=LLMServerCreate, response=LLMServerView,
-             status=201, summary="Register an inference server")
+             status=201, summary="Register an inference server in the caller's pool")
 def create(body: LLMServerCreate) -> LLMServerView:
-    return register_server(_db(), body)
+    return register_server(_db(), body, g.owner, g.admin, current_app.config["RAAS"].policy.llm)
 
 
 @typed_route(bp, "/v1/llm-servers", "GET", response=LLMServerList,
-             summary="List registered inference servers")
+             summary="List the caller's inference servers")
 def index() -> LLMServerList:
     with session_scope(_db()) as s:
-        rows = s.scalars(select(LLMServer).order_by(LLMServer.created_at)).all()
+        rows = s.scalars(select(LLMServer).where(LLMServer.owner == g.owner)
+                         .order_by(LLMServer.created_at)).all()
         return LLMServerList(servers=[LLMServerView.model_validate(r) for r in rows])
 
 
@@ -43,9 +54,7 @@ def index() -> LLMServerList:
              summary="Update a server: pause/resume it, set its new weight version")
 def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
     with session_scope(_db()) as s:
-        server = s.get(LLMServer, server_id)
-        if server is None:
-            raise NotFound(f"llm server {server_id!r} not found")
+        server = _own_server(s, server_id)
         for key, value in body.model_dump(exclude_unset=True).items():
             setattr(server, key, value)
         s.flush()
@@ -55,8 +64,5 @@ def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
 @typed_route(bp, "/v1/llm-servers/<server_id>", "DELETE", summary="Remove a server")
 def delete(server_id: str) -> dict:
     with session_scope(_db()) as s:
-        server = s.get(LLMServer, server_id)
-        if server is None:
-            raise NotFound(f"llm server {server_id!r} not found")
-        s.delete(server)
+        s.delete(_own_server(s, server_id))
     return {"deleted": server_id}

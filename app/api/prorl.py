@@ -26,6 +26,7 @@ from app.api.prorl_datasets import map_instance
 from app.api.prorl_results import prorl_result
 from app.api.prorl_wire import AddServer, CancelRequest, ProcessRequest, ProRLSampling
 from app.api.routing import typed_route
+from app.auth import require_admin
 from app.jobs import cancel_job, create_job
 from app.schemas import Instance, JobCreate, LLMServerCreate
 from app.servers import clear_servers, register_server
@@ -142,6 +143,7 @@ def process(body: ProcessRequest) -> dict[str, Any]:
         raise validation_error(exc, "instance") from exc
     prorl_job_id = body.job_id or uuid.uuid4().hex
     accepted = create_job(settings, req, g.owner, current_app.extensions["celery"],
+                          admin=g.admin,
                           extra_config={"prorl_job_id": prorl_job_id,
                                         "prorl_data_source": mapped.data_source})
     rollout = _wait_terminal(settings.db_url, accepted.rollout_ids[0], settings.process_max_wait)
@@ -174,10 +176,13 @@ def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
         time.sleep(POLL_SECONDS)
 
 
-def _prorl_jobs(s, job_id: str | None = None, unfinished: bool = False) -> list[str]:
-    """Ids of jobs created by /process (with ProRL job id `job_id` if given)."""
+def _prorl_jobs(s, job_id: str | None = None, unfinished: bool = False,
+                owner: str | None = None) -> list[str]:
+    """Ids of jobs created by /process (with ProRL job id `job_id`, of `owner` if given)."""
     tag = Job.config["prorl_job_id"].as_string()
     q = select(Job.id).where(tag == job_id if job_id is not None else tag.is_not(None))
+    if owner is not None:
+        q = q.where(Job.owner == owner)
     if unfinished:
         q = q.where(Job.id.in_(select(Rollout.job_id).where(
             Rollout.status.not_in(TERMINAL_VALUES))))
@@ -189,9 +194,9 @@ def _prorl_jobs(s, job_id: str | None = None, unfinished: bool = False) -> list[
 def cancel(body: CancelRequest) -> dict[str, Any]:
     settings = _settings()
     with session_scope(settings.db_url) as s:
-        ids = _prorl_jobs(s, body.job_id, unfinished=True)
+        ids = _prorl_jobs(s, body.job_id, unfinished=True, owner=g.owner)
     for job_id in ids:
-        cancel_job(settings, job_id)
+        cancel_job(settings, job_id, g.owner)
     return {"status": f"Cancel requested for job {body.job_id}", "cancelled_jobs": len(ids)}
 
 
@@ -200,11 +205,12 @@ def status() -> dict[str, Any]:
     _require_running()
     with session_scope(_settings().db_url) as s:
         servers = [{"address": u, "healthy": h, "in_flight": n} for u, h, n in
-                   s.execute(select(LLMServer.url, LLMServer.healthy, LLMServer.in_flight))]
+                   s.execute(select(LLMServer.url, LLMServer.healthy, LLMServer.in_flight)
+                             .where(LLMServer.owner == g.owner))]
         pending = s.scalar(select(func.count()).select_from(Rollout).where(
             Rollout.status.not_in(TERMINAL_VALUES),
             Rollout.job_id.in_(select(Job.id).where(
-                Job.config["prorl_job_id"].as_string().is_not(None)))))
+                Job.owner == g.owner, Job.config["prorl_job_id"].as_string().is_not(None)))))
     return {"status": "running", "running": True, "pending_jobs": pending,
             "busy": bool(pending), "llm_servers": servers}
 
@@ -215,7 +221,7 @@ def add_llm_server(body: AddServer) -> dict[str, Any]:
     url = body.address if "://" in body.address else f"http://{body.address}"
     server = LLMServerCreate(url=url)
     try:
-        register_server(_settings().db_url, server)
+        register_server(_settings().db_url, server, g.owner, g.admin, _settings().policy.llm)
     except Conflict:  # ProRL keeps the address it already has and answers 200
         return {"status": f"LLM server address {server.url} already registered",
                 "added": server.url}
@@ -224,12 +230,13 @@ def add_llm_server(body: AddServer) -> dict[str, Any]:
 
 @typed_route(bp, "/clear_llm_server", "POST", summary="Remove every server", tag="prorl")
 def clear_llm_server() -> dict[str, Any]:
-    removed = clear_servers(_settings().db_url)
+    removed = clear_servers(_settings().db_url, g.owner)
     return {"status": "Cleared all LLM server addresses", "removed": removed}
 
 
 @typed_route(bp, "/start", "POST", summary="Start accepting /process (400 if running)",
              tag="prorl")
+@require_admin
 def start() -> dict[str, Any]:
     if not _set_running(True):
         raise InvalidRequest("Server is already running")
@@ -238,6 +245,7 @@ def start() -> dict[str, Any]:
 
 @typed_route(bp, "/stop", "POST", summary="Stop accepting /process; cancel ProRL work in flight",
              tag="prorl")
+@require_admin
 def stop() -> dict[str, Any]:
     if not _is_running() or not _set_running(False):
         raise ServerNotRunning(NOT_RUNNING)

@@ -165,16 +165,20 @@ def test_repo_from_git_dir_and_tarball_drops_later_history(tmp_path) -> None:
     tarball = tmp_path / "repo.tar.gz"
     with tarfile.open(tarball, "w:gz") as archive:
         archive.add(source, arcname="intervals")
-    for repo in (str(source), str(tarball)):
+    for repo in ("src", "repo.tar.gz"):  # relative to the operator's repo root
         dest = tmp_path / f"dest-{Path(repo).name}"
         dest.mkdir()
-        materialize(repo, INTERVALS["base_commit"], dest)
+        materialize(repo, INTERVALS["base_commit"], dest, root=tmp_path)
         assert _git(dest, "rev-parse", "HEAD") == INTERVALS["base_commit"]
         assert not (dest / "FUTURE.txt").exists()
         assert _git(dest, "log", "--all", "--oneline").count("\n") == 0  # one commit only
     (tmp_path / "dest-bad").mkdir()
     with pytest.raises(InvalidRequest, match="base_commit"):
-        materialize(str(source), "0" * 40, tmp_path / "dest-bad")
+        materialize("src", "0" * 40, tmp_path / "dest-bad", root=tmp_path)
+    (source / "escape").symlink_to("/etc")
+    for outside in (str(source), "../" + tmp_path.name, "/etc", "escape", "~/x"):
+        with pytest.raises(InvalidRequest, match="repo"):
+            materialize(outside, INTERVALS["base_commit"], tmp_path / "dest-bad", root=source)
 
 
 @pytest.mark.parametrize("missing", ["repo", "base_commit", "problem_statement", "test_patch",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -97,7 +98,8 @@ def test_openai_chat_is_marked_not_token_exact(simulators, caplog) -> None:
 
 def test_qwen_style_template_through_the_session(simulators) -> None:
     url, _ = simulators(SCRIPT)
-    s = LLMSession.open(spec_for(url, chat_template=QWEN_TEMPLATE), {"max_tokens": 200}, "r5")
+    s = LLMSession.open(spec_for(url, chat_template_text=Path(QWEN_TEMPLATE).read_text()),
+                        {"max_tokens": 200}, "r5")
     s.start(PROMPT, TOOLS)
     assert "<tools>" in s.builder.tok.hf.decode(s.trajectory().prompt_ids)
     s.generate(deadline())

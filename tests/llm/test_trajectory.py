@@ -5,6 +5,8 @@ SmolLM2's ChatML template and a Qwen-style template with tools and <think> dropp
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agents.llm.tokenizer import load_chat_tokenizer
@@ -21,7 +23,7 @@ def chatml() -> TrajectoryBuilder:
 
 
 def qwen() -> TrajectoryBuilder:
-    return TrajectoryBuilder(load_chat_tokenizer(SMOLLM2, QWEN_TEMPLATE), max_model_len=4096)
+    return TrajectoryBuilder(load_chat_tokenizer(SMOLLM2, Path(QWEN_TEMPLATE).read_text()), max_model_len=4096)
 
 
 def sampled(builder: TrajectoryBuilder, text: str, end: bool = True) -> list[int]:

@@ -6,7 +6,9 @@ anything the request itself got wrong is an InvalidRequest and is not retried el
 """
 from __future__ import annotations
 
+import logging
 import threading
+from http import HTTPStatus
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -14,6 +16,8 @@ from typing import Any, ClassVar
 import httpx
 
 from core.errors import ConfigError, InvalidRequest, ServiceUnavailable
+
+log = logging.getLogger(__name__)
 
 
 class ServerError(ServiceUnavailable):
@@ -32,6 +36,7 @@ class GenerateRequest:
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # the server's credential, if any
 
 
 @dataclass
@@ -54,9 +59,8 @@ class LLMBackend(ABC):
     name: ClassVar[str]
     token_exact: ClassVar[bool] = True
 
-    def __init__(self, client: httpx.Client | None = None, api_key: str | None = None) -> None:
+    def __init__(self, client: httpx.Client | None = None) -> None:
         self.client = client or httpx.Client()
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.abort_handle: Any = None  # set around a call that may be aborted (abort.py)
 
     @abstractmethod
@@ -67,26 +71,46 @@ class LLMBackend(ABC):
         """Raise ServerError unless the server answers its health endpoint."""
         self._call("GET", f"{url}/health", None, timeout)
 
-    def _call(self, method: str, url: str, body: dict | None, timeout: float) -> Any:
-        """One HTTP call; network trouble and 5xx are ServerError, 4xx InvalidRequest."""
-        headers, extensions = self.headers, {}
+    def _call(self, method: str, url: str, body: dict | None, timeout: float,
+              headers: dict[str, str] | None = None) -> Any:
+        """One HTTP call; network trouble and 5xx are ServerError, 4xx InvalidRequest.
+
+        Errors carry the status and its standard reason only: the body came from a server the
+        job pointed at and is never echoed into results (it is logged here, truncated)."""
+        headers, extensions = dict(headers or {}), {}
         if self.abort_handle is not None:  # own connection, so abort() can cut it
-            headers = {**headers, "Connection": "close"}
+            headers["Connection"] = "close"
             extensions = {"trace": self.abort_handle.trace}
         try:
             response = self.client.request(method, url, json=body, timeout=timeout,
                                            headers=headers, extensions=extensions)
         except httpx.HTTPError as exc:
-            raise ServerError(f"{url}: {type(exc).__name__}: {exc}", url=url) from exc
-        if response.status_code >= 500 or response.status_code in (404, 408, 429):
-            raise ServerError(f"{url}: HTTP {response.status_code}: {response.text[:300]}", url=url)
+            raise ServerError(f"{url}: {type(exc).__name__}", url=url) from exc
         if response.status_code >= 400:
-            raise InvalidRequest(f"{url}: HTTP {response.status_code}: {response.text[:500]}",
-                                 url=url)
+            log.warning("%s answered HTTP %s: %.300s", url, response.status_code, response.text)
+        if response.status_code >= 500 or response.status_code in (404, 408, 429):
+            raise ServerError(f"{url}: {http_summary(response.status_code)}", url=url)
+        if response.status_code >= 400:
+            error = InvalidRequest(f"{url}: {http_summary(response.status_code)}", url=url)
+            error.server_text = response.text[:2000]  # for server_said(); never in results
+            raise error
         try:
             return response.json() if response.content else {}
         except ValueError as exc:
             raise ServerError(f"{url}: response is not JSON", url=url) from exc
+
+
+def server_said(exc: InvalidRequest) -> str:
+    """What the server's 4xx body said (the caller parses it, e.g. a context limit)."""
+    return getattr(exc, "server_text", "") or exc.message
+
+
+def http_summary(status: int) -> str:
+    """`HTTP 404 Not Found`: what a result may say about a failed call."""
+    try:
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
 
 
 _backends: dict[str, type[LLMBackend]] = {}

@@ -39,7 +39,8 @@ class OpenAIChatBackend(LLMBackend):
                 body[key] = sampling[key]
         started = time.monotonic()
         base = url if url.endswith("/v1") else f"{url}/v1"
-        data = self._call("POST", f"{base}/chat/completions", body, request.timeout)
+        data = self._call("POST", f"{base}/chat/completions", body, request.timeout,
+                          request.headers)
         try:
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""

@@ -33,7 +33,8 @@ class SGLangBackend(LLMBackend):
             params["sampling_seed"] = sampling["seed"]
         body = {"input_ids": request.prompt_ids, "sampling_params": params, "return_logprob": True}
         started = time.monotonic()
-        data = self._call("POST", f"{url}/generate", body, request.timeout)
+        data = self._call("POST", f"{url}/generate", body, request.timeout,
+                          request.headers)
         try:
             meta = data["meta_info"]
             entries = meta["output_token_logprobs"]

@@ -39,7 +39,8 @@ class VLLMBackend(LLMBackend):
             if sampling.get(key) is not None:
                 body[key] = sampling[key]
         started = time.monotonic()
-        data = self._call("POST", f"{url}/v1/completions", body, request.timeout)
+        data = self._call("POST", f"{url}/v1/completions", body, request.timeout,
+                          request.headers)
         try:
             choice = data["choices"][0]
             token_ids = [int(t) for t in choice["token_ids"]]

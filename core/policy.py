@@ -1,0 +1,266 @@
+"""Operator policy: what a job spec may ask of this deployment.
+
+The job spec comes over the network and is not trusted with the node; the operator's settings
+are. `Policy` is the operator's part (a field of `Settings`, from `RAAS_POLICY__...` variables
+or the file `RAAS_POLICY_FILE`); `check_sandbox_options` and friends hold a job's choices
+against it and raise `InvalidRequest` naming the field and the rule, at submission (a 400) and
+again on the worker before a sandbox starts (the worker's own settings decide).
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from core.errors import InvalidRequest
+
+RuntimeChoice = Literal["auto", "bwrap", "singularity", "local"]
+# A registered name: never a path, never hidden, never `..`.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Variables no job may set even inside a sandbox: they change how the loader and the
+# interpreter of the tool server behave (and would reach host processes on `local`).
+FORBIDDEN_ENV_PREFIXES = ("LD_", "PYTHON", "BASH_FUNC_")
+FORBIDDEN_ENV_NAMES = ("ENV", "BASH_ENV", "PROMPT_COMMAND", "IFS")
+MB = 1024 * 1024
+DEFAULT_OWNER = "default"  # the one owner of a service without tokens (loopback only)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LimitCaps(_Strict):
+    """Upper bounds on a job's `sandbox.limits` (a request above is a 400 naming the cap)."""
+
+    call_timeout: float = Field(3600.0, gt=0, description="Most wall seconds per tool call")
+    memory_mb: int = Field(16384, gt=0, description="Most memory per sandbox, MiB")
+    max_procs: int = Field(4096, ge=8, description="Most processes alive in one sandbox")
+    output_bytes: int = Field(MB, ge=256, description="Most tool output kept per call, bytes")
+    file_size_mb: int = Field(8192, gt=0, description="Largest file a sandbox may write, MiB")
+
+
+class SandboxPolicy(_Strict):
+    """What a job may choose about its sandboxes."""
+
+    runtimes: list[RuntimeChoice] = Field(
+        default_factory=lambda: ["bwrap"],
+        description="Runtimes jobs may use; `auto` falls back to `local` only if it is listed")
+    network: bool = Field(False, description="Whether a job may turn the sandbox network on")
+    env: list[str] = Field(
+        default_factory=list,
+        description="Names (or fnmatch patterns) of variables a job may set inside its sandbox")
+    python_envs: list[str] | None = Field(
+        None, description="Python environments a job may name; None = any built on the node")
+    images: list[str] | None = Field(
+        None, description="Images (under image_root) a job may name; None = any there")
+    binds: bool = Field(False, description="Whether a job may bind host paths (trusted jobs)")
+    max_limits: LimitCaps = Field(default_factory=LimitCaps, description="Caps on limits")
+
+    @field_validator("env")
+    @classmethod
+    def _no_loader_variables(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            bad = forbidden_env(pattern)
+            if bad:
+                raise ValueError(f"env pattern {pattern!r} would allow {bad}: never allowed")
+        return value
+
+    @field_validator("python_envs", "images")
+    @classmethod
+    def _names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or []:
+            if not NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a plain name")
+        return value
+
+
+class Credential(_Strict):
+    """An inference-server credential the operator registers: where it lives, where it may go."""
+
+    env: str = Field(min_length=1, description="Worker variable holding the secret")
+    urls: list[str] = Field(min_length=1, description="fnmatch patterns of server URLs it is "
+                                                      "sent to (never anywhere else)")
+
+
+class LLMPolicy(_Strict):
+    """What a job may choose about inference servers, templates and credentials."""
+
+    server_urls: list[str] = Field(
+        default_factory=list,
+        description="fnmatch patterns of server URLs a job may name or register (admins: any)")
+    templates_dir: Path | None = Field(
+        None, description="Registered chat templates: `<name>.jinja` files a job names")
+    inline_template_max_bytes: int = Field(
+        65536, ge=0, description="Largest inline chat template (0 = inline text refused)")
+    credentials: dict[str, Credential] = Field(
+        default_factory=dict, description="Credentials a job or server may name")
+
+
+class Policy(_Strict):
+    """The operator's policy for job specs; `GET /v1/policy` shows it (secrets excluded)."""
+
+    sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy, description="Sandboxes")
+    llm: LLMPolicy = Field(default_factory=LLMPolicy, description="Inference servers")
+
+    def public(self) -> dict[str, Any]:
+        """The policy as a trainer may see it: credential names, never their variables."""
+        data = self.model_dump(mode="json")
+        data["llm"]["credentials"] = {name: {"urls": c.urls}
+                                      for name, c in self.llm.credentials.items()}
+        data["llm"]["templates"] = registered_templates(self.llm)
+        data["llm"].pop("templates_dir")
+        return data
+
+
+def forbidden_env(pattern: str) -> str | None:
+    """The forbidden prefix a name or pattern could match, else None."""
+    for prefix in FORBIDDEN_ENV_PREFIXES:
+        if fnmatch.fnmatchcase(prefix + "X", pattern) or pattern.startswith(prefix):
+            return f"{prefix}*"
+    for name in FORBIDDEN_ENV_NAMES:
+        if fnmatch.fnmatchcase(name, pattern):
+            return name
+    return None
+
+
+def url_allowed(url: str, patterns: list[str]) -> bool:
+    """True when `url` matches one of the operator's fnmatch patterns."""
+    return any(fnmatch.fnmatchcase(url, p) for p in patterns)
+
+
+def plain_name(value: str, field: str) -> str:
+    """`value` if it is a registered-name shape; a 400 naming `field` otherwise."""
+    if not NAME_RE.match(value):
+        raise InvalidRequest(f"{field}: {value!r} is not a registered name (letters, digits, "
+                             "'.', '_', '-'; never a path)", field=field)
+    return value
+
+
+def registered_templates(llm: LLMPolicy) -> list[str]:
+    """Names of the chat templates in the operator's template folder."""
+    folder = llm.templates_dir
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(p.stem for p in folder.glob("*.jinja") if NAME_RE.match(p.stem))
+
+
+def _deny(field: str, message: str, rule: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {message} (operator policy: {rule})", field=field, policy=rule)
+
+
+def runtime_allowed(policy: SandboxPolicy, runtime: str) -> bool:
+    """True when jobs may run on `runtime` (`auto` counts as bwrap; `none` needs no sandbox)."""
+    if runtime == "none" or runtime in policy.runtimes:
+        return True
+    return runtime == "auto" and "bwrap" in policy.runtimes
+
+
+def local_fallback_allowed(policy: SandboxPolicy) -> bool:
+    """Whether `auto` may fall back to the unisolated local runtime when bwrap is unusable."""
+    return "local" in policy.runtimes
+
+
+def check_sandbox_options(policy: SandboxPolicy, options: dict[str, Any],
+                          where: str = "sandbox") -> None:
+    """Hold a job's sandbox options against the policy; InvalidRequest names field and rule."""
+    runtime = options.get("runtime")
+    if runtime is not None and not runtime_allowed(policy, runtime):
+        raise _deny(f"{where}.runtime", f"runtime {runtime!r} is not allowed; allowed: "
+                    f"{', '.join(policy.runtimes)}", "policy.sandbox.runtimes")
+    if options.get("network") and not policy.network:
+        raise _deny(f"{where}.network", "jobs may not turn the sandbox network on",
+                    "policy.sandbox.network=false")
+    if options.get("binds") and not policy.binds:
+        raise _deny(f"{where}.binds", "jobs may not bind host paths on this service",
+                    "policy.sandbox.binds=false")
+    for name in options.get("env") or {}:
+        check_env_name(policy, name, f"{where}.env.{name}")
+    if options.get("python_env") is not None:
+        check_python_env(policy, options["python_env"], f"{where}.python_env")
+    if options.get("image") is not None:
+        check_image(policy, options["image"], f"{where}.image")
+    check_limits(policy.max_limits, options.get("limits") or {}, f"{where}.limits")
+
+
+def check_env_name(policy: SandboxPolicy, name: str, field: str) -> None:
+    """A variable a job sets inside its sandbox must be on the operator's allowlist."""
+    bad = forbidden_env(name)
+    if bad:
+        raise _deny(field, f"variable {name!r} is never settable ({bad} changes the loader or "
+                    "interpreter)", "forbidden prefixes")
+    if not any(fnmatch.fnmatchcase(name, p) for p in policy.env):
+        allowed = ", ".join(policy.env) or "none"
+        raise _deny(field, f"variable {name!r} is not on the allowlist ({allowed})",
+                    "policy.sandbox.env")
+
+
+def check_python_env(policy: SandboxPolicy, name: str, field: str) -> None:
+    """A Python environment is named, never a host path, and on the list when there is one."""
+    plain_name(name, field)
+    if policy.python_envs is not None and name not in policy.python_envs:
+        raise _deny(field, f"python environment {name!r} is not allowed; allowed: "
+                    f"{', '.join(policy.python_envs) or 'none'}", "policy.sandbox.python_envs")
+
+
+def check_image(policy: SandboxPolicy, name: str, field: str) -> None:
+    """An image is a name under the operator's image root, never a host path."""
+    plain_name(name, field)
+    if policy.images is not None and name not in policy.images:
+        raise _deny(field, f"image {name!r} is not allowed; allowed: "
+                    f"{', '.join(policy.images) or 'none'}", "policy.sandbox.images")
+
+
+def check_limits(caps: LimitCaps, limits: dict[str, Any], where: str) -> None:
+    """Each requested limit at most the operator's cap; the 400 names the cap."""
+    for name, cap in caps.model_dump().items():
+        value = limits.get(name)
+        if value is not None and value > cap:
+            raise _deny(f"{where}.{name}", f"{value} is above the cap {cap}",
+                        f"policy.sandbox.max_limits.{name}={cap}")
+
+
+def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> None:
+    """Tenants may name or register only URLs on the operator's allowlist; admins any."""
+    if admin or url_allowed(url, policy.server_urls):
+        return
+    allowed = ", ".join(policy.server_urls) or "none: use the registered pool"
+    raise _deny(field, f"server url {url!r} is not allowed; allowed patterns: {allowed}",
+                "policy.llm.server_urls")
+
+
+def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) -> Credential:
+    """A credential is one the operator registered, sent only to the URLs it names."""
+    cred = policy.credentials.get(name)
+    if cred is None:
+        known = ", ".join(sorted(policy.credentials)) or "none"
+        raise _deny(field, f"unknown credential {name!r}; registered: {known}",
+                    "policy.llm.credentials")
+    if url is not None and not url_allowed(url, cred.urls):
+        raise _deny(field, f"credential {name!r} may not be sent to {url!r}",
+                    f"policy.llm.credentials.{name}.urls")
+    return cred
+
+
+def chat_template_text(policy: LLMPolicy, name: str | None, inline: str | None) -> str | None:
+    """The template a job asked for: a registered name, or inline text within the size cap."""
+    if name is not None and inline is not None:
+        raise InvalidRequest("llm: give chat_template (a registered name) or "
+                             "chat_template_text (inline), not both", field="llm.chat_template")
+    if inline is not None:
+        size = len(inline.encode())
+        if size > policy.inline_template_max_bytes:
+            raise _deny("llm.chat_template_text", f"{size} bytes is above the cap "
+                        f"{policy.inline_template_max_bytes}",
+                        "policy.llm.inline_template_max_bytes")
+        return inline
+    if name is None:
+        return None
+    plain_name(name, "llm.chat_template")
+    known = registered_templates(policy)
+    if name not in known:  # names only: never a path, so no file's existence is revealed
+        raise _deny("llm.chat_template", f"unknown chat template {name!r}; registered: "
+                    f"{', '.join(known) or 'none'}", "policy.llm.templates_dir")
+    return (policy.templates_dir / f"{name}.jinja").read_text()
