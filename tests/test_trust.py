@@ -66,8 +66,9 @@ def llm_job(**llm):
 def rejected(resp: httpx.Response, status: int, *needles: str) -> dict:
     assert resp.status_code == status, resp.text
     body = resp.json()
+    message = body.get("message") or body.get("detail")  # ProRL routes answer `detail`
     for needle in needles:
-        assert needle in body["message"], body
+        assert needle in message, body
     return body
 
 
@@ -250,7 +251,7 @@ def test_llm_servers_belong_to_their_owner(gateway):
              "not found")
     rejected(bob.delete(f"/v1/llm-servers/{server['id']}"), 404, "not found")
     assert bob.post("/v1/llm-servers", json={"url": "http://10.9.0.1:8000"}).status_code == 201
-    assert bob.post("/clear_llm_server").json() == {"removed": 1}
+    assert bob.post("/clear_llm_server").json()["removed"] == 1
     assert [s["url"] for s in alice.get("/v1/llm-servers").json()["servers"]] == \
         ["http://10.9.0.1:8000"]
 
