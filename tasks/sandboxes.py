@@ -58,23 +58,17 @@ def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> di
     """SandboxSpec fields from merged job + handler options: names resolved under the
     operator's roots, limits no higher than the operator's caps."""
     fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
-    if "python_env" in fields and not _under_image_root(settings, fields["python_env"]):
+    # A job's own options are names (held to the policy in `wanted_runtime`); an absolute path
+    # here is one a handler resolved under an operator root (e.g. a per-instance image).
+    if "python_env" in fields and not os.path.isabs(fields["python_env"]):
         plain_name(fields["python_env"], "sandbox.python_env")  # built under <home>/envs
-    if "image" in fields and not _under_image_root(settings, fields["image"]):
+    if "image" in fields and not os.path.isabs(fields["image"]):
         fields["image"] = resolve_image(settings, fields["image"], runtime)
     caps = settings.policy.sandbox.max_limits.model_dump()
     limits = {name: min(value, caps[name]) if name in caps else value
               for name, value in SandboxLimits(**fields.get("limits") or {}).model_dump().items()}
     fields["limits"] = limits
     return fields
-
-
-def _under_image_root(settings: Settings, value: str) -> bool:
-    """True for a path a handler resolved inside the operator's image root (the job's own
-    options were held to names-only before handlers saw them)."""
-    root = settings.image_root
-    return root is not None and os.path.isabs(value) and \
-        Path(value).resolve().is_relative_to(root.resolve())
 
 
 def resolve_image(settings: Settings, name: str, runtime: str) -> str:
