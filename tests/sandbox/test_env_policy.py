@@ -7,6 +7,7 @@ import pytest
 from sandbox import get_runtime
 from sandbox.bwrap import BwrapRuntime
 from sandbox.errors import SandboxStartError
+from sandbox.settings import SandboxSettings
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -28,4 +29,4 @@ def test_auto_falls_back_to_local_only_when_allowed(monkeypatch) -> None:
     monkeypatch.setattr(BwrapRuntime, "unavailable_reason", classmethod(lambda cls: "probe"))
     with pytest.raises(SandboxStartError, match="not allowed"):
         get_runtime("auto")
-    assert get_runtime("auto", allow_local_fallback=True).name == "local"
+    assert get_runtime("auto", SandboxSettings(allow_local_fallback=True)).name == "local"
