@@ -44,7 +44,8 @@ def grade(settings: Settings, handler: AgentHandler, ctx: StageContext, *,
     try:
         notes = handler.prepare_eval(ctx, str(workspace)) or {}
         options = eval_options(job_sandbox, handler.sandbox_overrides(ctx))
-        runtime = sandboxes.wanted_runtime(settings, options, True)
+        runtime = sandboxes.wanted_runtime(settings, job_sandbox or {}, True)
+        runtime = options.get("runtime") or runtime  # a handler's override wins
         sb, handle = sandboxes.start(settings, options, label[0], label[1], runtime,
                                      workspace=workspace, state_dir=state_dir)
         if on_start is not None:

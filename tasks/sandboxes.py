@@ -56,7 +56,7 @@ def wanted_runtime(settings: Settings, options: dict[str, Any], needs_sandbox: b
 
 def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> dict[str, Any]:
     """SandboxSpec fields from merged job + handler options: names resolved under the
-    operator's roots, limits no higher than the operator's caps."""
+    operator's roots, default limits no higher than the operator's caps."""
     fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
     # A job's own options are names (held to the policy in `wanted_runtime`); an absolute path
     # here is one a handler resolved under an operator root (e.g. a per-instance image).
@@ -64,10 +64,12 @@ def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> di
         plain_name(fields["python_env"], "sandbox.python_env")  # built under <home>/envs
     if "image" in fields and not os.path.isabs(fields["image"]):
         fields["image"] = resolve_image(settings, fields["image"], runtime)
+    # Defaults the job left alone come down to the operator's caps; values given were held to
+    # the caps already (the job's) or are the service's own (a handler's, EVAL's output room).
     caps = settings.policy.sandbox.max_limits.model_dump()
-    limits = {name: min(value, caps[name]) if name in caps else value
-              for name, value in SandboxLimits(**fields.get("limits") or {}).model_dump().items()}
-    fields["limits"] = limits
+    defaults = {name: value if value is None or name not in caps else min(value, caps[name])
+                for name, value in SandboxLimits().model_dump().items()}
+    fields["limits"] = {**defaults, **(fields.get("limits") or {})}
     return fields
 
 

@@ -162,6 +162,17 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
     settings = Settings(home=tmp_path / "eval-home", sandbox_runtime="bwrap")
     count = [0]
 
+    def by_name(sandbox: dict[str, Any]) -> dict[str, Any]:
+        """A job names its environment (policy): link a built one into this home's envs."""
+        env = sandbox.get("python_env")
+        if env is None or not Path(env).is_absolute():
+            return sandbox
+        link = settings.envs_root / Path(env).name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(env)
+        return {**sandbox, "python_env": link.name}
+
     def grade(handler: Any, ctx: StageContext, sandbox: dict[str, Any] | None = None,
               artifact: dict[str, Any] | None = None) -> Any:
         if artifact is None:
@@ -172,7 +183,7 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
             ctx.artifact = artifact
         ctx.stage = "eval"
         count[0] += 1
-        return grading.grade(settings, handler, ctx, job_sandbox=sandbox or {},
+        return grading.grade(settings, handler, ctx, job_sandbox=by_name(sandbox or {}),
                              label=(ctx.rollout_id, count[0]),
                              workspace=settings.workspaces / f"eval-{count[0]}")
 
