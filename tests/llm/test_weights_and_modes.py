@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import update
 
 from agents.llm import LLMSession, validate_llm_spec
-from agents.llm.pool import ServersPaused
+from agents.llm.pool import RECHECK_SECONDS, ServersPaused
 from core.db import session_scope
 from core.errors import ConfigError, InvalidRequest
 from core.models import LLMServer
@@ -103,3 +103,49 @@ def test_logprobs_mode_mismatch_is_refused(simulators, db_url) -> None:
         s.start([{"role": "user", "content": "go"}])
         with pytest.raises(ConfigError, match="processed_logprobs"):
             s.generate(deadline())
+
+
+def test_request_failing_while_paused_waits_instead_of_failing_over(db_url) -> None:
+    """The trainer pauses and restarts the server with a request in flight: no mark-down."""
+    import threading as th
+
+    from agents.llm.simulator import make_server, start_simulator
+
+    slow = {"default": [SCRIPT["default"][0], {"text": "slow", "latency": 3.0}]}
+    url, stop_a = start_simulator(SMOLLM2, slow)
+    register(db_url, [url], "v1")
+    [rid] = make_rollouts(db_url, 1)
+    port = int(url.rsplit(":", 1)[1])
+    servers = []
+
+    def trainer() -> None:
+        time.sleep(0.2)
+        set_row(db_url, url, paused=True)
+        stop_a()  # the old weights' server goes away mid-request
+        server_b = make_server(SMOLLM2, {"default": ["new weights"]}, port=port)
+        servers.append(server_b)
+        th.Thread(target=server_b.serve_forever, daemon=True).start()
+        time.sleep(1.0)
+        set_row(db_url, url, paused=False, weight_version="v2")
+
+    with open_session({**SPEC, "request_timeout": 0.6}, rid, db_url) as s:
+        s.start([{"role": "user", "content": "go"}])
+        s.generate(deadline())
+        s.append_messages([{"role": "tool", "content": "ok"}])
+        worker = th.Thread(target=trainer)
+        worker.start()
+        started = time.monotonic()
+        try:
+            second = s.generate(deadline())
+        finally:
+            worker.join()
+            for server in servers:
+                server.shutdown()
+                server.server_close()
+    elapsed = time.monotonic() - started
+    assert (second.text, second.weight_version) == ("new weights", "v2")
+    # Answered right after the resume, not after a mark-down and a re-probe (RECHECK_SECONDS).
+    assert elapsed < RECHECK_SECONDS
+    with session_scope(db_url) as db:
+        row = db.query(LLMServer).filter_by(url=url).one()
+        assert row.healthy and row.checked_at is None  # never marked down
