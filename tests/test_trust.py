@@ -313,3 +313,50 @@ def test_embedded_default_without_tokens_is_one_local_admin(tmp_path):
         assert client.post("/v1/jobs", json=job()).status_code == 202
     finally:
         server.shutdown()
+
+
+def test_readme_policy_file_loads(tmp_path, monkeypatch):
+    """The README's TOML example is a valid policy file (RAAS_POLICY_FILE)."""
+    import re
+
+    toml = re.search(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    (tmp_path / "policy.toml").write_text(toml)
+    monkeypatch.setenv("RAAS_POLICY_FILE", str(tmp_path / "policy.toml"))
+    policy = Settings(home=tmp_path).policy
+    assert policy.sandbox.python_envs == ["math", "pytest"] and policy.sandbox.network is False
+    assert policy.llm.credentials["openai"].env == "OPENAI_API_KEY"
+    with pytest.raises(ValidationError, match="LD_"):
+        Settings(home=tmp_path, policy_file=None, policy={"sandbox": {"env": ["LD_*"]}})
+
+
+def test_credential_goes_only_where_the_operator_said(monkeypatch):
+    """A registered credential is read from the operator's variable and sent as the bearer
+    token to its allowed URL (real HTTP); a job cannot name the variable itself."""
+    from agents.llm import LLMSession
+    from core.policy import LLMPolicy
+
+    seen = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setenv("OPERATOR_SECRET", "s3cret-value")
+    policy = LLMPolicy(credentials={"vendor": {"env": "OPERATOR_SECRET", "urls": [url]}})
+    spec = {"servers": [{"url": url, "model": "m", "credential": "vendor"}], "tokenizer": SMOLLM2}
+    try:
+        with LLMSession.open(spec, {"max_tokens": 4}, "r-cred", policy=policy) as s:
+            s.start([{"role": "user", "content": "hi"}])
+            with pytest.raises(Exception):
+                s.generate(__import__("time").monotonic() + 3)
+        assert seen and set(seen) == {"Bearer s3cret-value"}
+    finally:
+        server.shutdown()
