@@ -119,16 +119,17 @@ class CodeHandler(AgentHandler):
         return {"files": {name: data.decode("utf-8", errors="replace")}}
 
     def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any] | None:
-        """The fresh workspace holds the stored solution file and nothing else."""
+        """The fresh workspace holds the stored solution file and nothing else (kept in extra)."""
         from pathlib import Path
 
         name = solution_file(ctx.instance)
         text = ((ctx.artifact or {}).get("files") or {}).get(name)
-        if isinstance(text, str):
-            target = Path(workspace, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        return None
+        if not isinstance(text, str):
+            return {"files": {}}
+        target = Path(workspace, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        return {"files": {name: text}}  # what was graded, for people reading the result
 
     def evaluate(self, ctx: StageContext) -> EvalResult:
         """Run every hidden test in its own process; reward per the config."""

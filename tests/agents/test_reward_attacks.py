@@ -184,6 +184,7 @@ def test_code_attacks_earn_nothing(outcomes, service, name) -> None:
 
 def test_code_honest_solution_still_earns_one(outcomes) -> None:
     assert earned(outcomes["code-honest"]) == ("completed", 1.0)
+    assert "def fizzbuzz" in outcomes["code-honest"]["extra"]["files"]["solution.py"]
     assert earned(outcomes["res-honest"]) == ("completed", 1.0)  # under the tight limits too
 
 
