@@ -10,7 +10,7 @@ import logging
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,12 +18,11 @@ from agents.registry import get_handler
 from app.schemas import AttemptView, JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
 from core.db import session_scope
 from core.errors import InvalidRequest, NotFound, validation_error
-from core.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, new_id
+from core.models import TERMINAL_VALUES, Job, Rollout, Turn, new_id
 from core.settings import Settings
 from core.policy import DEFAULT_OWNER, check_python_env, check_sandbox_options
-from tasks import lifecycle
+from tasks import lifecycle, outbox, quotas
 from tasks.llm_pool import registered_urls
-from tasks.stages import enqueue_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -79,27 +78,31 @@ def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req:
                       llm, urls)
 
 
-def create_job(settings: Settings, req: JobCreate, owner: str,
-               celery: Any,
+def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
                extra_config: dict[str, Any] | None = None, admin: bool = True) -> JobAccepted:
-    """Persist a job and its rollouts, then enqueue them; idempotent on the key.
+    """Persist a job and its rollouts in one transaction and answer; idempotent on the key.
 
-    `extra_config` is stored with the job's config (e.g. the ProRL job id /cancel looks up);
-    `admin` callers may name any LLM server URL (tenants only allowlisted ones).
+    The rollouts are committed with their outbox mark and published after the answer by the
+    gateway's outbox thread (or, if the gateway dies first, by the reaper): a large job costs
+    the request one bulk insert, never a broker round trip per rollout. `extra_config` is
+    stored with the job's config (e.g. the ProRL job id /cancel looks up); `admin` callers
+    may name any LLM server URL (tenants only allowlisted ones).
     """
     if req.idempotency_key:
         existing = _find_idempotent(settings, owner, req.idempotency_key)
         if existing is not None:
             return existing
+    n = quotas.check_job_size(settings, len(req.instances), req.n_samples)
     config = {**validate_submission(settings, req, owner, admin), **(extra_config or {})}
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
               n_instances=len(req.instances), n_samples=req.n_samples)
     now = lifecycle.utcnow()
     rows = [{"id": new_id(), "instance_id": inst.instance_id, "instance": inst.data,
-             "sample_index": k, "queued_at": now, "created_at": now}
+             "sample_index": k, "queued_at": now, "created_at": now, "outbox_at": now}
             for inst in req.instances for k in range(req.n_samples)]
     try:
         with session_scope(settings.db_url) as s:
+            quotas.reserve_in_flight(s, settings, owner, n)
             s.add(job)
             s.flush()
             for row in rows:
@@ -111,10 +114,7 @@ def create_job(settings: Settings, req: JobCreate, owner: str,
             raise
         return existing
     ids = [row["id"] for row in rows]
-    try:
-        enqueue_rollouts(celery, [(rid, 1) for rid in ids])
-    except Exception:  # accepted is accepted: the reaper republishes what is still queued
-        log.exception("job %s: enqueue failed; the reaper will publish its rollouts", job.id)
+    outbox.publisher_for(settings.db_url, celery).submit(ids)
     return JobAccepted(job_id=job.id, rollout_ids=ids, created=True)
 
 
@@ -189,18 +189,10 @@ def results_after(s: Session, job_id: str, after: int, limit: int) -> list[Rollo
 
 
 def cancel_job(settings: Settings, job_id: str, owner: str | None = None) -> JobView:
-    """Stop a job: queued rollouts never start, running ones stop at their next turn."""
+    """Stop a job: queued rollouts end at once (one statement), running ones at their next
+    turn."""
     with session_scope(settings.db_url) as s:
-        job = get_job(s, job_id, owner)
-        job.cancel_requested = True
-        s.execute(update(Rollout).where(Rollout.job_id == job_id,
-                                        Rollout.status.not_in(TERMINAL_VALUES))
-                  .values(cancel_requested=True))
-        pending = s.scalars(select(Rollout.id).where(Rollout.job_id == job_id,
-                                                     Rollout.status == Status.PENDING.value,
-                                                     Rollout.lease_owner.is_(None))).all()
-    for rid in pending:  # never started: no sandbox to release, finish them here
-        lifecycle.finish(settings.db_url, rid, Status.CANCELLED, "cancelled",
-                         expect_status=[Status.PENDING.value], error="cancelled")
+        get_job(s, job_id, owner)
+    lifecycle.cancel_job(settings.db_url, job_id)
     with session_scope(settings.db_url) as s:
         return job_view(s, get_job(s, job_id))

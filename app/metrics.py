@@ -116,6 +116,11 @@ class RaasCollector:
                 healthy.add_metric([server.id], int(server.healthy))
             yield in_flight
             yield healthy
+            outbox = GaugeMetricFamily(
+                "raas_outbox_rollouts", "Accepted rollouts not yet published to the broker")
+            outbox.add_metric([], s.scalar(select(func.count()).select_from(Rollout)
+                                           .where(Rollout.outbox_at.is_not(None))))
+            yield outbox
             for stage in ("init", "run", "eval"):
                 yield self._histogram(s, stage)
 

@@ -121,6 +121,13 @@ class AgentError(RaasError):
     code = "agent_error"
 
 
+class QuotaExceeded(RaasError):
+    """The request is within bounds but the owner's share is used up; retry later."""
+
+    http_status = 429
+    code = "quota_exceeded"
+
+
 def validation_error(exc: ValidationError, where: str = "body") -> InvalidRequest:
     """A pydantic error as an InvalidRequest naming the first bad field."""
     first = exc.errors()[0]

@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -124,6 +125,9 @@ class Rollout(Base):
         Index("ix_rollouts_job_seq", "job_id", "result_seq"),
         Index("ix_rollouts_status", "status"),
         Index("ix_rollouts_job_instance", "job_id", "instance_id"),
+        # only the few rows waiting for publication are indexed
+        Index("ix_rollouts_outbox", "outbox_at", postgresql_where=text("outbox_at IS NOT NULL"),
+              sqlite_where=text("outbox_at IS NOT NULL")),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -142,6 +146,8 @@ class Rollout(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The outbox: set when the INIT message is still to be published (see tasks.outbox).
+    outbox_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     sandbox: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     llm_server: Mapped[str | None] = mapped_column(String(512))
     state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)

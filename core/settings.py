@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
     lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")
     requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")
+    outbox_grace: float = Field(
+        30.0, gt=0, description="The reaper publishes rollouts left unpublished this long")
+    max_rollouts_per_job: int = Field(
+        20_000, ge=1, description="Cap on instances x n_samples of one job (else 400)")
+    max_in_flight_per_owner: int = Field(
+        100_000, ge=1, description="Cap on one owner's unfinished rollouts (else 429)")
     reaper_interval: float = Field(5.0, gt=0, description="Seconds between reaper passes")
     stage_grace: float = Field(60.0, ge=0, description="Slack past a stage deadline")
     max_rollout_seconds: float = Field(

@@ -13,10 +13,22 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, case, exists, func, select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import aliased
 
 from core.db import session_scope
-from core.models import TERMINAL_VALUES, Job, Rollout, Status, Turn, sources_of, utcnow
+from core.models import (
+    ACTIVE,
+    TERMINAL_VALUES,
+    Job,
+    Outcome,
+    Rollout,
+    Status,
+    Turn,
+    sources_of,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +203,63 @@ def touch_queued(db_url: str, rollout_id: str, attempt: int, status: str) -> boo
         return s.execute(update(Rollout).where(
             Rollout.id == rollout_id, Rollout.attempt == attempt, Rollout.status == status,
             Rollout.lease_owner.is_(None)).values(queued_at=utcnow())).rowcount == 1
+
+
+def cancel_job(db_url: str, job_id: str, attempts: int = 3) -> int:
+    """Cancel a job as set operations; returns how many queued rollouts it ended.
+
+    Every unfinished rollout gets `cancel_requested` (running ones stop at their next turn,
+    rollouts queued for RUN/EVAL end when their worker claims them and releases the sandbox).
+    Rollouts queued for INIT (never started: no sandbox) end here, all in one UPDATE, with the
+    next completion sequence numbers in (instance, sample) order and `completes_group` on the
+    last one of each group that nothing else keeps open; the job's counter moves once. Their
+    queued messages then find nothing to claim. Retried on a database deadlock: the statement
+    locks many rows at once, and a heartbeat may hold some of them in another order.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return _cancel_job_once(db_url, job_id)
+        except DBAPIError as exc:
+            if attempt == attempts or getattr(exc.orig, "sqlstate", None) != "40P01":
+                raise
+            log.warning("job %s: cancel hit a deadlock, retrying (%s)", job_id, attempt)
+    raise AssertionError("unreachable")
+
+
+def _cancel_job_once(db_url: str, job_id: str) -> int:
+    now = utcnow()
+    queued = and_(Rollout.job_id == job_id, Rollout.status == Status.PENDING.value,
+                  Rollout.lease_owner.is_(None))
+    plain = {"synchronize_session": False}
+    with session_scope(db_url) as s:
+        # Rows first, then the job: the order `finish` locks them in (no deadlock with it),
+        # and holding the queued rows keeps claims out until the numbers below are final.
+        s.execute(update(Rollout).where(Rollout.job_id == job_id,
+                                        Rollout.status.not_in(TERMINAL_VALUES))
+                  .values(cancel_requested=True), execution_options=plain)
+        base, total = s.execute(update(Job).where(Job.id == job_id).values(
+            cancel_requested=True).returning(Job.finished_count, Job.n_instances * Job.n_samples),
+            execution_options=plain).one()
+        other = aliased(Rollout)
+        ranked = select(
+            Rollout.id,
+            func.row_number().over(order_by=(Rollout.instance_id, Rollout.sample_index))
+            .label("rn"),
+            func.row_number().over(partition_by=Rollout.instance_id,
+                                   order_by=Rollout.sample_index.desc()).label("from_end"),
+            # a started sibling still open: it (not us) will complete the group
+            exists().where(other.job_id == job_id, other.instance_id == Rollout.instance_id,
+                           other.status.in_([s.value for s in ACTIVE])).label("busy"),
+        ).where(queued).subquery()
+        n = s.execute(update(Rollout).where(Rollout.id == ranked.c.id).values(
+            status=Status.CANCELLED.value, outcome=Outcome.CANCELLED.value, error="cancelled",
+            lease_owner=None, heartbeat_at=None, finished_at=now, outbox_at=None,
+            result_seq=base + ranked.c.rn,
+            completes_group=case((and_(ranked.c.from_end == 1, ~ranked.c.busy), True),
+                                 else_=False)), execution_options=plain).rowcount
+        if n:
+            s.execute(update(Job).where(Job.id == job_id).values(
+                finished_count=Job.finished_count + n,
+                finished_at=now if base + n >= total else Job.finished_at),
+                execution_options=plain)
+        return n

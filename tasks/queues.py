@@ -11,13 +11,21 @@ from tasks.config import UNROUTED_QUEUE
 
 
 def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
-    """Messages waiting in each queue (passive declare: never creates anything)."""
+    """Messages waiting in each queue (never creates anything).
+
+    kombu's virtual transports (Redis, the filesystem) count with the channel's `_size`: a
+    passive declare first checks the queue exists with EXISTS, which kombu does not prefix
+    under `global_keyprefix`, so with RAAS_BROKER_KEY_PREFIX every queue looked empty (and
+    the reaper re-published whole backlogs on every pass).
+    """
     depths: dict[str, int] = {}
     with celery.connection_for_write() as conn:
         channel = conn.default_channel
         for queue in queues:
             try:
-                depths[queue] = channel.queue_declare(queue=queue, passive=True).message_count
+                size = getattr(channel, "_size", None)
+                depths[queue] = size(queue) if size is not None else \
+                    channel.queue_declare(queue=queue, passive=True).message_count
             except Exception:  # a queue nobody declared yet is simply empty
                 depths[queue] = 0
                 channel = conn.channel() if conn.connected else conn.default_channel

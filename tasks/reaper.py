@@ -5,6 +5,8 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
 - lost leases (no heartbeat for `lease_timeout`): a new attempt from INIT, or `infra_error`
   after `max_attempts`, because the sandbox of a lost node is gone with it;
 - stages running past their deadline plus grace while still beating (a hung hook): `timeout`;
+- the publication outbox: rollouts a gateway committed but did not publish (it died in
+  between) are published once they have waited `outbox_grace`;
 - queued rollouts whose message may be lost (the broker restarted without persistence): when
   their queue is empty but the database says they wait, the message is published again —
   harmless if it was not lost, because the duplicate finds nothing to claim;
@@ -21,13 +23,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select, update
 
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import lifecycle, sandboxes
+from tasks import lifecycle, outbox, sandboxes
 from tasks.config import stage_queue
+from tasks.outbox import publish_many
 from tasks.stages import DEFAULT_TIMEOUTS, publish
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,8 @@ class Reaper:
     def run_once(self) -> dict[str, int]:
         """One pass; returns how many rollouts each rule touched."""
         return {"lost": self.reclaim_lost(), "overdue": self.fail_overdue(),
-                "requeued": self.republish_stale(), "sandboxes": self.sweep_sandboxes(),
+                "outbox": self.drain_outbox(), "requeued": self.republish_stale(),
+                "sandboxes": self.sweep_sandboxes(),
                 "llm_servers": self.maintain_llm_pool()}
 
     def maintain_llm_pool(self, force: bool = False) -> int:
@@ -124,29 +128,38 @@ class Reaper:
         return n
 
     def republish_stale(self) -> int:
-        """Publish again what waits in the database but not in an empty queue."""
+        """Publish again what waits in the database but not in an empty queue (one batch)."""
         cutoff = utcnow() - timedelta(seconds=self.settings.requeue_after)
+        waiting = [Rollout.lease_owner.is_(None), Rollout.outbox_at.is_(None),
+                   Rollout.status.in_([Status.PENDING.value, "run", "eval"]),
+                   Rollout.queued_at < cutoff]
         with session_scope(self.db) as s:
-            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node)
-                             .where(Rollout.lease_owner.is_(None),
-                                    or_(Rollout.status == Status.PENDING.value,
-                                        Rollout.status.in_(["run", "eval"])),
-                                    Rollout.queued_at < cutoff)).all()
+            rows = s.execute(select(Rollout.status, Rollout.node).where(*waiting)
+                             .distinct()).all()
         if not rows:
             return 0
         from tasks.queues import queue_depths
 
-        stage_of = {r.id: ("init" if r.status == Status.PENDING.value else r.status) for r in rows}
-        queues = {stage_queue(stage_of[r.id], r.node) for r in rows}
-        depths = queue_depths(self.celery, sorted(queues))
-        n = 0
-        for r in rows:
-            stage = stage_of[r.id]
-            if depths.get(stage_queue(stage, r.node), 0) == 0 and lifecycle.touch_queued(
-                    self.db, r.id, r.attempt, r.status):
-                publish(self.celery, stage, r.id, r.attempt, r.node)
-                n += 1
-        return n
+        queue_of = {(r.status, r.node): stage_queue(_stage(r.status), r.node) for r in rows}
+        depths = queue_depths(self.celery, sorted(set(queue_of.values())))
+        empty = [key for key, queue in queue_of.items() if depths.get(queue, 0) == 0]
+        if not empty:
+            return 0
+        # Restart their queued clocks in one statement (one reaper wins each row), then
+        # publish what this reaper took in one batch.
+        with session_scope(self.db) as s:
+            taken = s.execute(update(Rollout).where(*waiting, or_(*[
+                and_(Rollout.status == status, Rollout.node.is_(None) if node is None
+                     else Rollout.node == node) for status, node in empty]))
+                .values(queued_at=utcnow())
+                .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node),
+                execution_options={"synchronize_session": False}).all()
+        publish_many(self.celery, ((_stage(r.status), r.id, r.attempt, r.node) for r in taken))
+        return len(taken)
+
+    def drain_outbox(self) -> int:
+        """Publish rollouts a gateway committed but never published (it died in between)."""
+        return outbox.drain(self.db, self.celery, self.settings.outbox_grace)
 
     def sweep_sandboxes(self) -> int:
         """Stop sandboxes on this node that no live rollout attempt owns."""
@@ -176,3 +189,8 @@ class Reaper:
                 sandboxes.release(h)
                 n += 1
         return n
+
+
+def _stage(status: str) -> str:
+    """The stage a queued rollout waits for (pending rollouts wait for INIT)."""
+    return "init" if status == Status.PENDING.value else status

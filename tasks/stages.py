@@ -53,13 +53,6 @@ def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | Non
                   producer=producer)
 
 
-def enqueue_rollouts(app: Any, pairs: list[tuple[str, int]]) -> None:
-    """Publish INIT for (rollout id, attempt) pairs over one producer connection."""
-    with app.producer_or_acquire() as producer:  # one connection for the whole batch
-        for rollout_id, attempt in pairs:
-            publish(app, "init", rollout_id, attempt, producer=producer)
-
-
 class StageRun:
     """One execution of one stage for one rollout attempt."""
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -187,7 +188,11 @@ def test_health_metrics_openapi(api):
     assert ready.json()["stages"] == {"init": 0}
     assert ready.json()["workers"] == "error: no worker consumes init"
     api.post("/v1/jobs", json=job())
-    text = api.get("/metrics").text
+    deadline = time.monotonic() + 30  # published just after the 202, by the outbox thread
+    while 'raas_outbox_rollouts 0.0' not in (text := api.get("/metrics").text):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.05)
+    text = api.get("/metrics").text  # queue depths of a scrape that began after the publish
     assert 'raas_queue_depth{queue="raas.unrouted"} 0.0' in text
     assert 'raas_queue_depth{queue="init"} 4.0' in text
     assert 'raas_rollouts{outcome="",status="pending"} 4.0' in text
