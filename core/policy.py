@@ -97,6 +97,10 @@ class LLMPolicy(_Strict):
         65536, ge=0, description="Largest inline chat template (0 = inline text refused)")
     credentials: dict[str, Credential] = Field(
         default_factory=dict, description="Credentials a job or server may name")
+    tokenizer_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders a tenant's `llm.tokenizer` may name a tokenizer under (admins: "
+                    "any folder); otherwise the model path its servers report")
 
 
 class Policy(_Strict):
@@ -242,6 +246,19 @@ def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) 
         raise _deny(field, f"credential {name!r} may not be sent to {url!r}",
                     f"policy.llm.credentials.{name}.urls")
     return cred
+
+
+def check_tokenizer(policy: LLMPolicy, folder: str | None, admin: bool) -> None:
+    """A tenant names a tokenizer folder only under the operator's tokenizer roots; the answer
+    is the same whether the folder exists or not (no existence oracle)."""
+    if folder is None or admin:
+        return
+    real = Path(folder).resolve()
+    if not any(real.is_relative_to(Path(root).resolve()) for root in policy.tokenizer_roots):
+        roots = ", ".join(str(r) for r in policy.tokenizer_roots) or "none"
+        raise _deny("llm.tokenizer", f"{folder!r} is not under the operator's tokenizer roots "
+                    f"({roots}); leave it unset to use the model path your servers report",
+                    "policy.llm.tokenizer_roots")
 
 
 def chat_template_text(policy: LLMPolicy, name: str | None, inline: str | None) -> str | None:

@@ -39,7 +39,7 @@ def gateway(tmp_path):
     (templates / "chatml.jinja").write_text((Path(SMOLLM2) / "chat_template.jinja").read_text())
     settings = tenant_settings(tmp_path, sandbox={"env": ["MY_*"]}, llm={
         "server_urls": ["http://10.9.*"], "templates_dir": str(templates),
-        "inline_template_max_bytes": 20000,
+        "inline_template_max_bytes": 20000, "tokenizer_roots": [str(Path(SMOLLM2).parent)],
         "credentials": {"openai": {"env": "OPENAI_KEY", "urls": ["https://api.example.com*"]}}})
     server, _ = serve(settings)
     url = f"http://127.0.0.1:{server.server_port}"
@@ -135,6 +135,17 @@ def test_chat_template_is_never_a_host_path_and_no_existence_oracle(gateway):
                         "llm.chat_template", "not a registered name")
         answers.add(body["message"].replace(repr(path), "PATH"))
     assert len(answers) == 1  # the same answer whether the file exists or not
+
+
+def test_tokenizer_folder_only_under_the_operator_roots_for_tenants(gateway):
+    answers = set()
+    for path in ("/etc", "/nonexistent/tok", "/root/.cache/huggingface"):
+        body = rejected(gateway["alice"].post("/v1/jobs", json=llm_job(tokenizer=path)), 400,
+                        "llm.tokenizer", "policy.llm.tokenizer_roots")
+        answers.add(body["message"].replace(repr(path), "PATH"))
+    assert len(answers) == 1  # no existence oracle
+    assert gateway["alice"].post("/v1/jobs", json=llm_job()).status_code == 202  # under a root
+    assert gateway["operator"].post("/v1/jobs", json=llm_job()).status_code == 202
 
 
 def test_chat_template_by_name_or_capped_inline_text(gateway):

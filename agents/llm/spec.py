@@ -14,7 +14,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import InvalidRequest
-from core.policy import LLMPolicy, chat_template_text, check_credential, check_server_url
+from core.policy import (
+    LLMPolicy,
+    chat_template_text,
+    check_credential,
+    check_server_url,
+    check_tokenizer,
+)
 
 BackendName = Literal["vllm", "sglang", "openai-chat"]
 # vLLM's --logprobs-mode values that are logprobs (the *_logits modes are not): raw = the
@@ -163,6 +169,7 @@ def check_llm_policy(spec: LLMSpec, policy: LLMPolicy, admin: bool) -> LLMSpec:
     if spec.credential is not None and not spec.servers:
         raise InvalidRequest("llm.credential: the registered pool's servers carry their own "
                              "credentials; name one only with llm.servers", field="llm.credential")
+    check_tokenizer(policy, spec.tokenizer, admin)
     spec.chat_template_text = chat_template_text(policy, spec.chat_template,
                                                  spec.chat_template_text)
     spec.chat_template = None
