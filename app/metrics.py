@@ -70,9 +70,13 @@ def rollout_counts(s: Any, owner: str | None = None) -> list[tuple[str, str | No
     return [(status, outcome, n) for status, outcome, n in s.execute(q)]
 
 
-def llm_servers(s: Any) -> list[LLMServer]:
-    """The registered inference servers (health and in-flight counts), oldest first."""
-    return list(s.scalars(select(LLMServer).order_by(LLMServer.created_at, LLMServer.id)))
+def llm_servers(s: Any, owner: str | None = None) -> list[LLMServer]:
+    """The registered inference servers (health and in-flight counts), all or one owner's,
+    oldest first."""
+    q = select(LLMServer).order_by(LLMServer.created_at, LLMServer.id)
+    if owner is not None:
+        q = q.where(LLMServer.owner == owner)
+    return list(s.scalars(q))
 
 
 class RaasCollector:

@@ -24,12 +24,14 @@ SESSION_CSRF = "raas_csrf"
 
 
 def session_secret(settings) -> bytes:  # noqa: ANN001 - Settings
-    """The cookie-signing key: configured, else derived from the API token (same on every
-    gateway of a deployment), else random (no auth: the cookie carries no credential)."""
+    """The cookie-signing key: configured, else derived from the settings' API tokens (the
+    same on every gateway of a deployment), else random per process (tokens only in the
+    database: set RAAS_UI_SECRET_KEY when several gateway processes serve one address)."""
     if settings.ui_secret_key:
         return settings.ui_secret_key.encode()
-    if settings.api_token:
-        return hmac.new(settings.api_token.encode(), b"raas-ui-session", hashlib.sha256).digest()
+    material = "\n".join([settings.api_token or "", *sorted(settings.api_tokens)])
+    if material.strip():
+        return hmac.new(material.encode(), b"raas-ui-session", hashlib.sha256).digest()
     return secrets.token_bytes(32)
 
 

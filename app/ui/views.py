@@ -178,7 +178,10 @@ def _drift(metrics: dict[str, Any], segs: list[dict[str, Any]]) -> dict[str, Any
 
 @bp.get("/stages")
 def stages():
-    """Live stage view: the numbers of /metrics (queues, consumers, rollouts, servers)."""
+    """Live stage view: the numbers of /metrics (queues, consumers, rollouts, servers).
+
+    Queues and rollout counts are the open /metrics numbers; servers are the caller's own
+    (the operator's token sees every tenant's), as in GET /v1/llm-servers."""
     settings = _settings()
     celery = current_app.extensions["celery"]
     queues = known_queues(settings.db_url)
@@ -189,9 +192,10 @@ def stages():
     with session_scope(settings.db_url) as s:
         everyone = rollout_counts(s)
         mine = rollout_counts(s, g.owner)
-        servers = [{"id": v.id, "url": v.url, "model": v.model, "weight_version": v.weight_version,
+        servers = [{"id": v.id, "owner": v.owner, "url": v.url, "model": v.model,
+                    "weight_version": v.weight_version,
                     "healthy": v.healthy, "paused": v.paused, "in_flight": v.in_flight, "last_error": v.last_error}
-                   for v in llm_servers(s)]
+                   for v in llm_servers(s, None if g.get("admin") else g.owner)]
     template = "ui/_stages_body.html" if request.args.get("fragment") else "ui/stages.html"
     return render_template(template, table=_queue_table(queues, depths, consumers),
                            everyone=_status_table(everyone), mine=_status_table(mine),

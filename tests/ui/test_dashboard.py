@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
@@ -29,7 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 QUESTIONS = {q["instance_id"]: q for q in map(json.loads, (
     REPO / "examples" / "search" / "questions.jsonl").read_text().splitlines())}
-TOKEN = "ui-test-token"
+TOKEN = "ui-test-token"  # tenant alice
+OTHER = "ui-other-token"  # tenant bob
+OPERATOR = "ui-operator-token"  # admin
 
 
 def call(name: str, **arguments: str) -> str:
@@ -59,11 +60,15 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = start_service(tmp_path_factory.mktemp("ui"), concurrency=2,
-                        extra={"api_token": TOKEN})
+    svc = start_service(tmp_path_factory.mktemp("ui"), concurrency=2, extra={
+        "api_token": OPERATOR,
+        "api_tokens": {TOKEN: {"owner": "alice"}, OTHER: {"owner": "bob"}},
+        "policy": {"llm": {"server_urls": ["http://127.0.0.1:*", "http://127.0.0.2:*"]}}})
     svc.client.close()
     svc.client = RaasClient(svc.url, token=TOKEN, timeout=60)
+    svc.bob = RaasClient(svc.url, token=OTHER, timeout=60)
     yield svc
+    svc.bob.close()
     svc.stop()
 
 
@@ -85,15 +90,14 @@ def jobs(service):
     main = service.client.submit("search", [instance(i) for i in
                                             ("search-003", "search-016", "search-001")],
                                  n_samples=2, limits={"max_turns": 4}, llm=llm)
-    other = service.client.submit("search", [instance("search-016")], llm=llm,
-                                  limits={"max_turns": 4})
+    other = service.bob.submit("search", [instance("search-016")], llm=llm,  # another tenant
+                               limits={"max_turns": 4})
+    service.bob.add_llm_server(url.replace("127.0.0.1", "127.0.0.2"))  # bob's own pool
     service.wait_done(main["job_id"], timeout=120)
-    service.wait_done(other["job_id"], timeout=120)
-    engine = sa.create_engine(service.settings.db_url)
-    with engine.begin() as conn:  # another tenant's job: must be invisible to this token
-        conn.execute(sa.text("UPDATE jobs SET owner = 'someone-else' WHERE id = :id"),
-                     {"id": other["job_id"]})
-    engine.dispose()
+    deadline = time.monotonic() + 120
+    while service.bob.job(other["job_id"])["status"] == "running":
+        assert time.monotonic() < deadline, "bob's job did not finish"
+        time.sleep(0.2)
     slow_job = service.client.submit("search", [instance("search-002")], llm=llm,
                                      limits={"max_turns": 30})  # 8 s a turn: minutes
     yield {"main": main, "other": other, "slow": slow_job}
@@ -145,7 +149,11 @@ def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs
                         ).status_code == 404
         assert mine.post(f"/ui/jobs/{other['job_id']}/cancel").status_code == 404
         assert other["job_id"] not in mine.get("/ui/").text
-        # The cookie is for /ui only: it never authenticates an API call.
+    with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {OTHER}"}) as bob:
+        assert bob.get(f"/ui/jobs/{other['job_id']}").status_code == 200
+        assert bob.get(f"/ui/jobs/{main['job_id']}").status_code == 404
+        assert bob.get(f"/ui/rollouts/{main['rollout_ids'][0]}").status_code == 404
+    # The cookie is for /ui only: it never authenticates an API call.
     with httpx.Client(base_url=service.url) as browser_like:
         browser_like.post("/ui/login", data={"token": TOKEN})
         assert browser_like.get("/ui/").status_code == 200
@@ -229,6 +237,8 @@ def test_stage_view_shows_the_metrics_numbers(service, jobs, browser, artifacts)
     assert "step-7" in row.text and "healthy" in row.text
     assert int(row.find_element("css selector", ".in-flight").text) == metrics[
         ("raas_llm_server_in_flight", (("server", server["id"]),))]
+    assert len(browser.find_elements("css selector", "tr[data-server]")) == 1  # not bob's
+    assert "127.0.0.2" not in browser.page_source
     shot(browser, artifacts, "stages")
     assert console_errors(browser) == []
 
