@@ -63,7 +63,8 @@ def service(tmp_path_factory):
     svc = start_service(tmp_path_factory.mktemp("ui"), concurrency=2, extra={
         "api_token": OPERATOR,
         "api_tokens": {TOKEN: {"owner": "alice"}, OTHER: {"owner": "bob"}},
-        "policy": {"llm": {"server_urls": ["http://127.0.0.1:*", "http://127.0.0.2:*"]}}})
+        "policy": {"llm": {"server_urls": ["http://127.0.0.1:*", "http://127.0.0.2:*"],
+                           "tokenizer_roots": [str(REPO / "tests" / "fixtures")]}}})
     svc.client.close()
     svc.client = RaasClient(svc.url, token=TOKEN, timeout=60)
     svc.bob = RaasClient(svc.url, token=OTHER, timeout=60)
