@@ -71,3 +71,12 @@ def test_dev_stack_builds_environments_with_the_system_python():
     assert "raas env build pytest" in node
     image = compose["x-raas"]["build"]["dockerfile_inline"]
     assert re.search(r"apt-get install .*\bpython3\b.*\bpython3-venv\b", image)  # /usr/bin/python3
+
+
+def test_dev_stack_flower_is_reachable_with_basic_auth_and_task_events():
+    compose = yaml.safe_load((REPO / "docker-compose.dev.yml").read_text())
+    flower = compose["services"]["flower"]
+    assert "--address 0.0.0.0" in flower["command"]  # the container's loopback is not published
+    user, _, password = flower["environment"]["RAAS_FLOWER_BASIC_AUTH"].partition(":")
+    assert user and len(password) >= 8  # what `raas flower` requires off loopback
+    assert compose["x-raas"]["environment"]["RAAS_TASK_EVENTS"] == "true"
