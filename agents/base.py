@@ -6,21 +6,80 @@ sandbox, deadlines, cancel, persistence. Handlers only act through `ctx`.
 """
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agents.job_config import JobConfig, Limits
 from core.errors import RolloutCancelled, StageTimeout
+
+if TYPE_CHECKING:
+    from agents.llm.session import LLMSession
+    from sandbox.toolserver.protocol import BashResult, PythonResult
 
 
 class HandlerConfig(BaseModel):
     """Base of every handler's config (the job's `agent_config`); unknown fields are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class AgentLoopConfig(HandlerConfig):
+    """The names every agent-loop handler shares; a handler redeclares only its defaults."""
+
+    system_prompt: str = Field("", description="System message")
+    user_prompt: str = Field("", description="User message template (instance fields as "
+                                             "{placeholders}; `user_template` is its old name)")
+    max_turns: int | None = Field(None, ge=1, le=10_000, description="Overrides limits.max_turns")
+    max_invalid_turns: int = Field(3, ge=1, le=100,
+                                   description="Turns with no valid action -> agent_error")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """`user_template` (the math and search handlers' old name) means `user_prompt`."""
+        if isinstance(data, dict) and "user_template" in data and "user_prompt" not in data:
+            data = {k if k != "user_template" else "user_prompt": v for k, v in data.items()}
+        return data
+
+
+class SandboxToolsConfig(AgentLoopConfig):
+    """An agent-loop handler whose tools run in the sandbox."""
+
+    tools: list[str] = Field(default_factory=list, description="Sandbox tools the agent gets")
+    python_env: str | None = Field(None, description="Named sandbox Python environment for "
+                                                     "the agent's tools; null = system python")
+
+
+class AgentSandbox(Protocol):
+    """What agents use of a sandbox (`sandbox.Sandbox` is one); tools go through this only."""
+
+    @property
+    def workspace(self) -> str:
+        """The workspace path, identical on the host and inside the sandbox."""
+
+    def bash(self, command: str, timeout: float | None = None) -> BashResult:
+        """Run a command in the persistent shell."""
+
+    def python(self, code: str, timeout: float | None = None) -> PythonResult:
+        """Run code in the persistent Python session."""
+
+    def edit(self, command: str, path: str, **kwargs: Any) -> str:
+        """str_replace_editor; misuse raises `sandbox.ToolUsageError` (shown to the model)."""
+
+    def read_file(self, path: str) -> str:
+        """Text of a workspace file."""
+
+    def write_file(self, path: str, content: str) -> None:
+        """Create or overwrite a workspace file."""
+
+    def reset(self) -> None:
+        """Kill every tool process; the next call starts fresh."""
 
 
 @dataclass
@@ -66,11 +125,11 @@ class StageContext:
     sample_index: int
     attempt: int
     agent_config: HandlerConfig
-    job_config: dict[str, Any]
+    job_config: JobConfig
     deadline: float  # time.monotonic() value
     state: dict[str, Any]
-    sandbox: Any = None
-    llm: Any = None
+    sandbox: AgentSandbox | None = None
+    llm: LLMSession | None = None
     workspace: str | None = None
     record_turn: Callable[..., None] = lambda **turn: None
     cancel_check: Callable[[], bool] = lambda: False
@@ -78,15 +137,11 @@ class StageContext:
     artifact: dict[str, Any] | None = None  # what RUN produced, stored before EVAL grades it
     # RUN: why a sandbox failure is the agent's doing ("disk_quota", "oom", ...), else None.
     diagnose: Callable[[BaseException], str | None] = lambda exc: None
-    logger: Any = None
+    logger: logging.Logger | logging.LoggerAdapter | None = None
 
     def remaining(self) -> float:
         """Seconds left before this stage's deadline (never negative)."""
         return max(0.0, self.deadline - time.monotonic())
-
-    def cancelled(self) -> bool:
-        """True once the job or rollout was cancelled (cheap; rate-limited DB read)."""
-        return self.cancel_check()
 
     def checkpoint(self) -> None:
         """Raise if the rollout was cancelled or the stage is out of time (between turns)."""
@@ -96,14 +151,9 @@ class StageContext:
             raise StageTimeout(f"{self.stage} deadline passed", rollout_id=self.rollout_id)
 
     @property
-    def limits(self) -> dict[str, Any]:
+    def limits(self) -> Limits:
         """The job's limits (max_turns, per-stage timeouts, tool_timeout, ...)."""
-        return self.job_config.get("limits", {})
-
-    @property
-    def sampling(self) -> dict[str, Any]:
-        """The job's sampling parameters."""
-        return self.job_config.get("sampling", {})
+        return self.job_config.limits
 
 
 class AgentHandler(ABC):
@@ -145,7 +195,7 @@ class AgentHandler(ABC):
         the agent's tools need), unless the job chose an environment itself.
         """
         env = getattr(ctx.agent_config, "python_env", None)
-        if env is None or (ctx.job_config.get("sandbox") or {}).get("python_env"):
+        if env is None or ctx.job_config.sandbox.python_env:
             return {}
         return {"python_env": env}
 

@@ -27,7 +27,6 @@ from sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TURNS = 20
 DEFAULT_MAX_OBSERVATION_CHARS = 12_000
 NO_TOOL_CALL_MESSAGE = ("No tool call found in your reply. Call one of the tools ({names}) "
                         "using <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.")
@@ -72,7 +71,7 @@ def run_agent_loop(
     `max_turns` defaults to the job's `limits.max_turns`. Raises `RolloutCancelled` on cancel.
     """
     by_name = {tool.name: tool for tool in tools}
-    max_turns = max_turns or int(ctx.limits.get("max_turns") or DEFAULT_MAX_TURNS)
+    max_turns = max_turns or ctx.limits.max_turns
     ctx.llm.start(_prompt_messages(ctx, system_prompt, user_prompt, tools),
                   tools=[tool.schema() for tool in tools])
     ep = _Episode(max_invalid_turns=max_invalid_turns)
@@ -127,8 +126,8 @@ def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int) -> str | Non
         return FinishReason.CONTEXT.value
     if _tokens_left(ctx) == 0:
         return FinishReason.TOKEN_BUDGET.value
-    limit = ctx.limits.get("max_staleness")
-    if (limit is not None and ctx.limits.get("on_stale") == "stop"
+    limit = ctx.limits.max_staleness
+    if (limit is not None and ctx.limits.on_stale == "stop"
             and staleness(trajectory.weight_versions) > limit):
         return FinishReason.STALE.value
     return None
@@ -136,7 +135,7 @@ def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int) -> str | Non
 
 def _tokens_left(ctx: StageContext) -> int | None:
     """Generated tokens left under `limits.max_tokens` (None = no budget)."""
-    budget = ctx.limits.get("max_tokens")
+    budget = ctx.limits.max_tokens
     if not budget:
         return None
     return max(0, int(budget) - sum(ctx.llm.trajectory().loss_mask))
@@ -201,7 +200,7 @@ def _cut_turn(ctx: StageContext, ep: _Episode, index: int, gen: Any, calls: list
     """
     reason = gen.finish_reason
     go_on = (reason == FinishReason.TURN_LENGTH.value
-             and ctx.limits.get("continue_after_turn_length", True))
+             and ctx.limits.continue_after_turn_length)
     if not go_on:
         ep.finish_reason = reason
         _record(ctx, index, gen, calls, None, [], 0.0, errors)
@@ -291,8 +290,8 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
         "weight_versions": _distinct(traj.weight_versions),
         "staleness": staleness(traj.weight_versions),
     }
-    if ctx.limits.get("max_staleness") is not None:
-        metrics["stale"] = metrics["staleness"] > ctx.limits["max_staleness"]
+    if ctx.limits.max_staleness is not None:
+        metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())
     return RunResult(
         outcome=ep.outcome, finish_reason=ep.finish_reason,

@@ -18,7 +18,6 @@ from typing import Any
 from agents.base import StageContext
 from core.errors import InvalidRequest
 
-DEFAULT_TOOL_TIMEOUT = 60.0
 MIN_TOOL_TIMEOUT = 0.5  # a call squeezed by the deadline still gets a usable slice
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
@@ -89,7 +88,7 @@ def _is_type(value: Any, json_type: str) -> bool:
 
 def call_timeout(ctx: StageContext) -> float:
     """Seconds a tool call may take: the job's tool_timeout, cut to what the stage has left."""
-    limit = float(ctx.limits.get("tool_timeout") or DEFAULT_TOOL_TIMEOUT)
+    limit = ctx.limits.tool_timeout
     return max(MIN_TOOL_TIMEOUT, min(limit, ctx.remaining()))
 
 

@@ -14,13 +14,14 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from agents.job_config import JobConfig
 from agents.registry import get_handler
 from app.schemas import AttemptView, JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
 from core.db import session_scope
 from core.errors import InvalidRequest, NotFound, validation_error
 from core.models import TERMINAL_VALUES, Job, Rollout, Turn, new_id
-from core.settings import Settings
 from core.policy import DEFAULT_OWNER, check_python_env, check_sandbox_options
+from core.settings import Settings
 from tasks import lifecycle, outbox, quotas
 from tasks.llm_pool import registered_urls
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT_OWNER,
-                        admin: bool = True) -> dict[str, Any]:
+                        admin: bool = True, labels: dict[str, str] | None = None) -> JobConfig:
     """Check the handler-specific parts of a job and return the config stored with it."""
     from pydantic import ValidationError
 
@@ -60,9 +61,8 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
         from agents.llm.spec import check_llm_policy
 
         llm = check_llm_policy(req.llm.model_copy(), settings.policy.llm, admin).model_dump()
-    return {"sampling": req.sampling.model_dump(), "limits": req.limits.model_dump(),
-            "sandbox": req.sandbox.model_dump(exclude_defaults=True), "llm": llm,
-            "agent_config": agent_config.model_dump()}
+    return JobConfig(sampling=req.sampling, limits=req.limits, sandbox=req.sandbox, llm=llm,
+                     agent_config=agent_config.model_dump(), labels=labels or {})
 
 
 def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req: JobCreate,
@@ -79,21 +79,21 @@ def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req:
 
 
 def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
-               extra_config: dict[str, Any] | None = None, admin: bool = True) -> JobAccepted:
+               labels: dict[str, str] | None = None, admin: bool = True) -> JobAccepted:
     """Persist a job and its rollouts in one transaction and answer; idempotent on the key.
 
     The rollouts are committed with their outbox mark and published after the answer by the
     gateway's outbox thread (or, if the gateway dies first, by the reaper): a large job costs
-    the request one bulk insert, never a broker round trip per rollout. `extra_config` is
-    stored with the job's config (e.g. the ProRL job id /cancel looks up); `admin` callers
-    may name any LLM server URL (tenants only allowlisted ones).
+    the request one bulk insert, never a broker round trip per rollout. `labels` are kept in
+    the job's config (e.g. the ProRL job id /cancel looks up); `admin` callers may name any
+    LLM server URL (tenants only allowlisted ones).
     """
     if req.idempotency_key:
         existing = _find_idempotent(settings, owner, req.idempotency_key)
         if existing is not None:
             return existing
     n = quotas.check_job_size(settings, len(req.instances), req.n_samples)
-    config = {**validate_submission(settings, req, owner, admin), **(extra_config or {})}
+    config = validate_submission(settings, req, owner, admin, labels).dump()
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
               n_instances=len(req.instances), n_samples=req.n_samples)
     now = lifecycle.utcnow()

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agents.job_config import Limits
 from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
 from sandbox.spec import SandboxOptions
 
@@ -21,29 +22,6 @@ class Instance(Strict):
 
     instance_id: str = Field(min_length=1, max_length=256, description="Unique within the job")
     data: dict[str, Any] = Field(default_factory=dict, description="Handler-specific fields")
-
-
-class Limits(Strict):
-    """Per-rollout limits; stage deadlines count only while the stage runs."""
-
-    max_turns: int = Field(20, ge=1, le=10_000, description="Agent turns before stopping")
-    max_tokens: int | None = Field(
-        None, gt=0, description="Hard cap on GENERATED tokens over all turns (observations do "
-        "not count); each request asks for at most what remains. The whole context (prompt + "
-        "turns + observations) is bounded by llm.max_model_len instead")
-    continue_after_turn_length: bool = Field(
-        True, description="A turn cut at sampling.max_tokens continues the episode (the model "
-        "is told its reply was cut); false ends it with finish_reason turn_length")
-    max_staleness: int | None = Field(
-        None, ge=0, description="Most weight updates a rollout's turns may span (0 = all turns "
-        "on one weight_version); see on_stale")
-    on_stale: Literal["mark", "stop"] = Field(
-        "mark", description="Past max_staleness: mark (metrics.stale) or stop the episode "
-        "(finish_reason stale)")
-    init_timeout: float = Field(600, gt=0, description="INIT deadline, seconds")
-    run_timeout: float = Field(3600, gt=0, description="RUN deadline, seconds")
-    eval_timeout: float = Field(600, gt=0, description="EVAL deadline, seconds")
-    tool_timeout: float = Field(60, gt=0, description="Wall seconds per tool call")
 
 
 class JobCreate(Strict):

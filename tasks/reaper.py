@@ -25,13 +25,14 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 
+from agents.job_config import JobConfig
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
 from tasks import lifecycle, outbox, sandboxes
 from tasks.config import stage_queue
 from tasks.outbox import publish_many
-from tasks.stages import DEFAULT_TIMEOUTS, publish
+from tasks.stages import publish
 
 log = logging.getLogger(__name__)
 ACTIVE_STAGES = ["init", "run", "eval"]
@@ -118,8 +119,7 @@ class Reaper:
                                     Rollout.lease_owner.is_not(None))).all()
         n = 0
         for row in rows:
-            limit = float((row.config or {}).get("limits", {}).get(f"{row.status}_timeout")
-                          or DEFAULT_TIMEOUTS[row.status])
+            limit = JobConfig.load(row.config).limits.stage_timeout(row.status)
             age = lifecycle.seconds_since(row.stage_started_at) or 0
             if age > limit + self.settings.stage_grace and lifecycle.finish(
                     self.db, row.id, Status.FAILED, Outcome.TIMEOUT.value,

@@ -16,6 +16,7 @@ from celery import shared_task
 from sqlalchemy import select
 
 from agents.base import RunResult, StageContext
+from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.db import session_scope
 from core.models import Job, Rollout, utcnow
@@ -23,7 +24,6 @@ from tasks import grading
 from tasks.config import REEVALUATE_TASK
 
 log = logging.getLogger(__name__)
-REEVALUATE_TIMEOUT = 600.0
 
 
 def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
@@ -37,14 +37,13 @@ def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
 
 
 def _context(rollout: Rollout, job: Job, handler: Any) -> StageContext:
-    config = job.config or {}
-    timeout = float((config.get("limits") or {}).get("eval_timeout") or REEVALUATE_TIMEOUT)
+    config = JobConfig.load(job.config)
     return StageContext(
         rollout_id=rollout.id, job_id=job.id, stage="eval", instance_id=rollout.instance_id,
         instance=rollout.instance or {}, sample_index=rollout.sample_index,
         attempt=rollout.attempt,
-        agent_config=handler.Config.model_validate(config.get("agent_config") or {}),
-        job_config=config, deadline=time.monotonic() + timeout, state=dict(rollout.state or {}),
+        agent_config=handler.Config.model_validate(config.agent_config),
+        job_config=config, deadline=time.monotonic() + config.limits.eval_timeout, state=dict(rollout.state or {}),
         run_result=RunResult(outcome=rollout.outcome or "completed",
                              finish_reason=rollout.finish_reason, messages=rollout.messages,
                              extra=dict(rollout.extra or {})),
@@ -62,13 +61,12 @@ def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
     entry: dict[str, Any] = {"request_id": request_id, "node": settings.node}
     try:
         from sandbox.handles import state_root
-
         from tasks.sandboxes import sandbox_settings
 
         handler = get_handler(job.agent)
         result = grading.grade(
             settings, handler, _context(rollout, job, handler),
-            job_sandbox=(job.config or {}).get("sandbox") or {},
+            job_sandbox=JobConfig.load(job.config).chosen_sandbox(),
             label=(f"reevaluate-{rollout_id}", 0),
             workspace=settings.workspaces / f"reevaluate-{request_id}",
             state_dir=str(state_root(sandbox_settings(settings).state_dir) / "reevaluate"))

@@ -19,18 +19,18 @@ from celery import shared_task
 from sqlalchemy.exc import OperationalError
 
 from agents.base import AgentHandler, EvalResult, RunResult, StageContext
+from agents.finish_reasons import SELF_INFLICTED
+from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.errors import AgentError, InfraError, LeaseLost, RolloutCancelled, StageTimeout
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from agents.finish_reasons import SELF_INFLICTED
 from tasks import grading, lifecycle, sandboxes
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import process_heartbeater
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUTS = {"init": 600.0, "run": 3600.0, "eval": 600.0}
 CANCEL_POLL_SECONDS = 1.0
 # Infrastructure trouble gets a new attempt; sqlalchemy's OperationalError covers a database
 # that restarted under us (its connections are dropped and the next checkout reconnects).
@@ -108,15 +108,14 @@ class StageRun:
 
     # -- context -------------------------------------------------------------------------
     def _context(self) -> StageContext:
-        config = self.job.config or {}
-        timeout = float(config.get("limits", {}).get(f"{self.stage}_timeout")
-                        or DEFAULT_TIMEOUTS[self.stage])
+        config = self.config = JobConfig.load(self.job.config)
+        timeout = config.limits.stage_timeout(self.stage)
         handler = self.handler
         return StageContext(
             rollout_id=self.rollout_id, job_id=self.job.id, stage=self.stage,
             instance_id=self.rollout.instance_id, instance=self.rollout.instance or {},
             sample_index=self.rollout.sample_index, attempt=self.attempt,
-            agent_config=handler.Config.model_validate(config.get("agent_config") or {}),
+            agent_config=handler.Config.model_validate(config.agent_config),
             job_config=config, deadline=self.started + timeout,
             state=dict(self.rollout.state or {}),
             workspace=(self.rollout.sandbox or {}).get("workspace"),
@@ -145,11 +144,10 @@ class StageRun:
 
     # -- the stages ----------------------------------------------------------------------
     def _init(self) -> None:
-        config = self.job.config or {}
-        runtime = sandboxes.wanted_runtime(self.settings, config.get("sandbox") or {},
+        runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(),
                                            self.handler.needs_sandbox)
         if runtime != "none":
-            options = sandboxes.merged_options(config.get("sandbox") or {},
+            options = sandboxes.merged_options(self.config.chosen_sandbox(),
                                      self.handler.sandbox_overrides(self.ctx))
             sb, handle = sandboxes.start(self.settings, options, self.rollout_id,
                                          self.attempt, runtime)
@@ -166,15 +164,15 @@ class StageRun:
 
         handle = self.rollout.sandbox
         self.ctx.sandbox = sandboxes.attach(self.settings, handle)
-        guard = RunGuard(handle, (self.job.config or {}).get("sandbox") or {})
+        guard = RunGuard(handle, self.config.chosen_sandbox())
         self.ctx.diagnose = guard.diagnose
         if self.handler.needs_llm:
             from agents.llm import LLMSession
             from tasks.llm_pool import make_pool
 
-            spec = (self.job.config or {}).get("llm") or {}
+            spec = self.config.llm.model_dump() if self.config.llm else {}
             pool = make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner)
-            self.ctx.llm = LLMSession.open(spec, (self.job.config or {}).get("sampling") or {},
+            self.ctx.llm = LLMSession.open(spec, self.config.sampling.model_dump(),
                                            self.rollout_id, pool,
                                            policy=self.settings.policy.llm)
         try:
@@ -219,7 +217,7 @@ class StageRun:
         self.ctx.artifact = self.rollout.artifact
         result: EvalResult = grading.grade(
             self.settings, self.handler, self.ctx,
-            job_sandbox=(self.job.config or {}).get("sandbox") or {},
+            job_sandbox=self.config.chosen_sandbox(),
             label=(self.rollout_id, self.attempt),
             workspace=self.settings.workspaces / f"{self.rollout_id}-{self.attempt}-eval",
             on_start=self._keep_sandbox)

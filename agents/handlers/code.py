@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.base import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
 from agents.handlers.code_grading import normalize_tests, run_test
 from agents.loop import run_agent_loop
 from agents.registry import register
@@ -35,7 +35,7 @@ Write your solution in `{solution_file}` in {workspace} (your current directory)
 MAX_SOLUTION_BYTES = 1024 * 1024
 
 
-class CodeConfig(HandlerConfig):
+class CodeConfig(SandboxToolsConfig):
     """Agent config of `code` jobs (prompts, tools, limits, reward)."""
 
     system_prompt: str = Field(SYSTEM_PROMPT, description="System message")
@@ -44,8 +44,6 @@ class CodeConfig(HandlerConfig):
     tools: list[Literal["bash", "str_replace_editor", "python"]] = Field(
         default_factory=lambda: ["str_replace_editor", "bash"],
         description="Built-in tools besides `submit`")
-    max_turns: int | None = Field(None, ge=1, description="Overrides limits.max_turns")
-    max_invalid_turns: int = Field(3, ge=1, description="Turns with no valid action -> agent_error")
     reward: Literal["fraction", "all_or_nothing"] = Field(
         "fraction", description="Fraction of hidden tests passed, or 1 only if all pass")
     test_timeout: float = Field(10.0, gt=0, description="Wall seconds per hidden test")

@@ -21,7 +21,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.base import (
+    AgentHandler,
+    EvalResult,
+    HandlerConfig,
+    RunResult,
+    SandboxToolsConfig,
+    StageContext,
+)
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.rewards.math_answer import answer_from_run, extract_boxed, grade_math_answer
@@ -40,21 +47,16 @@ simplified expression such as 3/4, 2*sqrt(3) or 5 + i, without words or units.""
 DEFAULT_USER_TEMPLATE = "Problem: {problem}"
 
 
-class MathConfig(HandlerConfig):
+class MathConfig(SandboxToolsConfig):
     """The `math` handler's agent_config."""
 
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1,
                                description="System message of every rollout")
-    user_template: str = Field(DEFAULT_USER_TEMPLATE,
-                               description="User message; `{problem}` becomes the problem text")
+    user_prompt: str = Field(DEFAULT_USER_TEMPLATE,
+                             description="User message; `{problem}` becomes the problem text")
     tools: list[Literal["python", "bash"]] = Field(
         default_factory=lambda: ["python"],
         description="Sandbox tools besides `finish` (empty: the agent can only reason)")
-    max_turns: int | None = Field(None, ge=1, le=500,
-                                  description="Turn limit; default: the job's limits.max_turns")
-    max_invalid_turns: int = Field(3, ge=1, le=100,
-                                   description="Consecutive turns without a valid action that "
-                                               "end the rollout as agent_error")
     python_env: str | None = Field(
         "math", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Named sandbox Python environment (sympy, numpy) built on each node; null: "
@@ -70,7 +72,7 @@ class MathConfig(HandlerConfig):
         "warm", description="Where EVAL grades: a persistent grading process (warm) or a new "
                             "process per rollout (per_call: seconds slower; a benchmark baseline)")
 
-    @field_validator("user_template")
+    @field_validator("user_prompt")
     @classmethod
     def _has_problem_slot(cls, value: str) -> str:
         if "{problem}" not in value:
@@ -122,7 +124,7 @@ class MathHandler(AgentHandler):
                              answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)")
         # Models often send a bare JSON number ({"answer": 12}); that is an answer, not misuse.
         finish.parameters["properties"]["answer"]["type"] = ["string", "number"]
-        return (cfg.system_prompt, cfg.user_template.replace("{problem}", str(instance["problem"])),
+        return (cfg.system_prompt, cfg.user_prompt.replace("{problem}", str(instance["problem"])),
                 builtin_tools(list(cfg.tools)) + [finish])
 
     def run(self, ctx: StageContext) -> RunResult:

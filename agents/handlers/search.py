@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.base import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
 from agents.handlers.search_tools import answer_tool, search_tool
 from agents.loop import run_agent_loop
 from agents.registry import register
@@ -51,13 +51,13 @@ def corpus_roots() -> list[Path]:
     return [(REPO_ROOT / "examples").resolve(), (load_settings().home / "corpora").resolve()]
 
 
-class SearchConfig(HandlerConfig):
+class SearchConfig(AgentLoopConfig):
     """The `search` handler's agent_config."""
 
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1,
                                description="System message of every rollout")
-    user_template: str = Field(DEFAULT_USER_TEMPLATE,
-                               description="User message; `{question}` becomes the question")
+    user_prompt: str = Field(DEFAULT_USER_TEMPLATE,
+                             description="User message; `{question}` becomes the question")
     corpus_path: str = Field(DEFAULT_CORPUS, description="JSONL passages (id, title, text) "
                              "under examples/ or <RAAS home>/corpora; relative paths are "
                              "relative to the repository root")
@@ -69,13 +69,8 @@ class SearchConfig(HandlerConfig):
                                    description="Each returned passage is clipped to this")
     reward: Literal["f1", "exact_match"] = Field(
         "f1", description="Reward: token F1 or exact match against the best accepted answer")
-    max_turns: int | None = Field(None, ge=1, le=500,
-                                  description="Turn limit; default: the job's limits.max_turns")
-    max_invalid_turns: int = Field(3, ge=1, le=100,
-                                   description="Consecutive turns without a valid action that "
-                                               "end the rollout as agent_error")
 
-    @field_validator("user_template")
+    @field_validator("user_prompt")
     @classmethod
     def _has_question_slot(cls, value: str) -> str:
         if "{question}" not in value:
@@ -137,7 +132,7 @@ class SearchHandler(AgentHandler):
                  answer_tool()]
         return run_agent_loop(
             ctx, system_prompt=cfg.system_prompt,
-            user_prompt=cfg.user_template.replace("{question}", ctx.instance["question"]),
+            user_prompt=cfg.user_prompt.replace("{question}", ctx.instance["question"]),
             tools=tools, max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns)
 
     def evaluate(self, ctx: StageContext) -> EvalResult:

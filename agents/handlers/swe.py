@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.base import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
 from agents.handlers import swe_diff, swe_eval
 from agents.handlers.swe_images import resolve_instance_image
 from agents.handlers.swe_repo import check_repo_name, materialize
@@ -49,7 +49,7 @@ REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
-class SWEConfig(HandlerConfig):
+class SWEConfig(SandboxToolsConfig):
     """Agent config of `swe` jobs (prompts, tools, limits, evaluation)."""
 
     system_prompt: str = Field(SYSTEM_PROMPT, description="System message")
@@ -58,8 +58,6 @@ class SWEConfig(HandlerConfig):
     tools: list[Literal["bash", "str_replace_editor", "python"]] = Field(
         default_factory=lambda: ["bash", "str_replace_editor"],
         description="Built-in tools besides `submit`")
-    max_turns: int | None = Field(None, ge=1, description="Overrides limits.max_turns")
-    max_invalid_turns: int = Field(3, ge=1, description="Turns with no valid action -> agent_error")
     python_env: str | None = Field("pytest", description="Sandbox Python environment with "
                                                          "pytest (None: the job's choice)")
     test_timeout: float = Field(300.0, gt=0, description="Seconds for EVAL's test run")
@@ -112,8 +110,7 @@ class SWEHandler(AgentHandler):
         image_root = _settings().image_root
         if image_root is None:
             return super().sandbox_overrides(ctx)
-        runtime = (ctx.job_config.get("sandbox") or {}).get("runtime") \
-            or _settings().sandbox_runtime
+        runtime = ctx.job_config.sandbox.runtime or _settings().sandbox_runtime
         return resolve_instance_image(ctx.instance_id, image_root, runtime)
 
     def init(self, ctx: StageContext) -> None:

@@ -144,8 +144,8 @@ def process(body: ProcessRequest) -> dict[str, Any]:
     prorl_job_id = body.job_id or uuid.uuid4().hex
     accepted = create_job(settings, req, g.owner, current_app.extensions["celery"],
                           admin=g.admin,
-                          extra_config={"prorl_job_id": prorl_job_id,
-                                        "prorl_data_source": mapped.data_source})
+                          labels={"prorl_job_id": prorl_job_id,
+                                  "prorl_data_source": mapped.data_source})
     rollout = _wait_terminal(settings.db_url, accepted.rollout_ids[0], settings.process_max_wait)
     with session_scope(settings.db_url) as s:
         turns = s.scalars(select(Turn).where(Turn.rollout_id == rollout.id,
@@ -179,7 +179,7 @@ def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
 def _prorl_jobs(s, job_id: str | None = None, unfinished: bool = False,
                 owner: str | None = None) -> list[str]:
     """Ids of jobs created by /process (with ProRL job id `job_id`, of `owner` if given)."""
-    tag = Job.config["prorl_job_id"].as_string()
+    tag = Job.config[("labels", "prorl_job_id")].as_string()
     q = select(Job.id).where(tag == job_id if job_id is not None else tag.is_not(None))
     if owner is not None:
         q = q.where(Job.owner == owner)
@@ -210,7 +210,8 @@ def status() -> dict[str, Any]:
         pending = s.scalar(select(func.count()).select_from(Rollout).where(
             Rollout.status.not_in(TERMINAL_VALUES),
             Rollout.job_id.in_(select(Job.id).where(
-                Job.owner == g.owner, Job.config["prorl_job_id"].as_string().is_not(None)))))
+                Job.owner == g.owner,
+                Job.config[("labels", "prorl_job_id")].as_string().is_not(None)))))
     return {"status": "running", "running": True, "pending_jobs": pending,
             "busy": bool(pending), "llm_servers": servers}
 

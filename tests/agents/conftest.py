@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agents.base import HandlerConfig, StageContext
+from agents.job_config import JobConfig
 
 TOKENIZER_DIR = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokenizer")
 
@@ -86,7 +87,7 @@ def make_ctx() -> Callable[..., StageContext]:
             rollout_id="rollout-test", job_id="job-test", stage=stage,
             instance_id=str(instance.get("instance_id", "test-instance")), instance=instance,
             sample_index=0, attempt=1, agent_config=agent_config or HandlerConfig(),
-            job_config={"limits": limits or {}}, deadline=time.monotonic() + timeout,
+            job_config=JobConfig(limits=limits or {}), deadline=time.monotonic() + timeout,
             state=state if state is not None else {}, sandbox=sandbox, llm=llm,
             workspace=workspace, record_turn=lambda **turn: turns.append(turn),
             cancel_check=cancel_check,

@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from agents.base import RunResult
+from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.errors import InvalidRequest
 
@@ -140,7 +141,8 @@ def test_every_shipped_problem_is_a_valid_instance() -> None:
 
 
 @pytest.mark.parametrize("config", [
-    {"tools": ["str_replace_editor"]}, {"user_template": "no slot"}, {"max_turns": 0},
+    {"tools": ["str_replace_editor"]}, {"user_template": "no slot"}, {"user_prompt": "no slot"},
+    {"max_turns": 0},
     {"grading_timeout_s": 0}, {"temperature": 1.0}, {"python_env": "/root/.pyenv"},
 ])
 def test_bad_config_is_rejected(config: dict) -> None:
@@ -152,7 +154,7 @@ def test_sandbox_overrides_choose_the_math_env_unless_the_job_did(make_ctx) -> N
     handler = get_handler("math")
     ctx = make_ctx(stage="init", instance=INTEGRAL, agent_config=handler.Config())
     assert handler.sandbox_overrides(ctx) == {"python_env": "math"}
-    ctx.job_config["sandbox"] = {"python_env": "/opt/envs/custom"}
+    ctx.job_config = JobConfig(sandbox={"python_env": "/opt/envs/custom"})
     assert handler.sandbox_overrides(ctx) == {}
     no_env = handler.Config(python_env=None)
     assert handler.sandbox_overrides(make_ctx(stage="init", agent_config=no_env)) == {}

@@ -117,7 +117,7 @@ def test_every_shipped_question_is_a_valid_instance() -> None:
 @pytest.mark.parametrize("config", [
     {"top_k": 0}, {"reward": "bleu"}, {"corpus_path": "examples/search/nope.jsonl"},
     {"corpus_path": "/etc/passwd"}, {"corpus_path": "examples/../setup.cfg"},
-    {"user_template": "no slot"}, {"unknown": 1},
+    {"user_template": "no slot"}, {"user_prompt": "no slot"}, {"unknown": 1},
 ])
 def test_bad_config_is_rejected(config: dict) -> None:
     with pytest.raises(ValidationError):
