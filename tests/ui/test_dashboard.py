@@ -165,11 +165,15 @@ def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifac
     main = service.client.job(jobs["main"]["job_id"])
     assert main["outcomes"] == {"completed": 4, "agent_error": 2}
     browser.get(f"{service.url}/ui/")
-    row = browser.find_element("css selector", f'tr[data-job="{main["job_id"]}"]')
-    shown = {b.get_attribute("data-outcome"): int(b.find_element("tag name", "b").text)
-             for b in row.find_elements("css selector", ".badge")}
+    # Read the row in one script: the rows refresh themselves while the slow job runs.
+    shown, text = browser.execute_script("""
+        const row = document.querySelector(`tr[data-job="${arguments[0]}"]`);
+        const badges = {};
+        row.querySelectorAll('.badge').forEach(
+            b => { badges[b.dataset.outcome] = Number(b.querySelector('b').textContent); });
+        return [badges, row.innerText];""", main["job_id"])
     assert shown == main["outcomes"]
-    assert "6 / 6" in row.text and "search" in row.text
+    assert "6 / 6" in text and "search" in text
     assert jobs["other"]["job_id"] not in browser.page_source
     shot(browser, artifacts, "jobs")
     assert console_errors(browser) == []
@@ -251,12 +255,12 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     row = f'tr[data-job="{job_id}"]'
     if browser.find_element("css selector", row).get_attribute("data-status") != "running":
         pytest.fail("the slow job finished before the test could cancel it")
-    browser.find_element("css selector", f"{row} form.cancel button").click()
+    click_fresh(browser, f"{row} form.cancel button")
     alert = wait_for(lambda: _alert(browser))
     assert "Cancel job" in alert.text
     alert.dismiss()  # said no: nothing happens
     assert service.client.job(job_id)["status"] == "running"
-    browser.find_element("css selector", f"{row} form.cancel button").click()
+    click_fresh(browser, f"{row} form.cancel button")
     wait_for(lambda: _alert(browser)).accept()
     wait_for(lambda: service.client.job(job_id)["status"] in ("cancelling", "cancelled"))
     wait_for(lambda: browser.current_url.endswith("/ui/"))
@@ -268,6 +272,19 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     assert service.client.job(job_id)["outcomes"] == {"cancelled": 1}
     shot(browser, artifacts, "jobs-cancelled")
     assert console_errors(browser) == []
+
+
+def click_fresh(driver, selector: str) -> None:
+    """Click, retrying when the page's self-refresh replaced the element under us."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(10):
+        try:
+            driver.find_element("css selector", selector).click()
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError(f"{selector} kept being replaced")
 
 
 def _alert(driver):
