@@ -9,6 +9,8 @@ gapless, commit-ordered sequence.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -203,6 +205,35 @@ def touch_queued(db_url: str, rollout_id: str, attempt: int, status: str) -> boo
         return s.execute(update(Rollout).where(
             Rollout.id == rollout_id, Rollout.attempt == attempt, Rollout.status == status,
             Rollout.lease_owner.is_(None)).values(queued_at=utcnow())).rowcount == 1
+
+
+_cancelled_jobs: OrderedDict[str, None] = OrderedDict()  # most recent last, bounded
+_cancelled_lock = threading.Lock()
+CANCELLED_JOBS_KEPT = 4096
+
+
+def known_cancelled(job_id: str) -> bool:
+    """True when this process saw that the job was cancelled (memory only, no query).
+
+    Lets an INIT worker drop the stale first-attempt messages of a cancelled job without a
+    database write each: after the cancel's commit no first attempt of that job can be
+    claimed (the cancel ended every queued one; a retry is attempt 2 or later and is claimed
+    as usual, then ends as cancelled when it sees the flag).
+    """
+    with _cancelled_lock:
+        return job_id in _cancelled_jobs
+
+
+def note_if_cancelled(db_url: str, job_id: str) -> bool:
+    """Read whether the job was cancelled and remember it if so (cancel is permanent)."""
+    with session_scope(db_url) as s:
+        cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+    if cancelled:
+        with _cancelled_lock:
+            _cancelled_jobs[job_id] = None
+            while len(_cancelled_jobs) > CANCELLED_JOBS_KEPT:
+                _cancelled_jobs.popitem(last=False)
+    return cancelled
 
 
 def cancel_job(db_url: str, job_id: str, attempts: int = 3) -> int:

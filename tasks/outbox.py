@@ -29,9 +29,12 @@ log = logging.getLogger(__name__)
 BATCH = 500  # messages per producer batch and per outbox statement
 
 
-def publish_many(celery: Any, messages: Iterable[tuple[str, str, int, str | None]],
+def publish_many(celery: Any, messages: Iterable[tuple[str, str, int, str | None, str | None]],
                  batch: int = BATCH) -> int:
-    """Publish (stage, rollout id, attempt, node) messages over one producer connection.
+    """Publish (stage, rollout id, attempt, node, job id) messages over one producer connection.
+
+    The job id lets a worker drop INIT messages of a job it knows was cancelled without a
+    database write (see `lifecycle.known_cancelled`).
 
     On Redis every `batch` messages go out in one pipeline round trip (kombu's producer
     batch); transports without batching (the embedded filesystem) publish one by one.
@@ -40,9 +43,10 @@ def publish_many(celery: Any, messages: Iterable[tuple[str, str, int, str | None
     n = 0
     with celery.producer_or_acquire() as producer:
         with producer.batch(max_size=batch):
-            for stage, rollout_id, attempt, node in messages:
-                celery.send_task(TASK_NAMES[stage], args=[rollout_id, attempt],
-                                 kwargs={"node": node} if node else {}, producer=producer)
+            for stage, rollout_id, attempt, node, job in messages:
+                kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
+                celery.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
+                                 producer=producer)
                 n += 1
     return n
 
@@ -61,11 +65,11 @@ def publish_marked(db_url: str, celery: Any, ids: Sequence[str]) -> int:
     n = 0
     for chunk in _chunks(ids, BATCH):
         with session_scope(db_url) as s:
-            rows = s.execute(select(Rollout.id, Rollout.attempt).where(
+            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.job_id).where(
                 Rollout.id.in_(chunk), Rollout.outbox_at.is_not(None))).all()
         if not rows:
             continue
-        n += publish_many(celery, (("init", r.id, r.attempt, None) for r in rows))
+        n += publish_many(celery, (("init", r.id, r.attempt, None, r.job_id) for r in rows))
         _clear(db_url, [r.id for r in rows])
     return n
 

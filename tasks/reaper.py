@@ -152,9 +152,11 @@ class Reaper:
                 and_(Rollout.status == status, Rollout.node.is_(None) if node is None
                      else Rollout.node == node) for status, node in empty]))
                 .values(queued_at=utcnow())
-                .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node),
+                .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
+                           Rollout.job_id),
                 execution_options={"synchronize_session": False}).all()
-        publish_many(self.celery, ((_stage(r.status), r.id, r.attempt, r.node) for r in taken))
+        publish_many(self.celery, ((_stage(r.status), r.id, r.attempt, r.node, r.job_id)
+                                   for r in taken))
         return len(taken)
 
     def drain_outbox(self) -> int:

@@ -71,13 +71,15 @@ class StageRun:
         self.ctx: StageContext | None = None
         self.started = time.monotonic()
 
-    def execute(self) -> None:
+    def execute(self, job: str | None = None) -> None:
         """Claim, run the stage under a heartbeat, and record how it ended."""
         claimed = lifecycle.claim(self.db, self.rollout_id, self.attempt, self.stage,
                                   self.lease, self.settings.node)
         if claimed is None:
             logger.info("%s of %s attempt %s: nothing to claim (duplicate or stale)",
                         self.stage, self.rollout_id, self.attempt)
+            if job and self.stage == "init" and self.attempt == 1:
+                lifecycle.note_if_cancelled(self.db, job)
             return
         self.rollout, self.job = claimed
         self.log = RolloutLog(logger, {"job": self.job.id, "rollout": self.rollout_id})
@@ -296,18 +298,23 @@ def _run_result_of(rollout: Rollout) -> RunResult:
 
 
 @shared_task(name=TASK_NAMES["init"], bind=True)
-def init_stage(self, rollout_id: str, attempt: int, node: str | None = None) -> None:
+def init_stage(self, rollout_id: str, attempt: int, node: str | None = None,
+               job: str | None = None) -> None:
     """INIT: claim, start the sandbox, let the handler prepare it."""
-    StageRun(self.app, "init", rollout_id, attempt).execute()
+    if job and attempt == 1 and lifecycle.known_cancelled(job):
+        return  # a stale message of a cancelled job: its rollout was ended at the cancel
+    StageRun(self.app, "init", rollout_id, attempt).execute(job)
 
 
 @shared_task(name=TASK_NAMES["run"], bind=True)
-def run_stage(self, rollout_id: str, attempt: int, node: str | None = None) -> None:
+def run_stage(self, rollout_id: str, attempt: int, node: str | None = None,
+              job: str | None = None) -> None:
     """RUN: the multi-turn agent loop on the node that holds the sandbox."""
     StageRun(self.app, "run", rollout_id, attempt).execute()
 
 
 @shared_task(name=TASK_NAMES["eval"], bind=True)
-def eval_stage(self, rollout_id: str, attempt: int, node: str | None = None) -> None:
+def eval_stage(self, rollout_id: str, attempt: int, node: str | None = None,
+              job: str | None = None) -> None:
     """EVAL: compute the reward, release the sandbox, record the result."""
     StageRun(self.app, "eval", rollout_id, attempt).execute()

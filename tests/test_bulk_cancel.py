@@ -74,8 +74,10 @@ def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
     with session_scope(db) as s:
         job = s.get(Job, job_id)
         assert job.cancel_requested and job.finished_count == 7 and job.finished_at is None
-    # a queued message now finds nothing to claim
+    # a queued message now finds nothing to claim, and its worker learns the job is cancelled
     assert lifecycle.claim(db, ids[("a", 0)], 1, "init", "w/2", "n") is None
+    assert not lifecycle.known_cancelled(job_id)
+    assert lifecycle.note_if_cancelled(db, job_id) and lifecycle.known_cancelled(job_id)
 
     # the running ones end through the usual terminal write: numbered after, group flags right
     assert lifecycle.finish(db, ids[("b", 1)], Status.CANCELLED, "cancelled", lease="w/1")

@@ -152,5 +152,8 @@ def test_cancel_with_queued_and_running_rollouts(tmp_path, backend):
         stopped = [r for r in results if r["node"]]  # the ones that had started
         assert stopped and all(r["outcome"] == "cancelled" for r in stopped)
         assert _turns(svc) < 2 * 10  # the two running ones stopped early (30 turns each)
+        # the stale INIT messages of the cancelled job do not hold up the next job
+        nxt = svc.client.submit("test-trivial", [{"instance_id": "next"}])
+        assert svc.wait_done(nxt["job_id"], timeout=60)["outcomes"] == {"completed": 1}
     finally:
         svc.stop()
