@@ -1,0 +1,47 @@
+"""RUN's guard: whose fault a broken sandbox is, and the rootless workspace quota.
+
+The pipeline battery (tests/agents/test_reward_attacks.py) drives the real cases (a killed
+tool server, a workspace over quota); here the diagnosis table and the watchdog alone,
+including the OOM case, which a test cannot provoke without starving the shared machine.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandbox import SandboxGone, SandboxTimeout
+from sandbox.quota import DiskWatch
+from tasks.run_guard import RunGuard
+
+
+def test_a_vanished_server_is_the_agents_doing_a_slow_one_is_not(tmp_path: Path) -> None:
+    cgroup = tmp_path / "raas-x"
+    cgroup.mkdir()
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+    guard = RunGuard({"workspace": str(tmp_path), "cgroups": [str(cgroup)]}, {})
+    assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"
+    assert guard.diagnose(SandboxTimeout("slow")) is None  # an overloaded node looks the same
+    assert guard.diagnose(RuntimeError("bug")) is None
+    (cgroup / "memory.events").write_text("oom 2\noom_kill 1\n")
+    assert guard.diagnose(SandboxGone("closed")) == "oom"
+    (cgroup / "memory.events").unlink()  # cgroup v1 spells it in memory.oom_control
+    (cgroup / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
+    assert guard.diagnose(SandboxGone("closed")) == "oom"
+
+
+def test_the_watchdog_stops_the_sandbox_past_the_quota(tmp_path: Path) -> None:
+    stopped = []
+    watch = DiskWatch(str(tmp_path), 2 * 2**20, lambda: stopped.append(True), interval=0.05)
+    (tmp_path / "small").write_bytes(b"x" * 2**20)
+    assert watch.check() is None and not stopped
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "big").write_bytes(b"x" * 3 * 2**20)
+    (tmp_path / "link").symlink_to("/usr")  # never followed, never counted as /usr's size
+    assert "quota 2 MB" in watch.check() and stopped == [True]
+    guard = RunGuard({"workspace": str(tmp_path), "runtime": "local"}, {"limits": {"disk_mb": 2}})
+    with guard.watching():
+        import time
+
+        deadline = time.monotonic() + 10
+        while guard.watch.exceeded is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert guard.diagnose(SandboxGone("closed")) == "disk_quota"
