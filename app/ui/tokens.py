@@ -121,7 +121,13 @@ def _version_lookup(r: Rollout):
 
 def tokenizer_path(job: Job) -> str | None:
     """The tokenizer folder the job's trajectories were built with (resolved at submission)."""
-    return ((job.config or {}).get("llm") or {}).get("tokenizer")
+    from agents.job_config import JobConfig
+
+    try:
+        llm = JobConfig.load(job.config).llm
+    except ValueError:  # a row older than the typed config: the page falls back to ids
+        return None
+    return llm.tokenizer if llm is not None else None
 
 
 def pieces(path: str | None, ids: list[int]) -> list[str] | None:

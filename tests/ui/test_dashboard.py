@@ -214,6 +214,7 @@ def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browse
     assert float(lines["logprob"].split()[0]) == stored["response_logprobs"][k]
     assert f"id {stored['response_ids'][k]}" in tip.text
     assert lines["mask"].startswith("1")
+    assert json.loads(lines["piece"])  # decoded with the job's tokenizer on the server
     assert lines["policy"] == "version step-6" == f"version {stored['policy_versions'][0]}"
     # The drift audit found the non-canonical tokens of turn 0; the first one is marked.
     assert stored["metrics"]["retokenization_drift"] > 0
