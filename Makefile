@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install up test test-slow test-vllm bench vllm-cpu demo clean
+.PHONY: install up test test-fast test-slow test-vllm bench vllm-cpu demo clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,18 @@ up: install
 
 test: install
 	$(PY) -m pytest
+
+# Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): the pipeline, fault,
+# browser and start-up tiers below are left to `make test`. A few minutes on 2 cores.
+SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py \
+	tests/test_bulk_submit.py tests/test_embedded_up.py tests/test_quickstart.py \
+	tests/test_production.py tests/ui/test_dashboard.py tests/agents/test_edges_pipeline.py \
+	tests/agents/test_math_pipeline.py tests/agents/test_search_pipeline.py \
+	tests/agents/test_swe_pipeline.py tests/agents/test_prorl_clients.py \
+	tests/agents/test_prorl_vllm.py tests/agents/test_reward_attacks.py \
+	tests/agents/test_vllm_smoke.py
+test-fast: install
+	$(PY) -m pytest -q $(addprefix --ignore=,$(SERVICE_TIERS))
 
 test-slow: install
 	$(PY) -m pytest -m slow

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import importlib
-import threading
 
 from agents.base import AgentHandler
-from core.errors import ConfigError, InvalidRequest
+from core.errors import ConfigError
+from core.registry import Registry
 
-_handlers: dict[str, AgentHandler] = {}
-_lock = threading.Lock()
 _builtin_loaded = False
 
 # Modules whose import registers the built-in handlers.
@@ -20,17 +18,8 @@ def register(cls: type[AgentHandler]) -> type[AgentHandler]:
     name = getattr(cls, "name", None)
     if not name:
         raise ConfigError(f"handler {cls.__name__} has no name")
-    with _lock:
-        if name in _handlers:
-            raise ConfigError(f"agent handler {name!r} is already registered")
-        _handlers[name] = cls()
+    HANDLERS.add(name, cls())
     return cls
-
-
-def unregister(name: str) -> None:
-    """Remove a handler (tests that register throwaway handlers)."""
-    with _lock:
-        _handlers.pop(name, None)
 
 
 def load_builtin_handlers() -> None:
@@ -57,30 +46,23 @@ def load_handler_modules(modules: str | list[str]) -> None:
 
 
 _loaded_extra: set[str] = set()
+HANDLERS: Registry[AgentHandler] = Registry("agent", "agent", load_builtin_handlers)
 
 
 def handler_names() -> list[str]:
     """Sorted names of every registered handler."""
-    load_builtin_handlers()
-    return sorted(_handlers)
+    return HANDLERS.names()
 
 
 def get_handler(name: str) -> AgentHandler:
     """The handler registered as `name`; an unknown name lists the valid ones."""
-    load_builtin_handlers()
-    try:
-        return _handlers[name]
-    except KeyError:
-        valid = ", ".join(sorted(_handlers)) or "(none)"
-        raise InvalidRequest(f"unknown agent {name!r}; valid agents: {valid}",
-                             field="agent", valid=sorted(_handlers)) from None
+    return HANDLERS.get(name)
 
 
 def declared_environments() -> dict[str, list[str]]:
     """Environment name -> pip packages, as declared by the registered handlers."""
-    load_builtin_handlers()
     declared: dict[str, list[str]] = {}
-    for name in sorted(_handlers):
-        for env, packages in _handlers[name].environments.items():
+    for _name, handler in HANDLERS:
+        for env, packages in handler.environments.items():
             declared.setdefault(env, sorted(packages))
     return declared

@@ -64,8 +64,13 @@ def test_bad_submissions_name_the_problem(api, body, status, needle):
 
 
 def test_unknown_agent_lists_valid_ones(api):
-    err = api.post("/v1/jobs", json=job(agent="nope")).json()
-    assert "test-trivial" in err["details"]["valid"]
+    from agents.registry import handler_names
+
+    resp = api.post("/v1/jobs", json=job(agent="nope"))
+    err = resp.json()
+    assert resp.status_code == 400 and err["error"] == "invalid_request", err
+    assert err["details"]["valid"] == handler_names() and "test-trivial" in handler_names()
+    assert "'nope'" in err["message"] and all(name in err["message"] for name in handler_names())
 
 
 def test_not_json_oversized_and_unknown_routes(api):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from agents.base import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
-from agents.handlers.code_grading import normalize_tests, run_test
+from agents.helpers.code_grading import normalize_tests, run_test
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool

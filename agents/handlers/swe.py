@@ -19,9 +19,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from agents.base import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
-from agents.handlers import swe_diff, swe_eval
-from agents.handlers.swe_images import resolve_instance_image
-from agents.handlers.swe_repo import check_repo_name, materialize
+from agents.helpers import swe_diff, swe_eval
+from agents.helpers.swe_images import resolve_instance_image
+from agents.helpers.swe_repo import check_repo_name, materialize
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool

@@ -135,9 +135,13 @@ def test_validate_instance_names_the_field(instance: dict, field: str) -> None:
 
 
 def test_every_shipped_problem_is_a_valid_instance() -> None:
-    for problem in PROBLEMS.values():
-        get_handler("math").validate_instance(problem)
-    get_handler("math").validate_instance({"problem": "p", "answer": 12})
+    handler = get_handler("math")
+    assert len(PROBLEMS) == 42  # the whole of examples/math.jsonl was read
+    for problem in [*PROBLEMS.values(), {"problem": "p", "answer": 12}]:
+        assert handler.validate_instance(problem) is None
+        # The same instance without its answer is refused: the check really ran on it.
+        with pytest.raises(InvalidRequest, match="answer"):
+            handler.validate_instance({k: v for k, v in problem.items() if k != "answer"})
 
 
 @pytest.mark.parametrize("config", [

@@ -109,9 +109,13 @@ def test_validate_instance_names_the_field(instance: dict, field: str) -> None:
 
 
 def test_every_shipped_question_is_a_valid_instance() -> None:
-    for question in QUESTIONS.values():
-        get_handler("search").validate_instance(question)
-    get_handler("search").validate_instance({"question": "q", "answer": "single"})
+    handler = get_handler("search")
+    assert len(QUESTIONS) == 38  # the whole of examples/search/questions.jsonl was read
+    for question in [*QUESTIONS.values(), {"question": "q", "answer": "single"}]:
+        assert handler.validate_instance(question) is None
+        # The same question without its question text is refused: the check really ran.
+        with pytest.raises(InvalidRequest, match="question"):
+            handler.validate_instance({k: v for k, v in question.items() if k != "question"})
 
 
 @pytest.mark.parametrize("config", [

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from agents.handlers import swe_diff
+from agents.helpers import swe_diff
 from agents.handlers.swe import SWEConfig, SWEHandler
-from agents.handlers.swe_repo import PROJECT_ROOT, git_env, materialize
+from agents.helpers.swe_repo import PROJECT_ROOT, git_env, materialize
 from core.errors import InvalidRequest
 
 INSTANCES = {json.loads(line)["instance_id"].split("__")[1].rsplit("-", 1)[0]: json.loads(line)
@@ -192,7 +192,11 @@ def test_validate_instance_names_the_missing_field(missing: str) -> None:
 
 def test_instance_data_without_its_id_is_valid() -> None:
     # The gateway validates `data`; the id travels beside it (ctx.instance_id).
-    SWEHandler().validate_instance({k: v for k, v in INTERVALS.items() if k != "instance_id"})
+    data = {k: v for k, v in INTERVALS.items() if k != "instance_id"}
+    assert "instance_id" in INTERVALS and SWEHandler().validate_instance(data) is None
+    with pytest.raises(InvalidRequest) as info:  # while a field it does need is checked
+        SWEHandler().validate_instance({k: v for k, v in data.items() if k != "repo"})
+    assert info.value.details["field"] == "instance.repo"
 
 
 def test_swe_bench_json_string_test_lists_are_accepted() -> None:

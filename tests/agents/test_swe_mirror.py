@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.handlers.swe_images import resolve_instance_image
-from agents.handlers.swe_repo import NotProvisioned, is_slug, resolve_repo
+from agents.helpers.swe_images import resolve_instance_image
+from agents.helpers.swe_repo import NotProvisioned, is_slug, resolve_repo
 
 
 def test_slugs() -> None:

@@ -192,8 +192,13 @@ def test_file_tools_stay_in_the_workspace(bw, tmp_path):
 
 def test_no_nested_user_namespaces(bw):
     """Nested user namespaces would hand the agent a fresh capability set to attack the kernel with."""
-    r = bw.bash("unshare -U true")
-    assert r.exit_code != 0
+    # The syscall itself, so the test cannot pass because an `unshare` binary is missing.
+    r = bw.bash("python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                "print(libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))'")  # NEWUSER
+    assert r.exit_code == 0, r.output  # the probe ran
+    result, _, reason = r.output.strip().partition(" ")
+    assert result == "-1", f"unshare(CLONE_NEWUSER) succeeded inside the sandbox: {r.output}"
+    assert reason, r.output
 
 
 def test_tool_socket_is_out_of_reach_inside(bw):

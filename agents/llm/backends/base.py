@@ -7,15 +7,15 @@ anything the request itself got wrong is an InvalidRequest and is not retried el
 from __future__ import annotations
 
 import logging
-import threading
-from http import HTTPStatus
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 import httpx
 
-from core.errors import ConfigError, InvalidRequest, ServiceUnavailable
+from core.errors import InvalidRequest, ServiceUnavailable
+from core.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -113,29 +113,19 @@ def http_summary(status: int) -> str:
         return f"HTTP {status}"
 
 
-_backends: dict[str, type[LLMBackend]] = {}
-_lock = threading.Lock()
+BACKENDS: Registry[type[LLMBackend]] = Registry("LLM backend", "llm.backend")
 
 
 def register_backend(cls: type[LLMBackend]) -> type[LLMBackend]:
     """Class decorator: register a backend under `cls.name`; a duplicate name raises."""
-    with _lock:
-        if cls.name in _backends:
-            raise ConfigError(f"LLM backend {cls.name!r} is already registered")
-        _backends[cls.name] = cls
-    return cls
+    return BACKENDS.add(cls.name, cls)
 
 
 def get_backend_class(name: str) -> type[LLMBackend]:
     """The backend class registered as `name`; an unknown name lists the valid ones."""
-    try:
-        return _backends[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown LLM backend {name!r}; valid: {', '.join(sorted(_backends))}"
-        ) from None
+    return BACKENDS.get(name)
 
 
 def backend_names() -> list[str]:
     """Sorted names of the registered backends."""
-    return sorted(_backends)
+    return BACKENDS.names()

@@ -1,0 +1,29 @@
+"""The one registry helper the plug-in families share: duplicates and unknown names."""
+from __future__ import annotations
+
+import pytest
+
+from agents.llm.backends import backend_names, get_backend_class
+from agents.registry import get_handler, handler_names
+from core.registry import Registry, RegistryError
+
+
+def test_duplicate_and_unknown_names_are_one_error() -> None:
+    tools: Registry[int] = Registry("tool", "tools")
+    tools.add("a", 1)
+    with pytest.raises(RegistryError, match="tool 'a' is already registered"):
+        tools.add("a", 2)
+    tools.add("b", 2)
+    with pytest.raises(RegistryError, match=r"unknown tool 'c'; valid tools: a, b") as info:
+        tools.get("c")
+    assert info.value.details == {"field": "tools", "valid": ["a", "b"]}
+    assert tools.get("a") == 1 and tools.names() == ["a", "b"]
+
+
+def test_handlers_and_backends_use_it() -> None:
+    with pytest.raises(RegistryError) as info:
+        get_handler("nope")
+    assert info.value.details["valid"] == handler_names() and "math" in handler_names()
+    with pytest.raises(RegistryError) as info:
+        get_backend_class("nope")
+    assert info.value.details["valid"] == backend_names() == ["openai-chat", "sglang", "vllm"]
