@@ -12,6 +12,7 @@ from app.api import errors, health, jobs, llm_servers, policy, prorl, rollouts
 from app.auth import authenticate
 from core.settings import load_settings
 from tasks.celery_app import make_celery
+from tasks.sandboxes import check_node_settings
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,7 @@ def build_app(config: Any = None) -> Flask:
     """A gateway for `config` (Settings, a dict of overrides, or None for the environment)."""
     settings = load_settings(config)
     load_handler_modules(settings.handler_modules)
+    check_node_settings(settings)
     app = Flask("raas")
     app.config["RAAS"] = settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

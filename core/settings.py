@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -75,8 +75,9 @@ class Settings(BaseSettings):
     )
     soft_shutdown_timeout: float = Field(60.0, ge=0, description="Drain time on SIGTERM")
     task_events: bool = Field(False, description="Send Celery task events (for Flower)")
-    sandbox_runtime: Literal["auto", "bwrap", "singularity", "local", "none"] = Field(
-        "auto", description="Default sandbox runtime for jobs that do not name one"
+    sandbox_runtime: str = Field(
+        "auto", description="Default sandbox runtime for jobs that do not name one: a "
+                            "registered runtime, auto or none (checked at start-up)"
     )
     workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
     sandbox_dir: Path | None = Field(

@@ -16,7 +16,8 @@ from sandbox.errors import (
     ToolUsageError,
     UnknownRuntime,
 )
-from sandbox.runtime import Runtime, attach, get_runtime, list_sandboxes, runtime_names, stop_handle
+from sandbox.registry import runtime_names
+from sandbox.runtime import Runtime, attach, get_runtime, list_sandboxes, stop_handle
 from sandbox.settings import SandboxSettings
 from sandbox.spec import Bind, SandboxLimits, SandboxOptions, SandboxSpec
 from sandbox.toolserver.protocol import BashResult, Pong, PythonResult

@@ -12,7 +12,8 @@ from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import sandbox_env
-from sandbox.runtime import Runtime, pin_server, register, server_ready, shutdown_quietly
+from sandbox.registry import register
+from sandbox.runtime import Runtime, pin_server, server_ready, shutdown_quietly
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 

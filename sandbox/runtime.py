@@ -13,24 +13,11 @@ from typing import Any, ClassVar
 from sandbox.client import Sandbox, ToolClient
 from sandbox.errors import SandboxError, SandboxGone, SandboxStartError, UnknownRuntime
 from sandbox.handles import Handle, read_handles, remove_state, state_root, write_handle
+from sandbox.registry import check_runtime_name, registered
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
-_REGISTRY: dict[str, type[Runtime]] = {}
-
-
-def register(name: str):
-    """Class decorator adding a runtime under `name`; a duplicate name raises."""
-
-    def add(cls: type[Runtime]) -> type[Runtime]:
-        if name in _REGISTRY:
-            raise ValueError(f"runtime {name!r} is already registered by {_REGISTRY[name].__name__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return add
 
 
 class Runtime(ABC):
@@ -85,11 +72,6 @@ class Runtime(ABC):
         return Sandbox(handle, stop_handle)
 
 
-def runtime_names() -> list[str]:
-    """Registered runtime names (the built-in ones register when `sandbox` is imported)."""
-    return sorted(_REGISTRY)
-
-
 def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = None,
                 **kwargs: Any) -> Runtime:
     """A runtime by name; "auto" is bwrap when usable, else local (with a warning) only when
@@ -97,9 +79,9 @@ def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = No
     kwargs["settings"] = settings
     name = name or "auto"
     if name == "auto":
-        reason = _REGISTRY["bwrap"].unavailable_reason()
+        reason = registered("bwrap").unavailable_reason()
         if reason is None:
-            return _REGISTRY["bwrap"](**kwargs)
+            return registered("bwrap")(**kwargs)
         if not (settings or SandboxSettings()).allow_local_fallback:
             raise SandboxStartError(f"bwrap is unusable ({reason}) and falling back to the "
                                     "unisolated local runtime is not allowed here")
@@ -107,10 +89,8 @@ def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = No
         name = "local"
     if name == "none":
         raise UnknownRuntime("runtime 'none' means the job needs no sandbox; do not start one")
-    if name not in _REGISTRY:
-        valid = ", ".join(["auto", *sorted(_REGISTRY)])
-        raise UnknownRuntime(f"unknown sandbox runtime {name!r}; valid: {valid}", runtime=name)
-    return _REGISTRY[name](**kwargs)
+    check_runtime_name(name)
+    return registered(name)(**kwargs)
 
 
 def attach(handle: Handle, node: str | None = None) -> Sandbox:
@@ -129,7 +109,7 @@ def attach(handle: Handle, node: str | None = None) -> Sandbox:
 
 def stop_handle(handle: Handle) -> None:
     """Stop a sandbox from any process; idempotent, never raises for an already-gone sandbox."""
-    cls = _REGISTRY.get(handle.get("runtime", ""))
+    cls = registered(handle.get("runtime", ""))
     if cls is None:
         raise SandboxError(f"handle names unknown runtime {handle.get('runtime')!r}")
     cls.kill(handle)
@@ -141,7 +121,7 @@ def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: boo
     (their cgroups and files removed) unless `include_dead` asks to see them."""
     found = []
     for handle in read_handles(state_root(state_dir)):
-        cls = _REGISTRY.get(handle.get("runtime", ""))
+        cls = registered(handle.get("runtime", ""))
         if include_dead or (cls is not None and cls.alive(handle)):
             found.append(handle)
         elif cls is not None:

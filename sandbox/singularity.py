@@ -19,7 +19,8 @@ from sandbox.environments import resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
-from sandbox.runtime import Runtime, pin_server, register
+from sandbox.registry import register
+from sandbox.runtime import Runtime, pin_server
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-RuntimeName = Literal["auto", "bwrap", "singularity", "local", "none"]
+from sandbox.registry import check_runtime_name
+
+# A registered runtime, "auto" or "none" (checked against the registry, not restated here).
+RuntimeName = Annotated[str, AfterValidator(check_runtime_name)]
 
 
 class SandboxLimits(BaseModel):

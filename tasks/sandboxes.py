@@ -15,14 +15,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InvalidRequest
+from core.policy import check_sandbox_options, local_fallback_allowed, plain_name
 from core.settings import Settings
 from sandbox import SandboxSettings
-from core.errors import InvalidRequest
-from core.policy import check_sandbox_options, local_fallback_allowed, plain_name
 from sandbox.spec import SandboxLimits
 
 log = logging.getLogger(__name__)
+
+
+def check_node_settings(settings: Settings) -> None:
+    """Fail at start-up on a runtime name the sandbox registry does not know (core cannot
+    check it: it imports nothing of the sandbox)."""
+    from sandbox.registry import check_runtime_name
+
+    try:
+        check_runtime_name(settings.sandbox_runtime)
+    except ValueError as exc:
+        raise ConfigError(f"RAAS_SANDBOX_RUNTIME: {exc}", field="sandbox_runtime") from exc
 
 
 def sandbox_settings(settings: Settings) -> SandboxSettings:

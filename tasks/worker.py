@@ -13,6 +13,7 @@ from core.db import use_pre_ping
 from core.settings import Settings
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
+from tasks.sandboxes import check_node_settings
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
                loglevel: str = "INFO", quiet: bool = False) -> None:
     """Block running the worker (returns on shutdown)."""
     load_handler_modules(settings.handler_modules)
+    check_node_settings(settings)
     use_pre_ping(False)
     app = make_celery(settings)
     queue = stage_queue(stage, settings.node)

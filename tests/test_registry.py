@@ -27,3 +27,23 @@ def test_handlers_and_backends_use_it() -> None:
     with pytest.raises(RegistryError) as info:
         get_backend_class("nope")
     assert info.value.details["valid"] == backend_names() == ["openai-chat", "sglang", "vllm"]
+
+
+def test_job_specs_and_node_settings_name_what_the_registries_hold(tmp_path) -> None:
+    """Valid names come from the registries, not from Literals restated beside them."""
+    from pydantic import ValidationError
+
+    from agents.llm.spec import LLMSpec
+    from app.factory import build_app
+    from core.errors import ConfigError
+    from sandbox import SandboxOptions, runtime_names
+
+    assert runtime_names() == ["bwrap", "local", "singularity"]
+    assert SandboxOptions(runtime="local").runtime == "local"
+    with pytest.raises(ValidationError, match="valid: auto, none, bwrap, local, singularity"):
+        SandboxOptions(runtime="docker")
+    assert LLMSpec(backend="sglang").backend == "sglang"
+    with pytest.raises(ValidationError, match="valid LLM backends: openai-chat, sglang, vllm"):
+        LLMSpec(backend="tgi")
+    with pytest.raises(ConfigError, match="RAAS_SANDBOX_RUNTIME: unknown sandbox runtime"):
+        build_app({"home": tmp_path, "sandbox_runtime": "docker"})

@@ -8,10 +8,10 @@ message naming the field instead of being ignored for a whole batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import InvalidRequest
 from core.policy import (
@@ -22,7 +22,18 @@ from core.policy import (
     check_tokenizer,
 )
 
-BackendName = Literal["vllm", "sglang", "openai-chat"]
+
+def _registered_backend(name: str) -> str:
+    """A backend name must be registered (RegistryError lists the valid ones)."""
+    from agents.llm.backends import get_backend_class
+
+    get_backend_class(name)
+    return name
+
+
+# A registered LLM backend (checked against the registry, not restated here).
+BackendName = Annotated[str, AfterValidator(_registered_backend)]
+
 # vLLM's --logprobs-mode values that are logprobs (the *_logits modes are not): raw = the
 # model's distribution before temperature/top-k/top-p and logit processors (vLLM's default),
 # processed = the distribution actually sampled from, after all of them.

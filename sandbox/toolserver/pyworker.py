@@ -14,7 +14,6 @@ import traceback
 from .output import CappedText, strip_ansi
 
 
-
 class PlainRunner:
     """exec-based cells: statements, then the repr of a trailing expression."""
 

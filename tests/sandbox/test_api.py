@@ -161,7 +161,7 @@ def test_stop_handle_works_when_the_server_hangs(start):
 
 
 def test_runtime_registry():
-    with pytest.raises(UnknownRuntime, match="valid: auto, bwrap, local, singularity"):
+    with pytest.raises(UnknownRuntime, match="valid: auto, none, bwrap, local, singularity"):
         get_runtime("docker")
     assert get_runtime("auto").name == "bwrap"
 
