@@ -3,7 +3,7 @@
 `get_handler(name)` returns the registered handler; handler modules register themselves when
 `agents.handlers` is imported (see `agents.registry.load_builtin_handlers`).
 """
-from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.abstract import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
 from agents.registry import get_handler, handler_names, register
 
 __all__ = [

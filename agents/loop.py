@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.base import RunResult, StageContext
+from agents.abstract import RunResult, StageContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.base import AgentHandler, HandlerConfig
+from agents.abstract import AgentHandler, HandlerConfig
 from agents.llm.tokenizer import load_chat_tokenizer, server_max_model_len
 from agents.loop import prompt_messages
 from core.errors import InvalidRequest

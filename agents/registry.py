@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from agents.base import AgentHandler
+from agents.abstract import AgentHandler
 from core.errors import ConfigError
 from core.registry import Registry
 

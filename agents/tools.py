@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.base import StageContext
+from agents.abstract import StageContext
 from core.errors import InvalidRequest
 
 MIN_TOOL_TIMEOUT = 0.5  # a call squeezed by the deadline still gets a usable slice

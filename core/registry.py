@@ -2,7 +2,7 @@
 
 A duplicate name raises, and so does an unknown one, whose message lists the valid names; both
 are `RegistryError`. Agent handlers (`agents/registry.py`) and LLM backends
-(`agents/llm/backends/base.py`) use it. Sandbox runtimes (`sandbox/runtime.py`) keep the same
+(`agents/llm/backends/abstract.py`) use it. Sandbox runtimes (`sandbox/abstract.py`) keep the same
 shape with their own errors, because the sandbox package imports nothing of ours.
 """
 from __future__ import annotations

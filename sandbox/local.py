@@ -13,7 +13,7 @@ from sandbox.environments import resolve_env
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import sandbox_env
 from sandbox.registry import register
-from sandbox.runtime import Runtime, pin_server, server_ready, shutdown_quietly
+from sandbox.abstract import Runtime, pin_server, server_ready, shutdown_quietly
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 

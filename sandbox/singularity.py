@@ -20,7 +20,7 @@ from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
 from sandbox.registry import register
-from sandbox.runtime import Runtime, pin_server
+from sandbox.abstract import Runtime, pin_server
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agents.base import AgentHandler, EvalResult, StageContext
+from agents.abstract import AgentHandler, EvalResult, StageContext
 from core.settings import Settings
 from tasks import sandboxes
 

@@ -15,7 +15,7 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy import select
 
-from agents.base import RunResult, StageContext
+from agents.abstract import RunResult, StageContext
 from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.db import session_scope

@@ -18,7 +18,7 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy.exc import OperationalError
 
-from agents.base import AgentHandler, EvalResult, RunResult, StageContext
+from agents.abstract import AgentHandler, EvalResult, RunResult, StageContext
 from agents.finish_reasons import SELF_INFLICTED
 from agents.job_config import JobConfig
 from agents.registry import get_handler

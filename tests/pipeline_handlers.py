@@ -10,7 +10,7 @@ import time
 
 from pydantic import Field
 
-from agents.base import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.abstract import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
 from agents.registry import register
 from core.errors import InfraError
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agents.base import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
+from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
 from agents.helpers.code_grading import normalize_tests, run_test
 from agents.loop import run_agent_loop
 from agents.registry import register

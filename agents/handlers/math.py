@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from agents.base import (
+from agents.abstract import (
     AgentHandler,
     EvalResult,
     HandlerConfig,

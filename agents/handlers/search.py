@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from agents.base import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
+from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
 from agents.helpers.search_tools import answer_tool, search_tool
 from agents.loop import run_agent_loop
 from agents.registry import register

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agents.base import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
+from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
 from agents.helpers import swe_diff, swe_eval
 from agents.helpers.swe_images import resolve_instance_image
 from agents.helpers.swe_repo import check_repo_name, materialize

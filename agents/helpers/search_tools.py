@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.base import StageContext
+from agents.abstract import StageContext
 from agents.retrieval import BM25Index, SearchHit
 from agents.tools import Tool, ToolOutput, finish_tool
 

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.base import EvalResult
+from agents.abstract import EvalResult
 
 # Git run by EVAL must not execute anything the agent configured in the repo.
 GIT = ("git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "

@@ -24,7 +24,7 @@ from typing import Any
 from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
-from agents.llm.backends.base import server_said
+from agents.llm.backends.abstract import server_said
 from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agents.base import HandlerConfig, StageContext
+from agents.abstract import HandlerConfig, StageContext
 from agents.job_config import JobConfig
 
 TOKENIZER_DIR = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokenizer")

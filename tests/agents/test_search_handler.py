@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.base import RunResult
+from agents.abstract import RunResult
 from agents.registry import get_handler
 from core.errors import InvalidRequest
 

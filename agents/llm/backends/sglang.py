@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from agents.llm.backends.base import (
+from agents.llm.backends.abstract import (
     GenerateRequest,
     Generation,
     LLMBackend,
