@@ -1,7 +1,10 @@
 """One registry helper for the plug-in families: implementations kept by name.
 
 A duplicate name raises, and so does an unknown one, whose message lists the valid names; both
-are `RegistryError`. Agent handlers (`agents/registry.py`) and LLM backends
+are `RegistryError`. Where a config chooses one of several implementations (LLM backends, sandbox runtimes), each
+implementation declares a config model whose `type` is a one-value Literal (its name), and
+`config_union` joins the registered ones into a discriminated union. Agent handlers
+(`agents/registry.py`) and LLM backends
 (`agents/llm/backends/abstract.py`) use it. Sandbox runtimes (`sandbox/abstract.py`) keep the same
 shape with their own errors, because the sandbox package imports nothing of ours.
 """
@@ -9,11 +12,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar, Union
+
+from pydantic import BaseModel, Field
 
 from core.errors import InvalidRequest
 
 T = TypeVar("T")
+
+
+def config_type(config: type[BaseModel]) -> str:
+    """The name a config model declares: the default of its one-value `type` Literal."""
+    return config.model_fields["type"].default
+
+
+def config_union(configs: list[type[BaseModel]]) -> Any:
+    """The config models of a family's implementations as one union discriminated on `type`
+    (SWE-ReX's deployment-config shape), built from the registry rather than written out."""
+    if len(configs) == 1:
+        return configs[0]
+    return Annotated[Union[tuple(configs)], Field(discriminator="type")]  # noqa: UP007
 
 
 class RegistryError(InvalidRequest):

@@ -10,6 +10,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict
+
 from sandbox.client import Sandbox, ToolClient
 from sandbox.errors import SandboxError, SandboxGone, SandboxStartError, UnknownRuntime
 from sandbox.handles import Handle, read_handles, remove_state, state_root, write_handle
@@ -20,10 +22,21 @@ from sandbox.spec import SandboxSpec
 log = logging.getLogger(__name__)
 
 
+class RuntimeConfig(BaseModel):
+    """The config a job chooses a runtime with. Each runtime module declares a subclass whose
+    `type` is a one-value Literal (its registered name); `sandbox.registry.config_union()`
+    joins them into one union discriminated on `type`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+
+
 class Runtime(ABC):
     """Starts sandboxes of one kind; stopping and attaching only need the handle."""
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by `sandbox.registry.register` from the config's `type`
+    config: ClassVar[type[RuntimeConfig]] = RuntimeConfig
 
     def __init__(self, settings: SandboxSettings | None = None, **changes: Any) -> None:
         """`settings` are the node's; keyword `changes` replace single fields (e.g. state_dir)."""

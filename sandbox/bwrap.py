@@ -7,15 +7,18 @@ import os
 import shutil
 import socket
 import subprocess
+from typing import Literal
+
+from pydantic import Field
 
 from sandbox import cgroups, limits
+from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxStartError
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, sandbox_env
 from sandbox.registry import register
-from sandbox.abstract import Runtime, pin_server, server_ready
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -74,7 +77,13 @@ def _root_mounts(image: str | None) -> list[str]:
     return args
 
 
-@register("bwrap")
+class BwrapConfig(RuntimeConfig):
+    """Chooses the bwrap runtime: bubblewrap namespaces (the default)."""
+
+    type: Literal["bwrap"] = Field("bwrap", description="The runtime's registered name")
+
+
+@register(BwrapConfig)
 class BwrapRuntime(Runtime):
     """Namespaced sandboxes that belong to the node and outlive the process that started them."""
 

@@ -6,14 +6,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
 
 from sandbox import limits
+from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready, shutdown_quietly
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import sandbox_env
 from sandbox.registry import register
-from sandbox.abstract import Runtime, pin_server, server_ready, shutdown_quietly
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -21,7 +24,13 @@ log = logging.getLogger(__name__)
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 
-@register("local")
+class LocalConfig(RuntimeConfig):
+    """Chooses the local runtime: no isolation (tests, trusted code)."""
+
+    type: Literal["local"] = Field("local", description="The runtime's registered name")
+
+
+@register(LocalConfig)
 class LocalRuntime(Runtime):
     """Runs tools directly on the host: every file the user can reach is reachable."""
 

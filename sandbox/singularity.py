@@ -12,15 +12,18 @@ import re
 import shutil
 import subprocess
 import time
+from typing import Literal
+
+from pydantic import Field
 
 from sandbox import limits
+from sandbox.abstract import Runtime, RuntimeConfig, pin_server
 from sandbox.client import Sandbox, ToolClient
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
 from sandbox.registry import register
-from sandbox.abstract import Runtime, pin_server
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -67,7 +70,13 @@ def _bind(host: str, target: str, read_only: bool) -> list[str]:
     return ["--bind", f"{host}:{target}" + (":ro" if read_only else "")]
 
 
-@register("singularity")
+class SingularityConfig(RuntimeConfig):
+    """Chooses the singularity runtime: Singularity/Apptainer containers."""
+
+    type: Literal["singularity"] = Field("singularity", description="The runtime's registered name")
+
+
+@register(SingularityConfig)
 class SingularityRuntime(Runtime):
     """One Singularity instance per sandbox; the tool server runs in it via `exec instance://`."""
 

@@ -2,14 +2,22 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from sandbox.registry import check_runtime_name
+from sandbox.registry import check_runtime_name, runtime_config
 
-# A registered runtime, "auto" or "none" (checked against the registry, not restated here).
-RuntimeName = Annotated[str, AfterValidator(check_runtime_name)]
+
+def _chosen_runtime(value: Any) -> Any:
+    """A runtime chosen as its config (`{"type": "bwrap"}`, validated against the union the
+    registry builds) is stored by its name, as a name given on the wire always was."""
+    return runtime_config(value).type if isinstance(value, dict) else value
+
+
+# A registered runtime, "auto" or "none" (checked against the registry, not restated here),
+# given as a name or as the runtime's config model.
+RuntimeName = Annotated[str, BeforeValidator(_chosen_runtime), AfterValidator(check_runtime_name)]
 
 
 class SandboxLimits(BaseModel):

@@ -47,3 +47,34 @@ def test_job_specs_and_node_settings_name_what_the_registries_hold(tmp_path) -> 
         LLMSpec(backend="tgi")
     with pytest.raises(ConfigError, match="RAAS_SANDBOX_RUNTIME: unknown sandbox runtime"):
         build_app({"home": tmp_path, "sandbox_runtime": "docker"})
+
+
+def test_runtime_and_backend_configs_form_a_union_built_from_the_registry() -> None:
+    """Each implementation declares a config with a `type` Literal; the registry joins them
+    into one discriminated union. A name (today's wire) and a `{"type": ...}` mapping are both
+    accepted and stored as the name; an unknown one lists the valid names."""
+    from typing import get_args
+
+    from agents.llm.backends import backend_config, backend_config_union
+    from agents.llm.spec import LLMSpec
+    from sandbox.errors import UnknownRuntime
+    from sandbox.registry import config_union, runtime_config, runtime_names
+    from sandbox.spec import SandboxOptions
+
+    runtime_types = [c.model_fields["type"].default for c in get_args(get_args(config_union())[0])]
+    assert sorted(runtime_types) == runtime_names() == ["bwrap", "local", "singularity"]
+    backend_types = [c.model_fields["type"].default
+                     for c in get_args(get_args(backend_config_union())[0])]
+    assert sorted(backend_types) == backend_names()
+
+    assert type(runtime_config({"type": "local"})).__name__ == "LocalConfig"
+    assert backend_config("sglang").type == "sglang"
+    assert SandboxOptions(runtime="bwrap").model_dump()["runtime"] == "bwrap"
+    assert SandboxOptions(runtime={"type": "local"}).model_dump()["runtime"] == "local"
+    assert LLMSpec(backend={"type": "openai-chat"}).model_dump()["backend"] == "openai-chat"
+    with pytest.raises(UnknownRuntime, match="unknown sandbox runtime 'docker'; valid: bwrap"):
+        runtime_config({"type": "docker"})
+    with pytest.raises(UnknownRuntime, match="bad config for sandbox runtime 'bwrap'"):
+        runtime_config({"type": "bwrap", "nope": 1})
+    with pytest.raises(RegistryError, match="unknown LLM backend 'tgi'"):
+        backend_config({"type": "tgi"})

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import InvalidRequest
 from core.policy import (
@@ -23,16 +23,17 @@ from core.policy import (
 )
 
 
-def _registered_backend(name: str) -> str:
-    """A backend name must be registered (RegistryError lists the valid ones)."""
-    from agents.llm.backends import get_backend_class
+def _registered_backend(value: Any) -> Any:
+    """A backend is a registered name, or its config (`{"type": "vllm"}`, validated against
+    the union the registry builds), stored by its name as a name on the wire always was.
+    An unknown one is a RegistryError listing the valid ones."""
+    from agents.llm.backends import backend_config
 
-    get_backend_class(name)
-    return name
+    return backend_config(value).type if isinstance(value, (str, dict)) else value
 
 
 # A registered LLM backend (checked against the registry, not restated here).
-BackendName = Annotated[str, AfterValidator(_registered_backend)]
+BackendName = Annotated[str, BeforeValidator(_registered_backend)]
 
 # vLLM's --logprobs-mode values that are logprobs (the *_logits modes are not): raw = the
 # model's distribution before temperature/top-k/top-p and logit processors (vLLM's default),

@@ -13,9 +13,10 @@ from http import HTTPStatus
 from typing import Any, ClassVar
 
 import httpx
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from core.errors import InvalidRequest, ServiceUnavailable
-from core.registry import Registry
+from core.registry import Registry, RegistryError, config_type, config_union
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,20 @@ class Generation:
     latency: float = 0.0
 
 
+class BackendConfig(BaseModel):
+    """The config a job chooses a backend with. Each backend declares a subclass as its
+    `Config`, whose `type` is a one-value Literal: the name it is registered under."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+
+
 class LLMBackend(ABC):
     """A wire protocol to an inference server."""
 
-    name: ClassVar[str]
+    Config: ClassVar[type[BackendConfig]]
+    name: ClassVar[str]  # set by `register_backend` from `Config`'s `type`
     token_exact: ClassVar[bool] = True
 
     def __init__(self, client: httpx.Client | None = None) -> None:
@@ -117,8 +128,30 @@ BACKENDS: Registry[type[LLMBackend]] = Registry("LLM backend", "llm.backend")
 
 
 def register_backend(cls: type[LLMBackend]) -> type[LLMBackend]:
-    """Class decorator: register a backend under `cls.name`; a duplicate name raises."""
+    """Class decorator: register a backend under the name its `Config` declares (`type`);
+    a duplicate name raises."""
+    cls.name = config_type(cls.Config)
     return BACKENDS.add(cls.name, cls)
+
+
+def backend_config_union() -> object:
+    """The registered backends' configs as one union discriminated on `type`."""
+    return config_union([cls.Config for _name, cls in BACKENDS])
+
+
+def backend_config(value: str | dict) -> BackendConfig:
+    """The config of a backend chosen by name (`"vllm"`, as on the wire today) or as a mapping
+    with `type`; an unknown name is a RegistryError listing the valid ones."""
+    data = {"type": value} if isinstance(value, str) else value
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise RegistryError(f"an LLM backend is a name or a mapping with 'type', not {value!r}",
+                            field=BACKENDS.field)
+    BACKENDS.get(data["type"])  # unknown: RegistryError naming the valid ones
+    try:
+        return TypeAdapter(backend_config_union()).validate_python(data)
+    except ValidationError as exc:
+        raise RegistryError(f"bad config for LLM backend {data['type']!r}: {exc}",
+                            field=BACKENDS.field) from None
 
 
 def get_backend_class(name: str) -> type[LLMBackend]:

@@ -7,8 +7,12 @@ re-tokenization of that text and the logprobs are missing. Trajectories built wi
 from __future__ import annotations
 
 import time
+from typing import Literal
+
+from pydantic import Field
 
 from agents.llm.backends.abstract import (
+    BackendConfig,
     GenerateRequest,
     Generation,
     LLMBackend,
@@ -21,7 +25,12 @@ from agents.llm.backends.abstract import (
 class OpenAIChatBackend(LLMBackend):
     """`POST /v1/chat/completions` with messages; returns text only."""
 
-    name = "openai-chat"
+    class Config(BackendConfig):
+        """Chooses this backend."""
+
+        type: Literal["openai-chat"] = Field(
+            "openai-chat", description="The backend's registered name")
+
     token_exact = False
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:

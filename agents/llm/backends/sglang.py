@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
+
+from pydantic import Field
 
 from agents.llm.backends.abstract import (
+    BackendConfig,
     GenerateRequest,
     Generation,
     LLMBackend,
@@ -16,7 +20,11 @@ from agents.llm.backends.abstract import (
 class SGLangBackend(LLMBackend):
     """SGLang runtime servers."""
 
-    name = "sglang"
+    class Config(BackendConfig):
+        """Chooses this backend."""
+
+        type: Literal["sglang"] = Field(
+            "sglang", description="The backend's registered name")
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """POST /generate with input_ids and return_logprob; read output ids and logprobs."""

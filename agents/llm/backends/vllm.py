@@ -6,8 +6,12 @@ logprob of each sampled token (and no alternatives, which would only cost bandwi
 from __future__ import annotations
 
 import time
+from typing import Literal
+
+from pydantic import Field
 
 from agents.llm.backends.abstract import (
+    BackendConfig,
     GenerateRequest,
     Generation,
     LLMBackend,
@@ -20,7 +24,11 @@ from agents.llm.backends.abstract import (
 class VLLMBackend(LLMBackend):
     """vLLM (or anything speaking its completions subset, like the LLM simulator)."""
 
-    name = "vllm"
+    class Config(BackendConfig):
+        """Chooses this backend."""
+
+        type: Literal["vllm"] = Field(
+            "vllm", description="The backend's registered name")
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """POST /v1/completions with token ids; read `token_ids` and `logprobs.token_logprobs`."""
