@@ -1,12 +1,13 @@
 """One registry helper for the plug-in families: implementations kept by name.
 
 A duplicate name raises, and so does an unknown one, whose message lists the valid names; both
-are `RegistryError`. Where a config chooses one of several implementations (LLM backends, sandbox runtimes), each
+are `RegistryError`. Agent handlers (`agents/registry.py`) and LLM backends
+(`agents/llm/backends/abstract.py`) use it. Sandbox runtimes (`sandbox/registry.py`) keep the
+same shape with their own errors, because the sandbox package imports nothing of ours.
+
+Where a config chooses one of several implementations (LLM backends, sandbox runtimes), each
 implementation declares a config model whose `type` is a one-value Literal (its name), and
-`config_union` joins the registered ones into a discriminated union. Agent handlers
-(`agents/registry.py`) and LLM backends
-(`agents/llm/backends/abstract.py`) use it. Sandbox runtimes (`sandbox/abstract.py`) keep the same
-shape with their own errors, because the sandbox package imports nothing of ours.
+`config_union` joins the registered ones into a discriminated union.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Runtime interface, the registry of runtimes by name, and node-wide handle operations."""
+"""The Runtime interface and its config base, and node-wide handle operations."""
 from __future__ import annotations
 
 import logging

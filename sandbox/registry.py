@@ -69,7 +69,8 @@ def runtime_config(value: Any) -> Any:
     try:
         return _adapter(tuple(runtime_names())).validate_python(data)
     except ValidationError as exc:
-        raise UnknownRuntime(f"bad config for sandbox runtime {name!r}: {exc}", runtime=name) from None
+        raise UnknownRuntime(f"bad config for sandbox runtime {name!r}: {exc}",
+                             runtime=name) from None
 
 
 def runtime_names() -> list[str]:
