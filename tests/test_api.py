@@ -87,6 +87,26 @@ def test_not_json_oversized_and_unknown_routes(api):
     assert api.get("/v1/jobs/doesnotexist/results").status_code == 404
 
 
+def test_runtime_and_backend_as_name_or_typed_config(api, tmp_path):
+    """Today's wire (`"bwrap"`, `"vllm"`) and the typed config (`{"type": ...}`) are both
+    accepted and stored as the name; an unknown type lists the valid runtimes."""
+    from core.db import session_scope
+    from core.models import Job
+
+    db_url = Settings(home=tmp_path).db_url  # the api fixture's database
+    for runtime, backend in (("bwrap", "vllm"), ({"type": "bwrap"}, {"type": "vllm"})):
+        body = job(sandbox={"runtime": runtime},
+                   llm={"servers": [{"url": "http://127.0.0.1:9"}], "backend": backend})
+        resp = api.post("/v1/jobs", json=body)
+        assert resp.status_code == 202, resp.text
+        with session_scope(db_url) as session:
+            config = session.get(Job, resp.json()["job_id"]).config
+        assert config["sandbox"]["runtime"] == "bwrap" and config["llm"]["backend"] == "vllm"
+    resp = api.post("/v1/jobs", json=job(sandbox={"runtime": {"type": "docker"}}))
+    assert resp.status_code == 400 and "sandbox.runtime" in resp.text, resp.text
+    assert "valid: bwrap, local, singularity" in resp.json()["message"]
+
+
 def test_submission_accepted_and_idempotent(api):
     first = api.post("/v1/jobs", json=job(idempotency_key="k1"))
     assert first.status_code == 202
