@@ -126,6 +126,8 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 row["submit_202_s"] = round(t_202 - t0, 3)
                 row["submit_published_s"] = round(t_pub - t0, 3) if drained is not None else None
                 row["healthz_submit"] = health.during(t0, t_pub)
+                row["healthz_request"] = health.during(t0, t_202)  # the POST itself
+                row["healthz_publish"] = health.during(t_202, t_pub)  # after the 202
                 time.sleep(2.0)  # let the INIT pool claim a few, so some are running
                 running = svc.client.job(job["job_id"])["counts"]
                 t1 = time.monotonic()

@@ -1,8 +1,9 @@
 """The publication outbox: accepted rollouts reach the broker exactly when their rows exist.
 
 A submission commits its rollouts with `outbox_at` set (the mark "not yet published") in the
-same transaction as the insert, answers 202, and leaves publishing to a background thread of
-the gateway (`OutboxPublisher`). That thread publishes the marked rows in batches — one
+same transaction as the insert, answers 202, and leaves publishing to the gateway's
+`OutboxPublisher` (a background thread for small jobs, a publisher process for large ones,
+so the gateway's own threads keep answering). It publishes the marked rows in batches — one
 producer and one broker round trip per batch (a Redis pipeline) — and clears each batch's
 mark after its messages are out. A gateway that dies between the commit and the publish leaves
 marks behind; the reaper publishes whatever stayed marked longer than `outbox_grace` seconds
@@ -14,10 +15,15 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
@@ -29,6 +35,9 @@ from tasks.config import TASK_NAMES
 log = logging.getLogger(__name__)
 BATCH = 500  # messages per producer batch and per outbox statement
 YIELD_EVERY = 10  # messages built between two releases of the GIL
+INLINE_MAX = BATCH  # larger submissions are published by the publisher process
+PROCESS_IDLE_EXIT = 60.0  # seconds the publisher process waits for work before exiting
+PROCESS_TIMEOUT = 600.0  # longest wait for the publisher process to answer a hand-off
 
 
 def publish_many(celery: Any, messages: Iterable[tuple[str, str, int, str | None, str | None]],
@@ -114,44 +123,125 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
 
 
 class OutboxPublisher:
-    """The gateway's background thread that publishes freshly committed submissions."""
+    """Publishes freshly committed submissions for the gateway, off the request path.
+
+    Small submissions (up to `INLINE_MAX` rollouts) are published by a background thread of
+    the gateway: a 1-rollout job starts at once. Building thousands of messages is CPU that
+    would hold the gateway's GIL for seconds and stall its request threads (a /healthz poll
+    took up to 263 ms during a 10,000-rollout publication), so larger ones are handed to a
+    publisher process (`_publisher_process`) started on first need; it exits after idling
+    `PROCESS_IDLE_EXIT` seconds. A hand-off whose process dies is sent again to a fresh one;
+    if that fails too, the marks stay and the reaper publishes them after `outbox_grace`.
+    """
 
     def __init__(self, db_url: str, celery: Any) -> None:
         self.db_url = db_url
         self.celery = celery
-        self._work: queue.Queue[Sequence[str]] = queue.Queue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._pid = 0
+        self._queues: dict[str, queue.Queue[Sequence[str]]] = {}
+        self._process: Any = None
+        self._conn: Any = None
 
     def submit(self, ids: Sequence[str]) -> None:
         """Queue committed, marked rollout ids for publication (returns at once)."""
-        self._ensure_thread()
-        self._work.put(ids)
+        large = len(ids) > INLINE_MAX
+        self._ensure_threads()
+        self._queues["process" if large else "inline"].put(ids)
 
     def idle(self) -> bool:
         """True when nothing is waiting or being published (tests, benchmarks)."""
-        return self._work.unfinished_tasks == 0
+        return all(q.unfinished_tasks == 0 for q in self._queues.values())
 
-    def _ensure_thread(self) -> None:
-        with self._lock:  # one thread per process: a forked gateway worker starts its own
-            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
-                self._pid = os.getpid()
-                self._work = queue.Queue()
-                self._thread = threading.Thread(target=self._loop, name="raas-outbox",
-                                                daemon=True)
-                self._thread.start()
+    def _ensure_threads(self) -> None:
+        with self._lock:  # one set per process: a forked gateway worker starts its own
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._process = self._conn = None
+            for name, publish in (("inline", self._publish_inline),
+                                  ("process", self._publish_in_process)):
+                self._queues[name] = work = queue.Queue()
+                threading.Thread(target=self._loop, args=(work, publish),
+                                 name=f"raas-outbox-{name}", daemon=True).start()
 
-    def _loop(self) -> None:
+    def _loop(self, work: queue.Queue[Sequence[str]], publish: Any) -> None:
         while True:
-            ids = self._work.get()
+            ids = work.get()
             try:
-                n = publish_marked(self.db_url, self.celery, ids)
-                log.debug("outbox: published %s of %s rollouts", n, len(ids))
+                publish(ids)
             except Exception:  # the marks stay: the reaper publishes them after the grace
                 log.exception("outbox: publishing %s rollouts failed; the reaper will", len(ids))
             finally:
-                self._work.task_done()
+                work.task_done()
+
+    def _publish_inline(self, ids: Sequence[str]) -> None:
+        n = publish_marked(self.db_url, self.celery, ids)
+        log.debug("outbox: published %s of %s rollouts", n, len(ids))
+
+    def _publish_in_process(self, ids: Sequence[str]) -> None:
+        for attempt in (1, 2):
+            conn = self._child()
+            try:
+                conn.send(list(ids))
+                if not conn.poll(PROCESS_TIMEOUT):
+                    raise TimeoutError(f"no answer in {PROCESS_TIMEOUT} s")
+                n = conn.recv()
+                log.debug("outbox: publisher process published %s of %s", n, len(ids))
+                return
+            except (EOFError, OSError, TimeoutError) as exc:  # it exited (idle) or died
+                log.info("outbox: publisher process gone (%s), attempt %s", exc, attempt)
+                self._stop_child()
+        raise RuntimeError("the outbox publisher process failed twice")
+
+    def _child(self) -> Any:
+        if self._process is None or self._process.poll() is not None:
+            self._stop_child()
+            ours, theirs = socket.socketpair()
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))
+            # a fresh interpreter (not fork: the gateway has threads; not multiprocessing's
+            # spawn: it would re-run the embedding program's __main__)
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", f"from tasks.outbox import _publisher_process as p; "
+                 f"p({theirs.fileno()})"], pass_fds=[theirs.fileno()], env=env,
+                stdin=subprocess.DEVNULL)
+            theirs.close()
+            self._conn = Connection(ours.detach())
+            self._conn.send(self.celery.raas_settings)
+        return self._conn
+    def _stop_child(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(5)
+        self._process = self._conn = None
+
+
+def _publisher_process(fd: int) -> None:
+    """The publisher process (`fd`: its end of the socket pair): receives the gateway's
+    settings, then publishes each batch of ids it is sent and answers with the count.
+
+    Exits when the gateway's end closes or after `PROCESS_IDLE_EXIT` idle seconds (a
+    hand-off crossing that exit is sent again by the gateway to a fresh process).
+    """
+    from tasks.celery_app import make_celery
+
+    conn = Connection(fd)
+    settings = conn.recv()
+    celery = make_celery(settings)
+    while conn.poll(PROCESS_IDLE_EXIT):
+        try:
+            ids = conn.recv()
+        except EOFError:
+            return
+        try:
+            n = publish_marked(settings.db_url, celery, ids)
+        except Exception:  # the marks stay: the reaper publishes them after the grace
+            log.exception("outbox: publishing %s rollouts failed; the reaper will", len(ids))
+            n = 0
+        conn.send(n)
 
 
 _publishers: dict[int, OutboxPublisher] = {}

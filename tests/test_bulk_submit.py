@@ -100,6 +100,37 @@ def test_large_job_is_answered_first_and_published_exactly_once(tmp_path, backen
         svc.stop()
 
 
+def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp_path, backend):
+    """A large job is published outside the gateway process; a publisher process killed
+    between two jobs is replaced, and every message still goes out exactly once."""
+    import os
+
+    from tasks.outbox import INLINE_MAX, publisher_for
+
+    svc = start_service(tmp_path, stages=(), reaper=False, **backend)
+    try:
+        celery = svc._server.app.extensions["celery"]
+        n = (INLINE_MAX // 2 + 1) * 2  # above the inline limit
+        first = svc.client.submit("test-trivial", [{"instance_id": f"a{k:04d}"}
+                                                   for k in range(n // 2)], n_samples=2)
+        _wait_for(lambda: _outbox(svc, first["job_id"]) == 0, 60, "the outbox to drain")
+        pub = publisher_for(svc.settings.db_url, celery)
+        child = pub._process
+        assert child is not None and child.pid != os.getpid() and child.poll() is None and _init_depth(svc) == n
+        child.kill()
+        child.wait(10)
+        second = svc.client.submit("test-trivial", [{"instance_id": f"b{k:04d}"}
+                                                    for k in range(n // 2)], n_samples=2)
+        _wait_for(lambda: _outbox(svc, second["job_id"]) == 0, 60, "the outbox to drain")
+        assert pub._process is not None and pub._process.pid != child.pid
+        assert _init_depth(svc) == 2 * n
+        small = svc.client.submit("test-trivial", [{"instance_id": "c"}])  # inline thread
+        _wait_for(lambda: _outbox(svc, small["job_id"]) == 0, 30, "the small job's publish")
+        assert _init_depth(svc) == 2 * n + 1
+    finally:
+        svc.stop()
+
+
 def test_reaper_publishes_what_a_dead_gateway_left_in_the_outbox(tmp_path, backend,
                                                                  monkeypatch):
     """The gateway dying right after its commit is simulated by an outbox thread that never
