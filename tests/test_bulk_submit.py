@@ -82,18 +82,19 @@ def test_large_job_is_answered_first_and_published_exactly_once(tmp_path, backen
     svc = start_service(tmp_path, stages=(), **backend)  # no workers yet: count the messages
     try:
         t0 = time.monotonic()
-        job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(500)],
+        # 600 rollouts: above the inline limit, so the publisher process takes them
+        job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(150)],
                                 n_samples=4)
         answered = time.monotonic() - t0
-        assert len(job["rollout_ids"]) == 2000 and answered < 30
+        assert len(job["rollout_ids"]) == 600 and answered < 30
         _wait_for(lambda: _outbox(svc, job["job_id"]) == 0, 60, "the outbox to drain")
-        assert _init_depth(svc) == 2000
+        assert _init_depth(svc) == 600
         for stage in ("init", "run", "eval"):
             svc.start_worker(stage, "node-a", 4)
         done = svc.wait_done(job["job_id"], timeout=240)
-        assert done["counts"] == {"done": 2000} and done["outcomes"] == {"completed": 2000}
+        assert done["counts"] == {"done": 600} and done["outcomes"] == {"completed": 600}
         results = svc.all_results(job["job_id"])
-        assert [r["seq"] for r in results] == list(range(1, 2001))
+        assert [r["seq"] for r in results] == list(range(1, 601))
         assert all(r["reward"] == 1.0 and r["attempt"] == 1 for r in results)
         assert _init_depth(svc) == 0
     finally:
@@ -141,21 +142,21 @@ def test_reaper_publishes_what_a_dead_gateway_left_in_the_outbox(tmp_path, backe
     svc = start_service(tmp_path, stages=(), reaper=False, **backend,
                         extra={"outbox_grace": 1.0})
     try:
-        job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(150)],
+        job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(30)],
                                 n_samples=4)
         time.sleep(1.5)
-        assert _outbox(svc, job["job_id"]) == 600 and _init_depth(svc) == 0
+        assert _outbox(svc, job["job_id"]) == 120 and _init_depth(svc) == 0
         from tasks.reaper import Reaper
 
         reaper = Reaper(svc.settings, svc._server.app.extensions["celery"])
         counts = reaper.run_once()
-        assert counts["outbox"] == 600 and counts["requeued"] == 0
-        assert _outbox(svc, job["job_id"]) == 0 and _init_depth(svc) == 600
-        assert reaper.run_once()["outbox"] == 0 and _init_depth(svc) == 600  # nothing twice
+        assert counts["outbox"] == 120 and counts["requeued"] == 0
+        assert _outbox(svc, job["job_id"]) == 0 and _init_depth(svc) == 120
+        assert reaper.run_once()["outbox"] == 0 and _init_depth(svc) == 120  # nothing twice
         for stage in ("init", "run", "eval"):
             svc.start_worker(stage, "node-a", 4)
         done = svc.wait_done(job["job_id"], timeout=240)
-        assert done["outcomes"] == {"completed": 600}
+        assert done["outcomes"] == {"completed": 120}
     finally:
         svc.stop()
 
