@@ -136,6 +136,17 @@ def get_job(s: Session, job_id: str, owner: str | None = None) -> Job:
     return job
 
 
+def owner_jobs(s: Session, owner: str, before: str | None, limit: int) -> list[JobView]:
+    """One page of the owner's jobs, newest first, after the job id `before` (a cursor)."""
+    q = select(Job).where(Job.owner == owner)
+    if before:
+        pivot = get_job(s, before, owner)
+        q = q.where((Job.created_at < pivot.created_at)
+                    | ((Job.created_at == pivot.created_at) & (Job.id < pivot.id)))
+    jobs = s.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)).all()
+    return [job_view(s, j) for j in jobs]
+
+
 def job_view(s: Session, job: Job) -> JobView:
     """A job with counts per status and outcome."""
     counts = dict(s.execute(select(Rollout.status, func.count()).where(Rollout.job_id == job.id)

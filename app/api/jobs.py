@@ -5,13 +5,11 @@ import json
 import time
 
 from flask import Blueprint, Response, current_app, g, request, stream_with_context
-from sqlalchemy import select
 
 from app.api.routing import query_number, typed_route
-from app.jobs import cancel_job, create_job, get_job, job_view, results_after
+from app.jobs import cancel_job, create_job, get_job, job_view, owner_jobs, results_after
 from app.schemas import JobAccepted, JobCreate, JobList, JobView, ResultsPage
 from core.db import session_scope
-from core.models import Job
 
 bp = Blueprint("jobs", __name__)
 POLL_SECONDS = 0.2
@@ -34,13 +32,7 @@ def list_jobs() -> JobList:
     limit = int(query_number("limit", 50, minimum=1, maximum=500))
     before = request.args.get("before")
     with session_scope(_settings().db_url) as s:
-        q = select(Job).where(Job.owner == g.owner)
-        if before:
-            pivot = get_job(s, before, g.owner)
-            q = q.where((Job.created_at < pivot.created_at)
-                        | ((Job.created_at == pivot.created_at) & (Job.id < pivot.id)))
-        jobs = s.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)).all()
-        views = [job_view(s, j) for j in jobs]
+        views = owner_jobs(s, g.owner, before, limit)
     return JobList(jobs=views, next_cursor=views[-1].job_id if len(views) == limit else None)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 from flask import current_app, g, redirect, render_template, request, url_for
 from sqlalchemy import select
 
-from app.jobs import cancel_job, get_job, job_view
+from app.jobs import cancel_job, get_job, job_view, owner_jobs
 from app.metrics import llm_servers, queue_consumers, rollout_counts
 from app.ui import charts, tokens
 from app.ui.auth import bp, check_csrf, safe_next
@@ -35,14 +35,7 @@ def _settings():
 def jobs():
     """The owner's jobs, newest first; the rows refresh themselves while any job runs."""
     with session_scope(_settings().db_url) as s:
-        q = select(Job).where(Job.owner == g.owner)
-        before = request.args.get("before")
-        if before:
-            pivot = get_job(s, before, g.owner)
-            q = q.where((Job.created_at < pivot.created_at)
-                        | ((Job.created_at == pivot.created_at) & (Job.id < pivot.id)))
-        rows = s.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(JOBS_PAGE)).all()
-        views = [job_view(s, j) for j in rows]
+        views = owner_jobs(s, g.owner, request.args.get("before"), JOBS_PAGE)
     running = any(v.status in ("running", "cancelling") for v in views)
     template = "ui/_job_rows.html" if request.args.get("fragment") else "ui/jobs.html"
     return render_template(template, jobs=views, running=running,
