@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install up test test-fast test-slow test-vllm bench vllm-cpu demo clean
+.PHONY: install up test test-fast test-faults test-slow test-vllm bench vllm-cpu demo clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,7 @@ PORT ?=
 up: install
 	$(VENV)/bin/raas up $(if $(PORT),--port $(PORT))
 
+# Everything, the fault suite (tests/faults) included: what CI runs (.ci/run).
 test: install
 	$(PY) -m pytest
 
@@ -32,9 +33,14 @@ SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py \
 	tests/agents/test_math_pipeline.py tests/agents/test_search_pipeline.py \
 	tests/agents/test_swe_pipeline.py tests/agents/test_prorl_clients.py \
 	tests/agents/test_prorl_vllm.py tests/agents/test_reward_attacks.py \
-	tests/agents/test_vllm_smoke.py
+	tests/agents/test_vllm_smoke.py tests/faults
 test-fast: install
 	$(PY) -m pytest -q $(addprefix --ignore=,$(SERVICE_TIERS))
+
+# The fault campaign alone (SIGKILLed workers, node loss, private Redis/PostgreSQL restarts,
+# cancel): each case asserts nothing lost, duplicated or leaked, with no human step.
+test-faults: install
+	$(PY) -m pytest -q tests/faults
 
 test-slow: install
 	$(PY) -m pytest -m slow

@@ -63,3 +63,13 @@ def redis_prefix() -> Iterator[str]:
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
     client.close()
+
+
+# Private Redis/PostgreSQL for tests that restart them (never the machine's own).
+from tests.private_services import (  # noqa: E402,F401 - fixtures
+    make_private_postgres,
+    make_private_redis,
+    private_postgres,
+    private_redis,
+    private_redis_aof,
+)

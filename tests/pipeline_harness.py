@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,18 @@ from migrations.runner import upgrade
 from tasks.reaper import Reaper
 
 REPO = Path(__file__).resolve().parent.parent
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition",
+             interval: float = 0.1) -> Any:
+    """Poll `predicate` until it returns something truthy (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 FAST_RELIABILITY = {"heartbeat_interval": 0.5, "lease_timeout": 4.0, "requeue_after": 3.0,
                     "reaper_interval": 0.5, "stage_grace": 2.0, "soft_shutdown_timeout": 0}
 

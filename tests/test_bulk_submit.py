@@ -15,7 +15,7 @@ from tasks.queues import queue_depths
 from core.models import Rollout, Turn
 from client.sdk import RaasHTTPError
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service
+from tests.pipeline_harness import start_service, wait_for
 
 
 @pytest.fixture(params=["embedded", "redis+postgresql"])
@@ -25,16 +25,6 @@ def backend(request, tmp_path) -> dict:
         return {}
     return {"db_url": request.getfixturevalue("pg_url"), "broker_url": REDIS_URL,
             "key_prefix": request.getfixturevalue("redis_prefix")}
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _outbox(svc, job_id: str) -> int:
@@ -87,7 +77,7 @@ def test_large_job_is_answered_first_and_published_exactly_once(tmp_path, backen
                                 n_samples=4)
         answered = time.monotonic() - t0
         assert len(job["rollout_ids"]) == 600 and answered < 30
-        _wait_for(lambda: _outbox(svc, job["job_id"]) == 0, 60, "the outbox to drain")
+        wait_for(lambda: _outbox(svc, job["job_id"]) == 0, 60, "the outbox to drain")
         assert _init_depth(svc) == 600
         for stage in ("init", "run", "eval"):
             svc.start_worker(stage, "node-a", 4)
@@ -114,7 +104,7 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
         n = (INLINE_MAX // 2 + 1) * 2  # above the inline limit
         first = svc.client.submit("test-trivial", [{"instance_id": f"a{k:04d}"}
                                                    for k in range(n // 2)], n_samples=2)
-        _wait_for(lambda: _outbox(svc, first["job_id"]) == 0, 60, "the outbox to drain")
+        wait_for(lambda: _outbox(svc, first["job_id"]) == 0, 60, "the outbox to drain")
         pub = publisher_for(svc.settings.db_url, celery)
         child = pub._process
         assert child is not None and child.pid != os.getpid() and child.poll() is None and _init_depth(svc) == n
@@ -122,11 +112,11 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
         child.wait(10)
         second = svc.client.submit("test-trivial", [{"instance_id": f"b{k:04d}"}
                                                     for k in range(n // 2)], n_samples=2)
-        _wait_for(lambda: _outbox(svc, second["job_id"]) == 0, 60, "the outbox to drain")
+        wait_for(lambda: _outbox(svc, second["job_id"]) == 0, 60, "the outbox to drain")
         assert pub._process is not None and pub._process.pid != child.pid
         assert _init_depth(svc) == 2 * n
         small = svc.client.submit("test-trivial", [{"instance_id": "c"}])  # inline thread
-        _wait_for(lambda: _outbox(svc, small["job_id"]) == 0, 30, "the small job's publish")
+        wait_for(lambda: _outbox(svc, small["job_id"]) == 0, 30, "the small job's publish")
         assert _init_depth(svc) == 2 * n + 1
     finally:
         svc.stop()
@@ -167,7 +157,7 @@ def test_cancel_with_queued_and_running_rollouts(tmp_path, backend):
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(10)],
                                 n_samples=4, agent_config={"init_s": 1, "run_s": 30, "turns": 30})
         jid = job["job_id"]
-        _wait_for(lambda: _turns(svc) >= 2, 60, "rollouts turning in RUN")
+        wait_for(lambda: _turns(svc) >= 2, 60, "rollouts turning in RUN")
         t0 = time.monotonic()
         view = svc.client.cancel(jid)
         assert time.monotonic() - t0 < 10

@@ -10,23 +10,13 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import Rollout, Turn
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service
+from tests.pipeline_harness import start_service, wait_for
 
 
 @pytest.fixture
 def redis_pg(tmp_path, pg_url, redis_prefix):
     """Keyword arguments for a Redis + PostgreSQL service."""
     return {"db_url": pg_url, "broker_url": REDIS_URL, "key_prefix": redis_prefix}
-
-
-def _wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _rows(svc, job_id):
@@ -50,7 +40,7 @@ def test_sigkill_run_worker_mid_rollout_finishes_exactly_once(backend, tmp_path,
                              .where(Turn.rollout_id == rid))
                 return r.status == "run" and r.lease_owner and n >= 1
 
-        _wait_for(running_with_turns, what="rollout mid-RUN")
+        wait_for(running_with_turns, what="rollout mid-RUN")
         svc.kill_worker("run", "node-a")  # SIGKILL: no ack, no cleanup
         svc.start_worker("run", "node-a")
         done = svc.wait_done(job["job_id"], timeout=90)
@@ -96,8 +86,8 @@ def test_cancel_stops_queued_and_running_rollouts(tmp_path):
     try:
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(8)],
                                 agent_config={"run_s": 20, "turns": 40})
-        _wait_for(lambda: any(r.status == "run" and r.lease_owner
-                              for r in _rows(svc, job["job_id"])), what="a running rollout")
+        wait_for(lambda: any(r.status == "run" and r.lease_owner
+                             for r in _rows(svc, job["job_id"])), what="a running rollout")
         view = svc.client.cancel(job["job_id"])
         assert view["status"] in ("cancelling", "cancelled")
         done = svc.wait_done(job["job_id"], timeout=30)
@@ -197,8 +187,8 @@ def test_database_connections_dropped_mid_job_lose_nothing(tmp_path, redis_pg):
     try:
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)],
                                 agent_config={"run_s": 2, "turns": 4})
-        _wait_for(lambda: any(r.status == "run" and r.lease_owner
-                              for r in _rows(svc, job["job_id"])), what="a running rollout")
+        wait_for(lambda: any(r.status == "run" and r.lease_owner
+                             for r in _rows(svc, job["job_id"])), what="a running rollout")
         dbname = sa.engine.make_url(redis_pg["db_url"]).database
         admin = _pg_admin_engine()
         with admin.connect() as conn:

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from agents.llm.simulator import start_simulator
 from client import RaasClient
-from tests.pipeline_harness import start_service
+from tests.pipeline_harness import start_service, wait_for
 from tests.ui.browser import chromium, console_errors
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,16 +115,6 @@ def browser(service, jobs):
         wait_for(lambda: driver.current_url.endswith("/ui/"))
         assert all("401" in m for m in console_errors(driver))  # the login page's own status
         yield driver
-
-
-def wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def shot(driver, artifacts: Path, name: str) -> None:
