@@ -1,10 +1,15 @@
 """The pipeline's LLM server pools: load, stickiness and health kept in the database.
 
 Registered servers (`llm_servers` table, written by the trainer through the API) are shared by
-every RUN worker on every node: a slot is taken with an atomic conditional UPDATE of
-`in_flight`, so two workers never both see the same count and pick the same server. Servers
-named by a job itself are not rows; their load is counted from the rollouts that stick to them
-(`Rollout.llm_server` of rollouts in RUN) and their health is kept per process.
+every RUN worker on every node: a slot is taken by one UPDATE ... RETURNING that picks the
+least-loaded row and increments its `in_flight` in the same statement. On PostgreSQL the pick
+locks the owner's candidate rows (in id order, so acquirers queue instead of deadlocking) and
+orders the locked, current rows by load: concurrent acquirers are serialised per owner, each
+sees the counts the previous one committed, and none fails for losing a race (a
+compare-and-set with retries gave 64 concurrent acquirers false "no server" errors). SQLite
+serialises writers anyway (BEGIN IMMEDIATE). Servers named by a job itself are not rows; their
+load is counted from the rollouts that stick to them (`Rollout.llm_server` of rollouts in RUN)
+and their health is kept per process.
 
 Stickiness writes the url to `Rollout.llm_server`, fenced on the stage's lease like every
 other rollout write, so a retried attempt returns to it and a worker that lost its rollout
@@ -19,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Row, func, select, update
 
 from agents.llm.pool import (
     RECHECK_SECONDS,
@@ -35,7 +40,12 @@ from core.models import LLMServer, Rollout, Status, utcnow
 from core.policy import DEFAULT_OWNER
 from tasks import lifecycle
 
-CLAIM_RETRIES = 8
+# A claim finds nothing only when no row qualifies; if one qualifies again right after (a
+# server resumed or came back meanwhile), claim again, this many times at most.
+CLAIM_ATTEMPTS = 3
+# What a claim returns: everything a session needs (ServerInfo), read in the same statement.
+_INFO_COLUMNS = (LLMServer.url, LLMServer.model, LLMServer.weight_version, LLMServer.backend,
+                 LLMServer.paused, LLMServer.logprobs_mode, LLMServer.credential)
 
 
 class RolloutStickiness:
@@ -64,7 +74,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         super().__init__(backend, rollout_id)
         self.db_url, self.lease, self.owner = db_url, lease, owner
 
-    def _info(self, row: LLMServer) -> ServerInfo:
+    def _info(self, row: LLMServer | Row[Any]) -> ServerInfo:
         return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend,
                           bool(row.paused), row.logprobs_mode, row.credential)
 
@@ -90,36 +100,62 @@ class RegisteredPool(RolloutStickiness, ServerPool):
                     healthy=error is None, last_error=error, checked_at=utcnow()))
 
     def acquire(self, exclude: frozenset[str] = frozenset()) -> ServerInfo:
-        """Claim the least-loaded healthy row with a conditional UPDATE (retry on a race)."""
+        """Claim a slot on the least-loaded healthy, unpaused server (one atomic statement).
+
+        ServersPaused when every healthy candidate is paused, ServiceUnavailable when there is
+        none: never because other workers were claiming at the same moment.
+        """
         self._recheck_down()
-        for _ in range(CLAIM_RETRIES):
+        for _ in range(CLAIM_ATTEMPTS):
             with session_scope(self.db_url) as s:
-                query = self._mine(LLMServer.healthy.is_(True))
-                healthy = [r for r in s.scalars(query).all() if r.url not in exclude]
-                rows = [r for r in healthy if not r.paused]
-                if healthy and not rows:
-                    raise ServersPaused("every healthy LLM server is paused")
-                if not rows:
-                    break
-                row = min(rows, key=lambda r: (r.in_flight, r.created_at, r.url))
-                claimed = s.execute(update(LLMServer).where(
-                    LLMServer.id == row.id, LLMServer.in_flight == row.in_flight,
-                    LLMServer.healthy.is_(True), LLMServer.paused.is_(False))
-                    .values(in_flight=LLMServer.in_flight + 1))
-                if claimed.rowcount == 1:
-                    return self._info(row)
-        raise ServiceUnavailable("no healthy LLM server is registered"
-                                 + (f" (besides {sorted(exclude)})" if exclude else ""))
+                row = s.execute(self._claim(exclude)).first()
+            if row is not None:
+                return self._info(row)
+            self._raise_if_none_usable(exclude)
+        raise ServiceUnavailable("every usable LLM server changed state while being claimed")
+
+    def _claim(self, exclude: frozenset[str]) -> Any:
+        """UPDATE ... SET in_flight = in_flight + 1 WHERE id = (least-loaded candidate)
+        RETURNING the server's info.
+
+        The inner SELECT locks every candidate row of the owner (FOR UPDATE, id order: no
+        deadlock between acquirers) and returns their current versions, which the outer SELECT
+        orders by load: a concurrent acquirer waits for the lock and then sees the count the
+        previous one committed, so 64 simultaneous claims spread exactly. SQLite ignores FOR
+        UPDATE; its writers are serialised by BEGIN IMMEDIATE.
+        """
+        usable = (LLMServer.owner == self.owner, LLMServer.healthy.is_(True),
+                  LLMServer.paused.is_(False))
+        if exclude:
+            usable += (LLMServer.url.not_in(sorted(exclude)),)
+        locked = (select(LLMServer.id, LLMServer.in_flight, LLMServer.created_at, LLMServer.url)
+                  .where(*usable).order_by(LLMServer.id).with_for_update().subquery())
+        pick = (select(locked.c.id)
+                .order_by(locked.c.in_flight, locked.c.created_at, locked.c.url)
+                .limit(1).scalar_subquery())
+        return (update(LLMServer).where(LLMServer.id == pick, *usable)
+                .values(in_flight=LLMServer.in_flight + 1).returning(*_INFO_COLUMNS))
+
+    def _raise_if_none_usable(self, exclude: frozenset[str]) -> None:
+        """After an empty claim: ServersPaused / ServiceUnavailable if that is really so."""
+        with session_scope(self.db_url) as s:
+            paused = [p for url, p in s.execute(
+                select(LLMServer.url, LLMServer.paused).where(
+                    LLMServer.owner == self.owner, LLMServer.healthy.is_(True))).all()
+                if url not in exclude]
+        if not paused:
+            raise ServiceUnavailable("no healthy LLM server is registered"
+                                     + (f" (besides {sorted(exclude)})" if exclude else ""))
+        if all(paused):
+            raise ServersPaused("every healthy LLM server is paused")
 
     def take(self, url: str) -> ServerInfo | None:
-        """Claim a slot on `url` if it is still registered and healthy."""
+        """Claim a slot on `url` if it is still registered and healthy (one statement)."""
         with session_scope(self.db_url) as s:
-            row = s.scalar(self._mine(LLMServer.url == url))
-            if row is None or not row.healthy:
-                return None
-            s.execute(update(LLMServer).where(LLMServer.id == row.id)
-                      .values(in_flight=LLMServer.in_flight + 1))
-            return self._info(row)
+            row = s.execute(self._update(url, LLMServer.healthy.is_(True))
+                            .values(in_flight=LLMServer.in_flight + 1)
+                            .returning(*_INFO_COLUMNS)).first()
+            return self._info(row) if row is not None else None
 
     def release(self, url: str) -> None:
         """Decrement `in_flight`, never below zero."""
