@@ -53,16 +53,40 @@ class Service:
     client: RaasClient
     logs: Path
     workers: dict[tuple[str, str], subprocess.Popen] = field(default_factory=dict)
+    node_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reapers: dict[str, Reaper] = field(default_factory=dict)
     _server: Any = None
     _reaper: Reaper | None = None
+    _celery: Any = None
+
+    def node_settings(self, node: str) -> Settings:
+        """The settings a process of `node` runs with (its own dirs when `node_extra` says;
+        its values are typed as Settings holds them, e.g. Path for folders)."""
+        return self.settings.model_copy(update={"node": node, **self.node_extra.get(node, {})})
+
+    def start_reaper(self, node: str) -> Reaper:
+        """Start (or restart) `node`'s reaper loop in a thread of this process."""
+        reaper = Reaper(self.node_settings(node), self._celery)
+        self.reapers[node] = reaper
+        self._reaper = self._reaper or reaper
+        threading.Thread(target=reaper.run_forever, name=f"reaper-{node}", daemon=True).start()
+        return reaper
+
+    def stop_reaper(self, node: str) -> None:
+        """Stop `node`'s reaper after its current pass (a node that died stops reaping)."""
+        reaper = self.reapers.pop(node)
+        reaper.stop()
+        if self._reaper is reaper:
+            self._reaper = next(iter(self.reapers.values()), None)
 
     def start_worker(self, stage: str, node: str, concurrency: int = 4) -> subprocess.Popen:
         """Start (or restart) the `stage` pool of `node` as a child process."""
         log = open(self.logs / f"{stage}-{node}.log", "ab")
+        env = {**self.env, "RAAS_NODE": node, **_as_env(self.node_extra.get(node, {}))}
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "--node", node,
              "--concurrency", str(concurrency), "--loglevel", "INFO"],
-            env={**self.env, "RAAS_NODE": node}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         self.workers[(stage, node)] = proc
         return proc
 
@@ -97,8 +121,8 @@ class Service:
 
     def stop(self) -> None:
         """Stop workers, reaper and gateway."""
-        if self._reaper:
-            self._reaper.stop()
+        for reaper in {id(r): r for r in [*self.reapers.values(), self._reaper] if r}.values():
+            reaper.stop()
         for proc in self.workers.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -117,8 +141,12 @@ class Service:
         from sandbox import list_sandboxes
         from tasks.sandboxes import release
 
-        root = str(self.settings.workspaces) + "/"
-        leftovers = [h for h in list_sandboxes() if str(h.get("workspace", "")).startswith(root)]
+        leftovers = []
+        for node in {self.settings.node, *self.node_extra}:
+            settings = self.node_settings(node)
+            root = str(settings.workspaces) + "/"
+            leftovers += [h for h in list_sandboxes(settings.sandbox_dir)
+                          if str(h.get("workspace", "")).startswith(root)]
         for handle in leftovers:
             release(handle)
         return len(leftovers)
@@ -126,10 +154,16 @@ class Service:
 
 def start_service(home: Path, *, db_url: str | None = None, broker_url: str | None = None,
                   key_prefix: str = "", nodes: tuple[str, ...] = ("node-a",),
-                  concurrency: int | dict[str, int] = 4, reaper: bool = True,
+                  concurrency: int | dict[str, int] = 4, reaper: bool | str = True,
                   handler_modules: str = "", stages: tuple[str, ...] = ("init", "run", "eval"),
-                  extra: dict[str, Any] | None = None) -> Service:
-    """Migrate, start the gateway in a thread, one pool per stage and node, and a reaper."""
+                  extra: dict[str, Any] | None = None,
+                  node_extra: dict[str, dict[str, Any]] | None = None) -> Service:
+    """Migrate, start the gateway in a thread, one pool per stage and node, and a reaper.
+
+    `reaper`: True runs one reaper (the first node's), "per_node" one per node (what a
+    deployment runs), False none. `node_extra`: settings that differ per node (e.g. its own
+    `sandbox_dir` and `workspace_root`, as on separate machines) for its workers and reaper.
+    """
     modules = ",".join(m for m in ("tests.pipeline_handlers", handler_modules) if m)
     values: dict[str, Any] = {"home": home, "database_url": db_url, "broker_url": broker_url,
                               "broker_key_prefix": key_prefix, "node": nodes[0],
@@ -138,22 +172,26 @@ def start_service(home: Path, *, db_url: str | None = None, broker_url: str | No
     upgrade(settings.db_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env["PYTHONPATH"] = str(REPO)
-    for key, value in values.items():
-        if value is not None:
-            env[f"RAAS_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) \
-                else str(value)
+    env.update(_as_env({k: v for k, v in values.items() if v is not None}))
     app = create_app(settings)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    svc = Service(settings, env, url, RaasClient(url, timeout=60), logs, _server=server)
+    svc = Service(settings, env, url, RaasClient(url, timeout=60), logs,
+                  node_extra=dict(node_extra or {}), _server=server,
+                  _celery=app.extensions["celery"])
     for node in nodes:
         for stage in stages:
             n = concurrency if isinstance(concurrency, int) else concurrency[stage]
             svc.start_worker(stage, node, n)
-    if reaper:
-        svc._reaper = Reaper(settings, app.extensions["celery"])
-        threading.Thread(target=svc._reaper.run_forever, daemon=True).start()
+    for node in (nodes if reaper == "per_node" else nodes[:1] if reaper else ()):
+        svc.start_reaper(node)
     return svc
+
+
+def _as_env(values: dict[str, Any]) -> dict[str, str]:
+    """Settings as the RAAS_* environment variables a worker process reads."""
+    return {f"RAAS_{key.upper()}": json.dumps(value) if isinstance(value, (dict, list))
+            else str(value) for key, value in values.items()}

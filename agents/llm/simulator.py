@@ -4,7 +4,8 @@ For tests and benchmarks where no real model can run. It answers
 `POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`), SGLang's
 `POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
 `GET /sim/stats` (request counts, for balancing tests; `started` counts requests as they
-arrive, `requests` as they are answered).
+arrive, `requests` as they are answered, `turn:<instance key>:<turn>` answers per turn: a
+count above 1 is a re-generated turn, which the fault benchmark reports).
 
 Script (JSON file or dict)::
 
@@ -135,7 +136,7 @@ class Script:
             time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         base = len(prompt_ids)
         return {"ids": ids, "logprobs": [fake_logprob(t, base + i) for i, t in enumerate(ids)],
-                "finish_reason": finish, "instance": key,
+                "finish_reason": finish, "instance": key, "turn": turn,
                 "text": self.tok.decode(ids, skip_special_tokens=True)}
 
 
@@ -239,6 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.stats_lock:
             self.server.stats["requests"] += 1
             self.server.stats[f"instance:{result['instance']}"] += 1
+            self.server.stats[f"turn:{result['instance']}:{result['turn']}"] += 1
         return 200, result
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

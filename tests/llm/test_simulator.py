@@ -45,6 +45,7 @@ def test_models_health_and_scripted_turns(simulators, tok) -> None:
     assert complete(url, prompt(tok, "other"))["text"] == "default reply"
     stats = httpx.get(f"{url}/sim/stats").json()
     assert stats["requests"] == 4 and stats["instance:instance-7"] == 2
+    assert stats["turn:instance-7:0"] == stats["turn:instance-7:1"] == 1  # answers per turn
 
 
 def test_max_tokens_and_max_model_len(simulators, tok) -> None:
