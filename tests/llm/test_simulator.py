@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from agents.llm.sim_capacity import parse_metrics
 from agents.llm.simulator import fake_logprob, start_simulator_process
+from core.errors import ConfigError
 from tests.llm.conftest import SMOLLM2
 
 SCRIPT = {"model": "sim-model", "default": ["default reply"],
@@ -71,10 +75,92 @@ def test_cli_subprocess(tmp_path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    url, stop = start_simulator_process(SMOLLM2, script, port)
+    url, stop = start_simulator_process(SMOLLM2, script, port, capacity={"time_scale": 0.01})
     try:
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "sim-model"
+        assert complete(url, [1, 2, 3])["text"] == "default reply"
+        metrics = parse_metrics(httpx.get(f"{url}/metrics").text)  # --capacity reached it
+        assert metrics['vllm:request_success_total{model_name="sim-model"}'] == 1
     finally:
         stop()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health")
+
+
+# --- capacity model (agents/llm/sim_capacity.py): timings through real HTTP, small constants
+
+FAST = {"step_seconds": 0.002, "token_seconds": 0.001, "prefix_cache_tokens": 0}
+
+
+def timed_completions(url: str, prompts: list[list[int]], max_tokens: int = 64) -> list[float]:
+    """Send the prompts at once; each request's wall seconds, in prompt order."""
+    def one(ids: list[int]) -> float:
+        t0 = time.monotonic()
+        response = client.post(f"{url}/v1/completions", json={"prompt": ids,
+                                                               "max_tokens": max_tokens})
+        assert response.status_code == 200, response.text
+        return time.monotonic() - t0
+
+    with httpx.Client(timeout=30, limits=httpx.Limits(max_connections=64)) as client, \
+            ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts))
+
+
+def engine(url: str) -> dict:
+    return httpx.get(f"{url}/sim/stats").json()["engine"]
+
+
+def test_capacity_batch_slows_each_sequence_but_raises_throughput(simulators) -> None:
+    url, _ = simulators({"default": [{"ids": list(range(100, 140))}]}, capacity=FAST)
+    alone = timed_completions(url, [[1, 2, 3]])[0]  # 40 steps of 3 ms
+    batch = timed_completions(url, [[1, 2, k] for k in range(8)])  # 40 steps of 10 ms
+    assert min(batch) > 2 * alone, (alone, batch)  # each sequence decodes slower...
+    assert 8 / max(batch) > 1.5 / alone, (alone, batch)  # ...the server answers more per second
+    stats = engine(url)
+    assert stats["generation_tokens"] == 9 * 40 and stats["requests_finished"] == 9
+    assert set(stats["batch_size_seconds"]) >= {"1", "8"}
+
+
+def test_capacity_max_num_seqs_queues_the_rest(simulators) -> None:
+    url, _ = simulators({"default": [{"ids": list(range(100, 140))}]},
+                        capacity={**FAST, "max_num_seqs": 2})
+    latencies = sorted(timed_completions(url, [[1, 2, k] for k in range(4)]))
+    assert latencies[2] > 1.6 * latencies[1], latencies  # the last two waited for a slot
+    stats = engine(url)
+    assert stats["queue_seconds"] > latencies[0] and stats["requests_admitted"] == 4
+    assert max(int(size) for size in stats["batch_size_seconds"]) == 2
+
+
+def test_capacity_prefill_costs_per_prompt_token(simulators) -> None:
+    url, _ = simulators({"default": [{"ids": [100]}]}, capacity={**FAST, "token_seconds": 0.0005})
+    short = timed_completions(url, [list(range(5, 55))])[0]  # one step of ~27 ms
+    long = timed_completions(url, [list(range(5, 1005))])[0]  # one step of ~502 ms
+    assert long > 5 * short and long > 0.45, (short, long)
+    assert engine(url)["prompt_tokens"] == 1050
+
+
+def test_capacity_prefix_cache_hit_cuts_prefill(simulators) -> None:
+    url, _ = simulators({"model": "sim", "default": [{"ids": [100, 101]}]},
+                        capacity={**FAST, "token_seconds": 0.0005, "prefix_cache_tokens": 4096})
+    turn0 = list(range(5, 1005))
+    cold = timed_completions(url, [turn0])[0]
+    turn1 = turn0 + [100, 101] + list(range(7, 27))  # the next turn: previous answer + new tokens
+    warm = timed_completions(url, [turn1])[0]
+    assert warm < cold / 3, (cold, warm)
+    stats = engine(url)
+    assert stats["prefix_cache_hits"] == 992  # 1002 tokens cached, in whole 16-token blocks
+    assert stats["prefix_cache_queries"] == 1000 + 1022
+    metrics = parse_metrics(httpx.get(f"{url}/metrics").text)
+    assert metrics['vllm:prefix_cache_hits_total{model_name="sim"}'] == 992
+    assert metrics['vllm:num_requests_running{model_name="sim"}'] == 0
+    assert metrics['sim:busy_seconds_total{model_name="sim"}'] > 0
+
+
+def test_capacity_config_errors_name_the_field(simulators) -> None:
+    with pytest.raises(ConfigError, match="capacity.max_num_seqs"):
+        simulators(SCRIPT, capacity={"max_num_seqs": 0})
+    with pytest.raises(ConfigError, match="capacity.tokens_per_second"):
+        simulators(SCRIPT, capacity={"tokens_per_second": 5})
+    url, _ = simulators(SCRIPT)  # off by default: no engine, no /metrics
+    assert httpx.get(f"{url}/metrics").status_code == 404
+    assert "engine" not in httpx.get(f"{url}/sim/stats").json()
