@@ -138,6 +138,9 @@ class StageContext:
     # RUN: why a sandbox failure is the agent's doing ("disk_quota", "oom", ...), else None.
     diagnose: Callable[[BaseException], str | None] = lambda exc: None
     logger: logging.Logger | logging.LoggerAdapter | None = None
+    # RUN resumed after its worker was lost: the attempt's logged turns (index order), which
+    # `agents.loop.run_agent_loop` continues from in the same sandbox (see `resumable`).
+    resume_turns: list[dict[str, Any]] | None = None
 
     def remaining(self) -> float:
         """Seconds left before this stage's deadline (never negative)."""
@@ -175,6 +178,9 @@ class AgentHandler(ABC):
     # ahead of time does the same), so a fresh home runs without a manual build step.
     environments: ClassVar[dict[str, tuple[str, ...]]] = {}
     eval_in_sandbox: ClassVar[bool] = False
+    # True when `run` drives `agents.loop.run_agent_loop`, which continues a lost RUN from its
+    # logged turns (`ctx.resume_turns`); other handlers restart from INIT when RUN is lost.
+    resumable: ClassVar[bool] = False
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `core.errors.InvalidRequest`)."""

@@ -8,20 +8,29 @@ by default; a prompt that does not fit is `prompt_too_long`, not a sample; cance
 through `RolloutCancelled` for the pipeline to record. Tool misuse and malformed calls are
 observations for the model, counted in the rollout's metrics. The trajectory itself is the
 LLM session's (token-exact); this loop never re-tokenizes model output.
+
+Resume: each turn is logged with the messages appended after it and the loop's counters
+(`loop_state`), so a RUN whose worker died continues from `ctx.resume_turns` (the attempt's
+logged turns, same sandbox) at the next turn index: the session is rebuilt token for token
+(`agents.llm.replay`), nothing logged is generated or executed again. The turn that was in
+flight is not logged (a turn is logged after its tool calls ran), so it is generated again;
+whatever its tool calls had done in the sandbox before the worker died stays there, like any
+other side effect of a shell the agent holds.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from agents.abstract import RunResult, StageContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
+from agents.llm.replay import prompt_digest, replay_turns
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools
-from core.errors import StageTimeout
+from core.errors import ResumeError, StageTimeout
 from core.models import Outcome
 from sandbox.errors import SandboxError
 
@@ -51,6 +60,7 @@ class _Episode:
     finished: bool = False
     tool_names_used: dict[str, int] = field(default_factory=dict)
     max_invalid_turns: int = 3
+    resumed_from: list[int] = field(default_factory=list)  # turn index of each resume
 
 
 def run_agent_loop(
@@ -75,6 +85,8 @@ def run_agent_loop(
     ctx.llm.start(_prompt_messages(ctx, system_prompt, user_prompt, tools),
                   tools=[tool.schema() for tool in tools])
     ep = _Episode(max_invalid_turns=max_invalid_turns)
+    if ctx.resume_turns:
+        ep = _resumed(ctx, ctx.resume_turns)
     try:
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
@@ -96,6 +108,29 @@ def run_agent_loop(
     result = _result(ctx, ep)
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
+
+
+def _resumed(ctx: StageContext, turns: list[dict[str, Any]]) -> _Episode:
+    """The episode after the logged `turns`, with the session rebuilt from them."""
+    state = turns[-1].get("loop_state")
+    if not state:
+        raise ResumeError(f"turn {turns[-1].get('index')} was logged without the loop's state")
+    replay_turns(ctx.llm, turns, state.get("prompt_digest"))
+    known = {f.name for f in fields(_Episode)}
+    ep = _Episode(**{k: v for k, v in state.items() if k in known})
+    ep.resumed_from.append(len(turns))
+    ctx.state.clear()  # what the handler's tools kept in it (e.g. passages seen) by then
+    ctx.state.update(state.get("handler_state") or {})
+    log.info("rollout %s: RUN resumed at turn %d (%s)", ctx.rollout_id, len(turns),
+             "episode already over" if ep.finish_reason else "continuing")
+    return ep
+
+
+def _loop_state(ctx: StageContext, ep: _Episode) -> dict[str, Any]:
+    """The counters logged with a turn, the prompt's digest (checked on resume) and the
+    handler's `ctx.state` (its tools may keep things there during RUN)."""
+    return {**asdict(ep), "prompt_digest": prompt_digest(ctx.llm.trajectory().prompt_ids),
+            "handler_state": dict(ctx.state)}
 
 
 def _prompt_messages(ctx: StageContext, system_prompt: str, user_prompt: str,
@@ -153,7 +188,10 @@ def staleness(weight_versions: list[str | None]) -> int:
 def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
               final_answer: Callable[[str], Any] | None, max_invalid_turns: int,
               max_observation_chars: int) -> None:
-    """Generate, act, observe and persist one turn; sets `ep.finish_reason` when it ends."""
+    """Generate, act, observe and log one turn; sets `ep.finish_reason` when it ends.
+
+    The turn is logged last, with the counters as they stand after it (what resume reads).
+    """
     started = time.monotonic()
     gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
     ep.gen_seconds += time.monotonic() - started
@@ -164,8 +202,19 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
     calls, errors = parse_tool_calls(gen.text or "")
     ep.parse_errors += len(errors)
     if gen.finish_reason in CUT_TURN:
-        _cut_turn(ctx, ep, index, gen, calls, errors)
-        return
+        messages, tool_seconds = _cut_turn(ctx, ep, gen), 0.0
+    else:
+        messages, tool_seconds = _act(ctx, ep, tools, calls, errors, gen, final_answer,
+                                      max_invalid_turns, max_observation_chars)
+    observation_ids = ctx.llm.append_messages(messages) if messages else []
+    _record(ctx, ep, index, gen, calls, messages, observation_ids, tool_seconds, errors)
+
+
+def _act(ctx: StageContext, ep: _Episode, tools: dict[str, Tool], calls: list[Any],
+         errors: list[str], gen: Any, final_answer: Callable[[str], Any] | None,
+         max_invalid_turns: int, max_observation_chars: int) -> tuple[list[dict], float]:
+    """Run the turn's calls; returns the messages to append ([] when the episode finished)
+    and the seconds the tools took."""
     tool_started = time.monotonic()
     outputs = _execute(ctx, ep, tools, calls)
     tool_seconds = time.monotonic() - tool_started
@@ -180,38 +229,32 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
             ep.invalid_streak = 0
     if finish is not None:
         ep.finished, ep.answer, ep.finish_reason = True, finish.answer, FinishReason.FINISH.value
-        _record(ctx, index, gen, calls, None, [], tool_seconds, errors)
-        return
-    messages = _observation_messages(tools, calls, outputs, errors, max_observation_chars)
-    observation_ids = ctx.llm.append_messages(messages)
-    _record(ctx, index, gen, calls, "\n".join(m["content"] for m in messages), observation_ids,
-            tool_seconds, errors)
+        return [], tool_seconds
     if ep.invalid_streak >= max_invalid_turns:
         ep.outcome = Outcome.AGENT_ERROR.value
         ep.finish_reason = FinishReason.NO_VALID_ACTION.value
+    return _observation_messages(tools, calls, outputs, errors, max_observation_chars), \
+        tool_seconds
 
 
-def _cut_turn(ctx: StageContext, ep: _Episode, index: int, gen: Any, calls: list[Any],
-              errors: list[str]) -> None:
+def _cut_turn(ctx: StageContext, ep: _Episode, gen: Any) -> list[dict]:
     """A generation cut short: its calls are incomplete by construction, never executed.
 
     A per-turn cut goes on by default (the model is told, and it counts as a turn without a
-    valid action); a full context or an exhausted token budget ends the episode.
+    valid action); a full context or an exhausted token budget ends the episode. Returns the
+    message to append ([] when the episode ends).
     """
     reason = gen.finish_reason
     go_on = (reason == FinishReason.TURN_LENGTH.value
              and ctx.limits.continue_after_turn_length)
     if not go_on:
         ep.finish_reason = reason
-        _record(ctx, index, gen, calls, None, [], 0.0, errors)
-        return
-    message = {"role": "user", "content": TURN_CUT_MESSAGE.format(n=len(gen.token_ids))}
-    observation_ids = ctx.llm.append_messages([message])
-    _record(ctx, index, gen, calls, message["content"], observation_ids, 0.0, errors)
+        return []
     ep.invalid_streak += 1
     if ep.invalid_streak >= ep.max_invalid_turns:
         ep.outcome = Outcome.AGENT_ERROR.value
         ep.finish_reason = FinishReason.NO_VALID_ACTION.value
+    return [{"role": "user", "content": TURN_CUT_MESSAGE.format(n=len(gen.token_ids))}]
 
 
 def _execute(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
@@ -250,21 +293,24 @@ def _clip(text: str, limit: int) -> str:
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters elided ...]\n{tail}"
 
 
-def _record(ctx: StageContext, index: int, gen: Any, calls: list[Any],
-            observation: str | None, observation_ids: list[int], tool_seconds: float,
+def _record(ctx: StageContext, ep: _Episode, index: int, gen: Any, calls: list[Any],
+            messages: list[dict], observation_ids: list[int], tool_seconds: float,
             errors: list[str]) -> None:
-    """Persist one turn (the pipeline writes it to the Turn table before we go on)."""
+    """Log one turn (the pipeline writes it to the Turn table before we go on)."""
     ctx.record_turn(
         index=index, generated_ids=list(gen.token_ids), logprobs=list(gen.logprobs or []),
-        text=gen.text, tool_calls=[c.to_dict() for c in calls], observation=observation,
-        observation_ids=list(observation_ids), finish_reason=gen.finish_reason,
-        llm_server=gen.server, weight_version=gen.weight_version, gen_seconds=gen.latency,
-        tool_seconds=tool_seconds, extra=_turn_extra(gen, errors),
+        text=gen.text, tool_calls=[c.to_dict() for c in calls],
+        observation="\n".join(m["content"] for m in messages) if messages else None,
+        observation_ids=list(observation_ids), observation_messages=messages,
+        finish_reason=gen.finish_reason, llm_server=gen.server,
+        weight_version=gen.weight_version, gen_seconds=gen.latency, tool_seconds=tool_seconds,
+        extra=_turn_extra(ctx, gen, errors), loop_state=_loop_state(ctx, ep),
     )
 
 
-def _turn_extra(gen: Any, errors: list[str]) -> dict[str, Any]:
+def _turn_extra(ctx: StageContext, gen: Any, errors: list[str]) -> dict[str, Any]:
     extra: dict[str, Any] = {"parse_errors": errors} if errors else {}
+    extra["context_length"] = ctx.llm.context_length  # replayed before this generation
     if getattr(gen, "logprobs_mode", None):
         extra["logprobs_mode"] = gen.logprobs_mode
     return extra
@@ -290,6 +336,9 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
         "weight_versions": _distinct(traj.weight_versions),
         "staleness": staleness(traj.weight_versions),
     }
+    if ep.resumed_from:  # the RUN was lost and continued from the logged turns
+        metrics["resumed_from_turn"] = ep.resumed_from[-1]
+        metrics["resumes"] = len(ep.resumed_from)
     if ctx.limits.max_staleness is not None:
         metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())

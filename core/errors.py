@@ -115,6 +115,13 @@ class InfraError(RaasError):
     code = "infra_error"
 
 
+class ResumeError(RaasError):
+    """Stored turns cannot rebuild the RUN exactly (gaps, another template or tokenizer):
+    the rollout restarts from INIT instead of continuing from a trajectory it did not have."""
+
+    code = "resume_error"
+
+
 class AgentError(RaasError):
     """The agent misbehaved in a way that ends the rollout (e.g. no valid action in N turns)."""
 

@@ -141,6 +141,9 @@ class Rollout(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     # Earlier attempts and why each ended: [{"attempt", "error", "ended_at"}].
     attempt_history: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    # RUNs of an attempt that were lost and continued in the same sandbox from the stored
+    # turns: [{"attempt", "from_turn", "error", "at"}] (see `tasks.resume`).
+    resumes: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     node: Mapped[str | None] = mapped_column(String(128))
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -178,10 +181,17 @@ class Rollout(Base):
 
 
 class Turn(Base):
-    """Append-only log of one agent turn: what resume, replay and debugging read."""
+    """Append-only log of one agent turn: what resume, replay and debugging read.
+
+    A turn holds everything needed to rebuild the agent loop exactly where it stood after it
+    (`tasks.resume`): the generation verbatim, the messages appended after it with their
+    template ids, and the loop's counters. (rollout, attempt, index) is unique, so a turn is
+    never logged twice (a retried insert whose first commit landed finds its own row).
+    """
 
     __tablename__ = "turns"
-    __table_args__ = (Index("ix_turns_rollout", "rollout_id", "attempt", "index"),)
+    __table_args__ = (Index("uq_turns_rollout_attempt_index", "rollout_id", "attempt", "index",
+                            unique=True),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     rollout_id: Mapped[str] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"))
@@ -194,6 +204,12 @@ class Turn(Base):
     tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     observation: Mapped[str | None] = mapped_column(Text)
     observation_ids: Mapped[list[int] | None] = mapped_column(JSONType)
+    # The messages the loop appended after the generation (tool results, a nudge), as sent to
+    # the chat template; `observation` is their text joined, `observation_ids` their tokens.
+    observation_messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    # The agent loop's counters after this turn (turn count, tool calls, invalid streak, how
+    # the episode ended and its answer): what a resumed RUN continues from.
+    loop_state: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     finish_reason: Mapped[str | None] = mapped_column(String(64))
     llm_server: Mapped[str | None] = mapped_column(String(512))
     weight_version: Mapped[str | None] = mapped_column(String(128))

@@ -16,10 +16,11 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import and_, case, exists, func, select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import aliased
 
 from core.db import session_scope
+from core.errors import LeaseLost
 from core.models import (
     ACTIVE,
     TERMINAL_VALUES,
@@ -99,10 +100,65 @@ def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: A
             stage_started_at=None, **values)).rowcount == 1
 
 
-def record_turn(db_url: str, rollout_id: str, attempt: int, **fields: Any) -> None:
-    """Append one turn to the log (committed before the agent's next generation)."""
+def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = None,
+                **fields: Any) -> None:
+    """Append one turn to the log (committed before the agent's next generation).
+
+    With `lease`, fenced on it in the same transaction (the rollout's row is written first,
+    which also beats): a worker presumed dead, whose RUN was resumed by another, can never
+    log a turn index twice. A turn already stored under its (rollout, attempt, index) is a
+    retried insert whose first commit landed: not an error.
+    """
+    try:
+        with session_scope(db_url) as s:
+            if lease is not None and not s.execute(
+                    update(Rollout).where(Rollout.id == rollout_id,
+                                          Rollout.lease_owner == lease)
+                    .values(heartbeat_at=utcnow())).rowcount:
+                raise LeaseLost("the rollout moved on: turn not logged", rollout_id=rollout_id)
+            s.add(Turn(rollout_id=rollout_id, attempt=attempt, **fields))
+    except IntegrityError:
+        log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id,
+                 fields.get("index"), attempt)
+
+
+def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
+    """The logged turns of one attempt in index order, as plain dicts (what resume reads)."""
+    columns = [c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")]
     with session_scope(db_url) as s:
-        s.add(Turn(rollout_id=rollout_id, attempt=attempt, **fields))
+        rows = s.execute(select(*columns).where(Turn.rollout_id == rollout_id,
+                                                 Turn.attempt == attempt)
+                         .order_by(Turn.index)).all()
+    return [dict(row._mapping) for row in rows]
+
+
+def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = None,
+           expect_lease: str | None = None, error: str = "") -> bool:
+    """Queue a lost RUN again in the same attempt (same sandbox, stored turns kept).
+
+    Fenced like `retry`: `lease` for the worker giving up its own lease, `expect_lease` for
+    the reaper on the stale lease it observed. The attempt number does not change (its turns,
+    workspace and sandbox label stay valid); the resume is appended to `resumes`.
+    """
+    fence = lease if lease is not None else expect_lease
+    with session_scope(db_url) as s:
+        row = s.execute(select(Rollout.attempt, Rollout.resumes)
+                        .where(Rollout.id == rollout_id, Rollout.lease_owner == fence,
+                               Rollout.status == Status.RUN.value)).one_or_none()
+        if row is None:
+            return False
+        entry = {"attempt": row.attempt, "from_turn": from_turn, "error": error[:4000] or None,
+                 "at": utcnow().isoformat()}
+        return s.execute(update(Rollout).where(
+            Rollout.id == rollout_id, Rollout.lease_owner == fence,
+            Rollout.attempt == row.attempt).values(
+            lease_owner=None, heartbeat_at=None, stage_started_at=None, queued_at=utcnow(),
+            resumes=[*(row.resumes or []), entry])).rowcount == 1
+
+
+def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
+    """How many times the RUN of `attempt` was resumed already."""
+    return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
 
 
 def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,

@@ -80,6 +80,7 @@ class CodeHandler(AgentHandler):
     """Programming problems graded by hidden tests run in the sandbox after RUN."""
 
     name = "code"
+    resumable = True  # run() is the shared loop
     Config = CodeConfig
 
     def validate_instance(self, instance: dict[str, Any]) -> None:

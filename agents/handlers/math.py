@@ -102,6 +102,7 @@ class MathHandler(AgentHandler):
     """Math word problems with a Python tool; reward 1 iff the answer is equivalent."""
 
     name = "math"
+    resumable = True  # run() is the shared loop
     Config = MathConfig
     environments = {"math": ("sympy", "numpy")}
 

@@ -99,6 +99,7 @@ class SearchHandler(AgentHandler):
     """Retrieval QA over a local BM25 index; host-side tools, no sandbox."""
 
     name = "search"
+    resumable = True  # run() is the shared loop
     Config = SearchConfig
     needs_sandbox = False
 

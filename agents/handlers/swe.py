@@ -98,6 +98,7 @@ class SWEHandler(AgentHandler):
     """Bug fixing in a git repo, graded by the instance's tests in the sandbox."""
 
     name = "swe"
+    resumable = True  # run() is the shared loop
     Config = SWEConfig
     environments = {"pytest": ("pytest",)}
 

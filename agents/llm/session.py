@@ -131,6 +131,10 @@ class LLMSession:
         modes = {m for m in self._modes if m}
         return modes.pop() if len(modes) == 1 else ("mixed" if modes else None)
 
+    def note_logprobs_mode(self, mode: str | None) -> None:
+        """Count a replayed turn's logprobs mode (a resumed RUN, `agents.llm.replay`)."""
+        self._modes.add(mode)
+
     def generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
                  max_new_tokens: int | None = None) -> Generation:
         """Sample one turn before `deadline` (time.monotonic()), failing over between servers.
