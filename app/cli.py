@@ -1,5 +1,5 @@
 """The `raas` command: service processes (up, gateway, worker, reaper, flower), database,
-status, and the trainer-side `submit` / `llm add`."""
+status, and the trainer-side `submit` / `results` / `llm add`."""
 from __future__ import annotations
 
 import logging
@@ -193,11 +193,11 @@ def db_downgrade(revision: str) -> None:
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.tokens_cli import token_command
-    from client.cli import llm, status, submit
+    from client.cli import llm, results, status, submit
 
     main.add_command(token_command)
 
-    for command in (submit, status, llm):
+    for command in (submit, results, status, llm):
         main.add_command(command)
     try:
         from agents.registry import declared_environments

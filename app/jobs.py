@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from agents.job_config import JobConfig
 from agents.registry import get_handler
+from app.idempotency import replay, request_digest
 from app.schemas import AttemptView, JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
 from core.db import session_scope
 from core.errors import InvalidRequest, NotFound, validation_error
@@ -86,15 +87,16 @@ def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
     gateway's outbox thread (or, if the gateway dies first, by the reaper): a large job costs
     the request one bulk insert, never a broker round trip per rollout. `labels` are kept in
     the job's config (e.g. the ProRL job id /cancel looks up); `admin` callers may name any
-    LLM server URL (tenants only allowlisted ones).
+    LLM server URL (tenants only allowlisted ones). A repeated idempotency key answers the
+    first job (same ids, same order) or a 409 when the body differs (`app.idempotency`).
     """
-    if req.idempotency_key:
-        existing = _find_idempotent(settings, owner, req.idempotency_key)
-        if existing is not None:
-            return existing
+    existing = replay(settings, owner, req)
+    if existing is not None:
+        return existing
     n = quotas.check_job_size(settings, len(req.instances), req.n_samples)
     config = validate_submission(settings, req, owner, admin, labels).dump()
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
+              request_digest=request_digest(req) if req.idempotency_key else None,
               n_instances=len(req.instances), n_samples=req.n_samples)
     now = lifecycle.utcnow()
     rows = [{"id": new_id(), "instance_id": inst.instance_id, "instance": inst.data,
@@ -108,24 +110,14 @@ def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
             for row in rows:
                 row["job_id"] = job.id
             s.execute(insert(Rollout), rows)  # Core bulk insert: one round trip per batch
-    except IntegrityError:
-        existing = _find_idempotent(settings, owner, req.idempotency_key or "")
+    except IntegrityError:  # a concurrent submission with the same key committed first
+        existing = replay(settings, owner, req)
         if existing is None:
             raise
         return existing
     ids = [row["id"] for row in rows]
     outbox.publisher_for(settings.db_url, celery).submit(ids)
     return JobAccepted(job_id=job.id, rollout_ids=ids, created=True)
-
-
-def _find_idempotent(settings: Settings, owner: str, key: str) -> JobAccepted | None:
-    with session_scope(settings.db_url) as s:
-        job_id = s.scalar(select(Job.id).where(Job.owner == owner, Job.idempotency_key == key))
-        if job_id is None:
-            return None
-        ids = s.scalars(select(Rollout.id).where(Rollout.job_id == job_id)
-                        .order_by(Rollout.instance_id, Rollout.sample_index)).all()
-        return JobAccepted(job_id=job_id, rollout_ids=list(ids), created=False)
 
 
 def get_job(s: Session, job_id: str, owner: str | None = None) -> Job:

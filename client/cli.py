@@ -1,12 +1,15 @@
-"""Trainer-side commands: `raas submit`, `raas status`, `raas llm add|list|rm`.
+"""Trainer-side commands: `raas submit`, `raas results`, `raas status`, `raas llm add|list|rm`.
 
-Expected failures (no gateway at the URL, an unknown job, a rejected submission) end in one
-line that says what to do, never a traceback.
+Expected failures (no gateway at the URL, an unknown job, a rejected submission, a gateway
+gone for longer than the retry budget while following) end in one line that says what to do,
+never a traceback.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,12 +18,11 @@ from typing import Any
 import click
 import httpx
 
+from client.follow import SUMMARY_FIELDS, ResultsFile, ResultsFileError, out_row
+from client.retry import RETRY_STATUSES
 from client.sdk import RaasClient, RaasHTTPError, as_instance
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-OUT_FIELDS = ("rollout_id", "job_id", "instance_id", "sample_index", "node", "status", "outcome",
-              "reward", "finish_reason", "prompt_ids", "response_ids", "response_logprobs",
-              "loss_mask", "policy_versions", "token_exact", "timing", "error")
 PROBE_TIMEOUT = 5.0
 
 url_option = click.option("--url", envvar="RAAS_URL", default=DEFAULT_URL, show_default=True,
@@ -86,7 +88,8 @@ def read_instances(path: Path) -> list[dict[str, Any]]:
 @click.option("--wait/--no-wait", default=False,
               help="Wait for every rollout; exit 1 if any ended in infra_error")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write one JSON object per finished rollout (implies --wait)")
+              help="Write one JSON object per finished rollout (implies --wait); resume an "
+                   "interrupted wait with `raas results JOB --follow --out FILE`")
 def submit(file: Path, agent: str, n_samples: int, limit: int | None, url: str,
            job_file: Path | None,
            llm_server: tuple[str, ...], tokenizer: str | None, idempotency_key: str | None,
@@ -104,36 +107,96 @@ def submit(file: Path, agent: str, n_samples: int, limit: int | None, url: str,
     instances = read_instances(file)[:limit]
     with gateway(url) as client:
         accepted = client.submit(agent, instances, n_samples, **job)
-        click.echo(f"job {accepted['job_id']}: {len(accepted['rollout_ids'])} rollouts")
-        click.echo(f"dashboard: {url.rstrip('/')}/ui/jobs/{accepted['job_id']}")
-        if wait or out:
-            rows = follow(client, accepted["job_id"], len(accepted["rollout_ids"]), out)
+        job_id = accepted["job_id"]
+        click.echo(f"job {job_id}: {len(accepted['rollout_ids'])} rollouts")
+        click.echo(f"dashboard: {url.rstrip('/')}/ui/jobs/{job_id}")
+        if wait or out:  # a replayed idempotent submission resumes its file
+            rows = follow(client, job_id, len(accepted["rollout_ids"]), out,
+                          fresh=accepted["created"])
     if wait or out:
-        report(accepted["job_id"], rows)
+        report(job_id, rows)
 
 
-def follow(client: RaasClient, job_id: str, total: int,
-           out: Path | None) -> list[dict[str, Any]]:
-    """Progress bar until the job is done; optional JSONL of the finished rollouts."""
+@click.command()
+@click.argument("job_id")
+@click.option("--follow/--no-follow", "follow_", default=False,
+              help="Wait until every rollout is finished (else: what is finished now)")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Append one JSON object per finished rollout to FILE, skipping those it "
+                   "already holds (so an interrupted follow resumes); default: stdout")
+@url_option
+def results(job_id: str, follow_: bool, out: Path | None, url: str) -> None:
+    """A job's finished rollouts as JSON lines; --follow --out FILE resumes a follow."""
+    with gateway(url) as client:
+        total = client.job(job_id)["n_rollouts"]
+        rows = follow(client, job_id, total, out, live=follow_)
+    if follow_:
+        report(job_id, rows)
+    else:
+        click.echo(f"job {job_id}: {len(rows)} of {total} rollouts finished", err=True)
+
+
+def follow(client: RaasClient, job_id: str, total: int, out: Path | None, fresh: bool = False,
+           live: bool = True) -> list[dict[str, Any]]:
+    """Progress bar until the job is done (or, not `live`, until what is finished now);
+    rows go to `out` (resumed unless `fresh`) or to stdout. Returns every row's summary."""
     from tqdm import tqdm
 
-    rows: list[dict[str, Any]] = []
-    outcomes: dict[str, int] = {}
-    sink = out.open("w") if out else None
     try:
-        with tqdm(total=total, desc=job_id[:8], unit="rollout") as bar:
-            for item in client.results(job_id, wait=30):
-                row = {k: item.get(k) for k in OUT_FIELDS}
-                rows.append(row)
-                outcomes[row["outcome"] or "none"] = outcomes.get(row["outcome"] or "none", 0) + 1
+        sink = ResultsFile.open(out, job_id, fresh) if out else None
+    except (ResultsFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    summary = list(sink.summary) if sink else []
+    outcomes = Counter(r["outcome"] or "none" for r in summary)
+    after = sink.cursor if sink else 0
+    try:
+        with tqdm(total=total, initial=len(summary), desc=job_id[:8], unit="rollout",
+                  disable=not live) as bar, interrupted(client, job_id, out):
+            items = client.results(job_id, after, wait=30) if live else \
+                finished_now(client, job_id, after)
+            for item in items:
+                if sink is not None and not sink.add(item):
+                    continue  # F already had it (resumed follow)
+                if sink is None:
+                    click.echo(json.dumps(out_row(item)))
+                summary.append({k: item.get(k) for k in SUMMARY_FIELDS})
+                outcomes[item.get("outcome") or "none"] += 1
                 bar.update(1)
                 bar.set_postfix(outcomes)
-                if sink:
-                    sink.write(json.dumps(row) + "\n")
     finally:
         if sink:
             sink.close()
-    return rows
+    return summary
+
+
+def finished_now(client: RaasClient, job_id: str, after: int) -> Iterator[dict[str, Any]]:
+    """The rollouts finished so far after cursor `after`, page by page (no waiting)."""
+    while True:
+        page = client.results_page(job_id, after, wait=0, limit=1000)
+        yield from page["items"]
+        if not page["items"] or page["done"]:
+            return
+        after = page["cursor"]
+
+
+@contextmanager
+def interrupted(client: RaasClient, job_id: str, out: Path | None) -> Iterator[None]:
+    """A follow that cannot go on (gateway gone longer than the retry budget, Ctrl-C) ends
+    in one line that says how to resume it, never a traceback."""
+    where = f"--out {out}" if out else "--out FILE"
+    resume = f"resume with `raas results {job_id} --follow {where}`"
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted; job {job_id} goes on: {resume}", err=True)
+        sys.exit(130)
+    except (httpx.HTTPError, RaasHTTPError, OSError, ValueError) as exc:
+        what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        if isinstance(exc, httpx.TransportError) or getattr(exc, "status", 0) in RETRY_STATUSES:
+            what = (f"no answer from the gateway at {client.http.base_url} for "
+                    f"{client.retry.total:g}s (RAAS_RETRY_TOTAL); last error {what}")
+        raise click.ClickException(
+            f"stopped following job {job_id}: {what}. The job goes on: {resume}") from None
 
 
 def outcome_lines(rows: list[dict[str, Any]]) -> list[str]:

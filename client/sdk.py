@@ -5,15 +5,13 @@ Only httpx: a trainer should not need raas' server dependencies to talk to it.
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-
-RETRY_STATUSES = {502, 503, 504}
+from client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
 
 
 class RaasHTTPError(RuntimeError):
@@ -40,12 +38,30 @@ def as_instance(row: dict[str, Any]) -> dict[str, Any]:
             "data": {k: v for k, v in row.items() if k != "instance_id"}}
 
 
+def http_error(resp: httpx.Response) -> RaasHTTPError:
+    """The error an answer >= 400 carries (its JSON body, else its text)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = resp.text
+    return RaasHTTPError(resp.status_code, body)
+
+
 class RaasClient:
-    """A connection to one raas gateway."""
+    """A connection to one raas gateway.
+
+    Reads (and submissions with an idempotency key) ride out a gateway restart: lost
+    connections and 502/503/504 are retried with capped, jittered exponential backoff for up
+    to `retry_total` seconds of consecutive failures (default `RAAS_RETRY_TOTAL`, else 600);
+    `retry_max_wait` caps each wait. 4xx answers are raised at once.
+    """
 
     def __init__(self, url: str = "http://127.0.0.1:8000", token: str | None = None,
-                 timeout: float = 120.0, read_retries: int = 8) -> None:
-        self.read_retries = max(1, read_retries)
+                 timeout: float = 120.0, retry_total: float | None = None,
+                 retry_max_wait: float = 10.0) -> None:
+        total = retry_total_from_env() if retry_total is None else retry_total
+        self.retry = RetryPolicy(total=total, first_wait=min(0.25, retry_max_wait),
+                                 max_wait=retry_max_wait)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
 
@@ -62,30 +78,25 @@ class RaasClient:
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         resp = self._request(method, path, **kw)
         if resp.status_code >= 400:
-            try:
-                body = resp.json()
-            except ValueError:
-                body = resp.text
-            raise RaasHTTPError(resp.status_code, body)
+            raise http_error(resp)
         return resp.json()
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        """Reads ride out a gateway or database restart: retry 502/503/504 and lost
-        connections with backoff. Writes are sent once (a submission is made idempotent
-        with `idempotency_key`, not by blind retries)."""
-        attempts = self.read_retries if method == "GET" else 1
-        for attempt in range(attempts):
-            last = attempt == attempts - 1
+    def _request(self, method: str, path: str, retry: bool | None = None,
+                 **kw: Any) -> httpx.Response:
+        """Send once, or (reads by default) retry under `self.retry` until an answer that is
+        not 502/503/504 or the budget is spent. Writes are sent once unless the caller says
+        they are safe to repeat (a submission with an idempotency key)."""
+        backoff = self.retry.backoff() if (method == "GET" if retry is None else retry) \
+            else None
+        while True:
             try:
                 resp = self.http.request(method, path, **kw)
             except httpx.TransportError:
-                if last:
+                if backoff is None or not backoff.wait():
                     raise
-            else:
-                if resp.status_code not in RETRY_STATUSES or last:
-                    return resp
-            time.sleep(min(0.25 * 2 ** attempt, 5.0))
-        raise AssertionError("unreachable")
+                continue
+            if resp.status_code not in RETRY_STATUSES or backoff is None or not backoff.wait():
+                return resp
 
     def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1,
                **job: Any) -> dict[str, Any]:
@@ -93,7 +104,8 @@ class RaasClient:
         `as_instance`); `job` holds the other fields (sampling, limits, llm, ...)."""
         body = {"agent": agent, "instances": [as_instance(i) for i in instances],
                 "n_samples": n_samples, **job}
-        return self._call("POST", "/v1/jobs", json=body)
+        return self._call("POST", "/v1/jobs", json=body,
+                          retry=bool(body.get("idempotency_key")))
 
     def job(self, job_id: str) -> dict[str, Any]:
         """GET /v1/jobs/{id}."""
@@ -131,13 +143,45 @@ class RaasClient:
                 return
 
     def stream(self, job_id: str, after: int = 0, wait: float = 60) -> Iterator[dict[str, Any]]:
-        """The NDJSON stream of finished rollouts."""
+        """Every finished rollout after cursor `after` from the NDJSON stream, until the job
+        is done. A dropped stream (gateway restart, idle `wait` passed) reconnects from the
+        last rollout's `seq`, so nothing repeats and nothing is skipped; connection failures
+        are retried under `self.retry`, the budget restarting after each rollout received."""
+        backoff = self.retry.backoff()
+        while True:
+            try:
+                for item in self._stream_once(job_id, after, wait):
+                    backoff.reset()
+                    if item["seq"] > after:  # a replayed line after a reconnect is skipped
+                        after = item["seq"]
+                        yield item
+            except (httpx.TransportError, RaasHTTPError) as exc:
+                retryable = not isinstance(exc, RaasHTTPError) or exc.status in RETRY_STATUSES
+                if not retryable or not backoff.wait():
+                    raise
+                continue
+            # the server closed the stream cleanly: the job is done, or `wait` passed idle
+            page = self.results_page(job_id, after, wait=0, limit=1)
+            if page["done"] and not page["items"]:
+                return
+
+    def _stream_once(self, job_id: str, after: int, wait: float) -> Iterator[dict[str, Any]]:
+        """One NDJSON connection; an error answer raises `RaasHTTPError`, a torn line (the
+        gateway died mid-write) `httpx.RemoteProtocolError`."""
         params = {"after": after, "wait": wait, "format": "ndjson"}
         with self.http.stream("GET", f"/v1/jobs/{job_id}/results", params=params,
-                              timeout=None) as resp:
+                              timeout=httpx.Timeout(self.http.timeout.connect, read=wait + 60)
+                              ) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise http_error(resp)
             for line in resp.iter_lines():
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     yield json.loads(line)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(f"torn NDJSON line {line[:80]!r}") from None
 
     def groups(self, job_id: str, wait: float = 30) -> Iterator[list[dict[str, Any]]]:
         """Whole GRPO groups (all samples of one instance), as each completes."""

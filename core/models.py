@@ -101,6 +101,9 @@ class Job(Base):
     agent: Mapped[str] = mapped_column(String(64))
     config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    # Digest of the submission per field (app.idempotency): a replayed key with another body
+    # is refused naming the field; NULL for jobs submitted before revision 0007.
+    request_digest: Mapped[dict[str, str] | None] = mapped_column(JSONType)
     n_instances: Mapped[int] = mapped_column(Integer, default=0)
     n_samples: Mapped[int] = mapped_column(Integer, default=1)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
