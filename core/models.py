@@ -102,7 +102,7 @@ class Job(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
     # Digest of the submission per field (app.idempotency): a replayed key with another body
-    # is refused naming the field; NULL for jobs submitted before revision 0007.
+    # is refused naming the field; NULL for jobs submitted before revision 0008.
     request_digest: Mapped[dict[str, str] | None] = mapped_column(JSONType)
     n_instances: Mapped[int] = mapped_column(Integer, default=0)
     n_samples: Mapped[int] = mapped_column(Integer, default=1)

@@ -114,7 +114,7 @@ def test_submission_accepted_and_idempotent(api):
     assert body["created"] and len(body["rollout_ids"]) == 4
     again = api.post("/v1/jobs", json=job(idempotency_key="k1")).json()
     assert again["job_id"] == body["job_id"] and not again["created"]
-    assert sorted(again["rollout_ids"]) == sorted(body["rollout_ids"])
+    assert again["rollout_ids"] == body["rollout_ids"]  # same order (tests/test_idempotency.py)
     other = api.post("/v1/jobs", json=job(idempotency_key="k2")).json()
     assert other["job_id"] != body["job_id"]
     view = api.get(f"/v1/jobs/{body['job_id']}").json()

@@ -1,8 +1,8 @@
 """Jobs keep a digest of their submission per field, so a replayed idempotency key can tell
 the same request (same job, same rollout ids in the same order) from a different one (409).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
