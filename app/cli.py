@@ -103,11 +103,13 @@ def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: 
 @click.option("--once", is_flag=True, help="One pass, print what it did, exit")
 def reaper(once: bool) -> None:
     """Re-enqueue lost work and stop orphaned sandboxes (run one per node)."""
+    from core.db import configure_pool
     from tasks.celery_app import make_celery
     from tasks.reaper import Reaper
 
     _setup_logging()
     settings = load_settings()
+    configure_pool(settings)
     r = Reaper(settings, make_celery(settings))
     if once:
         click.echo(r.run_once())

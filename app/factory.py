@@ -12,6 +12,7 @@ from agents.registry import load_handler_modules
 from app import ui
 from app.api import errors, health, jobs, llm_servers, policy, prorl, rollouts
 from app.auth import authenticate
+from core.db import configure_pool
 from core.settings import load_settings
 from tasks.celery_app import make_celery
 from tasks.sandboxes import check_node_settings
@@ -47,6 +48,7 @@ def build_app(config: Any = None) -> Flask:
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
     load_handler_modules(settings.handler_modules)
     check_node_settings(settings)
+    configure_pool(settings)
     app = Flask("raas")
     app.config["RAAS"] = settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(None, description="JSON or TOML file holding `policy`")
     handler_modules: str = Field("", description="Extra comma-separated handler modules")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest request body")
+    db_pool_size: int = Field(
+        4, ge=1, description="PostgreSQL connections one process keeps, shared by all its "
+                             "threads (slots); a node holds this per worker process")
+    db_pool_overflow: int = Field(
+        0, ge=0, description="Extra connections a process may open briefly under a burst")
+    db_pool_timeout: float = Field(
+        300.0, gt=0, description="Seconds a thread waits for a free pooled connection before "
+                                 "its database call fails (transactions last milliseconds)")
     max_attempts: int = Field(3, ge=1, description="Tries per rollout before infra_error")
     heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
     lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")

@@ -9,7 +9,7 @@ from celery.platforms import SecurityWarning
 from celery.signals import worker_ready
 
 from agents.registry import load_handler_modules
-from core.db import use_pre_ping
+from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
@@ -32,6 +32,7 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     """Block running the worker (returns on shutdown)."""
     load_handler_modules(settings.handler_modules)
     check_node_settings(settings)
+    configure_pool(settings)  # a few connections shared by all `concurrency` threads
     use_pre_ping(False)
     app = make_celery(settings)
     queue = stage_queue(stage, settings.node)
