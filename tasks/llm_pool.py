@@ -21,6 +21,7 @@ was really sampled with.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -44,6 +45,9 @@ from tasks import lifecycle
 # server resumed or came back meanwhile), claim again, this many times at most.
 CLAIM_ATTEMPTS = 3
 # What a claim returns: everything a session needs (ServerInfo), read in the same statement.
+# This process's turn counter for `round_robin` routing (like a client-side load balancer:
+# each worker process cycles through the servers on its own).
+_round_robin = itertools.count()
 _INFO_COLUMNS = (LLMServer.url, LLMServer.model, LLMServer.weight_version, LLMServer.backend,
                  LLMServer.paused, LLMServer.logprobs_mode, LLMServer.credential)
 
@@ -67,12 +71,16 @@ class RolloutStickiness:
 
 
 class RegisteredPool(RolloutStickiness, ServerPool):
-    """One owner's servers in the `llm_servers` table, shared by all workers on all nodes."""
+    """One owner's servers in the `llm_servers` table, shared by all workers on all nodes.
+
+    `routing` is the operator's `llm_routing` (`ServerPool.routing`); `round_robin` cycles
+    through the usable servers in url order with this process's counter.
+    """
 
     def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str,
-                 owner: str = DEFAULT_OWNER) -> None:
+                 owner: str = DEFAULT_OWNER, routing: str = "sticky") -> None:
         super().__init__(backend, rollout_id)
-        self.db_url, self.lease, self.owner = db_url, lease, owner
+        self.db_url, self.lease, self.owner, self.routing = db_url, lease, owner, routing
 
     def _info(self, row: LLMServer | Row[Any]) -> ServerInfo:
         return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend,
@@ -106,6 +114,10 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         none: never because other workers were claiming at the same moment.
         """
         self._recheck_down()
+        if self.routing == "round_robin":
+            info = self._claim_round_robin(exclude)
+            if info is not None:
+                return info
         for _ in range(CLAIM_ATTEMPTS):
             with session_scope(self.db_url) as s:
                 row = s.execute(self._claim(exclude)).first()
@@ -135,6 +147,22 @@ class RegisteredPool(RolloutStickiness, ServerPool):
                 .limit(1).scalar_subquery())
         return (update(LLMServer).where(LLMServer.id == pick, *usable)
                 .values(in_flight=LLMServer.in_flight + 1).returning(*_INFO_COLUMNS))
+
+    def _claim_round_robin(self, exclude: frozenset[str]) -> ServerInfo | None:
+        """A slot on the next usable server in this process's cycle (None: none usable; the
+        least-loaded claim then says why)."""
+        with session_scope(self.db_url) as s:
+            urls = sorted(u for u in s.scalars(select(LLMServer.url).where(
+                LLMServer.owner == self.owner, LLMServer.healthy.is_(True),
+                LLMServer.paused.is_(False))).all() if u not in exclude)
+        start = next(_round_robin)
+        for k in range(len(urls)):
+            info = self.take(urls[(start + k) % len(urls)])
+            if info is not None and not info.paused:
+                return info
+            if info is not None:  # paused since the read: give the slot back, try the next
+                self.release(info.url)
+        return None
 
     def _raise_if_none_usable(self, exclude: frozenset[str]) -> None:
         """After an empty claim: ServersPaused / ServiceUnavailable if that is really so."""
@@ -201,14 +229,14 @@ class JobServerPool(RolloutStickiness, StaticServerPool):
 
 
 def make_pool(spec: dict[str, Any], db_url: str, rollout_id: str, lease: str,
-              owner: str = DEFAULT_OWNER) -> ServerPool:
-    """The pool of one leased rollout: the job's own servers when it names some, else the
-    job owner's registered pool."""
+              owner: str = DEFAULT_OWNER, routing: str = "sticky") -> ServerPool:
+    """The pool of one leased rollout: the job's own servers when it names some (always
+    sticky), else the job owner's registered pool routed by `routing` (`llm_routing`)."""
     backend = spec.get("backend", "vllm")
     if spec.get("servers"):
         return JobServerPool(db_url, backend, rollout_id, lease, spec["servers"],
                              spec.get("credential"))
-    return RegisteredPool(db_url, backend, rollout_id, lease, owner)
+    return RegisteredPool(db_url, backend, rollout_id, lease, owner, routing)
 
 
 def registered_urls(db_url: str, owner: str = DEFAULT_OWNER) -> list[str]:

@@ -173,7 +173,8 @@ class StageRun:
             from tasks.llm_pool import make_pool
 
             spec = self.config.llm.model_dump() if self.config.llm else {}
-            pool = make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner)
+            pool = make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner,
+                             self.settings.llm_routing)
             self.ctx.llm = LLMSession.open(spec, self.config.sampling.model_dump(),
                                            self.rollout_id, pool,
                                            policy=self.settings.policy.llm)

@@ -183,7 +183,11 @@ class LLMSession:
             if generation.finish_reason == "abort":  # e.g. vLLM paused with in-flight requests
                 self._sleep_before(deadline, f"{server.url} aborted the request")
                 continue
-            return self._record(generation, server, cap, reason)
+            recorded = self._record(generation, server, cap, reason)
+            if not self.pool.sticky:  # per-turn routing: the next turn picks again
+                self.pool.release(server.url)
+                self.server = None
+            return recorded
 
     def _turn_cap(self, max_new_tokens: int | None) -> tuple[int, str]:
         """Most tokens this turn may generate, and the finish reason if that cap cuts it."""
@@ -301,12 +305,12 @@ class LLMSession:
             log.info("rollout %s: server %s left the pool", self.rollout_id, self.server.url)
             self.pool.release(self.server.url)
             self.server = None
-        if not tried:
+        if not tried and self.pool.sticky:
             sticky = self.pool.sticky_url()
             self.server = self.pool.take(sticky) if sticky else None
         if self.server is None:
             self.server = self._acquire(deadline, tried)
-        if self._stuck_url != self.server.url:
+        if self._stuck_url != self.server.url and self.pool.sticky:
             self.pool.stick(self.server.url)
             self._stuck_url = self.server.url
         if self.server.paused:  # a sticky take of a paused server: wait here
