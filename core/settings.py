@@ -67,6 +67,9 @@ class Settings(BaseSettings):
         300.0, gt=0, description="Seconds a thread waits for a free pooled connection before "
                                  "its database call fails (transactions last milliseconds)")
     max_attempts: int = Field(3, ge=1, description="Tries per rollout before infra_error")
+    max_resumes: int = Field(
+        3, ge=0, description="Times one attempt's lost RUN continues in its live sandbox from "
+                             "its logged turns before it restarts from INIT (0: always restart)")
     heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
     lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")
     requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")

@@ -156,6 +156,13 @@ def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = 
             resumes=[*(row.resumes or []), entry])).rowcount == 1
 
 
+def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
+    """How many turns the attempt has logged (where a resumed RUN goes on)."""
+    with session_scope(db_url) as s:
+        return s.scalar(select(func.count()).select_from(Turn).where(
+            Turn.rollout_id == rollout_id, Turn.attempt == attempt)) or 0
+
+
 def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
     """How many times the RUN of `attempt` was resumed already."""
     return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)

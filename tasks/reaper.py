@@ -2,8 +2,10 @@
 
 Every pass is a handful of conditional UPDATEs, so any number of reapers may run at once
 (one per node is the usual deployment). It handles:
-- lost leases (no heartbeat for `lease_timeout`): a new attempt from INIT, or `infra_error`
-  after `max_attempts`, because the sandbox of a lost node is gone with it;
+- lost leases (no heartbeat for `lease_timeout`): a RUN whose sandbox still answers on this
+  node continues in it from its logged turns (`tasks.resume`; a RUN whose sandbox is on
+  another node is left to that node's reaper for a second lease time); anything else gets a
+  new attempt from INIT, or `infra_error` after `max_attempts`;
 - stages running past their deadline plus grace while still beating (a hung hook): `timeout`;
 - the publication outbox: rollouts a gateway committed but did not publish (it died in
   between) are published once they have waited `outbox_grace`;
@@ -29,7 +31,7 @@ from agents.job_config import JobConfig
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import lifecycle, outbox, sandboxes
+from tasks import lifecycle, outbox, resume, sandboxes
 from tasks.config import stage_queue
 from tasks.outbox import publish_many
 from tasks.stages import publish
@@ -87,12 +89,16 @@ class Reaper:
         cutoff = utcnow() - timedelta(seconds=self.settings.lease_timeout)
         with session_scope(self.db) as s:
             rows = s.execute(select(Rollout.id, Rollout.lease_owner, Rollout.attempt,
-                                    Rollout.sandbox, Rollout.status)
+                                    Rollout.sandbox, Rollout.status, Rollout.node,
+                                    Rollout.resumes, Rollout.heartbeat_at, Job.agent)
+                             .join(Job, Job.id == Rollout.job_id)
                              .where(Rollout.status.in_(ACTIVE_STAGES),
                                     Rollout.lease_owner.is_not(None),
                                     Rollout.heartbeat_at < cutoff)).all()
         for row in rows:
             reason = f"{row.status}: worker {row.lease_owner} stopped beating"
+            if row.status == "run" and self._resumed_or_deferred(row, reason):
+                continue
             if row.attempt >= self.settings.max_attempts:
                 done = lifecycle.finish(self.db, row.id, Status.FAILED,
                                         Outcome.INFRA_ERROR.value, lease=row.lease_owner,
@@ -108,6 +114,22 @@ class Reaper:
                 if row.sandbox and row.sandbox.get("node", self.settings.node) == self.settings.node:
                     sandboxes.release(row.sandbox)
         return len(rows)
+
+    def _resumed_or_deferred(self, row: Any, reason: str) -> bool:
+        """A lost RUN: resumed here if its sandbox lives here and answers; left alone for a
+        second lease time if it lives on another node (that node's reaper decides)."""
+        node = (row.sandbox or {}).get("node") or row.node
+        if node != self.settings.node:
+            age = lifecycle.seconds_since(row.heartbeat_at) or 0
+            return age < 2 * self.settings.lease_timeout
+        if not resume.resumable(self.settings, row.agent, row.attempt, row.resumes,
+                                row.sandbox):
+            return False
+        if resume.requeue(self.settings, row.id, row.attempt, reason,
+                          expect_lease=row.lease_owner) is None:
+            return True  # another reaper (or the worker itself) moved it first
+        publish(self.celery, "run", row.id, row.attempt, node)
+        return True
 
     def fail_overdue(self) -> int:
         """`timeout` for stages still beating long after their deadline (hung hooks)."""

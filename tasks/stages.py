@@ -22,10 +22,17 @@ from agents.abstract import AgentHandler, EvalResult, RunResult, StageContext
 from agents.finish_reasons import SELF_INFLICTED
 from agents.job_config import JobConfig
 from agents.registry import get_handler
-from core.errors import AgentError, InfraError, LeaseLost, RolloutCancelled, StageTimeout
+from core.errors import (
+    AgentError,
+    InfraError,
+    LeaseLost,
+    ResumeError,
+    RolloutCancelled,
+    StageTimeout,
+)
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import grading, lifecycle, sandboxes
+from tasks import grading, lifecycle, resume, sandboxes
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import process_heartbeater
 
@@ -102,6 +109,8 @@ class StageRun:
             self._end(Status.FAILED, Outcome.TIMEOUT, f"{self.stage}: {exc}")
         except AgentError as exc:  # what the agent breaks is its failure: reward 0, not None
             self._end(Status.FAILED, Outcome.AGENT_ERROR, f"{self.stage}: {exc}", reward=0.0)
+        except ResumeError as exc:  # the logged turns cannot rebuild the RUN: start over
+            self._retry_or_fail(exc, may_resume=False)
         except RETRYABLE as exc:
             self._retry_or_fail(exc)
         except Exception as exc:
@@ -125,7 +134,8 @@ class StageRun:
             logger=self.log)
 
     def _record_turn(self, **fields: Any) -> None:
-        lifecycle.record_turn(self.db, self.rollout_id, self.attempt, **fields)
+        lifecycle.record_turn(self.db, self.rollout_id, self.attempt, lease=self.lease,
+                              **fields)
 
     def _cancel_checker(self):
         last = {"at": 0.0, "value": False}
@@ -167,6 +177,9 @@ class StageRun:
         handle = self.rollout.sandbox
         self.ctx.sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.chosen_sandbox())
+        if self.handler.resumable:  # a lost RUN of this attempt logged these: continue after
+            self.ctx.resume_turns = lifecycle.stored_turns(self.db, self.rollout_id,
+                                                           self.attempt) or None
         self.ctx.diagnose = guard.diagnose
         if self.handler.needs_llm:
             from agents.llm import LLMSession
@@ -260,8 +273,10 @@ class StageRun:
                          error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()},
                          **values)
 
-    def _retry_or_fail(self, exc: BaseException) -> None:
+    def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
         error = _describe(exc, self.stage)
+        if may_resume and self.stage == "run" and self._resume(error):
+            return
         if self.attempt >= self.settings.max_attempts:
             self.log.warning("%s failed on the last attempt: %s", self.stage, error[:200])
             self._end(Status.FAILED, Outcome.INFRA_ERROR, error)
@@ -271,6 +286,18 @@ class StageRun:
         new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error)
         if new_attempt is not None:
             publish(self.app, "init", self.rollout_id, new_attempt)
+
+
+    def _resume(self, error: str) -> bool:
+        """Queue this RUN again in place when its sandbox is alive (see `tasks.resume`)."""
+        if not resume.resumable(self.settings, self.job.agent, self.attempt,
+                                self.rollout.resumes, self.rollout.sandbox):
+            return False
+        if resume.requeue(self.settings, self.rollout_id, self.attempt, error,
+                          lease=self.lease) is None:
+            return False
+        publish(self.app, "run", self.rollout_id, self.attempt, self.settings.node)
+        return True
 
 
 def _describe(exc: BaseException, stage: str) -> str:

@@ -1,0 +1,69 @@
+"""Resume instead of restart: a lost RUN continues in its live sandbox from its logged turns.
+
+A RUN is lost when its worker dies (the reaper of the sandbox's node sees the lease stop
+beating, `Reaper.reclaim_lost`) or when RUN raises a retryable error (`StageRun`). Either
+way, when
+- the handler's `run` is the shared loop (`resumable`),
+- the rollout's sandbox still answers on this node (checked here, on the node that holds it:
+  a handle is only meaningful where its processes run), and
+- the attempt was resumed fewer than `max_resumes` times,
+the rollout is queued for RUN again in the *same attempt* on the same node: its turns,
+workspace and sandbox label stay valid, and the next RUN worker rebuilds the LLM session from
+the logged turns and continues at the next turn index (`agents.loop`). Nothing is initialised
+again and no logged turn is generated or executed again; only the turn in flight is (it was
+never logged; its half-run tool call may have left traces in the sandbox, as any shell would).
+Otherwise the rollout restarts from INIT as a new attempt, as before.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from core.settings import Settings
+from tasks import lifecycle, sandboxes
+
+log = logging.getLogger(__name__)
+
+
+def sandbox_alive_here(settings: Settings, handle: dict[str, Any] | None) -> bool:
+    """True when the sandbox behind `handle` lives on this node and its tool server answers
+    (no sandbox at all, runtime "none", has nothing to lose: True)."""
+    if not handle:
+        return True
+    if handle.get("node", settings.node) != settings.node:
+        return False
+    try:
+        sandboxes.attach(settings, handle).close()
+    except Exception as exc:  # noqa: BLE001 - gone, or not ours: either way not resumable
+        log.info("sandbox %s is not usable for a resume: %s", handle.get("label"), exc)
+        return False
+    return True
+
+
+def resumable(settings: Settings, agent: str, attempt: int,
+              resumes: list[dict[str, Any]] | None, handle: dict[str, Any] | None) -> bool:
+    """May this lost RUN continue in place? (Budget, handler, then the sandbox on this node.)"""
+    from agents.registry import get_handler
+
+    if lifecycle.resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
+        return False
+    try:
+        handler = get_handler(agent)
+    except Exception:  # noqa: BLE001 - a handler this process did not load: restart instead
+        return False
+    if not handler.resumable:
+        return False
+    return sandbox_alive_here(settings, handle)
+
+
+def requeue(settings: Settings, rollout_id: str, attempt: int, error: str, *,
+            lease: str | None = None, expect_lease: str | None = None) -> int | None:
+    """Queue the lost RUN again in place; the turn index it resumes at, or None if the fence
+    failed (another reaper or a cancel got there first). The caller publishes RUN."""
+    from_turn = lifecycle.turn_count(settings.db_url, rollout_id, attempt)
+    if not lifecycle.resume(settings.db_url, rollout_id, from_turn=from_turn, lease=lease,
+                            expect_lease=expect_lease, error=error):
+        return None
+    log.warning("rollout %s: RUN of attempt %s lost (%s); resuming at turn %d in its sandbox",
+                rollout_id, attempt, error[:200], from_turn)
+    return from_turn
