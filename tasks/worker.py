@@ -8,6 +8,7 @@ import warnings
 from celery.platforms import SecurityWarning
 from celery.signals import worker_ready
 
+from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
 from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
@@ -34,6 +35,7 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     check_node_settings(settings)
     configure_pool(settings)  # a few connections shared by all `concurrency` threads
     use_pre_ping(False)
+    http_client.configure(concurrency)  # keep-alive connections for every slot
     app = make_celery(settings)
     queue = stage_queue(stage, settings.node)
     if quiet:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from agents.llm.backends.http_client import shared_client
 from core.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class ServerInfo:
 def probe(url: str) -> str | None:
     """None if GET /health answers 2xx, else the reason."""
     try:
-        response = httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT)
+        response = shared_client().get(f"{url}/health", timeout=PROBE_TIMEOUT)
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None if response.is_success else f"health: HTTP {response.status_code}"

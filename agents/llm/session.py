@@ -156,11 +156,7 @@ class LLMSession:
             request.headers = self._auth_headers(server)
             try:
                 with abort_when(cancelled) as handle:
-                    self.backend.abort_handle = handle
-                    try:
-                        generation = self.backend.generate(server.url, request)
-                    finally:
-                        self.backend.abort_handle = None
+                    generation = self.backend.generate(server.url, request)
             except ServerError as exc:
                 if handle is not None and handle.aborted:
                     raise RolloutCancelled("rollout cancelled during generation",

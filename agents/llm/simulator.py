@@ -171,10 +171,29 @@ class SimulatorServer(ThreadingHTTPServer):
         self.report_max_model_len = report_max_model_len
         self.stats: Counter[str] = Counter()
         self.stats_lock = threading.Lock()
+        self._open: set[socket.socket] = set()  # keep-alive connections being served
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.stats_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.stats_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
 
     def server_close(self) -> None:
-        """Close the socket and stop the engine thread."""
+        """Close the socket, cut the open keep-alive connections (a stopped server is gone
+        for its clients too, as a killed process would be) and stop the engine thread."""
         super().server_close()
+        with self.stats_lock:
+            open_connections = list(self._open)
+        for sock in open_connections:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
         if self.engine is not None:
             self.engine.stop()
 
@@ -187,6 +206,7 @@ class SimulatorServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: SimulatorServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's server: clients reuse connections
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: tests start many of them
         log.debug("llm-sim: " + fmt, *args)

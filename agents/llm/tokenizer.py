@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from agents.llm.backends.http_client import shared_client
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def is_tokenizer_folder(path: str | None) -> bool:
 def list_models(url: str) -> list[dict]:
     """The entries of a server's GET /v1/models ([] when it cannot be asked)."""
     try:
-        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=MODELS_TIMEOUT)
+        response = shared_client().get(f"{url.rstrip('/')}/v1/models", timeout=MODELS_TIMEOUT)
         response.raise_for_status()
         entries = response.json().get("data", [])
     except (httpx.HTTPError, ValueError, AttributeError) as exc:

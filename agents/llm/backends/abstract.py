@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import httpx
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from agents.llm.backends.http_client import shared_client
 from core.errors import InvalidRequest, ServiceUnavailable
 from core.registry import Registry, RegistryError, config_type, config_union
 
@@ -71,8 +72,8 @@ class LLMBackend(ABC):
     token_exact: ClassVar[bool] = True
 
     def __init__(self, client: httpx.Client | None = None) -> None:
-        self.client = client or httpx.Client()
-        self.abort_handle: Any = None  # set around a call that may be aborted (abort.py)
+        # The process's pool by default: a client per session cost ~20 ms of CPU each.
+        self.client = client or shared_client()
 
     @abstractmethod
     def generate(self, url: str, request: GenerateRequest) -> Generation:
@@ -88,13 +89,9 @@ class LLMBackend(ABC):
 
         Errors carry the status and its standard reason only: the body came from a server the
         job pointed at and is never echoed into results (it is logged here, truncated)."""
-        headers, extensions = dict(headers or {}), {}
-        if self.abort_handle is not None:  # own connection, so abort() can cut it
-            headers["Connection"] = "close"
-            extensions = {"trace": self.abort_handle.trace}
         try:
             response = self.client.request(method, url, json=body, timeout=timeout,
-                                           headers=headers, extensions=extensions)
+                                           headers=headers)
         except httpx.HTTPError as exc:
             raise ServerError(f"{url}: {type(exc).__name__}", url=url) from exc
         if response.status_code >= 400:

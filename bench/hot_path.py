@@ -1,0 +1,323 @@
+"""RUN hot path benchmark: 64 concurrent 4-turn rollouts against LLM servers with 1.0 s latency.
+
+A real service (gateway, Celery worker processes per stage, PostgreSQL, Redis) runs the
+`search` handler (host-side tools, no sandbox) against LLM simulator processes (a fake vLLM,
+named as such) that answer every turn after a fixed latency: three `search` calls, then the
+right `answer` (reward 1). With `slots` RUN slots and rollouts of `turns` turns of `latency`
+seconds, no service can finish more than slots / (turns x latency) rollouts per second (the
+latency bound: 64 / 4 = 16/s); the figure of merit is the steady-state fraction of it (first
+and last sixth of the finishes dropped). CPU is read from /proc for every worker process
+(utime + stime, the simulators and PostgreSQL excluded) over the measured job, after a warm-up
+job of one wave; `--profile DIR` also records the RUN worker with py-spy (sampling its
+threads while the measured job runs; `pip install py-spy` into the venv, not a dependency).
+
+Before/after in one run: the baseline commit (`--baseline`, default 635fdca, the tree before
+issue 16's hot-path work) is `git archive`d into a temp dir and run with PYTHONPATH there, then
+this tree; each in its own process (`--one`), in turn, on the same machine.
+
+Usage: .venv/bin/python bench/hot_path.py [--quick] [--baseline REV] [--profile DIR]
+(needs Redis :6379 and PostgreSQL :5432)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+REDIS = "redis://127.0.0.1:6379/0"
+QUESTION = {"question": "What is the default maxsize of the functools.lru_cache decorator?",
+            "answers": ["128"]}
+
+
+def call(name: str, **arguments: str) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def script(turns: int, latency: float) -> dict:
+    """`turns - 1` searches, then the right answer; every reply after `latency` seconds."""
+    searches = [call("search", query=q) for q in ("lru_cache maxsize", "functools cache",
+                                                  "lru_cache typed")]
+    replies = [searches[i % len(searches)] for i in range(turns - 1)] + [call("answer",
+                                                                              text="128")]
+    return {"default": replies, "latency": latency}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fresh_database() -> tuple[str, callable]:
+    import sqlalchemy as sa
+
+    db = f"raas_hot_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{db}"'))
+
+    def drop() -> None:
+        from core.db import dispose_all
+
+        dispose_all(close=True)
+        with admin.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+
+    return PG_ADMIN.rsplit("/", 1)[0] + f"/{db}", drop
+
+
+def wait_all(svc, job_id: str, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        j = svc.client.job(job_id)
+        if j["finished"] >= j["n_rollouts"]:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{job_id}: {svc.client.job(job_id)}\n{svc.log_tail()}")
+
+
+def finish_offsets(db_url: str, job_id: str) -> list[float]:
+    import sqlalchemy as sa
+
+    from core.db import session_scope
+    from core.models import Rollout
+
+    with session_scope(db_url) as s:
+        rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at)
+                         .where(Rollout.job_id == job_id)).all()
+    return sorted((f - c).total_seconds() for c, f in rows)
+
+
+def turns_and_rewards(db_url: str, job_id: str) -> tuple[int, list]:
+    import sqlalchemy as sa
+
+    from core.db import session_scope
+    from core.models import Rollout, Turn
+
+    with session_scope(db_url) as s:
+        turns = s.scalar(sa.select(sa.func.count()).select_from(Turn).join(
+            Rollout, Rollout.id == Turn.rollout_id).where(Rollout.job_id == job_id))
+        rewards = s.scalars(sa.select(Rollout.reward).where(Rollout.job_id == job_id)).all()
+    return turns, list(rewards)
+
+
+def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
+    """An LLM simulator process, always this tree's (the instrument, the same for both)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agents.llm.simulator_cli", "--tokenizer", tokenizer,
+         "--script", str(script_file), "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+
+    def stop() -> None:
+        proc.kill()
+        proc.wait(10)
+
+    return url, stop
+
+
+def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
+    """py-spy on the RUN worker, sampling only the thread holding the GIL (where its CPU
+    goes), as raw collapsed stacks."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(int(seconds)),
+                             "-r", "100", "--gil", "-f", "raw", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# Where a RUN worker's CPU can go, by a frame on the stack (inclusive shares of the samples).
+PROFILE_FRAMES = {
+    "new httpx.Client (SSL context)": "Client.__init__",
+    "server acquisition": "RegisteredPool.acquire",
+    "sticky take / lookup": "RegisteredPool.lookup",
+    "cancel polling": "cancel_requested",
+    "abort watcher threads": "abort_when",
+    "record_turn (DB)": "record_turn",
+    "LLM request (HTTP)": "LLMBackend._call",
+    "tokenizer / template": "TrajectoryBuilder.add_messages",
+    "search tool": "BM25Index.search",
+    "session open (tokenizer load)": "LLMSession.open",
+    "database (all)": "Session.execute",
+    "commit (all)": "Session.commit",
+}
+
+
+def profile_summary(path: Path) -> dict:
+    """Share of GIL-holding samples under each of PROFILE_FRAMES, and the top leaves."""
+    total, inclusive, leaves = 0, dict.fromkeys(PROFILE_FRAMES, 0), {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] for f in stack.split(";")[1:]]
+        for label, frame in PROFILE_FRAMES.items():
+            if frame in frames:
+                inclusive[label] += n
+        if frames:
+            leaves[frames[-1]] = leaves.get(frames[-1], 0) + n
+    top = sorted(leaves.items(), key=lambda kv: -kv[1])[:8]
+    return {"samples": total,
+            "share": {k: round(v / total, 3) for k, v in inclusive.items()} if total else {},
+            "top_leaves": {k: round(v / total, 3) for k, v in top} if total else {}}
+
+
+def run_one(args: argparse.Namespace) -> dict:
+    """One tree (the one on PYTHONPATH): warm-up wave, then the measured job."""
+    import tasks
+    from tests.pipeline_harness import start_service
+
+    tree = Path(tasks.__file__).resolve().parent.parent
+    tokenizer = str(tree / "tests" / "fixtures" / "smollm2-tokenizer")
+    db_url, drop = fresh_database()
+    stops = []
+    with tempfile.TemporaryDirectory() as home:
+        script_file = Path(home) / "script.json"
+        script_file.write_text(json.dumps(script(args.turns, args.latency)))
+        try:
+            urls = []
+            for _ in range(args.servers):
+                url, stop = start_simulator(tokenizer, script_file)
+                urls.append(url)
+                stops.append(stop)
+            svc = start_service(Path(home), db_url=db_url, broker_url=REDIS,
+                                key_prefix=f"raas-hot-{uuid.uuid4().hex[:8]}:",
+                                nodes=("bench",), reaper=False,
+                                concurrency={"init": 8, "run": args.slots, "eval": 8})
+            stops.append(svc.stop)
+            for url in urls:
+                svc.client.add_llm_server(url)
+            job_kwargs = {"limits": {"max_turns": args.turns + 2},
+                          "llm": {"tokenizer": tokenizer, "max_model_len": 16384},
+                          "sampling": {"max_tokens": 256}}
+
+            def submit(n: int, tag: str) -> str:
+                instances = [{"instance_id": f"{tag}{k}", "data": QUESTION} for k in range(n)]
+                return svc.client.submit("search", instances, **job_kwargs)["job_id"]
+
+            wait_all(svc, submit(args.slots, "warm"))
+            pids = {stage: proc.pid for (stage, _node), proc in svc.workers.items()}
+            cpu0 = {stage: cpu_seconds(pid) for stage, pid in pids.items()}
+            spy = None
+            if args.profile:
+                expected = args.rollouts / (args.slots / (args.turns * args.latency))
+                spy = profile(pids["run"], expected * 0.8,
+                              Path(args.profile) / f"run-{args.label}.txt")
+            t0 = time.monotonic()
+            job = submit(args.rollouts, "r")
+            wait_all(svc, job)
+            wall = time.monotonic() - t0
+            cpu = {stage: cpu_seconds(pid) - cpu0[stage] for stage, pid in pids.items()}
+            if spy is not None:
+                spy.wait(300)
+            done = finish_offsets(db_url, job)
+            turns, rewards = turns_and_rewards(db_url, job)
+        finally:
+            for stop in reversed(stops):
+                stop()
+            drop()
+    n = args.rollouts
+    bound = args.slots / (args.turns * args.latency)
+    lo, hi = n // 6, n - n // 6
+    steady = (hi - lo) / (done[hi - 1] - done[lo - 1])
+    total_cpu = sum(cpu.values())
+    return {
+        "tree": args.label, "rollouts": n, "slots": args.slots, "turns_per_rollout": args.turns,
+        "servers": args.servers, "latency_s": args.latency, "turns_recorded": turns,
+        "reward_1": sum(r == 1.0 for r in rewards), "wall_s": round(wall, 2),
+        "rollouts_per_s": round(n / wall, 3), "steady_rollouts_per_s": round(steady, 3),
+        "latency_bound_per_s": bound, "steady_vs_bound": round(steady / bound, 3),
+        "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+        "cores_used": round(total_cpu / wall, 2),
+        "cpu_ms_per_rollout": round(total_cpu / n * 1000, 1),
+        "cpu_ms_per_turn": round(total_cpu / turns * 1000, 2) if turns else None,
+        "run_cpu_ms_per_turn": round(cpu["run"] / turns * 1000, 2) if turns else None,
+        "finish_p50_s": round(statistics.median(done), 2),
+        "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt")
+        if args.profile else None,
+    }
+
+
+def archive(rev: str, into: Path) -> Path:
+    """`git archive rev` unpacked into `into` (the baseline tree)."""
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    return into
+
+
+def run_tree(label: str, tree: Path, args: argparse.Namespace) -> dict:
+    """This script's `--one` in a child process whose imports come from `tree`."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--label", label,
+           "--rollouts", str(args.rollouts), "--slots", str(args.slots),
+           "--turns", str(args.turns), "--servers", str(args.servers),
+           "--latency", str(args.latency)]
+    if args.profile:
+        cmd += ["--profile", args.profile]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="192 rollouts instead of 640")
+    parser.add_argument("--baseline", default="635fdca", help="git revision of the 'before'")
+    parser.add_argument("--profile", default=None, help="py-spy the RUN worker into DIR")
+    parser.add_argument("--rollouts", type=int, default=None)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--only", choices=["before", "after"], default=None)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.rollouts = args.rollouts or (192 if args.quick else 640)
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    report = []
+    with tempfile.TemporaryDirectory() as base:
+        trees = {"before": lambda: archive(args.baseline, Path(base)), "after": lambda: REPO}
+        for label in ("before", "after"):
+            if args.only in (None, label):
+                report.append(run_tree(label, trees[label](), args))
+    print(json.dumps(report, indent=2))
+    print("\n| tree | rollouts | steady/s | bound/s | steady/bound | wall s | cores | "
+          "CPU ms/rollout | CPU ms/turn | RUN CPU ms/turn | reward 1 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in report:
+        print(f"| {r['tree']} | {r['rollouts']} | {r['steady_rollouts_per_s']} | "
+              f"{r['latency_bound_per_s']} | {r['steady_vs_bound']} | {r['wall_s']} | "
+              f"{r['cores_used']} | {r['cpu_ms_per_rollout']} | {r['cpu_ms_per_turn']} | "
+              f"{r['run_cpu_ms_per_turn']} | {r['reward_1']} |")
+
+
+if __name__ == "__main__":
+    main()
