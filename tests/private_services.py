@@ -94,6 +94,24 @@ class PrivateRedis:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, True, timeout, "redis-server")
 
+    def set_aof(self, on: bool, timeout: float = 10) -> None:
+        """Turn the append-only file on or off while running (and for later restarts)."""
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            client.config_set("appendonly", "yes" if on else "no")
+            deadline = time.monotonic() + timeout
+            while on and time.monotonic() < deadline:  # the first AOF is a background rewrite
+                info = client.info("persistence")
+                if not info.get("aof_rewrite_in_progress") and \
+                        not info.get("aof_rewrite_scheduled"):
+                    break
+                time.sleep(0.05)
+        finally:
+            client.close()
+        self.aof = on
+
     def stop(self, mode: StopMode = "fast") -> None:
         """`fast`: SIGTERM (flushes the AOF); `immediate`: SIGKILL."""
         if self.proc is None:

@@ -217,7 +217,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        try:
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (cancel, kill)
+            self.close_connection = True
 
     def _client_gone(self) -> bool:
         """True once the client closed its side (the request body was already read)."""

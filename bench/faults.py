@@ -1,0 +1,133 @@
+"""Fault campaign benchmark: what each fault of issue 15 costs. Prints JSON + a table.
+
+Runs the campaign of tests/faults (two nodes on private Redis + PostgreSQL, a reaper per node,
+4-turn scripted `math` rollouts in bwrap sandboxes, 6 s lease; see tests/faults/campaign.py)
+once per fault and reports per fault: rollouts lost / duplicated / leaked (must be 0), LLM
+calls re-generated (beyond 4 per rollout that ran its loop), rollouts re-run (their first turn
+generated again), and for a killed RUN pool the answered turns re-generated per rollout it held
+with finished turns (goal <= 1).
+
+`--baseline COMMIT` also runs the same campaign on COMMIT in the same invocation: a temporary
+git worktree of COMMIT with this checkout's campaign files laid over it (tests/faults, the
+harness, the private services, the simulator's per-turn counters, this script), so before and
+after are measured by the same code on the same machine.
+
+Usage: .venv/bin/python bench/faults.py [--baseline 635fdca] [--only node-loss,...] [--json F]
+(needs bwrap, redis-server and PostgreSQL 15 binaries; never touches the machine's services)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+OVERLAY = ["tests/faults", "tests/private_services.py", "tests/pipeline_harness.py",
+           "agents/llm/simulator.py", "bench/faults.py"]
+COLUMNS = [("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
+           ("regenerated_calls", "regen calls"), ("rerun_rollouts", "re-run"),
+           ("affected_regen_per_rollout", "regen/hit rollout"), ("seconds", "s")]
+
+
+def run_here(only: list[str], envs_root: Path) -> dict[str, dict]:
+    """Run the campaign in this checkout; {fault: figures}."""
+    from sandbox.environments import build_environment
+    from tests.faults.campaign import Campaign
+    from tests.faults.faults import FAULTS
+
+    env = Path(build_environment("math", ["sympy", "numpy"], root=envs_root)).resolve()
+    home = Path(tempfile.mkdtemp(prefix="raas-faults-bench-"))
+    campaign = Campaign(home, envs_math=env)
+    out = {}
+    try:
+        for name in only or list(FAULTS):
+            report = campaign.run(FAULTS[name])
+            figures = report.as_dict()
+            figures["leaked"] = report.live_sandboxes_left + report.dirs_left
+            figures["affected_regen_per_rollout"] = (
+                round(report.affected_regenerated / report.affected, 2)
+                if name.startswith("sigkill") and report.affected else None)
+            figures["clean"] = not report.problems()
+            out[name] = figures
+            print(f"# {name}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+    finally:
+        campaign.close()
+        shutil.rmtree(home, ignore_errors=True)
+    return out
+
+
+def run_baseline(commit: str, only: list[str], envs_root: Path) -> dict[str, dict]:
+    """The same campaign on `commit` (a throwaway worktree with the campaign laid over)."""
+    tree = Path(tempfile.mkdtemp(prefix="raas-faults-base-")) / "repo"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
+                   check=True, capture_output=True)
+    try:
+        for rel in OVERLAY:
+            src, dst = REPO / rel, tree / rel
+            if src.is_dir():
+                shutil.copytree(src, dst, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        result_file = tree / "faults.json"
+        cmd = [sys.executable, str(tree / "bench" / "faults.py"), "--json", str(result_file),
+               "--envs-root", str(envs_root), "--quiet"]
+        if only:
+            cmd += ["--only", ",".join(only)]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        subprocess.run(cmd, cwd=tree, env=env, check=True)
+        return json.loads(result_file.read_text())["current"]
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+        shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+def table(current: dict[str, dict], baseline: dict[str, dict] | None, commit: str) -> str:
+    """Markdown table: one row per fault, `before -> after` where a baseline ran."""
+    head = "| fault | " + " | ".join(label for _, label in COLUMNS) + " |"
+    lines = [head, "|" + " --- |" * (len(COLUMNS) + 1)]
+    for name, now in current.items():
+        cells = []
+        for key, _ in COLUMNS:
+            after = now.get(key)
+            before = (baseline or {}).get(name, {}).get(key, "n/a") if baseline else None
+            cells.append(f"{before} -> {after}" if baseline else f"{after}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if baseline:
+        lines.append(f"\n(before = {commit}, after = this checkout; same script, same run)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Parse options, run the campaign (and the baseline), print JSON and the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="also run the campaign on this commit")
+    parser.add_argument("--only", default="", help="comma-separated fault names")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--envs-root", type=Path, default=REPO / ".raas" / "envs",
+                        help="where the sandbox `math` environment is built (once)")
+    parser.add_argument("--quiet", action="store_true", help="no table (baseline child)")
+    args = parser.parse_args()
+    only = [n for n in args.only.split(",") if n]
+    envs_root = args.envs_root.resolve()
+    baseline = run_baseline(args.baseline, only, envs_root) if args.baseline else None
+    current = run_here(only, envs_root)
+    result = {"baseline_commit": args.baseline, "baseline": baseline, "current": current}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    if not args.quiet:
+        print(table(current, baseline, args.baseline or ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""The fault campaign's service and its bookkeeping, shared by tests/faults and bench/faults.py.
+
+A `Campaign` is what issue 15's campaign ran on: two nodes on Redis + PostgreSQL (private
+instances, so a fault may restart them), per node an INIT, RUN and EVAL pool and a reaper,
+each node with its own sandbox and workspace dirs (as on separate machines), a short lease,
+and the LLM simulator (a fake vLLM, named as such) scripting 4-turn `math` rollouts in real
+bwrap sandboxes: three python tool calls, then `finish`. One problem in four is answered
+wrongly on purpose, so a right reward is proof of real work and not a default.
+
+`run(fault, n)` submits a job, lets `fault` strike while it runs, waits until every rollout
+is terminal (no human step: only the fault's own supervisor-like restarts), and returns a
+`Report`: what was lost, duplicated, leaked or wasted. Tests assert on it; the bench prints it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import sqlalchemy as sa
+
+from agents.llm.simulator import start_simulator
+from core.db import session_scope
+from core.models import Rollout
+from tests.pipeline_harness import REPO, Service, start_service, wait_for
+from tests.private_services import PrivatePostgres, PrivateRedis
+
+if TYPE_CHECKING:
+    from tests.faults.faults import Fault
+
+NODES = ("n1", "n2")
+TURNS = 4
+LATENCY = 0.3  # seconds per LLM answer: a fault lands mid-rollout, a job stays short
+SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
+# Issue 15's campaign had an 8 s lease; 6 s keeps recovery short and still outlasts the 3 s
+# outages below (which take ~4 s with the restart itself).
+RELIABILITY = {"lease_timeout": 6.0, "heartbeat_interval": 0.5, "requeue_after": 3.0,
+               "reaper_interval": 0.5, "max_attempts": 4}
+CONCURRENCY = {"init": 2, "run": 3, "eval": 1}
+
+
+def _problems() -> list[dict[str, Any]]:
+    """Problems of examples/math.jsonl with an integer answer (exact grading, no ambiguity)."""
+    rows = map(json.loads, (REPO / "examples" / "math.jsonl").read_text().splitlines())
+    return [r for r in rows if re.fullmatch(r"-?\d+", str(r["answer"]))]
+
+
+PROBLEMS = _problems()
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def answers_right(index: int) -> bool:
+    """Every fourth problem is answered wrongly (reward 0), the others rightly (reward 1)."""
+    return index % 4 != 3
+
+
+def script() -> dict[str, Any]:
+    """The simulator's script: per problem, 3 python turns then `finish` with the answer."""
+    by_instance = {}
+    for k, p in enumerate(PROBLEMS):
+        answer = p["answer"] if answers_right(k) else str(int(p["answer"]) + 1)
+        by_instance[p["problem"]] = [_call("python", code=f"print({t} + {k})")
+                                     for t in range(TURNS - 1)] + [_call("finish", answer=answer)]
+    return {"latency": LATENCY, "by_instance": by_instance}
+
+
+def sim_stats(url: str) -> dict[str, int]:
+    """The simulator's request counters."""
+    return httpx.get(f"{url}/sim/stats", timeout=10).json()
+
+
+@dataclass
+class Report:
+    """What one faulted job cost. Every `*_lost`, `duplicated`, `*_left`, `wrong_*` and
+    `missing_*` figure must be 0 (or empty); `regenerated_calls` and `rerun_rollouts` are
+    the waste the issue wants down to (near) 0."""
+
+    fault: str
+    rollouts: int
+    seconds: float = 0.0
+    finished: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    lost: int = 0                # rollouts never terminal
+    unexpected_outcomes: int = 0  # e.g. infra_error where every rollout should complete
+    duplicated: int = 0          # results beyond one per rollout
+    seq_gaps: list[int] = field(default_factory=list)   # missing places in the result order
+    repeated_turns: int = 0      # rollouts whose trajectory repeats or skips a turn index
+    wrong_rewards: int = 0       # completed with a reward other than the scripted one
+    missing_tokens: int = 0      # completed without prompt/response ids or loss mask
+    live_sandboxes_left: int = 0
+    dirs_left: int = 0           # workspaces and sandbox state entries of the job
+    llm_calls: int = 0           # generation requests the job sent (started)
+    regenerated_calls: int = 0   # llm_calls beyond 4 per rollout that ran its loop
+    rerun_rollouts: int = 0      # rollouts whose first turn was generated more than once
+    retried_rollouts: int = 0    # rollouts that ended on an attempt > 1
+    affected: int = 0            # rollouts the fault hit (e.g. in RUN on a killed pool)
+    affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
+    notes: list[str] = field(default_factory=list)
+    affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
+    extra_jobs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ditto
+
+    def problems(self) -> list[str]:
+        """Why the job was not clean: lost, duplicated, leaked or fake work."""
+        names = ("lost", "unexpected_outcomes", "duplicated", "repeated_turns", "wrong_rewards", "missing_tokens",
+                 "live_sandboxes_left", "dirs_left")
+        out = [f"{n}={getattr(self, n)}" for n in names if getattr(self, n)]
+        if self.seq_gaps:
+            out.append(f"seq_gaps={self.seq_gaps}")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready figures."""
+        out = asdict(self)
+        del out["affected_ids"], out["extra_jobs"]
+        return out
+
+
+class Campaign:
+    """Two nodes on private Redis + PostgreSQL with the scripted simulator (see module doc)."""
+
+    def __init__(self, home: Path, envs_math: Path | None = None, aof: bool = False) -> None:
+        self.home = home
+        self.redis = PrivateRedis(aof=aof)
+        self.redis.start()
+        self.pg = PrivatePostgres()
+        self.pg.start()
+        self.sim_url, self._stop_sim = start_simulator(SMOLLM2, script())
+        if envs_math is not None:  # the handler's `math` environment, built once per machine
+            (home / "envs").mkdir(parents=True, exist_ok=True)
+            (home / "envs" / "math").symlink_to(envs_math)
+        self.sandbox_dirs = {n: Path(tempfile.mkdtemp(prefix=f"raas-sbx-{n}-", dir="/tmp"))
+                             for n in NODES}  # short: socket paths are limited
+        node_extra = {n: {"sandbox_dir": self.sandbox_dirs[n],
+                          "workspace_root": (home / f"ws-{n}").resolve()} for n in NODES}
+        self.svc: Service = start_service(
+            home, db_url=self.pg.create_database("raas"), broker_url=self.redis.url,
+            nodes=NODES, concurrency=CONCURRENCY, reaper="per_node", node_extra=node_extra,
+            extra={**RELIABILITY, "sandbox_runtime": "bwrap"})
+        self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2,
+                    "max_model_len": 4096}
+
+    # -- the service ----------------------------------------------------------------------
+    @property
+    def db(self) -> str:
+        """The service's database URL."""
+        return self.svc.settings.db_url
+
+    def rows(self, job_id: str) -> list[Rollout]:
+        """The job's rollout rows, read directly."""
+        with session_scope(self.db) as s:
+            rows = s.scalars(sa.select(Rollout).where(Rollout.job_id == job_id)).all()
+            s.expunge_all()
+            return list(rows)
+
+    def restart_pool(self, stage: str, node: str) -> None:
+        """SIGKILL a pool and start it again at once (what a supervisor does)."""
+        self.svc.kill_worker(stage, node)
+        self.svc.start_worker(stage, node, CONCURRENCY[stage])
+
+    def heal(self) -> None:
+        """Every pool and reaper running again (a fault that took a node away ends here)."""
+        for node in NODES:
+            for stage in CONCURRENCY:
+                proc = self.svc.workers.get((stage, node))
+                if proc is None or proc.poll() is not None:
+                    self.svc.workers.pop((stage, node), None)
+                    self.svc.start_worker(stage, node, CONCURRENCY[stage])
+            if node not in self.svc.reapers:
+                self.svc.start_reaper(node)
+
+    def submit(self, n: int, offset: int = 0) -> dict[str, Any]:
+        """A job of `n` distinct problems (each its own simulator script)."""
+        if offset + n > len(PROBLEMS):
+            raise ValueError(f"at most {len(PROBLEMS)} distinct problems")
+        instances = [{"instance_id": p["instance_id"],
+                      "data": {"problem": p["problem"], "answer": p["answer"]}}
+                     for p in PROBLEMS[offset:offset + n]]
+        return self.svc.client.submit("math", instances, llm=self.llm,
+                                      limits={"max_turns": TURNS + 2})
+
+    # -- one faulted job ------------------------------------------------------------------
+    def run(self, fault: Fault, timeout: float = 90) -> Report:
+        """Submit the fault's job, strike, wait for the end (and the fault's `after`),
+        measure."""
+        self.heal()
+        if self.redis.aof != fault.aof:
+            self.redis.set_aof(fault.aof)
+        report = Report(fault=fault.name, rollouts=fault.rollouts)
+        before = sim_stats(self.sim_url)
+        started = time.monotonic()
+        job = self.submit(fault.rollouts)
+        fault.strike(self, job, report)
+        jobs = [job, *report.extra_jobs]
+        deadline = time.monotonic() + timeout
+        for j in jobs:
+            try:
+                self.svc.wait_done(j["job_id"], timeout=max(1.0, deadline - time.monotonic()))
+            except AssertionError as exc:
+                report.notes.append(str(exc).splitlines()[0][:300])
+        report.seconds = round(time.monotonic() - started, 1)
+        if fault.after is not None:
+            fault.after(self, report)
+        for j in jobs:
+            self._measure(j, report, fault.outcomes)
+        self._count_calls(jobs, before, report)
+        self._count_leaks(jobs, report)
+        return report
+
+    def _measure(self, job: dict[str, Any], report: Report, allowed: tuple[str, ...]) -> None:
+        view = self.svc.client.job(job["job_id"])
+        report.finished += view["finished"]
+        for k, v in (view.get("outcomes") or {}).items():
+            report.outcomes[k] = report.outcomes.get(k, 0) + v
+            report.unexpected_outcomes += v if k not in allowed else 0
+        report.lost += view["n_rollouts"] - view["finished"]
+        results = self.svc.all_results(job["job_id"])
+        ids = [r["rollout_id"] for r in results]
+        report.duplicated += len(ids) - len(set(ids))
+        seqs = sorted(r["seq"] for r in results)
+        report.seq_gaps += sorted(set(range(1, len(seqs) + 1)) - set(seqs))
+        index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
+        for r in results:
+            report.retried_rollouts += r["attempt"] > 1
+            if r["outcome"] != "completed":
+                continue
+            want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
+            report.wrong_rewards += r["reward"] != want
+            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids")
+                                          and r.get("loss_mask"))
+            turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
+            report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
+
+    def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int],
+                     report: Report) -> None:
+        after = sim_stats(self.sim_url)
+        report.llm_calls = after.get("started", 0) - before.get("started", 0)
+        keys = {p["instance_id"]: p["problem"] for p in PROBLEMS}
+        looped = 0
+        for j in jobs:
+            for row in self.rows(j["job_id"]):
+                key = keys[row.instance_id]
+                answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0)
+                            for t in range(TURNS)]
+                looped += answered[0] > 0
+                report.rerun_rollouts += answered[0] > 1
+                if row.id in report.affected_ids:
+                    report.affected_regenerated += max(0, sum(answered) - TURNS)
+        report.regenerated_calls = max(0, report.llm_calls - TURNS * looped)
+
+    def _count_leaks(self, jobs: list[dict[str, Any]], report: Report) -> None:
+        """Live sandboxes and dirs of the job, once the reapers had a few passes to clean."""
+        ids = {r.id for j in jobs for r in self.rows(j["job_id"])}
+
+        def leftovers() -> tuple[int, int]:
+            live = _live_bwraps(str(self.home))
+            dirs = [p for n in NODES for p in _entries(self.home / f"ws-{n}")
+                    if any(p.name.startswith(i) for i in ids)]
+            dirs += [p for d in self.sandbox_dirs.values() for p in _entries(d)]
+            return len(live), len(dirs)
+
+        try:
+            wait_for(lambda: leftovers() == (0, 0), timeout=10, what="no sandboxes left")
+        except AssertionError:
+            pass
+        report.live_sandboxes_left, report.dirs_left = leftovers()
+
+    def close(self) -> None:
+        """Stop everything this campaign started and delete its dirs."""
+        try:
+            self.svc.stop()
+        finally:
+            self._stop_sim()
+            from core.db import dispose_all
+
+            dispose_all(close=True)
+            self.pg.close()
+            self.redis.close()
+            for d in self.sandbox_dirs.values():
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _entries(folder: Path) -> list[Path]:
+    return list(folder.iterdir()) if folder.exists() else []
+
+
+def _live_bwraps(root: str) -> list[int]:
+    """Pids of bwrap processes whose command line names a path under `root`."""
+    out = subprocess.run(["pgrep", "-a", "bwrap"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if root in line]

@@ -1,0 +1,149 @@
+"""The faults of issue 15's campaign, each a `Fault` that `Campaign.run` strikes mid-job.
+
+A fault's `strike(campaign, job, report)` waits until the job is where the fault hurts (e.g.
+rollouts mid-RUN with turns stored), injects it, records which rollouts it hit on the report,
+and returns; `after` runs once the job has ended (a lost node returning). Restarting a killed
+pool at once is what a supervisor (systemd, Slurm, `raas up`) does, not a human step.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from core.db import session_scope
+from core.models import Rollout, Turn
+from tests.faults.campaign import CONCURRENCY, NODES, Campaign, Report
+from tests.pipeline_harness import wait_for
+
+Strike = Callable[[Campaign, dict[str, Any], Report], None]
+OUTAGE_SECONDS = 3.0  # the issue's goal: a 3 s Redis or PostgreSQL restart costs 0 re-runs
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the campaign and what its job may end with."""
+
+    name: str
+    strike: Strike
+    after: Callable[[Campaign, Report], None] | None = None
+    rollouts: int = 12
+    outcomes: tuple[str, ...] = ("completed",)
+    aof: bool = False  # the broker keeps an append-only file during this job
+
+
+def _node_of(row: Rollout) -> str | None:
+    return row.node or (row.lease_owner or "").split("/")[0] or None
+
+
+def _leased(c: Campaign, job_id: str, stage: str, min_turns: int = 0) -> list[Rollout]:
+    """Rollouts of the job a `stage` worker holds now (with at least `min_turns` stored)."""
+    with session_scope(c.db) as s:
+        turns = (sa.select(sa.func.count()).select_from(Turn)
+                 .where(Turn.rollout_id == Rollout.id, Turn.attempt == Rollout.attempt)
+                 .scalar_subquery())
+        rows = s.scalars(sa.select(Rollout).where(
+            Rollout.job_id == job_id, Rollout.status == stage,
+            Rollout.lease_owner.is_not(None), turns >= min_turns)).all()
+        s.expunge_all()
+        return list(rows)
+
+
+def _unfinished(c: Campaign, job_id: str) -> set[str]:
+    return {r.id for r in c.rows(job_id) if r.finished_at is None}
+
+
+def _mid_run(c: Campaign, job_id: str) -> list[Rollout]:
+    """Wait until some rollouts are mid-RUN with turns stored (where a fault costs most)."""
+    return wait_for(lambda: _leased(c, job_id, "run", min_turns=1), timeout=60,
+                    what="a rollout mid-RUN with a stored turn", interval=0.05)
+
+
+# -- worker kills -------------------------------------------------------------------------
+def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    """SIGKILL an INIT, a RUN and an EVAL pool while each holds work; restart each at once."""
+    rng = random.Random(15)
+    # RUN is killed once a rollout has 2 turns stored: a restart from INIT re-generates them,
+    # a resume in the same sandbox at most the turn that was in flight.
+    for stage, turns in (("init", 0), ("run", 2), ("eval", 0)):
+        rows = wait_for(lambda: _leased(c, job["job_id"], stage, turns), timeout=60,
+                        what=f"a rollout held by {stage}", interval=0.05)
+        node = rng.choice(sorted({_node_of(r) for r in rows}))
+        hit = {r.id for r in rows if _node_of(r) == node}
+        c.restart_pool(stage, node)
+        if stage == "run":  # the rollouts with finished turns it had in hand
+            report.affected_ids |= hit
+            report.affected = len(report.affected_ids)
+        report.notes.append(f"SIGKILL {stage}.{node} holding {len(hit)}")
+
+
+# -- node loss ------------------------------------------------------------------------------
+def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    """n1's pools and reaper die for good while it holds leased and queued RUN work."""
+    lost = NODES[0]
+
+    def holding() -> bool:
+        rows = [r for r in c.rows(job["job_id"]) if r.node == lost and r.status == "run"]
+        return any(r.lease_owner for r in rows) and any(not r.lease_owner for r in rows)
+
+    wait_for(holding, timeout=60, what=f"{lost} with leased and queued RUN work",
+             interval=0.05)
+    report.affected_ids = {r.id for r in c.rows(job["job_id"])
+                           if r.node == lost and r.finished_at is None}
+    report.affected = len(report.affected_ids)
+    c.svc.stop_reaper(lost)
+    for stage in CONCURRENCY:
+        c.svc.kill_worker(stage, lost)
+    report.notes.append(f"{lost} lost holding {report.affected} rollouts")
+
+
+def node_returns(c: Campaign, report: Report) -> None:
+    """The lost node comes back after the job ended: it must stop its stale sandboxes."""
+    c.heal()
+
+
+# -- broker and database restarts ---------------------------------------------------------
+def redis_restart(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    """Redis restarts (down 3 s) mid-RUN; a second job is submitted during the outage."""
+    _mid_run(c, job["job_id"])
+    report.affected_ids = _unfinished(c, job["job_id"])
+    report.affected = len(report.affected_ids)
+    restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
+    time.sleep(1.0)
+    report.extra_jobs.append(c.submit(2, offset=report.rollouts))
+    report.rollouts += 2
+    restart.join(60)
+
+
+def postgres_restart(mode: str) -> Strike:
+    """PostgreSQL stops with `mode` mid-RUN and is back after 3 s."""
+    def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
+        _mid_run(c, job["job_id"])
+        report.affected_ids = _unfinished(c, job["job_id"])
+        report.affected = len(report.affected_ids)
+        c.pg.restart(mode, OUTAGE_SECONDS)  # type: ignore[arg-type]
+    return strike
+
+
+# -- cancel -------------------------------------------------------------------------------
+def cancel_mid_run(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    """The trainer cancels the job while rollouts are mid-RUN and others still queue."""
+    _mid_run(c, job["job_id"])
+    report.affected_ids = _unfinished(c, job["job_id"])
+    report.affected = len(report.affected_ids)
+    c.svc.client.cancel(job["job_id"])
+
+
+FAULTS = {f.name: f for f in [
+    Fault("sigkill-every-stage", sigkill_every_stage, rollouts=16),
+    Fault("redis-restart", redis_restart),
+    Fault("redis-restart-aof", redis_restart, aof=True),
+    Fault("postgres-restart-fast", postgres_restart("fast")),
+    Fault("postgres-restart-immediate", postgres_restart("immediate")),
+    Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
+    Fault("node-loss", lose_node, after=node_returns, rollouts=16),
+]}
