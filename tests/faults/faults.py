@@ -83,21 +83,28 @@ def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> Non
 
 # -- node loss ------------------------------------------------------------------------------
 def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
-    """n1's pools and reaper die for good while it holds leased and queued RUN work."""
+    """n1's pools and reaper die for good, holding leased RUN work and RUN work queued for it.
+
+    Its RUN pool dies first, with rollouts mid-RUN; its INIT pool goes on handing rollouts
+    to `run.n1` until one waits there; then the rest of the node and its reaper die.
+    """
     lost = NODES[0]
+    wait_for(lambda: [r for r in _leased(c, job["job_id"], "run", 1) if _node_of(r) == lost],
+             timeout=60, what=f"a rollout mid-RUN on {lost}", interval=0.05)
+    c.svc.kill_worker("run", lost)
 
-    def holding() -> bool:
-        rows = [r for r in c.rows(job["job_id"]) if r.node == lost and r.status == "run"]
-        return any(r.lease_owner for r in rows) and any(not r.lease_owner for r in rows)
+    def queued_for_lost_node() -> bool:
+        return any(r.node == lost and r.status == "run" and not r.lease_owner
+                   for r in c.rows(job["job_id"]))
 
-    wait_for(holding, timeout=60, what=f"{lost} with leased and queued RUN work",
+    wait_for(queued_for_lost_node, timeout=60, what=f"a rollout queued for run.{lost}",
              interval=0.05)
+    c.svc.stop_reaper(lost)
+    for stage in ("init", "eval"):
+        c.svc.kill_worker(stage, lost)
     report.affected_ids = {r.id for r in c.rows(job["job_id"])
                            if r.node == lost and r.finished_at is None}
     report.affected = len(report.affected_ids)
-    c.svc.stop_reaper(lost)
-    for stage in CONCURRENCY:
-        c.svc.kill_worker(stage, lost)
     report.notes.append(f"{lost} lost holding {report.affected} rollouts")
 
 

