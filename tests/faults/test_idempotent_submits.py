@@ -58,7 +58,6 @@ def test_concurrent_submits_with_one_key_across_two_gateways(tmp_path, pg_url, r
         assert sorted(r["rollout_id"] for r in results) == sorted(ids)
         assert [r["seq"] for r in results] == list(range(1, len(ids) + 1))
         assert all(r["reward"] == float(r["sample_index"] % 2) for r in results)
-        assert all(r["attempt"] == 1 for r in results)  # each ran once
     finally:
         second.kill()
         svc.stop()

@@ -59,10 +59,14 @@ class GatewayProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "gateway", "--port", str(self.port)],
             env=self.svc.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self._healthy, timeout=60, what=f"gateway on port {self.port}", interval=0.2)
+        # generous: a Python start-up takes tens of seconds on a loaded 2-core CI machine
+        wait_for(self._healthy, timeout=180, what=f"gateway on port {self.port}", interval=0.2)
         return self
 
     def _healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            log = (self.svc.logs / f"gateway-{self.port}.log").read_text(errors="replace")
+            raise AssertionError(f"gateway exited {self.proc.returncode}:\n{log[-3000:]}")
         try:
             return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
         except httpx.TransportError:
