@@ -72,6 +72,9 @@ class Settings(BaseSettings):
                              "its logged turns before it restarts from INIT (0: always restart)")
     heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
     lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")
+    db_retry_seconds: float | None = Field(
+        None, ge=0, description="How long a stage's database writes retry a lost connection "
+                                "(None: lease_timeout; 0: never)")
     requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")
     outbox_grace: float = Field(
         30.0, gt=0, description="The reaper publishes rollouts left unpublished this long")

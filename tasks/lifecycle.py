@@ -32,11 +32,13 @@ from core.models import (
     sources_of,
     utcnow,
 )
+from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
 
 
 
+@retrying
 def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
           node: str) -> tuple[Rollout, Job] | None:
     """Take the lease for `stage`; None when it is a duplicate or stale delivery."""
@@ -61,6 +63,7 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
 
 
 @lru_cache(maxsize=4096)
+@retrying
 def _job_snapshot(db_url: str, job_id: str) -> Job:
     with session_scope(db_url) as s:
         job = s.get(Job, job_id)
@@ -77,6 +80,7 @@ def job_snapshot(db_url: str, job_id: str) -> Job:
     return _job_snapshot(db_url, job_id)
 
 
+@retrying
 def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
     """Write fields of a leased rollout; False when the lease was lost."""
     with session_scope(db_url) as s:
@@ -86,6 +90,7 @@ def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
         return result.rowcount == 1
 
 
+@retrying
 def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> bool:
     """Hand a leased rollout to the next stage's queue (status set, lease released).
 
@@ -93,13 +98,20 @@ def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: A
     `cancel_requested` and ends the rollout itself.
     """
     with session_scope(db_url) as s:
-        return s.execute(update(Rollout).where(
-            Rollout.id == rollout_id, Rollout.lease_owner == lease,
-            Rollout.cancel_requested.is_(False)).values(
-            status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=utcnow(),
-            stage_started_at=None, **values)).rowcount == 1
+        if s.execute(update(Rollout).where(
+                Rollout.id == rollout_id, Rollout.lease_owner == lease,
+                Rollout.cancel_requested.is_(False)).values(
+                status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=utcnow(),
+                stage_started_at=None, **values)).rowcount == 1:
+            return True
+        # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
+        # rollout into `to_stage` unleased, so finding it there means the hand-off is done.
+        return bool(s.scalar(select(func.count()).select_from(Rollout).where(
+            Rollout.id == rollout_id, Rollout.status == to_stage,
+            Rollout.lease_owner.is_(None))))
 
 
+@retrying
 def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = None,
                 **fields: Any) -> None:
     """Append one turn to the log (committed before the agent's next generation).
@@ -122,6 +134,7 @@ def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = 
                  fields.get("index"), attempt)
 
 
+@retrying
 def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
     """The logged turns of one attempt in index order, as plain dicts (what resume reads)."""
     columns = [c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")]
@@ -132,6 +145,7 @@ def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, A
     return [dict(row._mapping) for row in rows]
 
 
+@retrying
 def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = None,
            expect_lease: str | None = None, error: str = "") -> bool:
     """Queue a lost RUN again in the same attempt (same sandbox, stored turns kept).
@@ -156,6 +170,7 @@ def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = 
             resumes=[*(row.resumes or []), entry])).rowcount == 1
 
 
+@retrying
 def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
     """How many turns the attempt has logged (where a resumed RUN goes on)."""
     with session_scope(db_url) as s:
@@ -168,6 +183,7 @@ def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> in
     return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
 
 
+@retrying
 def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
            lease: str | None = None, expect_status: list[str] | None = None,
            **values: Any) -> bool:
@@ -209,6 +225,7 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
         return True
 
 
+@retrying
 def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
           expect_lease: str | None = None, error: str = "") -> int | None:
     """Send a rollout back to INIT as a new attempt; returns the new attempt number.
@@ -236,6 +253,7 @@ def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
         return row.attempt + 1 if result.rowcount == 1 else None
 
 
+@retrying
 def cancel_requested(db_url: str, rollout_id: str) -> bool:
     """True once the rollout (or its job) was asked to stop."""
     with session_scope(db_url) as s:

@@ -32,7 +32,7 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import grading, lifecycle, resume, sandboxes
+from tasks import db_retry, grading, lifecycle, resume, sandboxes
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import process_heartbeater
 
@@ -186,8 +186,8 @@ class StageRun:
             from tasks.llm_pool import make_pool
 
             spec = self.config.llm.model_dump() if self.config.llm else {}
-            pool = make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner,
-                             self.settings.llm_routing)
+            pool = db_retry.Retrying(make_pool(spec, self.db, self.rollout_id, self.lease,
+                                               self.job.owner, self.settings.llm_routing))
             self.ctx.llm = LLMSession.open(spec, self.config.sampling.model_dump(),
                                            self.rollout_id, pool,
                                            policy=self.settings.policy.llm)

@@ -12,6 +12,7 @@ from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
 from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
+from tasks import db_retry
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
 from tasks.sandboxes import check_node_settings
@@ -36,6 +37,8 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     configure_pool(settings)  # a few connections shared by all `concurrency` threads
     use_pre_ping(False)
     http_client.configure(concurrency)  # keep-alive connections for every slot
+    db_retry.configure(settings.lease_timeout if settings.db_retry_seconds is None
+                       else settings.db_retry_seconds)  # an outage shorter than the lease
     app = make_celery(settings)
     queue = stage_queue(stage, settings.node)
     if quiet:
