@@ -14,7 +14,18 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.client import Sandbox, ToolClient
 from sandbox.errors import SandboxError, SandboxGone, SandboxStartError, UnknownRuntime
-from sandbox.handles import Handle, read_handles, remove_state, state_root, write_handle
+from sandbox.handles import (
+    STARTING,
+    Handle,
+    kill_launch,
+    mark_ready,
+    orphaned,
+    pid_alive,
+    read_handles,
+    remove_state,
+    state_root,
+    write_intent,
+)
 from sandbox.registry import check_runtime_name, registered
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
@@ -64,13 +75,13 @@ class Runtime(ABC):
         """True while the sandbox's processes exist."""
 
     def new_handle(self, spec: SandboxSpec, label: str) -> Handle:
-        """A fresh handle with the paths this sandbox will use on the node."""
+        """A fresh handle with the paths this sandbox will use on the node, recorded on disk
+        (an intent: `state` starting) before any of them exists."""
         if not os.path.isdir(spec.workspace):
             raise SandboxStartError(f"workspace {spec.workspace} is not a directory")
         sid = uuid.uuid4().hex[:12]
         socket_dir = self.state_dir / sid
-        socket_dir.mkdir(mode=0o700)
-        return {
+        handle = {
             "runtime": self.name, "id": sid, "label": label, "node": self.settings.node,
             "workspace": spec.workspace, "created": time.time(),
             "socket_dir": str(socket_dir), "socket": str(socket_dir / "tool.sock"),
@@ -78,10 +89,13 @@ class Runtime(ABC):
             "log_file": str(self.state_dir / f"{sid}.log"),
             "call_timeout": spec.limits.call_timeout,
         }
+        write_intent(handle)
+        socket_dir.mkdir(mode=0o700)
+        return handle
 
     def save(self, handle: Handle) -> Sandbox:
-        """Persist the handle and return a client for it."""
-        write_handle(handle)
+        """Complete the handle file (the sandbox is ready) and return a client for it."""
+        mark_ready(handle)
         return Sandbox(handle, stop_handle)
 
 
@@ -121,21 +135,35 @@ def attach(handle: Handle, node: str | None = None) -> Sandbox:
 
 
 def stop_handle(handle: Handle) -> None:
-    """Stop a sandbox from any process; idempotent, never raises for an already-gone sandbox."""
+    """Stop a sandbox from any process; idempotent, never raises for an already-gone sandbox.
+
+    A sandbox still starting (an intent record) is stopped through its launcher's process
+    tree as well: its namespace's init may not be recorded yet."""
     cls = registered(handle.get("runtime", ""))
     if cls is None:
         raise SandboxError(f"handle names unknown runtime {handle.get('runtime')!r}")
+    if handle.get("state") == STARTING:
+        kill_launch(handle)
     cls.kill(handle)
     remove_state(handle)
 
 
+def is_alive(handle: Handle) -> bool:
+    """True while the sandbox runs, or is being started by a live process."""
+    if handle.get("state") == STARTING:
+        return not orphaned(handle) or pid_alive(handle.get("pid"), handle.get("pid_start"))
+    cls = registered(handle.get("runtime", ""))
+    return cls is not None and cls.alive(handle)
+
+
 def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: bool = False) -> list[Handle]:
-    """Handles of this node's live sandboxes, for reapers; dead ones are cleaned up on the way
-    (their cgroups and files removed) unless `include_dead` asks to see them."""
+    """Handles of this node's live sandboxes, for reapers; dead ones and starts whose starter
+    died (`orphaned`) are cleaned up on the way (processes killed, cgroups and files removed)
+    unless `include_dead` asks to see them (then the caller decides, see `orphaned`)."""
     found = []
     for handle in read_handles(state_root(state_dir)):
         cls = registered(handle.get("runtime", ""))
-        if include_dead or (cls is not None and cls.alive(handle)):
+        if include_dead or (cls is not None and is_alive(handle) and not orphaned(handle)):
             found.append(handle)
         elif cls is not None:
             stop_handle(handle)

@@ -16,7 +16,16 @@ from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxStartError
-from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
+from sandbox.handles import (
+    Handle,
+    gated_popen,
+    kill_launch,
+    kill_pid,
+    pid_alive,
+    remove_state,
+    wait_gone,
+    write_handle,
+)
 from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, sandbox_env
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
@@ -134,18 +143,20 @@ class BwrapRuntime(Runtime):
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)
             groups = cgroups.create(handle["id"], spec.limits, self.settings.cgroup_parent) if self.use_cgroups else []
             handle.update(cgroups=groups)
+            write_handle(handle)  # the intent names the cgroups before anything joins them
             flags = limits.server_flags(spec.limits, groups, userns=True)
             argv = self.build_argv(spec, handle, env_dir, flags)
             self._launch(handle, cgroups.join_prefix(groups) + argv, dict(LAUNCHER_ENV))
         except BaseException:
+            kill_launch(handle)  # the namespace's init may not be recorded yet
             self.kill(handle)
             remove_state(handle)
             raise
         return self.save(handle)
 
     def _launch(self, handle: Handle, argv: list[str], env: dict[str, str]) -> None:
-        """Run bwrap, wait for the server's ready byte, record bwrap's, the init's and the
-        server's pids.
+        """Run bwrap (behind the gate: its pid is on disk before it runs), wait for the
+        server's ready byte, record bwrap's, the init's and the server's pids.
 
         The host binds the tool socket in its own 0700 state dir and hands the bound socket
         to the server as an inherited descriptor (the server calls listen, so SO_PEERCRED
@@ -162,11 +173,10 @@ class BwrapRuntime(Runtime):
                 if a.startswith("{") else a for a in argv]
         try:
             with open(handle["log_file"], "ab") as log_file:
-                proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log_file,
-                                        stderr=subprocess.STDOUT,
-                                        pass_fds=(ready_w, info_w, listen_fd),
-                                        start_new_session=True)
-            handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
+                proc = gated_popen(argv, handle, env=env, cwd="/", stdout=log_file,
+                                   stderr=subprocess.STDOUT,
+                                   pass_fds=(ready_w, info_w, listen_fd),
+                                   start_new_session=True)
             os.close(ready_w)
             os.close(info_w)
             listener.close()

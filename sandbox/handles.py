@@ -1,15 +1,30 @@
-"""Node-local bookkeeping of live sandboxes: handle files, liveness checks, forced kills."""
+"""Node-local bookkeeping of live sandboxes: handle files, liveness checks, forced kills.
+
+A handle file is written before anything is started (an intent record, `state: starting`,
+naming the process that starts it), again with the launcher's pid as soon as it exists, and
+a last time when the sandbox is ready. The launcher waits behind a gate until its pid is on
+disk, so a starter killed at any point leaves either nothing running or a record that names
+what runs: a reaper stops sandboxes whose starter died before they were ready.
+"""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from sandbox.settings import default_state_dir
-from sandbox.toolserver.procs import descendants, is_running
+from sandbox.toolserver.procs import descendants, is_running, start_time
+
+STARTING, READY = "starting", "ready"
+# The launcher's first process: waits for one line on stdin (the gate), then becomes the
+# real command with stdin from /dev/null. If the starter dies first, stdin reaches EOF and
+# it exits without starting anything.
+GATE = ["/bin/sh", "-c", 'read -r go && [ "$go" = go ] || exit 97; exec "$@" </dev/null',
+        "raas-gate"]
 
 Handle = dict[str, Any]
 
@@ -29,6 +44,46 @@ def write_handle(handle: Handle) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(handle, indent=1))
     os.replace(tmp, path)
+
+
+def write_intent(handle: Handle) -> None:
+    """Record a sandbox about to start, and which process starts it (pid and start time)."""
+    me = os.getpid()
+    handle.update(state=STARTING, owner_pid=me, owner_start=start_time(me))
+    write_handle(handle)
+
+
+def mark_ready(handle: Handle) -> None:
+    """Complete the intent: the sandbox is ready and belongs to the node from now on."""
+    handle["state"] = READY
+    write_handle(handle)
+
+
+def orphaned(handle: Handle) -> bool:
+    """True for a start whose starter died before the sandbox was ready (nobody will finish
+    it, nobody else knows it): whatever it launched is garbage."""
+    return handle.get("state") == STARTING and not pid_alive(handle.get("owner_pid"),
+                                                             handle.get("owner_start"))
+
+
+def gated_popen(argv: list[str], handle: Handle, **kwargs: Any) -> subprocess.Popen:
+    """Start `argv` behind the gate, record its pid in the handle file, then open the gate:
+    the command never runs unrecorded (its stdin is /dev/null once it runs)."""
+    proc = subprocess.Popen([*GATE, *argv], stdin=subprocess.PIPE, **kwargs)
+    try:
+        handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
+        write_handle(handle)
+        proc.stdin.write(b"go\n")
+    finally:
+        proc.stdin.close()  # EOF: the gate exits unless "go" was written
+    return proc
+
+
+def kill_launch(handle: Handle) -> None:
+    """Kill the launcher and everything below it (a start cut short: the namespace's init may
+    not be recorded yet, but it is still the launcher's descendant)."""
+    kill_pid(handle.get("pid"), handle.get("pid_start"), tree=True)
+    wait_gone(handle.get("pid"), handle.get("pid_start"))
 
 
 def read_handles(root: Path) -> list[Handle]:

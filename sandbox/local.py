@@ -14,11 +14,10 @@ from sandbox import limits
 from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready, shutdown_quietly
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
-from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
+from sandbox.handles import Handle, gated_popen, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import sandbox_env
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
-from sandbox.toolserver.procs import start_time
 
 log = logging.getLogger(__name__)
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
@@ -47,12 +46,17 @@ class LocalRuntime(Runtime):
                 "--workspace", spec.workspace, "--workdir", spec.workdir or spec.workspace,
                 "--python", python, "--ready-fd", str(ready_w),
                 *limits.server_flags(spec.limits, [], userns=False, isolated=False)]
-        with open(handle["log_file"], "ab") as log_file:
-            proc = subprocess.Popen(argv, env=env, cwd=spec.workspace, stdin=subprocess.DEVNULL,
-                                    stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(ready_w,),
-                                    start_new_session=True)
+        try:
+            with open(handle["log_file"], "ab") as log_file:  # gated: its pid is on disk first
+                proc = gated_popen(argv, handle, env=env, cwd=spec.workspace, stdout=log_file,
+                                   stderr=subprocess.STDOUT, pass_fds=(ready_w,),
+                                   start_new_session=True)
+        except BaseException:
+            os.close(ready_w)
+            os.close(ready_r)
+            remove_state(handle)
+            raise
         os.close(ready_w)
-        handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
         try:
             server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
             pin_server(handle)

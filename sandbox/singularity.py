@@ -21,7 +21,7 @@ from sandbox.abstract import Runtime, RuntimeConfig, pin_server
 from sandbox.client import Sandbox, ToolClient
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
-from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone
+from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone, write_handle
 from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
@@ -146,6 +146,7 @@ class SingularityRuntime(Runtime):
         """Start the instance, then the tool server inside it; stop the instance on any failure."""
         handle = self.new_handle(spec, label)
         handle.update(instance=f"raas-{handle['id']}", binary=self.commands.binary)
+        write_handle(handle)  # the intent names the instance: a reaper can stop it
         try:
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)
             image = self.resolve_image(spec.image)
