@@ -12,7 +12,9 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
 - queued rollouts whose message may be lost (the broker restarted without persistence): when
   their queue is empty but the database says they wait, the message is published again —
   harmless if it was not lost, because the duplicate finds nothing to claim;
-- sandboxes on this node whose rollout ended, moved on to another attempt, or is unknown;
+- sandboxes on this node whose rollout ended, moved on to another attempt, or is unknown,
+  and starts whose starter was killed before the sandbox was ready (intent records); their
+  workspaces go with them, as do workspace folders no live attempt owns;
 - the LLM server pool, every `LLM_MAINTENANCE_SECONDS`: health probes (a server marked down
   comes back when it answers) and in-flight counts recomputed from the rollouts in RUN
   (a killed worker never released its slot).
@@ -20,6 +22,7 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from datetime import timedelta
@@ -186,33 +189,44 @@ class Reaper:
         return outbox.drain(self.db, self.celery, self.settings.outbox_grace)
 
     def sweep_sandboxes(self) -> int:
-        """Stop sandboxes on this node that no live rollout attempt owns."""
+        """Stop sandboxes on this node that no live rollout attempt owns, and starts whose
+        starter died before they were ready; delete their workspaces, and workspace folders
+        that no live attempt owns (a starter killed before its intent record). Returns how
+        many sandboxes were stopped."""
         try:
             from sandbox import list_sandboxes
+            from sandbox.handles import orphaned
         except ImportError:
             return 0
         # Only sandboxes of this deployment: their workspaces live under our workspace root.
         # Another raas (or a re-evaluation) on the same node is none of our business.
         root = str(self.settings.workspaces) + "/"
-        handles = [h for h in list_sandboxes(self.settings.sandbox_dir)
+        handles = [h for h in list_sandboxes(self.settings.sandbox_dir, include_dead=True)
                    if str(h.get("workspace", "")).startswith(root)]
-        if not handles:
+        folders = sandboxes.attempt_folders(self.settings)  # listed before the query below
+        labels = {h.get("label") or "" for h in handles} | set(folders.values())
+        if not labels:
             return 0
-        wanted = {}
+        live = self._live_attempts(labels)
+        n, kept = 0, set()
         for h in handles:
-            rid, _, attempt = (h.get("label") or "").partition(":")
-            wanted[h.get("label")] = (rid, attempt)
-        with session_scope(self.db) as s:
-            live = {f"{r.id}:{r.attempt}" for r in s.execute(
-                select(Rollout.id, Rollout.attempt).where(
-                    Rollout.id.in_([rid for rid, _ in wanted.values()]),
-                    Rollout.status.in_(ACTIVE_STAGES)))}
-        n = 0
-        for h in handles:
-            if h.get("label") not in live:
+            if orphaned(h) or h.get("label") not in live:
                 sandboxes.release(h)
                 n += 1
+            else:
+                kept.add(h.get("workspace"))
+        for path, label in folders.items():
+            if label not in live and path not in kept:
+                shutil.rmtree(path, ignore_errors=True)
         return n
+
+    def _live_attempts(self, labels: set[str]) -> set[str]:
+        """Those of the "<rollout>:<attempt>" labels whose attempt is in a stage now."""
+        ids = {label.partition(":")[0] for label in labels}
+        with session_scope(self.db) as s:
+            return {f"{r.id}:{r.attempt}" for r in s.execute(
+                select(Rollout.id, Rollout.attempt).where(
+                    Rollout.id.in_(sorted(ids)), Rollout.status.in_(ACTIVE_STAGES)))}
 
 
 def _stage(status: str) -> str:

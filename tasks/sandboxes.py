@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from sandbox import SandboxSettings
 from sandbox.spec import SandboxLimits
 
 log = logging.getLogger(__name__)
+# `<rollout>-<attempt>` (INIT's) and `<rollout>-<attempt>-eval` (grading) under `workspaces`
+ATTEMPT_FOLDER = re.compile(r"^([0-9a-f]{32})-(\d+)(?:-eval)?$")
 
 
 def check_node_settings(settings: Settings) -> None:
@@ -102,6 +105,21 @@ def workspace_for(settings: Settings, rollout_id: str, attempt: int) -> Path:
         shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+def attempt_folders(settings: Settings) -> dict[str, str]:
+    """This node's workspace folders of rollout attempts, as {path: "<rollout>:<attempt>"}
+    (the label their sandboxes carry); other folders (re-evaluations) are not listed."""
+    try:
+        names = os.listdir(settings.workspaces)
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for name in names:
+        match = ATTEMPT_FOLDER.match(name)
+        if match:
+            found[str(settings.workspaces / name)] = f"{match[1]}:{int(match[2])}"
+    return found
 
 
 def ensure_declared_environment(settings: Settings, name: str | None) -> None:
