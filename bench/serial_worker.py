@@ -16,7 +16,8 @@ from tasks.celery_app import make_celery
 NEXT = {"init": "run", "run": "eval"}
 
 
-def inline_publish(app, stage, rollout_id, attempt, node=None, producer=None):  # noqa: ANN001
+def inline_publish(app, stage, rollout_id, attempt, node=None, producer=None,  # noqa: ANN001
+                   retry_seconds=0.0):
     """Instead of queueing the next stage, run it right here in the same slot."""
     stages.StageRun(app, stage, rollout_id, attempt).execute()
 

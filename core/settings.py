@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")
     outbox_grace: float = Field(
         30.0, gt=0, description="The reaper publishes rollouts left unpublished this long")
+    handoff_publish_seconds: float = Field(
+        15.0, ge=0, description="How long a stage hand-off retries an unreachable broker "
+                                "before leaving its message to the outbox (0: no retry)")
     max_rollouts_per_job: int = Field(
         20_000, ge=1, description="Cap on instances x n_samples of one job (else 400)")
     max_in_flight_per_owner: int = Field(

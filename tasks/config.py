@@ -39,6 +39,23 @@ def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: 
     return None
 
 
+def publish_retry_policy(seconds: float) -> dict[str, Any]:
+    """kombu's retry policy for a publish that may wait about `seconds` for the broker.
+
+    kombu sleeps `interval_start`, then `interval_step` more each retry, capped at
+    `interval_max`; the retries are counted so that the sleeps add up to `seconds` (a Redis
+    restart takes a few seconds; a stage hand-off must not give up on it in Celery's default
+    0.6 s, nor hold its worker slot much longer than the operator allows).
+    """
+    start, step, cap = 0.0, 0.5, 2.0
+    retries, slept = 0, 0.0
+    while slept < seconds:
+        slept += min(start + step * retries, cap)
+        retries += 1
+    return {"max_retries": retries, "interval_start": start, "interval_step": step,
+            "interval_max": cap}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for `settings`' broker, each with the reason it is there."""
     transport: dict[str, Any] = {}

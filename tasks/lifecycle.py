@@ -44,8 +44,9 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
     """Take the lease for `stage`; None when it is a duplicate or stale delivery."""
     queued_status = Status.PENDING.value if stage == "init" else stage
     now = utcnow()
+    # A claim also drops the outbox mark: the message evidently got out.
     values: dict[str, Any] = {"status": stage, "lease_owner": lease, "heartbeat_at": now,
-                              "stage_started_at": now}
+                              "stage_started_at": now, "outbox_at": None}
     if stage == "init":
         values["node"] = node
     with session_scope(db_url) as s:
@@ -94,21 +95,38 @@ def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
 def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> bool:
     """Hand a leased rollout to the next stage's queue (status set, lease released).
 
+    The outbox mark is set in the same UPDATE: until `clear_mark` (after the publish) or the
+    next claim drops it, the reaper's outbox drain knows the message may not be out.
     Refuses (False) when the lease was lost or a cancel arrived: the caller then checks
     `cancel_requested` and ends the rollout itself.
     """
+    now = utcnow()
     with session_scope(db_url) as s:
         if s.execute(update(Rollout).where(
                 Rollout.id == rollout_id, Rollout.lease_owner == lease,
                 Rollout.cancel_requested.is_(False)).values(
-                status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=utcnow(),
-                stage_started_at=None, **values)).rowcount == 1:
+                status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=now,
+                stage_started_at=None, outbox_at=now, **values)).rowcount == 1:
             return True
         # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
         # rollout into `to_stage` unleased, so finding it there means the hand-off is done.
         return bool(s.scalar(select(func.count()).select_from(Rollout).where(
             Rollout.id == rollout_id, Rollout.status == to_stage,
             Rollout.lease_owner.is_(None))))
+
+
+def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -> bool:
+    """Drop the outbox mark of a rollout whose message was published (one statement).
+
+    Fenced on the queued state it was published for, so a late clear never touches a mark a
+    later hand-off of the same rollout set; a claim that came first has cleared it already.
+    """
+    with session_scope(db_url) as s:
+        return s.execute(update(Rollout).where(
+            Rollout.id == rollout_id, Rollout.attempt == attempt,
+            Rollout.status == queued_status, Rollout.lease_owner.is_(None),
+            Rollout.outbox_at.is_not(None)).values(outbox_at=None),
+            execution_options={"synchronize_session": False}).rowcount == 1
 
 
 @retrying
@@ -232,7 +250,8 @@ def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
 
     `lease` fences a stage worker giving up its own lease; `expect_lease` fences the reaper
     on the (stale) lease it observed. The ended attempt and its error are appended to
-    `attempt_history` (the attempt number fences that read-modify-write too).
+    `attempt_history` (the attempt number fences that read-modify-write too). The outbox mark
+    is set with it: a new attempt whose INIT message never got out is published by the drain.
     """
     fence = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
@@ -246,7 +265,8 @@ def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
         result = s.execute(update(Rollout).where(*cond).values(
             status=Status.PENDING.value, attempt=row.attempt + 1, lease_owner=None,
             heartbeat_at=None, node=None, sandbox=None, llm_server=None, state={},
-            stage_started_at=None, queued_at=utcnow(), error=error[:4000] or None,
+            stage_started_at=None, queued_at=utcnow(), outbox_at=utcnow(),
+            error=error[:4000] or None,
             attempt_history=[*(row.attempt_history or []), {
                 "attempt": row.attempt, "error": error[:4000] or None,
                 "ended_at": utcnow().isoformat()}]))

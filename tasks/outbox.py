@@ -9,6 +9,11 @@ mark after its messages are out. A gateway that dies between the commit and the 
 marks behind; the reaper publishes whatever stayed marked longer than `outbox_grace` seconds
 (`drain`). Publishing twice is harmless (the duplicate finds nothing to claim), so the rule is
 simply: clear a mark only after its message was published.
+
+Stage hand-offs use the same mark: `lifecycle.advance` (RUN, EVAL) and `lifecycle.retry` (a
+new attempt's INIT) commit it with the status change, the worker clears it after publishing,
+and a claim clears it too. A hand-off whose broker stayed away past the worker's retries keeps
+its mark, and the drain publishes it to the queue of the rollout's node.
 """
 from __future__ import annotations
 
@@ -95,31 +100,46 @@ def _clear(db_url: str, ids: list[str]) -> None:
                   execution_options={"synchronize_session": False})
 
 
+QUEUED = (Status.PENDING.value, "run", "eval")  # statuses of a rollout waiting for a message
+
+
 def drain(db_url: str, celery: Any, grace: float) -> int:
-    """Publish what a gateway left marked for longer than `grace` seconds (the reaper's job).
+    """Publish what stayed marked for longer than `grace` seconds (the reaper's job): rollouts
+    a gateway accepted but did not publish, and hand-offs (RUN, EVAL, a retry's INIT) whose
+    worker could not reach the broker, each to its stage's queue on the rollout's node.
 
     Each batch is first taken by re-stamping its marks (a conditional UPDATE), so several
     reapers do not publish the same batch; a reaper that dies after taking a batch leaves it
     marked, and the next pass after `grace` publishes it again.
     """
     total = 0
+    plain = {"synchronize_session": False}
     while True:
-        cutoff = utcnow() - timedelta(seconds=grace)
+        cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
         with session_scope(db_url) as s:
             ids = s.scalars(select(Rollout.id).where(Rollout.outbox_at < cutoff)
                             .order_by(Rollout.outbox_at).limit(BATCH)).all()
             if not ids:
                 return total
-            taken = s.scalars(update(Rollout).where(
-                Rollout.id.in_(ids), Rollout.outbox_at < cutoff,
-                Rollout.status == Status.PENDING.value).values(outbox_at=utcnow())
-                .returning(Rollout.id), execution_options={"synchronize_session": False}).all()
-            # marks on rows that are no longer pending can only be leftovers: drop them
+            taken = s.execute(update(Rollout).where(
+                Rollout.id.in_(ids), Rollout.outbox_at < cutoff, Rollout.status.in_(QUEUED),
+                Rollout.lease_owner.is_(None)).values(outbox_at=stamp).returning(
+                Rollout.id, Rollout.attempt, Rollout.status, Rollout.node, Rollout.job_id),
+                execution_options=plain).all()
+            # marks on rows claimed or ended meanwhile can only be leftovers: drop them
             s.execute(update(Rollout).where(Rollout.id.in_(ids), Rollout.outbox_at < cutoff)
-                      .values(outbox_at=None), execution_options={"synchronize_session": False})
-        if taken:
-            log.warning("outbox: publishing %s rollouts a gateway left unpublished", len(taken))
-            total += publish_marked(db_url, celery, taken)
+                      .values(outbox_at=None), execution_options=plain)
+        if not taken:
+            continue
+        handed = sum(r.status != Status.PENDING.value for r in taken)
+        log.warning("outbox: publishing %s rollouts left unpublished (%s accepted by a "
+                    "gateway, %s handed on by a stage)", len(taken), len(taken) - handed, handed)
+        total += publish_many(celery, (("init" if r.status == Status.PENDING.value else r.status,
+                                        r.id, r.attempt, r.node, r.job_id) for r in taken))
+        with session_scope(db_url) as s:  # only the marks this pass set (a later one stays)
+            s.execute(update(Rollout).where(Rollout.id.in_([r.id for r in taken]),
+                                            Rollout.outbox_at == stamp)
+                      .values(outbox_at=None), execution_options=plain)
 
 
 class OutboxPublisher:

@@ -110,8 +110,9 @@ class Reaper:
                 new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner,
                                       error=reason)
                 done = new is not None
-                if done:
+                if done:  # the retry's outbox mark covers a publish that fails here
                     publish(self.celery, "init", row.id, new)
+                    lifecycle.clear_mark(self.db, row.id, new, Status.PENDING.value)
             if done:
                 log.warning("rollout %s: %s", row.id, reason)
                 if row.sandbox and row.sandbox.get("node", self.settings.node) == self.settings.node:

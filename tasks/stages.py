@@ -33,7 +33,7 @@ from core.errors import (
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
 from tasks import db_retry, grading, lifecycle, resume, sandboxes
-from tasks.config import TASK_NAMES
+from tasks.config import TASK_NAMES, publish_retry_policy
 from tasks.heartbeat import process_heartbeater
 
 logger = logging.getLogger(__name__)
@@ -53,11 +53,17 @@ class RolloutLog(logging.LoggerAdapter):
 
 
 def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
-            producer: Any = None) -> None:
-    """Publish a stage message; the shared router picks the queue from `node`."""
+            producer: Any = None, retry_seconds: float = 0.0) -> None:
+    """Publish a stage message; the shared router picks the queue from `node`.
+
+    With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
+    long (else Celery's default policy, well under a second); then kombu's error is raised.
+    """
     kwargs = {"node": node} if node else {}
+    retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} \
+        if retry_seconds else {}
     app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                  producer=producer)
+                  producer=producer, **retry)
 
 
 class StageRun:
@@ -77,6 +83,9 @@ class StageRun:
         self.handler: AgentHandler | None = None
         self.ctx: StageContext | None = None
         self.started = time.monotonic()
+        # Set once the rollout may belong to the next stage: its sandbox is no longer ours
+        # to release, whatever fails afterwards.
+        self.handed_on = False
 
     def execute(self, job: str | None = None) -> None:
         """Claim, run the stage under a heartbeat, and record how it ended."""
@@ -250,11 +259,37 @@ class StageRun:
         lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle)
 
     def _hand_on(self, stage: str, **values: Any) -> None:
-        """Queue the next stage on this node; a cancel that arrived meanwhile wins."""
+        """Queue the next stage on this node; a cancel that arrived meanwhile wins.
+
+        The status change commits with an outbox mark; from then on the rollout and its
+        sandbox belong to the next stage whether or not the message gets out (a broker that
+        stays away past the retry budget leaves the message to the reaper's outbox drain).
+        A database error during the commit leaves it unknown whether it committed, so the
+        sandbox is kept then too (the reaper stops it if no stage ever uses it again).
+        """
+        self.handed_on = True
         if lifecycle.advance(self.db, self.rollout_id, self.lease, stage, **values):
-            publish(self.app, stage, self.rollout_id, self.attempt, self.settings.node)
-        elif lifecycle.cancel_requested(self.db, self.rollout_id):
+            self._deliver(stage, self.attempt, self.settings.node, f"handed to {stage}")
+            return
+        self.handed_on = False  # refused: the rollout is still ours (or another attempt's)
+        if lifecycle.cancel_requested(self.db, self.rollout_id):
             raise RolloutCancelled("cancelled during the stage")
+
+    def _deliver(self, stage: str, attempt: int, node: str | None, what: str) -> None:
+        """Publish a committed, marked hand-off; clear the mark once it is out. Never raises:
+        a message that does not get out is the outbox's."""
+        try:
+            publish(self.app, stage, self.rollout_id, attempt, node,
+                    retry_seconds=self.settings.handoff_publish_seconds)
+        except Exception as exc:  # kombu's OperationalError after the retries, and the like
+            self.log.warning("%s; publish deferred to the outbox: %s", what,
+                             _describe(exc, "publish"))
+            return
+        queued = Status.PENDING.value if stage == "init" else stage
+        try:
+            lifecycle.clear_mark(self.db, self.rollout_id, attempt, queued)
+        except OperationalError as exc:  # the mark stays: at worst one duplicate message
+            self.log.info("%s; the outbox mark stays (%s)", what, _describe(exc, "clear"))
 
     # -- endings -------------------------------------------------------------------------
     def _cleanup(self, exc_text: str) -> None:
@@ -263,15 +298,22 @@ class StageRun:
                 self.handler.on_failure(self.stage, self.ctx, RuntimeError(exc_text))
             except Exception:
                 self.log.exception("on_failure hook raised")
+        if self.handed_on:  # the next stage's now: never release what a later stage owns
+            self.log.info("%s keeps the sandbox: the rollout was handed on", self.stage)
+            return
         sandboxes.release(getattr(self.rollout, "sandbox", None))
 
     def _end(self, status: Status, outcome: Outcome, error: str, **values: Any) -> None:
-        self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value, outcome.value,
-                      error[:200])
         self._cleanup(error)
-        lifecycle.finish(self.db, self.rollout_id, status, outcome.value, lease=self.lease,
-                         error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()},
-                         **values)
+        if lifecycle.finish(self.db, self.rollout_id, status, outcome.value, lease=self.lease,
+                            error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()},
+                            **values):
+            self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value,
+                          outcome.value, error[:200])
+        else:
+            self.log.warning("%s did not end the rollout as %s/%s: it is no longer this "
+                             "stage's (handed on, ended or taken over): %s", self.stage,
+                             status.value, outcome.value, error[:200])
 
     def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
         error = _describe(exc, self.stage)
@@ -285,7 +327,7 @@ class StageRun:
         self._cleanup(error)
         new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error)
         if new_attempt is not None:
-            publish(self.app, "init", self.rollout_id, new_attempt)
+            self._deliver("init", new_attempt, None, f"queued attempt {new_attempt}")
 
 
     def _resume(self, error: str) -> bool:
