@@ -170,7 +170,8 @@ def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = 
 
     Fenced like `retry`: `lease` for the worker giving up its own lease, `expect_lease` for
     the reaper on the stale lease it observed. The attempt number does not change (its turns,
-    workspace and sandbox label stay valid); the resume is appended to `resumes`.
+    workspace and sandbox label stay valid); the resume is appended to `resumes`. The outbox
+    mark is set with it (see `advance`).
     """
     fence = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
@@ -185,7 +186,7 @@ def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = 
             Rollout.id == rollout_id, Rollout.lease_owner == fence,
             Rollout.attempt == row.attempt).values(
             lease_owner=None, heartbeat_at=None, stage_started_at=None, queued_at=utcnow(),
-            resumes=[*(row.resumes or []), entry])).rowcount == 1
+            outbox_at=utcnow(), resumes=[*(row.resumes or []), entry])).rowcount == 1
 
 
 @retrying

@@ -132,7 +132,8 @@ class Reaper:
         if resume.requeue(self.settings, row.id, row.attempt, reason,
                           expect_lease=row.lease_owner) is None:
             return True  # another reaper (or the worker itself) moved it first
-        publish(self.celery, "run", row.id, row.attempt, node)
+        publish(self.celery, "run", row.id, row.attempt, node)  # the mark covers a failure
+        lifecycle.clear_mark(self.db, row.id, row.attempt, "run")
         return True
 
     def fail_overdue(self) -> int:

@@ -329,7 +329,6 @@ class StageRun:
         if new_attempt is not None:
             self._deliver("init", new_attempt, None, f"queued attempt {new_attempt}")
 
-
     def _resume(self, error: str) -> bool:
         """Queue this RUN again in place when its sandbox is alive (see `tasks.resume`)."""
         if not resume.resumable(self.settings, self.job.agent, self.attempt,
@@ -338,7 +337,8 @@ class StageRun:
         if resume.requeue(self.settings, self.rollout_id, self.attempt, error,
                           lease=self.lease) is None:
             return False
-        publish(self.app, "run", self.rollout_id, self.attempt, self.settings.node)
+        self.handed_on = True  # the sandbox is the resumed RUN's
+        self._deliver("run", self.attempt, self.settings.node, "queued the RUN again")
         return True
 
 
