@@ -18,8 +18,7 @@ def waiting_for(helper: str, what: str) -> pytest.MarkDecorator:
 
 
 LOSES_NOTHING = [pytest.param(name, marks=waiting_for(
-    "h15-nodes and h15-handoff", "rollouts queued for a dead node's run queue stay there "
-    "forever; a returning node does not stop sandboxes its INIT pool was starting"))
+    "h15-nodes", "rollouts queued for a dead node's run queue stay there forever"))
     if name == "node-loss" else name for name in FAULTS]
 
 
@@ -42,8 +41,9 @@ def test_a_killed_run_worker_costs_at_most_one_turn_per_rollout(fault_report):
 
 
 HANDOFF = pytest.mark.xfail(strict=False, reason=(
-    "issue 15: waiting for h15-handoff (a failed hand-off publish releases the sandbox the "
-    "next stage owns; whether a hand-off falls in the outage is timing, hence not strict)"))
+    "issue 15: waiting for h15-nodes (a worker whose consumer dies on an ack during the "
+    "outage stops serving and its leases expire: those rollouts re-run; hand-offs themselves "
+    "no longer re-run anything, tests/faults/test_handoff_faults.py; timing, hence not strict)"))
 
 
 @pytest.mark.parametrize("name", [
