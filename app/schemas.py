@@ -36,7 +36,8 @@ class JobCreate(Strict):
     llm: LLMSpec | None = Field(None, description="Servers/tokenizer; needed by LLM agents")
     agent_config: dict[str, Any] = Field(default_factory=dict, description="Handler config")
     idempotency_key: str | None = Field(None, min_length=1, max_length=256,
-                                        description="Same key, same job: no duplicates")
+                                        description="Same key + same body: the same job and "
+                                                    "rollout ids (same order); another body: 409")
 
     @field_validator("instances")
     @classmethod
