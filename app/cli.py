@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -96,7 +97,9 @@ def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: 
 
     _setup_logging(loglevel, verbose=verbose)
     settings = load_settings({"node": node} if node else None)
-    run_worker(settings, stage, concurrency, pool, loglevel, quiet=not verbose)
+    code = run_worker(settings, stage, concurrency, pool, loglevel, quiet=not verbose)
+    if code:
+        sys.exit(code)  # a supervisor (raas up, systemd, Slurm) sees the pool failed
 
 
 @main.command()

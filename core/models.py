@@ -269,3 +269,37 @@ class ApiToken(Base):
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     label: Mapped[str | None] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Node(Base):
+    """A node of the deployment and the last time any of its processes said it was alive.
+
+    Its reaper beats it every pass and its stage workers every few seconds; a node whose row
+    went stale for `node_timeout` is dead, and what it held restarts on a live node. Nodes
+    without a row (never started a raas process since this table existed) are never judged.
+    """
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # When its reaper last finished a start-up pass (stale sandboxes stopped).
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class QueueConsumer(Base):
+    """One worker process consuming one queue, beaten while the process lives.
+
+    A queue with waiting rollouts and no fresh consumer row is stuck work (its pool died and
+    nothing restarted it): the reaper judges queues by these rows as well as by their depth.
+    """
+
+    __tablename__ = "queue_consumers"
+    __table_args__ = (Index("ix_queue_consumers_queue", "queue"),)
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    node: Mapped[str] = mapped_column(String(128))
+    queue: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

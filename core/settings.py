@@ -76,6 +76,9 @@ class Settings(BaseSettings):
         None, ge=0, description="How long a stage's database writes retry a lost connection "
                                 "(None: lease_timeout; 0: never)")
     requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")
+    node_timeout: float = Field(
+        60.0, gt=0, description="A node (or a queue's consumers) silent this long is dead: "
+                                "its queued and leased rollouts restart on a live node")
     outbox_grace: float = Field(
         30.0, gt=0, description="The reaper publishes rollouts left unpublished this long")
     handoff_publish_seconds: float = Field(

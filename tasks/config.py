@@ -79,6 +79,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport,
         # Retry the broker at start-up instead of crashing a worker that came up first.
         "broker_connection_retry_on_startup": True,
+        # ...and after losing it, for as long as the outage lasts (Celery's default gives up
+        # after 100 tries, ~50 min, and the worker exits).
+        "broker_connection_retry": True,
+        "broker_connection_max_retries": None,
+        # A channel error (e.g. Redis refusing writes while it loads its data) restarts the
+        # consumer like a connection error instead of ending the worker.
+        "broker_channel_error_retry": True,
+        # Acks that cannot reach the broker are logged, not raised into the consumer's loop.
+        "task_annotations": {"*": {"Request": "tasks.acks:StageRequest"}},
         # Ack after the stage ran, so a worker that dies mid-stage leaves the message to redo.
         "task_acks_late": True,
         # ...and requeue it when the worker process is killed, not just when the task raises.

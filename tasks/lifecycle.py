@@ -202,13 +202,21 @@ def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> in
     return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
 
 
+def fenced(fence: dict[str, Any] | None) -> list[Any]:
+    """Conditions `column == value` (None: IS NULL) for the row version a caller observed."""
+    return [getattr(Rollout, name).is_(None) if value is None
+            else getattr(Rollout, name) == value for name, value in (fence or {}).items()]
+
+
 @retrying
 def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
            lease: str | None = None, expect_status: list[str] | None = None,
-           **values: Any) -> bool:
+           fence: dict[str, Any] | None = None, **values: Any) -> bool:
     """Move a rollout to a terminal status and give it the next completion sequence number.
 
-    Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel).
+    Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel);
+    `fence` adds column values the caller observed (`fenced`), so two reapers acting on the
+    same observation end a row once.
     The job counter is bumped in the same transaction (the row lock orders completions), so
     the results cursor never skips a rollout that commits late.
     """
@@ -219,6 +227,7 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
         cond.append(Rollout.lease_owner == lease)
     if expect_status is not None:
         cond.append(Rollout.status.in_(expect_status))
+    cond.extend(fenced(fence))
     now = utcnow()
     with session_scope(db_url) as s:
         row = s.execute(update(Rollout).where(and_(*cond)).values(
@@ -246,22 +255,25 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
 
 @retrying
 def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
-          expect_lease: str | None = None, error: str = "") -> int | None:
+          expect_lease: str | None = None, error: str = "",
+          fence: dict[str, Any] | None = None) -> int | None:
     """Send a rollout back to INIT as a new attempt; returns the new attempt number.
 
     `lease` fences a stage worker giving up its own lease; `expect_lease` fences the reaper
-    on the (stale) lease it observed. The ended attempt and its error are appended to
-    `attempt_history` (the attempt number fences that read-modify-write too). The outbox mark
-    is set with it: a new attempt whose INIT message never got out is published by the drain.
+    on the (stale) lease it observed; `fence` adds column values the caller observed (a
+    queued row has no lease: its attempt, status and node say which version was judged).
+    The ended attempt and its error are appended to `attempt_history` (the attempt number
+    fences that read-modify-write too). The outbox mark is set with it: a new attempt whose
+    INIT message never got out is published by the drain.
     """
-    fence = lease if lease is not None else expect_lease
+    owner = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
         row = s.execute(select(Rollout.attempt, Rollout.status, Rollout.attempt_history)
                         .where(Rollout.id == rollout_id)).one_or_none()
         if row is None or row.status in TERMINAL_VALUES:
             return None
-        cond = [Rollout.id == rollout_id, Rollout.attempt == row.attempt]
-        cond.append(Rollout.lease_owner == fence if fence is not None
+        cond = [Rollout.id == rollout_id, Rollout.attempt == row.attempt, *fenced(fence)]
+        cond.append(Rollout.lease_owner == owner if owner is not None
                     else Rollout.lease_owner.is_(None))
         result = s.execute(update(Rollout).where(*cond).values(
             status=Status.PENDING.value, attempt=row.attempt + 1, lease_owner=None,

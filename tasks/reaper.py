@@ -9,6 +9,11 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
 - stages running past their deadline plus grace while still beating (a hung hook): `timeout`;
 - the publication outbox: rollouts a gateway committed but did not publish (it died in
   between) are published once they have waited `outbox_grace`;
+- rollouts abandoned by their node (`reroute_abandoned`): a node whose reaper and workers
+  all stopped beating for `node_timeout` is dead, and a queue of a live node whose consumers
+  all stopped beating is as good as dead; what waits there or is leased there gets a new
+  attempt from INIT on a live node (bounded by `max_attempts`), instead of a re-publish
+  into a queue nobody reads;
 - queued rollouts whose message may be lost (the broker restarted without persistence): when
   their queue is empty but the database says they wait, the message is published again —
   harmless if it was not lost, because the duplicate finds nothing to claim;
@@ -18,6 +23,12 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
 - the LLM server pool, every `LLM_MAINTENANCE_SECONDS`: health probes (a server marked down
   comes back when it answers) and in-flight counts recomputed from the rollouts in RUN
   (a killed worker never released its slot).
+
+Every rule acts on a row through a conditional UPDATE fenced on what it observed (the lease,
+or attempt + status + node of a queued row), so two reapers running the same pass at once
+never both retry or re-publish a row. A reaper beats its node's row every pass; its start-up
+pass stops the node's stale sandboxes first (a node coming back after it was judged dead
+holds sandboxes of attempts that restarted elsewhere).
 """
 from __future__ import annotations
 
@@ -28,13 +39,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, false, or_, select, update
 
 from agents.job_config import JobConfig
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import lifecycle, outbox, resume, sandboxes
+from tasks import lifecycle, nodes, outbox, resume, sandboxes
 from tasks.config import stage_queue
 from tasks.outbox import publish_many
 from tasks.stages import publish
@@ -54,9 +65,22 @@ class Reaper:
         self._stop = threading.Event()
         self._llm_checked = 0.0
 
+    def start_up(self) -> int:
+        """The first pass of a (re)started reaper: stop this node's stale sandboxes, then say
+        the node is alive; returns sandboxes stopped."""
+        stopped = self.sweep_sandboxes()
+        nodes.beat_node(self.db, self.settings.node, started=True)
+        if stopped:
+            log.warning("node %s start-up: stopped %s stale sandbox(es)", self.settings.node,
+                        stopped)
+        return stopped
+
     def run_once(self) -> dict[str, int]:
         """One pass; returns how many rollouts each rule touched."""
+        nodes.beat_node(self.db, self.settings.node)
+        nodes.prune_consumers(self.db, self.settings.node_timeout)
         return {"lost": self.reclaim_lost(), "overdue": self.fail_overdue(),
+                "abandoned": self.reroute_abandoned(),
                 "outbox": self.drain_outbox(), "requeued": self.republish_stale(),
                 "sandboxes": self.sweep_sandboxes(),
                 "llm_servers": self.maintain_llm_pool()}
@@ -73,7 +97,14 @@ class Reaper:
         return len(check_health(self.db))
 
     def run_forever(self) -> None:
-        """Reap every `reaper_interval` seconds until `stop()`."""
+        """Reap every `reaper_interval` seconds until `stop()` (after the start-up pass)."""
+        while not self._stop.is_set():
+            try:
+                self.start_up()
+                break
+            except Exception:
+                log.exception("reaper start-up pass failed")
+                self._stop.wait(self.settings.reaper_interval)
         while not self._stop.is_set():
             try:
                 counts = self.run_once()
@@ -98,6 +129,7 @@ class Reaper:
                              .where(Rollout.status.in_(ACTIVE_STAGES),
                                     Rollout.lease_owner.is_not(None),
                                     Rollout.heartbeat_at < cutoff)).all()
+        n = 0
         for row in rows:
             reason = f"{row.status}: worker {row.lease_owner} stopped beating"
             if row.status == "run" and self._resumed_or_deferred(row, reason):
@@ -114,10 +146,68 @@ class Reaper:
                     publish(self.celery, "init", row.id, new)
                     lifecycle.clear_mark(self.db, row.id, new, Status.PENDING.value)
             if done:
+                n += 1
                 log.warning("rollout %s: %s", row.id, reason)
                 if row.sandbox and row.sandbox.get("node", self.settings.node) == self.settings.node:
                     sandboxes.release(row.sandbox)
-        return len(rows)
+        return n  # the rows this reaper took (another may have taken the rest)
+
+    def reroute_abandoned(self) -> int:
+        """New attempt from INIT (or infra_error after `max_attempts`) for rollouts leased or
+        queued on a dead node, and queued for RUN/EVAL of a live node that nobody consumes.
+
+        A dead node's sandboxes cannot be reached, and a queue without a consumer is never
+        read: re-publishing into either strands the rollout forever. A queue of a live node
+        gets `node_timeout` after the rollout was queued (time for a supervisor to restart
+        its pool). Separate from `reclaim_lost`, which judges one worker's lease.
+        """
+        known = nodes.known_nodes(self.db)
+        if not known:
+            return 0
+        timeout = self.settings.node_timeout
+        dead = set(nodes.dead_nodes(self.db, timeout, exclude=self.settings.node))
+        live = nodes.live_queues(self.db, timeout)
+        deserted = [(stage, node) for node in sorted(known - dead) for stage in ("run", "eval")
+                    if stage_queue(stage, node) not in live]
+        if not dead and not deserted:
+            return 0
+        cutoff = utcnow() - timedelta(seconds=timeout)
+        with session_scope(self.db) as s:
+            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
+                                    Rollout.lease_owner, Rollout.heartbeat_at)
+                             .where(Rollout.status.in_(ACTIVE_STAGES), or_(
+                                 Rollout.node.in_(dead), and_(
+                                     Rollout.lease_owner.is_(None), Rollout.queued_at < cutoff,
+                                     or_(false(), *[and_(Rollout.status == stage,
+                                                         Rollout.node == node)
+                                                    for stage, node in deserted]))))).all()
+        n = 0
+        for row in rows:
+            if row.lease_owner and (lifecycle.seconds_since(row.heartbeat_at) or 0) < timeout:
+                continue  # still beating: not dead after all (clock skew); reclaim_lost judges
+            why = (f"node {row.node} stopped beating" if row.node in dead
+                   else f"queue {stage_queue(row.status, row.node)} has no live consumer")
+            n += self._restart_elsewhere(row, f"{row.status}: {why}")
+        return n
+
+    def _restart_elsewhere(self, row: Any, reason: str) -> int:
+        """Retry (or fail) one rollout fenced on the version observed; 1 if this reaper did."""
+        fence = {"attempt": row.attempt, "status": row.status, "node": row.node,
+                 "lease_owner": row.lease_owner}
+        if row.attempt >= self.settings.max_attempts:
+            done = lifecycle.finish(self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value,
+                                    fence=fence, error=reason)
+        else:
+            new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner, fence=fence,
+                                  error=reason)
+            done = new is not None
+            if done:  # the retry's outbox mark covers a publish that fails here
+                publish(self.celery, "init", row.id, new)
+        if done:
+            log.warning("rollout %s: %s; %s", row.id, reason,
+                        "restarted from INIT" if row.attempt < self.settings.max_attempts
+                        else "failed: no attempts left")
+        return int(done)
 
     def _resumed_or_deferred(self, row: Any, reason: str) -> bool:
         """A lost RUN: resumed here if its sandbox lives here and answers; left alone for a

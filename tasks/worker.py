@@ -1,4 +1,12 @@
-"""Start one stage's Celery worker pool on this node."""
+"""Start one stage's Celery worker pool on this node.
+
+The pool's process lives exactly as long as its consumer: Celery's consumer reconnects after
+a broker outage of any length (`broker_connection_max_retries=None`, tasks/config.py), and
+when it dies anyway (an "Unrecoverable error" such as kombu's AttributeError on a
+connection it already closed) the process exits non-zero, so a supervisor (`raas up`,
+systemd, Slurm) sees the failure and starts a new pool. While it lives, it beats a
+`queue_consumers` row (tasks/nodes.py) that tells the reaper the queue has a reader.
+"""
 from __future__ import annotations
 
 import logging
@@ -6,7 +14,7 @@ import os
 import warnings
 
 from celery.platforms import SecurityWarning
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
@@ -15,6 +23,7 @@ from core.settings import Settings
 from tasks import db_retry
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
+from tasks.nodes import ConsumerBeat
 from tasks.sandboxes import check_node_settings
 
 log = logging.getLogger(__name__)
@@ -29,9 +38,27 @@ def worker_argv(settings: Settings, stage: str, concurrency: int, pool: str,
             "-l", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat"]
 
 
+def consumer_beat_interval(settings: Settings) -> float:
+    """How often a pool beats its consumer row: four beats per `node_timeout`."""
+    return max(0.2, min(settings.heartbeat_interval * 5, settings.node_timeout / 4))
+
+
+def stop_stale_sandboxes(settings: Settings) -> int:
+    """The node's start-up pass, before this pool takes work: stop sandboxes of attempts
+    that ended or restarted elsewhere (the node may be back after being judged dead)."""
+    from tasks.reaper import Reaper
+
+    try:
+        return Reaper(settings, celery=None).sweep_sandboxes()
+    except Exception:  # the reaper sweeps again; a pool must still start
+        log.exception("start-up sandbox sweep failed")
+        return 0
+
+
 def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "threads",
-               loglevel: str = "INFO", quiet: bool = False) -> None:
-    """Block running the worker (returns on shutdown)."""
+               loglevel: str = "INFO", quiet: bool = False) -> int:
+    """Block running the worker; returns the process exit code (non-zero when the pool
+    ended on an error, e.g. its consumer died)."""
     load_handler_modules(settings.handler_modules)
     check_node_settings(settings)
     configure_pool(settings)  # a few connections shared by all `concurrency` threads
@@ -45,10 +72,29 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
         # Celery warns on every start as root; stage code never runs agent code (sandboxes
         # do), and root is how containers run: not something the operator can act on.
         warnings.filterwarnings("ignore", category=SecurityWarning)
+    stop_stale_sandboxes(settings)
+    beat = ConsumerBeat(settings.db_url, settings.node, queue, consumer_beat_interval(settings))
 
     @worker_ready.connect(weak=False)
     def _ready(**_: object) -> None:
+        beat.start()
         log.info("%s pool ready: queue %s, %s %s, pid %s", stage.upper(), queue, concurrency,
                  pool, os.getpid())
 
+    @worker_shutdown.connect(weak=False)
+    def _shutdown(**_: object) -> None:
+        beat.stop()
+
+    workers: list[object] = []
+
+    @worker_init.connect(weak=False)
+    def _init(sender: object = None, **_: object) -> None:
+        workers.append(sender)
+
+    # `worker_main` drops the exit code Celery computed (an "Unrecoverable error" sets 1 on
+    # the WorkController, yet the process ended with 0): read it from the controller.
     app.worker_main(worker_argv(settings, stage, concurrency, pool, loglevel, quiet))
+    code = getattr(workers[0], "exitcode", None) if workers else 1
+    if code:
+        log.error("%s pool on %s exits with code %s", stage.upper(), settings.node, code)
+    return int(code or 0)

@@ -1,0 +1,306 @@
+"""Node liveness, queue consumers, racing reapers and workers that survive the broker, with
+real worker processes, real Redis and PostgreSQL (issue 15: node loss, one reaper per row,
+a consumer that dies ends its process non-zero)."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+from core.db import session_scope
+from core.models import Job, Node, QueueConsumer, Rollout, utcnow
+from core.settings import Settings
+from migrations.runner import upgrade
+from tests.conftest import REDIS_URL
+from tests.pipeline_harness import FAST_RELIABILITY, start_service
+
+
+@pytest.fixture
+def redis_pg(tmp_path, pg_url, redis_prefix):
+    """Keyword arguments for a Redis + PostgreSQL service."""
+    return {"db_url": pg_url, "broker_url": REDIS_URL, "key_prefix": redis_prefix}
+
+
+def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _rows(db_url: str, job_id: str) -> list[Rollout]:
+    with session_scope(db_url) as s:
+        return s.scalars(sa.select(Rollout).where(Rollout.job_id == job_id)).all()
+
+
+def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
+    """n1's pools and reaper die for good with rollouts queued for run.n1 (issue: 4 stayed
+    `run`, attempt 1, forever): they restart from INIT on n2 and the job finishes there."""
+    t0 = time.monotonic()
+    svc = start_service(tmp_path, nodes=("n1",), reaper="per_node",
+                        concurrency={"init": 4, "run": 1, "eval": 2},
+                        extra={"node_timeout": 3.0}, **redis_pg)
+    db = svc.settings.db_url
+    try:
+        for stage in ("run", "eval"):  # n2 takes no INIT work until n1 is gone
+            svc.start_worker(stage, "n2")
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)],
+                                n_samples=2, agent_config={"run_s": 3, "turns": 3})
+
+        def queued_on_n1():
+            rows = _rows(db, job["job_id"])
+            queued = [r for r in rows if r.status == "run" and r.lease_owner is None]
+            leased = [r for r in rows if r.status == "run" and r.lease_owner]
+            return queued if len(queued) >= 3 and leased else None
+
+        queued = {r.id for r in _wait_for(queued_on_n1, what="rollouts queued on run.n1")}
+        for stage in ("init", "run", "eval"):
+            svc.kill_worker(stage, "n1")
+        svc.stop_reaper("n1")
+        killed_at = time.monotonic()
+        svc.start_worker("init", "n2")
+        svc.start_reaper("n2")
+        done = svc.wait_done(job["job_id"], timeout=120)
+        elapsed = time.monotonic() - killed_at
+        assert done["counts"] == {"done": 6}, done
+        results = svc.all_results(job["job_id"])
+        assert sorted(r["seq"] for r in results) == list(range(1, 7))  # each ended once
+        by_id = {r["rollout_id"]: r for r in results}
+        for r in results:
+            assert r["outcome"] == "completed" and r["response_ids"] == [4, 5]
+        for rid in queued:  # the stranded ones: a second attempt, all of it on n2
+            r = by_id[rid]
+            assert (r["node"], r["attempt"]) == ("n2", 2), r
+            where = r["extra"]["where"]
+            assert where["init"]["node"] == where["run"]["node"] == where["eval"]["node"] == "n2"
+            [earlier] = svc.client.rollout(rid)["earlier_attempts"]
+            # its pool's consumer row and its node's row went stale together: either says so
+            assert ("node n1 stopped beating" in earlier["error"]
+                    or "queue run.n1 has no live consumer" in earlier["error"]), earlier
+        with session_scope(db) as s:
+            samples = dict(s.execute(sa.select(Rollout.id, Rollout.sample_index).where(
+                Rollout.job_id == job["job_id"])).all())
+        assert all(r["reward"] == float(samples[r["rollout_id"]] % 2) for r in results)
+        print(f"\nnode loss: {len(queued)} stranded rollouts finished on n2 "
+              f"{elapsed:.1f} s after n1 died (test {time.monotonic() - t0:.1f} s so far)")
+    finally:
+        svc.stop()
+
+
+def test_worker_whose_consumer_dies_exits_non_zero(tmp_path, redis_prefix):
+    """A consumer that dies (issue: kombu's AttributeError on an ack during a Redis restart)
+    ends its worker process with a non-zero code, never 0, and removes its consumer row."""
+    svc = start_service(tmp_path, broker_url=REDIS_URL, key_prefix=redis_prefix,
+                        stages=("init",), reaper=False, handler_modules="tests.consumer_crash")
+    try:
+        proc = svc.workers[("init", "node-a")]
+        db = svc.settings.db_url
+        _wait_for(lambda: _consumers(db, "init"), what="the INIT pool's consumer row")
+        svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
+        code = _wait_for(lambda: proc.poll(), timeout=60, what="the worker to exit")
+        assert code not in (0, None), code
+        assert "Unrecoverable error" in svc.log_tail()
+        assert not _consumers(db, "init")  # the queue has no reader: the reaper can tell
+    finally:
+        svc.stop()
+
+
+def _consumers(db_url: str, queue: str) -> list[str]:
+    with session_scope(db_url) as s:
+        return s.scalars(sa.select(QueueConsumer.id).where(QueueConsumer.queue == queue)).all()
+
+
+def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog):
+    """kombu raises AttributeError ('hostname') acking on a connection the consumer closed;
+    the stage request logs it like any lost connection instead of crashing the consumer."""
+    from kombu import Connection
+
+    from tasks.acks import StageRequest
+    from tasks.celery_app import make_celery
+    from tasks.config import stage_queue
+
+    settings = Settings(home="/tmp", broker_url=REDIS_URL, broker_key_prefix=redis_prefix)
+    app = make_celery(settings)
+    app.send_task("raas.eval", args=["r1", 1], kwargs={"node": "n1"})
+    conn = Connection(REDIS_URL, transport_options={"global_keyprefix": redis_prefix})
+    channel = conn.channel()
+    from kombu import Queue
+
+    message = Queue(stage_queue("eval", "n1"))(channel).get(no_ack=False)
+    assert message is not None
+    channel._disconnect_pools()  # what losing the broker does to the consumer's connection
+    conn._do_close_transport()
+    with pytest.raises(AttributeError, match="hostname"):
+        message.channel.basic_ack(message.delivery_tag)  # plain kombu: the crash
+    request = StageRequest(message, on_ack=message.ack_log_error, app=app,
+                           task=app.tasks["raas.eval"],
+                           connection_errors=tuple(conn.connection_errors))
+    request.acknowledge()  # logged, not raised
+    assert request.acknowledged and "Couldn't ack" in caplog.text
+    channel.qos.restore_at_shutdown = False  # nothing to restore through a closed connection
+
+
+# -- the reaper's rules, two reapers racing on real PostgreSQL -----------------------------
+
+def _reaper_settings(tmp_path, pg_url, prefix, node, **extra):
+    return Settings(home=tmp_path, database_url=pg_url, broker_url=REDIS_URL,
+                    broker_key_prefix=prefix, node=node,
+                    **{**FAST_RELIABILITY, "node_timeout": 3.0, **extra})
+
+
+def _seed(db_url: str, n: int) -> dict[str, list[str]]:
+    """Rows for each rule: queued on a dead node, queued in an unconsumed queue of a live
+    node, leased with a stale beat, and queued long ago on a live, consumed node."""
+    old = utcnow() - timedelta(seconds=600)
+    kinds: dict[str, list[str]] = {"dead": [], "deserted": [], "lost": [], "stale": []}
+    with session_scope(db_url) as s:
+        job = Job(agent="test-sleepy", n_instances=4 * n)
+        s.add(job)
+        s.flush()
+        s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow()),
+                   QueueConsumer(id="c-run", node="live", queue="run.live", pid=1),
+                   QueueConsumer(id="c-old", node="live", queue="eval.live", pid=2,
+                                 beat_at=old)])
+        for kind, status, node, lease in (("dead", "run", "dead", None),
+                                          ("deserted", "eval", "live", None),
+                                          ("lost", "run", "live", "live/1/x"),
+                                          ("stale", "run", "live", None)):
+            for k in range(n):
+                r = Rollout(job_id=job.id, instance_id=f"{kind}{k}", status=status, node=node,
+                            lease_owner=lease and f"{lease}{k}", heartbeat_at=old,
+                            queued_at=old)
+                s.add(r)
+                s.flush()
+                kinds[kind].append(r.id)
+    return kinds
+
+
+def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix, monkeypatch):
+    """Both reapers read the same rows before either writes (forced with a barrier at the
+    point between their read and their write): every row is retried or re-published once."""
+    from tasks import lifecycle, queues
+    from tasks.celery_app import make_celery
+    from tasks.reaper import Reaper
+
+    upgrade(pg_url)
+    n = 8
+    kinds = _seed(pg_url, n)
+    reapers = [Reaper(s, make_celery(s)) for s in (
+        _reaper_settings(tmp_path, pg_url, redis_prefix, "live"),
+        _reaper_settings(tmp_path, pg_url, redis_prefix, "other"))]
+    barrier = threading.Barrier(2, timeout=10)
+    waited = threading.local()
+
+    def rendezvous(fn):
+        def wrapped(*args, **kwargs):
+            if not getattr(waited, fn.__name__, False):
+                setattr(waited, fn.__name__, True)
+                barrier.wait()
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(lifecycle, "retry", rendezvous(lifecycle.retry))
+    monkeypatch.setattr(queues, "queue_depths", rendezvous(queues.queue_depths))
+    counts: list[dict[str, int]] = []
+
+    def one_pass(reaper):
+        counts.append({"abandoned": reaper.reroute_abandoned(), "lost": reaper.reclaim_lost(),
+                       "requeued": reaper.republish_stale()})
+
+    threads = [threading.Thread(target=one_pass, args=(r,)) for r in reapers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    with session_scope(pg_url) as s:
+        attempts = dict(s.execute(sa.select(Rollout.id, Rollout.attempt)).all())
+        errors = dict(s.execute(sa.select(Rollout.id, Rollout.error)).all())
+    restarted = kinds["dead"] + kinds["deserted"] + kinds["lost"]
+    assert all(attempts[i] == 2 for i in restarted), attempts  # once, not twice
+    assert all(attempts[i] == 1 for i in kinds["stale"])
+    assert all("node dead stopped beating" in errors[i] for i in kinds["dead"])
+    assert all("eval.live has no live consumer" in errors[i] for i in kinds["deserted"])
+    client = redis.Redis.from_url(REDIS_URL)
+    assert client.llen(f"{redis_prefix}init") == 3 * n  # one INIT message per restart
+    assert client.llen(f"{redis_prefix}run.live") == n  # one re-publish per stale row
+    assert sum(c["abandoned"] + c["lost"] for c in counts) == 3 * n
+    client.close()
+
+
+def test_embedded_single_node_is_never_judged_dead_by_itself(tmp_path):
+    """One node, its own reaper: a stale row of its own (e.g. after a long stop) is beaten
+    back by the start-up pass before any rule runs, and nothing is re-routed."""
+    from tasks.reaper import Reaper
+
+    settings = Settings(home=tmp_path, node="solo", node_timeout=1.0)
+    upgrade(settings.db_url)
+    old = utcnow() - timedelta(seconds=600)
+    with session_scope(settings.db_url) as s:
+        job = Job(agent="test-sleepy", n_instances=1)
+        s.add(job)
+        s.flush()
+        s.add_all([Node(name="solo", beat_at=old),
+                   QueueConsumer(id="c1", node="solo", queue="run.solo", pid=1),
+                   Rollout(job_id=job.id, instance_id="a", status="run", node="solo",
+                           queued_at=old)])
+    reaper = Reaper(settings, celery=None)
+    reaper.start_up()
+    assert reaper.reroute_abandoned() == 0
+    with session_scope(settings.db_url) as s:
+        assert s.scalar(sa.select(Rollout.attempt)) == 1
+        assert s.get(Node, "solo").started_at is not None
+
+
+def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
+    """A node back after being judged dead holds a live sandbox of an attempt that restarted
+    elsewhere: its pool stops it before it registers as the queue's consumer."""
+    from sandbox import list_sandboxes
+    from tasks import sandboxes
+
+    settings = Settings(home=tmp_path, node="n1")
+    upgrade(settings.db_url)
+    with session_scope(settings.db_url) as s:
+        job = Job(agent="test-sleepy", n_instances=1)
+        s.add(job)
+        s.flush()
+        rollout = Rollout(job_id=job.id, instance_id="a", status="pending", attempt=2)
+        s.add(rollout)
+        s.flush()
+        rid = rollout.id
+    _, handle = sandboxes.start(settings, {}, rid, 1, "bwrap")  # attempt 1's, on n1
+    labels = lambda: {h.get("label") for h in list_sandboxes(settings.sandbox_dir)}  # noqa: E731
+    assert f"{rid}:1" in labels()
+    svc = start_service(tmp_path, nodes=("n1",), stages=("eval",), reaper=False)
+    try:
+        _wait_for(lambda: _consumers(settings.db_url, "eval.n1"), what="eval.n1's consumer")
+        assert f"{rid}:1" not in labels()
+        assert not (tmp_path / "workspaces" / f"{rid}-1").exists()
+    finally:
+        svc.stop()
+        sandboxes.release(handle)
+
+
+def test_workers_reconnect_after_a_broker_outage(tmp_path, private_redis):
+    """Redis goes away for a while and comes back empty: every pool reconnects by itself
+    (same processes, none exited) and a job submitted afterwards completes."""
+    svc = start_service(tmp_path, broker_url=private_redis.url)
+    db = svc.settings.db_url
+    try:
+        for queue in ("init", "run.node-a", "eval.node-a"):
+            _wait_for(lambda q=queue: _consumers(db, q), what=f"{queue}'s consumer")
+        pids = {key: proc.pid for key, proc in svc.workers.items()}
+        private_redis.restart("immediate", downtime=4.0)
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])
+        done = svc.wait_done(job["job_id"], timeout=120)
+        assert done["outcomes"] == {"completed": 3}
+        assert {key: proc.pid for key, proc in svc.workers.items()} == pids
+        assert all(proc.poll() is None for proc in svc.workers.values())
+    finally:
+        svc.stop()
