@@ -64,6 +64,8 @@ class Reaper:
         self.celery = celery
         self._stop = threading.Event()
         self._llm_checked = 0.0
+        self._watching_since: float | None = None  # start of this reaper's unbroken view
+        self._last_beat = 0.0
 
     def start_up(self) -> int:
         """The first pass of a (re)started reaper: stop this node's stale sandboxes, then say
@@ -78,12 +80,28 @@ class Reaper:
     def run_once(self) -> dict[str, int]:
         """One pass; returns how many rollouts each rule touched."""
         nodes.beat_node(self.db, self.settings.node)
+        self._saw_database()
         nodes.prune_consumers(self.db, self.settings.node_timeout)
         return {"lost": self.reclaim_lost(), "overdue": self.fail_overdue(),
-                "abandoned": self.reroute_abandoned(),
+                "abandoned": self.reroute_abandoned() if self._watched_long_enough() else 0,
                 "outbox": self.drain_outbox(), "requeued": self.republish_stale(),
                 "sandboxes": self.sweep_sandboxes(),
                 "llm_servers": self.maintain_llm_pool()}
+
+    def _saw_database(self) -> None:
+        """Note a successful beat; a gap (the database was away, or this reaper just started)
+        restarts the reaper's view of who is alive."""
+        now = time.monotonic()
+        gap = max(3 * self.settings.reaper_interval, self.settings.node_timeout / 4)
+        if self._watching_since is None or now - self._last_beat > gap:
+            self._watching_since = now
+        self._last_beat = now
+
+    def _watched_long_enough(self) -> bool:
+        """Judge nodes only after watching them for `node_timeout` without a gap: after a
+        database outage every node's rows are stale, none of them is dead."""
+        return self._watching_since is not None and \
+            time.monotonic() - self._watching_since >= self.settings.node_timeout
 
     def maintain_llm_pool(self, force: bool = False) -> int:
         """Probe registered servers and repair in-flight counts; returns servers probed."""
@@ -159,7 +177,9 @@ class Reaper:
         A dead node's sandboxes cannot be reached, and a queue without a consumer is never
         read: re-publishing into either strands the rollout forever. A queue of a live node
         gets `node_timeout` after the rollout was queued (time for a supervisor to restart
-        its pool). Separate from `reclaim_lost`, which judges one worker's lease.
+        its pool). `run_once` calls it only once this reaper has watched the database for
+        `node_timeout` without a gap. Separate from `reclaim_lost`, which judges one
+        worker's lease.
         """
         known = nodes.known_nodes(self.db)
         if not known:

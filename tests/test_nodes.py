@@ -304,3 +304,36 @@ def test_workers_reconnect_after_a_broker_outage(tmp_path, private_redis):
         assert all(proc.poll() is None for proc in svc.workers.values())
     finally:
         svc.stop()
+
+
+def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_path):
+    """After a database outage (or its own start) every node's rows look stale: the reaper
+    re-routes nothing until it has watched them for `node_timeout` without a gap."""
+    from tasks.celery_app import make_celery
+    from tasks.reaper import Reaper
+
+    settings = Settings(home=tmp_path, node="n2", node_timeout=1.0, reaper_interval=0.5)
+    upgrade(settings.db_url)
+    old = utcnow() - timedelta(seconds=600)
+    with session_scope(settings.db_url) as s:
+        job = Job(agent="test-sleepy", n_instances=2)
+        s.add(job)
+        s.flush()
+        s.add_all([Node(name="n1", beat_at=old),
+                   *[Rollout(job_id=job.id, instance_id=f"i{k}", status="run", node="n1",
+                             queued_at=old) for k in range(2)]])
+    reaper = Reaper(settings, make_celery(settings))
+
+    def passes(seconds: float) -> int:
+        total, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            total += reaper.run_once()["abandoned"]
+            time.sleep(0.05)
+        return total
+
+    assert passes(0.6) == 0  # just started: n1 may only look dead
+    reaper._last_beat -= 10  # a gap, as when the database was away
+    assert passes(0.6) == 0  # 1.2 s since the start, 0.6 s since the gap
+    assert passes(1.5) == 2
+    with session_scope(settings.db_url) as s:
+        assert set(s.scalars(sa.select(Rollout.attempt))) == {2}

@@ -42,7 +42,7 @@ SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 # Issue 15's campaign had an 8 s lease; 6 s keeps recovery short and still outlasts the 3 s
 # outages below (which take ~4 s with the restart itself).
 RELIABILITY = {"lease_timeout": 6.0, "heartbeat_interval": 0.5, "requeue_after": 3.0,
-               "reaper_interval": 0.5, "max_attempts": 4}
+               "reaper_interval": 0.5, "max_attempts": 4, "node_timeout": 12.0}
 CONCURRENCY = {"init": 2, "run": 3, "eval": 1}
 
 

@@ -17,12 +17,7 @@ def waiting_for(helper: str, what: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=f"issue 15: waiting for {helper} ({what})")
 
 
-LOSES_NOTHING = [pytest.param(name, marks=waiting_for(
-    "h15-nodes", "rollouts queued for a dead node's run queue stay there forever"))
-    if name == "node-loss" else name for name in FAULTS]
-
-
-@pytest.mark.parametrize("name", LOSES_NOTHING)
+@pytest.mark.parametrize("name", list(FAULTS))
 def test_nothing_lost_duplicated_or_leaked(fault_report, name):
     report = fault_report(name)
     assert report.problems() == [], (report.problems(), report.notes)
