@@ -121,7 +121,8 @@ class RaasCollector:
             yield in_flight
             yield healthy
             outbox = GaugeMetricFamily(
-                "raas_outbox_rollouts", "Accepted rollouts not yet published to the broker")
+                "raas_outbox_rollouts",
+                "Rollouts accepted or handed on, not yet published to the broker")
             outbox.add_metric([], s.scalar(select(func.count()).select_from(Rollout)
                                            .where(Rollout.outbox_at.is_not(None))))
             yield outbox

@@ -20,7 +20,6 @@ from sandbox.handles import (
     kill_launch,
     mark_ready,
     orphaned,
-    pid_alive,
     read_handles,
     remove_state,
     state_root,
@@ -151,7 +150,7 @@ def stop_handle(handle: Handle) -> None:
 def is_alive(handle: Handle) -> bool:
     """True while the sandbox runs, or is being started by a live process."""
     if handle.get("state") == STARTING:
-        return not orphaned(handle) or pid_alive(handle.get("pid"), handle.get("pid_start"))
+        return not orphaned(handle)
     cls = registered(handle.get("runtime", ""))
     return cls is not None and cls.alive(handle)
 
@@ -163,7 +162,7 @@ def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: boo
     found = []
     for handle in read_handles(state_root(state_dir)):
         cls = registered(handle.get("runtime", ""))
-        if include_dead or (cls is not None and is_alive(handle) and not orphaned(handle)):
+        if include_dead or (cls is not None and is_alive(handle)):
             found.append(handle)
         elif cls is not None:
             stop_handle(handle)
