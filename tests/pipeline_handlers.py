@@ -10,8 +10,17 @@ import time
 
 from pydantic import Field
 
-from agents.abstract import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.abstract import (
+    AgentHandler,
+    AgentLoopConfig,
+    EvalResult,
+    HandlerConfig,
+    RunResult,
+    StageContext,
+)
+from agents.loop import run_agent_loop
 from agents.registry import register
+from agents.tools import Tool, ToolOutput
 from core.errors import InfraError
 
 
@@ -102,3 +111,47 @@ class SandboxedHandler(SleepyHandler):
     def init(self, ctx: StageContext) -> None:
         ctx.sandbox.write_file(f"{ctx.workspace}/started", "yes")
         super().init(ctx)
+
+
+class ChatConfig(AgentLoopConfig):
+    """Turns per rollout (an instance's `turns` wins), and how much each observation adds."""
+
+    turns: int = Field(4, ge=1, le=100)
+    observation_words: int = Field(100, ge=0, le=5000, description="Words per tool result")
+    tool_s: float = Field(0.0, ge=0, description="Seconds each tool call takes")
+
+
+@register
+class ChatHandler(AgentHandler):
+    """A multi-turn LLM conversation without a sandbox (the routing bench's workload): every
+    turn calls `observe`, whose result grows the prompt, until the rollout's turns are done."""
+
+    name = "test-chat"
+    Config = ChatConfig
+    needs_sandbox = False
+
+    def init(self, ctx: StageContext) -> None:
+        pass
+
+    def run(self, ctx: StageContext) -> RunResult:
+        cfg: ChatConfig = ctx.agent_config
+        seen = [0]
+
+        def observe(ctx: StageContext, arguments: dict) -> ToolOutput:
+            seen[0] += 1
+            time.sleep(cfg.tool_s)
+            words = (f"{ctx.instance_id} part {seen[0]} line {k}."
+                     for k in range(cfg.observation_words // 5))
+            return ToolOutput(" ".join(words))
+
+        tool = Tool("observe", "Read the next part of the task", {"type": "object",
+                                                                   "properties": {}}, observe)
+        return run_agent_loop(ctx, system_prompt="You read a task part by part.",
+                              user_prompt=f"Task {ctx.instance_id}: observe every part.",
+                              tools=[tool], max_turns=int(ctx.instance.get("turns", cfg.turns)))
+
+    def evaluate(self, ctx: StageContext) -> EvalResult:
+        """1.0 when RUN did every turn it was asked for (the work was real), else 0.0."""
+        done = (ctx.run_result.metrics or {}).get("turns") if ctx.run_result else None
+        wanted = int(ctx.instance.get("turns", ctx.agent_config.turns))
+        return EvalResult(reward=float(done == wanted), metrics={"turns_done": done})
