@@ -103,7 +103,8 @@ def turn_rows(db_url: str, job_id: str) -> list[tuple[float, str]]:
 
     with session_scope(db_url) as s:
         return [(g, u) for g, u in s.execute(
-            sa.select(Turn.gen_seconds, Turn.llm_server).join(Rollout, Rollout.id == Turn.rollout_id)
+            sa.select(Turn.gen_seconds, Turn.llm_server)
+            .join(Rollout, Rollout.id == Turn.rollout_id)
             .where(Rollout.job_id == job_id)).all() if g is not None]
 
 
@@ -175,7 +176,8 @@ def table(report: dict[str, Any]) -> str:
         lines.append(
             f"| {r['policy']} | {r['utilisation_mean']:.2f} ({r['utilisation_min']:.2f}-"
             f"{r['utilisation_max']:.2f}) | {batch:.1f} | {r['prefix_cache_hit_rate']:.2f} | "
-            f"{r['prefill_tokens_computed'] / 1000:.0f}k | {r['turns_per_s']} | {r['generated_tokens_per_s']} | {r['turn_latency_p50_s']} | "
+            f"{r['prefill_tokens_computed'] / 1000:.0f}k | {r['turns_per_s']} | "
+            f"{r['generated_tokens_per_s']} | {r['turn_latency_p50_s']} | "
             f"{r['turn_latency_p90_s']} | {r['turns_per_s'] / base['turns_per_s']:.2f} | "
             f"{r['all_turns_done']}/{r['rollouts']} |")
     return "\n".join(lines)

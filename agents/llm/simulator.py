@@ -39,8 +39,9 @@ function of (token id, position), in (-3, 0]. A `capacity` (keys and defaults:
 the free parallelism of a fixed sleep by one engine per server with vLLM's continuous batching:
 per-sequence speed falls as the batch grows, at most `max_num_seqs` run and the rest queue,
 prompts cost prefill per token except what the prefix cache holds; GET /metrics then reports
-running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like vLLM, a request whose client disconnects
-while it is "decoding" (its latency) is aborted: no answer, counted as `aborted` in the stats.
+running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like vLLM, a request
+whose client disconnects while it is "decoding" (its latency, or its time in the engine) is
+aborted: no answer, counted as `aborted` in the stats.
 """
 from __future__ import annotations
 
