@@ -27,7 +27,7 @@ test: install
 
 # Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): the pipeline, fault,
 # browser and start-up tiers below are left to `make test`. A few minutes on 2 cores.
-SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py \
+SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py tests/test_db_pool.py \
 	tests/test_bulk_submit.py tests/test_embedded_up.py tests/test_quickstart.py \
 	tests/test_production.py tests/ui/test_dashboard.py tests/agents/test_edges_pipeline.py \
 	tests/agents/test_math_pipeline.py tests/agents/test_search_pipeline.py \
