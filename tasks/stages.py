@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import shared_task
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agents.abstract import AgentHandler, EvalResult, RunResult, StageContext
 from agents.finish_reasons import SELF_INFLICTED
@@ -42,7 +43,9 @@ CANCEL_POLL_SECONDS = 1.0
 # Infrastructure trouble gets a new attempt; sqlalchemy's OperationalError covers a database
 # that restarted under us (its connections are dropped and the next checkout reconnects).
 # Sandbox infrastructure errors have their own root (the sandbox package is standalone).
-RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError)
+# PoolTimeout: no pooled connection came free within `db_pool_timeout` (an overloaded database).
+RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError,
+             PoolTimeout)
 
 
 class RolloutLog(logging.LoggerAdapter):

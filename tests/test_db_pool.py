@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import sqlalchemy as sa
 
 from core.db import configure_pool, get_engine
@@ -115,5 +116,20 @@ def test_pool_settings_size_server_engines_and_leave_sqlite_alone(tmp_path, pg_u
                 .scalar() == 0
         sqlite = get_engine(f"sqlite:///{tmp_path / 'x.db'}")
         assert sqlite.pool.size() != 3
+    finally:
+        configure_pool(Settings())
+
+
+def test_a_pool_that_stays_busy_fails_the_call_as_retryable_infrastructure(pg_url):
+    from core.db import session_scope
+    from tasks.stages import RETRYABLE
+
+    configure_pool(Settings(db_pool_size=1, db_pool_timeout=0.2))
+    try:
+        with session_scope(pg_url) as held:  # the only connection, taken
+            held.execute(sa.text("SELECT 1"))
+            with pytest.raises(RETRYABLE) as caught, session_scope(pg_url) as s:
+                s.execute(sa.text("SELECT 1"))
+        assert "QueuePool limit" in str(caught.value)  # waited, then gave up (not a refusal)
     finally:
         configure_pool(Settings())
