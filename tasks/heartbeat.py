@@ -3,6 +3,10 @@
 A stage registers its lease for as long as it runs; the reaper treats a lease whose beat is
 older than `lease_timeout` as a dead worker. Beating from a separate thread keeps a stage that
 is blocked in a long tool call or generation alive, while a killed process stops beating.
+
+The beat also reads back which of those rollouts were asked to stop, so a stage learns of a
+cancel from memory (`cancel_seen`) within one interval, instead of each rollout polling the
+database every second (that was one query per slot per second, more than one per turn).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class Heartbeater:
         self.interval = interval
         self.on_tick = on_tick
         self._leases: set[str] = set()
+        self._cancelled: frozenset[str] = frozenset()  # leases whose rollout must stop
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,11 +62,15 @@ class Heartbeater:
         with self._lock:
             leases = list(self._leases)
         try:
-            lifecycle.beat(self.db_url, leases)
+            self._cancelled = frozenset(lifecycle.beat(self.db_url, leases))
             if self.on_tick is not None:
                 self.on_tick()
         except Exception:  # a DB blip must not kill the thread; the next round retries
             log.exception("heartbeat round failed")
+
+    def cancel_seen(self, lease: str) -> bool:
+        """True once a beat found the rollout held under `lease` asked to stop."""
+        return lease in self._cancelled
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -293,13 +293,16 @@ def cancel_requested(db_url: str, rollout_id: str) -> bool:
         return bool(s.scalar(select(Rollout.cancel_requested).where(Rollout.id == rollout_id)))
 
 
-def beat(db_url: str, leases: list[str]) -> int:
-    """Refresh the heartbeat of every lease this process holds; returns rows touched."""
+def beat(db_url: str, leases: list[str]) -> set[str]:
+    """Refresh the heartbeat of every lease this process holds; returns the leases whose
+    rollout was asked to stop (read in the same statement)."""
     if not leases:
-        return 0
+        return set()
     with session_scope(db_url) as s:
-        return s.execute(update(Rollout).where(Rollout.lease_owner.in_(leases))
-                         .values(heartbeat_at=utcnow())).rowcount
+        rows = s.execute(update(Rollout).where(Rollout.lease_owner.in_(leases))
+                         .values(heartbeat_at=utcnow())
+                         .returning(Rollout.lease_owner, Rollout.cancel_requested)).all()
+    return {lease for lease, cancelled in rows if cancelled}
 
 
 def seconds_since(start: datetime | None) -> float | None:

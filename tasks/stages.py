@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import traceback
 import uuid
@@ -35,11 +34,10 @@ from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
 from tasks import db_retry, grading, lifecycle, resume, sandboxes
 from tasks.config import TASK_NAMES, publish_retry_policy
-from tasks.heartbeat import process_heartbeater
+from tasks.heartbeat import Heartbeater, process_heartbeater
 
 logger = logging.getLogger(__name__)
 
-CANCEL_POLL_SECONDS = 1.0
 # Infrastructure trouble gets a new attempt; sqlalchemy's OperationalError covers a database
 # that restarted under us (its connections are dropped and the next checkout reconnects).
 # Sandbox infrastructure errors have their own root (the sandbox package is standalone).
@@ -85,6 +83,7 @@ class StageRun:
         self.job: Job
         self.handler: AgentHandler | None = None
         self.ctx: StageContext | None = None
+        self.beats: Heartbeater | None = None  # this process's, once the rollout is claimed
         self.started = time.monotonic()
         # Set once the rollout may belong to the next stage: its sandbox is no longer ours
         # to release, whatever fails afterwards.
@@ -102,8 +101,8 @@ class StageRun:
             return
         self.rollout, self.job = claimed
         self.log = RolloutLog(logger, {"job": self.job.id, "rollout": self.rollout_id})
-        beats = process_heartbeater(self.db, self.settings.heartbeat_interval)
-        with beats.holding(self.lease):
+        self.beats = process_heartbeater(self.db, self.settings.heartbeat_interval)
+        with self.beats.holding(self.lease):
             self._guarded()
 
     def _guarded(self) -> None:
@@ -142,26 +141,16 @@ class StageRun:
             job_config=config, deadline=self.started + timeout,
             state=dict(self.rollout.state or {}),
             workspace=(self.rollout.sandbox or {}).get("workspace"),
-            record_turn=self._record_turn, cancel_check=self._cancel_checker(),
+            record_turn=self._record_turn, cancel_check=self._cancel_seen,
             logger=self.log)
 
     def _record_turn(self, **fields: Any) -> None:
         lifecycle.record_turn(self.db, self.rollout_id, self.attempt, lease=self.lease,
                               **fields)
 
-    def _cancel_checker(self):
-        last = {"at": 0.0, "value": False}
-        lock = threading.Lock()
-
-        def check() -> bool:
-            with lock:
-                now = time.monotonic()
-                if not last["value"] and now - last["at"] >= CANCEL_POLL_SECONDS:
-                    last["value"] = lifecycle.cancel_requested(self.db, self.rollout_id)
-                    last["at"] = now
-                return last["value"]
-
-        return check
+    def _cancel_seen(self) -> bool:
+        """Whether the rollout was asked to stop, as of the process's last heartbeat."""
+        return self.beats is not None and self.beats.cancel_seen(self.lease)
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self.started, 6)
