@@ -256,6 +256,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "cpu_ms_per_turn": round(total_cpu / turns * 1000, 2) if turns else None,
         "run_cpu_ms_per_turn": round(cpu["run"] / turns * 1000, 2) if turns else None,
         "finish_p50_s": round(statistics.median(done), 2),
+        "finish_deciles_s": [round(done[min(n - 1, n * k // 10)], 1) for k in range(11)],
         "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt")
         if args.profile else None,
     }
@@ -286,6 +287,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="192 rollouts instead of 640")
     parser.add_argument("--baseline", default="635fdca", help="git revision of the 'before'")
+    parser.add_argument("--baseline-tree", default=None,
+                        help="an unpacked 'before' tree to use instead of archiving --baseline")
     parser.add_argument("--profile", default=None, help="py-spy the RUN worker into DIR")
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--slots", type=int, default=64)
@@ -304,7 +307,8 @@ def main() -> None:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     report = []
     with tempfile.TemporaryDirectory() as base:
-        trees = {"before": lambda: archive(args.baseline, Path(base)), "after": lambda: REPO}
+        trees = {"before": lambda: Path(args.baseline_tree) if args.baseline_tree
+                 else archive(args.baseline, Path(base)), "after": lambda: REPO}
         for label in ("before", "after"):
             if args.only in (None, label):
                 report.append(run_tree(label, trees[label](), args))

@@ -35,7 +35,7 @@ from agents.llm.pool import (
     StaticServerPool,
     probe,
 )
-from core.db import session_scope
+from core.db import get_engine, session_scope
 from core.errors import LeaseLost, ServiceUnavailable
 from core.models import LLMServer, Rollout, Status, utcnow
 from core.policy import DEFAULT_OWNER
@@ -119,8 +119,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
             if info is not None:
                 return info
         for _ in range(CLAIM_ATTEMPTS):
-            with session_scope(self.db_url) as s:
-                row = s.execute(self._claim(exclude)).first()
+            row = _run_alone(self.db_url, self._claim(exclude))
             if row is not None:
                 return self._info(row)
             self._raise_if_none_usable(exclude)
@@ -179,17 +178,14 @@ class RegisteredPool(RolloutStickiness, ServerPool):
 
     def take(self, url: str) -> ServerInfo | None:
         """Claim a slot on `url` if it is still registered and healthy (one statement)."""
-        with session_scope(self.db_url) as s:
-            row = s.execute(self._update(url, LLMServer.healthy.is_(True))
-                            .values(in_flight=LLMServer.in_flight + 1)
-                            .returning(*_INFO_COLUMNS)).first()
-            return self._info(row) if row is not None else None
+        row = _run_alone(self.db_url, self._update(url, LLMServer.healthy.is_(True))
+                         .values(in_flight=LLMServer.in_flight + 1).returning(*_INFO_COLUMNS))
+        return self._info(row) if row is not None else None
 
     def release(self, url: str) -> None:
         """Decrement `in_flight`, never below zero."""
-        with session_scope(self.db_url) as s:
-            s.execute(self._update(url, LLMServer.in_flight > 0)
-                      .values(in_flight=LLMServer.in_flight - 1))
+        _run_alone(self.db_url, self._update(url, LLMServer.in_flight > 0)
+                   .values(in_flight=LLMServer.in_flight - 1))
 
     def mark_down(self, url: str, error: str) -> None:
         """healthy=false with the error, visible to every worker and to GET /v1/llm-servers."""
@@ -198,10 +194,10 @@ class RegisteredPool(RolloutStickiness, ServerPool):
                 healthy=False, last_error=error[:2000], checked_at=utcnow()))
 
     def lookup(self, url: str) -> ServerInfo | None:
-        """The row's current model and weight version."""
-        with session_scope(self.db_url) as s:
-            row = s.scalar(self._mine(LLMServer.url == url))
-            return self._info(row) if row is not None else None
+        """The row's current model and weight version (read every turn: one round trip)."""
+        row = _run_alone(self.db_url, select(*_INFO_COLUMNS).where(
+            LLMServer.owner == self.owner, LLMServer.url == url))
+        return self._info(row) if row is not None else None
 
     def candidate_urls(self) -> list[str]:
         """Every server of this owner, healthy first."""
@@ -226,6 +222,25 @@ class JobServerPool(RolloutStickiness, StaticServerPool):
         for url, n in rows:
             counts[url] = max(counts.get(url, 0), n)
         return counts
+
+
+def _run_alone(db_url: str, statement: Any) -> Row[Any] | None:
+    """Run one statement as its own transaction; its first row, if it returns rows.
+
+    On PostgreSQL in autocommit: the server commits as the statement ends, so the row locks
+    of a claim are held for the statement alone, never while this thread waits for the GIL to
+    send COMMIT (with 64 sessions in one worker that wait held up every other acquirer), and
+    a read costs one round trip instead of three. SQLite keeps the usual short transaction
+    (BEGIN IMMEDIATE serialises its writers).
+    """
+    engine = get_engine(db_url)
+    if engine.dialect.name == "sqlite":
+        with session_scope(db_url) as s:
+            result = s.connection().execute(statement)
+            return result.first() if result.returns_rows else None
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        result = conn.execute(statement)
+        return result.first() if result.returns_rows else None
 
 
 def make_pool(spec: dict[str, Any], db_url: str, rollout_id: str, lease: str,
