@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 OVERLAY = ["tests/faults", "tests/private_services.py", "tests/pipeline_harness.py",
-           "agents/llm/simulator.py", "bench/faults.py"]
+           "agents/llm/simulator.py", "agents/llm/sim_capacity.py", "bench/faults.py"]
 COLUMNS = [("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
            ("regenerated_calls", "regen calls"), ("rerun_rollouts", "re-run"),
            ("affected_regen_per_rollout", "regen/hit rollout"), ("seconds", "s")]

@@ -164,9 +164,10 @@ def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, A
 
 
 @retrying
-def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = None,
-           expect_lease: str | None = None, error: str = "") -> bool:
-    """Queue a lost RUN again in the same attempt (same sandbox, stored turns kept).
+def resume(db_url: str, rollout_id: str, *, stage: str = "run", from_turn: int | None = None,
+           lease: str | None = None, expect_lease: str | None = None, error: str = "",
+           **values: Any) -> bool:
+    """Queue a lost RUN (or EVAL) again in the same attempt, keeping what it had stored.
 
     Fenced like `retry`: `lease` for the worker giving up its own lease, `expect_lease` for
     the reaper on the stale lease it observed. The attempt number does not change (its turns,
@@ -177,16 +178,16 @@ def resume(db_url: str, rollout_id: str, *, from_turn: int, lease: str | None = 
     with session_scope(db_url) as s:
         row = s.execute(select(Rollout.attempt, Rollout.resumes)
                         .where(Rollout.id == rollout_id, Rollout.lease_owner == fence,
-                               Rollout.status == Status.RUN.value)).one_or_none()
+                               Rollout.status == stage)).one_or_none()
         if row is None:
             return False
-        entry = {"attempt": row.attempt, "from_turn": from_turn, "error": error[:4000] or None,
-                 "at": utcnow().isoformat()}
+        entry = {"attempt": row.attempt, "stage": stage, "from_turn": from_turn,
+                 "error": error[:4000] or None, "at": utcnow().isoformat()}
         return s.execute(update(Rollout).where(
             Rollout.id == rollout_id, Rollout.lease_owner == fence,
             Rollout.attempt == row.attempt).values(
             lease_owner=None, heartbeat_at=None, stage_started_at=None, queued_at=utcnow(),
-            outbox_at=utcnow(), resumes=[*(row.resumes or []), entry])).rowcount == 1
+            outbox_at=utcnow(), resumes=[*(row.resumes or []), entry], **values)).rowcount == 1
 
 
 @retrying
@@ -198,7 +199,7 @@ def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
 
 
 def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
-    """How many times the RUN of `attempt` was resumed already."""
+    """How many times a stage of `attempt` was resumed already (RUN and EVAL together)."""
     return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
 
 

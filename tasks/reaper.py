@@ -3,9 +3,9 @@
 Every pass is a handful of conditional UPDATEs, so any number of reapers may run at once
 (one per node is the usual deployment). It handles:
 - lost leases (no heartbeat for `lease_timeout`): a RUN whose sandbox still answers on this
-  node continues in it from its logged turns (`tasks.resume`; a RUN whose sandbox is on
-  another node is left to that node's reaper for a second lease time); anything else gets a
-  new attempt from INIT, or `infra_error` after `max_attempts`;
+  node continues in it from its logged turns, a lost EVAL grades its stored artifact again
+  (`tasks.resume`; work of another node is left to that node's reaper for a second lease
+  time); anything else gets a new attempt from INIT, or `infra_error` after `max_attempts`;
 - stages running past their deadline plus grace while still beating (a hung hook): `timeout`;
 - the publication outbox: rollouts a gateway committed but did not publish (it died in
   between) are published once they have waited `outbox_grace`;
@@ -47,6 +47,7 @@ from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
 from tasks import lifecycle, nodes, outbox, resume, sandboxes
 from tasks.config import stage_queue
+from tasks.db_retry import is_disconnect
 from tasks.outbox import publish_many
 from tasks.stages import publish
 
@@ -66,6 +67,8 @@ class Reaper:
         self._llm_checked = 0.0
         self._watching_since: float | None = None  # start of this reaper's unbroken view
         self._last_beat = 0.0
+        self._db_lost = False  # the last pass could not reach the database
+        self._db_back_at: float | None = None  # monotonic time it answered again
 
     def start_up(self) -> int:
         """The first pass of a (re)started reaper: stop this node's stale sandboxes, then say
@@ -125,19 +128,38 @@ class Reaper:
                 self._stop.wait(self.settings.reaper_interval)
         while not self._stop.is_set():
             try:
+                if self._db_lost:
+                    self._database_is_back()  # raises while it is still down
                 counts = self.run_once()
                 if any(counts.values()):
                     log.info("reaper pass: %s", counts)
-            except Exception:
+            except Exception as exc:
+                self._db_lost = self._db_lost or is_disconnect(exc)
                 log.exception("reaper pass failed")
             self._stop.wait(self.settings.reaper_interval)
+
+    def _database_is_back(self) -> None:
+        """After passes that could not reach the database: probe it, and once it answers
+        start the lease time during which no lease is judged lost (`reclaim_lost`)."""
+        with session_scope(self.db) as s:
+            s.execute(select(1))
+        self._db_lost, self._db_back_at = False, time.monotonic()
+        log.warning("reaper: the database answers again; no lease is judged lost for %.0fs "
+                    "(workers could not beat meanwhile)", self.settings.lease_timeout)
 
     def stop(self) -> None:
         """End `run_forever` after the current pass."""
         self._stop.set()
 
     def reclaim_lost(self) -> int:
-        """New attempt (or infra_error) for leases whose holder stopped beating."""
+        """New attempt (or infra_error) for leases whose holder stopped beating.
+
+        Right after a database outage this reaper saw, no lease is judged for a lease time:
+        heartbeats could not be written during the outage, so their age says nothing yet.
+        """
+        if self._db_back_at is not None and \
+                time.monotonic() - self._db_back_at < self.settings.lease_timeout:
+            return 0
         cutoff = utcnow() - timedelta(seconds=self.settings.lease_timeout)
         with session_scope(self.db) as s:
             rows = s.execute(select(Rollout.id, Rollout.lease_owner, Rollout.attempt,
@@ -150,7 +172,7 @@ class Reaper:
         n = 0
         for row in rows:
             reason = f"{row.status}: worker {row.lease_owner} stopped beating"
-            if row.status == "run" and self._resumed_or_deferred(row, reason):
+            if row.status in ("run", "eval") and self._resumed_or_deferred(row, reason):
                 continue
             if row.attempt >= self.settings.max_attempts:
                 done = lifecycle.finish(self.db, row.id, Status.FAILED,
@@ -230,12 +252,20 @@ class Reaper:
         return int(done)
 
     def _resumed_or_deferred(self, row: Any, reason: str) -> bool:
-        """A lost RUN: resumed here if its sandbox lives here and answers; left alone for a
-        second lease time if it lives on another node (that node's reaper decides)."""
+        """A lost RUN: resumed here if its sandbox lives here and answers; a lost EVAL: graded
+        again on its node. Left alone for a second lease time if it belongs to another node
+        (that node's reaper decides)."""
         node = (row.sandbox or {}).get("node") or row.node
         if node != self.settings.node:
             age = lifecycle.seconds_since(row.heartbeat_at) or 0
             return age < 2 * self.settings.lease_timeout
+        if row.status == "eval":
+            if not resume.regrade(self.settings, row.id, row.attempt, row.resumes, row.sandbox,
+                                  reason, expect_lease=row.lease_owner):
+                return False
+            publish(self.celery, "eval", row.id, row.attempt, node)  # the mark covers it
+            lifecycle.clear_mark(self.db, row.id, row.attempt, "eval")
+            return True
         if not resume.resumable(self.settings, row.agent, row.attempt, row.resumes,
                                 row.sandbox):
             return False

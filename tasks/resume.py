@@ -13,6 +13,11 @@ the logged turns and continues at the next turn index (`agents.loop`). Nothing i
 again and no logged turn is generated or executed again; only the turn in flight is (it was
 never logged; its half-run tool call may have left traces in the sandbox, as any shell would).
 Otherwise the rollout restarts from INIT as a new attempt, as before.
+
+A lost EVAL is graded again the same way (same attempt, EVAL queue of the rollout's node,
+within the same `max_resumes` budget): the artifact and the token arrays are stored, and
+grading starts from a fresh sandbox anyway, so nothing of RUN is redone. The dead worker's
+grading sandbox is released first.
 """
 from __future__ import annotations
 
@@ -67,3 +72,20 @@ def requeue(settings: Settings, rollout_id: str, attempt: int, error: str, *,
     log.warning("rollout %s: RUN of attempt %s lost (%s); resuming at turn %d in its sandbox",
                 rollout_id, attempt, error[:200], from_turn)
     return from_turn
+
+
+def regrade(settings: Settings, rollout_id: str, attempt: int,
+            resumes: list[dict[str, Any]] | None, grading_handle: dict[str, Any] | None,
+            error: str, *, lease: str | None = None, expect_lease: str | None = None) -> bool:
+    """Queue a lost EVAL again in place (its grading sandbox released); False when over
+    budget or the fence failed. The caller publishes EVAL."""
+    if lifecycle.resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
+        return False
+    if grading_handle and grading_handle.get("node", settings.node) == settings.node:
+        sandboxes.release(grading_handle)
+    if not lifecycle.resume(settings.db_url, rollout_id, stage="eval", lease=lease,
+                            expect_lease=expect_lease, error=error, sandbox=None):
+        return False
+    log.warning("rollout %s: EVAL of attempt %s lost (%s); grading it again", rollout_id,
+                attempt, error[:200])
+    return True

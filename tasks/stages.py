@@ -309,7 +309,7 @@ class StageRun:
 
     def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
         error = _describe(exc, self.stage)
-        if may_resume and self.stage == "run" and self._resume(error):
+        if may_resume and self.stage in ("run", "eval") and self._resume(error):
             return
         if self.attempt >= self.settings.max_attempts:
             self.log.warning("%s failed on the last attempt: %s", self.stage, error[:200])
@@ -322,7 +322,16 @@ class StageRun:
             self._deliver("init", new_attempt, None, f"queued attempt {new_attempt}")
 
     def _resume(self, error: str) -> bool:
-        """Queue this RUN again in place when its sandbox is alive (see `tasks.resume`)."""
+        """Queue this RUN again in place when its sandbox is alive, or this EVAL again (see
+        `tasks.resume`)."""
+        if self.stage == "eval":
+            if not resume.regrade(self.settings, self.rollout_id, self.attempt,
+                                  self.rollout.resumes, self.rollout.sandbox, error,
+                                  lease=self.lease):
+                return False
+            self.handed_on = True  # its grading sandbox is gone; the next EVAL starts its own
+            self._deliver("eval", self.attempt, self.settings.node, "queued the EVAL again")
+            return True
         if not resume.resumable(self.settings, self.job.agent, self.attempt,
                                 self.rollout.resumes, self.rollout.sandbox):
             return False

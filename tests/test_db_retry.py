@@ -78,3 +78,24 @@ def test_a_turn_of_a_lease_that_moved_on_is_refused(leased) -> None:
         lifecycle.record_turn(db, "r1", 1, lease="L0", index=0, generated_ids=[1])
     with session_scope(db) as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(Turn)) == 0
+
+
+def test_the_reaper_judges_no_lease_for_a_lease_time_after_a_database_outage(leased) -> None:
+    import time
+    from datetime import timedelta
+
+    from core.models import utcnow
+    from core.settings import Settings
+    from tasks.reaper import Reaper
+
+    db, _ = leased
+    with session_scope(db) as s:
+        s.get(Rollout, "r1").heartbeat_at = utcnow() - timedelta(hours=1)
+    reaper = Reaper(Settings(database_url=db, lease_timeout=5, max_attempts=1), celery=None)
+    reaper._db_lost = True
+    reaper._database_is_back()  # what the first pass after the outage does
+    assert reaper.reclaim_lost() == 0  # the beats of the outage could not be written
+    reaper._db_back_at = time.monotonic() - 6
+    assert reaper.reclaim_lost() == 1
+    with session_scope(db) as s:
+        assert s.get(Rollout, "r1").status == "failed"

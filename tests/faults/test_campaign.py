@@ -29,7 +29,6 @@ def test_nothing_lost_duplicated_or_leaked(fault_report, name):
         assert report.outcomes == {"completed": report.rollouts}, report
 
 
-@waiting_for("h15-resume", "a lost RUN attempt restarts from INIT and re-generates its turns")
 def test_a_killed_run_worker_costs_at_most_one_turn_per_rollout(fault_report):
     report = fault_report("sigkill-every-stage")
     assert report.affected_regenerated <= report.affected, report
@@ -44,10 +43,8 @@ HANDOFF = pytest.mark.xfail(strict=False, reason=(
 @pytest.mark.parametrize("name", [
     pytest.param("redis-restart", marks=HANDOFF),
     pytest.param("redis-restart-aof", marks=HANDOFF),
-    pytest.param("postgres-restart-fast", marks=waiting_for(
-        "h15-resume", "a database outage fails the in-flight stages into new attempts")),
-    pytest.param("postgres-restart-immediate", marks=waiting_for(
-        "h15-resume", "a database outage fails the in-flight stages into new attempts")),
+    "postgres-restart-fast",
+    "postgres-restart-immediate",
 ])
 def test_a_3s_outage_reruns_no_rollout(fault_report, name):
     report = fault_report(name)
