@@ -32,8 +32,9 @@ sys.path.insert(0, str(REPO))
 OVERLAY = ["tests/faults", "tests/private_services.py", "tests/pipeline_harness.py",
            "agents/llm/simulator.py", "agents/llm/sim_capacity.py", "bench/faults.py"]
 COLUMNS = [("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
-           ("regenerated_calls", "regen calls"), ("rerun_rollouts", "re-run"),
-           ("affected_regen_per_rollout", "regen/hit rollout"), ("seconds", "s")]
+           ("retried_rollouts", "new attempts"), ("rerun_rollouts", "re-run loops"),
+           ("regenerated_calls", "re-generated LLM calls"),
+           ("affected_regen_per_rollout", "per killed-RUN rollout"), ("seconds", "s")]
 
 
 def run_here(only: list[str], envs_root: Path) -> dict[str, dict]:
@@ -98,13 +99,17 @@ def table(current: dict[str, dict], baseline: dict[str, dict] | None, commit: st
     for name, now in current.items():
         cells = []
         for key, _ in COLUMNS:
-            after = now.get(key)
-            before = (baseline or {}).get(name, {}).get(key, "n/a") if baseline else None
+            after = _cell(now.get(key))
+            before = _cell((baseline or {}).get(name, {}).get(key, "n/a")) if baseline else None
             cells.append(f"{before} -> {after}" if baseline else f"{after}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if baseline:
         lines.append(f"\n(before = {commit}, after = this checkout; same script, same run)")
     return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def main() -> None:

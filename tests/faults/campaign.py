@@ -199,7 +199,7 @@ class Campaign:
         if self.redis.aof != fault.aof:
             self.redis.set_aof(fault.aof)
         report = Report(fault=fault.name, rollouts=fault.rollouts)
-        before = sim_stats(self.sim_url)
+        before, leaks_before = sim_stats(self.sim_url), self.leftovers()
         started = time.monotonic()
         job = self.submit(fault.rollouts)
         fault.strike(self, job, report)
@@ -216,7 +216,7 @@ class Campaign:
         for j in jobs:
             self._measure(j, report, fault.outcomes)
         self._count_calls(jobs, before, report)
-        self._count_leaks(jobs, report)
+        self._count_leaks(leaks_before, report)
         return report
 
     def _measure(self, job: dict[str, Any], report: Report, allowed: tuple[str, ...]) -> None:
@@ -260,22 +260,24 @@ class Campaign:
                     report.affected_regenerated += max(0, sum(answered) - TURNS)
         report.regenerated_calls = max(0, report.llm_calls - TURNS * looped)
 
-    def _count_leaks(self, jobs: list[dict[str, Any]], report: Report) -> None:
-        """Live sandboxes and dirs of the job, once the reapers had a few passes to clean."""
-        ids = {r.id for j in jobs for r in self.rows(j["job_id"])}
+    def leftovers(self) -> tuple[set[int], set[Path]]:
+        """Live bwrap pids under the campaign home; workspace and sandbox-state entries."""
+        dirs = {p for n in NODES for p in _entries(self.home / f"ws-{n}")}
+        dirs |= {p for d in self.sandbox_dirs.values() for p in _entries(d)}
+        return set(_live_bwraps(str(self.home))), dirs
 
-        def leftovers() -> tuple[int, int]:
-            live = _live_bwraps(str(self.home))
-            dirs = [p for n in NODES for p in _entries(self.home / f"ws-{n}")
-                    if any(p.name.startswith(i) for i in ids)]
-            dirs += [p for d in self.sandbox_dirs.values() for p in _entries(d)]
-            return len(live), len(dirs)
+    def _count_leaks(self, before: tuple[set[int], set[Path]], report: Report) -> None:
+        """What the job left (beyond what was there before it), once the reapers had a few
+        passes to clean up; an earlier fault's leak is that fault's, not counted again."""
+        def new() -> tuple[int, int]:
+            live, dirs = self.leftovers()
+            return len(live - before[0]), len(dirs - before[1])
 
         try:
-            wait_for(lambda: leftovers() == (0, 0), timeout=10, what="no sandboxes left")
+            wait_for(lambda: new() == (0, 0), timeout=10, what="no sandboxes left")
         except AssertionError:
             pass
-        report.live_sandboxes_left, report.dirs_left = leftovers()
+        report.live_sandboxes_left, report.dirs_left = new()
 
     def close(self) -> None:
         """Stop everything this campaign started and delete its dirs."""
