@@ -14,7 +14,9 @@ is terminal (no human step: only the fault's own supervisor-like restarts), and 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import shutil
 import subprocess
 import tempfile
@@ -226,7 +228,7 @@ class Campaign:
             report.outcomes[k] = report.outcomes.get(k, 0) + v
             report.unexpected_outcomes += v if k not in allowed else 0
         report.lost += view["n_rollouts"] - view["finished"]
-        results = self.svc.all_results(job["job_id"])
+        results = self._results(job["job_id"])
         ids = [r["rollout_id"] for r in results]
         report.duplicated += len(ids) - len(set(ids))
         seqs = sorted(r["seq"] for r in results)
@@ -242,6 +244,17 @@ class Campaign:
                                           and r.get("loss_mask"))
             turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
             report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
+
+    def _results(self, job_id: str) -> list[dict[str, Any]]:
+        """Every finished rollout so far, page by page (the SDK's `results()` would follow a
+        job that never ends)."""
+        out, cursor = [], 0
+        while True:
+            page = self.svc.client.results_page(job_id, after=cursor)
+            out += page["items"]
+            if not page["items"] or page["done"]:
+                return out
+            cursor = page["cursor"]
 
     def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int],
                      report: Report) -> None:
@@ -283,6 +296,8 @@ class Campaign:
         """Stop everything this campaign started and delete its dirs."""
         try:
             self.svc.stop()
+            for pid in _live_bwraps(str(self.home)):  # a leak a test reported: gone now
+                os.kill(pid, signal.SIGKILL)
         finally:
             self._stop_sim()
             from core.db import dispose_all
