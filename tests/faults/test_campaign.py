@@ -12,11 +12,6 @@ import pytest
 from tests.faults.faults import FAULTS
 
 
-def waiting_for(helper: str, what: str) -> pytest.MarkDecorator:
-    """A goal of issue 15 whose fix is not on main yet (strict: a pass must drop the mark)."""
-    return pytest.mark.xfail(strict=True, reason=f"issue 15: waiting for {helper} ({what})")
-
-
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_nothing_lost_duplicated_or_leaked(fault_report, name):
     report = fault_report(name)
@@ -34,18 +29,8 @@ def test_a_killed_run_worker_costs_at_most_one_turn_per_rollout(fault_report):
     assert report.affected_regenerated <= report.affected, report
 
 
-HANDOFF = pytest.mark.xfail(strict=False, reason=(
-    "issue 15: waiting for h15-nodes (a worker whose consumer dies on an ack during the "
-    "outage stops serving and its leases expire: those rollouts re-run; hand-offs themselves "
-    "no longer re-run anything, tests/faults/test_handoff_faults.py; timing, hence not strict)"))
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param("redis-restart", marks=HANDOFF),
-    pytest.param("redis-restart-aof", marks=HANDOFF),
-    "postgres-restart-fast",
-    "postgres-restart-immediate",
-])
+@pytest.mark.parametrize("name", ["redis-restart", "redis-restart-aof",
+                                  "postgres-restart-fast", "postgres-restart-immediate"])
 def test_a_3s_outage_reruns_no_rollout(fault_report, name):
     report = fault_report(name)
     assert report.rerun_rollouts == 0 and report.retried_rollouts == 0, report
