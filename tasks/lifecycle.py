@@ -153,17 +153,6 @@ def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = 
 
 
 @retrying
-def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
-    """The logged turns of one attempt in index order, as plain dicts (what resume reads)."""
-    columns = [c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")]
-    with session_scope(db_url) as s:
-        rows = s.execute(select(*columns).where(Turn.rollout_id == rollout_id,
-                                                 Turn.attempt == attempt)
-                         .order_by(Turn.index)).all()
-    return [dict(row._mapping) for row in rows]
-
-
-@retrying
 def resume(db_url: str, rollout_id: str, *, stage: str = "run", from_turn: int | None = None,
            lease: str | None = None, expect_lease: str | None = None, error: str = "",
            **values: Any) -> bool:
@@ -188,19 +177,6 @@ def resume(db_url: str, rollout_id: str, *, stage: str = "run", from_turn: int |
             Rollout.attempt == row.attempt).values(
             lease_owner=None, heartbeat_at=None, stage_started_at=None, queued_at=utcnow(),
             outbox_at=utcnow(), resumes=[*(row.resumes or []), entry], **values)).rowcount == 1
-
-
-@retrying
-def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
-    """How many turns the attempt has logged (where a resumed RUN goes on)."""
-    with session_scope(db_url) as s:
-        return s.scalar(select(func.count()).select_from(Turn).where(
-            Turn.rollout_id == rollout_id, Turn.attempt == attempt)) or 0
-
-
-def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
-    """How many times a stage of `attempt` was resumed already (RUN and EVAL together)."""
-    return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
 
 
 def fenced(fence: dict[str, Any] | None) -> list[Any]:

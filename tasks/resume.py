@@ -24,10 +24,39 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sqlalchemy import func, select
+
+from core.db import session_scope
+from core.models import Turn
 from core.settings import Settings
 from tasks import lifecycle, sandboxes
+from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
+
+
+@retrying
+def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
+    """The logged turns of one attempt in index order, as plain dicts (what resume reads)."""
+    columns = [c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")]
+    with session_scope(db_url) as s:
+        rows = s.execute(select(*columns).where(Turn.rollout_id == rollout_id,
+                                                 Turn.attempt == attempt)
+                         .order_by(Turn.index)).all()
+    return [dict(row._mapping) for row in rows]
+
+
+@retrying
+def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
+    """How many turns the attempt has logged (where a resumed RUN goes on)."""
+    with session_scope(db_url) as s:
+        return s.scalar(select(func.count()).select_from(Turn).where(
+            Turn.rollout_id == rollout_id, Turn.attempt == attempt)) or 0
+
+
+def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
+    """How many times a stage of `attempt` was resumed already (RUN and EVAL together)."""
+    return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
 
 
 def sandbox_alive_here(settings: Settings, handle: dict[str, Any] | None) -> bool:
@@ -50,7 +79,7 @@ def resumable(settings: Settings, agent: str, attempt: int,
     """May this lost RUN continue in place? (Budget, handler, then the sandbox on this node.)"""
     from agents.registry import get_handler
 
-    if lifecycle.resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
+    if resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
         return False
     try:
         handler = get_handler(agent)
@@ -65,7 +94,7 @@ def requeue(settings: Settings, rollout_id: str, attempt: int, error: str, *,
             lease: str | None = None, expect_lease: str | None = None) -> int | None:
     """Queue the lost RUN again in place; the turn index it resumes at, or None if the fence
     failed (another reaper or a cancel got there first). The caller publishes RUN."""
-    from_turn = lifecycle.turn_count(settings.db_url, rollout_id, attempt)
+    from_turn = turn_count(settings.db_url, rollout_id, attempt)
     if not lifecycle.resume(settings.db_url, rollout_id, from_turn=from_turn, lease=lease,
                             expect_lease=expect_lease, error=error):
         return None
@@ -79,7 +108,7 @@ def regrade(settings: Settings, rollout_id: str, attempt: int,
             error: str, *, lease: str | None = None, expect_lease: str | None = None) -> bool:
     """Queue a lost EVAL again in place (its grading sandbox released); False when over
     budget or the fence failed. The caller publishes EVAL."""
-    if lifecycle.resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
+    if resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
         return False
     if grading_handle and grading_handle.get("node", settings.node) == settings.node:
         sandboxes.release(grading_handle)

@@ -179,8 +179,8 @@ class StageRun:
         self.ctx.sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.chosen_sandbox())
         if self.handler.resumable:  # a lost RUN of this attempt logged these: continue after
-            self.ctx.resume_turns = lifecycle.stored_turns(self.db, self.rollout_id,
-                                                           self.attempt) or None
+            self.ctx.resume_turns = resume.stored_turns(self.db, self.rollout_id,
+                                                        self.attempt) or None
         self.ctx.diagnose = guard.diagnose
         if self.handler.needs_llm:
             from agents.llm import LLMSession
