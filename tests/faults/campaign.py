@@ -14,12 +14,14 @@ is terminal (no human step: only the fault's own supervisor-like restarts), and 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -147,12 +149,22 @@ class Campaign:
                              for n in NODES}  # short: socket paths are limited
         node_extra = {n: {"sandbox_dir": self.sandbox_dirs[n],
                           "workspace_root": (home / f"ws-{n}").resolve()} for n in NODES}
+        (home / "logs").mkdir(parents=True, exist_ok=True)  # the reapers run in this process
+        self._reaper_log = logging.FileHandler(home / "logs" / "reapers.log")
+        self._reaper_log.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
+        logging.getLogger("tasks").addHandler(self._reaper_log)
+        logging.getLogger("tasks").setLevel(logging.INFO)
         self.svc: Service = start_service(
             home, db_url=self.pg.create_database("raas"), broker_url=self.redis.url,
             nodes=NODES, concurrency=CONCURRENCY, reaper="per_node", node_extra=node_extra,
             extra={**RELIABILITY, "sandbox_runtime": "bwrap"})
         self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2,
                     "max_model_len": 4096}
+        self.lost_nodes: set[str] = set()
+        self.exits: list[str] = []  # pools that ended by themselves, as the supervisor saw
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
 
     # -- the service ----------------------------------------------------------------------
     @property
@@ -169,19 +181,45 @@ class Campaign:
 
     def restart_pool(self, stage: str, node: str) -> None:
         """SIGKILL a pool and start it again at once (what a supervisor does)."""
-        self.svc.kill_worker(stage, node)
-        self.svc.start_worker(stage, node, CONCURRENCY[stage])
+        with self._lock:
+            self.svc.kill_worker(stage, node)
+            self.svc.start_worker(stage, node, CONCURRENCY[stage])
+
+    def lose_node(self, node: str, stages: tuple[str, ...] = tuple(CONCURRENCY),
+                  reaper: bool = True) -> None:
+        """SIGKILL `stages` pools of `node` (and stop its reaper) for good, until `heal`."""
+        with self._lock:
+            self.lost_nodes.add(node)
+            if reaper:
+                self.svc.stop_reaper(node)
+            for stage in stages:
+                if (stage, node) in self.svc.workers:
+                    self.svc.kill_worker(stage, node)
+
+    def _supervise(self) -> None:
+        """Start again any pool that exited by itself (systemd's `Restart=on-failure`; a pool
+        whose broker consumer died exits non-zero for this), except on a lost node."""
+        while not self._closing.wait(0.5):
+            with self._lock:
+                for (stage, node), proc in list(self.svc.workers.items()):
+                    if proc.poll() is None or node in self.lost_nodes:
+                        continue
+                    self.exits.append(f"{stage}.{node} exited {proc.returncode}")
+                    self.svc.workers.pop((stage, node))
+                    self.svc.start_worker(stage, node, CONCURRENCY[stage])
 
     def heal(self) -> None:
         """Every pool and reaper running again (a fault that took a node away ends here)."""
-        for node in NODES:
-            for stage in CONCURRENCY:
-                proc = self.svc.workers.get((stage, node))
-                if proc is None or proc.poll() is not None:
-                    self.svc.workers.pop((stage, node), None)
-                    self.svc.start_worker(stage, node, CONCURRENCY[stage])
-            if node not in self.svc.reapers:
-                self.svc.start_reaper(node)
+        with self._lock:
+            self.lost_nodes.clear()
+            for node in NODES:
+                for stage in CONCURRENCY:
+                    proc = self.svc.workers.get((stage, node))
+                    if proc is None or proc.poll() is not None:
+                        self.svc.workers.pop((stage, node), None)
+                        self.svc.start_worker(stage, node, CONCURRENCY[stage])
+                if node not in self.svc.reapers:
+                    self.svc.start_reaper(node)
 
     def submit(self, n: int, offset: int = 0) -> dict[str, Any]:
         """A job of `n` distinct problems (each its own simulator script)."""
@@ -202,6 +240,7 @@ class Campaign:
             self.redis.set_aof(fault.aof)
         report = Report(fault=fault.name, rollouts=fault.rollouts)
         before, leaks_before = sim_stats(self.sim_url), self.leftovers()
+        exits_before = len(self.exits)
         started = time.monotonic()
         job = self.submit(fault.rollouts)
         fault.strike(self, job, report)
@@ -215,6 +254,7 @@ class Campaign:
         report.seconds = round(time.monotonic() - started, 1)
         if fault.after is not None:
             fault.after(self, report)
+        report.notes += [f"supervisor: {e}" for e in self.exits[exits_before:]]
         for j in jobs:
             self._measure(j, report, fault.outcomes)
         self._count_calls(jobs, before, report)
@@ -294,8 +334,12 @@ class Campaign:
 
     def close(self) -> None:
         """Stop everything this campaign started and delete its dirs."""
+        self._closing.set()
+        logging.getLogger("tasks").removeHandler(self._reaper_log)
+        self._reaper_log.close()
         try:
-            self.svc.stop()
+            with self._lock:
+                self.svc.stop()
             for pid in _live_bwraps(str(self.home)):  # a leak a test reported: gone now
                 os.kill(pid, signal.SIGKILL)
         finally:

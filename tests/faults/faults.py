@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from core.db import session_scope
 from core.models import Rollout, Turn
-from tests.faults.campaign import CONCURRENCY, NODES, Campaign, Report
+from tests.faults.campaign import NODES, Campaign, Report
 from tests.pipeline_harness import wait_for
 
 Strike = Callable[[Campaign, dict[str, Any], Report], None]
@@ -91,7 +91,7 @@ def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     lost = NODES[0]
     wait_for(lambda: [r for r in _leased(c, job["job_id"], "run", 1) if _node_of(r) == lost],
              timeout=60, what=f"a rollout mid-RUN on {lost}", interval=0.05)
-    c.svc.kill_worker("run", lost)
+    c.lose_node(lost, stages=("run",), reaper=False)
 
     def queued_for_lost_node() -> bool:
         return any(r.node == lost and r.status == "run" and not r.lease_owner
@@ -99,9 +99,7 @@ def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
 
     wait_for(queued_for_lost_node, timeout=60, what=f"a rollout queued for run.{lost}",
              interval=0.05)
-    c.svc.stop_reaper(lost)
-    for stage in ("init", "eval"):
-        c.svc.kill_worker(stage, lost)
+    c.lose_node(lost)
     report.affected_ids = {r.id for r in c.rows(job["job_id"])
                            if r.node == lost and r.finished_at is None}
     report.affected = len(report.affected_ids)
