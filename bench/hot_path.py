@@ -206,7 +206,9 @@ def run_one(args: argparse.Namespace) -> dict:
             svc = start_service(Path(home), db_url=db_url, broker_url=REDIS,
                                 key_prefix=f"raas-hot-{uuid.uuid4().hex[:8]}:",
                                 nodes=("bench",), reaper=False,
-                                concurrency={"init": 8, "run": args.slots, "eval": 8})
+                                concurrency={"init": 8, "run": args.slots, "eval": 8},
+                                extra={"db_pool_size": args.db_pool_size}
+                                if args.db_pool_size else None)
             stops.append(svc.stop)
             for url in urls:
                 svc.client.add_llm_server(url)
@@ -270,7 +272,8 @@ def archive(rev: str, into: Path) -> Path:
     return into
 
 
-def run_tree(label: str, tree: Path, args: argparse.Namespace) -> dict:
+def run_tree(label: str, tree: Path, args: argparse.Namespace,
+             pool_size: int | None = None) -> dict:
     """This script's `--one` in a child process whose imports come from `tree`."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--label", label,
            "--rollouts", str(args.rollouts), "--slots", str(args.slots),
@@ -278,6 +281,8 @@ def run_tree(label: str, tree: Path, args: argparse.Namespace) -> dict:
            "--latency", str(args.latency)]
     if args.profile:
         cmd += ["--profile", args.profile]
+    if pool_size:
+        cmd += ["--db-pool-size", str(pool_size)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -296,6 +301,8 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--only", choices=["before", "after"], default=None)
+    parser.add_argument("--db-pool-size", type=int, default=None,
+                        help="also run this tree with RAAS_DB_POOL_SIZE=N (default 4 per process)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -312,6 +319,9 @@ def main() -> None:
         for label in ("before", "after"):
             if args.only in (None, label):
                 report.append(run_tree(label, trees[label](), args))
+        if args.db_pool_size and args.only in (None, "after"):
+            report.append(run_tree(f"after, db_pool_size {args.db_pool_size}", REPO, args,
+                                   args.db_pool_size))
     print(json.dumps(report, indent=2))
     print("\n| tree | rollouts | steady/s | bound/s | steady/bound | wall s | cores | "
           "CPU ms/rollout | CPU ms/turn | RUN CPU ms/turn | reward 1 |")

@@ -8,6 +8,8 @@ The reward is token F1 or exact match (config) against the instance's accepted a
 """
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,9 +48,16 @@ def corpus_roots() -> list[Path]:
     A job names a file that the worker reads and shows to the agent, so an arbitrary host path
     would let any job read host files through the `search` tool.
     """
+    return list(_corpus_roots(os.environ.get("RAAS_HOME")))
+
+
+@functools.lru_cache(maxsize=8)
+def _corpus_roots(_raas_home: str | None) -> tuple[Path, ...]:
+    """The roots for one RAAS_HOME. Cached: every stage validates the job's config, and
+    building the settings from the environment for it was a tenth of a RUN worker's CPU."""
     from core.settings import load_settings
 
-    return [(REPO_ROOT / "examples").resolve(), (load_settings().home / "corpora").resolve()]
+    return (REPO_ROOT / "examples").resolve(), (load_settings().home / "corpora").resolve()
 
 
 class SearchConfig(AgentLoopConfig):
