@@ -146,7 +146,10 @@ def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = 
                                           Rollout.lease_owner == lease)
                     .values(heartbeat_at=utcnow())).rowcount:
                 raise LeaseLost("the rollout moved on: turn not logged", rollout_id=rollout_id)
-            s.add(Turn(rollout_id=rollout_id, attempt=attempt, **fields))
+            # A plain INSERT: no ORM unit of work, no RETURNING of the new id (a turn is
+            # read back by its rollout, attempt and index): the cheapest write of the turn.
+            s.connection().execute(Turn.__table__.insert().values(
+                rollout_id=rollout_id, attempt=attempt, **fields))
     except IntegrityError:
         log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id,
                  fields.get("index"), attempt)
