@@ -3,6 +3,8 @@ real worker processes, real Redis and PostgreSQL (issue 15: node loss, one reape
 a consumer that dies ends its process non-zero)."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -264,7 +266,10 @@ def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
     from sandbox import list_sandboxes
     from tasks import sandboxes
 
-    settings = Settings(home=tmp_path, node="n1")
+    # The pool reads its settings from the harness's RAAS_* variables only: name the sandbox
+    # folder for both sides (a session fixture elsewhere may have set RAAS_SANDBOX_DIR here).
+    sandbox_dir = tempfile.mkdtemp(prefix="raas-sbx-", dir="/tmp")  # short: socket paths
+    settings = Settings(home=tmp_path, node="n1", sandbox_dir=sandbox_dir)
     upgrade(settings.db_url)
     with session_scope(settings.db_url) as s:
         job = Job(agent="test-sleepy", n_instances=1)
@@ -277,7 +282,8 @@ def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
     _, handle = sandboxes.start(settings, {}, rid, 1, "bwrap")  # attempt 1's, on n1
     labels = lambda: {h.get("label") for h in list_sandboxes(settings.sandbox_dir)}  # noqa: E731
     assert f"{rid}:1" in labels()
-    svc = start_service(tmp_path, nodes=("n1",), stages=("eval",), reaper=False)
+    svc = start_service(tmp_path, nodes=("n1",), stages=("eval",), reaper=False,
+                        extra={"sandbox_dir": sandbox_dir})
     try:
         _wait_for(lambda: _consumers(settings.db_url, "eval.n1"), what="eval.n1's consumer")
         assert f"{rid}:1" not in labels()
@@ -285,6 +291,7 @@ def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
     finally:
         svc.stop()
         sandboxes.release(handle)
+        shutil.rmtree(sandbox_dir, ignore_errors=True)
 
 
 def test_workers_reconnect_after_a_broker_outage(tmp_path, private_redis):
