@@ -22,8 +22,13 @@ up: install
 	$(VENV)/bin/raas up $(if $(PORT),--port $(PORT))
 
 # Everything, the fault suite (tests/faults) included: what CI runs (.ci/run).
+# The suite mostly waits (sleep-bound stages, leases, restarts: ~0.6 of a core when run
+# serially), so three pytest processes share the 2 cores; a file's tests stay together
+# (module-scoped services). 16 min serial -> 7 min (BENCHMARKS.md, "Test suite").
+PYTEST_JOBS ?= 3
+PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest $(PARALLEL)
 
 # Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): the pipeline, fault,
 # browser and start-up tiers below are left to `make test`. A few minutes on 2 cores.
@@ -33,9 +38,10 @@ SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py tests
 	tests/agents/test_math_pipeline.py tests/agents/test_search_pipeline.py \
 	tests/agents/test_swe_pipeline.py tests/agents/test_prorl_clients.py \
 	tests/agents/test_prorl_vllm.py tests/agents/test_reward_attacks.py \
-	tests/agents/test_vllm_smoke.py tests/faults
+	tests/agents/test_vllm_smoke.py tests/agents/test_resume_pipeline.py tests/test_nodes.py \
+	tests/faults
 test-fast: install
-	$(PY) -m pytest -q $(addprefix --ignore=,$(SERVICE_TIERS))
+	$(PY) -m pytest -q $(PARALLEL) $(addprefix --ignore=,$(SERVICE_TIERS))
 
 # The fault campaign alone (SIGKILLed workers, node loss, private Redis/PostgreSQL restarts,
 # cancel): each case asserts nothing lost, duplicated or leaked, with no human step.
