@@ -244,7 +244,7 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     job_id = jobs["slow"]["job_id"]
     browser.get(f"{service.url}/ui/")
     row = f'tr[data-job="{job_id}"]'
-    if browser.find_element("css selector", row).get_attribute("data-status") != "running":
+    if wait_for(lambda: _attribute_fresh(browser, row, "data-status")) != "running":
         pytest.fail("the slow job finished before the test could cancel it")
     click_fresh(browser, f"{row} form.cancel button")
     alert = wait_for(lambda: _alert(browser))
@@ -257,8 +257,8 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     wait_for(lambda: browser.current_url.endswith("/ui/"))
     browser.execute_script("window.notReloaded = true")
     # The running rollout stops at its next turn; the rows refresh without a reload.
-    wait_for(lambda: browser.find_element("css selector", row).get_attribute("data-status")
-             == "cancelled", timeout=60)
+    wait_for(lambda: _attribute_fresh(browser, row, "data-status") == "cancelled", timeout=60,
+             what="the row to show cancelled")
     assert browser.execute_script("return window.notReloaded") is True
     assert service.client.job(job_id)["outcomes"] == {"cancelled": 1}
     shot(browser, artifacts, "jobs-cancelled")
@@ -276,6 +276,17 @@ def click_fresh(driver, selector: str) -> None:
         except StaleElementReferenceException:
             time.sleep(0.1)
     raise AssertionError(f"{selector} kept being replaced")
+
+
+def _attribute_fresh(driver, selector: str, name: str) -> str | None:
+    """An attribute of the element now under `selector`; None when the page's self-refresh
+    replaced it between the lookup and the read (the next poll looks it up again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return driver.find_element("css selector", selector).get_attribute(name)
+    except StaleElementReferenceException:
+        return None
 
 
 def _alert(driver):
