@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
 RETRY_STATUSES = frozenset({502, 503, 504})
 RETRY_TOTAL_ENV = "RAAS_RETRY_TOTAL"
 DEFAULT_RETRY_TOTAL = 600.0
@@ -52,11 +50,6 @@ class RetryPolicy:
     def backoff(self) -> Backoff:
         """A fresh run of failures under this policy."""
         return Backoff(self)
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """A lost connection or timeout (the gateway is restarting or unreachable)."""
-    return isinstance(exc, httpx.TransportError)
 
 
 class Backoff:

@@ -296,14 +296,6 @@ def seconds_since(start: datetime | None) -> float | None:
     return (utcnow() - start).total_seconds()
 
 
-def touch_queued(db_url: str, rollout_id: str, attempt: int, status: str) -> bool:
-    """Restart the queued clock of a rollout before republishing it (one reaper wins)."""
-    with session_scope(db_url) as s:
-        return s.execute(update(Rollout).where(
-            Rollout.id == rollout_id, Rollout.attempt == attempt, Rollout.status == status,
-            Rollout.lease_owner.is_(None)).values(queued_at=utcnow())).rowcount == 1
-
-
 _cancelled_jobs: OrderedDict[str, None] = OrderedDict()  # most recent last, bounded
 _cancelled_lock = threading.Lock()
 CANCELLED_JOBS_KEPT = 4096
