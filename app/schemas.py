@@ -1,10 +1,18 @@
-"""The REST wire, typed once: request/response models shared by gateway, SDK and OpenAPI."""
+"""The REST wire, typed once: request/response models shared by gateway, SDK and OpenAPI.
+
+The answers (jobs, rollouts, result pages, servers, the error body) are defined in the SDK,
+`raas_client.models` (its own distribution, `sdk/`), and imported here: the gateway serves the
+very classes a trainer parses. The request models stay here: they validate against the
+server's own vocabulary (sampling, limits, sandbox options, LLM specs).
+"""
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from raas_client.models import (AttemptView, ErrorBody, JobAccepted, JobList, JobView,
+                                LLMServerList, LLMServerView, ResultsPage, Rollout, Timing,
+                                TurnView)
 
 from agents.job_config import Limits
 from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
@@ -50,122 +58,6 @@ class JobCreate(Strict):
         return value
 
 
-class JobAccepted(BaseModel):
-    """202 answer to a submission (also returned again for a repeated idempotency key)."""
-
-    job_id: str
-    rollout_ids: list[str]
-    created: bool = Field(description="False when the idempotency key matched a job")
-
-
-class JobView(BaseModel):
-    """A job with its progress."""
-
-    job_id: str
-    agent: str
-    status: str = Field(description="running | done | cancelled")
-    n_instances: int
-    n_samples: int
-    n_rollouts: int
-    finished: int
-    progress: float
-    counts: dict[str, int] = Field(description="Rollouts per status")
-    outcomes: dict[str, int] = Field(description="Finished rollouts per outcome")
-    created_at: datetime
-    finished_at: datetime | None = None
-    idempotency_key: str | None = None
-
-
-class JobList(BaseModel):
-    """GET /v1/jobs page."""
-
-    jobs: list[JobView]
-    next_cursor: str | None = None
-
-
-class TurnView(BaseModel):
-    """One turn of a rollout."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    index: int
-    attempt: int
-    created_at: datetime
-    text: str | None = None
-    generated_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    observation: str | None = None
-    observation_ids: list[int] | None = None
-    finish_reason: str | None = None
-    llm_server: str | None = None
-    weight_version: str | None = None
-    gen_seconds: float | None = None
-    tool_seconds: float | None = None
-    extra: dict[str, Any] = Field(default_factory=dict,
-                                  description="logprobs_mode, parse errors, staleness, ...")
-
-
-class AttemptView(BaseModel):
-    """An earlier attempt of a rollout: why it ended and the turns it had logged."""
-
-    attempt: int
-    error: str | None = None
-    ended_at: str | None = None
-    turns: list[TurnView] | None = None
-
-
-class Timing(BaseModel):
-    """Seconds spent in each stage (queue time excluded)."""
-
-    init: float | None = None
-    run: float | None = None
-    eval: float | None = None
-
-
-class RolloutView(BaseModel):
-    """A rollout: identity, status, outcome, reward and the token-exact trajectory."""
-
-    rollout_id: str
-    job_id: str
-    instance_id: str
-    sample_index: int
-    status: str
-    outcome: str | None = None
-    error: str | None = None
-    attempt: int
-    node: str | None = None
-    reward: float | None = None
-    finish_reason: str | None = None
-    prompt_ids: list[int] | None = None
-    response_ids: list[int] | None = None
-    response_logprobs: list[float] | None = None
-    loss_mask: list[int] | None = None
-    policy_versions: list[Any] | None = None
-    token_exact: bool | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)
-    messages: list[dict[str, Any]] | None = None
-    timing: Timing
-    seq: int | None = Field(None, description="Place in the job's completion order")
-    group_complete: bool = Field(False, description="Last sample of its instance to finish")
-    created_at: datetime
-    finished_at: datetime | None = None
-    turns: list[TurnView] | None = Field(
-        None, description="Turns of the current attempt (the one the trajectory belongs to)")
-    earlier_attempts: list[AttemptView] | None = Field(
-        None, description="Attempts that were retried, oldest first, with their own turns")
-
-
-class ResultsPage(BaseModel):
-    """GET /v1/jobs/{id}/results: finished rollouts after `cursor`, in completion order."""
-
-    job_id: str
-    items: list[RolloutView]
-    cursor: int = Field(description="Pass as `after` to get the next page")
-    done: bool = Field(description="Every rollout of the job has finished")
-
-
 class LLMServerCreate(ServerSpec):
     """Register an inference server (same fields and checks as a job's own server)."""
 
@@ -184,32 +76,8 @@ class LLMServerUpdate(Strict):
     logprobs_mode: LogprobsMode | None = Field(None, description="The server's --logprobs-mode")
 
 
-class LLMServerView(BaseModel):
-    """A registered inference server."""
+RolloutView = Rollout  # the gateway's older name for the rollout record
 
-    model_config = ConfigDict(from_attributes=True)
-
-    id: str
-    url: str
-    model: str | None = None
-    weight_version: str | None = None
-    backend: str
-    healthy: bool
-    paused: bool = False
-    logprobs_mode: str = "raw_logprobs"
-    in_flight: int
-    last_error: str | None = None
-
-
-class LLMServerList(BaseModel):
-    """All registered servers."""
-
-    servers: list[LLMServerView]
-
-
-class ErrorBody(BaseModel):
-    """Every 4xx/5xx answer."""
-
-    error: str
-    message: str
-    details: dict[str, Any] | None = None
+__all__ = ["AttemptView", "ErrorBody", "Instance", "JobAccepted", "JobCreate", "JobList",
+           "JobView", "LLMServerCreate", "LLMServerList", "LLMServerUpdate", "LLMServerView",
+           "ResultsPage", "Rollout", "RolloutView", "Strict", "Timing", "TurnView"]

@@ -18,6 +18,9 @@ Script (JSON file or dict)::
       "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
                                         {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]},
       "policy": "demo-math",                   # a built-in policy answers instead (below)
+      "wrong_rate": 0.0,                       # share of replies replaced by `wrong` (below)
+      "wrong": "I do not know how to solve this problem.",  # the reply spec used then
+      "seed": 0,                               # seeds the wrong-reply draws
       "capacity": {"time_scale": 0.1}          # optional: a capacity model (below)
     }
 
@@ -42,9 +45,17 @@ prompts cost prefill per token except what the prefix cache holds; GET /metrics 
 running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like vLLM, a request
 whose client disconnects while it is "decoding" (its latency, or its time in the engine) is
 aborted: no answer, counted as `aborted` in the stats.
+
+`wrong_rate: p` gives rewards a variance on CPU (a trainer's advantage code needs one): each
+reply is replaced by the `wrong` reply with probability p, drawn from a hash of (`seed`, the
+prompt's token ids, how many times this exact prompt was asked before, the request's own
+`seed`). Samples of one group send the same first prompt, so the occurrence count tells them
+apart; the draws are deterministic for a given order of requests, and a restarted simulator
+replays them. The default `wrong` reply has no tool call and no answer (graded 0 by `math`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import select
@@ -68,6 +79,7 @@ log = logging.getLogger(__name__)
 
 BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "data" / "smollm2-tokenizer"
 DEFAULT_SCRIPT: dict[str, Any] = {"policy": "demo-math"}
+WRONG_REPLY = "I do not know how to solve this problem."
 
 
 def _policies() -> dict[str, Callable[[str, int], Any]]:
@@ -98,6 +110,25 @@ class Script:
         self.by_instance = {k: list(v) for k, v in (script.get("by_instance") or {}).items()}
         self.policy = self._policy(script.get("policy"))
         self.capacity = CapacityModel.parse(script.get("capacity"))
+        self.wrong_rate = float(script.get("wrong_rate", 0.0))
+        if not 0.0 <= self.wrong_rate <= 1.0:
+            raise ValueError(f"wrong_rate {self.wrong_rate} is not a probability in [0, 1]")
+        self.wrong = script.get("wrong", WRONG_REPLY)
+        self.seed = int(script.get("seed", 0))
+        self._asked: Counter[str] = Counter()
+        self._asked_lock = threading.Lock()
+
+    def wrong_draw(self, prompt_ids: list[int], request_seed: Any = None) -> bool:
+        """Whether this request gets the wrong reply (see `wrong_rate` in the module doc)."""
+        if self.wrong_rate <= 0.0:
+            return False
+        digest = hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()
+        with self._asked_lock:
+            occurrence = self._asked[digest]
+            self._asked[digest] += 1
+        key = f"{self.seed}:{digest}:{occurrence}:{request_seed}".encode()
+        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2.0 ** 64
+        return draw < self.wrong_rate
 
     @staticmethod
     def _policy(name: str | None) -> Callable[[str, int], Any] | None:
@@ -131,12 +162,14 @@ class Script:
 
     def complete(self, prompt_ids: list[int], max_tokens: int,
                  disconnected: Callable[[], bool] = lambda: False,
-                 engine: Engine | None = None) -> dict[str, Any] | None:
+                 engine: Engine | None = None, seed: Any = None) -> dict[str, Any] | None:
         """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
         the client went away during the reply's latency or its time in the engine)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
+        if self.wrong_draw(prompt_ids, seed):
+            reply = self.wrong
         ids, latency = self.reply_ids(reply)
         finish = "stop"
         if len(ids) > max_tokens:
@@ -274,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(status, answer)
 
-    def _run(self, prompt: Any, max_tokens: int) -> tuple[int, dict[str, Any]]:
+    def _run(self, prompt: Any, max_tokens: int, seed: Any = None) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
         limit = self.server.max_model_len
@@ -287,7 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.stats_lock:
             self.server.stats["started"] += 1
         result = self.server.script.complete(prompt, max_tokens, self._client_gone,
-                                             self.server.engine)
+                                             self.server.engine, seed)
         if result is None:
             with self.server.stats_lock:
                 self.server.stats["aborted"] += 1
@@ -299,7 +332,8 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, result
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16))
+        status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16),
+                              body.get("seed"))
         if status != 200:
             return status, r
         choice = {"index": 0, "text": r["text"], "finish_reason": r["finish_reason"],
@@ -312,7 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         params = body.get("sampling_params") or {}
-        status, r = self._run(body.get("input_ids"), int(params.get("max_new_tokens") or 16))
+        status, r = self._run(body.get("input_ids"), int(params.get("max_new_tokens") or 16),
+                              params.get("sampling_seed"))
         if status != 200:
             return status, r
         meta = {"finish_reason": {"type": r["finish_reason"]},
@@ -344,7 +379,8 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
                 host: str = "127.0.0.1", max_model_len: int | None = None,
                 latency: float | None = None,
                 report_max_model_len: bool = True,
-                capacity: CapacityModel | dict[str, Any] | None = None) -> SimulatorServer:
+                capacity: CapacityModel | dict[str, Any] | None = None,
+                wrong_rate: float | None = None, seed: int | None = None) -> SimulatorServer:
     """A bound (not yet serving) simulator server; port 0 picks a free one.
 
     `max_model_len` makes it reject, like vLLM, a request whose prompt + max_tokens exceeds it
@@ -356,6 +392,10 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
         data["latency"] = latency
     if capacity is not None:
         data["capacity"] = capacity
+    if wrong_rate is not None:
+        data["wrong_rate"] = wrong_rate
+    if seed is not None:
+        data["seed"] = seed
     return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len,
                            report_max_model_len)
 

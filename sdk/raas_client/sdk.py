@@ -1,6 +1,9 @@
-"""The trainer-side SDK: submit a batch, iterate finished rollouts or whole GRPO groups, cancel.
+"""The trainer-side SDK: submit a batch, iterate finished rollouts or whole GRPO groups, cancel,
+collect the groups of a training step (`collect`, typed rows, `raas_client.batch`).
 
-Only httpx: a trainer should not need raas' server dependencies to talk to it.
+httpx + pydantic only: a trainer should not need raas' server dependencies to talk to it. The
+dict-returning methods give the gateway's JSON as is; `rollouts()` and `collect()` give the
+typed `Rollout` / `Group` / `Batch` rows (`Rollout.model_validate(row)` types any dict).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from raas_client.batch import Batch, Collector
+from raas_client.models import Rollout
 from raas_client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
 
 
@@ -64,6 +69,7 @@ class RaasClient:
                                  max_wait=retry_max_wait)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self._collectors: dict[str, Collector] = {}
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -190,6 +196,27 @@ class RaasClient:
             pending[item["instance_id"]].append(item)
             if item["group_complete"]:
                 yield sorted(pending.pop(item["instance_id"]), key=lambda r: r["sample_index"])
+
+    def rollouts(self, job_id: str, after: int = 0, wait: float = 30) -> Iterator[Rollout]:
+        """Every finished rollout from cursor `after` until the job is done, typed."""
+        for item in self.results(job_id, after, wait):
+            yield Rollout.model_validate(item)
+
+    def collector(self, job_id: str, after: int = 0) -> Collector:
+        """The job's collector (one per job and client): successive `collect` calls go on
+        where the last one stopped."""
+        if job_id not in self._collectors:
+            self._collectors[job_id] = Collector(self, job_id, after)
+        return self._collectors[job_id]
+
+    def collect(self, job_id: str, groups: int, timeout: float = 600.0,
+                max_staleness: int | None = None, current_version: Any = None,
+                include_infra: bool = False) -> Batch:
+        """The next K (`groups`) complete groups of the job, or those that complete within
+        `timeout` seconds; samples more than `max_staleness` policy versions behind the
+        current one are dropped and reported. See `raas_client.batch`."""
+        return self.collector(job_id).collect(groups, timeout, max_staleness, current_version,
+                                              include_infra)
 
     def reevaluate(self, rollout_id: str, wait: float = 0) -> dict[str, Any]:
         """POST /v1/rollouts/{id}/reevaluate: grade the stored result again (SWE)."""

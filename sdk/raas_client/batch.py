@@ -1,0 +1,224 @@
+"""From finished rollouts to a training step: whole groups, a batch of K of them, advantages.
+
+`Collector.collect(groups=K, timeout=T, max_staleness=S)` returns a `Batch` of the first K
+groups (all samples of one instance) that complete, or what completed within T seconds. Each
+sample's `failure_class` (`raas_client.models`) decides its place:
+
+- `none` and `policy` samples form the group's statistics (a policy failure is a real bad
+  sample: its reward is 0 when the grader gave none);
+- `infra` and `input` samples are excluded by default (`include_infra=True` counts infra
+  failures as reward 0, as some trainers do): the group is reported *short*, with a count;
+- a sample whose oldest turn was generated more than S policy versions before the current
+  version is dropped and reported (`Group.stale`, `Batch.stale`).
+
+Policy versions are the servers' `weight_version` strings; their number is the integer they
+end with (`"step-42"` -> 42, `"7"` -> 7). The current version is `current_version=` when
+given, else the highest one among the pool's servers, else the highest one seen in the batch.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raas_client.arrays import to_arrays
+from raas_client.models import Rollout, version_number
+
+AdvantageMethod = Literal["grpo", "rloo"]
+
+
+class ResultsSource(Protocol):
+    """What a Collector reads from (a `RaasClient`)."""
+
+    def results_page(self, job_id: str, after: int = 0, wait: float = 0,
+                     limit: int = 100) -> dict[str, Any]: ...
+
+    def llm_servers(self) -> list[dict[str, Any]]: ...
+
+
+def oldest_version(rollout: Rollout) -> int | None:
+    """The oldest policy version among a sample's generated turns (None if none is known)."""
+    numbers = [n for n in map(version_number, rollout.policy_versions or []) if n is not None]
+    return min(numbers) if numbers else None
+
+
+def advantages(rewards: list[float], method: AdvantageMethod = "grpo",
+               eps: float = 1e-6) -> list[float]:
+    """Per-sample advantages of one group.
+
+    `grpo`: (r - mean) / (std + eps), std the unbiased sample standard deviation (as verl);
+    `rloo`: r minus the mean of the other samples' rewards. A group of one gets 0.
+    """
+    n = len(rewards)
+    if n < 2:
+        return [0.0] * n
+    mean = sum(rewards) / n
+    if method == "grpo":
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1))
+        return [(r - mean) / (std + eps) for r in rewards]
+    if method == "rloo":
+        return [(r - mean) * n / (n - 1) for r in rewards]
+    raise ValueError(f"unknown advantage method {method!r}: grpo or rloo")
+
+
+class Group(BaseModel):
+    """All samples of one instance, as delivered, and the ones its statistics use."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    instance_id: str
+    rollouts: list[Rollout] = Field(description="Every sample of the instance, by sample_index")
+    stale: list[str] = Field(default_factory=list,
+                             description="Rollout ids dropped for max_staleness")
+    include_infra: bool = Field(False, description="Infra failures count as reward 0")
+
+    def _used(self, r: Rollout) -> bool:
+        if r.rollout_id in self.stale:
+            return False
+        return r.failure_class in ("none", "policy") or (
+            self.include_infra and r.failure_class == "infra")
+
+    @property
+    def samples(self) -> list[Rollout]:
+        """The samples that enter the group's statistics and the batch's arrays."""
+        return [r for r in self.rollouts if self._used(r)]
+
+    @property
+    def rewards(self) -> list[float]:
+        """Training rewards of `samples` (policy and, if included, infra failures: 0)."""
+        return [r.train_reward if r.train_reward is not None else 0.0 for r in self.samples]
+
+    @property
+    def n_infra(self) -> int:
+        """Samples whose failure was the infrastructure's (or an unsampleable prompt)."""
+        return sum(r.failure_class in ("infra", "input") for r in self.rollouts)
+
+    @property
+    def short(self) -> bool:
+        """Fewer usable samples than the group had (infra failures, stale samples)."""
+        return len(self.samples) < len(self.rollouts)
+
+    def advantages(self, method: AdvantageMethod = "grpo", eps: float = 1e-6) -> list[float]:
+        """Advantages of `samples`, in their order."""
+        return advantages(self.rewards, method, eps)
+
+
+class Batch(BaseModel):
+    """The groups of one training step and what was left out of them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    groups: list[Group]
+    stale: list[str] = Field(default_factory=list, description="Rollouts dropped as stale")
+    current_version: int | None = Field(None, description="Version staleness was measured from")
+    timed_out: bool = Field(False, description="Fewer than K groups completed within T")
+    job_done: bool = Field(False, description="The job has no more groups to give")
+    seconds: float = Field(0.0, description="Time collect() took")
+
+    @property
+    def samples(self) -> list[Rollout]:
+        """Every used sample, group after group (the rows of `to_arrays`)."""
+        return [r for g in self.groups for r in g.samples]
+
+    @property
+    def rewards(self) -> list[float]:
+        """Training rewards of `samples`."""
+        return [x for g in self.groups for x in g.rewards]
+
+    @property
+    def n_infra(self) -> int:
+        """Infra (and input) failures left out of the groups' statistics."""
+        return sum(g.n_infra for g in self.groups)
+
+    @property
+    def short_groups(self) -> int:
+        """Groups with fewer usable samples than requested."""
+        return sum(g.short for g in self.groups)
+
+    def advantages(self, method: AdvantageMethod = "grpo", eps: float = 1e-6) -> list[float]:
+        """Per-sample advantages, each group normalised on its own, aligned with `samples`."""
+        return [a for g in self.groups for a in g.advantages(method, eps)]
+
+    def to_arrays(self, pad_id: int = 0, advantage: AdvantageMethod | None = "grpo",
+                  backend: Literal["auto", "numpy", "torch"] = "auto") -> dict[str, Any]:
+        """Padded arrays of `samples` (see `raas_client.arrays.to_arrays`)."""
+        adv = self.advantages(advantage) if advantage else None
+        return to_arrays(self.samples, pad_id=pad_id, rewards=self.rewards, advantages=adv,
+                         backend=backend)
+
+
+class Collector:
+    """Collects one job's groups across training steps: each `collect` goes on from where
+    the previous one stopped (its cursor), and a group completed beyond K waits for the next."""
+
+    def __init__(self, client: ResultsSource, job_id: str, after: int = 0) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.cursor = after
+        self.pending: dict[str, list[Rollout]] = defaultdict(list)
+        self.ready: list[list[Rollout]] = []
+        self.done = False
+
+    def collect(self, groups: int, timeout: float = 600.0, max_staleness: int | None = None,
+                current_version: Any = None, include_infra: bool = False,
+                poll: float = 30.0) -> Batch:
+        """K complete groups or what completed within `timeout` seconds, whichever first."""
+        if groups < 1:
+            raise ValueError(f"groups={groups}: ask for at least one group")
+        started = time.monotonic()
+        deadline = started + timeout
+        while len(self.ready) < groups and not self.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._read(min(poll, remaining))
+        taken, self.ready = self.ready[:groups], self.ready[groups:]
+        current = self._current(current_version, taken) if max_staleness is not None else None
+        built = [self._group(rows, max_staleness, current, include_infra) for rows in taken]
+        return Batch(groups=built, stale=[i for g in built for i in g.stale],
+                     current_version=current, timed_out=len(built) < groups and not self.done,
+                     job_done=self.done and not self.ready,
+                     seconds=round(time.monotonic() - started, 3))
+
+    def _read(self, wait: float) -> None:
+        page = self.client.results_page(self.job_id, self.cursor, wait=wait, limit=1000)
+        for item in page["items"]:
+            row = Rollout.model_validate(item)
+            self.pending[row.instance_id].append(row)
+            if row.group_complete:
+                rows = self.pending.pop(row.instance_id)
+                self.ready.append(sorted(rows, key=lambda r: r.sample_index))
+        self.cursor = page["cursor"]
+        self.done = bool(page["done"])
+
+    def _current(self, given: Any, taken: list[list[Rollout]]) -> int | None:
+        if given is not None:
+            number = version_number(given)
+            if number is None:
+                raise ValueError(f"current_version={given!r} has no version number")
+            return number
+        try:
+            versions = [version_number(s.get("weight_version"))
+                        for s in self.client.llm_servers()]
+        except Exception:  # noqa: BLE001 - a tenant may not see the pool: fall back below
+            versions = []
+        versions += [version_number(v) for rows in taken for r in rows
+                     for v in (r.policy_versions or [])]
+        known = [v for v in versions if v is not None]
+        return max(known) if known else None
+
+    @staticmethod
+    def _group(rows: list[Rollout], max_staleness: int | None, current: int | None,
+               include_infra: bool) -> Group:
+        stale = []
+        if max_staleness is not None and current is not None:
+            for r in rows:
+                oldest = oldest_version(r)
+                if oldest is not None and current - oldest > max_staleness:
+                    stale.append(r.rollout_id)
+        return Group(job_id=rows[0].job_id, instance_id=rows[0].instance_id, rollouts=rows,
+                     stale=stale, include_infra=include_infra)

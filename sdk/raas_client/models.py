@@ -1,0 +1,246 @@
+"""The REST wire's answers, typed once: the gateway serves these models, the SDK parses them.
+
+Plain pydantic, no SQL and nothing of the server, so a trainer installs them with httpx and
+pydantic alone (`pip install ./sdk`). The gateway's `app/schemas.py` imports them (and keeps
+only the request models that need its own validators: sampling, limits, sandbox, llm), so the
+OpenAPI document, the server's answers and the SDK's rows come from one definition.
+
+Answers ignore unknown fields (`extra="ignore"`): an older SDK reads a newer gateway's rows.
+
+**`failure_class`**, the trainer's contract on every finished sample (derived from `outcome`):
+
+| failure_class | outcomes | reward for training | in group statistics |
+| --- | --- | --- | --- |
+| `none` | `completed` | the graded reward | yes |
+| `policy` | `agent_error` (no valid action, disk quota, OOM, killed its tool server) | the reward, 0 when null | yes: a real bad sample |
+| `infra` | `infra_error`, `timeout`, `cancelled` | none | no (by default): the group is reported short, with a count |
+| `input` | `prompt_too_long` | none | no: the instance cannot be sampled at this context |
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+FailureClass = Literal["none", "policy", "infra", "input"]
+FAILURE_CLASSES: dict[str, FailureClass] = {
+    "completed": "none",
+    "agent_error": "policy",
+    "infra_error": "infra",
+    "timeout": "infra",
+    "cancelled": "infra",
+    "prompt_too_long": "input",
+}
+
+
+def failure_class_of(outcome: str | None) -> FailureClass | None:
+    """The failure class of an outcome (None while the rollout runs); an outcome this SDK does
+    not know is `infra`, so it never enters group statistics disguised as a policy sample."""
+    if outcome is None:
+        return None
+    return FAILURE_CLASSES.get(outcome, "infra")
+
+
+_TRAILING_INT = re.compile(r"(\d+)$")
+
+
+def version_number(version: Any) -> int | None:
+    """A policy version as an integer: the one a version string ends with (`"step-42"` -> 42,
+    `"7"` -> 7), else None."""
+    if isinstance(version, bool) or version is None:
+        return None
+    if isinstance(version, int):
+        return version
+    match = _TRAILING_INT.search(str(version).strip())
+    return int(match.group(1)) if match else None
+
+
+class Answer(BaseModel):
+    """Base of the gateway's answers: unknown fields are ignored (forward compatible)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class JobAccepted(Answer):
+    """202 answer to a submission (also returned again for a repeated idempotency key)."""
+
+    job_id: str
+    rollout_ids: list[str]
+    created: bool = Field(description="False when the idempotency key matched a job")
+
+
+class JobView(Answer):
+    """A job with its progress."""
+
+    job_id: str
+    agent: str
+    status: str = Field(description="running | cancelling | done | cancelled")
+    n_instances: int
+    n_samples: int
+    n_rollouts: int
+    finished: int
+    progress: float
+    counts: dict[str, int] = Field(description="Rollouts per status")
+    outcomes: dict[str, int] = Field(description="Finished rollouts per outcome")
+    created_at: datetime
+    finished_at: datetime | None = None
+    idempotency_key: str | None = None
+
+
+class JobList(Answer):
+    """GET /v1/jobs page."""
+
+    jobs: list[JobView]
+    next_cursor: str | None = None
+
+
+class TurnView(Answer):
+    """One turn of a rollout."""
+
+    model_config = ConfigDict(extra="ignore", from_attributes=True)
+
+    index: int
+    attempt: int
+    created_at: datetime
+    text: str | None = None
+    generated_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    observation: str | None = None
+    observation_ids: list[int] | None = None
+    finish_reason: str | None = None
+    llm_server: str | None = None
+    weight_version: str | None = None
+    gen_seconds: float | None = None
+    tool_seconds: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict,
+                                  description="logprobs_mode, parse errors, staleness, ...")
+
+
+class AttemptView(Answer):
+    """An earlier attempt of a rollout: why it ended and the turns it had logged."""
+
+    attempt: int
+    error: str | None = None
+    ended_at: str | None = None
+    turns: list[TurnView] | None = None
+
+
+class Timing(Answer):
+    """Seconds spent in each stage (queue time excluded)."""
+
+    init: float | None = None
+    run: float | None = None
+    eval: float | None = None
+
+
+class Rollout(Answer):
+    """A rollout: identity, status, outcome, reward and the token-exact trajectory.
+
+    The trajectory arrays align: `response_ids`, `response_logprobs` and `loss_mask` have one
+    entry per response token; `extra.turn_boundaries` holds each generated turn's [start, end)
+    in them and `policy_versions` each turn's weight version, in the same order.
+    """
+
+    rollout_id: str
+    job_id: str
+    instance_id: str
+    sample_index: int
+    status: str
+    outcome: str | None = Field(None, description="completed | agent_error | prompt_too_long "
+                                "| timeout | infra_error | cancelled; null while it runs")
+    error: str | None = None
+    attempt: int
+    node: str | None = None
+    reward: float | None = Field(None, description="null unless graded: failures are never 0")
+    finish_reason: str | None = None
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = Field(
+        None, description="Generated turns (loss_mask 1) and the tool observations between "
+                          "them (loss_mask 0), as the model saw them")
+    response_logprobs: list[float] | None = Field(
+        None, description="The sampling logprob of each response token; 0.0 where loss_mask "
+                          "is 0 (observation tokens were not sampled: a placeholder, never a "
+                          "probability) and where the server returned none")
+    loss_mask: list[int] | None = Field(None, description="1 on generated tokens, 0 on "
+                                        "template and observation tokens")
+    policy_versions: list[Any] | None = Field(
+        None, description="Weight version of each generated turn (extra.turn_boundaries)")
+    token_exact: bool | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None
+    timing: Timing
+    seq: int | None = Field(None, description="Place in the job's completion order")
+    group_complete: bool = Field(False, description="Last sample of its instance to finish")
+    created_at: datetime
+    finished_at: datetime | None = None
+    turns: list[TurnView] | None = Field(
+        None, description="Turns of the current attempt (the one the trajectory belongs to)")
+    earlier_attempts: list[AttemptView] | None = Field(
+        None, description="Attempts that were retried, oldest first, with their own turns")
+
+    @computed_field(description="none | policy | infra | input (module table of "
+                                "raas_client.models); null while the rollout runs")
+    @property
+    def failure_class(self) -> FailureClass | None:
+        """How the trainer treats this sample (see the module docstring)."""
+        return failure_class_of(self.outcome)
+
+    @property
+    def train_reward(self) -> float | None:
+        """The reward a trainer uses: graded for `none`, 0 for a `policy` failure left
+        ungraded, None for `infra`/`input` (excluded from training)."""
+        cls = self.failure_class
+        if cls == "none":
+            return self.reward
+        if cls == "policy":
+            return self.reward if self.reward is not None else 0.0
+        return None
+
+    @property
+    def turn_boundaries(self) -> list[list[int]]:
+        """[start, end) of each generated turn in the response arrays."""
+        return [list(b) for b in self.extra.get("turn_boundaries") or []]
+
+
+class ResultsPage(Answer):
+    """GET /v1/jobs/{id}/results: finished rollouts after `cursor`, in completion order."""
+
+    job_id: str
+    items: list[Rollout]
+    cursor: int = Field(description="Pass as `after` to get the next page")
+    done: bool = Field(description="Every rollout of the job has finished")
+
+
+class LLMServerView(Answer):
+    """A registered inference server."""
+
+    model_config = ConfigDict(extra="ignore", from_attributes=True)
+
+    id: str
+    url: str
+    model: str | None = None
+    weight_version: str | None = None
+    backend: str
+    healthy: bool
+    paused: bool = False
+    logprobs_mode: str = "raw_logprobs"
+    in_flight: int
+    last_error: str | None = None
+
+
+class LLMServerList(Answer):
+    """All registered servers."""
+
+    servers: list[LLMServerView]
+
+
+class ErrorBody(Answer):
+    """Every 4xx/5xx answer."""
+
+    error: str
+    message: str
+    details: dict[str, Any] | None = None
