@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install up test test-fast test-faults test-slow test-vllm bench vllm-cpu demo clean
+.PHONY: install up test test-fast test-faults test-slow test-vllm test-sdk bench vllm-cpu demo clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -42,6 +42,7 @@ SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py tests
 	tests/agents/test_swe_pipeline.py tests/agents/test_prorl_clients.py \
 	tests/agents/test_prorl_vllm.py tests/agents/test_reward_attacks.py \
 	tests/agents/test_vllm_smoke.py tests/agents/test_resume_pipeline.py tests/test_nodes.py \
+	tests/sdk/test_batches.py tests/sdk/test_install_alone.py \
 	tests/faults
 test-fast: install
 	$(PY) -m pytest -q $(PARALLEL) $(addprefix --ignore=,$(SERVICE_TIERS))
@@ -50,6 +51,11 @@ test-fast: install
 # cancel): each case asserts nothing lost, duplicated or leaked, with no human step.
 test-faults: install
 	$(PY) -m pytest -q tests/faults
+
+# The trainer-side SDK: `pip install ./sdk` into a fresh venv, then typed rows, collect,
+# arrays and advantages against the real service.
+test-sdk: $(VENV)/.installed
+	$(PY) -m pytest -q tests/sdk
 
 test-slow: install
 	$(PY) -m pytest -m slow

@@ -1,0 +1,66 @@
+"""`pip install ./sdk` into a fresh venv: the SDK alone, none of the server's dependencies and
+none of its top-level packages, and it parses real rows from a running gateway.
+
+Marked `sdk_install` (a fresh venv + pip: ~30 s under load); it runs in `make test` and alone
+with `make test-sdk`.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline_harness import start_service
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_ONLY = ("celery", "flask", "transformers", "sqlalchemy", "tokenizers", "click",
+               "app", "core", "tasks", "agents", "sandbox", "client")
+
+PROBE = textwrap.dedent("""
+    import importlib.util, json, sys
+    from raas_client import RaasClient, Rollout
+    url, job_id = sys.argv[1], sys.argv[2]
+    absent = [m for m in sys.argv[3].split(",") if importlib.util.find_spec(m) is None]
+    with RaasClient(url) as client:
+        rows = [Rollout.model_validate(i) for i in client.results_page(job_id, limit=100)["items"]]
+        batch = client.collect(job_id, groups=2, timeout=30)
+    print(json.dumps({"absent": absent, "classes": [r.failure_class for r in rows],
+                      "rewards": [r.reward for r in rows], "tokens": [r.response_ids for r in rows],
+                      "groups": [len(g.samples) for g in batch.groups],
+                      "advantages": batch.advantages()}))
+""")
+
+
+@pytest.mark.sdk_install
+def test_the_sdk_installs_and_works_without_the_server(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO / "sdk")],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-2000:]
+    svc = start_service(tmp_path / "home", concurrency=2)
+    try:
+        job = svc.client.submit("test-sleepy", [{"instance_id": "i0"}, {"instance_id": "i1"}],
+                                n_samples=2)
+        svc.wait_done(job["job_id"], timeout=60)
+        probe = subprocess.run([str(python), "-c", PROBE, svc.url, job["job_id"],
+                                ",".join(SERVER_ONLY)], capture_output=True, text=True,
+                               timeout=120, cwd=tmp_path)  # not the repo: nothing of it on the path
+    finally:
+        svc.stop()
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout)
+    assert seen["absent"] == list(SERVER_ONLY)
+    assert seen["classes"] == ["none"] * 4
+    assert sorted(seen["rewards"]) == [0.0, 0.0, 1.0, 1.0]  # test-sleepy: sample parity
+    assert seen["tokens"] == [[4, 5]] * 4 and seen["groups"] == [2, 2]
+    assert [round(a, 3) for a in seen["advantages"]] == [-0.707, 0.707, -0.707, 0.707]
+    # the console script is there and says how to get the CLI's dependencies
+    command = subprocess.run([str(venv / "bin" / "raas-client"), "status"],
+                             capture_output=True, text=True, timeout=60)
+    assert command.returncode != 0 and "pip install 'raas-client[cli]'" in command.stderr
