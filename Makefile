@@ -42,7 +42,7 @@ SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py tests
 	tests/agents/test_swe_pipeline.py tests/agents/test_prorl_clients.py \
 	tests/agents/test_prorl_vllm.py tests/agents/test_reward_attacks.py \
 	tests/agents/test_vllm_smoke.py tests/agents/test_resume_pipeline.py tests/test_nodes.py \
-	tests/sdk/test_batches.py tests/sdk/test_install_alone.py \
+	tests/sdk/test_batches.py tests/sdk/test_install_alone.py tests/llm/test_hub_tokenizers.py \
 	tests/faults
 test-fast: install
 	$(PY) -m pytest -q $(PARALLEL) $(addprefix --ignore=,$(SERVICE_TIERS))

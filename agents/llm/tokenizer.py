@@ -1,9 +1,11 @@
 """The tokenizer and chat template that build a trajectory, loaded offline from a local folder.
 
 A rollout's tokens must come from the same tokenizer the policy was trained with, so it is a
-local Hugging Face folder (tokenizer.json + chat template), never a hub download. When a job
-does not name one, the usual case is that trainer and service share a filesystem: the model
-path a registered server reports in GET /v1/models is that folder.
+local Hugging Face folder (tokenizer.json + chat template), never a hub download. A name is a
+folder, or a hub id (`Qwen/Qwen2.5-0.5B-Instruct`, what `vllm serve` reports) found in the
+local Hugging Face cache (`agents.llm.hub_cache`). When a job does not name one, the model a
+registered server reports in GET /v1/models is used: its folder, or its id in the cache. A
+server that does not answer is named as unreachable in the submission's 400.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 import httpx
 
 from agents.llm.backends.http_client import shared_client
+from agents.llm.hub_cache import cached_tokenizer_folder, hub_cache_dir
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -181,9 +184,10 @@ def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatToke
 def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
     from transformers import AutoTokenizer
 
-    folder = Path(path)
+    folder = Path(tokenizer_folder(path) or path)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise FileNotFoundError(f"{path} has no tokenizer.json / tokenizer_config.json")
+        raise FileNotFoundError(f"{path} has no tokenizer.json / tokenizer_config.json (nor "
+                                f"is it a model id in the Hugging Face cache {hub_cache_dir()})")
     hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     template = chat_template
     return ChatTokenizer(hf, template, generation_eos_ids(folder))
@@ -194,16 +198,31 @@ def is_tokenizer_folder(path: str | None) -> bool:
     return bool(path) and any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES)
 
 
-def list_models(url: str) -> list[dict]:
-    """The entries of a server's GET /v1/models ([] when it cannot be asked)."""
+def tokenizer_folder(name: str | None) -> str | None:
+    """The local folder a tokenizer name stands for: the folder itself, or a hub id's cached
+    snapshot; None when neither exists here."""
+    if not name:
+        return None
+    if is_tokenizer_folder(name):
+        return name
+    return cached_tokenizer_folder(name)
+
+
+def probe_models(url: str) -> tuple[list[dict], str | None]:
+    """The entries of a server's GET /v1/models and, when it did not answer, why."""
     try:
         response = shared_client().get(f"{url.rstrip('/')}/v1/models", timeout=MODELS_TIMEOUT)
         response.raise_for_status()
         entries = response.json().get("data", [])
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         log.info("cannot list models of %s: %s", url, exc)
-        return []
-    return [e for e in entries if isinstance(e, dict)]
+        return [], f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return [e for e in entries if isinstance(e, dict)], None
+
+
+def list_models(url: str) -> list[dict]:
+    """The entries of a server's GET /v1/models ([] when it cannot be asked)."""
+    return probe_models(url)[0]
 
 
 _served_lengths: dict[str, tuple[float, int | None]] = {}  # url -> (expires at, length)
@@ -233,25 +252,31 @@ def remember_max_model_len(url: str, max_model_len: int) -> None:
     _served_lengths[url] = (time.monotonic() + SERVED_LENGTH_TTL, max_model_len)
 
 
+def model_names(entries: list[dict]) -> list[str]:
+    """Model roots and ids a server lists: candidates for a tokenizer (folder or hub id)."""
+    names: list[str] = []
+    for entry in entries:
+        names += [p for p in (entry.get("root"), entry.get("id")) if isinstance(p, str)]
+    return names
+
+
 def server_model_paths(url: str) -> list[str]:
     """Model roots and ids a server lists: candidates for a local tokenizer folder."""
-    paths = []
-    for entry in list_models(url):
-        paths += [p for p in (entry.get("root"), entry.get("id")) if isinstance(p, str)]
-    return paths
+    return model_names(list_models(url))
 
 
 def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list) -> str:
-    """The tokenizer folder of an LLMSpec: named, else a server's local model path, else 4xx.
+    """The tokenizer of an LLMSpec, as a name `load_chat_tokenizer` loads (a folder or a cached
+    hub id): named, else a server's model, else a 4xx that says which servers did not answer.
 
     `registered()` lists the registered servers' urls, asked only when the spec names none.
     """
     if spec.tokenizer:
-        if not is_tokenizer_folder(spec.tokenizer):
+        if tokenizer_folder(spec.tokenizer) is None:
             raise InvalidRequest(
-                f"llm.tokenizer: {spec.tokenizer!r} is not a local folder with tokenizer.json",
-                field="llm.tokenizer",
-            )
+                f"llm.tokenizer: {spec.tokenizer!r} is neither a local folder with "
+                f"tokenizer.json nor a model id in the Hugging Face cache {hub_cache_dir()} "
+                f"(set HF_HOME where the models were downloaded)", field="llm.tokenizer")
         return spec.tokenizer
     from agents.llm.pool import candidate_urls
 
@@ -262,12 +287,23 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
             "SGLang server; `raas llm-sim` serves a demo one), or name llm.servers in the job",
             field="llm.servers",
         )
+    unreachable: list[str] = []
+    served: list[str] = []
     for url in urls:
-        for path in server_model_paths(url):
-            if is_tokenizer_folder(path):
-                return path
+        entries, error = probe_models(url)
+        if error is not None:
+            unreachable.append(f"{url} ({error})")
+        for name in model_names(entries):
+            if tokenizer_folder(name) is not None:
+                return name
+            served.append(name)
+    down = f"; no answer from {', '.join(unreachable)}" if unreachable else ""
+    if not served:
+        raise InvalidRequest(
+            f"the LLM server{'s' if len(urls) > 1 else ''} did not answer GET /v1/models{down}: "
+            "start it, remove it (`raas llm rm URL`), or name llm.servers and llm.tokenizer",
+            field="llm.servers")
     raise InvalidRequest(
-        "llm.tokenizer is required: no registered server reports a model path that exists "
-        "locally as a tokenizer folder",
-        field="llm.tokenizer",
-    )
+        f"llm.tokenizer is required: the servers serve {', '.join(sorted(set(served)))}, "
+        f"neither a local tokenizer folder nor a model id in the Hugging Face cache "
+        f"{hub_cache_dir()} (set HF_HOME, or name llm.tokenizer){down}", field="llm.tokenizer")

@@ -8,7 +8,9 @@ another owner's server ids answer 404 (registration rules: `app.servers`).
 """
 from __future__ import annotations
 
-from flask import Blueprint, current_app, g
+from concurrent.futures import ThreadPoolExecutor
+
+from flask import Blueprint, current_app, g, request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -41,12 +43,28 @@ def create(body: LLMServerCreate) -> LLMServerView:
 
 
 @typed_route(bp, "/v1/llm-servers", "GET", response=LLMServerList,
-             summary="List the caller's inference servers")
+             summary="List the caller's inference servers",
+             query={"probe": "1: ask each server's GET /v1/models now (reachable, probe_error)"})
 def index() -> LLMServerList:
     with session_scope(_db()) as s:
         rows = s.scalars(select(LLMServer).where(LLMServer.owner == g.owner)
                          .order_by(LLMServer.created_at)).all()
-        return LLMServerList(servers=[LLMServerView.model_validate(r) for r in rows])
+        views = [LLMServerView.model_validate(r) for r in rows]
+    if request.args.get("probe") == "1" and views:
+        _probe(views)
+    return LLMServerList(servers=views)
+
+
+def _probe(views: list[LLMServerView]) -> None:
+    """Ask every server at once whether it answers (the stored `healthy` only changes when a
+    rollout's request fails, so a server down since registration would look healthy)."""
+    from agents.llm.tokenizer import model_names, probe_models
+
+    with ThreadPoolExecutor(max_workers=min(16, len(views))) as pool:
+        answers = list(pool.map(probe_models, [v.url for v in views]))
+    for view, (entries, error) in zip(views, answers):
+        view.reachable, view.probe_error = error is None, error
+        view.served_models = model_names(entries) if error is None else None
 
 
 @typed_route(bp, "/v1/llm-servers/<server_id>", "PUT", body=LLMServerUpdate,

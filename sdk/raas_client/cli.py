@@ -284,20 +284,31 @@ def llm_add(server_url: str, model: str | None, weight_version: str | None, chec
                + (f", serving {served}" if served else "") + ")")
 
 
+def health_text(server: dict[str, Any]) -> str:
+    """A server's state in a few words: unreachable (the gateway's probe), else its health."""
+    if server.get("reachable") is False:
+        return f"unreachable ({server.get('probe_error') or '?'})"
+    if not server["healthy"]:
+        return f"unhealthy ({server.get('last_error') or '?'})"
+    return "healthy"
+
+
 @llm.command("list")
 @url_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON")
-def llm_list(url: str, as_json: bool) -> None:
+@click.option("--probe/--no-probe", default=True, show_default=True,
+              help="Have the gateway ask each server's GET /v1/models now")
+def llm_list(url: str, as_json: bool, probe: bool) -> None:
     """The registered servers with their health and load."""
     with gateway(url) as client:
-        servers = client.llm_servers()
+        servers = client.llm_servers(probe=probe)
     if as_json:
         click.echo(json.dumps(servers, indent=1))
         return
     if not servers:
         click.echo("no LLM server registered: `raas llm add URL`")
     for s in servers:
-        health = "healthy" if s["healthy"] else f"unhealthy ({s.get('last_error') or '?'})"
+        health = health_text(s)
         click.echo(f"{s['id']}  {s['url']:<28} {s.get('model') or '-':<20} "
                    f"in-flight {s['in_flight']:<3} {health}")
 

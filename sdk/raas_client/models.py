@@ -230,6 +230,11 @@ class LLMServerView(Answer):
     logprobs_mode: str = "raw_logprobs"
     in_flight: int
     last_error: str | None = None
+    reachable: bool | None = Field(None, description="With ?probe=1: the server answered "
+                                   "GET /v1/models from the gateway just now")
+    probe_error: str | None = Field(None, description="With ?probe=1: why it did not answer")
+    served_models: list[str] | None = Field(None, description="With ?probe=1: the models it "
+                                            "lists (ids and roots)")
 
 
 class LLMServerList(Answer):

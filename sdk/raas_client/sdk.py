@@ -244,9 +244,12 @@ class RaasClient:
             fields["weight_version"] = weight_version
         return self.update_llm_server(server_id, **fields)
 
-    def llm_servers(self) -> list[dict[str, Any]]:
-        """The registered inference servers."""
-        return self._call("GET", "/v1/llm-servers")["servers"]
+    def llm_servers(self, probe: bool = False) -> list[dict[str, Any]]:
+        """The registered inference servers; `probe` has the gateway ask each one now
+        (`reachable`, `probe_error`, `served_models`)."""
+        params = {"probe": "1"} if probe else {}
+        return self._call("GET", "/v1/llm-servers", params=params,
+                          timeout=30.0 if probe else httpx.USE_CLIENT_DEFAULT)["servers"]
 
     def remove_llm_server(self, server_id: str) -> dict[str, Any]:
         """Remove a registered server by id."""
