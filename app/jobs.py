@@ -128,9 +128,13 @@ def get_job(s: Session, job_id: str, owner: str | None = None) -> Job:
     return job
 
 
-def owner_jobs(s: Session, owner: str, before: str | None, limit: int) -> list[JobView]:
-    """One page of the owner's jobs, newest first, after the job id `before` (a cursor)."""
+def owner_jobs(s: Session, owner: str, before: str | None, limit: int,
+               prefix: str | None = None) -> list[JobView]:
+    """One page of the owner's jobs, newest first, after the job id `before` (a cursor);
+    `prefix` keeps the ids that start with it (the short ids the dashboard shows)."""
     q = select(Job).where(Job.owner == owner)
+    if prefix:
+        q = q.where(Job.id.startswith(prefix, autoescape=True))
     if before:
         pivot = get_job(s, before, owner)
         q = q.where((Job.created_at < pivot.created_at)

@@ -10,6 +10,7 @@ from app.api.routing import query_number, typed_route
 from app.jobs import cancel_job, create_job, get_job, job_view, owner_jobs, results_after
 from app.schemas import JobAccepted, JobCreate, JobList, JobView, ResultsPage
 from core.db import session_scope
+from core.errors import InvalidRequest
 
 bp = Blueprint("jobs", __name__)
 POLL_SECONDS = 0.2
@@ -27,12 +28,17 @@ def submit(body: JobCreate) -> JobAccepted:
 
 
 @typed_route(bp, "/v1/jobs", "GET", response=JobList, summary="List jobs, newest first",
-             query={"limit": "page size (1-500)", "before": "cursor from the previous page"})
+             query={"limit": "page size (1-500)", "before": "cursor from the previous page",
+                    "prefix": "only jobs whose id starts with it (a short id)"})
 def list_jobs() -> JobList:
     limit = int(query_number("limit", 50, minimum=1, maximum=500))
     before = request.args.get("before")
+    prefix = request.args.get("prefix") or None
+    if prefix is not None and (len(prefix) > 64 or not prefix.isalnum()):
+        raise InvalidRequest(f"prefix: {prefix[:80]!r} is not the start of a job id",
+                             field="prefix")
     with session_scope(_settings().db_url) as s:
-        views = owner_jobs(s, g.owner, before, limit)
+        views = owner_jobs(s, g.owner, before, limit, prefix)
     return JobList(jobs=views, next_cursor=views[-1].job_id if len(views) == limit else None)
 
 

@@ -57,6 +57,14 @@ def gateway(url: str) -> Iterator[RaasClient]:
         raise click.ClickException(http_error_message(exc)) from None
 
 
+def find_job(client: RaasClient, job_id: str) -> dict[str, Any]:
+    """The job a command names by its id or a unique prefix (the dashboard's short id)."""
+    try:
+        return client.find_job(job_id)
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def read_instances(path: Path) -> list[dict[str, Any]]:
     """JSONL instances: `{instance_id, data}` or flat objects (everything else is data)."""
     out = []
@@ -126,9 +134,11 @@ def submit(file: Path, agent: str, n_samples: int, limit: int | None, url: str,
                    "already holds (so an interrupted follow resumes); default: stdout")
 @url_option
 def results(job_id: str, follow_: bool, out: Path | None, url: str) -> None:
-    """A job's finished rollouts as JSON lines; --follow --out FILE resumes a follow."""
+    """A job's finished rollouts as JSON lines; --follow --out FILE resumes a follow.
+    JOB_ID may be a unique prefix (the dashboard's short id)."""
     with gateway(url) as client:
-        total = client.job(job_id)["n_rollouts"]
+        job = find_job(client, job_id)
+        job_id, total = job.get("job_id", job_id), job["n_rollouts"]
         rows = follow(client, job_id, total, out, live=follow_)
     if follow_:
         report(job_id, rows)
@@ -234,10 +244,10 @@ def report(job_id: str, rows: list[dict[str, Any]]) -> None:
 @click.argument("job_id", required=False)
 @url_option
 def status(job_id: str | None, url: str) -> None:
-    """A job's progress, or the latest jobs."""
+    """A job's progress (JOB_ID or a unique prefix of it), or the latest jobs."""
     with gateway(url) as client:
         if job_id:
-            click.echo(json.dumps(client.job(job_id), indent=2))
+            click.echo(json.dumps(find_job(client, job_id), indent=2))
             return
         jobs = client.jobs(limit=20)["jobs"]
         if not jobs:

@@ -13,10 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-OUT_FIELDS = ("rollout_id", "job_id", "instance_id", "sample_index", "seq", "node", "status",
-              "outcome", "reward", "finish_reason", "prompt_ids", "response_ids",
-              "response_logprobs", "loss_mask", "policy_versions", "token_exact", "timing",
-              "error")
 SUMMARY_FIELDS = ("outcome", "reward", "error")
 
 
@@ -25,8 +21,10 @@ class ResultsFileError(ValueError):
 
 
 def out_row(item: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a finished rollout that go into the JSONL file."""
-    return {k: item.get(k) for k in OUT_FIELDS}
+    """A finished rollout's line in the JSONL file: the record the results API returns, whole
+    (`raas_client.models.Rollout`: metrics, `group_complete`, `failure_class`, extra with the
+    turn boundaries), so `Rollout.model_validate(json.loads(line))` reads it back."""
+    return dict(item)
 
 
 @dataclass

@@ -117,12 +117,34 @@ class RaasClient:
         """GET /v1/jobs/{id}."""
         return self._call("GET", f"/v1/jobs/{job_id}")
 
-    def jobs(self, limit: int = 50, before: str | None = None) -> dict[str, Any]:
-        """GET /v1/jobs: newest first; pass `next_cursor` as `before` for the next page."""
+    def jobs(self, limit: int = 50, before: str | None = None,
+             prefix: str | None = None) -> dict[str, Any]:
+        """GET /v1/jobs: newest first; pass `next_cursor` as `before` for the next page;
+        `prefix` keeps the jobs whose id starts with it."""
         params: dict[str, Any] = {"limit": limit}
         if before:
             params["before"] = before
+        if prefix:
+            params["prefix"] = prefix
         return self._call("GET", "/v1/jobs", params=params)
+
+    def find_job(self, job_id: str) -> dict[str, Any]:
+        """The job named by its id or a unique prefix of it (the dashboard shows 12
+        characters); LookupError when none or several match."""
+        try:
+            return self.job(job_id)
+        except RaasHTTPError as exc:
+            if exc.status != 404:
+                raise
+        jobs = self.jobs(limit=3, prefix=job_id)["jobs"]
+        matches = [j["job_id"] for j in jobs]
+        if len(matches) == 1:
+            return jobs[0]
+        if not matches:
+            raise LookupError(f"no job {job_id!r}: neither a job id nor the start of one")
+        raise LookupError(f"job id prefix {job_id!r} is ambiguous: it starts "
+                          f"{', '.join(matches[:2])}{', ...' if len(matches) > 2 else ''}; "
+                          f"type more of the id")
 
     def rollout(self, rollout_id: str) -> dict[str, Any]:
         """GET /v1/rollouts/{id} with its turns."""

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from agents.llm.simulator import start_simulator
 from raas_client import Batch, Collector, Group, Rollout
+from raas_client.cli import results, status
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,3 +155,36 @@ def test_rows_parse_from_the_wire_json(service, job):
     assert row.model_dump(mode="json")["failure_class"] == page["items"][0]["failure_class"]
 
 
+
+
+def test_out_rows_are_the_api_records(service, job, tmp_path):
+    """`raas results JOB --out F` writes the record the API returns: metrics, group markers,
+    failure_class; each line parses as the SDK's Rollout."""
+    out = tmp_path / "rows.jsonl"
+    res = CliRunner().invoke(results, [job, "--out", str(out), "--url", service.url])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    api = service.all_results(job)
+    assert lines == api and len(lines) == 4 * N
+    assert sum(r["group_complete"] for r in lines) == 4
+    assert all(r["metrics"].get("turns") for r in lines if r["failure_class"] == "none")
+    assert [Rollout.model_validate(r).failure_class for r in lines] == \
+        [r["failure_class"] for r in lines]
+
+
+def test_short_job_ids_work_in_the_cli(service, job):
+    short = job[:12]  # as the dashboard shows it
+    res = CliRunner().invoke(status, [short, "--url", service.url])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["job_id"] == job
+    res = CliRunner().invoke(results, [short, "--url", service.url])
+    assert res.exit_code == 0 and len(res.output.strip().splitlines()) >= 4 * N
+    # an ambiguous prefix: at most 17 jobs give two ids with the same first character
+    ids = [j["job_id"] for j in service.client.jobs(limit=100)["jobs"]]
+    while len({i[0] for i in ids}) == len(ids):
+        ids.append(service.client.submit("test-sleepy", [{"instance_id": "x"}])["job_id"])
+    first = next(i[0] for i in ids if sum(j[0] == i[0] for j in ids) > 1)
+    res = CliRunner().invoke(status, [first, "--url", service.url])
+    assert res.exit_code == 1 and "is ambiguous" in res.output and "type more" in res.output
+    res = CliRunner().invoke(status, ["zzzz", "--url", service.url])
+    assert res.exit_code == 1 and "no job 'zzzz'" in res.output

@@ -7,6 +7,7 @@ with `make test-sdk`.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -40,7 +41,8 @@ def test_the_sdk_installs_and_works_without_the_server(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO / "sdk")],
+    source = shutil.copytree(REPO / "sdk", tmp_path / "sdk")  # pip builds in the folder
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", str(source)],
                              capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr[-2000:]
     svc = start_service(tmp_path / "home", concurrency=2)
