@@ -15,13 +15,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml sdk/pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-# Chromium + chromedriver for the dashboard's browser tests (apt-get only when missing).
+# The venv; `install` is what `make test` needs on top: Chromium + chromedriver for the
+# dashboard's browser tests (apt-get only when missing). `make up` never runs apt-get.
 install: $(VENV)/.installed
 	scripts/install_chromium.sh
 
-# `make up PORT=8001` (or RAAS_PORT=8001) moves the gateway off 8000.
+# `make up PORT=8001` (or RAAS_PORT=8001) moves the gateway off 8000; `raas up` prints the next
+# commands with the ports in use.
 PORT ?=
-up: install
+up: $(VENV)/.installed
 	$(VENV)/bin/raas up $(if $(PORT),--port $(PORT))
 
 # Everything, the fault suite (tests/faults) included: what CI runs (.ci/run).
@@ -82,5 +84,5 @@ vllm-cpu:
 # Every agent end to end against the CPU vLLM: installs, serves SmolLM2 in the background on
 # VLLM_PORT (reuses a server already there), `raas up` on a temp home, submits a few instances
 # of each example set, prints outcomes/rewards/turns/timings, stops what it started.
-demo: install
+demo: $(VENV)/.installed
 	$(PY) scripts/demo.py --vllm-port $(VLLM_PORT)

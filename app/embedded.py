@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,31 @@ import time
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
+SIM_PORT = 8100  # `raas llm-sim`'s default port
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on host:port (a bind succeeds)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def next_commands(host: str, port: int, sim_port: int = SIM_PORT) -> list[str]:
+    """The quick start's next commands for the ports actually in use: the gateway's URL, and
+    a simulator port that is free (the default one unless it is taken)."""
+    free = next((p for p in range(sim_port, sim_port + 100)
+                 if p != port and port_free(host, p)), sim_port)
+    sim = "" if free == SIM_PORT else f" --port {free}"
+    url = f"http://{host}:{port}"
+    return [f"export RAAS_URL={url}",
+            f"raas llm-sim --register --detach{sim}",
+            "raas submit examples/math.jsonl --agent math --limit 4 --n 2 --wait "
+            "--out rollouts.jsonl",
+            f"# dashboard: {url}/ui"]
 STOP_GRACE_SECONDS = 15
 SUPERVISE_INTERVAL = 1.0
 RESTART_BACKOFF = 5.0  # a pool that keeps crashing at start is retried this often, not faster
@@ -148,6 +174,8 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
                  "broker %s, pools init/run/eval x%s", host, port, settings.home.resolve(),
                  settings.node, settings.db_url.split("@")[-1], settings.broker.split("@")[-1],
                  concurrency)
+        log.info("next, in another shell (. .venv/bin/activate):\n  %s",
+                 "\n  ".join(next_commands(host, port)))
         server.serve_forever()
     except KeyboardInterrupt:
         pass

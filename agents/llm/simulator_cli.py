@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -50,8 +51,21 @@ def _register_or_say(gateway: str, server_url: str) -> None:
                err=bool(problem))
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why `port` cannot be served on `host` (in use, or not bindable), else None."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (f"port {port} on {host} is in use ({exc.strerror or exc}): something else "
+                    f"listens there; stop it, or choose another port with --port")
+    return None
+
+
 def _detach(args: list[str], server_url: str, log_path: Path) -> int:
-    """Start the simulator as a background process and wait until it answers; its pid."""
+    """Start the simulator as a background process and wait until *it* answers; its pid.
+
+    Whatever else answers on the port does not count: the process must still be alive."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "agents.llm.simulator_cli", *args],
@@ -60,13 +74,16 @@ def _detach(args: list[str], server_url: str, log_path: Path) -> int:
     deadline = time.monotonic() + READY_TIMEOUT
     while proc.poll() is None and time.monotonic() < deadline:
         try:
-            if httpx.get(f"{server_url}/health", timeout=1).is_success:
+            if httpx.get(f"{server_url}/health", timeout=1).is_success and proc.poll() is None:
                 return proc.pid
         except httpx.TransportError:
             time.sleep(0.2)
     if proc.poll() is None:
         proc.kill()
-    raise click.ClickException(f"the simulator did not start on {server_url}; see {log_path}")
+        raise click.ClickException(f"the simulator did not start on {server_url} within "
+                                   f"{READY_TIMEOUT:g}s; see {log_path}")
+    raise click.ClickException(f"the simulator exited (code {proc.returncode}) before "
+                               f"answering on {server_url}; see {log_path}")
 
 
 def parse_capacity(value: str | None) -> CapacityModel | None:
@@ -119,6 +136,9 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
     """Run the LLM simulator (a fake of vLLM's token-id API) until interrupted."""
     server_url = f"http://{host}:{port}"
     capacity_model = parse_capacity(capacity)
+    busy = port_in_use(host, port)
+    if busy:  # before anything starts or is registered: never adopt another server
+        raise click.ClickException(busy)
     if detach:
         args = ["--tokenizer", tokenizer_dir, "--port", str(port), "--host", host]
         args += ["--script", script_file] if script_file else []

@@ -1,0 +1,68 @@
+"""The quick start's small points (issue 21): each cost a new user time once.
+
+`raas llm-sim --detach` on a busy port fails and registers nothing; `make up` runs no apt-get
+(Chromium only for `make test`); `raas up` prints next commands with the ports in use; the
+mask-0 logprob placeholder is documented in the rollout record (and so in the OpenAPI)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
+from app.embedded import next_commands
+from app.openapi import build_openapi
+from tests.pipeline_harness import start_service
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_llm_sim_detach_on_a_busy_port_fails_and_registers_nothing(tmp_path):
+    svc = start_service(tmp_path / "home", stages=(), reaper=False)  # the gateway alone
+    url, stop = start_simulator(str(BUNDLED_TOKENIZER), {"default": ["another server"]})
+    port = url.rsplit(":", 1)[1]
+    try:
+        env = {**os.environ, "RAAS_HOME": str(tmp_path / "home")}
+        res = subprocess.run([sys.executable, "-m", "app.cli", "llm-sim", "--detach",
+                              "--register", "--port", port, "--url", svc.url],
+                             capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert f"port {port} on 127.0.0.1 is in use" in res.stderr
+        assert "Traceback" not in res.stderr and "registered" not in res.stdout
+        assert svc.client.llm_servers() == []  # the server already there was not adopted
+        assert httpx.get(f"{url}/sim/stats", timeout=5).json().get("requests", 0) == 0
+    finally:
+        stop()
+        svc.stop()
+
+
+def test_make_up_runs_no_apt_get_and_make_test_gets_chromium():
+    def planned(target: str) -> str:
+        return subprocess.run(["make", "-n", target, "VENV=/nonexistent-venv"], cwd=REPO,
+                              capture_output=True, text=True, timeout=30).stdout
+
+    up, test = planned("up"), planned("test")
+    assert "raas up" in up and "install_chromium" not in up and "apt-get" not in up
+    assert "install_chromium.sh" in test and "pytest" in test
+
+
+def test_up_prints_next_commands_for_the_ports_in_use():
+    with socket.socket() as held:  # the simulator's usual port is taken: another is offered
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        lines = next_commands("127.0.0.1", 8001, sim_port=busy)
+    assert lines[0] == "export RAAS_URL=http://127.0.0.1:8001"
+    offered = int(lines[1].rsplit("--port ", 1)[1])
+    assert offered != busy and offered != 8001
+    assert lines[-1] == "# dashboard: http://127.0.0.1:8001/ui"
+
+
+def test_the_mask_0_logprob_is_documented_in_the_record():
+    schema = build_openapi()["components"]["schemas"]["Rollout-Output"]["properties"]
+    assert "0.0 where loss_mask is 0" in schema["response_logprobs"]["description"]
+    assert "failure_class" in schema
