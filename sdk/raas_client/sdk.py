@@ -141,7 +141,7 @@ class RaasClient:
         if len(matches) == 1:
             return jobs[0]
         if not matches:
-            raise LookupError(f"no job {job_id!r}: neither a job id nor the start of one")
+            raise LookupError(f"job {job_id!r} not found (neither a job id nor the start of one)")
         raise LookupError(f"job id prefix {job_id!r} is ambiguous: it starts "
                           f"{', '.join(matches[:2])}{', ...' if len(matches) > 2 else ''}; "
                           f"type more of the id")

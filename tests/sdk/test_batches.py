@@ -187,4 +187,4 @@ def test_short_job_ids_work_in_the_cli(service, job):
     res = CliRunner().invoke(status, [first, "--url", service.url])
     assert res.exit_code == 1 and "is ambiguous" in res.output and "type more" in res.output
     res = CliRunner().invoke(status, ["zzzz", "--url", service.url])
-    assert res.exit_code == 1 and "no job 'zzzz'" in res.output
+    assert res.exit_code == 1 and "job 'zzzz' not found" in res.output

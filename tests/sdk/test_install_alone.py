@@ -53,16 +53,25 @@ def test_the_sdk_installs_and_works_without_the_server(tmp_path):
         probe = subprocess.run([str(python), "-c", PROBE, svc.url, job["job_id"],
                                 ",".join(SERVER_ONLY)], capture_output=True, text=True,
                                timeout=120, cwd=tmp_path)  # not the repo: nothing of it on the path
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        seen = json.loads(probe.stdout)
+        assert seen["absent"] == list(SERVER_ONLY)
+        assert seen["classes"] == ["none"] * 4
+        assert sorted(seen["rewards"]) == [0.0, 0.0, 1.0, 1.0]  # test-sleepy: sample parity
+        assert seen["tokens"] == [[4, 5]] * 4 and seen["groups"] == [2, 2]
+        assert [round(a, 3) for a in seen["advantages"]] == [-0.707, 0.707, -0.707, 0.707]
+
+        # the console script is there and says how to get the CLI's dependencies ...
+        command = [str(venv / "bin" / "raas-client"), "status", job["job_id"][:12],
+                   "--url", svc.url]
+        bare = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert bare.returncode != 0 and "pip install 'raas-client[cli]'" in bare.stderr
+        # ... and with the `cli` extra the trainer-side commands work, without the server
+        extra = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{source}[cli]"],
+                               capture_output=True, text=True, timeout=600)
+        assert extra.returncode == 0, extra.stderr[-2000:]
+        shown = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["outcomes"] == {"completed": 4}
     finally:
         svc.stop()
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    seen = json.loads(probe.stdout)
-    assert seen["absent"] == list(SERVER_ONLY)
-    assert seen["classes"] == ["none"] * 4
-    assert sorted(seen["rewards"]) == [0.0, 0.0, 1.0, 1.0]  # test-sleepy: sample parity
-    assert seen["tokens"] == [[4, 5]] * 4 and seen["groups"] == [2, 2]
-    assert [round(a, 3) for a in seen["advantages"]] == [-0.707, 0.707, -0.707, 0.707]
-    # the console script is there and says how to get the CLI's dependencies
-    command = subprocess.run([str(venv / "bin" / "raas-client"), "status"],
-                             capture_output=True, text=True, timeout=60)
-    assert command.returncode != 0 and "pip install 'raas-client[cli]'" in command.stderr
