@@ -1,45 +1,37 @@
 """The simulator's `wrong_rate` (a fake model's stand-in for sampling): a share of replies
-replaced by the wrong one, deterministic per prompt and occurrence, over real HTTP."""
+replaced by the wrong one, deterministic per prompt and occurrence, and served over HTTP."""
 from __future__ import annotations
 
 import httpx
 
-from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
+from agents.llm.simulator import BUNDLED_TOKENIZER, Script, start_simulator
 
 SCRIPT = {"default": ["right"], "wrong": "wrong", "wrong_rate": 0.3, "seed": 11}
 
 
-def answers(url: str, prompts: list[list[int]]) -> list[str]:
-    return [httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 8},
-                       timeout=10).json()["choices"][0]["text"] for p in prompts]
+def draws(script: dict, prompts: list[list[int]]) -> list[bool]:
+    sim = Script(str(BUNDLED_TOKENIZER), script)
+    return [sim.wrong_draw(p) for p in prompts]
 
 
 def test_wrong_rate_is_a_seeded_share_that_replays():
-    prompts = [[1, 2, 3 + k % 5] for k in range(200)]  # five prompts, 40 samples each
+    prompts = [[1, 2, 3 + k % 5] for k in range(3000)]  # five prompts, 600 samples each
+    first = draws(SCRIPT, prompts)
+    assert draws(SCRIPT, prompts) == first  # a restarted simulator replays the draws
+    assert 0.27 < sum(first) / len(first) < 0.33
+    same_prompt = first[::5]  # samples of one prompt differ: a GRPO group gets variance
+    assert 0.25 < sum(same_prompt) / len(same_prompt) < 0.35
+    assert draws({**SCRIPT, "seed": 12}, prompts) != first  # another seed, other draws
+    assert not any(draws({**SCRIPT, "wrong_rate": 0.0}, prompts[:100]))
+
+
+def test_the_server_answers_wrong_as_drawn():
+    prompts = [[1, 2, 3]] * 20
+    expected = ["wrong" if w else "right" for w in draws(SCRIPT, prompts)]
     url, stop = start_simulator(str(BUNDLED_TOKENIZER), SCRIPT)
     try:
-        first = answers(url, prompts)
+        got = [httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 8},
+                          timeout=10).json()["choices"][0]["text"] for p in prompts]
     finally:
         stop()
-    url, stop = start_simulator(str(BUNDLED_TOKENIZER), SCRIPT)  # a restart replays the draws
-    try:
-        assert answers(url, prompts) == first
-    finally:
-        stop()
-    assert set(first) == {"right", "wrong"}
-    assert 0.2 < first.count("wrong") / len(first) < 0.4
-    # samples of one prompt differ (a GRPO group gets variance), not just prompts
-    assert {first[k] for k in range(0, 200, 5)} == {"right", "wrong"}
-    url, stop = start_simulator(str(BUNDLED_TOKENIZER), {**SCRIPT, "seed": 12})
-    try:
-        assert answers(url, prompts) != first  # another seed, other draws
-    finally:
-        stop()
-
-
-def test_no_wrong_rate_never_answers_wrong():
-    url, stop = start_simulator(str(BUNDLED_TOKENIZER), {**SCRIPT, "wrong_rate": 0.0})
-    try:
-        assert set(answers(url, [[1, 2, 3]] * 30)) == {"right"}
-    finally:
-        stop()
+    assert got == expected and set(got) == {"right", "wrong"}
