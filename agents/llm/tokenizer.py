@@ -170,7 +170,8 @@ _load_lock = threading.Lock()
 
 def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatTokenizer:
     """(`chat_template` is Jinja text: templates are resolved from registered names before
-    they get here; never a path.) Load (once per process) the tokenizer folder `path`, optionally with another template."""
+    they get here; never a path.) Load (once per process) the tokenizer folder `path`, optionally
+    with another template."""
     # transformers' lazy first import is not thread-safe, and RUN workers open sessions in
     # threads: serialise loading (cached loads return at once).
     with _load_lock:
