@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import InvalidRequest
+from core.urls import parse_url
 from core.policy import (
     LLMPolicy,
     chat_template_text,
@@ -61,10 +61,10 @@ class ServerSpec(BaseModel):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"url {value!r} must start with http:// or https://")
-        parts = urlsplit(value)
-        if parts.query or parts.fragment or "@" in parts.netloc or not parts.hostname:
-            raise ValueError(f"url {value!r} must be a base URL: scheme, host, port and path "
-                             "only (no query, fragment or user info)")
+        try:
+            parse_url(value)  # strict: no spaces, control characters, bad host or port
+        except ValueError as exc:
+            raise ValueError(f"url {value!r} {exc}") from None
         # Servers are stored by base URL; ProRL and OpenAI-style clients often add `/v1`.
         return value.rstrip("/").removesuffix("/v1")
 
