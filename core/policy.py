@@ -279,15 +279,23 @@ def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) 
     return cred
 
 
+def tokenizer_allowed(policy: LLMPolicy, folder: str, admin: bool) -> bool:
+    """May this caller's job load a tokenizer from `folder`? Admins any; tenants only under
+    the operator's tokenizer roots, whether the folder is named in the job or reported by one
+    of the tenant's own servers in GET /v1/models (judged before asking if it exists)."""
+    if admin:
+        return True
+    real = Path(folder).resolve()
+    return any(real.is_relative_to(Path(root).resolve()) for root in policy.tokenizer_roots)
+
+
 def check_tokenizer(policy: LLMPolicy, folder: str | None, admin: bool) -> None:
     """A tenant names a tokenizer folder only under the operator's tokenizer roots; the answer
     is the same whether the folder exists or not (no existence oracle)."""
-    if folder is None or admin:
+    if folder is None or tokenizer_allowed(policy, folder, admin):
         return
-    real = Path(folder).resolve()
-    if not any(real.is_relative_to(Path(root).resolve()) for root in policy.tokenizer_roots):
-        roots = ", ".join(str(r) for r in policy.tokenizer_roots) or "none"
-        raise _deny("llm.tokenizer", f"{folder!r} is not under the operator's tokenizer roots "
+    roots = ", ".join(str(r) for r in policy.tokenizer_roots) or "none"
+    raise _deny("llm.tokenizer", f"{folder!r} is not under the operator's tokenizer roots "
                     f"({roots}); leave it unset to use the model path your servers report",
                     "policy.llm.tokenizer_roots")
 

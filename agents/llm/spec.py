@@ -8,6 +8,7 @@ message naming the field instead of being ignored for a whole batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
@@ -20,6 +21,7 @@ from core.policy import (
     check_credential,
     check_server_url,
     check_tokenizer,
+    tokenizer_allowed,
 )
 
 
@@ -154,14 +156,16 @@ def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list
     """
     from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
 
-    spec = check_llm_policy(parse_model(LLMSpec, llm_spec, "llm"), policy or LLMPolicy(), admin)
+    policy = policy or LLMPolicy()
+    spec = check_llm_policy(parse_model(LLMSpec, llm_spec, "llm"), policy, admin)
     for i, server in enumerate(spec.servers or []):
         if spec.logprobs_mode is not None and server.logprobs_mode != spec.logprobs_mode:
             raise InvalidRequest(
                 f"llm.servers.{i}.logprobs_mode: the job asks for {spec.logprobs_mode} but "
                 f"{server.url} declares {server.logprobs_mode} (vLLM --logprobs-mode)",
                 field=f"llm.servers.{i}.logprobs_mode")
-    spec.tokenizer = resolve_tokenizer_path(spec, registered)
+    spec.tokenizer = resolve_tokenizer_path(
+        spec, registered, None if admin else partial(tokenizer_allowed, policy, admin=False))
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
     except (OSError, ValueError) as exc:

@@ -241,10 +241,13 @@ def server_model_paths(url: str) -> list[str]:
     return paths
 
 
-def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list) -> str:
+def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list,
+                           allowed: Callable[[str], bool] | None = None) -> str:
     """The tokenizer folder of an LLMSpec: named, else a server's local model path, else 4xx.
 
     `registered()` lists the registered servers' urls, asked only when the spec names none.
+    A path a server reports is used only when `allowed(path)` (the caller's tokenizer policy),
+    judged before its existence, so a forbidden and a missing folder get the same answer.
     """
     if spec.tokenizer:
         if not is_tokenizer_folder(spec.tokenizer):
@@ -264,10 +267,11 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
         )
     for url in urls:
         for path in server_model_paths(url):
-            if is_tokenizer_folder(path):
+            if (allowed is None or allowed(path)) and is_tokenizer_folder(path):
                 return path
+    where = "" if allowed is None else " under the operator's tokenizer roots"
     raise InvalidRequest(
         "llm.tokenizer is required: no registered server reports a model path that exists "
-        "locally as a tokenizer folder",
+        f"locally as a tokenizer folder{where}",
         field="llm.tokenizer",
     )
