@@ -11,6 +11,7 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -264,3 +265,57 @@ def test_json_nested_200000_deep_is_400_and_the_service_stays_up(tmp_path, roots
         assert ok.status_code == 202, ok.text
     finally:
         server.shutdown()
+
+
+# -- 22.6: inline chat templates run with a budget -------------------------------------------
+
+BOMBS = {
+    "nested ranges (64 M iterations)": "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    "{% for a in range(400) %}{% for b in range(400) %}{% for c in range(400) %}{% endfor %}"
+    "{% endfor %}{% endfor %}",
+    "50 MB string": "{{ 'x' * 50000000 }}",
+    "2 GB filter": "{{ 'x'|center(2000000000) }}",
+    "power": "{{ 10 ** 10000000 }}",
+    "syntax error": "{% for %}",
+    "sandbox escape": "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+}
+
+
+def test_template_bombs_are_400_naming_the_field_and_the_gateway_stays_up(tmp_path, roots):
+    server, c = gateway_for(tmp_path, [], roots)
+    tokenizer = str(roots / "smollm2")
+    try:
+        for name, text in BOMBS.items():
+            started = time.monotonic()
+            body = {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}],
+                    "llm": {"tokenizer": tokenizer, "chat_template_text": text}}
+            rejected(c["alice"].post("/v1/jobs", json=body), 400, "llm.chat_template_text")
+            assert time.monotonic() - started < 15, name
+            assert c["alice"].get("/healthz").status_code == 200
+        honest = (Path(SMOLLM2) / "chat_template.jinja").read_text()
+        body = {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}],
+                "llm": {"tokenizer": tokenizer, "chat_template_text": honest}}
+        ok = c["alice"].post("/v1/jobs", json=body)
+        assert ok.status_code == 202, ok.text
+    finally:
+        server.shutdown()
+
+
+def test_a_render_past_its_deadline_stops_in_process(monkeypatch):
+    """A template that is cheap on the submission sample and explodes on a longer chat (as a
+    worker renders each turn): the in-process render stops at its deadline."""
+    from agents.llm import template_budget
+    from agents.llm.template_budget import TemplateOverBudget
+    from agents.llm.tokenizer import load_chat_tokenizer
+
+    monkeypatch.setattr(template_budget, "RENDER_SECONDS", 0.5)
+    text = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if messages|length > 6 %}"
+            "{% for a in range(5000) %}{% for b in range(5000) %}{% endfor %}{% endfor %}"
+            "{% endif %}")
+    tok = load_chat_tokenizer(SMOLLM2, text)
+    assert tok.render([{"role": "user", "content": "x"}] * 2) == "xx"  # the control
+    started = time.monotonic()
+    with pytest.raises(TemplateOverBudget, match="llm.chat_template_text"):
+        tok.render([{"role": "user", "content": "x"}] * 8)
+    assert time.monotonic() - started < 3
+    assert tok.render([{"role": "user", "content": "y"}]) == "y"  # the lock was released

@@ -154,10 +154,18 @@ def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list
     `registered()`, the caller's owner's) reports in GET /v1/models when that folder exists
     locally; otherwise InvalidRequest names `llm.tokenizer`.
     """
-    from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
+    from jinja2 import TemplateError
+
+    from agents.llm.tokenizer import (
+        check_untrusted_template,
+        load_chat_tokenizer,
+        resolve_tokenizer_path,
+    )
 
     policy = policy or LLMPolicy()
-    spec = check_llm_policy(parse_model(LLMSpec, llm_spec, "llm"), policy, admin)
+    parsed = parse_model(LLMSpec, llm_spec, "llm")
+    inline = parsed.chat_template_text is not None  # a registered template is the operator's
+    spec = check_llm_policy(parsed, policy, admin)
     for i, server in enumerate(spec.servers or []):
         if spec.logprobs_mode is not None and server.logprobs_mode != spec.logprobs_mode:
             raise InvalidRequest(
@@ -166,8 +174,13 @@ def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list
                 field=f"llm.servers.{i}.logprobs_mode")
     spec.tokenizer = resolve_tokenizer_path(
         spec, registered, None if admin else partial(tokenizer_allowed, policy, admin=False))
+    if spec.chat_template_text is not None and inline:
+        check_untrusted_template(spec.tokenizer, spec.chat_template_text)  # a bounded child
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
+    except TemplateError as exc:
+        raise InvalidRequest(f"llm.chat_template_text: the template is invalid or unsafe: "
+                             f"{exc}", field="llm.chat_template_text") from exc
     except (OSError, ValueError) as exc:
         raise InvalidRequest(f"llm.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from exc
     return spec.model_dump()
