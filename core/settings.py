@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     api_tokens: dict[str, TokenGrant] = Field(
         default_factory=dict, description="Tenant tokens: {token: {owner, admin}} (JSON); more "
                                           "in the database via `raas token add`")
+    ui_session_hours: float = Field(
+        24.0, gt=0, description="How long a dashboard login lasts (server-side session)")
     ui_secret_key: str | None = Field(
         None, description="Signs /ui session cookies; default derived from the API token")
     policy: Policy = Field(default_factory=Policy, description="What a job spec may ask for "
