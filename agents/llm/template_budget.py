@@ -31,7 +31,7 @@ from core.errors import InvalidRequest
 FIELD = "llm.chat_template_text"
 CHILD_CPU_SECONDS = 2  # the hard limit (RLIMIT_CPU counts whole seconds)
 CHILD_BUDGET_CPU = 0.5  # the budget: real templates render the sample in a few ms
-CHILD_WALL_SECONDS = 10.0
+CHILD_WALL_SECONDS = 4.0  # the whole child (fork, template setup, sample): a few ms honestly
 CHILD_MEMORY_BYTES = 512 * 1024 * 1024  # on top of what the process already maps
 MAX_OUTPUT_CHARS = 4 * 1024 * 1024
 RENDER_SECONDS = 5.0
@@ -124,7 +124,7 @@ def _child(render_sample: Callable[[], str], write_fd: int) -> int:
         mapped = _mapped_bytes()
         resource.setrlimit(resource.RLIMIT_AS, (mapped + CHILD_MEMORY_BYTES,) * 2)
         global RENDER_SECONDS
-        RENDER_SECONDS = CHILD_CPU_SECONDS  # the wall deadline of the child's renders
+        RENDER_SECONDS = CHILD_WALL_SECONDS  # the parent's wall deadline bounds the child
         _cap_jinja_ranges()
         text = render_sample()
         result = "" if len(text) <= MAX_OUTPUT_CHARS else f"{len(text)} characters rendered"
