@@ -76,9 +76,9 @@ def upstreams():
         u.close()
 
 
-@pytest.fixture
-def roots(tmp_path):
-    root = tmp_path / "tokenizers"
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    root = tmp_path_factory.mktemp("roots") / "tokenizers"
     shutil.copytree(SMOLLM2, root / "smollm2")
     return root
 
@@ -230,16 +230,20 @@ def test_server_reported_tokenizer_outside_the_roots_no_oracle(tmp_path, upstrea
 
 # -- 22.9: bad input is a 4xx naming the field, never a 500 ----------------------------------
 
-@pytest.mark.parametrize("address", ["http://not a url", "10.9.0.1:80\x00", "10.9.0.1:8\n000",
-                                     "10.9.0.1:99999", "http://[zz]:80", "http://a_b!:80"])
-def test_prorl_add_llm_server_with_a_non_url_is_4xx_naming_address(tmp_path, address, roots):
+ADDRESSES = ["http://not a url", "10.9.0.1:80\x00", "10.9.0.1:8\n000", "10.9.0.1:99999",
+             "http://[zz]:80", "http://a_b!:80"]
+
+
+def test_prorl_add_llm_server_with_a_non_url_is_4xx_naming_address(tmp_path, roots):
     server, c = gateway_for(tmp_path, ["http://[10.9.0.0/16]:*"], roots)
     try:
-        resp = c["alice"].post("/add_llm_server", json={"address": address})
-        assert resp.status_code in (400, 422), resp.text
-        assert "address" in json.dumps(resp.json())
+        for address in ADDRESSES:
+            resp = c["alice"].post("/add_llm_server", json={"address": address})
+            assert resp.status_code in (400, 422), (address, resp.text)
+            assert "address" in json.dumps(resp.json())
         ok = c["alice"].post("/add_llm_server", json={"address": "10.9.0.1:8000"})
         assert ok.status_code == 200 and ok.json()["added"] == "http://10.9.0.1:8000"
+        assert len(c["alice"].get("/v1/llm-servers").json()["servers"]) == 1  # nothing else
     finally:
         server.shutdown()
 

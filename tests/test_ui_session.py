@@ -21,9 +21,9 @@ from tests.test_api import serve
 from tests.test_trust import ALICE, BOB, job, tenant_settings
 
 
-@pytest.fixture
-def ui(tmp_path):
-    settings = tenant_settings(tmp_path)
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    settings = tenant_settings(tmp_path_factory.mktemp("ui-session"))
     server, _ = serve(settings)
     base = f"http://127.0.0.1:{server.server_port}"
     api = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {ALICE}"})
@@ -52,15 +52,20 @@ def cookie_payload(value: str) -> bytes:
     return zlib.decompress(raw) if compressed else raw
 
 
+def sessions_stored(ui) -> int:
+    with session_scope(ui["settings"].db_url) as s:
+        return s.scalar(select(func.count()).select_from(UISession))
+
+
 def test_the_cookie_holds_a_session_id_never_the_token(ui):
+    before = sessions_stored(ui)
     with logged_in(ui["base"]) as browser:
         cookie = browser.cookies.get("raas_ui")
         assert cookie and ALICE.encode() not in cookie_payload(cookie)
         assert ALICE not in cookie
         assert browser.get("/ui/").status_code == 200
         assert browser.get("/v1/jobs").status_code == 401  # the cookie never reaches /v1
-    with session_scope(ui["settings"].db_url) as s:
-        assert s.scalar(select(func.count()).select_from(UISession)) == 1
+    assert sessions_stored(ui) == before + 1
 
 
 def test_cookie_flags_samesite_lax_httponly_and_path(ui):
@@ -95,7 +100,7 @@ def test_a_token_link_never_replaces_a_session_login_csrf(ui):
 
 
 def test_a_form_post_without_its_token_is_refused(ui):
-    job_id = ui["alice_job"]
+    job_id = ui["api"].post("/v1/jobs", json=job()).json()["job_id"]
     with logged_in(ui["base"]) as browser:
         for data in ({}, {"csrf": ""}, {"csrf": "forged-value"}):
             resp = browser.post(f"/ui/jobs/{job_id}/cancel", data=data)
