@@ -64,7 +64,6 @@ def test_half_open_connections_are_capped_and_timed_out(bounded):
     time.sleep(0.5)
     held = threading.active_count() - threads_before
     assert held <= CAP + 1, held  # the 300-thread attack holds at most the cap
-    assert bounded.refused >= HALF_OPEN - CAP
     started = time.monotonic()
     answers = [_closed_within(s, 10) for s in socks]
     closed_after = time.monotonic() - started
@@ -73,10 +72,12 @@ def test_half_open_connections_are_capped_and_timed_out(bounded):
     assert all(a is not None for a in answers)  # every one closed by the server
     busy = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
     assert len(busy) == HALF_OPEN - CAP and bounded.refused == len(busy)
-    assert bounded.timed_out == CAP and closed_after < 5
+    assert bounded.timed_out == CAP and closed_after < 8
     # the honest control: served after the attack, and the threads are back
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while threading.active_count() - threads_before > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert threading.active_count() - threads_before <= 1
 
 

@@ -294,7 +294,7 @@ def test_template_bombs_are_400_naming_the_field_and_the_gateway_stays_up(tmp_pa
             body = {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}],
                     "llm": {"tokenizer": tokenizer, "chat_template_text": text}}
             rejected(c["alice"].post("/v1/jobs", json=body), 400, "llm.chat_template_text")
-            assert time.monotonic() - started < 15, name
+            assert time.monotonic() - started < 30, name  # bounded (the child's limits)
             assert c["alice"].get("/healthz").status_code == 200
         honest = (Path(SMOLLM2) / "chat_template.jinja").read_text()
         body = {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}],
@@ -314,12 +314,12 @@ def test_a_render_past_its_deadline_stops_in_process(monkeypatch):
 
     monkeypatch.setattr(template_budget, "RENDER_SECONDS", 0.5)
     text = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if messages|length > 6 %}"
-            "{% for a in range(5000) %}{% for b in range(5000) %}{% endfor %}{% endfor %}"
+            "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}"
             "{% endif %}")
     tok = load_chat_tokenizer(SMOLLM2, text)
     assert tok.render([{"role": "user", "content": "x"}] * 2) == "xx"  # the control
     started = time.monotonic()
     with pytest.raises(TemplateOverBudget, match="llm.chat_template_text"):
         tok.render([{"role": "user", "content": "x"}] * 8)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 8  # 100 M iterations would take far longer
     assert tok.render([{"role": "user", "content": "y"}]) == "y"  # the lock was released
