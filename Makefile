@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install lint up test test-fast test-faults test-slow test-vllm bench vllm-cpu demo clean
+.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz bench vllm-cpu demo clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-slow: install
 
 test-vllm: install
 	$(PY) -m pytest -m vllm
+
+# OpenAPI-driven fuzzing of the real gateway (schemathesis, the `fuzz` extra): no 5xx anywhere.
+test-fuzz: install
+	$(PY) -m pip install -q -e '.[fuzz]'
+	$(PY) -m pytest -m fuzz tests/test_fuzz_openapi.py
 
 bench: install
 	$(PY) bench/pipeline.py

@@ -20,6 +20,12 @@ from typing import Any
 import httpx
 
 from agents.llm.backends.http_client import shared_client
+from agents.llm.template_budget import (
+    capped_output,
+    check_template,
+    render_budget,
+    render_sample,
+)
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -28,6 +34,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Stands in for an assistant message's content when locating what a template writes around it.
 SENTINEL = "\x00raas-assistant-turn\x00"
 MODELS_TIMEOUT = 3.0
+# A trusted template to load a folder's tokenizer with, whatever its own chat template is.
+PLAIN_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
 
 
 class ChatTokenizer:
@@ -94,14 +102,14 @@ class ChatTokenizer:
         kwargs = dict(template_kwargs)
         if tools and self.supports_tools:
             kwargs["tools"] = tools
-        with self._lock:
-            return self.hf.apply_chat_template(
+        with self._lock, render_budget():
+            return capped_output(self.hf.apply_chat_template(
                 messages,
                 chat_template=self.template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 **kwargs,
-            )
+            ))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` alone; special tokens written in the text become their ids."""
@@ -190,6 +198,15 @@ def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
     return ChatTokenizer(hf, template, generation_eos_ids(folder))
 
 
+def check_untrusted_template(path: str, chat_template: str) -> None:
+    """Render a sample conversation through an untrusted inline template in a bounded child
+    (`template_budget.check_template`); InvalidRequest naming llm.chat_template_text."""
+    with _load_lock:
+        plain = _load_chat_tokenizer(path, PLAIN_TEMPLATE)  # loaded here, shared by the fork
+    check_template(lambda: render_sample(ChatTokenizer(plain.hf, chat_template,
+                                                       generation_eos_ids(Path(path)))))
+
+
 def is_tokenizer_folder(path: str | None) -> bool:
     """True when `path` is a local folder holding a Hugging Face tokenizer."""
     return bool(path) and any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES)
@@ -242,10 +259,13 @@ def server_model_paths(url: str) -> list[str]:
     return paths
 
 
-def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list) -> str:
+def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list,
+                           allowed: Callable[[str], bool] | None = None) -> str:
     """The tokenizer folder of an LLMSpec: named, else a server's local model path, else 4xx.
 
     `registered()` lists the registered servers' urls, asked only when the spec names none.
+    A path a server reports is used only when `allowed(path)` (the caller's tokenizer policy),
+    judged before its existence, so a forbidden and a missing folder get the same answer.
     """
     if spec.tokenizer:
         if not is_tokenizer_folder(spec.tokenizer):
@@ -265,10 +285,11 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
         )
     for url in urls:
         for path in server_model_paths(url):
-            if is_tokenizer_folder(path):
+            if (allowed is None or allowed(path)) and is_tokenizer_folder(path):
                 return path
+    where = "" if allowed is None else " under the operator's tokenizer roots"
     raise InvalidRequest(
         "llm.tokenizer is required: no registered server reports a model path that exists "
-        "locally as a tokenizer folder",
+        f"locally as a tokenizer folder{where}",
         field="llm.tokenizer",
     )
