@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install up test test-fast test-faults test-slow test-vllm test-sdk test-sdk-torch bench vllm-cpu demo clean
+.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch bench vllm-cpu demo clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -32,22 +32,17 @@ up: $(VENV)/.installed
 # (module-scoped services). 16 min serial -> 7 min (BENCHMARKS.md, "Test suite").
 PYTEST_JOBS ?= 3
 PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
-test: install
+test: install lint
 	$(PY) -m pytest $(PARALLEL)
 
-# Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): the pipeline, fault,
-# browser and start-up tiers below are left to `make test`. A few minutes on 2 cores.
-SERVICE_TIERS := tests/test_pipeline.py tests/test_pipeline_reliability.py tests/test_db_pool.py \
-	tests/test_bulk_submit.py tests/test_embedded_up.py tests/test_quickstart.py \
-	tests/test_production.py tests/ui/test_dashboard.py tests/agents/test_edges_pipeline.py \
-	tests/agents/test_math_pipeline.py tests/agents/test_search_pipeline.py \
-	tests/agents/test_swe_pipeline.py tests/agents/test_prorl_clients.py \
-	tests/agents/test_prorl_vllm.py tests/agents/test_reward_attacks.py \
-	tests/agents/test_vllm_smoke.py tests/agents/test_resume_pipeline.py tests/test_nodes.py \
-	tests/sdk/test_batches.py tests/sdk/test_install_alone.py tests/llm/test_hub_tokenizers.py \
-	tests/faults
+# ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear.
+lint: install
+	$(VENV)/bin/ruff check .
+
+# Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): test files marked
+# `service` (pipeline, fault, browser and start-up tiers) are left to `make test`.
 test-fast: install
-	$(PY) -m pytest -q $(PARALLEL) $(addprefix --ignore=,$(SERVICE_TIERS))
+	$(PY) -m pytest -q $(PARALLEL) -m "not vllm and not fuzz and not sdk_torch and not service"
 
 # The fault campaign alone (SIGKILLed workers, node loss, private Redis/PostgreSQL restarts,
 # cancel): each case asserts nothing lost, duplicated or leaked, with no human step.
@@ -68,6 +63,11 @@ test-slow: install
 
 test-vllm: install
 	$(PY) -m pytest -m vllm
+
+# OpenAPI-driven fuzzing of the real gateway (schemathesis, the `fuzz` extra): no 5xx anywhere.
+test-fuzz: install
+	$(PY) -m pip install -q -e '.[fuzz]'
+	$(PY) -m pytest -m fuzz tests/test_fuzz_openapi.py
 
 bench: install
 	$(PY) bench/pipeline.py

@@ -27,6 +27,7 @@ from core.models import ApiToken
 from core.policy import DEFAULT_OWNER as LOCAL_OWNER
 
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+UI_PRINCIPAL = "raas.ui_principal"  # WSGI environ key: set only by the /ui session bridge
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,31 @@ def resolve(settings: Settings, token: str) -> Principal | None:
         return Principal(row.owner, row.admin) if row is not None else None
 
 
+def resolve_digest(settings: Settings, digest: str) -> Principal | None:
+    """The principal of the token whose SHA-256 is `digest` (a dashboard session), or None."""
+    found: Principal | None = None
+    if settings.api_token is not None and \
+            hmac.compare_digest(digest, token_digest(settings.api_token)):
+        found = Principal(LOCAL_OWNER, admin=True)
+    for secret, grant in settings.api_tokens.items():
+        if hmac.compare_digest(digest, token_digest(secret)):
+            found = Principal(grant.owner, grant.admin)
+    if found is not None:
+        return found
+    with session_scope(settings.db_url) as s:
+        row = s.get(ApiToken, digest)
+        return Principal(row.owner, row.admin) if row is not None else None
+
+
 def authenticate() -> None:
     """before_request: set `g.owner` / `g.admin` or answer 401."""
     settings: Settings = current_app.config["RAAS"]
     g.owner, g.admin = LOCAL_OWNER, False
     if request.path in OPEN_PATHS:
+        return
+    ui_principal = request.environ.get(UI_PRINCIPAL)  # a /ui session (app.ui.auth)
+    if ui_principal is not None:
+        g.owner, g.admin = ui_principal.owner, ui_principal.admin
         return
     if not auth_enabled(settings):
         g.admin = True  # no tokens anywhere: the single local owner is the operator

@@ -69,15 +69,14 @@ def up(home: Path | None, host: str, port: int, concurrency: int, verbose: bool,
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback host without API tokens")
 def gateway(host: str, port: int, verbose: bool, access_log: bool, insecure: bool) -> None:
     """The REST gateway (for production prefer: gunicorn 'app:create_app()')."""
-    from werkzeug.serving import make_server
-
     from app import create_app
     from app.auth import check_exposure
+    from app.devserver import make_server
 
     _setup_logging(verbose=verbose, access_log=access_log)
     app = create_app()
     check_exposure(app.config["RAAS"], host, insecure)
-    server = make_server(host, port, app, threaded=True)
+    server = make_server(host, port, app, app.config["RAAS"])
     click.echo(f"raas gateway on http://{host}:{port}")
     server.serve_forever()
 

@@ -149,10 +149,9 @@ def stop_deployment_sandboxes(settings: Settings) -> int:
 def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
                  verbose: bool = False, insecure: bool = False) -> None:
     """Run until Ctrl-C (a non-loopback host without tokens refuses unless `insecure`)."""
-    from werkzeug.serving import make_server
-
     from app import create_app
     from app.auth import check_exposure
+    from app.devserver import make_server
     from migrations.runner import upgrade
     from tasks.reaper import Reaper
 
@@ -160,7 +159,7 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
     upgrade(settings.db_url)
     check_exposure(settings, host, insecure)
     app = create_app(settings)
-    server = make_server(host, port, app, threaded=True)  # a busy port fails before any child
+    server = make_server(host, port, app, settings)  # a busy port fails before any child
     supervisor = Supervisor(settings, concurrency, verbose)
     reaper = Reaper(settings, app.extensions["celery"])
     # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.

@@ -52,12 +52,14 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
                          "agent_config.python_env")
     llm = None
     if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
+        from agents.llm.backends.guard import url_guard
         from agents.llm.spec import LLMSpec, validate_llm_spec
 
-        llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(),
-                                partial(registered_urls, settings.db_url, owner),
-                                settings.policy.llm, admin)
-        _check_prompts_fit(settings, handler, agent_config, req, llm, owner)
+        with url_guard(None if admin else settings.policy.llm.server_rules):
+            llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(),
+                                    partial(registered_urls, settings.db_url, owner),
+                                    settings.policy.llm, admin)
+            _check_prompts_fit(settings, handler, agent_config, req, llm, owner)
     elif req.llm is not None:  # unused by the handler: stored, but held to the same rules
         from agents.llm.spec import check_llm_policy
 

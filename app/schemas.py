@@ -75,6 +75,13 @@ class LLMServerUpdate(Strict):
                                 "false: resume")
     logprobs_mode: LogprobsMode | None = Field(None, description="The server's --logprobs-mode")
 
+    @field_validator("backend", "healthy", "paused", "logprobs_mode", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:  # omit the field to leave it as it is; null is not a value here
+            raise ValueError("may be omitted but not null")
+        return value
+
 
 RolloutView = Rollout  # the gateway's older name for the rollout record
 

@@ -68,7 +68,7 @@ def measure(kills: int, spread: float) -> dict:
         for k in range(kills):
             job = svc.client.submit("test-sandboxed", [{"instance_id": "a"}])
             workspace = f"{root}/{job['rollout_ids'][0]}-1"
-            wait_for(lambda: _processes_naming(workspace), 120, "INIT launching a sandbox",
+            wait_for(lambda workspace=workspace: _processes_naming(workspace), 120, "INIT launching a sandbox",
                      interval=0.002)
             time.sleep(spread * k / max(kills - 1, 1))
             svc.kill_worker("init", "node-a")

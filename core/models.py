@@ -271,6 +271,20 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class UISession(Base):
+    """A dashboard login: the cookie holds a random id whose SHA-256 is `id`; the API token it
+    logged in with is kept as its SHA-256 only, resolved again on every request (a removed
+    token ends its sessions)."""
+
+    __tablename__ = "ui_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_digest: Mapped[str] = mapped_column(String(64))
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class Node(Base):
     """A node of the deployment and the last time any of its processes said it was alive.
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.errors import InvalidRequest
+from core.urls import UrlRule, parse_rule, url_refusal
 
 RuntimeChoice = Literal["auto", "bwrap", "singularity", "local"]
 # A registered name: never a path, never hidden, never `..`.
@@ -81,8 +83,18 @@ class Credential(_Strict):
     """An inference-server credential the operator registers: where it lives, where it may go."""
 
     env: str = Field(min_length=1, description="Worker variable holding the secret")
-    urls: list[str] = Field(min_length=1, description="fnmatch patterns of server URLs it is "
-                                                      "sent to (never anywhere else)")
+    urls: list[str] = Field(min_length=1, description="URL rules (core.urls) of the servers "
+                                                      "it is sent to (never anywhere else)")
+
+    @field_validator("urls")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        return _valid_rules(value)
+
+    @cached_property
+    def rules(self) -> list[UrlRule]:
+        """`urls`, parsed."""
+        return [parse_rule(text) for text in self.urls]
 
 
 class LLMPolicy(_Strict):
@@ -90,7 +102,8 @@ class LLMPolicy(_Strict):
 
     server_urls: list[str] = Field(
         default_factory=list,
-        description="fnmatch patterns of server URLs a job may name or register (admins: any)")
+        description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the servers a "
+                    "tenant may name or register (admins: any)")
     templates_dir: Path | None = Field(
         None, description="Registered chat templates: `<name>.jinja` files a job names")
     inline_template_max_bytes: int = Field(
@@ -101,6 +114,16 @@ class LLMPolicy(_Strict):
         default_factory=list,
         description="Folders a tenant's `llm.tokenizer` may name a tokenizer under (admins: "
                     "any folder); otherwise the model path its servers report")
+
+    @field_validator("server_urls")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        return _valid_rules(value)
+
+    @cached_property
+    def server_rules(self) -> list[UrlRule]:
+        """`server_urls`, parsed."""
+        return [parse_rule(text) for text in self.server_urls]
 
 
 class Policy(_Strict):
@@ -130,9 +153,14 @@ def forbidden_env(pattern: str) -> str | None:
     return None
 
 
-def url_allowed(url: str, patterns: list[str]) -> bool:
-    """True when `url` matches one of the operator's fnmatch patterns."""
-    return any(fnmatch.fnmatchcase(url, p) for p in patterns)
+def _valid_rules(value: list[str]) -> list[str]:
+    """Each entry parses as a URL rule (an old whole-URL glob is an error naming the format)."""
+    for i, text in enumerate(value):
+        try:
+            parse_rule(text)
+        except ValueError as exc:
+            raise ValueError(f"[{i}]: {exc}") from None
+    return value
 
 
 def plain_name(value: str, field: str) -> str:
@@ -228,10 +256,13 @@ def check_limits(caps: LimitCaps, limits: dict[str, Any], where: str) -> None:
 
 def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> None:
     """Tenants may name or register only URLs on the operator's allowlist; admins any."""
-    if admin or url_allowed(url, policy.server_urls):
+    if admin:
+        return
+    why = url_refusal(url, policy.server_rules)
+    if why is None:
         return
     allowed = ", ".join(policy.server_urls) or "none: use the registered pool"
-    raise _deny(field, f"server url {url!r} is not allowed; allowed patterns: {allowed}",
+    raise _deny(field, f"server url {url!r} is not allowed ({why}); allowed: {allowed}",
                 "policy.llm.server_urls")
 
 
@@ -242,21 +273,29 @@ def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) 
         known = ", ".join(sorted(policy.credentials)) or "none"
         raise _deny(field, f"unknown credential {name!r}; registered: {known}",
                     "policy.llm.credentials")
-    if url is not None and not url_allowed(url, cred.urls):
+    if url is not None and url_refusal(url, cred.rules) is not None:
         raise _deny(field, f"credential {name!r} may not be sent to {url!r}",
                     f"policy.llm.credentials.{name}.urls")
     return cred
 
 
+def tokenizer_allowed(policy: LLMPolicy, folder: str, admin: bool) -> bool:
+    """May this caller's job load a tokenizer from `folder`? Admins any; tenants only under
+    the operator's tokenizer roots, whether the folder is named in the job or reported by one
+    of the tenant's own servers in GET /v1/models (judged before asking if it exists)."""
+    if admin:
+        return True
+    real = Path(folder).resolve()
+    return any(real.is_relative_to(Path(root).resolve()) for root in policy.tokenizer_roots)
+
+
 def check_tokenizer(policy: LLMPolicy, folder: str | None, admin: bool) -> None:
     """A tenant names a tokenizer folder only under the operator's tokenizer roots; the answer
     is the same whether the folder exists or not (no existence oracle)."""
-    if folder is None or admin:
+    if folder is None or tokenizer_allowed(policy, folder, admin):
         return
-    real = Path(folder).resolve()
-    if not any(real.is_relative_to(Path(root).resolve()) for root in policy.tokenizer_roots):
-        roots = ", ".join(str(r) for r in policy.tokenizer_roots) or "none"
-        raise _deny("llm.tokenizer", f"{folder!r} is not under the operator's tokenizer roots "
+    roots = ", ".join(str(r) for r in policy.tokenizer_roots) or "none"
+    raise _deny("llm.tokenizer", f"{folder!r} is not under the operator's tokenizer roots "
                     f"({roots}); leave it unset to use the model path your servers report",
                     "policy.llm.tokenizer_roots")
 

@@ -26,6 +26,20 @@ class TokenGrant(BaseModel):
     admin: bool = Field(False, description="May use operator routes (ProRL /start, /stop)")
 
 
+class DevServerLimits(BaseModel):
+    """Bounds of the built-in HTTP server of `raas up` / `raas gateway` (gunicorn has its own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_connections: int = Field(
+        128, ge=1, description="Connections served at once; one more is answered 503 and closed")
+    header_timeout: float = Field(
+        10.0, gt=0, description="Seconds a request line and its headers may take to arrive "
+                                "(also how long an idle keep-alive connection stays open)")
+    idle_timeout: float = Field(
+        60.0, gt=0, description="Seconds any later read or write of a connection may wait")
+
+
 def _check_secret(token: str, what: str) -> str:
     if not token.strip() or token != token.strip() or any(c.isspace() for c in token):
         raise ValueError(f"{what} is empty or has whitespace: unset it (no auth, loopback "
@@ -51,6 +65,8 @@ class Settings(BaseSettings):
     api_tokens: dict[str, TokenGrant] = Field(
         default_factory=dict, description="Tenant tokens: {token: {owner, admin}} (JSON); more "
                                           "in the database via `raas token add`")
+    ui_session_hours: float = Field(
+        24.0, gt=0, description="How long a dashboard login lasts (server-side session)")
     ui_secret_key: str | None = Field(
         None, description="Signs /ui session cookies; default derived from the API token")
     policy: Policy = Field(default_factory=Policy, description="What a job spec may ask for "
@@ -58,6 +74,11 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(None, description="JSON or TOML file holding `policy`")
     handler_modules: str = Field("", description="Extra comma-separated handler modules")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest request body")
+    max_json_depth: int = Field(
+        64, ge=2, le=500, description="Deepest nesting of a JSON request body (else 400)")
+    dev_server: DevServerLimits = Field(
+        default_factory=DevServerLimits,
+        description="Built-in server bounds (RAAS_DEV_SERVER__MAX_CONNECTIONS, ...)")
     db_pool_size: int = Field(
         4, ge=1, description="PostgreSQL connections one process keeps, shared by all its "
                              "threads (slots); a node holds this per worker process")

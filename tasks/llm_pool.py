@@ -35,7 +35,10 @@ from agents.llm.pool import (
     StaticServerPool,
     probe,
 )
+from agents.llm.backends.guard import url_guard
 from core.db import get_engine, session_scope
+from core.owners import url_rules_for
+from core.settings import Settings
 from core.errors import LeaseLost, ServiceUnavailable
 from core.models import LLMServer, Rollout, Status, utcnow
 from core.policy import DEFAULT_OWNER
@@ -271,11 +274,15 @@ def reconcile_in_flight(db_url: str) -> None:
             row.in_flight = counts.get(row.url, 0)
 
 
-def check_health(db_url: str) -> dict[str, str | None]:
-    """Probe every registered server and record the result; {url: error or None}."""
+def check_health(db_url: str, settings: Settings | None = None) -> dict[str, str | None]:
+    """Probe every registered server and record the result; {url: error or None}. With
+    `settings`, a tenant's server is probed only where the operator's URL rules allow."""
     with session_scope(db_url) as s:
-        urls = list(s.scalars(select(LLMServer.url)).all())
-    results = {url: probe(url) for url in urls}
+        rows = list(s.execute(select(LLMServer.url, LLMServer.owner)).all())
+    results = {}
+    for url, owner in rows:  # a tenant's URL only where the operator's rules allow
+        with url_guard(url_rules_for(settings, owner) if settings else None):
+            results[url] = probe(url)
     with session_scope(db_url) as s:
         for url, error in results.items():
             s.execute(update(LLMServer).where(LLMServer.url == url).values(

@@ -115,7 +115,7 @@ class Reaper:
         from tasks.llm_pool import check_health, reconcile_in_flight
 
         reconcile_in_flight(self.db)
-        return len(check_health(self.db))
+        return len(check_health(self.db, self.settings))
 
     def run_forever(self) -> None:
         """Reap every `reaper_interval` seconds until `stop()` (after the start-up pass)."""

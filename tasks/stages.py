@@ -184,6 +184,7 @@ class StageRun:
         self.ctx.diagnose = guard.diagnose
         if self.handler.needs_llm:
             from agents.llm import LLMSession
+            from core.owners import url_rules_for
             from tasks.llm_pool import make_pool
 
             spec = self.config.llm.model_dump() if self.config.llm else {}
@@ -191,7 +192,9 @@ class StageRun:
                                                self.job.owner, self.settings.llm_routing))
             self.ctx.llm = LLMSession.open(spec, self.config.sampling.model_dump(),
                                            self.rollout_id, pool,
-                                           policy=self.settings.policy.llm)
+                                           policy=self.settings.policy.llm,
+                                           url_rules=url_rules_for(self.settings,
+                                                                   self.job.owner))
         try:
             with guard.watching():
                 result = self.handler.run(self.ctx)

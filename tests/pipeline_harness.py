@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,18 +24,9 @@ from raas_client import RaasClient
 from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.reaper import Reaper
+from tests.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
 
 REPO = Path(__file__).resolve().parent.parent
-def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition",
-             interval: float = 0.1) -> Any:
-    """Poll `predicate` until it returns something truthy (returned); fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 FAST_RELIABILITY = {"heartbeat_interval": 0.5, "lease_timeout": 4.0, "requeue_after": 3.0,
@@ -167,7 +157,11 @@ def start_service(home: Path, *, db_url: str | None = None, broker_url: str | No
     modules = ",".join(m for m in ("tests.pipeline_handlers", handler_modules) if m)
     values: dict[str, Any] = {"home": home, "database_url": db_url, "broker_url": broker_url,
                               "broker_key_prefix": key_prefix, "node": nodes[0],
-                              "handler_modules": modules, **FAST_RELIABILITY, **(extra or {})}
+                              "handler_modules": modules,
+                              # a session's private sandbox folder (tests/agents/conftest.py)
+                              # reaches the workers too, not only this process's Settings
+                              "sandbox_dir": os.environ.get("RAAS_SANDBOX_DIR"),
+                              **FAST_RELIABILITY, **(extra or {})}
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     upgrade(settings.db_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}

@@ -17,6 +17,8 @@ from raas_client.sdk import RaasHTTPError
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 
 @pytest.fixture(params=["embedded", "redis+postgresql"])
 def backend(request, tmp_path) -> dict:

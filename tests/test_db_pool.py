@@ -17,6 +17,8 @@ from core.settings import Settings
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 POOL = 4
 RUN_SLOTS = 64
 TURNS = 4

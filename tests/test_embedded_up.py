@@ -11,8 +11,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from raas_client import RaasClient
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,13 +169,7 @@ def ready(url: str) -> tuple[int, dict]:
 
 
 def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(predicate, timeout, what, interval=0.3)
 
 
 def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
@@ -205,7 +203,9 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
                                 agent_config={"run_s": 60, "turns": 60})
             wait_until(lambda: client.job(job["job_id"])["counts"].get("run"), 60, "RUN")
         root = str(home.resolve() / "workspaces") + "/"
-        mine = lambda: [h for h in list_sandboxes() if h.get("workspace", "").startswith(root)]
+
+        def mine() -> list[dict]:
+            return [h for h in list_sandboxes() if h.get("workspace", "").startswith(root)]
         assert len(mine()) == 1
     finally:
         output = ctrl_c(up)

@@ -19,6 +19,9 @@ from core.settings import Settings
 from migrations.runner import upgrade
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import FAST_RELIABILITY, start_service
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
 
 @pytest.fixture
@@ -28,13 +31,7 @@ def redis_pg(tmp_path, pg_url, redis_prefix):
 
 
 def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(predicate, timeout, what)
 
 
 def _rows(db_url: str, job_id: str) -> list[Rollout]:

@@ -5,6 +5,8 @@ import pytest
 
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 
 @pytest.fixture(params=["embedded", "redis+postgresql"])
 def service(request, tmp_path):

@@ -12,6 +12,8 @@ from core.models import Rollout, Turn
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 
 @pytest.fixture
 def redis_pg(tmp_path, pg_url, redis_prefix):

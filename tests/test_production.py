@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from tests.test_embedded_up import free_port
+
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.test_embedded_up import ctrl_c, default_sigint, free_port, processes_with_env
+
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
 REPO = Path(__file__).resolve().parent.parent
 MARKER = "<!-- tests/test_quickstart.py runs these blocks verbatim"

@@ -4,7 +4,8 @@ An instance's `repo` is a git directory, a tarball (of a git checkout or of plai
 plain source directory, or, as SWE-bench / SWE-Gym publish it, a GitHub slug (`getmoto/moto`)
 resolved against the operator's repository mirror (`RAAS_REPO_MIRROR_ROOT`): a bare git dir,
 a `.git` dir or a tarball named `owner__name` under it. A slug that is not there is a
-`NotProvisioned` error at INIT naming what was looked up and where. Plain sources are committed with a fixed author, date and message, so
+`NotProvisioned` error at INIT naming what was looked up and where. Plain sources are committed
+with a fixed author, date and message, so
 the same files always give the same commit id: the example repos ship as sources and their
 `base_commit` in `examples/swe/instances.jsonl` is reproducible
 (`python examples/swe/build_instances.py` rebuilds that file). Git runs on the host with a sanitized

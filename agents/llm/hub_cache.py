@@ -33,6 +33,11 @@ def is_hub_id(name: str | None) -> bool:
     return bool(name) and not name.startswith(("/", ".", "~")) and bool(HUB_ID.match(name))
 
 
+def hub_repo_dir(model_id: str) -> Path:
+    """Where the cache keeps `model_id` (whether or not it is there)."""
+    return hub_cache_dir() / f"models--{model_id.replace('/', '--')}"
+
+
 def _has_tokenizer(folder: Path) -> bool:
     return any((folder / f).is_file() for f in TOKENIZER_FILES)
 
@@ -45,7 +50,7 @@ def cached_tokenizer_folder(model_id: str, revision: str = "main") -> str | None
     """
     if not is_hub_id(model_id):
         return None
-    repo = hub_cache_dir() / f"models--{model_id.replace('/', '--')}"
+    repo = hub_repo_dir(model_id)
     snapshots = repo / "snapshots"
     ref = repo / "refs" / revision
     if ref.is_file():

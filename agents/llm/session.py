@@ -25,6 +25,7 @@ from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
 from agents.llm.backends.abstract import server_said
+from agents.llm.backends.guard import url_guard
 from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
@@ -43,6 +44,7 @@ from core.errors import (
     StageTimeout,
 )
 from core.policy import LLMPolicy, check_credential
+from core.urls import UrlRule
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,10 @@ class LLMSession:
 
     def __init__(self, spec: LLMSpec, sampling: SamplingParams, rollout_id: str,
                  pool: ServerPool, builder: TrajectoryBuilder,
-                 policy: LLMPolicy | None = None) -> None:
+                 policy: LLMPolicy | None = None,
+                 url_rules: list[UrlRule] | None = None) -> None:
         self.spec = spec
+        self.url_rules = url_rules  # a tenant's job: its servers are held to these
         self.sampling = sampling
         self.rollout_id = rollout_id
         self.pool = pool
@@ -78,11 +82,13 @@ class LLMSession:
 
     @classmethod
     def open(cls, llm_spec: dict, sampling: dict, rollout_id: str,
-             pool: ServerPool | None = None, policy: LLMPolicy | None = None) -> LLMSession:
+             pool: ServerPool | None = None, policy: LLMPolicy | None = None,
+             url_rules: list[UrlRule] | None = None) -> LLMSession:
         """A session for `rollout_id` from the job's (normalised) llm spec and sampling dict.
 
         `pool` is where servers come from (the pipeline's keeps its books in the database);
-        without one, the spec's own servers are used with in-process bookkeeping.
+        without one, the spec's own servers are used with in-process bookkeeping. With
+        `url_rules` (a tenant's job) every call to a server goes only where they allow.
         """
         spec: LLMSpec = parse_model(LLMSpec, llm_spec, "llm")
         params: SamplingParams = parse_model(SamplingParams, sampling, "sampling")
@@ -91,14 +97,15 @@ class LLMSession:
                                     [s.model_dump() for s in spec.servers or []],
                                     spec.credential)
         if spec.tokenizer is None:
-            spec.tokenizer = resolve_tokenizer_path(spec, pool.candidate_urls)
+            with url_guard(url_rules):
+                spec.tokenizer = resolve_tokenizer_path(spec, pool.candidate_urls)
         tokenizer = load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
         if not spec.token_exact:
             log.warning("rollout %s uses the text-only %s backend: trajectory NOT token-exact",
                         rollout_id, spec.backend)
         builder = TrajectoryBuilder(tokenizer, spec.max_model_len, spec.chat_template_kwargs,
                                     token_exact=spec.token_exact)
-        return cls(spec, params, rollout_id, pool, builder, policy)
+        return cls(spec, params, rollout_id, pool, builder, policy, url_rules)
 
     def __enter__(self) -> LLMSession:
         return self
@@ -137,6 +144,12 @@ class LLMSession:
 
     def generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
                  max_new_tokens: int | None = None) -> Generation:
+        """Sample one turn (see `_generate`), under the session's URL rules."""
+        with url_guard(self.url_rules):
+            return self._generate(deadline, cancelled, max_new_tokens)
+
+    def _generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
+                  max_new_tokens: int | None = None) -> Generation:
         """Sample one turn before `deadline` (time.monotonic()), failing over between servers.
 
         The request asks for at most `sampling.max_tokens`, the context left and

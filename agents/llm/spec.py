@@ -8,18 +8,20 @@ message naming the field instead of being ignored for a whole batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import InvalidRequest
+from core.urls import parse_url
 from core.policy import (
     LLMPolicy,
     chat_template_text,
     check_credential,
     check_server_url,
     check_tokenizer,
+    tokenizer_allowed,
 )
 
 
@@ -61,10 +63,10 @@ class ServerSpec(BaseModel):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"url {value!r} must start with http:// or https://")
-        parts = urlsplit(value)
-        if parts.query or parts.fragment or "@" in parts.netloc or not parts.hostname:
-            raise ValueError(f"url {value!r} must be a base URL: scheme, host, port and path "
-                             "only (no query, fragment or user info)")
+        try:
+            parse_url(value)  # strict: no spaces, control characters, bad host or port
+        except ValueError as exc:
+            raise ValueError(f"url {value!r} {exc}") from None
         # Servers are stored by base URL; ProRL and OpenAI-style clients often add `/v1`.
         return value.rstrip("/").removesuffix("/v1")
 
@@ -152,18 +154,33 @@ def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list
     `registered()`, the caller's owner's) reports in GET /v1/models when that folder exists
     locally; otherwise InvalidRequest names `llm.tokenizer`.
     """
-    from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
+    from jinja2 import TemplateError
 
-    spec = check_llm_policy(parse_model(LLMSpec, llm_spec, "llm"), policy or LLMPolicy(), admin)
+    from agents.llm.tokenizer import (
+        check_untrusted_template,
+        load_chat_tokenizer,
+        resolve_tokenizer_path,
+    )
+
+    policy = policy or LLMPolicy()
+    parsed = parse_model(LLMSpec, llm_spec, "llm")
+    inline = parsed.chat_template_text is not None  # a registered template is the operator's
+    spec = check_llm_policy(parsed, policy, admin)
     for i, server in enumerate(spec.servers or []):
         if spec.logprobs_mode is not None and server.logprobs_mode != spec.logprobs_mode:
             raise InvalidRequest(
                 f"llm.servers.{i}.logprobs_mode: the job asks for {spec.logprobs_mode} but "
                 f"{server.url} declares {server.logprobs_mode} (vLLM --logprobs-mode)",
                 field=f"llm.servers.{i}.logprobs_mode")
-    spec.tokenizer = resolve_tokenizer_path(spec, registered)
+    spec.tokenizer = resolve_tokenizer_path(
+        spec, registered, None if admin else partial(tokenizer_allowed, policy, admin=False))
+    if spec.chat_template_text is not None and inline:
+        check_untrusted_template(spec.tokenizer, spec.chat_template_text)  # a bounded child
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
+    except TemplateError as exc:
+        raise InvalidRequest(f"llm.chat_template_text: the template is invalid or unsafe: "
+                             f"{exc}", field="llm.chat_template_text") from exc
     except (OSError, ValueError) as exc:
         raise InvalidRequest(f"llm.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from exc
     return spec.model_dump()

@@ -22,7 +22,13 @@ from typing import Any
 import httpx
 
 from agents.llm.backends.http_client import shared_client
-from agents.llm.hub_cache import cached_tokenizer_folder, hub_cache_dir
+from agents.llm.hub_cache import cached_tokenizer_folder, hub_cache_dir, hub_repo_dir, is_hub_id
+from agents.llm.template_budget import (
+    capped_output,
+    check_template,
+    render_budget,
+    render_sample,
+)
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -31,6 +37,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Stands in for an assistant message's content when locating what a template writes around it.
 SENTINEL = "\x00raas-assistant-turn\x00"
 MODELS_TIMEOUT = 3.0
+# A trusted template to load a folder's tokenizer with, whatever its own chat template is.
+PLAIN_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
 
 
 class ChatTokenizer:
@@ -97,14 +105,14 @@ class ChatTokenizer:
         kwargs = dict(template_kwargs)
         if tools and self.supports_tools:
             kwargs["tools"] = tools
-        with self._lock:
-            return self.hf.apply_chat_template(
+        with self._lock, render_budget():
+            return capped_output(self.hf.apply_chat_template(
                 messages,
                 chat_template=self.template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 **kwargs,
-            )
+            ))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` alone; special tokens written in the text become their ids."""
@@ -173,7 +181,8 @@ _load_lock = threading.Lock()
 
 def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatTokenizer:
     """(`chat_template` is Jinja text: templates are resolved from registered names before
-    they get here; never a path.) Load (once per process) the tokenizer folder `path`, optionally with another template."""
+    they get here; never a path.) Load (once per process) the tokenizer folder `path`, optionally
+    with another template."""
     # transformers' lazy first import is not thread-safe, and RUN workers open sessions in
     # threads: serialise loading (cached loads return at once).
     with _load_lock:
@@ -191,6 +200,15 @@ def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
     hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     template = chat_template
     return ChatTokenizer(hf, template, generation_eos_ids(folder))
+
+
+def check_untrusted_template(path: str, chat_template: str) -> None:
+    """Render a sample conversation through an untrusted inline template in a bounded child
+    (`template_budget.check_template`); InvalidRequest naming llm.chat_template_text."""
+    with _load_lock:
+        plain = _load_chat_tokenizer(path, PLAIN_TEMPLATE)  # loaded here, shared by the fork
+    check_template(lambda: render_sample(ChatTokenizer(plain.hf, chat_template,
+                                                       generation_eos_ids(Path(path)))))
 
 
 def is_tokenizer_folder(path: str | None) -> bool:
@@ -265,11 +283,24 @@ def server_model_paths(url: str) -> list[str]:
     return model_names(list_models(url))
 
 
-def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list) -> str:
+def served_tokenizer(name: str, allowed: Callable[[str], bool] | None = None) -> bool:
+    """Whether a model name a server reports gives a tokenizer here: its folder, or (a hub id)
+    its snapshot in the Hugging Face cache. `allowed` judges the folder, or the cache entry,
+    before anything is looked up (no existence oracle for a tenant)."""
+    if (allowed is None or allowed(name)) and is_tokenizer_folder(name):
+        return True
+    return is_hub_id(name) and (allowed is None or allowed(str(hub_repo_dir(name)))) \
+        and cached_tokenizer_folder(name) is not None
+
+
+def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list,
+                           allowed: Callable[[str], bool] | None = None) -> str:
     """The tokenizer of an LLMSpec, as a name `load_chat_tokenizer` loads (a folder or a cached
     hub id): named, else a server's model, else a 4xx that says which servers did not answer.
 
     `registered()` lists the registered servers' urls, asked only when the spec names none.
+    A path a server reports is used only when `allowed(path)` (the caller's tokenizer policy),
+    judged before its existence, so a forbidden and a missing folder get the same answer.
     """
     if spec.tokenizer:
         if tokenizer_folder(spec.tokenizer) is None:
@@ -294,7 +325,7 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
         if error is not None:
             unreachable.append(f"{url} ({error})")
         for name in model_names(entries):
-            if tokenizer_folder(name) is not None:
+            if served_tokenizer(name, allowed):
                 return name
             served.append(name)
     down = f"; no answer from {', '.join(unreachable)}" if unreachable else ""
@@ -303,7 +334,10 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
             f"the LLM server{'s' if len(urls) > 1 else ''} did not answer GET /v1/models{down}: "
             "start it, remove it (`raas llm rm URL`), or name llm.servers and llm.tokenizer",
             field="llm.servers")
+    # A tenant's answer names neither the models nor the cache: forbidden and missing read alike.
+    what = "a model" if allowed is not None else ", ".join(sorted(set(served)))
+    where = " under the operator's tokenizer roots" if allowed is not None else \
+        f" nor a model id in the Hugging Face cache {hub_cache_dir()} (set HF_HOME)"
     raise InvalidRequest(
-        f"llm.tokenizer is required: the servers serve {', '.join(sorted(set(served)))}, "
-        f"neither a local tokenizer folder nor a model id in the Hugging Face cache "
-        f"{hub_cache_dir()} (set HF_HOME, or name llm.tokenizer){down}", field="llm.tokenizer")
+        f"llm.tokenizer is required: the servers serve {what}, not a local tokenizer "
+        f"folder{where}; name llm.tokenizer{down}", field="llm.tokenizer")

@@ -5,7 +5,8 @@ of its final message. How close is close enough depends on the reference: an int
 rational reference (`1000000`, `3/4`, `\\frac{3}{4}`, `2.0`) needs the exact number (so
 `1000001` never scores for `1000000`, nor `0.3333333` for `1/3`); a non-integer decimal
 reference (`3.14159`) accepts a relative `decimal_tolerance` (job config); any other reference
-(`2\\sqrt{3}`, `x^2+1`, sets, intervals) goes to math-verify, then sympy equivalence. A bare answer (`1/2`, `\\frac{1}{2}`, `0.5`) is read as a formula, not
+(`2\\sqrt{3}`, `x^2+1`, sets, intervals) goes to math-verify, then sympy equivalence. A bare answer
+(`1/2`, `\\frac{1}{2}`, `0.5`) is read as a formula, not
 searched for numbers in prose, because math-verify's prose extraction turns `3\\pi` into `3`.
 
 math-verify bounds its parsing and comparison with `signal.alarm`, which only works in a

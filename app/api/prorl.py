@@ -220,7 +220,12 @@ def status() -> dict[str, Any]:
              tag="prorl")
 def add_llm_server(body: AddServer) -> dict[str, Any]:
     url = body.address if "://" in body.address else f"http://{body.address}"
-    server = LLMServerCreate(url=url)
+    try:
+        server = LLMServerCreate(url=url)
+    except ValidationError as exc:  # not a URL (spaces, control characters, bad port): 422
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise InvalidRequest(f"address: {message}", field="address",
+                             errors=[{"field": "address", "message": message}]) from exc
     try:
         register_server(_settings().db_url, server, g.owner, g.admin, _settings().policy.llm)
     except Conflict:  # ProRL keeps the address it already has and answers 200

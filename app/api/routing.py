@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 
 from core.errors import InvalidRequest, validation_error
@@ -34,9 +34,42 @@ class RouteDoc:
 ROUTES: list[RouteDoc] = []
 
 
+def json_depth_error(data: Any, limit: int) -> InvalidRequest | None:
+    """A 400 when `data` nests deeper than `limit` (checked without recursion), else None."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return InvalidRequest(f"body: JSON nested deeper than {limit} levels", field="body")
+        children = value.values() if isinstance(value, dict) else value
+        if isinstance(value, (dict, list)):
+            stack.extend((child, depth + 1) for child in children
+                         if isinstance(child, (dict, list)))
+    return None
+
+
+def json_body() -> Any:
+    """The request's JSON body (None when it is not JSON); nesting deeper than the setting
+    `max_json_depth` is a 400 naming `body`, never a RecursionError's 500."""
+    if not request.is_json:
+        return None
+    limit = current_app.config["RAAS"].max_json_depth
+    try:
+        data = current_app.json.loads(request.get_data(cache=True))
+    except RecursionError:
+        raise InvalidRequest(f"body: JSON nested deeper than {limit} levels",
+                             field="body") from None
+    except ValueError:
+        return None
+    error = json_depth_error(data, limit)
+    if error is not None:
+        raise error
+    return data
+
+
 def parse_body(model: type[BaseModel]) -> BaseModel:
     """The request's JSON body as `model`."""
-    data = request.get_json(silent=True)
+    data = json_body()
     if data is None:
         raise InvalidRequest("request body must be a JSON object", field="body")
     try:

@@ -1,26 +1,32 @@
-"""The /ui blueprint's credentials: login form, `?token=`, signed session cookie, CSRF.
+"""The /ui blueprint's credentials: login form, server-side sessions, CSRF, same-origin POSTs.
 
-The API's auth hook stays the only judge of a token. For /ui paths without an Authorization
-header, `_bridge_credentials` (installed ahead of every other before-request function) passes
-the token from the login form, `?token=` or the session cookie to that hook as a bearer
-header; the hook then sets `g.owner` as it does for API calls. API paths never read the cookie,
-so a browser session cannot be used to call /v1 routes cross-site.
+The API's auth hook stays the only judge of a token. A browser logs in by POSTing its token
+(same-origin only) to /ui/login; the hook accepts it, and a server-side session
+(`app.ui.sessions`) is created whose random id is all the cookie holds. For /ui paths without
+an Authorization header, `_bridge_credentials` (installed ahead of every other before-request
+function) hands the hook the session's principal, or the login form's token. A `?token=` link
+never logs in by itself (that was a login CSRF: `/ui/?token=<other>` silently replaced a
+session): without a session it shows the login form filled in, to be submitted; with one it is
+dropped. API paths never read the cookie, so a browser session cannot call /v1 routes.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
-from flask import Blueprint, Flask, abort, g, redirect, render_template, request, session
+from flask import Blueprint, Flask, abort, current_app, g, redirect, render_template, request
+from flask import session
+from flask.sessions import SecureCookieSessionInterface
 
+from app.auth import UI_PRINCIPAL, auth_enabled
+from app.ui import sessions
 from core.errors import NotFound, Unauthorized
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
                static_folder="static", static_url_path="/static")
-SESSION_TOKEN = "raas_token"
-SESSION_CSRF = "raas_csrf"
+SESSION_ID = "raas_sid"
 
 
 def session_secret(settings) -> bytes:  # noqa: ANN001 - Settings
@@ -35,55 +41,94 @@ def session_secret(settings) -> bytes:  # noqa: ANN001 - Settings
     return secrets.token_bytes(32)
 
 
+class _CookieInterface(SecureCookieSessionInterface):
+    """Flask's signed cookie holding only the session id: `Secure` when served over HTTPS."""
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return bool(app.config.get("SESSION_COOKIE_SECURE")) or request.is_secure
+
+
 @bp.record_once
 def _install(state) -> None:  # noqa: ANN001 - BlueprintSetupState
     app: Flask = state.app
     if not app.secret_key:
         app.secret_key = session_secret(app.config["RAAS"])
-    app.config.setdefault("SESSION_COOKIE_HTTPONLY", True)
-    app.config.setdefault("SESSION_COOKIE_SAMESITE", "Lax")
+    app.config["SESSION_COOKIE_HTTPONLY"] = True
+    app.config["SESSION_COOKIE_SAMESITE"] = "Lax"  # Flask defines the key as None: set it
     app.config["SESSION_COOKIE_NAME"] = "raas_ui"
-    # First of all before-request functions: the auth hook must see the bridged header.
+    app.config["SESSION_COOKIE_PATH"] = "/ui"
+    app.session_interface = _CookieInterface()
+    # First of all before-request functions: the auth hook must see the bridged credentials.
     app.before_request_funcs.setdefault(None, []).insert(0, _bridge_credentials)
 
 
+def same_origin() -> bool:
+    """False for a browser request sent from another site (Sec-Fetch-Site, else Origin or
+    Referer); True when none is sent (not a browser form: nothing cross-site to forge)."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site in ("same-origin", "none")
+    source = request.headers.get("Origin") or request.headers.get("Referer")
+    if source is None:
+        return True
+    parts = urlsplit(source)
+    return f"{parts.scheme}://{parts.netloc}" == request.host_url.rstrip("/")
+
+
 def _bridge_credentials() -> None:
-    """Hand a /ui request's token (form, ?token=, cookie) to the auth hook as a bearer header."""
+    """Hand a /ui request's credentials (session, login form, `?token=` link) to the hook."""
     if not request.path.startswith("/ui") or request.environ.get("HTTP_AUTHORIZATION"):
         return
-    token = None
+    if request.method == "POST" and not same_origin():
+        abort(403, "cross-site form posts to the dashboard are refused")
     if request.path == "/ui/login" and request.method == "POST":
         token = request.form.get("token")
-    token = token or request.args.get("token") or session.get(SESSION_TOKEN)
+        if token:
+            request.environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+            g.ui_login_token = token
+        return
+    session_id = session.get(SESSION_ID)
+    if session_id:
+        live = sessions.lookup(current_app.config["RAAS"], session_id)
+        if live is not None:
+            request.environ[UI_PRINCIPAL] = live.principal
+            g.ui_session, g.ui_cookie_auth = live, True
+            return
+        session.pop(SESSION_ID)
+    token = request.args.get("token") if request.method == "GET" else None
     if token:
         request.environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
-        g.ui_cookie_auth = token == session.get(SESSION_TOKEN)
+        g.ui_token_link = token
 
 
 @bp.before_request
-def _remember_token():
-    """After the hook accepted a `?token=`: keep it in the cookie and drop it from the URL."""
-    token = request.args.get("token")
-    if token and request.method == "GET":
-        session[SESSION_TOKEN] = token
-        args = {k: v for k, v in request.args.items() if k != "token"}
-        return redirect(request.path + ("?" + urlencode(args) if args else ""))
-    return None
+def _token_link():
+    """A `?token=` link (after the hook accepted it) shows the login form filled in, to be
+    submitted by the user; with a live session it is only dropped from the URL."""
+    if request.method != "GET" or "token" not in request.args:
+        return None
+    args = {k: v for k, v in request.args.items() if k != "token"}
+    here = request.path + ("?" + urlencode(args) if args else "")
+    if g.get("ui_token_link"):
+        return render_template("ui/login.html", next=safe_next(here), wrong=False,
+                               token=g.ui_token_link, confirm=True)
+    return redirect(here)
 
 
 def csrf_token() -> str:
-    """The session's CSRF token (created on first use), for every form that POSTs."""
-    if SESSION_CSRF not in session:
-        session[SESSION_CSRF] = secrets.token_urlsafe(24)
-    return session[SESSION_CSRF]
+    """The session's form token, for every form that POSTs ("" without a session: a bearer
+    header or a service without tokens, where the cookie is not what authenticates)."""
+    live = g.get("ui_session")
+    return live.csrf if live is not None else ""
 
 
 def check_csrf() -> None:
-    """A POST authenticated by the cookie must carry the session's CSRF token."""
+    """A POST authenticated by the session cookie must carry the session's form token; a
+    missing or empty one is always refused."""
     if not g.get("ui_cookie_auth"):
         return  # a bearer header or no auth at all: a cross-site form cannot forge either
-    given = request.form.get("csrf", "")
-    if not hmac.compare_digest(given.encode(), session.get(SESSION_CSRF, "").encode()):
+    given = request.form.get("csrf") or ""
+    if not given or not hmac.compare_digest(given.encode(), g.ui_session.csrf.encode()):
         abort(400, "missing or stale form token; reload the page")
 
 
@@ -107,16 +152,25 @@ def login_form():
 
 @bp.post("/login")
 def login():
-    """The hook accepted the posted token: keep it in the signed cookie."""
-    token = request.form.get("token")
-    if token:
-        session[SESSION_TOKEN] = token
+    """The hook accepted the posted token: start a server-side session (a new id, replacing
+    this browser's old one); the cookie gets the id only."""
+    token = g.get("ui_login_token")
+    settings = current_app.config["RAAS"]
+    if token and auth_enabled(settings):
+        old = session.get(SESSION_ID)
+        if old:
+            sessions.end(settings, old)
+        session.clear()
+        session[SESSION_ID] = sessions.create(settings, token)[0]
     return redirect(safe_next(request.form.get("next")), code=303)
 
 
 @bp.post("/logout")
 def logout():
-    """Forget the token."""
+    """End the session (same-origin POSTs only, like every dashboard POST)."""
+    session_id = session.get(SESSION_ID)
+    if session_id:
+        sessions.end(current_app.config["RAAS"], session_id)
     session.clear()
     return redirect("/ui/login", code=303)
 
@@ -127,9 +181,9 @@ def _unauthorized(exc: Unauthorized):
     if request.path.endswith(".json") or request.accept_mimetypes.best == "application/json":
         return exc.to_dict(), 401
     wrong = bool(request.environ.get("HTTP_AUTHORIZATION"))
-    if wrong and session.get(SESSION_TOKEN):
-        session.pop(SESSION_TOKEN)
-    nxt = request.form.get("next") if request.method == "POST" else request.full_path
+    args = {k: v for k, v in request.args.items() if k != "token"}
+    here = request.path + ("?" + urlencode(args) if args else "")
+    nxt = request.form.get("next") if request.method == "POST" else here
     return render_template("ui/login.html", next=safe_next(nxt), wrong=wrong), 401
 
 

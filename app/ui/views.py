@@ -98,7 +98,8 @@ def rollout(rollout_id: str):
         return render_template(
             "ui/rollout.html", r=r, job=job, turns=turns, earlier_turns=earlier,
             segments=segs, metrics=metrics, waterfall=_waterfall(r, turns),
-            prompt_messages=_prompt_messages(r.messages or []), n_tokens=len(r.prompt_ids or []) + len(r.response_ids or []),
+            prompt_messages=_prompt_messages(r.messages or []),
+            n_tokens=len(r.prompt_ids or []) + len(r.response_ids or []),
             n_trained=sum(r.loss_mask or []), drift=_drift(metrics, segs),
             artifacts={k: extra[k] for k in ARTIFACT_KEYS if extra.get(k) not in (None, "", [], {})},
             other_extra={k: v for k, v in extra.items() if k not in ARTIFACT_KEYS},

@@ -4,7 +4,8 @@ Each problem: a statement naming the function to write in `solution.py` (or, for
 problems, a program reading stdin), a reference solution, and hidden tests in the graded format
 (`agents/helpers/code_grading.py`): assert snippets written here are turned into
 `{call, expected}` tests, others are given as `{setup, call, expected | raises}` or
-`{input, output}`. Each runs in its own process; values and outputs are compared on the host. Run `.venv/bin/python examples/code/build_problems.py` after
+`{input, output}`. Each runs in its own process; values and outputs are compared on the host. Run
+`.venv/bin/python examples/code/build_problems.py` after
 editing; tests/agents/test_code_examples.py checks every reference solution through real EVAL.
 """
 from __future__ import annotations

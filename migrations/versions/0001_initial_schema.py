@@ -1,7 +1,7 @@
 """Initial schema: jobs, rollouts, turns, llm_servers.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30 05:25:44.038266
 """
 from __future__ import annotations

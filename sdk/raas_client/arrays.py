@@ -8,8 +8,8 @@ per-token array is aligned with `input_ids` (position t describes token t):
 | `input_ids` | [B, L] int64 | prompt_ids + response_ids, then `pad_id` |
 | `attention_mask` | [B, L] int64 | 1 on real tokens, 0 on padding |
 | `loss_mask` | [B, L] int64 | the rollout's loss_mask on response tokens (1 = generated), 0 on prompt and padding |
-| `old_logprobs` | [B, L] float32 | the sampling logprob of each generated token; 0.0 on prompt, observations and padding |
-| `policy_version` | [B, L] int64 | the policy version (number) that generated the token; -1 where none did or it is unknown |
+| `old_logprobs` | [B, L] float32 | sampling logprob of a generated token; 0.0 elsewhere |
+| `policy_version` | [B, L] int64 | version number that generated the token; -1 elsewhere |
 | `prompt_lengths`, `response_lengths` | [B] int64 | real lengths of the two parts |
 | `rewards` | [B] float32 | training rewards (`Rollout.train_reward`, 0 for included failures) |
 | `advantages` | [B] float32 | per-sample advantages, when given (broadcast over loss_mask for a token loss) |

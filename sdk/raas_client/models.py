@@ -12,9 +12,9 @@ Answers ignore unknown fields (`extra="ignore"`): an older SDK reads a newer gat
 | failure_class | outcomes | reward for training | in group statistics |
 | --- | --- | --- | --- |
 | `none` | `completed` | the graded reward | yes |
-| `policy` | `agent_error` (no valid action, disk quota, OOM, killed its tool server) | the reward, 0 when null | yes: a real bad sample |
-| `infra` | `infra_error`, `timeout`, `cancelled` | none | no (by default): the group is reported short, with a count |
-| `input` | `prompt_too_long` | none | no: the instance cannot be sampled at this context |
+| `policy` | `agent_error` (no valid action, disk quota, OOM, tool server killed) | reward or 0 | yes |
+| `infra` | `infra_error`, `timeout`, `cancelled` | none | no (default): group reported short |
+| `input` | `prompt_too_long` | none | no: cannot be sampled at this context |
 """
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ from agents.llm.simulator import start_simulator
 from raas_client.sdk import RaasHTTPError
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 HUGE = "Compute the sum of the following numbers: " + " + ".join(["1"] * 1500)

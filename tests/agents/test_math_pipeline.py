@@ -17,6 +17,8 @@ import pytest
 from agents.llm.simulator import start_simulator
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl")

@@ -25,6 +25,8 @@ from core.db import session_scope
 from core.models import Rollout, Turn
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 PROBLEM = "Compute 20 + 1, then double it."

@@ -17,7 +17,7 @@ import pytest
 from agents.llm.simulator import start_simulator
 from tests.pipeline_harness import start_service
 
-pytestmark = pytest.mark.timeout(600)  # the first test runs every attack (module fixture)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(600)]  # the first test runs every attack (module fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 PAYLOADS = Path(__file__).resolve().parent / "attacks"

@@ -14,6 +14,8 @@ import pytest
 from agents.llm.simulator import start_simulator
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 SWE = {json.loads(line)["instance_id"]: json.loads(line)

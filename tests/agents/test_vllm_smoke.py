@@ -22,7 +22,7 @@ import pytest
 from raas_client.cli import read_instances
 from tests.pipeline_harness import Service, start_service
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.service, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")

@@ -35,3 +35,11 @@ def fault_report(campaign) -> Callable[[str], Report]:
         return done[name]
 
     return get
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of the fault suite is a whole-service tier (`make test`, not `make test-fast`)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.service)

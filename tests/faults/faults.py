@@ -70,7 +70,7 @@ def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> Non
     # RUN is killed once a rollout has 2 turns stored: a restart from INIT re-generates them,
     # a resume in the same sandbox at most the turn that was in flight.
     for stage, turns in (("init", 0), ("run", 2), ("eval", 0)):
-        rows = wait_for(lambda: _leased(c, job["job_id"], stage, turns), timeout=60,
+        rows = wait_for(lambda stage=stage, turns=turns: _leased(c, job["job_id"], stage, turns), timeout=60,
                         what=f"a rollout held by {stage}", interval=0.05)
         node = rng.choice(sorted({_node_of(r) for r in rows}))
         hit = {r.id for r in rows if _node_of(r) == node}

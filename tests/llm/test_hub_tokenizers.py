@@ -21,6 +21,7 @@ from raas_client.cli import llm
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 SMOLLM2 = REPO / "tests" / "fixtures" / "smollm2-tokenizer"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 REV = "0123456789abcdef0123456789abcdef01234567"

@@ -19,6 +19,7 @@ from raas_client.cli import results, status
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 OBSERVE = '<tool_call>{"name": "observe", "arguments": {}}</tool_call>'
 SCRIPT = {"default": [OBSERVE, "So it is \\boxed{4}."], "wrong": "So it is \\boxed{5}.",

@@ -20,6 +20,7 @@ from tests.pipeline_harness import start_service
 from tests.sdk.test_readme_train import train_block
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.service, pytest.mark.sdk_torch]  # whole-service tier
 TORCH_PYTHON = os.environ.get("RAAS_TORCH_PYTHON", "/work/shared-venvs/vllm/bin/python")
 
 RUN = """
@@ -45,7 +46,6 @@ print(json.dumps({"loss": loss, "moved": float((policy.head.weight - before).abs
 """
 
 
-@pytest.mark.sdk_torch
 def test_the_readme_grpo_step_trains_on_real_groups(tmp_path):
     if not Path(TORCH_PYTHON).exists():
         pytest.fail(f"no interpreter with torch at {TORCH_PYTHON}: set RAAS_TORCH_PYTHON")

@@ -19,6 +19,7 @@ import pytest
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.service, pytest.mark.sdk_install]  # whole-service tier
 SERVER_ONLY = ("celery", "flask", "transformers", "sqlalchemy", "tokenizers", "app", "core",
                "tasks", "agents", "sandbox", "client")
 # Without the `cli` extra (click hidden) the command says how to get it.
@@ -40,7 +41,6 @@ PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.sdk_install
 def test_the_sdk_installs_and_works_without_the_server(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -24,6 +24,8 @@ from raas_client import RaasClient
 from tests.pipeline_harness import start_service, wait_for
 from tests.ui.browser import chromium, console_errors
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 QUESTIONS = {q["instance_id"]: q for q in map(json.loads, (

@@ -30,6 +30,7 @@ import httpcore
 import httpx
 
 from agents.llm.backends.abort import RecordingBackend
+from agents.llm.backends.guard import GuardedBackend, check_request, connecting, current_rules
 
 DEFAULT_SLOTS = 16  # library use, where no worker said how many sessions run at once
 KEEPALIVE_EXPIRY_SECONDS = 30.0
@@ -41,14 +42,35 @@ _slots = DEFAULT_SLOTS
 
 class _AbortableTransport(httpx.HTTPTransport):
     """httpx's transport over an httpcore pool whose connections report their sockets to the
-    abort handle of the thread using them (httpx has no parameter for the network backend)."""
+    abort handle of the thread using them (httpx has no parameter for the network backend).
+
+    A call inside `guard.url_guard(rules)` (a tenant's URL) is checked against the rules and
+    sent over a second pool whose connections go only to addresses the rules allow."""
 
     def __init__(self, slots: int) -> None:
         ssl_context = httpx.create_ssl_context()
         super().__init__(verify=ssl_context)
-        self._pool = httpcore.ConnectionPool(
+        self._pool = self._open_pool = httpcore.ConnectionPool(
             ssl_context=ssl_context, max_connections=None, max_keepalive_connections=slots,
             keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS, network_backend=RecordingBackend())
+        self._guarded_pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context, max_connections=None, max_keepalive_connections=slots,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+            network_backend=GuardedBackend(RecordingBackend()))
+        self._guarded = httpx.HTTPTransport()
+        self._guarded._pool = self._guarded_pool
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        rules = current_rules()
+        if rules is None:
+            return super().handle_request(request)
+        target = check_request(rules, request.url)
+        with connecting(rules, target):
+            return self._guarded.handle_request(request)
+
+    def close(self) -> None:
+        super().close()
+        self._guarded.close()
 
 
 def make_client(slots: int = DEFAULT_SLOTS) -> httpx.Client:

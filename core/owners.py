@@ -1,0 +1,36 @@
+"""Which owners hold the admin role, for code that has an owner but no token (workers, reaper).
+
+A tenant's inference-server URLs were accepted against the operator's URL rules; an admin's
+were accepted as they are. Workers hold a job's or a pool's URLs to those rules at every
+connection (`agents.llm.backends.guard`) unless the owner is an admin: an owner counts as one
+when any of its tokens is (settings or `raas token add --admin`), or when no token exists at
+all (the single local owner of a service without auth).
+"""
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from core.db import session_scope
+from core.models import ApiToken
+from core.policy import DEFAULT_OWNER
+from core.settings import Settings
+from core.urls import UrlRule
+
+
+def owner_is_admin(settings: Settings, owner: str) -> bool:
+    """True when `owner` may name any URL (see the module docstring)."""
+    if owner == DEFAULT_OWNER and settings.api_token is not None:
+        return True
+    if any(g.owner == owner and g.admin for g in settings.api_tokens.values()):
+        return True
+    with session_scope(settings.db_url) as s:
+        if s.scalar(select(ApiToken.id).where(ApiToken.owner == owner,
+                                              ApiToken.admin.is_(True)).limit(1)) is not None:
+            return True
+        no_tokens = s.scalar(select(ApiToken.id).limit(1)) is None
+    return no_tokens and not settings.auth_configured and owner == DEFAULT_OWNER
+
+
+def url_rules_for(settings: Settings, owner: str) -> list[UrlRule] | None:
+    """The URL rules `owner`'s server calls are held to (None: an admin, any URL)."""
+    return None if owner_is_admin(settings, owner) else settings.policy.llm.server_rules
