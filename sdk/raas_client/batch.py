@@ -7,7 +7,10 @@ sample's `failure_class` (`raas_client.models`) decides its place:
 - `none` and `policy` samples form the group's statistics (a policy failure is a real bad
   sample: its reward is 0 when the grader gave none);
 - `infra` and `input` samples are excluded by default (`include_infra=True` counts infra
-  failures as reward 0, as some trainers do): the group is reported *short*, with a count;
+  failures as reward 0, as some trainers do): the group is reported *short* (fewer usable
+  samples than the job's `n_samples`), with a count;
+- samples a straggler cut removed from their group (`cut_reason`: spares, a group deadline)
+  are neither samples nor failures;
 - a sample whose oldest turn was generated more than S policy versions before the current
   version is dropped and reported (`Group.stale`, `Batch.stale`).
 
@@ -37,6 +40,8 @@ class ResultsSource(Protocol):
                      limit: int = 100) -> dict[str, Any]: ...
 
     def llm_servers(self) -> list[dict[str, Any]]: ...
+
+    def job(self, job_id: str) -> dict[str, Any]: ...
 
 
 def oldest_version(rollout: Rollout) -> int | None:
@@ -75,9 +80,11 @@ class Group(BaseModel):
     stale: list[str] = Field(default_factory=list,
                              description="Rollout ids dropped for max_staleness")
     include_infra: bool = Field(False, description="Infra failures count as reward 0")
+    expected: int | None = Field(None, description="Samples the group should have (the job's "
+                                 "n_samples); None: every delivered sample not cut")
 
     def _used(self, r: Rollout) -> bool:
-        if r.rollout_id in self.stale:
+        if r.rollout_id in self.stale or r.cut_reason is not None:
             return False
         return r.failure_class in ("none", "policy") or (
             self.include_infra and r.failure_class == "infra")
@@ -93,14 +100,22 @@ class Group(BaseModel):
         return [r.train_reward if r.train_reward is not None else 0.0 for r in self.samples]
 
     @property
+    def cut(self) -> list[Rollout]:
+        """Samples a straggler cut removed from the group (not failures)."""
+        return [r for r in self.rollouts if r.cut_reason is not None]
+
+    @property
     def n_infra(self) -> int:
         """Samples whose failure was the infrastructure's (or an unsampleable prompt)."""
-        return sum(r.failure_class in ("infra", "input") for r in self.rollouts)
+        return sum(r.failure_class in ("infra", "input") and r.cut_reason is None
+                   for r in self.rollouts)
 
     @property
     def short(self) -> bool:
-        """Fewer usable samples than the group had (infra failures, stale samples)."""
-        return len(self.samples) < len(self.rollouts)
+        """Fewer usable samples than the group should have (infra failures, stale samples)."""
+        wanted = self.expected if self.expected is not None else \
+            len(self.rollouts) - len(self.cut)
+        return len(self.samples) < wanted
 
     def advantages(self, method: AdvantageMethod = "grpo", eps: float = 1e-6) -> list[float]:
         """Advantages of `samples`, in their order."""
@@ -162,6 +177,7 @@ class Collector:
         self.pending: dict[str, list[Rollout]] = defaultdict(list)
         self.ready: list[list[Rollout]] = []
         self.done = False
+        self.expected: int | None = None  # the job's n_samples, read once
 
     def collect(self, groups: int, timeout: float = 600.0, max_staleness: int | None = None,
                 current_version: Any = None, include_infra: bool = False,
@@ -177,8 +193,11 @@ class Collector:
                 break
             self._read(min(poll, remaining))
         taken, self.ready = self.ready[:groups], self.ready[groups:]
+        if taken and self.expected is None:
+            self.expected = int(self.client.job(self.job_id)["n_samples"])
         current = self._current(current_version, taken) if max_staleness is not None else None
-        built = [self._group(rows, max_staleness, current, include_infra) for rows in taken]
+        built = [self._group(rows, max_staleness, current, include_infra, self.expected)
+                 for rows in taken]
         return Batch(groups=built, stale=[i for g in built for i in g.stale],
                      current_version=current, timed_out=len(built) < groups and not self.done,
                      job_done=self.done and not self.ready,
@@ -213,7 +232,7 @@ class Collector:
 
     @staticmethod
     def _group(rows: list[Rollout], max_staleness: int | None, current: int | None,
-               include_infra: bool) -> Group:
+               include_infra: bool, expected: int | None) -> Group:
         stale = []
         if max_staleness is not None and current is not None:
             for r in rows:
@@ -221,4 +240,4 @@ class Collector:
                 if oldest is not None and current - oldest > max_staleness:
                     stale.append(r.rollout_id)
         return Group(job_id=rows[0].job_id, instance_id=rows[0].instance_id, rollouts=rows,
-                     stale=stale, include_infra=include_infra)
+                     stale=stale, include_infra=include_infra, expected=expected)

@@ -175,6 +175,8 @@ class Rollout(Answer):
     timing: Timing
     seq: int | None = Field(None, description="Place in the job's completion order")
     group_complete: bool = Field(False, description="Last sample of its instance to finish")
+    cut_reason: str | None = Field(None, description="Cut from its group by a straggler cut "
+                                   "(spare samples, group deadline): not one of its samples")
     created_at: datetime
     finished_at: datetime | None = None
     turns: list[TurnView] | None = Field(

@@ -1,9 +1,11 @@
 """The SDK's pure parts: the failure-class table, version numbers, advantages, empty arrays."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
-from raas_client import advantages, failure_class_of
+from raas_client import Group, Rollout, advantages, failure_class_of
 from raas_client.arrays import to_arrays
 from raas_client.models import version_number
 
@@ -33,3 +35,22 @@ def test_advantages():
 def test_arrays_of_nothing_keep_their_rank():
     arrays = to_arrays([], backend="numpy")
     assert arrays["input_ids"].shape == (0, 0) and arrays["rewards"].shape == (0,)
+
+
+def row(k: int, **fields) -> Rollout:
+    base = {"rollout_id": f"r{k}", "job_id": "j", "instance_id": "i", "sample_index": k,
+            "status": "done", "outcome": "completed", "attempt": 1, "reward": float(k % 2),
+            "timing": {}, "created_at": datetime.now(timezone.utc)}
+    return Rollout(**{**base, **fields})
+
+
+def test_a_straggler_cut_is_neither_a_sample_nor_a_failure():
+    cut = row(3, outcome="cancelled", reward=None, cut_reason="spare")
+    group = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), row(2), cut],
+                  expected=3)
+    assert group.samples == group.rollouts[:3] and group.cut == [cut]
+    assert not group.short and group.n_infra == 0
+    failed = row(2, outcome="infra_error", reward=None)
+    short = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), failed, cut],
+                  expected=3)
+    assert short.short and short.n_infra == 1 and len(short.samples) == 2
