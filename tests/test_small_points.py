@@ -50,6 +50,16 @@ def test_make_up_runs_no_apt_get_and_make_test_gets_chromium():
     assert "install_chromium.sh" in test and "pytest" in test
 
 
+def test_every_server_install_brings_the_sdk_it_imports():
+    """The server imports raas_client.models but names no PyPI requirement on it: each of
+    its install recipes installs ./sdk itself."""
+    makefile = (REPO / "Makefile").read_text()
+    assert makefile.index("-e './sdk") < makefile.index("-e '.[test]'")
+    image = (REPO / "docker-compose.dev.yml").read_text()
+    assert "pip install --no-cache-dir -e ./sdk -e ." in image
+    assert "raas-client" not in (REPO / "setup.cfg").read_text()
+
+
 def test_up_prints_next_commands_for_the_ports_in_use():
     with socket.socket() as held:  # the simulator's usual port is taken: another is offered
         held.bind(("127.0.0.1", 0))
