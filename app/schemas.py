@@ -10,9 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from raas_client.models import (AttemptView, ErrorBody, JobAccepted, JobList, JobView,
-                                LLMServerList, LLMServerView, ResultsPage, Rollout, Timing,
-                                TurnView)
+
+try:
+    from raas_client.models import (AttemptView, ErrorBody, JobAccepted, JobList, JobView,
+                                    LLMServerList, LLMServerView, ResultsPage, Rollout, Timing,
+                                    TurnView)
+except ImportError as exc:  # the server installed without its SDK (`make` installs both)
+    raise ImportError("raas imports its wire models from the raas-client distribution in "
+                      "this repository: pip install -e ./sdk (then -e .)") from exc
 
 from agents.job_config import Limits
 from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
