@@ -36,7 +36,7 @@ test: install lint
 	$(PY) -m pytest $(PARALLEL)
 
 # ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear.
-lint: install
+lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 # Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): test files marked
