@@ -57,6 +57,24 @@ def test_cannot_read_host_secrets_or_data_trees(start, tmp_path, monkeypatch):
         secret_root.unlink()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root service only: a user's sandbox is that user")
+def test_a_root_service_runs_sandboxes_unprivileged(start):
+    """Issue 22.2: a sandbox of a root service was host root, so every root-only file of the
+    read-only /etc bind that the deny-list did not name was readable. Now the agent is an
+    unprivileged uid, and what it reads no longer depends on a list."""
+    secret = Path(f"/etc/raas-test-root-only-{uuid.uuid4().hex[:8]}")
+    secret.write_text("hunter2-etc")
+    secret.chmod(0o600)
+    try:
+        bw = start("bwrap")
+        r = bw.bash(f"id -u; cat {secret}; echo made > mine.txt && cat mine.txt")
+        assert "hunter2" not in r.output and "Permission denied" in r.output, r.output
+        assert r.output.splitlines()[0] == "65534" and r.output.endswith("made\n")
+        assert bw.bash("ls /proc | grep -c '^[0-9]'").output.strip() in {"1", "2", "3", "4"}
+    finally:
+        secret.unlink()
+
+
 def test_no_network_when_off(start):
     with socket.create_connection(("127.0.0.1", 5432), timeout=2):
         pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
