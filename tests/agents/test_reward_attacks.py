@@ -166,8 +166,10 @@ def root_only_file():
 
 @pytest.fixture(scope="module")
 def outcomes(service, llm, root_only_file) -> dict[str, dict[str, Any]]:
-    """Run every attack once; {attack name: rollout view}. Prints the measured table."""
-    jobs = [
+    """Run every attack once; {attack name: rollout view}. Prints the measured table.
+    The infrastructure's SIGTERM (`infra-sigterm`) runs in the same batch."""
+    infra = sigterm_in_background(service, llm)
+    jobs = [infra["job"],
         service.client.submit("swe", [tagged(n, INTERVALS, "problem_statement")
                                       for n in ATTACKS if n.startswith("swe-")],
                               limits={"max_turns": 4, "tool_timeout": 20}, llm=llm,
@@ -189,6 +191,8 @@ def outcomes(service, llm, root_only_file) -> dict[str, dict[str, Any]]:
         service.wait_done(job["job_id"], timeout=240)
         for result in service.all_results(job["job_id"]):
             views[result["instance_id"]] = service.client.rollout(result["rollout_id"])
+    infra["thread"].join(timeout=60)
+    views["infra-sigterm"]["signalled"] = infra["pids"]
     print("\nattack            outcome      reward  finish_reason")
     for name in (n for n in ATTACKS if n in views):
         view = views[name]
@@ -313,6 +317,23 @@ def test_math_near_misses_of_integers_earn_nothing(outcomes, name) -> None:
 OPEN_ATTACKS = ("res-kill-server", "res-stop-server", "res-stop-all", "res-honest")
 
 
+def sigterm_in_background(service, llm) -> dict[str, Any]:
+    """Submit the `infra-sigterm` rollout; a thread SIGTERMs its sandbox once the agent's
+    `sleep 6` runs ({"job", "thread", "pids"}: pids filled in by the thread)."""
+    import threading
+
+    job = service.client.submit("code", [tagged("infra-sigterm", FIZZBUZZ, "problem_statement")],
+                                limits={"max_turns": 4}, llm=llm)
+    out: dict[str, Any] = {"job": job, "pids": []}
+
+    def kill() -> None:
+        out["pids"] = sigterm_sandbox_mid_run(service, job["rollout_ids"][0])
+
+    out["thread"] = threading.Thread(target=kill, daemon=True)
+    out["thread"].start()
+    return out
+
+
 @pytest.fixture(scope="module")
 def open_service(tmp_path_factory):
     """A service whose sandboxes do not isolate the tools from the server (as runtimes without
@@ -323,14 +344,26 @@ def open_service(tmp_path_factory):
     svc.stop()
 
 
-def test_without_isolation_killing_or_freezing_your_server_is_agent_error(open_service,
-                                                                         llm) -> None:
+@pytest.fixture(scope="module")
+def open_outcomes(open_service, llm) -> dict[str, dict[str, Any]]:
+    """The isolation-off attacks and the infrastructure's SIGTERM, in one batch."""
+    infra = sigterm_in_background(open_service, llm)
     job = open_service.client.submit(
         "code", [tagged(n, FIZZBUZZ, "problem_statement") for n in OPEN_ATTACKS],
         limits={"max_turns": 4, "tool_timeout": 20}, llm=llm)
-    open_service.wait_done(job["job_id"], timeout=240)
-    views = {r["instance_id"]: open_service.client.rollout(r["rollout_id"])
-             for r in open_service.all_results(job["job_id"])}
+    views = {}
+    for submitted in (infra["job"], job):
+        open_service.wait_done(submitted["job_id"], timeout=240)
+        views.update({r["instance_id"]: open_service.client.rollout(r["rollout_id"])
+                      for r in open_service.all_results(submitted["job_id"])})
+    infra["thread"].join(timeout=60)
+    views["infra-sigterm"]["signalled"] = infra["pids"]
+    return views
+
+
+def test_without_isolation_killing_or_freezing_your_server_is_agent_error(open_outcomes
+                                                                         ) -> None:
+    views = {n: v for n, v in open_outcomes.items() if n in OPEN_ATTACKS}
     print({n: (v["outcome"], v["reward"], v["finish_reason"], v["attempt"])
            for n, v in views.items()})
     assert earned(views["res-kill-server"]) == ("agent_error", 0.0)
@@ -387,17 +420,12 @@ def _agent_sleeping(handle: dict) -> bool:
 
 
 @pytest.mark.parametrize("which", ["isolated", "open"])
-def test_a_sigterm_from_outside_mid_run_is_retried_and_earns_its_reward(which, service,
-                                                                        open_service,
-                                                                        llm) -> None:
-    svc = service if which == "isolated" else open_service
-    job = svc.client.submit("code", [tagged("infra-sigterm", FIZZBUZZ, "problem_statement")],
-                            limits={"max_turns": 4}, llm=llm)
-    [rid] = job["rollout_ids"]
-    assert len(sigterm_sandbox_mid_run(svc, rid)) >= 4  # bwrap, init, server, agent's tools
-    svc.wait_done(job["job_id"], timeout=240)
-    view = svc.client.rollout(rid)
-    assert earned(view) == ("completed", 1.0), (view["error"], svc.log_tail())
+def test_a_sigterm_from_outside_mid_run_is_retried_and_earns_its_reward(
+        which, request) -> None:
+    views = request.getfixturevalue("outcomes" if which == "isolated" else "open_outcomes")
+    view = views["infra-sigterm"]
+    assert len(view["signalled"]) >= 4  # bwrap, its init, the server, the agent's tools
+    assert earned(view) == ("completed", 1.0), view["error"]
     assert view["attempt"] == 2  # the sandbox died: redone from INIT, never agent_error
     [first] = view["earlier_attempts"]
     assert "tool server" in first["error"], first
