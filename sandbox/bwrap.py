@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import socket
@@ -33,6 +34,8 @@ from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, sandbox_env
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
+
+log = logging.getLogger(__name__)
 
 # System trees a program may need; never home, root, tmp, var, srv, mnt or data folders.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -96,8 +99,37 @@ def _root_mounts(image: str | None,
 
 def unprivileged_uid(settings) -> int | None:
     """The host uid a sandbox runs as when it must not be ours: only when we are root (a
-    sandbox mapped to host root owns every root-only file a bind exposes, /etc included)."""
-    return settings.root_sandbox_uid if os.geteuid() == 0 else None
+    sandbox mapped to host root owns every root-only file a bind exposes, /etc included), and
+    only where that uid may create namespaces (else root's sandboxes, with a warning)."""
+    if os.geteuid() != 0:
+        return None
+    reason = _probe_as(settings.root_sandbox_uid)
+    if reason is None:
+        return settings.root_sandbox_uid
+    log.warning("bwrap cannot run as uid %s (%s): sandboxes run as root, and only the masked "
+                "/etc files are hidden from the agent", settings.root_sandbox_uid, reason)
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_as(uid: int) -> str | None:
+    """None when bwrap started through launch_as.py as `uid` creates its namespaces here
+    (unprivileged user namespaces may be forbidden by sysctl or AppArmor)."""
+    binary = bwrap_binary()
+    if binary is None:
+        return "no bwrap binary"
+    fd = os.open(binary, os.O_RDONLY)
+    try:
+        argv = ["/usr/bin/python3", "-I", "-S", LAUNCH_AS, str(uid), str(uid), str(fd), "/",
+                "--", "bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc",
+                "--dev", "/dev", "true"]
+        run = subprocess.run(argv, capture_output=True, timeout=10, pass_fds=(fd,),
+                             env=dict(LAUNCHER_ENV))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"failed to run: {exc}"
+    finally:
+        os.close(fd)
+    return None if run.returncode == 0 else run.stderr.decode(errors="replace")[-300:]
 
 
 def stage_root() -> str:

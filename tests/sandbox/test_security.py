@@ -75,6 +75,22 @@ def test_a_root_service_runs_sandboxes_unprivileged(start):
         secret.unlink()
 
 
+def test_where_the_uid_may_not_create_namespaces_root_sandboxes_remain(monkeypatch):
+    """Unprivileged user namespaces can be forbidden (sysctl, AppArmor): then a root service
+    keeps starting sandboxes (as root, with the masked files hidden) and says so."""
+    from sandbox import bwrap
+    from sandbox.settings import SandboxSettings
+
+    settings = SandboxSettings()
+    monkeypatch.setattr(bwrap, "_probe_as", lambda uid: "forbidden here")
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 0)
+    assert bwrap.unprivileged_uid(settings) is None
+    monkeypatch.setattr(bwrap, "_probe_as", lambda uid: None)
+    assert bwrap.unprivileged_uid(settings) == 65534
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
+    assert bwrap.unprivileged_uid(settings) is None  # a user's sandbox is that user
+
+
 def test_no_network_when_off(start):
     with socket.create_connection(("127.0.0.1", 5432), timeout=2):
         pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
@@ -119,7 +135,8 @@ try:
     assert "MemoryError" in sb.python("b = b'x' * (600 * 1024 * 1024)").error
     sb.bash(":(){ :|:& };:", timeout=5)
     time.sleep(2)
-    mine = sum(os.stat("/proc/" + p).st_uid == os.getuid() for p in os.listdir("/proc") if p.isdigit())
+    from sandbox.toolserver.procs import descendants  # this sandbox's tree: a root service's
+    mine = 1 + len(descendants(sb.handle["pid"]))     # sandboxes elsewhere run as this uid too
     sb.reset()
     print(mine, sb.bash("echo alive", timeout=20).output.strip())
 finally:
