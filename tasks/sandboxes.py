@@ -43,6 +43,7 @@ def sandbox_settings(settings: Settings) -> SandboxSettings:
     return SandboxSettings(state_dir=settings.sandbox_dir, node=settings.node,
                            envs_root=settings.envs_root, image_cache=settings.image_cache,
                            cgroup_parent=settings.sandbox_cgroup_parent,
+                           isolate_tools=settings.sandbox_isolate_tools,
                            allow_local_fallback=local_fallback_allowed(settings.policy.sandbox))
 
 
@@ -155,6 +156,14 @@ def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt:
         raise ConfigError(str(exc), runtime=runtime) from exc
     sb = chosen.start(spec, label=f"{rollout_id}:{attempt}")
     return sb, sb.handle
+
+
+def hand_over(handle: dict[str, Any] | None) -> None:
+    """Give the host's writes into a running sandbox's workspace to the sandbox's uid."""
+    if handle:
+        from sandbox.handles import hand_over as give
+
+        give(handle)
 
 
 def stop(handle: dict[str, Any] | None) -> None:
