@@ -125,10 +125,12 @@ def _consumers(db_url: str, queue: str) -> list[str]:
         return s.scalars(sa.select(QueueConsumer.id).where(QueueConsumer.queue == queue)).all()
 
 
-def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog):
-    """kombu raises AttributeError ('hostname') acking on a connection the consumer closed;
-    the stage request logs it like any lost connection instead of crashing the consumer."""
-    from kombu import Connection
+@pytest.mark.parametrize("how", ["ack", "reject", "requeue"])
+def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog, how):
+    """kombu raises AttributeError ('hostname') acking, rejecting or requeueing on a
+    connection the consumer closed; the stage request logs it like any lost connection
+    instead of crashing the consumer (each path forced on a real Redis message)."""
+    from kombu import Connection, Queue
 
     from tasks.acks import StageRequest
     from tasks.celery_app import make_celery
@@ -139,19 +141,25 @@ def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, ca
     app.send_task("raas.eval", args=["r1", 1], kwargs={"node": "n1"})
     conn = Connection(REDIS_URL, transport_options={"global_keyprefix": redis_prefix})
     channel = conn.channel()
-    from kombu import Queue
-
     message = Queue(stage_queue("eval", "n1"))(channel).get(no_ack=False)
     assert message is not None
     channel._disconnect_pools()  # what losing the broker does to the consumer's connection
     conn._do_close_transport()
+    plain = {"ack": lambda: message.channel.basic_ack(message.delivery_tag),
+             "reject": lambda: message.channel.basic_reject(message.delivery_tag, False),
+             "requeue": lambda: message.channel.basic_reject(message.delivery_tag, True)}
     with pytest.raises(AttributeError, match="hostname"):
-        message.channel.basic_ack(message.delivery_tag)  # plain kombu: the crash
-    request = StageRequest(message, on_ack=message.ack_log_error, app=app,
+        plain[how]()  # plain kombu: the crash
+    request = StageRequest(message, on_ack=message.ack_log_error,
+                           on_reject=message.reject_log_error, app=app,
                            task=app.tasks["raas.eval"],
                            connection_errors=tuple(conn.connection_errors))
-    request.acknowledge()  # logged, not raised
-    assert request.acknowledged and "Couldn't ack" in caplog.text
+    if how == "ack":
+        request.acknowledge()  # logged, not raised
+    else:
+        request.reject(requeue=how == "requeue")
+    assert request.acknowledged
+    assert ("Couldn't ack" if how == "ack" else "Couldn't reject") in caplog.text
     channel.qos.restore_at_shutdown = False  # nothing to restore through a closed connection
 
 
