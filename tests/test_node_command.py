@@ -120,15 +120,13 @@ def test_a_node_whose_eval_pool_died_takes_no_init_work(tmp_path, pg_url, redis_
     svc = _service(tmp_path, pg_url, redis_prefix)
     db = svc.settings.db_url
     try:
-        for stage in ("init", "run", "eval"):
-            svc.start_worker(stage, "n1", 2)
-        wait_for(lambda: len(_consumers(db, "n1")) == 3, timeout=60, what="n1's pools")
-        eval_pid = _consumers(db, "n1")["eval.n1"]
+        for node in ("n1", "n2"):
+            for stage in ("init", "run", "eval"):
+                svc.start_worker(stage, node, 2)
+        for node in ("n1", "n2"):
+            wait_for(lambda n=node: len(_consumers(db, n)) == 3, timeout=60,
+                     what=f"{node}'s pools")
         svc.kill_worker("eval", "n1")
-        assert eval_pid
-        for stage in ("init", "run", "eval"):
-            svc.start_worker(stage, "n2", 2)
-        wait_for(lambda: len(_consumers(db, "n2")) == 3, timeout=60, what="n2's pools")
         wait_for(lambda: "INIT takes no new work" in (svc.logs / "init-n1.log").read_text(),
                  timeout=30, what="n1's INIT gate to close")
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)],
@@ -140,7 +138,6 @@ def test_a_node_whose_eval_pool_died_takes_no_init_work(tmp_path, pg_url, redis_
             where = r["extra"]["where"]
             assert where["init"]["node"] == where["eval"]["node"] == "n2", r
             assert r["attempt"] == 1 and r["reward"] == float(r["sample_index"] % 2), r
-        assert os.path.exists(svc.logs / "init-n1.log")
     finally:
         svc.stop()
 
