@@ -141,6 +141,14 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
     report.notes.append(f"Redis restarted with {report.affected} rollouts unfinished")
 
 
+def consumer_failure_seen(c: Campaign, report: Report) -> None:
+    """Say in the report how n2's EVAL pool took its forced consumer failure."""
+    log = (c.svc.logs / f"eval-{NODES[1]}.log").read_text(errors="replace")
+    report.notes.append(f"eval.{NODES[1]} consumer: restarted in-process "
+                        f"{log.count('restarting it in this process')}x, unrecoverable "
+                        f"{log.count('Unrecoverable error')}x (whole log)")
+
+
 def postgres_restart(mode: str) -> Strike:
     """PostgreSQL stops with `mode` mid-RUN and is back after 3 s."""
     def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
@@ -169,5 +177,5 @@ FAULTS = {f.name: f for f in [
     Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
     Fault("node-loss", lose_node, after=node_returns, rollouts=16),
     Fault("redis-restart-during-acks", redis_restart_during_acks, rollouts=24,
-          supervised=False, timeout=180),
+          after=consumer_failure_seen, supervised=False, timeout=180),
 ]}
