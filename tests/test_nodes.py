@@ -365,3 +365,50 @@ def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_pat
     assert passes(1.5) == 2
     with session_scope(settings.db_url) as s:
         assert set(s.scalars(sa.select(Rollout.attempt))) == {2}
+
+
+def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_path, pg_url,
+                                                                            redis_prefix):
+    """Issue 26.4/27: a dead node held rollouts waiting for EVAL and one in EVAL (leased by
+    its dead worker), with artifacts stored. The live node's reaper moves them to its EVAL
+    queue in the same attempt (no restart from INIT); a rollout that never finished RUN
+    restarts from INIT. Without a live EVAL anywhere, the EVAL-ready ones stay put."""
+    from tasks.celery_app import make_celery
+    from tasks.reaper import Reaper
+
+    upgrade(pg_url)
+    old = utcnow() - timedelta(seconds=600)
+    with session_scope(pg_url) as s:
+        job = Job(agent="test-sleepy", n_instances=3)
+        s.add(job)
+        s.flush()
+        s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow())])
+        rows = {"queued": Rollout(job_id=job.id, instance_id="q", status="eval", node="dead",
+                                  queued_at=old, artifact={"answer": "1"}),
+                "leased": Rollout(job_id=job.id, instance_id="l", status="eval", node="dead",
+                                  lease_owner="dead/1/x", heartbeat_at=old, queued_at=old,
+                                  artifact={"answer": "2"}),
+                "running": Rollout(job_id=job.id, instance_id="r", status="run", node="dead",
+                                   lease_owner="dead/1/y", heartbeat_at=old, queued_at=old)}
+        s.add_all(rows.values())
+        s.flush()
+        ids = {k: r.id for k, r in rows.items()}
+    settings = _reaper_settings(tmp_path, pg_url, redis_prefix, "live")
+    reaper = Reaper(settings, make_celery(settings))
+    reaper.reroute_abandoned()  # no live EVAL consumer anywhere yet
+
+    def state() -> dict[str, tuple]:
+        with session_scope(pg_url) as s:
+            got = {r.id: (r.status, r.node, r.attempt) for r in s.scalars(sa.select(Rollout))}
+        return {k: got[i] for k, i in ids.items()}
+
+    assert state()["queued"] == ("eval", "dead", 1) and state()["running"][2] == 2
+    with session_scope(pg_url) as s:
+        s.add(QueueConsumer(id="c-eval", node="live", queue="eval.live", pid=3))
+    assert reaper.reroute_abandoned() == 2
+    assert state() | {"running": None} == {"queued": ("eval", "live", 1),
+                                           "leased": ("eval", "live", 1), "running": None}
+    client = redis.Redis.from_url(REDIS_URL)
+    assert client.llen(f"{redis_prefix}eval.live") == 2  # one EVAL message each
+    assert client.llen(f"{redis_prefix}init") == 1  # the unfinished RUN only
+    client.close()
