@@ -138,6 +138,7 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
     except AssertionError:
         pass
     held = len(_leased(c, job["job_id"], "run"))
+    c.eval_log_mark = len(_eval_log(c))  # type: ignore[attr-defined]
     report.affected_ids = _unfinished(c, job["job_id"])
     report.affected = len(report.affected_ids)
     restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
@@ -163,12 +164,18 @@ def drain_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     report.notes.append(f"{drained} drained in {seconds}s, exit codes {codes}")
 
 
+def _eval_log(c: Campaign) -> str:
+    path = c.svc.logs / f"eval-{NODES[1]}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def consumer_failure_seen(c: Campaign, report: Report) -> None:
-    """Say in the report how n2's EVAL pool took its forced consumer failure."""
-    log = (c.svc.logs / f"eval-{NODES[1]}.log").read_text(errors="replace")
-    report.notes.append(f"eval.{NODES[1]} consumer: restarted in-process "
-                        f"{log.count('restarting it in this process')}x, unrecoverable "
-                        f"{log.count('Unrecoverable error')}x (whole log)")
+    """Say in the report how n2's EVAL pool took its forced consumer failure (this job's
+    part of its log: the failure's traceback, and what the pool did)."""
+    log = _eval_log(c)[getattr(c, "eval_log_mark", 0):]
+    report.notes.append(f"eval.{NODES[1]} consumer: failed {log.count(', in _crash')}x, "
+                        f"restarted in-process {log.count('restarting it in this process')}x,"
+                        f" unrecoverable {log.count('Unrecoverable error')}x")
 
 
 def postgres_restart(mode: str) -> Strike:
