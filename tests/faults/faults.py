@@ -149,13 +149,11 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
 
 
 def drain_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
-    """Issue 27: n1's pools get SIGTERM (2 s drain) while it holds RUNs with stored turns, as
-    at the end of its Slurm job; the node does not come back during the job. `affected`:
-    rollouts that had not finished RUN on n1 then (the most that may restart from INIT)."""
-    drained = NODES[0]
-    wait_for(lambda: [r for r in _leased(c, job["job_id"], "run", 1)
-                      if _node_of(r) == drained], timeout=60,
-             what=f"a rollout mid-RUN on {drained}", interval=0.05)
+    """Issue 27: a node's pools get SIGTERM (2 s drain) while it holds RUNs with stored turns,
+    as at the end of its Slurm job; the node does not come back during the job. `affected`:
+    rollouts that had not finished RUN there then (the most that may restart from INIT)."""
+    mid_run = _mid_run(c, job["job_id"])
+    drained = sorted({_node_of(r) for r in mid_run})[0]  # a node holding RUNs with turns
     before_run = {r.id for r in c.rows(job["job_id"])
                   if r.node == drained and r.status in ("init", "run")}
     seconds, codes = c.drain_node(drained)

@@ -55,7 +55,7 @@ def test_a_drained_node_hands_back_promptly_and_redoes_no_finished_run(fault_rep
     whose RUN finished (before or during the drain) are graded in their attempt, elsewhere if
     need be; rewards as scripted, nothing lost (checked with the other faults above)."""
     report = fault_report("node-drain")
-    [note] = [n for n in report.notes if "drained in" in n]
+    [note] = [n for n in report.notes if " drained in " in n]
     seconds = float(note.split("drained in ")[1].split("s,")[0])
     assert note.endswith("exit codes [0, 0, 0]") and seconds < 2.0 + 8, note
     assert report.retried_rollouts <= report.affected, report
