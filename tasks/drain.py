@@ -40,7 +40,7 @@ from sqlalchemy import func, select
 from core.db import session_scope
 from core.models import Rollout
 from core.settings import Settings
-from tasks import handback
+from tasks import handback, nodes
 from tasks.config import stage_queue
 from tasks.publish import publish
 
@@ -183,6 +183,11 @@ class InitGate:
         self.needed = {stage_queue("run", settings.node), stage_queue("eval", settings.node)}
         self.open = True
         self.consumer: Any = None
+        # Pools of a node start together and register at different moments: INIT's work
+        # waits in the node's queues meanwhile, so the gate only closes for a pool that is
+        # missing this long after INIT started (two freshness windows).
+        fresh = nodes.fresh_seconds(settings.heartbeat_interval, settings.node_timeout)
+        self.closes_after = time.monotonic() + 2 * fresh
 
     def start(self, consumer: Any) -> None:
         """Check now and then every `GATE_INTERVAL` seconds, from a daemon thread."""
@@ -197,7 +202,7 @@ class InitGate:
         except Exception:  # noqa: BLE001 - keep the gate as it is until the database answers
             log.warning("INIT gate: reading live consumers failed", exc_info=True)
             return
-        if missing and self.open:
+        if missing and self.open and time.monotonic() >= self.closes_after:
             log.warning("node %s: %s has no live consumer; INIT takes no new work",
                         self.settings.node, ", ".join(sorted(missing)))
             self._set(False)
