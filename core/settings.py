@@ -114,7 +114,9 @@ class Settings(BaseSettings):
     max_rollout_seconds: float = Field(
         6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"
     )
-    soft_shutdown_timeout: float = Field(60.0, ge=0, description="Drain time on SIGTERM")
+    soft_shutdown_timeout: float = Field(
+        60.0, ge=0, description="Drain time on SIGTERM: RUN and EVAL finish what they hold, "
+                                "then hand it back (tasks/drain.py)")
     task_events: bool = Field(False, description="Send Celery task events (for Flower)")
     sandbox_runtime: str = Field(
         "auto", description="Default sandbox runtime for jobs that do not name one: a "

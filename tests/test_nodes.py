@@ -93,20 +93,26 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
         svc.stop()
 
 
-def test_worker_whose_consumer_dies_exits_non_zero(tmp_path, redis_prefix):
-    """A consumer that dies (issue: kombu's AttributeError on an ack during a Redis restart)
-    ends its worker process with a non-zero code, never 0, and removes its consumer row."""
+def test_a_consumer_that_dies_restarts_in_process(tmp_path, redis_prefix):
+    """An error that ends Celery's consumer (issue 26: kombu's AttributeError on an ack
+    during a Redis restart ended the EVAL pool for good) restarts the consumer in the same
+    process: the pool never exits, keeps its consumer row, and takes the next job."""
     svc = start_service(tmp_path, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        stages=("init",), reaper=False, handler_modules="tests.consumer_crash")
+                        reaper=False, handler_modules="tests.consumer_crash")
     try:
         proc = svc.workers[("init", "node-a")]
         db = svc.settings.db_url
-        _wait_for(lambda: _consumers(db, "init"), what="the INIT pool's consumer row")
-        svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
-        code = _wait_for(lambda: proc.poll(), timeout=60, what="the worker to exit")
-        assert code not in (0, None), code
-        assert "Unrecoverable error" in svc.log_tail()
-        assert not _consumers(db, "init")  # the queue has no reader: the reaper can tell
+        for queue in ("init", "run.node-a", "eval.node-a"):
+            _wait_for(lambda q=queue: _consumers(db, q), what=f"{queue}'s consumer row")
+        crash = svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
+        _wait_for(lambda: "restarting it in this process" in svc.log_tail(200), timeout=60,
+                  what="the consumer's in-process restart")
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])
+        done = svc.wait_done(job["job_id"], timeout=90)
+        assert done["outcomes"] == {"completed": 3}, done
+        svc.wait_done(crash["job_id"], timeout=60)
+        assert proc.poll() is None and "Unrecoverable error" not in svc.log_tail(400)
+        assert _consumers(db, "init")
     finally:
         svc.stop()
 
@@ -116,10 +122,12 @@ def _consumers(db_url: str, queue: str) -> list[str]:
         return s.scalars(sa.select(QueueConsumer.id).where(QueueConsumer.queue == queue)).all()
 
 
-def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog):
-    """kombu raises AttributeError ('hostname') acking on a connection the consumer closed;
-    the stage request logs it like any lost connection instead of crashing the consumer."""
-    from kombu import Connection
+@pytest.mark.parametrize("how", ["ack", "reject", "requeue"])
+def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog, how):
+    """kombu raises AttributeError ('hostname') acking, rejecting or requeueing on a
+    connection the consumer closed; the stage request logs it like any lost connection
+    instead of crashing the consumer (each path forced on a real Redis message)."""
+    from kombu import Connection, Queue
 
     from tasks.acks import StageRequest
     from tasks.celery_app import make_celery
@@ -130,19 +138,25 @@ def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, ca
     app.send_task("raas.eval", args=["r1", 1], kwargs={"node": "n1"})
     conn = Connection(REDIS_URL, transport_options={"global_keyprefix": redis_prefix})
     channel = conn.channel()
-    from kombu import Queue
-
     message = Queue(stage_queue("eval", "n1"))(channel).get(no_ack=False)
     assert message is not None
     channel._disconnect_pools()  # what losing the broker does to the consumer's connection
     conn._do_close_transport()
+    plain = {"ack": lambda: message.channel.basic_ack(message.delivery_tag),
+             "reject": lambda: message.channel.basic_reject(message.delivery_tag, False),
+             "requeue": lambda: message.channel.basic_reject(message.delivery_tag, True)}
     with pytest.raises(AttributeError, match="hostname"):
-        message.channel.basic_ack(message.delivery_tag)  # plain kombu: the crash
-    request = StageRequest(message, on_ack=message.ack_log_error, app=app,
+        plain[how]()  # plain kombu: the crash
+    request = StageRequest(message, on_ack=message.ack_log_error,
+                           on_reject=message.reject_log_error, app=app,
                            task=app.tasks["raas.eval"],
                            connection_errors=tuple(conn.connection_errors))
-    request.acknowledge()  # logged, not raised
-    assert request.acknowledged and "Couldn't ack" in caplog.text
+    if how == "ack":
+        request.acknowledge()  # logged, not raised
+    else:
+        request.reject(requeue=how == "requeue")
+    assert request.acknowledged
+    assert ("Couldn't ack" if how == "ack" else "Couldn't reject") in caplog.text
     channel.qos.restore_at_shutdown = False  # nothing to restore through a closed connection
 
 
@@ -166,7 +180,9 @@ def _seed(db_url: str, n: int) -> dict[str, list[str]]:
         s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow()),
                    QueueConsumer(id="c-run", node="live", queue="run.live", pid=1),
                    QueueConsumer(id="c-old", node="live", queue="eval.live", pid=2,
-                                 beat_at=old)])
+                                 beat_at=old),
+                   Node(name="other", beat_at=utcnow()),
+                   QueueConsumer(id="c-eval", node="other", queue="eval.other", pid=3)])
         for kind, status, node, lease in (("dead", "run", "dead", None),
                                           ("deserted", "eval", "live", None),
                                           ("lost", "run", "live", "live/1/x"),
@@ -221,13 +237,18 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
     with session_scope(pg_url) as s:
         attempts = dict(s.execute(sa.select(Rollout.id, Rollout.attempt)).all())
         errors = dict(s.execute(sa.select(Rollout.id, Rollout.error)).all())
-    restarted = kinds["dead"] + kinds["deserted"] + kinds["lost"]
+        moves = dict(s.execute(sa.select(Rollout.id, Rollout.resumes)).all())
+        where = dict(s.execute(sa.select(Rollout.id, Rollout.node)).all())
+    restarted = kinds["dead"] + kinds["lost"]
     assert all(attempts[i] == 2 for i in restarted), attempts  # once, not twice
-    assert all(attempts[i] == 1 for i in kinds["stale"])
+    assert all(attempts[i] == 1 for i in kinds["stale"] + kinds["deserted"])
     assert all("node dead stopped beating" in errors[i] for i in kinds["dead"])
-    assert all("eval.live has no live consumer" in errors[i] for i in kinds["deserted"])
+    for i in kinds["deserted"]:  # EVAL-ready: moved to the live EVAL queue once, not re-run
+        [move] = moves[i]
+        assert where[i] == "other" and "eval.live has no live consumer" in move["error"], move
     client = redis.Redis.from_url(REDIS_URL)
-    assert client.llen(f"{redis_prefix}init") == 3 * n  # one INIT message per restart
+    assert client.llen(f"{redis_prefix}init") == 2 * n  # one INIT message per restart
+    assert client.llen(f"{redis_prefix}eval.other") == n  # one message per move
     assert client.llen(f"{redis_prefix}run.live") == n  # one re-publish per stale row
     assert sum(c["abandoned"] + c["lost"] for c in counts) == 3 * n
     client.close()
@@ -341,3 +362,50 @@ def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_pat
     assert passes(1.5) == 2
     with session_scope(settings.db_url) as s:
         assert set(s.scalars(sa.select(Rollout.attempt))) == {2}
+
+
+def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_path, pg_url,
+                                                                            redis_prefix):
+    """Issue 26.4/27: a dead node held rollouts waiting for EVAL and one in EVAL (leased by
+    its dead worker), with artifacts stored. The live node's reaper moves them to its EVAL
+    queue in the same attempt (no restart from INIT); a rollout that never finished RUN
+    restarts from INIT. Without a live EVAL anywhere, the EVAL-ready ones stay put."""
+    from tasks.celery_app import make_celery
+    from tasks.reaper import Reaper
+
+    upgrade(pg_url)
+    old = utcnow() - timedelta(seconds=600)
+    with session_scope(pg_url) as s:
+        job = Job(agent="test-sleepy", n_instances=3)
+        s.add(job)
+        s.flush()
+        s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow())])
+        rows = {"queued": Rollout(job_id=job.id, instance_id="q", status="eval", node="dead",
+                                  queued_at=old, artifact={"answer": "1"}),
+                "leased": Rollout(job_id=job.id, instance_id="l", status="eval", node="dead",
+                                  lease_owner="dead/1/x", heartbeat_at=old, queued_at=old,
+                                  artifact={"answer": "2"}),
+                "running": Rollout(job_id=job.id, instance_id="r", status="run", node="dead",
+                                   lease_owner="dead/1/y", heartbeat_at=old, queued_at=old)}
+        s.add_all(rows.values())
+        s.flush()
+        ids = {k: r.id for k, r in rows.items()}
+    settings = _reaper_settings(tmp_path, pg_url, redis_prefix, "live")
+    reaper = Reaper(settings, make_celery(settings))
+    reaper.reroute_abandoned()  # no live EVAL consumer anywhere yet
+
+    def state() -> dict[str, tuple]:
+        with session_scope(pg_url) as s:
+            got = {r.id: (r.status, r.node, r.attempt) for r in s.scalars(sa.select(Rollout))}
+        return {k: got[i] for k, i in ids.items()}
+
+    assert state()["queued"] == ("eval", "dead", 1) and state()["running"][2] == 2
+    with session_scope(pg_url) as s:
+        s.add(QueueConsumer(id="c-eval", node="live", queue="eval.live", pid=3))
+    assert reaper.reroute_abandoned() == 2
+    assert state() | {"running": None} == {"queued": ("eval", "live", 1),
+                                           "leased": ("eval", "live", 1), "running": None}
+    client = redis.Redis.from_url(REDIS_URL)
+    assert client.llen(f"{redis_prefix}eval.live") == 2  # one EVAL message each
+    assert client.llen(f"{redis_prefix}init") == 1  # the unfinished RUN only
+    client.close()
