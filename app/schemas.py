@@ -38,6 +38,16 @@ class JobCreate(Strict):
     idempotency_key: str | None = Field(None, min_length=1, max_length=256,
                                         description="Same key + same body: the same job and "
                                                     "rollout ids (same order); another body: 409")
+    spare: int = Field(0, ge=0, le=1024, description="Extra samples per instance: a group "
+                       "completes with its first n_samples usable ones and the rest are cut")
+    group_timeout: float | None = Field(
+        None, gt=0, description="Seconds after a group's first sample starts: the group then "
+        "completes with what is usable (short if fewer than n_samples), the rest are cut")
+    priority: int = Field(0, ge=0, le=9, description="Higher first: this job's stage messages "
+                          "overtake those of lower-priority jobs in every queue")
+    callback_url: str | None = Field(
+        None, min_length=8, max_length=2048, pattern=r"^https?://",
+        description="POSTed (signed, retried) when a group and when the job completes")
 
     @field_validator("instances")
     @classmethod
@@ -74,6 +84,30 @@ class JobView(BaseModel):
     created_at: datetime
     finished_at: datetime | None = None
     idempotency_key: str | None = None
+    spare: int = Field(0, description="Extra samples per instance (straggler cut)")
+    priority: int = 0
+    callback_url: str | None = None
+
+
+class GroupView(BaseModel):
+    """A group of a job that cuts stragglers: who is in it, who was cut, and why."""
+
+    instance_id: str
+    status: str = Field(description="open | complete | short")
+    size: int | None = Field(None, description="Usable samples that complete it")
+    members: list[str] = Field(description="Rollout ids in the group, in finishing order")
+    cut: list[str] = Field(default_factory=list, description="Rollout ids stopped by the cut")
+    reason: str | None = Field(None, description="Why it is short, or closed at its deadline")
+    closer: str | None = Field(None, description="The rollout carrying group_complete")
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
+
+
+class GroupList(BaseModel):
+    """GET /v1/jobs/{id}/groups: the group records of a job that cuts stragglers."""
+
+    job_id: str
+    groups: list[GroupView]
 
 
 class JobList(BaseModel):
@@ -148,7 +182,12 @@ class RolloutView(BaseModel):
     messages: list[dict[str, Any]] | None = None
     timing: Timing
     seq: int | None = Field(None, description="Place in the job's completion order")
-    group_complete: bool = Field(False, description="Last sample of its instance to finish")
+    group_complete: bool = Field(False, description="Closes its instance's group (the last "
+                                 "sample to finish, or the one completing a straggler cut)")
+    cut_reason: str | None = Field(None, description="Cut from its group by a straggler cut: "
+                                   "never one of the group's members")
+    group: GroupView | None = Field(None, description="On the closing row of a job that cuts "
+                                    "stragglers: its group's record")
     created_at: datetime
     finished_at: datetime | None = None
     turns: list[TurnView] | None = Field(

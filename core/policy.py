@@ -108,6 +108,10 @@ class Policy(_Strict):
 
     sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy, description="Sandboxes")
     llm: LLMPolicy = Field(default_factory=LLMPolicy, description="Inference servers")
+    callback_urls: list[str] = Field(
+        default_factory=list,
+        description="fnmatch patterns of callback URLs a job may name (admins: any): the "
+                    "gateway's own process calls them")
 
     def public(self) -> dict[str, Any]:
         """The policy as a trainer may see it: credential names, never their variables."""
@@ -233,6 +237,15 @@ def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> No
     allowed = ", ".join(policy.server_urls) or "none: use the registered pool"
     raise _deny(field, f"server url {url!r} is not allowed; allowed patterns: {allowed}",
                 "policy.llm.server_urls")
+
+
+def check_callback_url(policy: Policy, url: str, admin: bool, field: str) -> None:
+    """Tenants may name only callback URLs on the operator's allowlist; admins any."""
+    if admin or url_allowed(url, policy.callback_urls):
+        return
+    allowed = ", ".join(policy.callback_urls) or "none"
+    raise _deny(field, f"callback url {url!r} is not allowed; allowed patterns: {allowed}",
+                "callback_urls")
 
 
 def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) -> Credential:

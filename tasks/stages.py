@@ -32,8 +32,8 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import db_retry, grading, lifecycle, resume, sandboxes
-from tasks.config import TASK_NAMES, publish_retry_policy
+from tasks import db_retry, grading, groups, lifecycle, resume, sandboxes
+from tasks.config import TASK_NAMES, message_priority, publish_retry_policy
 from tasks.heartbeat import Heartbeater, process_heartbeater
 
 logger = logging.getLogger(__name__)
@@ -54,17 +54,19 @@ class RolloutLog(logging.LoggerAdapter):
 
 
 def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
-            producer: Any = None, retry_seconds: float = 0.0) -> None:
+            producer: Any = None, retry_seconds: float = 0.0,
+            priority: int | None = None) -> None:
     """Publish a stage message; the shared router picks the queue from `node`.
 
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
     long (else Celery's default policy, well under a second); then kombu's error is raised.
+    `priority` is the job's (higher first).
     """
     kwargs = {"node": node} if node else {}
     retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} \
         if retry_seconds else {}
     app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                  producer=producer, **retry)
+                  producer=producer, priority=message_priority(priority), **retry)
 
 
 class StageRun:
@@ -157,6 +159,8 @@ class StageRun:
 
     # -- the stages ----------------------------------------------------------------------
     def _init(self) -> None:
+        if self.job.group_size is not None:  # a straggler cut's deadline counts from here
+            groups.start(self.db, self.job.id, self.rollout.instance_id)
         runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(),
                                            self.handler.needs_sandbox)
         if runtime != "none":
@@ -272,7 +276,8 @@ class StageRun:
         a message that does not get out is the outbox's."""
         try:
             publish(self.app, stage, self.rollout_id, attempt, node,
-                    retry_seconds=self.settings.handoff_publish_seconds)
+                    retry_seconds=self.settings.handoff_publish_seconds,
+                    priority=self.job.priority)
         except Exception as exc:  # kombu's OperationalError after the retries, and the like
             self.log.warning("%s; publish deferred to the outbox: %s", what,
                              _describe(exc, "publish"))

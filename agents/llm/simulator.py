@@ -14,6 +14,7 @@ Script (JSON file or dict)::
       "model": "sim",                          # served model name; default: the tokenizer folder
       "turn_marker": "<|im_start|>assistant",  # counts turns in the decoded prompt
       "latency": 0.0,                          # seconds added to every answer
+      "latency_dist": {"kind": "lognormal", "median": 0.2, "sigma": 1},  # a long tail
       "default": ["reply for turn 0", "reply for turn 1"],
       "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
                                         {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]},
@@ -63,6 +64,7 @@ import httpx
 from tokenizers import Tokenizer
 
 from agents.llm.sim_capacity import CapacityModel, Engine, render_metrics
+from agents.llm.sim_latency import LatencyDist
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ class Script:
         self.by_instance = {k: list(v) for k, v in (script.get("by_instance") or {}).items()}
         self.policy = self._policy(script.get("policy"))
         self.capacity = CapacityModel.parse(script.get("capacity"))
+        dist = script.get("latency_dist")  # a long tail on top of `latency` (sim_latency)
+        self.tail = LatencyDist.model_validate(dist).sampler() if dist else None
 
     @staticmethod
     def _policy(name: str | None) -> Callable[[str, int], Any] | None:
@@ -138,6 +142,7 @@ class Script:
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
         ids, latency = self.reply_ids(reply)
+        latency += self.tail.draw() if self.tail is not None else 0.0
         finish = "stop"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
@@ -344,7 +349,8 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
                 host: str = "127.0.0.1", max_model_len: int | None = None,
                 latency: float | None = None,
                 report_max_model_len: bool = True,
-                capacity: CapacityModel | dict[str, Any] | None = None) -> SimulatorServer:
+                capacity: CapacityModel | dict[str, Any] | None = None,
+                latency_dist: dict[str, Any] | None = None) -> SimulatorServer:
     """A bound (not yet serving) simulator server; port 0 picks a free one.
 
     `max_model_len` makes it reject, like vLLM, a request whose prompt + max_tokens exceeds it
@@ -356,6 +362,8 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
         data["latency"] = latency
     if capacity is not None:
         data["capacity"] = capacity
+    if latency_dist is not None:
+        data["latency_dist"] = latency_dist
     return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len,
                            report_max_model_len)
 

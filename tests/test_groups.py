@@ -1,0 +1,129 @@
+"""Straggler cuts through the real pipeline: spare samples, infrastructure failures that never
+fill a group, short groups, and per-group deadlines (real Celery workers, Redis, PostgreSQL)."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
+from tests.conftest import REDIS_URL
+from tests.pipeline_harness import start_service
+
+
+@pytest.fixture
+def service(tmp_path, pg_url, redis_prefix):
+    """A service on Redis + PostgreSQL; an infrastructure failure is final (one attempt)."""
+    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
+                        handler_modules="tests.straggler_handlers",
+                        extra={"max_attempts": 1})
+    yield svc
+    svc.stop()
+
+
+def by_instance(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["instance_id"], []).append(row)
+    return out
+
+
+def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) -> None:
+    instances = [
+        # two fast samples fill the group; the two stragglers (30 s) are cut
+        {"instance_id": "tail", "run_s": [0.2, 0.4, 30, 30]},
+        # infrastructure failures have no reward: the two others fill the group
+        {"instance_id": "infra", "run_s": [0.2, 0.2, 0.5, 0.6], "fail": [0, 1]},
+        # three failures leave one usable sample: a short group, with its reason
+        {"instance_id": "short", "run_s": [0.2, 0.2, 0.2, 0.2], "fail": [0, 1, 2]},
+    ]
+    started = time.monotonic()
+    job = service.client.submit("test-straggler", instances, n_samples=2, spare=2)
+    assert len(job["rollout_ids"]) == 12
+    view = service.wait_done(job["job_id"], timeout=25)
+    wall = time.monotonic() - started
+    assert wall < 20, wall  # the 30 s stragglers were stopped, not waited for
+    assert view["n_samples"] == 2 and view["spare"] == 2 and view["n_rollouts"] == 12
+    rows = service.all_results(job["job_id"])
+    assert sorted(r["seq"] for r in rows) == list(range(1, 13))
+    groups = by_instance(rows)
+    for name, rows_of in groups.items():
+        closers = [r for r in rows_of if r["group_complete"]]
+        assert len(closers) == 1, (name, closers)  # a group completes once
+        record = closers[0]["group"]
+        members = [r for r in rows_of if r["rollout_id"] in record["members"]]
+        assert all(r["reward"] == 1.0 and r["cut_reason"] is None for r in members)
+        assert all(r["rollout_id"] not in record["members"] for r in rows_of if r["cut_reason"])
+        assert closers[0]["seq"] >= max(r["seq"] for r in members)
+    tail = groups["tail"]
+    record = next(r["group"] for r in tail if r["group_complete"])
+    assert record["status"] == "complete" and len(record["members"]) == 2
+    cut = [r for r in tail if r["cut_reason"]]
+    assert sorted(r["sample_index"] for r in cut) == [2, 3] and sorted(record["cut"]) == \
+        sorted(r["rollout_id"] for r in cut)
+    assert all(r["status"] == "cancelled" and r["reward"] is None for r in cut)
+    assert all("first 2 usable" in r["cut_reason"] for r in cut)
+    infra = next(r["group"] for r in groups["infra"] if r["group_complete"])
+    assert infra["status"] == "complete"
+    assert sorted(r["sample_index"] for r in groups["infra"]
+                  if r["rollout_id"] in infra["members"]) == [2, 3]
+    assert {r["outcome"] for r in groups["infra"] if r["sample_index"] < 2} == {"infra_error"}
+    short = next(r["group"] for r in groups["short"] if r["group_complete"])
+    assert short["status"] == "short" and len(short["members"]) == 1
+    assert "1 of 2 usable" in short["reason"] and "3 sample(s) failed" in short["reason"]
+    # the trainer's view: exactly n usable samples per complete group, the short one short
+    sdk_groups = {g[0]["instance_id"]: g for g in service.client.groups(job["job_id"], wait=1)}
+    assert {k: len(v) for k, v in sdk_groups.items()} == {"tail": 2, "infra": 2, "short": 1}
+    assert all(r["reward"] == 1.0 for g in sdk_groups.values() for r in g)
+    listed = httpx.get(f"{service.url}/v1/jobs/{job['job_id']}/groups").json()["groups"]
+    assert {g["instance_id"]: g["status"] for g in listed} == \
+        {"tail": "complete", "infra": "complete", "short": "short"}
+
+
+def test_group_deadline_completes_with_what_is_usable(service) -> None:
+    instances = [{"instance_id": "slow", "run_s": [0.2, 0.3, 30]},
+                 {"instance_id": "fast", "run_s": [0.2, 0.2, 0.3]}]
+    started = time.monotonic()
+    job = service.client.submit("test-straggler", instances, n_samples=3, group_timeout=3)
+    service.wait_done(job["job_id"], timeout=25)
+    assert time.monotonic() - started < 15
+    rows = by_instance(service.all_results(job["job_id"]))
+    slow = next(r["group"] for r in rows["slow"] if r["group_complete"])
+    assert slow["status"] == "short" and len(slow["members"]) == 2
+    assert "deadline (3 s)" in slow["reason"] and "2 of 3 usable" in slow["reason"]
+    straggler = next(r for r in rows["slow"] if r["sample_index"] == 2)
+    assert straggler["status"] == "cancelled" and straggler["cut_reason"].startswith(
+        "group deadline") and slow["cut"] == [straggler["rollout_id"]]
+    # the closing row is the straggler, the last of its group to end, after the deadline
+    assert straggler["group_complete"]
+    fast = next(r["group"] for r in rows["fast"] if r["group_complete"])
+    assert fast["status"] == "complete" and len(fast["members"]) == 3 and fast["cut"] == []
+
+
+def test_a_cut_aborts_the_generation_in_flight(tmp_path, pg_url, redis_prefix) -> None:
+    """A cut sample's request to the inference server is closed (the simulator counts an
+    abort), as a cancel's is: the group does not wait for its 30 s answer."""
+    # seed 1 draws fast, then slow: one sample answers at once, the other would take 30 s
+    script = {"default": ["Done."], "latency_dist": {"kind": "tail", "p": 0.5, "base": 0.1,
+                                                    "slow": 30, "seed": 1}}
+    sim, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), script)
+    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix)
+    try:
+        svc.client.add_llm_server(sim)
+        started = time.monotonic()
+        job = svc.client.submit("test-chat", [{"instance_id": "one", "turns": 1}],
+                                n_samples=1, spare=1)
+        svc.wait_done(job["job_id"], timeout=25)
+        assert time.monotonic() - started < 15
+        rows = svc.all_results(job["job_id"])
+        member = next(r for r in rows if not r["cut_reason"])
+        cut = next(r for r in rows if r["cut_reason"])
+        assert member["group_complete"] and member["group"]["members"] == [member["rollout_id"]]
+        assert member["response_ids"] and member["reward"] is not None
+        assert cut["status"] == "cancelled"
+        stats = httpx.get(f"{sim}/sim/stats").json()
+        assert stats.get("aborted") == 1, stats
+    finally:
+        svc.stop()
+        stop_sim()
