@@ -68,6 +68,12 @@ def start(db_url: str, job_id: str, instance_id: str) -> None:
                   execution_options=PLAIN)
 
 
+def lock(s: Session, job_id: str, instance_id: str) -> None:
+    """Take the group's row lock (first, before any rollout row: see `lifecycle.finish`)."""
+    s.execute(select(Group.job_id).where(Group.job_id == job_id,
+                                         Group.instance_id == instance_id).with_for_update())
+
+
 def _locked(s: Session, job_id: str, instance_id: str) -> Group | None:
     """The group row, locked for this transaction (SQLite's write lock covers it already)."""
     return s.scalars(select(Group).where(Group.job_id == job_id,
@@ -147,20 +153,24 @@ def _close(s: Session, group: Group, members: list[str], open_rows: list[Any],
 
 def _end_queued(s: Session, job_id: str, ids: list[str], why: str) -> int:
     """End cut samples that never started (no sandbox to release): cancelled at once, with
-    the next completion numbers. Their queued messages then find nothing to claim."""
+    the next completion numbers (the caller holds the job row's lock, so nobody else
+    numbers meanwhile). A row claimed in between is skipped: its worker sees the cancel."""
     if not ids:
         return 0
-    base = s.execute(update(Job).where(Job.id == job_id).values(
-        finished_count=Job.finished_count + len(ids)).returning(Job.finished_count),
-        execution_options=PLAIN).scalar_one() - len(ids)
-    now = utcnow()
-    for k, rid in enumerate(sorted(ids), start=1):
-        s.execute(update(Rollout).where(Rollout.id == rid, Rollout.status == Status.PENDING.value,
-                                        Rollout.lease_owner.is_(None)).values(
+    base = s.scalar(select(Job.finished_count).where(Job.id == job_id))
+    now, ended = utcnow(), 0
+    for rid in sorted(ids):
+        ended += s.execute(update(Rollout).where(
+            Rollout.id == rid, Rollout.status == Status.PENDING.value,
+            Rollout.lease_owner.is_(None)).values(
             status=Status.CANCELLED.value, outcome=Outcome.CANCELLED.value,
             error=f"cut: {why}"[:4000], finished_at=now, outbox_at=None,
-            result_seq=base + k, completes_group=False), execution_options=PLAIN)
-    return len(ids)
+            result_seq=base + ended + 1, completes_group=False),
+            execution_options=PLAIN).rowcount
+    if ended:
+        s.execute(update(Job).where(Job.id == job_id).values(
+            finished_count=Job.finished_count + ended), execution_options=PLAIN)
+    return ended
 
 
 @retrying
@@ -181,13 +191,13 @@ def close_overdue(db_url: str) -> list[tuple[str, str]]:
 @retrying
 def _close_one_overdue(db_url: str, job_id: str, instance_id: str) -> bool:
     with session_scope(db_url) as s:
-        # the job row first: the order `lifecycle.finish` locks in
-        job = s.execute(select(Job.id, Job.finished_count, Job.n_instances * Job.n_samples,
-                               Job.callback_url, Job.owner).where(Job.id == job_id)
-                        .with_for_update()).one()
+        # the group, then the job: the order `lifecycle.finish` locks in
         group = _locked(s, job_id, instance_id)
         if group is None or group.status != GroupStatus.OPEN.value:
             return False
+        job = s.execute(select(Job.finished_count, (Job.n_instances * Job.n_samples)
+                               .label("total"), Job.callback_url, Job.owner)
+                        .where(Job.id == job_id).with_for_update()).one()
         members = list(group.members or [])
         open_rows = _open_siblings(s, job_id, instance_id)
         reason = (f"group deadline ({group.timeout:g} s) passed with {len(members)} of "

@@ -211,6 +211,7 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     cond.extend(fenced(fence))
     now = utcnow()
     with session_scope(db_url) as s:
+        _lock_group(db_url, s, rollout_id)
         row = s.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
             finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
@@ -245,6 +246,15 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
                 group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq,
                                      job.group_size) if group_done else None)
         return True
+
+
+def _lock_group(db_url: str, s: Any, rollout_id: str) -> None:
+    """A straggler-cut job's endings of one group take the group's lock first: one of them
+    may cut the others, and rows locked in differing orders would deadlock."""
+    key = s.execute(select(Rollout.job_id, Rollout.instance_id)
+                    .where(Rollout.id == rollout_id)).one_or_none()
+    if key is not None and job_snapshot(db_url, key.job_id).group_size is not None:
+        groups.lock(s, key.job_id, key.instance_id)
 
 
 @retrying
