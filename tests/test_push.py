@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from client.sdk import verify_callback
+from raas_client.sdk import verify_callback
 from core.errors import InvalidRequest
 from core.policy import Policy, check_callback_url
 from tests.conftest import REDIS_URL
