@@ -84,7 +84,7 @@ def _locked(s: Session, job_id: str, instance_id: str) -> Group | None:
 def _open_siblings(s: Session, job_id: str, instance_id: str) -> list[Any]:
     return s.execute(select(Rollout.id, Rollout.status, Rollout.lease_owner).where(
         Rollout.job_id == job_id, Rollout.instance_id == instance_id,
-        Rollout.status.not_in(TERMINAL_VALUES))).all()
+        Rollout.status.not_in(TERMINAL_VALUES)).order_by(Rollout.sample_index)).all()
 
 
 def on_finish(s: Session, job_id: str, instance_id: str, rollout_id: str,
@@ -159,7 +159,7 @@ def _end_queued(s: Session, job_id: str, ids: list[str], why: str) -> int:
         return 0
     base = s.scalar(select(Job.finished_count).where(Job.id == job_id))
     now, ended = utcnow(), 0
-    for rid in sorted(ids):
+    for rid in ids:  # in sample order
         ended += s.execute(update(Rollout).where(
             Rollout.id == rid, Rollout.status == Status.PENDING.value,
             Rollout.lease_owner.is_(None)).values(

@@ -87,21 +87,22 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
 
 
 def test_group_deadline_completes_with_what_is_usable(service) -> None:
-    instances = [{"instance_id": "slow", "run_s": [0.2, 0.3, 30]},
+    instances = [{"instance_id": "slow", "run_s": [0.2, 0.3, 60]},
                  {"instance_id": "fast", "run_s": [0.2, 0.2, 0.3]}]
-    job = service.client.submit("test-straggler", instances, n_samples=3, group_timeout=3)
+    # 8 s: the fast samples finish well before it even on a loaded machine
+    job = service.client.submit("test-straggler", instances, n_samples=3, group_timeout=8)
     service.wait_done(job["job_id"], timeout=60)
     rows = by_instance(service.all_results(job["job_id"]))
     slow = next(r["group"] for r in rows["slow"] if r["group_complete"])
     assert slow["status"] == "short" and len(slow["members"]) == 2
-    assert "deadline (3 s)" in slow["reason"] and "2 of 3 usable" in slow["reason"]
+    assert "deadline (8 s)" in slow["reason"] and "2 of 3 usable" in slow["reason"]
     straggler = next(r for r in rows["slow"] if r["sample_index"] == 2)
     assert straggler["status"] == "cancelled" and straggler["cut_reason"].startswith(
         "group deadline") and slow["cut"] == [straggler["rollout_id"]]
     # the closing row is the straggler, the last of its group to end, after the deadline
     assert straggler["group_complete"]
-    assert 3 <= seconds(slow["started_at"], slow["closed_at"]) < 8
-    assert seconds(slow["started_at"], straggler["finished_at"]) < 12  # not its 30 s
+    assert 8 <= seconds(slow["started_at"], slow["closed_at"]) < 15
+    assert seconds(slow["started_at"], straggler["finished_at"]) < 25  # not its 60 s
     fast = next(r["group"] for r in rows["fast"] if r["group_complete"])
     assert fast["status"] == "complete" and len(fast["members"]) == 3 and fast["cut"] == []
 
