@@ -14,9 +14,10 @@ closes exactly once:
   `reason` says why. At a deadline the last sample to end carries `completes_group` (those
   still running end within a heartbeat interval of the cut).
 
-Usable means graded: reward not null. Infrastructure failures (`infra_error`, a cancel, a
-prompt that does not fit) have no reward and never fill a group; policy failures (an agent
-error, reward 0) do. A cut sample is never a member, whatever it ends with.
+Usable means a policy sample, the trainer's contract (`raas_client.models.failure_class`):
+graded (reward not null) with outcome `completed` or `agent_error` (reward 0). Infrastructure
+failures (`infra_error`, `timeout`, a cancel) and a prompt that does not fit never fill a
+group. A cut sample is never a member, whatever it ends with.
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
 PLAIN = {"synchronize_session": False}
+USABLE_OUTCOMES = frozenset({Outcome.COMPLETED.value, Outcome.AGENT_ERROR.value})
+
+
+def usable(outcome: str | None, reward: float | None) -> bool:
+    """Whether a finished sample is a policy sample that may fill its group."""
+    return reward is not None and outcome in USABLE_OUTCOMES
 
 
 def create_rows(s: Session, job_id: str, instance_ids: list[str], size: int,
@@ -87,7 +94,7 @@ def _open_siblings(s: Session, job_id: str, instance_id: str) -> list[Any]:
         Rollout.status.not_in(TERMINAL_VALUES)).order_by(Rollout.sample_index)).all()
 
 
-def on_finish(s: Session, job_id: str, instance_id: str, rollout_id: str,
+def on_finish(s: Session, job_id: str, instance_id: str, rollout_id: str, outcome: str,
               reward: float | None, cut_reason: str | None) -> tuple[bool, int]:
     """Account one terminal sample of a cut-enabled job (inside `lifecycle.finish`).
 
@@ -102,7 +109,7 @@ def on_finish(s: Session, job_id: str, instance_id: str, rollout_id: str,
         # closed at a deadline (or by a job cancel): the last sample to end carries the flag
         return not _open_siblings(s, job_id, instance_id) and _claim_flag(group, rollout_id), 0
     members = list(group.members or [])
-    if reward is not None and cut_reason is None:
+    if usable(outcome, reward) and cut_reason is None:
         members.append(rollout_id)
     open_rows = _open_siblings(s, job_id, instance_id)
     if len(members) >= group.size:
@@ -111,10 +118,10 @@ def on_finish(s: Session, job_id: str, instance_id: str, rollout_id: str,
         _claim_flag(group, rollout_id)
         return True, ended
     if not open_rows:
-        unusable = _unusable_count(s, job_id, instance_id)
+        unusable = _count(s, job_id, instance_id) - len(members)
         _close(s, group, members, [], GroupStatus.SHORT,
-               f"{len(members)} of {group.size} usable: {unusable} sample(s) failed "
-               f"without a reward (infrastructure)", None, now)
+               f"{len(members)} of {group.size} usable: {unusable} sample(s) ended without "
+               f"a policy result (infrastructure)", None, now)
         _claim_flag(group, rollout_id)
         return True, 0
     group.members = members
@@ -129,10 +136,9 @@ def _claim_flag(group: Group, rollout_id: str) -> bool:
     return True
 
 
-def _unusable_count(s: Session, job_id: str, instance_id: str) -> int:
+def _count(s: Session, job_id: str, instance_id: str) -> int:
     return len(s.execute(select(Rollout.id).where(
-        Rollout.job_id == job_id, Rollout.instance_id == instance_id,
-        Rollout.reward.is_(None))).all())
+        Rollout.job_id == job_id, Rollout.instance_id == instance_id)).all())
 
 
 def _close(s: Session, group: Group, members: list[str], open_rows: list[Any],

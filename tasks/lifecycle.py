@@ -215,7 +215,8 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
         row = s.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
             finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
-                                                 Rollout.reward, Rollout.cut_reason),
+                                                 Rollout.outcome, Rollout.reward,
+                                                 Rollout.cut_reason),
             execution_options={"synchronize_session": False}).one_or_none()
         if row is None:
             return False
@@ -227,7 +228,7 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
         seq, ended = job.finished_count, 0
         if job.group_size is not None:  # a straggler cut decides (tasks.groups)
             group_done, ended = groups.on_finish(s, row.job_id, row.instance_id, rollout_id,
-                                                 row.reward, row.cut_reason)
+                                                 row.outcome, row.reward, row.cut_reason)
         else:
             group_done = job.n_samples == 1 or not s.scalar(
                 select(func.count()).select_from(Rollout).where(

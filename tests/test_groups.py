@@ -42,20 +42,23 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
         {"instance_id": "infra", "run_s": [0.2, 0.2, 0.5, 0.6], "fail": [0, 1]},
         # three failures leave one usable sample: a short group, with its reason
         {"instance_id": "short", "run_s": [0.2, 0.2, 0.2, 0.2], "fail": [0, 1, 2]},
+        # graded timeouts have a reward but are no policy samples (failure_class infra)
+        {"instance_id": "timeouts", "run_s": [0.1, 0.1, 0.6, 0.7], "timeout": [0, 1]},
     ]
     job = service.client.submit("test-straggler", instances, n_samples=2, spare=2)
-    assert len(job["rollout_ids"]) == 12
+    assert len(job["rollout_ids"]) == 16
     view = service.wait_done(job["job_id"], timeout=60)
-    assert view["n_samples"] == 2 and view["spare"] == 2 and view["n_rollouts"] == 12
+    assert view["n_samples"] == 2 and view["spare"] == 2 and view["n_rollouts"] == 16
     rows = service.all_results(job["job_id"])
-    assert sorted(r["seq"] for r in rows) == list(range(1, 13))
+    assert sorted(r["seq"] for r in rows) == list(range(1, 17))
     groups = by_instance(rows)
     for name, rows_of in groups.items():
         closers = [r for r in rows_of if r["group_complete"]]
         assert len(closers) == 1, (name, closers)  # a group completes once
         record = closers[0]["group"]
         members = [r for r in rows_of if r["rollout_id"] in record["members"]]
-        assert all(r["reward"] == 1.0 and r["cut_reason"] is None for r in members)
+        assert all(r["reward"] == 1.0 and r["cut_reason"] is None
+                   and r["outcome"] == "completed" for r in members)
         assert all(r["rollout_id"] not in record["members"] for r in rows_of if r["cut_reason"])
         assert closers[0]["seq"] >= max(r["seq"] for r in members)
     tail = groups["tail"]
@@ -76,14 +79,21 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
     assert {r["outcome"] for r in groups["infra"] if r["sample_index"] < 2} == {"infra_error"}
     short = next(r["group"] for r in groups["short"] if r["group_complete"])
     assert short["status"] == "short" and len(short["members"]) == 1
-    assert "1 of 2 usable" in short["reason"] and "3 sample(s) failed" in short["reason"]
+    assert "1 of 2 usable" in short["reason"] and "3 sample(s) ended" in short["reason"]
+    timeouts = next(r["group"] for r in groups["timeouts"] if r["group_complete"])
+    assert timeouts["status"] == "complete" and sorted(
+        r["sample_index"] for r in groups["timeouts"]
+        if r["rollout_id"] in timeouts["members"]) == [2, 3]
+    assert {(r["outcome"], r["reward"]) for r in groups["timeouts"] if r["sample_index"] < 2} \
+        == {("timeout", 1.0)}
     # the trainer's view: exactly n usable samples per complete group, the short one short
     sdk_groups = {g[0]["instance_id"]: g for g in service.client.groups(job["job_id"], wait=1)}
-    assert {k: len(v) for k, v in sdk_groups.items()} == {"tail": 2, "infra": 2, "short": 1}
+    assert {k: len(v) for k, v in sdk_groups.items()} == \
+        {"tail": 2, "infra": 2, "short": 1, "timeouts": 2}
     assert all(r["reward"] == 1.0 for g in sdk_groups.values() for r in g)
     listed = httpx.get(f"{service.url}/v1/jobs/{job['job_id']}/groups").json()["groups"]
     assert {g["instance_id"]: g["status"] for g in listed} == \
-        {"tail": "complete", "infra": "complete", "short": "short"}
+        {"tail": "complete", "infra": "complete", "short": "short", "timeouts": "complete"}
 
 
 def test_group_deadline_completes_with_what_is_usable(service) -> None:
