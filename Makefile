@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch bench vllm-cpu demo clean
+.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch test-adapters bench vllm-cpu demo clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -68,6 +68,20 @@ test-vllm: install
 test-fuzz: install
 	$(PY) -m pip install -q -e '.[fuzz]'
 	$(PY) -m pytest -m fuzz tests/test_fuzz_openapi.py
+
+# The verl and SkyRL adapters against the real packages from PyPI, on CPU, in a venv of their
+# own (~3 GB: torch CPU, ray, transformers; torch first so pip keeps the CPU build).
+ADAPTERS_VENV ?= .venv-adapters
+$(ADAPTERS_VENV)/.installed: setup.cfg pyproject.toml sdk/pyproject.toml
+	$(PYTHON) -m venv $(ADAPTERS_VENV)
+	$(ADAPTERS_VENV)/bin/pip install -q -U pip
+	$(ADAPTERS_VENV)/bin/pip install -q 'torch==2.13.0'
+	$(ADAPTERS_VENV)/bin/pip install -q -e './sdk[cli,arrays,verl,skyrl]'
+	$(ADAPTERS_VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+test-adapters: $(ADAPTERS_VENV)/.installed
+	$(ADAPTERS_VENV)/bin/python -m pytest -q -m adapters tests/adapters
 
 bench: install
 	$(PY) bench/pipeline.py

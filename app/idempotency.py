@@ -62,7 +62,8 @@ def _ids_in_request_order(s: Session, job_id: str, req: JobCreate) -> list[str]:
     by_key = {(i, k): rid for rid, i, k in s.execute(
         select(Rollout.id, Rollout.instance_id, Rollout.sample_index)
         .where(Rollout.job_id == job_id))}
-    order = [(inst.instance_id, k) for inst in req.instances for k in range(req.n_samples)]
+    order = [(inst.instance_id, k) for inst in req.instances
+             for k in range(req.n_samples + req.spare)]
     if set(order) != set(by_key):  # a job from before request digests, with another body
         return [by_key[k] for k in sorted(by_key)]
     return [by_key[k] for k in order]
@@ -75,7 +76,8 @@ def _difference(s: Session, job: Job, req: JobCreate, fields: list[str]) -> str:
         if name == "agent":
             parts.append(f"agent {req.agent!r} (the job has {job.agent!r})")
         elif name == "n_samples":
-            parts.append(f"n_samples {req.n_samples} (the job has {job.n_samples})")
+            parts.append(f"n_samples {req.n_samples} (the job has "
+                         f"{job.group_size or job.n_samples})")
         elif name == "instances":
             parts.append(_instances_difference(s, job, req))
         else:

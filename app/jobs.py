@@ -17,13 +17,27 @@ from sqlalchemy.orm import Session
 from agents.job_config import JobConfig
 from agents.registry import get_handler
 from app.idempotency import replay, request_digest
-from app.schemas import AttemptView, JobAccepted, JobCreate, JobView, RolloutView, Timing, TurnView
+from app.schemas import (
+    AttemptView,
+    GroupView,
+    JobAccepted,
+    JobCreate,
+    JobView,
+    RolloutView,
+    Timing,
+    TurnView,
+)
 from core.db import session_scope
 from core.errors import InvalidRequest, NotFound, validation_error
 from core.models import TERMINAL_VALUES, Job, Rollout, Turn, new_id
-from core.policy import DEFAULT_OWNER, check_python_env, check_sandbox_options
+from core.policy import (
+    DEFAULT_OWNER,
+    check_callback_url,
+    check_python_env,
+    check_sandbox_options,
+)
 from core.settings import Settings
-from tasks import lifecycle, outbox, quotas
+from tasks import groups, lifecycle, outbox, quotas
 from tasks.llm_pool import registered_urls
 
 log = logging.getLogger(__name__)
@@ -64,6 +78,8 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
         from agents.llm.spec import check_llm_policy
 
         llm = check_llm_policy(req.llm.model_copy(), settings.policy.llm, admin).model_dump()
+    if req.callback_url is not None:
+        check_callback_url(settings.policy, req.callback_url, admin, "callback_url")
     return JobConfig(sampling=req.sampling, limits=req.limits, sandbox=req.sandbox, llm=llm,
                      agent_config=agent_config.model_dump(), labels=labels or {})
 
@@ -95,15 +111,19 @@ def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
     existing = replay(settings, owner, req)
     if existing is not None:
         return existing
-    n = quotas.check_job_size(settings, len(req.instances), req.n_samples)
+    per_instance = req.n_samples + req.spare
+    n = quotas.check_job_size(settings, len(req.instances), per_instance)
     config = validate_submission(settings, req, owner, admin, labels).dump()
+    cuts = req.spare > 0 or req.group_timeout is not None
     job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
               request_digest=request_digest(req) if req.idempotency_key else None,
-              n_instances=len(req.instances), n_samples=req.n_samples)
+              n_instances=len(req.instances), n_samples=per_instance,
+              group_size=req.n_samples if cuts else None, priority=req.priority,
+              callback_url=req.callback_url)
     now = lifecycle.utcnow()
     rows = [{"id": new_id(), "instance_id": inst.instance_id, "instance": inst.data,
              "sample_index": k, "queued_at": now, "created_at": now, "outbox_at": now}
-            for inst in req.instances for k in range(req.n_samples)]
+            for inst in req.instances for k in range(per_instance)]
     try:
         with session_scope(settings.db_url) as s:
             quotas.reserve_in_flight(s, settings, owner, n)
@@ -112,6 +132,9 @@ def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
             for row in rows:
                 row["job_id"] = job.id
             s.execute(insert(Rollout), rows)  # Core bulk insert: one round trip per batch
+            if cuts:
+                groups.create_rows(s, job.id, [i.instance_id for i in req.instances],
+                                   req.n_samples, req.group_timeout)
     except IntegrityError:  # a concurrent submission with the same key committed first
         existing = replay(settings, owner, req)
         if existing is None:
@@ -159,15 +182,18 @@ def job_view(s: Session, job: Job) -> JobView:
         status = "cancelled" if job.cancel_requested else "done"
     else:
         status = "cancelling" if job.cancel_requested else "running"
+    size = job.group_size or job.n_samples
     return JobView(job_id=job.id, agent=job.agent, status=status, n_instances=job.n_instances,
-                   n_samples=job.n_samples, n_rollouts=total, finished=finished,
+                   n_samples=size, spare=job.n_samples - size, priority=job.priority or 0,
+                   callback_url=job.callback_url, n_rollouts=total, finished=finished,
                    progress=round(finished / total, 4) if total else 1.0, counts=counts,
                    outcomes={k or "none": v for k, v in outcomes.items()},
                    created_at=job.created_at, finished_at=job.finished_at,
                    idempotency_key=job.idempotency_key)
 
 
-def rollout_view(r: Rollout, turns: list[Turn] | None = None) -> RolloutView:
+def rollout_view(r: Rollout, turns: list[Turn] | None = None,
+                 group: dict[str, Any] | None = None) -> RolloutView:
     """The wire form of a rollout; given its turns, they are grouped by attempt."""
     current, earlier = None, None
     if turns is not None:
@@ -185,7 +211,9 @@ def rollout_view(r: Rollout, turns: list[Turn] | None = None) -> RolloutView:
         policy_versions=r.policy_versions, token_exact=r.token_exact, metrics=r.metrics or {},
         extra=r.extra or {}, messages=r.messages,
         timing=Timing(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
-        seq=r.result_seq, group_complete=r.completes_group, created_at=r.created_at,
+        seq=r.result_seq, group_complete=r.completes_group, cut_reason=r.cut_reason,
+        group=GroupView.model_validate(group) if group is not None else None,
+        created_at=r.created_at,
         finished_at=r.finished_at, turns=current, earlier_attempts=earlier)
 
 
@@ -194,7 +222,10 @@ def results_after(s: Session, job_id: str, after: int, limit: int) -> list[Rollo
     rows = s.scalars(select(Rollout).where(Rollout.job_id == job_id,
                                            Rollout.result_seq > after)
                      .order_by(Rollout.result_seq).limit(limit)).all()
-    return [rollout_view(r) for r in rows]
+    closers = [r.instance_id for r in rows if r.completes_group]
+    records = groups.records(s, job_id, closers) if closers else {}
+    return [rollout_view(r, group=records.get(r.instance_id) if r.completes_group else None)
+            for r in rows]
 
 
 def cancel_job(settings: Settings, job_id: str, owner: str | None = None) -> JobView:

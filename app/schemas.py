@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 try:
-    from raas_client.models import (AttemptView, ErrorBody, JobAccepted, JobList, JobView,
-                                    LLMServerList, LLMServerView, ResultsPage, Rollout, Timing,
-                                    TurnView)
+    from raas_client.models import (AttemptView, ErrorBody, GroupList, GroupView, JobAccepted,
+                                    JobList, JobView, LLMServerList, LLMServerView, ResultsPage,
+                                    Rollout, Timing, TurnView)
 except ImportError as exc:  # the server installed without its SDK (`make` installs both)
     raise ImportError("raas imports its wire models from the raas-client distribution in "
                       "this repository: pip install -e ./sdk (then -e .)") from exc
@@ -51,6 +51,16 @@ class JobCreate(Strict):
     idempotency_key: str | None = Field(None, min_length=1, max_length=256,
                                         description="Same key + same body: the same job and "
                                                     "rollout ids (same order); another body: 409")
+    spare: int = Field(0, ge=0, le=1024, description="Extra samples per instance: a group "
+                       "completes with its first n_samples usable ones and the rest are cut")
+    group_timeout: float | None = Field(
+        None, gt=0, description="Seconds after a group's first sample starts: the group then "
+        "completes with what is usable (short if fewer than n_samples), the rest are cut")
+    priority: int = Field(0, ge=0, le=9, description="Higher first: this job's stage messages "
+                          "overtake those of lower-priority jobs in every queue")
+    callback_url: str | None = Field(
+        None, min_length=8, max_length=2048, pattern=r"^https?://",
+        description="POSTed (signed, retried) when a group and when the job completes")
 
     @field_validator("instances")
     @classmethod
@@ -90,6 +100,6 @@ class LLMServerUpdate(Strict):
 
 RolloutView = Rollout  # the gateway's older name for the rollout record
 
-__all__ = ["AttemptView", "ErrorBody", "Instance", "JobAccepted", "JobCreate", "JobList",
+__all__ = ["AttemptView", "ErrorBody", "GroupList", "GroupView", "Instance", "JobAccepted", "JobCreate", "JobList",
            "JobView", "LLMServerCreate", "LLMServerList", "LLMServerUpdate", "LLMServerView",
            "ResultsPage", "Rollout", "RolloutView", "Strict", "Timing", "TurnView"]

@@ -105,7 +105,15 @@ class Job(Base):
     # is refused naming the field; NULL for jobs submitted before revision 0008.
     request_digest: Mapped[dict[str, str] | None] = mapped_column(JSONType)
     n_instances: Mapped[int] = mapped_column(Integer, default=0)
+    # Rollouts per instance: the group size plus the spares of a straggler cut.
     n_samples: Mapped[int] = mapped_column(Integer, default=1)
+    # Usable samples that complete a group when the job cuts stragglers (spare samples or a
+    # group deadline, `groups` rows); NULL: a group is all of its n_samples.
+    group_size: Mapped[int | None] = mapped_column(Integer)
+    # Higher runs first: its stage messages overtake lower ones in every queue.
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Called (signed, retried, from the callback dispatcher) when a group or the job completes.
+    callback_url: Mapped[str | None] = mapped_column(String(2048))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Allocator of the per-job completion order; bumped under the job row lock.
     finished_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -179,8 +187,67 @@ class Rollout(Base):
     artifact: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     result_seq: Mapped[int | None] = mapped_column(Integer)
     completes_group: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Why a straggler cut took this sample out of its group (its group completed without it);
+    # a cut sample is never one of a group's members, whatever it ends with.
+    cut_reason: Mapped[str | None] = mapped_column(String(256))
 
     job: Mapped[Job] = relationship(back_populates="rollouts", lazy="raise")
+
+
+class GroupStatus(str, enum.Enum):
+    """Where a cut-enabled group is: open, complete (size usable members) or short."""
+
+    OPEN = "open"
+    COMPLETE = "complete"
+    SHORT = "short"
+
+
+class Group(Base):
+    """One instance's GRPO group in a job that cuts stragglers (spares or a deadline).
+
+    `members` are the first `size` usable samples (reward not null: infrastructure failures
+    never fill a group), in the order they finished; `cut` the samples stopped when the group
+    closed. A group closes once: complete when `size` are usable, short (with `reason`) when
+    its deadline passed or every sample ended with fewer usable.
+    """
+
+    __tablename__ = "groups"
+    __table_args__ = (Index("ix_groups_deadline", "status", "deadline_at"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)
+    timeout: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default=GroupStatus.OPEN.value)
+    members: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    cut: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    reason: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The sample that carries `completes_group` (chosen once, when the group is settled).
+    closer: Mapped[str | None] = mapped_column(String(32))
+
+
+class Callback(Base):
+    """The callback outbox: one signed POST to a job's `callback_url`, written in the same
+    transaction as the completion it announces and delivered by `tasks.callbacks`."""
+
+    __tablename__ = "callbacks"
+    __table_args__ = (Index("ix_callbacks_next", "next_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    owner: Mapped[str] = mapped_column(String(128))
+    url: Mapped[str] = mapped_column(String(2048))
+    event: Mapped[str] = mapped_column(String(16))  # group | job
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # NULL: settled
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Turn(Base):

@@ -131,6 +131,20 @@ class Policy(_Strict):
 
     sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy, description="Sandboxes")
     llm: LLMPolicy = Field(default_factory=LLMPolicy, description="Inference servers")
+    callback_urls: list[str] = Field(
+        default_factory=list,
+        description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the callback URLs "
+                    "a tenant's job may name (admins: any): raas's own processes call them")
+
+    @field_validator("callback_urls")
+    @classmethod
+    def _callback_rules(cls, value: list[str]) -> list[str]:
+        return _valid_rules(value)
+
+    @cached_property
+    def callback_rules(self) -> list[UrlRule]:
+        """`callback_urls`, parsed."""
+        return [parse_rule(text) for text in self.callback_urls]
 
     def public(self) -> dict[str, Any]:
         """The policy as a trainer may see it: credential names, never their variables."""
@@ -264,6 +278,18 @@ def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> No
     allowed = ", ".join(policy.server_urls) or "none: use the registered pool"
     raise _deny(field, f"server url {url!r} is not allowed ({why}); allowed: {allowed}",
                 "policy.llm.server_urls")
+
+
+def check_callback_url(policy: Policy, url: str, admin: bool, field: str) -> None:
+    """Tenants may name only callback URLs on the operator's allowlist; admins any."""
+    if admin:
+        return
+    why = url_refusal(url, policy.callback_rules)
+    if why is None:
+        return
+    allowed = ", ".join(policy.callback_urls) or "none"
+    raise _deny(field, f"callback url {url!r} is not allowed ({why}); allowed: {allowed}",
+                "policy.callback_urls")
 
 
 def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) -> Credential:

@@ -110,6 +110,16 @@ class Settings(BaseSettings):
     max_in_flight_per_owner: int = Field(
         100_000, ge=1, description="Cap on one owner's unfinished rollouts (else 429)")
     reaper_interval: float = Field(5.0, gt=0, description="Seconds between reaper passes")
+    callback_key: str | None = Field(
+        None, min_length=16, description="Operator key each owner's callback secret is "
+        "derived from (HMAC); default: a random key kept in <home>/callback.key")
+    callback_timeout: float = Field(5.0, gt=0, description="Seconds per callback POST")
+    callback_max_attempts: int = Field(
+        10, ge=1, description="Deliveries of one callback before it is given up")
+    callback_backoff_max: float = Field(
+        300.0, gt=0, description="Longest wait between two deliveries of one callback")
+    callback_interval: float = Field(
+        0.5, gt=0, description="Seconds between two looks of the callback dispatcher")
     stage_grace: float = Field(60.0, ge=0, description="Slack past a stage deadline")
     max_rollout_seconds: float = Field(
         6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"

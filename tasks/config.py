@@ -39,6 +39,19 @@ def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: 
     return None
 
 
+# Message priorities: a job's `priority` (0-9, higher first) becomes the message priority
+# 9 - priority, because kombu serves lower numbers first (Redis: one list per step, BRPOP in
+# step order; the embedded transport: file names sort by it). Messages sent without one (none
+# of ours) would take 0, the top: `task_default_priority` keeps them at the default job's.
+PRIORITY_STEPS = list(range(10))
+DEFAULT_PRIORITY = 0
+
+
+def message_priority(job_priority: int | None) -> int:
+    """The broker priority of a job's stage messages (lower is served first)."""
+    return 9 - max(0, min(9, job_priority or DEFAULT_PRIORITY))
+
+
 def publish_retry_policy(seconds: float) -> dict[str, Any]:
     """kombu's retry policy for a publish that may wait about `seconds` for the broker.
 
@@ -72,6 +85,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         transport["visibility_timeout"] = int(settings.max_rollout_seconds * 1.5) + 600
         if settings.broker_key_prefix:
             transport["global_keyprefix"] = settings.broker_key_prefix
+        # One list per job priority (kombu's default has four steps): a high-priority job's
+        # messages are taken before any backlog of lower ones (BRPOP reads steps in order).
+        transport["priority_steps"] = PRIORITY_STEPS
     return {
         "broker_url": settings.broker,
         # kombu's own filesystem transport can lose messages under load (see fs_transport).
@@ -105,6 +121,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": UNROUTED_QUEUE,
         "task_create_missing_queues": True,
         "task_routes": (route_stage,),
+        # A message sent without a priority waits like the default job's, not above all.
+        "task_default_priority": message_priority(DEFAULT_PRIORITY),
         # Results live in the database; Celery's result backend would be a second truth.
         "task_ignore_result": True,
         "result_backend": None,

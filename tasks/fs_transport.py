@@ -14,6 +14,11 @@ Two problems of kombu's own filesystem transport are fixed here:
 
 A message is taken by renaming it to a private name in the same folder (atomic; a consumer
 that loses the race skips to the next name), then read and deleted.
+
+Priorities: a name starts with the message priority (lower first, as on Redis), so a listing
+sorts a high-priority job's messages ahead of a backlog; a put above the default priority also
+touches the queue's `.priority` file, and a consumer whose cached listing predates that touch
+lists again (one stat per get), so such a message is not stuck behind a cached backlog.
 """
 from __future__ import annotations
 
@@ -32,7 +37,16 @@ from kombu.utils.json import dumps, loads
 from kombu.transport.virtual import Empty
 
 SUFFIX = ".msg"
+PRIORITY_MARK = ".priority"
+DEFAULT_MESSAGE_PRIORITY = 9  # tasks.config.message_priority of a default job
 _SEQUENCE = count()
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 def queue_folder(root: str, queue: str) -> str:
@@ -47,11 +61,14 @@ class Channel(filesystem.Channel):
         super().__init__(*args, **kwargs)
         self._backlog: dict[str, deque[str]] = {}
         self._made: set[str] = set()
+        self._listed_at: dict[str, int] = {}  # the `.priority` mtime a listing saw
 
     def _put(self, queue, payload, **kwargs):  # noqa: ANN001 - kombu's signature
         folder = queue_folder(self.data_folder_out, queue)
         # zero-padded clock, then this process's counter: names sort in publication order
-        name = f"{monotonic_ns():020d}_{next(_SEQUENCE):012d}_{uuid.uuid4().hex}{SUFFIX}"
+        priority = self._get_message_priority(payload)
+        name = (f"{priority}_{monotonic_ns():020d}_{next(_SEQUENCE):012d}_{uuid.uuid4().hex}"
+                f"{SUFFIX}")
         staging = os.path.join(folder, f".staging-{uuid.uuid4().hex}")
         try:
             if folder not in self._made:
@@ -60,13 +77,18 @@ class Channel(filesystem.Channel):
             with open(staging, "wb") as f:
                 f.write(str_to_bytes(dumps(payload)))
             os.replace(staging, os.path.join(folder, name))
+            if priority < DEFAULT_MESSAGE_PRIORITY:  # overtakes: cached listings are stale
+                with open(os.path.join(folder, PRIORITY_MARK), "a"):
+                    os.utime(os.path.join(folder, PRIORITY_MARK))
         except OSError as exc:
             raise ChannelError(f"Cannot add a message to queue {queue!r} in {folder}") from exc
 
     def _get(self, queue):  # noqa: ANN001
         folder = queue_folder(self.data_folder_in, queue)
         names = self._backlog.get(queue)
-        if not names:
+        mark = _mtime(os.path.join(folder, PRIORITY_MARK))
+        if not names or mark != self._listed_at.get(queue, 0):
+            self._listed_at[queue] = mark
             names = self._backlog[queue] = deque(self._listing(folder))
         while names:
             name = names.popleft()

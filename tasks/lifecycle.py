@@ -32,6 +32,7 @@ from core.models import (
     sources_of,
     utcnow,
 )
+from tasks import callbacks, groups
 from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
@@ -213,27 +214,51 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     cond.extend(fenced(fence))
     now = utcnow()
     with session_scope(db_url) as s:
+        _lock_group(db_url, s, rollout_id)
         row = s.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
-            finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id),
+            finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
+                                                 Rollout.outcome, Rollout.reward,
+                                                 Rollout.cut_reason),
             execution_options={"synchronize_session": False}).one_or_none()
         if row is None:
             return False
-        seq, total, n_samples = s.execute(update(Job).where(Job.id == row.job_id).values(
+        job = s.execute(update(Job).where(Job.id == row.job_id).values(
             finished_count=Job.finished_count + 1).returning(
-            Job.finished_count, Job.n_instances * Job.n_samples, Job.n_samples),
+            Job.finished_count, (Job.n_instances * Job.n_samples).label("total"),
+            Job.n_samples, Job.group_size, Job.callback_url, Job.owner),
             execution_options={"synchronize_session": False}).one()
-        group_done = n_samples == 1 or not s.scalar(
-            select(func.count()).select_from(Rollout).where(
-                Rollout.job_id == row.job_id, Rollout.instance_id == row.instance_id,
-                Rollout.status.not_in(TERMINAL_VALUES)))
+        seq, ended = job.finished_count, 0
+        if job.group_size is not None:  # a straggler cut decides (tasks.groups)
+            group_done, ended = groups.on_finish(s, row.job_id, row.instance_id, rollout_id,
+                                                 row.outcome, row.reward, row.cut_reason)
+        else:
+            group_done = job.n_samples == 1 or not s.scalar(
+                select(func.count()).select_from(Rollout).where(
+                    Rollout.job_id == row.job_id, Rollout.instance_id == row.instance_id,
+                    Rollout.status.not_in(TERMINAL_VALUES)))
         s.execute(update(Rollout).where(Rollout.id == rollout_id).values(
             result_seq=seq, completes_group=group_done),
             execution_options={"synchronize_session": False})
-        if seq >= total:
+        job_done = seq + ended >= job.total
+        if job_done:
             s.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now),
                       execution_options={"synchronize_session": False})
+        if job.callback_url and (group_done or job_done):
+            callbacks.on_completions(
+                s, row.job_id, job.owner, job.callback_url, job_done=job_done,
+                group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq,
+                                     job.group_size) if group_done else None)
         return True
+
+
+def _lock_group(db_url: str, s: Any, rollout_id: str) -> None:
+    """A straggler-cut job's endings of one group take the group's lock first: one of them
+    may cut the others, and rows locked in differing orders would deadlock."""
+    key = s.execute(select(Rollout.job_id, Rollout.instance_id)
+                    .where(Rollout.id == rollout_id)).one_or_none()
+    if key is not None and job_snapshot(db_url, key.job_id).group_size is not None:
+        groups.lock(s, key.job_id, key.instance_id)
 
 
 @retrying
@@ -385,4 +410,6 @@ def _cancel_job_once(db_url: str, job_id: str) -> int:
                 finished_count=Job.finished_count + n,
                 finished_at=now if base + n >= total else Job.finished_at),
                 execution_options=plain)
+        groups.after_cancel(s, job_id, base, base + n >= total if n else False)
         return n
+

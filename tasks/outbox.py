@@ -34,8 +34,8 @@ from typing import Any
 from sqlalchemy import select, update
 
 from core.db import session_scope
-from core.models import Rollout, Status, utcnow
-from tasks.config import TASK_NAMES
+from core.models import Job, Rollout, Status, utcnow
+from tasks.config import TASK_NAMES, message_priority
 
 log = logging.getLogger(__name__)
 BATCH = 500  # messages per producer batch and per outbox statement
@@ -45,9 +45,13 @@ PROCESS_IDLE_EXIT = 60.0  # seconds the publisher process waits for work before 
 PROCESS_TIMEOUT = 600.0  # longest wait for the publisher process to answer a hand-off
 
 
-def publish_many(celery: Any, messages: Iterable[tuple[str, str, int, str | None, str | None]],
-                 batch: int = BATCH) -> int:
-    """Publish (stage, rollout id, attempt, node, job id) messages over one producer connection.
+Message = tuple[str, str, int, str | None, str | None] | \
+    tuple[str, str, int, str | None, str | None, int | None]
+
+
+def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -> int:
+    """Publish (stage, rollout id, attempt, node, job id[, job priority]) messages over one
+    producer connection.
 
     The job id lets a worker drop INIT messages of a job it knows was cancelled without a
     database write (see `lifecycle.known_cancelled`).
@@ -59,10 +63,11 @@ def publish_many(celery: Any, messages: Iterable[tuple[str, str, int, str | None
     n = 0
     with celery.producer_or_acquire() as producer:
         with producer.batch(max_size=batch):
-            for stage, rollout_id, attempt, node, job in messages:
+            for stage, rollout_id, attempt, node, job, *priority in messages:
                 kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
                 celery.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                                 producer=producer)
+                                 producer=producer,
+                                 priority=message_priority(priority[0] if priority else None))
                 n += 1
                 # Building messages is pure CPU (no I/O releases the GIL within a pipelined
                 # batch): yield it often so the gateway's request threads stay responsive.
@@ -85,11 +90,13 @@ def publish_marked(db_url: str, celery: Any, ids: Sequence[str]) -> int:
     n = 0
     for chunk in _chunks(ids, BATCH):
         with session_scope(db_url) as s:
-            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.job_id).where(
+            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.job_id, Job.priority)
+                             .join(Job, Job.id == Rollout.job_id).where(
                 Rollout.id.in_(chunk), Rollout.outbox_at.is_not(None))).all()
         if not rows:
             continue
-        n += publish_many(celery, (("init", r.id, r.attempt, None, r.job_id) for r in rows))
+        n += publish_many(celery, (("init", r.id, r.attempt, None, r.job_id, r.priority)
+                                   for r in rows))
         _clear(db_url, [r.id for r in rows])
     return n
 
@@ -134,12 +141,20 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
         handed = sum(r.status != Status.PENDING.value for r in taken)
         log.warning("outbox: publishing %s rollouts left unpublished (%s accepted by a "
                     "gateway, %s handed on by a stage)", len(taken), len(taken) - handed, handed)
+        priority = job_priorities(db_url, {r.job_id for r in taken})
         total += publish_many(celery, (("init" if r.status == Status.PENDING.value else r.status,
-                                        r.id, r.attempt, r.node, r.job_id) for r in taken))
+                                        r.id, r.attempt, r.node, r.job_id,
+                                        priority.get(r.job_id)) for r in taken))
         with session_scope(db_url) as s:  # only the marks this pass set (a later one stays)
             s.execute(update(Rollout).where(Rollout.id.in_([r.id for r in taken]),
                                             Rollout.outbox_at == stamp)
                       .values(outbox_at=None), execution_options=plain)
+
+
+def job_priorities(db_url: str, job_ids: set[str]) -> dict[str, int]:
+    """The priority of each job (the drain's messages keep their job's place)."""
+    with session_scope(db_url) as s:
+        return dict(s.execute(select(Job.id, Job.priority).where(Job.id.in_(job_ids))).all())
 
 
 class OutboxPublisher:

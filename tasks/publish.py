@@ -3,18 +3,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import TASK_NAMES, publish_retry_policy
+from tasks.config import TASK_NAMES, message_priority, publish_retry_policy
 
 
 def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
-            producer: Any = None, retry_seconds: float = 0.0) -> None:
+            producer: Any = None, retry_seconds: float = 0.0,
+            priority: int | None = None) -> None:
     """Publish a stage message; the shared router picks the queue from `node`.
 
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
     long (else Celery's default policy, well under a second); then kombu's error is raised.
+    `priority` is the job's (higher first).
     """
     kwargs = {"node": node} if node else {}
     retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} \
         if retry_seconds else {}
     app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                  producer=producer, **retry)
+                  producer=producer, priority=message_priority(priority), **retry)

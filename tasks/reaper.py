@@ -46,7 +46,8 @@ from agents.job_config import JobConfig
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import handback, lifecycle, nodes, outbox, resume, sandboxes
+from tasks import groups, handback, lifecycle, nodes, outbox, resume, sandboxes
+from tasks.callbacks import CallbackDispatcher
 from tasks.config import stage_queue
 from tasks.db_retry import is_disconnect
 from tasks.outbox import publish_many
@@ -70,6 +71,7 @@ class Reaper:
         self._last_beat = 0.0
         self._db_lost = False  # the last pass could not reach the database
         self._db_back_at: float | None = None  # monotonic time it answered again
+        self._callbacks: CallbackDispatcher | None = None
 
     def start_up(self) -> int:
         """The first pass of a (re)started reaper: stop this node's stale sandboxes, then say
@@ -89,6 +91,7 @@ class Reaper:
         return {"lost": self.reclaim_lost(), "overdue": self.fail_overdue(),
                 "abandoned": self.reroute_abandoned() if self._watched_long_enough() else 0,
                 "outbox": self.drain_outbox(), "requeued": self.republish_stale(),
+                "group_deadlines": len(groups.close_overdue(self.db)),
                 "sandboxes": self.sweep_sandboxes(),
                 "llm_servers": self.maintain_llm_pool()}
 
@@ -119,7 +122,11 @@ class Reaper:
         return len(check_health(self.db, self.settings))
 
     def run_forever(self) -> None:
-        """Reap every `reaper_interval` seconds until `stop()` (after the start-up pass)."""
+        """Reap every `reaper_interval` seconds until `stop()` (after the start-up pass).
+
+        The callback dispatcher runs beside it in its own thread: a slow callback endpoint
+        never delays a pass."""
+        self._callbacks = CallbackDispatcher(self.settings).start()
         while not self._stop.is_set():
             try:
                 self.start_up()
@@ -149,8 +156,10 @@ class Reaper:
                     "(workers could not beat meanwhile)", self.settings.lease_timeout)
 
     def stop(self) -> None:
-        """End `run_forever` after the current pass."""
+        """End `run_forever` after the current pass (and the callback dispatcher)."""
         self._stop.set()
+        if self._callbacks is not None:
+            self._callbacks.stop()
 
     def reclaim_lost(self) -> int:
         """New attempt (or infra_error) for leases whose holder stopped beating.
@@ -340,8 +349,9 @@ class Reaper:
                 .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
                            Rollout.job_id),
                 execution_options={"synchronize_session": False}).all()
-        publish_many(self.celery, ((_stage(r.status), r.id, r.attempt, r.node, r.job_id)
-                                   for r in taken))
+        priority = outbox.job_priorities(self.db, {r.job_id for r in taken}) if taken else {}
+        publish_many(self.celery, ((_stage(r.status), r.id, r.attempt, r.node, r.job_id,
+                                    priority.get(r.job_id)) for r in taken))
         return len(taken)
 
     def drain_outbox(self) -> int:

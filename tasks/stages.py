@@ -32,7 +32,7 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import db_retry, drain, grading, handback, lifecycle, resume, sandboxes
+from tasks import db_retry, drain, grading, groups, handback, lifecycle, resume, sandboxes
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
 from tasks.publish import publish  # noqa: F401  (callers import it from here too)
@@ -147,6 +147,8 @@ class StageRun:
 
     # -- the stages ----------------------------------------------------------------------
     def _init(self) -> None:
+        if self.job.group_size is not None:  # a straggler cut's deadline counts from here
+            groups.start(self.db, self.job.id, self.rollout.instance_id)
         runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(),
                                            self.handler.needs_sandbox)
         if runtime != "none":
@@ -276,7 +278,8 @@ class StageRun:
         a message that does not get out is the outbox's."""
         try:
             publish(self.app, stage, self.rollout_id, attempt, node,
-                    retry_seconds=self.settings.handoff_publish_seconds)
+                    retry_seconds=self.settings.handoff_publish_seconds,
+                    priority=self.job.priority)
         except Exception as exc:  # kombu's OperationalError after the retries, and the like
             self.log.warning("%s; publish deferred to the outbox: %s", what,
                              _describe(exc, "publish"))

@@ -14,6 +14,7 @@ Script (JSON file or dict)::
       "model": "sim",                          # served model name; default: the tokenizer folder
       "turn_marker": "<|im_start|>assistant",  # counts turns in the decoded prompt
       "latency": 0.0,                          # seconds added to every answer
+      "latency_dist": {"kind": "lognormal", "median": 0.2, "sigma": 1},  # a long tail
       "default": ["reply for turn 0", "reply for turn 1"],
       "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
                                         {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]},
@@ -74,6 +75,7 @@ import httpx
 from tokenizers import Tokenizer
 
 from agents.llm.sim_capacity import CapacityModel, Engine, render_metrics
+from agents.llm.sim_latency import LatencyDist
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ class Script:
         self.seed = int(script.get("seed", 0))
         self._asked: Counter[str] = Counter()
         self._asked_lock = threading.Lock()
+        dist = script.get("latency_dist")  # a long tail on top of `latency` (sim_latency)
+        self.tail = LatencyDist.model_validate(dist).sampler() if dist else None
 
     def wrong_draw(self, prompt_ids: list[int], request_seed: Any = None) -> bool:
         """Whether this request gets the wrong reply (see `wrong_rate` in the module doc)."""
@@ -171,6 +175,7 @@ class Script:
         if self.wrong_draw(prompt_ids, seed):
             reply = self.wrong
         ids, latency = self.reply_ids(reply)
+        latency += self.tail.draw() if self.tail is not None else 0.0
         finish = "stop"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
@@ -380,7 +385,8 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
                 latency: float | None = None,
                 report_max_model_len: bool = True,
                 capacity: CapacityModel | dict[str, Any] | None = None,
-                wrong_rate: float | None = None, seed: int | None = None) -> SimulatorServer:
+                wrong_rate: float | None = None, seed: int | None = None,
+                latency_dist: dict[str, Any] | None = None) -> SimulatorServer:
     """A bound (not yet serving) simulator server; port 0 picks a free one.
 
     `max_model_len` makes it reject, like vLLM, a request whose prompt + max_tokens exceeds it
@@ -396,6 +402,8 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
         data["wrong_rate"] = wrong_rate
     if seed is not None:
         data["seed"] = seed
+    if latency_dist is not None:
+        data["latency_dist"] = latency_dist
     return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len,
                            report_max_model_len)
 

@@ -103,6 +103,20 @@ def parse_capacity(value: str | None) -> CapacityModel | None:
         raise click.BadParameter(str(exc)) from exc
 
 
+def parse_latency_dist(value: str | None) -> dict | None:
+    """--latency-dist: a JSON object checked against `LatencyDist` (a bad one names itself)."""
+    if value is None:
+        return None
+    from pydantic import ValidationError
+
+    from agents.llm.sim_latency import LatencyDist
+
+    try:
+        return LatencyDist.model_validate_json(value).model_dump()
+    except ValidationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--latency-dist") from exc
+
+
 @click.command("llm-sim")
 @click.option("--tokenizer", "tokenizer_dir", default=str(BUNDLED_TOKENIZER),
               type=click.Path(exists=True), show_default="the bundled SmolLM2 tokenizer",
@@ -123,6 +137,10 @@ def parse_capacity(value: str | None) -> CapacityModel | None:
               help="Share of replies replaced by a wrong one (no tool call, no answer), "
                    "drawn deterministically per prompt and occurrence: reward variance on CPU")
 @click.option("--seed", type=int, default=None, help="Seed of the --wrong-rate draws")
+@click.option("--latency-dist", default=None,
+              help='A long tail added to every answer, JSON: {"kind": "lognormal", "median": '
+                   '0.2, "sigma": 1} or {"kind": "tail", "p": 0.1, "slow": 5} '
+                   '(agents/llm/sim_latency.py)')
 @click.option("--register", is_flag=True,
               help="Add it to the pool of the raas gateway at --url (like `raas llm add`)")
 @click.option("--detach", is_flag=True,
@@ -131,7 +149,8 @@ def parse_capacity(value: str | None) -> CapacityModel | None:
               help="raas gateway for --register (or RAAS_URL)")
 def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host: str,
                     latency: float | None, max_model_len: int | None, capacity: str | None,
-                    wrong_rate: float | None, seed: int | None, register: bool, detach: bool,
+                    wrong_rate: float | None, seed: int | None,
+                    latency_dist: str | None, register: bool, detach: bool,
                     url: str) -> None:
     """Run the LLM simulator (a fake of vLLM's token-id API) until interrupted."""
     server_url = f"http://{host}:{port}"
@@ -139,6 +158,7 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
     busy = port_in_use(host, port)
     if busy:  # before anything starts or is registered: never adopt another server
         raise click.ClickException(busy)
+    tail = parse_latency_dist(latency_dist)
     if detach:
         args = ["--tokenizer", tokenizer_dir, "--port", str(port), "--host", host]
         args += ["--script", script_file] if script_file else []
@@ -147,6 +167,7 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
         args += ["--capacity", capacity_model.model_dump_json()] if capacity_model else []
         args += ["--wrong-rate", str(wrong_rate)] if wrong_rate is not None else []
         args += ["--seed", str(seed)] if seed is not None else []
+        args += ["--latency-dist", latency_dist] if latency_dist else []
         log_path = Path(os.environ.get("RAAS_HOME", ".raas")) / f"llm-sim-{port}.log"
         pid = _detach(args, server_url, log_path)
         click.echo(f"LLM simulator (a fake model) on {server_url}, pid {pid} (stop: kill {pid}; "
@@ -159,7 +180,7 @@ def llm_sim_command(tokenizer_dir: str, script_file: str | None, port: int, host
         return
     server = make_server(tokenizer_dir, script_file or DEFAULT_SCRIPT, port, host,
                          max_model_len, latency, capacity=capacity_model,
-                         wrong_rate=wrong_rate, seed=seed)
+                         wrong_rate=wrong_rate, seed=seed, latency_dist=tail)
     what = f"script {script_file}" if script_file else "the demo-math policy"
     click.echo(f"LLM simulator (a fake model: {what}) on {server.url}"
                + ("" if register else f"; register it with `raas llm add {server.url}`"))

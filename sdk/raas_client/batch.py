@@ -175,6 +175,7 @@ class Collector:
         self.job_id = job_id
         self.cursor = after
         self.pending: dict[str, list[Rollout]] = defaultdict(list)
+        self.closed: set[str] = set()  # instances whose group closed: later rows were cut
         self.ready: list[list[Rollout]] = []
         self.done = False
         self.expected: int | None = None  # the job's n_samples, read once
@@ -207,9 +208,15 @@ class Collector:
         page = self.client.results_page(self.job_id, self.cursor, wait=wait, limit=1000)
         for item in page["items"]:
             row = Rollout.model_validate(item)
+            if row.instance_id in self.closed:
+                continue  # a sample a straggler cut stopped after its group closed
             self.pending[row.instance_id].append(row)
             if row.group_complete:
                 rows = self.pending.pop(row.instance_id)
+                self.closed.add(row.instance_id)
+                if row.group is not None:  # a straggler cut: the group is its record's members
+                    members = set(row.group.members)
+                    rows = [r for r in rows if r.rollout_id in members or r.cut_reason]
                 self.ready.append(sorted(rows, key=lambda r: r.sample_index))
         self.cursor = page["cursor"]
         self.done = bool(page["done"])

@@ -87,6 +87,30 @@ class JobView(Answer):
     created_at: datetime
     finished_at: datetime | None = None
     idempotency_key: str | None = None
+    spare: int = Field(0, description="Extra samples per instance (straggler cut)")
+    priority: int = 0
+    callback_url: str | None = None
+
+
+class GroupView(Answer):
+    """A group of a job that cuts stragglers: who is in it, who was cut, and why."""
+
+    instance_id: str
+    status: str = Field(description="open | complete | short")
+    size: int | None = Field(None, description="Usable samples that complete it")
+    members: list[str] = Field(description="Rollout ids in the group, in finishing order")
+    cut: list[str] = Field(default_factory=list, description="Rollout ids stopped by the cut")
+    reason: str | None = Field(None, description="Why it is short, or closed at its deadline")
+    closer: str | None = Field(None, description="The rollout carrying group_complete")
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
+
+
+class GroupList(Answer):
+    """GET /v1/jobs/{id}/groups: the group records of a job that cuts stragglers."""
+
+    job_id: str
+    groups: list[GroupView]
 
 
 class JobList(Answer):
@@ -174,9 +198,12 @@ class Rollout(Answer):
     messages: list[dict[str, Any]] | None = None
     timing: Timing
     seq: int | None = Field(None, description="Place in the job's completion order")
-    group_complete: bool = Field(False, description="Last sample of its instance to finish")
+    group_complete: bool = Field(False, description="Closes its instance's group (the last "
+                                 "sample to finish, or the one completing a straggler cut)")
     cut_reason: str | None = Field(None, description="Cut from its group by a straggler cut "
                                    "(spare samples, group deadline): not one of its samples")
+    group: GroupView | None = Field(None, description="On the closing row of a job that cuts "
+                                    "stragglers: its group's record")
     created_at: datetime
     finished_at: datetime | None = None
     turns: list[TurnView] | None = Field(

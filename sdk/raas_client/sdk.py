@@ -7,7 +7,10 @@ typed `Rollout` / `Group` / `Batch` rows (`Rollout.model_validate(row)` types an
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -212,12 +215,50 @@ class RaasClient:
                     raise httpx.RemoteProtocolError(f"torn NDJSON line {line[:80]!r}") from None
 
     def groups(self, job_id: str, wait: float = 30) -> Iterator[list[dict[str, Any]]]:
-        """Whole GRPO groups (all samples of one instance), as each completes."""
+        """Whole GRPO groups (all samples of one instance), as each completes.
+
+        With a straggler cut (`spare`, `group_timeout`) a group is its record's `members`:
+        the first n usable samples (or fewer, a short group: see the closing row's
+        `group.reason`); samples cut from it, which finish after it, are never yielded."""
         pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        closed: set[str] = set()
         for item in self.results(job_id, wait=wait):
-            pending[item["instance_id"]].append(item)
+            instance = item["instance_id"]
+            if instance in closed or item.get("cut_reason"):
+                continue
+            pending[instance].append(item)
             if item["group_complete"]:
-                yield sorted(pending.pop(item["instance_id"]), key=lambda r: r["sample_index"])
+                rows = pending.pop(instance)
+                record = item.get("group")
+                if record is not None:
+                    members = set(record["members"])
+                    rows = [r for r in rows if r["rollout_id"] in members]
+                    closed.add(instance)
+                yield sorted(rows, key=lambda r: r["sample_index"])
+
+    def events(self, job_id: str, after: int = 0, wait: float = 300
+               ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """The job's server-sent events as (event, id, data): `rollout`, `group`, `job`;
+        resumable: pass the last id seen as `after`."""
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+        with self.http.stream("GET", f"/v1/jobs/{job_id}/events", params={"wait": wait},
+                               headers=headers, timeout=httpx.Timeout(wait + 30)) as resp:
+            resp.raise_for_status()
+            kind, ident, data = "message", after, []
+            for line in resp.iter_lines():
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("id:"):
+                    ident = int(line[3:].strip())
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif not line and data:
+                    yield kind, ident, json.loads("\n".join(data))
+                    kind, data = "message", []
+
+    def callback_secret(self) -> str:
+        """The secret this owner's job callbacks are signed with (`verify_callback`)."""
+        return self._call("GET", "/v1/callbacks/secret")["secret"]
 
     def rollouts(self, job_id: str, after: int = 0, wait: float = 30) -> Iterator[Rollout]:
         """Every finished rollout from cursor `after` until the job is done, typed."""
@@ -276,3 +317,18 @@ class RaasClient:
     def remove_llm_server(self, server_id: str) -> dict[str, Any]:
         """Remove a registered server by id."""
         return self._call("DELETE", f"/v1/llm-servers/{server_id}")
+
+
+def verify_callback(secret: str, body: bytes, header: str, max_age: float = 300.0) -> bool:
+    """Check a job callback's `X-Raas-Signature` (`t=<unix>,v1=<hex>`): HMAC-SHA256 of
+    `"<t>." + body` with the owner's secret (`RaasClient.callback_secret`), at most
+    `max_age` seconds old. Deduplicate deliveries on `X-Raas-Delivery` (at least once)."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    try:
+        timestamp = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs(time.time() - timestamp) > max_age:
+        return False
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return hmac.compare_digest(mac.hexdigest(), parts.get("v1", ""))

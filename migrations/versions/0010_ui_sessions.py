@@ -1,6 +1,6 @@
 """Dashboard sessions kept on the server: the cookie carries a random id, never the API token.
 
-Revision ID: 0017
+Revision ID: 0010
 Revises: 0009
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
+revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None

@@ -1,0 +1,124 @@
+"""Push for trainers: a job's server-sent event stream, its group records, the callback secret.
+
+`GET /v1/jobs/<id>/events` is an SSE stream read from the results order itself, so it costs
+the pipeline no write: each finished rollout is an event whose id is its place in the job's
+completion order (`seq`); a rollout that closes its group is followed by a `group` event, and
+the job's last one by `job`. A client that reconnects with `Last-Event-ID: <seq>` (browsers'
+EventSource does it by itself) resumes right after it, and the `group`/`job` events of that
+seq come again (they share its id), so nothing is missed. Comments (`: keep-alive`) keep idle
+proxies from closing the stream.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from flask import Blueprint, Response, current_app, g, request, stream_with_context
+
+from app.api.routing import query_number, typed_route
+from app.jobs import get_job, job_view, results_after
+from app.schemas import GroupList, GroupView
+from core.db import session_scope
+from core.errors import InvalidRequest
+from tasks import groups
+from tasks.callbacks import owner_secret
+
+bp = Blueprint("events", __name__)
+POLL_SECONDS = 0.2
+KEEPALIVE_SECONDS = 15.0
+
+
+def _settings():
+    return current_app.config["RAAS"]
+
+
+@typed_route(bp, "/v1/jobs/<job_id>/groups", "GET", response=GroupList,
+             summary="Group records of a job that cuts stragglers (members, cut, reason)")
+def list_groups(job_id: str) -> GroupList:
+    with session_scope(_settings().db_url) as s:
+        get_job(s, job_id, g.owner)
+        records = groups.records(s, job_id)
+    return GroupList(job_id=job_id, groups=[GroupView.model_validate(r)
+                                            for r in records.values()])
+
+
+@typed_route(bp, "/v1/callbacks/secret", "GET", summary="The secret your job callbacks are "
+             "signed with (HMAC-SHA256, header X-Raas-Signature)")
+def callback_secret() -> dict:
+    return {"owner": g.owner, "secret": owner_secret(_settings(), g.owner),
+            "header": "X-Raas-Signature", "scheme": "t=<unix>,v1=hex(hmac_sha256(secret, "
+            "'<t>.' + body))"}
+
+
+@typed_route(bp, "/v1/jobs/<job_id>/events", "GET",
+             summary="Server-sent events of a job's progress (resumable with Last-Event-ID)",
+             query={"after": "seq to resume after (or the Last-Event-ID header)",
+                    "wait": "seconds to stay open without news (default 300)"})
+def events(job_id: str) -> Response:
+    after = _resume_point()
+    wait = query_number("wait", 300, minimum=0, maximum=3600, integer=False)
+    with session_scope(_settings().db_url) as s:
+        get_job(s, job_id, g.owner)
+    resp = Response(stream_with_context(_stream(job_id, after, wait)),
+                    mimetype="text/event-stream")
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.headers["X-Accel-Buffering"] = "no"
+    return resp
+
+
+def _resume_point() -> int:
+    raw = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"Last-Event-ID / after must be a seq number, got {raw!r}",
+                             field="Last-Event-ID") from None
+    if value < 0:
+        raise InvalidRequest("Last-Event-ID / after must be >= 0", field="Last-Event-ID")
+    return value
+
+
+def _event(kind: str, seq: int, data: dict) -> str:
+    return f"id: {seq}\nevent: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+
+
+def _stream(job_id: str, after: int, wait: float):
+    """Events after `after` until the job is done or `wait` passes without one."""
+    yield "retry: 2000\n\n"
+    idle_until = time.monotonic() + wait
+    last_sent = time.monotonic()
+    while True:
+        with session_scope(_settings().db_url) as s:
+            items = results_after(s, job_id, after, 200)
+            view = job_view(s, get_job(s, job_id))
+        for item in items:
+            yield _event("rollout", item.seq, _rollout_event(item))
+            if item.group_complete:
+                yield _event("group", item.seq, _group_event(item))
+            after = item.seq
+        if items:
+            idle_until = last_sent = time.monotonic()
+            idle_until += wait
+        done = view.finished >= view.n_rollouts and after >= view.finished
+        if done:
+            yield _event("job", after, view.model_dump(mode="json"))
+            return
+        if time.monotonic() >= idle_until:
+            return
+        if time.monotonic() - last_sent >= KEEPALIVE_SECONDS:
+            yield ": keep-alive\n\n"
+            last_sent = time.monotonic()
+        time.sleep(POLL_SECONDS)
+
+
+def _rollout_event(item) -> dict:
+    return {"seq": item.seq, "rollout_id": item.rollout_id, "instance_id": item.instance_id,
+            "sample_index": item.sample_index, "status": item.status, "outcome": item.outcome,
+            "reward": item.reward, "cut_reason": item.cut_reason,
+            "group_complete": item.group_complete}
+
+
+def _group_event(item) -> dict:
+    if item.group is not None:
+        return item.group.model_dump(mode="json")
+    return {"instance_id": item.instance_id, "status": "complete", "closer": item.rollout_id}

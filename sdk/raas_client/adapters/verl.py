@@ -1,0 +1,103 @@
+"""verl adapter: an agent loop (`AgentLoopBase`) whose rollouts run in raas.
+
+verl's agent-loop workers call `run(sampling_params, **dataset_fields)` once per sample and
+expect an `AgentLoopOutput` (prompt ids, response ids, response mask 1 on generated tokens,
+logprobs, reward). `RaasAgentLoop` submits that sample to raas as a one-instance job (the raas
+handler runs the multi-turn loop against the inference servers registered with raas, in its
+sandbox, and grades it), waits for the row, and returns verl's own output type. Registered
+under the agent name `raas`; configure it in the agent-loop config file
+(`actor_rollout_ref.rollout.agent.agent_loop_config_path`)::
+
+    - name: raas
+      _target_: raas_client.adapters.verl.RaasAgentLoop
+      raas_url: http://raas-gateway:8000
+      raas_agent: math
+      raas_job: {limits: {max_turns: 8}}        # any other job field
+      raas_on_failure: raise                    # or mask
+
+or with `RAAS_URL` / `RAAS_TOKEN` in the workers' environment. A dataset row's
+`extra_info.raas_instance` (a dict with `instance_id` and the handler's fields) is the raas
+instance; without it the row's `raw_prompt` is sent as `{"messages": ...}`.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
+
+from raas_client.adapters.rows import OnFailure, RaasRolloutFailed, sample_of, sampling_of
+from raas_client.sdk import RaasClient
+
+__all__ = ["RaasAgentLoop", "RaasRolloutFailed", "to_agent_loop_output"]
+
+
+def to_agent_loop_output(row: dict[str, Any], on_failure: OnFailure = "raise",
+                         max_response: int | None = None) -> AgentLoopOutput:
+    """verl's output type for one finished raas row."""
+    sample = sample_of(row, on_failure, max_response)
+    return AgentLoopOutput(
+        prompt_ids=sample.prompt_ids, response_ids=sample.response_ids,
+        response_mask=sample.loss_mask, response_logprobs=sample.logprobs,
+        reward_score=sample.reward, num_turns=len(row.get("messages") or []) or sample.turns,
+        metrics=AgentLoopMetrics(generate_sequences=(row.get("timing") or {}).get("run") or 0.0,
+                                 compute_score=(row.get("timing") or {}).get("eval") or 0.0),
+        extra_fields=sample.extra)
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (OmegaConf containers resolved)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return dict(value) if isinstance(value, dict) else value
+
+
+@register("raas")
+class RaasAgentLoop(AgentLoopBase):
+    """A verl agent loop that runs each sample as a raas rollout."""
+
+    def __init__(self, *args: Any, raas_url: str | None = None, raas_agent: str | None = None,
+                 raas_job: dict[str, Any] | None = None, raas_token: str | None = None,
+                 raas_on_failure: OnFailure = "raise", raas_timeout: float = 3600.0,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.raas_url = raas_url or os.environ.get("RAAS_URL", "http://127.0.0.1:8000")
+        self.raas_agent = raas_agent or os.environ.get("RAAS_AGENT", "math")
+        # hydra hands config values over as DictConfig: the job goes out as plain JSON
+        self.raas_job = _plain(raas_job or {})
+        self.raas_token = raas_token or os.environ.get("RAAS_TOKEN")
+        self.raas_on_failure = raas_on_failure
+        self.raas_timeout = raas_timeout
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """Submit this sample to raas, wait for it, return verl's output."""
+        instance = self.raas_instance(kwargs)
+        row = await asyncio.to_thread(self._rollout, instance, sampling_params)
+        return to_agent_loop_output(row, self.raas_on_failure,
+                                    self.rollout_config.get("response_length"))
+
+    def raas_instance(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The raas instance of a dataset row (override for another mapping)."""
+        extra = fields.get("extra_info") or {}
+        if isinstance(extra, dict) and isinstance(extra.get("raas_instance"), dict):
+            return dict(extra["raas_instance"])
+        return {"instance_id": str(fields.get("index", uuid.uuid4().hex)),
+                "messages": list(fields.get("raw_prompt") or [])}
+
+    def _rollout(self, instance: dict[str, Any], sampling_params: dict[str, Any]) -> dict:
+        job = {**self.raas_job}
+        job["sampling"] = {**sampling_of(sampling_params), **job.get("sampling", {})}
+        with RaasClient(self.raas_url, token=self.raas_token, timeout=60) as client:
+            accepted = client.submit(self.raas_agent, [instance], n_samples=1, **job)
+            for row in client.results(accepted["job_id"], wait=min(self.raas_timeout, 60)):
+                return row
+        raise TimeoutError(f"raas job {accepted['job_id']} returned no row")
