@@ -158,7 +158,7 @@ def test_deadline_ends_queued_samples_at_once(tmp_path, pg_url, redis_prefix) ->
     from tasks import groups, lifecycle
 
     svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        stages=(), reaper=False)
+                        stages=(), reaper=False, handler_modules="tests.straggler_handlers")
     try:
         job = svc.client.submit("test-straggler", [{"instance_id": "q"}], n_samples=3,
                                 group_timeout=60, callback_url="http://127.0.0.1:9/hook")

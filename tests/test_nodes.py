@@ -30,6 +30,17 @@ def redis_pg(tmp_path, pg_url, redis_prefix):
     return {"db_url": pg_url, "broker_url": REDIS_URL, "key_prefix": redis_prefix}
 
 
+def queue_depth(prefix: str, queue: str) -> int:
+    """Messages waiting in a Redis queue: kombu keeps one list per message priority
+    (tasks.config.PRIORITY_STEPS), so count them all."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return sum(client.llen(f"{prefix}{queue}{sep}")
+                   for sep in ["", *(f"\x06\x16{p}" for p in range(1, 10))])
+    finally:
+        client.close()
+
+
 def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
     return wait_for(predicate, timeout, what)
 
@@ -246,17 +257,10 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
     for i in kinds["deserted"]:  # EVAL-ready: moved to the live EVAL queue once, not re-run
         [move] = moves[i]
         assert where[i] == "other" and "eval.live has no live consumer" in move["error"], move
-    client = redis.Redis.from_url(REDIS_URL)
-    # kombu keeps one list per message priority (tasks.config.PRIORITY_STEPS): count them all
-    def depth(queue):
-        return sum(client.llen(f"{redis_prefix}{queue}{sep}") for sep in
-                   ["", *(f"\x06\x16{p}" for p in range(1, 10))])
-
-    assert depth("init") == 2 * n  # one INIT message per restart
-    assert depth("eval.other") == n  # one message per move
-    assert depth("run.live") == n  # one re-publish per stale row
+    assert queue_depth(redis_prefix, "init") == 2 * n  # one INIT message per restart
+    assert queue_depth(redis_prefix, "eval.other") == n  # one message per move
+    assert queue_depth(redis_prefix, "run.live") == n  # one re-publish per stale row
     assert sum(c["abandoned"] + c["lost"] for c in counts) == 3 * n
-    client.close()
 
 
 def test_embedded_single_node_is_never_judged_dead_by_itself(tmp_path):
@@ -410,7 +414,5 @@ def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_p
     assert reaper.reroute_abandoned() == 2
     assert state() | {"running": None} == {"queued": ("eval", "live", 1),
                                            "leased": ("eval", "live", 1), "running": None}
-    client = redis.Redis.from_url(REDIS_URL)
-    assert client.llen(f"{redis_prefix}eval.live") == 2  # one EVAL message each
-    assert client.llen(f"{redis_prefix}init") == 1  # the unfinished RUN only
-    client.close()
+    assert queue_depth(redis_prefix, "eval.live") == 2  # one EVAL message each
+    assert queue_depth(redis_prefix, "init") == 1  # the unfinished RUN only

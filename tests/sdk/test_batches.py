@@ -121,6 +121,7 @@ def test_advantages_and_arrays_from_a_real_batch(service):
 
 
 def test_stale_samples_are_dropped_and_reported(service, job):
+    service.wait_done(job, timeout=180)  # every sample generated at step-1 before the bump
     service.client.update_llm_server(service.server_id, weight_version="step-3")
     try:
         stale = Collector(service.client, job).collect(groups=4, timeout=60, max_staleness=1)
