@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install up test test-fast test-faults test-slow test-vllm bench vllm-cpu demo clean
+.PHONY: install up test test-fast test-faults test-slow test-vllm test-slurm bench vllm-cpu demo clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,12 @@ test-slow: install
 
 test-vllm: install
 	$(PY) -m pytest -m vllm
+
+# raas node jobs on a private one-node Slurm (installs slurm-wlm + munge when missing, needs
+# root): scancel, time limit and requeue under proctrack/cgroup and linuxproc. Minutes, not
+# seconds (Slurm checks time limits every 30 s): its own CI step, not part of `make test`.
+test-slurm: install
+	$(PY) -m pytest -m slurm -p no:xdist -s tests/slurm
 
 bench: install
 	$(PY) bench/pipeline.py
