@@ -246,7 +246,20 @@ class SlurmScenario:
         report.seconds = round(time.monotonic() - started, 1)
         report.orphans = self._orphans_of(a, fault)
         self._measure(job["job_id"], report, before, n, samples)
+        self.stop_nodes()  # the next fault starts with no node
         return report
+
+    def stop_nodes(self) -> None:
+        """Cancel every node job of this scenario, wait for them to end, kill orphans."""
+        for job in self.job_ids:
+            self.cluster.run("scancel", job, check=False)
+        for job in self.job_ids:
+            try:
+                self.cluster.wait_state(job, ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED",
+                                              "UNKNOWN"), 90)
+            except AssertionError:
+                pass
+        self.kill_orphans()
 
     def _strike(self, fault: str, a: str, job_id: str) -> int:
         if fault == "timelimit":  # the controller signals B:TERM (or TERM@90) then kills
@@ -307,15 +320,7 @@ class SlurmScenario:
 
     def close(self) -> None:
         """Cancel our jobs, kill their orphans, stop the gateway and the simulator."""
-        for job in self.job_ids:
-            self.cluster.run("scancel", job, check=False)
-        for job in self.job_ids:
-            try:
-                self.cluster.wait_state(job, ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED",
-                                              "UNKNOWN"), 60)
-            except AssertionError:
-                pass
-        self.kill_orphans()
+        self.stop_nodes()
         import redis
 
         client = redis.Redis.from_url(self.redis_url)
