@@ -18,7 +18,8 @@ and `metrics.truncated` for overlong filtering or shaping.
 | `deadline` | - | yes | the RUN deadline passed | `timeout` |
 | `disk_quota` | - | yes | the workspace outgrew `sandbox.limits.disk_mb`; a watchdog stopped the sandbox | `agent_error` (reward 0) |
 | `oom` | - | yes | the tool server died and the sandbox's memory cgroup recorded an OOM kill | `agent_error` (reward 0) |
-| `tool_server_died` | - | yes | the agent's own processes took its tool server down (e.g. killed it) | `agent_error` (reward 0) |
+| `tool_server_died` | - | yes | the agent's own processes took its tool server down (e.g. killed it; only possible where tools are not isolated from the server) | `agent_error` (reward 0) |
+| `tool_server_unresponsive` | - | yes | the tool server stopped answering because of the agent: stopped (SIGSTOP) or traced by its processes, or starved by its fork bomb at the pids limit | `agent_error` (reward 0) |
 | `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
 """
 from __future__ import annotations
@@ -42,11 +43,13 @@ class FinishReason(str, enum.Enum):
     DISK_QUOTA = "disk_quota"
     OOM = "oom"
     TOOL_SERVER_DIED = "tool_server_died"
+    TOOL_SERVER_UNRESPONSIVE = "tool_server_unresponsive"
 
 
 # The agent broke its own sandbox: agent_error with reward 0, no EVAL (never infra_error).
 SELF_INFLICTED = frozenset({FinishReason.DISK_QUOTA.value, FinishReason.OOM.value,
-                            FinishReason.TOOL_SERVER_DIED.value})
+                            FinishReason.TOOL_SERVER_DIED.value,
+                            FinishReason.TOOL_SERVER_UNRESPONSIVE.value})
 
 
 # Generation cuts: the turn's text is incomplete, so its tool calls are never executed.

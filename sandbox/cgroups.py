@@ -133,6 +133,20 @@ def oom_kills(paths: list[str]) -> int:
     return 0
 
 
+def pids_limit_hits(paths: list[str]) -> int:
+    """Forks the sandbox's pids cgroup refused at `pids.max` so far (cgroup v2)."""
+    for path in paths:
+        try:
+            text = Path(path, "pids.events").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
+                return int(value)
+    return 0
+
+
 def destroy(paths: list[str], timeout: float = 5.0) -> None:
     """Kill whatever is left in the cgroups and remove them."""
     end = time.monotonic() + timeout

@@ -145,7 +145,7 @@ def remove_state(handle: Handle) -> None:
             os.rmdir(handle[key])
         except (OSError, KeyError):
             pass
-    for key in ("log_file", "handle_file"):
+    for key in ("log_file", "signal_file", "handle_file"):
         try:
             os.unlink(handle[key])
         except (OSError, KeyError):

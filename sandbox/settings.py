@@ -33,6 +33,9 @@ class SandboxSettings(BaseModel):
     cgroup_parent: Path | None = Field(
         None, description="cgroup v2 folder to create sandbox cgroups under; default this "
                           "process's own cgroup")
+    isolate_tools: bool = Field(
+        True, description="bwrap: the agent's tool sessions run in a pid namespace below the "
+                          "tool server's (they cannot signal, stop or trace it)")
     start_timeout: float = Field(30.0, gt=0, description="Seconds a tool server has to start")
     allow_local_fallback: bool = Field(
         False, description="Whether `auto` may fall back to the unisolated local runtime when "

@@ -43,6 +43,7 @@ def sandbox_settings(settings: Settings) -> SandboxSettings:
     return SandboxSettings(state_dir=settings.sandbox_dir, node=settings.node,
                            envs_root=settings.envs_root, image_cache=settings.image_cache,
                            cgroup_parent=settings.sandbox_cgroup_parent,
+                           isolate_tools=settings.sandbox_isolate_tools,
                            allow_local_fallback=local_fallback_allowed(settings.policy.sandbox))
 
 

@@ -45,3 +45,61 @@ def test_the_watchdog_stops_the_sandbox_past_the_quota(tmp_path: Path) -> None:
         while guard.watch.exceeded is None and time.monotonic() < deadline:
             time.sleep(0.05)
     assert guard.diagnose(SandboxGone("closed")) == "disk_quota"
+
+
+def test_an_infrastructure_kill_is_never_the_agents_failure(tmp_path: Path) -> None:
+    """A signal from outside the sandbox's pid namespace (recorded by the server), the worker's
+    own shutdown, or a server the agent's isolated tools cannot name: SandboxGone is retried."""
+    from tasks import run_guard
+
+    records = tmp_path / "x.signals"
+    guard = RunGuard({"workspace": str(tmp_path), "signal_file": str(records)}, {})
+    assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # not isolated
+    records.write_text('{"signal": 15, "name": "SIGTERM", "sender_pid": 7, "outside": false}\n')
+    assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # the agent's SIGTERM
+    records.write_text(records.read_text() + '{"signal": 15, "name": "SIGTERM", '
+                       '"sender_pid": 0, "outside": true}\n')
+    assert guard.diagnose(SandboxGone("closed")) is None  # Slurm's scancel, say
+    records.unlink()
+    run_guard.SHUTTING_DOWN.set()
+    try:
+        assert guard.diagnose(SandboxGone("closed")) is None
+    finally:
+        run_guard.SHUTTING_DOWN.clear()
+    isolated = RunGuard({"workspace": str(tmp_path), "isolated": True}, {})
+    assert isolated.diagnose(SandboxGone("closed")) is None
+
+
+def test_a_stopped_or_starved_server_is_the_agents_doing(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from sandbox.toolserver.procs import start_time
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        handle = {"workspace": str(tmp_path), "server_pid": proc.pid,
+                  "server_start": start_time(proc.pid), "isolated": True}
+        guard = RunGuard(handle, {})
+        assert guard.diagnose(SandboxTimeout("slow")) is None  # running: maybe a slow node
+        proc.send_signal(signal.SIGSTOP)
+        deadline = __import__("time").monotonic() + 5
+        while run_guard_state(handle) != "T" and __import__("time").monotonic() < deadline:
+            pass
+        assert guard.diagnose(SandboxTimeout("slow")) == "tool_server_unresponsive"
+    finally:
+        proc.kill()
+        proc.wait()
+    cgroup = tmp_path / "raas-y"
+    cgroup.mkdir()
+    (cgroup / "pids.events").write_text("max 12\n")
+    starved = RunGuard({"workspace": str(tmp_path), "cgroups": [str(cgroup)]}, {})
+    assert starved.diagnose(SandboxTimeout("slow")) == "tool_server_unresponsive"
+    (cgroup / "pids.events").write_text("max 0\n")
+    assert starved.diagnose(SandboxTimeout("slow")) is None
+
+
+def run_guard_state(handle: dict) -> str | None:
+    from tasks.run_guard import server_state
+
+    return server_state(handle)[0]

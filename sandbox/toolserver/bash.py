@@ -13,7 +13,7 @@ import time
 from ptyprocess import PtyProcess
 
 from .output import CappedBuffer
-from .procs import child_setup, kill_session, set_oom_score
+from .procs import child_setup, descendants, kill_session, set_oom_score
 from .protocol import BashResult
 
 _SETUP = (
@@ -26,8 +26,11 @@ _SYNC_WAIT = 2.0
 class BashSession:
     """One long-lived shell; commands are sourced from a file so heredocs and long input work."""
 
-    def __init__(self, env: dict[str, str], cwd: str, output_bytes: int, address_space: int = 0) -> None:
+    def __init__(self, env: dict[str, str], cwd: str, output_bytes: int, address_space: int = 0,
+                 wrap: list[str] | None = None) -> None:
         self.env, self.cwd, self.output_bytes = env, cwd, output_bytes
+        self.wrap = wrap or []  # e.g. the pid-namespace helper (isolate.py)
+        self.shell_pid: int | None = None
         self.address_space = address_space
         self.lock = threading.Lock()
         self.scratch = tempfile.mkdtemp(prefix="raas-bash-")
@@ -39,7 +42,7 @@ class BashSession:
     # -- lifecycle -----------------------------------------------------------------------
     def _spawn(self) -> None:
         self.nonce = secrets.token_hex(6)
-        argv = ["/bin/bash", "--noprofile", "--norc", "--noediting"]
+        argv = [*self.wrap, "/bin/bash", "--noprofile", "--norc", "--noediting"]
         self.proc = PtyProcess.spawn(argv, env=self.env, cwd=self.cwd, dimensions=(50, 400),
                                      preexec_fn=child_setup(self.address_space))
         set_oom_score(self.proc.pid, 500)
@@ -49,6 +52,9 @@ class BashSession:
         if not found:
             self.kill()
             raise RuntimeError("bash did not start")
+        # the shell itself: the spawned process, or the helper's child when wrapped
+        children = descendants(self.proc.pid) if self.wrap else []
+        self.shell_pid = children[0] if children else self.proc.pid
 
     def kill(self) -> None:
         """Kill the shell and everything it started."""
@@ -127,8 +133,8 @@ class BashSession:
         except OSError:
             return
         try:
-            if pgrp == self.proc.pid:  # a shell builtin loop: the shell itself is busy
-                os.kill(self.proc.pid, signal.SIGINT)
+            if pgrp in (self.proc.pid, self.shell_pid):  # a builtin loop: the shell is busy
+                os.kill(self.shell_pid or self.proc.pid, signal.SIGINT)
             else:
                 os.killpg(pgrp, sig)
         except OSError:

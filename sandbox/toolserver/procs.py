@@ -75,6 +75,7 @@ def child_setup(address_space: int = 0):
     """
 
     def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the server blocks some (signals.py)
         for name in ("SIGPIPE", "SIGXFSZ", "SIGINT"):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
         if address_space:

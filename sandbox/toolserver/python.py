@@ -24,8 +24,9 @@ class PythonSession:
     """Cells share one namespace until a timeout forces a restart."""
 
     def __init__(self, python: str, env: dict[str, str], cwd: str, output_bytes: int,
-                 address_space: int = 0) -> None:
+                 address_space: int = 0, wrap: list[str] | None = None) -> None:
         self.python, self.env, self.cwd, self.output_bytes = python, env, cwd, output_bytes
+        self.wrap = wrap or []  # e.g. the pid-namespace helper (isolate.py)
         self.address_space = address_space
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
@@ -33,7 +34,7 @@ class PythonSession:
 
     def _spawn(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        argv = [self.python, "-c", _BOOT.format(root=root), str(self.output_bytes)]
+        argv = [*self.wrap, self.python, "-c", _BOOT.format(root=root), str(self.output_bytes)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=self.env, cwd=self.cwd, start_new_session=True,
                                      preexec_fn=child_setup(self.address_space))

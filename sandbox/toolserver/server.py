@@ -17,6 +17,8 @@ from .bash import BashSession
 from .editor import Editor
 from .procs import become_subreaper, kill_descendants, reap_orphans
 from .python import PythonSession
+from .signals import block as block_signals
+from .signals import start_recorder
 
 log = logging.getLogger("raas.toolserver")
 _CONTROL_ENV = ("PYTHONPATH", "RAAS_TOOLSERVER")
@@ -28,8 +30,10 @@ class ToolServer:
     def __init__(self, args: argparse.Namespace) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _CONTROL_ENV}
         self.started = time.monotonic()
-        self.bash = BashSession(env, args.workdir, args.output_bytes, args.address_space)
-        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes, args.address_space)
+        wrap = isolating_prefix() if args.isolate else []
+        self.bash = BashSession(env, args.workdir, args.output_bytes, args.address_space, wrap)
+        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes,
+                                    args.address_space, wrap)
         self.editor = Editor(args.workspace)
         self.stopping = threading.Event()
 
@@ -127,6 +131,14 @@ def _listen(args: argparse.Namespace) -> _Server:
     return server
 
 
+def isolating_prefix() -> list[str]:
+    """The argv prefix that starts a session in its own pid namespace (`isolate.py`)."""
+    import sys
+
+    return [sys.executable, "-I", "-S", os.path.join(os.path.dirname(__file__), "isolate.py"),
+            "--"]
+
+
 def _not_dumpable() -> None:
     """PR_SET_DUMPABLE 0: tool processes (same uid, no capabilities) can neither ptrace this
     server nor open its /proc/<pid>/fd, so its sockets stay out of their reach."""
@@ -152,6 +164,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--address-space", type=int, default=0)
     parser.add_argument("--fsize", type=int, default=0)
     parser.add_argument("--ready-fd", type=int, default=-1)
+    parser.add_argument("--signal-fd", type=int, default=-1,
+                        help="append a JSON line per terminating signal received (signals.py)")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run tool sessions in a pid namespace below the server's")
     return parser.parse_args(argv)
 
 
@@ -159,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     """Listen, signal readiness on --ready-fd, serve until shutdown, then kill the sessions."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s toolserver %(message)s")
     args = parse_args(argv)
+    block_signals()  # before any thread: the recorder thread alone takes them
+    start_recorder(args.signal_fd)
     _apply_limits(args)
     # a launcher may have ignored SIGINT; ignored signals survive exec, so restore it for tools
     signal.signal(signal.SIGINT, signal.default_int_handler)

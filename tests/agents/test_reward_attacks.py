@@ -49,6 +49,12 @@ TAKE_SOCKET = [call("bash", command=heredoc("/tmp/proxy.py", payload("proxy.py")
                     + "setsid nohup /usr/bin/python3 /tmp/proxy.py >/dev/null 2>&1 &\n"
                     "sleep 1; ls /run/raas"),
                call("submit")]
+# PTRACE_ATTACH (16) to the shell's parent (the server, where tools share its namespace) and
+# stay attached: a traced, stopped server answers nothing.
+PTRACE_PARENT = ("import ctypes, os, time; libc = ctypes.CDLL(None, use_errno=True); "
+                 "p = int(os.environ[\"P\"]); r = libc.ptrace(16, p, 0, 0); "
+                 "print(p, r, os.strerror(ctypes.get_errno()), flush=True); "
+                 "r == 0 and time.sleep(600)")
 SWE_FIX = call("str_replace_editor", command="str_replace", path="intervals/core.py",
                old_str="merged[-1][1] = end\n", new_str="merged[-1][1] = max(merged[-1][1], end)\n")
 ATTACKS: dict[str, list[str]] = {
@@ -69,8 +75,16 @@ ATTACKS: dict[str, list[str]] = {
                          file_text=payload("marker_solution.py")), call("submit")],
     "code-honest": [call("str_replace_editor", command="create", path="solution.py",
                          file_text=FIZZBUZZ["reference_solution"]), call("submit")],
-    # the infra_error escape hatch: break your own sandbox
+    # the infra_error escape hatch: break or freeze your own sandbox (issue 22.1)
     "res-kill-server": [call("bash", command="kill -9 $PPID"), call("submit")],
+    "res-stop-server": [call("bash", command="kill -STOP $PPID; echo sent"),
+                        call("bash", command="echo alive"), call("submit")],
+    "res-stop-all": [call("bash", command="kill -STOP -1; echo sent"),
+                     call("bash", command="echo alive"), call("submit")],
+    "res-ptrace-server": [call("bash", command=f"P=$PPID setsid python3 -c '{PTRACE_PARENT}' "
+                                                  "> /tmp/ptrace.out 2>&1 & sleep 1; "
+                                                  "cat /tmp/ptrace.out"),
+                          call("bash", command="echo alive"), call("submit")],
     "res-tmp-flood": [call("bash", command="for i in $(seq 60); do head -c 10M /dev/zero > "
                                            "/tmp/fill$i || break; done; echo filled"),
                       call("bash", command="echo alive"), call("submit")],
@@ -83,6 +97,10 @@ ATTACKS: dict[str, list[str]] = {
     "math-near-1": [call("finish", answer="1000001")],
     "math-near-2": [call("finish", answer="123456900")],
     "math-honest": [call("finish", answer="1000000")],
+    # not an attack: the infrastructure SIGTERMs the sandbox while `sleep 6` runs
+    "infra-sigterm": [call("bash", command="sleep 6; echo slept"),
+                      call("str_replace_editor", command="create", path="solution.py",
+                           file_text=FIZZBUZZ["reference_solution"]), call("submit")],
 }
 SCRIPT = {"by_instance": {f"ATTACK[{name}]": replies for name, replies in ATTACKS.items()}}
 
@@ -142,7 +160,7 @@ def outcomes(service, llm) -> dict[str, dict[str, Any]]:
         for result in service.all_results(job["job_id"]):
             views[result["instance_id"]] = service.client.rollout(result["rollout_id"])
     print("\nattack            outcome      reward  finish_reason")
-    for name in ATTACKS:
+    for name in (n for n in ATTACKS if n in views):
         view = views[name]
         print(f"{name:17} {view['outcome']:12} {view['reward']!s:7} {view['finish_reason']}")
         if "-v" in __import__("sys").argv:
@@ -188,13 +206,24 @@ def test_code_honest_solution_still_earns_one(outcomes) -> None:
     assert earned(outcomes["res-honest"]) == ("completed", 1.0)  # under the tight limits too
 
 
-@pytest.mark.parametrize("name, reason", [("res-kill-server", "tool_server_died"),
-                                          ("res-disk-quota", "disk_quota")])
-def test_breaking_your_own_sandbox_is_agent_error_with_reward_zero(outcomes, name,
-                                                                   reason) -> None:
-    view = outcomes[name]
+def test_overfilling_your_workspace_is_agent_error_with_reward_zero(outcomes) -> None:
+    view = outcomes["res-disk-quota"]
     assert earned(view) == ("agent_error", 0.0)
-    assert view["finish_reason"] == reason and view["attempt"] == 1
+    assert view["finish_reason"] == "disk_quota" and view["attempt"] == 1
+
+
+@pytest.mark.parametrize("name", ["res-kill-server", "res-stop-server", "res-stop-all",
+                                  "res-ptrace-server"])
+def test_the_agent_cannot_reach_its_tool_server(outcomes, name) -> None:
+    """The tools run in a pid namespace below the server's: `$PPID` is 0, `kill -1` reaches
+    the agent's own processes only, so the server keeps answering (no re-roll, no error)."""
+    view = outcomes[name]
+    assert earned(view) == ("completed", 0.0) and view["attempt"] == 1, view["error"]
+    observations = [t["observation"] for t in view["turns"]]
+    if name != "res-kill-server":
+        assert observations[1].strip() == "alive", observations
+    if name == "res-ptrace-server":
+        assert "0 -1 No such process" in observations[0], observations  # no pid to attach to
 
 
 def test_tmp_flood_cannot_take_the_tool_server_down(outcomes) -> None:
@@ -208,3 +237,84 @@ def test_tmp_flood_cannot_take_the_tool_server_down(outcomes) -> None:
 def test_math_near_misses_of_integers_earn_nothing(outcomes, name) -> None:
     assert earned(outcomes[name]) == ("completed", 0.0)
     assert earned(outcomes["math-honest"]) == ("completed", 1.0)
+
+
+# -- tools sharing the server's namespace (isolation off): the diagnosis is the fallback -----
+OPEN_ATTACKS = ("res-kill-server", "res-stop-server", "res-stop-all", "res-honest")
+
+
+@pytest.fixture(scope="module")
+def open_service(tmp_path_factory):
+    """A service whose sandboxes do not isolate the tools from the server (as runtimes without
+    the pid-namespace helper): the agent can signal its server, and the host must notice."""
+    svc = start_service(tmp_path_factory.mktemp("open"), concurrency=2,
+                        extra={"sandbox_isolate_tools": False})
+    yield svc
+    svc.stop()
+
+
+def test_without_isolation_killing_or_freezing_your_server_is_agent_error(open_service,
+                                                                         llm) -> None:
+    job = open_service.client.submit(
+        "code", [tagged(n, FIZZBUZZ, "problem_statement") for n in OPEN_ATTACKS],
+        limits={"max_turns": 4, "tool_timeout": 8}, llm=llm)
+    open_service.wait_done(job["job_id"], timeout=240)
+    views = {r["instance_id"]: open_service.client.rollout(r["rollout_id"])
+             for r in open_service.all_results(job["job_id"])}
+    print({n: (v["outcome"], v["reward"], v["finish_reason"], v["attempt"])
+           for n, v in views.items()})
+    assert earned(views["res-kill-server"]) == ("agent_error", 0.0)
+    assert views["res-kill-server"]["finish_reason"] == "tool_server_died"
+    for name in ("res-stop-server", "res-stop-all"):  # SIGSTOP: every call would time out
+        assert earned(views[name]) == ("agent_error", 0.0), views[name]["error"]
+        assert views[name]["finish_reason"] == "tool_server_unresponsive"
+    assert all(v["attempt"] == 1 for v in views.values())  # never a re-roll
+    assert earned(views["res-honest"]) == ("completed", 1.0)
+
+
+# -- the other direction: an infrastructure kill is never the agent's failure (issue 27) ------
+def sigterm_sandbox_mid_run(service, rollout_id: str) -> list[int]:
+    """SIGTERM every process of the rollout's sandbox from outside, as Slurm's scancel does
+    (it signals every process of the job), once the agent's first command is running."""
+    import os
+    import signal
+    import time
+
+    from core.db import session_scope
+    from core.models import Rollout
+    from sandbox.toolserver.procs import descendants
+
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, service.log_tail()
+        with session_scope(service.settings.db_url) as s:
+            row = s.get(Rollout, rollout_id)
+            status, handle = row.status, dict(row.sandbox or {})
+        if status == "run" and handle.get("server_pid"):
+            break
+        time.sleep(0.05)
+    time.sleep(2.0)  # inside the agent's `sleep 6`
+    pids = [handle["pid"], *descendants(handle["pid"])]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+@pytest.mark.parametrize("which", ["isolated", "open"])
+def test_a_sigterm_from_outside_mid_run_is_retried_and_earns_its_reward(which, service,
+                                                                        open_service,
+                                                                        llm) -> None:
+    svc = service if which == "isolated" else open_service
+    job = svc.client.submit("code", [tagged("infra-sigterm", FIZZBUZZ, "problem_statement")],
+                            limits={"max_turns": 4}, llm=llm)
+    [rid] = job["rollout_ids"]
+    assert len(sigterm_sandbox_mid_run(svc, rid)) >= 4  # bwrap, init, server, agent's tools
+    svc.wait_done(job["job_id"], timeout=240)
+    view = svc.client.rollout(rid)
+    assert earned(view) == ("completed", 1.0), (view["error"], svc.log_tail())
+    assert view["attempt"] == 2  # the sandbox died: redone from INIT, never agent_error
+    [first] = view["earlier_attempts"]
+    assert "tool server" in first["error"], first
