@@ -137,9 +137,12 @@ def check_database(settings: Settings) -> Check:
     """The database answers."""
     import sqlalchemy as sa
 
+    from core.db import normalize_url
+
     where = settings.db_url.split("@")[-1]
     try:
-        engine = sa.create_engine(settings.db_url, connect_args=_connect_timeout(settings))
+        engine = sa.create_engine(normalize_url(settings.db_url),
+                                  connect_args=_connect_timeout(settings))
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
         engine.dispose()
@@ -150,7 +153,7 @@ def check_database(settings: Settings) -> Check:
 
 
 def _connect_timeout(settings: Settings) -> dict[str, int]:
-    return {"connect_timeout": 5} if settings.db_url.startswith("postgresql") else {}
+    return {"connect_timeout": 5} if settings.db_url.startswith("postgres") else {}
 
 
 def check_broker(settings: Settings) -> Check:

@@ -144,17 +144,26 @@ set -eu
 source {{dir_q}}/raas.env
 STATE="${RAAS_SERVICES_STATE:-{{dir}}/state}"
 SCRATCH="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/raas-services-${SLURM_JOB_ID}"
-mkdir -p "$STATE/redis" "$SCRATCH" && chmod 700 "$STATE"
+mkdir -p "$STATE/redis" "$STATE/pg" "$SCRATCH/pg"
+chmod 700 "$STATE" "$STATE/redis" "$STATE/pg" "$SCRATCH"
+AS_PG=""
+if [ "$(id -u)" = 0 ]; then   # PostgreSQL refuses root (containers): it runs as postgres
+    AS_PG="runuser -u postgres --"
+    chmod 711 "$STATE" "$SCRATCH" && chown postgres "$STATE/pg" "$SCRATCH/pg"
+fi
 ADDR="$(hostname -I 2>/dev/null | awk '{print $1}')"; ADDR="${ADDR:-$(hostname -f)}"
-PG_PORT=${RAAS_PG_PORT:-15432} REDIS_PORT=${RAAS_REDIS_PORT:-16379} GW_PORT={{gateway_port}}
+PG_PORT=${RAAS_PG_PORT:-15432} REDIS_PORT=${RAAS_REDIS_PORT:-16379}
+GW_PORT=${RAAS_GATEWAY_PORT:-{{gateway_port}}}
 [ -s "$STATE/secret" ] || (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$STATE/secret")
 SECRET="$(cat "$STATE/secret")"
 if [ ! -f "$STATE/pg/PG_VERSION" ]; then
-    (umask 077; echo "$SECRET" > "$SCRATCH/pw")
-    initdb -D "$STATE/pg" -U raas --auth=scram-sha-256 --pwfile="$SCRATCH/pw" >/dev/null
+    (umask 077; echo "$SECRET" > "$SCRATCH/pg/pw")
+    [ -z "$AS_PG" ] || chown postgres "$SCRATCH/pg/pw"
+    $AS_PG initdb -D "$STATE/pg" -U raas --auth=scram-sha-256 --pwfile="$SCRATCH/pg/pw" >/dev/null
+    rm -f "$SCRATCH/pg/pw"
     echo "host all all 0.0.0.0/0 scram-sha-256" >> "$STATE/pg/pg_hba.conf"
 fi
-postgres -D "$STATE/pg" -p "$PG_PORT" -c listen_addresses='*' -k "$SCRATCH" -c max_connections=500 &
+$AS_PG postgres -D "$STATE/pg" -p "$PG_PORT" -c listen_addresses='*' -k "$SCRATCH/pg" -c max_connections=500 &
 PIDS=$!
 redis-server --port "$REDIS_PORT" --bind 0.0.0.0 --requirepass "$SECRET" --appendonly yes \
     --dir "$STATE/redis" --save '' &

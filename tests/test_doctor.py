@@ -41,7 +41,8 @@ def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     sim_url, stop = start_simulator(SMOLLM2, {"default": ["hi"]})
     try:
         register(pg_url, sim_url)
-        code, checks = doctor({"RAAS_DATABASE_URL": pg_url, "RAAS_BROKER_URL": REDIS_URL,
+        bare = pg_url.replace("postgresql+psycopg://", "postgresql://")  # as the README has it
+        code, checks = doctor({"RAAS_DATABASE_URL": bare, "RAAS_BROKER_URL": REDIS_URL,
                                "RAAS_HOME": str(tmp_path / "home")})
     finally:
         stop()

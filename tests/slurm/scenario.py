@@ -116,7 +116,7 @@ class SlurmScenario:
 
     def __init__(self, home: Path, cluster: SlurmCluster, db_url: str, redis_url: str,
                  env_root: Path, pythonpath: str | None = None) -> None:
-        self.home, self.cluster = home, cluster
+        self.home, self.cluster, self.env_root = home, cluster, env_root
         self.mark = uuid.uuid4().hex[:12]
         self.redis_url = redis_url
         self.prefix = prefix = f"raas-slurm-{self.mark}:"
@@ -203,13 +203,14 @@ class SlurmScenario:
         """Rollouts of the job in RUN now."""
         return sum(r.status == "run" for r in self.rows(job_id))
 
-    def submit(self, n: int, samples: int = 1) -> dict[str, Any]:
+    def submit(self, n: int, samples: int = 1, client: RaasClient | None = None
+               ) -> dict[str, Any]:
         """A job of `n` distinct problems, `samples` rollouts each."""
         instances = [{"instance_id": p["instance_id"],
                       "data": {"problem": p["problem"], "answer": p["answer"]}}
                      for p in PROBLEMS[:n]]
-        return self.client.submit("math", instances, n_samples=samples, llm=self.llm,
-                                  limits={"max_turns": TURNS + 2})
+        return (client or self.client).submit("math", instances, n_samples=samples,
+                                               llm=self.llm, limits={"max_turns": TURNS + 2})
 
     def wait_terminal(self, job_id: str, timeout: float) -> bool:
         """Wait until every rollout of the job is terminal."""

@@ -8,6 +8,8 @@ printed (the figures of docs/slurm.md and BENCHMARKS.md come from bench/slurm.py
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,3 +56,57 @@ def test_struck_node_job_loses_nothing_and_grades_right(scenario, fault):
     assert report.agent_errors == 0
     assert report.completed == report.rollouts
     assert report.orphans == 0  # nothing of the node outlives its job, under any proctrack
+
+
+def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
+    """A site without a service node: `services.sbatch` (PostgreSQL, Redis, the gateway in a
+    job) writes its address, the node job waits for it; rollouts go through that gateway."""
+    from app.slurm import SlurmJobConfig, write_jobs
+    from client import RaasClient
+    from tests.faults.campaign import PROBLEMS, answers_right
+    from tests.private_services import PG_BIN, free_port
+    from tests.slurm.scenario import MARK, RELIABILITY, SLOTS
+
+    folder = tmp_path / "jobs"
+    environ = {"RAAS_SANDBOX_RUNTIME": "bwrap", "RAAS_PG_PORT": str(free_port()),
+               "RAAS_REDIS_PORT": str(free_port()), "RAAS_GATEWAY_PORT": str(free_port()),
+               "RAAS_SERVICES_STATE": str(tmp_path / "state"), **RELIABILITY}
+    write_jobs(SlurmJobConfig(**SLOTS, drain=5, services=True, env_root=scenario.env_root,
+                              mem_per_sandbox_mb=256, time="10:00"), folder, environ)
+    with open(folder / "raas.env", "a") as env:  # the site's PostgreSQL module, our marker
+        env.write(f"export PATH={PG_BIN}:\"$PATH\"\nexport {MARK}={scenario.mark}\n")
+    none = {"SBATCH_EXPORT": "NONE"}
+    jobs = [scenario.cluster.sbatch(folder / "services.sbatch", env=none),
+            scenario.cluster.sbatch(folder / "node.sbatch", env=none)]
+    scenario.job_ids += jobs
+    try:
+        address = folder / "services.env"
+        _wait_for(address.exists, 120, lambda: _logs(folder))
+        url = re.search(r"RAAS_URL='([^']+)'", address.read_text()).group(1)
+        client = RaasClient(url, timeout=60)
+        job = scenario.submit(4, client=client)
+        _wait_for(lambda: client.job(job["job_id"])["finished"] == 4, 180,
+                  lambda: _logs(folder))
+        results = list(client.results(job["job_id"], wait=1))
+        assert sorted(r["outcome"] for r in results) == ["completed"] * 4
+        index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
+        assert [r["reward"] for r in results] == [
+            1.0 if answers_right(index[r["instance_id"]]) else 0.0 for r in results]
+        client.close()
+    finally:
+        scenario.stop_nodes()
+    assert not address.exists()  # the service job takes its address away when it ends
+
+
+def _wait_for(predicate, timeout: float, context) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout}s\n{context()[-4000:]}")
+
+
+def _logs(folder: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                     for p in sorted((folder / "logs").glob("*.out")))
