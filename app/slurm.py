@@ -159,7 +159,7 @@ SECRET="$(cat "$STATE/secret")"
 if [ ! -f "$STATE/pg/PG_VERSION" ]; then
     (umask 077; echo "$SECRET" > "$SCRATCH/pg/pw")
     [ -z "$AS_PG" ] || chown postgres "$SCRATCH/pg/pw"
-    $AS_PG initdb -D "$STATE/pg" -U raas --auth=scram-sha-256 --pwfile="$SCRATCH/pg/pw" >/dev/null
+    $AS_PG initdb -D "$STATE/pg" -U raas -E UTF8 --locale=C --auth=scram-sha-256 --pwfile="$SCRATCH/pg/pw" >/dev/null
     rm -f "$SCRATCH/pg/pw"
     echo "host all all 0.0.0.0/0 scram-sha-256" >> "$STATE/pg/pg_hba.conf"
 fi

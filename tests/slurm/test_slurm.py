@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,9 +70,13 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
     from tests.slurm.scenario import MARK, RELIABILITY, SLOTS
 
     folder = tmp_path / "jobs"
+    # as root the service job runs PostgreSQL as `postgres`, which must reach its data: a
+    # folder under /tmp (pytest's tmp_path is 0700 all the way up)
+    state = Path(tempfile.mkdtemp(prefix="raas-svc-", dir="/tmp"))
+    state.chmod(0o711)
     environ = {"RAAS_SANDBOX_RUNTIME": "bwrap", "RAAS_PG_PORT": str(free_port()),
                "RAAS_REDIS_PORT": str(free_port()), "RAAS_GATEWAY_PORT": str(free_port()),
-               "RAAS_SERVICES_STATE": str(tmp_path / "state"), **RELIABILITY}
+               "RAAS_SERVICES_STATE": str(state), **RELIABILITY}
     write_jobs(SlurmJobConfig(**SLOTS, drain=5, services=True, env_root=scenario.env_root,
                               mem_per_sandbox_mb=256, time="10:00"), folder, environ)
     with open(folder / "raas.env", "a") as env:  # the site's PostgreSQL module, our marker
@@ -95,6 +101,7 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
         client.close()
     finally:
         scenario.stop_nodes()
+        shutil.rmtree(state, ignore_errors=True)
     assert not address.exists()  # the service job takes its address away when it ends
 
 
