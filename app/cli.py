@@ -103,6 +103,34 @@ def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: 
 
 
 @main.command()
+@click.option("--node", default=None, help="Node name (default RAAS_NODE or the hostname)")
+@click.option("--init", "init_slots", default=4, show_default=True, type=click.IntRange(0),
+              help="INIT slots (sandbox starts); 0: no INIT pool")
+@click.option("--run", "run_slots", default=16, show_default=True, type=click.IntRange(0),
+              help="RUN slots (agent loops); 0: no RUN pool")
+@click.option("--eval", "eval_slots", default=4, show_default=True, type=click.IntRange(0),
+              help="EVAL slots (grading); 0: no EVAL pool")
+@click.option("--no-reaper", is_flag=True, help="Run no reaper on this node")
+@click.option("--pool", default="threads", show_default=True,
+              type=click.Choice(["threads", "prefork", "solo"]))
+@verbose_option
+def node(node: str | None, init_slots: int, run_slots: int, eval_slots: int, no_reaper: bool,
+         pool: str, verbose: bool) -> None:
+    """This node's three stage pools and its reaper as one supervised unit (foreground);
+    SIGTERM/SIGINT drains within RAAS_SOFT_SHUTDOWN_TIMEOUT, then exits 0."""
+    from app.node import NodeSupervisor
+    from core.db import configure_pool
+
+    _setup_logging(verbose=verbose)
+    settings = load_settings({"node": node} if node else None)
+    configure_pool(settings)
+    supervisor = NodeSupervisor(settings, {"init": init_slots, "run": run_slots,
+                                           "eval": eval_slots}, reaper=not no_reaper,
+                                pool=pool, verbose=verbose)
+    sys.exit(supervisor.run())
+
+
+@main.command()
 @click.option("--once", is_flag=True, help="One pass, print what it did, exit")
 def reaper(once: bool) -> None:
     """Re-enqueue lost work and stop orphaned sandboxes (run one per node)."""

@@ -13,6 +13,7 @@ harness, the private services, the simulator's per-turn counters, this script), 
 after are measured by the same code on the same machine.
 
 Usage: .venv/bin/python bench/faults.py [--baseline 635fdca] [--only node-loss,...] [--json F]
+       [--repeat 5]
 (needs bwrap, redis-server and PostgreSQL 15 binaries; never touches the machine's services)
 """
 from __future__ import annotations
@@ -31,14 +32,16 @@ sys.path.insert(0, str(REPO))
 
 OVERLAY = ["tests/faults", "tests/private_services.py", "tests/pipeline_harness.py",
            "agents/llm/simulator.py", "agents/llm/sim_capacity.py", "bench/faults.py"]
-COLUMNS = [("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
+COLUMNS = [("finished", "finished"), ("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
            ("retried_rollouts", "new attempts"), ("rerun_rollouts", "re-run loops"),
            ("regenerated_calls", "re-generated LLM calls"),
-           ("affected_regen_per_rollout", "per killed-RUN rollout"), ("seconds", "s")]
+           ("affected_regen_per_rollout", "per killed-RUN rollout"),
+           ("pools_exited", "pools exited"), ("seconds", "s")]
 
 
-def run_here(only: list[str], envs_root: Path) -> dict[str, dict]:
-    """Run the campaign in this checkout; {fault: figures}."""
+def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dict]:
+    """Run the campaign in this checkout; {fault: figures} (`fault#k` for the k-th of
+    `repeat` runs)."""
     from sandbox.environments import build_environment
     from tests.faults.campaign import Campaign
     from tests.faults.faults import FAULTS
@@ -48,7 +51,8 @@ def run_here(only: list[str], envs_root: Path) -> dict[str, dict]:
     campaign = Campaign(home, envs_math=env)
     out = {}
     try:
-        for name in only or list(FAULTS):
+        runs = [(name, k) for name in only or list(FAULTS) for k in range(1, repeat + 1)]
+        for name, k in runs:
             report = campaign.run(FAULTS[name])
             figures = report.as_dict()
             figures["leaked"] = report.live_sandboxes_left + report.dirs_left
@@ -56,15 +60,17 @@ def run_here(only: list[str], envs_root: Path) -> dict[str, dict]:
                 round(report.affected_regenerated / report.affected, 2)
                 if name.startswith("sigkill") and report.affected else None)
             figures["clean"] = not report.problems()
-            out[name] = figures
-            print(f"# {name}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+            key = f"{name}#{k}" if repeat > 1 else name
+            out[key] = figures
+            print(f"# {key}: {json.dumps(figures)}", file=sys.stderr, flush=True)
     finally:
         campaign.close()
         shutil.rmtree(home, ignore_errors=True)
     return out
 
 
-def run_baseline(commit: str, only: list[str], envs_root: Path) -> dict[str, dict]:
+def run_baseline(commit: str, only: list[str], envs_root: Path,
+                 repeat: int = 1) -> dict[str, dict]:
     """The same campaign on `commit` (a throwaway worktree with the campaign laid over)."""
     tree = Path(tempfile.mkdtemp(prefix="raas-faults-base-")) / "repo"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
@@ -83,6 +89,8 @@ def run_baseline(commit: str, only: list[str], envs_root: Path) -> dict[str, dic
                "--envs-root", str(envs_root), "--quiet"]
         if only:
             cmd += ["--only", ",".join(only)]
+        if repeat > 1:
+            cmd += ["--repeat", str(repeat)]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         subprocess.run(cmd, cwd=tree, env=env, check=True)
         return json.loads(result_file.read_text())["current"]
@@ -121,11 +129,13 @@ def main() -> None:
     parser.add_argument("--envs-root", type=Path, default=REPO / ".raas" / "envs",
                         help="where the sandbox `math` environment is built (once)")
     parser.add_argument("--quiet", action="store_true", help="no table (baseline child)")
+    parser.add_argument("--repeat", type=int, default=1, help="run each fault this often")
     args = parser.parse_args()
     only = [n for n in args.only.split(",") if n]
     envs_root = args.envs_root.resolve()
-    baseline = run_baseline(args.baseline, only, envs_root) if args.baseline else None
-    current = run_here(only, envs_root)
+    baseline = run_baseline(args.baseline, only, envs_root, args.repeat) \
+        if args.baseline else None
+    current = run_here(only, envs_root, args.repeat)
     result = {"baseline_commit": args.baseline, "baseline": baseline, "current": current}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

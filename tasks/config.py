@@ -88,6 +88,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_channel_error_retry": True,
         # Acks that cannot reach the broker are logged, not raised into the consumer's loop.
         "task_annotations": {"*": {"Request": "tasks.acks:StageRequest"}},
+        # ...and an error that would still end the consumer restarts it in-process.
+        "worker_consumer": "tasks.acks:StageConsumer",
         # Ack after the stage ran, so a worker that dies mid-stage leaves the message to redo.
         "task_acks_late": True,
         # ...and requeue it when the worker process is killed, not just when the task raises.

@@ -57,6 +57,11 @@ class Heartbeater:
             with self._lock:
                 self._leases.discard(lease)
 
+    def held(self) -> list[str]:
+        """The leases this process holds now."""
+        with self._lock:
+            return sorted(self._leases)
+
     def beat_once(self) -> None:
         """One round of beats (and the periodic extra work)."""
         with self._lock:
@@ -79,6 +84,11 @@ class Heartbeater:
 
 _process_heartbeater: Heartbeater | None = None
 _process_lock = threading.Lock()
+
+
+def current() -> Heartbeater | None:
+    """This process's heartbeater, if a stage created it."""
+    return _process_heartbeater
 
 
 def process_heartbeater(db_url: str, interval: float,

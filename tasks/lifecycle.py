@@ -49,11 +49,14 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
                               "stage_started_at": now, "outbox_at": None}
     if stage == "init":
         values["node"] = node
+    # RUN and EVAL claim only on the node the rollout is queued for: a stale message in the
+    # queue of a node the rollout moved away from finds nothing (tasks.handback).
+    here = [] if stage == "init" else [Rollout.node == node]
     with session_scope(db_url) as s:
         rollout = s.scalars(
             update(Rollout)
             .where(Rollout.id == rollout_id, Rollout.attempt == attempt,
-                   Rollout.status == queued_status, Rollout.lease_owner.is_(None))
+                   Rollout.status == queued_status, Rollout.lease_owner.is_(None), *here)
             .values(**values).returning(Rollout),
             execution_options={"synchronize_session": False},
         ).one_or_none()

@@ -114,3 +114,30 @@ class ConsumerBeat:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.beat_once()
+
+
+def forget_consumers(db_url: str, node: str, pid: int) -> int:
+    """Delete the consumer rows of a pool process its supervisor saw exit (no reader now)."""
+    with session_scope(db_url) as s:
+        return s.execute(delete(QueueConsumer).where(QueueConsumer.node == node,
+                                                     QueueConsumer.pid == pid)).rowcount
+
+
+def mark_gone(db_url: str, name: str) -> None:
+    """A node that drained and exited: its row reads as long dead (other reapers move what is
+    left on it at once) and its consumer rows go."""
+    with session_scope(db_url) as s:
+        s.execute(update(Node).where(Node.name == name)
+                  .values(beat_at=utcnow() - timedelta(days=1)))
+        s.execute(delete(QueueConsumer).where(QueueConsumer.node == name))
+
+
+def consumer_beat_interval(heartbeat_interval: float, node_timeout: float) -> float:
+    """How often a pool beats its consumer row: four beats per `node_timeout`."""
+    return max(0.2, min(heartbeat_interval * 5, node_timeout / 4))
+
+
+def fresh_seconds(heartbeat_interval: float, node_timeout: float) -> float:
+    """How recent a consumer row must be for a routing decision (three missed beats): a
+    pool that was killed stops counting well before `node_timeout` judges its node."""
+    return 3 * consumer_beat_interval(heartbeat_interval, node_timeout)

@@ -11,9 +11,10 @@ Every pass is a handful of conditional UPDATEs, so any number of reapers may run
   between) are published once they have waited `outbox_grace`;
 - rollouts abandoned by their node (`reroute_abandoned`): a node whose reaper and workers
   all stopped beating for `node_timeout` is dead, and a queue of a live node whose consumers
-  all stopped beating is as good as dead; what waits there or is leased there gets a new
-  attempt from INIT on a live node (bounded by `max_attempts`), instead of a re-publish
-  into a queue nobody reads;
+  all stopped beating is as good as dead; what waits there or is leased there and waits for
+  EVAL moves to a live node's EVAL queue (its artifact is stored: `tasks.handback`), the rest
+  gets a new attempt from INIT on a live node (bounded by `max_attempts`), instead of a
+  re-publish into a queue nobody reads;
 - queued rollouts whose message may be lost (the broker restarted without persistence): when
   their queue is empty but the database says they wait, the message is published again —
   harmless if it was not lost, because the duplicate finds nothing to claim;
@@ -45,7 +46,7 @@ from agents.job_config import JobConfig
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import lifecycle, nodes, outbox, resume, sandboxes
+from tasks import handback, lifecycle, nodes, outbox, resume, sandboxes
 from tasks.config import stage_queue
 from tasks.db_retry import is_disconnect
 from tasks.outbox import publish_many
@@ -174,6 +175,9 @@ class Reaper:
             reason = f"{row.status}: worker {row.lease_owner} stopped beating"
             if row.status in ("run", "eval") and self._resumed_or_deferred(row, reason):
                 continue
+            if row.status == "eval" and self._eval_moved(row, reason):
+                n += 1
+                continue
             if row.attempt >= self.settings.max_attempts:
                 done = lifecycle.finish(self.db, row.id, Status.FAILED,
                                         Outcome.INFRA_ERROR.value, lease=row.lease_owner,
@@ -216,7 +220,7 @@ class Reaper:
         cutoff = utcnow() - timedelta(seconds=timeout)
         with session_scope(self.db) as s:
             rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
-                                    Rollout.lease_owner, Rollout.heartbeat_at)
+                                    Rollout.lease_owner, Rollout.heartbeat_at, Rollout.sandbox)
                              .where(Rollout.status.in_(ACTIVE_STAGES), or_(
                                  Rollout.node.in_(dead), and_(
                                      Rollout.lease_owner.is_(None), Rollout.queued_at < cutoff,
@@ -229,6 +233,10 @@ class Reaper:
                 continue  # still beating: not dead after all (clock skew); reclaim_lost judges
             why = (f"node {row.node} stopped beating" if row.node in dead
                    else f"queue {stage_queue(row.status, row.node)} has no live consumer")
+            if row.status == "eval":  # its artifact is stored: graded elsewhere, not re-run
+                n += handback.hand_back(self.settings, self.celery, row,
+                                        f"eval: {why}") is not None
+                continue
             n += self._restart_elsewhere(row, f"{row.status}: {why}")
         return n
 
@@ -250,6 +258,16 @@ class Reaper:
                         "restarted from INIT" if row.attempt < self.settings.max_attempts
                         else "failed: no attempts left")
         return int(done)
+
+    def _eval_moved(self, row: Any, reason: str) -> bool:
+        """A lost EVAL that its node did not grade again (another node's, or gone): graded
+        on a live node within the attempt's resume budget, instead of a re-run from INIT."""
+        if resume.resumes_of_attempt(row.resumes, row.attempt) >= self.settings.max_resumes:
+            return False
+        if handback.eval_node(self.settings, exclude=None, cached=False) is None:
+            return False
+        return handback.hand_back(self.settings, self.celery, row, reason,
+                                  counted=True) is not None
 
     def _resumed_or_deferred(self, row: Any, reason: str) -> bool:
         """A lost RUN: resumed here if its sandbox lives here and answers; a lost EVAL: graded

@@ -55,8 +55,10 @@ def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
 
 
 def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
-    """How many times a stage of `attempt` was resumed already (RUN and EVAL together)."""
-    return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt)
+    """How many times a stage of `attempt` was resumed already (RUN and EVAL together; an
+    EVAL moved off a node that drained or lost its pool is not counted: tasks.handback)."""
+    return sum(1 for entry in resumes or []
+               if entry.get("attempt") == attempt and not entry.get("moved"))
 
 
 def sandbox_alive_here(settings: Settings, handle: dict[str, Any] | None) -> bool:

@@ -32,9 +32,10 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import db_retry, grading, lifecycle, resume, sandboxes
-from tasks.config import TASK_NAMES, publish_retry_policy
+from tasks import db_retry, drain, grading, handback, lifecycle, resume, sandboxes
+from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
+from tasks.publish import publish  # noqa: F401  (callers import it from here too)
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +52,6 @@ class RolloutLog(logging.LoggerAdapter):
 
     def process(self, msg: str, kwargs: Any) -> tuple[str, Any]:
         return f"[job={self.extra['job']} rollout={self.extra['rollout']}] {msg}", kwargs
-
-
-def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
-            producer: Any = None, retry_seconds: float = 0.0) -> None:
-    """Publish a stage message; the shared router picks the queue from `node`.
-
-    With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
-    long (else Celery's default policy, well under a second); then kombu's error is raised.
-    """
-    kwargs = {"node": node} if node else {}
-    retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} \
-        if retry_seconds else {}
-    app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                  producer=producer, **retry)
 
 
 class StageRun:
@@ -91,6 +78,9 @@ class StageRun:
 
     def execute(self, job: str | None = None) -> None:
         """Claim, run the stage under a heartbeat, and record how it ended."""
+        if not drain.accepting(self.stage):  # the pool drains: someone else takes it
+            drain.decline(self.app, self.stage, self.rollout_id, self.attempt)
+            return
         claimed = lifecycle.claim(self.db, self.rollout_id, self.attempt, self.stage,
                                   self.lease, self.settings.node)
         if claimed is None:
@@ -251,7 +241,9 @@ class StageRun:
         lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle)
 
     def _hand_on(self, stage: str, **values: Any) -> None:
-        """Queue the next stage on this node; a cancel that arrived meanwhile wins.
+        """Queue the next stage: RUN on this node (its sandbox is here), EVAL on this node
+        while its EVAL pool consumes, else on a node whose pool does; a cancel that arrived
+        meanwhile wins.
 
         The status change commits with an outbox mark; from then on the rollout and its
         sandbox belong to the next stage whether or not the message gets out (a broker that
@@ -260,8 +252,13 @@ class StageRun:
         sandbox is kept then too (the reaper stops it if no stage ever uses it again).
         """
         self.handed_on = True
+        node = self.settings.node
+        if stage == "eval":  # any node can grade the stored artifact: one that takes EVALs
+            node = handback.eval_node(self.settings) or node
+            values["node"] = node
         if lifecycle.advance(self.db, self.rollout_id, self.lease, stage, **values):
-            self._deliver(stage, self.attempt, self.settings.node, f"handed to {stage}")
+            self._deliver(stage, self.attempt, node, f"handed to {stage}"
+                          + ("" if node == self.settings.node else f" on {node}"))
             return
         self.handed_on = False  # refused: the rollout is still ours (or another attempt's)
         if lifecycle.cancel_requested(self.db, self.rollout_id):

@@ -1,11 +1,12 @@
 """Start one stage's Celery worker pool on this node.
 
-The pool's process lives exactly as long as its consumer: Celery's consumer reconnects after
-a broker outage of any length (`broker_connection_max_retries=None`, tasks/config.py), and
-when it dies anyway (an "Unrecoverable error" such as kombu's AttributeError on a
-connection it already closed) the process exits non-zero, so a supervisor (`raas up`,
-systemd, Slurm) sees the failure and starts a new pool. While it lives, it beats a
-`queue_consumers` row (tasks/nodes.py) that tells the reaper the queue has a reader.
+Celery's consumer reconnects after a broker outage of any length
+(`broker_connection_max_retries=None`, tasks/config.py), and an error that would still end it
+restarts it in this process (`tasks.acks.StageConsumer`); the process exits non-zero only if
+Celery itself gives up, so a supervisor (`raas node`, `raas up`, systemd) starts a new pool.
+While it lives, it beats a `queue_consumers` row (tasks/nodes.py) that tells the reaper and
+the node's INIT gate that the queue has a reader. SIGTERM/SIGINT drain it within
+`soft_shutdown_timeout` (tasks/drain.py).
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
 from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
-from tasks import db_retry
+from tasks import db_retry, nodes
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
+from tasks.drain import Drain, InitGate
 from tasks.nodes import ConsumerBeat
 from tasks.sandboxes import check_node_settings
 
@@ -40,7 +42,7 @@ def worker_argv(settings: Settings, stage: str, concurrency: int, pool: str,
 
 def consumer_beat_interval(settings: Settings) -> float:
     """How often a pool beats its consumer row: four beats per `node_timeout`."""
-    return max(0.2, min(settings.heartbeat_interval * 5, settings.node_timeout / 4))
+    return nodes.consumer_beat_interval(settings.heartbeat_interval, settings.node_timeout)
 
 
 def stop_stale_sandboxes(settings: Settings) -> int:
@@ -75,9 +77,15 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     stop_stale_sandboxes(settings)
     beat = ConsumerBeat(settings.db_url, settings.node, queue, consumer_beat_interval(settings))
 
+    drain = Drain(settings, app, stage, on_exit=beat.stop)
+    gate = InitGate(settings) if stage == "init" else None
+
     @worker_ready.connect(weak=False)
-    def _ready(**_: object) -> None:
+    def _ready(sender: object = None, **_: object) -> None:
         beat.start()
+        drain.install(sender)  # SIGTERM/SIGINT: our bounded drain, not Celery's
+        if gate is not None:
+            gate.start(sender)
         log.info("%s pool ready: queue %s, %s %s, pid %s", stage.upper(), queue, concurrency,
                  pool, os.getpid())
 

@@ -32,6 +32,7 @@ class SleepyConfig(HandlerConfig):
     eval_s: float = Field(0.0, ge=0)
     turns: int = Field(1, ge=0)
     fail_init_attempts: int = Field(0, ge=0, description="INIT raises InfraError this often")
+    retry_run_s: float | None = Field(None, ge=0, description="run_s from attempt 2 on")
 
 
 def _where() -> dict:
@@ -56,13 +57,14 @@ class SleepyHandler(AgentHandler):
     def run(self, ctx: StageContext) -> RunResult:
         cfg = ctx.agent_config
         turns = max(cfg.turns, 1)
+        run_s = cfg.run_s if ctx.attempt == 1 or cfg.retry_run_s is None else cfg.retry_run_s
         for i in range(cfg.turns):
             ctx.checkpoint()
-            time.sleep(cfg.run_s / turns)
+            time.sleep(run_s / turns)
             ctx.record_turn(index=i, text=f"turn {i}", generated_ids=[i, i + 1],
                             logprobs=[-0.5, -0.25])
         if not cfg.turns:
-            time.sleep(cfg.run_s)
+            time.sleep(run_s)
         ctx.state["run"] = _where()
         return RunResult(outcome="completed", finish_reason="stop", prompt_ids=[1, 2, 3],
                          response_ids=[4, 5], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],

@@ -96,20 +96,26 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
         svc.stop()
 
 
-def test_worker_whose_consumer_dies_exits_non_zero(tmp_path, redis_prefix):
-    """A consumer that dies (issue: kombu's AttributeError on an ack during a Redis restart)
-    ends its worker process with a non-zero code, never 0, and removes its consumer row."""
+def test_a_consumer_that_dies_restarts_in_process(tmp_path, redis_prefix):
+    """An error that ends Celery's consumer (issue 26: kombu's AttributeError on an ack
+    during a Redis restart ended the EVAL pool for good) restarts the consumer in the same
+    process: the pool never exits, keeps its consumer row, and takes the next job."""
     svc = start_service(tmp_path, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        stages=("init",), reaper=False, handler_modules="tests.consumer_crash")
+                        reaper=False, handler_modules="tests.consumer_crash")
     try:
         proc = svc.workers[("init", "node-a")]
         db = svc.settings.db_url
-        _wait_for(lambda: _consumers(db, "init"), what="the INIT pool's consumer row")
-        svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
-        code = _wait_for(lambda: proc.poll(), timeout=60, what="the worker to exit")
-        assert code not in (0, None), code
-        assert "Unrecoverable error" in svc.log_tail()
-        assert not _consumers(db, "init")  # the queue has no reader: the reaper can tell
+        for queue in ("init", "run.node-a", "eval.node-a"):
+            _wait_for(lambda q=queue: _consumers(db, q), what=f"{queue}'s consumer row")
+        crash = svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
+        _wait_for(lambda: "restarting it in this process" in svc.log_tail(200), timeout=60,
+                  what="the consumer's in-process restart")
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])
+        done = svc.wait_done(job["job_id"], timeout=90)
+        assert done["outcomes"] == {"completed": 3}, done
+        svc.wait_done(crash["job_id"], timeout=60)
+        assert proc.poll() is None and "Unrecoverable error" not in svc.log_tail(400)
+        assert _consumers(db, "init")
     finally:
         svc.stop()
 
@@ -169,7 +175,9 @@ def _seed(db_url: str, n: int) -> dict[str, list[str]]:
         s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow()),
                    QueueConsumer(id="c-run", node="live", queue="run.live", pid=1),
                    QueueConsumer(id="c-old", node="live", queue="eval.live", pid=2,
-                                 beat_at=old)])
+                                 beat_at=old),
+                   Node(name="other", beat_at=utcnow()),
+                   QueueConsumer(id="c-eval", node="other", queue="eval.other", pid=3)])
         for kind, status, node, lease in (("dead", "run", "dead", None),
                                           ("deserted", "eval", "live", None),
                                           ("lost", "run", "live", "live/1/x"),
@@ -224,13 +232,18 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
     with session_scope(pg_url) as s:
         attempts = dict(s.execute(sa.select(Rollout.id, Rollout.attempt)).all())
         errors = dict(s.execute(sa.select(Rollout.id, Rollout.error)).all())
-    restarted = kinds["dead"] + kinds["deserted"] + kinds["lost"]
+        moves = dict(s.execute(sa.select(Rollout.id, Rollout.resumes)).all())
+        where = dict(s.execute(sa.select(Rollout.id, Rollout.node)).all())
+    restarted = kinds["dead"] + kinds["lost"]
     assert all(attempts[i] == 2 for i in restarted), attempts  # once, not twice
-    assert all(attempts[i] == 1 for i in kinds["stale"])
+    assert all(attempts[i] == 1 for i in kinds["stale"] + kinds["deserted"])
     assert all("node dead stopped beating" in errors[i] for i in kinds["dead"])
-    assert all("eval.live has no live consumer" in errors[i] for i in kinds["deserted"])
+    for i in kinds["deserted"]:  # EVAL-ready: moved to the live EVAL queue once, not re-run
+        [move] = moves[i]
+        assert where[i] == "other" and "eval.live has no live consumer" in move["error"], move
     client = redis.Redis.from_url(REDIS_URL)
-    assert client.llen(f"{redis_prefix}init") == 3 * n  # one INIT message per restart
+    assert client.llen(f"{redis_prefix}init") == 2 * n  # one INIT message per restart
+    assert client.llen(f"{redis_prefix}eval.other") == n  # one message per move
     assert client.llen(f"{redis_prefix}run.live") == n  # one re-publish per stale row
     assert sum(c["abandoned"] + c["lost"] for c in counts) == 3 * n
     client.close()

@@ -53,6 +53,7 @@ RELIABILITY = {"lease_timeout": 6.0, "heartbeat_interval": 0.5, "requeue_after":
                # a lost node's queues are judged after 12 s (a baseline tree has no setting)
                **({"node_timeout": 12.0} if "node_timeout" in Settings.model_fields else {})}
 CONCURRENCY = {"init": 2, "run": 3, "eval": 1}
+CONSUMER_FAULT_ENV = "CAMPAIGN_TRIGGERS"  # tests/faults/consumer_fault.py
 
 
 def _problems() -> list[dict[str, Any]]:
@@ -114,6 +115,7 @@ class Report:
     retried_rollouts: int = 0    # rollouts that ended on an attempt > 1
     affected: int = 0            # rollouts the fault hit (e.g. in RUN on a killed pool)
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
+    pools_exited: int = 0        # pools that ended by themselves (dead at the end or restarted)
     notes: list[str] = field(default_factory=list)
     affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
     extra_jobs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ditto
@@ -156,14 +158,19 @@ class Campaign:
         self._reaper_log.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
         logging.getLogger("tasks").addHandler(self._reaper_log)
         logging.getLogger("tasks").setLevel(logging.INFO)
+        self.triggers = home / "triggers"  # tests/faults/consumer_fault.py watches it
+        self.triggers.mkdir(parents=True, exist_ok=True)
+        os.environ[CONSUMER_FAULT_ENV] = str(self.triggers)  # inherited by every pool
         self.svc: Service = start_service(
             home, db_url=self.pg.create_database("raas"), broker_url=self.redis.url,
             nodes=NODES, concurrency=CONCURRENCY, reaper="per_node", node_extra=node_extra,
+            handler_modules="tests.faults.consumer_fault",
             extra={**RELIABILITY, "sandbox_runtime": "bwrap"})
         self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2,
                     "max_model_len": 4096}
         self.lost_nodes: set[str] = set()
         self.exits: list[str] = []  # pools that ended by themselves, as the supervisor saw
+        self.supervising = True  # False: a pool that exits stays dead (no supervisor)
         self._lock = threading.Lock()
         self._closing = threading.Event()
         threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
@@ -204,11 +211,22 @@ class Campaign:
         while not self._closing.wait(0.5):
             with self._lock:
                 for (stage, node), proc in list(self.svc.workers.items()):
-                    if proc.poll() is None or node in self.lost_nodes:
+                    if proc.poll() is None or node in self.lost_nodes or not self.supervising:
                         continue
                     self.exits.append(f"{stage}.{node} exited {proc.returncode}")
                     self.svc.workers.pop((stage, node))
                     self.svc.start_worker(stage, node, CONCURRENCY[stage])
+
+    def fail_consumer_once(self, stage: str, node: str) -> None:
+        """Make the consumer of `stage`'s pool on `node` raise once inside its loop."""
+        (self.triggers / f"{stage}.{node}").touch()
+
+    def dead_pools(self) -> list[str]:
+        """Pools of nodes not lost on purpose whose process is gone."""
+        with self._lock:
+            return [f"{stage}.{node} exited {proc.returncode}"
+                    for (stage, node), proc in self.svc.workers.items()
+                    if proc.poll() is not None and node not in self.lost_nodes]
 
     def heal(self) -> None:
         """Every pool and reaper running again (a fault that took a node away ends here)."""
@@ -234,10 +252,12 @@ class Campaign:
                                       limits={"max_turns": TURNS + 2})
 
     # -- one faulted job ------------------------------------------------------------------
-    def run(self, fault: Fault, timeout: float = 90) -> Report:
+    def run(self, fault: Fault, timeout: float | None = None) -> Report:
         """Submit the fault's job, strike, wait for the end (and the fault's `after`),
         measure."""
+        timeout = timeout or getattr(fault, "timeout", 90)
         self.heal()
+        self.supervising = getattr(fault, "supervised", True)
         if self.redis.aof != fault.aof:
             self.redis.set_aof(fault.aof)
         report = Report(fault=fault.name, rollouts=fault.rollouts)
@@ -254,9 +274,13 @@ class Campaign:
             except AssertionError as exc:
                 report.notes.append(str(exc).splitlines()[0][:300])
         report.seconds = round(time.monotonic() - started, 1)
+        dead = self.dead_pools()
+        self.supervising = True
         if fault.after is not None:
             fault.after(self, report)
         report.notes += [f"supervisor: {e}" for e in self.exits[exits_before:]]
+        report.notes += [f"dead at the end: {d}" for d in dead]
+        report.pools_exited = len(self.exits) - exits_before + len(dead)
         for j in jobs:
             self._measure(j, report, fault.outcomes)
         self._count_calls(jobs, before, report)

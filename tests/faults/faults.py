@@ -34,6 +34,9 @@ class Fault:
     rollouts: int = 12
     outcomes: tuple[str, ...] = ("completed",)
     aof: bool = False  # the broker keeps an append-only file during this job
+    supervised: bool = True  # False: a pool that exits stays dead (the README's node layout
+    # before `raas node`: `raas worker ... &` per stage, nothing restarts them)
+    timeout: float = 90  # seconds the job may take to end
 
 
 def _node_of(row: Rollout) -> str | None:
@@ -124,6 +127,20 @@ def redis_restart(c: Campaign, job: dict[str, Any], report: Report) -> None:
     restart.join(60)
 
 
+def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    """Issue 26: Redis restarts with nothing persisted (down 3 s) while RUN leases are held
+    and stages finish and ack, and n2's EVAL consumer fails once at the same moment (as the
+    ack through kombu's cleared connection made it fail); nothing restarts a pool that exits."""
+    wait_for(lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= 4, timeout=90,
+             what="4 rollouts mid-RUN", interval=0.05)
+    report.affected_ids = _unfinished(c, job["job_id"])
+    report.affected = len(report.affected_ids)
+    restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
+    c.fail_consumer_once("eval", NODES[1])
+    restart.join(60)
+    report.notes.append(f"Redis restarted with {report.affected} rollouts unfinished")
+
+
 def postgres_restart(mode: str) -> Strike:
     """PostgreSQL stops with `mode` mid-RUN and is back after 3 s."""
     def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
@@ -151,4 +168,6 @@ FAULTS = {f.name: f for f in [
     Fault("postgres-restart-immediate", postgres_restart("immediate")),
     Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
     Fault("node-loss", lose_node, after=node_returns, rollouts=16),
+    Fault("redis-restart-during-acks", redis_restart_during_acks, rollouts=24,
+          supervised=False, timeout=180),
 ]}

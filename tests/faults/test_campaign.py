@@ -34,3 +34,16 @@ def test_a_killed_run_worker_costs_at_most_one_turn_per_rollout(fault_report):
 def test_a_3s_outage_reruns_no_rollout(fault_report, name):
     report = fault_report(name)
     assert report.rerun_rollouts == 0 and report.retried_rollouts == 0, report
+
+
+def test_a_redis_restart_during_acks_ends_no_pool_and_reruns_nothing(campaign, fault_report):
+    """Issue 26: a Redis restart without persistence during acks, with n2's EVAL consumer
+    forced to fail once and no supervisor: every pool is alive at the end (the consumer
+    restarted in its process), and nothing is lost, stuck, re-run from INIT or regenerated."""
+    report = fault_report("redis-restart-during-acks")
+    assert report.outcomes == {"completed": report.rollouts} and report.lost == 0, report
+    assert report.retried_rollouts == 0 and report.rerun_rollouts == 0, report
+    assert report.regenerated_calls == 0, report
+    assert report.pools_exited == 0, report.notes
+    log = (campaign.svc.logs / "eval-n2.log").read_text(errors="replace")
+    assert "restarting it in this process" in log  # the forced failure did happen
