@@ -50,11 +50,13 @@ RELIABILITY = {"RAAS_HEARTBEAT_INTERVAL": "0.5", "RAAS_LEASE_TIMEOUT": "6",
                "RAAS_NODE_TIMEOUT": "12", "RAAS_MAX_ATTEMPTS": "4",
                "RAAS_OUTBOX_GRACE": "5", "RAAS_STAGE_GRACE": "2"}
 MARK = "RAASTEST_SLURM_MARK"  # in every process of our node jobs: orphans are found by it
-# (problems, samples each). A time limit of 1 minute strikes 30-60 s (B:TERM@30) or 60-90 s
-# (the limit) into node job A, as the controller checks limits every 30 s: its job is
-# submitted 20 s into A and keeps A alone busy past 90 s.
-ROLLOUTS = {"scancel": (16, 1), "timelimit": (27, 3), "requeue": (16, 1)}
-TIMELIMIT_SUBMIT_AT = 20.0
+# (problems, samples each). The time limit is set on A once its RUN slots are busy (the
+# next whole minute of its run time): the controller checks limits every 30 s and may send
+# `--signal` up to 60 s early, so the limit strikes 0-30 s (B:TERM) or 30-90 s (the kill)
+# later; its job keeps A alone busy that long.
+# `drain` is `scancel -b -s TERM`: the batch shell alone, what a user does to stop a node
+# gracefully (bench only).
+ROLLOUTS = {"scancel": (16, 1), "timelimit": (27, 3), "requeue": (16, 1), "drain": (16, 1)}
 
 README_NODE_JOB = r"""#!/bin/bash
 #SBATCH --job-name=raas-node-readme
@@ -223,32 +225,37 @@ class SlurmScenario:
         return False
 
     # -- one struck node job --------------------------------------------------------------
-    def run(self, fault: str, layout: str, timeout: float = 240) -> SlurmReport:
+    def run(self, fault: str, layout: str, timeout: float = 420) -> SlurmReport:
         """Submit, strike node job A mid-RUN with `fault`, finish on B, measure."""
         n, samples = ROLLOUTS[fault]
         report = SlurmReport(fault=fault, layout=layout, proctrack=self.cluster.proctrack,
                              rollouts=n * samples)
         before = _sim_stats(self.sim_url)
         started = time.monotonic()
-        options = ("--time=1",) if fault == "timelimit" else ()
-        a = self.submit_node(layout, *options)
+        try:
+            job_id, a = self._strike_and_finish(fault, layout, n, samples, timeout, report)
+            report.seconds = round(time.monotonic() - started, 1)
+            report.orphans = self._orphans_of(a, fault)
+            self._measure(job_id, report, before, n, samples)
+        finally:
+            self.stop_nodes()  # the next fault starts with no node, whatever happened
+        return report
+
+    def _strike_and_finish(self, fault: str, layout: str, n: int, samples: int,
+                           timeout: float, report: SlurmReport) -> tuple[str, str]:
+        a = self.submit_node(layout)
         self.cluster.wait_state(a, ("RUNNING",), 60)
-        if fault == "timelimit":
-            time.sleep(TIMELIMIT_SUBMIT_AT)
-        job = self.submit(n, samples)
-        _wait(lambda: self.in_run(job["job_id"]) >= SLOTS["run"], 90,
+        job_id = self.submit(n, samples)["job_id"]
+        _wait(lambda: self.in_run(job_id) >= SLOTS["run"], 90,
               "node job A's RUN slots busy", lambda: self.job_log(a))
         time.sleep(1.5 * LATENCY)  # a turn or two into their loops
-        report.in_run_at_strike = self._strike(fault, a, job["job_id"])
+        report.in_run_at_strike = self._strike(fault, a, job_id)
         if fault != "requeue":
             self.submit_node(layout)  # the rest of the cluster: another node job
-        if not self.wait_terminal(job["job_id"], timeout):
-            report.notes.append(f"not terminal after {timeout}s: {self.client.job(job['job_id'])}")
-        report.seconds = round(time.monotonic() - started, 1)
-        report.orphans = self._orphans_of(a, fault)
-        self._measure(job["job_id"], report, before, n, samples)
-        self.stop_nodes()  # the next fault starts with no node
-        return report
+        if not self.wait_terminal(job_id, timeout):
+            report.notes.append(f"not terminal after {timeout}s: {self.client.job(job_id)}")
+            self.client.cancel(job_id)  # measured as lost; it must not feed the next case
+        return job_id, a
 
     def stop_nodes(self) -> None:
         """Cancel every node job of this scenario, wait for them to end, kill orphans."""
@@ -263,13 +270,20 @@ class SlurmScenario:
         self.kill_orphans()
 
     def _strike(self, fault: str, a: str, job_id: str) -> int:
-        if fault == "timelimit":  # the controller signals B:TERM (or TERM@90) then kills
+        if fault == "timelimit":  # the controller signals B:TERM (or TERM@90), then kills
+            run_time = self.cluster.job_info(a).get("RunTime", "0:0:0")
+            seconds = sum(int(x) * 60 ** i for i, x in enumerate(reversed(
+                run_time.split("-")[-1].split(":"))))
+            self.cluster.run("scontrol", "update", f"JobId={a}",
+                             f"TimeLimit={seconds // 60 + 1}")
             _wait(lambda: self.cluster.state(a) != "RUNNING" or "TERM at" in self.job_log(a),
-                  120, "the time limit's signal", lambda: self.job_log(a))
+                  150, "the time limit's signal", lambda: self.job_log(a))
             return self.in_run(job_id)
         in_run = self.in_run(job_id)
         if fault == "scancel":
             self.cluster.run("scancel", a)
+        elif fault == "drain":
+            self.cluster.run("scancel", "-b", "-s", "TERM", a)
         else:
             self.cluster.run("scontrol", "requeue", a)
             # Slurm holds a requeued job ~120 s (BeginTime); a test need not wait for it.

@@ -21,7 +21,8 @@ from tests.conftest import REDIS_URL
 from tests.slurm.cluster import SlurmCluster, available_proctracks
 from tests.slurm.scenario import SlurmScenario
 
-pytestmark = pytest.mark.slurm
+# A time-limit case takes ~3 minutes on a quiet machine (Slurm checks limits every 30 s).
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 
 def shared_env_root(home: Path) -> Path:
