@@ -115,6 +115,11 @@ class Settings(BaseSettings):
         6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"
     )
     soft_shutdown_timeout: float = Field(60.0, ge=0, description="Drain time on SIGTERM")
+    init_ahead: int | None = Field(
+        None, ge=1, description="INIT on a node takes no new work while this many of the "
+                                "node's rollouts wait for RUN (unset: no bound; `raas node` "
+                                "sets its RUN slots): a drained or lost node then holds few "
+                                "started sandboxes that must begin again from INIT")
     task_events: bool = Field(False, description="Send Celery task events (for Flower)")
     sandbox_runtime: str = Field(
         "auto", description="Default sandbox runtime for jobs that do not name one: a "
