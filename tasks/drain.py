@@ -183,6 +183,7 @@ class InitGate:
         self.needed = {stage_queue("run", settings.node), stage_queue("eval", settings.node)}
         self.open = True
         self.backlogged = False
+        self._lock = threading.Lock()
         self.consumer: Any = None
 
     def start(self, consumer: Any) -> None:
@@ -192,7 +193,12 @@ class InitGate:
         threading.Thread(target=self._loop, name="raas-init-gate", daemon=True).start()
 
     def check(self) -> None:
-        """Open or close the gate from the live consumer rows (and the RUN backlog)."""
+        """Open or close the gate from the live consumer rows (and the RUN backlog); called
+        by the gate's thread and after every INIT task (so a fast INIT cannot run ahead)."""
+        with self._lock:
+            self._check()
+
+    def _check(self) -> None:
         try:
             missing = self.needed - handback.live_queues(self.settings, cached=False)
             waiting = self._waiting_for_run() if not missing else 0
