@@ -114,7 +114,9 @@ class Settings(BaseSettings):
     max_rollout_seconds: float = Field(
         6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"
     )
-    soft_shutdown_timeout: float = Field(60.0, ge=0, description="Drain time on SIGTERM")
+    soft_shutdown_timeout: float = Field(
+        60.0, ge=0, description="Drain time on SIGTERM: RUN and EVAL finish what they hold, "
+                                "then hand it back (tasks/drain.py)")
     init_ahead: int | None = Field(
         None, ge=1, description="INIT on a node takes no new work while this many of the "
                                 "node's rollouts wait for RUN (unset: no bound; `raas node` "

@@ -96,7 +96,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         # One message per free slot: a long agent loop must not sit on prefetched work.
         "worker_prefetch_multiplier": 1,
-        # Slurm sends SIGTERM before SIGKILL: finish or requeue in-flight stages in this window.
+        # SIGTERM/SIGINT are our bounded drain (tasks/drain.py: finish, then hand back, within
+        # soft_shutdown_timeout); this bounds Celery's own soft shutdown, which only SIGQUIT
+        # reaches now (its cold shutdown after it needs kill_job, which threads lack).
         "worker_soft_shutdown_timeout": settings.soft_shutdown_timeout,
         "worker_enable_soft_shutdown_on_idle": True,
         # Misrouted messages land where nobody consumes them and metrics can see them.

@@ -40,7 +40,7 @@ from sqlalchemy import func, select
 from core.db import session_scope
 from core.models import Rollout
 from core.settings import Settings
-from tasks import handback
+from tasks import handback, nodes
 from tasks.config import stage_queue
 from tasks.publish import publish
 
@@ -185,6 +185,11 @@ class InitGate:
         self.backlogged = False
         self._lock = threading.Lock()
         self.consumer: Any = None
+        # Pools of a node start together and register at different moments: INIT's work
+        # waits in the node's queues meanwhile, so the gate only closes for a pool that is
+        # missing this long after INIT started (two freshness windows).
+        fresh = nodes.fresh_seconds(settings.heartbeat_interval, settings.node_timeout)
+        self.closes_after = time.monotonic() + 2 * fresh
 
     def start(self, consumer: Any) -> None:
         """Check now and then every `GATE_INTERVAL` seconds, from a daemon thread."""
@@ -201,24 +206,25 @@ class InitGate:
     def _check(self) -> None:
         try:
             missing = self.needed - handback.live_queues(self.settings, cached=False)
-            waiting = self._waiting_for_run() if not missing else 0
+            waiting = self._waiting_for_run()
         except Exception:  # noqa: BLE001 - keep the gate as it is until the database answers
             log.warning("INIT gate: reading live consumers failed", exc_info=True)
             return
         ahead = self.settings.init_ahead
-        if missing and self.open:
+        backlog = bool(ahead and waiting >= ahead)
+        if missing and self.open and time.monotonic() >= self.closes_after:
             log.warning("node %s: %s has no live consumer; INIT takes no new work",
                         self.settings.node, ", ".join(sorted(missing)))
             self._set(False)
-        elif not missing and ahead and waiting >= ahead and self.open:
+        elif not missing and backlog and self.open:
             log.debug("node %s: %s rollouts wait for RUN; INIT pauses", self.settings.node,
                       waiting)
             self._set(False)
-        elif not missing and not (ahead and waiting >= ahead) and not self.open:
+        elif not missing and not backlog and not self.open:
             log.log(logging.DEBUG if self.backlogged else logging.WARNING,
                     "node %s: RUN and EVAL consume; INIT takes work", self.settings.node)
             self._set(True)
-        self.backlogged = bool(ahead and waiting >= ahead)
+        self.backlogged = backlog
 
     def _waiting_for_run(self) -> int:
         """This node's rollouts started by INIT and not yet claimed by RUN: each holds a

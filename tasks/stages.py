@@ -254,7 +254,10 @@ class StageRun:
         self.handed_on = True
         node = self.settings.node
         if stage == "eval":  # any node can grade the stored artifact: one that takes EVALs
-            node = handback.eval_node(self.settings) or node
+            try:
+                node = handback.eval_node(self.settings) or node
+            except Exception as exc:  # noqa: BLE001 - the database is away: this node's
+                self.log.info("EVAL target unknown (%s); this node's queue", exc)  # queue
             values["node"] = node
         if lifecycle.advance(self.db, self.rollout_id, self.lease, stage, **values):
             self._deliver(stage, self.attempt, node, f"handed to {stage}"

@@ -120,15 +120,13 @@ def test_a_node_whose_eval_pool_died_takes_no_init_work(tmp_path, pg_url, redis_
     svc = _service(tmp_path, pg_url, redis_prefix)
     db = svc.settings.db_url
     try:
-        for stage in ("init", "run", "eval"):
-            svc.start_worker(stage, "n1", 2)
-        wait_for(lambda: len(_consumers(db, "n1")) == 3, timeout=60, what="n1's pools")
-        eval_pid = _consumers(db, "n1")["eval.n1"]
+        for node in ("n1", "n2"):
+            for stage in ("init", "run", "eval"):
+                svc.start_worker(stage, node, 2)
+        for node in ("n1", "n2"):
+            wait_for(lambda n=node: len(_consumers(db, n)) == 3, timeout=60,
+                     what=f"{node}'s pools")
         svc.kill_worker("eval", "n1")
-        assert eval_pid
-        for stage in ("init", "run", "eval"):
-            svc.start_worker(stage, "n2", 2)
-        wait_for(lambda: len(_consumers(db, "n2")) == 3, timeout=60, what="n2's pools")
         wait_for(lambda: "INIT takes no new work" in (svc.logs / "init-n1.log").read_text(),
                  timeout=30, what="n1's INIT gate to close")
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)],
@@ -140,6 +138,38 @@ def test_a_node_whose_eval_pool_died_takes_no_init_work(tmp_path, pg_url, redis_
             where = r["extra"]["where"]
             assert where["init"]["node"] == where["eval"]["node"] == "n2", r
             assert r["attempt"] == 1 and r["reward"] == float(r["sample_index"] % 2), r
-        assert os.path.exists(svc.logs / "init-n1.log")
     finally:
+        svc.stop()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" in f.read()
+    except FileNotFoundError:
+        return True
+
+
+def test_a_dead_pool_is_restarted_and_pools_die_with_the_node(tmp_path, pg_url, redis_prefix):
+    """A pool that dies is started again (new pid, a log line saying how it ended); when the
+    node command itself is SIGKILLed, its pools get their parent-death signal and exit."""
+    svc = _service(tmp_path, pg_url, redis_prefix)
+    db = svc.settings.db_url
+    node = _node(svc, "n1", "--init", "1", "--run", "1", "--eval", "1", "--no-reaper")
+    try:
+        pids = wait_for(lambda: len(_consumers(db, "n1")) == 3 and _consumers(db, "n1"),
+                        timeout=60, what="n1's pools")
+        os.kill(pids["eval.n1"], signal.SIGKILL)
+        new = wait_for(lambda: _consumers(db, "n1").get("eval.n1") not in (None,
+                                                                           pids["eval.n1"])
+                       and _consumers(db, "n1"), timeout=60, what="a new EVAL pool")
+        log = (svc.logs / "node-n1.log").read_text()
+        assert f"EVAL pool (pid {pids['eval.n1']}) exited with signal SIGKILL" in log
+        node.kill()  # no drain, no hand-back: the pools must not outlive it
+        node.wait(10)
+        wait_for(lambda: all(_gone(pid) for pid in new.values()), timeout=30,
+                 what="the pools to die with their node command")
+    finally:
+        if node.poll() is None:
+            node.kill()
         svc.stop()

@@ -125,10 +125,12 @@ def _consumers(db_url: str, queue: str) -> list[str]:
         return s.scalars(sa.select(QueueConsumer.id).where(QueueConsumer.queue == queue)).all()
 
 
-def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog):
-    """kombu raises AttributeError ('hostname') acking on a connection the consumer closed;
-    the stage request logs it like any lost connection instead of crashing the consumer."""
-    from kombu import Connection
+@pytest.mark.parametrize("how", ["ack", "reject", "requeue"])
+def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, caplog, how):
+    """kombu raises AttributeError ('hostname') acking, rejecting or requeueing on a
+    connection the consumer closed; the stage request logs it like any lost connection
+    instead of crashing the consumer (each path forced on a real Redis message)."""
+    from kombu import Connection, Queue
 
     from tasks.acks import StageRequest
     from tasks.celery_app import make_celery
@@ -139,19 +141,25 @@ def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, ca
     app.send_task("raas.eval", args=["r1", 1], kwargs={"node": "n1"})
     conn = Connection(REDIS_URL, transport_options={"global_keyprefix": redis_prefix})
     channel = conn.channel()
-    from kombu import Queue
-
     message = Queue(stage_queue("eval", "n1"))(channel).get(no_ack=False)
     assert message is not None
     channel._disconnect_pools()  # what losing the broker does to the consumer's connection
     conn._do_close_transport()
+    plain = {"ack": lambda: message.channel.basic_ack(message.delivery_tag),
+             "reject": lambda: message.channel.basic_reject(message.delivery_tag, False),
+             "requeue": lambda: message.channel.basic_reject(message.delivery_tag, True)}
     with pytest.raises(AttributeError, match="hostname"):
-        message.channel.basic_ack(message.delivery_tag)  # plain kombu: the crash
-    request = StageRequest(message, on_ack=message.ack_log_error, app=app,
+        plain[how]()  # plain kombu: the crash
+    request = StageRequest(message, on_ack=message.ack_log_error,
+                           on_reject=message.reject_log_error, app=app,
                            task=app.tasks["raas.eval"],
                            connection_errors=tuple(conn.connection_errors))
-    request.acknowledge()  # logged, not raised
-    assert request.acknowledged and "Couldn't ack" in caplog.text
+    if how == "ack":
+        request.acknowledge()  # logged, not raised
+    else:
+        request.reject(requeue=how == "requeue")
+    assert request.acknowledged
+    assert ("Couldn't ack" if how == "ack" else "Couldn't reject") in caplog.text
     channel.qos.restore_at_shutdown = False  # nothing to restore through a closed connection
 
 
@@ -357,3 +365,50 @@ def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_pat
     assert passes(1.5) == 2
     with session_scope(settings.db_url) as s:
         assert set(s.scalars(sa.select(Rollout.attempt))) == {2}
+
+
+def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_path, pg_url,
+                                                                            redis_prefix):
+    """Issue 26.4/27: a dead node held rollouts waiting for EVAL and one in EVAL (leased by
+    its dead worker), with artifacts stored. The live node's reaper moves them to its EVAL
+    queue in the same attempt (no restart from INIT); a rollout that never finished RUN
+    restarts from INIT. Without a live EVAL anywhere, the EVAL-ready ones stay put."""
+    from tasks.celery_app import make_celery
+    from tasks.reaper import Reaper
+
+    upgrade(pg_url)
+    old = utcnow() - timedelta(seconds=600)
+    with session_scope(pg_url) as s:
+        job = Job(agent="test-sleepy", n_instances=3)
+        s.add(job)
+        s.flush()
+        s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow())])
+        rows = {"queued": Rollout(job_id=job.id, instance_id="q", status="eval", node="dead",
+                                  queued_at=old, artifact={"answer": "1"}),
+                "leased": Rollout(job_id=job.id, instance_id="l", status="eval", node="dead",
+                                  lease_owner="dead/1/x", heartbeat_at=old, queued_at=old,
+                                  artifact={"answer": "2"}),
+                "running": Rollout(job_id=job.id, instance_id="r", status="run", node="dead",
+                                   lease_owner="dead/1/y", heartbeat_at=old, queued_at=old)}
+        s.add_all(rows.values())
+        s.flush()
+        ids = {k: r.id for k, r in rows.items()}
+    settings = _reaper_settings(tmp_path, pg_url, redis_prefix, "live")
+    reaper = Reaper(settings, make_celery(settings))
+    reaper.reroute_abandoned()  # no live EVAL consumer anywhere yet
+
+    def state() -> dict[str, tuple]:
+        with session_scope(pg_url) as s:
+            got = {r.id: (r.status, r.node, r.attempt) for r in s.scalars(sa.select(Rollout))}
+        return {k: got[i] for k, i in ids.items()}
+
+    assert state()["queued"] == ("eval", "dead", 1) and state()["running"][2] == 2
+    with session_scope(pg_url) as s:
+        s.add(QueueConsumer(id="c-eval", node="live", queue="eval.live", pid=3))
+    assert reaper.reroute_abandoned() == 2
+    assert state() | {"running": None} == {"queued": ("eval", "live", 1),
+                                           "leased": ("eval", "live", 1), "running": None}
+    client = redis.Redis.from_url(REDIS_URL)
+    assert client.llen(f"{redis_prefix}eval.live") == 2  # one EVAL message each
+    assert client.llen(f"{redis_prefix}init") == 1  # the unfinished RUN only
+    client.close()

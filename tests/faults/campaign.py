@@ -50,6 +50,7 @@ SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 # (default 30 s: most of a Redis fault's job time); 5 s keeps the suite short.
 RELIABILITY = {"lease_timeout": 6.0, "heartbeat_interval": 0.5, "requeue_after": 3.0,
                "reaper_interval": 0.5, "max_attempts": 4, "outbox_grace": 5.0,
+               "soft_shutdown_timeout": 2.0,  # a SIGTERMed pool's drain (the node-drain fault)
                # a lost node's queues are judged after 12 s (a baseline tree has no setting)
                **({"node_timeout": 12.0} if "node_timeout" in Settings.model_fields else {})}
 CONCURRENCY = {"init": 2, "run": 3, "eval": 1}
@@ -216,6 +217,20 @@ class Campaign:
                     self.exits.append(f"{stage}.{node} exited {proc.returncode}")
                     self.svc.workers.pop((stage, node))
                     self.svc.start_worker(stage, node, CONCURRENCY[stage])
+
+    def drain_node(self, node: str) -> tuple[float, list[int]]:
+        """SIGTERM every pool of `node` and stop its reaper (a node job ending); nothing
+        restarts them until `heal`. Returns the seconds until all exited, and exit codes."""
+        with self._lock:
+            self.lost_nodes.add(node)
+            self.svc.stop_reaper(node)
+            procs = [self.svc.workers.pop((stage, node)) for stage in CONCURRENCY
+                     if (stage, node) in self.svc.workers]
+        started = time.monotonic()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(120) for proc in procs]
+        return round(time.monotonic() - started, 1), codes
 
     def fail_consumer_once(self, stage: str, node: str) -> None:
         """Make the consumer of `stage`'s pool on `node` raise once inside its loop."""

@@ -20,7 +20,10 @@ from celery.signals import worker_ready
 ENV = "CAMPAIGN_TRIGGERS"
 
 
-def _crash() -> None:
+def _crash(fired: threading.Event) -> None:
+    if fired.is_set():  # scheduled again while the first one was on its way: once is enough
+        return
+    fired.set()
     raise AttributeError("'NoneType' object has no attribute 'hostname'")
 
 
@@ -31,7 +34,12 @@ def _watch(consumer: Any, folder: Path) -> None:
             trigger = folder / name
             if trigger.exists():
                 trigger.unlink(missing_ok=True)
-                consumer.call_soon(_crash)
+                fired = threading.Event()
+                # A consumer that is reconnecting (the broker is away) drops what was
+                # scheduled on its loop: schedule again until the failure happened once.
+                while not fired.is_set():
+                    consumer.call_soon(_crash, fired)
+                    fired.wait(0.5)
         time.sleep(0.1)
 
 

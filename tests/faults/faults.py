@@ -131,14 +131,49 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
     """Issue 26: Redis restarts with nothing persisted (down 3 s) while RUN leases are held
     and stages finish and ack, and n2's EVAL consumer fails once at the same moment (as the
     ack through kombu's cleared connection made it fail); nothing restarts a pool that exits."""
-    wait_for(lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= 4, timeout=90,
-             what="4 rollouts mid-RUN", interval=0.05)
+    _mid_run(c, job["job_id"])
+    try:  # strike with several RUN leases held when the machine lets INIT keep up
+        wait_for(lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= 4, timeout=10,
+                 what="4 rollouts mid-RUN", interval=0.05)
+    except AssertionError:
+        pass
+    held = len(_leased(c, job["job_id"], "run"))
+    c.eval_log_mark = len(_eval_log(c))  # type: ignore[attr-defined]
     report.affected_ids = _unfinished(c, job["job_id"])
     report.affected = len(report.affected_ids)
     restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
     c.fail_consumer_once("eval", NODES[1])
     restart.join(60)
-    report.notes.append(f"Redis restarted with {report.affected} rollouts unfinished")
+    report.notes.append(f"Redis restarted with {held} RUN leases held, {report.affected} "
+                        "rollouts unfinished")
+
+
+def drain_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    """Issue 27: a node's pools get SIGTERM (2 s drain) while it holds RUNs with stored turns,
+    as at the end of its Slurm job; the node does not come back during the job. `affected`:
+    rollouts that had not finished RUN there then (the most that may restart from INIT)."""
+    mid_run = _mid_run(c, job["job_id"])
+    drained = sorted({_node_of(r) for r in mid_run})[0]  # a node holding RUNs with turns
+    before_run = {r.id for r in c.rows(job["job_id"])
+                  if r.node == drained and r.status in ("init", "run")}
+    seconds, codes = c.drain_node(drained)
+    report.affected_ids = before_run
+    report.affected = len(before_run)
+    report.notes.append(f"{drained} drained in {seconds}s, exit codes {codes}")
+
+
+def _eval_log(c: Campaign) -> str:
+    path = c.svc.logs / f"eval-{NODES[1]}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def consumer_failure_seen(c: Campaign, report: Report) -> None:
+    """Say in the report how n2's EVAL pool took its forced consumer failure (this job's
+    part of its log: the failure's traceback, and what the pool did)."""
+    log = _eval_log(c)[getattr(c, "eval_log_mark", 0):]
+    report.notes.append(f"eval.{NODES[1]} consumer: failed {log.count(', in _crash')}x, "
+                        f"restarted in-process {log.count('restarting it in this process')}x,"
+                        f" unrecoverable {log.count('Unrecoverable error')}x")
 
 
 def postgres_restart(mode: str) -> Strike:
@@ -168,6 +203,7 @@ FAULTS = {f.name: f for f in [
     Fault("postgres-restart-immediate", postgres_restart("immediate")),
     Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
     Fault("node-loss", lose_node, after=node_returns, rollouts=16),
+    Fault("node-drain", drain_node, after=node_returns, rollouts=16),
     Fault("redis-restart-during-acks", redis_restart_during_acks, rollouts=24,
-          supervised=False, timeout=180),
+          after=consumer_failure_seen, supervised=False, timeout=180),
 ]}
