@@ -185,7 +185,7 @@ def pin_server(handle: Handle, timeout: float = 5.0) -> None:
     finally:
         sock.close()
     root = handle.get("pid")
-    if uid != os.getuid() or (pid != root and pid not in descendants(root)):
+    if uid != handle.get("uid", os.getuid()) or (pid != root and pid not in descendants(root)):
         raise SandboxStartError(f"tool socket answered by pid {pid} (uid {uid}), which this "
                                 f"runtime did not start (pid {root})")
     handle.update(server_pid=pid, server_start=start_time(pid))
@@ -194,7 +194,7 @@ def pin_server(handle: Handle, timeout: float = 5.0) -> None:
 def shutdown_quietly(handle: Handle, timeout: float = 1.0) -> None:
     """Ask a tool server to stop its sessions; ignore any failure (the kill follows)."""
     try:
-        server = (handle["server_pid"], handle["server_start"]) \
+        server = (handle["server_pid"], handle["server_start"], handle.get("uid", os.getuid())) \
             if handle.get("server_pid") else None
         ToolClient(handle["socket"], server).call("shutdown", {}, timeout)
     except Exception:  # noqa: BLE001 - best effort before a forced kill

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import socket
 import subprocess
-from typing import Literal
+import tempfile
+from pathlib import Path
+from typing import Callable, Literal
 
 from pydantic import Field
 
@@ -18,6 +21,7 @@ from sandbox.environments import resolve_env
 from sandbox.errors import SandboxStartError
 from sandbox.handles import (
     Handle,
+    give_workspace,
     gated_popen,
     kill_launch,
     kill_pid,
@@ -31,6 +35,8 @@ from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
+log = logging.getLogger(__name__)
+
 # System trees a program may need; never home, root, tmp, var, srv, mnt or data folders.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 # Host secrets that stay hidden even though /etc is visible (readable if the sandbox maps to root).
@@ -40,6 +46,8 @@ MASKED_DIRS = ("/etc/ssl/private", "/etc/ssh", "/etc/sudoers.d", "/etc/credstore
 # The launcher (sh + bwrap, host processes) runs with this environment only; what the sandbox
 # sees is passed with --clearenv/--setenv, so no job variable (LD_PRELOAD, ...) touches the host.
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# Run by root before bwrap: stage the binds where an unprivileged uid reaches them, drop to it.
+LAUNCH_AS = str(Path(__file__).resolve().parent / "launch_as.py")
 IMAGE_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "lost+found"}
 
 
@@ -69,8 +77,10 @@ def _probe() -> str | None:
     return None if run.returncode == 0 else f"bwrap cannot create namespaces: {run.stderr.decode()[-300:]}"
 
 
-def _root_mounts(image: str | None) -> list[str]:
+def _root_mounts(image: str | None,
+                 bind: Callable[[str, str, str], list[str]] | None = None) -> list[str]:
     """Mounts for the system dirs of the host (default) or of a rootfs directory image."""
+    bind = bind or (lambda mode, source, target: [f"--{mode}", source, target])
     root = image or "/"
     names = SYSTEM_DIRS if image is None else sorted(set(os.listdir(root)) - IMAGE_SKIP)
     args: list[str] = []
@@ -79,11 +89,61 @@ def _root_mounts(image: str | None) -> list[str]:
         if os.path.islink(source):
             args += ["--symlink", os.readlink(source), f"/{name}"]
         elif os.path.isdir(source):
-            args += ["--ro-bind", source, f"/{name}"]
+            args += ["--ro-bind", source, f"/{name}"] if image is None \
+                else bind("ro-bind", source, f"/{name}")
     if image is None:
         args += [x for f in MASKED_FILES if os.path.isfile(f) for x in ("--ro-bind", "/dev/null", f)]
         args += [x for d in MASKED_DIRS if os.path.isdir(d) for x in ("--tmpfs", d)]
     return args
+
+
+def unprivileged_uid(settings) -> int | None:
+    """The host uid a sandbox runs as when it must not be ours: only when we are root (a
+    sandbox mapped to host root owns every root-only file a bind exposes, /etc included), and
+    only where that uid may create namespaces (else root's sandboxes, with a warning)."""
+    if os.geteuid() != 0:
+        return None
+    reason = _probe_as(settings.root_sandbox_uid)
+    if reason is None:
+        return settings.root_sandbox_uid
+    log.warning("bwrap cannot run as uid %s (%s): sandboxes run as root, and only the masked "
+                "/etc files are hidden from the agent", settings.root_sandbox_uid, reason)
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_as(uid: int) -> str | None:
+    """None when bwrap started through launch_as.py as `uid` creates its namespaces here
+    (unprivileged user namespaces may be forbidden by sysctl or AppArmor)."""
+    binary = bwrap_binary()
+    if binary is None:
+        return "no bwrap binary"
+    fd = os.open(binary, os.O_RDONLY)
+    try:
+        argv = ["/usr/bin/python3", "-I", "-S", LAUNCH_AS, str(uid), str(uid), str(fd), "/",
+                "--", "bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc",
+                "--dev", "/dev", "true"]
+        run = subprocess.run(argv, capture_output=True, timeout=10, pass_fds=(fd,),
+                             env=dict(LAUNCHER_ENV))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"failed to run: {exc}"
+    finally:
+        os.close(fd)
+    return None if run.returncode == 0 else run.stderr.decode(errors="replace")[-300:]
+
+
+def stage_root() -> str:
+    """An empty root-owned 0711 folder the launcher mounts its staging tmpfs on (privately)."""
+    for parent in ("/run", tempfile.gettempdir()):
+        path = os.path.join(parent, "raas-stage")
+        try:
+            os.makedirs(path, mode=0o711, exist_ok=True)
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == 0 and not os.path.islink(path) and os.path.isdir(path):
+            return path
+    raise SandboxStartError("no root-owned folder to stage sandbox binds in (/run or tmp)")
 
 
 class BwrapConfig(RuntimeConfig):
@@ -116,19 +176,29 @@ class BwrapRuntime(Runtime):
         if self.settings.isolate_tools:  # for isolate.py only: tool sessions run without it
             argv += ["--cap-add", "CAP_SYS_ADMIN"]
             server_flags = [*server_flags, "--isolate"]
+        uid = unprivileged_uid(self.settings)
+        staged: list[str] = []
+
+        def bind(mode: str, source: str, target: str) -> list[str]:
+            """A bind by path, or (bwrap run as `uid`) from where launch_as.py staged it."""
+            if uid is None:
+                return [f"--{mode}", source, target]
+            staged.append(source)
+            return [f"--{mode}", "{stage:%d}" % (len(staged) - 1), target]
+
         if not spec.network:
             argv += ["--unshare-net"]
-        argv += _root_mounts(spec.image)
+        argv += _root_mounts(spec.image, bind)
         size = str(spec.limits.tmp_bytes)  # a /tmp flood is ENOSPC, never an OOM of the server
         argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
                  "--size", size, "--tmpfs", "/run",
-                 "--ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver",
-                 "--ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess",
-                 "--bind", spec.workspace, spec.workspace]
+                 *bind("ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver"),
+                 *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
+                 *bind("bind", spec.workspace, spec.workspace)]
         if env_dir:
-            argv += ["--ro-bind", env_dir, env_dir]
-        for bind in spec.binds:
-            argv += ["--ro-bind" if bind.read_only else "--bind", bind.host, bind.target]
+            argv += bind("ro-bind", env_dir, env_dir)
+        for extra in spec.binds:
+            argv += bind("ro-bind" if extra.read_only else "bind", extra.host, extra.target)
         workdir = spec.workdir or spec.workspace
         python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
         inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
@@ -138,6 +208,9 @@ class BwrapRuntime(Runtime):
                  "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
                  "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}",
                  "--signal-fd", "{signal_fd}", *server_flags]
+        if uid is not None:  # root: bwrap runs as `uid`, from paths and a binary root staged
+            argv = ["/usr/bin/python3", "-I", "-S", LAUNCH_AS, str(uid), str(uid),
+                    "{exe:%s}" % binary, stage_root(), *staged, "--", "bwrap", *argv[1:]]
         return argv
 
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
@@ -145,7 +218,12 @@ class BwrapRuntime(Runtime):
         handle = self.new_handle(spec, label)
         handle.update(signal_file=handle["log_file"][:-4] + ".signals",
                       isolated=self.settings.isolate_tools)
+        uid = unprivileged_uid(self.settings)
+        if uid is not None:
+            handle["uid"] = uid
         try:
+            if uid is not None:
+                give_workspace(spec.workspace, uid)  # what the host wrote after: hand_over
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)
             groups = cgroups.create(handle["id"], spec.limits, self.settings.cgroup_parent) if self.use_cgroups else []
             handle.update(cgroups=groups)
@@ -176,17 +254,30 @@ class BwrapRuntime(Runtime):
         listener.bind(handle["socket"])
         os.chmod(handle["socket"], 0o600)
         listen_fd = listener.fileno()
-        argv = [a.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd, signal_fd=signal_w)
-                if a.startswith("{") else a for a in argv]
+        opened: list[int] = []
+
+        def resolve(arg: str) -> str:
+            if arg.startswith("{exe:"):  # opened by us (root) for launch_as.py
+                opened.append(os.open(arg[5:-1], os.O_RDONLY))
+                return str(opened[-1])
+            if arg.startswith("{stage:"):  # launch_as.py's to resolve
+                return arg
+            return arg.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd,
+                              signal_fd=signal_w) if arg.startswith("{") else arg
+
+        argv = [resolve(a) for a in argv]
         try:
             with open(handle["log_file"], "ab") as log_file:
                 proc = gated_popen(argv, handle, env=env, cwd="/", stdout=log_file,
                                    stderr=subprocess.STDOUT,
-                                   pass_fds=(ready_w, info_w, listen_fd, signal_w),
+                                   pass_fds=(ready_w, info_w, listen_fd, signal_w, *opened),
                                    start_new_session=True)
             os.close(ready_w)
             os.close(info_w)
             os.close(signal_w)
+            for fd in opened:
+                os.close(fd)
+            opened.clear()
             listener.close()
             ready_w = info_w = signal_w = -1
             server_ready(proc.poll, ready_r, self.start_timeout, handle["log_file"])
@@ -195,7 +286,7 @@ class BwrapRuntime(Runtime):
             pin_server(handle)
         finally:
             listener.close()
-            for fd in (ready_r, ready_w, info_r, info_w, signal_w):
+            for fd in (ready_r, ready_w, info_r, info_w, signal_w, *opened):
                 if fd >= 0:
                     os.close(fd)
 

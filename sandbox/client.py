@@ -41,11 +41,12 @@ def peer_of(sock: socket.socket) -> tuple[int, int]:
 class ToolClient:
     """Speaks the tool protocol to one server; thread-safe, reconnects after a failure.
 
-    With `server` = (pid, start time) every connection checks with SO_PEERCRED that the peer
-    is that very process (and our uid): a socket someone swapped raises `SandboxTampered`.
+    With `server` = (pid, start time[, uid]) every connection checks with SO_PEERCRED that the
+    peer is that very process (and runs as that uid, default ours: a root service runs bwrap
+    sandboxes as an unprivileged uid): a socket someone swapped raises `SandboxTampered`.
     """
 
-    def __init__(self, socket_path: str, server: tuple[int, int] | None = None) -> None:
+    def __init__(self, socket_path: str, server: tuple[int, ...] | None = None) -> None:
         self.socket_path = socket_path
         self.server = server
         self.sock: socket.socket | None = None
@@ -65,8 +66,9 @@ class ToolClient:
 
     def _check_peer(self, sock: socket.socket) -> None:
         pid, uid = peer_of(sock)
-        expected_pid, expected_start = self.server
-        if pid != expected_pid or uid != os.getuid() or start_time(pid) != expected_start:
+        expected_pid, expected_start, *owner = self.server
+        expected_uid = owner[0] if owner else os.getuid()
+        if pid != expected_pid or uid != expected_uid or start_time(pid) != expected_start:
             sock.close()
             raise SandboxTampered(f"tool socket {self.socket_path} is answered by pid {pid} "
                                   f"(uid {uid}), not by the server the runtime started "
@@ -127,7 +129,7 @@ class Sandbox:
     def __init__(self, handle: dict[str, Any], stop: Callable[[dict[str, Any]], None]) -> None:
         self.handle = handle
         self._stop = stop
-        server = (handle["server_pid"], handle["server_start"]) \
+        server = (handle["server_pid"], handle["server_start"], handle.get("uid", os.getuid())) \
             if handle.get("server_pid") else None
         self.client = ToolClient(handle["socket"], server)
         self.call_timeout = float(handle.get("call_timeout", 60.0))

@@ -133,6 +133,21 @@ def wait_gone(pid: int | None, started: int | None, timeout: float = 2.0) -> boo
     return True
 
 
+def give_workspace(path: str, uid: int) -> None:
+    """Hand a workspace tree to a sandbox's uid (symlinks themselves, never their targets)."""
+    os.lchown(path, uid, uid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+def hand_over(handle: Handle) -> None:
+    """Give what the host wrote into a running sandbox's workspace (a handler's INIT) to the
+    sandbox's uid, when it runs as one of its own (a root service); else nothing to do."""
+    if handle.get("uid") is not None and handle.get("workspace"):
+        give_workspace(handle["workspace"], int(handle["uid"]))
+
+
 def remove_state(handle: Handle) -> None:
     """Delete the handle file, log and socket directory of a stopped sandbox."""
     for key in ("socket",):

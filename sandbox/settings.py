@@ -36,6 +36,10 @@ class SandboxSettings(BaseModel):
     isolate_tools: bool = Field(
         True, description="bwrap: the agent's tool sessions run in a pid namespace below the "
                           "tool server's (they cannot signal, stop or trace it)")
+    root_sandbox_uid: int = Field(
+        65534, ge=1, description="bwrap, when this process runs as root: the unprivileged host "
+                                 "uid (and gid) sandboxes run as, so the agent reads only what "
+                                 "that uid may (never root-only host files); default nobody")
     start_timeout: float = Field(30.0, gt=0, description="Seconds a tool server has to start")
     allow_local_fallback: bool = Field(
         False, description="Whether `auto` may fall back to the unisolated local runtime when "

@@ -158,6 +158,14 @@ def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt:
     return sb, sb.handle
 
 
+def hand_over(handle: dict[str, Any] | None) -> None:
+    """Give the host's writes into a running sandbox's workspace to the sandbox's uid."""
+    if handle:
+        from sandbox.handles import hand_over as give
+
+        give(handle)
+
+
 def stop(handle: dict[str, Any] | None) -> None:
     """Kill everything the sandbox runs but keep its workspace (RUN's end, before the artifact)."""
     if not handle:

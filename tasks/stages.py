@@ -160,6 +160,7 @@ class StageRun:
                 return
             self.ctx.sandbox, self.ctx.workspace = sb, handle.get("workspace")
         self.handler.init(self.ctx)
+        sandboxes.hand_over(self.rollout.sandbox)  # what INIT wrote is the agent's to edit
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:

@@ -13,13 +13,14 @@ a fresh sandbox (`swe_eval`). Re-evaluation is the same EVAL on the stored artif
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from typing import Any, Literal
 
 from pydantic import Field
 
 from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
-from agents.helpers import swe_diff, swe_eval
+from agents.helpers import swe_diff, swe_eval, swe_guard
 from agents.helpers.swe_images import resolve_instance_image
 from agents.helpers.swe_repo import check_repo_name, materialize
 from agents.loop import run_agent_loop
@@ -61,6 +62,20 @@ class SWEConfig(SandboxToolsConfig):
     python_env: str | None = Field("pytest", description="Sandbox Python environment with "
                                                          "pytest (None: the job's choice)")
     test_timeout: float = Field(300.0, gt=0, description="Seconds for EVAL's test run")
+    scan_runner_refs: bool = Field(
+        True, description="Reward 0 without running tests when the graded diff adds lines "
+                          "naming test-runner internals (`_pytest`, pytest hooks, pluggy, "
+                          "`sys.modules`, unittest result classes, `atexit`, `os._exit`); off "
+                          "for datasets whose fixes legitimately touch them")
+
+
+def _read_text(root: str, path: str) -> str:
+    """A clean checkout's file as text ("" when the agent created it or it is not text)."""
+    try:
+        with open(os.path.join(root, path), encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _settings() -> Any:
@@ -152,13 +167,20 @@ class SWEHandler(AgentHandler):
             changes, set(walk(workspace).files),
             swe_diff.test_patch_paths(ctx.instance["test_patch"]))
         patch = swe_diff.display_patch(workspace, kept)
+        refs = swe_guard.runner_refs(kept, lambda path: _read_text(workspace, path))
+        ctx.state["runner_refs"] = refs
         swe_diff.apply_changes(workspace, kept)
-        return {"git_patch": patch, "dropped_files": sorted(dropped),
+        return {"git_patch": patch, "dropped_files": sorted(dropped), "runner_refs": refs,
                 "dropped_reasons": dropped,
                 "skipped_files": sorted((ctx.artifact or {}).get("skipped") or {})}
 
     def evaluate(self, ctx: StageContext) -> EvalResult:
         """Grade the prepared workspace in the fresh sandbox with the instance's tests."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
+        refs = ctx.state.get("runner_refs") or []
+        if cfg.scan_runner_refs and refs:
+            return EvalResult(0.0, {"resolved": False, "runner_tampering": True},
+                              {"eval_error": "the diff names test-runner internals: " + ", ".join(
+                                  f"{r['path']}:{r['line']} {r['match']}" for r in refs[:5])})
         return swe_eval.grade(ctx.instance, ctx.workspace, ctx.sandbox,
                               min(cfg.test_timeout, max(1.0, ctx.remaining())))

@@ -7,19 +7,23 @@ ini (`-c`, so no repo config the agent could have written is read) and rootdir. 
 report goes to an inherited descriptor (fd 3, the tool's output pipe), never to a file: code
 under test cannot predict a path to rewrite, and anything it writes to that pipe too makes the
 report unparseable. Two channels must agree: every listed test passed in the report *and*
-pytest exited 0. Mistakes of the agent (a broken repo, tests that hang) give reward 0; only
-sandbox failures raise.
+pytest exited 0. Each listed test runs in its own interpreter under `swe_guard.RUNNER`, which
+fingerprints pytest before the package loads and adds a third channel, its verdict line
+(issue 22.4; an instance's own `test_cmd` runs the whole list once, unguarded). Mistakes of the
+agent (a broken repo, tests that hang) give reward 0; only sandbox failures raise.
 """
 from __future__ import annotations
 
 import json
 import secrets
 import shlex
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
 from agents.abstract import EvalResult
+from agents.helpers.swe_guard import RUNNER, split_report
 
 # Git run by EVAL must not execute anything the agent configured in the repo.
 GIT = ("git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "
@@ -37,6 +41,7 @@ class SuiteRun:
     timed_out: bool = False
     exit_code: int | None = None
     output: str = ""
+    replaced: dict[str, list[str]] = field(default_factory=dict)  # test -> pytest objects
 
 
 def listed_tests(value: Any) -> list[str]:
@@ -61,13 +66,45 @@ def apply_patch(sb: Any, workspace: str, patch: str, name: str, timeout: float =
 
 def run_tests(sb: Any, workspace: str, tests: list[str], timeout: float,
               test_cmd: str | None = None) -> SuiteRun:
-    """Run `tests` (pytest node ids) once, isolated, with a wall-clock limit."""
+    """Run `tests` (pytest node ids), isolated, within a wall-clock limit: each in its own
+    guarded interpreter, or (an instance's `test_cmd`) all at once."""
     scratch = f"/tmp/.raas-grade-{secrets.token_hex(8)}"
     ini = f"[pytest]\npythonpath = {workspace}\n"
-    sb.bash(f"mkdir -p {scratch} && printf %s {shlex.quote(ini)} > {scratch}/pytest.ini",
-            timeout=30)
-    prefix = test_cmd or (f"python3 -I -B -m pytest -c {scratch}/pytest.ini "
-                          f"--rootdir {shlex.quote(workspace)} {PYTEST_ARGS}")
+    sb.bash(f"mkdir -p {scratch} && printf %s {shlex.quote(ini)} > {scratch}/pytest.ini && "
+            f"printf %s {shlex.quote(RUNNER)} > {scratch}/runner.py", timeout=30)
+    if test_cmd:
+        return _run_suite(sb, workspace, tests, timeout, test_cmd, scratch)
+    run, deadline, consoles = SuiteRun(exit_code=0), time.monotonic() + timeout, []
+    for test in tests:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            run.statuses[test], run.timed_out = "missing", True
+            continue
+        result = _sh(sb, workspace, f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -I -B "
+                     f"{scratch}/runner.py -c {scratch}/pytest.ini --rootdir "
+                     f"{shlex.quote(workspace)} {PYTEST_ARGS} --junitxml=/dev/fd/3 "
+                     f"{shlex.quote(test)} 3>&1 >{scratch}/out 2>&1", remaining)
+        junit, verdicts = split_report(result.output)
+        status = match_statuses([test], parse_junit(junit))[test]
+        verdict = verdicts[0] if len(verdicts) == 1 else {"passed": False}
+        if verdict.get("replaced"):
+            run.replaced[test] = verdict["replaced"]
+        if status == "passed" and not (verdict.get("passed") and result.exit_code == 0):
+            status = "tampered" if verdict.get("replaced") else "unverified"
+        run.statuses[test] = status
+        run.timed_out = run.timed_out or result.timed_out
+        if result.exit_code != 0 and run.exit_code == 0:
+            run.exit_code = result.exit_code
+        if status != "passed":
+            consoles.append(sb.bash(f"tail -c 1500 {scratch}/out", timeout=30).output)
+    sb.bash(f"rm -rf {scratch}", timeout=30)
+    run.output = "\n".join(consoles)[-4000:]
+    return run
+
+
+def _run_suite(sb: Any, workspace: str, tests: list[str], timeout: float, prefix: str,
+               scratch: str) -> SuiteRun:
+    """The whole list in one run of the instance's own command (JUnit on fd 3 + exit 0)."""
     ids = " ".join(shlex.quote(t) for t in tests)
     result = _sh(sb, workspace, f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {prefix} "
                  f"--junitxml=/dev/fd/3 {ids} 3>&1 >{scratch}/out 2>&1", timeout)
@@ -126,6 +163,9 @@ def grade(instance: dict[str, Any], workspace: str, sb: Any, timeout: float) -> 
     metrics.update(f2p_passed=len(passed & set(f2p)), p2p_passed=len(passed & set(p2p)),
                    tests_timed_out=run.timed_out, tests_exit_code=run.exit_code)
     extra.update(test_results=run.statuses, test_output=run.output)
+    if run.replaced:
+        extra["pytest_replaced"] = run.replaced
+        metrics["runner_tampering"] = True
     resolved = set(f2p + p2p) <= passed and run.exit_code == 0
     metrics["resolved"] = resolved
     return EvalResult(1.0 if resolved else 0.0, metrics, extra)

@@ -44,7 +44,10 @@ def git_env() -> dict[str, str]:
 
 def git(cwd: Path, *args: str, check: bool = True) -> str:
     """Run host git in `cwd` and return stdout; a failure is an InfraError with stderr."""
-    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd,
+    # safe.directory: a root service hands fresh workspaces to the sandbox's uid (bwrap.py);
+    # host git never runs on a workspace the agent has touched (swe_diff compares files).
+    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*",
+                           *args], cwd=cwd,
                           env=git_env(), capture_output=True, text=True, timeout=120)
     if check and proc.returncode != 0:
         raise InfraError(f"git {' '.join(args)} failed: {proc.stderr.strip()[:2000]}")

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -106,6 +107,43 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` alone; special tokens written in the text become their ids."""
         return list(self.hf.encode(text, add_special_tokens=False))
+
+    @functools.cached_property
+    def control_pattern(self) -> re.Pattern | None:
+        """Matches the text of every added token (special or not, e.g. `<|im_start|>`,
+        Qwen's `<tool_call>`), longest first; None when the tokenizer has none."""
+        texts = {getattr(t, "content", str(t)) for t in
+                 getattr(self.hf, "added_tokens_decoder", {}).values()}
+        texts |= set(self.hf.all_special_tokens)
+        texts = sorted((t for t in texts if t), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    def control_texts_in(self, text: str) -> list[tuple[int, int]]:
+        """(start, end) of each added token's text written in `text`."""
+        pattern = self.control_pattern
+        return [m.span() for m in pattern.finditer(text)] if pattern and text else []
+
+    def encode_untrusted(self, text: str, spans: list[tuple[int, int]]) -> list[int]:
+        """Ids of a rendered `text` whose character `spans` hold untrusted message text (a tool's
+        output): the template's own delimiters stay control tokens, but a control token's text
+        inside a span is encoded as plain text, so a tool printing `<|im_end|>` never closes a
+        turn. Text without such strings encodes exactly as `encode` does."""
+        forged = [(a, b) for a, b in self.control_texts_in(text)
+                  if any(start <= a and b <= end for start, end in spans)]
+        if not forged:
+            return self.encode(text)
+        ids, at = [], 0
+        for start, end in forged:
+            ids += self.encode(text[at:start]) + self._plain(text[start:end])
+            at = end
+        return ids + self.encode(text[at:])
+
+    def _plain(self, text: str) -> list[int]:
+        """A control token's text as ordinary tokens: its first character apart, so the rest
+        can no longer spell it (and, recursively, no other)."""
+        head = self.encode(text[0])
+        rest = text[1:]
+        return head + self.encode_untrusted(rest, [(0, len(rest))]) if rest else head
 
     def split_counts(self, text: str, ids: list[int], cuts: list[int | None]) -> list[int]:
         """Token counts of the pieces of `text` cut at character offsets `cuts` (None = no cut

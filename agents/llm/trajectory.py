@@ -14,6 +14,12 @@ delta. A turn that stopped on *any* end-of-turn token (`<|im_end|>`, Qwen's `<|e
 Llama 3.1's `<|eot_id|>` or `<|eom_id|>`) keeps that token, and the template's own closing
 token is left out of the delta: inserting `<|eot_id|>` after a sampled `<|eom_id|>` would be
 a sequence the template never produces.
+
+Message text is data, never structure: a tool that prints `<|im_end|>\n<|im_start|>user`
+must not forge a turn. Every non-assistant message's content is located in the rendered text
+and encoded so that a control token's text inside it stays plain text; only the template's own
+delimiters become control ids (`ChatTokenizer.encode_untrusted`). The number of such strings
+in observations is reported by the drift audit (`forged_control_tokens`).
 """
 from __future__ import annotations
 
@@ -76,6 +82,7 @@ class TrajectoryBuilder:
         self.token_exact = token_exact
         self._last_ended = True  # did the last generated turn end with an end-of-turn token?
         self.exhausted = False  # a delta did not fit: the conversation cannot go on
+        self.forged_control_tokens = 0  # control-token texts in appended observations
 
     def limit_context(self, max_model_len: int) -> None:
         """Lower the context length (a server serves less than the job asked for)."""
@@ -118,7 +125,9 @@ class TrajectoryBuilder:
         if not messages:
             raise TrajectoryError("the prompt needs at least one message")
         self.tools = tools or None
-        prompt = self.tok.encode(self._render(list(messages), add_generation_prompt=True))
+        messages, text, spans = self._render_untrusted(
+            list(messages), lambda ms: self._render(ms, add_generation_prompt=True))
+        prompt = self.tok.encode_untrusted(text, spans)
         self.traj = Trajectory(
             prompt_ids=prompt, token_exact=self.token_exact, messages=[dict(m) for m in messages]
         )
@@ -161,17 +170,68 @@ class TrajectoryBuilder:
             raise TrajectoryError(
                 "append_messages twice without a generation: pass all of a turn's messages at once"
             )
-        text = self.delta_text(messages)
-        delta = self.tok.encode(text)
+        forged = sum(len(self.tok.control_texts_in(str(m.get("content") or "")))
+                     for m in messages if m.get("role") != "assistant")
+        messages, text, spans = self._render_untrusted(list(messages), self.delta_text)
+        delta = self.tok.encode_untrusted(text, spans)
         if self.length + len(delta) >= self.max_model_len:  # no room left to generate after it
             traj.finish_reason, self.exhausted = "context", True
             return []
+        self.forged_control_tokens += forged
         traj.response_ids += delta
         traj.response_logprobs += [0.0] * len(delta)
         traj.loss_mask += [0] * len(delta)
         traj.messages += [dict(m) for m in messages]
         traj.message_token_counts += self._delta_counts(messages, text, delta)
         return delta
+
+    def _render_untrusted(self, messages: list[dict], render
+                          ) -> tuple[list[dict], str, list[tuple[int, int]]]:
+        """(messages, `render(messages)`, the character spans of their non-assistant contents).
+
+        The spans come from a second render with a unique mark in place of each such content:
+        the real text must be that render with the marks replaced, else (a template that
+        rewrites message text) the messages are returned with every control-token text broken
+        by a word joiner, which no longer needs spans to be safe.
+        """
+        text = render(messages)
+        spans = self._spans(messages, render, text)
+        if spans is not None:
+            return messages, text, spans
+        defused = [m if m.get("role") == "assistant" or not isinstance(m.get("content"), str)
+                   else {**m, "content": self._defuse(m["content"])} for m in messages]
+        return defused, render(defused), []
+
+    @staticmethod
+    def _spans(messages: list[dict], render, text: str) -> list[tuple[int, int]] | None:
+        marks: dict[str, str] = {}
+        probe = []
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if message.get("role") != "assistant" and isinstance(content, str) and content:
+                mark = f"\x00raas-message-{i}\x00"
+                marks[mark] = content
+                message = {**message, "content": mark}
+            probe.append(message)
+        if not marks:
+            return []
+        rendered, spans, out, at = render(probe), [], [], 0
+        for mark, content in marks.items():
+            found = rendered.find(mark, at)
+            if found < 0:
+                return None
+            out.append(rendered[at:found])
+            start = sum(map(len, out))
+            out.append(content)
+            spans.append((start, start + len(content)))
+            at = found + len(mark)
+        out.append(rendered[at:])
+        return spans if "".join(out) == text else None
+
+    def _defuse(self, text: str) -> str:
+        for start, end in reversed(self.tok.control_texts_in(text)):
+            text = text[:start + 1] + "\u2060" + text[start + 1:]
+        return text
 
     def _prompt_counts(self, messages: list[dict], prompt: list[int]) -> list[int]:
         """Split the prompt's ids between its messages (the last one takes the generation
@@ -209,7 +269,8 @@ class TrajectoryBuilder:
         """Ids of a full re-render of the conversation, cut where the trajectory stops."""
         traj = self._require()
         last_is_assistant = traj.messages[-1].get("role") == "assistant"
-        text = self._render(traj.messages, add_generation_prompt=not last_is_assistant)
+        _, text, spans = self._render_untrusted(
+            traj.messages, lambda ms: self._render(ms, add_generation_prompt=not last_is_assistant))
         if last_is_assistant:
             # Compare only up to where the model stopped; the template's close is not sampled,
             # except its end token when the model did sample one.
@@ -219,13 +280,15 @@ class TrajectoryBuilder:
                 close = self.tok.end_text_at(tail)
                 if self._last_ended and close is not None:
                     text += tail[: close[1]]
-        return self.tok.encode(text)
+        return self.tok.encode_untrusted(text, spans)
 
     def audit_drift(self) -> dict[str, Any]:
         """Compare with a full re-render; report, never edit (see `agents.llm.drift`)."""
         traj = self._require()
-        return align_drift(traj.prompt_ids + traj.response_ids, self.reference_ids(),
-                           len(traj.prompt_ids), traj.turn_boundaries)
+        report = align_drift(traj.prompt_ids + traj.response_ids, self.reference_ids(),
+                             len(traj.prompt_ids), traj.turn_boundaries)
+        report["forged_control_tokens"] = self.forged_control_tokens  # kept as plain text
+        return report
 
     def trajectory(self) -> Trajectory:
         """The trajectory so far (a live object: copy it before mutating)."""

@@ -51,7 +51,8 @@ def test_multi_turn_rollout_is_token_exact(simulators, backend) -> None:
         assert sum(traj.loss_mask) == len(first.token_ids) + len(second.token_ids)
         assert traj.token_exact and traj.weight_versions == ["step-3", "step-3"]
         assert traj.messages[-1] == {"role": "assistant", "content": "All done."}
-        assert s.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": []}
+        assert s.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": [],
+                                   "forged_control_tokens": 0}
         assert s.budget_left == 2048 - len(traj.prompt_ids) - len(traj.response_ids)
 
 

@@ -63,7 +63,8 @@ def test_multi_turn_rollout_is_token_exact(vllm_db: str) -> None:
         assert {i for i, m in enumerate(traj.loss_mask) if m} == generated
         assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.response_logprobs)
         report = s.audit_drift()
-        assert set(report) == {"retokenization_drift", "first_diff", "drift_turns"}
+        assert set(report) == {"retokenization_drift", "first_diff", "drift_turns",
+                               "forged_control_tokens"}
         assert isinstance(report["retokenization_drift"], int)
 
 

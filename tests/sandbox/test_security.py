@@ -57,6 +57,40 @@ def test_cannot_read_host_secrets_or_data_trees(start, tmp_path, monkeypatch):
         secret_root.unlink()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root service only: a user's sandbox is that user")
+def test_a_root_service_runs_sandboxes_unprivileged(start):
+    """Issue 22.2: a sandbox of a root service was host root, so every root-only file of the
+    read-only /etc bind that the deny-list did not name was readable. Now the agent is an
+    unprivileged uid, and what it reads no longer depends on a list."""
+    secret = Path(f"/etc/raas-test-root-only-{uuid.uuid4().hex[:8]}")
+    secret.write_text("hunter2-etc")
+    secret.chmod(0o600)
+    try:
+        bw = start("bwrap")
+        r = bw.bash(f"id -u; cat {secret}; echo made > mine.txt && cat mine.txt")
+        assert "hunter2" not in r.output and "Permission denied" in r.output, r.output
+        assert r.output.splitlines()[0] == "65534" and r.output.endswith("made\n")
+        assert bw.bash("ls /proc | grep -c '^[0-9]'").output.strip() in {"1", "2", "3", "4"}
+    finally:
+        secret.unlink()
+
+
+def test_where_the_uid_may_not_create_namespaces_root_sandboxes_remain(monkeypatch):
+    """Unprivileged user namespaces can be forbidden (sysctl, AppArmor): then a root service
+    keeps starting sandboxes (as root, with the masked files hidden) and says so."""
+    from sandbox import bwrap
+    from sandbox.settings import SandboxSettings
+
+    settings = SandboxSettings()
+    monkeypatch.setattr(bwrap, "_probe_as", lambda uid: "forbidden here")
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 0)
+    assert bwrap.unprivileged_uid(settings) is None
+    monkeypatch.setattr(bwrap, "_probe_as", lambda uid: None)
+    assert bwrap.unprivileged_uid(settings) == 65534
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
+    assert bwrap.unprivileged_uid(settings) is None  # a user's sandbox is that user
+
+
 def test_no_network_when_off(start):
     with socket.create_connection(("127.0.0.1", 5432), timeout=2):
         pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
@@ -101,7 +135,8 @@ try:
     assert "MemoryError" in sb.python("b = b'x' * (600 * 1024 * 1024)").error
     sb.bash(":(){ :|:& };:", timeout=5)
     time.sleep(2)
-    mine = sum(os.stat("/proc/" + p).st_uid == os.getuid() for p in os.listdir("/proc") if p.isdigit())
+    from sandbox.toolserver.procs import descendants  # this sandbox's tree: a root service's
+    mine = 1 + len(descendants(sb.handle["pid"]))     # sandboxes elsewhere run as this uid too
     sb.reset()
     print(mine, sb.bash("echo alive", timeout=20).output.strip())
 finally:
