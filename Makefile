@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch test-adapters bench vllm-cpu demo clean
+.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch test-adapters test-slurm bench vllm-cpu demo clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -82,6 +82,12 @@ $(ADAPTERS_VENV)/.installed: setup.cfg pyproject.toml sdk/pyproject.toml
 
 test-adapters: $(ADAPTERS_VENV)/.installed
 	$(ADAPTERS_VENV)/bin/python -m pytest -q -m adapters tests/adapters
+
+# raas node jobs on a private one-node Slurm (installs slurm-wlm + munge when missing, needs
+# root): scancel, time limit and requeue under proctrack/cgroup and linuxproc. Minutes, not
+# seconds (Slurm checks time limits every 30 s): its own CI step, not part of `make test`.
+test-slurm: install
+	$(PY) -m pytest -m slurm -p no:xdist -s tests/slurm
 
 bench: install
 	$(PY) bench/pipeline.py

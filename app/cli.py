@@ -222,6 +222,64 @@ def db_downgrade(revision: str) -> None:
     run_downgrade(load_settings().db_url, revision)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per check")
+def doctor(as_json: bool) -> None:
+    """Can this node run raas? Sandboxes, cgroups, environments, services, scratch."""
+    import json
+
+    from app.doctor import run_checks
+
+    logging.basicConfig(level=logging.WARNING)
+    checks = run_checks(load_settings())
+    for check in checks:
+        click.echo(json.dumps(check.as_dict()) if as_json else check.line())
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed:
+        click.echo(f"{len(failed)} check(s) failed: {', '.join(failed)}", err=True)
+        sys.exit(1)
+
+
+@main.group()
+def slurm() -> None:
+    """Slurm job scripts for this installation (docs/slurm.md)."""
+
+
+@slurm.command("write")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--init", "init", default=8, show_default=True, type=int, help="INIT slots per node")
+@click.option("--run", "run", default=64, show_default=True, type=int, help="RUN slots per node")
+@click.option("--eval", "eval_", default=8, show_default=True, type=int, help="EVAL slots per node")
+@click.option("--nodes", default=1, show_default=True, type=int, help="Node jobs (an array)")
+@click.option("--drain", default=60, show_default=True, type=int,
+              help="Seconds a node drains on TERM (RAAS_SOFT_SHUTDOWN_TIMEOUT)")
+@click.option("--time", "time_", default="1-00:00:00", show_default=True,
+              help="Node job time limit")
+@click.option("--mem-per-sandbox", default=1024, show_default=True, type=int,
+              help="MB of memory per live sandbox (sizes --mem)")
+@click.option("--partition", default=None)
+@click.option("--account", default=None)
+@click.option("--env-root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Shared pre-built environment root (default RAAS_ENV_ROOT)")
+@click.option("--services", is_flag=True,
+              help="Node jobs wait for the service job's address (no service node)")
+def slurm_write(folder: Path, init: int, run: int, eval_: int, nodes: int, drain: int,
+                time_: str, mem_per_sandbox: int, partition: str | None, account: str | None,
+                env_root: Path | None, services: bool) -> None:
+    """Write node.sbatch, services.sbatch and raas.env (this shell's RAAS_* settings)."""
+    from app.slurm import SlurmJobConfig, write_jobs
+
+    root = env_root or os.environ.get("RAAS_ENV_ROOT")
+    cfg = SlurmJobConfig(init=init, run=run, eval=eval_, nodes=nodes, drain=drain, time=time_,
+                         mem_per_sandbox_mb=mem_per_sandbox, partition=partition,
+                         account=account, env_root=Path(root).resolve() if root else None,
+                         services=services)
+    for path in write_jobs(cfg, folder):
+        click.echo(str(path))
+    click.echo(f"node job: {cfg.cpus} CPUs, {cfg.mem_mb} MB, {nodes} node(s); "
+               f"sbatch {folder}/node.sbatch")
+
+
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.tokens_cli import token_command

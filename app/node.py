@@ -97,6 +97,9 @@ class NodeSupervisor:
         """Start a pool's process (from the main thread: Linux ties the parent-death signal
         to the thread that forked)."""
         env = {**os.environ, "RAAS_NODE": self.settings.node}
+        run_slots = sum(p.slots for p in self.pools if p.stage == "run")
+        if pool.stage == "init" and run_slots:  # INIT runs at most a RUN's worth ahead
+            env.setdefault("RAAS_INIT_AHEAD", str(run_slots))
         pool.proc = subprocess.Popen(self._argv(pool), env=env, start_new_session=True,
                                      preexec_fn=self._preexec)
         pool.started = time.monotonic()

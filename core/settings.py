@@ -5,6 +5,7 @@ Every setting has a default that works embedded (SQLite + the kombu filesystem b
 """
 from __future__ import annotations
 
+import os
 import socket
 from functools import cached_property
 from pathlib import Path
@@ -49,13 +50,33 @@ def _check_secret(token: str, what: str) -> str:
     return token
 
 
+def job_scratch() -> Path | None:
+    """This Slurm job's node-local scratch folder (`$SLURM_TMPDIR`, `$TMPDIR`, else /tmp),
+    or None outside a Slurm job."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    base = os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return Path(base) / f"raas-{job}"
+
+
+def default_home() -> Path:
+    """`.raas` in the working directory, except inside a Slurm job: there the working
+    directory is the shared submit folder, and node-local state (workspaces, sandboxes)
+    belongs in the job's local scratch."""
+    scratch = job_scratch()
+    return scratch / "home" if scratch else Path(".raas")
+
+
 class Settings(BaseSettings):
     """Everything a raas process (gateway, stage worker, reaper, CLI) needs to know."""
 
     model_config = SettingsConfigDict(env_prefix="RAAS_", extra="forbid", frozen=True,
                                       env_nested_delimiter="__")
 
-    home: Path = Field(Path(".raas"), description="State folder for the embedded default")
+    home: Path = Field(default_factory=default_home,
+                       description="State folder: .raas, or the job's local scratch inside a "
+                                   "Slurm job (never the shared submit folder)")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in home")
     broker_url: str | None = Field(None, description="Celery broker; default filesystem in home")
     broker_key_prefix: str = Field("", description="Redis key prefix, to share one Redis")
@@ -127,11 +148,20 @@ class Settings(BaseSettings):
     soft_shutdown_timeout: float = Field(
         60.0, ge=0, description="Drain time on SIGTERM: RUN and EVAL finish what they hold, "
                                 "then hand it back (tasks/drain.py)")
+    init_ahead: int | None = Field(
+        None, ge=1, description="INIT on a node takes no new work while this many of the "
+                                "node's rollouts wait for RUN (unset: no bound; `raas node` "
+                                "sets its RUN slots): a drained or lost node then holds few "
+                                "started sandboxes that must begin again from INIT")
     task_events: bool = Field(False, description="Send Celery task events (for Flower)")
     sandbox_runtime: str = Field(
         "auto", description="Default sandbox runtime for jobs that do not name one: a "
                             "registered runtime, auto or none (checked at start-up)"
     )
+    env_root: Path | None = Field(
+        None, description="Folder of the named sandbox environments; default <home>/envs. On "
+                          "a cluster: a shared root built on a login node (`raas env build "
+                          "--shared`), used read-only by compute nodes")
     workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
     sandbox_dir: Path | None = Field(
         None, description="Sandbox sockets and handle files (a 0700 folder of this user); "
@@ -217,7 +247,7 @@ class Settings(BaseSettings):
     @property
     def envs_root(self) -> Path:
         """Where the named sandbox Python environments live."""
-        return self.home.resolve() / "envs"
+        return (self.env_root or self.home / "envs").resolve()
 
     @property
     def workspaces(self) -> Path:

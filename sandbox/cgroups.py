@@ -62,6 +62,12 @@ def _parents(override: str | os.PathLike | None = None) -> dict[str, Path]:
     return parents
 
 
+def usable_controllers(parent: str | os.PathLike | None = None) -> dict[str, str]:
+    """Controller -> the folder sandbox cgroups would be created under (what `raas doctor`
+    reports: without `memory` a sandbox's memory limit is RLIMIT_AS only)."""
+    return {controller: str(path) for controller, path in _parents(parent).items()}
+
+
 def create(name: str, limits: SandboxLimits, parent: str | os.PathLike | None = None) -> list[str]:
     """Create cgroups limiting pids and memory under `parent` (default our own cgroup); returns
     their directories (maybe none)."""

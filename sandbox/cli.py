@@ -7,6 +7,7 @@ the command (`make_env_command`).
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,19 +33,32 @@ def make_env_command(declared: Declared = dict,
     @click.option("--package", "-p", "packages", multiple=True,
                   help="pip requirement; repeatable (default: what the handlers declare)")
     @click.option("--root", type=click.Path(file_okay=False), default=None,
-                  help="Folder holding environments (default <RAAS home>/envs)")
+                  help="Folder holding environments (default RAAS_ENV_ROOT, else "
+                       "<RAAS home>/envs)")
     @click.option("--python", "python", default="/usr/bin/python3", show_default=True,
                   help="Interpreter the venv is made from (must exist inside sandboxes)")
-    def build(name: str, packages: tuple[str, ...], root: str | None, python: str) -> None:
+    @click.option("--find-links", "find_links", multiple=True, metavar="DIR|URL",
+                  help="Local wheelhouse for pip (repeatable); with --no-index, the only source")
+    @click.option("--no-index", is_flag=True, help="Do not reach a package index (offline)")
+    @click.option("--shared", is_flag=True,
+                  help="Mark the root shared: compute nodes use it read-only and never build "
+                       "in it (run this on a login node, with RAAS_ENV_ROOT on every node)")
+    def build(name: str, packages: tuple[str, ...], root: str | None, python: str,
+              find_links: tuple[str, ...], no_index: bool, shared: bool) -> None:
         """Create or update environment NAME with the given packages (no-op if unchanged)."""
         wanted = list(packages) or declared().get(name, [])
         click.echo(f"building {name} ({' '.join(wanted) or 'no packages'}) ...")
-        path = build_environment(name, wanted, root=root or default_root(), python=python)
+        try:
+            path = build_environment(name, wanted, root=root or default_root(), python=python,
+                                     find_links=find_links, no_index=no_index, shared=shared)
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            raise click.ClickException(f"building {name} failed: {exc}") from None
         click.echo(f"{name}: {path}")
 
     @env_command.command("list")
     @click.option("--root", type=click.Path(file_okay=False), default=None,
-                  help="Folder holding environments (default <RAAS home>/envs)")
+                  help="Folder holding environments (default RAAS_ENV_ROOT, else "
+                       "<RAAS home>/envs)")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON")
     def list_(root: str | None, as_json: bool) -> None:
         """Built environments and the ones handlers declare (built on first use)."""

@@ -2,16 +2,26 @@
 
 A venv's scripts carry absolute paths, so an environment is built at its final path on the
 host and bound at that same path inside the sandbox.
+
+On a cluster the environments live in a *shared* root (`raas env build NAME --shared --root
+DIR` on a login node, which has the internet or the site's wheelhouse): the root is marked
+(`.raas-shared-root`) and compute nodes only use it, never build in it; a node that lacks an
+environment says which and how to build it. Builds into a shared root take a lock made with
+`mkdir` (atomic on NFS and Lustre, where `flock` may be node-local); node-local builds use
+`flock`, which a crashed builder releases by itself.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sandbox.errors import SandboxStartError
@@ -20,7 +30,30 @@ from sandbox.settings import DEFAULT_ENVS_ROOT
 log = logging.getLogger(__name__)
 
 MANIFEST = "raas-env.json"
+SHARED_MARK = ".raas-shared-root"
 SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+class EnvironmentMissing(SandboxStartError):
+    """A named environment is not built in a root this node may not build in."""
+
+    code = "environment_missing"
+
+
+def is_shared_root(root: str | os.PathLike) -> bool:
+    """True when nodes must not build in `root`: it is marked shared, or not writable."""
+    base = Path(root)
+    if (base / SHARED_MARK).exists():
+        return True
+    return base.is_dir() and not os.access(base, os.W_OK)
+
+
+def build_command(name: str, packages: Sequence[str], root: str | os.PathLike,
+                  shared: bool = True) -> str:
+    """The command that builds `name` into `root` (for error messages)."""
+    words = ["raas env build", name, *(f"--package {p}" for p in packages),
+             *(["--shared"] if shared else []), f"--root {root}"]
+    return " ".join(words)
 
 
 def resolve_env(name: str | None, root: str | os.PathLike = DEFAULT_ENVS_ROOT) -> str | None:
@@ -52,6 +85,11 @@ def ensure_environment(name: str, packages: list[str], root: str | os.PathLike =
     """
     if is_built(name, root):
         return False
+    if is_shared_root(root):
+        raise EnvironmentMissing(
+            f"sandbox environment {name!r} is not built in the shared environment root "
+            f"{Path(root).resolve()}, and compute nodes never build there; build it once on a "
+            f"login node: `{build_command(name, packages, Path(root).resolve())}`", name=name)
     log.info("building sandbox environment %r (%s) on first use; this takes a minute",
              name, " ".join(packages) or "no packages")
     started = time.monotonic()
@@ -66,29 +104,72 @@ def _manifest(packages: list[str], python: str) -> dict:
 
 
 def build_environment(name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT,
-                      python: str = SYSTEM_PYTHON) -> Path:
-    """Create `root/name` as a venv with `packages`; a no-op when built with the same list."""
+                      python: str = SYSTEM_PYTHON, find_links: Sequence[str] = (),
+                      no_index: bool = False, shared: bool = False) -> Path:
+    """Create `root/name` as a venv with `packages`; a no-op when built with the same list.
+
+    `find_links`/`no_index` install from a local wheelhouse (sites whose compute or login
+    nodes reach no package index); `shared` marks the root as one that nodes only read.
+    """
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"bad environment name {name!r}")
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
     target = base / name
     wanted = _manifest(packages, python)
-    with open(base / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per environment per node at a time
+    if shared:
+        (base / SHARED_MARK).write_text("compute nodes use these environments read-only\n")
+    lock = _shared_lock if shared or is_shared_root(base) else _node_lock
+    with lock(base / f".{name}.lock"):
         if _read_manifest(target) == wanted:
             return target
         shutil.rmtree(target, ignore_errors=True)
         subprocess.run([python, "-m", "venv", str(target)], check=True, capture_output=True)
         if packages:
-            pip = [str(target / "bin" / "python3"), "-m", "pip", "install", "-q",
-                   "--disable-pip-version-check", *packages]
-            result = subprocess.run(pip, capture_output=True, text=True)
-            if result.returncode:
-                shutil.rmtree(target, ignore_errors=True)
-                raise RuntimeError(f"pip install {packages} failed: {result.stderr[-2000:]}")
+            _pip_install(target, packages, find_links, no_index)
         (target / MANIFEST).write_text(json.dumps(wanted))
     return target
+
+
+def _pip_install(target: Path, packages: Sequence[str], find_links: Sequence[str],
+                 no_index: bool) -> None:
+    pip = [str(target / "bin" / "python3"), "-m", "pip", "install", "-q",
+           "--disable-pip-version-check", *(["--no-index"] if no_index else []),
+           *(f"--find-links={link}" for link in find_links), *packages]
+    result = subprocess.run(pip, capture_output=True, text=True)
+    if result.returncode:
+        shutil.rmtree(target, ignore_errors=True)
+        raise RuntimeError(f"pip install {list(packages)} failed: {result.stderr[-2000:]}")
+
+
+@contextlib.contextmanager
+def _node_lock(path: Path) -> Iterator[None]:
+    """One build per environment per node at a time (released if the builder dies)."""
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def _shared_lock(path: Path, wait: float = 3600.0) -> Iterator[None]:
+    """One build per environment across hosts: `mkdir` is atomic on NFS and Lustre."""
+    folder = path.with_suffix(".lockdir")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                owner = (folder / "owner").read_text() if (folder / "owner").exists() else "?"
+                raise RuntimeError(f"{folder} is held by {owner} for over {wait:.0f} s; "
+                                   "remove it if that build is dead") from None
+            time.sleep(2)
+    try:
+        (folder / "owner").write_text(f"{socket.gethostname()} pid {os.getpid()}\n")
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read_manifest(target: Path) -> dict | None:

@@ -182,6 +182,8 @@ class InitGate:
         self.settings = settings
         self.needed = {stage_queue("run", settings.node), stage_queue("eval", settings.node)}
         self.open = True
+        self.backlogged = False
+        self._lock = threading.Lock()
         self.consumer: Any = None
         # Pools of a node start together and register at different moments: INIT's work
         # waits in the node's queues meanwhile, so the gate only closes for a pool that is
@@ -196,20 +198,43 @@ class InitGate:
         threading.Thread(target=self._loop, name="raas-init-gate", daemon=True).start()
 
     def check(self) -> None:
-        """Open or close the gate from the live consumer rows."""
+        """Open or close the gate from the live consumer rows (and the RUN backlog); called
+        by the gate's thread and after every INIT task (so a fast INIT cannot run ahead)."""
+        with self._lock:
+            self._check()
+
+    def _check(self) -> None:
         try:
             missing = self.needed - handback.live_queues(self.settings, cached=False)
+            waiting = self._waiting_for_run()
         except Exception:  # noqa: BLE001 - keep the gate as it is until the database answers
             log.warning("INIT gate: reading live consumers failed", exc_info=True)
             return
+        ahead = self.settings.init_ahead
+        backlog = bool(ahead and waiting >= ahead)
         if missing and self.open and time.monotonic() >= self.closes_after:
             log.warning("node %s: %s has no live consumer; INIT takes no new work",
                         self.settings.node, ", ".join(sorted(missing)))
             self._set(False)
-        elif not missing and not self.open:
-            log.warning("node %s: RUN and EVAL consume again; INIT takes work",
-                        self.settings.node)
+        elif not missing and backlog and self.open:
+            log.debug("node %s: %s rollouts wait for RUN; INIT pauses", self.settings.node,
+                      waiting)
+            self._set(False)
+        elif not missing and not backlog and not self.open:
+            log.log(logging.DEBUG if self.backlogged else logging.WARNING,
+                    "node %s: RUN and EVAL consume; INIT takes work", self.settings.node)
             self._set(True)
+        self.backlogged = backlog
+
+    def _waiting_for_run(self) -> int:
+        """This node's rollouts started by INIT and not yet claimed by RUN: each holds a
+        sandbox that is lost if the node goes away (backpressure, `init_ahead`)."""
+        if not self.settings.init_ahead:
+            return 0
+        with session_scope(self.settings.db_url) as s:
+            return s.scalar(select(func.count()).select_from(Rollout).where(
+                Rollout.node == self.settings.node, Rollout.status == "run",
+                Rollout.lease_owner.is_(None))) or 0
 
     def _set(self, open_: bool) -> None:
         self.open = open_

@@ -15,7 +15,7 @@ import os
 import warnings
 
 from celery.platforms import SecurityWarning
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import task_postrun, worker_init, worker_ready, worker_shutdown
 
 from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
@@ -92,6 +92,11 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     @worker_shutdown.connect(weak=False)
     def _shutdown(**_: object) -> None:
         beat.stop()
+
+    if gate is not None:
+        @task_postrun.connect(weak=False)
+        def _after_init(**_: object) -> None:
+            gate.check()  # an INIT just handed a rollout on: backpressure before the next
 
     workers: list[object] = []
 

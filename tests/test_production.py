@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 def readme_gunicorn_line() -> str:
     """The production gateway command as the README gives it."""
     text = (REPO / "README.md").read_text()
-    return re.search(r"`(gunicorn -w \d+ -b [^`]*'app:create_app\(\)')`", text).group(1)
+    return re.search(r"`(gunicorn [^`]*-b [^`]*'app:create_app\(\)')`", text).group(1)
 
 
 def test_readme_gunicorn_line_serves_the_api(tmp_path):
@@ -83,3 +83,63 @@ def test_dev_stack_flower_is_reachable_with_basic_auth_and_task_events():
     user, _, password = flower["environment"]["RAAS_FLOWER_BASIC_AUTH"].partition(":")
     assert user and len(password) >= 8  # what `raas flower` requires off loopback
     assert compose["x-raas"]["environment"]["RAAS_TASK_EVENTS"] == "true"
+
+
+def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
+    """Issue 27.5: with no result for > 30 s (node jobs pending: routine on a cluster), a
+    40 s long poll on the README's gunicorn line answers 200, not a worker-timeout 500, and
+    `raas submit --wait` keeps following until the job ends (workers start after 35 s)."""
+    port = free_port()
+    argv = shlex.split(readme_gunicorn_line().replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env.update(PYTHONPATH=str(REPO), RAAS_HOME=str(tmp_path / "home"), RAAS_NODE="quiet",
+               RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    server = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    workers: list[subprocess.Popen] = []
+    try:
+        _wait_healthy(url, server)
+        (tmp_path / "in.jsonl").write_text('{"instance_id": "a"}\n{"instance_id": "b"}\n')
+        started = time.monotonic()
+        submit = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "submit", str(tmp_path / "in.jsonl"), "--agent",
+             "test-trivial", "--wait", "--url", url], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT)
+        job_id = None
+        while job_id is None and time.monotonic() - started < 60:
+            jobs = httpx.get(f"{url}/v1/jobs", timeout=10).json()["jobs"]
+            job_id = jobs[0]["job_id"] if jobs else time.sleep(0.3)
+        poll = httpx.get(f"{url}/v1/jobs/{job_id}/results", params={"wait": 40},
+                         timeout=90)
+        assert poll.status_code == 200 and poll.json()["items"] == [], poll.text[:500]
+        assert time.monotonic() - started > 35  # the poll was held, not answered early
+        for stage in ("init", "run", "eval"):
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "-c", "1"],
+                env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        output = submit.communicate(timeout=120)[0].decode(errors="replace")
+        assert submit.returncode == 0, output[-2000:]
+        assert re.search(r"completed\W+2", output), output[-2000:]
+    finally:
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            proc.wait(30)
+        os.killpg(server.pid, signal.SIGTERM)
+        log = server.communicate(timeout=60)[0].decode(errors="replace")
+    assert "WORKER TIMEOUT" not in log, log[-2000:]
+
+
+def _wait_healthy(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.3)
+    raise AssertionError("gateway did not become healthy")

@@ -162,7 +162,7 @@ def follow(client: RaasClient, job_id: str, total: int, out: Path | None, fresh:
     try:
         with tqdm(total=total, initial=len(summary), desc=job_id[:8], unit="rollout",
                   disable=not live) as bar, interrupted(client, job_id, out):
-            items = client.results(job_id, after, wait=30) if live else \
+            items = client.results(job_id, after) if live else \
                 finished_now(client, job_id, after)
             for item in items:
                 if sink is not None and not sink.add(item):

@@ -15,6 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 RETRY_STATUSES = frozenset({502, 503, 504})
+# A long poll also retries a 500: a gateway worker killed by its server's timeout mid-poll
+# (gunicorn's sync workers at 30 s) answers 500 though nothing is wrong with the request.
+LONG_POLL_RETRY_STATUSES = RETRY_STATUSES | {500}
+# Long polls wait less than gunicorn's default worker timeout (30 s), whatever the worker class.
+LONG_POLL_SECONDS = 25.0
 RETRY_TOTAL_ENV = "RAAS_RETRY_TOTAL"
 DEFAULT_RETRY_TOTAL = 600.0
 

@@ -19,7 +19,13 @@ import httpx
 
 from raas_client.batch import Batch, Collector
 from raas_client.models import Rollout
-from raas_client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
+from raas_client.retry import (
+    LONG_POLL_RETRY_STATUSES,
+    LONG_POLL_SECONDS,
+    RETRY_STATUSES,
+    RetryPolicy,
+    retry_total_from_env,
+)
 
 
 class RaasHTTPError(RuntimeError):
@@ -91,7 +97,7 @@ class RaasClient:
         return resp.json()
 
     def _request(self, method: str, path: str, retry: bool | None = None,
-                 **kw: Any) -> httpx.Response:
+                 statuses: frozenset[int] = RETRY_STATUSES, **kw: Any) -> httpx.Response:
         """Send once, or (reads by default) retry under `self.retry` until an answer that is
         not 502/503/504 or the budget is spent. Writes are sent once unless the caller says
         they are safe to repeat (a submission with an idempotency key)."""
@@ -104,7 +110,7 @@ class RaasClient:
                 if backoff is None or not backoff.wait():
                     raise
                 continue
-            if resp.status_code not in RETRY_STATUSES or backoff is None or not backoff.wait():
+            if resp.status_code not in statuses or backoff is None or not backoff.wait():
                 return resp
 
     def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1,
@@ -159,12 +165,15 @@ class RaasClient:
 
     def results_page(self, job_id: str, after: int = 0, wait: float = 0,
                      limit: int = 100) -> dict[str, Any]:
-        """One long-polled page of finished rollouts after cursor `after`."""
+        """One long-polled page of finished rollouts after cursor `after` (a long poll
+        also retries a 500: see `raas_client.retry.LONG_POLL_RETRY_STATUSES`)."""
         return self._call("GET", f"/v1/jobs/{job_id}/results",
                           params={"after": after, "wait": wait, "limit": limit},
-                          timeout=wait + 60)
+                          timeout=wait + 60,
+                          statuses=LONG_POLL_RETRY_STATUSES if wait else RETRY_STATUSES)
 
-    def results(self, job_id: str, after: int = 0, wait: float = 30) -> Iterator[dict[str, Any]]:
+    def results(self, job_id: str, after: int = 0,
+                wait: float = LONG_POLL_SECONDS) -> Iterator[dict[str, Any]]:
         """Every finished rollout from cursor `after` until the job is done."""
         while True:
             page = self.results_page(job_id, after, wait)
@@ -214,7 +223,8 @@ class RaasClient:
                 except ValueError:
                     raise httpx.RemoteProtocolError(f"torn NDJSON line {line[:80]!r}") from None
 
-    def groups(self, job_id: str, wait: float = 30) -> Iterator[list[dict[str, Any]]]:
+    def groups(self, job_id: str,
+               wait: float = LONG_POLL_SECONDS) -> Iterator[list[dict[str, Any]]]:
         """Whole GRPO groups (all samples of one instance), as each completes.
 
         With a straggler cut (`spare`, `group_timeout`) a group is its record's `members`:
