@@ -69,7 +69,8 @@ def _push_one(server: pool_pause.PoolServer, mechanism: str, path: str,
               lora_name: str | None, probe: Probe, tolerance: float) -> ServerPushReport:
     """Apply, reset and verify on one paused server (a failure is recorded, not raised)."""
     started = time.monotonic()
-    report = ServerPushReport(id=server.id, url=server.url, pause_seconds=server.paused_seconds)
+    report = ServerPushReport(id=server.id, url=server.url, pause_seconds=server.paused_seconds,
+                              generating_at_pause=server.generating_at_pause)
     model = lora_name if mechanism == "lora" else (server.model or _served_model(server.url))
     try:
         report.before_max_abs_diff = _probe_before(server, model, probe, tolerance)

@@ -51,8 +51,9 @@ NO_SERVER_RETRY_SECONDS = 0.5
 NO_SERVER_WAIT_SECONDS = 30.0
 # How often a turn waiting on a paused server (or after an aborted request) looks again.
 PAUSE_POLL_SECONDS = 0.25
-# How often a long wait on a paused pool is written to the rollout (the reaper reads it).
-PAUSE_REPORT_SECONDS = 5.0
+# How often a wait on a paused pool is written to the rollout: the reaper subtracts it from
+# the stage's age, so what is not yet written must stay well under its `stage_grace`.
+PAUSE_REPORT_SECONDS = 1.0
 # vLLM/SGLang error texts for a request longer than the server's context.
 _CONTEXT_ERRORS = ("maximum context length", "max_model_len", "context length", "too long")
 # vLLM: "maximum context length is 4096 tokens"; SGLang: "... context length (4096 tokens)".

@@ -31,6 +31,7 @@ from typing import Any
 
 WEIGHTS_FILE = "sim_weights.json"
 BLOCK_TOKENS = 16
+MAX_CACHED_BLOCKS = 200_000
 
 
 @dataclass(frozen=True)
@@ -166,10 +167,10 @@ class SimWeights:
         or the base), through the prefix cache; None before any weights were loaded."""
         with self.lock:
             state = self.adapters.get(model or "", self.state)
-            if not state.loaded:
-                return None
             adapter = model if model in self.adapters else None
             used = self._through_cache(adapter, prompt_ids, state)
+        if not used.loaded:
+            return None
         base = len(prompt_ids)
         return [weights_logprob(used, t, base + i) for i, t in enumerate(ids)]
 
@@ -178,9 +179,13 @@ class SimWeights:
         """The weights the prompt's longest cached block was computed with (else `state`);
         every full block of the prompt is cached with what was used."""
         blocks = (len(prompt_ids) - 1) // BLOCK_TOKENS  # the last token is always computed
-        keys = [(adapter, k, hash(tuple(prompt_ids[:k * BLOCK_TOKENS])))
-                for k in range(1, blocks + 1)]
+        keys, chained = [], 0
+        for k in range(blocks):  # a block's key covers every token before it, as vLLM's does
+            chained = hash((chained, tuple(prompt_ids[k * BLOCK_TOKENS:(k + 1) * BLOCK_TOKENS])))
+            keys.append((adapter, k, chained))
         used = next((self.cache[key] for key in reversed(keys) if key in self.cache), state)
+        if len(self.cache) > MAX_CACHED_BLOCKS:  # a bounded cache, like the real one
+            self.cache.clear()
         for key in keys:
             self.cache.setdefault(key, used)
         return used

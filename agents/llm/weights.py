@@ -203,6 +203,7 @@ class ServerPushReport(BaseModel):
     url: str
     ok: bool = False
     error: str | None = None
+    generating_at_pause: int = Field(0, description="Generations in flight when it paused")
     pause_seconds: float = Field(0.0, description="Until its in-flight generations ended")
     load_seconds: float | None = None
     verify_seconds: float | None = None
