@@ -8,6 +8,7 @@ sent (raas checks again when it can read the folder).
 """
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,21 @@ def probe_fingerprint(model: Any, tokenizer: Any, prompt: str | list[int] | None
     model.eval()
     tokens: list[int] = []
     logprobs: list[float] = []
+    step, past = ids, None  # the prompt once, then one token at a time on the KV cache
+    # transformers >= 5.2x names the cache argument `cache`; older ones `past_key_values`.
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
     try:
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                logits = model(torch.tensor([ids + tokens], device=device)).logits[0, -1]
-                logp = torch.log_softmax(logits.float(), dim=-1)
+                out = model(torch.tensor([step], device=device), use_cache=True,
+                            **({key: past} if past is not None else {}))
+                past = getattr(out, key, None) or out.past_key_values
+                logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
                 token = int(torch.argmax(logp))
                 tokens.append(token)
                 logprobs.append(float(logp[token]))
+                step = [token]
                 if token == eos:
                     break
     finally:
