@@ -198,8 +198,8 @@ def db_downgrade(revision: str) -> None:
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.tokens_cli import token_command
-    from client.cli import llm, results, status, submit
-    from client.weights_cli import weights
+    from raas_client.cli import llm, results, status, submit
+    from raas_client.weights_cli import weights
 
     main.add_command(token_command)
 

@@ -2,7 +2,7 @@
 
     python scripts/trainer_probe.py MODEL_DIR probe.json [--max-new-tokens 16]
 
-Loads the folder with transformers in fp32 and runs `client.weights.probe_fingerprint` on the
+Loads the folder with transformers in fp32 and runs `raas_client.weights.probe_fingerprint` on the
 default probe prompt; the file is what `raas weights push DIR --probe probe.json` sends. Runs
 in any environment with torch + transformers (e.g. /work/shared-venvs/convert): the helper
 module is loaded by path, so raas and its dependencies need not be installed there.
@@ -15,11 +15,11 @@ import json
 import time
 from pathlib import Path
 
-HELPER = Path(__file__).resolve().parent.parent / "client" / "weights.py"
+HELPER = Path(__file__).resolve().parent.parent / "sdk" / "raas_client" / "weights.py"
 
 
 def load_helper():
-    """client/weights.py as a module (it imports nothing of raas)."""
+    """sdk/raas_client/weights.py as a module (it imports nothing of raas)."""
     spec = importlib.util.spec_from_file_location("raas_client_weights", HELPER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 
 from agents.llm.sim_weights import WeightState, fingerprint, weights_logprob, write_checkpoint
 from agents.llm.simulator import fake_logprob, start_simulator
-from client import RaasHTTPError
-from client.weights import DEFAULT_PROBE_TEXT, TiedCheckpoint
+from raas_client import RaasHTTPError
+from raas_client.weights import DEFAULT_PROBE_TEXT, TiedCheckpoint
 from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL

@@ -19,7 +19,7 @@ from agents.llm.weights import (
     serve_probe,
     verify,
 )
-from client.weights import DEFAULT_PROBE_TEXT
+from raas_client.weights import DEFAULT_PROBE_TEXT
 from tests.llm.conftest import SMOLLM2
 
 REPLY = "one, two, three"

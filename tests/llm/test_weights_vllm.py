@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from agents.llm.weights import Probe, apply_weights, reset_prefix_cache, verify
-from client import RaasHTTPError
-from client.weights import TiedCheckpoint
+from raas_client import RaasHTTPError
+from raas_client.weights import TiedCheckpoint
 from tests.pipeline_harness import start_service
 from tests.private_services import free_port
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
+from raas_client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
 
 
 class RaasHTTPError(RuntimeError):
@@ -243,13 +243,13 @@ class RaasClient:
                      tolerance: float = 1e-3, servers: list[str] | None = None,
                      timeout: float = 300.0) -> dict[str, Any]:
         """POST /v1/weights/push: pause the pool, load `path` on every server, verify it
-        against `probe` (`client.weights.probe_fingerprint`), record `version`, resume.
+        against `probe` (`raas_client.weights.probe_fingerprint`), record `version`, resume.
 
         A tied checkpoint is refused here before anything is sent (`TiedCheckpoint`). A push
         that cannot be verified raises RaasHTTPError 409 (`weight_push_failed`, per-server
         diffs in `body["details"]`) and leaves the pool paused: push again or `resume_pool()`.
         """
-        from client.weights import check_untied
+        from raas_client.weights import check_untied
 
         if mechanism == "reload":
             check_untied(path)

@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from client.cli import gateway, http_error_message, url_option
-from client.sdk import RaasHTTPError
-from client.weights import TiedCheckpoint, load_probe
+from raas_client.cli import gateway, http_error_message, url_option
+from raas_client.sdk import RaasHTTPError
+from raas_client.weights import TiedCheckpoint, load_probe
 
 
 @click.group()
@@ -32,7 +32,7 @@ def _server_line(s: dict[str, Any]) -> str:
 @click.option("--version", required=True, help="The new weight version")
 @click.option("--probe", "probe_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSON {prompt_ids, token_ids, logprobs} from client.weights.probe_fingerprint")
+              help="JSON {prompt_ids, token_ids, logprobs} from raas_client.weights.probe_fingerprint")
 @click.option("--mechanism", type=click.Choice(["reload", "lora"]), default="reload",
               show_default=True)
 @click.option("--lora-name", default=None, help="Fixed adapter name (mechanism lora)")
