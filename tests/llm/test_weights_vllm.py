@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from agents.llm.weights import Probe, apply_weights, reset_prefix_cache, verify
 from raas_client import RaasHTTPError
 from raas_client.weights import TiedCheckpoint
+
+from agents.llm.weights import Fingerprint, apply_weights, reset_prefix_cache, verify
 from tests.pipeline_harness import start_service
 from tests.private_services import free_port
 
@@ -125,7 +125,7 @@ def test_a_push_makes_the_served_logprobs_the_trainers(gateway, checkpoints) -> 
         got = figures(report)
         assert report["resumed"] and got["max_abs_dlogp"] <= 1e-3  # fp32: < 1e-4 measured
         assert client.llm_servers()[0]["weight_version"] == version
-    probe_v1 = Probe(**json.loads(checkpoints["probe-v1"].read_text()))
+    probe_v1 = Fingerprint(**json.loads(checkpoints["probe-v1"].read_text()))
     on_v0 = verify(gateway_server(gateway), "vllm", SERVED, probe_v1, 1e-3)
     assert not on_v0.ok  # the two checkpoints are really different
 
@@ -146,7 +146,7 @@ def test_a_tied_checkpoint_is_refused(gateway, checkpoints) -> None:
 def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None:
     """The push's steps by hand, without the reset: the stale cache fails the verification."""
     url = gateway_server(gateway)
-    probe = Probe(**json.loads(checkpoints["probe-v1"].read_text()))
+    probe = Fingerprint(**json.loads(checkpoints["probe-v1"].read_text()))
     try:
         reset_prefix_cache(url, "vllm")
         verify(url, "vllm", SERVED, probe, 1e-3)  # the old weights fill the cache
