@@ -27,7 +27,7 @@ from agents.llm.weights import Fingerprint, apply_weights, reset_prefix_cache, v
 from tests.pipeline_harness import start_service
 from tests.private_services import free_port
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]  # a vLLM start + torch runs
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/work/shared-venvs/vllm"))
@@ -200,3 +200,25 @@ def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gatewa
     # back to v0 for the other tests (verified too)
     probe_v0 = json.loads(checkpoints["probe-v0"].read_text())
     assert client.push_weights(str(checkpoints["v0"]), "v0", probe_v0, timeout=300)["resumed"]
+
+
+def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpoints,
+                                                                tmp_path_factory) -> None:
+    """Trap 1 on the real server: `reload_weights` of a tied checkpoint leaves lm_head at the
+    old weights, and the probe catches it (raas refuses it before this; done by hand here)."""
+    root = tmp_path_factory.mktemp("tied")
+    trainer("scripts/untie_checkpoint.py", str(SMOLLM2), str(root / "tied"), "--perturb",
+            "0.002", "--seed", "2", "--keep-tied")
+    trainer("scripts/trainer_probe.py", str(root / "tied"), str(root / "probe.json"))
+    url = gateway_server(gateway)
+    probe = Fingerprint(**json.loads((root / "probe.json").read_text()))
+    try:
+        apply_weights(url, "vllm", "reload", str(root / "tied"))
+        reset_prefix_cache(url, "vllm")
+        served = verify(url, "vllm", SERVED, probe, 1e-3)
+    finally:
+        apply_weights(url, "vllm", "reload", str(checkpoints["v0"]))
+        reset_prefix_cache(url, "vllm")
+    print(json.dumps({"tied_max_abs_dlogp": served.max_abs_diff,
+                      "tied_first_mismatch": served.first_mismatch}))
+    assert not served.ok
