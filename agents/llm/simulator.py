@@ -45,7 +45,9 @@ per-sequence speed falls as the batch grows, at most `max_num_seqs` run and the 
 prompts cost prefill per token except what the prefix cache holds; GET /metrics then reports
 running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like vLLM, a request
 whose client disconnects while it is "decoding" (its latency, or its time in the engine) is
-aborted: no answer, counted as `aborted` in the stats.
+aborted: no answer, counted as `aborted` in the stats. Weight pushes (vLLM's reload, prefix
+cache reset and runtime LoRA endpoints, logprobs that follow the loaded weights, the
+tied-embedding defect): `agents/llm/sim_weights.py`, script key `"weights"`.
 
 `wrong_rate: p` gives rewards a variance on CPU (a trainer's advantage code needs one): each
 reply is replaced by the `wrong` reply with probability p, drawn from a hash of (`seed`, the
@@ -76,6 +78,7 @@ from tokenizers import Tokenizer
 
 from agents.llm.sim_capacity import CapacityModel, Engine, render_metrics
 from agents.llm.sim_latency import LatencyDist
+from agents.llm.sim_weights import SimWeights
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,7 @@ class Script:
         self._asked_lock = threading.Lock()
         dist = script.get("latency_dist")  # a long tail on top of `latency` (sim_latency)
         self.tail = LatencyDist.model_validate(dist).sampler() if dist else None
+        self.weights = SimWeights(script.get("weights"))  # `agents.llm.sim_weights`
 
     def wrong_draw(self, prompt_ids: list[int], request_seed: Any = None) -> bool:
         """Whether this request gets the wrong reply (see `wrong_rate` in the module doc)."""
@@ -166,7 +170,8 @@ class Script:
 
     def complete(self, prompt_ids: list[int], max_tokens: int,
                  disconnected: Callable[[], bool] = lambda: False,
-                 engine: Engine | None = None, seed: Any = None) -> dict[str, Any] | None:
+                 engine: Engine | None = None, seed: Any = None,
+                 model: str | None = None) -> dict[str, Any] | None:
         """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
         the client went away during the reply's latency or its time in the engine)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
@@ -187,7 +192,10 @@ class Script:
         if engine is not None and not engine.generate(prompt_ids, ids, disconnected):
             return None
         base = len(prompt_ids)
-        return {"ids": ids, "logprobs": [fake_logprob(t, base + i) for i, t in enumerate(ids)],
+        logprobs = self.weights.logprobs(prompt_ids, ids, model)  # None: nothing pushed yet
+        if logprobs is None:
+            logprobs = [fake_logprob(t, base + i) for i, t in enumerate(ids)]
+        return {"ids": ids, "logprobs": logprobs,
                 "finish_reason": finish, "instance": key, "turn": turn,
                 "text": self.tok.decode(ids, skip_special_tokens=True)}
 
@@ -283,6 +291,7 @@ class _Handler(BaseHTTPRequestHandler):
                 stats: dict[str, Any] = dict(self.server.stats)
             if self.server.engine is not None:
                 stats["engine"] = self.server.engine.snapshot()
+            stats["weights"] = script.weights.snapshot()
             self._send(200, stats)
         elif self.path == "/metrics" and self.server.engine is not None:
             text = render_metrics(self.server.engine.snapshot(), script.model).encode()
@@ -303,16 +312,18 @@ class _Handler(BaseHTTPRequestHandler):
         routes = {"/v1/completions": self._completions, "/generate": self._generate,
                   "/v1/chat/completions": self._chat}
         route = routes.get(self.path)
-        if route is None:
+        weights = None if route else self.server.script.weights.handle(self.path, body)
+        if route is None and weights is None:
             self._send(404, {"error": f"no route {self.path}"})
             return
-        status, answer = route(body)
+        status, answer = route(body) if route else weights
         if status == 499:  # aborted: the client is gone, there is no one to answer
             self.close_connection = True
             return
         self._send(status, answer)
 
-    def _run(self, prompt: Any, max_tokens: int, seed: Any = None) -> tuple[int, dict[str, Any]]:
+    def _run(self, prompt: Any, max_tokens: int, seed: Any = None,
+             model: str | None = None) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
         limit = self.server.max_model_len
@@ -325,7 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.stats_lock:
             self.server.stats["started"] += 1
         result = self.server.script.complete(prompt, max_tokens, self._client_gone,
-                                             self.server.engine, seed)
+                                             self.server.engine, seed, model)
         if result is None:
             with self.server.stats_lock:
                 self.server.stats["aborted"] += 1
@@ -338,7 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16),
-                              body.get("seed"))
+                              body.get("seed"), body.get("model"))
         if status != 200:
             return status, r
         choice = {"index": 0, "text": r["text"], "finish_reason": r["finish_reason"],
