@@ -151,12 +151,12 @@ class LLMSession:
 
     def generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
                  max_new_tokens: int | None = None) -> Generation:
-        """Sample one turn (see `_generate`), under the session's URL rules."""
+        """Sample one turn (see `_turn`), under the session's URL rules."""
         with url_guard(self.url_rules):
-            return self._generate(deadline, cancelled, max_new_tokens)
+            return self._turn(deadline, cancelled, max_new_tokens)
 
-    def _generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
-                  max_new_tokens: int | None = None) -> Generation:
+    def _turn(self, deadline: float, cancelled: Callable[[], bool] | None = None,
+              max_new_tokens: int | None = None) -> Generation:
         """Sample one turn before `deadline` (time.monotonic()), failing over between servers.
 
         The request asks for at most `sampling.max_tokens`, the context left and
@@ -177,7 +177,7 @@ class LLMSession:
         return generation
 
     def _generate(self, max_new_tokens: int | None) -> Generation:
-        """`generate` once the turn's clock is set."""
+        """`_turn` once the turn's clock is set."""
         tried: set[str] = set()
         while True:
             server = self._server_for_turn(tried)  # marked as generating on it from here
