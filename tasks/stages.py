@@ -157,8 +157,8 @@ class StageRun:
 
     # -- the stages ----------------------------------------------------------------------
     def _init(self) -> None:
-        runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(),
-                                           self.handler.needs_sandbox)
+        needed = self.handler.sandbox_needed(self.ctx.agent_config)
+        runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(), needed)
         if runtime != "none":
             options = sandboxes.merged_options(self.config.chosen_sandbox(),
                                      self.handler.sandbox_overrides(self.ctx))
