@@ -108,4 +108,4 @@ train-demo-lora: $(VENV)/.installed $(TRAIN_VENV)/.installed
 # model): torch is only in the trainer's venv, so they have their own marker and target.
 test-train: $(VENV)/.installed $(TRAIN_VENV)/.installed
 	PYTHONPATH=$(CURDIR) $(TRAIN_VENV)/bin/python -m pytest -q -m train -p no:cacheprovider \
-		-o addopts="" tests/train
+		--confcutdir=tests/train -o addopts="" tests/train
