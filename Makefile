@@ -7,9 +7,12 @@ PIP := $(VENV)/bin/pip
 .PHONY: install up test test-fast test-faults test-slow test-vllm test-train bench vllm-cpu demo \
 	train-demo train-demo-lora clean
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+# The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
+# wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
+$(VENV)/.installed: setup.cfg pyproject.toml sdk/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
+	$(PIP) install -q -e './sdk[cli,arrays]'
 	$(PIP) install -q -e '.[test]'
 	touch $@
 

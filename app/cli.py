@@ -198,7 +198,7 @@ def db_downgrade(revision: str) -> None:
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.tokens_cli import token_command
-    from client.cli import llm, results, status, submit
+    from raas_client.cli import llm, results, status, submit
 
     main.add_command(token_command)
 

@@ -27,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from client import RaasClient  # noqa: E402
+from raas_client import RaasClient  # noqa: E402
 from tests.faults.test_trainer_waits import GatewayProcess, free_port  # noqa: E402
 from tests.pipeline_harness import start_service, wait_for  # noqa: E402
 

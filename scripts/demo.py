@@ -156,7 +156,7 @@ def submit(agent: str, args: argparse.Namespace, url: str, work: Path) -> tuple[
 
 def rollout_rows(agent: str, out: Path, url: str) -> list[dict[str, Any]]:
     """One row per rollout: outcome, reward, turns, tool calls, tokens, stage seconds."""
-    from client import RaasClient
+    from raas_client import RaasClient
 
     rows = []
     with RaasClient(url) as client:

@@ -21,7 +21,7 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from app import create_app
-from client import RaasClient
+from raas_client import RaasClient
 from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.reaper import Reaper

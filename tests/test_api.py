@@ -266,7 +266,7 @@ def test_prorl_started_state_is_shared_by_gateways(tmp_path):
 
 
 def test_sdk_takes_flat_rows_like_the_cli(api, tmp_path):
-    from client import RaasClient
+    from raas_client import RaasClient
     from core.db import session_scope
     from core.models import Rollout
 

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from tasks.queues import queue_depths
 from core.models import Rollout, Turn
-from client.sdk import RaasHTTPError
+from raas_client.sdk import RaasHTTPError
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from client.cli import results
-from client.follow import ResultsFile, ResultsFileError
+from raas_client.cli import results
+from raas_client.follow import ResultsFile, ResultsFileError
 from tests.test_sdk_retry import ScriptedGateway, status
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from client import RaasClient
+from raas_client import RaasClient
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,11 +2,11 @@
 
     app (gateway) -> tasks -> agents -> sandbox;  every layer -> core;  nothing the other way.
 
-`sandbox/` imports only itself (it could be a library of its own), `client/` only itself (it
-is what trainers install), `migrations/` only core; the gateway's CLI may run both. Function-level imports count: a lazy
-import is still a dependency. Inside the gateway the service modules never import the HTTP
-layer (`app/api/`), and one blueprint never imports another. Over the whole tree there is no
-import circle between modules.
+`sandbox/` imports only itself (it could be a library of its own), `raas_client` (`sdk/`, its
+own distribution) only itself (it is what trainers install), `migrations/` only core; the
+gateway's CLI may run both. Function-level imports count: a lazy import is still a dependency.
+Inside the gateway the service modules never import the HTTP layer (`app/api/`), and one
+blueprint never imports another. Over the whole tree there is no import circle between modules.
 """
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("app", "tasks", "agents", "sandbox", "core", "client", "migrations")
+PACKAGES = ("app", "tasks", "agents", "sandbox", "core", "raas_client", "migrations")
+# Where a package lives when not at the top of the repository.
+FOLDERS = {"raas_client": ROOT / "sdk" / "raas_client"}
 # What each top-level package may import besides itself.
 ALLOWED = {
     "core": set(),
     "sandbox": set(),
-    "client": set(),
+    "raas_client": set(),
     "agents": {"core", "sandbox"},
     "tasks": {"core", "agents", "sandbox"},
-    "app": {"core", "tasks", "agents", "sandbox", "migrations", "client"},  # the CLI runs them
+    "app": {"core", "tasks", "agents", "sandbox", "migrations", "raas_client"},  # the CLI runs them
     "migrations": {"core"},
 }
 # Gateway modules that compose the HTTP layer (blueprints) and so may import it.
@@ -32,8 +34,9 @@ HTTP_COMPOSERS = {"app.factory", "app.openapi"}
 HTTP_PACKAGES = ("app.api", "app.ui")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, package: str) -> str:
+    base = FOLDERS.get(package, ROOT / package).parent
+    parts = list(path.relative_to(base).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -42,8 +45,8 @@ def module_name(path: Path) -> str:
 def our_modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            found[module_name(path)] = path
+        for path in sorted(FOLDERS.get(package, ROOT / package).rglob("*.py")):
+            found[module_name(path, package)] = path
     return found
 
 
@@ -165,7 +168,7 @@ def circles() -> list[list[str]]:
 
 def test_the_scan_sees_the_tree():
     assert {"core.errors", "app.factory", "tasks.stages", "agents.loop", "sandbox.client",
-            "client.sdk", "migrations.env"} <= set(MODULES)
+            "raas_client.sdk", "migrations.env"} <= set(MODULES)
     assert "core.db" in GRAPH["tasks.lifecycle"]  # a known edge is found
 
 

@@ -12,8 +12,8 @@ import pytest
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from client import RaasClient, RaasHTTPError
-from client.retry import (DEFAULT_RETRY_TOTAL, RETRY_TOTAL_ENV, Backoff, RetryPolicy,
+from raas_client import RaasClient, RaasHTTPError
+from raas_client.retry import (DEFAULT_RETRY_TOTAL, RETRY_TOTAL_ENV, Backoff, RetryPolicy,
                           retry_total_from_env)
 
 

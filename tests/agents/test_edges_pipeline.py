@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from agents.llm.simulator import start_simulator
-from client.sdk import RaasHTTPError
+from raas_client.sdk import RaasHTTPError
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.llm.simulator import start_simulator
-from client.sdk import RaasHTTPError
+from raas_client.sdk import RaasHTTPError
 from tests.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]

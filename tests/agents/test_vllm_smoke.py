@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from client.cli import read_instances
+from raas_client.cli import read_instances
 from tests.pipeline_harness import Service, start_service
 
 pytestmark = pytest.mark.vllm

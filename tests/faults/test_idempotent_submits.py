@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from client import RaasClient, RaasHTTPError
+from raas_client import RaasClient, RaasHTTPError
 from tests.conftest import REDIS_URL
 from tests.faults.test_trainer_waits import GatewayProcess, free_port
 from tests.pipeline_harness import start_service

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from client import RaasClient
+from raas_client import RaasClient
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import REPO, Service, start_service, wait_for
 

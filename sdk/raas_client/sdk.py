@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
+from raas_client.retry import RETRY_STATUSES, RetryPolicy, retry_total_from_env
 
 
 class RaasHTTPError(RuntimeError):

@@ -18,9 +18,9 @@ from typing import Any
 import click
 import httpx
 
-from client.follow import SUMMARY_FIELDS, ResultsFile, ResultsFileError, out_row
-from client.retry import RETRY_STATUSES
-from client.sdk import RaasClient, RaasHTTPError, as_instance
+from raas_client.follow import SUMMARY_FIELDS, ResultsFile, ResultsFileError, out_row
+from raas_client.retry import RETRY_STATUSES
+from raas_client.sdk import RaasClient, RaasHTTPError, as_instance
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 PROBE_TIMEOUT = 5.0
@@ -316,3 +316,12 @@ def llm_rm(server: str, url: str) -> None:
             raise click.ClickException(f"no registered server {server!r} (registered: {known})")
         client.remove_llm_server(match[0]["id"])
     click.echo(f"removed {match[0]['url']}")
+
+
+@click.group(name="raas-client")
+def main() -> None:
+    """Trainer-side raas commands (the server's `raas` command carries the same ones)."""
+
+
+for _command in (submit, results, status, llm):
+    main.add_command(_command)
