@@ -83,10 +83,10 @@ demo: install
 
 # The trainer's own venv (torch CPU, transformers, peft, matplotlib): never the service's.
 TRAIN_VENV ?= .venv-train
-$(TRAIN_VENV)/.installed: examples/train/requirements.txt
+$(TRAIN_VENV)/.installed: examples/train/requirements.txt sdk/pyproject.toml
 	$(PYTHON) -m venv $(TRAIN_VENV)
 	$(TRAIN_VENV)/bin/pip install -q -U pip
-	$(TRAIN_VENV)/bin/pip install -q -r examples/train/requirements.txt
+	$(TRAIN_VENV)/bin/pip install -q -e ./sdk -r examples/train/requirements.txt
 	touch $@
 
 # GRPO through raas on this CPU (examples/train/README.md): builds the untied float32 model,

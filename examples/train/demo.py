@@ -132,7 +132,7 @@ def register(url: str, args: argparse.Namespace) -> str:
     """Add the vLLM to raas' pool at version v0 (the LoRA adapter is loaded by the first push,
     and raas does not probe a server at registration)."""
     sys.path.insert(0, str(REPO))
-    from client import RaasClient
+    from raas_client import RaasClient
 
     with RaasClient(url) as client:
         server = client.add_llm_server(f"http://127.0.0.1:{args.vllm_port}",
@@ -157,7 +157,8 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 def main() -> None:
     args, train_args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="raas-train-"))
+    # Logs and raas' home beside the results, not in /tmp: a shared machine's /tmp gets swept.
+    work = Path(tempfile.mkdtemp(prefix="work-", dir=args.out))
     print(f"work folder: {work}; results: {args.out}", flush=True)
     vllm = raas = None
     started = time.monotonic()
@@ -168,7 +169,7 @@ def main() -> None:
         server_id = register(url, args)
         step(f"training ({'LoRA r%d' % args.lora_rank if args.lora_rank else 'full'}), "
              f"setup took {time.monotonic() - started:.0f}s")
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = dict(os.environ)
         run([sys.executable, HERE / "train.py", "--raas", url,
              "--vllm", f"http://127.0.0.1:{args.vllm_port}", "--server-id", server_id,
              "--served-model-name", args.served_model_name, "--model-dir", args.untied_model,

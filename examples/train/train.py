@@ -11,7 +11,7 @@ each sample's recorded versions are checked against `--max-staleness`.
 Every `--eval-every` steps (and before the first and after the last) the held-out split is
 graded greedily (temperature 0) through raas. One CSV row per step goes to `--out`/steps.csv.
 
-    PYTHONPATH=. .venv-train/bin/python examples/train/train.py --raas URL --vllm URL \
+    .venv-train/bin/python examples/train/train.py --raas URL --vllm URL \
         --server-id ID --model-dir models/smollm2-135m-untied --out runs/x [--mode async]
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Trainer:
     def __init__(self, args: argparse.Namespace) -> None:
         from transformers import AutoTokenizer
 
-        from client import RaasClient
+        from raas_client import RaasClient
 
         self.args = args
         self.raas = RaasClient(args.raas, timeout=600)
