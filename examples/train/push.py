@@ -1,9 +1,10 @@
 """Push new weights to the served policy: pause the raas pool, load, reset, verify, resume.
 
 `push_weights` is the one place that talks to vLLM's dev endpoints (`VLLM_SERVER_DEV_MODE=1`)
-directly; when the service's verified push (`POST /v1/weights/push`, SDK
-`RaasClient.push_weights`) is available it is used instead (`push_via_service`). Either way the
-order is the one the traps on this machine dictate (/work/shared/notes/weights-on-cpu.md):
+directly; `push_via_service` hands the same job to the service's verified push
+(`POST /v1/weights/push`, SDK `RaasClient.push_weights`) where the SDK has it (`train.py
+--push service`). Either way the order is the one the traps on this machine dictate
+(/work/shared/notes/weights-on-cpu.md):
 1. raas pauses the server: new generations wait, the ones in flight finish (nothing aborted);
 2. the server loads the folder in place (`reload_weights`), or the LoRA adapter under its one
    fixed name (`load_inplace`);
@@ -79,7 +80,7 @@ def push_weights(raas: Any, server_id: str, vllm_url: str, path: str, version: s
     paused = time.monotonic()
     raas.pause_llm_server(server_id)
     _wait_idle(raas, server_id)
-    with httpx.Client(base_url=vllm_url, timeout=120) as vllm:
+    with httpx.Client(base_url=vllm_url, timeout=900) as vllm:  # slow under load, not hung
         started = time.monotonic()
         _load(vllm, path, lora_name)
         loaded = time.monotonic() - started
@@ -89,3 +90,27 @@ def push_weights(raas: Any, server_id: str, vllm_url: str, path: str, version: s
                          f"after loading {path}; server {server_id} stays paused")
     raas.resume_llm_server(server_id, weight_version=version)
     return PushFigures(time.monotonic() - paused, loaded, gap)
+
+
+def probe_fingerprint(prompt_ids: list[int], greedy_ids: list[int],
+                      trainer_logprobs: Callable[[list[int], list[int]], list[float]]
+                      ) -> dict[str, list]:
+    """What the service's push compares the served model with: a greedy continuation of the
+    probe prompt under the new weights and the trainer's fp32 logprobs of it."""
+    return {"prompt_ids": list(prompt_ids), "token_ids": list(greedy_ids),
+            "logprobs": trainer_logprobs(prompt_ids, greedy_ids)}
+
+
+def push_via_service(raas: Any, path: str, version: str, probe: dict[str, list], *,
+                     lora_name: str | None = None, tolerance: float = 1e-3) -> PushFigures:
+    """`RaasClient.push_weights`: the service pauses the pool, loads, resets the cache, checks
+    the probe on every server and resumes as `version` (409 and still paused if not)."""
+    started = time.monotonic()
+    result = raas.push_weights(path, version, probe, mechanism="lora" if lora_name else "reload",
+                               lora_name=lora_name, tolerance=tolerance)
+    servers = result.get("servers") or []
+    gap = max((float((s.get("check") or {}).get("max_abs_diff") or 0.0) for s in servers),
+              default=0.0)
+    load = max((float(s.get("load_seconds") or 0.0) for s in servers), default=0.0)
+    return PushFigures(float(result.get("total_seconds") or time.monotonic() - started), load,
+                       gap)

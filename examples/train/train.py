@@ -33,8 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # grpo, policy, push b
 import torch  # noqa: E402
 
 from grpo import BatchStats, build_samples  # noqa: E402
-from policy import load_policy, save_weights, sequence_logprobs, train_step  # noqa: E402
-from push import push_weights  # noqa: E402
+from policy import (  # noqa: E402
+    greedy_tokens,
+    load_policy,
+    save_weights,
+    sequence_logprobs,
+    train_step,
+)
+from push import probe_fingerprint, push_via_service, push_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COLUMNS = ["step", "version", "mode", "reward", "heldout_acc", "heldout_acc_long", "rollouts", "samples", "groups",
@@ -66,7 +72,11 @@ class Trainer:
         self.probe_ids = tok.apply_chat_template(
             [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
             tokenize=True, return_dict=False)
+        self.eos = tok.eos_token_id
         self.train_set, self.heldout = read_jsonl(args.train), read_jsonl(args.heldout)
+        # The service's verified push when this SDK has it (h-weights), else our own.
+        self.use_service_push = args.push == "service" or (
+            args.push == "auto" and hasattr(self.raas, "push_weights"))
         self.rng = random.Random(args.seed)
         self.version = 0
         self.weights = Path(args.weights_dir)
@@ -112,12 +122,18 @@ class Trainer:
         a = self.args
         path = self.weights / f"v{self.version}"
         save_seconds = save_weights(self.model, path, lora=a.lora_rank > 0)
-        figures = push_weights(
-            self.raas, a.server_id, a.vllm, str(path), f"v{self.version}",
-            model_name=a.served_model_name, probe_ids=self.probe_ids,
-            trainer_logprobs=lambda p, r: sequence_logprobs(self.model, p, r),
-            lora_name=a.served_model_name if a.lora_rank > 0 else None,
-            tolerance=a.probe_tolerance)
+        lora_name = a.served_model_name if a.lora_rank > 0 else None
+        logprobs = lambda p, r: sequence_logprobs(self.model, p, r)  # noqa: E731
+        if self.use_service_push:
+            probe = probe_fingerprint(self.probe_ids, greedy_tokens(
+                self.model, self.probe_ids, 8, self.eos), logprobs)
+            figures = push_via_service(self.raas, str(path), f"v{self.version}", probe,
+                                       lora_name=lora_name, tolerance=a.probe_tolerance)
+        else:
+            figures = push_weights(
+                self.raas, a.server_id, a.vllm, str(path), f"v{self.version}",
+                model_name=a.served_model_name, probe_ids=self.probe_ids,
+                trainer_logprobs=logprobs, lora_name=lora_name, tolerance=a.probe_tolerance)
         keep = (a.max_staleness or 0) + 1
         for old in sorted(self.weights.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -261,6 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--probe-tolerance", type=float, default=1e-3)
+    p.add_argument("--push", choices=["auto", "service", "direct"], default="auto",
+                   help="service: raas' POST /v1/weights/push; direct: push.push_weights "
+                        "against vLLM's dev endpoints; auto: service if the SDK has it")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
