@@ -53,6 +53,7 @@ class _Episode:
     parse_errors: int = 0
     invalid_streak: int = 0
     gen_seconds: float = 0.0
+    paused_seconds: float = 0.0  # waited on a paused pool: not the agent's time
     tool_seconds: float = 0.0
     outcome: str = Outcome.COMPLETED.value
     finish_reason: str | None = None
@@ -194,7 +195,10 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
     """
     started = time.monotonic()
     gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
-    ep.gen_seconds += time.monotonic() - started
+    paused = getattr(gen, "paused_seconds", 0.0)
+    ctx.deadline += paused  # a weight push paused the pool: the agent's clock stood still
+    ep.paused_seconds += paused
+    ep.gen_seconds += time.monotonic() - started - paused
     if not gen.token_ids and gen.finish_reason in CUT_TURN:
         ep.finish_reason = gen.finish_reason  # no room left: nothing was generated
         return
@@ -328,6 +332,7 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
         "invalid_tool_calls": ep.invalid_tool_calls, "malformed_tool_calls": ep.parse_errors,
         "tool_calls_by_name": ep.tool_names_used, "finished": ep.finished,
         "gen_seconds": round(ep.gen_seconds, 4), "tool_seconds": round(ep.tool_seconds, 4),
+        "paused_seconds": round(ep.paused_seconds, 4),
         "response_tokens": len(traj.response_ids),
         "generated_tokens": sum(traj.loss_mask),
         "truncated": ep.finish_reason in TRUNCATING,

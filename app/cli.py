@@ -199,10 +199,11 @@ def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.tokens_cli import token_command
     from raas_client.cli import llm, results, status, submit
+    from raas_client.weights_cli import weights
 
     main.add_command(token_command)
 
-    for command in (submit, results, status, llm):
+    for command in (submit, results, status, llm, weights):
         main.add_command(command)
     try:
         from agents.registry import declared_environments

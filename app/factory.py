@@ -10,7 +10,7 @@ from flask import Flask
 
 from agents.registry import load_handler_modules
 from app import ui
-from app.api import errors, health, jobs, llm_servers, policy, prorl, rollouts
+from app.api import errors, health, jobs, llm_servers, policy, prorl, rollouts, weights
 from app.auth import authenticate
 from core.db import configure_pool
 from core.settings import load_settings
@@ -54,7 +54,7 @@ def build_app(config: Any = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.extensions["celery"] = make_celery(settings)
-    for module in (jobs, rollouts, llm_servers, policy, health, prorl, ui):
+    for module in (jobs, rollouts, llm_servers, weights, policy, health, prorl, ui):
         app.register_blueprint(module.bp)
     errors.register_error_handlers(app)
     app.before_request(authenticate)

@@ -128,6 +128,25 @@ class AgentError(RaasError):
     code = "agent_error"
 
 
+class PauseTimeout(Conflict):
+    """A pool pause did not drain its in-flight generations in time; the servers stay paused."""
+
+    code = "pause_timeout"
+
+
+class WeightPushFailed(Conflict):
+    """A weight push could not be verified on every server; the pool stays paused."""
+
+    code = "weight_push_failed"
+
+
+class TiedEmbeddings(InvalidRequest):
+    """A checkpoint ties lm_head to the embeddings: an in-place reload would keep the old head."""
+
+    http_status = 422
+    code = "tied_embeddings"
+
+
 class QuotaExceeded(RaasError):
     """The request is within bounds but the owner's share is used up; retry later."""
 

@@ -156,6 +156,11 @@ class Rollout(Base):
     outbox_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     sandbox: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     llm_server: Mapped[str | None] = mapped_column(String(512))
+    # The server a request of this rollout is on right now (set before it is sent, cleared
+    # when it returns): what a pool-wide pause waits for (`tasks.pool_pause`).
+    generating_on: Mapped[str | None] = mapped_column(String(512), index=True)
+    # Seconds the current stage waited on a paused pool: not charged to its deadline.
+    paused_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     init_seconds: Mapped[float | None] = mapped_column(Float)
     run_seconds: Mapped[float | None] = mapped_column(Float)

@@ -46,7 +46,8 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
     now = utcnow()
     # A claim also drops the outbox mark: the message evidently got out.
     values: dict[str, Any] = {"status": stage, "lease_owner": lease, "heartbeat_at": now,
-                              "stage_started_at": now, "outbox_at": None}
+                              "stage_started_at": now, "outbox_at": None,
+                              "generating_on": None, "paused_seconds": 0.0}
     if stage == "init":
         values["node"] = node
     with session_scope(db_url) as s:

@@ -203,6 +203,31 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         """Every server of this owner, healthy first."""
         return registered_urls(self.db_url, self.owner)
 
+    def begin_generation(self, url: str) -> ServerInfo | None:
+        """Mark the rollout as generating on `url` (fenced on the lease), then read the row;
+        a paused or vanished server drops the mark again (see `ServerPool.begin_generation`)."""
+        marked = _run_alone(self.db_url, update(Rollout).where(
+            Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
+            .values(generating_on=url).returning(Rollout.id))
+        if marked is None:
+            raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
+        info = self.lookup(url)
+        if info is None or info.paused:
+            self.end_generation()
+        return info
+
+    def end_generation(self) -> None:
+        """Clear the rollout's generation mark (a lost lease has nothing to clear)."""
+        _run_alone(self.db_url, update(Rollout).where(
+            Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease,
+            Rollout.generating_on.is_not(None)).values(generating_on=None))
+
+    def note_paused(self, seconds: float) -> None:
+        """Add to the stage's `paused_seconds` (the reaper extends the deadline by it)."""
+        _run_alone(self.db_url, update(Rollout).where(
+            Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
+            .values(paused_seconds=Rollout.paused_seconds + seconds))
+
 
 class JobServerPool(RolloutStickiness, StaticServerPool):
     """Servers named in the job's spec; load = rollouts in RUN that stick to each of them."""

@@ -277,17 +277,20 @@ class Reaper:
         return True
 
     def fail_overdue(self) -> int:
-        """`timeout` for stages still beating long after their deadline (hung hooks)."""
+        """`timeout` for stages still beating long after their deadline (hung hooks); the
+        seconds a RUN waited on a paused pool extend its deadline."""
         with session_scope(self.db) as s:
             rows = s.execute(select(Rollout.id, Rollout.lease_owner, Rollout.status,
-                                    Rollout.stage_started_at, Job.config)
+                                    Rollout.stage_started_at, Rollout.paused_seconds,
+                                    Job.config)
                              .join(Job, Job.id == Rollout.job_id)
                              .where(Rollout.status.in_(ACTIVE_STAGES),
                                     Rollout.lease_owner.is_not(None))).all()
         n = 0
         for row in rows:
             limit = JobConfig.load(row.config).limits.stage_timeout(row.status)
-            age = lifecycle.seconds_since(row.stage_started_at) or 0
+            # Time spent waiting on a paused pool (a weight push) is not the stage's.
+            age = (lifecycle.seconds_since(row.stage_started_at) or 0) - (row.paused_seconds or 0)
             if age > limit + self.settings.stage_grace and lifecycle.finish(
                     self.db, row.id, Status.FAILED, Outcome.TIMEOUT.value,
                     lease=row.lease_owner, error=f"{row.status}: hung past its deadline"):

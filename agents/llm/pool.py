@@ -105,6 +105,22 @@ class ServerPool(ABC):
     def candidate_urls(self) -> list[str]:
         """Every server url this pool could hand out (tokenizer and model discovery)."""
 
+    def begin_generation(self, url: str) -> ServerInfo | None:
+        """Mark this rollout as generating on `url`, then read the server's current info.
+
+        A pool-wide pause (`tasks.pool_pause`) sets `paused` and then waits for these marks.
+        Mark first, read second: a pause committed before the read is seen here (the caller
+        drops the mark and waits), one committed after it sees the mark and waits for the
+        request. Pools that cannot be paused just look the server up.
+        """
+        return self.lookup(url)
+
+    def end_generation(self) -> None:
+        """Drop the mark `begin_generation` set (the request returned, failed or was not sent)."""
+
+    def note_paused(self, seconds: float) -> None:
+        """Add `seconds` this rollout waited on a paused pool (not charged to its deadline)."""
+
 
 def candidate_urls(spec: Any, registered: Callable[[], list[str]] = list) -> list[str]:
     """Server urls a job could use: the ones it names, else `registered()` (healthy first)."""

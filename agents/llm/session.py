@@ -51,6 +51,9 @@ NO_SERVER_RETRY_SECONDS = 0.5
 NO_SERVER_WAIT_SECONDS = 30.0
 # How often a turn waiting on a paused server (or after an aborted request) looks again.
 PAUSE_POLL_SECONDS = 0.25
+# How often a wait on a paused pool is written to the rollout: the reaper subtracts it from
+# the stage's age, so what is not yet written must stay well under its `stage_grace`.
+PAUSE_REPORT_SECONDS = 1.0
 # vLLM/SGLang error texts for a request longer than the server's context.
 _CONTEXT_ERRORS = ("maximum context length", "max_model_len", "context length", "too long")
 # vLLM: "maximum context length is 4096 tokens"; SGLang: "... context length (4096 tokens)".
@@ -75,6 +78,10 @@ class LLMSession:
         self._stuck_url: str | None = None
         self._modes: set[str | None] = set()
         self.closed = False
+        # The running turn: its deadline (moved on by pause waits), cancel check, pause time.
+        self._deadline = 0.0
+        self._cancelled: Callable[[], bool] | None = None
+        self._paused = self._unreported = 0.0
 
     @classmethod
     def open(cls, llm_spec: dict, sampling: dict, rollout_id: str,
@@ -144,24 +151,38 @@ class LLMSession:
         no request is sent and the generation is empty with that cap as finish reason. When
         `cancelled()` turns true mid-call the request's connection is closed (the server stops
         decoding) and RolloutCancelled is raised instead of waiting for the turn.
+
+        Time spent waiting on a paused pool (a weight push) is not charged: the deadline moves
+        on by it, and `Generation.paused_seconds` tells the caller by how much.
         """
+        self._deadline, self._cancelled, self._paused = deadline, cancelled, 0.0
+        try:
+            generation = self._generate(max_new_tokens)
+        finally:
+            self._report_paused()
+        generation.paused_seconds = self._paused
+        return generation
+
+    def _generate(self, max_new_tokens: int | None) -> Generation:
+        """`generate` once the turn's clock is set."""
         tried: set[str] = set()
         while True:
-            server = self._server_for_turn(deadline, tried)
-            self._fit_context(server)
-            cap, reason = self._turn_cap(max_new_tokens)
-            if cap <= 0:
-                return self._no_room(reason)
-            request = self._request(server, cap, deadline)
-            request.headers = self._auth_headers(server)
+            server = self._server_for_turn(tried)  # marked as generating on it from here
+            handle = None
             try:
-                with abort_when(cancelled) as handle:
+                self._fit_context(server)
+                cap, reason = self._turn_cap(max_new_tokens)
+                if cap <= 0:
+                    return self._no_room(reason)
+                request = self._request(server, cap, self._deadline)
+                request.headers = self._auth_headers(server)
+                with abort_when(self._cancelled) as handle:
                     generation = self.backend.generate(server.url, request)
             except ServerError as exc:
                 if handle is not None and handle.aborted:
                     raise RolloutCancelled("rollout cancelled during generation",
                                            rollout_id=self.rollout_id) from exc
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= self._deadline:
                     raise StageTimeout(f"generation passed its deadline on {server.url}") from exc
                 current = self.pool.lookup(server.url)
                 if current is not None and current.paused:
@@ -176,8 +197,10 @@ class LLMSession:
                 if self._learn_context(server, said):
                     continue  # ask again within the limit the server just told us
                 return self._no_room(FinishReason.CONTEXT.value)
+            finally:
+                self.pool.end_generation()
             if generation.finish_reason == "abort":  # e.g. vLLM paused with in-flight requests
-                self._sleep_before(deadline, f"{server.url} aborted the request")
+                self._sleep_before(self._deadline, f"{server.url} aborted the request")
                 continue
             recorded = self._record(generation, server, cap, reason)
             if not self.pool.sticky:  # per-turn routing: the next turn picks again
@@ -225,6 +248,27 @@ class LLMSession:
         if time.monotonic() + PAUSE_POLL_SECONDS >= deadline:
             raise StageTimeout(f"rollout {self.rollout_id}: deadline passed while {why}")
         time.sleep(PAUSE_POLL_SECONDS)
+
+    def _wait_paused(self, why: str) -> None:
+        """Wait one poll for a paused pool. Not charged to the rollout: its deadline moves on
+        by the wait (the stage's clock in the database too, for the reaper); a cancel still
+        stops it."""
+        if self._cancelled is not None and self._cancelled():
+            raise RolloutCancelled(f"rollout cancelled while {why}", rollout_id=self.rollout_id)
+        started = time.monotonic()
+        time.sleep(PAUSE_POLL_SECONDS)
+        waited = time.monotonic() - started
+        self._deadline += waited
+        self._paused += waited
+        self._unreported += waited
+        if self._unreported >= PAUSE_REPORT_SECONDS:
+            self._report_paused()
+
+    def _report_paused(self) -> None:
+        """Write the pause time not yet recorded on the rollout."""
+        if self._unreported > 0:
+            self.pool.note_paused(self._unreported)
+            self._unreported = 0.0
 
     def _auth_headers(self, server: ServerInfo) -> dict[str, str]:
         """The server's credential, read from the worker variable the operator registered for
@@ -287,14 +331,15 @@ class LLMSession:
         generation.token_ids, generation.logprobs = ids, [0.0] * len(ids)
         return generation
 
-    def _server_for_turn(self, deadline: float, tried: set[str]) -> ServerInfo:
-        """The sticky server (re-read: weight version may change), else a fresh pick.
+    def _server_for_turn(self, tried: set[str]) -> ServerInfo:
+        """The sticky server (re-read: weight version may change), else a fresh pick; the
+        rollout is marked as generating on it when this returns (`pool.begin_generation`).
 
-        A paused server (weights loading) is waited for, up to the deadline: the rollout keeps
-        its slot and its prefix cache, and the next turn records the new weight version.
+        A paused server (weights loading) is waited for, without charging the deadline: the
+        rollout keeps its slot and its prefix cache, and the turn records the new version.
         """
         if self.server is not None:
-            current = self._unpaused(self.server.url, deadline)
+            current = self._unpaused(self.server.url)
             if current is not None:
                 self.server = current
                 return self._check_mode(current)
@@ -305,20 +350,19 @@ class LLMSession:
             sticky = self.pool.sticky_url()
             self.server = self.pool.take(sticky) if sticky else None
         if self.server is None:
-            self.server = self._acquire(deadline, tried)
+            self.server = self._acquire(tried)
         if self._stuck_url != self.server.url and self.pool.sticky:
             self.pool.stick(self.server.url)
             self._stuck_url = self.server.url
-        if self.server.paused:  # a sticky take of a paused server: wait here
-            return self._server_for_turn(deadline, tried)
-        return self._check_mode(self.server)
+        return self._server_for_turn(tried)  # now the held server: wait, mark, re-read
 
-    def _unpaused(self, url: str, deadline: float) -> ServerInfo | None:
-        """The server's current info once it is not paused (None if it left the pool)."""
-        current = self.pool.lookup(url)
+    def _unpaused(self, url: str) -> ServerInfo | None:
+        """The server's current info once it is not paused, with the rollout marked as
+        generating on it (None if it left the pool)."""
+        current = self.pool.begin_generation(url)
         while current is not None and current.paused:
-            self._sleep_before(deadline, f"waiting for paused server {url}")
-            current = self.pool.lookup(url)
+            self._wait_paused(f"waiting for paused server {url}")
+            current = self.pool.begin_generation(url)
         return current
 
     def _check_mode(self, server: ServerInfo) -> ServerInfo:
@@ -329,15 +373,16 @@ class LLMSession:
                               f"declares {server.logprobs_mode}")
         return server
 
-    def _acquire(self, deadline: float, tried: set[str]) -> ServerInfo:
-        """Pick a server, waiting (bounded by the deadline) while none is healthy."""
-        give_up = min(deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
+    def _acquire(self, tried: set[str]) -> ServerInfo:
+        """Pick a server, waiting (bounded by the deadline) while none is healthy and (not
+        charged) while every one is paused."""
+        give_up = min(self._deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
         while True:
             try:
                 return self.pool.acquire(exclude=frozenset(tried))
             except ServersPaused:
-                self._sleep_before(deadline, "every server is paused")
-                give_up = min(deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
+                self._wait_paused("every server is paused")
+                give_up = min(self._deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
             except ServiceUnavailable as exc:
                 if time.monotonic() + NO_SERVER_RETRY_SECONDS >= give_up:
                     raise ServiceUnavailable(f"rollout {self.rollout_id}: {exc.message}") from exc
@@ -366,6 +411,7 @@ class LLMSession:
     def close(self) -> None:
         """Release the in-flight slot (idempotent)."""
         if not self.closed and self.server is not None:
+            self.pool.end_generation()
             self.pool.release(self.server.url)
         self.server = None
         self.closed = True

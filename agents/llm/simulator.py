@@ -41,7 +41,9 @@ per-sequence speed falls as the batch grows, at most `max_num_seqs` run and the 
 prompts cost prefill per token except what the prefix cache holds; GET /metrics then reports
 running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like vLLM, a request
 whose client disconnects while it is "decoding" (its latency, or its time in the engine) is
-aborted: no answer, counted as `aborted` in the stats.
+aborted: no answer, counted as `aborted` in the stats. Weight pushes (vLLM's reload, prefix
+cache reset and runtime LoRA endpoints, logprobs that follow the loaded weights, the
+tied-embedding defect): `agents/llm/sim_weights.py`, script key `"weights"`.
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ import httpx
 from tokenizers import Tokenizer
 
 from agents.llm.sim_capacity import CapacityModel, Engine, render_metrics
+from agents.llm.sim_weights import SimWeights
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,7 @@ class Script:
         self.by_instance = {k: list(v) for k, v in (script.get("by_instance") or {}).items()}
         self.policy = self._policy(script.get("policy"))
         self.capacity = CapacityModel.parse(script.get("capacity"))
+        self.weights = SimWeights(script.get("weights"))  # `agents.llm.sim_weights`
 
     @staticmethod
     def _policy(name: str | None) -> Callable[[str, int], Any] | None:
@@ -131,7 +135,8 @@ class Script:
 
     def complete(self, prompt_ids: list[int], max_tokens: int,
                  disconnected: Callable[[], bool] = lambda: False,
-                 engine: Engine | None = None) -> dict[str, Any] | None:
+                 engine: Engine | None = None, model: str | None = None
+                 ) -> dict[str, Any] | None:
         """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
         the client went away during the reply's latency or its time in the engine)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
@@ -149,7 +154,10 @@ class Script:
         if engine is not None and not engine.generate(prompt_ids, ids, disconnected):
             return None
         base = len(prompt_ids)
-        return {"ids": ids, "logprobs": [fake_logprob(t, base + i) for i, t in enumerate(ids)],
+        logprobs = self.weights.logprobs(prompt_ids, ids, model)  # None: nothing pushed yet
+        if logprobs is None:
+            logprobs = [fake_logprob(t, base + i) for i, t in enumerate(ids)]
+        return {"ids": ids, "logprobs": logprobs,
                 "finish_reason": finish, "instance": key, "turn": turn,
                 "text": self.tok.decode(ids, skip_special_tokens=True)}
 
@@ -245,6 +253,7 @@ class _Handler(BaseHTTPRequestHandler):
                 stats: dict[str, Any] = dict(self.server.stats)
             if self.server.engine is not None:
                 stats["engine"] = self.server.engine.snapshot()
+            stats["weights"] = script.weights.snapshot()
             self._send(200, stats)
         elif self.path == "/metrics" and self.server.engine is not None:
             text = render_metrics(self.server.engine.snapshot(), script.model).encode()
@@ -265,16 +274,18 @@ class _Handler(BaseHTTPRequestHandler):
         routes = {"/v1/completions": self._completions, "/generate": self._generate,
                   "/v1/chat/completions": self._chat}
         route = routes.get(self.path)
-        if route is None:
+        weights = None if route else self.server.script.weights.handle(self.path, body)
+        if route is None and weights is None:
             self._send(404, {"error": f"no route {self.path}"})
             return
-        status, answer = route(body)
+        status, answer = route(body) if route else weights
         if status == 499:  # aborted: the client is gone, there is no one to answer
             self.close_connection = True
             return
         self._send(status, answer)
 
-    def _run(self, prompt: Any, max_tokens: int) -> tuple[int, dict[str, Any]]:
+    def _run(self, prompt: Any, max_tokens: int,
+             model: str | None = None) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
         limit = self.server.max_model_len
@@ -287,7 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.stats_lock:
             self.server.stats["started"] += 1
         result = self.server.script.complete(prompt, max_tokens, self._client_gone,
-                                             self.server.engine)
+                                             self.server.engine, model)
         if result is None:
             with self.server.stats_lock:
                 self.server.stats["aborted"] += 1
@@ -299,7 +310,8 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, result
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16))
+        status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16),
+                              body.get("model"))
         if status != 200:
             return status, r
         choice = {"index": 0, "text": r["text"], "finish_reason": r["finish_reason"],

@@ -224,3 +224,37 @@ class RaasClient:
     def remove_llm_server(self, server_id: str) -> dict[str, Any]:
         """Remove a registered server by id."""
         return self._call("DELETE", f"/v1/llm-servers/{server_id}")
+
+    def pause_pool(self, servers: list[str] | None = None,
+                   timeout: float = 300.0) -> dict[str, Any]:
+        """POST /v1/llm/pause: pause every server of the pool (or `servers`, ids) and return
+        once no generation is in flight; `pause_seconds` is the measured pause time."""
+        return self._call("POST", "/v1/llm/pause", json={"servers": servers, "timeout": timeout},
+                          timeout=timeout + 60)
+
+    def resume_pool(self, weight_version: str | None = None,
+                    servers: list[str] | None = None) -> dict[str, Any]:
+        """POST /v1/llm/resume: serve again; later turns record `weight_version` if given."""
+        return self._call("POST", "/v1/llm/resume",
+                          json={"servers": servers, "weight_version": weight_version})
+
+    def push_weights(self, path: str, version: str, probe: dict[str, Any],
+                     mechanism: str = "reload", lora_name: str | None = None,
+                     tolerance: float = 1e-3, servers: list[str] | None = None,
+                     timeout: float = 300.0) -> dict[str, Any]:
+        """POST /v1/weights/push: pause the pool, load `path` on every server, verify it
+        against `probe` (`raas_client.weights.probe_fingerprint`), record `version`, resume.
+
+        A tied checkpoint is refused here before anything is sent (`TiedCheckpoint`). A push
+        that cannot be verified raises RaasHTTPError 409 (`weight_push_failed`, per-server
+        diffs in `body["details"]`) and leaves the pool paused: push again or `resume_pool()`.
+        """
+        from raas_client.weights import check_untied
+
+        if mechanism == "reload":
+            check_untied(path)
+        body = {"version": version, "mechanism": mechanism, "path": str(path),
+                "lora_name": lora_name, "tolerance": tolerance, "servers": servers,
+                "timeout": timeout, "probe": {k: list(probe[k]) for k in
+                                              ("prompt_ids", "token_ids", "logprobs")}}
+        return self._call("POST", "/v1/weights/push", json=body, timeout=timeout + 900)

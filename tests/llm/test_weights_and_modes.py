@@ -56,19 +56,34 @@ def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulato
         assert s.trajectory().weight_versions == ["v1", "v2"]
 
 
-def test_paused_server_past_the_deadline_is_a_timeout_not_a_failover(simulators,
-                                                                    db_url) -> None:
-    from core.errors import StageTimeout
+def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -> None:
+    """A pause longer than the time left: the turn waits (no timeout, no failover), the
+    deadline moves on by the wait, the rollout row counts it, and a cancel still stops it."""
+    from core.errors import RolloutCancelled
+    from core.models import Rollout
 
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "v1")
     set_row(db_url, url, paused=True)
-    [rid] = make_rollouts(db_url, 1)
+    [rid, rid2] = make_rollouts(db_url, 2)
+    threading.Timer(1.5, set_row, args=(db_url, url),
+                    kwargs={"paused": False, "weight_version": "v2"}).start()
     with open_session(SPEC, rid, db_url) as s:
         s.start([{"role": "user", "content": "go"}])
-        with pytest.raises(StageTimeout, match="paused"):
-            s.generate(time.monotonic() + 1.0)
-    assert requests_seen(url) == 0
+        gen = s.generate(time.monotonic() + 0.5)  # 0.5 s left, paused for 1.5 s
+    assert gen.weight_version == "v2" and gen.token_ids
+    assert 1.2 <= gen.paused_seconds < 5
+    with session_scope(db_url) as db:
+        row = db.get(Rollout, rid)
+        assert row.paused_seconds >= 1.2 and row.generating_on is None
+    set_row(db_url, url, paused=True)
+    cancelled = threading.Event()
+    threading.Timer(0.6, cancelled.set).start()
+    with open_session(SPEC, rid2, db_url) as s:
+        s.start([{"role": "user", "content": "go"}])
+        with pytest.raises(RolloutCancelled):
+            s.generate(time.monotonic() + 0.2, cancelled.is_set)
+    assert requests_seen(url) == 1
 
 
 def test_pool_skips_paused_servers_and_says_when_all_are(simulators, db_url) -> None:

@@ -53,6 +53,7 @@ class Generation:
     weight_version: str | None = None
     logprobs_mode: str | None = None  # what `logprobs` are, as the server declares it
     latency: float = 0.0
+    paused_seconds: float = 0.0  # waited on a paused pool (weight push): not the agent's time
 
 
 class BackendConfig(BaseModel):

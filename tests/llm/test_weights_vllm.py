@@ -1,0 +1,164 @@
+"""Verified weight pushes against a real CPU vLLM serving SmolLM2-135M-Instruct in fp32.
+
+Real tier (`make test-vllm`, marker `vllm`). The fixture starts the server itself from
+`VLLM_VENV` (default /work/shared-venvs/vllm) with `VLLM_SERVER_DEV_MODE=1 --dtype float32` and
+a fixed `--served-model-name`, on a free port, serving an untied fp32 copy of
+`RAAS_SMOLLM2_DIR` (default /work/models/smollm2-135m-instruct) made by
+`scripts/untie_checkpoint.py`. The trainer's side (the perturbed "trained" checkpoint and the
+probe fingerprints) runs in `RAAS_TORCH_PYTHON` (default /work/shared-venvs/convert/bin/python,
+torch 2.13 + transformers). To reuse a server already running, set `RAAS_WEIGHTS_VLLM_URL` and
+`RAAS_WEIGHTS_VLLM_MODEL` (the untied folder it serves). Figures are printed as JSON lines
+(`-s` shows them): pause, load and verify seconds, max |Δ logprob|.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agents.llm.weights import Probe, apply_weights, reset_prefix_cache, verify
+from raas_client import RaasHTTPError
+from raas_client.weights import TiedCheckpoint
+from tests.pipeline_harness import start_service
+from tests.private_services import free_port
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/work/shared-venvs/vllm"))
+TORCH_PYTHON = os.environ.get("RAAS_TORCH_PYTHON", "/work/shared-venvs/convert/bin/python")
+SMOLLM2 = Path(os.environ.get("RAAS_SMOLLM2_DIR", "/work/models/smollm2-135m-instruct"))
+SERVED = "smollm2-untied"  # fixed: a reload never changes what requests must name
+READY_SECONDS = 900  # ~2 min idle; much more on a loaded 2-core machine
+
+
+def trainer(*args: str) -> str:
+    """Run a trainer-side script with torch; its stdout."""
+    done = subprocess.run([TORCH_PYTHON, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """v0 (what the server starts with) and v1 (v0 + seeded noise: a "training step"), both
+    untied fp32, with the trainer's probe fingerprint of each."""
+    root = tmp_path_factory.mktemp("weights")
+    v0 = Path(os.environ.get("RAAS_WEIGHTS_VLLM_MODEL") or root / "v0")
+    if not (v0 / "model.safetensors").exists():
+        trainer("scripts/untie_checkpoint.py", str(SMOLLM2), str(v0))
+    v1 = root / "v1"
+    trainer("scripts/untie_checkpoint.py", str(v0), str(v1), "--perturb", "0.002", "--seed", "1")
+    for name, folder in (("v0", v0), ("v1", v1)):
+        trainer("scripts/trainer_probe.py", str(folder), str(root / f"probe-{name}.json"))
+    return {"v0": v0, "v1": v1, "probe-v0": root / "probe-v0.json",
+            "probe-v1": root / "probe-v1.json"}
+
+
+@pytest.fixture(scope="module")
+def vllm_url(checkpoints, tmp_path_factory):
+    """A CPU vLLM in dev mode serving v0 in fp32 (started here unless one is given)."""
+    if os.environ.get("RAAS_WEIGHTS_VLLM_URL"):
+        yield os.environ["RAAS_WEIGHTS_VLLM_URL"].rstrip("/")
+        return
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("vllm") / "vllm.log", "wb")
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "HF_HUB_OFFLINE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    proc = subprocess.Popen(
+        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(checkpoints["v0"]), "--served-model-name", SERVED, "--host",
+         "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", "float32"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).is_success:
+                break
+        except httpx.HTTPError:
+            time.sleep(2)
+    else:
+        proc.kill()
+        pytest.fail(f"vLLM did not start (exit {proc.poll()}); see {log.name}")
+    yield url
+    proc.terminate()
+    proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, vllm_url):
+    """A raas gateway (no workers are needed for a push) with the server registered."""
+    svc = start_service(tmp_path_factory.mktemp("gateway"), stages=(), reaper=False)
+    svc.client.add_llm_server(vllm_url, model=SERVED, weight_version="v0")
+    yield svc
+    svc.stop()
+
+
+def gateway_server(gateway) -> str:
+    """The registered server's url."""
+    return gateway.client.llm_servers()[0]["url"]
+
+
+def figures(report: dict) -> dict:
+    """The push's measured figures, printed for the record."""
+    [s] = report["servers"]
+    out = {"version": report["version"], "pause_s": s["pause_seconds"],
+           "load_s": s["load_seconds"], "verify_s": s["verify_seconds"],
+           "total_s": s["total_seconds"], "max_abs_dlogp": s["check"]["max_abs_diff"],
+           "before_max_abs_dlogp": s["before_max_abs_diff"]}
+    print(json.dumps(out))
+    return out
+
+
+def test_a_push_makes_the_served_logprobs_the_trainers(gateway, checkpoints) -> None:
+    client = gateway.client
+    for version in ("v1", "v0"):  # a step, then back: both directions verified
+        probe = json.loads(checkpoints[f"probe-{version}"].read_text())
+        report = client.push_weights(str(checkpoints[version]), version, probe, timeout=60)
+        got = figures(report)
+        assert report["resumed"] and got["max_abs_dlogp"] <= 1e-3  # fp32: < 1e-4 measured
+        assert client.llm_servers()[0]["weight_version"] == version
+    probe_v1 = Probe(**json.loads(checkpoints["probe-v1"].read_text()))
+    on_v0 = verify(gateway_server(gateway), "vllm", SERVED, probe_v1, 1e-3)
+    assert not on_v0.ok  # the two checkpoints are really different
+
+
+def test_a_tied_checkpoint_is_refused(gateway, checkpoints) -> None:
+    client = gateway.client
+    probe = json.loads(checkpoints["probe-v1"].read_text())
+    assert json.loads((SMOLLM2 / "config.json").read_text())["tie_word_embeddings"]
+    with pytest.raises(TiedCheckpoint, match="lm_head"):
+        client.push_weights(str(SMOLLM2), "tied", probe)
+    with pytest.raises(RaasHTTPError) as refused:
+        client._call("POST", "/v1/weights/push",
+                     json={"version": "tied", "path": str(SMOLLM2), "probe": probe})
+    assert refused.value.status == 422 and "tie_word_embeddings" in refused.value.body["message"]
+    assert not client.llm_servers()[0]["paused"]
+
+
+def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None:
+    """The push's steps by hand, without the reset: the stale cache fails the verification."""
+    url = gateway_server(gateway)
+    probe = Probe(**json.loads(checkpoints["probe-v1"].read_text()))
+    try:
+        reset_prefix_cache(url, "vllm")
+        verify(url, "vllm", SERVED, probe, 1e-3)  # the old weights fill the cache
+        apply_weights(url, "vllm", "reload", str(checkpoints["v1"]))
+        stale = verify(url, "vllm", SERVED, probe, 1e-3)
+        reset_prefix_cache(url, "vllm")
+        fresh = verify(url, "vllm", SERVED, probe, 1e-3)
+    finally:  # leave the server on v0, as registered
+        apply_weights(url, "vllm", "reload", str(checkpoints["v0"]))
+        reset_prefix_cache(url, "vllm")
+    print(json.dumps({"stale_max_abs_dlogp": stale.max_abs_diff,
+                      "stale_first_mismatch": stale.first_mismatch,
+                      "reset_max_abs_dlogp": fresh.max_abs_diff}))
+    assert not stale.ok and fresh.ok and fresh.max_abs_diff <= 1e-3
+    assert stale.first_mismatch is not None or stale.max_abs_diff > 1e-3
