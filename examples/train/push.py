@@ -92,15 +92,6 @@ def push_weights(raas: Any, server_id: str, vllm_url: str, path: str, version: s
     return PushFigures(time.monotonic() - paused, loaded, gap)
 
 
-def probe_fingerprint(prompt_ids: list[int], greedy_ids: list[int],
-                      trainer_logprobs: Callable[[list[int], list[int]], list[float]]
-                      ) -> dict[str, list]:
-    """What the service's push compares the served model with: a greedy continuation of the
-    probe prompt under the new weights and the trainer's fp32 logprobs of it."""
-    return {"prompt_ids": list(prompt_ids), "token_ids": list(greedy_ids),
-            "logprobs": trainer_logprobs(prompt_ids, greedy_ids)}
-
-
 def push_via_service(raas: Any, path: str, version: str, probe: dict[str, list], *,
                      lora_name: str | None = None, tolerance: float = 1e-3) -> PushFigures:
     """`RaasClient.push_weights`: the service pauses the pool, loads, resets the cache, checks

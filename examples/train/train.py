@@ -33,14 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # grpo, policy, push b
 import torch  # noqa: E402
 
 from grpo import BatchStats, build_samples  # noqa: E402
-from policy import (  # noqa: E402
-    greedy_tokens,
-    load_policy,
-    save_weights,
-    sequence_logprobs,
-    train_step,
-)
-from push import probe_fingerprint, push_via_service, push_weights  # noqa: E402
+from policy import load_policy, save_weights, sequence_logprobs, train_step  # noqa: E402
+from push import push_via_service, push_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COLUMNS = ["step", "version", "mode", "reward", "heldout_acc", "heldout_acc_long", "rollouts", "samples", "groups",
@@ -68,11 +62,12 @@ class Trainer:
         self.model = load_policy(args.model_dir, args.lora_rank, args.threads)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-        tok = AutoTokenizer.from_pretrained(args.model_dir)
-        self.probe_ids = tok.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-            tokenize=True, return_dict=False)
-        self.eos = tok.eos_token_id
+        from raas_client.weights import DEFAULT_PROBE_TEXT
+
+        self.tokenizer = tok = AutoTokenizer.from_pretrained(args.model_dir)
+        # > 128 tokens: a full block in vLLM's prefix cache, so a cache not reset after the
+        # load shows in the probe (a short probe is never cached and would pass).
+        self.probe_ids = list(tok(DEFAULT_PROBE_TEXT)["input_ids"])
         self.train_set, self.heldout = read_jsonl(args.train), read_jsonl(args.heldout)
         # The service's verified push when this SDK has it (h-weights), else our own.
         self.use_service_push = args.push == "service" or (
@@ -125,8 +120,9 @@ class Trainer:
         lora_name = a.served_model_name if a.lora_rank > 0 else None
         logprobs = lambda p, r: sequence_logprobs(self.model, p, r)  # noqa: E731
         if self.use_service_push:
-            probe = probe_fingerprint(self.probe_ids, greedy_tokens(
-                self.model, self.probe_ids, 8, self.eos), logprobs)
+            from raas_client.weights import probe_fingerprint
+
+            probe = probe_fingerprint(self.model, self.tokenizer, self.probe_ids)
             figures = push_via_service(self.raas, str(path), f"v{self.version}", probe,
                                        lora_name=lora_name, tolerance=a.probe_tolerance)
         else:

@@ -112,5 +112,5 @@ def test_a_tied_model_is_refused(torch, tmp_path) -> None:
                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                          tie_word_embeddings=True)
     LlamaForCausalLM(config).save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="untie_model.py"):
+    with pytest.raises(ValueError, match="untie_checkpoint.py"):
         load_policy(str(tmp_path))
