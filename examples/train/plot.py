@@ -1,4 +1,5 @@
-"""Draw the reward curve of a training run: per-step reward and held-out greedy accuracy.
+"""Draw the reward curve of a training run (per-step reward, held-out greedy accuracy) and
+print the per-step table as Markdown (what examples/train/README.md shows).
 
     .venv-train/bin/python examples/train/plot.py runs/x/steps.csv runs/x/reward.png
 """
@@ -46,6 +47,20 @@ def plot(rows: list[dict[str, str]], out: Path) -> None:
     fig.savefig(out, dpi=100)
 
 
+TABLE = ["step", "reward", "heldout_acc", "heldout_acc_long", "samples", "mean_reply_tokens",
+         "logprob_gap", "clip_fraction", "rollout_s", "train_s", "push_s", "push_pause_s",
+         "probe_gap", "wall_s", "load_avg"]
+
+
+def markdown(rows: list[dict[str, str]]) -> str:
+    """The main columns of every step as a Markdown table ('' cells shown as -)."""
+    lines = ["| " + " | ".join(TABLE) + " |", "|" + " --- |" * len(TABLE)]
+    lines += ["| " + " | ".join(r.get(k) or "-" for k in TABLE) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    plot(read_steps(Path(sys.argv[1])), Path(sys.argv[2]))
+    steps = read_steps(Path(sys.argv[1]))
+    plot(steps, Path(sys.argv[2]))
+    print(markdown(steps))
     print(f"curve: {sys.argv[2]}")
