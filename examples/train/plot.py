@@ -37,12 +37,12 @@ def plot(rows: list[dict[str, str]], out: Path) -> None:
         steps, acc = zip(*evals)
         ax.plot(steps, acc, "o-", color="tab:red", label="held-out greedy accuracy")
     wall = float(rows[-1].get("wall_s") or 0) / 60 if rows else 0
-    ax.set_xlabel(f"step ({wall:.1f} min wall in total)")
+    ax.set_xlabel(f"step (the loop: {wall:.1f} min wall, setup not counted)")
     ax.set_ylim(0, 1)
     ax.set_ylabel("reward / accuracy")
     ax.set_title("GRPO through raas: SmolLM2-135M, CPU, single-digit arithmetic")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
 

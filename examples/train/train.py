@@ -212,9 +212,10 @@ def run(args: argparse.Namespace) -> Path:
         groups = trainer.collect(job)
         rollout_s = time.monotonic() - t0
         log_rollouts(rollouts_log, step, trainer.version, groups)
-        last = step >= args.steps or time.monotonic() - started >= args.time_budget
+        more = step < args.steps and time.monotonic() - started < args.time_budget
         # one-step-off-policy: the next batch generates on the current weights while we train
-        pending = trainer.submit_batch(step + 1) if args.mode == "async" and not last else None
+        # (if the budget runs out during this step, it is cancelled unused)
+        pending = trainer.submit_batch(step + 1) if args.mode == "async" and more else None
         t1 = time.monotonic()
         stats, figures = trainer.learn(groups)
         train_s = time.monotonic() - t1
@@ -226,6 +227,8 @@ def run(args: argparse.Namespace) -> Path:
             push, _ = trainer.push()
             push_s = time.monotonic() - t2
         timing = {"rollout_s": rollout_s, "train_s": train_s, "push_s": push_s}
+        # decided after the update: the last step always ends with a held-out eval
+        last = step >= args.steps or time.monotonic() - started >= args.time_budget
         if step % args.eval_every == 0 or last:
             timing["heldout_acc"], timing["eval_s"] = trainer.evaluate()
         if last:
