@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-# Outcomes that say nothing about the policy (raas' failure contract): never a sample.
-INFRA_OUTCOMES = frozenset({"infra_error", "cancelled", "prompt_too_long"})
+# raas' failure contract (raas_client.models.FAILURE_CLASSES): only these outcomes are
+# samples of the policy; infra_error, timeout, cancelled (infra) and prompt_too_long (input)
+# say nothing about it, and an outcome this trainer does not know is treated as infra.
+POLICY_OUTCOMES = frozenset({"completed", "agent_error"})
 
 
 @dataclass
@@ -53,9 +55,14 @@ class BatchStats:
 
 
 def is_infra_failure(row: dict[str, Any]) -> bool:
-    """A row the policy is not to blame for: an infrastructure outcome or no reward at all."""
-    return row.get("outcome") in INFRA_OUTCOMES or row.get("reward") is None \
-        or not row.get("response_ids")
+    """A row the policy is not to blame for: not a policy outcome (the row's `failure_class`
+    where the gateway sends it), no reward, or no generated tokens."""
+    failure_class = row.get("failure_class")
+    if failure_class is not None:
+        not_policy = failure_class not in ("none", "policy")
+    else:
+        not_policy = row.get("outcome") not in POLICY_OUTCOMES
+    return not_policy or row.get("reward") is None or not row.get("response_ids")
 
 
 def version_number(version: Any) -> int | None:

@@ -46,6 +46,12 @@ def test_infra_failures_leave_the_group_and_flat_groups_are_dropped() -> None:
     ]
     samples, stats = build_samples(groups, trainer_version=3)
     assert [s.instance_id for s in samples] == ["a", "a"]
+    # a deadline is infra too (raas' failure contract), an agent's own error is a sample
+    timed_out = [row("d", 1.0), row("d", 0.0, "timeout"), row("d", 0.0, "agent_error")]
+    samples_d, stats_d = build_samples([timed_out], trainer_version=3)
+    assert stats_d.infra_excluded == 1 and [s.reward for s in samples_d] == [1.0, 0.0]
+    labelled = [dict(row("e", 1.0), failure_class="infra"), row("e", 0.0), row("e", 1.0)]
+    assert build_samples([labelled], trainer_version=3)[1].infra_excluded == 1
     assert [round(s.advantage, 4) for s in samples] == [1.0, -1.0]
     assert (stats.groups, stats.groups_no_variance, stats.infra_excluded) == (3, 2, 3)
     assert stats.mean_reward == pytest.approx(5 / 6)  # rewards of the 6 real samples
