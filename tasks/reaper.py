@@ -290,7 +290,8 @@ class Reaper:
         for row in rows:
             limit = JobConfig.load(row.config).limits.stage_timeout(row.status)
             # Time spent waiting on a paused pool (a weight push) is not the stage's.
-            age = (lifecycle.seconds_since(row.stage_started_at) or 0) - (row.paused_seconds or 0)
+            age = ((lifecycle.seconds_since(row.stage_started_at) or 0)
+                   - (row.paused_seconds or 0))
             if age > limit + self.settings.stage_grace and lifecycle.finish(
                     self.db, row.id, Status.FAILED, Outcome.TIMEOUT.value,
                     lease=row.lease_owner, error=f"{row.status}: hung past its deadline"):

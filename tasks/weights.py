@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict, dataclass
 
 from agents.llm.backends import ServerError
 from agents.llm.tokenizer import list_models
 from agents.llm.weights import (
-    Probe,
-    ServerPushReport,
-    WeightPushReport,
+    Fingerprint,
+    ProbeCheck,
     apply_weights,
     check_mechanism,
     refuse_tied,
@@ -28,13 +28,42 @@ from tasks import pool_pause
 
 log = logging.getLogger(__name__)
 
+
+@dataclass
+class ServerPushReport:
+    """One server's push (wire: `raas_client.weight_models.ServerPushReport`)."""
+
+    id: str
+    url: str
+    ok: bool = False
+    error: str | None = None
+    generating_at_pause: int = 0
+    pause_seconds: float = 0.0
+    load_seconds: float | None = None
+    verify_seconds: float | None = None
+    total_seconds: float = 0.0
+    before_max_abs_diff: float | None = None
+    check: ProbeCheck | None = None
+
+
+@dataclass
+class WeightPushReport:
+    """A whole push (wire: `raas_client.weight_models.WeightPushReport`)."""
+
+    version: str
+    mechanism: str
+    resumed: bool
+    pause_seconds: float
+    total_seconds: float
+    servers: list[ServerPushReport]
+
 RETRY_HINT = ("the pool stays paused on the servers above: fix the checkpoint (or the server) "
               "and push again, or POST /v1/llm/resume (`raas weights resume`) to serve the "
               "weights they hold now")
 
 
 def push(db_url: str, owner: str, *, version: str, mechanism: str, path: str,
-         probe: Probe, tolerance: float = 1e-3, lora_name: str | None = None,
+         probe: Fingerprint, tolerance: float = 1e-3, lora_name: str | None = None,
          ids: list[str] | None = None, timeout: float = 300.0,
          lease_timeout: float = 30.0) -> WeightPushReport:
     """Push `path` to the owner's servers (all, or `ids`); WeightPushFailed (409) if any
@@ -61,12 +90,13 @@ def push(db_url: str, owner: str, *, version: str, mechanism: str, path: str,
         failed = [r for r in reports if not r.ok]
         raise WeightPushFailed(f"weight push {version!r} failed on {len(failed)} of "
                                f"{len(reports)} servers ({failed[0].url}: {failed[0].error}); "
-                               f"{RETRY_HINT}", **report.model_dump())
+                               f"{RETRY_HINT}", **asdict(report))
     return report
 
 
 def _push_one(server: pool_pause.PoolServer, mechanism: str, path: str,
-              lora_name: str | None, probe: Probe, tolerance: float) -> ServerPushReport:
+              lora_name: str | None, probe: Fingerprint,
+              tolerance: float) -> ServerPushReport:
     """Apply, reset and verify on one paused server (a failure is recorded, not raised)."""
     started = time.monotonic()
     report = ServerPushReport(id=server.id, url=server.url, pause_seconds=server.paused_seconds,
@@ -90,7 +120,7 @@ def _push_one(server: pool_pause.PoolServer, mechanism: str, path: str,
     return report
 
 
-def _probe_before(server: pool_pause.PoolServer, model: str | None, probe: Probe,
+def _probe_before(server: pool_pause.PoolServer, model: str | None, probe: Fingerprint,
                   tolerance: float) -> float | None:
     """The probe on the old weights: fills the prefix cache with them (see the module doc)."""
     try:

@@ -7,17 +7,20 @@ tests can check that a turn recorded with a version was really sampled with thos
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
+from raas_client import RaasHTTPError
+from raas_client.weights import DEFAULT_PROBE_TEXT, TiedCheckpoint
+from raas_client.weights_cli import weights
 from tokenizers import Tokenizer
 
 from agents.llm.sim_weights import WeightState, fingerprint, weights_logprob, write_checkpoint
 from agents.llm.simulator import fake_logprob, start_simulator
-from raas_client import RaasHTTPError
-from raas_client.weights import DEFAULT_PROBE_TEXT, TiedCheckpoint
 from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL
@@ -169,6 +172,20 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     assert service.wait_done(job["job_id"], timeout=60)["outcomes"] == {"completed": 1}
     [result] = service.all_results(job["job_id"])
     assert result["reward"] == 1.0 and set(result["policy_versions"]) == {"v1"}
+
+    probe_file = tmp_path / "probe.json"  # the same from the shell: raas weights ...
+    probe_file.write_text(json.dumps(probe("v1")))
+    cli = CliRunner()
+    ok = cli.invoke(weights, ["push", str(good_ckpt), "--version", "v1b", "--probe",
+                              str(probe_file), "--url", service.url])
+    assert ok.exit_code == 0 and "verified on 1 servers" in ok.output, ok.output
+    bad = cli.invoke(weights, ["push", str(stale), "--version", "v3", "--probe",
+                               str(probe_file), "--url", service.url])
+    assert bad.exit_code == 1 and "FAILED" in bad.output and "/v1/llm/resume" in bad.output
+    back = cli.invoke(weights, ["resume", "--version", "v0-retrained", "--url", service.url])
+    assert back.exit_code == 0 and "resumed 1 servers" in back.output
+    assert [(r.paused, r.weight_version) for r in rows(service.settings.db_url)] == \
+        [(False, "v0-retrained")]
 
 
 @pytest.mark.slow  # ~40 s: the pause must outlast a RUN deadline that fits a loaded machine

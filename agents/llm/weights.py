@@ -18,19 +18,15 @@ the old weights, so such a checkpoint is refused before anything is paused.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.llm.backends import GenerateRequest, ServerError, get_backend_class
 from agents.llm.backends.http_client import shared_client
 from core.errors import InvalidRequest
 
-Mechanism = Literal["reload", "lora"]
 UNTIE_HINT = ("untie it: save lm_head.weight explicitly (a copy of the embedding matrix) and set "
               "tie_word_embeddings to false in config.json (scripts/untie_checkpoint.py does "
               "both), then serve and train that copy")
@@ -38,42 +34,25 @@ APPLY_TIMEOUT = 600.0
 PROBE_TIMEOUT = 120.0
 
 
-class Probe(BaseModel):
-    """The trainer's fingerprint of its new weights: greedy continuation of `prompt_ids`.
+@dataclass
+class Fingerprint:
+    """The trainer's probe (validated on the wire by `raas_client.weight_models.Probe`):
+    greedy `token_ids` after `prompt_ids` under the new weights, with their `logprobs`."""
 
-    `token_ids` are the argmax tokens the trainer's model generates after the prompt (stopping
-    after an end token if it comes first), `logprobs` their log-probabilities in fp32. The
-    prompt should be longer than the server's KV block (vLLM on CPU: 128 tokens is safe) so
-    that a stale prefix cache holds a block of it and shows in the comparison.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt_ids: list[int] = Field(min_length=1, max_length=16_384, description="Probe prompt")
-    token_ids: list[int] = Field(min_length=1, max_length=1024,
-                                 description="The trainer's greedy continuation")
-    logprobs: list[float] = Field(min_length=1, max_length=1024,
-                                  description="log p of each of token_ids under the new weights")
-
-    @model_validator(mode="after")
-    def _aligned(self) -> Probe:
-        if len(self.token_ids) != len(self.logprobs):
-            raise ValueError("probe.logprobs: one logprob per token id is needed "
-                             f"({len(self.logprobs)} for {len(self.token_ids)})")
-        if not all(math.isfinite(x) for x in self.logprobs):
-            raise ValueError("probe.logprobs: every logprob must be finite")
-        return self
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
 
 
-class ProbeCheck(BaseModel):
-    """What the server served for the probe, against the fingerprint."""
+@dataclass
+class ProbeCheck:
+    """What the server served for the probe, against the fingerprint (see `compare`)."""
 
     ok: bool
-    max_abs_diff: float | None = Field(None, description="Largest |served - trainer| logprob "
-                                                         "over the tokens both agree on")
-    first_mismatch: int | None = Field(None, description="Index of the first differing token id")
-    served_ids: list[int] = Field(default_factory=list)
-    served_logprobs: list[float] = Field(default_factory=list)
+    max_abs_diff: float | None
+    first_mismatch: int | None
+    served_ids: list[int] = field(default_factory=list)
+    served_logprobs: list[float] = field(default_factory=list)
 
 
 def tied_embeddings(path: str) -> bool | None:
@@ -165,7 +144,7 @@ def reset_prefix_cache(url: str, backend: str) -> None:
     _post(url, CACHE_RESETS.get(backend, "/reset_prefix_cache"), {}, 60.0)
 
 
-def serve_probe(url: str, backend: str, model: str | None, probe: Probe) -> tuple[list[int],
+def serve_probe(url: str, backend: str, model: str | None, probe: Fingerprint) -> tuple[list[int],
                                                                                  list[float]]:
     """Greedy ids and logprobs the server generates after the probe prompt (generation path:
     the prefix cache takes part, as for a rollout's turn)."""
@@ -176,7 +155,8 @@ def serve_probe(url: str, backend: str, model: str | None, probe: Probe) -> tupl
     return list(generation.token_ids), [float(x) for x in generation.logprobs or []]
 
 
-def compare(probe: Probe, ids: list[int], logprobs: list[float], tolerance: float) -> ProbeCheck:
+def compare(probe: Fingerprint, ids: list[int], logprobs: list[float],
+            tolerance: float) -> ProbeCheck:
     """Served vs fingerprint: same ids, and every logprob within `tolerance`."""
     first = next((i for i, (a, b) in enumerate(zip(ids, probe.token_ids)) if a != b), None)
     if first is None and len(ids) != len(probe.token_ids):
@@ -189,36 +169,9 @@ def compare(probe: Probe, ids: list[int], logprobs: list[float], tolerance: floa
                       served_logprobs=logprobs)
 
 
-def verify(url: str, backend: str, model: str | None, probe: Probe,
+def verify(url: str, backend: str, model: str | None, probe: Fingerprint,
            tolerance: float) -> ProbeCheck:
     """Run the probe on the server and compare it with the trainer's fingerprint."""
     ids, logprobs = serve_probe(url, backend, model, probe)
     return compare(probe, ids, logprobs, tolerance)
 
-
-class ServerPushReport(BaseModel):
-    """One server's push: timings, the verification, and why it failed if it did."""
-
-    id: str
-    url: str
-    ok: bool = False
-    error: str | None = None
-    generating_at_pause: int = Field(0, description="Generations in flight when it paused")
-    pause_seconds: float = Field(0.0, description="Until its in-flight generations ended")
-    load_seconds: float | None = None
-    verify_seconds: float | None = None
-    total_seconds: float = 0.0
-    before_max_abs_diff: float | None = Field(
-        None, description="The probe on the old weights (before loading) vs the fingerprint")
-    check: ProbeCheck | None = None
-
-
-class WeightPushReport(BaseModel):
-    """The answer to a weight push (also the `details` of its 409 when it failed)."""
-
-    version: str
-    mechanism: Mechanism
-    resumed: bool = Field(description="False: verification failed and the pool stays paused")
-    pause_seconds: float = Field(description="Pause until no generation was in flight")
-    total_seconds: float
-    servers: list[ServerPushReport]

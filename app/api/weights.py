@@ -8,21 +8,23 @@ new weight version. `POST /v1/weights/push` does both around a verified load (se
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 from flask import Blueprint, current_app, g
-from sqlalchemy import select
-
-from app.api.routing import typed_route
-from app.schemas import LLMServerView
-from app.weight_schemas import (
+from raas_client.weight_models import (
     PausedServerView,
     PoolPause,
     PoolPaused,
     PoolResume,
     PoolResumed,
+    ResumedServer,
     WeightPush,
     WeightPushReport,
 )
+from sqlalchemy import select
+
+from agents.llm.weights import Fingerprint
+from app.api.routing import typed_route
 from core.db import session_scope
 from core.models import LLMServer
 from tasks import pool_pause, weights
@@ -52,13 +54,17 @@ def resume(body: PoolResume) -> PoolResumed:
     with session_scope(_settings().db_url) as s:
         rows = s.scalars(select(LLMServer).where(LLMServer.id.in_(ids))
                          .order_by(LLMServer.created_at)).all()
-        return PoolResumed(servers=[LLMServerView.model_validate(r) for r in rows])
+        return PoolResumed(servers=[ResumedServer(id=r.id, url=r.url, model=r.model,
+                                                  weight_version=r.weight_version,
+                                                  paused=r.paused) for r in rows])
 
 
 @typed_route(bp, "/v1/weights/push", "POST", body=WeightPush, response=WeightPushReport,
              summary="Load new weights on the pool, verify them against a probe, resume")
 def push(body: WeightPush) -> WeightPushReport:
-    return weights.push(_settings().db_url, g.owner, version=body.version,
-                        mechanism=body.mechanism, path=body.path, probe=body.probe,
-                        tolerance=body.tolerance, lora_name=body.lora_name, ids=body.servers,
-                        timeout=body.timeout, lease_timeout=_settings().lease_timeout)
+    report = weights.push(_settings().db_url, g.owner, version=body.version,
+                          mechanism=body.mechanism, path=body.path,
+                          probe=Fingerprint(**body.probe.model_dump()),
+                          tolerance=body.tolerance, lora_name=body.lora_name, ids=body.servers,
+                          timeout=body.timeout, lease_timeout=_settings().lease_timeout)
+    return WeightPushReport.model_validate(asdict(report))

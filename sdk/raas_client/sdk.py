@@ -249,12 +249,13 @@ class RaasClient:
         that cannot be verified raises RaasHTTPError 409 (`weight_push_failed`, per-server
         diffs in `body["details"]`) and leaves the pool paused: push again or `resume_pool()`.
         """
+        from raas_client.weight_models import WeightPush
         from raas_client.weights import check_untied
 
         if mechanism == "reload":
             check_untied(path)
-        body = {"version": version, "mechanism": mechanism, "path": str(path),
-                "lora_name": lora_name, "tolerance": tolerance, "servers": servers,
-                "timeout": timeout, "probe": {k: list(probe[k]) for k in
-                                              ("prompt_ids", "token_ids", "logprobs")}}
-        return self._call("POST", "/v1/weights/push", json=body, timeout=timeout + 900)
+        body = WeightPush(version=version, mechanism=mechanism, path=str(path),
+                          lora_name=lora_name, tolerance=tolerance, servers=servers,
+                          timeout=timeout, probe=probe)  # a bad probe fails here, by field
+        return self._call("POST", "/v1/weights/push", json=body.model_dump(mode="json"),
+                          timeout=timeout + 900)

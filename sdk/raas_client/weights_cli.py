@@ -20,7 +20,8 @@ def weights() -> None:
 def _server_line(s: dict[str, Any]) -> str:
     check = s.get("check") or {}
     diff = check.get("max_abs_diff")
-    return (f"  {s['url']:<28} {'ok' if s.get('ok') else 'FAILED':<6} pause {s['pause_seconds']:.3f}s "
+    state = "ok" if s.get("ok") else "FAILED"
+    return (f"  {s['url']:<28} {state:<6} pause {s['pause_seconds']:.3f}s "
             f"load {s.get('load_seconds') or 0:.3f}s verify {s.get('verify_seconds') or 0:.3f}s "
             f"total {s['total_seconds']:.3f}s max|dlogp| "
             f"{'-' if diff is None else f'{diff:.2e}'}"
@@ -32,7 +33,8 @@ def _server_line(s: dict[str, Any]) -> str:
 @click.option("--version", required=True, help="The new weight version")
 @click.option("--probe", "probe_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSON {prompt_ids, token_ids, logprobs} from raas_client.weights.probe_fingerprint")
+              help="JSON {prompt_ids, token_ids, logprobs}: "
+                   "raas_client.weights.probe_fingerprint")
 @click.option("--mechanism", type=click.Choice(["reload", "lora"]), default="reload",
               show_default=True)
 @click.option("--lora-name", default=None, help="Fixed adapter name (mechanism lora)")

@@ -8,30 +8,30 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from raas_client.weight_models import Probe
+from raas_client.weights import DEFAULT_PROBE_TEXT
 from tokenizers import Tokenizer
 
 from agents.llm.sim_weights import fingerprint, write_checkpoint
 from agents.llm.weights import (
-    Probe,
+    Fingerprint,
     apply_weights,
     compare,
     reset_prefix_cache,
     serve_probe,
     verify,
 )
-from raas_client.weights import DEFAULT_PROBE_TEXT
 from tests.llm.conftest import SMOLLM2
 
 REPLY = "one, two, three"
 SCRIPT = {"default": [REPLY]}
 
 
-def probe_for(url: str, seed: str) -> Probe:
+def probe_for(url: str, seed: str) -> Fingerprint:
     """The trainer's fingerprint of weights `seed` for the default probe prompt."""
     prompt = Tokenizer.from_file(f"{SMOLLM2}/tokenizer.json").encode(DEFAULT_PROBE_TEXT).ids
-    ids, _ = serve_probe(url, "vllm", None, Probe(prompt_ids=prompt, token_ids=[0],
-                                                  logprobs=[0.0]))
-    return Probe(**fingerprint(seed, prompt, ids))
+    ids, _ = serve_probe(url, "vllm", None, Fingerprint(prompt, [0], [0.0]))
+    return Fingerprint(**fingerprint(seed, prompt, ids))
 
 
 def stats(url: str) -> dict:
@@ -97,10 +97,10 @@ def test_lora_under_a_fixed_name_is_replaced_not_piled_up(simulators, tmp_path) 
 
 
 def test_compare_reports_the_first_differing_token() -> None:
-    probe = Probe(prompt_ids=[1, 2], token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3])
+    probe = Fingerprint(prompt_ids=[1, 2], token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3])
     assert compare(probe, [5, 6, 7], [-0.1, -0.2005, -0.3], 1e-3).ok
     check = compare(probe, [5, 9, 7], [-0.1, -0.2, -0.3], 1e-3)
     assert (check.ok, check.first_mismatch, check.max_abs_diff) == (False, 1, 0.0)
     assert compare(probe, [5, 6], [-0.1, -0.2], 1e-3).first_mismatch == 2
-    with pytest.raises(ValueError, match="one logprob per token"):
+    with pytest.raises(ValueError, match="one logprob per token"):  # the wire model says so
         Probe(prompt_ids=[1], token_ids=[1, 2], logprobs=[0.0])

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from agents.llm.weights import Probe, apply_weights, reset_prefix_cache, verify
 from raas_client import RaasHTTPError
 from raas_client.weights import TiedCheckpoint
+
+from agents.llm.weights import Fingerprint, apply_weights, reset_prefix_cache, verify
 from tests.pipeline_harness import start_service
 from tests.private_services import free_port
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]  # a vLLM start + torch runs
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/work/shared-venvs/vllm"))
@@ -94,8 +94,9 @@ def vllm_url(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, vllm_url):
-    """A raas gateway (no workers are needed for a push) with the server registered."""
-    svc = start_service(tmp_path_factory.mktemp("gateway"), stages=(), reaper=False)
+    """A raas service (gateway, workers, reaper) with the server registered as its pool."""
+    svc = start_service(tmp_path_factory.mktemp("gateway"),
+                        concurrency={"init": 2, "run": 4, "eval": 2})
     svc.client.add_llm_server(vllm_url, model=SERVED, weight_version="v0")
     yield svc
     svc.stop()
@@ -125,7 +126,7 @@ def test_a_push_makes_the_served_logprobs_the_trainers(gateway, checkpoints) -> 
         got = figures(report)
         assert report["resumed"] and got["max_abs_dlogp"] <= 1e-3  # fp32: < 1e-4 measured
         assert client.llm_servers()[0]["weight_version"] == version
-    probe_v1 = Probe(**json.loads(checkpoints["probe-v1"].read_text()))
+    probe_v1 = Fingerprint(**json.loads(checkpoints["probe-v1"].read_text()))
     on_v0 = verify(gateway_server(gateway), "vllm", SERVED, probe_v1, 1e-3)
     assert not on_v0.ok  # the two checkpoints are really different
 
@@ -146,7 +147,7 @@ def test_a_tied_checkpoint_is_refused(gateway, checkpoints) -> None:
 def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None:
     """The push's steps by hand, without the reset: the stale cache fails the verification."""
     url = gateway_server(gateway)
-    probe = Probe(**json.loads(checkpoints["probe-v1"].read_text()))
+    probe = Fingerprint(**json.loads(checkpoints["probe-v1"].read_text()))
     try:
         reset_prefix_cache(url, "vllm")
         verify(url, "vllm", SERVED, probe, 1e-3)  # the old weights fill the cache
@@ -162,3 +163,62 @@ def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None
                       "reset_max_abs_dlogp": fresh.max_abs_diff}))
     assert not stale.ok and fresh.ok and fresh.max_abs_diff <= 1e-3
     assert stale.first_mismatch is not None or stale.max_abs_diff > 1e-3
+
+
+def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gateway,
+                                                                         checkpoints) -> None:
+    """Rollouts of the real model are mid-flight: the push waits for their generations (the
+    measured pause), aborts none, and every turn records the version it was sampled with."""
+    from tasks.pool_pause import generating
+
+    client = gateway.client
+    url = gateway_server(gateway)
+    job = client.submit("test-chat", [{"instance_id": f"q{k}", "data": {}} for k in range(3)],
+                        n_samples=2, sampling={"max_tokens": 48, "temperature": 1.0},
+                        llm={"tokenizer": str(checkpoints["v0"]), "max_model_len": 2048},
+                        agent_config={"turns": 3, "observation_words": 10})
+    deadline = time.monotonic() + 600
+    while not generating(gateway.settings.db_url, "default", [url], 30).get(url):
+        assert time.monotonic() < deadline, gateway.log_tail()
+        time.sleep(0.05)
+    probe = json.loads(checkpoints["probe-v1"].read_text())
+    report = client.push_weights(str(checkpoints["v1"]), "v1", probe, timeout=300)
+    got = figures(report)
+    [server] = report["servers"]
+    print(json.dumps({"generating_at_pause": server["generating_at_pause"]}))
+    assert report["resumed"] and server["generating_at_pause"] >= 1
+    assert got["max_abs_dlogp"] <= 1e-3
+    done = gateway.wait_done(job["job_id"], timeout=900)
+    assert set(done["outcomes"]) <= {"completed", "agent_error"}, done  # never infra/timeout
+    details = [client.rollout(r["rollout_id"]) for r in gateway.all_results(job["job_id"])]
+    seen = set()
+    for detail in details:
+        versions = [t["weight_version"] for t in detail["turns"]]
+        assert versions == sorted(versions)  # v0 turns, then v1 turns
+        seen.update(versions)
+    assert seen == {"v0", "v1"}
+    # back to v0 for the other tests (verified too)
+    probe_v0 = json.loads(checkpoints["probe-v0"].read_text())
+    assert client.push_weights(str(checkpoints["v0"]), "v0", probe_v0, timeout=300)["resumed"]
+
+
+def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpoints,
+                                                                tmp_path_factory) -> None:
+    """Trap 1 on the real server: `reload_weights` of a tied checkpoint leaves lm_head at the
+    old weights, and the probe catches it (raas refuses it before this; done by hand here)."""
+    root = tmp_path_factory.mktemp("tied")
+    trainer("scripts/untie_checkpoint.py", str(SMOLLM2), str(root / "tied"), "--perturb",
+            "0.002", "--seed", "2", "--keep-tied")
+    trainer("scripts/trainer_probe.py", str(root / "tied"), str(root / "probe.json"))
+    url = gateway_server(gateway)
+    probe = Fingerprint(**json.loads((root / "probe.json").read_text()))
+    try:
+        apply_weights(url, "vllm", "reload", str(root / "tied"))
+        reset_prefix_cache(url, "vllm")
+        served = verify(url, "vllm", SERVED, probe, 1e-3)
+    finally:
+        apply_weights(url, "vllm", "reload", str(checkpoints["v0"]))
+        reset_prefix_cache(url, "vllm")
+    print(json.dumps({"tied_max_abs_dlogp": served.max_abs_diff,
+                      "tied_first_mismatch": served.first_mismatch}))
+    assert not served.ok
