@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch test-adapters test-slurm bench vllm-cpu demo clean
+.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch \
+	test-adapters test-slurm test-train bench vllm-cpu demo train-demo train-demo-lora clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -110,3 +111,35 @@ vllm-cpu:
 # of each example set, prints outcomes/rewards/turns/timings, stops what it started.
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py --vllm-port $(VLLM_PORT)
+
+# The trainer's own venv (torch CPU, transformers, peft, matplotlib): never the service's.
+TRAIN_VENV ?= .venv-train
+$(TRAIN_VENV)/.installed: examples/train/requirements.txt sdk/pyproject.toml
+	$(PYTHON) -m venv $(TRAIN_VENV)
+	$(TRAIN_VENV)/bin/pip install -q -U pip
+	$(TRAIN_VENV)/bin/pip install -q -e ./sdk -r examples/train/requirements.txt
+	touch $@
+
+# GRPO through raas on this CPU (examples/train/README.md): builds the untied float32 model,
+# starts the CPU vLLM of VLLM_VENV (dev mode) and `raas up`, trains for TRAIN_ARGS' budget
+# (default 25 min), writes TRAIN_OUT/steps.csv + reward.png, stops what it started.
+#   make train-demo VLLM_VENV=/work/shared-venvs/vllm SMOLLM_DIR=/work/models/smollm2-135m-instruct
+VLLM_VENV ?= .venv-vllm
+SMOLLM_DIR ?= models/smollm2-135m-instruct
+TRAIN_OUT ?= runs/train-demo
+TRAIN_ARGS ?=
+train-demo: $(VENV)/.installed $(TRAIN_VENV)/.installed
+	VLLM_VENV=$(abspath $(VLLM_VENV)) $(TRAIN_VENV)/bin/python examples/train/demo.py \
+		--base-model $(SMOLLM_DIR) --vllm-port $(VLLM_PORT) --out $(TRAIN_OUT) $(TRAIN_ARGS)
+
+# The same loop with a LoRA adapter (peft, rank 16) loaded in place on the server.
+train-demo-lora: $(VENV)/.installed $(TRAIN_VENV)/.installed
+	VLLM_VENV=$(abspath $(VLLM_VENV)) $(TRAIN_VENV)/bin/python examples/train/demo.py \
+		--base-model $(SMOLLM_DIR) --vllm-port $(VLLM_PORT) --out $(TRAIN_OUT)-lora \
+		--lora-rank 16 --lr 2e-4 $(TRAIN_ARGS)
+
+# The trainer's torch tests (the loss against the numpy reference, LoRA/full steps on a tiny
+# model): torch is only in the trainer's venv, so they have their own marker and target.
+test-train: $(VENV)/.installed $(TRAIN_VENV)/.installed
+	PYTHONPATH=$(CURDIR) $(TRAIN_VENV)/bin/python -m pytest -q -m train -p no:cacheprovider \
+		--confcutdir=tests/train -o addopts="" tests/train

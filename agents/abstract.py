@@ -194,6 +194,13 @@ class AgentHandler(ABC):
         """
         return None
 
+    def sandbox_needed(self, config: HandlerConfig) -> bool:
+        """Whether a rollout with this agent config needs a sandbox (INIT starts none if not).
+
+        By default the class's `needs_sandbox`; a handler whose sandbox only serves its tools
+        answers per config (`math` with `tools: []` needs none)."""
+        return self.needs_sandbox
+
     def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
         """Changes to the job's sandbox spec for this rollout (image, binds, env, limits).
 

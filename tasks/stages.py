@@ -149,8 +149,8 @@ class StageRun:
     def _init(self) -> None:
         if self.job.group_size is not None:  # a straggler cut's deadline counts from here
             groups.start(self.db, self.job.id, self.rollout.instance_id)
-        runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(),
-                                           self.handler.needs_sandbox)
+        needed = self.handler.sandbox_needed(self.ctx.agent_config)
+        runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(), needed)
         if runtime != "none":
             options = sandboxes.merged_options(self.config.chosen_sandbox(),
                                      self.handler.sandbox_overrides(self.ctx))

@@ -11,6 +11,8 @@ from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 
 @pytest.fixture
 def service(tmp_path, pg_url, redis_prefix):

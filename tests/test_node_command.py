@@ -15,6 +15,9 @@ from core.db import session_scope
 from core.models import QueueConsumer, Rollout
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import REPO, _as_env, start_service, wait_for
+import pytest
+
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
 SOFT = 4.0  # RAAS_SOFT_SHUTDOWN_TIMEOUT of the drained node
 

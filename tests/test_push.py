@@ -15,6 +15,8 @@ from core.policy import Policy, check_callback_url
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 
 class Receiver(ThreadingHTTPServer):
     """A trainer's callback endpoint on loopback: answers 500 to the first `fail_first`

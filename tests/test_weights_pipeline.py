@@ -26,6 +26,8 @@ from core.models import LLMServer
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 
+pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+
 REPO = Path(__file__).resolve().parent
 SMOLLM2 = str(REPO / "fixtures" / "smollm2-tokenizer")
 CALL = '<tool_call>{"name": "observe", "arguments": {}}</tool_call>'

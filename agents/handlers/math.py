@@ -114,6 +114,10 @@ class MathHandler(AgentHandler):
             raise InvalidRequest(f"instance.answer is longer than {MAX_ANSWER_CHARS} characters",
                                  field="instance.answer")
 
+    def sandbox_needed(self, config: HandlerConfig) -> bool:
+        """Only the tools run in the sandbox: `tools: []` (reasoning alone) starts none."""
+        return bool(config.tools)  # type: ignore[attr-defined]
+
     def init(self, ctx: StageContext) -> None:
         """Nothing to prepare: the problem is in the prompt and the tools need no files."""
 
