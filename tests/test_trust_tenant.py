@@ -141,6 +141,7 @@ def test_path_prefix_and_port_range_rules(tmp_path, upstreams, roots):
         server.shutdown()
 
 
+
 def test_old_glob_setting_stops_start_up_naming_the_new_format(tmp_path):
     from pydantic import ValidationError
 
@@ -206,6 +207,36 @@ def test_a_workers_session_calls_only_allowed_urls(upstreams):
         with pytest.raises(Exception):  # noqa: B017 - what matters is that the request went out
             s.generate(time.monotonic() + 3)  # the stand-in answers 503
     assert any(line.startswith("POST ") for line in control.seen)
+
+
+def test_probe_holds_a_tenants_stored_urls_to_todays_rules(tmp_path, upstreams, roots):
+    """Review 1 item 2: `?probe=1` calls each stored URL from executor threads; each thread
+    enters the guard itself. A tenant row the rules no longer allow (rules tightened, or a name
+    re-pointed since registration) is never called and reflects nothing; an operator's is."""
+    from core.db import session_scope
+    from core.models import LLMServer
+
+    secret = upstreams(root="/srv/internal-secret")
+    control = upstreams(root=str(roots / "smollm2"))
+    rules = ["http://[10.9.0.0/16]:*"]
+    server, c = gateway_for(tmp_path, rules, roots)
+    try:
+        db_url = tenant_settings(tmp_path, llm={"server_urls": rules}).db_url
+        with session_scope(db_url) as s:  # stored when the rules still allowed it
+            s.add(LLMServer(owner="alice", url=secret.url, model="m"))
+        assert c["operator"].post("/v1/llm-servers", json={"url": control.url}).status_code == 201
+        control.seen.clear()
+        resp = c["alice"].get("/v1/llm-servers", params={"probe": "1"})
+        assert resp.status_code == 200, resp.text
+        (view,) = resp.json()["servers"]
+        assert view["reachable"] is False and view["served_models"] is None
+        assert "not allowed" in view["probe_error"] and "internal-secret" not in resp.text
+        assert secret.seen == []  # nothing was sent
+        # honest control, same run: the operator's server is probed (no rules for an admin)
+        (own,) = c["operator"].get("/v1/llm-servers", params={"probe": "1"}).json()["servers"]
+        assert own["reachable"] is True and control.seen == ["GET /v1/models"]
+    finally:
+        server.shutdown()
 
 
 # -- 22.7: the tokenizer roots hold for what a tenant's own server reports -------------------
