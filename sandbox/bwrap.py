@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -111,10 +113,39 @@ def unprivileged_uid(settings) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=4)
+PROBE_RETRY_S = 30.0  # a failed probe is asked again after this long, never remembered for good
+_probe_ok: set[int] = set()
+_probe_failed: dict[int, tuple[float, str]] = {}  # uid -> (monotonic time, reason)
+_probe_lock = threading.Lock()
+
+
 def _probe_as(uid: int) -> str | None:
     """None when bwrap started through launch_as.py as `uid` creates its namespaces here
-    (unprivileged user namespaces may be forbidden by sysctl or AppArmor)."""
+    (unprivileged user namespaces may be forbidden by sysctl or AppArmor).
+
+    Only success is cached. A failure may be transient (the 10 s probe timing out on a loaded
+    node); remembering it would run every later sandbox of the process as host root, so it is
+    probed again after PROBE_RETRY_S (not on every start: a host that forbids it stays cheap)."""
+    with _probe_lock:
+        if uid in _probe_ok:
+            return None
+        failed = _probe_failed.get(uid)
+        if failed is not None and time.monotonic() - failed[0] < PROBE_RETRY_S:
+            return failed[1]
+        if failed is not None:
+            log.info("probing again whether bwrap can run as uid %s (last failure: %s)",
+                     uid, failed[1])
+        reason = _run_probe_as(uid)
+        if reason is None:
+            _probe_ok.add(uid)
+            _probe_failed.pop(uid, None)
+        else:
+            _probe_failed[uid] = (time.monotonic(), reason)
+        return reason
+
+
+def _run_probe_as(uid: int) -> str | None:
+    """One probe: start bwrap through launch_as.py as `uid`; None when it ran."""
     binary = bwrap_binary()
     if binary is None:
         return "no bwrap binary"

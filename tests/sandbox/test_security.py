@@ -91,6 +91,37 @@ def test_where_the_uid_may_not_create_namespaces_root_sandboxes_remain(monkeypat
     assert bwrap.unprivileged_uid(settings) is None  # a user's sandbox is that user
 
 
+
+def test_a_failed_probe_is_not_remembered_for_good(monkeypatch, caplog):
+    """Review 1 item 5: one failed root->nobody probe (a timeout on a loaded node) must not run
+    every later sandbox of the process as host root: only success is cached; a failure is
+    probed again after PROBE_RETRY_S. The probe's outcome is a fake (a transient failure
+    cannot be made to happen on demand); the caching around it is the real code."""
+    from sandbox import bwrap
+
+    outcomes = ["failed to run: timed out after 10 seconds", None]
+    calls: list[int] = []
+
+    def fake_probe(uid):
+        calls.append(uid)
+        return outcomes.pop(0)
+
+    now = [1000.0]
+    monkeypatch.setattr(bwrap, "_run_probe_as", fake_probe)
+    monkeypatch.setattr(bwrap.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(bwrap, "_probe_ok", set())
+    monkeypatch.setattr(bwrap, "_probe_failed", {})
+    assert bwrap._probe_as(65534).startswith("failed to run")
+    now[0] += 1
+    assert bwrap._probe_as(65534).startswith("failed to run")  # within the back-off: no probe
+    assert calls == [65534]
+    now[0] += bwrap.PROBE_RETRY_S
+    with caplog.at_level("INFO", logger=bwrap.log.name):
+        assert bwrap._probe_as(65534) is None  # probed again, and it works now
+    assert "probing again" in caplog.text
+    now[0] += 10 * bwrap.PROBE_RETRY_S
+    assert bwrap._probe_as(65534) is None and calls == [65534, 65534]  # success is kept
+
 def test_no_network_when_off(start):
     with socket.create_connection(("127.0.0.1", 5432), timeout=2):
         pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
