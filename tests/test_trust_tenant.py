@@ -142,6 +142,40 @@ def test_path_prefix_and_port_range_rules(tmp_path, upstreams, roots):
 
 
 
+DOT_PATHS = ["/v2/../admin", "/v2/./x", "/v2/%2e%2e/admin", "/v2/%2E%2e/admin", "/v2/..%2fadmin",
+             "/v2/x%2Fy", "/v2/%5c..%5cadmin", "/v2/%2e"]
+
+
+def test_dot_segments_and_encoded_separators_are_refused_at_submission_and_connection(
+        tmp_path, upstreams, roots):
+    """Review 1 item 8: a path-prefix rule matches text; `..` is resolved by httpx and `%2e`
+    by many servers, so either could step out of the allowed prefix. Both are refused when
+    submitted (a 400 naming the field) and at the connection guard (nothing is sent)."""
+    from agents.llm.backends.guard import UrlRefused, check_request
+    from core.urls import parse_rule, url_refusal
+
+    up = upstreams(root=str(roots / "smollm2"))
+    rules = [f"http://127.0.0.1:{up.port}/v2"]
+    for path in DOT_PATHS:
+        assert url_refusal(f"{up.url}{path}", [parse_rule(rules[0])]) is not None, path
+        if path == "/v2/./x":
+            continue  # httpx resolves it to /v2/x before the guard sees it: inside the prefix
+        with pytest.raises(UrlRefused):
+            check_request([parse_rule(rules[0])], httpx.URL(f"{up.url}{path}/v1/models"))
+    check_request([parse_rule(rules[0])], httpx.URL(f"{up.url}/v2/x/v1/models"))  # control
+    server, c = gateway_for(tmp_path, rules, roots)
+    try:
+        for path in DOT_PATHS:
+            rejected(c["alice"].post("/v1/llm-servers", json={"url": f"{up.url}{path}"}), 400,
+                     "url")
+            rejected(c["alice"].post("/v1/jobs", json=llm_job([f"{up.url}{path}"])), 400,
+                     "llm.servers.0.url")
+        assert up.seen == []
+        assert c["alice"].post("/v1/llm-servers",
+                               json={"url": f"{up.url}/v2/x"}).status_code == 201  # control
+    finally:
+        server.shutdown()
+
 def test_old_glob_setting_stops_start_up_naming_the_new_format(tmp_path):
     from pydantic import ValidationError
 
