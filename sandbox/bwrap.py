@@ -99,6 +99,13 @@ def _root_mounts(image: str | None,
     return args
 
 
+# The server's interpreter runs isolated (-I: no cwd, PYTHONPATH or user site on sys.path)
+# and imports only from the read-only /opt/raas, never from a directory the agent can write
+# (the root tmpfs is the sandbox uid's: a /json.py there would run inside the server).
+SERVER_BOOT = (f"import sys; sys.path[:0] = [{OPT!r}, {OPT + '/lib'!r}]; import runpy; "
+               "runpy.run_module('toolserver', run_name='__main__', alter_sys=True)")
+
+
 def unprivileged_uid(settings) -> int | None:
     """The host uid a sandbox runs as when it must not be ours: only when we are root (a
     sandbox mapped to host root owns every root-only file a bind exposes, /etc included), and
@@ -223,8 +230,12 @@ class BwrapRuntime(Runtime):
         size = str(spec.limits.tmp_bytes)  # a /tmp flood is ENOSPC, never an OOM of the server
         argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
                  "--size", size, "--tmpfs", "/run",
+                 # /opt/raas on a tmpfs of its own, read-only once the code is bound in: the
+                 # root tmpfs is the sandbox uid's, so a file there could shadow a module
+                 "--tmpfs", OPT,
                  *bind("ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver"),
                  *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
+                 "--remount-ro", OPT,
                  *bind("bind", spec.workspace, spec.workspace)]
         if env_dir:
             argv += bind("ro-bind", env_dir, env_dir)
@@ -234,8 +245,8 @@ class BwrapRuntime(Runtime):
         python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
         inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
         argv += ["--clearenv", *(x for k, v in inside.items() for x in ("--setenv", k, v))]
-        argv += ["--chdir", "/", "--info-fd", "{info_fd}", "--",
-                 "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
+        argv += ["--chdir", OPT, "--info-fd", "{info_fd}", "--",
+                 "/usr/bin/python3", "-I", "-B", "-c", SERVER_BOOT,
                  "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
                  "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}",
                  "--signal-fd", "{signal_fd}", *server_flags]

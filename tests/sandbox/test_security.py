@@ -277,13 +277,30 @@ def test_tool_socket_is_out_of_reach_inside(bw):
     # where the kernel leaves the outer /proc visible (a root service), the server is
     # listed, but it is not dumpable: its descriptors (the listening socket) stay unreachable
     find = ("python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
-            "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-s\\0-B\\0-m\\0toolserver')][:1])\"")  # noqa: E501
+            "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-I\\0-B\\0-c\\0')][:1])\"")  # noqa: E501
     server = bw.bash(find).output.strip()
     if server:
         fds = bw.bash(f"ls /proc/{server}/fd 2>&1; cat /proc/{server}/environ 2>&1 | head -c 100")
         assert "Permission denied" in fds.output
     assert bw.bash("echo still-serving").output == "still-serving\n"
 
+
+
+def test_the_server_imports_nothing_from_where_the_agent_can_write(bw):
+    """Review 1 item 12: the root tmpfs is the sandbox uid's (the agent may write /json.py).
+    The server runs isolated (-I: no cwd or PYTHONPATH entry on sys.path), from a read-only
+    cwd, and /opt/raas, the only place it imports from, is a read-only mount."""
+    pid = bw.handle["server_pid"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[:3] == [b"/usr/bin/python3", b"-I", b"-B"], argv
+    assert os.readlink(f"/proc/{pid}/cwd") == "/opt/raas"
+    r = bw.bash("for d in /opt/raas /opt/raas/lib /opt/raas/toolserver; do "
+                "touch $d/json.py 2>/dev/null && echo WROTE $d; done; echo done")
+    assert r.output == "done\n", r.output
+    # the server sees what the agent wrote elsewhere, and still serves without importing it
+    assert bw.bash("echo 'raise SystemExit(99)' > /json.py; echo ok").output == "ok\n"
+    assert bw.python("import json; print(json.dumps([1]))").output.strip() == "[1]"
+    assert bw.bash("echo still-serving").output == "still-serving\n"
 
 def test_a_swapped_socket_is_an_error_never_an_answer(start):
     """Whoever answers on the socket path must be the server the runtime started."""
