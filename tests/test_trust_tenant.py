@@ -370,6 +370,62 @@ def test_template_bombs_are_400_naming_the_field_and_the_gateway_stays_up(tmp_pa
         server.shutdown()
 
 
+CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+LATER = "{% if messages|length > 2 and messages[2].content == 'b' %}"  # never in the sample
+ALLOCATION_BOMBS = {
+    "center": LATER + "{{ ('x'|center(6000000000))|length }}{% endif %}" + CHAT,
+    "doubling": LATER + "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
+                        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
+    "plus": LATER + "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
+                    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
+    "method": LATER + "{{ 'x'.ljust(6000000000)|length }}{% endif %}" + CHAT,
+    "percent": LATER + "{{ ('%6000000000s' % 'x')|length }}{% endif %}" + CHAT,
+    "format": LATER + "{{ ('%6000000000s'|format('x'))|length }}{% endif %}" + CHAT,
+    "replace": LATER + "{{ ('x' * 4000000)|replace('x', 'xxxxxxxxxx')|length }}{% endif %}" + CHAT,
+    "join": LATER + "{{ (['x' * 4000000] * 100)|join|length }}{% endif %}" + CHAT,
+}
+
+
+@pytest.mark.parametrize("name", list(ALLOCATION_BOMBS))
+def test_strings_a_template_builds_are_capped_before_they_are_allocated(name):
+    """Review 1 item 1: a template that behaves on the submission sample and, on a later chat
+    rendered in a worker, asks for gigabytes (`center(6000000000)`) or doubles a string with
+    `~` 27 times (134 M characters) is refused before the allocation, in milliseconds."""
+    import resource
+
+    from agents.llm.tokenizer import check_untrusted_template, load_chat_tokenizer
+
+    text = ALLOCATION_BOMBS[name]
+    check_untrusted_template(SMOLLM2, text)  # the sample never reaches the branch
+    tok = load_chat_tokenizer(SMOLLM2, text)
+    chat = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "a"},
+            {"role": "tool", "content": "b"}]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(Exception, match="over the cap") as err:
+        tok.render(chat, add_generation_prompt=True)
+    assert "MemoryError" not in type(err.value).__name__
+    assert time.monotonic() - started < 2
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, grown_mb  # the doubling alone reached +183 MB before the cap
+    # the control: the same template renders an ordinary chat
+    assert tok.render(chat[:2]).startswith("<|im_start|>user\nhi<|im_end|>")
+
+
+def test_capped_filters_and_operators_still_render_ordinary_templates():
+    from agents.llm.tokenizer import load_chat_tokenizer
+
+    text = ("{% set ns = namespace(s='') %}{% for m in messages %}"
+            "{% set ns.s = ns.s ~ m['role'] ~ ':' + m['content'] %}{% endfor %}"
+            "{{ ns.s }}|{{ 'ab'|center(6) }}|{{ ['a', 'b']|join(',') }}|{{ 'a-b'|replace('-', '+') }}"
+            "|{{ '%s=%d'|format('n', 3) }}|{{ '%03d' % 7 }}|{{ 'x'.rjust(3, '.') }}"
+            "|{{ '{}!'.format('hi') }}|{{ 'a\nb'|indent(2) }}|{{ '-'.join(['p', 'q']) }}"
+            "|{{ [{'n': 'u'}, {'n': 'v'}]|join('/', attribute='n') }}")
+    tok = load_chat_tokenizer(SMOLLM2, text)
+    out = tok.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    assert out == "user:hiassistant:yo|  ab  |a,b|a+b|n=3|007|..x|hi!|a\n  b|p-q|u/v"
+
+
 def test_a_render_past_its_deadline_stops_in_process(monkeypatch):
     """A template that is cheap on the submission sample and explodes on a longer chat (as a
     worker renders each turn): the in-process render stops at its deadline."""
