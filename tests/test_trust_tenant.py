@@ -383,6 +383,9 @@ ALLOCATION_BOMBS = {
     "format": LATER + "{{ ('%6000000000s'|format('x'))|length }}{% endif %}" + CHAT,
     "replace": LATER + "{{ ('x' * 4000000)|replace('x', 'xxxxxxxxxx')|length }}{% endif %}" + CHAT,
     "join": LATER + "{{ (['x' * 4000000] * 100)|join|length }}{% endif %}" + CHAT,
+    # many results, each under the per-result cap: the per-render total stops them
+    "many": LATER + "{{ range(10000)|map('center', 4000000)|list|length }}{% endif %}" + CHAT,
+    "list-repeat": LATER + "{{ (['x' * 4000000] * 10000)|string|length }}{% endif %}" + CHAT,
 }
 
 

@@ -221,8 +221,11 @@ _watchdog = _Watchdog()
 @contextmanager
 def render_budget(seconds: float | None = None) -> Iterator[None]:
     """Renders in this block stop with TemplateOverBudget after `seconds` (RENDER_SECONDS)."""
+    from agents.llm.template_caps import reset
+
     seconds = seconds or RENDER_SECONDS
     ident = threading.get_ident()
+    reset()  # the per-render total of strings the template builds
     _watchdog.enter(ident, seconds)
     try:
         yield

@@ -13,15 +13,18 @@ string longer than its inputs that a chat template can reach is estimated first 
 - string methods called from a template: `center`, `ljust`, `rjust`, `zfill`, `expandtabs`,
   `replace`, `join`, `format`, `format_map`.
 
-What is left is memory in many strings each under the cap (bounded by the template's size and
-the `range()` cap) and `str()` of large containers; the submission check renders in a child
-with RLIMIT_AS. Installed process-wide on Jinja's ImmutableSandboxedEnvironment (chat templates
-are the only sandboxed templates this process compiles) by `template_budget` at import.
+Each result is capped at MAX_CHARS and all of one render's checked results together at
+TOTAL_CHARS (reset per render by `render_budget`). What is left is text made outside these
+paths (the `string`/`tojson` of containers built from capped parts stays within a small
+multiple of the total); the submission check renders in a child with RLIMIT_AS.
+Installed process-wide on Jinja's ImmutableSandboxedEnvironment (chat templates are the only
+sandboxed templates this process compiles) by `template_budget` at import.
 """
 from __future__ import annotations
 
 import functools
 import re
+import threading
 from typing import Any
 
 from jinja2 import nodes
@@ -29,6 +32,8 @@ from jinja2.compiler import CodeGenerator, Frame
 from jinja2.sandbox import SecurityError
 
 MAX_CHARS = 4 * 1024 * 1024  # = template_budget.MAX_OUTPUT_CHARS (the whole output's cap)
+TOTAL_CHARS = 16 * MAX_CHARS  # all results checked here in one render, together
+_render = threading.local()  # .spent: characters built through the checks in this render
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?")
 _BRACE_SPEC = re.compile(r"\{[^{}]*\}")
 _STR_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "join", "format",
@@ -36,8 +41,21 @@ _STR_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "j
 
 
 def _refuse_over(size: int, what: str) -> None:
+    """Refuse one result over MAX_CHARS, or one that takes the render's total of results
+    built through these checks over TOTAL_CHARS (`range(10000)|map('center', 4000000)` is
+    10 000 results each under the cap)."""
     if size > MAX_CHARS:
         raise SecurityError(f"{what} would be {size} characters, over the cap of {MAX_CHARS}")
+    spent = getattr(_render, "spent", 0) + size
+    if spent > TOTAL_CHARS:
+        raise SecurityError(f"{what}: this render's strings would total {spent} characters, "
+                            f"over the cap of {TOTAL_CHARS}")
+    _render.spent = spent
+
+
+def reset() -> None:
+    """Start this thread's per-render total afresh (`template_budget.render_budget`)."""
+    _render.spent = 0
 
 
 def _length(value: Any) -> int:
@@ -97,8 +115,15 @@ def check_method(method: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def check_binop(operator: str, left: Any, right: Any) -> None:
-    """`+` of strings or sequences and `%` on a string, before they run."""
-    if operator == "+" and isinstance(left, (str, list, tuple)) \
+    """`+` of strings or sequences, `*` of one (its items' text counts: `[s] * n` printed is
+    n copies of s) and `%` on a string, before they run."""
+    if operator == "*":
+        seq, times = (left, right) if isinstance(right, int) else (right, left)
+        if isinstance(seq, str) and isinstance(times, int):
+            _refuse_over(len(seq) * max(times, 0), "a '*' result")
+        elif isinstance(seq, (list, tuple)) and isinstance(times, int):
+            _refuse_over(sum(_length(i) for i in seq) * max(times, 0), "a '*' result")
+    elif operator == "+" and isinstance(left, (str, list, tuple)) \
             and isinstance(right, (str, list, tuple)):
         _refuse_over(len(left) + len(right), "a '+' result")
     elif operator == "%" and isinstance(left, str):
