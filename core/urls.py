@@ -63,9 +63,24 @@ def parse_url(url: str) -> Target:
     if any(c in path for c in "?#@\\") or "@" in url.split("/")[2]:
         raise ValueError("must be a base URL: scheme, host, port and path only (no query, "
                          "fragment or user info)")
+    _check_path(path)
     host, address = _parse_host(match["host"])
     port = _parse_port(match["port"], scheme)
     return Target(scheme, host, port, path.rstrip("/"), address)
+
+
+_ENCODED_SEPARATOR = re.compile(r"%(2e|2f|5c)", re.I)
+
+
+def _check_path(path: str) -> None:
+    """Refuse a path whose meaning depends on who normalises it: a path-prefix rule matches
+    the text, while httpx resolves `.`/`..` segments before sending and many servers (nginx)
+    decode `%2e`/`%2f`/`%5c` first, so `/v1/%2e%2e/admin` would pass a `/v1` rule and reach
+    `/admin`. Checked when a URL is submitted and again at every connection (the guard)."""
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise ValueError("path must not have '.' or '..' segments")
+    if _ENCODED_SEPARATOR.search(path):
+        raise ValueError("path must not have percent-encoded '.', '/' or '\\' (%2e, %2f, %5c)")
 
 
 def _parse_host(raw: str) -> tuple[str, IPAddress | None]:

@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -97,6 +99,13 @@ def _root_mounts(image: str | None,
     return args
 
 
+# The server's interpreter runs isolated (-I: no cwd, PYTHONPATH or user site on sys.path)
+# and imports only from the read-only /opt/raas, never from a directory the agent can write
+# (the root tmpfs is the sandbox uid's: a /json.py there would run inside the server).
+SERVER_BOOT = (f"import sys; sys.path[:0] = [{OPT!r}, {OPT + '/lib'!r}]; import runpy; "
+               "runpy.run_module('toolserver', run_name='__main__', alter_sys=True)")
+
+
 def unprivileged_uid(settings) -> int | None:
     """The host uid a sandbox runs as when it must not be ours: only when we are root (a
     sandbox mapped to host root owns every root-only file a bind exposes, /etc included), and
@@ -111,10 +120,39 @@ def unprivileged_uid(settings) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=4)
+PROBE_RETRY_S = 30.0  # a failed probe is asked again after this long, never remembered for good
+_probe_ok: set[int] = set()
+_probe_failed: dict[int, tuple[float, str]] = {}  # uid -> (monotonic time, reason)
+_probe_lock = threading.Lock()
+
+
 def _probe_as(uid: int) -> str | None:
     """None when bwrap started through launch_as.py as `uid` creates its namespaces here
-    (unprivileged user namespaces may be forbidden by sysctl or AppArmor)."""
+    (unprivileged user namespaces may be forbidden by sysctl or AppArmor).
+
+    Only success is cached. A failure may be transient (the 10 s probe timing out on a loaded
+    node); remembering it would run every later sandbox of the process as host root, so it is
+    probed again after PROBE_RETRY_S (not on every start: a host that forbids it stays cheap)."""
+    with _probe_lock:
+        if uid in _probe_ok:
+            return None
+        failed = _probe_failed.get(uid)
+        if failed is not None and time.monotonic() - failed[0] < PROBE_RETRY_S:
+            return failed[1]
+        if failed is not None:
+            log.info("probing again whether bwrap can run as uid %s (last failure: %s)",
+                     uid, failed[1])
+        reason = _run_probe_as(uid)
+        if reason is None:
+            _probe_ok.add(uid)
+            _probe_failed.pop(uid, None)
+        else:
+            _probe_failed[uid] = (time.monotonic(), reason)
+        return reason
+
+
+def _run_probe_as(uid: int) -> str | None:
+    """One probe: start bwrap through launch_as.py as `uid`; None when it ran."""
     binary = bwrap_binary()
     if binary is None:
         return "no bwrap binary"
@@ -192,8 +230,12 @@ class BwrapRuntime(Runtime):
         size = str(spec.limits.tmp_bytes)  # a /tmp flood is ENOSPC, never an OOM of the server
         argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
                  "--size", size, "--tmpfs", "/run",
+                 # /opt/raas on a tmpfs of its own, read-only once the code is bound in: the
+                 # root tmpfs is the sandbox uid's, so a file there could shadow a module
+                 "--tmpfs", OPT,
                  *bind("ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver"),
                  *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
+                 "--remount-ro", OPT,
                  *bind("bind", spec.workspace, spec.workspace)]
         if env_dir:
             argv += bind("ro-bind", env_dir, env_dir)
@@ -203,8 +245,8 @@ class BwrapRuntime(Runtime):
         python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
         inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
         argv += ["--clearenv", *(x for k, v in inside.items() for x in ("--setenv", k, v))]
-        argv += ["--chdir", "/", "--info-fd", "{info_fd}", "--",
-                 "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
+        argv += ["--chdir", OPT, "--info-fd", "{info_fd}", "--",
+                 "/usr/bin/python3", "-I", "-B", "-c", SERVER_BOOT,
                  "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
                  "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}",
                  "--signal-fd", "{signal_fd}", *server_flags]

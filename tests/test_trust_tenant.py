@@ -141,6 +141,41 @@ def test_path_prefix_and_port_range_rules(tmp_path, upstreams, roots):
         server.shutdown()
 
 
+
+DOT_PATHS = ["/v2/../admin", "/v2/./x", "/v2/%2e%2e/admin", "/v2/%2E%2e/admin", "/v2/..%2fadmin",
+             "/v2/x%2Fy", "/v2/%5c..%5cadmin", "/v2/%2e"]
+
+
+def test_dot_segments_and_encoded_separators_are_refused_at_submission_and_connection(
+        tmp_path, upstreams, roots):
+    """Review 1 item 8: a path-prefix rule matches text; `..` is resolved by httpx and `%2e`
+    by many servers, so either could step out of the allowed prefix. Both are refused when
+    submitted (a 400 naming the field) and at the connection guard (nothing is sent)."""
+    from agents.llm.backends.guard import UrlRefused, check_request
+    from core.urls import parse_rule, url_refusal
+
+    up = upstreams(root=str(roots / "smollm2"))
+    rules = [f"http://127.0.0.1:{up.port}/v2"]
+    for path in DOT_PATHS:
+        assert url_refusal(f"{up.url}{path}", [parse_rule(rules[0])]) is not None, path
+        if path == "/v2/./x":
+            continue  # httpx resolves it to /v2/x before the guard sees it: inside the prefix
+        with pytest.raises(UrlRefused):
+            check_request([parse_rule(rules[0])], httpx.URL(f"{up.url}{path}/v1/models"))
+    check_request([parse_rule(rules[0])], httpx.URL(f"{up.url}/v2/x/v1/models"))  # control
+    server, c = gateway_for(tmp_path, rules, roots)
+    try:
+        for path in DOT_PATHS:
+            rejected(c["alice"].post("/v1/llm-servers", json={"url": f"{up.url}{path}"}), 400,
+                     "url")
+            rejected(c["alice"].post("/v1/jobs", json=llm_job([f"{up.url}{path}"])), 400,
+                     "llm.servers.0.url")
+        assert up.seen == []
+        assert c["alice"].post("/v1/llm-servers",
+                               json={"url": f"{up.url}/v2/x"}).status_code == 201  # control
+    finally:
+        server.shutdown()
+
 def test_old_glob_setting_stops_start_up_naming_the_new_format(tmp_path):
     from pydantic import ValidationError
 
@@ -206,6 +241,36 @@ def test_a_workers_session_calls_only_allowed_urls(upstreams):
         with pytest.raises(Exception):  # noqa: B017 - what matters is that the request went out
             s.generate(time.monotonic() + 3)  # the stand-in answers 503
     assert any(line.startswith("POST ") for line in control.seen)
+
+
+def test_probe_holds_a_tenants_stored_urls_to_todays_rules(tmp_path, upstreams, roots):
+    """Review 1 item 2: `?probe=1` calls each stored URL from executor threads; each thread
+    enters the guard itself. A tenant row the rules no longer allow (rules tightened, or a name
+    re-pointed since registration) is never called and reflects nothing; an operator's is."""
+    from core.db import session_scope
+    from core.models import LLMServer
+
+    secret = upstreams(root="/srv/internal-secret")
+    control = upstreams(root=str(roots / "smollm2"))
+    rules = ["http://[10.9.0.0/16]:*"]
+    server, c = gateway_for(tmp_path, rules, roots)
+    try:
+        db_url = tenant_settings(tmp_path, llm={"server_urls": rules}).db_url
+        with session_scope(db_url) as s:  # stored when the rules still allowed it
+            s.add(LLMServer(owner="alice", url=secret.url, model="m"))
+        assert c["operator"].post("/v1/llm-servers", json={"url": control.url}).status_code == 201
+        control.seen.clear()
+        resp = c["alice"].get("/v1/llm-servers", params={"probe": "1"})
+        assert resp.status_code == 200, resp.text
+        (view,) = resp.json()["servers"]
+        assert view["reachable"] is False and view["served_models"] is None
+        assert "not allowed" in view["probe_error"] and "internal-secret" not in resp.text
+        assert secret.seen == []  # nothing was sent
+        # honest control, same run: the operator's server is probed (no rules for an admin)
+        (own,) = c["operator"].get("/v1/llm-servers", params={"probe": "1"}).json()["servers"]
+        assert own["reachable"] is True and control.seen == ["GET /v1/models"]
+    finally:
+        server.shutdown()
 
 
 # -- 22.7: the tokenizer roots hold for what a tenant's own server reports -------------------
@@ -303,6 +368,65 @@ def test_template_bombs_are_400_naming_the_field_and_the_gateway_stays_up(tmp_pa
         assert ok.status_code == 202, ok.text
     finally:
         server.shutdown()
+
+
+CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+LATER = "{% if messages|length > 2 and messages[2].content == 'b' %}"  # never in the sample
+ALLOCATION_BOMBS = {
+    "center": LATER + "{{ ('x'|center(6000000000))|length }}{% endif %}" + CHAT,
+    "doubling": LATER + "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
+                        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
+    "plus": LATER + "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
+                    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
+    "method": LATER + "{{ 'x'.ljust(6000000000)|length }}{% endif %}" + CHAT,
+    "percent": LATER + "{{ ('%6000000000s' % 'x')|length }}{% endif %}" + CHAT,
+    "format": LATER + "{{ ('%6000000000s'|format('x'))|length }}{% endif %}" + CHAT,
+    "replace": LATER + "{{ ('x' * 4000000)|replace('x', 'xxxxxxxxxx')|length }}{% endif %}" + CHAT,
+    "join": LATER + "{{ (['x' * 4000000] * 100)|join|length }}{% endif %}" + CHAT,
+    # many results, each under the per-result cap: the per-render total stops them
+    "many": LATER + "{{ range(10000)|map('center', 4000000)|list|length }}{% endif %}" + CHAT,
+    "list-repeat": LATER + "{{ (['x' * 4000000] * 10000)|string|length }}{% endif %}" + CHAT,
+}
+
+
+@pytest.mark.parametrize("name", list(ALLOCATION_BOMBS))
+def test_strings_a_template_builds_are_capped_before_they_are_allocated(name):
+    """Review 1 item 1: a template that behaves on the submission sample and, on a later chat
+    rendered in a worker, asks for gigabytes (`center(6000000000)`) or doubles a string with
+    `~` 27 times (134 M characters) is refused before the allocation, in milliseconds."""
+    import resource
+
+    from agents.llm.tokenizer import check_untrusted_template, load_chat_tokenizer
+
+    text = ALLOCATION_BOMBS[name]
+    check_untrusted_template(SMOLLM2, text)  # the sample never reaches the branch
+    tok = load_chat_tokenizer(SMOLLM2, text)
+    chat = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "a"},
+            {"role": "tool", "content": "b"}]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(Exception, match="over the cap") as err:
+        tok.render(chat, add_generation_prompt=True)
+    assert "MemoryError" not in type(err.value).__name__
+    assert time.monotonic() - started < 2
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, grown_mb  # the doubling alone reached +183 MB before the cap
+    # the control: the same template renders an ordinary chat
+    assert tok.render(chat[:2]).startswith("<|im_start|>user\nhi<|im_end|>")
+
+
+def test_capped_filters_and_operators_still_render_ordinary_templates():
+    from agents.llm.tokenizer import load_chat_tokenizer
+
+    text = ("{% set ns = namespace(s='') %}{% for m in messages %}"
+            "{% set ns.s = ns.s ~ m['role'] ~ ':' + m['content'] %}{% endfor %}"
+            "{{ ns.s }}|{{ 'ab'|center(6) }}|{{ ['a', 'b']|join(',') }}|{{ 'a-b'|replace('-', '+') }}"
+            "|{{ '%s=%d'|format('n', 3) }}|{{ '%03d' % 7 }}|{{ 'x'.rjust(3, '.') }}"
+            "|{{ '{}!'.format('hi') }}|{{ 'a\nb'|indent(2) }}|{{ '-'.join(['p', 'q']) }}"
+            "|{{ [{'n': 'u'}, {'n': 'v'}]|join('/', attribute='n') }}")
+    tok = load_chat_tokenizer(SMOLLM2, text)
+    out = tok.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    assert out == "user:hiassistant:yo|  ab  |a,b|a+b|n=3|007|..x|hi!|a\n  b|p-q|u/v"
 
 
 def test_a_render_past_its_deadline_stops_in_process(monkeypatch):

@@ -7,9 +7,11 @@ ini (`-c`, so no repo config the agent could have written is read) and rootdir. 
 report goes to an inherited descriptor (fd 3, the tool's output pipe), never to a file: code
 under test cannot predict a path to rewrite, and anything it writes to that pipe too makes the
 report unparseable. Two channels must agree: every listed test passed in the report *and*
-pytest exited 0. Each listed test runs in its own interpreter under `swe_guard.RUNNER`, which
-fingerprints pytest before the package loads and adds a third channel, its verdict line
-(issue 22.4; an instance's own `test_cmd` runs the whole list once, unguarded). Mistakes of the
+pytest exited 0. The listed tests of each test file run in one interpreter under
+`swe_guard.RUNNER`, which fingerprints pytest before the package loads and adds a third channel,
+its per-test verdict line (issue 22.4; an instance's own `test_cmd` runs the whole list once,
+unguarded). One interpreter per file, not per test: hundreds of ids, each importing the
+package, would time correct patches out to reward 0. Mistakes of the
 agent (a broken repo, tests that hang) give reward 0; only sandbox failures raise.
 """
 from __future__ import annotations
@@ -66,40 +68,65 @@ def apply_patch(sb: Any, workspace: str, patch: str, name: str, timeout: float =
 
 def run_tests(sb: Any, workspace: str, tests: list[str], timeout: float,
               test_cmd: str | None = None) -> SuiteRun:
-    """Run `tests` (pytest node ids), isolated, within a wall-clock limit: each in its own
-    guarded interpreter, or (an instance's `test_cmd`) all at once."""
+    """Run `tests` (pytest node ids), isolated, within one wall-clock limit: the ids of each
+    test file in one guarded interpreter, or (an instance's `test_cmd`) all at once."""
     scratch = f"/tmp/.raas-grade-{secrets.token_hex(8)}"
     ini = f"[pytest]\npythonpath = {workspace}\n"
     sb.bash(f"mkdir -p {scratch} && printf %s {shlex.quote(ini)} > {scratch}/pytest.ini && "
             f"printf %s {shlex.quote(RUNNER)} > {scratch}/runner.py", timeout=30)
     if test_cmd:
         return _run_suite(sb, workspace, tests, timeout, test_cmd, scratch)
+    by_file: dict[str, list[str]] = {}
+    for test in dict.fromkeys(tests):
+        by_file.setdefault(test.split("::")[0], []).append(test)
     run, deadline, consoles = SuiteRun(exit_code=0), time.monotonic() + timeout, []
-    for test in tests:
+    for ids in by_file.values():
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            run.statuses[test], run.timed_out = "missing", True
+            run.statuses.update(dict.fromkeys(ids, "missing"))
+            run.timed_out = True
             continue
         result = _sh(sb, workspace, f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -I -B "
                      f"{scratch}/runner.py -c {scratch}/pytest.ini --rootdir "
                      f"{shlex.quote(workspace)} {PYTEST_ARGS} --junitxml=/dev/fd/3 "
-                     f"{shlex.quote(test)} 3>&1 >{scratch}/out 2>&1", remaining)
+                     f"{' '.join(shlex.quote(t) for t in ids)} 3>&1 >{scratch}/out 2>&1",
+                     remaining)
         junit, verdicts = split_report(result.output)
-        status = match_statuses([test], parse_junit(junit))[test]
+        statuses = match_statuses(ids, parse_junit(junit))
         verdict = verdicts[0] if len(verdicts) == 1 else {"passed": False}
-        if verdict.get("replaced"):
-            run.replaced[test] = verdict["replaced"]
-        if status == "passed" and not (verdict.get("passed") and result.exit_code == 0):
-            status = "tampered" if verdict.get("replaced") else "unverified"
-        run.statuses[test] = status
+        # the exit status is a channel of its own: 0 exactly when the runner's verdict is
+        # that every test of this run passed (1 otherwise; anything else: not the runner's)
+        agrees = result.exit_code in (0, 1) and (result.exit_code == 0) == bool(
+            verdict.get("passed"))
+        for test in ids:
+            status = statuses[test]
+            if verdict.get("replaced"):
+                run.replaced[test] = verdict["replaced"]
+            if status == "passed" and not (agrees and _guard_passed(verdict, test)):
+                status = "tampered" if verdict.get("replaced") else "unverified"
+            run.statuses[test] = status
         run.timed_out = run.timed_out or result.timed_out
         if result.exit_code != 0 and run.exit_code == 0:
             run.exit_code = result.exit_code
-        if status != "passed":
+        if any(run.statuses[t] != "passed" for t in ids):
             consoles.append(sb.bash(f"tail -c 1500 {scratch}/out", timeout=30).output)
     sb.bash(f"rm -rf {scratch}", timeout=30)
     run.output = "\n".join(consoles)[-4000:]
     return run
+
+
+def _guard_passed(verdict: dict[str, Any], test: str) -> bool:
+    """The runner's own verdict on `test`: its node id, or every node under it (a class or
+    parametrised id), recorded as passed with nothing of pytest replaced."""
+    if verdict.get("replaced"):
+        return False
+    tests = verdict.get("tests")
+    if not isinstance(tests, dict):
+        return False
+    if test in tests:
+        return tests[test] is True
+    under = [ok for node, ok in tests.items() if node.startswith((test + "::", test + "["))]
+    return bool(under) and all(ok is True for ok in under)
 
 
 def _run_suite(sb: Any, workspace: str, tests: list[str], timeout: float, prefix: str,

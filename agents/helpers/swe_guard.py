@@ -2,14 +2,18 @@
 
 Two defences (issue 22.4), both in EVAL's fresh sandbox:
 
-1. **One interpreter per required test, pytest fingerprinted before the package loads.**
+1. **One interpreter per test file, pytest fingerprinted before the package loads.**
    `RUNNER` (written into the sandbox, run as `python3 -I -B runner.py`) imports pytest, every
    `_pytest` module and pluggy first, keeps a reference to each of their functions, classes and
-   class members, then runs exactly one test id with a plugin that records the call phase
-   itself. After the run it checks that every recorded object is still in place (and every
-   module still in `sys.modules`), and writes one verdict line after pytest's JUnit report on the
-   grader's pipe (fd 3). A test passes only if the JUnit report parses and says passed, the
-   verdict says passed with nothing replaced, and the interpreter exited 0.
+   class members, then runs the file's listed test ids with a plugin that records, per node id,
+   the call phase and every phase's report itself. After the run it checks that every recorded
+   object is still in place (and every module still in `sys.modules`), and writes one verdict
+   line after pytest's JUnit report on the grader's pipe (fd 3): per-test verdicts, the exit
+   code, what was replaced. A test passes only if the JUnit report parses and says passed, the
+   verdict says that test passed with nothing replaced in its interpreter, and the exit status
+   agrees with the verdict (0 iff every test of the run passed). One interpreter per file, not
+   per test: SWE-bench lists run to hundreds of ids, and a package import per id would push
+   correct patches past the test timeout to reward 0 (review 1 item 3).
 2. **A scan of the graded diff** (`scan_runner_refs`, on by default, per job): added lines of
    the agent's non-test changes that name test-runner internals (`_pytest`, pytest hooks,
    pluggy, `sys.modules`, unittest result classes, `atexit`, `os._exit`) earn reward 0 without
@@ -71,26 +75,27 @@ def replaced(held):
 
 class Guard:
     def __init__(self):
-        self.calls, self.reports = [], []
+        self.calls, self.reports = {}, {}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):
         result = yield
         info = getattr(result, "excinfo", None) or getattr(result, "_excinfo", None)
-        self.calls.append(info is None)
+        self.calls.setdefault(item.nodeid, []).append(info is None)
 
     def pytest_runtest_logreport(self, report):
-        self.reports.append([report.when, report.outcome])
+        self.reports.setdefault(report.nodeid, []).append(report.outcome == "passed")
 
 
 HELD = snapshot()
 guard = Guard()
 code = int(pytest.main(sys.argv[1:], plugins=[guard]))
 tampered = replaced(HELD)
-passed = (code == 0 and bool(guard.calls) and all(guard.calls) and not tampered
-          and bool(guard.reports) and all(outcome == "passed" for _, outcome in guard.reports))
-verdict = {"passed": passed, "exit": code, "calls": guard.calls, "reports": guard.reports,
-           "replaced": tampered[:20]}
+tests = {node: (not tampered and bool(guard.calls.get(node)) and all(guard.calls[node])
+                and all(ok))
+         for node, ok in guard.reports.items()}
+passed = code == 0 and not tampered and bool(tests) and all(tests.values())
+verdict = {"passed": passed, "exit": code, "tests": tests, "replaced": tampered[:20]}
 os.write(3, ("\n" + "RAAS-GRADE-VERDICT " + json.dumps(verdict) + "\n").encode())
 os._exit(0 if passed else 1)
 '''

@@ -9,7 +9,8 @@ Jinja's sandbox stops escapes but not cost: nested `range()` loops rendered 64 M
   does not compile or one the sandbox refuses is `InvalidRequest` naming
   `llm.chat_template_text` (a 400), never a stuck request thread.
 - `render_budget`: every later render (workers, each turn) is in-process, where a child per
-  turn would cost too much: `range()` is capped at `MAX_RANGE` items, and a render that runs
+  turn would cost too much: `range()` is capped at `MAX_RANGE` items, strings a template
+  builds are capped before they are allocated (`template_caps`), and a render that runs
   past `RENDER_SECONDS` gets `TemplateOverBudget` raised inside it (the pure-Python loop
   Jinja compiles to sees it at its next bytecode). The cost per render is one dict insert and
   delete under a lock; the watchdog thread polls every `WATCH_INTERVAL` seconds.
@@ -74,6 +75,9 @@ def _cap_jinja_ranges() -> None:
     jinja2.sandbox.MAX_RANGE = min(jinja2.sandbox.MAX_RANGE, MAX_RANGE)
     if getattr(Env, "_raas_capped", False):
         return
+    from agents.llm.template_caps import install
+
+    install(Env)  # string-producing operators, filters and methods: capped before allocating
     Env.intercepted_binops = frozenset(Env.intercepted_binops | {"*", "**"})
     base = Env.call_binop
 
@@ -217,8 +221,11 @@ _watchdog = _Watchdog()
 @contextmanager
 def render_budget(seconds: float | None = None) -> Iterator[None]:
     """Renders in this block stop with TemplateOverBudget after `seconds` (RENDER_SECONDS)."""
+    from agents.llm.template_caps import reset
+
     seconds = seconds or RENDER_SECONDS
     ident = threading.get_ident()
+    reset()  # the per-render total of strings the template builds
     _watchdog.enter(ident, seconds)
     try:
         yield

@@ -57,11 +57,23 @@ def index() -> LLMServerList:
 
 def _probe(views: list[LLMServerView]) -> None:
     """Ask every server at once whether it answers (the stored `healthy` only changes when a
-    rollout's request fails, so a server down since registration would look healthy)."""
+    rollout's request fails, so a server down since registration would look healthy).
+
+    The guard is per thread, so each executor thread enters it itself: a tenant's URL is held
+    to today's rules and pinned to a resolved address (a name re-pointed since registration,
+    or rules tightened since, must not make the gateway call and reflect an internal address).
+    """
+    from agents.llm.backends.guard import url_guard
     from agents.llm.tokenizer import model_names, probe_models
 
+    rules = None if g.admin else current_app.config["RAAS"].policy.llm.server_rules
+
+    def guarded(url: str):
+        with url_guard(rules):
+            return probe_models(url)
+
     with ThreadPoolExecutor(max_workers=min(16, len(views))) as pool:
-        answers = list(pool.map(probe_models, [v.url for v in views]))
+        answers = list(pool.map(guarded, [v.url for v in views]))
     for view, (entries, error) in zip(views, answers):
         view.reachable, view.probe_error = error is None, error
         view.served_models = model_names(entries) if error is None else None

@@ -4,6 +4,9 @@ The host must tell "the agent killed its server" (reward 0, `agent_error`) from 
 infrastructure did" (a Slurm `scancel` signals every process of the job, sandboxes included:
 a retry, never the agent's failure). The kernel says which: a signal sent from outside the
 receiver's pid namespace arrives with `si_pid == 0`, one sent from inside names the sender.
+Only a kernel-made `si_code` counts (SI_USER from kill(2), SI_KERNEL): `rt_sigqueueinfo`
+lets any process that can name the server send SI_QUEUE (or another negative code) with a
+`si_pid` of its choosing, 0 included, which must not pass for "from outside".
 So the server blocks the catchable terminating signals, takes them with `sigwaitinfo` in
 one thread, appends one JSON line per signal to a descriptor the host opened for it (a file in
 the host's 0700 state dir, never mounted in the sandbox, close-on-exec here and the server is
@@ -22,6 +25,7 @@ import time
 # Catchable signals whose default action ends the process.
 RECORDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1,
             signal.SIGUSR2, signal.SIGALRM)
+SI_USER, SI_KERNEL = 0, 0x80  # si_code values only the kernel sets (kill(2); the kernel)
 
 
 def block() -> None:
@@ -41,7 +45,9 @@ def start_recorder(record_fd: int, on_signal=None) -> threading.Thread:
             info = signal.sigwaitinfo(RECORDED)
             line = {"signal": info.si_signo, "name": signal.Signals(info.si_signo).name,
                     "sender_pid": info.si_pid, "sender_uid": info.si_uid,
-                    "outside": info.si_pid == 0, "at": time.time()}
+                    "sender_code": info.si_code,
+                    "outside": info.si_pid == 0 and info.si_code in (SI_USER, SI_KERNEL),
+                    "at": time.time()}
             if record_fd >= 0:
                 try:
                     os.write(record_fd, (json.dumps(line) + "\n").encode())

@@ -91,6 +91,37 @@ def test_where_the_uid_may_not_create_namespaces_root_sandboxes_remain(monkeypat
     assert bwrap.unprivileged_uid(settings) is None  # a user's sandbox is that user
 
 
+
+def test_a_failed_probe_is_not_remembered_for_good(monkeypatch, caplog):
+    """Review 1 item 5: one failed root->nobody probe (a timeout on a loaded node) must not run
+    every later sandbox of the process as host root: only success is cached; a failure is
+    probed again after PROBE_RETRY_S. The probe's outcome is a fake (a transient failure
+    cannot be made to happen on demand); the caching around it is the real code."""
+    from sandbox import bwrap
+
+    outcomes = ["failed to run: timed out after 10 seconds", None]
+    calls: list[int] = []
+
+    def fake_probe(uid):
+        calls.append(uid)
+        return outcomes.pop(0)
+
+    now = [1000.0]
+    monkeypatch.setattr(bwrap, "_run_probe_as", fake_probe)
+    monkeypatch.setattr(bwrap.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(bwrap, "_probe_ok", set())
+    monkeypatch.setattr(bwrap, "_probe_failed", {})
+    assert bwrap._probe_as(65534).startswith("failed to run")
+    now[0] += 1
+    assert bwrap._probe_as(65534).startswith("failed to run")  # within the back-off: no probe
+    assert calls == [65534]
+    now[0] += bwrap.PROBE_RETRY_S
+    with caplog.at_level("INFO", logger=bwrap.log.name):
+        assert bwrap._probe_as(65534) is None  # probed again, and it works now
+    assert "probing again" in caplog.text
+    now[0] += 10 * bwrap.PROBE_RETRY_S
+    assert bwrap._probe_as(65534) is None and calls == [65534, 65534]  # success is kept
+
 def test_no_network_when_off(start):
     with socket.create_connection(("127.0.0.1", 5432), timeout=2):
         pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
@@ -246,13 +277,30 @@ def test_tool_socket_is_out_of_reach_inside(bw):
     # where the kernel leaves the outer /proc visible (a root service), the server is
     # listed, but it is not dumpable: its descriptors (the listening socket) stay unreachable
     find = ("python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
-            "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-s\\0-B\\0-m\\0toolserver')][:1])\"")  # noqa: E501
+            "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-I\\0-B\\0-c\\0')][:1])\"")  # noqa: E501
     server = bw.bash(find).output.strip()
     if server:
         fds = bw.bash(f"ls /proc/{server}/fd 2>&1; cat /proc/{server}/environ 2>&1 | head -c 100")
         assert "Permission denied" in fds.output
     assert bw.bash("echo still-serving").output == "still-serving\n"
 
+
+
+def test_the_server_imports_nothing_from_where_the_agent_can_write(bw):
+    """Review 1 item 12: the root tmpfs is the sandbox uid's (the agent may write /json.py).
+    The server runs isolated (-I: no cwd or PYTHONPATH entry on sys.path), from a read-only
+    cwd, and /opt/raas, the only place it imports from, is a read-only mount."""
+    pid = bw.handle["server_pid"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[:3] == [b"/usr/bin/python3", b"-I", b"-B"], argv
+    assert os.readlink(f"/proc/{pid}/cwd") == "/opt/raas"
+    r = bw.bash("for d in /opt/raas /opt/raas/lib /opt/raas/toolserver; do "
+                "touch $d/json.py 2>/dev/null && echo WROTE $d; done; echo done")
+    assert r.output == "done\n", r.output
+    # the server sees what the agent wrote elsewhere, and still serves without importing it
+    assert bw.bash("echo 'raise SystemExit(99)' > /json.py; echo ok").output == "ok\n"
+    assert bw.python("import json; print(json.dumps([1]))").output.strip() == "[1]"
+    assert bw.bash("echo still-serving").output == "still-serving\n"
 
 def test_a_swapped_socket_is_an_error_never_an_answer(start):
     """Whoever answers on the socket path must be the server the runtime started."""
