@@ -3,6 +3,37 @@
 Every error raised on purpose derives from `RaasError` and, where one fits, from the matching
 built-in so callers can catch either. The gateway maps them to HTTP codes in one place
 (`app.api.errors`); `http_status` and `code` travel with the class.
+
+    RaasError (500)
+    ├── InvalidRequest, ValueError (400)
+    │   ├── PayloadTooLarge (413)
+    │   ├── TiedEmbeddings (422)              a tied checkpoint sent to a weight push
+    │   ├── core.registry.RegistryError       unknown or duplicate name
+    │   └── agents.llm.template_budget.TemplateOverBudget
+    ├── Unauthorized, PermissionError (401)
+    ├── Forbidden, PermissionError (403)
+    ├── NotFound, LookupError (404)
+    │   └── agents.helpers.swe_repo.NotProvisioned
+    ├── Conflict (409)
+    │   ├── PauseTimeout                      a pool pause that outlived its timeout
+    │   └── WeightPushFailed                  a push that did not verify (the pool stays paused)
+    ├── ConfigError, ValueError               a bad operator setting (start-up), not a request
+    ├── ServiceUnavailable, ConnectionError (503)
+    │   ├── agents.llm.backends.abstract.ServerError
+    │   ├── agents.llm.pool.ServersPaused
+    │   └── app.api.prorl.ServerNotRunning
+    ├── StageTimeout, TimeoutError
+    ├── RolloutCancelled
+    ├── LeaseLost
+    ├── InfraError                            never graded: retried, then `infra_error`
+    ├── ResumeError
+    ├── AgentError                            the policy's own failure: reward 0
+    ├── QuotaExceeded
+    └── agents.llm.trajectory.TrajectoryError, ValueError
+
+`sandbox/` stands alone with its own root, `sandbox.errors.SandboxError` (SandboxStartError,
+SandboxTampered, SandboxTimeout, SandboxGone, UnknownRuntime, ProtocolError); the stages map
+those onto the classes above.
 """
 from __future__ import annotations
 
