@@ -28,7 +28,7 @@ built-in so callers can catch either. The gateway maps them to HTTP codes in one
     ├── InfraError                            never graded: retried, then `infra_error`
     ├── ResumeError
     ├── AgentError                            the policy's own failure: reward 0
-    ├── QuotaExceeded
+    ├── QuotaExceeded (429)
     └── agents.llm.trajectory.TrajectoryError, ValueError
 
 `sandbox/` stands alone with its own root, `sandbox.errors.SandboxError` (SandboxStartError,
