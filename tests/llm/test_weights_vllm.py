@@ -61,35 +61,44 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
             "probe-v1": root / "probe-v1.json"}
 
 
-@pytest.fixture(scope="module")
-def vllm_url(checkpoints, tmp_path_factory):
-    """A CPU vLLM in dev mode serving v0 in fp32 (started here unless one is given)."""
-    if os.environ.get("RAAS_WEIGHTS_VLLM_URL"):
-        yield os.environ["RAAS_WEIGHTS_VLLM_URL"].rstrip("/")
-        return
+def start_vllm(model: Path, dtype: str, logs: Path):
+    """Start a CPU vLLM in dev mode serving `model` in `dtype`; (url, process) once healthy."""
     port = free_port()
-    log = open(tmp_path_factory.mktemp("vllm") / "vllm.log", "wb")
+    log = open(logs / f"vllm-{dtype}.log", "wb")
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            "HF_HUB_OFFLINE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     proc = subprocess.Popen(
         [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(checkpoints["v0"]), "--served-model-name", SERVED, "--host",
-         "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", "float32"],
+         "--model", str(model), "--served-model-name", SERVED, "--host",
+         "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_SECONDS
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"{url}/health", timeout=2).is_success:
-                break
+                return url, proc
         except httpx.HTTPError:
             time.sleep(2)
-    else:
-        proc.kill()
-        pytest.fail(f"vLLM did not start (exit {proc.poll()}); see {log.name}")
-    yield url
+    proc.kill()
+    pytest.fail(f"vLLM did not start (exit {proc.poll()}); see {log.name}")
+
+
+def stop_vllm(proc: subprocess.Popen) -> None:
+    """Stop a server `start_vllm` started."""
     proc.terminate()
     proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(checkpoints, tmp_path_factory):
+    """A CPU vLLM in dev mode serving v0 in fp32 (started here unless one is given)."""
+    if os.environ.get("RAAS_WEIGHTS_VLLM_URL"):
+        yield os.environ["RAAS_WEIGHTS_VLLM_URL"].rstrip("/")
+        return
+    url, proc = start_vllm(checkpoints["v0"], "float32", tmp_path_factory.mktemp("vllm"))
+    yield url
+    stop_vllm(proc)
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +231,21 @@ def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpo
     print(json.dumps({"tied_max_abs_dlogp": served.max_abs_diff,
                       "tied_first_mismatch": served.first_mismatch}))
     assert not served.ok
+
+
+def test_a_bf16_server_fails_the_verification_of_an_fp32_step(checkpoints,
+                                                               tmp_path_factory) -> None:
+    """Trap 3 on the real server: a bf16 server rounds a small fp32 update away (and drifts
+    from the fp32 trainer), so the pushed step does not verify; the same push to the fp32
+    server does (test_a_push_makes_the_served_logprobs_the_trainers)."""
+    url, proc = start_vllm(checkpoints["v0"], "bfloat16", tmp_path_factory.mktemp("bf16"))
+    probe = Fingerprint(**json.loads(checkpoints["probe-v1"].read_text()))
+    try:
+        apply_weights(url, "vllm", "reload", str(checkpoints["v1"]))
+        reset_prefix_cache(url, "vllm")
+        served = verify(url, "vllm", SERVED, probe, 1e-3)
+    finally:
+        stop_vllm(proc)
+    print(json.dumps({"bf16_max_abs_dlogp": served.max_abs_diff,
+                      "bf16_first_mismatch": served.first_mismatch}))
+    assert not served.ok and (served.max_abs_diff > 1e-3 or served.first_mismatch is not None)
