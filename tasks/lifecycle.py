@@ -215,7 +215,7 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     cond.extend(fenced(fence))
     now = utcnow()
     with session_scope(db_url) as s:
-        _lock_group(db_url, s, rollout_id)
+        _lock_group(s, rollout_id)
         row = s.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
             finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
@@ -253,12 +253,15 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
         return True
 
 
-def _lock_group(db_url: str, s: Any, rollout_id: str) -> None:
+def _lock_group(s: Any, rollout_id: str) -> None:
     """A straggler-cut job's endings of one group take the group's lock first: one of them
     may cut the others, and rows locked in differing orders would deadlock."""
-    key = s.execute(select(Rollout.job_id, Rollout.instance_id)
+    # Read in this transaction, never through job_snapshot's own session: on SQLite a second
+    # connection's BEGIN IMMEDIATE waits for this one's and the ending deadlocks.
+    key = s.execute(select(Rollout.job_id, Rollout.instance_id, Job.group_size)
+                    .join(Job, Job.id == Rollout.job_id)
                     .where(Rollout.id == rollout_id)).one_or_none()
-    if key is not None and job_snapshot(db_url, key.job_id).group_size is not None:
+    if key is not None and key.group_size is not None:
         groups.lock(s, key.job_id, key.instance_id)
 
 

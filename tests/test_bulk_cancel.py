@@ -24,7 +24,7 @@ def _job(db: str, groups: dict[str, list[str]]) -> tuple[str, dict[tuple[str, in
             rid = ids[(inst, k)] = new_id()
             rows.append({"id": rid, "instance_id": inst, "sample_index": k, "status": status,
                          "lease_owner": "w/1" if status in ("init", "run") else None,
-                         "queued_at": now, "created_at": now, "outbox_at": now})
+                         "node": "n", "queued_at": now, "created_at": now, "outbox_at": now})
     with session_scope(db) as s:
         s.add(job)
         s.flush()
