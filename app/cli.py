@@ -299,7 +299,7 @@ def _register_optional_commands() -> None:
     except ImportError:
         pass
     try:
-        from agents.llm.simulator_cli import llm_sim_command
+        from fakellm.cli import llm_sim_command
 
         main.add_command(llm_sim_command, "llm-sim")
     except ImportError:

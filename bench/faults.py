@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 OVERLAY = ["tests/faults", "tests/private_services.py", "tests/pipeline_harness.py",
-           "agents/llm/simulator.py", "agents/llm/sim_capacity.py", "bench/faults.py"]
+           "fakellm/server.py", "fakellm/capacity.py", "bench/faults.py"]
 COLUMNS = [("finished", "finished"), ("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
            ("retried_rollouts", "new attempts"), ("rerun_rollouts", "re-run loops"),
            ("regenerated_calls", "re-generated LLM calls"),

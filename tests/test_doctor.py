@@ -34,7 +34,7 @@ def register(db_url: str, url: str) -> None:
 
 
 def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
-    from agents.llm.simulator import start_simulator
+    from fakellm.server import start_simulator
     from tests.faults.campaign import SMOLLM2
 
     upgrade(pg_url)

@@ -7,7 +7,7 @@ from datetime import datetime
 import httpx
 import pytest
 
-from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
+from fakellm.server import BUNDLED_TOKENIZER, start_simulator
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service
 

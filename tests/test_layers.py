@@ -3,8 +3,9 @@
     app (gateway) -> tasks -> agents -> sandbox;  every layer -> core;  nothing the other way.
 
 `sandbox/` imports only itself (it could be a library of its own), `raas_client` (`sdk/`, its
-own distribution) only itself (it is what trainers install), `migrations/` only core; the
-gateway's CLI may run both. Function-level imports count: a lazy import is still a dependency.
+own distribution) only itself (it is what trainers install), `migrations/` only core, the fake
+inference server `fakellm/` only core (nothing in the product imports it); the gateway's CLI
+may run all three. Function-level imports count: a lazy import is still a dependency.
 Inside the gateway the service modules never import the HTTP layer (`app/api/`), and one
 blueprint never imports another. Over the whole tree there is no import circle between modules.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("app", "tasks", "agents", "sandbox", "core", "raas_client", "migrations")
+PACKAGES = ("app", "tasks", "agents", "sandbox", "core", "raas_client", "migrations", "fakellm")
 # Where a package lives when not at the top of the repository.
 FOLDERS = {"raas_client": ROOT / "sdk" / "raas_client"}
 # What each top-level package may import besides itself.
@@ -26,8 +27,11 @@ ALLOWED = {
     "raas_client": set(),
     "agents": {"core", "sandbox"},
     "tasks": {"core", "agents", "sandbox"},
-    "app": {"core", "tasks", "agents", "sandbox", "migrations", "raas_client"},  # the CLI runs them
+    "app": {"core", "tasks", "agents", "sandbox", "migrations", "raas_client",
+            "fakellm"},  # the CLI runs them (`raas llm-sim` starts the fake server)
     "migrations": {"core"},
+    # The fake inference server: a process of its own, reached over HTTP; only the CLI starts it.
+    "fakellm": {"core"},
 }
 # Gateway modules that compose the HTTP layer (blueprints) and so may import it.
 HTTP_COMPOSERS = {"app.factory", "app.openapi"}
@@ -212,3 +216,9 @@ def test_a_circle_is_caught():
         assert ["agents.fake_a", "agents.fake_b"] in circles()
     finally:
         del GRAPH["agents.fake_a"], GRAPH["agents.fake_b"]
+
+
+def test_only_the_cli_starts_the_fake_llm():
+    """The fake inference server is a process of its own: the product reaches it over HTTP."""
+    assert sorted(m for m, targets in GRAPH.items()
+                  if top(m) != "fakellm" and any(top(t) == "fakellm" for t in targets)) == ["app.cli"]

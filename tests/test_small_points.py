@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
+from fakellm.server import BUNDLED_TOKENIZER, start_simulator
 from app.embedded import next_commands
 from app.openapi import build_openapi
 from tests.pipeline_harness import start_service

@@ -2,7 +2,7 @@
 Celery worker processes, Redis + PostgreSQL, the LLM simulator (a fake vLLM, named as such)
 registered as the caller's pool, and the `test-chat` agent (one `observe` call per turn).
 
-The simulator's logprobs follow the weights a push loaded (`agents.llm.sim_weights`), so the
+The simulator's logprobs follow the weights a push loaded (`fakellm.weights`), so the
 tests can check that a turn recorded with a version was really sampled with those weights.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from raas_client.weights import DEFAULT_PROBE_TEXT, TiedCheckpoint
 from raas_client.weights_cli import weights
 from tokenizers import Tokenizer
 
-from agents.llm.sim_weights import WeightState, fingerprint, weights_logprob, write_checkpoint
-from agents.llm.simulator import fake_logprob, start_simulator
+from fakellm.weights import WeightState, fingerprint, weights_logprob, write_checkpoint
+from fakellm.server import fake_logprob, start_simulator
 from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL

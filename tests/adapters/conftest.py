@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.llm.simulator import BUNDLED_TOKENIZER, start_simulator
+from fakellm.server import BUNDLED_TOKENIZER, start_simulator
 from tests.pipeline_harness import start_service
 
 # turn 0 calls the `observe` tool of the test-chat handler, turn 1 answers

@@ -10,7 +10,7 @@ import pytest
 verl_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop",
                                 reason="needs the verl extra (make test-adapters)")
 
-from agents.llm.simulator import BUNDLED_TOKENIZER  # noqa: E402
+from fakellm.server import BUNDLED_TOKENIZER  # noqa: E402
 from tests.adapters.conftest import TOOL_REPLY  # noqa: E402
 
 pytestmark = pytest.mark.adapters

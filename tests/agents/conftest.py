@@ -51,7 +51,7 @@ def make_llm() -> Iterator[Callable[..., Any]]:
     The session's pool is the in-process one for the job's named server: no database.
     """
     from agents.llm import LLMSession
-    from agents.llm.simulator import start_simulator
+    from fakellm.server import start_simulator
 
     cleanups: list[Callable[[], None]] = []
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from raas_client.sdk import RaasHTTPError
 from tests.pipeline_harness import start_service
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(600)]  # the first test runs every attack (module fixture)

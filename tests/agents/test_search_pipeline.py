@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from raas_client.sdk import RaasHTTPError
 from tests.pipeline_harness import start_service
 

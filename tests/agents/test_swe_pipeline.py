@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import sqlalchemy as sa
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from core.db import session_scope
 from core.models import Rollout
 from core.settings import Settings

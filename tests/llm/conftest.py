@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from migrations.runner import upgrade
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -106,7 +106,7 @@ def test_tool_call_tags_that_are_special_tokens_parse(qwen3_dir) -> None:
 def test_llama31_eom_tool_turn_through_the_session(llama31_dir) -> None:
     """The same seam over HTTP: the simulator (a vLLM fake) ends the tool turn with eom."""
     from agents.llm import LLMSession
-    from agents.llm.simulator import start_simulator
+    from fakellm.server import start_simulator
     from tests.llm.conftest import deadline
 
     script = {"turn_marker": "<|start_header_id|>assistant",

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from agents.llm.hub_cache import cached_tokenizer_folder
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from raas_client import RaasHTTPError
 from raas_client.cli import llm
 from tests.pipeline_harness import start_service

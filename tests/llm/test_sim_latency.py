@@ -7,9 +7,9 @@ import time
 import click
 import pytest
 
-from agents.llm.sim_latency import LatencyDist
-from agents.llm.simulator import BUNDLED_TOKENIZER, Script
-from agents.llm.simulator_cli import parse_latency_dist
+from fakellm.latency import LatencyDist
+from fakellm.server import BUNDLED_TOKENIZER, Script
+from fakellm.cli import parse_latency_dist
 
 
 def test_lognormal_has_its_median_a_long_tail_and_a_cap() -> None:

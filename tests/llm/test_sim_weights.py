@@ -12,7 +12,7 @@ from raas_client.weight_models import Probe
 from raas_client.weights import DEFAULT_PROBE_TEXT
 from tokenizers import Tokenizer
 
-from agents.llm.sim_weights import fingerprint, write_checkpoint
+from fakellm.weights import fingerprint, write_checkpoint
 from agents.llm.weights import (
     Fingerprint,
     apply_weights,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from agents.llm.simulator import BUNDLED_TOKENIZER, Script, start_simulator
+from fakellm.server import BUNDLED_TOKENIZER, Script, start_simulator
 
 SCRIPT = {"default": ["right"], "wrong": "wrong", "wrong_rate": 0.3, "seed": 11}
 

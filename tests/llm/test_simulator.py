@@ -10,8 +10,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from agents.llm.sim_capacity import parse_metrics
-from agents.llm.simulator import fake_logprob, start_simulator_process
+from fakellm.capacity import parse_metrics
+from fakellm.server import fake_logprob, start_simulator_process
 from core.errors import ConfigError
 from tests.llm.conftest import SMOLLM2
 
@@ -87,7 +87,7 @@ def test_cli_subprocess(tmp_path) -> None:
         httpx.get(f"{url}/health")
 
 
-# --- capacity model (agents/llm/sim_capacity.py): timings through real HTTP, small constants
+# --- capacity model (fakellm/capacity.py): timings through real HTTP, small constants
 
 FAST = {"step_seconds": 0.002, "token_seconds": 0.001, "prefix_cache_tokens": 0}
 

@@ -124,7 +124,7 @@ def test_request_failing_while_paused_waits_instead_of_failing_over(db_url) -> N
     """The trainer pauses and restarts the server with a request in flight: no mark-down."""
     import threading as th
 
-    from agents.llm.simulator import make_server, start_simulator
+    from fakellm.server import make_server, start_simulator
 
     slow = {"default": [SCRIPT["default"][0], {"text": "slow", "latency": 3.0}]}
     url, stop_a = start_simulator(SMOLLM2, slow)

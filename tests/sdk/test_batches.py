@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from raas_client import Batch, Collector, Group, Rollout
 from raas_client.cli import results, status
 from tests.pipeline_harness import start_service

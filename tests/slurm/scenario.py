@@ -132,7 +132,7 @@ class SlurmScenario:
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         self.client = RaasClient(self.url, timeout=60)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        from agents.llm.simulator import start_simulator
+        from fakellm.server import start_simulator
 
         self.sim_url, self._stop_sim = start_simulator(SMOLLM2, {**script(), "latency": LATENCY})
         self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2,

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from raas_client import RaasClient
 from tests.pipeline_harness import start_service, wait_for
 from tests.ui.browser import chromium, console_errors

