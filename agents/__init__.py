@@ -1,7 +1,8 @@
 """Agent handlers: the interface, the registry, the shared multi-turn loop and the handlers.
 
-`get_handler(name)` returns the registered handler; handler modules register themselves when
-`agents.handlers` is imported (see `agents.registry.load_builtin_handlers`).
+`get_handler(name)` returns the registered handler; each built-in handler's module
+(`agents/handlers/<name>/handler.py`) registers it when imported (see
+`agents.registry.load_builtin_handlers`).
 """
 from agents.abstract import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
 from agents.registry import get_handler, handler_names, register

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import pkgutil
 
 from agents.abstract import AgentHandler
 from core.errors import ConfigError
@@ -9,8 +11,8 @@ from core.registry import Registry
 
 _builtin_loaded = False
 
-# Modules whose import registers the built-in handlers.
-BUILTIN_MODULES = ("agents.handlers",)
+# The package holding one sub-package per built-in handler (`<name>/handler.py` registers it).
+BUILTIN_PACKAGE = "agents.handlers"
 
 
 def register(cls: type[AgentHandler]) -> type[AgentHandler]:
@@ -27,13 +29,22 @@ def load_builtin_handlers() -> None:
     global _builtin_loaded
     if _builtin_loaded:
         return
-    for module in BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    for module in builtin_handler_modules():
+        importlib.import_module(module)
     _builtin_loaded = True
+
+
+def builtin_handler_modules() -> list[str]:
+    """Each built-in handler's module: `<package>.handler` where the package has one, else the
+    package (or a single-module handler) itself, whose import registers the handler."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    modules = []
+    for info in pkgutil.iter_modules(package.__path__):
+        name = f"{BUILTIN_PACKAGE}.{info.name}"
+        if info.ispkg and importlib.util.find_spec(f"{name}.handler") is not None:
+            name += ".handler"
+        modules.append(name)
+    return modules
 
 
 def load_handler_modules(modules: str | list[str]) -> None:

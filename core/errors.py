@@ -13,7 +13,7 @@ built-in so callers can catch either. The gateway maps them to HTTP codes in one
     ├── Unauthorized, PermissionError (401)
     ├── Forbidden, PermissionError (403)
     ├── NotFound, LookupError (404)
-    │   └── agents.helpers.swe_repo.NotProvisioned
+    │   └── agents.handlers.swe.repo.NotProvisioned
     ├── Conflict (409)
     │   ├── PauseTimeout                      a pool pause that outlived its timeout
     │   └── WeightPushFailed                  a push that did not verify (the pool stays paused)

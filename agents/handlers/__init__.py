@@ -1,8 +1,4 @@
-"""Built-in handlers: every module in this package registers its handler on import."""
-from __future__ import annotations
-
-import importlib
-import pkgutil
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+"""Built-in handlers, one package per handler: `<name>/handler.py` registers it, beside its
+reward and helpers. Importing this package registers nothing (a grading child process that
+imports `agents.handlers.math.answer` stays light); `agents.registry.load_builtin_handlers`
+imports each handler module."""

@@ -2,7 +2,7 @@
 
 Each problem: a statement naming the function to write in `solution.py` (or, for the `io-`
 problems, a program reading stdin), a reference solution, and hidden tests in the graded format
-(`agents/helpers/code_grading.py`): assert snippets written here are turned into
+(`agents/handlers/code/grading.py`): assert snippets written here are turned into
 `{call, expected}` tests, others are given as `{setup, call, expected | raises}` or
 `{input, output}`. Each runs in its own process; values and outputs are compared on the host. Run
 `.venv/bin/python examples/code/build_problems.py` after
@@ -23,7 +23,7 @@ OUT = Path(__file__).resolve().parents[1] / "code.jsonl"
 
 def as_test(test: str | dict, number: int) -> dict:
     """A hidden test in the graded format: assert snippets become call/expected tests."""
-    from agents.helpers.code_grading import normalize_tests
+    from agents.handlers.code.grading import normalize_tests
 
     if isinstance(test, dict):
         return {"name": f"test_{number}", **test}

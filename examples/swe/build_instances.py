@@ -13,7 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from agents.helpers.swe_repo import example_instances  # noqa: E402
+from agents.handlers.swe.repo import example_instances  # noqa: E402
 
 
 def main() -> int:

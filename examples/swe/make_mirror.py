@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from agents.helpers.swe_repo import commit_sources, example_instances, git  # noqa: E402
+from agents.handlers.swe.repo import commit_sources, example_instances, git  # noqa: E402
 
 OWNER = "raas-examples"
 

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from agents.abstract import EvalResult, RunResult, StageContext
-from agents.handlers.math import MathHandler
+from agents.handlers.math.handler import MathHandler
 from agents.registry import register
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.handlers.code import CodeConfig, CodeHandler, load_instances
+from agents.handlers.code.handler import CodeConfig, CodeHandler, load_instances
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "code.jsonl"
 INSTANCES = load_instances(str(EXAMPLES))

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agents.handlers.code import CodeConfig, CodeHandler, grade_solution
-from agents.helpers.swe_repo import PROJECT_ROOT
+from agents.handlers.code.handler import CodeConfig, CodeHandler, grade_solution
+from agents.handlers.swe.repo import PROJECT_ROOT
 from core.errors import InvalidRequest
 
 SECRET = "assert frobnicate(31337) == 'hidden-marker-7f3a'"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.handlers.plain_answer import PlainAnswerConfig, last_number
+from agents.handlers.plain_answer.handler import PlainAnswerConfig, last_number
 from agents.registry import get_handler
 from core.errors import InvalidRequest
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.rewards.math_answer import answer_from_run, extract_boxed, grade_math_answer
+from agents.handlers.math.answer import answer_from_run, extract_boxed, grade_math_answer
 
 MATH_JSONL = Path(__file__).resolve().parents[2] / "examples" / "math.jsonl"
 PROBLEMS = [json.loads(line) for line in MATH_JSONL.read_text().splitlines() if line.strip()]
@@ -126,7 +126,7 @@ def test_exact_where_exact_is_meant(predicted: str, reference: str, reward: floa
 def test_decimal_tolerance_is_configurable_and_only_for_decimals() -> None:
     assert grade_math_answer("3.1416", "3.14159", decimal_tolerance=1e-4).reward == 1.0
     assert grade_math_answer("1000001", "1000000", decimal_tolerance=1e-2).reward == 0.0
-    from agents.handlers.math import MathConfig
+    from agents.handlers.math.handler import MathConfig
 
     assert MathConfig(decimal_tolerance=1e-3).decimal_tolerance == 1e-3
     with pytest.raises(ValueError, match="decimal_tolerance"):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.rewards.text_match import exact_match, grade_text_answer, normalize_answer, token_f1
+from agents.handlers.search.text_match import exact_match, grade_text_answer, normalize_answer, token_f1
 
 
 @pytest.mark.parametrize("text, expected", [

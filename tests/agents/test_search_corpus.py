@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agents.registry import get_handler
-from agents.retrieval import BM25Index, load_index
-from agents.rewards.text_match import grade_text_answer, normalize_answer
+from agents.handlers.search.bm25_index import BM25Index, load_index
+from agents.handlers.search.text_match import grade_text_answer, normalize_answer
 
 SEARCH_DIR = Path(__file__).resolve().parents[2] / "examples" / "search"
 CORPUS = SEARCH_DIR / "corpus.jsonl"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agents.handlers.swe import SWEConfig, SWEHandler
-from agents.helpers.swe_repo import PROJECT_ROOT, example_instances
+from agents.handlers.swe.handler import SWEConfig, SWEHandler
+from agents.handlers.swe.repo import PROJECT_ROOT, example_instances
 
 INSTANCES_FILE = PROJECT_ROOT / "examples" / "swe" / "instances.jsonl"
 INSTANCES = [json.loads(line) for line in INSTANCES_FILE.read_text().splitlines() if line]

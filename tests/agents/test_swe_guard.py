@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.helpers.swe_guard import RUNNER_REFS, runner_refs, split_report
+from agents.handlers.swe.guard import RUNNER_REFS, runner_refs, split_report
 
 
 def test_the_scan_names_added_lines_that_touch_runner_internals() -> None:
@@ -82,7 +82,7 @@ def test_a_long_list_runs_one_interpreter_per_file_with_per_test_verdicts(
     """120 ids in two files grade within a 10 s test timeout (measured here: 0.6 s; one
     interpreter per id took 28 s, so the list timed out and a correct patch earned 0); a
     failing test fails alone, its neighbours in the same interpreter pass."""
-    from agents.helpers.swe_eval import run_tests
+    from agents.handlers.swe.evaluate import run_tests
 
     ws = tmp_path / "repo"
     ws.mkdir()
@@ -101,7 +101,7 @@ def test_a_long_list_runs_one_interpreter_per_file_with_per_test_verdicts(
 def test_a_tampered_file_fails_every_test_it_ran(tmp_path, make_sandbox, pytest_env) -> None:
     """The package patches pytest's report factory (names built at run time): pytest reports
     every test passed, failing one included; the fingerprint marks them all tampered."""
-    from agents.helpers.swe_eval import run_tests
+    from agents.handlers.swe.evaluate import run_tests
 
     ws = tmp_path / "repo"
     ws.mkdir()

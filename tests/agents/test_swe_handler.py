@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from agents.helpers import swe_diff
-from agents.handlers.swe import SWEConfig, SWEHandler
-from agents.helpers.swe_repo import PROJECT_ROOT, git_env, materialize
+from agents.handlers.swe import diff as swe_diff
+from agents.handlers.swe.handler import SWEConfig, SWEHandler
+from agents.handlers.swe.repo import PROJECT_ROOT, git_env, materialize
 from core.errors import InvalidRequest
 
 INSTANCES = {json.loads(line)["instance_id"].split("__")[1].rsplit("-", 1)[0]: json.loads(line)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.helpers.swe_images import resolve_instance_image
-from agents.helpers.swe_repo import NotProvisioned, is_slug, resolve_repo
+from agents.handlers.swe.images import resolve_instance_image
+from agents.handlers.swe.repo import NotProvisioned, is_slug, resolve_repo
 
 
 def test_slugs() -> None:

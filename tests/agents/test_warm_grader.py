@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from agents.rewards import math_answer
-from agents.rewards.warm_worker import WarmWorker, WorkerFailed, warm_pool
+from agents.handlers.math import answer as math_answer
+from agents.warm_worker import WarmWorker, WorkerFailed, warm_pool
 
 
 def test_a_call_past_its_timeout_kills_the_process_and_the_next_call_restarts_it():

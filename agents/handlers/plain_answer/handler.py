@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
 from agents.loop import run_agent_loop
 from agents.registry import register
-from agents.rewards.math_answer import grade_math_answer
+from agents.handlers.math.answer import grade_math_answer
 from core.errors import InvalidRequest
 
 MAX_QUESTION_CHARS = 4000

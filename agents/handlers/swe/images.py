@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.helpers.swe_repo import NotProvisioned
+from agents.handlers.swe.repo import NotProvisioned
 
 
 def image_names(instance_id: str) -> list[str]:

@@ -12,7 +12,7 @@ searched for numbers in prose, because math-verify's prose extraction turns `3\\
 math-verify bounds its parsing and comparison with `signal.alarm`, which only works in a
 process's main thread. In the main thread (a prefork worker, a test) we grade in-process; from
 any other thread (a threaded worker pool) we grade in a persistent child process
-(`agents.rewards.warm_worker`: the grader imported once) that is killed at the timeout and
+(`agents.warm_worker`: the grader imported once) that is killed at the timeout and
 restarted, so a pathological answer can never wedge a worker.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ logger = logging.getLogger(__name__)
 MAX_ANSWER_CHARS = 2000
 DECIMAL_TOLERANCE = 1e-6
 _DECIMAL = re.compile(r"\d?\.\d")
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-_CHILD = "from agents.rewards.math_answer import _main; _main()"
-_WARM_TARGET = "agents.rewards.math_answer:_grade_request"
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+_CHILD = "from agents.handlers.math.answer import _main; _main()"
+_WARM_TARGET = "agents.handlers.math.answer:_grade_request"
 
 
 @dataclass
@@ -120,7 +120,7 @@ def _candidates(predicted: str, timeout_s: int) -> list:
     from math_verify import parse
     from math_verify.utils import timeout
 
-    from agents.rewards.math_sympy import parse_python_math
+    from agents.handlers.math.sympy_fallback import parse_python_math
 
     import sympy
 
@@ -140,7 +140,7 @@ def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
     from math_verify import parse, verify
     from math_verify.utils import timeout
 
-    from agents.rewards.math_sympy import exactly_equal, sympy_equivalent, within_tolerance
+    from agents.handlers.math.sympy_fallback import exactly_equal, sympy_equivalent, within_tolerance
 
     gold = _parse_reference(reference)
     kind = reference_kind(reference, gold)
@@ -157,7 +157,7 @@ def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
         return MathGrade(1.0, "math_verify", predicted)
     gold_exprs = [g for g in gold if not isinstance(g, str)]
     if gold_exprs:
-        from agents.rewards.math_sympy import parse_python_math
+        from agents.handlers.math.sympy_fallback import parse_python_math
 
         py_pred = timeout(timeout_seconds=timeout_s)(parse_python_math)(predicted)
         if py_pred is not None and timeout(timeout_seconds=timeout_s)(sympy_equivalent)(
@@ -176,9 +176,9 @@ def _grade_warm(predicted: str, reference: str, timeout_s: int,
                 decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
     """Grade in a persistent grading process (grader imported once; killed and restarted
     after the timeout or a crash)."""
-    from agents.rewards.warm_worker import WorkerFailed, warm_pool
+    from agents.warm_worker import WorkerFailed, warm_pool
 
-    pool = warm_pool(_WARM_TARGET, warmup=("sympy", "math_verify", "agents.rewards.math_sympy"))
+    pool = warm_pool(_WARM_TARGET, warmup=("sympy", "math_verify", "agents.handlers.math.sympy_fallback"))
     try:
         return MathGrade(**pool.call({"args": [predicted, reference, timeout_s,
                                                decimal_tolerance]},

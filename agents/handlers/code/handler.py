@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
-from agents.helpers.code_grading import normalize_tests, run_test
+from agents.handlers.code.grading import normalize_tests, run_test
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool

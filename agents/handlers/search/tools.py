@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.abstract import StageContext
-from agents.retrieval import BM25Index, SearchHit
+from agents.handlers.search.bm25_index import BM25Index, SearchHit
 from agents.tools import Tool, ToolOutput, finish_tool
 
 MAX_QUERY_CHARS = 500

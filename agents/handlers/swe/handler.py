@@ -20,9 +20,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
-from agents.helpers import swe_diff, swe_eval, swe_guard
-from agents.helpers.swe_images import resolve_instance_image
-from agents.helpers.swe_repo import check_repo_name, materialize
+from agents.handlers.swe import diff as swe_diff, evaluate as swe_eval, guard as swe_guard
+from agents.handlers.swe.images import resolve_instance_image
+from agents.handlers.swe.repo import check_repo_name, materialize
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.abstract import EvalResult
-from agents.helpers.swe_guard import RUNNER, split_report
+from agents.handlers.swe.guard import RUNNER, split_report
 
 # Git run by EVAL must not execute anything the agent configured in the repo.
 GIT = ("git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "

@@ -3,7 +3,7 @@
 The agent has two tools: `python` (the sandbox's persistent interpreter, for computing and
 checking) and `finish(answer)`. A reply with no tool call but a `\\boxed{...}` also ends the
 episode with that answer, since that is how math-tuned models are trained to answer. EVAL
-grades host-side with math-verify and a sympy-equivalence fallback (`agents.rewards`), so it
+grades host-side with math-verify and a sympy-equivalence fallback (`answer`), so it
 needs nothing from the sandbox.
 
 Packages for the agent's Python (sympy, numpy) come from a named environment, by default
@@ -31,7 +31,7 @@ from agents.abstract import (
 )
 from agents.loop import run_agent_loop
 from agents.registry import register
-from agents.rewards.math_answer import answer_from_run, extract_boxed, grade_math_answer
+from agents.handlers.math.answer import answer_from_run, extract_boxed, grade_math_answer
 from agents.tools import builtin_tools, finish_tool
 from core.errors import InvalidRequest
 

@@ -23,7 +23,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 120.0  # importing sympy on a loaded 2-core node
 
 
@@ -43,7 +43,7 @@ class WarmWorker:
     def _start(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        code = f"from agents.rewards.warm_worker import serve; serve({self.target!r}, {self.warmup!r})"
+        code = f"from agents.warm_worker import serve; serve({self.target!r}, {self.warmup!r})"
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
         self.restarts += 1

@@ -16,14 +16,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
-from agents.helpers.search_tools import answer_tool, search_tool
+from agents.handlers.search.tools import answer_tool, search_tool
 from agents.loop import run_agent_loop
 from agents.registry import register
-from agents.retrieval import load_index
-from agents.rewards.text_match import grade_text_answer, normalize_answer
+from agents.handlers.search.bm25_index import load_index
+from agents.handlers.search.text_match import grade_text_answer, normalize_answer
 from core.errors import InvalidRequest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CORPUS = "examples/search/corpus.jsonl"
 MAX_ANSWERS = 50
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from core.errors import InfraError, InvalidRequest, RaasError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 _FIXED_DATE = "2024-01-01T00:00:00+00:00"
 _SKIP = {"__pycache__", ".pytest_cache", ".git"}
