@@ -17,7 +17,8 @@ from sandbox.errors import (
     UnknownRuntime,
 )
 from sandbox.registry import runtime_names
-from sandbox.abstract import Runtime, attach, get_runtime, list_sandboxes, stop_handle
+from sandbox.abstract import Runtime
+from sandbox.node import attach, get_runtime, list_sandboxes, stop_handle
 from sandbox.settings import SandboxSettings
 from sandbox.spec import Bind, SandboxLimits, SandboxOptions, SandboxSpec
 from sandbox.toolserver.protocol import BashResult, Pong, PythonResult

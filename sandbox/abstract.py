@@ -1,4 +1,6 @@
-"""The Runtime interface and its config base, and node-wide handle operations."""
+"""The Runtime interface and its config base, and what runtime implementations share to start
+a tool server (pin it, wait for it, shut it down). The node-wide operations on sandboxes of any
+runtime (pick a runtime, attach, stop, list) are in `sandbox.node`."""
 from __future__ import annotations
 
 import logging
@@ -13,19 +15,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.client import Sandbox, ToolClient
-from sandbox.errors import SandboxError, SandboxGone, SandboxStartError, UnknownRuntime
-from sandbox.handles import (
-    STARTING,
-    Handle,
-    kill_launch,
-    mark_ready,
-    orphaned,
-    read_handles,
-    remove_state,
-    state_root,
-    write_intent,
-)
-from sandbox.registry import check_runtime_name, registered
+from sandbox.errors import SandboxStartError
+from sandbox.handles import STARTING, Handle, kill_launch, mark_ready, remove_state, state_root, write_intent
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 
@@ -95,78 +86,17 @@ class Runtime(ABC):
     def save(self, handle: Handle) -> Sandbox:
         """Complete the handle file (the sandbox is ready) and return a client for it."""
         mark_ready(handle)
-        return Sandbox(handle, stop_handle)
+        return Sandbox(handle, self.stop)
 
-
-def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = None,
-                **kwargs: Any) -> Runtime:
-    """A runtime by name; "auto" is bwrap when usable, else local (with a warning) only when
-    the settings allow it: falling back to no isolation is the operator's decision."""
-    kwargs["settings"] = settings
-    name = name or "auto"
-    if name == "auto":
-        reason = registered("bwrap").unavailable_reason()
-        if reason is None:
-            return registered("bwrap")(**kwargs)
-        if not (settings or SandboxSettings()).allow_local_fallback:
-            raise SandboxStartError(f"bwrap is unusable ({reason}) and falling back to the "
-                                    "unisolated local runtime is not allowed here")
-        log.warning("bwrap is unusable (%s): falling back to the local runtime WITHOUT isolation", reason)
-        name = "local"
-    if name == "none":
-        raise UnknownRuntime("runtime 'none' means the job needs no sandbox; do not start one")
-    check_runtime_name(name)
-    return registered(name)(**kwargs)
-
-
-def attach(handle: Handle, node: str | None = None) -> Sandbox:
-    """Use a sandbox started by another process on this node (named `node`, default the
-    hostname); raises SandboxGone if it is gone."""
-    sandbox = Sandbox(handle, stop_handle)
-    try:
-        sandbox.ping()
-    except SandboxGone as exc:
-        owner = handle.get("node")
-        if owner and owner not in (node, socket.gethostname()):
-            raise SandboxGone(f"sandbox {handle.get('id')} lives on node {owner}, not here: {exc}") from exc
-        raise
-    return sandbox
-
-
-def stop_handle(handle: Handle) -> None:
-    """Stop a sandbox from any process; idempotent, never raises for an already-gone sandbox.
-
-    A sandbox still starting (an intent record) is stopped through its launcher's process
-    tree as well: its namespace's init may not be recorded yet."""
-    cls = registered(handle.get("runtime", ""))
-    if cls is None:
-        raise SandboxError(f"handle names unknown runtime {handle.get('runtime')!r}")
-    if handle.get("state") == STARTING:
-        kill_launch(handle)
-    cls.kill(handle)
-    remove_state(handle)
-
-
-def is_alive(handle: Handle) -> bool:
-    """True while the sandbox runs, or is being started by a live process."""
-    if handle.get("state") == STARTING:
-        return not orphaned(handle)
-    cls = registered(handle.get("runtime", ""))
-    return cls is not None and cls.alive(handle)
-
-
-def list_sandboxes(state_dir: str | os.PathLike | None = None, include_dead: bool = False) -> list[Handle]:
-    """Handles of this node's live sandboxes, for reapers; dead ones and starts whose starter
-    died (`orphaned`) are cleaned up on the way (processes killed, cgroups and files removed)
-    unless `include_dead` asks to see them (then the caller decides, see `orphaned`)."""
-    found = []
-    for handle in read_handles(state_root(state_dir)):
-        cls = registered(handle.get("runtime", ""))
-        if include_dead or (cls is not None and is_alive(handle)):
-            found.append(handle)
-        elif cls is not None:
-            stop_handle(handle)
-    return found
+    @classmethod
+    def stop(cls, handle: Handle) -> None:
+        """Stop one of this runtime's sandboxes from any process; idempotent, never raises for
+        an already-gone sandbox. A sandbox still starting (an intent record) is stopped through
+        its launcher's process tree as well: its namespace's init may not be recorded yet."""
+        if handle.get("state") == STARTING:
+            kill_launch(handle)
+        cls.kill(handle)
+        remove_state(handle)
 
 
 def pin_server(handle: Handle, timeout: float = 5.0) -> None:

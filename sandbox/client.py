@@ -122,8 +122,8 @@ def _unwrap(reply: dict[str, Any]) -> dict[str, Any]:
 class Sandbox:
     """A running sandbox: tools, liveness and stop, addressed through its JSON handle.
 
-    `stop` is the runtime registry's `stop_handle`, handed in by whoever made this client so
-    the client does not import the runtimes (which import it).
+    `stop` is the runtime's `Runtime.stop` (or `sandbox.node.stop_handle`), handed in by whoever
+    made this client so the client does not import the runtimes (which import it).
     """
 
     def __init__(self, handle: dict[str, Any], stop: Callable[[dict[str, Any]], None]) -> None:
