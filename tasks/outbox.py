@@ -35,7 +35,7 @@ from sqlalchemy import select, update
 
 from core.db import session_scope
 from core.models import Job, Rollout, Status, utcnow
-from tasks.config import TASK_NAMES, message_priority
+from tasks.publish import publish
 
 log = logging.getLogger(__name__)
 BATCH = 500  # messages per producer batch and per outbox statement
@@ -53,21 +53,17 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
     """Publish (stage, rollout id, attempt, node, job id[, job priority]) messages over one
     producer connection.
 
-    The job id lets a worker drop INIT messages of a job it knows was cancelled without a
-    database write (see `lifecycle.known_cancelled`).
-
-    On Redis every `batch` messages go out in one pipeline round trip (kombu's producer
-    batch); transports without batching (the embedded filesystem) publish one by one.
+    Each message is built by `tasks.publish.publish` (the one builder). On Redis every `batch`
+    messages go out in one pipeline round trip (kombu's producer batch); transports without
+    batching (the embedded filesystem) publish one by one.
     Returns how many were published.
     """
     n = 0
     with celery.producer_or_acquire() as producer:
         with producer.batch(max_size=batch):
             for stage, rollout_id, attempt, node, job, *priority in messages:
-                kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
-                celery.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                                 producer=producer,
-                                 priority=message_priority(priority[0] if priority else None))
+                publish(celery, stage, rollout_id, attempt, node, producer=producer,
+                        priority=priority[0] if priority else None, job=job)
                 n += 1
                 # Building messages is pure CPU (no I/O releases the GIL within a pipelined
                 # batch): yield it often so the gateway's request threads stay responsive.

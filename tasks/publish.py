@@ -1,4 +1,5 @@
-"""Publishing a stage message: the one call every process uses to queue a stage."""
+"""Publishing a stage message: the one place a stage message is built, used by every process
+to queue a stage (one at a time here, in batches over one producer by `tasks.outbox`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,14 +9,15 @@ from tasks.config import TASK_NAMES, message_priority, publish_retry_policy
 
 def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
             producer: Any = None, retry_seconds: float = 0.0,
-            priority: int | None = None) -> None:
+            priority: int | None = None, job: str | None = None) -> None:
     """Publish a stage message; the shared router picks the queue from `node`.
 
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
     long (else Celery's default policy, well under a second); then kombu's error is raised.
-    `priority` is the job's (higher first).
+    `priority` is the job's (higher first). `job` lets a worker drop INIT messages of a job it
+    knows was cancelled without a database write (see `lifecycle.known_cancelled`).
     """
-    kwargs = {"node": node} if node else {}
+    kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
     retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} \
         if retry_seconds else {}
     app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
