@@ -18,8 +18,7 @@ from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app.api.prorl_datasets import map_instance
@@ -28,23 +27,19 @@ from app.api.prorl_wire import AddServer, CancelRequest, ProcessRequest, ProRLSa
 from app.api.routing import typed_route
 from app.auth import require_admin
 from app.jobs import cancel_job, create_job
+from app.prorl_service import is_running, prorl_jobs, prorl_status, set_running, wait_terminal
 from app.schemas import Instance, JobCreate, LLMServerCreate
 from app.servers import clear_servers, register_server
-from core.db import session_scope
 from core.errors import (
     Conflict,
     InvalidRequest,
     RaasError,
     ServiceUnavailable,
-    StageTimeout,
     validation_error,
 )
-from core.models import TERMINAL_VALUES, Job, LLMServer, Rollout, ServiceFlag, Turn, utcnow
 
 bp = Blueprint("prorl", __name__)
-POLL_SECONDS = 0.2
 NOT_RUNNING = "Server is not running. Please start the server first."
-RUNNING_FLAG = "prorl_running"
 
 
 class ServerNotRunning(ServiceUnavailable):
@@ -95,31 +90,8 @@ def _settings():
     return current_app.config["RAAS"]
 
 
-def _is_running() -> bool:
-    """ProRL's started/stopped state, in the database so every gateway process agrees."""
-    with session_scope(_settings().db_url) as s:
-        flag = s.get(ServiceFlag, RUNNING_FLAG)
-        return bool(flag and flag.enabled)
-
-
-def _set_running(value: bool) -> bool:
-    """Switch the state; False when it already was `value` (one UPDATE decides races)."""
-    with session_scope(_settings().db_url) as s:
-        changed = s.execute(update(ServiceFlag).where(
-            ServiceFlag.name == RUNNING_FLAG, ServiceFlag.enabled.is_not(value))
-            .values(enabled=value, updated_at=utcnow())).rowcount
-        if changed or s.get(ServiceFlag, RUNNING_FLAG) is not None:
-            return bool(changed)
-    try:
-        with session_scope(_settings().db_url) as s:
-            s.add(ServiceFlag(name=RUNNING_FLAG, enabled=value))
-        return True
-    except IntegrityError:  # another gateway created it first
-        return _set_running(value)
-
-
 def _require_running() -> None:
-    if not _is_running():
+    if not is_running(_settings().db_url):
         raise ServerNotRunning(NOT_RUNNING)
 
 
@@ -146,13 +118,9 @@ def process(body: ProcessRequest) -> dict[str, Any]:
                           admin=g.admin,
                           labels={"prorl_job_id": prorl_job_id,
                                   "prorl_data_source": mapped.data_source})
-    rollout = _wait_terminal(settings.db_url, accepted.rollout_ids[0], settings.process_max_wait)
-    with session_scope(settings.db_url) as s:
-        turns = s.scalars(select(Turn).where(Turn.rollout_id == rollout.id,
-                                             Turn.attempt == rollout.attempt)
-                          .order_by(Turn.index)).all()
-        s.expunge_all()
-    return prorl_result(rollout, list(turns), body.instance, mapped.instance_id,
+    rollout, turns = wait_terminal(settings.db_url, accepted.rollout_ids[0],
+                                   settings.process_max_wait)
+    return prorl_result(rollout, turns, body.instance, mapped.instance_id,
                         wall_seconds=time.monotonic() - started)
 
 
@@ -163,38 +131,11 @@ def _prefixed(error: InvalidRequest, prefix: str) -> InvalidRequest:
     return error
 
 
-def _wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> Rollout:
-    deadline = time.monotonic() + max_wait
-    while True:
-        with session_scope(db_url) as s:
-            r = s.get(Rollout, rollout_id)
-            if r.status in TERMINAL_VALUES:
-                s.expunge(r)
-                return r
-        if time.monotonic() > deadline:
-            raise StageTimeout("Processing timed out")
-        time.sleep(POLL_SECONDS)
-
-
-def _prorl_jobs(s, job_id: str | None = None, unfinished: bool = False,
-                owner: str | None = None) -> list[str]:
-    """Ids of jobs created by /process (with ProRL job id `job_id`, of `owner` if given)."""
-    tag = Job.config[("labels", "prorl_job_id")].as_string()
-    q = select(Job.id).where(tag == job_id if job_id is not None else tag.is_not(None))
-    if owner is not None:
-        q = q.where(Job.owner == owner)
-    if unfinished:
-        q = q.where(Job.id.in_(select(Rollout.job_id).where(
-            Rollout.status.not_in(TERMINAL_VALUES))))
-    return list(s.scalars(q).all())
-
-
 @typed_route(bp, "/cancel", "POST", body=CancelRequest, summary="Cancel a ProRL job_id",
              tag="prorl")
 def cancel(body: CancelRequest) -> dict[str, Any]:
     settings = _settings()
-    with session_scope(settings.db_url) as s:
-        ids = _prorl_jobs(s, body.job_id, unfinished=True, owner=g.owner)
+    ids = prorl_jobs(settings.db_url, body.job_id, unfinished=True, owner=g.owner)
     for job_id in ids:
         cancel_job(settings, job_id, g.owner)
     return {"status": f"Cancel requested for job {body.job_id}", "cancelled_jobs": len(ids)}
@@ -203,17 +144,9 @@ def cancel(body: CancelRequest) -> dict[str, Any]:
 @typed_route(bp, "/status", "GET", summary="Service status, ProRL style", tag="prorl")
 def status() -> dict[str, Any]:
     _require_running()
-    with session_scope(_settings().db_url) as s:
-        servers = [{"address": u, "healthy": h, "in_flight": n} for u, h, n in
-                   s.execute(select(LLMServer.url, LLMServer.healthy, LLMServer.in_flight)
-                             .where(LLMServer.owner == g.owner))]
-        pending = s.scalar(select(func.count()).select_from(Rollout).where(
-            Rollout.status.not_in(TERMINAL_VALUES),
-            Rollout.job_id.in_(select(Job.id).where(
-                Job.owner == g.owner,
-                Job.config[("labels", "prorl_job_id")].as_string().is_not(None)))))
-    return {"status": "running", "running": True, "pending_jobs": pending,
-            "busy": bool(pending), "llm_servers": servers}
+    found = prorl_status(_settings().db_url, g.owner)
+    return {"status": "running", "running": True, "pending_jobs": found["pending_jobs"],
+            "busy": bool(found["pending_jobs"]), "llm_servers": found["llm_servers"]}
 
 
 @typed_route(bp, "/add_llm_server", "POST", body=AddServer, summary="Register a server",
@@ -244,7 +177,7 @@ def clear_llm_server() -> dict[str, Any]:
              tag="prorl")
 @require_admin
 def start() -> dict[str, Any]:
-    if not _set_running(True):
+    if not set_running(_settings().db_url, True):
         raise InvalidRequest("Server is already running")
     return {"status": "Server started successfully"}
 
@@ -253,11 +186,10 @@ def start() -> dict[str, Any]:
              tag="prorl")
 @require_admin
 def stop() -> dict[str, Any]:
-    if not _is_running() or not _set_running(False):
-        raise ServerNotRunning(NOT_RUNNING)
     settings = _settings()
-    with session_scope(settings.db_url) as s:
-        ids = _prorl_jobs(s, unfinished=True)
+    if not is_running(settings.db_url) or not set_running(settings.db_url, False):
+        raise ServerNotRunning(NOT_RUNNING)
+    ids = prorl_jobs(settings.db_url, unfinished=True)
     for job_id in ids:
         cancel_job(settings, job_id)
     return {"status": "Server stopped successfully", "cancelled_jobs": len(ids)}
