@@ -17,6 +17,8 @@ UNROUTED_QUEUE = "raas.unrouted"
 STAGES = ("init", "run", "eval")
 TASK_NAMES = {stage: f"raas.{stage}" for stage in STAGES}
 REEVALUATE_TASK = "raas.reevaluate"
+# Where a done rollout keeps its accepted, not yet recorded re-evaluation requests (`extra`).
+PENDING_REEVALUATIONS = "reevaluations_pending"
 
 
 def stage_queue(stage: str, node: str | None = None) -> str:

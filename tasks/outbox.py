@@ -10,6 +10,11 @@ marks behind; the reaper publishes whatever stayed marked longer than `outbox_gr
 (`drain`). Publishing twice is harmless (the duplicate finds nothing to claim), so the rule is
 simply: clear a mark only after its message was published.
 
+A re-evaluation request of a done rollout uses the same mark: the gateway commits the request
+(`extra["reevaluations_pending"]`) with the mark, publishes, and clears the mark it set;
+`drain_reevaluations` publishes the pending requests of a done rollout whose mark stayed, and
+the re-evaluation task removes its request when it records the result.
+
 Stage hand-offs use the same mark: `lifecycle.advance` (RUN, EVAL) and `lifecycle.retry` (a
 new attempt's INIT) commit it with the status change, the worker clears it after publishing,
 and a claim clears it too. A hand-off whose broker stayed away past the worker's retries keeps
@@ -35,7 +40,8 @@ from sqlalchemy import select, update
 
 from core.db import session_scope
 from core.models import Job, Rollout, Status, utcnow
-from tasks.publish import publish
+from tasks.config import PENDING_REEVALUATIONS
+from tasks.publish import publish, publish_reevaluation_message
 
 log = logging.getLogger(__name__)
 BATCH = 500  # messages per producer batch and per outbox statement
@@ -120,8 +126,9 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
     while True:
         cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
         with session_scope(db_url) as s:
-            ids = s.scalars(select(Rollout.id).where(Rollout.outbox_at < cutoff)
-                            .order_by(Rollout.outbox_at).limit(BATCH)).all()
+            ids = s.scalars(select(Rollout.id).where(  # done: `drain_reevaluations`
+                Rollout.outbox_at < cutoff, Rollout.status != Status.DONE.value)
+                .order_by(Rollout.outbox_at).limit(BATCH)).all()
             if not ids:
                 return total
             taken = s.execute(update(Rollout).where(
@@ -142,6 +149,56 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
                                         r.id, r.attempt, r.node, r.job_id,
                                         priority.get(r.job_id)) for r in taken))
         with session_scope(db_url) as s:  # only the marks this pass set (a later one stays)
+            s.execute(update(Rollout).where(Rollout.id.in_([r.id for r in taken]),
+                                            Rollout.outbox_at == stamp)
+                      .values(outbox_at=None), execution_options=plain)
+
+
+def mark_reevaluation(rollout: Rollout, request_id: str) -> Any:
+    """Add a re-evaluation request to a done rollout (in the caller's transaction, which holds
+    its row): the request joins the pending list and the rollout gets an outbox mark. Returns
+    the mark, for `publish_reevaluation`."""
+    extra = dict(rollout.extra or {})
+    extra[PENDING_REEVALUATIONS] = [*extra.get(PENDING_REEVALUATIONS, []), request_id]
+    rollout.extra = extra
+    rollout.outbox_at = utcnow()
+    return rollout.outbox_at
+
+
+def publish_reevaluation(db_url: str, celery: Any, rollout_id: str, request_id: str,
+                         mark: Any) -> None:
+    """Publish a committed re-evaluation request, then clear the mark it set (a later request's
+    mark stays). A publish that fails leaves the mark: the reaper's drain publishes it."""
+    publish_reevaluation_message(celery, rollout_id, request_id)
+    with session_scope(db_url) as s:
+        s.execute(update(Rollout).where(Rollout.id == rollout_id, Rollout.outbox_at == mark)
+                  .values(outbox_at=None), execution_options={"synchronize_session": False})
+
+
+def drain_reevaluations(db_url: str, celery: Any, grace: float) -> int:
+    """Publish the pending re-evaluation requests of done rollouts whose mark stayed longer than
+    `grace` seconds (the gateway could not publish them); returns how many were published.
+    Each batch is taken by re-stamping its marks, as in `drain`."""
+    total = 0
+    plain = {"synchronize_session": False}
+    while True:
+        cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
+        with session_scope(db_url) as s:
+            ids = s.scalars(select(Rollout.id).where(
+                Rollout.outbox_at < cutoff, Rollout.status == Status.DONE.value)
+                .order_by(Rollout.outbox_at).limit(BATCH)).all()
+            if not ids:
+                return total
+            taken = s.execute(update(Rollout).where(
+                Rollout.id.in_(ids), Rollout.outbox_at < cutoff).values(outbox_at=stamp)
+                .returning(Rollout.id, Rollout.extra), execution_options=plain).all()
+        for row in taken:
+            for request_id in (row.extra or {}).get(PENDING_REEVALUATIONS, []):
+                log.warning("outbox: publishing re-evaluation %s of %s left unpublished",
+                            request_id, row.id)
+                publish_reevaluation_message(celery, row.id, request_id)
+                total += 1
+        with session_scope(db_url) as s:
             s.execute(update(Rollout).where(Rollout.id.in_([r.id for r in taken]),
                                             Rollout.outbox_at == stamp)
                       .values(outbox_at=None), execution_options=plain)

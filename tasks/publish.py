@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import TASK_NAMES, message_priority, publish_retry_policy
+from tasks.config import REEVALUATE_TASK, TASK_NAMES, message_priority, publish_retry_policy
 
 
 def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
@@ -22,3 +22,8 @@ def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | Non
         if retry_seconds else {}
     app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
                   producer=producer, priority=message_priority(priority), **retry)
+
+
+def publish_reevaluation_message(app: Any, rollout_id: str, request_id: str) -> None:
+    """Publish a re-evaluation request (`tasks.reevaluate`), routed to the shared INIT queue."""
+    app.send_task(REEVALUATE_TASK, args=[rollout_id, request_id])

@@ -359,8 +359,11 @@ class Reaper:
         return len(taken)
 
     def drain_outbox(self) -> int:
-        """Publish rollouts a gateway committed but never published (it died in between)."""
-        return outbox.drain(self.db, self.celery, self.settings.outbox_grace)
+        """Publish rollouts (and re-evaluation requests) a gateway committed but never
+        published (it died in between)."""
+        grace = self.settings.outbox_grace
+        return outbox.drain(self.db, self.celery, grace) + \
+            outbox.drain_reevaluations(self.db, self.celery, grace)
 
     def sweep_sandboxes(self) -> int:
         """Stop sandboxes on this node that no live rollout attempt owns, and starts whose

@@ -21,18 +21,22 @@ from agents.registry import get_handler
 from core.db import session_scope
 from core.models import Job, Rollout, utcnow
 from tasks import grading
-from tasks.config import REEVALUATE_TASK
+from tasks.config import PENDING_REEVALUATIONS, REEVALUATE_TASK
 
 log = logging.getLogger(__name__)
 
 
 def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
-    """Append one re-evaluation result under the rollout's row lock."""
+    """Append one re-evaluation result under the rollout's row lock; its request is no longer
+    pending."""
     with session_scope(db_url) as s:
         rollout = s.execute(select(Rollout).where(Rollout.id == rollout_id)
                             .with_for_update()).scalar_one()
         extra = dict(rollout.extra or {})
         extra["reevaluations"] = [*extra.get("reevaluations", []), entry]
+        pending = [r for r in extra.pop(PENDING_REEVALUATIONS, []) if r != entry.get("request_id")]
+        if pending:  # a request published twice (the drain) is graded twice, recorded twice
+            extra[PENDING_REEVALUATIONS] = pending
         rollout.extra = extra
 
 

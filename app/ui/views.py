@@ -4,15 +4,14 @@ from __future__ import annotations
 from typing import Any
 
 from flask import current_app, g, redirect, render_template, request, url_for
-from sqlalchemy import select
-
 from app.jobs import cancel_job, get_job, job_view, owner_jobs
 from app.metrics import llm_servers, queue_consumers, rollout_counts
+from app.rollouts import current_turns, job_rollout_rows, owned_rollout
 from app.ui import charts, tokens
 from app.ui.auth import bp, check_csrf, safe_next
 from core.db import session_scope
-from core.errors import InvalidRequest, NotFound
-from core.models import Job, Rollout, Turn
+from core.errors import InvalidRequest
+from core.models import Rollout, Turn
 from tasks.config import UNROUTED_QUEUE
 from tasks.queues import known_queues, queue_depths
 
@@ -57,9 +56,7 @@ def job(job_id: str):
     with session_scope(_settings().db_url) as s:
         j = get_job(s, job_id, g.owner)
         view = job_view(s, j)
-        cols = [getattr(Rollout, c) for c in ROW_COLUMNS]
-        rows = [dict(zip(ROW_COLUMNS, row)) for row in
-                s.execute(select(*cols).where(Rollout.job_id == job_id))]
+        rows = job_rollout_rows(s, job_id, ROW_COLUMNS)
         config = j.config or {}
     groups = charts.groups(rows)
     return render_template(
@@ -70,28 +67,12 @@ def job(job_id: str):
         failed=charts.failed(rows), total_seconds=charts.total_seconds)
 
 
-def _owned_rollout(s: Any, rollout_id: str) -> tuple[Rollout, Job]:
-    r = s.get(Rollout, rollout_id)
-    job = s.get(Job, r.job_id) if r is not None else None
-    if r is None or job.owner != g.owner:
-        raise NotFound(f"rollout {rollout_id!r} not found")
-    return r, job
-
-
-def _turns(s: Any, r: Rollout) -> tuple[list[Turn], int]:
-    """The turns of the rollout's current attempt, and how many earlier attempts logged."""
-    rows = s.scalars(select(Turn).where(Turn.rollout_id == r.id)
-                     .order_by(Turn.attempt, Turn.index, Turn.id)).all()
-    current = [t for t in rows if t.attempt == r.attempt]
-    return current, len(rows) - len(current)
-
-
 @bp.get("/rollouts/<rollout_id>")
 def rollout(rollout_id: str):
     """A rollout: header, timing waterfall, the conversation with a lazy token view per turn."""
     with session_scope(_settings().db_url) as s:
-        r, job = _owned_rollout(s, rollout_id)
-        turns, earlier = _turns(s, r)
+        r, job = owned_rollout(s, rollout_id, g.owner)
+        turns, earlier = current_turns(s, r)
         segs = tokens.segments(r, turns)
         metrics = dict(r.metrics or {})
         extra = {k: v for k, v in (r.extra or {}).items() if k != "turn_boundaries"}
@@ -111,8 +92,8 @@ def rollout_tokens(rollout_id: str):
     """One segment's tokens (a turn being opened), or every segment (`segment=all`)."""
     raw = request.args.get("segment", "")
     with session_scope(_settings().db_url) as s:
-        r, job = _owned_rollout(s, rollout_id)
-        turns = _turns(s, r)[0]
+        r, job = owned_rollout(s, rollout_id, g.owner)
+        turns = current_turns(s, r)[0]
         segs = tokens.segments(r, turns)
         if raw == "all":
             return {"segments": [tokens.segment_rows(r, job, turns, sg) for sg in segs]}
