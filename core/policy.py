@@ -12,9 +12,9 @@ import fnmatch
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from core.errors import InvalidRequest
 from core.urls import UrlRule, parse_rule, url_refusal
@@ -28,6 +28,25 @@ FORBIDDEN_ENV_PREFIXES = ("LD_", "PYTHON", "BASH_FUNC_")
 FORBIDDEN_ENV_NAMES = ("ENV", "BASH_ENV", "PROMPT_COMMAND", "IFS")
 MB = 1024 * 1024
 DEFAULT_OWNER = "default"  # the one owner of a service without tokens (loopback only)
+
+
+def _valid_rules(value: list[str]) -> list[str]:
+    """Each entry parses as a URL rule (an old whole-URL glob is an error naming the format)."""
+    for i, text in enumerate(value):
+        try:
+            parse_rule(text)
+        except ValueError as exc:
+            raise ValueError(f"[{i}]: {exc}") from None
+    return value
+
+
+# A list of URL rules `scheme://HOST[:PORT][/PATH]` (core.urls), checked when the policy loads.
+UrlRules = Annotated[list[str], AfterValidator(_valid_rules)]
+
+
+def parse_rules(texts: list[str]) -> list[UrlRule]:
+    """URL rules, parsed (they were checked when the policy loaded)."""
+    return [parse_rule(text) for text in texts]
 
 
 class _Strict(BaseModel):
@@ -83,24 +102,19 @@ class Credential(_Strict):
     """An inference-server credential the operator registers: where it lives, where it may go."""
 
     env: str = Field(min_length=1, description="Worker variable holding the secret")
-    urls: list[str] = Field(min_length=1, description="URL rules (core.urls) of the servers "
-                                                      "it is sent to (never anywhere else)")
-
-    @field_validator("urls")
-    @classmethod
-    def _rules(cls, value: list[str]) -> list[str]:
-        return _valid_rules(value)
+    urls: UrlRules = Field(min_length=1, description="URL rules (core.urls) of the servers "
+                                                     "it is sent to (never anywhere else)")
 
     @cached_property
     def rules(self) -> list[UrlRule]:
         """`urls`, parsed."""
-        return [parse_rule(text) for text in self.urls]
+        return parse_rules(self.urls)
 
 
 class LLMPolicy(_Strict):
     """What a job may choose about inference servers, templates and credentials."""
 
-    server_urls: list[str] = Field(
+    server_urls: UrlRules = Field(
         default_factory=list,
         description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the servers a "
                     "tenant may name or register (admins: any)")
@@ -115,15 +129,10 @@ class LLMPolicy(_Strict):
         description="Folders a tenant's `llm.tokenizer` may name a tokenizer under (admins: "
                     "any folder); otherwise the model path its servers report")
 
-    @field_validator("server_urls")
-    @classmethod
-    def _rules(cls, value: list[str]) -> list[str]:
-        return _valid_rules(value)
-
     @cached_property
     def server_rules(self) -> list[UrlRule]:
         """`server_urls`, parsed."""
-        return [parse_rule(text) for text in self.server_urls]
+        return parse_rules(self.server_urls)
 
 
 class Policy(_Strict):
@@ -131,20 +140,15 @@ class Policy(_Strict):
 
     sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy, description="Sandboxes")
     llm: LLMPolicy = Field(default_factory=LLMPolicy, description="Inference servers")
-    callback_urls: list[str] = Field(
+    callback_urls: UrlRules = Field(
         default_factory=list,
         description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the callback URLs "
                     "a tenant's job may name (admins: any): raas's own processes call them")
 
-    @field_validator("callback_urls")
-    @classmethod
-    def _callback_rules(cls, value: list[str]) -> list[str]:
-        return _valid_rules(value)
-
     @cached_property
     def callback_rules(self) -> list[UrlRule]:
         """`callback_urls`, parsed."""
-        return [parse_rule(text) for text in self.callback_urls]
+        return parse_rules(self.callback_urls)
 
     def public(self) -> dict[str, Any]:
         """The policy as a trainer may see it: credential names, never their variables."""
@@ -165,16 +169,6 @@ def forbidden_env(pattern: str) -> str | None:
         if fnmatch.fnmatchcase(name, pattern):
             return name
     return None
-
-
-def _valid_rules(value: list[str]) -> list[str]:
-    """Each entry parses as a URL rule (an old whole-URL glob is an error naming the format)."""
-    for i, text in enumerate(value):
-        try:
-            parse_rule(text)
-        except ValueError as exc:
-            raise ValueError(f"[{i}]: {exc}") from None
-    return value
 
 
 def plain_name(value: str, field: str) -> str:
