@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from processes import free_port, run, start, step, stop, wait_http  # scripts/processes.py
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the raas venv: `raas` lives next to this interpreter
@@ -42,60 +41,6 @@ EXAMPLE_SETS = {
     "search": "examples/search/questions.jsonl",
 }
 ENVIRONMENTS = {"math": ["sympy", "numpy"], "pytest": ["pytest"]}  # math; swe (pytest)
-
-
-def step(text: str) -> None:
-    """Announce a step of the demo."""
-    print(f"\n==> {text}", flush=True)
-
-
-def run(cmd: list[str], **kwargs: Any) -> None:
-    """Run a command in the repository, failing the demo if it fails."""
-    print("$ " + " ".join(map(str, cmd)), flush=True)
-    subprocess.run([str(c) for c in cmd], cwd=REPO, check=True, **kwargs)
-
-
-def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start a background process in its own session (so its children stop with it)."""
-    print("$ " + " ".join(map(str, cmd)) + f"  > {log} &", flush=True)
-    return subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen | None, name: str, grace: float = 30) -> None:
-    """SIGTERM the process group we started, then SIGKILL it after `grace` seconds."""
-    if proc is None or proc.poll() is not None:
-        return
-    print(f"stopping {name} (pid {proc.pid})", flush=True)
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def wait_http(url: str, proc: subprocess.Popen | None, log: Path | None, timeout: float) -> None:
-    """Poll `url` until it answers 200; fail early if `proc` died meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise SystemExit(f"process for {url} exited with {proc.returncode}\n{tail}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise SystemExit(f"{url} not ready after {timeout:.0f}s")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ensure_vllm(port: int, work: Path) -> subprocess.Popen | None:

@@ -17,72 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RAAS_BIN = REPO / ".venv" / "bin" / "raas"
-
-
-def step(text: str) -> None:
-    """Announce a step of the demo."""
-    print(f"\n==> {text}", flush=True)
-
-
-def run(cmd: list, **kwargs) -> None:
-    """Run a command in the repository; fail the demo if it fails."""
-    print("$ " + " ".join(map(str, cmd)), flush=True)
-    subprocess.run([str(c) for c in cmd], cwd=REPO, check=True, **kwargs)
-
-
-def start(cmd: list, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A background process in its own session, so stopping it stops its children too."""
-    print("$ " + " ".join(map(str, cmd)) + f"  > {log} &", flush=True)
-    return subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen | None, name: str, grace: float = 30) -> None:
-    """SIGTERM the process group we started, SIGKILL after `grace` seconds."""
-    if proc is None or proc.poll() is not None:
-        return
-    print(f"stopping {name} (pid {proc.pid})", flush=True)
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> float:
-    """Poll `url` until 200; fail early if `proc` died. Returns the seconds waited."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: process exited with {proc.returncode}\n"
-                             f"{log.read_text(errors='replace')[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise SystemExit(f"{url} not ready after {timeout:.0f}s")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from processes import free_port, run, start, step, stop, wait_http  # noqa: E402
 
 
 def build_model(base: Path, untied: Path) -> None:
