@@ -29,6 +29,7 @@ from agents.abstract import (
     SandboxToolsConfig,
     StageContext,
 )
+from agents.instance_fields import require_text
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.handlers.math.answer import answer_from_run, extract_boxed, grade_math_answer
@@ -80,15 +81,6 @@ class MathConfig(SandboxToolsConfig):
         return value
 
 
-def _check_text(instance: dict[str, Any], key: str, *, numbers_ok: bool = False) -> None:
-    """Raise InvalidRequest naming `instance.<key>` unless it is a short non-empty value."""
-    value = instance.get(key)
-    ok_types = (str, int, float) if numbers_ok else (str,)
-    if isinstance(value, bool) or not isinstance(value, ok_types) or not str(value).strip():
-        kind = "a non-empty string or a number" if numbers_ok else "a non-empty string"
-        raise InvalidRequest(f"instance.{key} must be {kind}", field=f"instance.{key}")
-
-
 def _final_assistant_text(run: RunResult | None) -> str | None:
     """Content of the last assistant message of the trajectory, if any."""
     for message in reversed((run.messages or []) if run else []):
@@ -108,8 +100,8 @@ class MathHandler(AgentHandler):
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Needs `problem` (text) and `answer` (LaTeX/plain text or a number)."""
-        _check_text(instance, "problem")
-        _check_text(instance, "answer", numbers_ok=True)
+        require_text(instance, "problem")
+        require_text(instance, "answer", numbers_ok=True)
         if len(str(instance["answer"])) > MAX_ANSWER_CHARS:
             raise InvalidRequest(f"instance.answer is longer than {MAX_ANSWER_CHARS} characters",
                                  field="instance.answer")

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
+from agents.instance_fields import require_text
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.handlers.math.answer import grade_math_answer
@@ -77,11 +78,8 @@ class PlainAnswerHandler(AgentHandler):
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Needs `question` (text) and `answer` (a number, or a string holding one)."""
-        question, answer = instance.get("question"), instance.get("answer")
-        if not isinstance(question, str) or not question.strip() \
-                or len(question) > MAX_QUESTION_CHARS:
-            raise InvalidRequest(f"instance.question must be a non-empty string of at most "
-                                 f"{MAX_QUESTION_CHARS} characters", field="instance.question")
+        require_text(instance, "question", max_chars=MAX_QUESTION_CHARS)
+        answer = instance.get("answer")
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) \
                 or len(str(answer)) > MAX_ANSWER_CHARS or last_number(str(answer)) is None:
             raise InvalidRequest("instance.answer must be a number (or a string holding one)",

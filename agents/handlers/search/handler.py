@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 
 from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
 from agents.handlers.search.tools import answer_tool, search_tool
+from agents.instance_fields import require_text
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.handlers.search.bm25_index import load_index
@@ -114,10 +115,7 @@ class SearchHandler(AgentHandler):
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Needs `question` (text) and `answers` (non-empty list of strings) or `answer`."""
-        question = instance.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise InvalidRequest("instance.question must be a non-empty string",
-                                 field="instance.question")
+        require_text(instance, "question")
         field = "instance.answers" if "answers" in instance else "instance.answer"
         answers = instance.get("answers", instance.get("answer"))
         if isinstance(answers, str):
