@@ -122,7 +122,7 @@ def parse_latency_dist(value: str | None) -> dict | None:
               type=click.Path(exists=True), show_default="the bundled SmolLM2 tokenizer",
               help="Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json)")
 @click.option("--script", "script_file", default=None, type=click.Path(exists=True),
-              help="JSON script of replies (format: see fakellm/server.py); default: "
+              help="JSON script of replies (format: see fakellm/script.py); default: "
                    "the demo policy that solves examples/math.jsonl with the python tool")
 @click.option("--port", default=8100, show_default=True, envvar="RAAS_LLM_SIM_PORT",
               help="Port to listen on (or RAAS_LLM_SIM_PORT)")

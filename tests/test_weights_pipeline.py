@@ -20,7 +20,8 @@ from raas_client.weights_cli import weights
 from tokenizers import Tokenizer
 
 from fakellm.weights import WeightState, fingerprint, weights_logprob, write_checkpoint
-from fakellm.server import fake_logprob, start_simulator
+from fakellm.script import fake_logprob
+from fakellm.server import start_simulator
 from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL

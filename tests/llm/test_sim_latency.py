@@ -8,7 +8,8 @@ import click
 import pytest
 
 from fakellm.latency import LatencyDist
-from fakellm.server import BUNDLED_TOKENIZER, Script
+from fakellm.script import Script
+from fakellm.server import BUNDLED_TOKENIZER
 from fakellm.cli import parse_latency_dist
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from fakellm.server import BUNDLED_TOKENIZER, Script, start_simulator
+from fakellm.script import Script
+from fakellm.server import BUNDLED_TOKENIZER, start_simulator
 
 SCRIPT = {"default": ["right"], "wrong": "wrong", "wrong_rate": 0.3, "seed": 11}
 

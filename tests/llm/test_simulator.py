@@ -11,7 +11,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from fakellm.capacity import parse_metrics
-from fakellm.server import fake_logprob, start_simulator_process
+from fakellm.script import fake_logprob
+from fakellm.server import start_simulator_process
 from core.errors import ConfigError
 from tests.llm.conftest import SMOLLM2
 
