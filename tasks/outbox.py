@@ -59,15 +59,18 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
     """Publish (stage, rollout id, attempt, node, job id[, job priority]) messages over one
     producer connection.
 
-    Each message is built by `tasks.publish.publish` (the one builder). On Redis every `batch`
-    messages go out in one pipeline round trip (kombu's producer batch); transports without
-    batching (the embedded filesystem) publish one by one.
+    The job id lets a worker drop INIT messages of a job it knows was cancelled without a
+    database write (see `lifecycle.known_cancelled`).
+
+    On Redis every `batch` messages go out in one pipeline round trip (kombu's producer
+    batch); transports without batching (the embedded filesystem) publish one by one.
     Returns how many were published.
     """
     n = 0
     with celery.producer_or_acquire() as producer:
         with producer.batch(max_size=batch):
             for stage, rollout_id, attempt, node, job, *priority in messages:
+                # `tasks.publish.publish` builds every stage message, one or a batch
                 publish(celery, stage, rollout_id, attempt, node, producer=producer,
                         priority=priority[0] if priority else None, job=job)
                 n += 1
