@@ -262,28 +262,30 @@ def check_limits(caps: LimitCaps, limits: dict[str, Any], where: str) -> None:
                         f"policy.sandbox.max_limits.{name}={cap}")
 
 
-def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> None:
-    """Tenants may name or register only URLs on the operator's allowlist; admins any."""
+def _check_allowed_url(url: str, rules: list[UrlRule], texts: list[str], *, admin: bool,
+                       field: str, kind: str, rule: str, nothing: str) -> None:
+    """A tenant's `kind` URL must match one of the operator's `rules` (written `texts`, the
+    allowlist at `rule`; `nothing` says what an empty one means); admins may name any."""
     if admin:
         return
-    why = url_refusal(url, policy.server_rules)
+    why = url_refusal(url, rules)
     if why is None:
         return
-    allowed = ", ".join(policy.server_urls) or "none: use the registered pool"
-    raise _deny(field, f"server url {url!r} is not allowed ({why}); allowed: {allowed}",
-                "policy.llm.server_urls")
+    allowed = ", ".join(texts) or nothing
+    raise _deny(field, f"{kind} url {url!r} is not allowed ({why}); allowed: {allowed}", rule)
+
+
+def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> None:
+    """Tenants may name or register only URLs on the operator's allowlist; admins any."""
+    _check_allowed_url(url, policy.server_rules, policy.server_urls, admin=admin, field=field,
+                       kind="server", rule="policy.llm.server_urls",
+                       nothing="none: use the registered pool")
 
 
 def check_callback_url(policy: Policy, url: str, admin: bool, field: str) -> None:
     """Tenants may name only callback URLs on the operator's allowlist; admins any."""
-    if admin:
-        return
-    why = url_refusal(url, policy.callback_rules)
-    if why is None:
-        return
-    allowed = ", ".join(policy.callback_urls) or "none"
-    raise _deny(field, f"callback url {url!r} is not allowed ({why}); allowed: {allowed}",
-                "policy.callback_urls")
+    _check_allowed_url(url, policy.callback_rules, policy.callback_urls, admin=admin,
+                       field=field, kind="callback", rule="policy.callback_urls", nothing="none")
 
 
 def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) -> Credential:
