@@ -15,7 +15,8 @@ and reaper of a deployment must share it). A request carries
     X-Raas-Delivery: <callback id>      (the same on every retry: deduplicate on it)
     X-Raas-Event: group | job
 
-and the receiver checks `verify_signature` (also in the SDK) and the timestamp's age.
+and the receiver checks it with the SDK's `raas_client.sdk.verify_callback` (signature and the
+timestamp's age): the verifying side lives only with the trainers that run it.
 """
 from __future__ import annotations
 
@@ -86,18 +87,6 @@ def signature(secret: str, body: bytes, timestamp: int) -> str:
     """The `X-Raas-Signature` header value for `body` sent at `timestamp`."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-def verify_signature(secret: str, body: bytes, header: str, max_age: float = 300.0) -> bool:
-    """True when `header` signs `body` with `secret` and is at most `max_age` seconds old."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    try:
-        timestamp = int(parts["t"])
-    except (KeyError, ValueError):
-        return False
-    if abs(time.time() - timestamp) > max_age:
-        return False
-    return hmac.compare_digest(signature(secret, body, timestamp), header)
 
 
 def backoff(attempts: int, cap: float) -> float:
