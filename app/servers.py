@@ -1,5 +1,5 @@
-"""LLM-server service: register and clear an owner's inference servers (shared by the v1
-and ProRL blueprints, so neither imports the other).
+"""LLM-server service: register, list, update, remove and clear an owner's inference servers
+(shared by the v1, weights and ProRL blueprints, so none of them writes SQL or imports another).
 
 A tenant's pool is its own rows. A non-admin may register only URLs the operator allows
 (`policy.llm.server_urls`) and only credentials the operator registered for that URL; the
@@ -7,12 +7,16 @@ operator (admin) may register any URL.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from app.schemas import LLMServerCreate, LLMServerView
 from core.db import session_scope
-from core.errors import Conflict
+from core.errors import Conflict, NotFound
 from core.models import LLMServer
 from core.policy import LLMPolicy, check_credential, check_server_url
 
@@ -42,3 +46,43 @@ def clear_servers(db_url: str, owner: str) -> int:
         for server in servers:
             s.delete(server)
         return len(servers)
+
+
+def _own_server(s: Session, server_id: str, owner: str) -> LLMServer:
+    """The owner's server, or NotFound (another owner's id answers the same)."""
+    server = s.get(LLMServer, server_id)
+    if server is None or server.owner != owner:
+        raise NotFound(f"llm server {server_id!r} not found")
+    return server
+
+
+def owner_servers(db_url: str, owner: str) -> list[LLMServerView]:
+    """The owner's servers, oldest first."""
+    with session_scope(db_url) as s:
+        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner)
+                         .order_by(LLMServer.created_at)).all()
+        return [LLMServerView.model_validate(r) for r in rows]
+
+
+def servers_by_id(db_url: str, ids: Iterable[str]) -> list[LLMServer]:
+    """The servers with these ids, oldest first (read after the caller checked them)."""
+    with session_scope(db_url) as s:
+        return list(s.scalars(select(LLMServer).where(LLMServer.id.in_(list(ids)))
+                              .order_by(LLMServer.created_at)).all())
+
+
+def update_server(db_url: str, server_id: str, owner: str,
+                  changes: dict[str, Any]) -> LLMServerView:
+    """Set fields of one of the owner's servers (paused, weight_version, ...)."""
+    with session_scope(db_url) as s:
+        server = _own_server(s, server_id, owner)
+        for key, value in changes.items():
+            setattr(server, key, value)
+        s.flush()
+        return LLMServerView.model_validate(server)
+
+
+def delete_server(db_url: str, server_id: str, owner: str) -> None:
+    """Remove one of the owner's servers."""
+    with session_scope(db_url) as s:
+        s.delete(_own_server(s, server_id, owner))

@@ -11,29 +11,16 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from flask import Blueprint, current_app, g, request
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from app.api.routing import typed_route
 from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView
-from app.servers import register_server
-from core.db import session_scope
-from core.errors import NotFound
-from core.models import LLMServer
+from app.servers import delete_server, owner_servers, register_server, update_server
 
 bp = Blueprint("llm_servers", __name__)
 
 
 def _db() -> str:
     return current_app.config["RAAS"].db_url
-
-
-def _own_server(s: Session, server_id: str) -> LLMServer:
-    """The caller's server, or NotFound (another owner's id answers the same)."""
-    server = s.get(LLMServer, server_id)
-    if server is None or server.owner != g.owner:
-        raise NotFound(f"llm server {server_id!r} not found")
-    return server
 
 
 @typed_route(bp, "/v1/llm-servers", "POST", body=LLMServerCreate, response=LLMServerView,
@@ -46,10 +33,7 @@ def create(body: LLMServerCreate) -> LLMServerView:
              summary="List the caller's inference servers",
              query={"probe": "1: ask each server's GET /v1/models now (reachable, probe_error)"})
 def index() -> LLMServerList:
-    with session_scope(_db()) as s:
-        rows = s.scalars(select(LLMServer).where(LLMServer.owner == g.owner)
-                         .order_by(LLMServer.created_at)).all()
-        views = [LLMServerView.model_validate(r) for r in rows]
+    views = owner_servers(_db(), g.owner)
     if request.args.get("probe") == "1" and views:
         _probe(views)
     return LLMServerList(servers=views)
@@ -83,16 +67,10 @@ def _probe(views: list[LLMServerView]) -> None:
              response=LLMServerView,
              summary="Update a server: pause/resume it, set its new weight version")
 def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
-    with session_scope(_db()) as s:
-        server = _own_server(s, server_id)
-        for key, value in body.model_dump(exclude_unset=True).items():
-            setattr(server, key, value)
-        s.flush()
-        return LLMServerView.model_validate(server)
+    return update_server(_db(), server_id, g.owner, body.model_dump(exclude_unset=True))
 
 
 @typed_route(bp, "/v1/llm-servers/<server_id>", "DELETE", summary="Remove a server")
 def delete(server_id: str) -> dict:
-    with session_scope(_db()) as s:
-        s.delete(_own_server(s, server_id))
+    delete_server(_db(), server_id, g.owner)
     return {"deleted": server_id}

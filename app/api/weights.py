@@ -21,12 +21,10 @@ from raas_client.weight_models import (
     WeightPush,
     WeightPushReport,
 )
-from sqlalchemy import select
 
 from agents.llm.weights import Fingerprint
 from app.api.routing import typed_route
-from core.db import session_scope
-from core.models import LLMServer
+from app.servers import servers_by_id
 from tasks import pool_pause, weights
 
 bp = Blueprint("weights", __name__)
@@ -51,12 +49,10 @@ def pause(body: PoolPause) -> PoolPaused:
              summary="Resume the caller's pool, optionally recording a new weight version")
 def resume(body: PoolResume) -> PoolResumed:
     ids = pool_pause.resume(_settings().db_url, g.owner, body.servers, body.weight_version)
-    with session_scope(_settings().db_url) as s:
-        rows = s.scalars(select(LLMServer).where(LLMServer.id.in_(ids))
-                         .order_by(LLMServer.created_at)).all()
-        return PoolResumed(servers=[ResumedServer(id=r.id, url=r.url, model=r.model,
-                                                  weight_version=r.weight_version,
-                                                  paused=r.paused) for r in rows])
+    rows = servers_by_id(_settings().db_url, ids)
+    return PoolResumed(servers=[ResumedServer(id=r.id, url=r.url, model=r.model,
+                                              weight_version=r.weight_version,
+                                              paused=r.paused) for r in rows])
 
 
 @typed_route(bp, "/v1/weights/push", "POST", body=WeightPush, response=WeightPushReport,
