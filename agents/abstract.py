@@ -121,6 +121,9 @@ class AgentHandler(ABC):
     def sandbox_overrides(self, ctx: RolloutContext) -> dict[str, Any]:
         """Changes to the job's sandbox spec for this rollout (image, binds, env, limits).
 
+        Asked before the sandbox starts: with the `InitContext` for RUN's sandbox, with the
+        `EvalContext` for the grading one (`ctx.stage` says which).
+
         By default: the handler config's `python_env` (a named environment with the packages
         the agent's tools need), unless the job chose an environment itself.
         """

@@ -6,16 +6,16 @@ gets exactly what it may use, so a handler author can tell from the type what is
 
 | context | hooks | adds |
 | --- | --- | --- |
-| `RolloutContext` | `sandbox_overrides`, `on_failure` | (before a sandbox exists) |
-| `InitContext` | `init` | the started sandbox and its workspace |
+| `RolloutContext` | `on_failure` | (what all stages share) |
+| `InitContext` | `init`, `sandbox_overrides` (before the start) | the started sandbox and its workspace |
 | `RunContext` | `run`, `artifact` (+ RUN's record) | `llm`, `record_turn`, `resume_turns`, `diagnose`, sandbox |
-| `EvalContext` | `prepare_eval`, `evaluate` | `run_result`, `artifact`, the grading sandbox (or None) |
+| `EvalContext` | `prepare_eval`, `evaluate`, `sandbox_overrides` | `run_result`, `artifact`, the grading sandbox |
 
 All four are frozen, with two exceptions said where they are: `state` is the handler's own
 mutable dict in every stage (small JSON, persisted between the stages of one attempt), and
 RUN's `deadline` moves on by the time a weight push paused the server pool
-(`RunContext.extend_deadline`: the agent's clock stood still). The pipeline builds them in one place
-(`tasks.contexts`); tests build them with the same constructors.
+(`RunContext.extend_deadline`: the agent's clock stood still). The pipeline builds them in one
+place (`tasks.contexts`); tests build them with the same constructors.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def _never() -> bool:
 
 @dataclass(frozen=True)
 class RolloutContext:
-    """What every stage knows of one rollout attempt (and all `sandbox_overrides` may read).
+    """What every stage knows of one rollout attempt (all that `sandbox_overrides` may read).
 
     `settings` are the node's operator settings (repository mirrors, image and corpus roots):
     handlers read them here, never from the environment. `deadline` is a `time.monotonic()`
@@ -128,9 +128,18 @@ class RolloutContext:
         return EvalContext(**self.rollout_fields(), run_result=run_result, artifact=artifact)
 
 
+class _GetsSandbox:
+    """A context whose sandbox starts after it is built (INIT's, EVAL's grading one)."""
+
+    def with_sandbox(self, sandbox: AgentSandbox, workspace: str | None) -> Any:
+        """The same context with its sandbox started."""
+        return dataclasses.replace(self, sandbox=sandbox, workspace=workspace)
+
+
 @dataclass(frozen=True)
-class InitContext(RolloutContext):
-    """INIT: the sandbox being prepared (`sandbox` None when the handler needs none)."""
+class InitContext(_GetsSandbox, RolloutContext):
+    """INIT: the sandbox being prepared (`sandbox` None when the handler needs none, and in
+    `sandbox_overrides`, which is asked before it starts)."""
 
     stage: ClassVar[str] = "init"
 
@@ -172,7 +181,7 @@ class RunContext(RolloutContext):
 
 
 @dataclass(frozen=True)
-class EvalContext(RolloutContext):
+class EvalContext(_GetsSandbox, RolloutContext):
     """EVAL (and re-evaluation): RUN's stored trajectory and artifact, and where to grade.
 
     `sandbox`/`workspace` are the FRESH grading sandbox of an `eval_in_sandbox` handler (set for
@@ -185,7 +194,3 @@ class EvalContext(RolloutContext):
     artifact: dict[str, Any] | None = None
     sandbox: AgentSandbox | None = None
     workspace: str | None = None
-
-    def with_sandbox(self, sandbox: AgentSandbox, workspace: str) -> EvalContext:
-        """The same context with its grading sandbox started."""
-        return dataclasses.replace(self, sandbox=sandbox, workspace=workspace)

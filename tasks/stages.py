@@ -146,6 +146,7 @@ class StageRun:
     def _init(self) -> None:
         if self.job.group_size is not None:  # a straggler cut's deadline counts from here
             groups.start(self.db, self.job.id, self.rollout.instance_id)
+        self.ctx = self.ctx.for_init(None, None)  # the overrides are asked before it starts
         needed = self.handler.sandbox_needed(self.ctx.agent_config)
         runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(), needed)
         if runtime != "none":
@@ -157,9 +158,7 @@ class StageRun:
             if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
                 sandboxes.release(handle)
                 return
-            self.ctx = self.ctx.for_init(sb, handle.get("workspace"))
-        else:
-            self.ctx = self.ctx.for_init(None, None)
+            self.ctx = self.ctx.with_sandbox(sb, handle.get("workspace"))
         self.handler.init(self.ctx)
         sandboxes.hand_over(self.rollout.sandbox)  # what INIT wrote is the agent's to edit
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
