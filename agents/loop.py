@@ -349,8 +349,11 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
     if ctx.limits.max_staleness is not None:
         metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())
-    # The session's own record, copied (the session stays live until RUN closes it), with
-    # how the episode ended: the same type the stages store and the trainer reads.
-    return traj.model_copy(deep=True, update={
-        "outcome": ep.outcome, "finish_reason": ep.finish_reason, "metrics": metrics,
+    # The session's own record with how the episode ended: the same type the stages store and
+    # the trainer reads. Its lists are copied (the session's are live until RUN closes it);
+    # list() per array, not a deep copy, which costs ~100x more on a long trajectory.
+    fresh = {name: list(value) for name, value in traj if isinstance(value, list)}
+    fresh["messages"] = [dict(m) for m in traj.messages]
+    return traj.model_copy(update={
+        **fresh, "outcome": ep.outcome, "finish_reason": ep.finish_reason, "metrics": metrics,
         "extra": {"answer": ep.answer, **copy.deepcopy(traj.extra)}})
