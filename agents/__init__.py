@@ -4,15 +4,19 @@
 (`agents/handlers/<name>/handler.py`) registers it when imported (see
 `agents.registry.load_builtin_handlers`).
 """
-from agents.abstract import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.abstract import AgentHandler, EvalResult, HandlerConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
 from agents.registry import get_handler, handler_names, register
 
 __all__ = [
     "AgentHandler",
+    "EvalContext",
     "EvalResult",
     "HandlerConfig",
-    "RunResult",
-    "StageContext",
+    "InitContext",
+    "RolloutContext",
+    "RunContext",
+    "Trajectory",
     "get_handler",
     "handler_names",
     "register",

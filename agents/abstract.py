@@ -1,26 +1,32 @@
-"""The AgentHandler interface and what the pipeline hands it (`StageContext`).
+"""The AgentHandler interface, typed against the per-stage contexts of `agents.contexts`.
 
 A handler is three hooks, one per stage, plus a pydantic config validated at submission time.
 The pipeline owns everything around them: claiming the rollout, starting and stopping the
-sandbox, deadlines, cancel, persistence. Handlers only act through `ctx`.
+sandbox, deadlines, cancel, persistence. Handlers only act through `ctx`: `InitContext` in
+`init`, `RunContext` in `run` and `artifact`, `EvalContext` in `prepare_eval` and `evaluate`.
+RUN returns the rollout's record, `Trajectory` (`raas_client.models`, the wire's own type).
 """
 from __future__ import annotations
 
-import logging
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from raas_client.models import Trajectory
 
-from agents.job_config import JobConfig, Limits
-from core.errors import RolloutCancelled, StageTimeout
+from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
+from core.settings import Settings
 
-if TYPE_CHECKING:
-    from agents.llm.session import LLMSession
-    from sandbox.toolserver.protocol import BashResult, PythonResult
+# The name RUN's result had before it became the wire's record type; handlers outside this
+# repository (`RAAS_HANDLER_MODULES`) may still return it. Deprecated: use `Trajectory`.
+RunResult = Trajectory
+
+
+def answer_artifact(result: Trajectory) -> dict[str, Any]:
+    """The default artifact: the finishing tool's answer (`result.extra["answer"]`), if any."""
+    answer = (result.extra or {}).get("answer")
+    return {} if answer is None else {"answer": answer}
 
 
 class HandlerConfig(BaseModel):
@@ -56,49 +62,6 @@ class SandboxToolsConfig(AgentLoopConfig):
                                                      "the agent's tools; null = system python")
 
 
-class AgentSandbox(Protocol):
-    """What agents use of a sandbox (`sandbox.Sandbox` is one); tools go through this only."""
-
-    @property
-    def workspace(self) -> str:
-        """The workspace path, identical on the host and inside the sandbox."""
-
-    def bash(self, command: str, timeout: float | None = None) -> BashResult:
-        """Run a command in the persistent shell."""
-
-    def python(self, code: str, timeout: float | None = None) -> PythonResult:
-        """Run code in the persistent Python session."""
-
-    def edit(self, command: str, path: str, **kwargs: Any) -> str:
-        """str_replace_editor; misuse raises `sandbox.ToolUsageError` (shown to the model)."""
-
-    def read_file(self, path: str) -> str:
-        """Text of a workspace file."""
-
-    def write_file(self, path: str, content: str) -> None:
-        """Create or overwrite a workspace file."""
-
-    def reset(self) -> None:
-        """Kill every tool process; the next call starts fresh."""
-
-
-@dataclass
-class RunResult:
-    """What RUN produced: how the agent stopped and the token-exact trajectory."""
-
-    outcome: str = "completed"  # core.models.Outcome value
-    finish_reason: str | None = None
-    prompt_ids: list[int] | None = None
-    response_ids: list[int] | None = None
-    response_logprobs: list[float] | None = None
-    loss_mask: list[int] | None = None
-    policy_versions: list[Any] | None = None
-    token_exact: bool | None = None
-    messages: list[dict[str, Any]] | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 @dataclass
 class EvalResult:
     """What EVAL produced: the reward and anything worth keeping (e.g. the git patch)."""
@@ -106,57 +69,6 @@ class EvalResult:
     reward: float
     metrics: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class StageContext:
-    """Everything a handler may touch during one stage of one rollout.
-
-    `sandbox` is a client attached to the rollout's sandbox (None for runtime "none");
-    `llm` is the rollout's LLM session (RUN only); `state` is a dict persisted between the
-    stages of one attempt (small JSON); `record_turn` persists one turn before returning.
-    """
-
-    rollout_id: str
-    job_id: str
-    stage: str
-    instance_id: str
-    instance: dict[str, Any]
-    sample_index: int
-    attempt: int
-    agent_config: HandlerConfig
-    job_config: JobConfig
-    deadline: float  # time.monotonic() value
-    state: dict[str, Any]
-    sandbox: AgentSandbox | None = None
-    llm: LLMSession | None = None
-    workspace: str | None = None
-    record_turn: Callable[..., None] = lambda **turn: None
-    cancel_check: Callable[[], bool] = lambda: False
-    run_result: RunResult | None = None
-    artifact: dict[str, Any] | None = None  # what RUN produced, stored before EVAL grades it
-    # RUN: why a sandbox failure is the agent's doing ("disk_quota", "oom", ...), else None.
-    diagnose: Callable[[BaseException], str | None] = lambda exc: None
-    logger: logging.Logger | logging.LoggerAdapter | None = None
-    # RUN resumed after its worker was lost: the attempt's logged turns (index order), which
-    # `agents.loop.run_agent_loop` continues from in the same sandbox (see `resumable`).
-    resume_turns: list[dict[str, Any]] | None = None
-
-    def remaining(self) -> float:
-        """Seconds left before this stage's deadline (never negative)."""
-        return max(0.0, self.deadline - time.monotonic())
-
-    def checkpoint(self) -> None:
-        """Raise if the rollout was cancelled or the stage is out of time (between turns)."""
-        if self.cancel_check():
-            raise RolloutCancelled("rollout cancelled", rollout_id=self.rollout_id)
-        if self.remaining() <= 0:
-            raise StageTimeout(f"{self.stage} deadline passed", rollout_id=self.rollout_id)
-
-    @property
-    def limits(self) -> Limits:
-        """The job's limits (max_turns, per-stage timeouts, tool_timeout, ...)."""
-        return self.job_config.limits
 
 
 class AgentHandler(ABC):
@@ -182,6 +94,11 @@ class AgentHandler(ABC):
     # logged turns (`ctx.resume_turns`); other handlers restart from INIT when RUN is lost.
     resumable: ClassVar[bool] = False
 
+    def load_config(self, agent_config: dict[str, Any], settings: Settings) -> HandlerConfig:
+        """The job's `agent_config` as this handler's `Config`, validated against the node's
+        `settings` (the validation context: e.g. the roots a config may name files under)."""
+        return self.Config.model_validate(agent_config, context={"settings": settings})
+
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `core.errors.InvalidRequest`)."""
 
@@ -201,8 +118,11 @@ class AgentHandler(ABC):
         answers per config (`math` with `tools: []` needs none)."""
         return self.needs_sandbox
 
-    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
+    def sandbox_overrides(self, ctx: RolloutContext) -> dict[str, Any]:
         """Changes to the job's sandbox spec for this rollout (image, binds, env, limits).
+
+        Asked before the sandbox starts: with the `InitContext` for RUN's sandbox, with the
+        `EvalContext` for the grading one (`ctx.stage` says which).
 
         By default: the handler config's `python_env` (a named environment with the packages
         the agent's tools need), unless the job chose an environment itself.
@@ -213,33 +133,32 @@ class AgentHandler(ABC):
         return {"python_env": env}
 
     @abstractmethod
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         """INIT: prepare the started sandbox (copy the repo, write files, ...)."""
 
     @abstractmethod
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         """RUN: drive the multi-turn loop and return the trajectory."""
 
-    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+    def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """RUN's end, after the sandbox was killed: what the agent produced (small JSON).
 
         `ctx.workspace` is the dead sandbox's workspace on the host: read it only with
-        `sandbox.workspace` (no links followed, sizes capped). By default the finishing tool's
-        answer (`run_result.extra["answer"]`).
+        `sandbox.workspace` (no links followed, sizes capped); `result` is what `run` returned.
+        By default the finishing tool's answer (`result.extra["answer"]`).
         """
-        answer = (ctx.run_result.extra or {}).get("answer") if ctx.run_result else None
-        return {} if answer is None else {"answer": answer}
+        return answer_artifact(result)
 
-    def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any] | None:
+    def prepare_eval(self, ctx: EvalContext, workspace: str) -> dict[str, Any] | None:
         """EVAL with `eval_in_sandbox`: fill the empty fresh `workspace` from the instance's
         clean state plus `ctx.artifact` (host side, before the grading sandbox starts).
         Returns facts worth keeping (merged into the result's `extra`), e.g. dropped files."""
         return None
 
     @abstractmethod
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """EVAL: the reward of `ctx.artifact` (ctx.run_result holds what RUN returned;
         ctx.sandbox is the fresh grading sandbox when `eval_in_sandbox`, else None)."""
 
-    def on_failure(self, stage: str, ctx: StageContext, exc: BaseException) -> None:
+    def on_failure(self, stage: str, ctx: RolloutContext, exc: BaseException) -> None:
         """Called when a stage raised; clean up handler-side resources. Must not raise."""

@@ -19,13 +19,15 @@ other side effect of a shell the agent holds.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from agents.abstract import RunResult, StageContext
+from agents.abstract import Trajectory
+from agents.contexts import RunContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.llm.replay import prompt_digest, replay_turns
@@ -65,7 +67,7 @@ class _Episode:
 
 
 def run_agent_loop(
-    ctx: StageContext,
+    ctx: RunContext,
     *,
     system_prompt: str,
     user_prompt: str,
@@ -74,7 +76,7 @@ def run_agent_loop(
     max_invalid_turns: int = 3,
     final_answer: Callable[[str], Any] | None = None,
     max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
-) -> RunResult:
+) -> Trajectory:
     """Drive `ctx.llm` with `tools` until the agent finishes or a limit stops it.
 
     `final_answer(text)`, if given, is asked about every reply that has no tool call: a
@@ -111,7 +113,7 @@ def run_agent_loop(
     return result
 
 
-def _resumed(ctx: StageContext, turns: list[dict[str, Any]]) -> _Episode:
+def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
     """The episode after the logged `turns`, with the session rebuilt from them."""
     state = turns[-1].get("loop_state")
     if not state:
@@ -127,14 +129,14 @@ def _resumed(ctx: StageContext, turns: list[dict[str, Any]]) -> _Episode:
     return ep
 
 
-def _loop_state(ctx: StageContext, ep: _Episode) -> dict[str, Any]:
+def _loop_state(ctx: RunContext, ep: _Episode) -> dict[str, Any]:
     """The counters logged with a turn, the prompt's digest (checked on resume) and the
     handler's `ctx.state` (its tools may keep things there during RUN)."""
     return {**asdict(ep), "prompt_digest": prompt_digest(ctx.llm.trajectory().prompt_ids),
             "handler_state": dict(ctx.state)}
 
 
-def _prompt_messages(ctx: StageContext, system_prompt: str, user_prompt: str,
+def _prompt_messages(ctx: RunContext, system_prompt: str, user_prompt: str,
                      tools: list[Tool]) -> list[dict[str, Any]]:
     return prompt_messages(system_prompt, user_prompt, tools, _template_renders_tools(ctx.llm))
 
@@ -152,7 +154,7 @@ def _template_renders_tools(llm: Any) -> bool:
     return bool(getattr(tokenizer, "supports_tools", True))
 
 
-def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int) -> str | None:
+def _limit_reached(ctx: RunContext, ep: _Episode, max_turns: int) -> str | None:
     """The finish reason if the episode must stop before another generation, else None."""
     ctx.checkpoint()  # RolloutCancelled propagates; StageTimeout ends the loop as a timeout
     trajectory = ctx.llm.trajectory()
@@ -164,12 +166,12 @@ def _limit_reached(ctx: StageContext, ep: _Episode, max_turns: int) -> str | Non
         return FinishReason.TOKEN_BUDGET.value
     limit = ctx.limits.max_staleness
     if (limit is not None and ctx.limits.on_stale == "stop"
-            and staleness(trajectory.weight_versions) > limit):
+            and staleness(trajectory.policy_versions) > limit):
         return FinishReason.STALE.value
     return None
 
 
-def _tokens_left(ctx: StageContext) -> int | None:
+def _tokens_left(ctx: RunContext) -> int | None:
     """Generated tokens left under `limits.max_tokens` (None = no budget)."""
     budget = ctx.limits.max_tokens
     if not budget:
@@ -186,7 +188,7 @@ def staleness(weight_versions: list[str | None]) -> int:
     return max(0, len(seen) - 1)
 
 
-def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
+def _one_turn(ctx: RunContext, ep: _Episode, tools: dict[str, Tool],
               final_answer: Callable[[str], Any] | None, max_invalid_turns: int,
               max_observation_chars: int) -> None:
     """Generate, act, observe and log one turn; sets `ep.finish_reason` when it ends.
@@ -196,7 +198,7 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
     started = time.monotonic()
     gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
     paused = getattr(gen, "paused_seconds", 0.0)
-    ctx.deadline += paused  # a weight push paused the pool: the agent's clock stood still
+    ctx.extend_deadline(paused)  # a weight push paused the pool: the agent's clock stood still
     ep.paused_seconds += paused
     ep.gen_seconds += time.monotonic() - started - paused
     if not gen.token_ids and gen.finish_reason in CUT_TURN:
@@ -214,7 +216,7 @@ def _one_turn(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
     _record(ctx, ep, index, gen, calls, messages, observation_ids, tool_seconds, errors)
 
 
-def _act(ctx: StageContext, ep: _Episode, tools: dict[str, Tool], calls: list[Any],
+def _act(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], calls: list[Any],
          errors: list[str], gen: Any, final_answer: Callable[[str], Any] | None,
          max_invalid_turns: int, max_observation_chars: int) -> tuple[list[dict], float]:
     """Run the turn's calls; returns the messages to append ([] when the episode finished)
@@ -241,7 +243,7 @@ def _act(ctx: StageContext, ep: _Episode, tools: dict[str, Tool], calls: list[An
         tool_seconds
 
 
-def _cut_turn(ctx: StageContext, ep: _Episode, gen: Any) -> list[dict]:
+def _cut_turn(ctx: RunContext, ep: _Episode, gen: Any) -> list[dict]:
     """A generation cut short: its calls are incomplete by construction, never executed.
 
     A per-turn cut goes on by default (the model is told, and it counts as a turn without a
@@ -261,7 +263,7 @@ def _cut_turn(ctx: StageContext, ep: _Episode, gen: Any) -> list[dict]:
     return [{"role": "user", "content": TURN_CUT_MESSAGE.format(n=len(gen.token_ids))}]
 
 
-def _execute(ctx: StageContext, ep: _Episode, tools: dict[str, Tool],
+def _execute(ctx: RunContext, ep: _Episode, tools: dict[str, Tool],
              calls: list[Any]) -> list[ToolOutput]:
     """Run the turn's calls in order; a finishing call ends the turn (later calls are skipped)."""
     outputs = []
@@ -297,7 +299,7 @@ def _clip(text: str, limit: int) -> str:
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters elided ...]\n{tail}"
 
 
-def _record(ctx: StageContext, ep: _Episode, index: int, gen: Any, calls: list[Any],
+def _record(ctx: RunContext, ep: _Episode, index: int, gen: Any, calls: list[Any],
             messages: list[dict], observation_ids: list[int], tool_seconds: float,
             errors: list[str]) -> None:
     """Log one turn (the pipeline writes it to the Turn table before we go on)."""
@@ -312,7 +314,7 @@ def _record(ctx: StageContext, ep: _Episode, index: int, gen: Any, calls: list[A
     )
 
 
-def _turn_extra(ctx: StageContext, gen: Any, errors: list[str]) -> dict[str, Any]:
+def _turn_extra(ctx: RunContext, gen: Any, errors: list[str]) -> dict[str, Any]:
     extra: dict[str, Any] = {"parse_errors": errors} if errors else {}
     extra["context_length"] = ctx.llm.context_length  # replayed before this generation
     if getattr(gen, "logprobs_mode", None):
@@ -324,8 +326,8 @@ def _distinct(values: list[Any]) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
-def _result(ctx: StageContext, ep: _Episode) -> RunResult:
-    """The RunResult: the session's token arrays plus the episode's counters and answer."""
+def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
+    """The record: the session's trajectory plus the episode's ending, counters and answer."""
     traj = ctx.llm.trajectory()
     metrics: dict[str, Any] = {
         "turns": ep.turns, "tool_calls": ep.tool_calls,
@@ -338,8 +340,8 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
         "truncated": ep.finish_reason in TRUNCATING,
         "context_length": ctx.llm.context_length,
         "logprobs_mode": ctx.llm.logprobs_mode,
-        "weight_versions": _distinct(traj.weight_versions),
-        "staleness": staleness(traj.weight_versions),
+        "weight_versions": _distinct(traj.policy_versions),
+        "staleness": staleness(traj.policy_versions),
     }
     if ep.resumed_from:  # the RUN was lost and continued from the logged turns
         metrics["resumed_from_turn"] = ep.resumed_from[-1]
@@ -347,12 +349,11 @@ def _result(ctx: StageContext, ep: _Episode) -> RunResult:
     if ctx.limits.max_staleness is not None:
         metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())
-    return RunResult(
-        outcome=ep.outcome, finish_reason=ep.finish_reason,
-        prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
-        response_logprobs=list(traj.response_logprobs), loss_mask=list(traj.loss_mask),
-        policy_versions=list(traj.weight_versions), token_exact=traj.token_exact,
-        messages=[dict(m) for m in traj.messages], metrics=metrics,
-        extra={"answer": ep.answer, "turn_boundaries": [list(b) for b in traj.turn_boundaries],
-               "message_token_counts": list(traj.message_token_counts)},
-    )
+    # The session's own record with how the episode ended: the same type the stages store and
+    # the trainer reads. Its lists are copied (the session's are live until RUN closes it);
+    # list() per array, not a deep copy, which costs ~100x more on a long trajectory.
+    fresh = {name: list(value) for name, value in traj if isinstance(value, list)}
+    fresh["messages"] = [dict(m) for m in traj.messages]
+    return traj.model_copy(update={
+        **fresh, "outcome": ep.outcome, "finish_reason": ep.finish_reason, "metrics": metrics,
+        "extra": {"answer": ep.answer, **copy.deepcopy(traj.extra)}})

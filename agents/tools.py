@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.abstract import StageContext
+from agents.contexts import RunContext
 from core.errors import InvalidRequest
 
 MIN_TOOL_TIMEOUT = 0.5  # a call squeezed by the deadline still gets a usable slice
@@ -42,7 +42,7 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
-    run: Callable[[StageContext, dict[str, Any]], ToolOutput | str]
+    run: Callable[[RunContext, dict[str, Any]], ToolOutput | str]
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def schema(self) -> dict[str, Any]:
@@ -50,7 +50,7 @@ class Tool:
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
 
-    def execute(self, ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
+    def execute(self, ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
         """Validate `arguments` against the schema, then run; bad arguments are an observation."""
         problem = check_arguments(self.parameters, arguments)
         if problem:
@@ -86,20 +86,20 @@ def _is_type(value: Any, json_type: str) -> bool:
     return isinstance(value, _JSON_TYPES.get(json_type, (object,)))
 
 
-def call_timeout(ctx: StageContext) -> float:
+def call_timeout(ctx: RunContext) -> float:
     """Seconds a tool call may take: the job's tool_timeout, cut to what the stage has left."""
     limit = ctx.limits.tool_timeout
     return max(MIN_TOOL_TIMEOUT, min(limit, ctx.remaining()))
 
 
-def _sandbox(ctx: StageContext) -> Any:
+def _sandbox(ctx: RunContext) -> Any:
     if ctx.sandbox is None:
         raise InvalidRequest("this tool needs a sandbox but the job's runtime is 'none'",
                              field="sandbox.runtime")
     return ctx.sandbox
 
 
-def _run_bash(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
+def _run_bash(ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
     timeout = call_timeout(ctx)
     result = _sandbox(ctx).bash(arguments["command"], timeout=timeout)
     text = result.output.rstrip("\n")
@@ -110,7 +110,7 @@ def _run_bash(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
     return ToolOutput(text or "[no output]")
 
 
-def _run_python(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
+def _run_python(ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
     timeout = call_timeout(ctx)
     result = _sandbox(ctx).python(arguments["code"], timeout=timeout)
     parts = [p.rstrip("\n") for p in (result.output, result.error) if p]
@@ -119,7 +119,7 @@ def _run_python(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
     return ToolOutput("\n".join(parts) or "[no output]")
 
 
-def _run_editor(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
+def _run_editor(ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
     from sandbox import ToolUsageError  # the sandbox package is only needed by sandbox tools
 
     try:
@@ -193,7 +193,7 @@ def finish_tool(name: str = "finish", description: str | None = None,
     if answer_param:
         properties[answer_param] = {"type": "string", "description": answer_description}
 
-    def run(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
+    def run(ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
         answer = arguments.get(answer_param) if answer_param else None
         return ToolOutput("Submitted.", finish=True, answer=answer)
 
@@ -220,7 +220,7 @@ def builtin_tools(names: list[str]) -> list[Tool]:
     return [BUILTIN_TOOLS[n]() for n in names]
 
 
-def call_tool(ctx: StageContext, tools: dict[str, Tool], name: str,
+def call_tool(ctx: RunContext, tools: dict[str, Tool], name: str,
               arguments: dict[str, Any]) -> ToolOutput:
     """Run one parsed call; an unknown tool is an error observation, not an exception."""
     tool = tools.get(name)

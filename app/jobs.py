@@ -39,6 +39,7 @@ from core.policy import (
 from core.settings import Settings
 from tasks import groups, lifecycle, outbox, quotas
 from tasks.llm_pool import registered_urls
+from tasks.records import record_fields
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
 
     handler = get_handler(req.agent)
     try:
-        agent_config = handler.Config.model_validate(req.agent_config)
+        agent_config = handler.load_config(req.agent_config, settings)
     except ValidationError as exc:
         err = validation_error(exc)
         raise InvalidRequest(f"agent_config.{err.message}", field=f"agent_config.{err.details.get('field')}") from exc
@@ -194,7 +195,8 @@ def job_view(s: Session, job: Job) -> JobView:
 
 def rollout_view(r: Rollout, turns: list[Turn] | None = None,
                  group: dict[str, Any] | None = None) -> RolloutView:
-    """The wire form of a rollout; given its turns, they are grouped by attempt."""
+    """The wire form of a rollout (`raas_client.models.Rollout`: the record and the row's
+    identity, status and timing); given its turns, they are grouped by attempt."""
     current, earlier = None, None
     if turns is not None:
         current = [TurnView.model_validate(t) for t in turns if t.attempt == r.attempt]
@@ -203,13 +205,10 @@ def rollout_view(r: Rollout, turns: list[Turn] | None = None,
             turns=[TurnView.model_validate(t) for t in turns if t.attempt == h.get("attempt")])
             for h in (r.attempt_history or [])]
     return RolloutView(
+        **record_fields(r),  # the record's part: the columns named like its fields
         rollout_id=r.id, job_id=r.job_id, instance_id=r.instance_id,
-        sample_index=r.sample_index, status=r.status, outcome=r.outcome, error=r.error,
-        attempt=r.attempt, node=r.node, reward=r.reward, finish_reason=r.finish_reason,
-        prompt_ids=r.prompt_ids, response_ids=r.response_ids,
-        response_logprobs=r.response_logprobs, loss_mask=r.loss_mask,
-        policy_versions=r.policy_versions, token_exact=r.token_exact, metrics=r.metrics or {},
-        extra=r.extra or {}, messages=r.messages,
+        sample_index=r.sample_index, status=r.status, error=r.error,
+        attempt=r.attempt, node=r.node, reward=r.reward,
         timing=Timing(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
         seq=r.result_seq, group_complete=r.completes_group, cut_reason=r.cut_reason,
         group=GroupView.model_validate(group) if group is not None else None,

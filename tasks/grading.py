@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agents.abstract import AgentHandler, EvalResult, StageContext
+from agents.abstract import AgentHandler, EvalResult
+from agents.contexts import EvalContext
 from core.settings import Settings
 from tasks import sandboxes
 
@@ -31,7 +32,7 @@ def eval_options(job_sandbox: dict[str, Any], overrides: dict[str, Any]) -> dict
     return options
 
 
-def grade(settings: Settings, handler: AgentHandler, ctx: StageContext, *,
+def grade(settings: Settings, handler: AgentHandler, ctx: EvalContext, *,
           job_sandbox: dict[str, Any], label: tuple[str, int], workspace: Path,
           state_dir: str | None = None,
           on_start: Callable[[dict[str, Any]], None] | None = None) -> EvalResult:
@@ -50,8 +51,7 @@ def grade(settings: Settings, handler: AgentHandler, ctx: StageContext, *,
                                      workspace=workspace, state_dir=state_dir)
         if on_start is not None:
             on_start(handle)
-        ctx.sandbox, ctx.workspace = sb, str(workspace)
-        result = handler.evaluate(ctx)
+        result = handler.evaluate(ctx.with_sandbox(sb, str(workspace)))
         result.extra = {**notes, **result.extra}
         return result
     finally:

@@ -36,6 +36,7 @@ from agents.llm.pool import (
     probe,
 )
 from agents.llm.backends.guard import url_guard
+from agents.llm.spec import LLMSpec, parse_model
 from core.db import get_engine, session_scope
 from core.owners import url_rules_for
 from core.settings import Settings
@@ -271,15 +272,18 @@ def _run_alone(db_url: str, statement: Any) -> Row[Any] | None:
         return result.first() if result.returns_rows else None
 
 
-def make_pool(spec: dict[str, Any], db_url: str, rollout_id: str, lease: str,
+def make_pool(spec: LLMSpec | dict[str, Any], db_url: str, rollout_id: str, lease: str,
               owner: str = DEFAULT_OWNER, routing: str = "sticky") -> ServerPool:
     """The pool of one leased rollout: the job's own servers when it names some (always
-    sticky), else the job owner's registered pool routed by `routing` (`llm_routing`)."""
-    backend = spec.get("backend", "vllm")
-    if spec.get("servers"):
-        return JobServerPool(db_url, backend, rollout_id, lease, spec["servers"],
-                             spec.get("credential"))
-    return RegisteredPool(db_url, backend, rollout_id, lease, owner, routing)
+    sticky), else the job owner's registered pool routed by `routing` (`llm_routing`).
+
+    `spec` is the job config's typed llm spec (plain JSON from a script or test is validated)."""
+    if not isinstance(spec, LLMSpec):
+        spec = parse_model(LLMSpec, spec, "llm")
+    if spec.servers:
+        return JobServerPool(db_url, spec.backend, rollout_id, lease,
+                             [server.model_dump() for server in spec.servers], spec.credential)
+    return RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
 
 
 def registered_urls(db_url: str, owner: str = DEFAULT_OWNER) -> list[str]:

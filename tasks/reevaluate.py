@@ -15,13 +15,13 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy import select
 
-from agents.abstract import RunResult, StageContext
 from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.db import session_scope
 from core.models import Job, Rollout, utcnow
 from tasks import grading
 from tasks.config import PENDING_REEVALUATIONS, REEVALUATE_TASK
+from tasks.contexts import eval_context, rollout_context
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +40,6 @@ def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
         rollout.extra = extra
 
 
-def _context(rollout: Rollout, job: Job, handler: Any) -> StageContext:
-    config = JobConfig.load(job.config)
-    return StageContext(
-        rollout_id=rollout.id, job_id=job.id, stage="eval", instance_id=rollout.instance_id,
-        instance=rollout.instance or {}, sample_index=rollout.sample_index,
-        attempt=rollout.attempt,
-        agent_config=handler.Config.model_validate(config.agent_config),
-        job_config=config, deadline=time.monotonic() + config.limits.eval_timeout, state=dict(rollout.state or {}),
-        run_result=RunResult(outcome=rollout.outcome or "completed",
-                             finish_reason=rollout.finish_reason, messages=rollout.messages,
-                             extra=dict(rollout.extra or {})),
-        artifact=rollout.artifact, logger=log)
-
-
 @shared_task(name=REEVALUATE_TASK, bind=True)
 def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
     """Grade the stored artifact of `rollout_id` again and record it under `request_id`."""
@@ -68,9 +54,13 @@ def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
         from tasks.sandboxes import sandbox_settings
 
         handler = get_handler(job.agent)
+        config = JobConfig.load(job.config)
+        base = rollout_context(settings, rollout, job, handler, stage="eval",
+                               attempt=rollout.attempt, started=time.monotonic(), logger=log,
+                               config=config)
         result = grading.grade(
-            settings, handler, _context(rollout, job, handler),
-            job_sandbox=JobConfig.load(job.config).chosen_sandbox(),
+            settings, handler, eval_context(base, rollout),
+            job_sandbox=config.chosen_sandbox(),
             label=(f"reevaluate-{rollout_id}", 0),
             workspace=settings.workspaces / f"reevaluate-{request_id}",
             state_dir=str(state_root(sandbox_settings(settings).state_dir) / "reevaluate"))

@@ -69,12 +69,11 @@ def server_state(handle: dict[str, Any]) -> tuple[str | None, int]:
 class RunGuard:
     """One RUN's quota watchdog and failure diagnosis for the sandbox behind `handle`."""
 
-    def __init__(self, handle: dict[str, Any] | None, job_sandbox: dict[str, Any]) -> None:
+    def __init__(self, handle: dict[str, Any] | None, job_sandbox: SandboxOptions) -> None:
         self.handle = handle or {}
         self.watch: DiskWatch | None = None
         if self.handle.get("workspace"):
-            limits = SandboxOptions.model_validate(
-                {"limits": (job_sandbox or {}).get("limits") or {}}).limits
+            limits = job_sandbox.limits  # the job's, defaults filled in
             self.watch = DiskWatch(self.handle["workspace"], limits.disk_mb * 2**20,
                                    lambda: sandboxes.stop(self.handle))
 

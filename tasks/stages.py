@@ -18,7 +18,10 @@ from celery import shared_task
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from agents.abstract import AgentHandler, EvalResult, RunResult, StageContext
+from raas_client.models import Trajectory
+
+from agents.abstract import AgentHandler, EvalResult
+from agents.contexts import RolloutContext
 from agents.finish_reasons import SELF_INFLICTED
 from agents.job_config import JobConfig
 from agents.registry import get_handler
@@ -33,8 +36,10 @@ from core.errors import (
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
 from tasks import db_retry, drain, grading, groups, handback, lifecycle, resume, sandboxes
+from tasks.contexts import eval_context, rollout_context
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
+from tasks.records import record_fields
 from tasks.publish import publish  # noqa: F401  (callers import it from here too)
 
 logger = logging.getLogger(__name__)
@@ -69,7 +74,7 @@ class StageRun:
         self.rollout: Rollout
         self.job: Job
         self.handler: AgentHandler | None = None
-        self.ctx: StageContext | None = None
+        self.ctx: RolloutContext | None = None  # the stage's own once it has one
         self.beats: Heartbeater | None = None  # this process's, once the rollout is claimed
         self.started = time.monotonic()
         # Set once the rollout may belong to the next stage: its sandbox is no longer ours
@@ -119,20 +124,12 @@ class StageRun:
             self._end(Status.FAILED, Outcome.INFRA_ERROR, _describe(exc, self.stage))
 
     # -- context -------------------------------------------------------------------------
-    def _context(self) -> StageContext:
-        config = self.config = JobConfig.load(self.job.config)
-        timeout = config.limits.stage_timeout(self.stage)
-        handler = self.handler
-        return StageContext(
-            rollout_id=self.rollout_id, job_id=self.job.id, stage=self.stage,
-            instance_id=self.rollout.instance_id, instance=self.rollout.instance or {},
-            sample_index=self.rollout.sample_index, attempt=self.attempt,
-            agent_config=handler.Config.model_validate(config.agent_config),
-            job_config=config, deadline=self.started + timeout,
-            state=dict(self.rollout.state or {}),
-            workspace=(self.rollout.sandbox or {}).get("workspace"),
-            record_turn=self._record_turn, cancel_check=self._cancel_seen,
-            logger=self.log)
+    def _context(self) -> RolloutContext:
+        self.config = JobConfig.load(self.job.config)
+        return rollout_context(self.settings, self.rollout, self.job, self.handler,
+                               stage=self.stage, attempt=self.attempt, started=self.started,
+                               cancel_check=self._cancel_seen, logger=self.log,
+                               config=self.config)
 
     def _record_turn(self, **fields: Any) -> None:
         lifecycle.record_turn(self.db, self.rollout_id, self.attempt, lease=self.lease,
@@ -149,6 +146,7 @@ class StageRun:
     def _init(self) -> None:
         if self.job.group_size is not None:  # a straggler cut's deadline counts from here
             groups.start(self.db, self.job.id, self.rollout.instance_id)
+        self.ctx = self.ctx.for_init(None, None)  # the overrides are asked before it starts
         needed = self.handler.sandbox_needed(self.ctx.agent_config)
         runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(), needed)
         if runtime != "none":
@@ -160,7 +158,7 @@ class StageRun:
             if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
                 sandboxes.release(handle)
                 return
-            self.ctx.sandbox, self.ctx.workspace = sb, handle.get("workspace")
+            self.ctx = self.ctx.with_sandbox(sb, handle.get("workspace"))
         self.handler.init(self.ctx)
         sandboxes.hand_over(self.rollout.sandbox)  # what INIT wrote is the agent's to edit
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
@@ -169,46 +167,51 @@ class StageRun:
         from tasks.run_guard import RunGuard
 
         handle = self.rollout.sandbox
-        self.ctx.sandbox = sandboxes.attach(self.settings, handle)
-        guard = RunGuard(handle, self.config.chosen_sandbox())
+        sandbox = sandboxes.attach(self.settings, handle)
+        guard = RunGuard(handle, self.config.sandbox)
+        resume_turns = None
         if self.handler.resumable:  # a lost RUN of this attempt logged these: continue after
-            self.ctx.resume_turns = resume.stored_turns(self.db, self.rollout_id,
-                                                        self.attempt) or None
-        self.ctx.diagnose = guard.diagnose
-        if self.handler.needs_llm:
-            from agents.llm import LLMSession
-            from core.owners import url_rules_for
-            from tasks.llm_pool import make_pool
-
-            spec = self.config.llm.model_dump() if self.config.llm else {}
-            pool = db_retry.Retrying(make_pool(spec, self.db, self.rollout_id, self.lease,
-                                               self.job.owner, self.settings.llm_routing))
-            self.ctx.llm = LLMSession.open(spec, self.config.sampling.model_dump(),
-                                           self.rollout_id, pool,
-                                           policy=self.settings.policy.llm,
-                                           url_rules=url_rules_for(self.settings,
-                                                                   self.job.owner))
+            resume_turns = resume.stored_turns(self.db, self.rollout_id, self.attempt) or None
+        self.ctx = ctx = self.ctx.for_run(
+            sandbox, (handle or {}).get("workspace"), llm=self._llm_session(),
+            record_turn=self._record_turn, resume_turns=resume_turns, diagnose=guard.diagnose)
         try:
             with guard.watching():
-                result = self.handler.run(self.ctx)
+                result = self.handler.run(ctx)
         except StageTimeout as exc:
-            result = RunResult(outcome=Outcome.TIMEOUT.value, finish_reason="deadline",
-                               metrics={"timeout": str(exc)})
+            result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline",
+                                metrics={"timeout": str(exc)})
         finally:
-            if self.ctx.llm is not None:
-                self.ctx.llm.close()
+            if ctx.llm is not None:
+                ctx.llm.close()
         sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
         if result.outcome == Outcome.PROMPT_TOO_LONG.value \
                 or result.finish_reason in SELF_INFLICTED:
             self._end_ungraded(result)
             return
-        self.ctx.run_result = result
-        artifact = self.handler.artifact(self.ctx)  # read from the dead workspace
-        self._hand_on("eval", **_run_fields(result), artifact=artifact, state=self.ctx.state,
+        artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
+        self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state,
                       run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
 
-    def _end_ungraded(self, result: RunResult) -> None:
+    def _llm_session(self) -> Any:
+        """The rollout's LLM session on the job's typed llm spec and sampling (None when the
+        handler generates nothing)."""
+        if not self.handler.needs_llm:
+            return None
+        from agents.llm import LLMSession
+        from agents.llm.spec import LLMSpec
+        from core.owners import url_rules_for
+        from tasks.llm_pool import make_pool
+
+        spec = self.config.llm or LLMSpec()
+        pool = db_retry.Retrying(make_pool(spec, self.db, self.rollout_id, self.lease,
+                                           self.job.owner, self.settings.llm_routing))
+        return LLMSession.open(spec, self.config.sampling, self.rollout_id, pool,
+                               policy=self.settings.policy.llm,
+                               url_rules=url_rules_for(self.settings, self.job.owner))
+
+    def _end_ungraded(self, result: Trajectory) -> None:
         """End at RUN: a prompt that does not fit (reward null, not a sample) or a sandbox the
         agent broke (agent_error, reward 0); the trajectory is kept either way."""
         fields = _run_fields(result)
@@ -226,8 +229,7 @@ class StageRun:
                          run_seconds=self._elapsed(), **fields)
 
     def _eval(self) -> None:
-        self.ctx.run_result = _run_result_of(self.rollout)
-        self.ctx.artifact = self.rollout.artifact
+        self.ctx = eval_context(self.ctx, self.rollout)
         result: EvalResult = grading.grade(
             self.settings, self.handler, self.ctx,
             job_sandbox=self.config.chosen_sandbox(),
@@ -355,24 +357,11 @@ def _describe(exc: BaseException, stage: str) -> str:
     return f"{stage}: {tail}"
 
 
-def _run_fields(result: RunResult) -> dict[str, Any]:
-    return {
-        "outcome": result.outcome, "finish_reason": result.finish_reason,
-        "prompt_ids": result.prompt_ids, "response_ids": result.response_ids,
-        "response_logprobs": result.response_logprobs, "loss_mask": result.loss_mask,
-        "policy_versions": result.policy_versions, "token_exact": result.token_exact,
-        "messages": result.messages, "metrics": result.metrics, "extra": result.extra,
-    }
-
-
-def _run_result_of(rollout: Rollout) -> RunResult:
-    return RunResult(
-        outcome=rollout.outcome or Outcome.COMPLETED.value, finish_reason=rollout.finish_reason,
-        prompt_ids=rollout.prompt_ids, response_ids=rollout.response_ids,
-        response_logprobs=rollout.response_logprobs, loss_mask=rollout.loss_mask,
-        policy_versions=rollout.policy_versions, token_exact=rollout.token_exact,
-        messages=rollout.messages, metrics=dict(rollout.metrics or {}),
-        extra=dict(rollout.extra or {}))
+def _run_fields(result: Trajectory) -> dict[str, Any]:
+    """RUN's record as the rollout's columns (a handler that set no outcome completed)."""
+    fields = record_fields(result)
+    fields["outcome"] = fields["outcome"] or Outcome.COMPLETED.value
+    return fields
 
 
 @shared_task(name=TASK_NAMES["init"], bind=True)

@@ -10,7 +10,8 @@ from typing import Any
 
 from celery.signals import worker_ready
 
-from agents.abstract import EvalResult, HandlerConfig, RunResult, StageContext
+from agents.abstract import EvalResult, HandlerConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.registry import register
 from tests.pipeline_handlers import SleepyHandler
 
@@ -33,11 +34,11 @@ class ConsumerCrashHandler(SleepyHandler):
     name = "test-consumer-crash"
     Config = HandlerConfig
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         _consumer["it"].call_soon(_crash)
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         raise AssertionError("never reached")
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         raise AssertionError("never reached")

@@ -10,14 +10,8 @@ import time
 
 from pydantic import Field
 
-from agents.abstract import (
-    AgentHandler,
-    AgentLoopConfig,
-    EvalResult,
-    HandlerConfig,
-    RunResult,
-    StageContext,
-)
+from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, HandlerConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import Tool, ToolOutput
@@ -48,13 +42,13 @@ class SleepyHandler(AgentHandler):
     needs_sandbox = False
     needs_llm = False
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         if ctx.attempt <= ctx.agent_config.fail_init_attempts:
             raise InfraError(f"injected INIT failure on attempt {ctx.attempt}")
         time.sleep(ctx.agent_config.init_s)
         ctx.state["init"] = _where()
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         cfg = ctx.agent_config
         turns = max(cfg.turns, 1)
         run_s = cfg.run_s if ctx.attempt == 1 or cfg.retry_run_s is None else cfg.retry_run_s
@@ -66,11 +60,11 @@ class SleepyHandler(AgentHandler):
         if not cfg.turns:
             time.sleep(run_s)
         ctx.state["run"] = _where()
-        return RunResult(outcome="completed", finish_reason="stop", prompt_ids=[1, 2, 3],
+        return Trajectory(outcome="completed", finish_reason="stop", prompt_ids=[1, 2, 3],
                          response_ids=[4, 5], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
                          messages=[{"role": "user", "content": ctx.instance_id}])
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         time.sleep(ctx.agent_config.eval_s)
         ctx.state["eval"] = _where()
         return EvalResult(reward=float(ctx.sample_index % 2),
@@ -84,14 +78,14 @@ class TrivialHandler(SleepyHandler):
     name = "test-trivial"
     Config = HandlerConfig
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         pass
 
-    def run(self, ctx: StageContext) -> RunResult:
-        return RunResult(outcome="completed", finish_reason="stop", response_ids=[1],
+    def run(self, ctx: RunContext) -> Trajectory:
+        return Trajectory(outcome="completed", finish_reason="stop", response_ids=[1],
                          loss_mask=[1], response_logprobs=[0.0], prompt_ids=[0])
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         return EvalResult(reward=1.0)
 
 
@@ -110,7 +104,7 @@ class SandboxedHandler(SleepyHandler):
     name = "test-sandboxed"
     needs_sandbox = True
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         ctx.sandbox.write_file(f"{ctx.workspace}/started", "yes")
         super().init(ctx)
 
@@ -132,14 +126,14 @@ class ChatHandler(AgentHandler):
     Config = ChatConfig
     needs_sandbox = False
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         pass
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         cfg: ChatConfig = ctx.agent_config
         seen = [0]
 
-        def observe(ctx: StageContext, arguments: dict) -> ToolOutput:
+        def observe(ctx: RunContext, arguments: dict) -> ToolOutput:
             seen[0] += 1
             time.sleep(cfg.tool_s)
             words = (f"{ctx.instance_id} part {seen[0]} line {k}."
@@ -152,8 +146,8 @@ class ChatHandler(AgentHandler):
                               user_prompt=f"Task {ctx.instance_id}: observe every part.",
                               tools=[tool], max_turns=int(ctx.instance.get("turns", cfg.turns)))
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """1.0 when RUN did every turn it was asked for (the work was real), else 0.0."""
-        done = (ctx.run_result.metrics or {}).get("turns") if ctx.run_result else None
+        done = (ctx.run_result.metrics or {}).get("turns")
         wanted = int(ctx.instance.get("turns", ctx.agent_config.turns))
         return EvalResult(reward=float(done == wanted), metrics={"turns_done": done})

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-from agents.abstract import AgentHandler, EvalResult, HandlerConfig, RunResult, StageContext
+from agents.abstract import AgentHandler, EvalResult, HandlerConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.registry import register
 from core.errors import InfraError
 
@@ -23,10 +24,10 @@ class StragglerHandler(AgentHandler):
     needs_sandbox = False
     needs_llm = False
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         pass
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         if ctx.sample_index in ctx.instance.get("fail", []):
             raise InfraError(f"injected infrastructure failure of sample {ctx.sample_index}")
         seconds = ctx.instance.get("run_s", [0.0])
@@ -36,9 +37,9 @@ class StragglerHandler(AgentHandler):
             time.sleep(0.05)
         ctx.record_turn(index=0, text="done", generated_ids=[7, 8], logprobs=[-0.5, -0.25])
         timed_out = ctx.sample_index in ctx.instance.get("timeout", [])  # graded, not a sample
-        return RunResult(outcome="timeout" if timed_out else "completed",
+        return Trajectory(outcome="timeout" if timed_out else "completed",
                          finish_reason="deadline" if timed_out else "stop", prompt_ids=[1, 2],
                          response_ids=[7, 8], response_logprobs=[-0.5, -0.25], loss_mask=[1, 1])
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         return EvalResult(reward=1.0)

@@ -3,7 +3,8 @@
     app (gateway) -> tasks -> agents -> sandbox;  every layer -> core;  nothing the other way.
 
 `sandbox/` imports only itself (it could be a library of its own), `raas_client` (`sdk/`, its
-own distribution) only itself (it is what trainers install), `migrations/` only core, the fake
+own distribution) only itself (it is what trainers install; the LLM layer, the stages and the
+gateway use its rollout record, `Trajectory`, as their own), `migrations/` only core, the fake
 inference server `fakellm/` only core (nothing in the product imports it); the gateway's CLI
 may run all three. Function-level imports count: a lazy import is still a dependency.
 Inside the gateway the service modules never import the HTTP layer (`app/api/`), and one
@@ -25,8 +26,8 @@ ALLOWED = {
     "core": set(),
     "sandbox": set(),
     "raas_client": set(),
-    "agents": {"core", "sandbox"},
-    "tasks": {"core", "agents", "sandbox"},
+    "agents": {"core", "sandbox", "raas_client"},  # the rollout record is the wire's type
+    "tasks": {"core", "agents", "sandbox", "raas_client"},
     "app": {"core", "tasks", "agents", "sandbox", "migrations", "raas_client",
             "fakellm"},  # the CLI runs them (`raas llm-sim` starts the fake server)
     "migrations": {"core"},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox import SandboxGone, SandboxTimeout
+from sandbox import SandboxGone, SandboxOptions, SandboxTimeout
 from sandbox.quota import DiskWatch
 from tasks.run_guard import RunGuard
 
@@ -17,7 +17,7 @@ def test_a_vanished_server_is_the_agents_doing_a_slow_one_is_not(tmp_path: Path)
     cgroup = tmp_path / "raas-x"
     cgroup.mkdir()
     (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
-    guard = RunGuard({"workspace": str(tmp_path), "cgroups": [str(cgroup)]}, {})
+    guard = RunGuard({"workspace": str(tmp_path), "cgroups": [str(cgroup)]}, SandboxOptions())
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"
     assert guard.diagnose(SandboxTimeout("slow")) is None  # an overloaded node looks the same
     assert guard.diagnose(RuntimeError("bug")) is None
@@ -37,7 +37,7 @@ def test_the_watchdog_stops_the_sandbox_past_the_quota(tmp_path: Path) -> None:
     (tmp_path / "sub" / "big").write_bytes(b"x" * 3 * 2**20)
     (tmp_path / "link").symlink_to("/usr")  # never followed, never counted as /usr's size
     assert "quota 2 MB" in watch.check() and stopped == [True]
-    guard = RunGuard({"workspace": str(tmp_path), "runtime": "local"}, {"limits": {"disk_mb": 2}})
+    guard = RunGuard({"workspace": str(tmp_path), "runtime": "local"}, SandboxOptions(limits={"disk_mb": 2}))
     with guard.watching():
         import time
 
@@ -53,7 +53,7 @@ def test_an_infrastructure_kill_is_never_the_agents_failure(tmp_path: Path) -> N
     from tasks import run_guard
 
     records = tmp_path / "x.signals"
-    guard = RunGuard({"workspace": str(tmp_path), "signal_file": str(records)}, {})
+    guard = RunGuard({"workspace": str(tmp_path), "signal_file": str(records)}, SandboxOptions())
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # not isolated
     records.write_text('{"signal": 15, "name": "SIGTERM", "sender_pid": 7, "outside": false}\n')
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # the agent's SIGTERM
@@ -66,7 +66,7 @@ def test_an_infrastructure_kill_is_never_the_agents_failure(tmp_path: Path) -> N
         assert guard.diagnose(SandboxGone("closed")) is None
     finally:
         run_guard.SHUTTING_DOWN.clear()
-    isolated = RunGuard({"workspace": str(tmp_path), "isolated": True}, {})
+    isolated = RunGuard({"workspace": str(tmp_path), "isolated": True}, SandboxOptions())
     assert isolated.diagnose(SandboxGone("closed")) is None
 
 
@@ -80,7 +80,7 @@ def test_a_stopped_or_starved_server_is_the_agents_doing(tmp_path: Path) -> None
     try:
         handle = {"workspace": str(tmp_path), "server_pid": proc.pid,
                   "server_start": start_time(proc.pid), "isolated": True}
-        guard = RunGuard(handle, {})
+        guard = RunGuard(handle, SandboxOptions())
         assert guard.diagnose(SandboxTimeout("slow")) is None  # running: maybe a slow node
         proc.send_signal(signal.SIGSTOP)
         deadline = __import__("time").monotonic() + 5
@@ -93,7 +93,7 @@ def test_a_stopped_or_starved_server_is_the_agents_doing(tmp_path: Path) -> None
     cgroup = tmp_path / "raas-y"
     cgroup.mkdir()
     (cgroup / "pids.events").write_text("max 12\n")
-    starved = RunGuard({"workspace": str(tmp_path), "cgroups": [str(cgroup)]}, {})
+    starved = RunGuard({"workspace": str(tmp_path), "cgroups": [str(cgroup)]}, SandboxOptions())
     assert starved.diagnose(SandboxTimeout("slow")) == "tool_server_unresponsive"
     (cgroup / "pids.events").write_text("max 0\n")
     assert starved.diagnose(SandboxTimeout("slow")) is None

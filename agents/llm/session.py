@@ -88,17 +88,22 @@ class LLMSession:
         self._paused = self._unreported = 0.0
 
     @classmethod
-    def open(cls, llm_spec: dict, sampling: dict, rollout_id: str,
+    def open(cls, llm_spec: LLMSpec | dict, sampling: SamplingParams | dict, rollout_id: str,
              pool: ServerPool | None = None, policy: LLMPolicy | None = None,
              url_rules: list[UrlRule] | None = None) -> LLMSession:
-        """A session for `rollout_id` from the job's (normalised) llm spec and sampling dict.
+        """A session for `rollout_id` from the job's (normalised) llm spec and sampling.
 
-        `pool` is where servers come from (the pipeline's keeps its books in the database);
-        without one, the spec's own servers are used with in-process bookkeeping. With
-        `url_rules` (a tenant's job) every call to a server goes only where they allow.
+        The pipeline passes the job config's typed parts (`JobConfig.llm`, `.sampling`); a
+        caller holding plain JSON (a script, a test) may pass dicts, validated here with the
+        error naming the field. `pool` is where servers come from (the pipeline's keeps its
+        books in the database); without one, the spec's own servers are used with in-process
+        bookkeeping. With `url_rules` (a tenant's job) every call to a server goes only where
+        they allow.
         """
-        spec: LLMSpec = parse_model(LLMSpec, llm_spec, "llm")
-        params: SamplingParams = parse_model(SamplingParams, sampling, "sampling")
+        spec: LLMSpec = (llm_spec.model_copy(deep=True) if isinstance(llm_spec, LLMSpec)
+                         else parse_model(LLMSpec, llm_spec, "llm"))  # tokenizer is set below
+        params: SamplingParams = (sampling if isinstance(sampling, SamplingParams)
+                                  else parse_model(SamplingParams, sampling, "sampling"))
         if pool is None:
             pool = StaticServerPool(spec.backend, rollout_id,
                                     [s.model_dump() for s in spec.servers or []],

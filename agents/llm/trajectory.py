@@ -23,8 +23,9 @@ in observations is reported by the drift audit (`forged_control_tokens`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from raas_client.models import Trajectory
 
 from agents.llm.drift import align_drift
 from agents.llm.tokenizer import SENTINEL, ChatTokenizer
@@ -37,30 +38,13 @@ class TrajectoryError(RaasError, ValueError):
     code = "trajectory_error"
 
 
-@dataclass
-class Trajectory:
-    """A rollout's token arrays; `loss_mask` and `response_logprobs` align with `response_ids`."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    response_logprobs: list[float] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    turn_boundaries: list[list[int]] = field(default_factory=list)  # [start, end) of each turn
-    finish_reason: str | None = None
-    weight_versions: list[str | None] = field(default_factory=list)
-    token_exact: bool = True
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    # Tokens of each message, aligned with `messages`: they add up to prompt + response, so a
-    # client can give every message its own `token_ids` (ProRL's shape).
-    message_token_counts: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (for the Rollout row and the results API)."""
-        return asdict(self)
-
-
 class TrajectoryBuilder:
     """Grows one Trajectory turn by turn, bounded by the context length `max_model_len`.
+
+    The trajectory is the rollout's record type (`raas_client.models.Trajectory`, the wire's):
+    what the builder fills in is what the stages store and the trainer parses, in the same
+    class. Each turn's [start, end) and each message's token count go to its `extra`
+    (`turn_boundaries`, `message_token_counts`), where the wire has always carried them.
 
     `max_model_len` is the effective context: the job's, lowered by the session to what the
     server reports (`limit_context`). A delta that does not fit ends the conversation
@@ -129,9 +113,11 @@ class TrajectoryBuilder:
             list(messages), lambda ms: self._render(ms, add_generation_prompt=True))
         prompt = self.tok.encode_untrusted(text, spans)
         self.traj = Trajectory(
-            prompt_ids=prompt, token_exact=self.token_exact, messages=[dict(m) for m in messages]
-        )
-        self.traj.message_token_counts = self._prompt_counts(list(messages), prompt)
+            prompt_ids=prompt, response_ids=[], response_logprobs=[], loss_mask=[],
+            policy_versions=[], token_exact=self.token_exact,
+            messages=[dict(m) for m in messages],
+            extra={"turn_boundaries": [],
+                   "message_token_counts": self._prompt_counts(list(messages), prompt)})
         self.exhausted = len(prompt) >= self.max_model_len
         if self.exhausted:
             self.traj.finish_reason = "context"
@@ -152,13 +138,13 @@ class TrajectoryBuilder:
         traj.response_ids += token_ids
         traj.response_logprobs += [float(x) for x in logprobs]
         traj.loss_mask += [1] * len(token_ids)
-        traj.turn_boundaries.append([start, len(traj.response_ids)])
-        traj.weight_versions.append(weight_version)
+        traj.extra["turn_boundaries"].append([start, len(traj.response_ids)])
+        traj.policy_versions.append(weight_version)
         traj.finish_reason = finish_reason
         self._last_ended = bool(token_ids) and token_ids[-1] in self.tok.end_ids
         text = self.tok.decode(token_ids)
         traj.messages.append({"role": "assistant", "content": text})
-        traj.message_token_counts.append(len(token_ids))
+        traj.extra["message_token_counts"].append(len(token_ids))
         return text
 
     def add_messages(self, messages: list[dict]) -> list[int]:
@@ -182,7 +168,7 @@ class TrajectoryBuilder:
         traj.response_logprobs += [0.0] * len(delta)
         traj.loss_mask += [0] * len(delta)
         traj.messages += [dict(m) for m in messages]
-        traj.message_token_counts += self._delta_counts(messages, text, delta)
+        traj.extra["message_token_counts"] += self._delta_counts(messages, text, delta)
         return delta
 
     def _render_untrusted(self, messages: list[dict], render

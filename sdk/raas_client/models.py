@@ -22,7 +22,7 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 FailureClass = Literal["none", "policy", "infra", "input"]
 FAILURE_CLASSES: dict[str, FailureClass] = {
@@ -160,25 +160,21 @@ class Timing(Answer):
     eval: float | None = None
 
 
-class Rollout(Answer):
-    """A rollout: identity, status, outcome, reward and the token-exact trajectory.
+class Trajectory(Answer):
+    """A rollout's record: how its episode ended and the token-exact trajectory.
 
-    The trajectory arrays align: `response_ids`, `response_logprobs` and `loss_mask` have one
-    entry per response token; `extra.turn_boundaries` holds each generated turn's [start, end)
-    in them and `policy_versions` each turn's weight version, in the same order.
+    The one type of it from generation to the trainer: the LLM layer builds it turn by turn,
+    a handler's RUN returns it, the stages store its fields as the rollout's columns and read
+    them back for EVAL and re-evaluation, and the gateway serves it as the trajectory part of
+    `Rollout` (which extends it), which is what this SDK parses.
+
+    The arrays align: `response_ids`, `response_logprobs` and `loss_mask` have one entry per
+    response token; `extra.turn_boundaries` holds each generated turn's [start, end) in them
+    and `policy_versions` each turn's weight version, in the same order.
     """
 
-    rollout_id: str
-    job_id: str
-    instance_id: str
-    sample_index: int
-    status: str
     outcome: str | None = Field(None, description="completed | agent_error | prompt_too_long "
                                 "| timeout | infra_error | cancelled; null while it runs")
-    error: str | None = None
-    attempt: int
-    node: str | None = None
-    reward: float | None = Field(None, description="null unless graded: failures are never 0")
     finish_reason: str | None = None
     prompt_ids: list[int] | None = None
     response_ids: list[int] | None = Field(
@@ -196,6 +192,39 @@ class Rollout(Answer):
     metrics: dict[str, Any] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
     messages: list[dict[str, Any]] | None = None
+
+    @field_validator("metrics", "extra", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        """A stored rollout that has none yet reads as {} (the wire never carries null)."""
+        return {} if value is None else value
+
+    @property
+    def turn_boundaries(self) -> list[list[int]]:
+        """[start, end) of each generated turn in the response arrays."""
+        return [list(b) for b in self.extra.get("turn_boundaries") or []]
+
+    @property
+    def message_token_counts(self) -> list[int]:
+        """Tokens of each of `messages`: they add up to prompt + response (ProRL's shape)."""
+        return list(self.extra.get("message_token_counts") or [])
+
+
+TRAJECTORY_FIELDS = tuple(Trajectory.model_fields)  # also the rollout's columns of that name
+
+
+class Rollout(Trajectory):
+    """A rollout: identity, status, reward and its trajectory (the fields of `Trajectory`)."""
+
+    rollout_id: str
+    job_id: str
+    instance_id: str
+    sample_index: int
+    status: str
+    error: str | None = None
+    attempt: int
+    node: str | None = None
+    reward: float | None = Field(None, description="null unless graded: failures are never 0")
     timing: Timing
     seq: int | None = Field(None, description="Place in the job's completion order")
     group_complete: bool = Field(False, description="Closes its instance's group (the last "
@@ -228,11 +257,6 @@ class Rollout(Answer):
         if cls == "policy":
             return self.reward if self.reward is not None else 0.0
         return None
-
-    @property
-    def turn_boundaries(self) -> list[list[int]]:
-        """[start, end) of each generated turn in the response arrays."""
-        return [list(b) for b in self.extra.get("turn_boundaries") or []]
 
 
 class ResultsPage(Answer):

@@ -1,9 +1,11 @@
-"""Fixtures shared by the handler tests: a real LLM session on the simulator, a StageContext.
+"""Fixtures shared by the handler tests: a real LLM session on the simulator, stage contexts.
 
 `make_llm(script)` serves the LLM simulator (a scripted fake of vLLM's token-id API, encoding
 replies with the real SmolLM2 tokenizer) in a thread and opens a real `LLMSession` on it.
-`make_ctx(...)` builds the `StageContext` the pipeline would hand a handler, with `record_turn`
-collecting turns into `ctx.turns_recorded` (a list) instead of the database.
+`make_ctx(stage=...)` builds the context the pipeline would hand a handler in that stage
+(`InitContext`, `RunContext`, `EvalContext`); a RUN context's `record_turn` collects turns into
+`ctx.turns_recorded` (a list) instead of the database. `make_ctx(stage, after=ctx)` moves a
+rollout on to its next stage (same identity, configs and `state` dict).
 """
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from agents.abstract import HandlerConfig, StageContext
+from dataclasses import dataclass, field
+
+from raas_client.models import Trajectory
+
+from agents.abstract import HandlerConfig
+from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
 from agents.job_config import JobConfig
 
 TOKENIZER_DIR = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokenizer")
@@ -73,28 +80,55 @@ def make_llm() -> Iterator[Callable[..., Any]]:
         cleanup()
 
 
+@dataclass(frozen=True)
+class RecordingRunContext(RunContext):
+    """A RUN context whose `record_turn` appends to `turns_recorded` (no database)."""
+
+    turns_recorded: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.record_turn is RunContext.record_turn:  # not one of the test's own
+            object.__setattr__(self, "record_turn",
+                               lambda **turn: self.turns_recorded.append(turn))
+
+
 @pytest.fixture
-def make_ctx() -> Callable[..., StageContext]:
-    """Factory for a StageContext; turns passed to `record_turn` land in `ctx.turns_recorded`."""
+def make_ctx() -> Callable[..., RolloutContext]:
+    """Factory for a stage's context; `after=` the previous stage's keeps its rollout."""
+    from core.settings import load_settings
 
     def make(*, stage: str = "run", instance: dict[str, Any] | None = None,
              agent_config: HandlerConfig | None = None, limits: dict[str, Any] | None = None,
              timeout: float = 60.0, sandbox: Any = None, llm: Any = None,
              workspace: str | None = None, state: dict[str, Any] | None = None,
-             cancel_check: Callable[[], bool] = lambda: False) -> StageContext:
-        turns: list[dict[str, Any]] = []
-        instance = instance or {"instance_id": "test-instance"}
-        ctx = StageContext(
-            rollout_id="rollout-test", job_id="job-test", stage=stage,
-            instance_id=str(instance.get("instance_id", "test-instance")), instance=instance,
-            sample_index=0, attempt=1, agent_config=agent_config or HandlerConfig(),
-            job_config=JobConfig(limits=limits or {}), deadline=time.monotonic() + timeout,
-            state=state if state is not None else {}, sandbox=sandbox, llm=llm,
-            workspace=workspace, record_turn=lambda **turn: turns.append(turn),
-            cancel_check=cancel_check,
-        )
-        ctx.turns_recorded = turns  # type: ignore[attr-defined]
-        return ctx
+             cancel_check: Callable[[], bool] = lambda: False,
+             job_config: JobConfig | None = None, run_result: Trajectory | None = None,
+             artifact: dict[str, Any] | None = None,
+             resume_turns: list[dict[str, Any]] | None = None,
+             record_turn: Callable[..., None] | None = None,
+             after: RolloutContext | None = None) -> RolloutContext:
+        if after is not None:
+            base = after.rollout_fields()
+            sandbox = sandbox if sandbox is not None else getattr(after, "sandbox", None)
+            workspace = workspace or getattr(after, "workspace", None)
+        else:
+            instance = instance or {"instance_id": "test-instance"}
+            base = dict(
+                rollout_id="rollout-test", job_id="job-test",
+                instance_id=str(instance.get("instance_id", "test-instance")),
+                instance=instance, sample_index=0, attempt=1,
+                agent_config=agent_config or HandlerConfig(),
+                job_config=job_config or JobConfig(limits=limits or {}),
+                settings=load_settings(), deadline=time.monotonic() + timeout,
+                state=state if state is not None else {}, cancel_check=cancel_check)
+        if stage == "init":
+            return InitContext(**base, sandbox=sandbox, workspace=workspace)
+        if stage == "run":
+            run: dict[str, Any] = {} if record_turn is None else {"record_turn": record_turn}
+            return RecordingRunContext(**base, sandbox=sandbox, workspace=workspace, llm=llm,
+                                       resume_turns=resume_turns, **run)
+        return EvalContext(**base, run_result=run_result or Trajectory(), artifact=artifact,
+                           sandbox=sandbox, workspace=workspace)
 
     return make
 
@@ -153,10 +187,11 @@ def make_sandbox(tmp_path: Path, sandbox_settings: Any) -> Iterator[Callable[...
 def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
     """EVAL as the pipeline runs it: (handler, ctx after RUN, sandbox options) -> EvalResult.
 
-    Kills RUN's sandbox (`ctx.sandbox`), reads the artifact from its dead workspace, stores it on
-    `ctx.artifact`, then grades it through `tasks.grading.grade` (a fresh sandbox when the
-    handler asks for one). Calling it again with `artifact=` re-grades a stored artifact, which
-    is what re-evaluation does.
+    Kills RUN's sandbox (`ctx.sandbox`), reads the artifact from its dead workspace
+    (`handler.artifact(ctx, run_result)`), then grades it through `tasks.grading.grade` in an
+    `EvalContext` (a fresh sandbox when the handler asks for one). Calling it again with
+    `artifact=` re-grades a stored artifact, which is what re-evaluation does. The last
+    artifact graded is `grade_artifact.artifact`.
     """
     from core.settings import Settings
     from tasks import grading
@@ -175,18 +210,20 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
             link.symlink_to(env)
         return {**sandbox, "python_env": link.name}
 
-    def grade(handler: Any, ctx: StageContext, sandbox: dict[str, Any] | None = None,
-              artifact: dict[str, Any] | None = None) -> Any:
+    def grade(handler: Any, ctx: RolloutContext, sandbox: dict[str, Any] | None = None,
+              artifact: dict[str, Any] | None = None,
+              run_result: Trajectory | None = None) -> Any:
+        run_result = run_result or Trajectory()
         if artifact is None:
-            if ctx.sandbox is not None:
+            if getattr(ctx, "sandbox", None) is not None:
                 ctx.sandbox.stop()
-            ctx.artifact = handler.artifact(ctx)
-        else:
-            ctx.artifact = artifact
-        ctx.stage = "eval"
+            artifact = handler.artifact(ctx, run_result)
+        grade.artifact = artifact
         count[0] += 1
-        return grading.grade(settings, handler, ctx, job_sandbox=by_name(sandbox or {}),
+        return grading.grade(settings, handler, ctx.for_eval(run_result, artifact),
+                             job_sandbox=by_name(sandbox or {}),
                              label=(ctx.rollout_id, count[0]),
                              workspace=settings.workspaces / f"eval-{count[0]}")
 
+    grade.artifact = None
     return grade

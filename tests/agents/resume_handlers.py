@@ -2,10 +2,12 @@
 `math` whose first EVAL fails."""
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 
-from agents.abstract import EvalResult, RunResult, StageContext
+from agents.abstract import EvalResult, Trajectory
+from agents.contexts import EvalContext, RunContext
 from agents.handlers.math.handler import MathHandler
 from agents.registry import register
 
@@ -16,7 +18,7 @@ class FlakyMathHandler(MathHandler):
 
     name = "test-flaky-math"
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         if ctx.resume_turns is None:
             record = ctx.record_turn
 
@@ -25,7 +27,7 @@ class FlakyMathHandler(MathHandler):
                 if turn["index"] == 1:
                     raise ConnectionError("injected: the RUN worker lost a connection")
 
-            ctx.record_turn = record_then_fail
+            ctx = dataclasses.replace(ctx, record_turn=record_then_fail)
         return super().run(ctx)
 
 
@@ -35,7 +37,7 @@ class FlakyGraderHandler(MathHandler):
 
     name = "test-flaky-grader"
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         marker = Path(tempfile.gettempdir()) / f"raas-flaky-grader-{ctx.rollout_id}"
         if not marker.exists():
             marker.touch()

@@ -29,8 +29,7 @@ def test_reference_solution_passes_hidden_tests(instance, make_ctx, make_sandbox
     ctx = make_ctx(stage="init", instance=instance, workspace=str(tmp_path),
                    agent_config=CodeConfig(reward="all_or_nothing"))
     handler.init(ctx)
-    ctx.sandbox = make_sandbox(str(tmp_path))
-    ctx.stage = "eval"
+    ctx = make_ctx(stage="eval", after=ctx, sandbox=make_sandbox(str(tmp_path)))
 
     empty = handler.evaluate(ctx)
     assert empty.reward == 0.0 and empty.metrics["tests_passed"] == 0

@@ -33,13 +33,13 @@ def run_episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path, repl
     """INIT, RUN and EVAL of one rollout, as the pipeline sequences them."""
     handler = CodeHandler()
     cfg = CodeConfig(**config)
-    ctx = make_ctx(stage="init", instance=instance, workspace=str(tmp_path), agent_config=cfg)
-    ctx.sandbox = make_sandbox(str(tmp_path))
+    ctx = make_ctx(stage="init", instance=instance, workspace=str(tmp_path), agent_config=cfg,
+                   sandbox=make_sandbox(str(tmp_path)))
     handler.init(ctx)
-    ctx.stage, ctx.llm = "run", make_llm({"default": replies})
+    ctx = make_ctx(stage="run", after=ctx, llm=make_llm({"default": replies}))
     run = handler.run(ctx)
-    ctx.run_result = run
-    return ctx, run, grade_artifact(handler, ctx)  # RUN's sandbox killed, fresh one grades
+    # RUN's sandbox killed, fresh one grades
+    return ctx, run, grade_artifact(handler, ctx, run_result=run)
 
 
 def test_agent_cannot_read_hidden_tests_and_a_correct_solution_scores_one(
@@ -68,7 +68,7 @@ def test_agent_cannot_read_hidden_tests_and_a_correct_solution_scores_one(
     assert "\n0\nSNOOP-DONE" in observations[1]  # grep over every reachable file: no hit
     assert observations[2].strip() == "2"
     assert result.reward == 1.0 and result.metrics["tests_passed"] == 3
-    assert ctx.artifact == {"files": {"solution.py": SOLUTION}}
+    assert grade_artifact.artifact == {"files": {"solution.py": SOLUTION}}
 
 
 def test_partial_solution_fraction_vs_all_or_nothing(make_ctx, make_sandbox, tmp_path) -> None:

@@ -184,9 +184,8 @@ def test_each_turn_is_recorded_before_the_next_generation(make_llm, make_ctx) ->
     url = llm.spec.servers[0].url
     generations_at_record: list[int] = []
 
-    ctx = make_ctx(llm=llm)
-    ctx.record_turn = lambda **turn: generations_at_record.append(
-        httpx.get(f"{url}/sim/stats").json()["requests"])
+    ctx = make_ctx(llm=llm, record_turn=lambda **turn: generations_at_record.append(
+        httpx.get(f"{url}/sim/stats").json()["requests"]))
     run_agent_loop(ctx, system_prompt="s", user_prompt="u", tools=TOOLS)
     assert generations_at_record == [1, 2, 3]
 

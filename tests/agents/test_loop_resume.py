@@ -24,8 +24,7 @@ ARRAYS = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "polic
 
 def _episode(make_llm, make_ctx, resume_turns: list[dict[str, Any]] | None = None):
     llm = make_llm({"default": REPLIES})
-    ctx = make_ctx(llm=llm, state={"kept": 1})
-    ctx.resume_turns = resume_turns
+    ctx = make_ctx(llm=llm, state={"kept": 1}, resume_turns=resume_turns)
     tool = echo_tool()
     seen = []
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.abstract import RunResult
+from agents.abstract import Trajectory
 from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.errors import InvalidRequest
@@ -41,7 +41,7 @@ def rollout(make_llm, make_ctx, sandbox):
     """Run INIT, RUN and EVAL of one math rollout as the pipeline sequences them."""
 
     def run_one(script: dict, instance: dict, *, limits: dict | None = None,
-                **config: Any) -> tuple[RunResult, Any, list]:
+                **config: Any) -> tuple[Trajectory, Any, list]:
         handler = get_handler("math")
         handler.validate_instance(instance)
         cfg = handler.Config.model_validate(config)
@@ -50,8 +50,7 @@ def rollout(make_llm, make_ctx, sandbox):
         run_ctx = make_ctx(instance=instance, agent_config=cfg, limits=limits, sandbox=sandbox,
                            llm=make_llm(script, sampling={"max_tokens": 256}))
         run = handler.run(run_ctx)
-        eval_ctx = make_ctx(stage="eval", instance=instance, agent_config=cfg)
-        eval_ctx.run_result = run
+        eval_ctx = make_ctx(stage="eval", instance=instance, agent_config=cfg, run_result=run)
         return run, handler.evaluate(eval_ctx), run_ctx.turns_recorded
 
     return run_one
@@ -158,7 +157,8 @@ def test_sandbox_overrides_choose_the_math_env_unless_the_job_did(make_ctx) -> N
     handler = get_handler("math")
     ctx = make_ctx(stage="init", instance=INTEGRAL, agent_config=handler.Config())
     assert handler.sandbox_overrides(ctx) == {"python_env": "math"}
-    ctx.job_config = JobConfig(sandbox={"python_env": "/opt/envs/custom"})
+    ctx = make_ctx(stage="init", instance=INTEGRAL, agent_config=handler.Config(),
+                   job_config=JobConfig(sandbox={"python_env": "/opt/envs/custom"}))
     assert handler.sandbox_overrides(ctx) == {}
     no_env = handler.Config(python_env=None)
     assert handler.sandbox_overrides(make_ctx(stage="init", agent_config=no_env)) == {}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.abstract import RunResult
+from agents.abstract import Trajectory
 from agents.registry import get_handler
 from core.errors import InvalidRequest
 
@@ -32,7 +32,7 @@ def rollout(make_llm, make_ctx):
     """Run INIT, RUN and EVAL of one search rollout as the pipeline sequences them."""
 
     def run_one(script: dict, instance: dict, *, max_turns: int = 6,
-                **config: Any) -> tuple[RunResult, Any, list]:
+                **config: Any) -> tuple[Trajectory, Any, list]:
         handler = get_handler("search")
         handler.validate_instance(instance)
         cfg = handler.Config.model_validate(config)
@@ -42,8 +42,7 @@ def rollout(make_llm, make_ctx):
                            limits={"max_turns": max_turns},
                            llm=make_llm(script, sampling={"max_tokens": 256}))
         run = handler.run(run_ctx)
-        eval_ctx = make_ctx(stage="eval", instance=instance, agent_config=cfg, state=state)
-        eval_ctx.run_result = run
+        eval_ctx = make_ctx(stage="eval", after=run_ctx, run_result=run)
         return run, handler.evaluate(eval_ctx), run_ctx.turns_recorded
 
     return run_one

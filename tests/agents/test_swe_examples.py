@@ -34,8 +34,8 @@ def prepared(make_ctx, make_sandbox, tmp_path: Path, instance: dict[str, Any], e
     ctx = make_ctx(stage="init", instance=instance, workspace=str(workspace),
                    agent_config=SWEConfig(**config))
     handler.init(ctx)
-    ctx.sandbox = make_sandbox(str(workspace), python_env=env)
-    return handler, ctx
+    return handler, make_ctx(stage="run", after=ctx,
+                             sandbox=make_sandbox(str(workspace), python_env=env))
 
 
 def agent_applies(ctx, patch: str) -> None:

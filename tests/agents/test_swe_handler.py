@@ -42,11 +42,10 @@ def episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path: Path, en
     ctx = make_ctx(stage="init", instance=instance, workspace=str(workspace),
                    agent_config=SWEConfig(**config), limits={"tool_timeout": 20})
     handler.init(ctx)
-    ctx.sandbox = make_sandbox(str(workspace), python_env=env)
-    ctx.stage, ctx.llm = "run", make_llm({"default": replies}, max_model_len=8192)
+    ctx = make_ctx(stage="run", after=ctx, sandbox=make_sandbox(str(workspace), python_env=env),
+                   llm=make_llm({"default": replies}, max_model_len=8192))
     run = handler.run(ctx)
-    ctx.run_result = run
-    return ctx, run, grade_artifact(handler, ctx, {"python_env": env})
+    return ctx, run, grade_artifact(handler, ctx, {"python_env": env}, run_result=run)
 
 
 def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbox, tmp_path,
@@ -67,13 +66,14 @@ def test_agent_fixes_the_bug_and_gets_reward_one(make_llm, make_ctx, make_sandbo
     assert "def merge" in observations[1]
     assert observations[3].strip() == "[(1, 10)]"
     assert result.reward == 1.0, result.extra
-    assert list(ctx.artifact["files"]) == ["intervals/core.py"]  # no caches, no .git
+    artifact = grade_artifact.artifact
+    assert list(artifact["files"]) == ["intervals/core.py"]  # no caches, no .git
     assert "+            merged[-1][1] = max(merged[-1][1], end)" in result.extra["git_patch"]
     assert result.metrics["f2p_passed"] == 3 and result.metrics["resolved"] is True
 
     # The stored artifact grades the same again (re-evaluation); no changes grade 0.
     handler = SWEHandler()
-    again = grade_artifact(handler, ctx, {"python_env": pytest_env}, artifact=ctx.artifact)
+    again = grade_artifact(handler, ctx, {"python_env": pytest_env}, artifact=artifact)
     assert again.reward == 1.0
     assert grade_artifact(handler, ctx, {"python_env": pytest_env},
                           artifact={"files": {}}).reward == 0.0

@@ -139,7 +139,7 @@ def test_killed_server_mid_job_fails_over(simulators, db_url) -> None:
     assert rows[victim].healthy is False and rows[victim].last_error
     for rid, s in zip(ids, sessions):
         traj = s.trajectory()
-        assert len(traj.turn_boundaries) == 3 and traj.weight_versions == ["v1"] * 3
+        assert len(traj.turn_boundaries) == 3 and traj.policy_versions == ["v1"] * 3
         assert s.audit_drift()["retokenization_drift"] == 0
         assert s.server.url != victim and sticky(db_url, rid) == s.server.url
     for s in sessions:
@@ -161,8 +161,8 @@ def test_job_servers_fail_over(simulators, db_url) -> None:
     for s in sessions:
         run_turn(s)
     assert {s.server.url for s in sessions} == {url_b}
-    moved = next(s for s in sessions if s.trajectory().weight_versions[0] == "a")
-    assert moved.trajectory().weight_versions == ["a", "b"]
+    moved = next(s for s in sessions if s.trajectory().policy_versions[0] == "a")
+    assert moved.trajectory().policy_versions == ["a", "b"]
     for s in sessions:
         s.close()
 
@@ -178,7 +178,7 @@ def test_weight_swap_by_re_registering(simulators, db_url) -> None:
         db.execute(LLMServer.__table__.delete())
     register(db_url, [url], "step-2")
     run_turn(s)
-    assert s.trajectory().weight_versions == ["step-1", "step-2"]
+    assert s.trajectory().policy_versions == ["step-1", "step-2"]
     s.close()
     assert servers(db_url)[url].in_flight == 0
 

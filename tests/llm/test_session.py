@@ -49,7 +49,7 @@ def test_multi_turn_rollout_is_token_exact(simulators, backend) -> None:
         assert traj.response_ids == first.token_ids + delta + second.token_ids
         assert traj.response_logprobs[: len(first.token_ids)] == first.logprobs
         assert sum(traj.loss_mask) == len(first.token_ids) + len(second.token_ids)
-        assert traj.token_exact and traj.weight_versions == ["step-3", "step-3"]
+        assert traj.token_exact and traj.policy_versions == ["step-3", "step-3"]
         assert traj.messages[-1] == {"role": "assistant", "content": "All done."}
         assert s.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": [],
                                    "forged_control_tokens": 0}

@@ -55,7 +55,7 @@ def test_chatml_multi_turn_is_token_exact_and_masks_only_generated() -> None:
     assert traj.loss_mask == [1] * len(first) + [0] * len(delta) + [1] * len(second)
     assert traj.response_logprobs == [-0.5] * len(first) + [0.0] * len(delta) + [-0.5] * len(second)
     assert traj.turn_boundaries == [[0, len(first)], [len(first) + len(delta), len(traj.response_ids)]]
-    assert traj.weight_versions == ["w1", "w1"] and traj.finish_reason == "stop"
+    assert traj.policy_versions == ["w1", "w1"] and traj.finish_reason == "stop"
     # Canonical tokens: a full re-render gives the same ids, up to where the model stopped.
     assert (traj.prompt_ids + traj.response_ids) == full_render_ids(b)[:-1]
     assert b.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": [],

@@ -53,7 +53,7 @@ def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulato
         assert time.monotonic() - started >= 1.4  # waited for the resume, did not fail
         assert requests_seen(url) == seen + 1  # nothing was sent while paused
         assert second.weight_version == "v2"
-        assert s.trajectory().weight_versions == ["v1", "v2"]
+        assert s.trajectory().policy_versions == ["v1", "v2"]
 
 
 def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -> None:

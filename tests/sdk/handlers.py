@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
+from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, Trajectory
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.loop import run_agent_loop
 from agents.registry import register
 from agents.tools import Tool, ToolOutput
@@ -28,12 +29,12 @@ class GrpoHandler(AgentHandler):
     Config = AgentLoopConfig
     needs_sandbox = False
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         if ctx.sample_index in ctx.instance.get("infra_samples", []):
             raise InfraError(f"injected infrastructure failure (sample {ctx.sample_index})")
 
-    def run(self, ctx: StageContext) -> RunResult:
-        def observe(ctx: StageContext, arguments: dict) -> ToolOutput:
+    def run(self, ctx: RunContext) -> Trajectory:
+        def observe(ctx: RunContext, arguments: dict) -> ToolOutput:
             return ToolOutput(f"The task {ctx.instance_id} asks for 2 + 2.")
 
         tool = Tool("observe", "Read the task", {"type": "object", "properties": {}}, observe)
@@ -45,8 +46,8 @@ class GrpoHandler(AgentHandler):
             result.outcome, result.finish_reason = "agent_error", "no_valid_action"
         return result
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
-        answer = (ctx.run_result.extra or {}).get("answer") if ctx.run_result else None
-        if ctx.run_result is not None and ctx.run_result.outcome == "agent_error":
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
+        answer = (ctx.run_result.extra or {}).get("answer")
+        if ctx.run_result.outcome == "agent_error":
             return EvalResult(reward=0.0)
         return EvalResult(reward=float(str(answer).strip() == str(ctx.instance["answer"])))

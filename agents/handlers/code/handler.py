@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
+from agents.abstract import AgentHandler, EvalResult, SandboxToolsConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.handlers.code.grading import normalize_tests, run_test
 from agents.loop import run_agent_loop
 from agents.registry import register
@@ -87,13 +88,13 @@ class CodeHandler(AgentHandler):
         """Reject an instance without a statement, hidden tests, or with a bad solution path."""
         validate_code_instance(instance)
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         """Nothing goes into the workspace: the tests stay out of the sandbox until EVAL."""
         if not ctx.workspace:
             raise InvalidRequest("the code agent needs a sandbox", field="sandbox.runtime")
         ctx.state.update(workspace=ctx.workspace, solution_file=solution_file(ctx.instance))
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with the editor, bash and `submit`."""
         cfg: CodeConfig = ctx.agent_config  # type: ignore[assignment]
         user = cfg.user_prompt.format(problem_statement=ctx.instance["problem_statement"],
@@ -107,7 +108,7 @@ class CodeHandler(AgentHandler):
 
     eval_in_sandbox = True
 
-    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+    def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """The solution file as the agent left it (absent, not a regular file or too big: none)."""
         from sandbox.workspace import read_regular
 
@@ -117,7 +118,7 @@ class CodeHandler(AgentHandler):
             return {"files": {}}
         return {"files": {name: data.decode("utf-8", errors="replace")}}
 
-    def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any] | None:
+    def prepare_eval(self, ctx: EvalContext, workspace: str) -> dict[str, Any] | None:
         """The fresh workspace holds the stored solution file and nothing else (kept in extra)."""
         from pathlib import Path
 
@@ -130,7 +131,7 @@ class CodeHandler(AgentHandler):
         target.write_text(text)
         return {"files": {name: text}}  # what was graded, for people reading the result
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Run every hidden test in its own process; reward per the config."""
         cfg: CodeConfig = ctx.agent_config  # type: ignore[assignment]
         workspace = ctx.workspace or ctx.state.get("workspace")

@@ -21,14 +21,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from agents.abstract import (
-    AgentHandler,
-    EvalResult,
-    HandlerConfig,
-    RunResult,
-    SandboxToolsConfig,
-    StageContext,
-)
+from agents.abstract import AgentHandler, EvalResult, HandlerConfig, SandboxToolsConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.instance_fields import require_text
 from agents.loop import run_agent_loop
 from agents.registry import register
@@ -81,7 +75,14 @@ class MathConfig(SandboxToolsConfig):
         return value
 
 
-def _final_assistant_text(run: RunResult | None) -> str | None:
+def _answer_artifact(cfg: MathConfig, run: Trajectory) -> dict[str, Any]:
+    """The answer: the finish tool's argument, else the final message's \\boxed{}."""
+    final_text = _final_assistant_text(run) if cfg.accept_boxed else None
+    predicted = answer_from_run((run.extra or {}).get("answer"), final_text)
+    return {} if predicted is None else {"answer": predicted}
+
+
+def _final_assistant_text(run: Trajectory | None) -> str | None:
     """Content of the last assistant message of the trajectory, if any."""
     for message in reversed((run.messages or []) if run else []):
         if message.get("role") == "assistant" and isinstance(message.get("content"), str):
@@ -110,7 +111,7 @@ class MathHandler(AgentHandler):
         """Only the tools run in the sandbox: `tools: []` (reasoning alone) starts none."""
         return bool(config.tools)  # type: ignore[attr-defined]
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         """Nothing to prepare: the problem is in the prompt and the tools need no files."""
 
     def prompt(self, instance: dict[str, Any],
@@ -124,7 +125,7 @@ class MathHandler(AgentHandler):
         return (cfg.system_prompt, cfg.user_prompt.replace("{problem}", str(instance["problem"])),
                 builtin_tools(list(cfg.tools)) + [finish])
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
         cfg: MathConfig = ctx.agent_config
         system_prompt, user_prompt, tools = self.prompt(ctx.instance, cfg)
@@ -134,18 +135,14 @@ class MathHandler(AgentHandler):
             max_invalid_turns=cfg.max_invalid_turns,
             final_answer=extract_boxed if cfg.accept_boxed else None)
 
-    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+    def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """The answer: the finish tool's argument, else the final message's \\boxed{}."""
-        cfg: MathConfig = ctx.agent_config
-        run = ctx.run_result
-        final_text = _final_assistant_text(run) if cfg.accept_boxed else None
-        predicted = answer_from_run((run.extra or {}).get("answer") if run else None, final_text)
-        return {} if predicted is None else {"answer": predicted}
+        return _answer_artifact(ctx.agent_config, result)
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Grade the stored answer against the instance's `answer`, on the host."""
         cfg: MathConfig = ctx.agent_config
-        artifact = ctx.artifact if ctx.artifact is not None else self.artifact(ctx)
+        artifact = ctx.artifact if ctx.artifact is not None else _answer_artifact(cfg, ctx.run_result)
         predicted = artifact.get("answer")
         reference = str(ctx.instance["answer"])
         started = time.monotonic()

@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
+from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, Trajectory, answer_artifact
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.instance_fields import require_text
 from agents.loop import run_agent_loop
 from agents.registry import register
@@ -91,10 +92,10 @@ class PlainAnswerHandler(AgentHandler):
         return (config.system_prompt,
                 config.user_prompt.replace("{question}", str(instance["question"])), [])
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         """Nothing to prepare: the question is the prompt."""
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop without tools: the first finished reply is the answer."""
         cfg: PlainAnswerConfig = ctx.agent_config  # type: ignore[assignment]
         system_prompt, user_prompt, _ = self.prompt(ctx.instance, cfg)
@@ -103,10 +104,10 @@ class PlainAnswerHandler(AgentHandler):
                               max_invalid_turns=cfg.max_invalid_turns,
                               final_answer=_whole_reply)
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Grade the reply's last number against the instance's `answer`."""
         cfg: PlainAnswerConfig = ctx.agent_config  # type: ignore[assignment]
-        artifact = ctx.artifact if ctx.artifact is not None else self.artifact(ctx)
+        artifact = ctx.artifact if ctx.artifact is not None else answer_artifact(ctx.run_result)
         reply = artifact.get("answer")
         predicted = last_number(str(reply)) if reply is not None else None
         reference = str(ctx.instance["answer"])

@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, RunResult, StageContext
+from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, Trajectory, answer_artifact
+from agents.contexts import EvalContext, InitContext, RunContext
 from agents.handlers.search.tools import answer_tool, search_tool
 from agents.instance_fields import require_text
 from agents.loop import run_agent_loop
@@ -43,22 +44,29 @@ def resolve_corpus(path: str) -> Path:
     return (candidate if candidate.is_absolute() else REPO_ROOT / candidate).resolve()
 
 
-def corpus_roots() -> list[Path]:
+def corpus_roots(home: Path | None = None) -> list[Path]:
     """Where a job may point `corpus_path`: the shipped examples and `<RAAS home>/corpora`.
 
     A job names a file that the worker reads and shows to the agent, so an arbitrary host path
-    would let any job read host files through the `search` tool.
+    would let any job read host files through the `search` tool. `home` is the node's (its
+    settings', which the gateway and the stages pass as the config's validation context);
+    a caller that has none (a script validating a config) gets the environment's.
     """
-    return list(_corpus_roots(os.environ.get("RAAS_HOME")))
+    return list(_corpus_roots(str(home) if home is not None else os.environ.get("RAAS_HOME"),
+                              home is not None))
 
 
 @functools.lru_cache(maxsize=8)
-def _corpus_roots(_raas_home: str | None) -> tuple[Path, ...]:
-    """The roots for one RAAS_HOME. Cached: every stage validates the job's config, and
-    building the settings from the environment for it was a tenth of a RUN worker's CPU."""
-    from core.settings import load_settings
+def _corpus_roots(raas_home: str | None, given: bool) -> tuple[Path, ...]:
+    """The roots for one home. Cached: every stage validates the job's config, and building
+    the settings from the environment for it was a tenth of a RUN worker's CPU."""
+    if given:
+        home = Path(raas_home)
+    else:
+        from core.settings import load_settings
 
-    return (REPO_ROOT / "examples").resolve(), (load_settings().home / "corpora").resolve()
+        home = load_settings().home
+    return (REPO_ROOT / "examples").resolve(), (home / "corpora").resolve()
 
 
 class SearchConfig(AgentLoopConfig):
@@ -89,8 +97,10 @@ class SearchConfig(AgentLoopConfig):
 
     @field_validator("corpus_path")
     @classmethod
-    def _corpus_allowed_and_exists(cls, value: str) -> str:
-        path, roots = resolve_corpus(value), corpus_roots()
+    def _corpus_allowed_and_exists(cls, value: str, info: ValidationInfo) -> str:
+        settings = (info.context or {}).get("settings")
+        path = resolve_corpus(value)
+        roots = corpus_roots(settings.home if settings is not None else None)
         if not any(path.is_relative_to(root) for root in roots):
             raise ValueError(f"must be under {' or '.join(map(str, roots))}")
         if not path.is_file():
@@ -127,11 +137,11 @@ class SearchHandler(AgentHandler):
             raise InvalidRequest(f"{field}: every answer must be a string with at least one "
                                  "word or number (punctuation alone cannot be graded)", field=field)
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         """Build (or reuse) the index now, so RUN's first search does not pay for it."""
         load_index(resolve_corpus(ctx.agent_config.corpus_path))
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with `search(query)` and `answer(text)`."""
         cfg: SearchConfig = ctx.agent_config
         index = load_index(resolve_corpus(cfg.corpus_path))
@@ -143,10 +153,10 @@ class SearchHandler(AgentHandler):
             user_prompt=cfg.user_prompt.replace("{question}", ctx.instance["question"]),
             tools=tools, max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns)
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Score the submitted answer; also report whether the gold passage was retrieved."""
         cfg: SearchConfig = ctx.agent_config
-        artifact = ctx.artifact if ctx.artifact is not None else self.artifact(ctx)
+        artifact = ctx.artifact if ctx.artifact is not None else answer_artifact(ctx.run_result)
         predicted = artifact.get("answer")
         predicted = str(predicted) if predicted is not None else None
         grade = grade_text_answer(predicted, _accepted_answers(ctx.instance), metric=cfg.reward)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.abstract import StageContext
+from agents.contexts import RunContext
 from agents.handlers.search.bm25_index import BM25Index, SearchHit
 from agents.tools import Tool, ToolOutput, finish_tool
 
@@ -30,7 +30,7 @@ def format_hits(query: str, hits: list[SearchHit], max_chars: int) -> str:
     return "\n\n".join(blocks)
 
 
-def _remember(ctx: StageContext, hits: list[SearchHit]) -> None:
+def _remember(ctx: RunContext, hits: list[SearchHit]) -> None:
     """Add the hits' passage ids to ctx.state["retrieved"] (bounded, order kept)."""
     seen: list[str] = ctx.state.setdefault("retrieved", [])
     for hit in hits:
@@ -42,7 +42,7 @@ def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int,
                 corpus_description: str) -> Tool:
     """`search(query)`: the top_k passages of the local corpus for a keyword query."""
 
-    def run(ctx: StageContext, arguments: dict[str, Any]) -> ToolOutput:
+    def run(ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
         query = arguments["query"].strip()
         if not query:
             return ToolOutput("Error: the query is empty.", error=True)

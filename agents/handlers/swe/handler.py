@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agents.abstract import AgentHandler, EvalResult, RunResult, SandboxToolsConfig, StageContext
+from agents.abstract import AgentHandler, EvalResult, SandboxToolsConfig, Trajectory
+from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
 from agents.handlers.swe import diff as swe_diff, evaluate as swe_eval, guard as swe_guard
 from agents.handlers.swe.images import resolve_instance_image
 from agents.handlers.swe.repo import check_repo_name, materialize
@@ -78,13 +79,6 @@ def _read_text(root: str, path: str) -> str:
         return ""
 
 
-def _settings() -> Any:
-    """The node's operator settings (repository mirror and image root live there)."""
-    from core.settings import load_settings
-
-    return load_settings()
-
-
 def validate_swe_instance(instance: dict[str, Any]) -> None:
     """Reject an instance missing a SWE-bench field (the error names it)."""
     for name, kind in REQUIRED_FIELDS.items():
@@ -121,23 +115,23 @@ class SWEHandler(AgentHandler):
         """Reject an instance missing a SWE-bench field (the error names it)."""
         validate_swe_instance(instance)
 
-    def sandbox_overrides(self, ctx: StageContext) -> dict[str, Any]:
+    def sandbox_overrides(self, ctx: RolloutContext) -> dict[str, Any]:
         """The instance's own image when the operator has an image root, else `python_env`."""
-        image_root = _settings().image_root
+        image_root = ctx.settings.image_root
         if image_root is None:
             return super().sandbox_overrides(ctx)
-        runtime = ctx.job_config.sandbox.runtime or _settings().sandbox_runtime
+        runtime = ctx.job_config.sandbox.runtime or ctx.settings.sandbox_runtime
         return resolve_instance_image(ctx.instance_id, image_root, runtime)
 
-    def init(self, ctx: StageContext) -> None:
+    def init(self, ctx: InitContext) -> None:
         """Check the repo out at its base commit as the workspace."""
         if not ctx.workspace:
             raise InvalidRequest("the swe agent needs a sandbox", field="sandbox.runtime")
         materialize(ctx.instance["repo"], ctx.instance["base_commit"], ctx.workspace,
-                    _settings().repo_root, _settings().repo_mirror_root)
+                    ctx.settings.repo_root, ctx.settings.repo_mirror_root)
         ctx.state.update(workspace=ctx.workspace, base_commit=ctx.instance["base_commit"])
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with bash, the editor and `submit`."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
         user = cfg.user_prompt.format(problem_statement=ctx.instance["problem_statement"],
@@ -151,17 +145,17 @@ class SWEHandler(AgentHandler):
 
     eval_in_sandbox = True
 
-    def artifact(self, ctx: StageContext) -> dict[str, Any]:
+    def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """The agent's changes: its dead workspace compared with a clean base checkout."""
         with tempfile.TemporaryDirectory(prefix="raas-swe-base-") as clean:
             materialize(ctx.instance["repo"], ctx.instance["base_commit"], clean,
-                        _settings().repo_root, _settings().repo_mirror_root)
+                        ctx.settings.repo_root, ctx.settings.repo_mirror_root)
             return swe_diff.workspace_changes(ctx.workspace, clean)
 
-    def prepare_eval(self, ctx: StageContext, workspace: str) -> dict[str, Any]:
+    def prepare_eval(self, ctx: EvalContext, workspace: str) -> dict[str, Any]:
         """A clean checkout plus the agent's changes, minus tests and test infrastructure."""
         materialize(ctx.instance["repo"], ctx.instance["base_commit"], workspace,
-                    _settings().repo_root, _settings().repo_mirror_root)
+                    ctx.settings.repo_root, ctx.settings.repo_mirror_root)
         changes = (ctx.artifact or {}).get("files") or {}
         kept, dropped = swe_diff.split_changes(
             changes, set(walk(workspace).files),
@@ -174,7 +168,7 @@ class SWEHandler(AgentHandler):
                 "dropped_reasons": dropped,
                 "skipped_files": sorted((ctx.artifact or {}).get("skipped") or {})}
 
-    def evaluate(self, ctx: StageContext) -> EvalResult:
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Grade the prepared workspace in the fresh sandbox with the instance's tests."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
         refs = ctx.state.get("runner_refs") or []
