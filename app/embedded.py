@@ -1,7 +1,9 @@
 """`raas up`: the whole service in one command on the embedded default.
 
-SQLite and the kombu filesystem broker live under the home folder; migrations run first; the
-three stage pools are child processes (so a crash in one does not take the gateway down) that
+SQLite and the embedded Redis server (tasks/embedded_redis.py: the broker, on a Unix socket,
+with an append-only file) live under the home folder; `raas up` starts the server (or adopts
+the one a killed `raas up` or a standalone worker left running) and stops it at exit;
+migrations run first; the three stage pools are child processes (so a crash in one does not take the gateway down) that
 a supervisor thread restarts when one dies; the reaper runs in a thread; Ctrl-C stops
 everything, children first, then the sandboxes this deployment left running.
 """
@@ -153,10 +155,13 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
     from app.auth import check_exposure
     from app.devserver import make_server
     from migrations.runner import upgrade
+    from tasks import embedded_redis
     from tasks.reaper import Reaper
 
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade(settings.db_url)
+    if settings.embedded_broker and not embedded_redis.ensure_running(settings):
+        log.info("the embedded Redis was already running: using it (it keeps what was queued)")
     check_exposure(settings, host, insecure)
     app = create_app(settings)
     server = make_server(host, port, app, settings)  # a busy port fails before any child
@@ -186,4 +191,6 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
             stop_deployment_sandboxes(settings)
         except Exception:  # noqa: BLE001 - stopping must finish; the next reaper sweeps them
             log.exception("stopping this deployment's sandboxes failed")
+        if settings.embedded_broker:
+            embedded_redis.stop(settings)  # after the pools: their last acks reach it
         server.server_close()
