@@ -34,7 +34,20 @@ verbose_option = click.option("--verbose", "-v", is_flag=True,
 access_log_option = click.option("--access-log", is_flag=True, help="Log every HTTP request")
 
 
-@click.group()
+class RaasGroup(click.Group):
+    """Service errors raised on purpose (an embedded broker that cannot start, ...) end the
+    command with their one-line message, which names the fix, instead of a traceback."""
+
+    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+        from core.errors import ServiceUnavailable
+
+        try:
+            return super().invoke(ctx)
+        except ServiceUnavailable as exc:
+            raise click.ClickException(exc.message) from None
+
+
+@click.group(cls=RaasGroup)
 def main() -> None:
     """raas: Rollout-as-a-Service for RL training of multi-turn LLM agents."""
 

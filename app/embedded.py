@@ -148,6 +148,14 @@ def stop_deployment_sandboxes(settings: Settings) -> int:
     return len(handles)
 
 
+def stop_broker(settings: Settings) -> None:
+    """Stop the home's embedded Redis (`raas up` owns its life); nothing on a real Redis."""
+    from tasks import embedded_redis
+
+    if settings.embedded_broker:
+        embedded_redis.stop(settings)
+
+
 def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
                  verbose: bool = False, insecure: bool = False) -> None:
     """Run until Ctrl-C (a non-loopback host without tokens refuses unless `insecure`)."""
@@ -160,11 +168,15 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
 
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade(settings.db_url)
+    check_exposure(settings, host, insecure)
     if settings.embedded_broker and not embedded_redis.ensure_running(settings):
         log.info("the embedded Redis was already running: using it (it keeps what was queued)")
-    check_exposure(settings, host, insecure)
-    app = create_app(settings)
-    server = make_server(host, port, app, settings)  # a busy port fails before any child
+    try:
+        app = create_app(settings)
+        server = make_server(host, port, app, settings)  # a busy port fails before any child
+    except BaseException:
+        stop_broker(settings)
+        raise
     supervisor = Supervisor(settings, concurrency, verbose)
     reaper = Reaper(settings, app.extensions["celery"])
     # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.
@@ -191,6 +203,5 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
             stop_deployment_sandboxes(settings)
         except Exception:  # noqa: BLE001 - stopping must finish; the next reaper sweeps them
             log.exception("stopping this deployment's sandboxes failed")
-        if settings.embedded_broker:
-            embedded_redis.stop(settings)  # after the pools: their last acks reach it
+        stop_broker(settings)  # after the pools: their last acks reach it
         server.server_close()
