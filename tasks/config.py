@@ -72,8 +72,17 @@ def publish_retry_policy(seconds: float) -> dict[str, Any]:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for `settings`' broker, each with the reason it is there."""
     transport: dict[str, Any] = {
-        # Redis redelivers an unacked message after this long: it must exceed the longest
-        # rollout or a healthy long run would be executed twice.
+        # No copy of each delivered message in Redis until its ack (kombu's ack emulation:
+        # MULTI/ZADD/HSET/EXEC on delivery and MULTI/ZREM/HDEL/EXEC on ack, 8 of ~11 commands
+        # and 2 of 4 round trips per hand-on, bench/broker_commands.py). It did no work for
+        # raas: the copy came back only after the visibility timeout, hours after the reaper
+        # had recovered the rollout from the database (a lost lease: resume or a new attempt;
+        # a queued rollout whose message is gone: re-published). What it still does is kept
+        # in process: a rejected or not yet started message (a drain, a consumer restart) is
+        # put back on its queue when the channel closes.
+        "ack_emulation": False,
+        # With ack emulation back on, Redis would redeliver an unacked message after this
+        # long: it must exceed the longest rollout or a healthy long run would run twice.
         "visibility_timeout": int(settings.max_rollout_seconds * 1.5) + 600,
         # One list per job priority (kombu's default has four steps): a high-priority job's
         # messages are taken before any backlog of lower ones (BRPOP reads steps in order).
