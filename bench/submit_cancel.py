@@ -1,6 +1,6 @@
 """Submit/cancel benchmark: what one large job costs the gateway. Prints JSON + a table.
 
-For each backend (Redis + PostgreSQL, embedded SQLite + filesystem broker) a real service
+For each backend (Redis + PostgreSQL, embedded SQLite + embedded Redis) a real service
 (gateway over HTTP, INIT/RUN/EVAL worker processes, reaper) receives one job of N rollouts
 (default 10,000) of a handler whose INIT sleeps, so nearly all of them are still queued when
 the job is cancelled; a few are running and stop cooperatively. Measured:

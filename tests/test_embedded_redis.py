@@ -146,3 +146,39 @@ def test_a_worker_on_an_unstartable_broker_says_why(tmp_path):
     assert done.returncode != 0
     assert f"a redis-server (pid {pid}) holds" in done.stderr and f"kill {pid}" in done.stderr
     embedded_redis.stop(settings)
+
+
+def test_flowers_broker_view_reads_the_embedded_redis(tmp_path):
+    """`raas flower` on the embedded default: its broker API counts a queue's messages (it
+    reads the Redis lists over the same Unix socket as the workers)."""
+    import httpx
+
+    from tests.private_services import free_port
+    from tests.waiting import wait_for
+
+    settings = Settings(home=tmp_path)
+    app = make_celery(settings)
+    for k in range(3):  # an unknown task name falls to the unrouted queue (tasks/config.py)
+        app.send_task("raas.nobody", args=[k])
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env.update(RAAS_HOME=str(tmp_path), PYTHONPATH=str(REPO), FLOWER_UNAUTHENTICATED_API="true")
+    flower = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def lengths() -> list | None:
+        try:
+            resp = httpx.get(f"http://127.0.0.1:{port}/api/queues/length", timeout=10)
+        except httpx.TransportError:
+            return None
+        return resp.json()["active_queues"] if resp.status_code == 200 else None
+
+    try:
+        queues = wait_for(lengths, 60, "Flower's queue lengths", interval=0.3)
+        assert {"name": "raas.unrouted", "messages": 3} in queues
+        page = httpx.get(f"http://127.0.0.1:{port}/broker", timeout=10)
+        assert page.status_code == 200 and "raas.unrouted" in page.text
+    finally:
+        flower.terminate()
+        flower.wait(30)
