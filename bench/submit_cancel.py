@@ -110,7 +110,7 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
         svc.client.http.timeout = httpx.Timeout(900.0)  # the per-row cancel took minutes
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
-            svc.wait_done(warm["job_id"], timeout=120)
+            svc.wait_done(warm["job_id"], timeout=600)
             instances = [{"instance_id": f"i{k:05d}"} for k in range(n // 8)]
             row: dict = {"backend": name, "rollouts": len(instances) * 8}
             with HealthPoller(svc.url) as health:
