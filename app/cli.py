@@ -34,7 +34,20 @@ verbose_option = click.option("--verbose", "-v", is_flag=True,
 access_log_option = click.option("--access-log", is_flag=True, help="Log every HTTP request")
 
 
-@click.group()
+class RaasGroup(click.Group):
+    """Service errors raised on purpose (an embedded broker that cannot start, ...) end the
+    command with their one-line message, which names the fix, instead of a traceback."""
+
+    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+        from core.errors import ServiceUnavailable
+
+        try:
+            return super().invoke(ctx)
+        except ServiceUnavailable as exc:
+            raise click.ClickException(exc.message) from None
+
+
+@click.group(cls=RaasGroup)
 def main() -> None:
     """raas: Rollout-as-a-Service for RL training of multi-turn LLM agents."""
 
@@ -155,10 +168,6 @@ def flower_notes(settings) -> list[str]:
         notes.append("Flower sees workers and tasks only through Celery task events, which are "
                      "off: set RAAS_TASK_EVENTS=true for the workers (`raas up`) and for "
                      "this command.")
-    if settings.embedded_broker:
-        notes.append("Flower's Broker page needs Redis (RAAS_BROKER_URL=redis://...); on the "
-                     "embedded filesystem broker, queue depths and consumers per queue are "
-                     "at /metrics and on the dashboard (/ui).")
     return notes
 
 
@@ -186,6 +195,25 @@ def flower(port: int, address: str, basic_auth: str | None) -> None:
     for note in flower_notes(settings):
         click.echo(note, err=True)
     make_celery(settings).start(argv)
+
+
+@main.group()
+def broker() -> None:
+    """The embedded Redis broker under RAAS_HOME (tasks/embedded_redis.py)."""
+
+
+@broker.command("stop")
+def broker_stop() -> None:
+    """Stop the home's embedded Redis (`raas up` stops it at exit; a server that a standalone
+    worker started keeps running until then). Queued messages are kept in its file."""
+    from tasks import embedded_redis
+
+    settings = load_settings()
+    if not settings.embedded_broker:
+        raise click.ClickException("RAAS_BROKER_URL is set: there is no embedded Redis to stop")
+    stopped = embedded_redis.stop(settings)
+    click.echo(f"embedded Redis under {settings.redis_dir}: "
+               f"{'stopped' if stopped else 'was not running'}")
 
 
 @main.group()

@@ -157,12 +157,9 @@ def _connect_timeout(settings: Settings) -> dict[str, int]:
 
 
 def check_broker(settings: Settings) -> Check:
-    """Redis answers (or the embedded broker's folder is writable)."""
+    """Redis answers (the embedded one: it answers, or it can start)."""
     if settings.embedded_broker:
-        folder = settings.broker_folder
-        ok = os.access(folder if folder.exists() else folder.parent, os.W_OK)
-        return Check("broker", "ok" if ok else "fail", f"embedded, {folder}",
-                     "" if ok else "make RAAS_HOME writable, or set RAAS_BROKER_URL=redis://...")
+        return check_embedded_broker(settings)
     import redis
 
     where = settings.broker.split("@")[-1]
@@ -175,6 +172,28 @@ def check_broker(settings: Settings) -> Check:
         return Check("broker", "fail", f"{where}: {str(exc)[:200]}",
                      "start Redis or fix RAAS_BROKER_URL (from the node: firewall, host name)")
     return Check("broker", "ok", where)
+
+
+def check_embedded_broker(settings: Settings) -> Check:
+    """The home's embedded Redis answers, or its binary is installed and its folder writable
+    (the first raas process starts it)."""
+    from core.settings import embedded_redis_socket
+    from tasks.embedded_redis import answers, server_binary
+
+    sock = embedded_redis_socket(settings.home)
+    if answers(sock):
+        return Check("broker", "ok", f"embedded Redis, running on {sock}")
+    try:
+        binary = server_binary()
+    except Exception as exc:  # noqa: BLE001 - the message names the fix
+        return Check("broker", "fail", "embedded Redis not installed", str(exc))
+    folder = settings.redis_dir
+    parent = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(parent, os.W_OK):
+        return Check("broker", "fail", f"embedded Redis cannot write {folder}",
+                     "make RAAS_HOME writable, or set RAAS_BROKER_URL=redis://...")
+    return Check("broker", "ok", f"embedded Redis ({binary}) not running: the first raas "
+                                 f"process starts it on {sock}")
 
 
 def check_llm_servers(settings: Settings) -> list[Check]:

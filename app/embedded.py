@@ -1,7 +1,9 @@
 """`raas up`: the whole service in one command on the embedded default.
 
-SQLite and the kombu filesystem broker live under the home folder; migrations run first; the
-three stage pools are child processes (so a crash in one does not take the gateway down) that
+SQLite and the embedded Redis server (tasks/embedded_redis.py: the broker, on a Unix socket,
+with an append-only file) live under the home folder; `raas up` starts the server (or adopts
+the one a killed `raas up` or a standalone worker left running) and stops it at exit;
+migrations run first; the three stage pools are child processes (so a crash in one does not take the gateway down) that
 a supervisor thread restarts when one dies; the reaper runs in a thread; Ctrl-C stops
 everything, children first, then the sandboxes this deployment left running.
 """
@@ -146,6 +148,14 @@ def stop_deployment_sandboxes(settings: Settings) -> int:
     return len(handles)
 
 
+def stop_broker(settings: Settings) -> None:
+    """Stop the home's embedded Redis (`raas up` owns its life); nothing on a real Redis."""
+    from tasks import embedded_redis
+
+    if settings.embedded_broker:
+        embedded_redis.stop(settings)
+
+
 def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
                  verbose: bool = False, insecure: bool = False) -> None:
     """Run until Ctrl-C (a non-loopback host without tokens refuses unless `insecure`)."""
@@ -153,13 +163,20 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
     from app.auth import check_exposure
     from app.devserver import make_server
     from migrations.runner import upgrade
+    from tasks import embedded_redis
     from tasks.reaper import Reaper
 
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade(settings.db_url)
     check_exposure(settings, host, insecure)
-    app = create_app(settings)
-    server = make_server(host, port, app, settings)  # a busy port fails before any child
+    if settings.embedded_broker and not embedded_redis.ensure_running(settings):
+        log.info("the embedded Redis was already running: using it (it keeps what was queued)")
+    try:
+        app = create_app(settings)
+        server = make_server(host, port, app, settings)  # a busy port fails before any child
+    except BaseException:
+        stop_broker(settings)
+        raise
     supervisor = Supervisor(settings, concurrency, verbose)
     reaper = Reaper(settings, app.extensions["celery"])
     # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.
@@ -186,4 +203,5 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
             stop_deployment_sandboxes(settings)
         except Exception:  # noqa: BLE001 - stopping must finish; the next reaper sweeps them
             log.exception("stopping this deployment's sandboxes failed")
+        stop_broker(settings)  # after the pools: their last acks reach it
         server.server_close()

@@ -18,14 +18,12 @@ from sqlalchemy import case, func, select
 
 from core.db import session_scope
 from core.models import LLMServer, Rollout
-from tasks.fs_transport import sweep_stale_broadcasts
 from tasks.queues import known_queues, queue_depths
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 CONSUMERS_TIMEOUT = 0.5  # seconds to collect workers' replies to the active_queues broadcast
 CONSUMERS_TTL = 5.0  # reuse one broadcast for this long: scrapes and page refreshes are cheap
-BROADCAST_MAX_AGE = 30.0  # a live worker takes its broadcast within a polling interval
 _consumers_cache: dict[int, tuple[float, dict[str, list[str]]]] = {}
 _consumers_lock = threading.Lock()
 
@@ -34,7 +32,7 @@ def worker_queues(celery: Any) -> dict[str, list[str]]:
     """Queues each live worker pool consumes, by worker name (Celery's active_queues
     broadcast, cached for CONSUMERS_TTL).
 
-    The broker cannot tell (Redis and the filesystem transport report no consumers), so the
+    The broker cannot tell (Redis reports no consumers of a list), so the
     workers are asked; one that does not answer within CONSUMERS_TIMEOUT is not counted.
     """
     with _consumers_lock:
@@ -44,9 +42,6 @@ def worker_queues(celery: Any) -> dict[str, list[str]]:
         replies = celery.control.inspect(timeout=CONSUMERS_TIMEOUT).active_queues() or {}
         workers = {name: [q["name"] for q in queues or []] for name, queues in replies.items()}
         _consumers_cache[id(celery)] = (time.monotonic(), workers)
-    folder = (celery.conf.broker_transport_options or {}).get("data_folder_out")
-    if folder:  # the embedded broker keeps broadcasts for dead workers: drop old ones
-        sweep_stale_broadcasts(folder, BROADCAST_MAX_AGE)
     return dict(workers)
 
 

@@ -16,6 +16,10 @@ rollouts live through the drain (this command never signals its process group). 
 there `KILL_GRACE` seconds after the deadline is killed. Then what is left on the node is
 handed back (`tasks.handback.hand_back_node`), the node's row is marked stale so other nodes'
 reapers take over at once, and the command exits 0.
+
+On the embedded default (no RAAS_BROKER_URL) the node starts the home's Redis server unless it
+runs, and leaves it running at exit (a gateway of the same home may use it: `raas broker
+stop`); several nodes share a broker only through RAAS_BROKER_URL.
 """
 from __future__ import annotations
 
@@ -146,6 +150,10 @@ class NodeSupervisor:
         """Supervise until a stop is requested, drain, hand back; returns the exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
+        if self.settings.embedded_broker:  # once, before the pools race for it
+            from tasks.embedded_redis import ensure_running
+
+            ensure_running(self.settings)
         for pool in self.pools:
             self._start(pool)
         self._start_reaper()

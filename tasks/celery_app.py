@@ -8,9 +8,14 @@ from tasks.config import celery_config
 
 
 def make_celery(settings: Settings) -> Celery:
-    """A Celery app wired to `settings`; the stage tasks are registered on it."""
+    """A Celery app wired to `settings`; the stage tasks are registered on it.
+
+    On the embedded default this is where every process (gateway, workers, reaper, Flower)
+    finds the home's Redis server running or starts it (`tasks.embedded_redis`)."""
     if settings.embedded_broker:
-        (settings.broker_folder / "control").mkdir(parents=True, exist_ok=True)
+        from tasks.embedded_redis import ensure_running
+
+        ensure_running(settings)
     app = Celery("raas", set_as_current=False)
     app.conf.update(celery_config(settings))
     app.raas_settings = settings  # read by the stage tasks: one source of config per process

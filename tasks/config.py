@@ -42,9 +42,9 @@ def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: 
 
 
 # Message priorities: a job's `priority` (0-9, higher first) becomes the message priority
-# 9 - priority, because kombu serves lower numbers first (Redis: one list per step, BRPOP in
-# step order; the embedded transport: file names sort by it). Messages sent without one (none
-# of ours) would take 0, the top: `task_default_priority` keeps them at the default job's.
+# 9 - priority, because kombu serves lower numbers first (Redis, embedded or not: one list per
+# step, BRPOP in step order). Messages sent without one (none of ours) would take 0, the top:
+# `task_default_priority` keeps them at the default job's.
 PRIORITY_STEPS = list(range(10))
 DEFAULT_PRIORITY = 0
 
@@ -73,27 +73,27 @@ def publish_retry_policy(seconds: float) -> dict[str, Any]:
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for `settings`' broker, each with the reason it is there."""
-    transport: dict[str, Any] = {}
-    if settings.embedded_broker:
-        folder = str(settings.broker_folder)
-        transport.update(data_folder_in=folder, data_folder_out=folder, store_processed=False,
-                         # Exchange bindings; kombu's default is ./control in the cwd.
-                         control_folder=str(settings.broker_folder / "control"),
-                         # The filesystem transport polls; a short interval keeps stage hops fast.
-                         polling_interval=0.05)
-    else:
-        # Redis redelivers an unacked message after this long: it must exceed the longest
-        # rollout or a healthy long run would be executed twice.
-        transport["visibility_timeout"] = int(settings.max_rollout_seconds * 1.5) + 600
-        if settings.broker_key_prefix:
-            transport["global_keyprefix"] = settings.broker_key_prefix
+    transport: dict[str, Any] = {
+        # No copy of each delivered message in Redis until its ack (kombu's ack emulation:
+        # MULTI/ZADD/HSET/EXEC on delivery and MULTI/ZREM/HDEL/EXEC on ack, 8 of ~11 commands
+        # and 2 of 4 round trips per hand-on, bench/broker_commands.py). It did no work for
+        # raas: the copy came back only after the visibility timeout, hours after the reaper
+        # had recovered the rollout from the database (a lost lease: resume or a new attempt;
+        # a queued rollout whose message is gone: re-published). What it still does is kept
+        # in process: a rejected or not yet started message (a drain, a consumer restart) is
+        # put back on its queue when the channel closes.
+        "ack_emulation": False,
+        # With ack emulation back on, Redis would redeliver an unacked message after this
+        # long: it must exceed the longest rollout or a healthy long run would run twice.
+        "visibility_timeout": int(settings.max_rollout_seconds * 1.5) + 600,
         # One list per job priority (kombu's default has four steps): a high-priority job's
         # messages are taken before any backlog of lower ones (BRPOP reads steps in order).
-        transport["priority_steps"] = PRIORITY_STEPS
+        "priority_steps": PRIORITY_STEPS,
+    }
+    if settings.broker_key_prefix:
+        transport["global_keyprefix"] = settings.broker_key_prefix
     return {
         "broker_url": settings.broker,
-        # kombu's own filesystem transport can lose messages under load (see fs_transport).
-        "broker_transport": "tasks.fs_transport:Transport" if settings.embedded_broker else None,
         "broker_transport_options": transport,
         # Retry the broker at start-up instead of crashing a worker that came up first.
         "broker_connection_retry_on_startup": True,

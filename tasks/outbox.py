@@ -62,8 +62,7 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
     The job id lets a worker drop INIT messages of a job it knows was cancelled without a
     database write (see `lifecycle.known_cancelled`).
 
-    On Redis every `batch` messages go out in one pipeline round trip (kombu's producer
-    batch); transports without batching (the embedded filesystem) publish one by one.
+    Every `batch` messages go out in one Redis pipeline round trip (kombu's producer batch).
     Returns how many were published.
     """
     n = 0

@@ -13,8 +13,8 @@ from tasks.config import UNROUTED_QUEUE
 def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
     """Messages waiting in each queue (never creates anything).
 
-    kombu's virtual transports (Redis, the filesystem) count with the channel's `_size`: a
-    passive declare first checks the queue exists with EXISTS, which kombu does not prefix
+    kombu's Redis channel counts with its `_size` (LLEN over the priority lists): a passive
+    declare first checks the queue exists with EXISTS, which kombu does not prefix
     under `global_keyprefix`, so with RAAS_BROKER_KEY_PREFIX every queue looked empty (and
     the reaper re-published whole backlogs on every pass).
     """

@@ -65,6 +65,16 @@ def redis_prefix() -> Iterator[str]:
     client.close()
 
 
+@pytest.fixture(autouse=True)
+def _stop_embedded_redis() -> Iterator[None]:
+    """Every test that built a gateway or a Celery app on the embedded default started its
+    home's Redis server (a daemon): stop the ones this process started when the test ends."""
+    yield
+    from tasks.embedded_redis import stop_started_here
+
+    stop_started_here()
+
+
 # Private Redis/PostgreSQL for tests that restart them (never the machine's own).
 from tests.private_services import (  # noqa: E402,F401 - fixtures
     make_private_postgres,

@@ -1,5 +1,6 @@
 """A whole raas service for tests: real gateway over HTTP, real Celery worker processes per
-stage and node, a real reaper, on the embedded default or on Redis + PostgreSQL.
+stage and node, a real reaper, on the embedded default (SQLite + the embedded Redis under the
+test's home, started by the gateway and stopped by `stop()`) or on Redis + PostgreSQL.
 
 Other test modules use `start_service(...)`; workers load the test-only handlers from
 `tests.pipeline_handlers` plus any modules passed in `handler_modules`.
@@ -125,6 +126,10 @@ class Service:
         if self._server:
             self._server.shutdown()
         self.release_sandboxes()
+        if self.settings.embedded_broker:  # the gateway started it (make_celery)
+            from tasks import embedded_redis
+
+            embedded_redis.stop(self.settings)
 
     def release_sandboxes(self) -> int:
         """Stop sandboxes this service left behind (rollouts still running at stop)."""

@@ -23,7 +23,7 @@ def serve(settings: Settings):
 
 @pytest.fixture
 def api(tmp_path):
-    """A gateway (no workers: submissions stay queued) on SQLite + filesystem broker."""
+    """A gateway (no workers: submissions stay queued) on SQLite + the embedded Redis."""
     settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers",
                         max_body_bytes=200_000)
     server, client = serve(settings)

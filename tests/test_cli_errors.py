@@ -51,7 +51,5 @@ def test_db_upgrade_with_the_database_down_names_it():
 
 def test_flower_says_what_it_needs_on_the_embedded_default(tmp_path):
     notes = flower_notes(Settings(home=tmp_path))
-    assert any("RAAS_TASK_EVENTS=true" in n for n in notes)
-    assert any("needs Redis" in n for n in notes)
-    assert flower_notes(Settings(home=tmp_path, task_events=True,
-                                 broker_url="redis://127.0.0.1:6379/0")) == []
+    assert len(notes) == 1 and "RAAS_TASK_EVENTS=true" in notes[0]  # its Broker page works
+    assert flower_notes(Settings(home=tmp_path, task_events=True)) == []

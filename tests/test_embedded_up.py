@@ -88,6 +88,15 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
         output = ctrl_c(up)
     assert up.returncode == 0, output[-3000:]
     assert not processes_with_env(f"RAAS_HOME={tmp_path / 'home'}"), "workers survived Ctrl-C"
+    assert not redis_answers(tmp_path / "home"), "Ctrl-C left the embedded Redis running"
+
+
+def redis_answers(home: Path) -> bool:
+    """Whether the home's embedded Redis still answers (`raas up` stops it at exit)."""
+    from core.settings import embedded_redis_socket
+    from tasks.embedded_redis import answers
+
+    return answers(embedded_redis_socket(home))
 
 
 def default_sigint() -> None:
@@ -132,6 +141,7 @@ def test_up_on_a_busy_port_fails_without_leaving_workers(tmp_path):
                             text=True, timeout=60)
     assert up.returncode != 0 and "Address already in use" in up.stderr
     assert not processes_with_env(f"RAAS_HOME={home}")
+    assert not redis_answers(home)
 
 
 def test_up_stops_cleanly_on_sigterm(tmp_path):
@@ -152,6 +162,7 @@ def test_up_stops_cleanly_on_sigterm(tmp_path):
         if up.poll() is None:
             up.kill()
     assert not processes_with_env(f"RAAS_HOME={home}")
+    assert not redis_answers(home)
 
 
 def stage_pids(home: Path, stage: str) -> list[int]:
@@ -218,3 +229,53 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
         assert noise not in output, noise
     assert not mine(), "Ctrl-C left a sandbox running"
     assert not processes_with_env(f"RAAS_HOME={home}")
+
+
+def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
+    """`raas up`, its pools and its Redis server all killed hard while most of a job waits in
+    the broker; a new `raas up` on the same home takes the queue back from the append-only
+    file (and the reaper what the dead pools held) and every rollout ends completed, once."""
+    from core.settings import Settings, embedded_redis_socket
+    from tasks.embedded_redis import answers
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
+    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+               RAAS_HEARTBEAT_INTERVAL="0.5", RAAS_LEASE_TIMEOUT="4", RAAS_REQUEUE_AFTER="3",
+               RAAS_REAPER_INTERVAL="0.5", RAAS_STAGE_GRACE="2")
+
+    def start() -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(home),
+                               "--port", str(port), "--concurrency", "2"], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True, preexec_fn=default_sigint)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: ready(url)[0] == 200, 90, "readyz 200")
+        return up, url
+
+    up, url = start()
+    with RaasClient(url) as client:
+        job = client.submit("test-sleepy", [{"instance_id": f"k{k}"} for k in range(10)],
+                            n_samples=2, agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4})
+        wait_until(lambda: client.job(job["job_id"])["finished"] >= 2, 120, "2 rollouts done")
+    os.killpg(up.pid, signal.SIGKILL)  # the gateway, the reaper, the three pools
+    up.communicate()
+    settings = Settings(home=home)
+    pid = int((settings.redis_dir / "redis.pid").read_text())
+    os.kill(pid, signal.SIGKILL)  # ... and the broker (its own session: a daemon)
+    wait_until(lambda: not Path(f"/proc/{pid}/cwd").exists(), 10, "Redis gone")
+    assert not answers(embedded_redis_socket(home))
+    up, url = start()
+    try:
+        with RaasClient(url) as client:
+            wait_until(lambda: client.job(job["job_id"])["finished"] >= 20, 180, "the job done")
+            rows = list(client.results(job["job_id"], wait=1))
+    finally:
+        output = ctrl_c(up)
+    assert up.returncode == 0, output[-3000:]
+    assert len(rows) == 20 and len({r["rollout_id"] for r in rows}) == 20
+    assert {r["outcome"] for r in rows} == {"completed"}
+    assert sorted(r["reward"] for r in rows) == [0.0] * 10 + [1.0] * 10  # graded, really
+    assert all(r["response_ids"] == [4, 5] for r in rows)
+    assert not answers(embedded_redis_socket(home)), "raas up left its Redis running"

@@ -176,3 +176,28 @@ def test_a_dead_pool_is_restarted_and_pools_die_with_the_node(tmp_path, pg_url, 
         if node.poll() is None:
             node.kill()
         svc.stop()
+
+
+def test_a_node_on_the_embedded_default_starts_its_broker_and_works(tmp_path):
+    """`raas node` against an embedded home (no RAAS_BROKER_URL): it finds the home's Redis
+    (started here by the gateway) or starts it, its pools run a job, SIGTERM exits 0."""
+    from core.settings import embedded_redis_socket
+    from tasks import embedded_redis
+
+    svc = start_service(tmp_path, nodes=("n1",), stages=(), reaper=False)
+    embedded_redis.stop(svc.settings)  # the node must start it itself
+    node = _node(svc, "n1", "--init", "1", "--run", "1", "--eval", "1")
+    try:
+        wait_for(lambda: embedded_redis.answers(embedded_redis_socket(tmp_path)), timeout=60,
+                 what="the node's embedded Redis")
+        job = svc.client.submit("test-sleepy", [{"instance_id": f"e{k}"} for k in range(3)])
+        done = svc.wait_done(job["job_id"], timeout=120)
+        assert done["outcomes"] == {"completed": 3}, done
+        assert embedded_redis.answers(embedded_redis_socket(tmp_path))
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(60) == 0, svc.log_tail()
+        assert embedded_redis.answers(embedded_redis_socket(tmp_path))  # left for the gateway
+    finally:
+        if node.poll() is None:
+            node.kill()
+        svc.stop()

@@ -1,4 +1,4 @@
-"""A raas service (embedded: SQLite + filesystem broker, real Celery workers) with the LLM
+"""A raas service (embedded: SQLite + embedded Redis, real Celery workers) with the LLM
 simulator registered, for the framework adapters' tests."""
 from __future__ import annotations
 

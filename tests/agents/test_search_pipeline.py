@@ -1,6 +1,6 @@
 """`search` end to end through the real pipeline: gateway, Celery workers, DB, simulator LLM.
 
-The embedded default (SQLite + filesystem broker), real worker processes per stage; the LLM
+The embedded default (SQLite + embedded Redis), real worker processes per stage; the LLM
 simulator (a fake vLLM, named as such) is scripted per question to succeed or to fail.
 The run against SmolLM2 on a real vLLM is `tests/agents/test_vllm_smoke.py` (marked `vllm`).
 """

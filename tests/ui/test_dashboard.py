@@ -1,7 +1,7 @@
 """The /ui dashboard in a real headless Chromium against a real service.
 
 One service per module (tests/pipeline_harness: gateway over HTTP, Celery worker processes,
-reaper, embedded SQLite + filesystem broker) with `RAAS_API_TOKEN` set; rollouts come from the
+reaper, embedded SQLite + embedded Redis) with `RAAS_API_TOKEN` set; rollouts come from the
 `search` agent driven by the LLM simulator (a fake vLLM, named as such) through the pipeline,
 tokenized with the real SmolLM2 tokenizer. Screenshots of every page are saved under
 $RAAS_UI_ARTIFACTS (default: a temp dir) and the path is printed.
