@@ -20,7 +20,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import aliased
 
 from core.db import session_scope
-from core.errors import LeaseLost
 from core.models import (
     ACTIVE,
     TERMINAL_VALUES,
@@ -32,7 +31,7 @@ from core.models import (
     sources_of,
     utcnow,
 )
-from tasks import callbacks, groups
+from tasks import callbacks, groups, turn_log
 from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
@@ -136,23 +135,21 @@ def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -
 
 @retrying
 def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = None,
-                **fields: Any) -> None:
-    """Append one turn to the log (committed before the agent's next generation).
+                window: float = turn_log.DEFAULT_WINDOW, **fields: Any) -> None:
+    """Append one turn to the log; returns once it is committed (before the agent's next
+    generation).
 
-    With `lease`, fenced on it in the same transaction (the rollout's row is written first,
-    which also beats): a worker presumed dead, whose RUN was resumed by another, can never
-    log a turn index twice. A turn already stored under its (rollout, attempt, index) is a
-    retried insert whose first commit landed: not an error.
+    With `lease`, fenced on it in the insert itself and group-committed with the process's
+    other turns (`tasks.turn_log`): a worker presumed dead, whose RUN was resumed by another,
+    can never log a turn index twice. Without (tools, tests), a plain insert of its own. A
+    turn already stored under its (rollout, attempt, index) is a retried insert whose first
+    commit landed: not an error.
     """
+    if lease is not None:
+        turn_log.writer(db_url, window).record_turn(rollout_id, attempt, lease, fields)
+        return
     try:
         with session_scope(db_url) as s:
-            if lease is not None and not s.execute(
-                    update(Rollout).where(Rollout.id == rollout_id,
-                                          Rollout.lease_owner == lease)
-                    .values(heartbeat_at=utcnow())).rowcount:
-                raise LeaseLost("the rollout moved on: turn not logged", rollout_id=rollout_id)
-            # A plain INSERT: no ORM unit of work, no RETURNING of the new id (a turn is
-            # read back by its rollout, attempt and index): the cheapest write of the turn.
             s.connection().execute(Turn.__table__.insert().values(
                 rollout_id=rollout_id, attempt=attempt, **fields))
     except IntegrityError:
@@ -310,8 +307,13 @@ def beat(db_url: str, leases: list[str]) -> set[str]:
     rollout was asked to stop (read in the same statement)."""
     if not leases:
         return set()
+    # Rows locked in id order (FOR UPDATE in the subquery; SQLite serialises writers), the
+    # order the turn writer takes them in: a beat and a batch of turns never deadlock.
+    mine = (select(Rollout.id).where(Rollout.lease_owner.in_(leases)).order_by(Rollout.id)
+            .with_for_update())
     with session_scope(db_url) as s:
-        rows = s.execute(update(Rollout).where(Rollout.lease_owner.in_(leases))
+        rows = s.execute(update(Rollout).where(Rollout.id.in_(mine.scalar_subquery()),
+                                               Rollout.lease_owner.in_(leases))
                          .values(heartbeat_at=utcnow())
                          .returning(Rollout.lease_owner, Rollout.cancel_requested)).all()
     return {lease for lease, cancelled in rows if cancelled}

@@ -136,6 +136,7 @@ class StageRun:
 
     def _record_turn(self, **fields: Any) -> None:
         lifecycle.record_turn(self.db, self.rollout_id, self.attempt, lease=self.lease,
+                              window=self.settings.turn_batch_window,
                               **fields)
 
     def _cancel_seen(self) -> bool:
