@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from core.db import get_engine, session_scope
 from core.errors import LeaseLost
-from core.models import Job, Rollout, Turn
+from core.models import Job, Rollout, Turn, utcnow
 from migrations.runner import upgrade
 from tasks import lifecycle, turn_log
 
@@ -19,13 +19,13 @@ from tasks import lifecycle, turn_log
 def _rollouts(db_url: str, n: int, lease: str = "L1") -> list[str]:
     upgrade(db_url)
     with session_scope(db_url) as s:
-        job = Job(owner="o", agent="test-trivial", config={}, n_instances=n)
+        job = Job(owner="default", agent="test-trivial", config={}, n_instances=n)
         s.add(job)
         s.flush()
         ids = [f"r{k:03d}" for k in range(n)]
         for rid in ids:
             s.add(Rollout(id=rid, job_id=job.id, instance_id=rid, status="run",
-                          lease_owner=f"{lease}-{rid}"))
+                          lease_owner=f"{lease}-{rid}", heartbeat_at=utcnow()))
     return ids
 
 
@@ -156,3 +156,89 @@ def test_lifecycle_record_turn_goes_through_the_fenced_writer(sqlite_url) -> Non
         [turn] = s.scalars(sa.select(Turn)).all()
         assert (turn.index, turn.weight_version, turn.extra) == (0, "v1", {})
         assert turn.created_at is not None
+
+
+def _server(db_url: str, url: str = "http://sim:1") -> None:
+    from core.models import LLMServer
+
+    with session_scope(db_url) as s:
+        s.add(LLMServer(url=url, model="m", weight_version="v1", owner="default"))
+
+
+def test_the_mark_and_the_server_read_are_one_statement(any_db_url) -> None:
+    """`begin_generation`: one UPDATE ... RETURNING marks the rollout and reads the row (the
+    weight version a turn records); a paused server is read but not marked."""
+    from tasks.llm_pool import RegisteredPool
+    from tasks.pool_pause import set_paused
+
+    [rid] = _rollouts(any_db_url, 1)
+    _server(any_db_url)
+    pool = RegisteredPool(any_db_url, "vllm", rid, f"L1-{rid}")
+    engine = get_engine(any_db_url)
+    statements: list[str] = []
+    listener = lambda *a: statements.append(a[2])  # noqa: E731
+    sa.event.listen(engine, "before_cursor_execute", listener)
+    info = pool.begin_generation("http://sim:1")
+    sa.event.remove(engine, "before_cursor_execute", listener)
+    assert (info.weight_version, info.paused) == ("v1", False)
+    assert len([s for s in statements if not s.lstrip().upper().startswith(
+        ("BEGIN", "COMMIT", "ROLLBACK"))]) == 1
+    with session_scope(any_db_url) as s:
+        assert s.get(Rollout, rid).generating_on == "http://sim:1"
+        server_id = s.scalar(sa.text("SELECT id FROM llm_servers"))
+    pool.end_generation()
+    set_paused(any_db_url, "default", [server_id], True, weight_version="v2")
+    info = pool.begin_generation("http://sim:1")
+    assert (info.weight_version, info.paused) == ("v2", True)
+    with session_scope(any_db_url) as s:
+        assert s.get(Rollout, rid).generating_on is None  # the clear landed first, no new mark
+    assert pool.begin_generation("http://gone:1") is None
+    with pytest.raises(LeaseLost):
+        RegisteredPool(any_db_url, "vllm", rid, "stale").begin_generation("http://sim:1")
+
+
+def test_a_mark_racing_a_pause_is_either_seen_by_it_or_sees_it(pg_url) -> None:
+    """PostgreSQL: a pause's UPDATE is open when a mark is attempted. The mark must wait and
+    read the paused row (a read from the statement's snapshot would say "not paused" and
+    mark after the pause counted the marks: a generation would run during a weight load)."""
+    from core.models import LLMServer
+    from tasks.llm_pool import RegisteredPool
+    from tasks.pool_pause import generating
+
+    [rid] = _rollouts(pg_url, 1)
+    _server(pg_url)
+    pool = RegisteredPool(pg_url, "vllm", rid, f"L1-{rid}")
+    engine = get_engine(pg_url)
+    pauser = engine.connect()
+    pauser.begin()
+    pauser.execute(sa.update(LLMServer).values(paused=True))
+    seen: list = []
+    thread = threading.Thread(target=lambda: seen.append(pool.begin_generation("http://sim:1")))
+    thread.start()
+    time.sleep(0.3)
+    assert not seen  # waits on the pause's row lock
+    pauser.commit()
+    pauser.close()
+    thread.join(10)
+    assert seen and seen[0].paused
+    assert generating(pg_url, "default", ["http://sim:1"], 30.0) == {}
+    # The other order: a mark holding its share lock makes the pause's UPDATE wait for it.
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(sa.update(LLMServer).values(paused=False))
+    holder.commit()
+    holder.begin()
+    holder.execute(pool._mark_and_read("http://sim:1"))  # the statement, left uncommitted
+    done = threading.Event()
+
+    def pause() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.update(LLMServer).values(paused=True))
+        done.set()
+
+    threading.Thread(target=pause).start()
+    assert not done.wait(0.3)  # the pause waits for the mark's transaction
+    holder.commit()
+    holder.close()
+    assert done.wait(10)
+    assert generating(pg_url, "default", ["http://sim:1"], 30.0) == {"http://sim:1": 1}
