@@ -60,7 +60,10 @@ def fenced_turn_insert(dialect: str, rollout_id: str, attempt: int, lease: str,
               .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
               .with_for_update(read=True))  # FOR SHARE on PostgreSQL; SQLite ignores it
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return insert(table).from_select(columns, source).on_conflict_do_nothing()
+    # RETURNING says whether the row went in (a DBAPI rowcount is not reliable for
+    # INSERT ... SELECT ... ON CONFLICT: psycopg reports -1 through SQLAlchemy).
+    return (insert(table).from_select(columns, source).on_conflict_do_nothing()
+            .returning(table.c.index))
 
 
 def _refused(conn: Connection, rollout_id: str, attempt: int, lease: str,
@@ -79,7 +82,7 @@ def write_turn(conn: Connection, rollout_id: str, attempt: int, lease: str,
                fields: dict[str, Any]) -> None:
     """Insert one fenced turn on `conn` (inside the caller's transaction)."""
     statement = fenced_turn_insert(conn.dialect.name, rollout_id, attempt, lease, fields)
-    if conn.execute(statement).rowcount != 1:
+    if conn.execute(statement).first() is None:
         _refused(conn, rollout_id, attempt, lease, fields.get("index"))
 
 
