@@ -12,7 +12,7 @@ per turn (SQLAlchemy `commit` events plus statements run in autocommit) and stat
 turn.
 
 Usage: .venv/bin/python bench/turn_writes.py --baseline-tree /work/wt/hotpath-base
-       [--threads 64] [--turns 20] [--gap 0.05]     (needs PostgreSQL :5432)
+       [--threads 64] [--turns 20] [--gap 0.05] [--window 0.005]   (needs PostgreSQL :5432)
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def run_one(args: argparse.Namespace) -> dict:
                 pool.begin_generation("http://sim:1")
                 time.sleep(args.gap)  # the generation
                 pool.end_generation()
-                extra = {"window": 0.005} if window else {}
+                extra = {"window": args.window} if window else {}
                 lifecycle.record_turn(url, rid, 1, lease=f"L-{rid}", index=index, **extra,
                                       **FIELDS)
 
@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--gap", type=float, default=0.05)
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs per tree")
+    parser.add_argument("--window", type=float, default=0.005,
+                        help="turn_batch_window of the after tree (seconds)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -136,7 +138,7 @@ def main() -> None:
         for label, tree in trees:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--label", label,
                    "--threads", str(args.threads), "--turns", str(args.turns),
-                   "--gap", str(args.gap)]
+                   "--gap", str(args.gap), "--window", str(args.window)]
             out = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree,
                                  check=True, capture_output=True, text=True)
             report.append(json.loads(out.stdout.strip().splitlines()[-1]))

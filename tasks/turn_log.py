@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -208,18 +209,55 @@ class TurnWriter:
         return outcomes
 
 
-_writers: dict[tuple[int, str], TurnWriter] = {}
-_writers_lock = threading.Lock()
+class TurnLog:
+    """This process's turn-log writers: `LANES` TurnWriters, a rollout always on the same one
+    (its writes stay in order), so two batches are in flight at once instead of one: a batch
+    runs its statements one round trip after another, and one writer alone made 64 RUN slots
+    wait on each other's round trips."""
+
+    def __init__(self, db_url: str, window: float = DEFAULT_WINDOW, lanes: int = 2) -> None:
+        self.lanes = [TurnWriter(db_url, window) for _ in range(lanes)]
+
+    def lane(self, rollout_id: str) -> TurnWriter:
+        """The writer that carries `rollout_id`'s writes."""
+        return self.lanes[zlib.crc32(rollout_id.encode()) % len(self.lanes)]
+
+    def set_window(self, window: float) -> None:
+        """The batch window from the next batch on."""
+        for lane in self.lanes:
+            lane.window = window
+
+    def record_turn(self, rollout_id: str, attempt: int, lease: str,
+                    fields: dict[str, Any]) -> None:
+        """`TurnWriter.record_turn` on the rollout's lane."""
+        self.lane(rollout_id).record_turn(rollout_id, attempt, lease, fields)
+
+    def clear_generating(self, rollout_id: str, lease: str) -> Future:
+        """`TurnWriter.clear_generating` on the rollout's lane."""
+        return self.lane(rollout_id).clear_generating(rollout_id, lease)
+
+    def wait_idle(self, rollout_id: str, timeout: float | None = None) -> None:
+        """`TurnWriter.wait_idle` on the rollout's lane."""
+        self.lane(rollout_id).wait_idle(rollout_id, timeout)
+
+    @property
+    def batches(self) -> int:
+        """Committed batches, all lanes."""
+        return sum(lane.batches for lane in self.lanes)
 
 
-def writer(db_url: str, window: float | None = None) -> TurnWriter:
-    """This process's writer for `db_url` (one per process: a forked child makes its own);
+_logs: dict[tuple[int, str], TurnLog] = {}
+_logs_lock = threading.Lock()
+
+
+def writer(db_url: str, window: float | None = None) -> TurnLog:
+    """This process's turn log for `db_url` (one per process: a forked child makes its own);
     `window` (the stage's `turn_batch_window`) applies from the next batch on."""
     key = (os.getpid(), db_url)
-    with _writers_lock:
-        found = _writers.get(key)
+    with _logs_lock:
+        found = _logs.get(key)
         if found is None:
-            found = _writers[key] = TurnWriter(db_url, DEFAULT_WINDOW)
+            found = _logs[key] = TurnLog(db_url)
         if window is not None:
-            found.window = window
+            found.set_window(window)
         return found
