@@ -95,7 +95,6 @@ def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
         return result.rowcount == 1
 
 
-@retrying
 def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> bool:
     """Hand a leased rollout to the next stage's queue (status set, lease released).
 
@@ -104,6 +103,14 @@ def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: A
     Refuses (False) when the lease was lost or a cancel arrived: the caller then checks
     `cancel_requested` and ends the rollout itself.
     """
+    return hand_off(db_url, rollout_id, lease, to_stage, **values)[0]
+
+
+@retrying
+def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str,
+             **values: Any) -> tuple[bool, datetime | None]:
+    """`advance`, also returning the mark's time (what `tasks.outbox_marks` fences its
+    clear on); None when a retry found its own first commit landed (time not known)."""
     now = utcnow()
     with session_scope(db_url) as s:
         if s.execute(update(Rollout).where(
@@ -111,12 +118,12 @@ def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: A
                 Rollout.cancel_requested.is_(False)).values(
                 status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=now,
                 stage_started_at=None, outbox_at=now, **values)).rowcount == 1:
-            return True
+            return True, now
         # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
         # rollout into `to_stage` unleased, so finding it there means the hand-off is done.
         return bool(s.scalar(select(func.count()).select_from(Rollout).where(
             Rollout.id == rollout_id, Rollout.status == to_stage,
-            Rollout.lease_owner.is_(None))))
+            Rollout.lease_owner.is_(None)))), None
 
 
 def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -> bool:
@@ -193,12 +200,14 @@ def fenced(fence: dict[str, Any] | None) -> list[Any]:
 @retrying
 def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
            lease: str | None = None, expect_status: list[str] | None = None,
-           fence: dict[str, Any] | None = None, **values: Any) -> bool:
+           fence: dict[str, Any] | None = None, group: Any = None,
+           **values: Any) -> bool:
     """Move a rollout to a terminal status and give it the next completion sequence number.
 
     Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel);
     `fence` adds column values the caller observed (`fenced`), so two reapers acting on the
-    same observation end a row once.
+    same observation end a row once. `group` is the caller's job snapshot (a stage has it):
+    its `group_size` (immutable) spares the read that decides whether to take the group lock.
     The job counter is bumped in the same transaction (the row lock orders completions), so
     the results cursor never skips a rollout that commits late.
     """
@@ -212,7 +221,8 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     cond.extend(fenced(fence))
     now = utcnow()
     with session_scope(db_url) as s:
-        _lock_group(s, rollout_id)
+        if group is None or group.group_size is not None:
+            _lock_group(s, rollout_id)
         row = s.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
             finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
