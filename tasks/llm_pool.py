@@ -16,7 +16,8 @@ other rollout write, so a retried attempt returns to it and a worker that lost i
 writes nothing. A failing server is marked down and re-probed after `RECHECK_SECONDS`. Weight
 updates do not remove servers: the trainer pauses a server (`paused`: new generations wait,
 in-flight ones finish), loads the weights, and sets the new `weight_version` while resuming;
-the session re-reads its server's row every turn, so each turn records the weight version it
+the session reads its server's row every turn in the statement that marks the rollout as
+generating (`begin_generation`: one round trip), so each turn records the weight version it
 was really sampled with.
 """
 from __future__ import annotations
