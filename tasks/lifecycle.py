@@ -89,7 +89,7 @@ def job_snapshot(db_url: str, job_id: str) -> Job:
 def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
     """Write fields of a leased rollout; False when the lease was lost."""
     with session_scope(db_url) as s:
-        result = s.execute(update(Rollout)
+        result = s.connection().execute(update(Rollout)
                            .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
                            .values(**values))
         return result.rowcount == 1
@@ -113,7 +113,9 @@ def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str,
     clear on); None when a retry found its own first commit landed (time not known)."""
     now = utcnow()
     with session_scope(db_url) as s:
-        if s.execute(update(Rollout).where(
+        # Core statements on the session's connection: the ORM's bulk-UPDATE path costs more
+        # CPU than the statement itself here, and nothing below needs the identity map.
+        if s.connection().execute(update(Rollout).where(
                 Rollout.id == rollout_id, Rollout.lease_owner == lease,
                 Rollout.cancel_requested.is_(False)).values(
                 status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=now,
@@ -133,7 +135,7 @@ def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -
     later hand-off of the same rollout set; a claim that came first has cleared it already.
     """
     with session_scope(db_url) as s:
-        return s.execute(update(Rollout).where(
+        return s.connection().execute(update(Rollout).where(
             Rollout.id == rollout_id, Rollout.attempt == attempt,
             Rollout.status == queued_status, Rollout.lease_owner.is_(None),
             Rollout.outbox_at.is_not(None)).values(outbox_at=None),
@@ -223,19 +225,18 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     with session_scope(db_url) as s:
         if group is None or group.group_size is not None:
             _lock_group(s, rollout_id)
-        row = s.execute(update(Rollout).where(and_(*cond)).values(
+        conn = s.connection()  # Core statements (see `hand_off`)
+        row = conn.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
             finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
                                                  Rollout.outcome, Rollout.reward,
-                                                 Rollout.cut_reason),
-            execution_options={"synchronize_session": False}).one_or_none()
+                                                 Rollout.cut_reason)).one_or_none()
         if row is None:
             return False
-        job = s.execute(update(Job).where(Job.id == row.job_id).values(
+        job = conn.execute(update(Job).where(Job.id == row.job_id).values(
             finished_count=Job.finished_count + 1).returning(
             Job.finished_count, (Job.n_instances * Job.n_samples).label("total"),
-            Job.n_samples, Job.group_size, Job.callback_url, Job.owner),
-            execution_options={"synchronize_session": False}).one()
+            Job.n_samples, Job.group_size, Job.callback_url, Job.owner)).one()
         seq, ended = job.finished_count, 0
         if job.group_size is not None:  # a straggler cut decides (tasks.groups)
             group_done, ended = groups.on_finish(s, row.job_id, row.instance_id, rollout_id,
@@ -245,13 +246,11 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
                 select(func.count()).select_from(Rollout).where(
                     Rollout.job_id == row.job_id, Rollout.instance_id == row.instance_id,
                     Rollout.status.not_in(TERMINAL_VALUES)))
-        s.execute(update(Rollout).where(Rollout.id == rollout_id).values(
-            result_seq=seq, completes_group=group_done),
-            execution_options={"synchronize_session": False})
+        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(
+            result_seq=seq, completes_group=group_done))
         job_done = seq + ended >= job.total
         if job_done:
-            s.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now),
-                      execution_options={"synchronize_session": False})
+            conn.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now))
         if job.callback_url and (group_done or job_done):
             callbacks.on_completions(
                 s, row.job_id, job.owner, job.callback_url, job_done=job_done,
