@@ -35,6 +35,10 @@ def stage() -> str:
     if current:
         return current
     name = threading.current_thread().name
+    if name.startswith("raas-turn-writer"):
+        return "run"  # RUN's turn records and mark clears, group-committed (tasks.turn_log)
+    if name.startswith("raas-mark-clearer"):
+        return "marks"  # hand-on outbox marks, cleared in batches (tasks.outbox_marks)
     return "heartbeat" if name.startswith("raas-heartbeat") else "other"
 
 

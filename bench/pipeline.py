@@ -12,7 +12,12 @@
     seconds per rollout with the persistent grading process (`grading_process: warm`) against
     the baseline of a new grading process per rollout (`per_call`, the old way), same run.
 
+(a) counts the workers' statements, commits and publishes per rollout too (every thread of
+    every worker, bench/capacity_probe.py). `--baseline-tree DIR` runs (a) for that tree and
+    this one alternately, each in a child process whose code and workers come from its tree.
+
 Usage: .venv/bin/python bench/pipeline.py [--quick] [--only throughput|overlap|math-eval]
+       [--baseline-tree DIR [--repeat N]]
 (needs Redis :6379 and PostgreSQL :5432 for (a) and (b))
 """
 from __future__ import annotations
@@ -30,7 +35,9 @@ from pathlib import Path
 import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# `--tree DIR` (a child of `--baseline-tree`): that tree's code, this script's measurement.
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else REPO
+sys.path.insert(0, str(TREE))
 
 from tests.pipeline_harness import start_service  # noqa: E402
 
@@ -78,20 +85,52 @@ def finish_times(svc, job_id: str) -> list[float]:
     return sorted((f - c).total_seconds() for c, f in rows)
 
 
+def worker_ops(folder: Path) -> dict[str, dict[str, float]]:
+    """What the workers' probes (bench/capacity_probe.py) counted so far, per stage."""
+    total: dict[str, dict[str, float]] = {}
+    for path in folder.glob("*.json"):
+        for stage, counts in json.loads(path.read_text()).items():
+            mine = total.setdefault(stage, {})
+            for key, value in counts.items():
+                mine[key] = mine.get(key, 0) + value
+    return total
+
+
+def ops_per_rollout(before: dict, after: dict, n: int) -> dict[str, float]:
+    """Statements, commits and publishes per rollout between two probe readings (every
+    thread of every worker: stages, heartbeat, writer threads)."""
+    sums = {}
+    for key in ("statements", "commits", "publishes", "acks"):
+        total = sum(c.get(key, 0) for c in after.values()) - \
+            sum(c.get(key, 0) for c in before.values())
+        sums[key] = round(total / n, 2)
+    return sums
+
+
 def throughput(name: str, n: int) -> dict:
     """(a): a batch of n trivial rollouts, then single rollouts on an idle service."""
+    import os
+
     kwargs, cleanup = backend(name)
     with tempfile.TemporaryDirectory() as home:
-        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False, **kwargs)
+        probe_dir = Path(home) / "probe"
+        probe_dir.mkdir()
+        os.environ["CAPACITY_PROBE_DIR"] = str(probe_dir)  # the workers' environment
+        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False,
+                            handler_modules="bench.capacity_probe", **kwargs)
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
             wait_all(svc, warm["job_id"])
+            time.sleep(1.2)  # the probes' last per-second dump of the warm-up
+            ops0 = worker_ops(probe_dir)
             instances = [{"instance_id": f"i{k}"} for k in range(n)]
             t0 = time.monotonic()
             job = svc.client.submit("test-trivial", instances)
             submitted = time.monotonic() - t0
             wait_all(svc, job["job_id"])
             wall = time.monotonic() - t0
+            time.sleep(1.2)
+            ops = ops_per_rollout(ops0, worker_ops(probe_dir), n)
             latencies = []
             for k in range(10):
                 one = svc.client.submit("test-trivial", [{"instance_id": f"solo{k}"}])
@@ -100,9 +139,28 @@ def throughput(name: str, n: int) -> dict:
         finally:
             svc.stop()
             cleanup()
-    return {"backend": name, "rollouts": n, "submit_s": round(submitted, 3),
+    return {"tree": TREE.name if TREE != REPO else "this tree", "backend": name,
+            "rollouts": n, "submit_s": round(submitted, 3),
             "wall_s": round(wall, 3), "rollouts_per_s": round(n / wall, 1),
-            "solo_latency_p50_ms": round(statistics.median(latencies) * 1000, 1)}
+            "solo_latency_p50_ms": round(statistics.median(latencies) * 1000, 1),
+            "worker_ops_per_rollout": ops}
+
+
+def throughput_trees(baseline: Path, n: int, repeat: int) -> list[dict]:
+    """(a) for the baseline tree and this one, alternating, each backend, each in a child
+    process whose code (and workers) come from its tree."""
+    rows = []
+    for _ in range(repeat):
+        for name in ("embedded", "redis+postgresql"):
+            for tree in (baseline, REPO):
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--one-throughput",
+                       name, "--n", str(n), "--tree", str(tree)]
+                out = subprocess.run(cmd, cwd=tree, check=True, capture_output=True,
+                                     text=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row["tree"] = "before" if tree == baseline else "after"
+                rows.append(row)
+    return rows
 
 
 def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
@@ -185,11 +243,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller batches")
     parser.add_argument("--only", choices=["throughput", "overlap", "math-eval"], default=None)
+    parser.add_argument("--baseline-tree", default=None,
+                        help="(a) also for this tree (e.g. a worktree of main), alternating")
+    parser.add_argument("--repeat", type=int, default=1, help="(a) rounds with --baseline-tree")
+    parser.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--tree", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--one-throughput", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_throughput:
+        print(json.dumps(throughput(args.one_throughput, args.n)))
+        return
     n_trivial, n_sleepy, n_math = (200, 30, 24) if args.quick else (1000, 90, 42)
     wanted = {args.only} if args.only else {"throughput", "overlap", "math-eval"}
     report: dict = {"throughput": [], "overlap": [], "math_eval": []}
-    if "throughput" in wanted:
+    if "throughput" in wanted and args.baseline_tree:
+        report["throughput"] = throughput_trees(Path(args.baseline_tree), n_trivial,
+                                                args.repeat)
+    elif "throughput" in wanted:
         report["throughput"] = [throughput(b, n_trivial) for b in ("embedded", "redis+postgresql")]
     if "overlap" in wanted:
         report["overlap"] = [overlap("three-pools", n_sleepy),
@@ -204,11 +274,14 @@ def main() -> None:
     for r in report["math_eval"]:
         print(f"| {r['grading_process']} | {r['rollouts']} | {r['rewarded']} | {r['eval_p50_s']} | "
               f"{r['eval_p90_s']} | {r['grading_p50_s']} | {r['run_p50_s']} | {r['wall_s']} |")
-    print("\n| backend | rollouts | wall s | rollouts/s | solo latency p50 ms |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| tree | backend | rollouts | wall s | rollouts/s | solo latency p50 ms | "
+          "statements/rollout | commits/rollout | publishes/rollout |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["throughput"]:
-        print(f"| {r['backend']} | {r['rollouts']} | {r['wall_s']} | {r['rollouts_per_s']} | "
-              f"{r['solo_latency_p50_ms']} |")
+        ops = r.get("worker_ops_per_rollout", {})
+        print(f"| {r.get('tree', '')} | {r['backend']} | {r['rollouts']} | {r['wall_s']} | "
+              f"{r['rollouts_per_s']} | {r['solo_latency_p50_ms']} | "
+              f"{ops.get('statements')} | {ops.get('commits')} | {ops.get('publishes')} |")
     print("\n| mode | slots | rollouts | wall s | rollouts/s | steady/s | bound/s | steady/bound |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["overlap"]:

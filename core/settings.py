@@ -116,6 +116,10 @@ class Settings(BaseSettings):
         3, ge=0, description="Times one attempt's lost RUN continues in its live sandbox from "
                              "its logged turns before it restarts from INIT (0: always restart)")
     heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
+    turn_batch_window: float = Field(
+        0.005, ge=0, le=5.0,
+        description="Seconds a RUN process gathers turn-log writes into one commit (each turn "
+                    "still commits before its rollout's next generation; 0: no wait)")
     lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")
     db_retry_seconds: float | None = Field(
         None, ge=0, description="How long a stage's database writes retry a lost connection "

@@ -197,15 +197,16 @@ class InitGate:
         self.check()
         threading.Thread(target=self._loop, name="raas-init-gate", daemon=True).start()
 
-    def check(self) -> None:
+    def check(self, cached: bool = False) -> None:
         """Open or close the gate from the live consumer rows (and the RUN backlog); called
-        by the gate's thread and after every INIT task (so a fast INIT cannot run ahead)."""
+        by the gate's thread and after every INIT task (so a fast INIT cannot run ahead:
+        `cached`, the consumers as read within the last second, the backlog read anew)."""
         with self._lock:
-            self._check()
+            self._check(cached)
 
-    def _check(self) -> None:
+    def _check(self, cached: bool = False) -> None:
         try:
-            missing = self.needed - handback.live_queues(self.settings, cached=False)
+            missing = self.needed - handback.live_queues(self.settings, cached=cached)
             waiting = self._waiting_for_run()
         except Exception:  # noqa: BLE001 - keep the gate as it is until the database answers
             log.warning("INIT gate: reading live consumers failed", exc_info=True)

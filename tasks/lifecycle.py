@@ -20,7 +20,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import aliased
 
 from core.db import session_scope
-from core.errors import LeaseLost
 from core.models import (
     ACTIVE,
     TERMINAL_VALUES,
@@ -32,7 +31,7 @@ from core.models import (
     sources_of,
     utcnow,
 )
-from tasks import callbacks, groups
+from tasks import callbacks, groups, turn_log
 from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
@@ -90,13 +89,12 @@ def job_snapshot(db_url: str, job_id: str) -> Job:
 def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
     """Write fields of a leased rollout; False when the lease was lost."""
     with session_scope(db_url) as s:
-        result = s.execute(update(Rollout)
+        result = s.connection().execute(update(Rollout)
                            .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
                            .values(**values))
         return result.rowcount == 1
 
 
-@retrying
 def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> bool:
     """Hand a leased rollout to the next stage's queue (status set, lease released).
 
@@ -105,19 +103,29 @@ def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: A
     Refuses (False) when the lease was lost or a cancel arrived: the caller then checks
     `cancel_requested` and ends the rollout itself.
     """
+    return hand_off(db_url, rollout_id, lease, to_stage, **values)[0]
+
+
+@retrying
+def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str,
+             **values: Any) -> tuple[bool, datetime | None]:
+    """`advance`, also returning the mark's time (what `tasks.outbox_marks` fences its
+    clear on); None when a retry found its own first commit landed (time not known)."""
     now = utcnow()
     with session_scope(db_url) as s:
-        if s.execute(update(Rollout).where(
+        # Core statements on the session's connection: the ORM's bulk-UPDATE path costs more
+        # CPU than the statement itself here, and nothing below needs the identity map.
+        if s.connection().execute(update(Rollout).where(
                 Rollout.id == rollout_id, Rollout.lease_owner == lease,
                 Rollout.cancel_requested.is_(False)).values(
                 status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=now,
                 stage_started_at=None, outbox_at=now, **values)).rowcount == 1:
-            return True
+            return True, now
         # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
         # rollout into `to_stage` unleased, so finding it there means the hand-off is done.
         return bool(s.scalar(select(func.count()).select_from(Rollout).where(
             Rollout.id == rollout_id, Rollout.status == to_stage,
-            Rollout.lease_owner.is_(None))))
+            Rollout.lease_owner.is_(None)))), None
 
 
 def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -> bool:
@@ -127,7 +135,7 @@ def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -
     later hand-off of the same rollout set; a claim that came first has cleared it already.
     """
     with session_scope(db_url) as s:
-        return s.execute(update(Rollout).where(
+        return s.connection().execute(update(Rollout).where(
             Rollout.id == rollout_id, Rollout.attempt == attempt,
             Rollout.status == queued_status, Rollout.lease_owner.is_(None),
             Rollout.outbox_at.is_not(None)).values(outbox_at=None),
@@ -136,23 +144,21 @@ def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -
 
 @retrying
 def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = None,
-                **fields: Any) -> None:
-    """Append one turn to the log (committed before the agent's next generation).
+                window: float = turn_log.DEFAULT_WINDOW, **fields: Any) -> None:
+    """Append one turn to the log; returns once it is committed (before the agent's next
+    generation).
 
-    With `lease`, fenced on it in the same transaction (the rollout's row is written first,
-    which also beats): a worker presumed dead, whose RUN was resumed by another, can never
-    log a turn index twice. A turn already stored under its (rollout, attempt, index) is a
-    retried insert whose first commit landed: not an error.
+    With `lease`, fenced on it in the insert itself and group-committed with the process's
+    other turns (`tasks.turn_log`): a worker presumed dead, whose RUN was resumed by another,
+    can never log a turn index twice. Without (tools, tests), a plain insert of its own. A
+    turn already stored under its (rollout, attempt, index) is a retried insert whose first
+    commit landed: not an error.
     """
+    if lease is not None:
+        turn_log.writer(db_url, window).record_turn(rollout_id, attempt, lease, fields)
+        return
     try:
         with session_scope(db_url) as s:
-            if lease is not None and not s.execute(
-                    update(Rollout).where(Rollout.id == rollout_id,
-                                          Rollout.lease_owner == lease)
-                    .values(heartbeat_at=utcnow())).rowcount:
-                raise LeaseLost("the rollout moved on: turn not logged", rollout_id=rollout_id)
-            # A plain INSERT: no ORM unit of work, no RETURNING of the new id (a turn is
-            # read back by its rollout, attempt and index): the cheapest write of the turn.
             s.connection().execute(Turn.__table__.insert().values(
                 rollout_id=rollout_id, attempt=attempt, **fields))
     except IntegrityError:
@@ -196,12 +202,14 @@ def fenced(fence: dict[str, Any] | None) -> list[Any]:
 @retrying
 def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
            lease: str | None = None, expect_status: list[str] | None = None,
-           fence: dict[str, Any] | None = None, **values: Any) -> bool:
+           fence: dict[str, Any] | None = None, group: Any = None,
+           **values: Any) -> bool:
     """Move a rollout to a terminal status and give it the next completion sequence number.
 
     Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel);
     `fence` adds column values the caller observed (`fenced`), so two reapers acting on the
-    same observation end a row once.
+    same observation end a row once. `group` is the caller's job snapshot (a stage has it):
+    its `group_size` (immutable) spares the read that decides whether to take the group lock.
     The job counter is bumped in the same transaction (the row lock orders completions), so
     the results cursor never skips a rollout that commits late.
     """
@@ -215,20 +223,20 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
     cond.extend(fenced(fence))
     now = utcnow()
     with session_scope(db_url) as s:
-        _lock_group(s, rollout_id)
-        row = s.execute(update(Rollout).where(and_(*cond)).values(
+        if group is None or group.group_size is not None:
+            _lock_group(s, rollout_id)
+        conn = s.connection()  # Core statements (see `hand_off`)
+        row = conn.execute(update(Rollout).where(and_(*cond)).values(
             status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
             finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
                                                  Rollout.outcome, Rollout.reward,
-                                                 Rollout.cut_reason),
-            execution_options={"synchronize_session": False}).one_or_none()
+                                                 Rollout.cut_reason)).one_or_none()
         if row is None:
             return False
-        job = s.execute(update(Job).where(Job.id == row.job_id).values(
+        job = conn.execute(update(Job).where(Job.id == row.job_id).values(
             finished_count=Job.finished_count + 1).returning(
             Job.finished_count, (Job.n_instances * Job.n_samples).label("total"),
-            Job.n_samples, Job.group_size, Job.callback_url, Job.owner),
-            execution_options={"synchronize_session": False}).one()
+            Job.n_samples, Job.group_size, Job.callback_url, Job.owner)).one()
         seq, ended = job.finished_count, 0
         if job.group_size is not None:  # a straggler cut decides (tasks.groups)
             group_done, ended = groups.on_finish(s, row.job_id, row.instance_id, rollout_id,
@@ -238,13 +246,11 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
                 select(func.count()).select_from(Rollout).where(
                     Rollout.job_id == row.job_id, Rollout.instance_id == row.instance_id,
                     Rollout.status.not_in(TERMINAL_VALUES)))
-        s.execute(update(Rollout).where(Rollout.id == rollout_id).values(
-            result_seq=seq, completes_group=group_done),
-            execution_options={"synchronize_session": False})
+        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(
+            result_seq=seq, completes_group=group_done))
         job_done = seq + ended >= job.total
         if job_done:
-            s.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now),
-                      execution_options={"synchronize_session": False})
+            conn.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now))
         if job.callback_url and (group_done or job_done):
             callbacks.on_completions(
                 s, row.job_id, job.owner, job.callback_url, job_done=job_done,
@@ -310,8 +316,13 @@ def beat(db_url: str, leases: list[str]) -> set[str]:
     rollout was asked to stop (read in the same statement)."""
     if not leases:
         return set()
+    # Rows locked in id order (FOR UPDATE in the subquery; SQLite serialises writers), the
+    # order the turn writer takes them in: a beat and a batch of turns never deadlock.
+    mine = (select(Rollout.id).where(Rollout.lease_owner.in_(leases)).order_by(Rollout.id)
+            .with_for_update())
     with session_scope(db_url) as s:
-        rows = s.execute(update(Rollout).where(Rollout.lease_owner.in_(leases))
+        rows = s.execute(update(Rollout).where(Rollout.id.in_(mine.scalar_subquery()),
+                                               Rollout.lease_owner.in_(leases))
                          .values(heartbeat_at=utcnow())
                          .returning(Rollout.lease_owner, Rollout.cancel_requested)).all()
     return {lease for lease, cancelled in rows if cancelled}

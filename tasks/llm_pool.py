@@ -16,7 +16,8 @@ other rollout write, so a retried attempt returns to it and a worker that lost i
 writes nothing. A failing server is marked down and re-probed after `RECHECK_SECONDS`. Weight
 updates do not remove servers: the trainer pauses a server (`paused`: new generations wait,
 in-flight ones finish), loads the weights, and sets the new `weight_version` while resuming;
-the session re-reads its server's row every turn, so each turn records the weight version it
+the session reads its server's row every turn in the statement that marks the rollout as
+generating (`begin_generation`: one round trip), so each turn records the weight version it
 was really sampled with.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import itertools
 import time
 from typing import Any
 
-from sqlalchemy import Row, func, select, update
+from sqlalchemy import Row, case, func, select, update
 
 from agents.llm.pool import (
     RECHECK_SECONDS,
@@ -43,7 +44,7 @@ from core.settings import Settings
 from core.errors import LeaseLost, ServiceUnavailable
 from core.models import LLMServer, Rollout, Status, utcnow
 from core.policy import DEFAULT_OWNER
-from tasks import lifecycle
+from tasks import lifecycle, turn_log
 
 # A claim finds nothing only when no row qualifies; if one qualifies again right after (a
 # server resumed or came back meanwhile), claim again, this many times at most.
@@ -208,23 +209,47 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         return registered_urls(self.db_url, self.owner)
 
     def begin_generation(self, url: str) -> ServerInfo | None:
-        """Mark the rollout as generating on `url` (fenced on the lease), then read the row;
-        a paused or vanished server drops the mark again (see `ServerPool.begin_generation`)."""
-        marked = _run_alone(self.db_url, update(Rollout).where(
-            Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
-            .values(generating_on=url).returning(Rollout.id))
-        if marked is None:
+        """Mark the rollout as generating on `url` and read the server's row, in one statement
+        (`_mark_and_read`); a paused or vanished server is not marked. The weight version a
+        turn records comes from this read: no other read of the row per turn.
+
+        A clear of the previous mark still queued in the turn writer commits first, so it can
+        never wipe this mark.
+        """
+        turn_log.writer(self.db_url).wait_idle(self.rollout_id)
+        row = _run_alone(self.db_url, self._mark_and_read(url))
+        if row is None:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
-        info = self.lookup(url)
-        if info is None or info.paused:
-            self.end_generation()
-        return info
+        return self._info(row) if row.url is not None else None
+
+    def _mark_and_read(self, url: str) -> Any:
+        """UPDATE rollouts SET generating_on = (url unless the server is paused or gone)
+        WHERE id = :rollout AND lease_owner = :lease RETURNING the server's row, read in the
+        same statement under FOR SHARE.
+
+        The pause guarantee (`tasks.pool_pause`): `set_paused` UPDATEs the server row, which
+        conflicts with this share lock. If the pause committed first, the lock waits for it
+        and reads the row as updated (PostgreSQL re-reads a locked row's newest version):
+        paused, so no mark. If this statement locked first, the pause waits until the mark
+        has committed and then sees it when it counts generations. SQLite runs the statement
+        under its database write lock, which orders it with the pause the same way.
+        """
+        server = (select(*_INFO_COLUMNS).where(LLMServer.owner == self.owner,
+                                               LLMServer.url == url)
+                  .with_for_update(read=True).cte("server"))
+        paused = select(server.c.paused).scalar_subquery()
+        return (update(Rollout)
+                .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
+                .values(generating_on=case((paused.is_(False), url), else_=None))
+                .returning(*[select(column).scalar_subquery().label(column.name)
+                             for column in server.c])
+                .add_cte(server))
 
     def end_generation(self) -> None:
-        """Clear the rollout's generation mark (a lost lease has nothing to clear)."""
-        _run_alone(self.db_url, update(Rollout).where(
-            Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease,
-            Rollout.generating_on.is_not(None)).values(generating_on=None))
+        """Clear the rollout's generation mark: queued in the turn writer, committed with the
+        next batch (before the turn's record and the next mark). A late clear only makes a
+        pause wait a few milliseconds longer; a lost lease has nothing to clear."""
+        turn_log.writer(self.db_url).clear_generating(self.rollout_id, self.lease)
 
     def note_paused(self, seconds: float) -> None:
         """Add to the stage's `paused_seconds` (the reaper extends the deadline by it)."""

@@ -2,8 +2,11 @@
 until none is in flight; resume, optionally with a new weight version.
 
 Pausing sets `paused` on the rows; a session marks its rollout (`Rollout.generating_on`)
-before each request and reads the row after the mark (`RegisteredPool.begin_generation`), so
-every request either saw the pause and waits, or holds a mark this module waits for. In-flight
+before each request in the same statement that reads the server's row under a share lock
+(`RegisteredPool.begin_generation`), so every request either saw the pause and waits, or holds
+a mark this module waits for (the pause's UPDATE waits for the mark's commit). The mark's
+clear after the request is queued with the process's turn-log batch (`tasks.turn_log`): a
+pause may wait a few milliseconds longer for it, never less. In-flight
 generations finish normally: nothing is aborted. A mark of a worker that died stops counting
 when its lease's heartbeat is older than `lease_timeout` (the request died with it).
 Waiting rollouts keep their slot and keep beating; the wait is not charged to their deadline.

@@ -12,7 +12,9 @@ workspace and sandbox label stay valid, and the next RUN worker rebuilds the LLM
 the logged turns and continues at the next turn index (`agents.loop`). Nothing is initialised
 again and no logged turn is generated or executed again; only the turn in flight is (it was
 never logged; its half-run tool call may have left traces in the sandbox, as any shell would).
-Otherwise the rollout restarts from INIT as a new attempt, as before.
+Otherwise the rollout restarts from INIT as a new attempt, as before. Turns are group-committed
+per RUN process (`tasks.turn_log`), but each loop waits for its turn's batch before its next
+generation: a batch lost with its process holds at most that in-flight turn per rollout.
 
 A lost EVAL is graded again the same way (same attempt, EVAL queue of the rollout's node,
 within the same `max_resumes` budget): the artifact and the token arrays are stored, and

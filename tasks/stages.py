@@ -39,6 +39,7 @@ from tasks import db_retry, drain, grading, groups, handback, lifecycle, resume,
 from tasks.contexts import eval_context, rollout_context
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
+from tasks.outbox_marks import Mark, clearer
 from tasks.records import record_fields
 from tasks.publish import publish  # noqa: F401  (callers import it from here too)
 
@@ -133,6 +134,7 @@ class StageRun:
 
     def _record_turn(self, **fields: Any) -> None:
         lifecycle.record_turn(self.db, self.rollout_id, self.attempt, lease=self.lease,
+                              window=self.settings.turn_batch_window,
                               **fields)
 
     def _cancel_seen(self) -> bool:
@@ -225,7 +227,7 @@ class StageRun:
         self.log.info("%s", error)
         sandboxes.release(self.rollout.sandbox)
         lifecycle.finish(self.db, self.rollout_id, Status.FAILED, outcome, lease=self.lease,
-                         error=error, reward=reward, state=self.ctx.state,
+                         group=self.job, error=error, reward=reward, state=self.ctx.state,
                          run_seconds=self._elapsed(), **fields)
 
     def _eval(self) -> None:
@@ -238,7 +240,7 @@ class StageRun:
             on_start=self._keep_sandbox)
         lifecycle.finish(
             self.db, self.rollout_id, Status.DONE,
-            self.rollout.outcome or Outcome.COMPLETED.value, lease=self.lease,
+            self.rollout.outcome or Outcome.COMPLETED.value, lease=self.lease, group=self.job,
             reward=float(result.reward), eval_seconds=self._elapsed(), state=self.ctx.state,
             metrics={**(self.rollout.metrics or {}), **result.metrics},
             extra={**(self.rollout.extra or {}), **result.extra})
@@ -267,17 +269,21 @@ class StageRun:
             except Exception as exc:  # noqa: BLE001 - the database is away: this node's
                 self.log.info("EVAL target unknown (%s); this node's queue", exc)  # queue
             values["node"] = node
-        if lifecycle.advance(self.db, self.rollout_id, self.lease, stage, **values):
+        handed, marked_at = lifecycle.hand_off(self.db, self.rollout_id, self.lease, stage,
+                                               **values)
+        if handed:
             self._deliver(stage, self.attempt, node, f"handed to {stage}"
-                          + ("" if node == self.settings.node else f" on {node}"))
+                          + ("" if node == self.settings.node else f" on {node}"), marked_at)
             return
         self.handed_on = False  # refused: the rollout is still ours (or another attempt's)
         if lifecycle.cancel_requested(self.db, self.rollout_id):
             raise RolloutCancelled("cancelled during the stage")
 
-    def _deliver(self, stage: str, attempt: int, node: str | None, what: str) -> None:
-        """Publish a committed, marked hand-off; clear the mark once it is out. Never raises:
-        a message that does not get out is the outbox's."""
+    def _deliver(self, stage: str, attempt: int, node: str | None, what: str,
+                 marked_at: Any = False) -> None:
+        """Publish a committed, marked hand-off; clear the mark once it is out (a hand-on's
+        clear is queued: `tasks.outbox_marks`). Never raises: a message that does not get
+        out is the outbox's."""
         try:
             publish(self.app, stage, self.rollout_id, attempt, node,
                     retry_seconds=self.settings.handoff_publish_seconds,
@@ -287,6 +293,9 @@ class StageRun:
                              _describe(exc, "publish"))
             return
         queued = Status.PENDING.value if stage == "init" else stage
+        if marked_at is not False:
+            clearer(self.db).clear(Mark(self.rollout_id, attempt, queued, marked_at))
+            return
         try:
             lifecycle.clear_mark(self.db, self.rollout_id, attempt, queued)
         except OperationalError as exc:  # the mark stays: at worst one duplicate message
@@ -307,8 +316,8 @@ class StageRun:
     def _end(self, status: Status, outcome: Outcome, error: str, **values: Any) -> None:
         self._cleanup(error)
         if lifecycle.finish(self.db, self.rollout_id, status, outcome.value, lease=self.lease,
-                            error=error[:4000], **{f"{self.stage}_seconds": self._elapsed()},
-                            **values):
+                            group=self.job, error=error[:4000],
+                            **{f"{self.stage}_seconds": self._elapsed()}, **values):
             self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value,
                           outcome.value, error[:200])
         else:

@@ -96,7 +96,7 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     if gate is not None:
         @task_postrun.connect(weak=False)
         def _after_init(**_: object) -> None:
-            gate.check()  # an INIT just handed a rollout on: backpressure before the next
+            gate.check(cached=True)  # an INIT handed a rollout on: backpressure first
 
     workers: list[object] = []
 

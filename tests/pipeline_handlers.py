@@ -151,3 +151,26 @@ class ChatHandler(AgentHandler):
         done = (ctx.run_result.metrics or {}).get("turns")
         wanted = int(ctx.instance.get("turns", ctx.agent_config.turns))
         return EvalResult(reward=float(done == wanted), metrics={"turns_done": done})
+
+
+@register
+class ResumableChatHandler(ChatHandler):
+    """`test-chat` that a lost RUN continues from its logged turns (its tool's counter lives
+    in `ctx.state`, which resume restores), so observations are the same either way."""
+
+    name = "test-chat-resumable"
+    resumable = True
+
+    def run(self, ctx: StageContext) -> RunResult:
+        cfg: ChatConfig = ctx.agent_config
+
+        def observe(ctx: StageContext, arguments: dict) -> ToolOutput:
+            ctx.state["seen"] = ctx.state.get("seen", 0) + 1
+            time.sleep(cfg.tool_s)
+            return ToolOutput(f"{ctx.instance_id} part {ctx.state['seen']}.")
+
+        tool = Tool("observe", "Read the next part of the task", {"type": "object",
+                                                                   "properties": {}}, observe)
+        return run_agent_loop(ctx, system_prompt="You read a task part by part.",
+                              user_prompt=f"Task {ctx.instance_id}: observe every part.",
+                              tools=[tool], max_turns=int(ctx.instance.get("turns", cfg.turns)))

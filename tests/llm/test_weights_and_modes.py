@@ -61,6 +61,7 @@ def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -
     deadline moves on by the wait, the rollout row counts it, and a cancel still stops it."""
     from core.errors import RolloutCancelled
     from core.models import Rollout
+    from tasks import turn_log
 
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "v1")
@@ -73,6 +74,7 @@ def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -
         gen = s.generate(time.monotonic() + 0.5)  # 0.5 s left, paused for 1.5 s
     assert gen.weight_version == "v2" and gen.token_ids
     assert 1.2 <= gen.paused_seconds < 5
+    turn_log.writer(db_url).wait_idle(rid, timeout=10)  # the mark's clear commits in a batch
     with session_scope(db_url) as db:
         row = db.get(Rollout, rid)
         assert row.paused_seconds >= 1.2 and row.generating_on is None
