@@ -161,10 +161,10 @@ class ResumableChatHandler(ChatHandler):
     name = "test-chat-resumable"
     resumable = True
 
-    def run(self, ctx: StageContext) -> RunResult:
+    def run(self, ctx: RunContext) -> Trajectory:
         cfg: ChatConfig = ctx.agent_config
 
-        def observe(ctx: StageContext, arguments: dict) -> ToolOutput:
+        def observe(ctx: RunContext, arguments: dict) -> ToolOutput:
             ctx.state["seen"] = ctx.state.get("seen", 0) + 1
             time.sleep(cfg.tool_s)
             return ToolOutput(f"{ctx.instance_id} part {ctx.state['seen']}.")
