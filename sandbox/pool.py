@@ -133,7 +133,8 @@ class WarmPool:
         asks the filler for the shape."""
         if self.size <= 0 or self._closed:
             return None
-        runtime = self._runtime(runtime).name  # "auto" as what it resolves to here
+        if runtime == "auto":  # as what it resolves to on this node
+            runtime = self._runtime(runtime).name
         if runtime not in POOLABLE:
             return None
         key = shape_key(options, runtime)
@@ -279,9 +280,8 @@ class WarmPool:
         count = self.size if count is None else count
         end = time.monotonic() + timeout
         with self._lock:
-            shape = self._want(shape_key(options, runtime), options, runtime)
-            self._lock.notify_all()
-            while len(shape.ready) < count:
+            while len(self._want(shape_key(options, runtime), options, runtime).ready) < count:
+                self._lock.notify_all()
                 if time.monotonic() > end or self._closed:
                     return False
                 self._lock.wait(0.05)
