@@ -149,6 +149,17 @@ def warm_pool(settings: Settings) -> Any:
     return pool_for(sandbox_settings(settings), settings.workspaces, settings.sandbox_pool_size)
 
 
+def close_warm_pools() -> None:
+    """Stop this process's unclaimed warm sandboxes (a worker that exits; a killed one
+    leaves them to the reaper)."""
+    from sandbox.pool import close_pools
+
+    try:
+        close_pools()
+    except Exception:  # noqa: BLE001 - the exit must go on; the reaper stops what is left
+        log.exception("closing the warm sandbox pools failed")
+
+
 def claim(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
           runtime: str) -> tuple[Any, dict[str, Any]] | None:
     """A warm sandbox for the rollout from this process's pool, or None when the pool holds
