@@ -40,9 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.abstract import Runtime, get_runtime, stop_handle
+from sandbox.abstract import Runtime, get_runtime, is_alive, stop_handle
 from sandbox.client import Sandbox
-from sandbox.errors import SandboxError
 from sandbox.handles import POOL_LABEL, Handle, pid_alive, write_handle
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxOptions, SandboxSpec
@@ -162,18 +161,17 @@ class WarmPool:
 
     def _hand_out(self, handle: Handle, label: str) -> Sandbox | None:
         """Relabel a popped member for its rollout (the claim file first, then the handle),
-        or stop it and return None when it no longer answers."""
-        sandbox = Sandbox(handle, stop_handle)
-        try:
-            sandbox.ping(timeout=2.0)
-        except SandboxError as exc:
-            log.warning("pooled sandbox %s is gone (%s): not handed out", handle["id"], exc)
+        or stop it and return None when its processes are gone (checked in /proc: a ping
+        would wait for the sandbox to be scheduled; an idle server that runs answers)."""
+        if not (is_alive(handle) and pid_alive(handle.get("server_pid"),
+                                               handle.get("server_start"))):
+            log.warning("pooled sandbox %s is gone: not handed out", handle["id"])
             self._discard(handle)
             return None
         claim_file(handle["workspace"]).write_text(label)
         handle.update(label=label, claimed=time.time())
         write_handle(handle)
-        return sandbox
+        return Sandbox(handle, stop_handle)
 
     # -- the filler -----------------------------------------------------------------------
     def _start_filler(self) -> None:
