@@ -35,7 +35,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,8 +293,9 @@ class WarmPool:
                     "misses": sum(s.misses for s in shapes),
                     "ready": sum(len(s.ready) for s in shapes), "shapes": len(shapes)}
 
-    def close(self) -> None:
-        """Stop every unclaimed member and the filler (claimed sandboxes are their rollouts')."""
+    def close(self, wait: bool = True) -> None:
+        """Stop every unclaimed member and the filler (claimed sandboxes are their rollouts');
+        `wait` for a start in flight (else the filler discards it when it is done)."""
         with self._lock:
             self._closed = True
             members = [h for s in self._shapes.values() for _, h in s.ready]
@@ -302,25 +303,33 @@ class WarmPool:
                 shape.ready.clear()
             self._lock.notify_all()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if wait and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self.settings.start_timeout + 5)
         self._retire(members)
 
 
-_pools: dict[tuple, WarmPool] = {}
+MAX_POOLS = 2  # per process: a worker has one; a process that changes settings keeps the last
+_pools: OrderedDict[tuple, WarmPool] = OrderedDict()
 _pools_lock = threading.Lock()
 
 
 def pool_for(settings: SandboxSettings, slots_dir: str | os.PathLike, size: int) -> WarmPool:
     """This process's pool for these settings and slot folder (a forked child gets its own:
-    members belong to the process that started them); closed at exit."""
+    members belong to the process that started them); closed at exit, or when pools for
+    other settings pushed it out (at most `MAX_POOLS` per process, the least recently used go)."""
     key = (os.getpid(), settings.model_dump_json(), str(slots_dir), size)
+    evicted = []
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
             pool = _pools[key] = WarmPool(settings, slots_dir, size)
             atexit.register(pool.close)
-        return pool
+        _pools.move_to_end(key)
+        while len(_pools) > MAX_POOLS:
+            evicted.append(_pools.popitem(last=False)[1])
+    for old in evicted:
+        old.close(wait=False)
+    return pool
 
 
 def close_pools() -> None:

@@ -193,3 +193,16 @@ def test_members_of_a_killed_pool_process_are_stopped(state_dir, tmp_path):
             owner.kill()
         for handle in list_sandboxes(state_dir, include_dead=True):
             stop_handle(handle)
+
+
+def test_a_process_keeps_few_pools(state_dir, tmp_path):
+    from sandbox.pool import MAX_POOLS, close_pools, pool_for
+
+    settings = SandboxSettings(state_dir=state_dir)
+    pools = [pool_for(settings, tmp_path / f"slots{n}", 1) for n in range(MAX_POOLS + 1)]
+    try:
+        assert pool_for(settings, tmp_path / "slots0", 1) is not pools[0]  # pushed out
+        assert pools[0]._closed and not pools[-1]._closed
+        assert pool_for(settings, tmp_path / f"slots{MAX_POOLS}", 1) is pools[-1]
+    finally:
+        close_pools()
