@@ -168,9 +168,13 @@ class WarmPool:
             log.warning("pooled sandbox %s is gone: not handed out", handle["id"])
             self._discard(handle)
             return None
-        claim_file(handle["workspace"]).write_text(label)
-        handle.update(label=label, claimed=time.time())
-        write_handle(handle)
+        try:
+            claim_file(handle["workspace"]).write_text(label)
+            handle.update(label=label, claimed=time.time())
+            write_handle(handle)
+        except BaseException:  # e.g. a full disk: neither handed out nor left in the pool
+            self._discard(handle)
+            raise
         return Sandbox(handle, stop_handle)
 
     # -- the filler -----------------------------------------------------------------------
