@@ -177,6 +177,10 @@ class Settings(BaseSettings):
         None, description="Pulled Singularity images; default <home>/images")
     sandbox_cgroup_parent: Path | None = Field(
         None, description="cgroup v2 folder for sandbox cgroups; default the worker's own")
+    sandbox_pool_size: int = Field(
+        2, ge=0, le=64, description="Sandboxes each INIT and EVAL process keeps started ahead "
+                                    "of demand, per recently wanted sandbox shape (0: every "
+                                    "sandbox starts cold); see sandbox/pool.py")
     sandbox_isolate_tools: bool = Field(
         True, description="bwrap: run the agent's tools in a pid namespace below the tool "
                           "server's, so nothing the agent runs can signal or trace it (off "

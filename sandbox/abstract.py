@@ -103,7 +103,7 @@ def pin_server(handle: Handle, timeout: float = 5.0) -> None:
     """Record which process serves the tool socket (SO_PEERCRED at first contact, before any
     agent code ran); every later connection must reach that very process (`ToolClient`)."""
     from sandbox.client import peer_of
-    from sandbox.toolserver.procs import descendants, start_time
+    from sandbox.toolserver.procs import is_descendant, start_time
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -115,7 +115,7 @@ def pin_server(handle: Handle, timeout: float = 5.0) -> None:
     finally:
         sock.close()
     root = handle.get("pid")
-    if uid != handle.get("uid", os.getuid()) or (pid != root and pid not in descendants(root)):
+    if uid != handle.get("uid", os.getuid()) or (pid != root and not is_descendant(pid, root)):
         raise SandboxStartError(f"tool socket answered by pid {pid} (uid {uid}), which this "
                                 f"runtime did not start (pid {root})")
     handle.update(server_pid=pid, server_start=start_time(pid))

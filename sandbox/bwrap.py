@@ -32,7 +32,7 @@ from sandbox.handles import (
     wait_gone,
     write_handle,
 )
-from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, sandbox_env
+from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, compile_server, sandbox_env
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
@@ -102,6 +102,9 @@ def _root_mounts(image: str | None,
 # The server's interpreter runs isolated (-I: no cwd, PYTHONPATH or user site on sys.path)
 # and imports only from the read-only /opt/raas, never from a directory the agent can write
 # (the root tmpfs is the sandbox uid's: a /json.py there would run inside the server).
+# -S: no `site` (the server needs nothing of site-packages: its paths are set below), -B: it
+# writes no bytecode (it reads what `compile_server` wrote on the host).
+SERVER_FLAGS = ("-I", "-S", "-B")
 SERVER_BOOT = (f"import sys; sys.path[:0] = [{OPT!r}, {OPT + '/lib'!r}]; import runpy; "
                "runpy.run_module('toolserver', run_name='__main__', alter_sys=True)")
 
@@ -245,8 +248,9 @@ class BwrapRuntime(Runtime):
         python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
         inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
         argv += ["--clearenv", *(x for k, v in inside.items() for x in ("--setenv", k, v))]
+        compile_server()
         argv += ["--chdir", OPT, "--info-fd", "{info_fd}", "--",
-                 "/usr/bin/python3", "-I", "-B", "-c", SERVER_BOOT,
+                 "/usr/bin/python3", *SERVER_FLAGS, "-c", SERVER_BOOT,
                  "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
                  "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}",
                  "--signal-fd", "{signal_fd}", *server_flags]

@@ -20,6 +20,9 @@ from sandbox.settings import default_state_dir
 from sandbox.toolserver.procs import descendants, is_running, start_time
 
 STARTING, READY = "starting", "ready"
+# The label of a warm-pool member nobody claimed yet (sandbox.pool): it belongs to the process
+# that started it (`owner_pid`) until a claim relabels it for a rollout.
+POOL_LABEL = "raas-pool"
 # The launcher's first process: waits for one line on stdin (the gate), then becomes the
 # real command with stdin from /dev/null. If the starter dies first, stdin reaches EOF and
 # it exits without starting anything.
@@ -59,11 +62,17 @@ def mark_ready(handle: Handle) -> None:
     write_handle(handle)
 
 
+def unclaimed(handle: Handle) -> bool:
+    """True for a warm-pool member no rollout has claimed."""
+    return handle.get("label") == POOL_LABEL
+
+
 def orphaned(handle: Handle) -> bool:
-    """True for a start whose starter died before the sandbox was ready (nobody will finish
-    it, nobody else knows it): whatever it launched is garbage."""
-    return handle.get("state") == STARTING and not pid_alive(handle.get("owner_pid"),
-                                                             handle.get("owner_start"))
+    """True for a start whose starter died before the sandbox was ready, or a pool member
+    whose pool process died before anyone claimed it (nobody will finish or claim it, nobody
+    else knows it): whatever it launched is garbage."""
+    return (handle.get("state") == STARTING or unclaimed(handle)) and \
+        not pid_alive(handle.get("owner_pid"), handle.get("owner_start"))
 
 
 def gated_popen(argv: list[str], handle: Handle, **kwargs: Any) -> subprocess.Popen:

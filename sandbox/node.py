@@ -65,9 +65,12 @@ def stop_handle(handle: Handle) -> None:
 
 
 def is_alive(handle: Handle) -> bool:
-    """True while the sandbox runs, or is being started by a live process."""
+    """True while the sandbox runs, or is being started by a live process (an orphaned
+    start or pool member counts as dead: nobody will use it)."""
+    if orphaned(handle):
+        return False
     if handle.get("state") == STARTING:
-        return not orphaned(handle)
+        return True
     cls = registered(handle.get("runtime", ""))
     return cls is not None and cls.alive(handle)
 

@@ -43,6 +43,7 @@ from core.settings import Settings
 from tasks import handback, nodes
 from tasks.config import stage_queue
 from tasks.publish import publish
+from tasks.sandboxes import close_warm_pools
 
 log = logging.getLogger(__name__)
 POLL = 0.25
@@ -156,6 +157,7 @@ class Drain:
             time.sleep(POLL)
         log.info("%s pool on %s drained in %.1fs; exiting", self.stage.upper(),
                  self.settings.node, time.monotonic() - (self.started or 0))
+        close_warm_pools()  # os._exit runs no atexit: stop the unclaimed warm sandboxes here
         logging.shutdown()
         os._exit(0)
 

@@ -3,7 +3,9 @@
 The artifact RUN stored is graded without trusting RUN's sandbox: handlers with
 `eval_in_sandbox` get a FRESH sandbox (new tool server, socket and process tree, no network)
 on a fresh workspace that `prepare_eval` fills from the instance's clean state plus the
-artifact; the others grade on the host. The grading sandbox is always released.
+artifact; the others grade on the host. The grading sandbox is always released. It comes from
+the EVAL process's warm pool when that holds one of its shape (`prepare_eval` then fills the
+claimed slot folder, handed to the sandbox's uid after), else it starts cold on `workspace`.
 """
 from __future__ import annotations
 
@@ -39,19 +41,27 @@ def grade(settings: Settings, handler: AgentHandler, ctx: EvalContext, *,
     """Grade `ctx.artifact`; `on_start(handle)` lets the caller record the grading sandbox."""
     if not handler.eval_in_sandbox:
         return handler.evaluate(ctx)
-    shutil.rmtree(workspace, ignore_errors=True)
-    workspace.mkdir(parents=True)
     handle = None
     try:
-        notes = handler.prepare_eval(ctx, str(workspace)) or {}
         options = eval_options(job_sandbox, handler.sandbox_overrides(ctx))
         runtime = sandboxes.wanted_runtime(settings, job_sandbox or {}, True)
         runtime = options.get("runtime") or runtime  # a handler's override wins
-        sb, handle = sandboxes.start(settings, options, label[0], label[1], runtime,
-                                     workspace=workspace, state_dir=state_dir)
-        if on_start is not None:
-            on_start(handle)
-        result = handler.evaluate(ctx.with_sandbox(sb, str(workspace)))
+        warm = sandboxes.claim(settings, options, *label, runtime) if state_dir is None else None
+        if warm is not None:  # filled after the claim, then handed to the sandbox's uid
+            sb, handle = warm
+            if on_start is not None:
+                on_start(handle)
+            notes = handler.prepare_eval(ctx, sb.workspace) or {}
+            sandboxes.hand_over(handle)
+        else:
+            shutil.rmtree(workspace, ignore_errors=True)
+            workspace.mkdir(parents=True)
+            notes = handler.prepare_eval(ctx, str(workspace)) or {}
+            sb, handle = sandboxes.start(settings, options, label[0], label[1], runtime,
+                                         workspace=workspace, state_dir=state_dir)
+            if on_start is not None:
+                on_start(handle)
+        result = handler.evaluate(ctx.with_sandbox(sb, sb.workspace))
         result.extra = {**notes, **result.extra}
         return result
     finally:

@@ -34,7 +34,6 @@ holds sandboxes of attempts that restarted elsewhere).
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from datetime import timedelta
@@ -372,7 +371,7 @@ class Reaper:
         many sandboxes were stopped."""
         try:
             from sandbox import list_sandboxes
-            from sandbox.handles import orphaned
+            from sandbox.handles import orphaned, unclaimed
         except ImportError:
             return 0
         # Only sandboxes of this deployment: their workspaces live under our workspace root.
@@ -381,20 +380,22 @@ class Reaper:
         handles = [h for h in list_sandboxes(self.settings.sandbox_dir, include_dead=True)
                    if str(h.get("workspace", "")).startswith(root)]
         folders = sandboxes.attempt_folders(self.settings)  # listed before the query below
-        labels = {h.get("label") or "" for h in handles} | set(folders.values())
-        if not labels:
+        if not handles and not folders:
             return 0
-        live = self._live_attempts(labels)
+        # Warm-pool members nobody claimed belong to their pool's process while it lives.
+        labels = {h.get("label") or "" for h in handles if not unclaimed(h)} | set(folders.values())
+        labels.discard("")
+        live = self._live_attempts(labels) if labels else set()
         n, kept = 0, set()
         for h in handles:
-            if orphaned(h) or h.get("label") not in live:
+            if orphaned(h) or (not unclaimed(h) and h.get("label") not in live):
                 sandboxes.release(h)
                 n += 1
             else:
                 kept.add(h.get("workspace"))
         for path, label in folders.items():
             if label not in live and path not in kept:
-                shutil.rmtree(path, ignore_errors=True)
+                sandboxes.remove_workspace(path)
         return n
 
     def _live_attempts(self, labels: set[str]) -> set[str]:

@@ -110,12 +110,16 @@ def workspace_for(settings: Settings, rollout_id: str, attempt: int) -> Path:
 
 def attempt_folders(settings: Settings) -> dict[str, str]:
     """This node's workspace folders of rollout attempts, as {path: "<rollout>:<attempt>"}
-    (the label their sandboxes carry); other folders (re-evaluations) are not listed."""
+    (the label their sandboxes carry): cold starts' by their name, claimed pool slots' by
+    their claim record, and unclaimed slots of a dead pool as "" (never live); other folders
+    (re-evaluations, slots of a live pool) are not listed."""
+    from sandbox.pool import slot_folders
+
     try:
         names = os.listdir(settings.workspaces)
     except FileNotFoundError:
         return {}
-    found = {}
+    found = {path: label or "" for path, label in slot_folders(settings.workspaces).items()}
     for name in names:
         match = ATTEMPT_FOLDER.match(name)
         if match:
@@ -138,13 +142,52 @@ def ensure_declared_environment(settings: Settings, name: str | None) -> None:
         ensure_environment(name, packages, settings.envs_root)
 
 
+def warm_pool(settings: Settings) -> Any:
+    """This process's warm pool of sandboxes (`sandbox.pool`), slots under the workspaces."""
+    from sandbox.pool import pool_for
+
+    return pool_for(sandbox_settings(settings), settings.workspaces, settings.sandbox_pool_size)
+
+
+def close_warm_pools() -> None:
+    """Stop this process's unclaimed warm sandboxes (a worker that exits; a killed one
+    leaves them to the reaper)."""
+    from sandbox.pool import close_pools
+
+    try:
+        close_pools()
+    except Exception:  # noqa: BLE001 - the exit must go on; the reaper stops what is left
+        log.exception("closing the warm sandbox pools failed")
+
+
+def claim(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
+          runtime: str) -> tuple[Any, dict[str, Any]] | None:
+    """A warm sandbox for the rollout from this process's pool, or None when the pool holds
+    none of this shape (the miss teaches the pool the shape). Its slot folder is the
+    workspace: whatever the host writes there after the claim needs `hand_over`."""
+    from sandbox import SandboxOptions
+
+    if runtime == "none":
+        return None
+    ensure_declared_environment(settings, options.get("python_env"))
+    fields = spec_fields(settings, options, runtime)
+    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}")
+    return (sb, sb.handle) if sb is not None else None
+
+
 def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
           runtime: str, workspace: Path | None = None,
           state_dir: str | None = None) -> tuple[Any, dict[str, Any]]:
-    """Start the rollout's sandbox (building its declared environment on first use) on a
-    fresh workspace unless one is given; returns (client, handle)."""
+    """The rollout's sandbox (building its declared environment on first use): a warm one
+    from this process's pool when it holds one of this shape (`claim`), else started cold on
+    a fresh workspace; returns (client, handle). A caller that brings its own workspace or
+    state folder always starts cold."""
     from sandbox import SandboxSpec, UnknownRuntime, get_runtime
 
+    if workspace is None and state_dir is None:
+        warm = claim(settings, options, rollout_id, attempt, runtime)
+        if warm is not None:
+            return warm
     ensure_declared_environment(settings, options.get("python_env"))
     fields = spec_fields(settings, options, runtime)
     workspace = workspace or workspace_for(settings, rollout_id, attempt)
@@ -196,4 +239,11 @@ def release(handle: dict[str, Any] | None) -> None:
         log.exception("stopping sandbox %s failed", handle.get("label"))
     workspace = handle.get("workspace")
     if workspace:
-        shutil.rmtree(workspace, ignore_errors=True)
+        remove_workspace(workspace)
+
+
+def remove_workspace(path: str | Path) -> None:
+    """Delete a workspace folder (and a pool slot's claim record beside it)."""
+    from sandbox.pool import remove_slot
+
+    remove_slot(path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from pydantic import Field
 
@@ -107,6 +108,42 @@ class SandboxedHandler(SleepyHandler):
     def init(self, ctx: InitContext) -> None:
         ctx.sandbox.write_file(f"{ctx.workspace}/started", "yes")
         super().init(ctx)
+
+
+@register
+class GradedHandler(SleepyHandler):
+    """A real sandbox in INIT and a fresh one to grade in EVAL (warm-pool tests): the host
+    writes the question, the agent its answer, the grader checks it in its own sandbox and
+    reports which workspace folder each stage had."""
+
+    name = "test-graded"
+    needs_sandbox = True
+    eval_in_sandbox = True
+
+    def init(self, ctx: InitContext) -> None:
+        Path(ctx.workspace, "question").write_text("6*7\n")  # the stage hands it over after
+        ctx.state["init_ws"] = os.path.basename(ctx.workspace)
+
+    def run(self, ctx: RunContext) -> Trajectory:
+        out = ctx.sandbox.bash("echo $(( $(cat question) )) > answer && ls -A | tr '\\n' ' '")
+        ctx.state["run_saw"] = out.output.strip()
+        return Trajectory(outcome="completed", finish_reason="stop", prompt_ids=[1],
+                          response_ids=[2], response_logprobs=[-0.1], loss_mask=[1])
+
+    def artifact(self, ctx: RunContext, result: Trajectory) -> dict:
+        return {"answer": Path(ctx.workspace, "answer").read_text().strip()}
+
+    def prepare_eval(self, ctx: EvalContext, workspace: str) -> dict:
+        Path(workspace, "answer").write_text(ctx.artifact["answer"] + "\n")
+        return {"eval_ws": os.path.basename(workspace)}
+
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
+        out = ctx.sandbox.bash("cat answer; ls -A | tr '\\n' ' '; echo; id -u").output
+        answer, seen, uid = out.splitlines()
+        return EvalResult(reward=float(answer.strip() == "42"),
+                          extra={"init_ws": ctx.state.get("init_ws"), "eval_saw": seen.strip(),
+                                 "run_saw": ctx.state.get("run_saw"),
+                                 "eval_uid": uid.strip()})
 
 
 class ChatConfig(AgentLoopConfig):

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from core.db import session_scope
 from core.models import Rollout, Turn
-from sandbox.handles import pid_alive, read_handles
+from sandbox.handles import orphaned, pid_alive, read_handles, unclaimed
 from sandbox.toolserver.procs import descendants, start_time
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
@@ -94,8 +94,16 @@ def test_a_sigkilled_init_worker_mid_start_leaks_nothing(tmp_path, pg_url, redis
         assert (result["outcome"], result["attempt"], result["reward"]) == ("completed", 2, 0.0)
         wait_for(lambda: not any(pid_alive(p, starts[p]) for p in tree), 10,
                  "the orphaned sandbox's processes to be killed")
-        wait_for(lambda: os.listdir(sandbox_dir) == [], 10, "the sandbox state to be removed")
-        wait_for(lambda: os.listdir(svc.settings.workspaces) == [], 10,
-                 "the workspaces to be removed")
+        # What is left is the new INIT worker's warm pool (sandbox/pool.py), nothing else: the
+        # killed worker's start and its pool's members are gone with their state and folders.
+        def leftovers() -> list[str]:
+            warm = [h for h in read_handles(sandbox_dir) if unclaimed(h) and not orphaned(h)]
+            assert all(h["owner_pid"] == svc.workers[("init", "node-a")].pid for h in warm)
+            ids = {h["id"] for h in warm}
+            slots = {os.path.basename(h["workspace"]) for h in warm}
+            return [name for name in os.listdir(sandbox_dir) if name.split(".")[0] not in ids] \
+                + [name for name in os.listdir(svc.settings.workspaces) if name not in slots]
+
+        wait_for(lambda: leftovers() == [], 30, "the sandbox state and workspaces to be removed")
     finally:
         svc.stop()

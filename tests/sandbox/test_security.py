@@ -288,11 +288,12 @@ def test_tool_socket_is_out_of_reach_inside(bw):
 
 def test_the_server_imports_nothing_from_where_the_agent_can_write(bw):
     """Review 1 item 12: the root tmpfs is the sandbox uid's (the agent may write /json.py).
-    The server runs isolated (-I: no cwd or PYTHONPATH entry on sys.path), from a read-only
+    The server runs isolated (-I: no cwd or PYTHONPATH entry on sys.path; -S: no site, so no
+    .pth file of the system's site-packages runs in it either), from a read-only
     cwd, and /opt/raas, the only place it imports from, is a read-only mount."""
     pid = bw.handle["server_pid"]
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert argv[:3] == [b"/usr/bin/python3", b"-I", b"-B"], argv
+    assert argv[:4] == [b"/usr/bin/python3", b"-I", b"-S", b"-B"], argv  # -S: no .pth runs
     assert os.readlink(f"/proc/{pid}/cwd") == "/opt/raas"
     r = bw.bash("for d in /opt/raas /opt/raas/lib /opt/raas/toolserver; do "
                 "touch $d/json.py 2>/dev/null && echo WROTE $d; done; echo done")

@@ -80,3 +80,26 @@ def test_editor_misuse_is_a_model_readable_error(tmp_path):
     with pytest.raises(ToolUsage, match="Invalid view_range"):
         editor.run(EditRequest("view", "a.txt", view_range=[2, 9]))
     assert "     2\ttwo" in editor.run(EditRequest("view", "a.txt", view_range=[2, -1]))
+
+
+def test_is_descendant_agrees_with_the_full_process_scan():
+    import subprocess
+    import time
+
+    from sandbox.toolserver.procs import descendants, is_descendant
+
+    shell = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & sleep 30 & wait"])
+    below: list[int] = []
+    try:
+        end = time.monotonic() + 10
+        while len(below := descendants(shell.pid)) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(below) == 2 and all(is_descendant(pid, shell.pid) for pid in below)
+        assert not is_descendant(shell.pid, below[0])  # not upwards
+        assert not is_descendant(os.getpid(), shell.pid) and is_descendant(shell.pid, os.getpid())
+        assert not is_descendant(2 ** 22 + 1, shell.pid)  # no such process
+    finally:
+        for pid in below:
+            os.kill(pid, 9)
+        shell.kill()
+        shell.wait()
