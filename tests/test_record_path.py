@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import app.api.rollouts
 import app.jobs
+import app.rollouts
 from fakellm.server import start_simulator
 from raas_client import RaasClient
 from raas_client.models import Rollout, Trajectory
@@ -40,7 +40,7 @@ def served(monkeypatch) -> list[object]:
         return view
 
     monkeypatch.setattr(app.jobs, "rollout_view", watched)
-    monkeypatch.setattr(app.api.rollouts, "rollout_view", watched)
+    monkeypatch.setattr(app.rollouts, "rollout_view", watched)
     return seen
 
 
