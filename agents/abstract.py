@@ -20,6 +20,7 @@ from core.errors import RolloutCancelled, StageTimeout
 
 if TYPE_CHECKING:
     from agents.llm.session import LLMSession
+    from core.policy import Policy
     from sandbox.toolserver.protocol import BashResult, PythonResult
 
 
@@ -184,6 +185,20 @@ class AgentHandler(ABC):
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `core.errors.InvalidRequest`)."""
+
+    def check_instance(self, config: HandlerConfig, instance: dict[str, Any]) -> None:
+        """Reject an instance at submission, knowing the job's config (default:
+        `validate_instance`; a handler whose instance shape depends on its config overrides)."""
+        self.validate_instance(instance)
+
+    def check_policy(self, config: HandlerConfig, policy: Policy, admin: bool) -> None:
+        """Hold the config's choices to the operator's policy at submission (raise
+        `core.errors.InvalidRequest` naming the field and rule); the worker asks again."""
+
+    def grades_in_sandbox(self, config: HandlerConfig) -> bool:
+        """Whether EVAL grades in a fresh sandbox for this config (default `eval_in_sandbox`;
+        a handler that grades several task kinds answers per config)."""
+        return self.eval_in_sandbox
 
     def prompt(self, instance: dict[str, Any],
                config: HandlerConfig) -> tuple[str, str, list[Any]] | None:
