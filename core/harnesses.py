@@ -26,13 +26,15 @@ import re
 import string
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TaskKind = Literal["swe", "math", "code"]
 # Placeholders a registration's `command` and `env` values may use.
 COMMAND_FIELDS = frozenset({"task_file", "task", "workspace", "model", "answer_file"})
 # ... and its `endpoint_env` values, besides those.
 ENDPOINT_FIELDS = frozenset({"base_url", "root_url", "token", "port"})
+# A registered name (as `core.policy.NAME_RE`, which imports this module): never a path.
+PLAIN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Variables a registration never sets: they change the loader or the interpreter of every
 # process in the sandbox (the same families `core.policy` refuses for jobs).
@@ -75,8 +77,9 @@ class HarnessRegistration(BaseModel):
     description: str = Field("", description="What the harness is, for `GET /v1/policy`")
     command: list[str] = Field(min_length=1, description="argv started in the sandbox (no "
                                                          "shell); placeholders COMMAND_FIELDS")
-    python_env: str | None = Field(None, description="Named sandbox environment holding the "
-                                                     "harness; null: the system python")
+    python_env: str | None = Field(None, pattern=PLAIN_NAME,
+                                   description="Named sandbox environment holding the harness; "
+                                               "null: the system python")
     packages: list[str] = Field(default_factory=list,
                                 description="What `raas env build <python_env>` installs "
                                             "(shown when the environment is missing)")
@@ -135,14 +138,6 @@ class HarnessRegistration(BaseModel):
             raise ValueError(f"answer_file {value!r} must be a path inside the workspace")
         return value
 
-    @model_validator(mode="after")
-    def _env_name(self) -> HarnessRegistration:
-        from core.policy import NAME_RE  # core.policy imports this module
-
-        if self.python_env is not None and not NAME_RE.match(self.python_env):
-            raise ValueError(f"python_env {self.python_env!r} is not a plain name")
-        return self
-
 
 MINI_SWE_AGENT = HarnessRegistration(
     description="mini-swe-agent (PyPI `mini-swe-agent`), unmodified: its `mini` CLI in yolo "
@@ -158,16 +153,22 @@ MINI_SWE_AGENT = HarnessRegistration(
 OPENAI_AGENT = HarnessRegistration(
     description="a plain bash-tool agent on the official `openai` SDK (examples/harness/"
                 "openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
-    command=["raas-openai-agent", "--task-file", "{task_file}",
-             "--model", "{model}", "--answer-file", "{answer_file}"],
+    command=["raas-openai-agent", "--task-file", "{task_file}", "--model", "{model}"],
     python_env="openai-agent", packages=["openai", "anthropic", "pytest",
                                          "<raas checkout>/examples/harness"],
     tasks=["swe", "math", "code"], timeout=1800.0)
 
 
+ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(update={
+    "description": "the same example agent on the official `anthropic` SDK (Messages API, "
+                   "tool_use blocks)",
+    "command": [*OPENAI_AGENT.command, "--api", "anthropic"]})
+
+
 def default_harnesses() -> dict[str, HarnessRegistration]:
     """The registrations shipped as examples (an operator's policy replaces them)."""
-    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT}
+    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT,
+            "anthropic-agent": ANTHROPIC_AGENT}
 
 
 class HarnessPolicy(BaseModel):

@@ -68,9 +68,9 @@ def write_text(sandbox: Any, path: str, text: str, timeout: float = START_TIMEOU
 
 @dataclass
 class Detached:
-    """A program started by `start_detached`: its session id and its files inside."""
+    """A program started by `start_detached`: its pid (= its process group) and its files."""
 
-    sid: int
+    pid: int
     status_file: str
     log_file: str
 
@@ -104,8 +104,8 @@ def detached_status(sandbox: Any, program: Detached, timeout: float = START_TIME
 
 def stop_detached(sandbox: Any, program: Detached, timeout: float = START_TIMEOUT) -> None:
     """TERM, then KILL, the program's process group (what it setsid'd dies with RUN)."""
-    sandbox.bash(f"kill -TERM -- -{program.sid} 2>/dev/null; sleep 1; "
-                 f"kill -KILL -- -{program.sid} 2>/dev/null; true", timeout=timeout)
+    sandbox.bash(f"kill -TERM -- -{program.pid} 2>/dev/null; sleep 1; "
+                 f"kill -KILL -- -{program.pid} 2>/dev/null; true", timeout=timeout)
 
 
 def log_tail(sandbox: Any, program: Detached, size: int = 4000,

@@ -1,10 +1,10 @@
 """Start a long-running program in a sandbox, detached (standalone: stdlib only, by path).
 
 `python3 -I -S detach.py --status FILE --log FILE --cwd DIR [--env K=V ...] -- ARGV...`
-forks a supervisor in a session of its own (the session id is printed: `kill -- -SID` stops
-it and everything in its process group), which runs ARGV (found on PATH; no shell) with the
-caller's environment plus the `--env` variables, stdout and stderr to the log, and writes
-`{"returncode": N}` to the status file when it ends (negative: killed by that signal). The
+forks a supervisor in a session of its own, which runs ARGV (found on PATH; no shell) in a
+process group of its own with the caller's environment plus the `--env` variables, stdout and
+stderr to the log; ARGV's pid is printed (`kill -- -PID` stops its group), and the supervisor
+writes `{"returncode": N}` to the status file when it ends (negative: killed by that signal). The
 tool call that started it returns at once, so the host polls the status file between
 cancel and deadline checks instead of holding one tool call for the program's whole run.
 """
@@ -16,8 +16,8 @@ import os
 import sys
 
 
-def supervise(args: argparse.Namespace, command: list[str]) -> int:
-    """Run the command, wait for it, return its returncode (negative for a signal)."""
+def spawn(args: argparse.Namespace, command: list[str]) -> int:
+    """Fork the command in a process group of its own (its pid is the group id)."""
     env = dict(os.environ)
     for item in args.env:
         name, _, value = item.partition("=")
@@ -25,6 +25,7 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     pid = os.fork()
     if pid == 0:
         try:
+            os.setpgid(0, 0)
             os.chdir(args.cwd)
             log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             null = os.open(os.devnull, os.O_RDONLY)
@@ -35,12 +36,11 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
         except OSError as exc:
             os.write(2, f"detach: cannot start {command[0]!r}: {exc}\n".encode())
         os._exit(127)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    return pid
 
 
 def main(argv: list[str]) -> None:
-    """Print the supervisor's session id, then supervise in the background."""
+    """Print the program's pid, then supervise it in the background."""
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="detach")
     parser.add_argument("--status", required=True)
@@ -52,25 +52,25 @@ def main(argv: list[str]) -> None:
     if not command:
         parser.error("no command after --")
     read, write = os.pipe()
-    if os.fork():  # the caller: print the session id the supervisor reports, return
+    if os.fork():  # the caller: print the program's pid (= its group) once it exists, return
         os.close(write)
         sys.stdout.write(os.read(read, 64).decode())
         sys.stdout.flush()
         os._exit(0)
     os.close(read)
     os.setsid()
-    os.write(write, f"{os.getpid()}\n".encode())
-    os.close(write)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    code = supervise(args, command)
+    pid = spawn(args, command)
+    os.write(write, f"{pid}\n".encode())
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
     temp = args.status + ".part"
     with open(temp, "w") as handle:
-        json.dump({"returncode": code}, handle)
+        json.dump({"returncode": os.waitstatus_to_exitcode(status)}, handle)
     os.replace(temp, args.status)
     os._exit(0)
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

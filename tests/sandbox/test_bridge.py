@@ -8,6 +8,7 @@ rollout endpoint itself is tested in tests/agents/harness); inside, the relay br
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import socketserver
 import threading
@@ -68,7 +69,7 @@ def fetch(sb, url: str) -> str:
     """GET `url` from inside the sandbox with the system python; the body or the error."""
     code = ("import urllib.request,sys\ntry:\n    print(urllib.request.urlopen(sys.argv[1], "
             "timeout=5).read().decode())\nexcept Exception as e:\n    print('ERR', type(e).__name__, e)")
-    return sb.bash(f"python3 -c {code!r} {url}").output.strip()
+    return sb.bash(f"python3 -c {shlex.quote(code)} {url}").output.strip()
 
 
 def test_the_harness_reaches_its_own_endpoint_through_loopback(start, serve) -> None:
@@ -105,7 +106,7 @@ def test_nothing_else_is_reachable_and_the_socket_cannot_be_replaced(start, serv
         probe = ("import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
                  "    s.connect(b'\\0raas-bridge-test'); print('CONNECTED')\n"
                  "except OSError as e:\n    print('ERR', e)")
-        assert a.bash(f"python3 -c {probe!r}").output.startswith("ERR")
+        assert a.bash(f"python3 -c {shlex.quote(probe)}").output.startswith("ERR")
     finally:
         host_tcp.close()
         abstract.close()
