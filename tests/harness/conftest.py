@@ -82,9 +82,18 @@ def endpoint() -> Iterator[Callable[..., RolloutEndpoint]]:
         cleanup()
 
 
-def uds_client(ep: RolloutEndpoint) -> httpx.Client:
-    """An httpx client whose connections go to the endpoint's Unix socket."""
-    return httpx.Client(transport=httpx.HTTPTransport(uds=ep.socket_path), timeout=30)
+def uds_client(ep: RolloutEndpoint, http: Any = httpx) -> Any:
+    """An httpx client whose connections go to the endpoint's Unix socket (`http`: the
+    httpx module an SDK uses; recent anthropic SDKs use its `httpx2` fork)."""
+    return http.Client(transport=http.HTTPTransport(uds=ep.socket_path), timeout=30)
+
+
+def _sdk_http(sdk: Any) -> Any:
+    """The httpx module the SDK's own client is built on."""
+    import importlib
+
+    base = importlib.import_module(f"{sdk.__name__}._base_client")
+    return getattr(base, "httpx2", None) or getattr(base, "httpx")
 
 
 def openai_client(ep: RolloutEndpoint, token: str | None = None, max_retries: int = 0) -> Any:
@@ -92,7 +101,8 @@ def openai_client(ep: RolloutEndpoint, token: str | None = None, max_retries: in
     import openai
 
     return openai.OpenAI(base_url="http://rollout/v1", api_key=token or ep.token,
-                         http_client=uds_client(ep), max_retries=max_retries)
+                         http_client=uds_client(ep, _sdk_http(openai)),
+                         max_retries=max_retries)
 
 
 def anthropic_client(ep: RolloutEndpoint, token: str | None = None,
@@ -101,7 +111,8 @@ def anthropic_client(ep: RolloutEndpoint, token: str | None = None,
     import anthropic
 
     return anthropic.Anthropic(base_url="http://rollout", api_key=token or ep.token,
-                               http_client=uds_client(ep), max_retries=max_retries)
+                               http_client=uds_client(ep, _sdk_http(anthropic)),
+                               max_retries=max_retries)
 
 
 def ids_of(text: str) -> list[int]:
