@@ -147,7 +147,9 @@ class HarnessHandler(AgentHandler):
         started = time.monotonic()
         with RolloutEndpoint(ctx, bridge.endpoint_socket(ctx.sandbox), token) as endpoint:
             program = launch.start(ctx, harness, cfg.task, token)
-            ending = launch.wait(ctx, harness, program, started)
+            ending = launch.wait(ctx, harness, program, started, lambda: endpoint.fatal)
+        if endpoint.fatal is not None:  # a cancel or an infrastructure failure: not the agent's
+            raise endpoint.fatal
         result = endpoint.result(ending.outcome, ending.finish_reason)
         result.metrics.update(harness=cfg.harness, harness_returncode=ending.returncode,
                               harness_seconds=round(time.monotonic() - started, 3))

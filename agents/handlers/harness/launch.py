@@ -9,6 +9,7 @@ remaining time both end it, and its trajectory is kept either way.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +76,17 @@ def start(ctx: Any, harness: HarnessRegistration, kind: str, token: str) -> brid
     return bridge.start_detached(sb, argv, env, ctx.workspace)
 
 
-def wait(ctx: Any, harness: HarnessRegistration, program: bridge.Detached,
-         started: float) -> Ending:
-    """Poll until the harness exits, its deadline or the stage's passes, or a cancel."""
+def wait(ctx: Any, harness: HarnessRegistration, program: bridge.Detached, started: float,
+         fatal: Callable[[], BaseException | None] = lambda: None) -> Ending:
+    """Poll until the harness exits, its deadline or the stage's passes, or a cancel; a
+    failure the endpoint ran into (`fatal`: a cancel, no inference server) is raised."""
     sb = ctx.sandbox
-    end = min(started + harness.timeout, ctx.deadline - STOP_MARGIN)
     while True:
+        end = min(started + harness.timeout, ctx.deadline - STOP_MARGIN)  # pauses extend it
+        failure = fatal()
+        if failure is not None:
+            bridge.stop_detached(sb, program)
+            raise failure
         code = bridge.detached_status(sb, program)
         if code is not None:
             tail = bridge.log_tail(sb, program)
