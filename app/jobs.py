@@ -54,6 +54,7 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
     except ValidationError as exc:
         err = validation_error(exc)
         raise InvalidRequest(f"agent_config.{err.message}", field=f"agent_config.{err.details.get('field')}") from exc
+    handler.check_policy(agent_config, settings.policy, admin)
     for i, inst in enumerate(req.instances):
         try:
             handler.check_instance(agent_config, inst.data)
@@ -61,7 +62,6 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
             raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}",
                                  **exc.details) from exc
     check_sandbox_options(settings.policy.sandbox, req.sandbox.model_dump(exclude_unset=True))
-    handler.check_policy(agent_config, settings.policy, admin)
     if getattr(agent_config, "python_env", None) is not None:  # handlers ask for it by name
         check_python_env(settings.policy.sandbox, agent_config.python_env,
                          "agent_config.python_env")

@@ -29,9 +29,10 @@ SWE = {json.loads(line)["instance_id"]: json.loads(line)
        for line in (REPO / "examples/swe/instances.jsonl").read_text().splitlines()}
 MATH = {json.loads(line)["instance_id"]: json.loads(line)
         for line in (REPO / "examples/math.jsonl").read_text().splitlines()}
-INTERVALS, SLUGIFY = (f"raas-examples__{n}-1" for n in ("intervals", "slugify"))
+INTERVALS, SLUGIFY, MONEY = (f"raas-examples__{n}-1" for n in ("intervals", "slugify", "money"))
 MATH_ID = "math-001"
-ENVS = {"openai-agent": ["openai", "anthropic", "pytest", str(REPO / "examples" / "harness")],
+ENVS = {"pytest": ["pytest"],  # the swe EVAL's environment (built on first use otherwise)
+        "openai-agent": ["openai", "anthropic", "pytest", str(REPO / "examples" / "harness")],
         "mini-swe-agent": ["mini-swe-agent", "pytest"]}
 FIX = ("python3 -c \"import pathlib; p = pathlib.Path('intervals/core.py'); "
        "p.write_text(p.read_text().replace('merged[-1][1] = end\\n', "
@@ -60,6 +61,7 @@ SCRIPT = {"by_instance": {
     "[mini] " + statement(SLUGIFY): [call("bash", command="ls"), call("bash", command=MINI_SUBMIT)],
     statement(INTERVALS): [call("bash", command=FIX), call("submit")],
     statement(SLUGIFY): [call("bash", command="ls"), call("submit")],
+    statement(MONEY): [call("bash", command="kill -9 $PPID")],  # the harness dies mid-run
     "positive divisors of 360": [call("bash", command="echo 1170 > answer.txt"), call("submit")],
 }}
 
@@ -69,8 +71,8 @@ def built() -> dict[str, str]:
     """The harness environments, built once per machine (`raas env build` does the same)."""
     from sandbox.environments import build_environment
 
-    return {name: str(build_environment(f"harness-{name}", packages))
-            for name, packages in ENVS.items()}
+    return {name: str(build_environment(name if name == "pytest" else f"harness-{name}",
+                                        packages)) for name, packages in ENVS.items()}
 
 
 @pytest.fixture
@@ -146,17 +148,14 @@ def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(servi
 
 
 def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, llm) -> None:
-    """The token budget runs out after the first reply: the endpoint answers the next call
-    with an API error, the SDK raises and the harness exits non-zero (a crash of its own)."""
-    job = service.client.submit(
-        "harness", [as_instance(SLUGIFY, SWE)], llm=llm, sampling={"max_tokens": 512},
-        limits={"max_tokens": 20}, agent_config={"harness": "openai-agent", "task": "swe"})
-    assert outcomes(service, job) == {SLUGIFY: ("agent_error", 0.0)}, service.log_tail()
+    """The model's command kills the harness (SIGKILL to the agent process): its own crash."""
+    job = submit(service, llm, "openai-agent", "swe", [as_instance(MONEY, SWE)])
+    assert outcomes(service, job) == {MONEY: ("agent_error", 0.0)}, service.log_tail()
     [row] = service.all_results(job["job_id"])
     rollout = service.client.rollout(row["rollout_id"])
     assert rollout["finish_reason"] == "harness_exit"
-    assert rollout["metrics"]["harness_returncode"] not in (0, None)
-    assert "token_budget" in rollout["extra"]["harness_log"]
+    assert rollout["metrics"]["harness_returncode"] == -9 and rollout["metrics"]["calls"] == 1
+    assert len(rollout["turns"]) == 1 and sum(rollout["loss_mask"]) > 0  # the call is kept
 
 
 @pytest.mark.parametrize("config, field", [
