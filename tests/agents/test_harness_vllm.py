@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agents.test_harness_pipeline import ENVS, INTERVALS, SWE, as_instance
+from tests.agents.test_harness_pipeline import ENVS, INTERVALS, QWEN_TEMPLATE, SWE, as_instance
 from tests.pipeline_harness import Service, start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -52,7 +52,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
 def llm() -> dict[str, Any]:
     if not VLLM_URL:
         pytest.fail("RAAS_VLLM_URL is not set: the vllm tier needs a real server")
-    return {"servers": [{"url": VLLM_URL}], "tokenizer": SMOLLM2, "max_model_len": 2048}
+    return {"servers": [{"url": VLLM_URL}], "tokenizer": SMOLLM2, "max_model_len": 2048,
+            "chat_template_text": QWEN_TEMPLATE}  # renders the harness's tools
 
 
 def samples_of(detail: dict[str, Any]) -> list[dict[str, Any]]:
