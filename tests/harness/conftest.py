@@ -93,7 +93,7 @@ def _sdk_http(sdk: Any) -> Any:
     import importlib
 
     base = importlib.import_module(f"{sdk.__name__}._base_client")
-    return getattr(base, "httpx2", None) or getattr(base, "httpx")
+    return getattr(base, "httpx2", None) or base.httpx
 
 
 def openai_client(ep: RolloutEndpoint, token: str | None = None, max_retries: int = 0) -> Any:
