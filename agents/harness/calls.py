@@ -161,7 +161,8 @@ class CallRunner:
 
     def _generate(self, request: CallRequest) -> Any:
         """One generation through the session; its failures become the API's errors."""
-        caps = [c for c in (self._tokens_left(), request.max_tokens) if c is not None]
+        left = self._tokens_left()
+        caps = [c for c in (left, request.max_tokens) if c is not None]
         try:
             gen = self.session.generate(self.ctx.deadline, self._cancelled,
                                         max_new_tokens=min(caps) if caps else None)
@@ -176,6 +177,11 @@ class CallRunner:
             self.fatal = self.fatal or exc
             raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
         self.ctx.deadline += gen.paused_seconds  # a paused pool is not the agent's time
+        if gen.finish_reason == FinishReason.TOKEN_BUDGET.value and request.max_tokens \
+                is not None and (left is None or request.max_tokens < left):
+            # The request's own max_tokens cut it, not the rollout's budget.
+            gen.finish_reason = FinishReason.TURN_LENGTH.value
+            self.session.trajectory().finish_reason = gen.finish_reason
         return gen
 
     def _cancelled(self) -> bool:

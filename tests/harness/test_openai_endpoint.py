@@ -167,6 +167,7 @@ def test_request_max_tokens_cuts_the_turn(endpoint) -> None:
                                                       max_completion_tokens=3)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 3
+    assert ep.ctx.turns_recorded[0]["finish_reason"] == "turn_length"  # not the job's budget
     assert reply.usage.prompt_tokens == len(ep.ctx.turns_recorded[0]["extra"]["prompt_ids"])
 
 
@@ -227,3 +228,51 @@ def test_a_length_cut_reply_continues_token_exact(endpoint) -> None:
     client.chat.completions.create(model="policy", messages=messages)
     result = ep.result("completed", None)
     assert result.metrics["merges"] == 1 and result.metrics["retokenization_drift"] == 0
+
+
+def test_cancel_and_deadline_answer_clearly(endpoint) -> None:
+    cancelled = {"now": False}
+    ep = endpoint(SCRIPT, cancel_check=lambda: cancelled["now"])
+    client = openai_client(ep)
+    client.chat.completions.create(model="policy", messages=START)
+    cancelled["now"] = True
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="policy", messages=START)
+    assert caught.value.code == "cancelled"
+    assert type(ep.fatal).__name__ == "RolloutCancelled"  # the handler re-raises it
+
+    late = endpoint(SCRIPT, timeout=0.0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client(late).chat.completions.create(model="policy", messages=START)
+    assert caught.value.code == "deadline_exceeded" and late.fatal is None
+
+
+def test_concurrent_calls_are_serialised_into_samples(endpoint) -> None:
+    """Two calls at once (a harness sampling in parallel): both answered, one sample each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ep = endpoint({"default": ["Hello there."]})
+    client = openai_client(ep)
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda _: client.chat.completions.create(
+            model="policy", messages=START), range(2)))
+    assert [r.choices[0].message.content for r in replies] == ["Hello there."] * 2
+    result = ep.result("completed", None)
+    assert result.metrics["samples"] == 2 and result.metrics["split_reasons"] == {
+        "history_not_extended": 1}
+    assert [len(s["response_ids"]) for s in result.extra["samples"]] == [
+        len(ids_of("Hello there.")) + 1] * 2
+
+
+def test_stream_usage_and_socket_mode(endpoint) -> None:
+    import os
+    import stat
+
+    ep = endpoint(SCRIPT)
+    assert stat.S_IMODE(os.stat(ep.socket_path).st_mode) == 0o666
+    chunks = list(openai_client(ep).chat.completions.create(
+        model="policy", messages=START, tools=[BASH_TOOL], stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        ids_of(CALL_LS)) + 1
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
