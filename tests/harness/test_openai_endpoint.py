@@ -276,3 +276,34 @@ def test_stream_usage_and_socket_mode(endpoint) -> None:
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
         ids_of(CALL_LS)) + 1
     assert chunks[-2].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_reply_whose_tool_call_does_not_parse_is_text_and_counted(endpoint) -> None:
+    broken = '<tool_call>{"name": "bash", "arguments": {"cmd": "ls"</tool_call>'
+    ep = endpoint({"default": [broken, "plain words"]})
+    client = openai_client(ep)
+    reply = client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL])
+    assert reply.choices[0].message.content == broken and not reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "stop"
+    client.chat.completions.create(model="policy", tools=[BASH_TOOL], messages=START + [
+        reply.choices[0].message.model_dump(), {"role": "user", "content": "Use the tool."}])
+    turns = ep.ctx.turns_recorded
+    assert [t["extra"]["tool_call_parsed"] for t in turns] == [False, False]
+    assert "invalid JSON" in turns[0]["extra"]["parse_errors"][0]
+    counters = ep.counters
+    assert counters.parse_failures == 1 and counters.replies_without_tool_call == 2
+    assert ep.result("completed", None).metrics["tool_calls_parsed"] == 0
+
+
+def test_a_turn_that_cannot_be_logged_is_an_infrastructure_failure(endpoint) -> None:
+    from core.errors import LeaseLost
+
+    ep = endpoint(SCRIPT)
+
+    def lost(**turn) -> None:
+        raise LeaseLost("the rollout moved on: turn not logged")
+
+    ep.ctx.record_turn = lost
+    with pytest.raises(openai.InternalServerError):
+        openai_client(ep).chat.completions.create(model="policy", messages=START)
+    assert isinstance(ep.fatal, LeaseLost)
