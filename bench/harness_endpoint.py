@@ -13,7 +13,10 @@ both see the same machine state. Two clients are measured through the endpoint: 
 the SDK's own parsing is not the endpoint's). Added latency: the p50 over calls of (endpoint
 time - direct time of the same prompt, measured right after), in wall time and in this
 process's CPU time (the client, the endpoint's threads and the session all run here; the
-server runs elsewhere), which a loaded machine distorts less than wall time.
+server runs elsewhere), which a loaded machine distorts less than wall time. A third path is
+what a raas handler's own loop does for the same turn in process (`LLMSession`: the template
+delta, then the generation): the endpoint minus that is what serving the API costs on top of
+raas's token-exact rendering, and the two trajectories must be the same ids.
 
 Usage: .venv/bin/python bench/harness_endpoint.py [--conversations 20] [--calls 8]
 Prints one JSON object, then a table.
@@ -57,16 +60,22 @@ def start_server(tmp: Path) -> tuple[str, Any]:
     return start_simulator_process(SMOLLM2, script, free_port())
 
 
+def open_session(url: str, rollout_id: str) -> Any:
+    """An LLM session on the server with the job's tokenizer and template."""
+    from agents.llm import LLMSession
+
+    spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": SMOLLM2,
+            "max_model_len": 8192, "chat_template_text": TEMPLATE.read_text()}
+    return LLMSession.open(spec, {"max_tokens": 128}, rollout_id)
+
+
 def open_endpoint(url: str, tmp: Path, k: int) -> Any:
     """A fresh rollout: session, RUN context, entered endpoint."""
     from agents.abstract import HandlerConfig, StageContext
     from agents.harness import RolloutEndpoint
     from agents.job_config import JobConfig
-    from agents.llm import LLMSession
 
-    spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": SMOLLM2,
-            "max_model_len": 8192, "chat_template_text": TEMPLATE.read_text()}
-    session = LLMSession.open(spec, {"max_tokens": 128}, f"bench-{k}")
+    session = open_session(url, f"bench-{k}")
     ctx = StageContext(rollout_id=f"bench-{k}", job_id="bench", stage="run", instance_id="i",
                        instance={}, sample_index=0, attempt=1, agent_config=HandlerConfig(),
                        job_config=JobConfig(), deadline=time.monotonic() + 3600, state={},
@@ -86,11 +95,25 @@ def direct_call(backend: Any, url: str, prompt_ids: list[int]) -> tuple[float, f
     return time.perf_counter() - started, time.process_time() - cpu
 
 
+def loop_turn(session: Any, n: int, messages: list[dict[str, Any]]) -> float:
+    """What a raas handler's loop does for the same turn (render the new messages as the
+    template delta, generate through the session): seconds."""
+    started = time.perf_counter()
+    if n == 0:
+        session.start(messages, [TOOL])
+    else:
+        session.append_messages([{"role": "tool", "content": OBSERVATION}])
+    session.generate(time.monotonic() + 60)
+    return time.perf_counter() - started
+
+
 def conversation(ep: Any, client_kind: str, backend: Any, url: str, calls: int,
                  out: dict[str, list[float]]) -> None:
-    """One harness conversation; per call: the endpoint's time and the direct time."""
+    """One harness conversation; per call: the endpoint's time, the direct time and the
+    loop's time for the same turn."""
     import httpx
 
+    loop = open_session(url, f"loop-{ep.ctx.rollout_id}")
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a careful software engineer."},
         {"role": "user", "content": "Fix the failing test in src/. Start by looking around."}]
@@ -120,9 +143,15 @@ def conversation(ep: Any, client_kind: str, backend: Any, url: str, calls: int,
         out[f"direct:{kind}"].append(direct)
         out[f"added:{client_kind}"].append(took - direct)  # paired: same moment, same prompt
         out[f"added_cpu:{client_kind}"].append(took_cpu - direct_cpu)
+        out[f"loop:{kind}"].append(loop_turn(loop, n, messages[:2]))
+        out[f"added_vs_loop:{client_kind}"].append(took - out[f"loop:{kind}"][-1])
         messages += [message] + [{"role": "tool", "tool_call_id": c["id"],
                                   "content": OBSERVATION} for c in message["tool_calls"]]
     http.close()
+    same = loop.trajectory().response_ids == traj.response_ids \
+        and loop.trajectory().prompt_ids == traj.prompt_ids
+    out["same_ids_as_loop"].append(float(same))
+    loop.close()
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -162,13 +191,16 @@ def main() -> None:
 
 
 def report(out: dict[str, list[float]], args: argparse.Namespace) -> None:
-    rows = {key: summary(values) for key, values in sorted(out.items())}
+    rows = {key: summary(values) for key, values in sorted(out.items())
+            if key != "same_ids_as_loop"}
     direct_all = out["direct:first"] + out["direct:merged"]
     figures: dict[str, Any] = {"conversations": args.conversations, "calls": args.calls,
                                "latency": rows, "direct": summary(direct_all)}
     for kind in ("httpx", "openai"):
         figures[f"added_p50_ms_{kind}"] = rows[f"added:{kind}"]["p50_ms"]
         figures[f"added_cpu_p50_ms_{kind}"] = rows[f"added_cpu:{kind}"]["p50_ms"]
+        figures[f"added_vs_loop_p50_ms_{kind}"] = rows[f"added_vs_loop:{kind}"]["p50_ms"]
+    figures["same_ids_as_loop"] = all(out["same_ids_as_loop"])
     figures["goal_added_p50_ms"] = 2.0
     figures["loadavg_1min"] = float(Path("/proc/loadavg").read_text().split()[0])
     print(json.dumps(figures))
@@ -181,6 +213,10 @@ def report(out: dict[str, list[float]], args: argparse.Namespace) -> None:
           f"CPU; openai SDK {figures['added_p50_ms_openai']} ms wall / "
           f"{figures['added_cpu_p50_ms_openai']} ms CPU (goal <= 2 ms; load average "
           f"{figures['loadavg_1min']} on {os.cpu_count()} CPUs)")
+    print(f"over a raas handler's loop doing the same turn (p50, paired): httpx "
+          f"{figures['added_vs_loop_p50_ms_httpx']} ms, openai SDK "
+          f"{figures['added_vs_loop_p50_ms_openai']} ms; same token ids as the loop: "
+          f"{figures['same_ids_as_loop']}")
 
 
 if __name__ == "__main__":

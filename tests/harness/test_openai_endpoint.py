@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import openai
@@ -307,3 +308,26 @@ def test_a_turn_that_cannot_be_logged_is_an_infrastructure_failure(endpoint) -> 
     with pytest.raises(openai.InternalServerError):
         openai_client(ep).chat.completions.create(model="policy", messages=START)
     assert isinstance(ep.fatal, LeaseLost)
+
+
+def test_same_ids_as_a_raas_handler_loop(endpoint) -> None:
+    """The conversation through the endpoint is, token for token, what a raas handler's own
+    loop (`LLMSession`: start, generate, append the tool results, generate...) stores."""
+    from agents.llm import LLMSession
+    from tests.harness.conftest import QWEN_TEMPLATE, SMOLLM2
+
+    ep = endpoint(SCRIPT)
+    run_conversation(openai_client(ep), stream=False)
+    spec = {"servers": [{"url": ep.ctx.llm.spec.servers[0].url, "model": "sim"}],
+            "tokenizer": SMOLLM2, "max_model_len": 4096, "chat_template_text": QWEN_TEMPLATE}
+    with LLMSession.open(spec, {"max_tokens": 256}, "loop") as loop:
+        loop.start(START, [BASH_TOOL])
+        loop.generate(time.monotonic() + 30)
+        for result in ("ran ls", "ran cat a.txt"):
+            loop.append_messages([{"role": "tool", "content": result}])
+            loop.generate(time.monotonic() + 30)
+        expected = loop.trajectory()
+    got = ep.result("completed", None)
+    assert got.prompt_ids == expected.prompt_ids
+    assert got.response_ids == expected.response_ids
+    assert got.loss_mask == expected.loss_mask
