@@ -34,9 +34,8 @@ def split_rollout(endpoint) -> tuple[RunResult, list[dict]]:
     return ep.result("completed", "harness_exit"), ep.ctx.turns_recorded
 
 
-def stored(tmp_path, result: RunResult, turns: list[dict], reward: float) -> tuple[str, str]:
+def stored(url: str, result: RunResult, turns: list[dict], reward: float) -> tuple[str, str]:
     """The rollout as the pipeline stores it (RUN's fields, EVAL's reward, the turn log)."""
-    url = f"sqlite:///{tmp_path / 'raas.db'}"
     upgrade(url)
     with session_scope(url) as s:
         job = Job(agent="harness", config={}, n_instances=1, n_samples=1)
@@ -59,7 +58,7 @@ def stored(tmp_path, result: RunResult, turns: list[dict], reward: float) -> tup
 def test_split_samples_reach_the_wire_the_batch_and_prorl(endpoint, tmp_path) -> None:
     result, turns = split_rollout(endpoint)
     assert len(result.extra["samples"]) == 2
-    url, rollout_id = stored(tmp_path, result, turns, reward=1.0)
+    url, rollout_id = stored(f"sqlite:///{tmp_path / 'raas.db'}", result, turns, reward=1.0)
     with session_scope(url) as s:
         row = s.get(Rollout, rollout_id)
         view = rollout_view(row)
@@ -96,3 +95,25 @@ def test_split_samples_reach_the_wire_the_batch_and_prorl(endpoint, tmp_path) ->
     assistant = [m for m in prorl["messages"] if m["role"] == "assistant"]
     assert [m["logprobs"] for m in assistant] == [turns[2]["logprobs"]]
     assert prorl["reward"] == 1.0
+
+
+def test_the_dashboard_shows_each_sample(endpoint, tmp_path) -> None:
+    from app import create_app
+
+    result, turns = split_rollout(endpoint)
+    app = create_app({"home": tmp_path, "node": "n1"})
+    _, rollout_id = stored(app.config["RAAS"].db_url, result, turns, reward=1.0)
+    client = app.test_client()
+    page = client.get(f"/ui/rollouts/{rollout_id}")
+    assert page.status_code == 200 and 'id="samples"' in page.text
+    assert "sample 1 · history_rewritten · 1 calls" in page.text
+    assert page.text.count('class="turn"') == 1  # the last sample's one call
+    first = client.get(f"/ui/rollouts/{rollout_id}?sample=0")
+    assert first.text.count('class="turn"') == 2
+    samples = result.extra["samples"]
+    for k in (0, 1):
+        segs = client.get(f"/ui/rollouts/{rollout_id}/tokens.json?segment=all&sample={k}").json
+        ids = [i for seg in segs["segments"] for i in seg["ids"]]
+        assert ids == samples[k]["prompt_ids"] + samples[k]["response_ids"]
+        mask = [m for seg in segs["segments"][1:] for m in seg["mask"]]
+        assert mask == samples[k]["loss_mask"]
