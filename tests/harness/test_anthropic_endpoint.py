@@ -69,6 +69,7 @@ def test_streaming_events_are_the_api_s(endpoint) -> None:
     events = list(anthropic_client(ep).messages.create(
         model="policy", max_tokens=200, system=SYSTEM, tools=TOOLS, messages=[FIRST],
         stream=True))
+    # (the SDK drops the `ping` the endpoint sends after message_start, as the API's)
     assert [e.type for e in events] == [
         "message_start", "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop"]

@@ -183,7 +183,9 @@ def test_refused_and_ignored_parameters(endpoint) -> None:
     with pytest.raises(openai.BadRequestError, match="image_url"):
         client.chat.completions.create(model="policy", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
-    client.chat.completions.create(model="policy", messages=START, temperature=0.0, seed=3)
+    raw = client.chat.completions.with_raw_response.create(model="policy", messages=START,
+                                                           temperature=0.0, seed=3)
+    assert raw.headers["x-raas-ignored-params"] == "temperature,seed"
     assert ep.counters.ignored_params == {"temperature": 1, "seed": 1}
     assert ep.counters.calls == 4 and ep.counters.failed_calls == 3
 
