@@ -71,15 +71,16 @@ def open_session(url: str, rollout_id: str) -> Any:
 
 def open_endpoint(url: str, tmp: Path, k: int) -> Any:
     """A fresh rollout: session, RUN context, entered endpoint."""
-    from agents.abstract import HandlerConfig, StageContext
+    from agents.abstract import HandlerConfig
     from agents.harness import RolloutEndpoint
     from agents.job_config import JobConfig
+    from tests.harness.conftest import run_context
 
     session = open_session(url, f"bench-{k}")
-    ctx = StageContext(rollout_id=f"bench-{k}", job_id="bench", stage="run", instance_id="i",
-                       instance={}, sample_index=0, attempt=1, agent_config=HandlerConfig(),
-                       job_config=JobConfig(), deadline=time.monotonic() + 3600, state={},
-                       llm=session)
+    ctx = run_context(rollout_id=f"bench-{k}", job_id="bench", instance_id="i", instance={},
+                      sample_index=0, attempt=1, agent_config=HandlerConfig(),
+                      job_config=JobConfig(), deadline=time.monotonic() + 3600, state={},
+                      llm=session)
     ep = RolloutEndpoint(ctx, str(tmp / f"ep{k}.sock"), RolloutEndpoint.new_token())
     return ep.__enter__()
 

@@ -178,7 +178,7 @@ class CallRunner:
         except ServiceUnavailable as exc:
             self.fatal = self.fatal or exc
             raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
-        self.ctx.deadline += gen.paused_seconds  # a paused pool is not the agent's time
+        _extend_deadline(self.ctx, gen.paused_seconds)  # a paused pool: not the agent's time
         if gen.finish_reason == FinishReason.TOKEN_BUDGET.value and request.max_tokens \
                 is not None and (left is None or request.max_tokens < left):
             # The request's own max_tokens cut it, not the rollout's budget.
@@ -236,6 +236,17 @@ class CallRunner:
                                        for c in completion.tool_calls],
             finish_reason=gen.finish_reason, llm_server=gen.server,
             weight_version=gen.weight_version, gen_seconds=round(seconds, 6), extra=extra)
+
+
+def _extend_deadline(ctx: Any, seconds: float) -> None:
+    """Move RUN's deadline on (issue 24's frozen `RunContext` has `extend_deadline` for it;
+    today's `StageContext` is a plain dataclass)."""
+    if seconds:
+        extend = getattr(ctx, "extend_deadline", None)
+        if extend is not None:
+            extend(seconds)
+        else:
+            ctx.deadline += seconds
 
 
 def _outside_calls(text: str) -> str:

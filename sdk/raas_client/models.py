@@ -22,7 +22,7 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 FailureClass = Literal["none", "policy", "infra", "input"]
 FAILURE_CLASSES: dict[str, FailureClass] = {
@@ -256,6 +256,20 @@ class Rollout(Answer):
     def turn_boundaries(self) -> list[list[int]]:
         """[start, end) of each generated turn in the response arrays."""
         return [list(b) for b in self.extra.get("turn_boundaries") or []]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _samples_from_extra(cls, data: Any) -> Any:
+        """The server stores a split rollout's samples in its `extra["samples"]`; the wire
+        carries them typed, as `samples` (and not twice)."""
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict) \
+                and "samples" in data["extra"]:
+            extra = dict(data["extra"])
+            data = {**data, "extra": extra}
+            samples = extra.pop("samples")
+            if data.get("samples") is None:
+                data["samples"] = samples
+        return data
 
     def training_rows(self) -> list[Rollout]:
         """The rollout as training rows: itself, or one copy per sample (same reward, group

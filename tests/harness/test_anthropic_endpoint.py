@@ -5,7 +5,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from tests.harness.conftest import anthropic_client, ids_of
+from tests.harness.conftest import anthropic_client, ids_of, recorded
 
 END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
@@ -53,7 +53,7 @@ def test_tool_use_round_trip_and_one_sample(endpoint, stream) -> None:
     assert third.stop_reason == "end_turn" and third.content[0].text == "The bug is fixed."
     assert first.usage.output_tokens == len(ids_of(CALL_LS)) + 1
 
-    turns = ep.ctx.turns_recorded
+    turns = recorded(ep)
     assert [t["extra"]["api"] for t in turns] == ["anthropic"] * 3
     assert [t["extra"]["merged"] for t in turns] == [False, True, True]
     result = ep.result("completed", None)

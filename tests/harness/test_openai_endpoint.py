@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.harness.conftest import BASH_TOOL, ids_of, openai_client, uds_client
+from tests.harness.conftest import BASH_TOOL, ids_of, openai_client, recorded, uds_client
 
 END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
@@ -77,7 +77,7 @@ def test_tool_calls_round_trip_and_merge_into_one_sample(endpoint, stream) -> No
     assert second.content == "Reading it."
     assert third.content == "The bug is fixed." and not third.tool_calls
 
-    turns = ep.ctx.turns_recorded
+    turns = recorded(ep)
     assert [t["generated_ids"] for t in turns] == [
         ids_of(CALL_LS) + [END], ids_of(CALL_CAT) + [END], ids_of("The bug is fixed.") + [END]]
     assert [t["extra"]["merged"] for t in turns] == [False, True, True]
@@ -111,12 +111,12 @@ def test_a_history_rewrite_splits_into_two_samples(endpoint) -> None:
     assert samples[1]["split_reason"] == "history_rewritten"
     assert result.metrics["splits"] == 1 and result.metrics["split_reasons"] == {
         "history_rewritten": 1}
-    last_turn = ep.ctx.turns_recorded[-1]
+    last_turn = recorded(ep)[-1]
     assert samples[1]["prompt_ids"] == last_turn["extra"]["prompt_ids"] == result.prompt_ids
     assert samples[1]["response_ids"] == last_turn["generated_ids"]
     assert samples[1]["loss_mask"] == [1] * len(last_turn["generated_ids"])
     assert sum(samples[0]["loss_mask"]) == sum(len(t["generated_ids"])
-                                               for t in ep.ctx.turns_recorded[:3])
+                                               for t in recorded(ep)[:3])
 
 
 def test_context_overflow_is_context_length_exceeded(endpoint) -> None:
@@ -168,8 +168,8 @@ def test_request_max_tokens_cuts_the_turn(endpoint) -> None:
                                                       max_completion_tokens=3)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 3
-    assert ep.ctx.turns_recorded[0]["finish_reason"] == "turn_length"  # not the job's budget
-    assert reply.usage.prompt_tokens == len(ep.ctx.turns_recorded[0]["extra"]["prompt_ids"])
+    assert recorded(ep)[0]["finish_reason"] == "turn_length"  # not the job's budget
+    assert reply.usage.prompt_tokens == len(recorded(ep)[0]["extra"]["prompt_ids"])
 
 
 def test_refused_and_ignored_parameters(endpoint) -> None:
@@ -290,7 +290,7 @@ def test_a_reply_whose_tool_call_does_not_parse_is_text_and_counted(endpoint) ->
     assert reply.choices[0].finish_reason == "stop"
     client.chat.completions.create(model="policy", tools=[BASH_TOOL], messages=START + [
         reply.choices[0].message.model_dump(), {"role": "user", "content": "Use the tool."}])
-    turns = ep.ctx.turns_recorded
+    turns = recorded(ep)
     assert [t["extra"]["tool_call_parsed"] for t in turns] == [False, False]
     assert "invalid JSON" in turns[0]["extra"]["parse_errors"][0]
     counters = ep.counters
@@ -301,12 +301,10 @@ def test_a_reply_whose_tool_call_does_not_parse_is_text_and_counted(endpoint) ->
 def test_a_turn_that_cannot_be_logged_is_an_infrastructure_failure(endpoint) -> None:
     from core.errors import LeaseLost
 
-    ep = endpoint(SCRIPT)
-
     def lost(**turn) -> None:
         raise LeaseLost("the rollout moved on: turn not logged")
 
-    ep.ctx.record_turn = lost
+    ep = endpoint(SCRIPT, record_turn=lost)
     with pytest.raises(openai.InternalServerError):
         openai_client(ep).chat.completions.create(model="policy", messages=START)
     assert isinstance(ep.fatal, LeaseLost)

@@ -13,7 +13,7 @@ from core.models import Job, Rollout, Turn
 from migrations.runner import upgrade
 from raas_client import Batch, Group
 from raas_client import Rollout as WireRollout
-from tests.harness.conftest import BASH_TOOL, openai_client
+from tests.harness.conftest import BASH_TOOL, openai_client, recorded
 
 SCRIPT = {"default": ["Looking.", "Still looking.", "Found it."]}
 START = [{"role": "system", "content": "You fix bugs."},
@@ -31,7 +31,7 @@ def split_rollout(endpoint) -> tuple[RunResult, list[dict]]:
                      {"role": "user", "content": "go on"}]
     client.chat.completions.create(model="p", tools=[BASH_TOOL], messages=[
         START[0], {"role": "user", "content": "Task i-1: fix it. Notes: looked twice."}])
-    return ep.result("completed", "harness_exit"), ep.ctx.turns_recorded
+    return ep.result("completed", "harness_exit"), recorded(ep)
 
 
 def stored(url: str, result: RunResult, turns: list[dict], reward: float) -> tuple[str, str]:
