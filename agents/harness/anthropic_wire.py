@@ -4,7 +4,7 @@ The request is mapped onto the OpenAI-style messages the rest of the endpoint sp
 becomes a system message, `tool_use` blocks become an assistant message's tool calls and
 `tool_result` blocks become tool messages (in order, before any text of the same user turn).
 Shapes follow the official `anthropic` SDK (`Message`, the streaming events `message_start`,
-`content_block_start/delta/stop`, `message_delta`, `message_stop`, and the
+`ping`, `content_block_start/delta/stop`, `message_delta`, `message_stop`, and the
 `{"type": "error", "error": {...}}` body). Sampling is the job's, as on the OpenAI route.
 """
 from __future__ import annotations
@@ -146,6 +146,7 @@ def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
         return name, json.dumps({"type": name, **data})
 
     yield event("message_start", message=_message(c, model, [], None, 1))
+    yield event("ping")
     for i, block in enumerate(_blocks(c)):
         if block["type"] == "text":
             yield event("content_block_start", index=i,

@@ -9,6 +9,7 @@ the samples are the `SampleTracker`'s.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 import time
@@ -17,13 +18,14 @@ from typing import Any
 
 from agents.abstract import StageContext
 from agents.finish_reasons import CUT_TURN, FinishReason
-from agents.harness.messages import function_tools, template_message  # noqa: F401
 from agents.harness.samples import Prepared, SampleTracker
-from agents.llm.tool_calls import parse_tool_calls
+from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG, parse_tool_calls
 from agents.llm.trajectory import TrajectoryBuilder
 from core.errors import RaasError, RolloutCancelled, ServiceUnavailable, StageTimeout
 
 log = logging.getLogger(__name__)
+
+_CALL_BLOCK = re.compile(re.escape(OPEN_TAG) + ".*?" + re.escape(CLOSE_TAG), re.DOTALL)
 
 
 class CallError(RaasError):
@@ -136,10 +138,10 @@ class CallRunner:
         seconds = time.monotonic() - started
         if not gen.token_ids and gen.finish_reason in CUT_TURN:
             raise self._no_room(gen.finish_reason, prepared)
-        completion = self._reply(request, gen, prepared)
+        completion, errors = self._reply(request, gen, prepared)
         self.tracker.generated(_openai_reply(completion), gen.text or "")
         self.stats.generated_tokens += len(gen.token_ids)
-        self._record(request, gen, prepared, completion, seconds)
+        self._record(request, gen, prepared, completion, errors, seconds)
         return completion
 
     def _check_alive(self) -> None:
@@ -161,7 +163,8 @@ class CallRunner:
 
     def _generate(self, request: CallRequest) -> Any:
         """One generation through the session; its failures become the API's errors."""
-        caps = [c for c in (self._tokens_left(), request.max_tokens) if c is not None]
+        left = self._tokens_left()
+        caps = [c for c in (left, request.max_tokens) if c is not None]
         try:
             gen = self.session.generate(self.ctx.deadline, self._cancelled,
                                         max_new_tokens=min(caps) if caps else None)
@@ -175,7 +178,12 @@ class CallRunner:
         except ServiceUnavailable as exc:
             self.fatal = self.fatal or exc
             raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
-        self.ctx.deadline += gen.paused_seconds  # a paused pool is not the agent's time
+        _extend_deadline(self.ctx, gen.paused_seconds)  # a paused pool: not the agent's time
+        if gen.finish_reason == FinishReason.TOKEN_BUDGET.value and request.max_tokens \
+                is not None and (left is None or request.max_tokens < left):
+            # The request's own max_tokens cut it, not the rollout's budget.
+            gen.finish_reason = FinishReason.TURN_LENGTH.value
+            self.session.trajectory().finish_reason = gen.finish_reason
         return gen
 
     def _cancelled(self) -> bool:
@@ -187,11 +195,12 @@ class CallRunner:
         return CallError("token_budget_exceeded", "the rollout's generated-token budget "
                          f"(limits.max_tokens = {self.ctx.limits.max_tokens}) is spent")
 
-    def _reply(self, request: CallRequest, gen: Any, prepared: Prepared) -> Completion:
+    def _reply(self, request: CallRequest, gen: Any,
+               prepared: Prepared) -> tuple[Completion, list[str]]:
+        """The answer to the harness, and the tool-call parse errors of the reply."""
         text = gen.text or ""
         cut = gen.finish_reason in CUT_TURN
         calls, errors = ([], []) if cut or not request.parse_tools else parse_tool_calls(text)
-        gen.parse_errors = errors
         if errors:
             self.stats.parse_failures += 1
             calls = []  # a reply that half-parsed is returned as text: the harness sees it all
@@ -202,10 +211,10 @@ class CallRunner:
         content = _outside_calls(text) if out else text
         finish = "length" if cut else ("tool_calls" if out else "stop")
         return Completion(text, content or (None if out else ""), out, finish,
-                          prepared.prompt_tokens, len(gen.token_ids))
+                          prepared.prompt_tokens, len(gen.token_ids)), errors
 
     def _record(self, request: CallRequest, gen: Any, prepared: Prepared,
-                completion: Completion, seconds: float) -> None:
+                completion: Completion, errors: list[str], seconds: float) -> None:
         """Log the call as a turn (the pipeline writes it before the reply is sent)."""
         extra: dict[str, Any] = {
             "api": request.api, "stream": request.stream, "sample": prepared.sample,
@@ -213,11 +222,11 @@ class CallRunner:
             "prompt_tokens": prepared.prompt_tokens, "context_length":
                 self.session.context_length,
             "tool_call_parsed": (None if not request.tools else
-                                 bool(completion.tool_calls) and not gen.parse_errors),
+                                 bool(completion.tool_calls) and not errors),
         }
         extra["delta_ids" if prepared.merged else "prompt_ids"] = list(prepared.ids)
-        if gen.parse_errors:
-            extra["parse_errors"] = gen.parse_errors
+        if errors:
+            extra["parse_errors"] = errors
         if getattr(gen, "logprobs_mode", None):
             extra["logprobs_mode"] = gen.logprobs_mode
         index, self.turn_index = self.turn_index, self.turn_index + 1
@@ -229,13 +238,20 @@ class CallRunner:
             weight_version=gen.weight_version, gen_seconds=round(seconds, 6), extra=extra)
 
 
+def _extend_deadline(ctx: Any, seconds: float) -> None:
+    """Move RUN's deadline on (issue 24's frozen `RunContext` has `extend_deadline` for it;
+    today's `StageContext` is a plain dataclass)."""
+    if seconds:
+        extend = getattr(ctx, "extend_deadline", None)
+        if extend is not None:
+            extend(seconds)
+        else:
+            ctx.deadline += seconds
+
+
 def _outside_calls(text: str) -> str:
     """The reply's text with its `<tool_call>` blocks taken out."""
-    import re
-
-    from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG
-    block = re.compile(re.escape(OPEN_TAG) + ".*?" + re.escape(CLOSE_TAG), re.DOTALL)
-    return block.sub("", text).strip()
+    return _CALL_BLOCK.sub("", text).strip()
 
 
 def _openai_reply(completion: Completion) -> dict[str, Any]:

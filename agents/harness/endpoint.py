@@ -163,6 +163,11 @@ class RolloutEndpoint:
             req.send_json(exc.status, wire.error_body(exc))
         except InvalidRequest as exc:
             req.send_json(400, wire.error_body(CallError("invalid_request", exc.message)))
+        except Exception as exc:  # noqa: BLE001 - a lost lease, a database outage, a bug
+            log.exception("rollout %s: the endpoint failed a call", self.ctx.rollout_id)
+            self.runner.fatal = self.runner.fatal or exc  # infrastructure: the handler raises
+            req.send_json(500, wire.error_body(CallError("unavailable", "raas failed this "
+                                                         f"call: {type(exc).__name__}", 500)))
 
     def _body(self, req: _Handler) -> dict[str, Any]:
         try:
@@ -186,6 +191,8 @@ class RolloutEndpoint:
             raise
         completion = self.runner.complete(call)
         model = str(body.get("model") or MODEL_NAME)
+        if call.ignored:  # the job's sampling wins; say so where a harness author looks
+            req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
         if wire is anthropic_wire:
             if call.stream:
                 return req.send_sse(f"event: {name}\ndata: {data}\n\n"
@@ -204,6 +211,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server: _Server
+    extra_headers: dict[str, str]
+
+    def handle_one_request(self) -> None:
+        self.extra_headers = {}
+        super().handle_one_request()
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self.server.endpoint.serve(self)
@@ -227,6 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
         """A JSON answer."""
         data = json.dumps(body, ensure_ascii=False).encode()
         self.send_response(status)
+        self._send_extra_headers()
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -235,6 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
     def send_sse(self, events: Iterable[str]) -> None:
         """A server-sent-events answer, chunked (the connection stays usable)."""
         self.send_response(200)
+        self._send_extra_headers()
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
@@ -243,6 +257,10 @@ class _Handler(BaseHTTPRequestHandler):
             data = event.encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.write(b"0\r\n\r\n")
+
+    def _send_extra_headers(self) -> None:
+        for name, value in self.extra_headers.items():
+            self.send_header(name, value)
 
     def address_string(self) -> str:
         return "unix-socket"  # a Unix socket peer has no address

@@ -17,12 +17,19 @@ if TYPE_CHECKING:
     from agents.harness.calls import CallRunner
 
 
+def versions(traj: Any) -> list[Any]:
+    """Each generated turn's weight version (`policy_versions` on the record type that
+    replaces the builder's dataclass, `weight_versions` on it today)."""
+    found = getattr(traj, "policy_versions", None)
+    return list(found if found is not None else traj.weight_versions)
+
+
 def sample_dict(sample: Sample) -> dict[str, Any]:
     """One sample's arrays (the wire's `SampleArrays`)."""
     traj = sample.trajectory
     return {"prompt_ids": list(traj.prompt_ids), "response_ids": list(traj.response_ids),
             "response_logprobs": list(traj.response_logprobs),
-            "loss_mask": list(traj.loss_mask), "policy_versions": list(traj.weight_versions),
+            "loss_mask": list(traj.loss_mask), "policy_versions": versions(traj),
             "turn_boundaries": [list(b) for b in traj.turn_boundaries],
             "finish_reason": traj.finish_reason, "split_reason": sample.split_reason,
             "calls": sample.calls}
@@ -46,15 +53,15 @@ def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str,
         extra["samples"] = [sample_dict(s) for s in samples]
     extra["turn_boundaries"] = [list(b) for b in last.turn_boundaries]
     extra["message_token_counts"] = list(last.message_token_counts)
-    versions = [v for s in samples for v in s.trajectory.weight_versions]
-    metrics["weight_versions"] = list(dict.fromkeys(versions))
+    seen = [v for s in samples for v in versions(s.trajectory)]
+    metrics["weight_versions"] = list(dict.fromkeys(seen))
     metrics["response_tokens"] = sum(len(s.trajectory.response_ids) for s in samples)
     metrics["context_length"] = runner.session.context_length
     return RunResult(
         outcome=outcome, finish_reason=finish_reason,
         prompt_ids=list(last.prompt_ids), response_ids=list(last.response_ids),
         response_logprobs=list(last.response_logprobs), loss_mask=list(last.loss_mask),
-        policy_versions=list(last.weight_versions), token_exact=last.token_exact,
+        policy_versions=versions(last), token_exact=last.token_exact,
         messages=[dict(m) for m in last.messages], metrics=metrics, extra=extra)
 
 

@@ -13,7 +13,6 @@ The comparison tolerates exactly the normalisations an SDK makes when it echoes 
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,10 +56,10 @@ class SampleTracker:
     merges: int = 0
     splits: int = 0
     split_reasons: dict[str, int] = field(default_factory=dict)
-    _expected: list[str] | None = None  # keys of the last request + the reply returned
-    _tools: str | None = None  # the tools of the current sample
-    _pending_tools: str | None = None
-    _pending: list[str] | None = None  # keys of a prepared call that did not generate
+    _expected: list[dict] | None = None  # the last request + the reply returned (canonical)
+    _tools: list[dict] | None = None  # the tools of the current sample
+    _pending_tools: list[dict] | None = None
+    _pending: list[dict] | None = None  # a prepared call that did not generate (canonical)
     _prepared: Prepared | None = None  # how that call was prepared (a retry reuses it)
     _generated: dict[str, str] = field(default_factory=dict)  # reply key -> model's text
 
@@ -71,8 +70,8 @@ class SampleTracker:
 
     def prepare(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> Prepared:
         """Make the current builder ready to generate the answer to `messages`."""
-        keys = [key(m) for m in messages]
-        tools_key = json.dumps(tools, sort_keys=True)
+        keys = [canonical(m) for m in messages]
+        tools_key = tools or None
         sample = self.current
         if sample is not None and self._pending is not None:
             if keys == self._pending and tools_key == self._pending_tools and self._prepared:
@@ -85,7 +84,7 @@ class SampleTracker:
             return self._merge(sample, messages[len(self._expected or []):], keys)
         return self._start(messages, tools, tools_key, keys, reason)
 
-    def _why_not_extended(self, keys: list[str], tools_key: str) -> str | None:
+    def _why_not_extended(self, keys: list[dict], tools_key: list[dict] | None) -> str | None:
         """None if `keys` extend the last request + reply, else the split reason."""
         expected = self._expected or []
         if self._pending is not None:
@@ -97,7 +96,7 @@ class SampleTracker:
         first = next((i for i, (a, b) in enumerate(zip(keys, expected)) if a != b), None)
         if first is None:
             return "history_not_extended"  # a repeat or a truncation at the end
-        old, new = json.loads(expected[first]), json.loads(keys[first])
+        old, new = expected[first], keys[first]
         if old["role"] == new["role"] == "system":
             return "system_changed"
         if keys[first] in expected[first + 1:]:
@@ -106,7 +105,7 @@ class SampleTracker:
             return "assistant_edited"
         return "history_rewritten"  # dropped, summarised or edited earlier messages
 
-    def _merge(self, sample: Sample, new: list[dict[str, Any]], keys: list[str]) -> Prepared:
+    def _merge(self, sample: Sample, new: list[dict[str, Any]], keys: list[dict]) -> Prepared:
         rendered = [template_message(m, self._generated) for m in new]
         before = sample.builder.length
         delta = sample.builder.add_messages(rendered)
@@ -118,7 +117,7 @@ class SampleTracker:
         return self._ready(sample, True, None, delta)
 
     def _start(self, messages: list[dict[str, Any]], tools: list[dict] | None,
-               tools_key: str, keys: list[str], reason: str | None) -> Prepared:
+               tools_key: list[dict] | None, keys: list[dict], reason: str | None) -> Prepared:
         if reason is not None:
             self.splits += 1
             self.split_reasons[reason] = self.split_reasons.get(reason, 0) + 1
@@ -139,9 +138,8 @@ class SampleTracker:
     def generated(self, reply: dict[str, Any], text: str) -> None:
         """The current call's reply: `reply` as returned to the harness (OpenAI form), `text`
         what the model generated for it. The next call must extend request + reply to merge."""
-        reply_key = key(reply)
-        self._generated[reply_key] = text
-        self._expected = (self._pending or []) + [reply_key]
+        self._generated[key(reply)] = text
+        self._expected = (self._pending or []) + [canonical(reply)]
         self._tools = self._pending_tools
         self._pending = self._prepared = None
         self.samples[-1].calls += 1

@@ -1,7 +1,7 @@
 """Trainer-side SDK for raas (httpx + pydantic only: installs without the server)."""
 from raas_client.batch import Batch, Collector, Group, advantages
-from raas_client.models import FailureClass, Rollout, failure_class_of
+from raas_client.models import FailureClass, Rollout, TrainingSample, failure_class_of
 from raas_client.sdk import RaasClient, RaasHTTPError
 
 __all__ = ["Batch", "Collector", "FailureClass", "Group", "RaasClient", "RaasHTTPError",
-           "Rollout", "advantages", "failure_class_of"]
+           "Rollout", "TrainingSample", "advantages", "failure_class_of"]

@@ -3,7 +3,7 @@
 `endpoint(script, ...)` serves the LLM simulator (the named fake of vLLM's token-id API; it
 encodes its scripted replies with the real SmolLM2 tokenizer) in a thread, opens a real
 `LLMSession` on it with the Qwen-style tool template (or SmolLM2's own ChatML), builds the
-RUN `StageContext` (turns land in `ctx.turns_recorded`) and enters a `RolloutEndpoint` on a
+RUN context (turns land in `recorded(ep)`) and enters a `RolloutEndpoint` on a
 Unix socket. `openai_client(ep)` / `anthropic_client(ep)` are the official SDK clients talking
 real HTTP over that socket.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.abstract import HandlerConfig, StageContext
+from agents.abstract import HandlerConfig
 from agents.harness import RolloutEndpoint
 from agents.job_config import JobConfig
 
@@ -31,18 +31,45 @@ BASH_TOOL = {"type": "function", "function": {
                    "required": ["cmd"]}}}
 
 
+class TurnLog:
+    """A `record_turn` that keeps the turns in a list (no database)."""
+
+    def __init__(self) -> None:
+        self.turns: list[dict[str, Any]] = []
+
+    def __call__(self, **turn: Any) -> None:
+        self.turns.append(turn)
+
+
+def run_context(**fields: Any) -> Any:
+    """RUN's context: issue 24's `agents.contexts.RunContext` where it exists, else today's
+    `StageContext` (same fields for what the endpoint reads)."""
+    try:
+        from agents.contexts import RunContext
+    except ImportError:
+        from agents.abstract import StageContext
+
+        return StageContext(stage="run", **fields)
+    from core.settings import load_settings
+
+    return RunContext(settings=load_settings(), **fields)
+
+
 def make_ctx(llm: Any, limits: dict[str, Any] | None = None, timeout: float = 60.0,
-             cancel_check: Callable[[], bool] = lambda: False) -> StageContext:
-    """The RUN context the pipeline would hand the harness handler."""
-    turns: list[dict[str, Any]] = []
-    ctx = StageContext(
-        rollout_id="rollout-h", job_id="job-h", stage="run", instance_id="i-1",
+             cancel_check: Callable[[], bool] = lambda: False,
+             record_turn: Callable[..., None] | None = None) -> Any:
+    """The RUN context the pipeline would hand the harness handler (turns: `recorded`)."""
+    return run_context(
+        rollout_id="rollout-h", job_id="job-h", instance_id="i-1",
         instance={"instance_id": "i-1"}, sample_index=0, attempt=1,
         agent_config=HandlerConfig(), job_config=JobConfig(limits=limits or {}),
         deadline=time.monotonic() + timeout, state={}, llm=llm,
-        record_turn=lambda **turn: turns.append(turn), cancel_check=cancel_check)
-    ctx.turns_recorded = turns  # type: ignore[attr-defined]
-    return ctx
+        record_turn=record_turn or TurnLog(), cancel_check=cancel_check)
+
+
+def recorded(ep: RolloutEndpoint) -> list[dict[str, Any]]:
+    """The turns the endpoint recorded."""
+    return ep.ctx.record_turn.turns
 
 
 def socket_dir() -> str:
@@ -93,7 +120,7 @@ def _sdk_http(sdk: Any) -> Any:
     import importlib
 
     base = importlib.import_module(f"{sdk.__name__}._base_client")
-    return getattr(base, "httpx2", None) or getattr(base, "httpx")
+    return getattr(base, "httpx2", None) or base.httpx
 
 
 def openai_client(ep: RolloutEndpoint, token: str | None = None, max_retries: int = 0) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from tests.harness.conftest import anthropic_client, ids_of
+from tests.harness.conftest import anthropic_client, ids_of, recorded
 
 END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
@@ -53,7 +53,7 @@ def test_tool_use_round_trip_and_one_sample(endpoint, stream) -> None:
     assert third.stop_reason == "end_turn" and third.content[0].text == "The bug is fixed."
     assert first.usage.output_tokens == len(ids_of(CALL_LS)) + 1
 
-    turns = ep.ctx.turns_recorded
+    turns = recorded(ep)
     assert [t["extra"]["api"] for t in turns] == ["anthropic"] * 3
     assert [t["extra"]["merged"] for t in turns] == [False, True, True]
     result = ep.result("completed", None)
@@ -69,6 +69,7 @@ def test_streaming_events_are_the_api_s(endpoint) -> None:
     events = list(anthropic_client(ep).messages.create(
         model="policy", max_tokens=200, system=SYSTEM, tools=TOOLS, messages=[FIRST],
         stream=True))
+    # (the SDK drops the `ping` the endpoint sends after message_start, as the API's)
     assert [e.type for e in events] == [
         "message_start", "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop"]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import openai
 import pytest
 
-from tests.harness.conftest import BASH_TOOL, ids_of, openai_client, uds_client
+from tests.harness.conftest import BASH_TOOL, ids_of, openai_client, recorded, uds_client
 
 END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
@@ -76,7 +77,7 @@ def test_tool_calls_round_trip_and_merge_into_one_sample(endpoint, stream) -> No
     assert second.content == "Reading it."
     assert third.content == "The bug is fixed." and not third.tool_calls
 
-    turns = ep.ctx.turns_recorded
+    turns = recorded(ep)
     assert [t["generated_ids"] for t in turns] == [
         ids_of(CALL_LS) + [END], ids_of(CALL_CAT) + [END], ids_of("The bug is fixed.") + [END]]
     assert [t["extra"]["merged"] for t in turns] == [False, True, True]
@@ -110,12 +111,12 @@ def test_a_history_rewrite_splits_into_two_samples(endpoint) -> None:
     assert samples[1]["split_reason"] == "history_rewritten"
     assert result.metrics["splits"] == 1 and result.metrics["split_reasons"] == {
         "history_rewritten": 1}
-    last_turn = ep.ctx.turns_recorded[-1]
+    last_turn = recorded(ep)[-1]
     assert samples[1]["prompt_ids"] == last_turn["extra"]["prompt_ids"] == result.prompt_ids
     assert samples[1]["response_ids"] == last_turn["generated_ids"]
     assert samples[1]["loss_mask"] == [1] * len(last_turn["generated_ids"])
     assert sum(samples[0]["loss_mask"]) == sum(len(t["generated_ids"])
-                                               for t in ep.ctx.turns_recorded[:3])
+                                               for t in recorded(ep)[:3])
 
 
 def test_context_overflow_is_context_length_exceeded(endpoint) -> None:
@@ -167,7 +168,8 @@ def test_request_max_tokens_cuts_the_turn(endpoint) -> None:
                                                       max_completion_tokens=3)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 3
-    assert reply.usage.prompt_tokens == len(ep.ctx.turns_recorded[0]["extra"]["prompt_ids"])
+    assert recorded(ep)[0]["finish_reason"] == "turn_length"  # not the job's budget
+    assert reply.usage.prompt_tokens == len(recorded(ep)[0]["extra"]["prompt_ids"])
 
 
 def test_refused_and_ignored_parameters(endpoint) -> None:
@@ -181,7 +183,9 @@ def test_refused_and_ignored_parameters(endpoint) -> None:
     with pytest.raises(openai.BadRequestError, match="image_url"):
         client.chat.completions.create(model="policy", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
-    client.chat.completions.create(model="policy", messages=START, temperature=0.0, seed=3)
+    raw = client.chat.completions.with_raw_response.create(model="policy", messages=START,
+                                                           temperature=0.0, seed=3)
+    assert raw.headers["x-raas-ignored-params"] == "temperature,seed"
     assert ep.counters.ignored_params == {"temperature": 1, "seed": 1}
     assert ep.counters.calls == 4 and ep.counters.failed_calls == 3
 
@@ -227,3 +231,103 @@ def test_a_length_cut_reply_continues_token_exact(endpoint) -> None:
     client.chat.completions.create(model="policy", messages=messages)
     result = ep.result("completed", None)
     assert result.metrics["merges"] == 1 and result.metrics["retokenization_drift"] == 0
+
+
+def test_cancel_and_deadline_answer_clearly(endpoint) -> None:
+    cancelled = {"now": False}
+    ep = endpoint(SCRIPT, cancel_check=lambda: cancelled["now"])
+    client = openai_client(ep)
+    client.chat.completions.create(model="policy", messages=START)
+    cancelled["now"] = True
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="policy", messages=START)
+    assert caught.value.code == "cancelled"
+    assert type(ep.fatal).__name__ == "RolloutCancelled"  # the handler re-raises it
+
+    late = endpoint(SCRIPT, timeout=0.0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client(late).chat.completions.create(model="policy", messages=START)
+    assert caught.value.code == "deadline_exceeded" and late.fatal is None
+
+
+def test_concurrent_calls_are_serialised_into_samples(endpoint) -> None:
+    """Two calls at once (a harness sampling in parallel): both answered, one sample each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ep = endpoint({"default": ["Hello there."]})
+    client = openai_client(ep)
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda _: client.chat.completions.create(
+            model="policy", messages=START), range(2)))
+    assert [r.choices[0].message.content for r in replies] == ["Hello there."] * 2
+    result = ep.result("completed", None)
+    assert result.metrics["samples"] == 2 and result.metrics["split_reasons"] == {
+        "history_not_extended": 1}
+    assert [len(s["response_ids"]) for s in result.extra["samples"]] == [
+        len(ids_of("Hello there.")) + 1] * 2
+
+
+def test_stream_usage_and_socket_mode(endpoint) -> None:
+    import os
+    import stat
+
+    ep = endpoint(SCRIPT)
+    assert stat.S_IMODE(os.stat(ep.socket_path).st_mode) == 0o666
+    chunks = list(openai_client(ep).chat.completions.create(
+        model="policy", messages=START, tools=[BASH_TOOL], stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        ids_of(CALL_LS)) + 1
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_reply_whose_tool_call_does_not_parse_is_text_and_counted(endpoint) -> None:
+    broken = '<tool_call>{"name": "bash", "arguments": {"cmd": "ls"</tool_call>'
+    ep = endpoint({"default": [broken, "plain words"]})
+    client = openai_client(ep)
+    reply = client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL])
+    assert reply.choices[0].message.content == broken and not reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "stop"
+    client.chat.completions.create(model="policy", tools=[BASH_TOOL], messages=START + [
+        reply.choices[0].message.model_dump(), {"role": "user", "content": "Use the tool."}])
+    turns = recorded(ep)
+    assert [t["extra"]["tool_call_parsed"] for t in turns] == [False, False]
+    assert "invalid JSON" in turns[0]["extra"]["parse_errors"][0]
+    counters = ep.counters
+    assert counters.parse_failures == 1 and counters.replies_without_tool_call == 2
+    assert ep.result("completed", None).metrics["tool_calls_parsed"] == 0
+
+
+def test_a_turn_that_cannot_be_logged_is_an_infrastructure_failure(endpoint) -> None:
+    from core.errors import LeaseLost
+
+    def lost(**turn) -> None:
+        raise LeaseLost("the rollout moved on: turn not logged")
+
+    ep = endpoint(SCRIPT, record_turn=lost)
+    with pytest.raises(openai.InternalServerError):
+        openai_client(ep).chat.completions.create(model="policy", messages=START)
+    assert isinstance(ep.fatal, LeaseLost)
+
+
+def test_same_ids_as_a_raas_handler_loop(endpoint) -> None:
+    """The conversation through the endpoint is, token for token, what a raas handler's own
+    loop (`LLMSession`: start, generate, append the tool results, generate...) stores."""
+    from agents.llm import LLMSession
+    from tests.harness.conftest import QWEN_TEMPLATE, SMOLLM2
+
+    ep = endpoint(SCRIPT)
+    run_conversation(openai_client(ep), stream=False)
+    spec = {"servers": [{"url": ep.ctx.llm.spec.servers[0].url, "model": "sim"}],
+            "tokenizer": SMOLLM2, "max_model_len": 4096, "chat_template_text": QWEN_TEMPLATE}
+    with LLMSession.open(spec, {"max_tokens": 256}, "loop") as loop:
+        loop.start(START, [BASH_TOOL])
+        loop.generate(time.monotonic() + 30)
+        for result in ("ran ls", "ran cat a.txt"):
+            loop.append_messages([{"role": "tool", "content": result}])
+            loop.generate(time.monotonic() + 30)
+        expected = loop.trajectory()
+    got = ep.result("completed", None)
+    assert got.prompt_ids == expected.prompt_ids
+    assert got.response_ids == expected.response_ids
+    assert got.loss_mask == expected.loss_mask
