@@ -5,10 +5,15 @@ The small model's reward is whatever it is; what must hold is that every capture
 token-exact: each sample's `response_ids` spans are exactly the generated ids of its calls
 (the turn log) with their logprobs, the sample is one prefix-consistent sequence (its first
 call's prompt, then each call's generated ids and the next call's delta), and re-scoring the
-stored sequence with the server (`prompt_logprobs`) gives the stored logprobs back. Figures
+stored sequence with the server (`prompt_logprobs`) gives the stored logprobs back (an fp32
+server: `--dtype float32`). mini-swe-agent drops its own replies that hit the token limit or
+carry no tool call from the history it sends next, so its rollouts split into several samples
+(`history_rewritten`): each is checked on its own. Figures
 are printed as JSON lines (`-s`): calls, samples, merges, splits, the re-score's max |diff|.
 
-    scripts/serve_vllm_cpu.sh /work/models/smollm2-135m-instruct 8231 &   # ready after ~2 min
+    VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 /work/shared-venvs/vllm/bin/python -m \
+        vllm.entrypoints.openai.api_server --model /work/models/smollm2-135m-instruct \
+        --host 127.0.0.1 --port 8231 --max-model-len 2048 --dtype float32 &   # ready in ~3-7 min
     RAAS_VLLM_URL=http://127.0.0.1:8231 .venv/bin/python -m pytest -m vllm -s \\
         tests/agents/test_harness_vllm.py
 """
@@ -31,7 +36,9 @@ pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 VLLM_URL = os.environ.get("RAAS_VLLM_URL", "").rstrip("/")
-RESCORE_TOLERANCE = 0.05  # bf16 on CPU: a batch of one against the generation's batch
+# fp32 on both sides, as the training tier checks (tests/train): a bf16 server's prefill and
+# decode differ by up to ~0.3 on this model, which says nothing about the capture.
+RESCORE_TOLERANCE = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +65,20 @@ def llm() -> dict[str, Any]:
 
 def samples_of(detail: dict[str, Any]) -> list[dict[str, Any]]:
     """Every training sample of a rollout (the main arrays are the last one)."""
-    return detail["extra"].get("samples") or [{
+    return detail.get("samples") or [{
         k: detail[k] for k in ("prompt_ids", "response_ids", "response_logprobs", "loss_mask")
     } | {"turn_boundaries": detail["extra"].get("turn_boundaries", [])}]
+
+
+def calls_by_sample(turns: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The logged calls grouped into samples, in order: a call logged with its whole prompt
+    starts a sample, one logged with a delta extends the current one."""
+    groups: list[list[dict[str, Any]]] = []
+    for turn in sorted(turns, key=lambda t: t["index"]):
+        if "prompt_ids" in (turn["extra"] or {}) or not groups:
+            groups.append([])
+        groups[-1].append(turn)
+    return groups
 
 
 def check_sample(sample: dict[str, Any], turns: list[dict[str, Any]]) -> None:
@@ -110,9 +128,12 @@ def test_a_real_harness_on_the_real_model_is_token_exact(service, llm, harness) 
         turns = [t for t in detail["turns"] if t["attempt"] == detail["attempt"]]
         assert turns, "the harness made no call"
         samples = samples_of(detail)
+        groups = calls_by_sample(turns)
+        assert len(groups) == len(samples) == detail["metrics"]["samples"]
+        assert detail["metrics"]["splits"] == len(samples) - 1
         worst = 0.0
-        for index, sample in enumerate(samples):
-            check_sample(sample, [t for t in turns if (t["extra"] or {}).get("sample") == index])
+        for sample, calls in zip(samples, groups):
+            check_sample(sample, calls)
             worst = max(worst, rescore(sample, model))
         assert worst <= RESCORE_TOLERANCE, worst
         metrics = detail["metrics"]
