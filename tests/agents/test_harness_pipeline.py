@@ -55,7 +55,13 @@ def statement(instance_id: str) -> str:
 
 
 # Both harnesses expose one `bash` tool taking `command`; they differ in how they stop.
-SCRIPT = {"by_instance": {
+SCRIPT = {"turn_marker": "<|im_start|>user",  # a turn per user/tool turn: a harness may drop
+          # its own replies from the history (mini-swe-agent does with a cut one)
+          "by_instance": {
+    # mini-swe-agent drops a reply cut at max_tokens from the history it sends next: a split
+    "[mini-split] " + statement(INTERVALS): [{"text": "word " * 700},
+                                             call("bash", command=FIX),
+                                             call("bash", command=MINI_SUBMIT)],
     # the mini-swe-agent rollouts carry this marker in their task (see `mini_task`)
     "[mini] " + statement(INTERVALS): [call("bash", command=FIX), call("bash", command=MINI_SUBMIT)],
     "[mini] " + statement(SLUGIFY): [call("bash", command="ls"), call("bash", command=MINI_SUBMIT)],
@@ -145,6 +151,31 @@ def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(servi
     fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
     assert fixed["metrics"]["calls"] == 2 and fixed["metrics"]["harness_returncode"] == 0
     assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
+    assert (fixed["metrics"]["samples"], fixed["metrics"]["merges"]) == (1, 1)
+
+
+def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, llm) -> None:
+    """Its first reply is cut at max_tokens without a tool call; mini-swe-agent then sends a
+    history without that reply (a rewrite): two prefix-consistent samples, still reward 1."""
+    row = as_instance(INTERVALS, SWE)
+    row["data"]["problem_statement"] = "[mini-split] " + row["data"]["problem_statement"]
+    job = submit(service, llm, "mini-swe-agent", "swe", [row])
+    assert outcomes(service, job) == {INTERVALS: ("completed", 1.0)}, service.log_tail()
+    [result] = service.all_results(job["job_id"])
+    rollout = service.client.rollout(result["rollout_id"])
+    metrics = rollout["metrics"]
+    assert (metrics["calls"], metrics["samples"], metrics["splits"]) == (3, 2, 1), metrics
+    assert metrics["split_reasons"] == {"history_rewritten": 1}
+    first, second = rollout["samples"]
+    cut, fix, submit_call = sorted(rollout["turns"], key=lambda t: t["index"])
+    assert cut["finish_reason"] == "turn_length" and first["response_ids"] == cut["generated_ids"]
+    assert second["split_reason"] == "history_rewritten"
+    # the second sample: the rewritten prompt, the fix, the observation, the submit
+    spans = second["turn_boundaries"]
+    assert [second["response_ids"][a:b] for a, b in spans] == [fix["generated_ids"],
+                                                               submit_call["generated_ids"]]
+    assert second["prompt_ids"] == fix["extra"]["prompt_ids"]
+    assert rollout["response_ids"] == second["response_ids"]  # the main arrays: the last one
 
 
 def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, llm) -> None:
