@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import string
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -40,6 +41,8 @@ _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # process in the sandbox (the same families `core.policy` refuses for jobs).
 _FORBIDDEN_VARS = re.compile(r"^(LD_|PYTHON|BASH_FUNC_)|^(ENV|BASH_ENV|PROMPT_COMMAND|IFS)$")
 
+# The example agent's folder in this checkout (pip installs it into the environment).
+EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
 DEFAULT_ENDPOINT_ENV = {
     "OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{token}",
     "ANTHROPIC_BASE_URL": "{root_url}", "ANTHROPIC_API_KEY": "{token}",
@@ -81,8 +84,8 @@ class HarnessRegistration(BaseModel):
                                    description="Named sandbox environment holding the harness; "
                                                "null: the system python")
     packages: list[str] = Field(default_factory=list,
-                                description="What `raas env build <python_env>` installs "
-                                            "(shown when the environment is missing)")
+                                description="What `raas env build <python_env>` installs; a "
+                                            "node builds it on first use like a handler's")
     env: dict[str, str] = Field(default_factory=dict, description="Extra variables")
     endpoint_env: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_ENDPOINT_ENV),
@@ -154,8 +157,7 @@ OPENAI_AGENT = HarnessRegistration(
     description="a plain bash-tool agent on the official `openai` SDK (examples/harness/"
                 "openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
     command=["raas-openai-agent", "--task-file", "{task_file}", "--model", "{model}"],
-    python_env="openai-agent", packages=["openai", "anthropic", "pytest",
-                                         "<raas checkout>/examples/harness"],
+    python_env="openai-agent", packages=["openai", "anthropic", "pytest", EXAMPLE_AGENT],
     tasks=["swe", "math", "code"], timeout=1800.0)
 
 

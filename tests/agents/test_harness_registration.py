@@ -6,6 +6,8 @@ the policy with errors that name the field and the rule.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -92,3 +94,21 @@ def test_the_task_text_is_the_task_kinds_own_prompt() -> None:
     raw = launch.task_text("swe", {"problem_statement": "as is"}, "/ws",
                            reg(task_field="problem_statement"))
     assert raw == "as is"
+
+
+def test_a_registered_harness_environment_is_built_on_first_use(monkeypatch, tmp_path) -> None:
+    """As a handler's declared environment: a fresh node runs without a manual build step."""
+    import sandbox.environments
+    from core.settings import Settings
+    from tasks.sandboxes import ensure_declared_environment
+
+    built: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(sandbox.environments, "ensure_environment",
+                        lambda name, packages, root: built.append((name, packages)))
+    settings = Settings(home=tmp_path, policy={"harnesses": {"registered": {
+        "mine": reg(python_env="my-env", packages=["my-agent==1.0"])}}})
+    ensure_declared_environment(settings, "my-env")
+    ensure_declared_environment(settings, "unknown-env")  # left to the runtime's error
+    assert built == [("my-env", ["my-agent==1.0"])]
+    shipped = default_harnesses()["openai-agent"].packages
+    assert Path(shipped[-1], "raas_openai_agent.py").is_file()  # the example, installable
