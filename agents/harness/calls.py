@@ -221,6 +221,7 @@ class CallRunner:
             "merged": prepared.merged, "split_reason": prepared.split_reason,
             "prompt_tokens": prepared.prompt_tokens, "context_length":
                 self.session.context_length,
+            "paused_seconds": round(gen.paused_seconds, 6),  # a weight push: not charged
             "tool_call_parsed": (None if not request.tools else
                                  bool(completion.tool_calls) and not errors),
         }
