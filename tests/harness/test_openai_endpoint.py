@@ -202,6 +202,11 @@ def test_models_and_auth(endpoint) -> None:
     assert plain.get("http://rollout/v1/models",
                      headers={"x-api-key": ep.token}).status_code == 200
     assert ep.counters.unauthorized == 2 and ep.counters.calls == 0
+    # A refused POST's unread body does not spoil the connection for the next request.
+    refused = plain.post("http://rollout/v1/chat/completions", json={"messages": START})
+    assert refused.status_code == 401 and refused.headers["connection"] == "close"
+    assert plain.get("http://rollout/v1/models",
+                     headers={"x-api-key": ep.token}).status_code == 200
 
 
 def test_after_exit_the_endpoint_is_gone(endpoint) -> None:
