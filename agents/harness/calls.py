@@ -21,7 +21,13 @@ from agents.finish_reasons import CUT_TURN, FinishReason
 from agents.harness.samples import Prepared, SampleTracker
 from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG, parse_tool_calls
 from agents.llm.trajectory import TrajectoryBuilder
-from core.errors import RaasError, RolloutCancelled, ServiceUnavailable, StageTimeout
+from core.errors import (
+    InvalidRequest,
+    RaasError,
+    RolloutCancelled,
+    ServiceUnavailable,
+    StageTimeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +184,9 @@ class CallRunner:
         except ServiceUnavailable as exc:
             self.fatal = self.fatal or exc
             raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
+        except InvalidRequest as exc:  # the server refused the request (not for its length)
+            raise CallError("invalid_request", f"the inference server refused the call: "
+                            f"{exc.message}") from exc
         _extend_deadline(self.ctx, gen.paused_seconds)  # a paused pool: not the agent's time
         if gen.finish_reason == FinishReason.TOKEN_BUDGET.value and request.max_tokens \
                 is not None and (left is None or request.max_tokens < left):
@@ -221,6 +230,7 @@ class CallRunner:
             "merged": prepared.merged, "split_reason": prepared.split_reason,
             "prompt_tokens": prepared.prompt_tokens, "context_length":
                 self.session.context_length,
+            "paused_seconds": round(gen.paused_seconds, 6),  # a weight push: not charged
             "tool_call_parsed": (None if not request.tools else
                                  bool(completion.tool_calls) and not errors),
         }

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "raas-policy"  # what GET /v1/models lists; a request's own model name is echoed
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole conversation with long tool outputs fits
+# How long exit waits for an aborted call to finish (a session looking for a server when all
+# are down retries for up to 30 s without a cancel check).
+EXIT_WAIT_SECONDS = 35.0
 
 
 @dataclass
@@ -111,8 +114,12 @@ class RolloutEndpoint:
             self._thread.join(timeout=5)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        with self.runner.lock:  # the last call has finished writing its turn
-            pass
+        # The call in flight (aborted by `closing`) finishes writing its turn first.
+        if self.runner.lock.acquire(timeout=EXIT_WAIT_SECONDS):
+            self.runner.lock.release()
+        else:
+            log.warning("rollout %s: a model call outlived the endpoint's exit",
+                        self.ctx.rollout_id)
 
     # -- what the handler reads ----------------------------------------------------------
     @property
@@ -212,9 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     extra_headers: dict[str, str]
+    body_read: bool
 
     def handle_one_request(self) -> None:
-        self.extra_headers = {}
+        self.extra_headers, self.body_read = {}, False
         super().handle_one_request()
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
@@ -227,8 +235,10 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         if length > MAX_BODY_BYTES:
             raise CallError("invalid_request", f"request body over {MAX_BODY_BYTES} bytes", 413)
+        raw = self.rfile.read(length)
+        self.body_read = True
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
+            body = json.loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CallError("invalid_request", f"the body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
@@ -259,6 +269,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
 
     def _send_extra_headers(self) -> None:
+        if not self.body_read and int(self.headers.get("content-length") or 0) > 0:
+            # Answered before reading the body (401, 404, 413): the rest of it would be
+            # taken for the next request on this connection, so the connection ends here.
+            self.close_connection = True
+            self.send_header("Connection", "close")
         for name, value in self.extra_headers.items():
             self.send_header(name, value)
 

@@ -53,6 +53,7 @@ def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str,
         extra["samples"] = [sample_dict(s) for s in samples]
     extra["turn_boundaries"] = [list(b) for b in last.turn_boundaries]
     extra["message_token_counts"] = list(last.message_token_counts)
+    extra["tools"] = list(samples[-1].builder.tools or [])  # what the harness offered the model
     seen = [v for s in samples for v in versions(s.trajectory)]
     metrics["weight_versions"] = list(dict.fromkeys(seen))
     metrics["response_tokens"] = sum(len(s.trajectory.response_ids) for s in samples)

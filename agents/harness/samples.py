@@ -112,15 +112,11 @@ class SampleTracker:
         if not delta or sample.builder.exhausted:
             # Nothing was appended: the sample still ends on its last reply.
             return Prepared(len(self.samples) - 1, True, None, [], False, before)
-        self.merges += 1
         self._pending, self._pending_tools = keys, self._tools
         return self._ready(sample, True, None, delta)
 
     def _start(self, messages: list[dict[str, Any]], tools: list[dict] | None,
                tools_key: list[dict] | None, keys: list[dict], reason: str | None) -> Prepared:
-        if reason is not None:
-            self.splits += 1
-            self.split_reasons[reason] = self.split_reasons.get(reason, 0) + 1
         builder = self.new_builder()
         prompt = builder.start([template_message(m, self._generated) for m in messages], tools)
         sample = Sample(builder, split_reason=reason)
@@ -138,11 +134,20 @@ class SampleTracker:
     def generated(self, reply: dict[str, Any], text: str) -> None:
         """The current call's reply: `reply` as returned to the harness (OpenAI form), `text`
         what the model generated for it. The next call must extend request + reply to merge."""
+        sample = self.samples[-1]
+        if self._prepared is not None and self._prepared.merged:
+            self.merges += 1
+        elif sample.calls == 0 and sample.split_reason is not None:
+            # Counted once the new sample holds a generation: a rewritten call that failed
+            # (no room, no server) and was rewritten again is one split, not two.
+            self.splits += 1
+            reasons = self.split_reasons
+            reasons[sample.split_reason] = reasons.get(sample.split_reason, 0) + 1
         self._generated[key(reply)] = text
         self._expected = (self._pending or []) + [canonical(reply)]
         self._tools = self._pending_tools
         self._pending = self._prepared = None
-        self.samples[-1].calls += 1
+        sample.calls += 1
 
     def training_samples(self) -> list[Sample]:
         """The samples that hold at least one generation, in order."""

@@ -93,3 +93,25 @@ def test_errors_in_the_api_s_shape(endpoint) -> None:
     with pytest.raises(anthropic.BadRequestError, match="image"):
         client.messages.create(model="policy", max_tokens=10, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}])
+
+
+def test_system_blocks_and_error_results_render_as_the_template_sees_them(endpoint) -> None:
+    """`system` as text blocks and an `is_error` tool result go through the same merge."""
+    ep = endpoint(SCRIPT)
+    client = anthropic_client(ep)
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    first = client.messages.create(model="policy", max_tokens=200, system=system, tools=TOOLS,
+                                   messages=[FIRST])
+    messages = [FIRST, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                         for b in first.content]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": first.content[0].id,
+                     "content": [{"type": "text", "text": "ls: not found"}], "is_error": True},
+                    {"type": "text", "text": "Try again."}]}]
+    client.messages.create(model="policy", max_tokens=200, system=system, tools=TOOLS,
+                           messages=messages)
+    turns = recorded(ep)
+    assert turns[1]["extra"]["merged"] is True
+    delta_text = ep.runner.tracker.current.builder.tok.decode(turns[1]["extra"]["delta_ids"])
+    assert "Error: ls: not found" in delta_text and "Try again." in delta_text
+    assert delta_text.index("Error: ls") < delta_text.index("Try again.")

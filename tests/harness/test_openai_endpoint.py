@@ -202,6 +202,11 @@ def test_models_and_auth(endpoint) -> None:
     assert plain.get("http://rollout/v1/models",
                      headers={"x-api-key": ep.token}).status_code == 200
     assert ep.counters.unauthorized == 2 and ep.counters.calls == 0
+    # A refused POST's unread body does not spoil the connection for the next request.
+    refused = plain.post("http://rollout/v1/chat/completions", json={"messages": START})
+    assert refused.status_code == 401 and refused.headers["connection"] == "close"
+    assert plain.get("http://rollout/v1/models",
+                     headers={"x-api-key": ep.token}).status_code == 200
 
 
 def test_after_exit_the_endpoint_is_gone(endpoint) -> None:
@@ -331,3 +336,29 @@ def test_same_ids_as_a_raas_handler_loop(endpoint) -> None:
     assert got.prompt_ids == expected.prompt_ids
     assert got.response_ids == expected.response_ids
     assert got.loss_mask == expected.loss_mask
+
+
+def test_a_paused_pool_makes_the_call_wait_not_fail(endpoint) -> None:
+    """A weight push pauses the server: the call waits (the harness sees a slow answer), the
+    turn records the new version, and the wait is not charged to the RUN deadline."""
+    import dataclasses
+    import threading
+
+    ep = endpoint(SCRIPT)
+    servers = ep.ctx.llm.pool.servers  # the session's own pool (the job's named server)
+    url = next(iter(servers))
+    servers[url] = dataclasses.replace(servers[url], paused=True)
+    deadline_before = ep.ctx.deadline
+
+    def push() -> None:
+        time.sleep(1.0)
+        servers[url] = dataclasses.replace(servers[url], weight_version="v8", paused=False)
+
+    threading.Thread(target=push).start()
+    started = time.monotonic()
+    reply = openai_client(ep).chat.completions.create(model="policy", messages=START)
+    assert time.monotonic() - started >= 0.9 and reply.choices[0].finish_reason == "tool_calls"
+    assert recorded(ep)[0]["weight_version"] == "v8"
+    paused = recorded(ep)[0]["extra"]["paused_seconds"]
+    assert paused > 0  # the session waited on the paused server...
+    assert ep.ctx.deadline - deadline_before == pytest.approx(paused, abs=1e-3)  # uncharged

@@ -95,6 +95,7 @@ def test_split_samples_reach_the_wire_the_batch_and_prorl(endpoint, tmp_path) ->
     assistant = [m for m in prorl["messages"] if m["role"] == "assistant"]
     assert [m["logprobs"] for m in assistant] == [turns[2]["logprobs"]]
     assert prorl["reward"] == 1.0
+    assert [t["function"]["name"] for t in prorl["tools"]] == ["bash"]
 
 
 def test_the_dashboard_shows_each_sample(endpoint, tmp_path) -> None:

@@ -111,7 +111,7 @@ def test_changed_tools_split_and_a_retry_reuses_the_prepared_call(tracker) -> No
     history = _two_calls(tracker)
     again = tracker.prepare(history, [BASH_TOOL])
     assert tracker.prepare(history, [BASH_TOOL]) is again  # the call failed; the SDK retried
-    assert tracker.merges == 2
+    assert tracker.merges == 1  # counted when a merged call generates
     other = {"type": "function", "function": {"name": "python", "parameters": {}}}
     assert tracker.prepare(history, [BASH_TOOL, other]).split_reason \
         == "rewritten_after_failed_call"
@@ -119,6 +119,8 @@ def test_changed_tools_split_and_a_retry_reuses_the_prepared_call(tracker) -> No
     assert tracker.prepare(history + [{"role": "assistant", "content": "ok"},
                                       {"role": "user", "content": "go"}],
                            [BASH_TOOL]).split_reason == "tools_changed"
+    generate(tracker, "ok", {"role": "assistant", "content": "ok"})
+    assert tracker.split_reasons == {"rewritten_after_failed_call": 1, "tools_changed": 1}
 
 
 def test_full_render_of_a_split_keeps_the_model_s_own_text(tracker) -> None:
@@ -136,6 +138,19 @@ def test_content_change_is_not_a_normalisation(tracker) -> None:
     history = _two_calls(tracker)
     history[2] = {**history[2], "content": " "}
     assert tracker.prepare(history, [BASH_TOOL]).split_reason == "assistant_edited"
+
+
+def test_a_rewrite_that_does_not_fit_counts_once(tracker) -> None:
+    history = _two_calls(tracker)
+    assert tracker.merges == 1
+    too_long = tracker.prepare([SYSTEM, {"role": "user", "content": "notes " * 5000}],
+                               [BASH_TOOL])  # over the 4096-token context
+    assert not too_long.fits and too_long.split_reason == "history_rewritten"
+    short = tracker.prepare([SYSTEM, {"role": "user", "content": "notes"}], [BASH_TOOL])
+    assert short.fits and short.split_reason == "history_rewritten"
+    generate(tracker, "ok", {"role": "assistant", "content": "ok"})
+    assert tracker.splits == 1 and tracker.split_reasons == {"history_rewritten": 1}
+    assert len(tracker.training_samples()) == 2 and history
 
 
 def test_a_prompt_that_does_not_fit_is_not_a_sample() -> None:
