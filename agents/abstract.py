@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from raas_client.models import Trajectory
@@ -27,6 +27,10 @@ def answer_artifact(result: Trajectory) -> dict[str, Any]:
     """The default artifact: the finishing tool's answer (`result.extra["answer"]`), if any."""
     answer = (result.extra or {}).get("answer")
     return {} if answer is None else {"answer": answer}
+
+
+if TYPE_CHECKING:
+    from core.policy import Policy
 
 
 class HandlerConfig(BaseModel):
@@ -101,6 +105,20 @@ class AgentHandler(ABC):
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Reject an instance at submission time (raise `core.errors.InvalidRequest`)."""
+
+    def check_instance(self, config: HandlerConfig, instance: dict[str, Any]) -> None:
+        """Reject an instance at submission, knowing the job's config (default:
+        `validate_instance`; a handler whose instance shape depends on its config overrides)."""
+        self.validate_instance(instance)
+
+    def check_policy(self, config: HandlerConfig, policy: Policy, admin: bool) -> None:
+        """Hold the config's choices to the operator's policy at submission (raise
+        `core.errors.InvalidRequest` naming the field and rule); the worker asks again."""
+
+    def grades_in_sandbox(self, config: HandlerConfig) -> bool:
+        """Whether EVAL grades in a fresh sandbox for this config (default `eval_in_sandbox`;
+        a handler that grades several task kinds answers per config)."""
+        return self.eval_in_sandbox
 
     def prompt(self, instance: dict[str, Any],
                config: HandlerConfig) -> tuple[str, str, list[Any]] | None:

@@ -20,6 +20,7 @@ and `metrics.truncated` for overlong filtering or shaping.
 | `oom` | - | yes | the tool server died and the sandbox's memory cgroup recorded an OOM kill | `agent_error` (reward 0) |
 | `tool_server_died` | - | yes | the agent's own processes took its tool server down (e.g. killed it; only possible where tools are not isolated from the server) | `agent_error` (reward 0) |
 | `tool_server_unresponsive` | - | yes | the tool server stopped answering because of the agent: stopped (SIGSTOP) or traced by its processes, or starved by its fork bomb at the pids limit | `agent_error` (reward 0) |
+| `harness_exit` | - | yes | a registered harness (`agent: harness`) exited with a non-zero status or crashed; its artifact is still graded | `agent_error` |
 | `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ class FinishReason(str, enum.Enum):
     STALE = "stale"
     NO_VALID_ACTION = "no_valid_action"
     DEADLINE = "deadline"
+    HARNESS_EXIT = "harness_exit"
     CANCELLED = "cancelled"
     DISK_QUOTA = "disk_quota"
     OOM = "oom"

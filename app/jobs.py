@@ -55,9 +55,10 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
     except ValidationError as exc:
         err = validation_error(exc)
         raise InvalidRequest(f"agent_config.{err.message}", field=f"agent_config.{err.details.get('field')}") from exc
+    handler.check_policy(agent_config, settings.policy, admin)
     for i, inst in enumerate(req.instances):
         try:
-            handler.validate_instance(inst.data)
+            handler.check_instance(agent_config, inst.data)
         except InvalidRequest as exc:
             raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}",
                                  **exc.details) from exc

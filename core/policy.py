@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from core.errors import InvalidRequest
+from core.harnesses import HarnessPolicy, HarnessRegistration
 from core.urls import UrlRule, parse_rule, url_refusal
 
 RuntimeChoice = Literal["auto", "bwrap", "singularity", "local"]
@@ -140,6 +141,8 @@ class Policy(_Strict):
 
     sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy, description="Sandboxes")
     llm: LLMPolicy = Field(default_factory=LLMPolicy, description="Inference servers")
+    harnesses: HarnessPolicy = Field(default_factory=HarnessPolicy,
+                                     description="Agent harnesses the `harness` agent may start")
     callback_urls: UrlRules = Field(
         default_factory=list,
         description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the callback URLs "
@@ -157,6 +160,8 @@ class Policy(_Strict):
                                       for name, c in self.llm.credentials.items()}
         data["llm"]["templates"] = registered_templates(self.llm)
         data["llm"].pop("templates_dir")
+        for harness in data["harnesses"]["registered"].values():  # names, not values
+            harness["env"] = sorted(harness["env"])
         return data
 
 
@@ -342,3 +347,23 @@ def chat_template_text(policy: LLMPolicy, name: str | None, inline: str | None) 
         raise _deny("llm.chat_template", f"unknown chat template {name!r}; registered: "
                     f"{', '.join(known) or 'none'}", "policy.llm.templates_dir")
     return (policy.templates_dir / f"{name}.jinja").read_text()
+
+
+def check_harness(policy: Policy, name: str, task: str, admin: bool,
+                  field: str = "agent_config.harness") -> HarnessRegistration:
+    """A job names a registered harness fit for its task (tenants: one open to them, whose
+    environment the sandbox policy allows); InvalidRequest names the rule otherwise."""
+    plain_name(name, field)
+    registered = policy.harnesses.registered
+    harness = registered.get(name)
+    if harness is None or not (admin or harness.tenants):
+        known = ", ".join(sorted(n for n, h in registered.items() if admin or h.tenants))
+        raise _deny(field, f"unknown harness {name!r}; registered: {known or 'none'}",
+                    "policy.harnesses.registered")
+    if task not in harness.tasks:
+        raise _deny("agent_config.task", f"harness {name!r} does not run {task!r} tasks "
+                    f"(it runs: {', '.join(harness.tasks)})",
+                    f"policy.harnesses.registered.{name}.tasks")
+    if harness.python_env is not None and not admin:
+        check_python_env(policy.sandbox, harness.python_env, field)
+    return harness

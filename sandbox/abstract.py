@@ -79,8 +79,12 @@ class Runtime(ABC):
             "log_file": str(self.state_dir / f"{sid}.log"),
             "call_timeout": spec.limits.call_timeout,
         }
+        if spec.model_endpoint:
+            handle["endpoint_dir"] = str(self.state_dir / f"{sid}.model")
         write_intent(handle)
         socket_dir.mkdir(mode=0o700)
+        if spec.model_endpoint:
+            os.mkdir(handle["endpoint_dir"], 0o700)
         return handle
 
     def save(self, handle: Handle) -> Sandbox:

@@ -32,7 +32,15 @@ from sandbox.handles import (
     wait_gone,
     write_handle,
 )
-from sandbox.inside import OPT, PTYPROCESS_DIR, TOOLSERVER_DIR, compile_server, sandbox_env
+from sandbox.inside import (
+    ENDPOINT_DIR,
+    ENDPOINT_SOCKET,
+    OPT,
+    PTYPROCESS_DIR,
+    TOOLSERVER_DIR,
+    compile_server,
+    sandbox_env,
+)
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
@@ -240,6 +248,8 @@ class BwrapRuntime(Runtime):
                  *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
                  "--remount-ro", OPT,
                  *bind("bind", spec.workspace, spec.workspace)]
+        if spec.model_endpoint:  # read-only: the socket in it can be used, never replaced
+            argv += bind("ro-bind", handle["endpoint_dir"], ENDPOINT_DIR)
         if env_dir:
             argv += bind("ro-bind", env_dir, env_dir)
         for extra in spec.binds:
@@ -267,9 +277,14 @@ class BwrapRuntime(Runtime):
         uid = unprivileged_uid(self.settings)
         if uid is not None:
             handle["uid"] = uid
+        if spec.model_endpoint:
+            handle.update(endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
+                          relay=f"{OPT}/toolserver/relay.py", detach=f"{OPT}/toolserver/detach.py")
         try:
             if uid is not None:
                 give_workspace(spec.workspace, uid)  # what the host wrote after: hand_over
+                if spec.model_endpoint:  # 0700: the sandbox's user alone reaches the socket
+                    os.chown(handle["endpoint_dir"], uid, uid)
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)
             groups = cgroups.create(handle["id"], spec.limits, self.settings.cgroup_parent) if self.use_cgroups else []
             handle.update(cgroups=groups)

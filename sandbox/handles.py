@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -169,6 +170,8 @@ def remove_state(handle: Handle) -> None:
             os.rmdir(handle[key])
         except (OSError, KeyError):
             pass
+    if handle.get("endpoint_dir"):  # a model endpoint's folder and a socket left in it
+        shutil.rmtree(handle["endpoint_dir"], ignore_errors=True)
     for key in ("log_file", "signal_file", "handle_file"):
         try:
             os.unlink(handle[key])

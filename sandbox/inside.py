@@ -15,6 +15,11 @@ TOOLSERVER_DIR = str(Path(__file__).resolve().parent / "toolserver")
 PTYPROCESS_DIR = str(Path(ptyprocess.__file__).resolve().parent)
 OPT = "/opt/raas"
 SOCKET_DIR = "/run/raas"
+# A model endpoint's folder (`SandboxSpec.model_endpoint`): the host's per-sandbox folder
+# holding the endpoint's Unix socket, bound read-only here; `relay.py` bridges a loopback
+# port of the sandbox's own network namespace to the socket in it.
+ENDPOINT_DIR = "/run/raas-model"
+ENDPOINT_SOCKET = "model.sock"
 SYSTEM_PYTHON = "/usr/bin/python3"  # what runs the tool server inside a bwrap sandbox
 
 log = logging.getLogger(__name__)

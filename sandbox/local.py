@@ -15,7 +15,7 @@ from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready, s
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.handles import Handle, gated_popen, kill_pid, pid_alive, remove_state, wait_gone
-from sandbox.inside import sandbox_env
+from sandbox.inside import ENDPOINT_SOCKET, sandbox_env
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 
@@ -37,6 +37,11 @@ class LocalRuntime(Runtime):
         """Spawn the tool server in its own session; it adopts orphans so stop finds them."""
         log.warning("local sandbox runtime: NO isolation for %s (development only)", label or "sandbox")
         handle = self.new_handle(spec, label)
+        if spec.model_endpoint:  # no namespaces: the harness sees host paths as they are
+            tools = os.path.join(PACKAGE_DIR, "toolserver")
+            handle.update(endpoint_inside=os.path.join(handle["endpoint_dir"], ENDPOINT_SOCKET),
+                          relay=os.path.join(tools, "relay.py"),
+                          detach=os.path.join(tools, "detach.py"))
         env_dir = resolve_env(spec.python_env, self.settings.envs_root)
         python = f"{env_dir}/bin/python3" if env_dir else (
             "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)

@@ -22,7 +22,15 @@ from sandbox.client import Sandbox, ToolClient
 from sandbox.environments import resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone, write_handle
-from sandbox.inside import OPT, PTYPROCESS_DIR, SOCKET_DIR, TOOLSERVER_DIR, sandbox_env
+from sandbox.inside import (
+    ENDPOINT_DIR,
+    ENDPOINT_SOCKET,
+    OPT,
+    PTYPROCESS_DIR,
+    SOCKET_DIR,
+    TOOLSERVER_DIR,
+    sandbox_env,
+)
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
@@ -124,6 +132,8 @@ class SingularityRuntime(Runtime):
         argv += _bind(handle["socket_dir"], SOCKET_DIR, False)
         argv += _bind(TOOLSERVER_DIR, f"{OPT}/toolserver", True)
         argv += _bind(PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess", True)
+        if spec.model_endpoint:
+            argv += _bind(handle["endpoint_dir"], ENDPOINT_DIR, True)
         if env_dir:
             argv += _bind(env_dir, env_dir, True)
         for bind in spec.binds:
@@ -146,6 +156,9 @@ class SingularityRuntime(Runtime):
         """Start the instance, then the tool server inside it; stop the instance on any failure."""
         handle = self.new_handle(spec, label)
         handle.update(instance=f"raas-{handle['id']}", binary=self.commands.binary)
+        if spec.model_endpoint:
+            handle.update(endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
+                          relay=f"{OPT}/toolserver/relay.py", detach=f"{OPT}/toolserver/detach.py")
         write_handle(handle)  # the intent names the instance: a reaper can stop it
         try:
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)

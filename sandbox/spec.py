@@ -91,11 +91,15 @@ class SandboxOptions(BaseModel):
 
 
 class SandboxSpec(SandboxOptions):
-    """Everything a runtime needs to start one sandbox."""
+    """Everything a runtime needs to start one sandbox (never chosen by a job as a whole:
+    the fields below SandboxOptions' are the service's)."""
 
     workspace: str = Field(
         description="Absolute host dir, the only writable host path; same path inside"
     )
+    model_endpoint: bool = Field(
+        False, description="Make a per-sandbox folder for a model endpoint's Unix socket, "
+                           "bound read-only inside (`sandbox.bridge`)")
 
     @field_validator("workspace")
     @classmethod

@@ -39,7 +39,7 @@ def grade(settings: Settings, handler: AgentHandler, ctx: EvalContext, *,
           state_dir: str | None = None,
           on_start: Callable[[dict[str, Any]], None] | None = None) -> EvalResult:
     """Grade `ctx.artifact`; `on_start(handle)` lets the caller record the grading sandbox."""
-    if not handler.eval_in_sandbox:
+    if not handler.grades_in_sandbox(ctx.agent_config):
         return handler.evaluate(ctx)
     handle = None
     try:

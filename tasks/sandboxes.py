@@ -128,7 +128,8 @@ def attempt_folders(settings: Settings) -> dict[str, str]:
 
 
 def ensure_declared_environment(settings: Settings, name: str | None) -> None:
-    """Build a named environment a handler declares if this node has not built it yet.
+    """Build a named environment a handler (or a registered harness) declares if this node
+    has not built it yet.
 
     Undeclared names and paths are left to the runtime, which says how to build them.
     """
@@ -138,6 +139,9 @@ def ensure_declared_environment(settings: Settings, name: str | None) -> None:
     from sandbox.environments import ensure_environment
 
     packages = declared_environments().get(name)
+    if packages is None:  # a registered harness's environment (operator policy)
+        packages = next((list(h.packages) for h in settings.policy.harnesses.registered.values()
+                         if h.python_env == name and h.packages), None)
     if packages is not None:
         ensure_environment(name, packages, settings.envs_root)
 

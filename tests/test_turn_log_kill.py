@@ -17,7 +17,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from agents.llm.simulator import start_simulator
+from fakellm.server import start_simulator
 from core.db import session_scope
 from core.models import Rollout, Turn
 from tests.pipeline_harness import start_service

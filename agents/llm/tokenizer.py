@@ -160,6 +160,8 @@ class ChatTokenizer:
         """Token counts of the pieces of `text` cut at character offsets `cuts` (None = no cut
         there: the piece is merged into the next), given `ids = encode(text)`. A token that
         straddles a cut goes to the piece it starts in; the counts always add up to len(ids)."""
+        if not cuts:
+            return [len(ids)]  # one piece (a turn's single new message): nothing to locate
         offsets = self._offsets(text, ids)
         counts, start = [], 0
         for cut in cuts:

@@ -181,6 +181,11 @@ class TrajectoryBuilder:
         by a word joiner, which no longer needs spans to be safe.
         """
         text = render(messages)
+        if not any(self.tok.control_texts_in(m["content"]) for m in messages
+                   if m.get("role") != "assistant" and isinstance(m.get("content"), str)):
+            # No control-token text in any message: spans (or defusing) change nothing, so
+            # the probe render that locates them is skipped (one render per turn saved).
+            return messages, text, []
         spans = self._spans(messages, render, text)
         if spans is not None:
             return messages, text, spans

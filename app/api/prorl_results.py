@@ -6,6 +6,10 @@ exact input of that call, `input_ids`, and its `logprobs`). Concatenated they ar
 `prompt_ids + response_ids`, which is what NeMo RL's converter rebuilds. As in ProRL, the list
 ends with an assistant message: trailing observations (mask 0, never trained on) are dropped
 from the messages and from the returned token arrays alike.
+
+A harness rollout whose history was rewritten has several samples (`extra["samples"]`): the
+result is its last sample, as above, and `samples` lists every one (the last one included)
+with its arrays and `split_reason`; each trains with the result's reward.
 """
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ def prorl_result(r: Rollout, turns: list[Turn], request_instance: dict[str, Any]
     """The ProRL result of rollout `r` for the instance the client sent."""
     extra = r.extra or {}
     outcome = r.outcome or ""
+    samples = extra.get("samples") or []
+    if samples:  # the arrays and messages are the last sample's: so are its turns
+        turns = [t for t in turns if (t.extra or {}).get("sample") == len(samples) - 1]
     messages, response = prorl_messages(r, turns)
     success = outcome == "completed"
     critical = critical_error(r)
@@ -46,9 +53,16 @@ def prorl_result(r: Rollout, turns: list[Turn], request_instance: dict[str, Any]
         "timing": timing(r, wall_seconds),
         "prompt_ids": r.prompt_ids or [],
         **response,
+        **({"samples": [_sample(x) for x in samples]} if samples else {}),
         "outcome": outcome,
         "rollout_id": r.id,
     }
+
+
+def _sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """One training sample of a split harness rollout, in the result's own key names."""
+    keys = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "split_reason")
+    return {k: sample.get(k) for k in keys}
 
 
 def critical_error(r: Rollout) -> str | None:

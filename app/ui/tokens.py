@@ -19,6 +19,47 @@ _pieces: dict[str, dict[int, str]] = {}
 _pieces_lock = threading.Lock()
 
 
+class SampleView:
+    """A rollout seen as one of its samples (a harness rollout split when its history was
+    rewritten): the sample's arrays and turn boundaries, everything else the rollout's."""
+
+    def __init__(self, rollout: Rollout, index: int) -> None:
+        samples = (rollout.extra or {}).get("samples") or []
+        sample = samples[index]
+        self._rollout = rollout
+        self.sample_index_of_rollout = index
+        self.prompt_ids = sample.get("prompt_ids") or []
+        self.response_ids = sample.get("response_ids") or []
+        self.response_logprobs = sample.get("response_logprobs") or []
+        self.loss_mask = sample.get("loss_mask") or []
+        self.policy_versions = sample.get("policy_versions") or []
+        self.finish_reason = sample.get("finish_reason")
+        self.extra = {**(rollout.extra or {}), "turn_boundaries": sample.get("turn_boundaries")}
+        last = index == len(samples) - 1
+        self.messages = rollout.messages if last else []  # stored for the last sample only
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rollout, name)
+
+
+def samples_of(r: Rollout) -> list[dict[str, Any]]:
+    """[{index, calls, split_reason, tokens}] of a split rollout ([] for one sequence)."""
+    return [{"index": k, "calls": s.get("calls"), "split_reason": s.get("split_reason"),
+             "tokens": len(s.get("prompt_ids") or []) + len(s.get("response_ids") or [])}
+            for k, s in enumerate((r.extra or {}).get("samples") or [])]
+
+
+def pick_sample(r: Rollout, turns: list[Turn], raw: str | None) -> tuple[Any, list[Turn],
+                                                                         int | None]:
+    """The rollout (or its sample `raw`, default the last) and that sample's turns."""
+    count = len((r.extra or {}).get("samples") or [])
+    if not count:
+        return r, turns, None
+    index = int(raw) if raw is not None and raw.isdigit() and int(raw) < count else count - 1
+    mine = [t for t in turns if (t.extra or {}).get("sample") == index]
+    return SampleView(r, index), mine, index
+
+
 def segments(r: Rollout, turns: list[Turn]) -> list[dict[str, Any]]:
     """[{label, start, end, turn, live}] over prompt+response positions (end exclusive).
 

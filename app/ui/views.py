@@ -73,6 +73,8 @@ def rollout(rollout_id: str):
     with session_scope(_settings().db_url) as s:
         r, job = owned_rollout(s, rollout_id, g.owner)
         turns, earlier = current_turns(s, r)
+        samples = tokens.samples_of(r)
+        r, turns, sample = tokens.pick_sample(r, turns, request.args.get("sample"))
         segs = tokens.segments(r, turns)
         metrics = dict(r.metrics or {})
         extra = {k: v for k, v in (r.extra or {}).items() if k != "turn_boundaries"}
@@ -83,8 +85,9 @@ def rollout(rollout_id: str):
             n_tokens=len(r.prompt_ids or []) + len(r.response_ids or []),
             n_trained=sum(r.loss_mask or []), drift=_drift(metrics, segs),
             artifacts={k: extra[k] for k in ARTIFACT_KEYS if extra.get(k) not in (None, "", [], {})},
-            other_extra={k: v for k, v in extra.items() if k not in ARTIFACT_KEYS},
-            tokenizer=tokens.tokenizer_path(job))
+            other_extra={k: v for k, v in extra.items()
+                         if k not in ARTIFACT_KEYS and k != "samples"},
+            tokenizer=tokens.tokenizer_path(job), samples=samples, sample=sample)
 
 
 @bp.get("/rollouts/<rollout_id>/tokens.json")
@@ -93,7 +96,7 @@ def rollout_tokens(rollout_id: str):
     raw = request.args.get("segment", "")
     with session_scope(_settings().db_url) as s:
         r, job = owned_rollout(s, rollout_id, g.owner)
-        turns = current_turns(s, r)[0]
+        r, turns, _ = tokens.pick_sample(r, current_turns(s, r)[0], request.args.get("sample"))
         segs = tokens.segments(r, turns)
         if raw == "all":
             return {"segments": [tokens.segment_rows(r, job, turns, sg) for sg in segs]}

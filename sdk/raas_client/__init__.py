@@ -1,7 +1,7 @@
 """Trainer-side SDK for raas (httpx + pydantic only: installs without the server)."""
 from raas_client.batch import Batch, Collector, Group, advantages
-from raas_client.models import FailureClass, Rollout, Trajectory, failure_class_of
+from raas_client.models import FailureClass, Rollout, TrainingSample, Trajectory, failure_class_of
 from raas_client.sdk import RaasClient, RaasHTTPError
 
 __all__ = ["Batch", "Collector", "FailureClass", "Group", "RaasClient", "RaasHTTPError",
-           "Rollout", "Trajectory", "advantages", "failure_class_of"]
+           "Rollout", "TrainingSample", "Trajectory", "advantages", "failure_class_of"]

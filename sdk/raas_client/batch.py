@@ -136,8 +136,14 @@ class Batch(BaseModel):
 
     @property
     def samples(self) -> list[Rollout]:
-        """Every used sample, group after group (the rows of `to_arrays`)."""
+        """Every used sample (rollout), group after group."""
         return [r for g in self.groups for r in g.samples]
+
+    @property
+    def rows(self) -> list[Rollout]:
+        """The rows of `to_arrays`: each sample's `training_rows()` (one per rollout, or one
+        per split sample of a harness rollout), in `samples` order."""
+        return [row for r in self.samples for row in r.training_rows()]
 
     @property
     def rewards(self) -> list[float]:
@@ -160,9 +166,13 @@ class Batch(BaseModel):
 
     def to_arrays(self, pad_id: int = 0, advantage: AdvantageMethod | None = "grpo",
                   backend: Literal["auto", "numpy", "torch"] = "auto") -> dict[str, Any]:
-        """Padded arrays of `samples` (see `raas_client.arrays.to_arrays`)."""
+        """Padded arrays of `rows` (see `raas_client.arrays.to_arrays`): a rollout split into
+        several samples gives several rows, each with the rollout's reward and advantage."""
         adv = self.advantages(advantage) if advantage else None
-        return to_arrays(self.samples, pad_id=pad_id, rewards=self.rewards, advantages=adv,
+        repeat = [len(r.training_rows()) for r in self.samples]
+        rewards = [x for x, k in zip(self.rewards, repeat) for _ in range(k)]
+        expanded = [x for x, k in zip(adv, repeat) for _ in range(k)] if adv else None
+        return to_arrays(self.rows, pad_id=pad_id, rewards=rewards, advantages=expanded,
                          backend=backend)
 
 

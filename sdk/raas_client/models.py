@@ -22,7 +22,7 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 FailureClass = Literal["none", "policy", "infra", "input"]
 FAILURE_CLASSES: dict[str, FailureClass] = {
@@ -160,6 +160,25 @@ class Timing(Answer):
     eval: float | None = None
 
 
+class TrainingSample(Answer):
+    """One prefix-consistent sequence of a rollout that has several (a harness that rewrote
+    its history: the endpoint split its calls); arrays aligned as on `Rollout`."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    loss_mask: list[int] = Field(description="1 on generated tokens, 0 elsewhere")
+    policy_versions: list[Any] = Field(default_factory=list,
+                                       description="Weight version of each generated turn")
+    turn_boundaries: list[list[int]] = Field(default_factory=list,
+                                             description="[start, end) of each generated turn")
+    finish_reason: str | None = None
+    split_reason: str | None = Field(None, description="Why the sample before this one ended "
+                                     "(history_rewritten, messages_dropped, system_changed, "
+                                     "assistant_edited, tools_changed, ...); null for the first")
+    calls: int = Field(0, description="Model calls generated into this sample")
+
+
 class Trajectory(Answer):
     """A rollout's record: how its episode ended and the token-exact trajectory.
 
@@ -235,6 +254,10 @@ class Rollout(Trajectory):
                                     "stragglers: its group's record")
     created_at: datetime
     finished_at: datetime | None = None
+    samples: list[TrainingSample] | None = Field(
+        None, description="Every training sample in order when the rollout has several (a "
+        "harness that rewrote its history); the arrays above are then the last one. Each "
+        "sample trains with the rollout's reward (`training_rows`)")
     turns: list[TurnView] | None = Field(
         None, description="Turns of the current attempt (the one the trajectory belongs to)")
     earlier_attempts: list[AttemptView] | None = Field(
@@ -257,6 +280,33 @@ class Rollout(Trajectory):
         if cls == "policy":
             return self.reward if self.reward is not None else 0.0
         return None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _samples_from_extra(cls, data: Any) -> Any:
+        """The server stores a split rollout's samples in its `extra["samples"]`; the wire
+        carries them typed, as `samples` (and not twice)."""
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict) \
+                and "samples" in data["extra"]:
+            extra = dict(data["extra"])
+            data = {**data, "extra": extra}
+            samples = extra.pop("samples")
+            if data.get("samples") is None:
+                data["samples"] = samples
+        return data
+
+    def training_rows(self) -> list[Rollout]:
+        """The rollout as training rows: itself, or one copy per sample (same reward, group
+        and identity; the copy's arrays are the sample's)."""
+        if not self.samples:
+            return [self]
+        return [self.model_copy(update={
+            "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
+            "response_logprobs": s.response_logprobs, "loss_mask": s.loss_mask,
+            "policy_versions": s.policy_versions, "finish_reason": s.finish_reason,
+            "extra": {**self.extra, "turn_boundaries": s.turn_boundaries,
+                      "sample": k, "split_reason": s.split_reason},
+            "samples": None}) for k, s in enumerate(self.samples)]
 
 
 class ResultsPage(Answer):

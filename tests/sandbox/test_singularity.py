@@ -130,3 +130,15 @@ def test_real_singularity(state_dir, workspace, capsys):
         assert sb.python("1+1").output == "2\n"
     finally:
         sb.stop()
+
+
+def test_a_model_endpoint_folder_is_bound_read_only(fake_rt, workspace, tmp_path):
+    """Issue 23: the endpoint's socket folder goes in read-only, like bwrap's."""
+    rt, image = fake_rt
+    (tmp_path / "sock").mkdir()
+    (tmp_path / "ep").mkdir()
+    handle = {"socket_dir": str(tmp_path / "sock"), "instance": "raas-abc",
+              "endpoint_dir": str(tmp_path / "ep")}
+    spec = SandboxSpec(workspace=workspace, image=image, model_endpoint=True)
+    argv = rt.start_argv(spec, handle, image, None)
+    assert argv[argv.index(f"{tmp_path}/ep:/run/raas-model:ro") - 1] == "--bind"

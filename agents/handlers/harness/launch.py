@@ -1,0 +1,102 @@
+"""Starting a registered harness in its sandbox and waiting for it (the RUN of `harness`).
+
+What the harness gets: the task text in `task_file` (and as `{task}`), its registered argv
+and variables with the placeholders filled, and the endpoint variables pointing at the
+loopback relay with this attempt's token. The wait polls the detached program between
+cancel checks; the harness's own deadline (registration `timeout`) and the stage's
+remaining time both end it, and its trajectory is kept either way.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import RolloutCancelled
+from core.harnesses import HarnessRegistration
+from sandbox import bridge
+
+POLL_SECONDS = 0.25
+# Time kept back from the stage deadline for stopping the harness and closing the endpoint.
+STOP_MARGIN = 3.0
+
+
+def task_text(kind: str, instance: dict[str, Any], workspace: str,
+              harness: HarnessRegistration) -> str:
+    """The task as the harness reads it: the task kind's own user prompt by default."""
+    if harness.task_field is not None:
+        return str(instance.get(harness.task_field, ""))
+    if kind == "swe":
+        from agents.handlers.swe.handler import USER_PROMPT
+
+        return USER_PROMPT.format(problem_statement=instance["problem_statement"],
+                                  workspace=workspace, instance_id=instance.get("instance_id", ""))
+    if kind == "code":
+        from agents.handlers.code.handler import USER_PROMPT, solution_file
+
+        return USER_PROMPT.format(problem_statement=instance["problem_statement"],
+                                  solution_file=solution_file(instance), workspace=workspace)
+    return (f"{instance['problem']}\n\nWhen you are sure, write only the final answer (a number "
+            f"or a simplified expression, no words) to the file {harness.answer_file} in "
+            f"{workspace}.")
+
+
+def render(harness: HarnessRegistration, fields: dict[str, str],
+           endpoint: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, variables) with the placeholders filled (registrations were checked to use
+    only known ones); the endpoint variables win over the registration's `env`."""
+    argv = [arg.format(**fields) for arg in harness.command]
+    env = {k: v.format(**fields) for k, v in harness.env.items()}
+    env.update({k: v.format(**fields, **endpoint) for k, v in harness.endpoint_env.items()})
+    return argv, env
+
+
+@dataclass
+class Ending:
+    """How the harness ended: outcome, finish reason and what it said."""
+
+    outcome: str
+    finish_reason: str
+    returncode: int | None
+    log_tail: str
+
+
+def start(ctx: Any, harness: HarnessRegistration, kind: str, token: str) -> bridge.Detached:
+    """Relay, task file, then the harness itself, detached in the sandbox."""
+    sb = ctx.sandbox
+    port = bridge.start_relay(sb)
+    text = task_text(kind, ctx.instance, ctx.workspace, harness)
+    bridge.write_text(sb, harness.task_file, text)
+    fields = {"task_file": harness.task_file, "task": text, "workspace": ctx.workspace,
+              "model": harness.model, "answer_file": harness.answer_file}
+    root = f"http://127.0.0.1:{port}"
+    argv, env = render(harness, fields, {"base_url": f"{root}/v1", "root_url": root,
+                                         "token": token, "port": str(port)})
+    return bridge.start_detached(sb, argv, env, ctx.workspace)
+
+
+def wait(ctx: Any, harness: HarnessRegistration, program: bridge.Detached, started: float,
+         fatal: Callable[[], BaseException | None] = lambda: None) -> Ending:
+    """Poll until the harness exits, its deadline or the stage's passes, or a cancel; a
+    failure the endpoint ran into (`fatal`: a cancel, no inference server) is raised."""
+    sb = ctx.sandbox
+    while True:
+        end = min(started + harness.timeout, ctx.deadline - STOP_MARGIN)  # pauses extend it
+        failure = fatal()
+        if failure is not None:
+            bridge.stop_detached(sb, program)
+            raise failure
+        code = bridge.detached_status(sb, program)
+        if code is not None:
+            tail = bridge.log_tail(sb, program)
+            if code == 0:
+                return Ending("completed", "finish", 0, tail)
+            return Ending("agent_error", "harness_exit", code, tail)
+        if ctx.cancel_check():
+            bridge.stop_detached(sb, program)
+            raise RolloutCancelled("rollout cancelled", rollout_id=ctx.rollout_id)
+        if time.monotonic() >= end:
+            bridge.stop_detached(sb, program)
+            return Ending("timeout", "deadline", None, bridge.log_tail(sb, program))
+        time.sleep(POLL_SECONDS)

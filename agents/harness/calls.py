@@ -1,0 +1,276 @@
+"""One model call of a harness, API-neutral: prompt, generation, reply, turn record.
+
+Both wire routes (`openai_wire`, `anthropic_wire`) turn a request into a `CallRequest`, hand it
+to `CallRunner.complete` and turn the `Completion` (or a `CallError`) into their API's shape.
+Everything a call does to the rollout goes through the rollout's `LLMSession` (`ctx.llm`):
+sticky server, weight version, pool pause, cancel, deadline, context and per-turn length;
+the samples are the `SampleTracker`'s.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.contexts import RunContext
+from agents.finish_reasons import CUT_TURN, FinishReason
+from agents.harness.samples import Prepared, SampleTracker
+from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG, parse_tool_calls
+from agents.llm.trajectory import TrajectoryBuilder
+from core.errors import (
+    InvalidRequest,
+    RaasError,
+    RolloutCancelled,
+    ServiceUnavailable,
+    StageTimeout,
+)
+
+log = logging.getLogger(__name__)
+
+_CALL_BLOCK = re.compile(re.escape(OPEN_TAG) + ".*?" + re.escape(CLOSE_TAG), re.DOTALL)
+
+
+class CallError(RaasError):
+    """A call the endpoint answers with an API error; `kind` picks the API's error shape."""
+
+    def __init__(self, kind: str, message: str, status: int = 400, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.kind = kind  # invalid_request | context_length_exceeded | token_budget_exceeded
+        # | deadline_exceeded | cancelled | unavailable | authentication
+        self.status = status
+
+
+@dataclass
+class CallRequest:
+    """A call in the endpoint's own terms (both APIs map onto it)."""
+
+    api: str  # "openai" | "anthropic"
+    messages: list[dict[str, Any]]  # OpenAI-style, checked (`messages.check_messages`)
+    tools: list[dict[str, Any]] | None = None  # function schemas, as the template takes them
+    parse_tools: bool = True  # False for tool_choice "none"
+    max_tokens: int | None = None
+    stream: bool = False
+    ignored: list[str] = field(default_factory=list)  # sampling fields the job's sampling overrides
+
+
+@dataclass
+class ToolCallOut:
+    """A parsed tool call as returned to the harness."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Completion:
+    """What one call produced."""
+
+    text: str  # what the model generated, decoded
+    content: str | None  # the text outside tool-call markup (None when only tool calls)
+    tool_calls: list[ToolCallOut]
+    finish: str  # "stop" | "length" | "tool_calls" (OpenAI's words; Anthropic maps them)
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class CallStats:
+    """Per-rollout call counters (the endpoint's metrics)."""
+
+    calls: int = 0
+    failed_calls: int = 0
+    generated_tokens: int = 0
+    tool_calls: int = 0
+    parse_failures: int = 0  # replies with tool-call markup that did not parse
+    replies_without_tool_call: int = 0  # tools were offered, the reply called none
+    ignored_params: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class CallRunner:
+    """Runs the calls of one rollout, one at a time (a trajectory is sequential)."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.session = ctx.llm
+        self.stats = CallStats()
+        self.tracker = SampleTracker(self._new_builder)
+        self.lock = threading.Lock()
+        self.closing = False  # set by the endpoint's exit: an in-flight generation stops
+        self.fatal: BaseException | None = None  # cancel / infra failure seen by a call
+        self.turn_index = 0
+
+    def _new_builder(self) -> TrajectoryBuilder:
+        """A builder like the session's (same tokenizer, template, current context limit)."""
+        current = self.session.builder
+        return TrajectoryBuilder(current.tok, current.max_model_len, current.template_kwargs,
+                                 token_exact=current.token_exact)
+
+    def complete(self, request: CallRequest) -> Completion:
+        """Answer one call (serialised with the rollout's other calls)."""
+        with self.lock:
+            self.stats.calls += 1
+            for name in request.ignored:
+                self.stats.ignored_params[name] = self.stats.ignored_params.get(name, 0) + 1
+            try:
+                return self._complete(request)
+            except CallError as exc:
+                self._failed(exc.kind)
+                raise
+
+    def refused(self, kind: str) -> None:
+        """Count a call refused before it reached the runner (a malformed request)."""
+        with self.lock:
+            self.stats.calls += 1
+            self._failed(kind)
+
+    def _failed(self, kind: str) -> None:
+        self.stats.failed_calls += 1
+        self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1
+
+    def _complete(self, request: CallRequest) -> Completion:
+        self._check_alive()
+        prepared = self.tracker.prepare(request.messages, request.tools)
+        if not prepared.fits:
+            raise _context_error(prepared.prompt_tokens, self.session.context_length)
+        self.session.builder = self.tracker.current.builder
+        started = time.monotonic()
+        gen = self._generate(request)
+        seconds = time.monotonic() - started
+        if not gen.token_ids and gen.finish_reason in CUT_TURN:
+            raise self._no_room(gen.finish_reason, prepared)
+        completion, errors = self._reply(request, gen, prepared)
+        self.tracker.generated(_openai_reply(completion), gen.text or "")
+        self.stats.generated_tokens += len(gen.token_ids)
+        self._record(request, gen, prepared, completion, errors, seconds)
+        return completion
+
+    def _check_alive(self) -> None:
+        if self.closing:
+            raise CallError("cancelled", "this rollout's endpoint is closed", 400)
+        if self.ctx.cancel_check():
+            self.fatal = self.fatal or RolloutCancelled("rollout cancelled",
+                                                        rollout_id=self.ctx.rollout_id)
+            raise CallError("cancelled", "the rollout was cancelled")
+        if self.ctx.remaining() <= 0:
+            raise CallError("deadline_exceeded", "the rollout's RUN deadline has passed")
+        if self._tokens_left() == 0:
+            raise CallError("token_budget_exceeded", "the rollout's generated-token budget "
+                            f"(limits.max_tokens = {self.ctx.limits.max_tokens}) is spent")
+
+    def _tokens_left(self) -> int | None:
+        budget = self.ctx.limits.max_tokens
+        return None if not budget else max(0, int(budget) - self.stats.generated_tokens)
+
+    def _generate(self, request: CallRequest) -> Any:
+        """One generation through the session; its failures become the API's errors."""
+        left = self._tokens_left()
+        caps = [c for c in (left, request.max_tokens) if c is not None]
+        try:
+            gen = self.session.generate(self.ctx.deadline, self._cancelled,
+                                        max_new_tokens=min(caps) if caps else None)
+        except StageTimeout as exc:
+            raise CallError("deadline_exceeded", f"the rollout's RUN deadline passed: {exc}") \
+                from exc
+        except RolloutCancelled as exc:
+            if not self.closing:
+                self.fatal = self.fatal or exc
+            raise CallError("cancelled", "the rollout was cancelled") from exc
+        except ServiceUnavailable as exc:
+            self.fatal = self.fatal or exc
+            raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
+        except InvalidRequest as exc:  # the server refused the request (not for its length)
+            raise CallError("invalid_request", f"the inference server refused the call: "
+                            f"{exc.message}") from exc
+        _extend_deadline(self.ctx, gen.paused_seconds)  # a paused pool: not the agent's time
+        if gen.finish_reason == FinishReason.TOKEN_BUDGET.value and request.max_tokens \
+                is not None and (left is None or request.max_tokens < left):
+            # The request's own max_tokens cut it, not the rollout's budget.
+            gen.finish_reason = FinishReason.TURN_LENGTH.value
+            self.session.trajectory().finish_reason = gen.finish_reason
+        return gen
+
+    def _cancelled(self) -> bool:
+        return self.closing or self.ctx.cancel_check()
+
+    def _no_room(self, reason: str, prepared: Prepared) -> CallError:
+        if reason == FinishReason.CONTEXT.value:
+            return _context_error(prepared.prompt_tokens, self.session.context_length)
+        return CallError("token_budget_exceeded", "the rollout's generated-token budget "
+                         f"(limits.max_tokens = {self.ctx.limits.max_tokens}) is spent")
+
+    def _reply(self, request: CallRequest, gen: Any,
+               prepared: Prepared) -> tuple[Completion, list[str]]:
+        """The answer to the harness, and the tool-call parse errors of the reply."""
+        text = gen.text or ""
+        cut = gen.finish_reason in CUT_TURN
+        calls, errors = ([], []) if cut or not request.parse_tools else parse_tool_calls(text)
+        if errors:
+            self.stats.parse_failures += 1
+            calls = []  # a reply that half-parsed is returned as text: the harness sees it all
+        if request.tools and not calls:
+            self.stats.replies_without_tool_call += 1
+        out = [ToolCallOut(f"call_{secrets.token_hex(12)}", c.name, c.arguments) for c in calls]
+        self.stats.tool_calls += len(out)
+        content = _outside_calls(text) if out else text
+        finish = "length" if cut else ("tool_calls" if out else "stop")
+        return Completion(text, content or (None if out else ""), out, finish,
+                          prepared.prompt_tokens, len(gen.token_ids)), errors
+
+    def _record(self, request: CallRequest, gen: Any, prepared: Prepared,
+                completion: Completion, errors: list[str], seconds: float) -> None:
+        """Log the call as a turn (the pipeline writes it before the reply is sent)."""
+        extra: dict[str, Any] = {
+            "api": request.api, "stream": request.stream, "sample": prepared.sample,
+            "merged": prepared.merged, "split_reason": prepared.split_reason,
+            "prompt_tokens": prepared.prompt_tokens, "context_length":
+                self.session.context_length,
+            "paused_seconds": round(gen.paused_seconds, 6),  # a weight push: not charged
+            "tool_call_parsed": (None if not request.tools else
+                                 bool(completion.tool_calls) and not errors),
+        }
+        extra["delta_ids" if prepared.merged else "prompt_ids"] = list(prepared.ids)
+        if errors:
+            extra["parse_errors"] = errors
+        if getattr(gen, "logprobs_mode", None):
+            extra["logprobs_mode"] = gen.logprobs_mode
+        index, self.turn_index = self.turn_index, self.turn_index + 1
+        self.ctx.record_turn(
+            index=index, generated_ids=list(gen.token_ids), logprobs=list(gen.logprobs or []),
+            text=gen.text, tool_calls=[{"name": c.name, "arguments": c.arguments}
+                                       for c in completion.tool_calls],
+            finish_reason=gen.finish_reason, llm_server=gen.server,
+            weight_version=gen.weight_version, gen_seconds=round(seconds, 6), extra=extra)
+
+
+def _extend_deadline(ctx: RunContext, seconds: float) -> None:
+    """Move RUN's deadline on by time the pool was paused (not the agent's)."""
+    if seconds:
+        ctx.extend_deadline(seconds)
+
+
+def _outside_calls(text: str) -> str:
+    """The reply's text with its `<tool_call>` blocks taken out."""
+    return _CALL_BLOCK.sub("", text).strip()
+
+
+def _openai_reply(completion: Completion) -> dict[str, Any]:
+    """The reply as an OpenAI assistant message (what the next request echoes)."""
+    message: dict[str, Any] = {"role": "assistant", "content": completion.content}
+    if completion.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": c.arguments}} for c in completion.tool_calls]
+    return message
+
+
+def _context_error(prompt_tokens: int, limit: int) -> CallError:
+    """OpenAI's wording (LiteLLM and harnesses match on it)."""
+    return CallError("context_length_exceeded",
+                     f"This model's maximum context length is {limit} tokens. However, your "
+                     f"messages resulted in {prompt_tokens} tokens. Please reduce the length "
+                     "of the messages.", prompt_tokens=prompt_tokens, limit=limit)

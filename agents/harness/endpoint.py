@@ -1,0 +1,319 @@
+"""`RolloutEndpoint`: one rollout's OpenAI/Anthropic-compatible model API on a Unix socket.
+
+The server is the standard library's threading HTTP server on a Unix socket: HTTP/1.1 with
+keep-alive (the SDKs pool connections), SSE written as chunked transfer. Calls are
+serialised by the `CallRunner` (a trajectory is sequential), so threads only wait there.
+The capability token is compared in constant time and dies with the endpoint: `__exit__`
+closes the listener, every open connection and the socket file, and any request still
+arriving on a connection is refused with a 401.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import socketserver
+import threading
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from agents.abstract import Trajectory
+from agents.contexts import RunContext
+from agents.harness import anthropic_wire, openai_wire
+from agents.harness.calls import CallError, CallRunner
+from agents.harness.results import run_result
+from core.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "raas-policy"  # what GET /v1/models lists; a request's own model name is echoed
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole conversation with long tool outputs fits
+# How long exit waits for an aborted call to finish (a session looking for a server when all
+# are down retries for up to 30 s without a cancel check).
+EXIT_WAIT_SECONDS = 35.0
+
+
+@dataclass
+class EndpointCounters:
+    """What the endpoint counted for one rollout (the handler and the metrics read these)."""
+
+    calls: int = 0
+    failed_calls: int = 0  # answered with an API error (bad request, context, budget, ...)
+    parse_failures: int = 0  # replies whose tool-call markup did not parse
+    tool_calls: int = 0  # tool calls parsed and returned to the harness
+    replies_without_tool_call: int = 0  # tools were offered and the reply called none
+    samples: int = 0
+    merges: int = 0
+    splits: int = 0
+    split_reasons: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # API errors answered, by kind
+    ignored_params: dict[str, int] = field(default_factory=dict)  # overridden by the job
+    unauthorized: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (merged into the rollout's metrics)."""
+        return asdict(self)
+
+
+class RolloutEndpoint:
+    """One rollout's OpenAI/Anthropic-compatible model API, served on a Unix socket.
+
+    `ctx` is the RUN stage's context (its `llm` session, `record_turn`, deadline, cancel
+    check and limits); `token` is the per-attempt capability a call must present
+    (`Authorization: Bearer` or `x-api-key`). The socket is bound on `__enter__` (mode 0666
+    in a directory the runtime makes) and served by threads; `__exit__` stops serving and
+    the token is dead from then on.
+    """
+
+    def __init__(self, ctx: RunContext, socket_path: str, token: str) -> None:
+        if not token or len(token) < 16:
+            raise ValueError("the endpoint's token must be a random string of 16+ characters")
+        if ctx.llm is None:
+            raise ValueError("the endpoint needs the RUN stage's LLM session (ctx.llm)")
+        self.ctx = ctx
+        self.socket_path = socket_path
+        self.token = token
+        self.runner = CallRunner(ctx)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._live = False
+        self._unauthorized = 0
+
+    @staticmethod
+    def new_token() -> str:
+        """A fresh capability token for one rollout attempt."""
+        return secrets.token_urlsafe(32)
+
+    # -- lifetime ------------------------------------------------------------------------
+    def __enter__(self) -> RolloutEndpoint:
+        os.makedirs(os.path.dirname(self.socket_path) or ".", exist_ok=True)
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)  # a stale socket of an earlier attempt
+        self._server = _Server(self.socket_path, self)
+        os.chmod(self.socket_path, 0o666)  # the sandbox's user is not ours
+        self._live = True
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.2},
+                                        name=f"endpoint-{self.ctx.rollout_id}", daemon=True)
+        self._thread.start()
+        log.info("rollout %s: model endpoint on %s", self.ctx.rollout_id, self.socket_path)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live = False
+        self.runner.closing = True  # an in-flight generation is aborted
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.close_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+        # The call in flight (aborted by `closing`) finishes writing its turn first.
+        if self.runner.lock.acquire(timeout=EXIT_WAIT_SECONDS):
+            self.runner.lock.release()
+        else:
+            log.warning("rollout %s: a model call outlived the endpoint's exit",
+                        self.ctx.rollout_id)
+
+    # -- what the handler reads ----------------------------------------------------------
+    @property
+    def counters(self) -> EndpointCounters:
+        """Calls, parse failures, samples, merges and splits so far."""
+        stats, tracker = self.runner.stats, self.runner.tracker
+        return EndpointCounters(
+            calls=stats.calls, failed_calls=stats.failed_calls,
+            parse_failures=stats.parse_failures, tool_calls=stats.tool_calls,
+            replies_without_tool_call=stats.replies_without_tool_call,
+            samples=len(tracker.training_samples()), merges=tracker.merges,
+            splits=tracker.splits, split_reasons=dict(tracker.split_reasons),
+            errors=dict(stats.errors), ignored_params=dict(stats.ignored_params),
+            unauthorized=self._unauthorized)
+
+    @property
+    def calls(self) -> int:
+        """Model calls answered (successfully or with an API error)."""
+        return self.runner.stats.calls
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """A cancel or an infrastructure failure a call ran into (the handler re-raises it)."""
+        return self.runner.fatal
+
+    def result(self, outcome: str, finish_reason: str | None) -> Trajectory:
+        """The rollout's record: the last sample's arrays, every sample in `extra["samples"]` when
+        there are several, the counters in `metrics`."""
+        return run_result(self.runner, self.counters.to_dict(), outcome, finish_reason)
+
+    # -- one request ---------------------------------------------------------------------
+    def serve(self, req: _Handler) -> None:
+        """Answer one HTTP request (called on the connection's thread)."""
+        path = req.path.split("?", 1)[0].rstrip("/")
+        path = path if path.startswith("/v1/") else "/v1" + path
+        wire = anthropic_wire if path == "/v1/messages" else openai_wire
+        try:
+            if not self._authorized(req):
+                self._unauthorized += 1
+                raise CallError("authentication", "invalid or expired API key for this "
+                                "rollout's endpoint", 401)
+            if req.command == "GET" and path == "/v1/models":
+                return req.send_json(200, openai_wire.models_body(MODEL_NAME))
+            if req.command != "POST" or path not in ("/v1/chat/completions", "/v1/messages"):
+                raise CallError("not_found", f"no route {req.command} {path}", 404)
+            self._complete(req, wire, self._body(req))
+        except CallError as exc:
+            req.send_json(exc.status, wire.error_body(exc))
+        except InvalidRequest as exc:
+            req.send_json(400, wire.error_body(CallError("invalid_request", exc.message)))
+        except Exception as exc:  # noqa: BLE001 - a lost lease, a database outage, a bug
+            log.exception("rollout %s: the endpoint failed a call", self.ctx.rollout_id)
+            self.runner.fatal = self.runner.fatal or exc  # infrastructure: the handler raises
+            req.send_json(500, wire.error_body(CallError("unavailable", "raas failed this "
+                                                         f"call: {type(exc).__name__}", 500)))
+
+    def _body(self, req: _Handler) -> dict[str, Any]:
+        try:
+            return req.read_json()
+        except CallError as exc:
+            self.runner.refused(exc.kind)
+            raise
+
+    def _authorized(self, req: _Handler) -> bool:
+        given = req.headers.get("x-api-key") or ""
+        bearer = req.headers.get("authorization") or ""
+        if bearer.lower().startswith("bearer "):
+            given = given or bearer[7:].strip()
+        return self._live and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def _complete(self, req: _Handler, wire: Any, body: dict[str, Any]) -> None:
+        try:
+            call = wire.parse_request(body)
+        except InvalidRequest:
+            self.runner.refused("invalid_request")
+            raise
+        completion = self.runner.complete(call)
+        model = str(body.get("model") or MODEL_NAME)
+        if call.ignored:  # the job's sampling wins; say so where a harness author looks
+            req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
+        if wire is anthropic_wire:
+            if call.stream:
+                return req.send_sse(f"event: {name}\ndata: {data}\n\n"
+                                    for name, data in anthropic_wire.stream_events(
+                                        completion, model))
+            return req.send_json(200, anthropic_wire.message_body(completion, model))
+        if call.stream:
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return req.send_sse(f"data: {data}\n\n" for data in openai_wire.stream_events(
+                completion, model, usage))
+        return req.send_json(200, openai_wire.completion_body(completion, model))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """HTTP/1.1 plumbing; the endpoint decides everything."""
+
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    extra_headers: dict[str, str]
+    body_read: bool
+
+    def handle_one_request(self) -> None:
+        self.extra_headers, self.body_read = {}, False
+        super().handle_one_request()
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self.server.endpoint.serve(self)
+
+    do_POST = do_GET
+
+    def read_json(self) -> dict[str, Any]:
+        """The request body as a JSON object."""
+        length = int(self.headers.get("content-length") or 0)
+        if length > MAX_BODY_BYTES:
+            raise CallError("invalid_request", f"request body over {MAX_BODY_BYTES} bytes", 413)
+        raw = self.rfile.read(length)
+        self.body_read = True
+        try:
+            body = json.loads(raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CallError("invalid_request", f"the body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise CallError("invalid_request", "the body must be a JSON object")
+        return body
+
+    def send_json(self, status: int, body: dict[str, Any]) -> None:
+        """A JSON answer."""
+        data = json.dumps(body, ensure_ascii=False).encode()
+        self.send_response(status)
+        self._send_extra_headers()
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_sse(self, events: Iterable[str]) -> None:
+        """A server-sent-events answer, chunked (the connection stays usable)."""
+        self.send_response(200)
+        self._send_extra_headers()
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in events:
+            data = event.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _send_extra_headers(self) -> None:
+        if not self.body_read and int(self.headers.get("content-length") or 0) > 0:
+            # Answered before reading the body (401, 404, 413): the rest of it would be
+            # taken for the next request on this connection, so the connection ends here.
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        for name, value in self.extra_headers.items():
+            self.send_header(name, value)
+
+    def address_string(self) -> str:
+        return "unix-socket"  # a Unix socket peer has no address
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("endpoint: " + format, *args)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The Unix-socket server; remembers its connections so exit can close them."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, path: str, endpoint: RolloutEndpoint) -> None:
+        self.endpoint = endpoint
+        self._connections: set[socket.socket] = set()
+        self._guard = threading.Lock()
+        super().__init__(path, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._guard:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._guard:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_all(self) -> None:
+        """Close the listener and every open connection."""
+        self.server_close()
+        with self._guard:
+            connections, self._connections = list(self._connections), set()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

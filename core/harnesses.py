@@ -1,0 +1,182 @@
+"""Operator-registered agent harnesses: what the `harness` agent may start in a sandbox.
+
+A harness is an unmodified agent program (mini-swe-agent, an openai-SDK script, ...) that the
+operator installs into a named sandbox environment (`raas env build NAME --package ...`) and
+registers here, in the policy (trusted). A job only names a registration
+(`agent: harness`, `agent_config: {harness: NAME, task: swe|math|code}`); it never gives a
+command line, an environment or a variable of its own. The registration says:
+
+- `command`: the argv started in the sandbox (no shell), with placeholders from
+  `COMMAND_FIELDS` (`{task_file}`, `{task}`, `{workspace}`, `{model}`, `{answer_file}`);
+- `python_env`: the named environment holding the harness (bound read-only, first on PATH);
+- `env`: extra variables (operator's), and `endpoint_env`: which variables point the harness at
+  its per-rollout model endpoint (`{base_url}` = `http://127.0.0.1:PORT/v1`, `{root_url}` =
+  `http://127.0.0.1:PORT`, `{token}` = the attempt's capability token, `{model}`);
+- `task_field`/`task_file`: the task text (the task kind's own user prompt, e.g. swe's
+  problem statement and workspace, or one instance field as it is) and the file it is
+  written to inside the sandbox (outside the workspace, so it is never part of a diff);
+- `timeout`: the harness's own deadline (RUN also ends at the stage's deadline);
+- `tasks`: the task kinds it is fit for; the artifact graded follows the task (swe: the
+  workspace diff, code: the solution file, math: `answer_file` in the workspace);
+- `tenants`: whether tenants (not only admins) may choose it.
+"""
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TaskKind = Literal["swe", "math", "code"]
+# Placeholders a registration's `command` and `env` values may use.
+COMMAND_FIELDS = frozenset({"task_file", "task", "workspace", "model", "answer_file"})
+# ... and its `endpoint_env` values, besides those.
+ENDPOINT_FIELDS = frozenset({"base_url", "root_url", "token", "port"})
+# A registered name (as `core.policy.NAME_RE`, which imports this module): never a path.
+PLAIN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables a registration never sets: they change the loader or the interpreter of every
+# process in the sandbox (the same families `core.policy` refuses for jobs).
+_FORBIDDEN_VARS = re.compile(r"^(LD_|PYTHON|BASH_FUNC_)|^(ENV|BASH_ENV|PROMPT_COMMAND|IFS)$")
+
+# The example agent's folder in this checkout (pip installs it into the environment).
+EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
+DEFAULT_ENDPOINT_ENV = {
+    "OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{token}",
+    "ANTHROPIC_BASE_URL": "{root_url}", "ANTHROPIC_API_KEY": "{token}",
+}
+
+
+def placeholders(text: str) -> set[str]:
+    """The `{name}` fields of a format string (a bad one raises ValueError)."""
+    return {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+
+
+def _check_fields(text: str, allowed: frozenset[str], where: str) -> None:
+    try:
+        used = placeholders(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc} in {text!r}") from None
+    unknown = used - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown placeholder(s) {sorted(unknown)} in {text!r}; "
+                         f"known: {sorted(allowed)}")
+
+
+def _check_vars(env: dict[str, str], allowed: frozenset[str], where: str) -> None:
+    for name, value in env.items():
+        if not _VAR.match(name) or _FORBIDDEN_VARS.search(name):
+            raise ValueError(f"{where}: {name!r} is not a variable a harness may be given")
+        _check_fields(value, allowed, f"{where}.{name}")
+
+
+class HarnessRegistration(BaseModel):
+    """One registered harness (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: str = Field("", description="What the harness is, for `GET /v1/policy`")
+    command: list[str] = Field(min_length=1, description="argv started in the sandbox (no "
+                                                         "shell); placeholders COMMAND_FIELDS")
+    python_env: str | None = Field(None, pattern=PLAIN_NAME,
+                                   description="Named sandbox environment holding the harness; "
+                                               "null: the system python")
+    packages: list[str] = Field(default_factory=list,
+                                description="What `raas env build <python_env>` installs; a "
+                                            "node builds it on first use like a handler's")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra variables")
+    endpoint_env: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_ENDPOINT_ENV),
+        description="Variables pointing the harness at its endpoint ({base_url}, {root_url}, "
+                    "{token}, {port}, {model})")
+    model: str = Field("raas", min_length=1, description="The model name the harness is told")
+    task_field: str | None = Field(None, description="Instance field whose text is the task "
+                                                     "as it is; null: the task kind's own prompt")
+    task_file: str = Field("/tmp/raas-task.md", description="Where the task text is written "
+                                                            "inside the sandbox")
+    tasks: list[TaskKind] = Field(default_factory=lambda: ["swe", "math", "code"],
+                                  min_length=1, description="Task kinds it may run")
+    answer_file: str = Field("answer.txt", description="math: the workspace file holding the "
+                                                       "final answer")
+    timeout: float = Field(1800.0, gt=0, description="Harness deadline, seconds (RUN also "
+                                                     "ends at the stage's own deadline)")
+    tenants: bool = Field(True, description="Whether tenants may choose it (admins always)")
+
+    @field_validator("command")
+    @classmethod
+    def _command_fields(cls, value: list[str]) -> list[str]:
+        for i, arg in enumerate(value):
+            _check_fields(arg, COMMAND_FIELDS, f"command[{i}]")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_vars(value, COMMAND_FIELDS, "env")
+        return value
+
+    @field_validator("endpoint_env")
+    @classmethod
+    def _endpoint_env(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_vars(value, COMMAND_FIELDS | ENDPOINT_FIELDS, "endpoint_env")
+        if not any("{base_url}" in v or "{root_url}" in v for v in value.values()):
+            raise ValueError("endpoint_env: no variable gives the harness its endpoint "
+                             "({base_url} or {root_url})")
+        return value
+
+    @field_validator("task_file")
+    @classmethod
+    def _task_file(cls, value: str) -> str:
+        if not value.startswith("/tmp/") or ".." in value.split("/"):
+            raise ValueError(f"task_file {value!r} must be a path under /tmp (outside the "
+                             "workspace, whose changes are the swe artifact)")
+        return value
+
+    @field_validator("answer_file")
+    @classmethod
+    def _answer_file(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/") or not value:
+            raise ValueError(f"answer_file {value!r} must be a path inside the workspace")
+        return value
+
+
+MINI_SWE_AGENT = HarnessRegistration(
+    description="mini-swe-agent (PyPI `mini-swe-agent`), unmodified: its `mini` CLI in yolo "
+                "mode with the task file, one bash block per step, through LiteLLM",
+    command=["mini", "--yolo", "--exit-immediately", "--cost-limit", "0",
+             "--model", "openai/{model}", "--task", "{task}",
+             "--output", "/tmp/raas-mini-trajectory.json"],
+    python_env="mini-swe-agent", packages=["mini-swe-agent", "pytest"],
+    env={"MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+         "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1"},
+    tasks=["swe", "code"], timeout=1800.0)
+
+OPENAI_AGENT = HarnessRegistration(
+    description="a plain bash-tool agent on the official `openai` SDK (examples/harness/"
+                "openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
+    command=["raas-openai-agent", "--task-file", "{task_file}", "--model", "{model}"],
+    python_env="openai-agent", packages=["openai", "anthropic", "pytest", EXAMPLE_AGENT],
+    tasks=["swe", "math", "code"], timeout=1800.0)
+
+
+ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(update={
+    "description": "the same example agent on the official `anthropic` SDK (Messages API, "
+                   "tool_use blocks)",
+    "command": [*OPENAI_AGENT.command, "--api", "anthropic"]})
+
+
+def default_harnesses() -> dict[str, HarnessRegistration]:
+    """The registrations shipped as examples (an operator's policy replaces them)."""
+    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT,
+            "anthropic-agent": ANTHROPIC_AGENT}
+
+
+class HarnessPolicy(BaseModel):
+    """The harnesses of this deployment: registrations by name (`policy.harnesses`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    registered: dict[str, HarnessRegistration] = Field(
+        default_factory=default_harnesses, description="Harnesses by name")
