@@ -124,6 +124,9 @@ def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, l
     # the work was real: two generated turns, their tokens masked 1, the observation 0
     assert sum(fixed["loss_mask"]) > 0 and 0 in fixed["loss_mask"]
     assert len(fixed["turns"]) == 2
+    # re-evaluation grades the stored artifact again, with the task kind's EVAL
+    again = service.client.reevaluate(by_id[INTERVALS]["rollout_id"], wait=120)
+    assert again["extra"]["reevaluations"][0]["reward"] == 1.0
 
 
 def test_the_openai_sdk_agent_answers_a_math_problem_in_its_answer_file(service, llm) -> None:
