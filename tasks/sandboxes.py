@@ -168,10 +168,12 @@ def claim(settings: Settings, options: dict[str, Any], rollout_id: str, attempt:
           runtime: str) -> tuple[Any, dict[str, Any]] | None:
     """A warm sandbox for the rollout from this process's pool, or None when the pool holds
     none of this shape (the miss teaches the pool the shape). Its slot folder is the
-    workspace: whatever the host writes there after the claim needs `hand_over`."""
+    workspace: whatever the host writes there after the claim needs `hand_over`. A sandbox
+    with a model endpoint folder (a harness's RUN) always starts cold: the folder is made per
+    sandbox at its start, and a harness rollout runs for minutes, not milliseconds."""
     from sandbox import SandboxOptions
 
-    if runtime == "none":
+    if runtime == "none" or options.get("model_endpoint"):
         return None
     ensure_declared_environment(settings, options.get("python_env"))
     fields = spec_fields(settings, options, runtime)
