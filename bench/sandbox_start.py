@@ -4,7 +4,8 @@ Run (prints a table, then the JSON; about two minutes):
     .venv/bin/python bench/sandbox_start.py [--n 40] [--load 5] [--json-out FILE]
 
 Every series runs in this one process, first at idle, then with `--load` busy processes
-(`while True: pass`), so ratios compare like with like on a noisy machine:
+(`while True: pass`), so ratios compare like with like on a noisy machine (the two cold series
+take their samples in turns):
 - `cold, before`: a bwrap start as main made it (the tool server's modules compiled from source
   inside the sandbox at every start, `site` imported) -- the baseline;
 - `cold`: a bwrap start now (bytecode precompiled on the host, no `site`);
@@ -80,16 +81,27 @@ def new_server_start() -> None:
     assert compile_server(), "compileall failed"
 
 
-def cold_starts(runtime, workspace: str, n: int) -> list[float]:
-    """Durations of `n` starts (each stopped untimed), after two warm-ups."""
+def paired_cold_starts(runtime, workspace: str, n: int) -> tuple[list[float], list[float]]:
+    """Cold starts before/now taken in turns (load that drifts hits both alike)."""
+    before, now = [], []
+    for _ in range(n):
+        old_server_start()
+        before += cold_starts(runtime, workspace, 1, warmup=0)
+        new_server_start()
+        now += cold_starts(runtime, workspace, 1, warmup=0)
+    return before, now
+
+
+def cold_starts(runtime, workspace: str, n: int, warmup: int = 2) -> list[float]:
+    """Durations of `n` starts (each stopped untimed), after `warmup` untimed ones."""
     spec = SandboxSpec(workspace=workspace)
     samples = []
-    for i in range(n + 2):
+    for i in range(n + warmup):
         begin = time.perf_counter()
         sb = runtime.start(spec, label="bench:0")
         took = time.perf_counter() - begin
         sb.stop()
-        if i >= 2:
+        if i >= warmup:
             samples.append(took)
     return samples
 
@@ -165,8 +177,25 @@ def phases(runtime, workspace: str, n: int) -> dict[str, float]:
     return out
 
 
-def pieces(n: int = 10) -> dict[str, float]:
-    """Median milliseconds of the raw processes a start is made of."""
+def _run_pieces(argv: list[str], n: int) -> dict[str, float]:
+    """Median wall ms and mean CPU ms (user + system, robust to a loaded machine) of a
+    command run `n` times."""
+    import resource
+
+    samples = []
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(n):
+        begin = time.perf_counter()
+        subprocess.run(argv, check=True)
+        samples.append(time.perf_counter() - begin)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
+    return {"wall_ms": round(statistics.median(samples) * 1000, 2),
+            "cpu_ms": round(cpu / n * 1000, 2)}
+
+
+def pieces(n: int = 10) -> dict[str, dict[str, float]]:
+    """What the raw processes a start is made of cost (wall and CPU)."""
     boot = ("import sys; sys.path[:0] = [{!r}, {!r}]; import toolserver.server"
             .format(str(Path(TOOLSERVER_DIR).parent), str(Path(PTYPROCESS_DIR).parent)))
     runs = {
@@ -175,21 +204,10 @@ def pieces(n: int = 10) -> dict[str, float]:
         "python3 -I (site)": ["/usr/bin/python3", "-I", "-c", "pass"],
         "server imports, precompiled, -S": ["/usr/bin/python3", "-I", "-S", "-B", "-c", boot],
     }
-    out = {}
-    for name, argv in runs.items():
-        samples = []
-        for _ in range(n):
-            begin = time.perf_counter()
-            subprocess.run(argv, check=True)
-            samples.append(time.perf_counter() - begin)
-        out[name] = round(statistics.median(samples) * 1000, 2)
+    out = {name: _run_pieces(argv, n) for name, argv in runs.items()}
     old_server_start()
-    samples = []
-    for _ in range(n):
-        begin = time.perf_counter()
-        subprocess.run(["/usr/bin/python3", "-I", "-B", "-c", boot], check=True)
-        samples.append(time.perf_counter() - begin)
-    out["server imports, from source, site (before)"] = round(statistics.median(samples) * 1000, 2)
+    out["server imports, from source, site (before)"] = _run_pieces(
+        ["/usr/bin/python3", "-I", "-B", "-c", boot], n)
     new_server_start()
     return out
 
@@ -208,11 +226,9 @@ def run(n: int, load: int) -> dict:
     try:
         for label, busy in (("idle", 0), (f"load {load}", load)):
             with Busy(busy):
-                old_server_start()
-                before = cold_starts(runtime, str(work / "ws"), n)
-                new_server_start()
-                series = {"cold, before": pct(before),
-                          "cold": pct(cold_starts(runtime, str(work / "ws"), n))}
+                cold_starts(runtime, str(work / "ws"), 2)  # warm-up
+                before, now = paired_cold_starts(runtime, str(work / "ws"), n)
+                series = {"cold, before": pct(before), "cold": pct(now)}
                 claims, misses = pooled_claims(pool, n)
                 series["pooled claim"] = {**pct(claims), "misses": misses}
                 series["bare bwrap"] = pct(bare_bwrap(n))
@@ -248,8 +264,8 @@ def table(result: dict) -> str:
     lines += ["", "| cold start phase (idle) | before ms | now ms |", "| --- | ---: | ---: |"]
     for key, value in result["phases_ms"].items():
         lines.append(f"| {key} | {result['phases_before_ms'].get(key, '')} | {value} |")
-    lines += ["", "| piece | ms |", "| --- | ---: |"]
-    lines += [f"| {key} | {value} |" for key, value in result["pieces_ms"].items()]
+    lines += ["", "| piece | wall ms | CPU ms |", "| --- | ---: | ---: |"]
+    lines += [f"| {key} | {v['wall_ms']} | {v['cpu_ms']} |" for key, v in result["pieces_ms"].items()]
     return "\n".join(lines)
 
 

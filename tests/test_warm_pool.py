@@ -4,6 +4,7 @@ sandbox, the grader checks it in a fresh one), and a killed worker's pool is rea
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.service
 @pytest.fixture
 def sandbox_dir():
     """A private, short (socket paths) sandbox state folder for the service's workers."""
-    return tempfile.mkdtemp(prefix="raas-warm-", dir="/tmp")
+    path = tempfile.mkdtemp(prefix="raas-warm-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _members(sandbox_dir: str) -> list[dict]:
