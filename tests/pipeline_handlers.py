@@ -62,8 +62,8 @@ class SleepyHandler(AgentHandler):
             time.sleep(run_s)
         ctx.state["run"] = _where()
         return Trajectory(outcome="completed", finish_reason="stop", prompt_ids=[1, 2, 3],
-                         response_ids=[4, 5], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
-                         messages=[{"role": "user", "content": ctx.instance_id}])
+                          response_ids=[4, 5], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
+                          messages=[{"role": "user", "content": ctx.instance_id}])
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         time.sleep(ctx.agent_config.eval_s)
@@ -84,7 +84,7 @@ class TrivialHandler(SleepyHandler):
 
     def run(self, ctx: RunContext) -> Trajectory:
         return Trajectory(outcome="completed", finish_reason="stop", response_ids=[1],
-                         loss_mask=[1], response_logprobs=[0.0], prompt_ids=[0])
+                          loss_mask=[1], response_logprobs=[0.0], prompt_ids=[0])
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         return EvalResult(reward=1.0)

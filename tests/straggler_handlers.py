@@ -38,8 +38,8 @@ class StragglerHandler(AgentHandler):
         ctx.record_turn(index=0, text="done", generated_ids=[7, 8], logprobs=[-0.5, -0.25])
         timed_out = ctx.sample_index in ctx.instance.get("timeout", [])  # graded, not a sample
         return Trajectory(outcome="timeout" if timed_out else "completed",
-                         finish_reason="deadline" if timed_out else "stop", prompt_ids=[1, 2],
-                         response_ids=[7, 8], response_logprobs=[-0.5, -0.25], loss_mask=[1, 1])
+                          finish_reason="deadline" if timed_out else "stop", prompt_ids=[1, 2],
+                          response_ids=[7, 8], response_logprobs=[-0.5, -0.25], loss_mask=[1, 1])
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         return EvalResult(reward=1.0)

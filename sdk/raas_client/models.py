@@ -7,6 +7,10 @@ OpenAPI document, the server's answers and the SDK's rows come from one definiti
 
 Answers ignore unknown fields (`extra="ignore"`): an older SDK reads a newer gateway's rows.
 
+`Trajectory` is the rollout record itself, the one type of a rollout's data from the server's
+LLM layer to here (the server builds, stores and grades it; `Rollout` extends it with the row's
+identity, status, reward and timing).
+
 **`failure_class`**, the trainer's contract on every finished sample (derived from `outcome`):
 
 | failure_class | outcomes | reward for training | in group statistics |
