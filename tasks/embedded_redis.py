@@ -67,9 +67,7 @@ def answers(sock: Path, timeout: float = 1.0) -> bool:
     try:
         return bool(client.ping())
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-        return False
-    except redis.exceptions.BusyLoadingError:
-        return False
+        return False  # (BusyLoadingError, while it loads its file, is a ConnectionError)
     finally:
         client.close()
 
