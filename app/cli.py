@@ -87,9 +87,10 @@ def gateway(host: str, port: int, verbose: bool, access_log: bool, insecure: boo
     from app.devserver import make_server
 
     _setup_logging(verbose=verbose, access_log=access_log)
-    app = create_app()
-    check_exposure(app.config["RAAS"], host, insecure)
-    server = make_server(host, port, app, app.config["RAAS"])
+    settings = load_settings()
+    check_exposure(settings, host, insecure)  # before the app starts an embedded Redis
+    app = create_app(settings)
+    server = make_server(host, port, app, settings)
     click.echo(f"raas gateway on http://{host}:{port}")
     server.serve_forever()
 

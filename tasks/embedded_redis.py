@@ -67,9 +67,7 @@ def answers(sock: Path, timeout: float = 1.0) -> bool:
     try:
         return bool(client.ping())
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-        return False
-    except redis.exceptions.BusyLoadingError:
-        return False
+        return False  # (BusyLoadingError, while it loads its file, is a ConnectionError)
     finally:
         client.close()
 
@@ -125,9 +123,16 @@ def _shutdown(sock: Path) -> bool:
         client.close()
 
 
-def stop_started_here() -> int:
-    """Stop every embedded Redis this process started (tests' teardown); returns how many."""
-    return sum(stop(Settings(home=home)) for home in list(_started_here.values()))
+def started_here() -> set[Path]:
+    """Sockets of the embedded Redis servers this process started and has not stopped."""
+    return set(_started_here)
+
+
+def stop_started_here(keep: set[Path] = frozenset()) -> int:
+    """Stop the embedded Redis servers this process started, except the sockets in `keep`
+    (tests' teardown: what a longer-lived fixture started stays); returns how many."""
+    homes = [home for sock, home in list(_started_here.items()) if sock not in keep]
+    return sum(stop(Settings(home=home)) for home in homes)
 
 
 @contextmanager

@@ -68,11 +68,13 @@ def redis_prefix() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def _stop_embedded_redis() -> Iterator[None]:
     """Every test that built a gateway or a Celery app on the embedded default started its
-    home's Redis server (a daemon): stop the ones this process started when the test ends."""
-    yield
-    from tasks.embedded_redis import stop_started_here
+    home's Redis server (a daemon): stop the ones this process started during the test (a
+    module-scoped service's server, started before, stays until its fixture stops it)."""
+    from tasks.embedded_redis import started_here, stop_started_here
 
-    stop_started_here()
+    before = started_here()
+    yield
+    stop_started_here(keep=before)
 
 
 # Private Redis/PostgreSQL for tests that restart them (never the machine's own).

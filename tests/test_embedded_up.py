@@ -237,7 +237,7 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
     the broker; a new `raas up` on the same home takes the queue back from the append-only
     file (and the reaper what the dead pools held) and every rollout ends completed, once."""
     from core.settings import Settings, embedded_redis_socket
-    from tasks.embedded_redis import answers
+    from tasks.embedded_redis import answers, stop
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
@@ -245,38 +245,45 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
                RAAS_HEARTBEAT_INTERVAL="0.5", RAAS_LEASE_TIMEOUT="4", RAAS_REQUEUE_AFTER="3",
                RAAS_REAPER_INTERVAL="0.5", RAAS_STAGE_GRACE="2")
 
-    def start() -> tuple[subprocess.Popen, str]:
+    settings = Settings(home=home)
+    launched: list[subprocess.Popen] = []
+
+    def start() -> str:
         port = free_port()
-        up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(home),
-                               "--port", str(port), "--concurrency", "2"], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True, preexec_fn=default_sigint)
+        launched.append(subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port),
+             "--concurrency", "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint))
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: ready(url)[0] == 200, 90, "readyz 200")
-        return up, url
+        return url
 
-    up, url = start()
-    with RaasClient(url) as client:
-        job = client.submit("test-sleepy", [{"instance_id": f"k{k}"} for k in range(10)],
-                            n_samples=2, agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4})
-        wait_until(lambda: client.job(job["job_id"])["finished"] >= 2, 120, "2 rollouts done")
-    os.killpg(up.pid, signal.SIGKILL)  # the gateway, the reaper, the three pools
-    up.communicate()
-    settings = Settings(home=home)
-    pid = int((settings.redis_dir / "redis.pid").read_text())
-    os.kill(pid, signal.SIGKILL)  # ... and the broker (its own session: a daemon)
-    wait_until(lambda: not Path(f"/proc/{pid}/cwd").exists(), 10, "Redis gone")
-    assert not answers(embedded_redis_socket(home))
-    up, url = start()
     try:
+        url = start()
+        with RaasClient(url) as client:
+            job = client.submit("test-sleepy", [{"instance_id": f"k{k}"} for k in range(10)],
+                                n_samples=2,
+                                agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4})
+            wait_until(lambda: client.job(job["job_id"])["finished"] >= 2, 120,
+                       "2 rollouts done")
+        os.killpg(launched[0].pid, signal.SIGKILL)  # the gateway, the reaper, the pools
+        launched[0].communicate()
+        pid = int((settings.redis_dir / "redis.pid").read_text())
+        os.kill(pid, signal.SIGKILL)  # ... and the broker (its own session: a daemon)
+        wait_until(lambda: not Path(f"/proc/{pid}/cwd").exists(), 10, "Redis gone")
+        assert not answers(embedded_redis_socket(home))
+        url = start()
         with RaasClient(url) as client:
             wait_until(lambda: client.job(job["job_id"])["finished"] >= 20, 180, "the job done")
             rows = list(client.results(job["job_id"], wait=1))
     finally:
-        output = ctrl_c(up)
-    assert up.returncode == 0, output[-3000:]
+        output = ctrl_c(launched[-1]) if launched[-1].poll() is None else ""
+        left_running = answers(embedded_redis_socket(home))
+        stop(settings)  # whatever the test's outcome: no server outlives it
+    assert launched[-1].returncode == 0, output[-3000:]
     assert len(rows) == 20 and len({r["rollout_id"] for r in rows}) == 20
     assert {r["outcome"] for r in rows} == {"completed"}
     assert sorted(r["reward"] for r in rows) == [0.0] * 10 + [1.0] * 10  # graded, really
     assert all(r["response_ids"] == [4, 5] for r in rows)
-    assert not answers(embedded_redis_socket(home)), "raas up left its Redis running"
+    assert not left_running, "raas up left its Redis running"
+

@@ -304,6 +304,8 @@ def test_database_tokens_from_the_admin_cli(tmp_path):
 
 
 def test_no_token_service_refuses_a_public_address(tmp_path):
+    from core.settings import embedded_redis_socket
+
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
     from migrations.runner import upgrade
 
@@ -314,6 +316,9 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
     run = subprocess.run([sys.executable, "-m", "app.cli", "flower", "--address", "0.0.0.0"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "--basic-auth" in run.stderr
+    from tasks.embedded_redis import answers
+
+    assert not answers(embedded_redis_socket(tmp_path))  # refused before starting a broker
 
 
 def test_embedded_default_without_tokens_is_one_local_admin(tmp_path):
