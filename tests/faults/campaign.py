@@ -355,10 +355,29 @@ class Campaign:
         report.regenerated_calls = max(0, report.llm_calls - TURNS * looped)
 
     def leftovers(self) -> tuple[set[int], set[Path]]:
-        """Live bwrap pids under the campaign home; workspace and sandbox-state entries."""
+        """Live bwrap pids under the campaign home; workspace and sandbox-state entries. A
+        live worker's unclaimed warm sandboxes (`sandbox.pool`) are its pool, not a leak: a
+        pool whose process died is orphaned, and then its members count."""
+        warm_paths = self._warm_members()
         dirs = {p for n in NODES for p in _entries(self.home / f"ws-{n}")}
         dirs |= {p for d in self.sandbox_dirs.values() for p in _entries(d)}
-        return set(_live_bwraps(str(self.home))), dirs
+        live = {pid for pid, line in _live_bwraps(str(self.home))
+                if not any(w in line for w in map(str, warm_paths))}
+        return live, dirs - warm_paths
+
+    def _warm_members(self) -> set[Path]:
+        """Files and folders of the live pools' unclaimed members (slot workspace, handle,
+        log, signal file, socket folder)."""
+        from sandbox.handles import orphaned, read_handles, unclaimed
+
+        paths: set[Path] = set()
+        for folder in self.sandbox_dirs.values():
+            for handle in read_handles(Path(folder)):
+                if unclaimed(handle) and not orphaned(handle):
+                    paths |= {Path(handle[k]) for k in ("workspace", "handle_file", "log_file",
+                                                        "signal_file", "socket_dir")
+                              if handle.get(k)}
+        return paths
 
     def _count_leaks(self, before: tuple[set[int], set[Path]], report: Report) -> None:
         """What the job left (beyond what was there before it), once the reapers had a few
@@ -381,7 +400,7 @@ class Campaign:
         try:
             with self._lock:
                 self.svc.stop()
-            for pid in _live_bwraps(str(self.home)):  # a leak a test reported: gone now
+            for pid, _ in _live_bwraps(str(self.home)):  # a leak a test reported: gone now
                 os.kill(pid, signal.SIGKILL)
         finally:
             self._stop_sim()
@@ -398,7 +417,7 @@ def _entries(folder: Path) -> list[Path]:
     return list(folder.iterdir()) if folder.exists() else []
 
 
-def _live_bwraps(root: str) -> list[int]:
-    """Pids of bwrap processes whose command line names a path under `root`."""
+def _live_bwraps(root: str) -> list[tuple[int, str]]:
+    """(pid, command line) of bwrap processes whose command line names a path under `root`."""
     out = subprocess.run(["pgrep", "-a", "bwrap"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if root in line]
+    return [(int(line.split()[0]), line) for line in out.splitlines() if root in line]
