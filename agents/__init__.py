@@ -4,6 +4,7 @@
 (`agents/handlers/<name>/handler.py`) registers it when imported (see
 `agents.registry.load_builtin_handlers`).
 """
+
 from agents.abstract import AgentHandler, EvalResult, HandlerConfig, Trajectory
 from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
 from agents.registry import get_handler, handler_names, register

@@ -6,6 +6,7 @@ sandbox, deadlines, cancel, persistence. Handlers only act through `ctx`: `InitC
 `init`, `RunContext` in `run` and `artifact`, `EvalContext` in `prepare_eval` and `evaluate`.
 RUN returns the rollout's record, `Trajectory` (`raas_client.models`, the wire's own type).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -43,11 +44,11 @@ class AgentLoopConfig(HandlerConfig):
     """The names every agent-loop handler shares; a handler redeclares only its defaults."""
 
     system_prompt: str = Field("", description="System message")
-    user_prompt: str = Field("", description="User message template (instance fields as "
-                                             "{placeholders}; `user_template` is its old name)")
+    user_prompt: str = Field(
+        "", description="User message template (instance fields as {placeholders}; `user_template` is its old name)"
+    )
     max_turns: int | None = Field(None, ge=1, le=10_000, description="Overrides limits.max_turns")
-    max_invalid_turns: int = Field(3, ge=1, le=100,
-                                   description="Turns with no valid action -> agent_error")
+    max_invalid_turns: int = Field(3, ge=1, le=100, description="Turns with no valid action -> agent_error")
 
     @model_validator(mode="before")
     @classmethod
@@ -62,8 +63,9 @@ class SandboxToolsConfig(AgentLoopConfig):
     """An agent-loop handler whose tools run in the sandbox."""
 
     tools: list[str] = Field(default_factory=list, description="Sandbox tools the agent gets")
-    python_env: str | None = Field(None, description="Named sandbox Python environment for "
-                                                     "the agent's tools; null = system python")
+    python_env: str | None = Field(
+        None, description="Named sandbox Python environment for the agent's tools; null = system python"
+    )
 
 
 @dataclass
@@ -120,8 +122,7 @@ class AgentHandler(ABC):
         a handler that grades several task kinds answers per config)."""
         return self.eval_in_sandbox
 
-    def prompt(self, instance: dict[str, Any],
-               config: HandlerConfig) -> tuple[str, str, list[Any]] | None:
+    def prompt(self, instance: dict[str, Any], config: HandlerConfig) -> tuple[str, str, list[Any]] | None:
         """(system prompt, user prompt, tools) of a rollout if known before INIT, else None.
 
         A handler that knows it lets a submission reject an instance whose prompt cannot fit

@@ -17,6 +17,7 @@ RUN's `deadline` moves on by the time a weight push paused the server pool
 (`RunContext.extend_deadline`: the agent's clock stood still). The pipeline builds them in one
 place (`tasks.contexts`); tests build them with the same constructors.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -117,13 +118,11 @@ class RolloutContext:
         """INIT's context once its sandbox started (None, None for runtime "none")."""
         return InitContext(**self.rollout_fields(), sandbox=sandbox, workspace=workspace)
 
-    def for_run(self, sandbox: AgentSandbox | None, workspace: str | None, **run: Any
-                ) -> RunContext:
+    def for_run(self, sandbox: AgentSandbox | None, workspace: str | None, **run: Any) -> RunContext:
         """RUN's context: `run` holds llm, record_turn, resume_turns and diagnose."""
         return RunContext(**self.rollout_fields(), sandbox=sandbox, workspace=workspace, **run)
 
-    def for_eval(self, run_result: Trajectory, artifact: dict[str, Any] | None
-                 ) -> EvalContext:
+    def for_eval(self, run_result: Trajectory, artifact: dict[str, Any] | None) -> EvalContext:
         """EVAL's context before its grading sandbox starts (`with_sandbox` adds it)."""
         return EvalContext(**self.rollout_fields(), run_result=run_result, artifact=artifact)
 

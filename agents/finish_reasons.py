@@ -23,6 +23,7 @@ and `metrics.truncated` for overlong filtering or shaping.
 | `harness_exit` | - | yes | a registered harness (`agent: harness`) exited with a non-zero status or crashed; its artifact is still graded | `agent_error` |
 | `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
 """
+
 from __future__ import annotations
 
 import enum
@@ -49,15 +50,25 @@ class FinishReason(str, enum.Enum):
 
 
 # The agent broke its own sandbox: agent_error with reward 0, no EVAL (never infra_error).
-SELF_INFLICTED = frozenset({FinishReason.DISK_QUOTA.value, FinishReason.OOM.value,
-                            FinishReason.TOOL_SERVER_DIED.value,
-                            FinishReason.TOOL_SERVER_UNRESPONSIVE.value})
+SELF_INFLICTED = frozenset(
+    {
+        FinishReason.DISK_QUOTA.value,
+        FinishReason.OOM.value,
+        FinishReason.TOOL_SERVER_DIED.value,
+        FinishReason.TOOL_SERVER_UNRESPONSIVE.value,
+    }
+)
 
 
 # Generation cuts: the turn's text is incomplete, so its tool calls are never executed.
-CUT_TURN = frozenset({FinishReason.TURN_LENGTH.value, FinishReason.CONTEXT.value,
-                      FinishReason.TOKEN_BUDGET.value})
+CUT_TURN = frozenset({FinishReason.TURN_LENGTH.value, FinishReason.CONTEXT.value, FinishReason.TOKEN_BUDGET.value})
 # Episodes stopped by a limit rather than by the agent (`metrics.truncated` is true).
-TRUNCATING = frozenset({FinishReason.TURN_LENGTH.value, FinishReason.CONTEXT.value,
-                        FinishReason.TOKEN_BUDGET.value, FinishReason.MAX_TURNS.value,
-                        FinishReason.STALE.value})
+TRUNCATING = frozenset(
+    {
+        FinishReason.TURN_LENGTH.value,
+        FinishReason.CONTEXT.value,
+        FinishReason.TOKEN_BUDGET.value,
+        FinishReason.MAX_TURNS.value,
+        FinishReason.STALE.value,
+    }
+)

@@ -4,6 +4,7 @@ as this model by every stage, the reaper and the tools (defaults live here and n
 It sits in `agents/` because it is made of the agents' and the sandbox's own configs (sampling
 and llm specs, sandbox options); the gateway's `JobCreate` reuses the same parts.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -21,18 +22,26 @@ class Limits(BaseModel):
 
     max_turns: int = Field(20, ge=1, le=10_000, description="Agent turns before stopping")
     max_tokens: int | None = Field(
-        None, gt=0, description="Hard cap on GENERATED tokens over all turns (observations do "
+        None,
+        gt=0,
+        description="Hard cap on GENERATED tokens over all turns (observations do "
         "not count); each request asks for at most what remains. The whole context (prompt + "
-        "turns + observations) is bounded by llm.max_model_len instead")
+        "turns + observations) is bounded by llm.max_model_len instead",
+    )
     continue_after_turn_length: bool = Field(
-        True, description="A turn cut at sampling.max_tokens continues the episode (the model "
-        "is told its reply was cut); false ends it with finish_reason turn_length")
+        True,
+        description="A turn cut at sampling.max_tokens continues the episode (the model "
+        "is told its reply was cut); false ends it with finish_reason turn_length",
+    )
     max_staleness: int | None = Field(
-        None, ge=0, description="Most weight updates a rollout's turns may span (0 = all turns "
-        "on one weight_version); see on_stale")
+        None,
+        ge=0,
+        description="Most weight updates a rollout's turns may span (0 = all turns "
+        "on one weight_version); see on_stale",
+    )
     on_stale: Literal["mark", "stop"] = Field(
-        "mark", description="Past max_staleness: mark (metrics.stale) or stop the episode "
-        "(finish_reason stale)")
+        "mark", description="Past max_staleness: mark (metrics.stale) or stop the episode (finish_reason stale)"
+    )
     init_timeout: float = Field(600, gt=0, description="INIT deadline, seconds")
     run_timeout: float = Field(3600, gt=0, description="RUN deadline, seconds")
     eval_timeout: float = Field(600, gt=0, description="EVAL deadline, seconds")
@@ -48,17 +57,17 @@ class JobConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sampling: SamplingParams = Field(default_factory=SamplingParams,
-                                     description="Per-turn sampling parameters")
+    sampling: SamplingParams = Field(default_factory=SamplingParams, description="Per-turn sampling parameters")
     limits: Limits = Field(default_factory=Limits, description="Turns, tokens and deadlines")
-    sandbox: SandboxOptions = Field(default_factory=SandboxOptions,
-                                    description="The job's sandbox options")
+    sandbox: SandboxOptions = Field(default_factory=SandboxOptions, description="The job's sandbox options")
     llm: LLMSpec | None = Field(None, description="Servers and tokenizer (LLM agents only)")
     agent_config: dict[str, Any] = Field(
-        default_factory=dict, description="The handler's config, validated by its Config model")
+        default_factory=dict, description="The handler's config, validated by its Config model"
+    )
     labels: dict[str, str] = Field(
-        default_factory=dict, description="Caller's tags kept with the job (e.g. the ProRL job "
-                                          "id that /cancel looks up)")
+        default_factory=dict,
+        description="Caller's tags kept with the job (e.g. the ProRL job id that /cancel looks up)",
+    )
 
     @classmethod
     def load(cls, stored: dict[str, Any] | None) -> JobConfig:

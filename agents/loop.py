@@ -17,6 +17,7 @@ flight is not logged (a turn is logged after its tool calls ran), so it is gener
 whatever its tool calls had done in the sandbox before the worker died stays there, like any
 other side effect of a shell the agent holds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,10 +40,13 @@ from sandbox.errors import SandboxError
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_OBSERVATION_CHARS = 12_000
-NO_TOOL_CALL_MESSAGE = ("No tool call found in your reply. Call one of the tools ({names}) "
-                        "using <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.")
-TURN_CUT_MESSAGE = ("Your reply was cut off at the limit of {n} tokens per turn, so nothing in it "
-                    "was run. Reply again, shorter.")
+NO_TOOL_CALL_MESSAGE = (
+    "No tool call found in your reply. Call one of the tools ({names}) "
+    'using <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
+)
+TURN_CUT_MESSAGE = (
+    "Your reply was cut off at the limit of {n} tokens per turn, so nothing in it was run. Reply again, shorter."
+)
 
 
 @dataclass
@@ -85,8 +89,7 @@ def run_agent_loop(
     """
     by_name = {tool.name: tool for tool in tools}
     max_turns = max_turns or ctx.limits.max_turns
-    ctx.llm.start(_prompt_messages(ctx, system_prompt, user_prompt, tools),
-                  tools=[tool.schema() for tool in tools])
+    ctx.llm.start(_prompt_messages(ctx, system_prompt, user_prompt, tools), tools=[tool.schema() for tool in tools])
     ep = _Episode(max_invalid_turns=max_invalid_turns)
     if ctx.resume_turns:
         ep = _resumed(ctx, ctx.resume_turns)
@@ -94,8 +97,7 @@ def run_agent_loop(
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
             if ep.finish_reason is None:
-                _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns,
-                          max_observation_chars)
+                _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns, max_observation_chars)
     except StageTimeout:
         ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, FinishReason.DEADLINE.value
     except SandboxError as exc:
@@ -106,8 +108,7 @@ def run_agent_loop(
     if ep.turns == 0 and ep.finish_reason == FinishReason.CONTEXT.value:
         # Not a sample: the prompt alone fills the context. Never graded as reward 0.
         ep.outcome = Outcome.PROMPT_TOO_LONG.value
-    log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns,
-             ep.outcome, ep.finish_reason)
+    log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns, ep.outcome, ep.finish_reason)
     result = _result(ctx, ep)
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
@@ -124,25 +125,32 @@ def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
     ep.resumed_from.append(len(turns))
     ctx.state.clear()  # what the handler's tools kept in it (e.g. passages seen) by then
     ctx.state.update(state.get("handler_state") or {})
-    log.info("rollout %s: RUN resumed at turn %d (%s)", ctx.rollout_id, len(turns),
-             "episode already over" if ep.finish_reason else "continuing")
+    log.info(
+        "rollout %s: RUN resumed at turn %d (%s)",
+        ctx.rollout_id,
+        len(turns),
+        "episode already over" if ep.finish_reason else "continuing",
+    )
     return ep
 
 
 def _loop_state(ctx: RunContext, ep: _Episode) -> dict[str, Any]:
     """The counters logged with a turn, the prompt's digest (checked on resume) and the
     handler's `ctx.state` (its tools may keep things there during RUN)."""
-    return {**asdict(ep), "prompt_digest": prompt_digest(ctx.llm.trajectory().prompt_ids),
-            "handler_state": dict(ctx.state)}
+    return {
+        **asdict(ep),
+        "prompt_digest": prompt_digest(ctx.llm.trajectory().prompt_ids),
+        "handler_state": dict(ctx.state),
+    }
 
 
-def _prompt_messages(ctx: RunContext, system_prompt: str, user_prompt: str,
-                     tools: list[Tool]) -> list[dict[str, Any]]:
+def _prompt_messages(ctx: RunContext, system_prompt: str, user_prompt: str, tools: list[Tool]) -> list[dict[str, Any]]:
     return prompt_messages(system_prompt, user_prompt, tools, _template_renders_tools(ctx.llm))
 
 
-def prompt_messages(system_prompt: str, user_prompt: str, tools: list[Tool],
-                    template_renders_tools: bool) -> list[dict[str, Any]]:
+def prompt_messages(
+    system_prompt: str, user_prompt: str, tools: list[Tool], template_renders_tools: bool
+) -> list[dict[str, Any]]:
     """System + user messages; the tool list goes in the system prompt if the template can't."""
     if tools and not template_renders_tools:
         system_prompt = f"{system_prompt.rstrip()}\n\n{describe_tools(tools)}"
@@ -165,8 +173,7 @@ def _limit_reached(ctx: RunContext, ep: _Episode, max_turns: int) -> str | None:
     if _tokens_left(ctx) == 0:
         return FinishReason.TOKEN_BUDGET.value
     limit = ctx.limits.max_staleness
-    if (limit is not None and ctx.limits.on_stale == "stop"
-            and staleness(trajectory.policy_versions) > limit):
+    if limit is not None and ctx.limits.on_stale == "stop" and staleness(trajectory.policy_versions) > limit:
         return FinishReason.STALE.value
     return None
 
@@ -188,9 +195,14 @@ def staleness(weight_versions: list[str | None]) -> int:
     return max(0, len(seen) - 1)
 
 
-def _one_turn(ctx: RunContext, ep: _Episode, tools: dict[str, Tool],
-              final_answer: Callable[[str], Any] | None, max_invalid_turns: int,
-              max_observation_chars: int) -> None:
+def _one_turn(
+    ctx: RunContext,
+    ep: _Episode,
+    tools: dict[str, Tool],
+    final_answer: Callable[[str], Any] | None,
+    max_invalid_turns: int,
+    max_observation_chars: int,
+) -> None:
     """Generate, act, observe and log one turn; sets `ep.finish_reason` when it ends.
 
     The turn is logged last, with the counters as they stand after it (what resume reads).
@@ -210,15 +222,24 @@ def _one_turn(ctx: RunContext, ep: _Episode, tools: dict[str, Tool],
     if gen.finish_reason in CUT_TURN:
         messages, tool_seconds = _cut_turn(ctx, ep, gen), 0.0
     else:
-        messages, tool_seconds = _act(ctx, ep, tools, calls, errors, gen, final_answer,
-                                      max_invalid_turns, max_observation_chars)
+        messages, tool_seconds = _act(
+            ctx, ep, tools, calls, errors, gen, final_answer, max_invalid_turns, max_observation_chars
+        )
     observation_ids = ctx.llm.append_messages(messages) if messages else []
     _record(ctx, ep, index, gen, calls, messages, observation_ids, tool_seconds, errors)
 
 
-def _act(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], calls: list[Any],
-         errors: list[str], gen: Any, final_answer: Callable[[str], Any] | None,
-         max_invalid_turns: int, max_observation_chars: int) -> tuple[list[dict], float]:
+def _act(
+    ctx: RunContext,
+    ep: _Episode,
+    tools: dict[str, Tool],
+    calls: list[Any],
+    errors: list[str],
+    gen: Any,
+    final_answer: Callable[[str], Any] | None,
+    max_invalid_turns: int,
+    max_observation_chars: int,
+) -> tuple[list[dict], float]:
     """Run the turn's calls; returns the messages to append ([] when the episode finished)
     and the seconds the tools took."""
     tool_started = time.monotonic()
@@ -239,8 +260,7 @@ def _act(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], calls: list[Any]
     if ep.invalid_streak >= max_invalid_turns:
         ep.outcome = Outcome.AGENT_ERROR.value
         ep.finish_reason = FinishReason.NO_VALID_ACTION.value
-    return _observation_messages(tools, calls, outputs, errors, max_observation_chars), \
-        tool_seconds
+    return _observation_messages(tools, calls, outputs, errors, max_observation_chars), tool_seconds
 
 
 def _cut_turn(ctx: RunContext, ep: _Episode, gen: Any) -> list[dict]:
@@ -251,8 +271,7 @@ def _cut_turn(ctx: RunContext, ep: _Episode, gen: Any) -> list[dict]:
     message to append ([] when the episode ends).
     """
     reason = gen.finish_reason
-    go_on = (reason == FinishReason.TURN_LENGTH.value
-             and ctx.limits.continue_after_turn_length)
+    go_on = reason == FinishReason.TURN_LENGTH.value and ctx.limits.continue_after_turn_length
     if not go_on:
         ep.finish_reason = reason
         return []
@@ -263,8 +282,7 @@ def _cut_turn(ctx: RunContext, ep: _Episode, gen: Any) -> list[dict]:
     return [{"role": "user", "content": TURN_CUT_MESSAGE.format(n=len(gen.token_ids))}]
 
 
-def _execute(ctx: RunContext, ep: _Episode, tools: dict[str, Tool],
-             calls: list[Any]) -> list[ToolOutput]:
+def _execute(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], calls: list[Any]) -> list[ToolOutput]:
     """Run the turn's calls in order; a finishing call ends the turn (later calls are skipped)."""
     outputs = []
     for call in calls:
@@ -278,13 +296,14 @@ def _execute(ctx: RunContext, ep: _Episode, tools: dict[str, Tool],
     return outputs
 
 
-def _observation_messages(tools: dict[str, Tool], calls: list[Any], outputs: list[ToolOutput],
-                          errors: list[str], limit: int) -> list[dict[str, Any]]:
+def _observation_messages(
+    tools: dict[str, Tool], calls: list[Any], outputs: list[ToolOutput], errors: list[str], limit: int
+) -> list[dict[str, Any]]:
     """One `tool` message per executed call and per malformed call; a nudge if there were none."""
-    messages = [{"role": "tool", "name": call.name, "content": _clip(out.text, limit)}
-                for call, out in zip(calls, outputs)]
-    messages += [{"role": "tool", "content": f"Error: malformed tool call: {error}"}
-                 for error in errors]
+    messages = [
+        {"role": "tool", "name": call.name, "content": _clip(out.text, limit)} for call, out in zip(calls, outputs)
+    ]
+    messages += [{"role": "tool", "content": f"Error: malformed tool call: {error}"} for error in errors]
     if not messages:
         names = ", ".join(tools)
         messages = [{"role": "user", "content": NO_TOOL_CALL_MESSAGE.format(names=names)}]
@@ -295,22 +314,38 @@ def _clip(text: str, limit: int) -> str:
     """Keep the head and the tail of an over-long observation, saying how much was cut."""
     if len(text) <= limit:
         return text
-    head, tail = text[: limit // 2], text[-(limit // 2):]
+    head, tail = text[: limit // 2], text[-(limit // 2) :]
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters elided ...]\n{tail}"
 
 
-def _record(ctx: RunContext, ep: _Episode, index: int, gen: Any, calls: list[Any],
-            messages: list[dict], observation_ids: list[int], tool_seconds: float,
-            errors: list[str]) -> None:
+def _record(
+    ctx: RunContext,
+    ep: _Episode,
+    index: int,
+    gen: Any,
+    calls: list[Any],
+    messages: list[dict],
+    observation_ids: list[int],
+    tool_seconds: float,
+    errors: list[str],
+) -> None:
     """Log one turn (the pipeline writes it to the Turn table before we go on)."""
     ctx.record_turn(
-        index=index, generated_ids=list(gen.token_ids), logprobs=list(gen.logprobs or []),
-        text=gen.text, tool_calls=[c.to_dict() for c in calls],
+        index=index,
+        generated_ids=list(gen.token_ids),
+        logprobs=list(gen.logprobs or []),
+        text=gen.text,
+        tool_calls=[c.to_dict() for c in calls],
         observation="\n".join(m["content"] for m in messages) if messages else None,
-        observation_ids=list(observation_ids), observation_messages=messages,
-        finish_reason=gen.finish_reason, llm_server=gen.server,
-        weight_version=gen.weight_version, gen_seconds=gen.latency, tool_seconds=tool_seconds,
-        extra=_turn_extra(ctx, gen, errors), loop_state=_loop_state(ctx, ep),
+        observation_ids=list(observation_ids),
+        observation_messages=messages,
+        finish_reason=gen.finish_reason,
+        llm_server=gen.server,
+        weight_version=gen.weight_version,
+        gen_seconds=gen.latency,
+        tool_seconds=tool_seconds,
+        extra=_turn_extra(ctx, gen, errors),
+        loop_state=_loop_state(ctx, ep),
     )
 
 
@@ -330,10 +365,14 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
     """The record: the session's trajectory plus the episode's ending, counters and answer."""
     traj = ctx.llm.trajectory()
     metrics: dict[str, Any] = {
-        "turns": ep.turns, "tool_calls": ep.tool_calls,
-        "invalid_tool_calls": ep.invalid_tool_calls, "malformed_tool_calls": ep.parse_errors,
-        "tool_calls_by_name": ep.tool_names_used, "finished": ep.finished,
-        "gen_seconds": round(ep.gen_seconds, 4), "tool_seconds": round(ep.tool_seconds, 4),
+        "turns": ep.turns,
+        "tool_calls": ep.tool_calls,
+        "invalid_tool_calls": ep.invalid_tool_calls,
+        "malformed_tool_calls": ep.parse_errors,
+        "tool_calls_by_name": ep.tool_names_used,
+        "finished": ep.finished,
+        "gen_seconds": round(ep.gen_seconds, 4),
+        "tool_seconds": round(ep.tool_seconds, 4),
         "paused_seconds": round(ep.paused_seconds, 4),
         "response_tokens": len(traj.response_ids),
         "generated_tokens": sum(traj.loss_mask),
@@ -354,6 +393,12 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
     # list() per array, not a deep copy, which costs ~100x more on a long trajectory.
     fresh = {name: list(value) for name, value in traj if isinstance(value, list)}
     fresh["messages"] = [dict(m) for m in traj.messages]
-    return traj.model_copy(update={
-        **fresh, "outcome": ep.outcome, "finish_reason": ep.finish_reason, "metrics": metrics,
-        "extra": {"answer": ep.answer, **copy.deepcopy(traj.extra)}})
+    return traj.model_copy(
+        update={
+            **fresh,
+            "outcome": ep.outcome,
+            "finish_reason": ep.finish_reason,
+            "metrics": metrics,
+            "extra": {"answer": ep.answer, **copy.deepcopy(traj.extra)},
+        }
+    )

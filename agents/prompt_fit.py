@@ -8,6 +8,7 @@ the `prompt_too_long` outcome. Only prompts whose rendered text has at least as 
 characters as the context are tokenized (every token covers at least one character), so a
 large batch of ordinary prompts costs one template render each.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,9 +28,13 @@ def effective_context(llm: dict[str, Any], urls: list[str]) -> tuple[int, str]:
     return job, f"llm.max_model_len {job}"
 
 
-def check_prompts_fit(handler: AgentHandler, config: HandlerConfig,
-                      instances: list[tuple[str, dict[str, Any]]], llm: dict[str, Any],
-                      urls: list[str]) -> None:
+def check_prompts_fit(
+    handler: AgentHandler,
+    config: HandlerConfig,
+    instances: list[tuple[str, dict[str, Any]]],
+    llm: dict[str, Any],
+    urls: list[str],
+) -> None:
     """Raise InvalidRequest naming the first instance whose prompt cannot fit the context."""
     if not instances or handler.prompt(instances[0][1], config) is None:
         return
@@ -38,8 +43,12 @@ def check_prompts_fit(handler: AgentHandler, config: HandlerConfig,
     for index, (instance_id, data) in enumerate(instances):
         system, user, tools = handler.prompt(data, config)
         schemas = [tool.schema() for tool in tools]
-        text = tok.render(prompt_messages(system, user, tools, tok.supports_tools), schemas,
-                          True, **(llm.get("chat_template_kwargs") or {}))
+        text = tok.render(
+            prompt_messages(system, user, tools, tok.supports_tools),
+            schemas,
+            True,
+            **(llm.get("chat_template_kwargs") or {}),
+        )
         if len(text) < limit:
             continue
         n = len(tok.encode(text))
@@ -47,4 +56,5 @@ def check_prompts_fit(handler: AgentHandler, config: HandlerConfig,
             raise InvalidRequest(
                 f"instances[{index}] ({instance_id}): the prompt is {n} tokens and leaves no "
                 f"room to generate in a context of {limit} tokens ({why})",
-                field=f"instances[{index}]")
+                field=f"instances[{index}]",
+            )

@@ -1,4 +1,5 @@
 """Handlers registered by name; the name is also ProRL's `data_source`."""
+
 from __future__ import annotations
 
 import importlib

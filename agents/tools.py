@@ -8,6 +8,7 @@ arguments, a failed `str_replace`) never raises: `call_tool` turns it into an ob
 failures (`sandbox.SandboxError`, cancel, deadline) do raise, so they are never mistaken for
 agent behaviour.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,13 @@ from core.errors import InvalidRequest
 
 MIN_TOOL_TIMEOUT = 0.5  # a call squeezed by the deadline still gets a usable slice
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list,), "object": (dict,), "null": (type(None),),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
 }
 
 
@@ -47,8 +53,10 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI/Qwen function schema passed to the chat template."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def execute(self, ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
         """Validate `arguments` against the schema, then run; bad arguments are an observation."""
@@ -94,8 +102,7 @@ def call_timeout(ctx: RunContext) -> float:
 
 def _sandbox(ctx: RunContext) -> Any:
     if ctx.sandbox is None:
-        raise InvalidRequest("this tool needs a sandbox but the job's runtime is 'none'",
-                             field="sandbox.runtime")
+        raise InvalidRequest("this tool needs a sandbox but the job's runtime is 'none'", field="sandbox.runtime")
     return ctx.sandbox
 
 
@@ -133,12 +140,17 @@ def bash_tool() -> Tool:
     """A persistent bash shell in the sandbox (state such as cwd and env carries over)."""
     return Tool(
         name="bash",
-        description=("Run a command in a persistent bash shell in your sandbox and return its "
-                     "output. The working directory and environment persist between calls. "
-                     "Long-running commands are interrupted at the time limit."),
-        parameters={"type": "object", "additionalProperties": False, "required": ["command"],
-                    "properties": {"command": {"type": "string",
-                                               "description": "The bash command to run"}}},
+        description=(
+            "Run a command in a persistent bash shell in your sandbox and return its "
+            "output. The working directory and environment persist between calls. "
+            "Long-running commands are interrupted at the time limit."
+        ),
+        parameters={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["command"],
+            "properties": {"command": {"type": "string", "description": "The bash command to run"}},
+        },
         run=_run_bash,
     )
 
@@ -147,12 +159,17 @@ def python_tool() -> Tool:
     """A persistent Python session in the sandbox (variables survive between calls)."""
     return Tool(
         name="python",
-        description=("Execute Python code in a persistent interpreter session and return "
-                     "stdout/stderr and the value of the last expression. Variables and "
-                     "imports persist between calls."),
-        parameters={"type": "object", "additionalProperties": False, "required": ["code"],
-                    "properties": {"code": {"type": "string",
-                                            "description": "Python source to execute"}}},
+        description=(
+            "Execute Python code in a persistent interpreter session and return "
+            "stdout/stderr and the value of the last expression. Variables and "
+            "imports persist between calls."
+        ),
+        parameters={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["code"],
+            "properties": {"code": {"type": "string", "description": "Python source to execute"}},
+        },
         run=_run_python,
     )
 
@@ -165,29 +182,40 @@ def editor_tool() -> Tool:
             "View, create and edit files. `view` shows a file with line numbers (or lists a "
             "directory); `create` writes `file_text` to a new file; `str_replace` replaces "
             "`old_str`, which must occur exactly once, by `new_str`; `insert` adds `new_str` "
-            "after line `insert_line`; `undo_edit` reverts the last edit of `path`."),
+            "after line `insert_line`; `undo_edit` reverts the last edit of `path`."
+        ),
         parameters={
-            "type": "object", "additionalProperties": False, "required": ["command", "path"],
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["command", "path"],
             "properties": {
-                "command": {"type": "string",
-                            "enum": ["view", "create", "str_replace", "insert", "undo_edit"],
-                            "description": "The edit operation"},
+                "command": {
+                    "type": "string",
+                    "enum": ["view", "create", "str_replace", "insert", "undo_edit"],
+                    "description": "The edit operation",
+                },
                 "path": {"type": "string", "description": "File or directory path"},
                 "file_text": {"type": "string", "description": "Content for `create`"},
                 "old_str": {"type": "string", "description": "Exact text to replace"},
                 "new_str": {"type": "string", "description": "Replacement / inserted text"},
                 "insert_line": {"type": "integer", "description": "Insert after this line"},
-                "view_range": {"type": "array", "items": {"type": "integer"},
-                               "description": "[start, end] lines for `view` (end -1 = EOF)"},
+                "view_range": {
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "description": "[start, end] lines for `view` (end -1 = EOF)",
+                },
             },
         },
         run=_run_editor,
     )
 
 
-def finish_tool(name: str = "finish", description: str | None = None,
-                answer_param: str | None = "answer",
-                answer_description: str = "Your final answer") -> Tool:
+def finish_tool(
+    name: str = "finish",
+    description: str | None = None,
+    answer_param: str | None = "answer",
+    answer_description: str = "Your final answer",
+) -> Tool:
     """A tool that ends the episode; its `answer_param` argument (if any) is the answer."""
     properties: dict[str, Any] = {}
     if answer_param:
@@ -200,14 +228,20 @@ def finish_tool(name: str = "finish", description: str | None = None,
     return Tool(
         name=name,
         description=description or "Call this when you are done to end the task.",
-        parameters={"type": "object", "additionalProperties": False, "properties": properties,
-                    "required": [answer_param] if answer_param else []},
+        parameters={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": properties,
+            "required": [answer_param] if answer_param else [],
+        },
         run=run,
     )
 
 
 BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {
-    "bash": bash_tool, "python": python_tool, "str_replace_editor": editor_tool,
+    "bash": bash_tool,
+    "python": python_tool,
+    "str_replace_editor": editor_tool,
 }
 
 
@@ -215,24 +249,23 @@ def builtin_tools(names: list[str]) -> list[Tool]:
     """Fresh instances of the named built-in tools; an unknown name lists the valid ones."""
     unknown = [n for n in names if n not in BUILTIN_TOOLS]
     if unknown:
-        raise InvalidRequest(f"unknown tool(s) {unknown}; valid: {sorted(BUILTIN_TOOLS)}",
-                             field="tools")
+        raise InvalidRequest(f"unknown tool(s) {unknown}; valid: {sorted(BUILTIN_TOOLS)}", field="tools")
     return [BUILTIN_TOOLS[n]() for n in names]
 
 
-def call_tool(ctx: RunContext, tools: dict[str, Tool], name: str,
-              arguments: dict[str, Any]) -> ToolOutput:
+def call_tool(ctx: RunContext, tools: dict[str, Tool], name: str, arguments: dict[str, Any]) -> ToolOutput:
     """Run one parsed call; an unknown tool is an error observation, not an exception."""
     tool = tools.get(name)
     if tool is None:
-        return ToolOutput(f"Error: unknown tool {name!r}; available tools: "
-                          f"{', '.join(tools)}", error=True)
+        return ToolOutput(f"Error: unknown tool {name!r}; available tools: {', '.join(tools)}", error=True)
     return tool.execute(ctx, arguments)
 
 
 def describe_tools(tools: list[Tool]) -> str:
     """A Hermes-style tool block for chat templates that cannot render tool schemas."""
     schemas = "\n".join(json.dumps(t.schema()) for t in tools)
-    return ("You have access to the following tools:\n<tools>\n" + schemas + "\n</tools>\n"
-            "To call a tool, write one or more blocks like:\n<tool_call>\n"
-            '{"name": "<tool name>", "arguments": {<JSON arguments>}}\n</tool_call>')
+    return (
+        "You have access to the following tools:\n<tools>\n" + schemas + "\n</tools>\n"
+        "To call a tool, write one or more blocks like:\n<tool_call>\n"
+        '{"name": "<tool name>", "arguments": {<JSON arguments>}}\n</tool_call>'
+    )

@@ -6,6 +6,7 @@ thread, and a pathological answer must never wedge a worker thread. Why persiste
 Python and importing sympy + math-verify costs seconds per grading, the grading itself tens of
 milliseconds. The protocol is one JSON line per request and per answer on stdin/stdout.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -44,12 +45,12 @@ class WarmWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         code = f"from agents.warm_worker import serve; serve({self.target!r}, {self.warmup!r})"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env
+        )
         self.restarts += 1
         if self.restarts:
-            log.warning("grading process for %s restarted (%s restarts)", self.target,
-                        self.restarts)
+            log.warning("grading process for %s restarted (%s restarts)", self.target, self.restarts)
         self._read_line(START_TIMEOUT)  # the child says "ready" once its imports are done
 
     def _read_line(self, timeout: float) -> str:

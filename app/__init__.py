@@ -3,6 +3,7 @@
 The shared core (errors, settings, models, db) lives in `core/`; importing this package stays
 cheap (no Flask import) so that the CLI can start quickly.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ the service has one local owner with the admin role; the CLI refuses to bind suc
 a non-loopback address unless told `--insecure`. A request names its token with the `Bearer`
 scheme only; settings tokens are compared in constant time, table tokens are looked up by hash.
 """
+
 from __future__ import annotations
 
 import functools
@@ -89,8 +90,7 @@ def resolve(settings: Settings, token: str) -> Principal | None:
 def resolve_digest(settings: Settings, digest: str) -> Principal | None:
     """The principal of the token whose SHA-256 is `digest` (a dashboard session), or None."""
     found: Principal | None = None
-    if settings.api_token is not None and \
-            hmac.compare_digest(digest, token_digest(settings.api_token)):
+    if settings.api_token is not None and hmac.compare_digest(digest, token_digest(settings.api_token)):
         found = Principal(LOCAL_OWNER, admin=True)
     for secret, grant in settings.api_tokens.items():
         if hmac.compare_digest(digest, token_digest(secret)):
@@ -152,5 +152,7 @@ def check_exposure(settings: Settings, host: str, insecure: bool) -> None:
         return
     from core.errors import ConfigError
 
-    raise ConfigError(f"refusing to listen on {host} without API tokens: set RAAS_API_TOKEN / "
-                      "RAAS_API_TOKENS or `raas token add`, bind 127.0.0.1, or pass --insecure")
+    raise ConfigError(
+        f"refusing to listen on {host} without API tokens: set RAAS_API_TOKEN / "
+        "RAAS_API_TOKENS or `raas token add`, bind 127.0.0.1, or pass --insecure"
+    )

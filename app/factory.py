@@ -1,4 +1,5 @@
 """Flask app factory: settings, Celery, blueprints, auth and error handling in one place."""
+
 from __future__ import annotations
 
 import gc

@@ -6,6 +6,7 @@ order of the request (instances x samples), exactly as the first answer listed t
 a key for another request is a bug on the caller's side: it gets a 409 naming what differs,
 never the old job silently. Each job stores a digest per request field for that comparison.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,8 +51,7 @@ def replay(settings: Settings, owner: str, req: JobCreate) -> JobAccepted | None
         if job.request_digest is not None:
             differs = [f for f, h in request_digest(req).items() if job.request_digest.get(f) != h]
             if differs:
-                raise Conflict(_difference(s, job, req, differs), field=differs[0],
-                               job_id=job.id, fields=differs)
+                raise Conflict(_difference(s, job, req, differs), field=differs[0], job_id=job.id, fields=differs)
         ids = _ids_in_request_order(s, job.id, req)
         return JobAccepted(job_id=job.id, rollout_ids=ids, created=False)
 
@@ -59,11 +59,13 @@ def replay(settings: Settings, owner: str, req: JobCreate) -> JobAccepted | None
 def _ids_in_request_order(s: Session, job_id: str, req: JobCreate) -> list[str]:
     """The job's rollout ids in the order `create_job` made them: instances in request order,
     samples 0..n-1 each (the request is the same one, so its order is the original order)."""
-    by_key = {(i, k): rid for rid, i, k in s.execute(
-        select(Rollout.id, Rollout.instance_id, Rollout.sample_index)
-        .where(Rollout.job_id == job_id))}
-    order = [(inst.instance_id, k) for inst in req.instances
-             for k in range(req.n_samples + req.spare)]
+    by_key = {
+        (i, k): rid
+        for rid, i, k in s.execute(
+            select(Rollout.id, Rollout.instance_id, Rollout.sample_index).where(Rollout.job_id == job_id)
+        )
+    }
+    order = [(inst.instance_id, k) for inst in req.instances for k in range(req.n_samples + req.spare)]
     if set(order) != set(by_key):  # a job from before request digests, with another body
         return [by_key[k] for k in sorted(by_key)]
     return [by_key[k] for k in order]
@@ -76,28 +78,35 @@ def _difference(s: Session, job: Job, req: JobCreate, fields: list[str]) -> str:
         if name == "agent":
             parts.append(f"agent {req.agent!r} (the job has {job.agent!r})")
         elif name == "n_samples":
-            parts.append(f"n_samples {req.n_samples} (the job has "
-                         f"{job.group_size or job.n_samples})")
+            parts.append(f"n_samples {req.n_samples} (the job has {job.group_size or job.n_samples})")
         elif name == "instances":
             parts.append(_instances_difference(s, job, req))
         else:
             parts.append(name)
-    return (f"idempotency_key {req.idempotency_key!r} was used for another submission "
-            f"(job {job.id}); this one differs in: {'; '.join(parts)}. Use a new key for a "
-            f"new job, or send the same body to get the same job back")
+    return (
+        f"idempotency_key {req.idempotency_key!r} was used for another submission "
+        f"(job {job.id}); this one differs in: {'; '.join(parts)}. Use a new key for a "
+        f"new job, or send the same body to get the same job back"
+    )
 
 
 def _instances_difference(s: Session, job: Job, req: JobCreate) -> str:
     """Which instance differs: one missing or added, changed data, or the order."""
-    stored = dict(s.execute(select(Rollout.instance_id, Rollout.instance)
-                            .where(Rollout.job_id == job.id, Rollout.sample_index == 0)).all())
+    stored = dict(
+        s.execute(
+            select(Rollout.instance_id, Rollout.instance).where(Rollout.job_id == job.id, Rollout.sample_index == 0)
+        ).all()
+    )
     sent = {inst.instance_id: inst.data for inst in req.instances}
     added = [i for i in sent if i not in stored]
     missing = [i for i in stored if i not in sent]
     if added or missing:
-        return (f"instances ({len(sent)} sent, the job has {len(stored)}"
-                + (f"; new: {', '.join(map(repr, added[:3]))}" if added else "")
-                + (f"; missing: {', '.join(map(repr, missing[:3]))}" if missing else "") + ")")
+        return (
+            f"instances ({len(sent)} sent, the job has {len(stored)}"
+            + (f"; new: {', '.join(map(repr, added[:3]))}" if added else "")
+            + (f"; missing: {', '.join(map(repr, missing[:3]))}" if missing else "")
+            + ")"
+        )
     changed = [i for i in sent if _digest(sent[i]) != _digest(stored[i])]
     if changed:
         return f"instances (data of {', '.join(map(repr, changed[:3]))})"

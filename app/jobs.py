@@ -4,6 +4,7 @@ A submission is validated completely (agent, handler config, every instance, llm
 anything is written; rows are committed first and only then enqueued, so an accepted rollout
 exists in the database even if the broker is down (the reaper publishes it later).
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,8 +45,13 @@ from tasks.records import record_fields
 log = logging.getLogger(__name__)
 
 
-def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT_OWNER,
-                        admin: bool = True, labels: dict[str, str] | None = None) -> JobConfig:
+def validate_submission(
+    settings: Settings,
+    req: JobCreate,
+    owner: str = DEFAULT_OWNER,
+    admin: bool = True,
+    labels: dict[str, str] | None = None,
+) -> JobConfig:
     """Check the handler-specific parts of a job and return the config stored with it."""
     from pydantic import ValidationError
 
@@ -60,21 +66,22 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
         try:
             handler.check_instance(agent_config, inst.data)
         except InvalidRequest as exc:
-            raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}",
-                                 **exc.details) from exc
+            raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}", **exc.details) from exc
     check_sandbox_options(settings.policy.sandbox, req.sandbox.model_dump(exclude_unset=True))
     if getattr(agent_config, "python_env", None) is not None:  # handlers ask for it by name
-        check_python_env(settings.policy.sandbox, agent_config.python_env,
-                         "agent_config.python_env")
+        check_python_env(settings.policy.sandbox, agent_config.python_env, "agent_config.python_env")
     llm = None
     if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
         from agents.llm.backends.guard import url_guard
         from agents.llm.spec import LLMSpec, validate_llm_spec
 
         with url_guard(None if admin else settings.policy.llm.server_rules):
-            llm = validate_llm_spec((req.llm or LLMSpec()).model_dump(),
-                                    partial(registered_urls, settings.db_url, owner),
-                                    settings.policy.llm, admin)
+            llm = validate_llm_spec(
+                (req.llm or LLMSpec()).model_dump(),
+                partial(registered_urls, settings.db_url, owner),
+                settings.policy.llm,
+                admin,
+            )
             _check_prompts_fit(settings, handler, agent_config, req, llm, owner)
     elif req.llm is not None:  # unused by the handler: stored, but held to the same rules
         from agents.llm.spec import check_llm_policy
@@ -82,25 +89,36 @@ def validate_submission(settings: Settings, req: JobCreate, owner: str = DEFAULT
         llm = check_llm_policy(req.llm.model_copy(), settings.policy.llm, admin).model_dump()
     if req.callback_url is not None:
         check_callback_url(settings.policy, req.callback_url, admin, "callback_url")
-    return JobConfig(sampling=req.sampling, limits=req.limits, sandbox=req.sandbox, llm=llm,
-                     agent_config=agent_config.model_dump(), labels=labels or {})
+    return JobConfig(
+        sampling=req.sampling,
+        limits=req.limits,
+        sandbox=req.sandbox,
+        llm=llm,
+        agent_config=agent_config.model_dump(),
+        labels=labels or {},
+    )
 
 
-def _check_prompts_fit(settings: Settings, handler: Any, agent_config: Any, req: JobCreate,
-                       llm: dict[str, Any], owner: str) -> None:
+def _check_prompts_fit(
+    settings: Settings, handler: Any, agent_config: Any, req: JobCreate, llm: dict[str, Any], owner: str
+) -> None:
     """Reject an instance whose prompt cannot fit the context, when that is knowable now."""
     from agents.llm.pool import candidate_urls
     from agents.llm.spec import LLMSpec
     from agents.prompt_fit import check_prompts_fit
 
-    urls = candidate_urls(LLMSpec.model_validate(llm),
-                          partial(registered_urls, settings.db_url, owner))
-    check_prompts_fit(handler, agent_config, [(i.instance_id, i.data) for i in req.instances],
-                      llm, urls)
+    urls = candidate_urls(LLMSpec.model_validate(llm), partial(registered_urls, settings.db_url, owner))
+    check_prompts_fit(handler, agent_config, [(i.instance_id, i.data) for i in req.instances], llm, urls)
 
 
-def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
-               labels: dict[str, str] | None = None, admin: bool = True) -> JobAccepted:
+def create_job(
+    settings: Settings,
+    req: JobCreate,
+    owner: str,
+    celery: Any,
+    labels: dict[str, str] | None = None,
+    admin: bool = True,
+) -> JobAccepted:
     """Persist a job and its rollouts in one transaction and answer; idempotent on the key.
 
     The rollouts are committed with their outbox mark and published after the answer by the
@@ -117,15 +135,32 @@ def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
     n = quotas.check_job_size(settings, len(req.instances), per_instance)
     config = validate_submission(settings, req, owner, admin, labels).dump()
     cuts = req.spare > 0 or req.group_timeout is not None
-    job = Job(owner=owner, agent=req.agent, config=config, idempotency_key=req.idempotency_key,
-              request_digest=request_digest(req) if req.idempotency_key else None,
-              n_instances=len(req.instances), n_samples=per_instance,
-              group_size=req.n_samples if cuts else None, priority=req.priority,
-              callback_url=req.callback_url)
+    job = Job(
+        owner=owner,
+        agent=req.agent,
+        config=config,
+        idempotency_key=req.idempotency_key,
+        request_digest=request_digest(req) if req.idempotency_key else None,
+        n_instances=len(req.instances),
+        n_samples=per_instance,
+        group_size=req.n_samples if cuts else None,
+        priority=req.priority,
+        callback_url=req.callback_url,
+    )
     now = lifecycle.utcnow()
-    rows = [{"id": new_id(), "instance_id": inst.instance_id, "instance": inst.data,
-             "sample_index": k, "queued_at": now, "created_at": now, "outbox_at": now}
-            for inst in req.instances for k in range(per_instance)]
+    rows = [
+        {
+            "id": new_id(),
+            "instance_id": inst.instance_id,
+            "instance": inst.data,
+            "sample_index": k,
+            "queued_at": now,
+            "created_at": now,
+            "outbox_at": now,
+        }
+        for inst in req.instances
+        for k in range(per_instance)
+    ]
     try:
         with session_scope(settings.db_url) as s:
             quotas.reserve_in_flight(s, settings, owner, n)
@@ -135,8 +170,7 @@ def create_job(settings: Settings, req: JobCreate, owner: str, celery: Any,
                 row["job_id"] = job.id
             s.execute(insert(Rollout), rows)  # Core bulk insert: one round trip per batch
             if cuts:
-                groups.create_rows(s, job.id, [i.instance_id for i in req.instances],
-                                   req.n_samples, req.group_timeout)
+                groups.create_rows(s, job.id, [i.instance_id for i in req.instances], req.n_samples, req.group_timeout)
     except IntegrityError:  # a concurrent submission with the same key committed first
         existing = replay(settings, owner, req)
         if existing is None:
@@ -155,8 +189,7 @@ def get_job(s: Session, job_id: str, owner: str | None = None) -> Job:
     return job
 
 
-def owner_jobs(s: Session, owner: str, before: str | None, limit: int,
-               prefix: str | None = None) -> list[JobView]:
+def owner_jobs(s: Session, owner: str, before: str | None, limit: int, prefix: str | None = None) -> list[JobView]:
     """One page of the owner's jobs, newest first, after the job id `before` (a cursor);
     `prefix` keeps the ids that start with it (the short ids the dashboard shows)."""
     q = select(Job).where(Job.owner == owner)
@@ -164,20 +197,23 @@ def owner_jobs(s: Session, owner: str, before: str | None, limit: int,
         q = q.where(Job.id.startswith(prefix, autoescape=True))
     if before:
         pivot = get_job(s, before, owner)
-        q = q.where((Job.created_at < pivot.created_at)
-                    | ((Job.created_at == pivot.created_at) & (Job.id < pivot.id)))
+        q = q.where((Job.created_at < pivot.created_at) | ((Job.created_at == pivot.created_at) & (Job.id < pivot.id)))
     jobs = s.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)).all()
     return [job_view(s, j) for j in jobs]
 
 
 def job_view(s: Session, job: Job) -> JobView:
     """A job with counts per status and outcome."""
-    counts = dict(s.execute(select(Rollout.status, func.count()).where(Rollout.job_id == job.id)
-                            .group_by(Rollout.status)).all())
-    outcomes = dict(s.execute(select(Rollout.outcome, func.count())
-                              .where(Rollout.job_id == job.id,
-                                     Rollout.status.in_(TERMINAL_VALUES))
-                              .group_by(Rollout.outcome)).all())
+    counts = dict(
+        s.execute(select(Rollout.status, func.count()).where(Rollout.job_id == job.id).group_by(Rollout.status)).all()
+    )
+    outcomes = dict(
+        s.execute(
+            select(Rollout.outcome, func.count())
+            .where(Rollout.job_id == job.id, Rollout.status.in_(TERMINAL_VALUES))
+            .group_by(Rollout.outcome)
+        ).all()
+    )
     total = job.n_rollouts
     finished = sum(counts.get(v, 0) for v in TERMINAL_VALUES)
     if finished >= total:
@@ -185,47 +221,75 @@ def job_view(s: Session, job: Job) -> JobView:
     else:
         status = "cancelling" if job.cancel_requested else "running"
     size = job.group_size or job.n_samples
-    return JobView(job_id=job.id, agent=job.agent, status=status, n_instances=job.n_instances,
-                   n_samples=size, spare=job.n_samples - size, priority=job.priority or 0,
-                   callback_url=job.callback_url, n_rollouts=total, finished=finished,
-                   progress=round(finished / total, 4) if total else 1.0, counts=counts,
-                   outcomes={k or "none": v for k, v in outcomes.items()},
-                   created_at=job.created_at, finished_at=job.finished_at,
-                   idempotency_key=job.idempotency_key)
+    return JobView(
+        job_id=job.id,
+        agent=job.agent,
+        status=status,
+        n_instances=job.n_instances,
+        n_samples=size,
+        spare=job.n_samples - size,
+        priority=job.priority or 0,
+        callback_url=job.callback_url,
+        n_rollouts=total,
+        finished=finished,
+        progress=round(finished / total, 4) if total else 1.0,
+        counts=counts,
+        outcomes={k or "none": v for k, v in outcomes.items()},
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+        idempotency_key=job.idempotency_key,
+    )
 
 
-def rollout_view(r: Rollout, turns: list[Turn] | None = None,
-                 group: dict[str, Any] | None = None) -> RolloutView:
+def rollout_view(r: Rollout, turns: list[Turn] | None = None, group: dict[str, Any] | None = None) -> RolloutView:
     """The wire form of a rollout (`raas_client.models.Rollout`: the record and the row's
     identity, status and timing); given its turns, they are grouped by attempt."""
     current, earlier = None, None
     if turns is not None:
         current = [TurnView.model_validate(t) for t in turns if t.attempt == r.attempt]
-        earlier = [AttemptView(
-            attempt=h.get("attempt", 0), error=h.get("error"), ended_at=h.get("ended_at"),
-            turns=[TurnView.model_validate(t) for t in turns if t.attempt == h.get("attempt")])
-            for h in (r.attempt_history or [])]
+        earlier = [
+            AttemptView(
+                attempt=h.get("attempt", 0),
+                error=h.get("error"),
+                ended_at=h.get("ended_at"),
+                turns=[TurnView.model_validate(t) for t in turns if t.attempt == h.get("attempt")],
+            )
+            for h in (r.attempt_history or [])
+        ]
     return RolloutView(
         **record_fields(r),  # the record's part: the columns named like its fields
-        rollout_id=r.id, job_id=r.job_id, instance_id=r.instance_id,
-        sample_index=r.sample_index, status=r.status, error=r.error,
-        attempt=r.attempt, node=r.node, reward=r.reward,
+        rollout_id=r.id,
+        job_id=r.job_id,
+        instance_id=r.instance_id,
+        sample_index=r.sample_index,
+        status=r.status,
+        error=r.error,
+        attempt=r.attempt,
+        node=r.node,
+        reward=r.reward,
         timing=Timing(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
-        seq=r.result_seq, group_complete=r.completes_group, cut_reason=r.cut_reason,
+        seq=r.result_seq,
+        group_complete=r.completes_group,
+        cut_reason=r.cut_reason,
         group=GroupView.model_validate(group) if group is not None else None,
         created_at=r.created_at,
-        finished_at=r.finished_at, turns=current, earlier_attempts=earlier)
+        finished_at=r.finished_at,
+        turns=current,
+        earlier_attempts=earlier,
+    )
 
 
 def results_after(s: Session, job_id: str, after: int, limit: int) -> list[RolloutView]:
     """Finished rollouts of a job after cursor `after`, in completion order."""
-    rows = s.scalars(select(Rollout).where(Rollout.job_id == job_id,
-                                           Rollout.result_seq > after)
-                     .order_by(Rollout.result_seq).limit(limit)).all()
+    rows = s.scalars(
+        select(Rollout)
+        .where(Rollout.job_id == job_id, Rollout.result_seq > after)
+        .order_by(Rollout.result_seq)
+        .limit(limit)
+    ).all()
     closers = [r.instance_id for r in rows if r.completes_group]
     records = groups.records(s, job_id, closers) if closers else {}
-    return [rollout_view(r, group=records.get(r.instance_id) if r.completes_group else None)
-            for r in rows]
+    return [rollout_view(r, group=records.get(r.instance_id) if r.completes_group else None) for r in rows]
 
 
 def cancel_job(settings: Settings, job_id: str, owner: str | None = None) -> JobView:

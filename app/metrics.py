@@ -5,6 +5,7 @@ above zero is a routing bug); rollout counts, stage-duration histograms and the 
 servers come from the database, so every gateway reports the same numbers no matter which
 worker did the work. The functions here are also what the dashboard's stage view shows.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,7 @@ def rollout_counts(s: Any, owner: str | None = None) -> list[tuple[str, str | No
     """(status, outcome, count) over all rollouts, or over one owner's jobs."""
     from core.models import Job
 
-    q = select(Rollout.status, Rollout.outcome, func.count()).group_by(Rollout.status,
-                                                                        Rollout.outcome)
+    q = select(Rollout.status, Rollout.outcome, func.count()).group_by(Rollout.status, Rollout.outcome)
     if owner is not None:
         q = q.join(Job, Job.id == Rollout.job_id).where(Job.owner == owner)
     return [(status, outcome, n) for status, outcome, n in s.execute(q)]
@@ -84,8 +84,7 @@ class RaasCollector:
     def collect(self):
         """Yield the metric families."""
         depth = GaugeMetricFamily("raas_queue_depth", "Messages waiting per queue", labels=["queue"])
-        consumers = GaugeMetricFamily("raas_queue_consumers", "Worker pools consuming each queue",
-                                      labels=["queue"])
+        consumers = GaugeMetricFamily("raas_queue_consumers", "Worker pools consuming each queue", labels=["queue"])
         try:
             queues = known_queues(self.db_url)
             for queue, n in queue_depths(self.celery, queues).items():
@@ -100,12 +99,11 @@ class RaasCollector:
         yield from self._database()
 
     def _database(self):
-        by_status = GaugeMetricFamily("raas_rollouts", "Rollouts by status and outcome",
-                                      labels=["status", "outcome"])
-        in_flight = GaugeMetricFamily("raas_llm_server_in_flight",
-                                      "Rollouts stuck to each inference server", labels=["server"])
-        healthy = GaugeMetricFamily("raas_llm_server_healthy", "1 if the server is healthy",
-                                    labels=["server"])
+        by_status = GaugeMetricFamily("raas_rollouts", "Rollouts by status and outcome", labels=["status", "outcome"])
+        in_flight = GaugeMetricFamily(
+            "raas_llm_server_in_flight", "Rollouts stuck to each inference server", labels=["server"]
+        )
+        healthy = GaugeMetricFamily("raas_llm_server_healthy", "1 if the server is healthy", labels=["server"])
         with session_scope(self.db_url) as s:
             for status, outcome, n in rollout_counts(s):
                 by_status.add_metric([status, outcome or ""], n)
@@ -116,10 +114,11 @@ class RaasCollector:
             yield in_flight
             yield healthy
             outbox = GaugeMetricFamily(
-                "raas_outbox_rollouts",
-                "Rollouts accepted or handed on, not yet published to the broker")
-            outbox.add_metric([], s.scalar(select(func.count()).select_from(Rollout)
-                                           .where(Rollout.outbox_at.is_not(None))))
+                "raas_outbox_rollouts", "Rollouts accepted or handed on, not yet published to the broker"
+            )
+            outbox.add_metric(
+                [], s.scalar(select(func.count()).select_from(Rollout).where(Rollout.outbox_at.is_not(None)))
+            )
             yield outbox
             for stage in ("init", "run", "eval"):
                 yield self._histogram(s, stage)
@@ -130,8 +129,7 @@ class RaasCollector:
         row = s.execute(select(func.count(col), func.coalesce(func.sum(col), 0.0), *cols)).one()
         count, total, *cum = row
         buckets = [(str(b), int(c or 0)) for b, c in zip(BUCKETS, cum)] + [("+Inf", int(count))]
-        hist = HistogramMetricFamily(f"raas_stage_{stage}_seconds",
-                                     f"Seconds spent in {stage} (queue time excluded)")
+        hist = HistogramMetricFamily(f"raas_stage_{stage}_seconds", f"Seconds spent in {stage} (queue time excluded)")
         hist.add_metric([], buckets, float(total))
         return hist
 

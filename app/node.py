@@ -21,6 +21,7 @@ On the embedded default (no RAAS_BROKER_URL) the node starts the home's Redis se
 runs, and leaves it running at exit (a gateway of the same home may use it: `raas broker
 stop`); several nodes share a broker only through RAAS_BROKER_URL.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -80,8 +81,14 @@ class Pool:
 class NodeSupervisor:
     """Runs the node's pools and reaper until SIGTERM/SIGINT, then drains (see module doc)."""
 
-    def __init__(self, settings: Settings, slots: dict[str, int], reaper: bool = True,
-                 pool: str = "threads", verbose: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        slots: dict[str, int],
+        reaper: bool = True,
+        pool: str = "threads",
+        verbose: bool = False,
+    ) -> None:
         self.settings = settings
         self.pools = [Pool(stage, slots[stage]) for stage in STAGES if slots.get(stage)]
         self.with_reaper = reaper
@@ -93,9 +100,21 @@ class NodeSupervisor:
 
     # -- the pools -----------------------------------------------------------------------
     def _argv(self, pool: Pool) -> list[str]:
-        return [sys.executable, "-m", "app.cli", "worker", "--stage", pool.stage, "--node",
-                self.settings.node, "--concurrency", str(pool.slots), "--pool", self.pool_type,
-                *(["--verbose"] if self.verbose else [])]
+        return [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            "--stage",
+            pool.stage,
+            "--node",
+            self.settings.node,
+            "--concurrency",
+            str(pool.slots),
+            "--pool",
+            self.pool_type,
+            *(["--verbose"] if self.verbose else []),
+        ]
 
     def _start(self, pool: Pool) -> None:
         """Start a pool's process (from the main thread: Linux ties the parent-death signal
@@ -104,11 +123,9 @@ class NodeSupervisor:
         run_slots = sum(p.slots for p in self.pools if p.stage == "run")
         if pool.stage == "init" and run_slots:  # INIT runs at most a RUN's worth ahead
             env.setdefault("RAAS_INIT_AHEAD", str(run_slots))
-        pool.proc = subprocess.Popen(self._argv(pool), env=env, start_new_session=True,
-                                     preexec_fn=self._preexec)
+        pool.proc = subprocess.Popen(self._argv(pool), env=env, start_new_session=True, preexec_fn=self._preexec)
         pool.started = time.monotonic()
-        log.info("%s pool started: pid %s, %s slots", pool.stage.upper(), pool.proc.pid,
-                 pool.slots)
+        log.info("%s pool started: pid %s, %s slots", pool.stage.upper(), pool.proc.pid, pool.slots)
 
     def _check(self, pool: Pool) -> None:
         """Restart a pool that exited, once its backoff has passed."""
@@ -118,12 +135,16 @@ class NodeSupervisor:
         if pool.proc is not None:  # it just exited: note it, forget its rows, wait
             code = pool.proc.returncode
             ran = now - pool.started
-            pool.pause = BACKOFF[0] if ran > HEALTHY_SECONDS else min(pool.pause * 2,
-                                                                       BACKOFF[1])
+            pool.pause = BACKOFF[0] if ran > HEALTHY_SECONDS else min(pool.pause * 2, BACKOFF[1])
             pool.due = now + (BACKOFF[0] if ran > HEALTHY_SECONDS else pool.pause)
-            log.warning("%s pool (pid %s) exited with %s after %.0fs; starting a new one in "
-                        "%.0fs", pool.stage.upper(), pool.proc.pid, describe_exit(code), ran,
-                        pool.due - now)
+            log.warning(
+                "%s pool (pid %s) exited with %s after %.0fs; starting a new one in %.0fs",
+                pool.stage.upper(),
+                pool.proc.pid,
+                describe_exit(code),
+                ran,
+                pool.due - now,
+            )
             self._forget(pool.proc.pid)
             pool.proc = None
             pool.restarts += 1
@@ -142,8 +163,12 @@ class NodeSupervisor:
     def request_stop(self, signum: int = signal.SIGTERM, _frame: object = None) -> None:
         """Signal handler: drain (a second signal changes nothing)."""
         if not self.stop_requested.is_set():
-            log.warning("node %s: %s, draining (up to %.0fs)", self.settings.node,
-                        signal.Signals(signum).name, self.settings.soft_shutdown_timeout)
+            log.warning(
+                "node %s: %s, draining (up to %.0fs)",
+                self.settings.node,
+                signal.Signals(signum).name,
+                self.settings.soft_shutdown_timeout,
+            )
         self.stop_requested.set()
 
     def run(self) -> int:
@@ -157,9 +182,12 @@ class NodeSupervisor:
         for pool in self.pools:
             self._start(pool)
         self._start_reaper()
-        log.info("node %s: pools %s, reaper %s", self.settings.node,
-                 ", ".join(f"{p.stage}x{p.slots}" for p in self.pools) or "none",
-                 "on" if self.with_reaper else "off")
+        log.info(
+            "node %s: pools %s, reaper %s",
+            self.settings.node,
+            ", ".join(f"{p.stage}x{p.slots}" for p in self.pools) or "none",
+            "on" if self.with_reaper else "off",
+        )
         while not self.stop_requested.wait(TICK):
             for pool in self.pools:
                 self._check(pool)
@@ -173,8 +201,7 @@ class NodeSupervisor:
         from tasks.reaper import Reaper
 
         self.reaper = Reaper(self.settings, make_celery(self.settings))
-        threading.Thread(target=self.reaper.run_forever, name="raas-reaper",
-                         daemon=True).start()
+        threading.Thread(target=self.reaper.run_forever, name="raas-reaper", daemon=True).start()
 
     def _drain(self) -> None:
         """SIGTERM every pool, wait for them (killing stragglers), hand back the rest."""
@@ -187,8 +214,7 @@ class NodeSupervisor:
             try:
                 pool.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.error("%s pool (pid %s) did not drain in time: killed", pool.stage.upper(),
-                          pool.proc.pid)
+                log.error("%s pool (pid %s) did not drain in time: killed", pool.stage.upper(), pool.proc.pid)
                 pool.proc.kill()
                 pool.proc.wait()
             self._forget(pool.proc.pid)
@@ -206,8 +232,7 @@ class NodeSupervisor:
         try:
             moved = hand_back_node(self.settings, make_celery(self.settings))
             if moved:
-                log.warning("node %s: handed back %s rollout(s) at exit", self.settings.node,
-                            moved)
+                log.warning("node %s: handed back %s rollout(s) at exit", self.settings.node, moved)
             mark_gone(self.settings.db_url, self.settings.node)
         except Exception:  # noqa: BLE001 - other nodes' reapers recover it after node_timeout
             log.exception("node %s: handing back its work failed", self.settings.node)

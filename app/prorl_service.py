@@ -3,6 +3,7 @@ service's started state (a `service_flags` row, so every gateway process agrees 
 wait of `/process` for its rollout, the jobs `/process` created (by ProRL `job_id`), and the
 numbers of `/status`.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,9 +31,11 @@ def is_running(db_url: str) -> bool:
 def set_running(db_url: str, value: bool) -> bool:
     """Switch the state; False when it already was `value` (one UPDATE decides races)."""
     with session_scope(db_url) as s:
-        changed = s.execute(update(ServiceFlag).where(
-            ServiceFlag.name == RUNNING_FLAG, ServiceFlag.enabled.is_not(value))
-            .values(enabled=value, updated_at=utcnow())).rowcount
+        changed = s.execute(
+            update(ServiceFlag)
+            .where(ServiceFlag.name == RUNNING_FLAG, ServiceFlag.enabled.is_not(value))
+            .values(enabled=value, updated_at=utcnow())
+        ).rowcount
         if changed or s.get(ServiceFlag, RUNNING_FLAG) is not None:
             return bool(changed)
     try:
@@ -51,9 +54,9 @@ def wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> tuple[Rollou
         with session_scope(db_url) as s:
             r = s.get(Rollout, rollout_id)
             if r.status in TERMINAL_VALUES:
-                turns = s.scalars(select(Turn).where(Turn.rollout_id == r.id,
-                                                     Turn.attempt == r.attempt)
-                                  .order_by(Turn.index)).all()
+                turns = s.scalars(
+                    select(Turn).where(Turn.rollout_id == r.id, Turn.attempt == r.attempt).order_by(Turn.index)
+                ).all()
                 s.expunge_all()
                 return r, list(turns)
         if time.monotonic() > deadline:
@@ -61,20 +64,17 @@ def wait_terminal(db_url: str, rollout_id: str, max_wait: float) -> tuple[Rollou
         time.sleep(POLL_SECONDS)
 
 
-def _prorl_jobs(s: Session, job_id: str | None = None, unfinished: bool = False,
-                owner: str | None = None) -> list[str]:
+def _prorl_jobs(s: Session, job_id: str | None = None, unfinished: bool = False, owner: str | None = None) -> list[str]:
     tag = Job.config[("labels", "prorl_job_id")].as_string()
     q = select(Job.id).where(tag == job_id if job_id is not None else tag.is_not(None))
     if owner is not None:
         q = q.where(Job.owner == owner)
     if unfinished:
-        q = q.where(Job.id.in_(select(Rollout.job_id).where(
-            Rollout.status.not_in(TERMINAL_VALUES))))
+        q = q.where(Job.id.in_(select(Rollout.job_id).where(Rollout.status.not_in(TERMINAL_VALUES))))
     return list(s.scalars(q).all())
 
 
-def prorl_jobs(db_url: str, job_id: str | None = None, unfinished: bool = False,
-               owner: str | None = None) -> list[str]:
+def prorl_jobs(db_url: str, job_id: str | None = None, unfinished: bool = False, owner: str | None = None) -> list[str]:
     """Ids of jobs created by /process (with ProRL job id `job_id`, of `owner` if given,
     still running if `unfinished`)."""
     with session_scope(db_url) as s:
@@ -84,12 +84,22 @@ def prorl_jobs(db_url: str, job_id: str | None = None, unfinished: bool = False,
 def prorl_status(db_url: str, owner: str) -> dict[str, Any]:
     """The owner's LLM servers and the number of their /process rollouts still running."""
     with session_scope(db_url) as s:
-        servers = [{"address": u, "healthy": h, "in_flight": n} for u, h, n in
-                   s.execute(select(LLMServer.url, LLMServer.healthy, LLMServer.in_flight)
-                             .where(LLMServer.owner == owner))]
-        pending = s.scalar(select(func.count()).select_from(Rollout).where(
-            Rollout.status.not_in(TERMINAL_VALUES),
-            Rollout.job_id.in_(select(Job.id).where(
-                Job.owner == owner,
-                Job.config[("labels", "prorl_job_id")].as_string().is_not(None)))))
+        servers = [
+            {"address": u, "healthy": h, "in_flight": n}
+            for u, h, n in s.execute(
+                select(LLMServer.url, LLMServer.healthy, LLMServer.in_flight).where(LLMServer.owner == owner)
+            )
+        ]
+        pending = s.scalar(
+            select(func.count())
+            .select_from(Rollout)
+            .where(
+                Rollout.status.not_in(TERMINAL_VALUES),
+                Rollout.job_id.in_(
+                    select(Job.id).where(
+                        Job.owner == owner, Job.config[("labels", "prorl_job_id")].as_string().is_not(None)
+                    )
+                ),
+            )
+        )
     return {"pending_jobs": pending, "llm_servers": servers}

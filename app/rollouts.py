@@ -6,6 +6,7 @@ A re-evaluation request goes through the publication outbox: it is committed wit
 rollout's outbox mark before it is published, so an accepted request is never lost to a broker
 that is away (the reaper's drain publishes it).
 """
+
 from __future__ import annotations
 
 import time
@@ -37,8 +38,9 @@ def owned_rollout(s: Session, rollout_id: str, owner: str) -> tuple[Rollout, Job
 
 def rollout_turns(s: Session, rollout_id: str) -> list[Turn]:
     """Every logged turn of the rollout, all attempts, in attempt and turn order."""
-    return list(s.scalars(select(Turn).where(Turn.rollout_id == rollout_id)
-                          .order_by(Turn.attempt, Turn.index, Turn.id)).all())
+    return list(
+        s.scalars(select(Turn).where(Turn.rollout_id == rollout_id).order_by(Turn.attempt, Turn.index, Turn.id)).all()
+    )
 
 
 def show_rollout(db_url: str, rollout_id: str, owner: str, with_turns: bool) -> RolloutView:
@@ -65,11 +67,12 @@ def request_reevaluation(settings: Settings, celery: Any, rollout_id: str, owner
         r, _job = owned_rollout(s, rollout_id, owner)
         s.refresh(r, with_for_update=True)  # one request at a time appends to `extra`
         if r.status != Status.DONE.value:
-            raise Conflict(f"rollout {rollout_id!r} is {r.status}; only done rollouts can be "
-                           "re-evaluated")
+            raise Conflict(f"rollout {rollout_id!r} is {r.status}; only done rollouts can be re-evaluated")
         if r.artifact is None:
-            raise InvalidRequest(f"rollout {rollout_id!r} has no stored artifact to grade "
-                                 "(it ended before RUN finished, or predates artifacts)")
+            raise InvalidRequest(
+                f"rollout {rollout_id!r} has no stored artifact to grade "
+                "(it ended before RUN finished, or predates artifacts)"
+            )
         mark = outbox.mark_reevaluation(r, request_id)
     try:
         outbox.publish_reevaluation(settings.db_url, celery, rollout_id, request_id, mark)
@@ -78,16 +81,14 @@ def request_reevaluation(settings: Settings, celery: Any, rollout_id: str, owner
     return request_id
 
 
-def reevaluation_result(db_url: str, rollout_id: str, request_id: str,
-                        wait: float) -> RolloutView:
+def reevaluation_result(db_url: str, rollout_id: str, request_id: str, wait: float) -> RolloutView:
     """The rollout once the request's result is recorded, or after `wait` seconds; its
     `extra.reevaluation_request` names the request either way."""
     deadline = time.monotonic() + wait
     while True:
         with session_scope(db_url) as s:
             r = s.get(Rollout, rollout_id)
-            done = any(e.get("request_id") == request_id
-                       for e in (r.extra or {}).get("reevaluations", []))
+            done = any(e.get("request_id") == request_id for e in (r.extra or {}).get("reevaluations", []))
             if done or time.monotonic() >= deadline:
                 view = rollout_view(r)
                 view.extra = {**view.extra, "reevaluation_request": request_id}
@@ -99,5 +100,4 @@ def job_rollout_rows(s: Session, job_id: str, columns: tuple[str, ...]) -> list[
     """The named columns of every rollout of a job, one dict per rollout (the job page's
     charts)."""
     cols = [getattr(Rollout, c) for c in columns]
-    return [dict(zip(columns, row)) for row in s.execute(select(*cols)
-                                                          .where(Rollout.job_id == job_id))]
+    return [dict(zip(columns, row)) for row in s.execute(select(*cols).where(Rollout.job_id == job_id))]

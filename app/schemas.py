@@ -5,6 +5,7 @@ The answers (jobs, rollouts, result pages, servers, the error body) are defined 
 very classes a trainer parses. The request models stay here: they validate against the
 server's own vocabulary (sampling, limits, sandbox options, LLM specs).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,12 +13,26 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 try:
-    from raas_client.models import (AttemptView, ErrorBody, GroupList, GroupView, JobAccepted,
-                                    JobList, JobView, LLMServerList, LLMServerView, ResultsPage,
-                                    Rollout, Timing, TurnView)
+    from raas_client.models import (
+        AttemptView,
+        ErrorBody,
+        GroupList,
+        GroupView,
+        JobAccepted,
+        JobList,
+        JobView,
+        LLMServerList,
+        LLMServerView,
+        ResultsPage,
+        Rollout,
+        Timing,
+        TurnView,
+    )
 except ImportError as exc:  # the server installed without its SDK (`make` installs both)
-    raise ImportError("raas imports its wire models from the raas-client distribution in "
-                      "this repository: pip install -e ./sdk (then -e .)") from exc
+    raise ImportError(
+        "raas imports its wire models from the raas-client distribution in "
+        "this repository: pip install -e ./sdk (then -e .)"
+    ) from exc
 
 from agents.job_config import Limits
 from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
@@ -48,19 +63,38 @@ class JobCreate(Strict):
     sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
     llm: LLMSpec | None = Field(None, description="Servers/tokenizer; needed by LLM agents")
     agent_config: dict[str, Any] = Field(default_factory=dict, description="Handler config")
-    idempotency_key: str | None = Field(None, min_length=1, max_length=256,
-                                        description="Same key + same body: the same job and "
-                                                    "rollout ids (same order); another body: 409")
-    spare: int = Field(0, ge=0, le=1024, description="Extra samples per instance: a group "
-                       "completes with its first n_samples usable ones and the rest are cut")
+    idempotency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Same key + same body: the same job and rollout ids (same order); another body: 409",
+    )
+    spare: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Extra samples per instance: a group "
+        "completes with its first n_samples usable ones and the rest are cut",
+    )
     group_timeout: float | None = Field(
-        None, gt=0, description="Seconds after a group's first sample starts: the group then "
-        "completes with what is usable (short if fewer than n_samples), the rest are cut")
-    priority: int = Field(0, ge=0, le=9, description="Higher first: this job's stage messages "
-                          "overtake those of lower-priority jobs in every queue")
+        None,
+        gt=0,
+        description="Seconds after a group's first sample starts: the group then "
+        "completes with what is usable (short if fewer than n_samples), the rest are cut",
+    )
+    priority: int = Field(
+        0,
+        ge=0,
+        le=9,
+        description="Higher first: this job's stage messages overtake those of lower-priority jobs in every queue",
+    )
     callback_url: str | None = Field(
-        None, min_length=8, max_length=2048, pattern=r"^https?://",
-        description="POSTed (signed, retried) when a group and when the job completes")
+        None,
+        min_length=8,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="POSTed (signed, retried) when a group and when the job completes",
+    )
 
     @field_validator("instances")
     @classmethod
@@ -86,8 +120,7 @@ class LLMServerUpdate(Strict):
     weight_version: str | None = Field(None, description="Recorded with every later turn")
     backend: BackendName | None = None
     healthy: bool | None = None
-    paused: bool | None = Field(None, description="true: generations wait (weights loading); "
-                                "false: resume")
+    paused: bool | None = Field(None, description="true: generations wait (weights loading); false: resume")
     logprobs_mode: LogprobsMode | None = Field(None, description="The server's --logprobs-mode")
 
     @field_validator("backend", "healthy", "paused", "logprobs_mode", mode="before")
@@ -100,6 +133,24 @@ class LLMServerUpdate(Strict):
 
 RolloutView = Rollout  # the gateway's older name for the rollout record
 
-__all__ = ["AttemptView", "ErrorBody", "GroupList", "GroupView", "Instance", "JobAccepted", "JobCreate", "JobList",
-           "JobView", "LLMServerCreate", "LLMServerList", "LLMServerUpdate", "LLMServerView",
-           "ResultsPage", "Rollout", "RolloutView", "Strict", "Timing", "TurnView"]
+__all__ = [
+    "AttemptView",
+    "ErrorBody",
+    "GroupList",
+    "GroupView",
+    "Instance",
+    "JobAccepted",
+    "JobCreate",
+    "JobList",
+    "JobView",
+    "LLMServerCreate",
+    "LLMServerList",
+    "LLMServerUpdate",
+    "LLMServerView",
+    "ResultsPage",
+    "Rollout",
+    "RolloutView",
+    "Strict",
+    "Timing",
+    "TurnView",
+]

@@ -5,6 +5,7 @@ A tenant's pool is its own rows. A non-admin may register only URLs the operator
 (`policy.llm.server_urls`) and only credentials the operator registered for that URL; the
 operator (admin) may register any URL.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -21,17 +22,22 @@ from core.models import LLMServer
 from core.policy import LLMPolicy, check_credential, check_server_url
 
 
-def register_server(db_url: str, body: LLMServerCreate, owner: str, admin: bool,
-                    policy: LLMPolicy) -> LLMServerView:
+def register_server(db_url: str, body: LLMServerCreate, owner: str, admin: bool, policy: LLMPolicy) -> LLMServerView:
     """Add a server to `owner`'s pool; a URL outside the policy is a 400, a duplicate a 409."""
     check_server_url(policy, body.url, admin, "url")
     if body.credential is not None:
         check_credential(policy, body.credential, body.url, "credential")
     try:
         with session_scope(db_url) as s:
-            server = LLMServer(owner=owner, url=body.url, model=body.model,
-                               weight_version=body.weight_version, backend=body.backend,
-                               logprobs_mode=body.logprobs_mode, credential=body.credential)
+            server = LLMServer(
+                owner=owner,
+                url=body.url,
+                model=body.model,
+                weight_version=body.weight_version,
+                backend=body.backend,
+                logprobs_mode=body.logprobs_mode,
+                credential=body.credential,
+            )
             s.add(server)
             s.flush()
             return LLMServerView.model_validate(server)
@@ -59,20 +65,19 @@ def _own_server(s: Session, server_id: str, owner: str) -> LLMServer:
 def owner_servers(db_url: str, owner: str) -> list[LLMServerView]:
     """The owner's servers, oldest first."""
     with session_scope(db_url) as s:
-        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner)
-                         .order_by(LLMServer.created_at)).all()
+        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner).order_by(LLMServer.created_at)).all()
         return [LLMServerView.model_validate(r) for r in rows]
 
 
 def servers_by_id(db_url: str, ids: Iterable[str]) -> list[LLMServer]:
     """The servers with these ids, oldest first (read after the caller checked them)."""
     with session_scope(db_url) as s:
-        return list(s.scalars(select(LLMServer).where(LLMServer.id.in_(list(ids)))
-                              .order_by(LLMServer.created_at)).all())
+        return list(
+            s.scalars(select(LLMServer).where(LLMServer.id.in_(list(ids))).order_by(LLMServer.created_at)).all()
+        )
 
 
-def update_server(db_url: str, server_id: str, owner: str,
-                  changes: dict[str, Any]) -> LLMServerView:
+def update_server(db_url: str, server_id: str, owner: str, changes: dict[str, Any]) -> LLMServerView:
     """Set fields of one of the owner's servers (paused, weight_version, ...)."""
     with session_scope(db_url) as s:
         server = _own_server(s, server_id, owner)

@@ -15,6 +15,7 @@ What the scripts do and why (measured on a real Slurm 22.05, `tests/slurm/`,
   the environments come from a shared, pre-built root (`RAAS_ENV_ROOT`), never built on a
   compute node.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 # Variables that are node-local by nature: the job script sets them per node.
-NODE_LOCAL = {"RAAS_HOME", "RAAS_NODE", "RAAS_WORKSPACE_ROOT", "RAAS_SANDBOX_DIR",
-              "RAAS_SOFT_SHUTDOWN_TIMEOUT"}
+NODE_LOCAL = {"RAAS_HOME", "RAAS_NODE", "RAAS_WORKSPACE_ROOT", "RAAS_SANDBOX_DIR", "RAAS_SOFT_SHUTDOWN_TIMEOUT"}
 ENV_FILE, SERVICES_FILE = "raas.env", "services.env"
 
 
@@ -41,10 +41,8 @@ class SlurmJobConfig(BaseModel):
     run: int = Field(64, ge=1, description="RUN slots per node (agent loops)")
     eval: int = Field(8, ge=1, description="EVAL slots per node (grading)")
     nodes: int = Field(1, ge=1, description="Node jobs in the array")
-    drain: int = Field(60, ge=0, description="Seconds a node drains on TERM "
-                                             "(RAAS_SOFT_SHUTDOWN_TIMEOUT)")
-    signal_margin: int = Field(30, ge=0, description="Seconds between the drain's end and "
-                                                     "the time limit")
+    drain: int = Field(60, ge=0, description="Seconds a node drains on TERM (RAAS_SOFT_SHUTDOWN_TIMEOUT)")
+    signal_margin: int = Field(30, ge=0, description="Seconds between the drain's end and the time limit")
     time: str = Field("1-00:00:00", description="Node job time limit (sbatch --time)")
     mem_per_sandbox_mb: int = Field(1024, ge=64, description="Memory budget per live sandbox")
     partition: str | None = Field(None, description="sbatch --partition")
@@ -68,6 +66,7 @@ class SlurmJobConfig(BaseModel):
 
 def _render(template: str, values: dict[str, object]) -> str:
     """Replace `{{name}}` placeholders (bash's own `${...}` stay as they are)."""
+
     def one(match: re.Match) -> str:
         return str(values[match.group(1)])
 
@@ -192,12 +191,13 @@ wait; wait
 """
 
 
-def env_file(cfg: SlurmJobConfig, environ: dict[str, str] | None = None,
-             python: str = sys.executable) -> str:
+def env_file(cfg: SlurmJobConfig, environ: dict[str, str] | None = None, python: str = sys.executable) -> str:
     """`raas.env`: PATH with this raas installation, and this shell's RAAS_* settings."""
     environ = dict(os.environ if environ is None else environ)
-    lines = ["# Sourced by the raas Slurm jobs (they do not rely on sbatch --export).",
-             f"export PATH={shlex.quote(str(Path(python).parent))}:\"$PATH\""]
+    lines = [
+        "# Sourced by the raas Slurm jobs (they do not rely on sbatch --export).",
+        f'export PATH={shlex.quote(str(Path(python).parent))}:"$PATH"',
+    ]
     if cfg.env_root:
         environ["RAAS_ENV_ROOT"] = str(cfg.env_root)
     if cfg.services:
@@ -208,14 +208,22 @@ def env_file(cfg: SlurmJobConfig, environ: dict[str, str] | None = None,
     return "\n".join(lines) + "\n"
 
 
-def write_jobs(cfg: SlurmJobConfig, folder: Path, environ: dict[str, str] | None = None,
-               python: str = sys.executable) -> list[Path]:
+def write_jobs(
+    cfg: SlurmJobConfig, folder: Path, environ: dict[str, str] | None = None, python: str = sys.executable
+) -> list[Path]:
     """Write node.sbatch, services.sbatch and raas.env into `folder`; returns the paths."""
     folder = folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    values = {**cfg.model_dump(), "dir": folder, "dir_q": shlex.quote(str(folder)),
-              "last": cfg.nodes - 1, "cpus": cfg.cpus, "mem": cfg.mem_mb,
-              "signal_at": cfg.drain + cfg.signal_margin, "common": _sbatch_common(cfg)}
+    values = {
+        **cfg.model_dump(),
+        "dir": folder,
+        "dir_q": shlex.quote(str(folder)),
+        "last": cfg.nodes - 1,
+        "cpus": cfg.cpus,
+        "mem": cfg.mem_mb,
+        "signal_at": cfg.drain + cfg.signal_margin,
+        "common": _sbatch_common(cfg),
+    }
     node, services = folder / "node.sbatch", folder / "services.sbatch"
     node.write_text(_render(NODE_JOB, values))
     services.write_text(_render(SERVICES_JOB, values))

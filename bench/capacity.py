@@ -19,6 +19,7 @@ per operation, and the model built from them. Prints JSON + tables.
 
 Usage: .venv/bin/python bench/capacity.py [--quick] [--only connections|costs]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ from tests.pipeline_harness import start_service  # noqa: E402
 from tests.private_services import PrivatePostgres, PrivateRedis  # noqa: E402
 
 MACHINE_PG = "postgresql://postgres@127.0.0.1:5432/test"
-POOLS = {"before (10+20 per process)": {"db_pool_size": 10, "db_pool_overflow": 20},
-         "after (pool 4 per process)": {"db_pool_size": 4, "db_pool_overflow": 0}}
+POOLS = {
+    "before (10+20 per process)": {"db_pool_size": 10, "db_pool_overflow": 20},
+    "after (pool 4 per process)": {"db_pool_size": 4, "db_pool_overflow": 0},
+}
 STAGE_S = {"init_s": 1.0, "run_s": 2.0, "eval_s": 1.0}
 IDLE_WINDOW_S = 3.0
 
@@ -63,8 +66,9 @@ class ConnectionSampler:
     def _loop(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.wait(0.02):
-                n = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
-                                 (self.database,)).fetchone()[0]
+                n = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (self.database,)
+                ).fetchone()[0]
                 self.peak = max(self.peak, n)
 
     def __enter__(self) -> ConnectionSampler:
@@ -90,8 +94,7 @@ def redis_commands(url: str) -> int:
     client = redis.Redis.from_url(url)
     stats = client.info("commandstats")
     client.close()
-    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info",
-                                                                   "cmdstat_config"))
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config"))
 
 
 def reset_redis(url: str) -> None:
@@ -104,8 +107,16 @@ def reset_redis(url: str) -> None:
     client.close()
 
 
-def node_run(pg: PrivatePostgres, broker: PrivateRedis, pool: dict, nodes: int,
-             slots: dict[str, int], n: int, turns: int = 2, timeout: float = 300) -> dict:
+def node_run(
+    pg: PrivatePostgres,
+    broker: PrivateRedis,
+    pool: dict,
+    nodes: int,
+    slots: dict[str, int],
+    n: int,
+    turns: int = 2,
+    timeout: float = 300,
+) -> dict:
     """One job of `n` sleep-bound rollouts on `nodes` simulated nodes; what it cost."""
     db = f"cap_{uuid.uuid4().hex[:8]}"
     db_url = pg.create_database(db)
@@ -113,10 +124,15 @@ def node_run(pg: PrivatePostgres, broker: PrivateRedis, pool: dict, nodes: int,
     with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as counts:
         os.environ["CAPACITY_PROBE_DIR"] = counts  # the workers' environment, not ours
         with ConnectionSampler(pg.url().replace("+psycopg", ""), db) as sampler:
-            svc = start_service(Path(home), db_url=db_url, broker_url=broker.url,
-                                nodes=tuple(f"n{k}" for k in range(nodes)), concurrency=slots,
-                                handler_modules="bench.capacity_probe",
-                                extra={**pool, "lease_timeout": 30.0})
+            svc = start_service(
+                Path(home),
+                db_url=db_url,
+                broker_url=broker.url,
+                nodes=tuple(f"n{k}" for k in range(nodes)),
+                concurrency=slots,
+                handler_modules="bench.capacity_probe",
+                extra={**pool, "lease_timeout": 30.0},
+            )
             try:
                 wait_ready(svc, nodes)
                 before = redis_commands(broker.url)  # idle polling: not the work's cost
@@ -125,9 +141,11 @@ def node_run(pg: PrivatePostgres, broker: PrivateRedis, pool: dict, nodes: int,
                 probe.reset()
                 idle_commands = redis_commands(broker.url)
                 t0 = time.monotonic()
-                job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"}
-                                                        for k in range(n)],
-                                        agent_config={**STAGE_S, "turns": turns})
+                job = svc.client.submit(
+                    "test-sleepy",
+                    [{"instance_id": f"i{k}"} for k in range(n)],
+                    agent_config={**STAGE_S, "turns": turns},
+                )
                 submit = probe.snapshot()
                 view = wait_done(svc, job["job_id"], timeout)
                 wall = time.monotonic() - t0
@@ -147,21 +165,29 @@ def node_run(pg: PrivatePostgres, broker: PrivateRedis, pool: dict, nodes: int,
         dispose_all(close=True)
         finished = finish_seconds(db_url, job["job_id"])
         workers = probe.collect(Path(counts))
-    per_node = min(slots["init"] / STAGE_S["init_s"], slots["run"] / STAGE_S["run_s"],
-                   slots["eval"] / STAGE_S["eval_s"])
+    per_node = min(
+        slots["init"] / STAGE_S["init_s"], slots["run"] / STAGE_S["run_s"], slots["eval"] / STAGE_S["eval_s"]
+    )
     result = {
-        "pool": pool, "nodes": nodes, "slots": slots, "rollouts": n, "turns": turns,
-        "done": view["counts"].get("done", 0), "outcomes": view["outcomes"],
+        "pool": pool,
+        "nodes": nodes,
+        "slots": slots,
+        "rollouts": n,
+        "turns": turns,
+        "done": view["counts"].get("done", 0),
+        "outcomes": view["outcomes"],
         "too_many_clients_lines": logs.count("too many clients"),
-        "peak_connections": sampler.peak, "wall_s": round(wall, 2),
+        "peak_connections": sampler.peak,
+        "wall_s": round(wall, 2),
         "steady_rollouts_per_s": round(steady_rate(finished), 3) if len(finished) >= 6 else None,
         "bound_per_s": per_node * nodes,
-        "submit_ops": submit.get("other", {}), "reaper_pass_ops": reaper_pass,
-        "redis_commands": round(commands), "redis_idle_commands_per_s": round(idle_per_s, 1),
+        "submit_ops": submit.get("other", {}),
+        "reaper_pass_ops": reaper_pass,
+        "redis_commands": round(commands),
+        "redis_idle_commands_per_s": round(idle_per_s, 1),
         "worker_ops": {k: dict(v) for k, v in workers.items()},
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "worker_ops"}, default=str),
-          file=sys.stderr)
+    print(json.dumps({k: v for k, v in result.items() if k != "worker_ops"}, default=str), file=sys.stderr)
     return result
 
 
@@ -169,8 +195,7 @@ def wait_ready(svc, nodes: int, timeout: float = 120) -> None:
     """Until every pool logged that it is ready (start-up is not the work's cost)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready = sum(p.read_text(errors="replace").count("pool ready")
-                    for p in svc.logs.glob("*.log"))
+        ready = sum(p.read_text(errors="replace").count("pool ready") for p in svc.logs.glob("*.log"))
         if ready >= 3 * nodes:
             return
         time.sleep(0.2)
@@ -194,10 +219,17 @@ def finish_seconds(db_url: str, job_id: str) -> list[float]:
     stopped: a baseline run may still hold every connection the server allows)."""
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT extract(epoch FROM r.finished_at - j.created_at) FROM rollouts r "
-            "JOIN jobs j ON j.id = r.job_id WHERE r.job_id = :j AND r.finished_at IS NOT NULL"),
-            {"j": job_id}).scalars().all()
+        rows = (
+            conn.execute(
+                sa.text(
+                    "SELECT extract(epoch FROM r.finished_at - j.created_at) FROM rollouts r "
+                    "JOIN jobs j ON j.id = r.job_id WHERE r.job_id = :j AND r.finished_at IS NOT NULL"
+                ),
+                {"j": job_id},
+            )
+            .scalars()
+            .all()
+        )
     engine.dispose()
     return [float(x) for x in rows]
 
@@ -219,21 +251,24 @@ def pg_costs(seconds: int) -> dict:
     dsn = MACHINE_PG.rsplit("/", 1)[0] + f"/{db}"
     try:
         with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
-            conn.execute("CREATE TABLE cap (id int PRIMARY KEY, n int NOT NULL DEFAULT 0, "
-                         "payload text)")
+            conn.execute("CREATE TABLE cap (id int PRIMARY KEY, n int NOT NULL DEFAULT 0, payload text)")
             conn.execute("INSERT INTO cap (id) SELECT g FROM generate_series(1, 10000) g")
-            read = _latency(lambda k: conn.execute("SELECT n FROM cap WHERE id = %s",
-                                                   (k % 10000 + 1,)).fetchone())
-            write = _latency(lambda k: conn.execute("UPDATE cap SET n = n + 1 WHERE id = %s",
-                                                    (k % 10000 + 1,)))
-        scripts = {"read": "\\set id random(1, 10000)\nSELECT n FROM cap WHERE id = :id;\n",
-                   "write": "\\set id random(1, 10000)\nUPDATE cap SET n = n + 1 WHERE id = :id;\n"}
+            read = _latency(lambda k: conn.execute("SELECT n FROM cap WHERE id = %s", (k % 10000 + 1,)).fetchone())
+            write = _latency(lambda k: conn.execute("UPDATE cap SET n = n + 1 WHERE id = %s", (k % 10000 + 1,)))
+        scripts = {
+            "read": "\\set id random(1, 10000)\nSELECT n FROM cap WHERE id = :id;\n",
+            "write": "\\set id random(1, 10000)\nUPDATE cap SET n = n + 1 WHERE id = :id;\n",
+        }
         tps = {name: _pgbench(db, script, seconds) for name, script in scripts.items()}
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         admin.close()
-    return {"read_latency_ms": read, "commit_latency_ms": write,
-            "read_per_s": tps["read"], "commits_per_s": tps["write"]}
+    return {
+        "read_latency_ms": read,
+        "commit_latency_ms": write,
+        "read_per_s": tps["read"],
+        "commits_per_s": tps["write"],
+    }
 
 
 def _latency(op, n: int = 2000) -> float:
@@ -250,9 +285,30 @@ def _pgbench(db: str, script: str, seconds: int) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as f:
         f.write(script)
         f.flush()
-        out = subprocess.run(["pgbench", "-h", "127.0.0.1", "-U", "postgres", "-n", "-M", "simple",
-                              "-c", "8", "-j", "2", "-T", str(seconds), "-f", f.name, db],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                "pgbench",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-n",
+                "-M",
+                "simple",
+                "-c",
+                "8",
+                "-j",
+                "2",
+                "-T",
+                str(seconds),
+                "-f",
+                f.name,
+                db,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     return round(float(re.search(r"tps = ([\d.]+)", out).group(1)), 1)
 
 
@@ -265,11 +321,15 @@ def redis_costs() -> dict:
     try:
         client = redis.Redis.from_url(server.url)
         rtt = _latency(lambda k: client.lpush("q", k))
-        out = subprocess.run(["redis-benchmark", "-p", str(server.port), "-t", "lpush,rpop",
-                              "-n", "200000", "-c", "50", "-q"],
-                             capture_output=True, text=True, check=True).stdout
-        rates = {m.group(1).lower(): float(m.group(2))
-                 for m in re.finditer(r"(\w+): ([\d.]+) requests per second", out)}
+        out = subprocess.run(
+            ["redis-benchmark", "-p", str(server.port), "-t", "lpush,rpop", "-n", "200000", "-c", "50", "-q"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        rates = {
+            m.group(1).lower(): float(m.group(2)) for m in re.finditer(r"(\w+): ([\d.]+) requests per second", out)
+        }
         client.close()
     finally:
         server.close()
@@ -293,14 +353,16 @@ def connection_runs(quick: bool) -> list[dict]:
     try:
         for label, pool in POOLS.items():
             for nodes in (1, 2, 4):
-                runs.append({"label": label, **node_run(pg, broker, pool, nodes, small,
-                                                        per_node * nodes)})
+                runs.append({"label": label, **node_run(pg, broker, pool, nodes, small, per_node * nodes)})
                 print(f"# {label}: {nodes} nodes done (load {load():.1f})", file=sys.stderr)
-            runs.append({"label": label, **node_run(pg, broker, pool, 4, big,
-                                                    96 if quick else 256)})
+            runs.append({"label": label, **node_run(pg, broker, pool, 4, big, 96 if quick else 256)})
             print(f"# {label}: 4 x 8/16/8 done (load {load():.1f})", file=sys.stderr)
-        runs.append({"label": "after, 8 turns", **node_run(pg, broker, POOLS[
-            "after (pool 4 per process)"], 1, small, per_node, turns=8)})
+        runs.append(
+            {
+                "label": "after, 8 turns",
+                **node_run(pg, broker, POOLS["after (pool 4 per process)"], 1, small, per_node, turns=8),
+            }
+        )
     finally:
         from core.db import dispose_all
 
@@ -335,44 +397,60 @@ def main() -> None:
 def print_tables(report: dict) -> None:
     """The tables BENCHMARKS.md quotes."""
     if "runs" in report:
-        print("\n| pool | nodes x slots | rollouts | done | failed | too many clients | peak conns "
-              "| steady/s | bound/s | wall s |")
+        print(
+            "\n| pool | nodes x slots | rollouts | done | failed | too many clients | peak conns "
+            "| steady/s | bound/s | wall s |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in report["runs"]:
             slots = "/".join(str(r["slots"][s]) for s in STAGES)
             failed = r["rollouts"] - r["done"]
-            print(f"| {r['label']} | {r['nodes']} x {slots} | {r['rollouts']} | {r['done']} | "
-                  f"{failed} | {r['too_many_clients_lines']} | {r['peak_connections']} | "
-                  f"{r['steady_rollouts_per_s']} | {r['bound_per_s']} | {r['wall_s']} |")
+            print(
+                f"| {r['label']} | {r['nodes']} x {slots} | {r['rollouts']} | {r['done']} | "
+                f"{failed} | {r['too_many_clients_lines']} | {r['peak_connections']} | "
+                f"{r['steady_rollouts_per_s']} | {r['bound_per_s']} | {r['wall_s']} |"
+            )
         print("\n| run | stage | statements | commits | publishes | acks (per rollout) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in report["runs"]:
             if not r["label"].startswith("after"):
                 continue
             for stage, c in sorted(per_rollout(r).items()):
-                print(f"| {r['nodes']} node(s), {r['turns']} turns | {stage} | "
-                      f"{c.get('statements', 0)} | {c.get('commits', 0)} | "
-                      f"{c.get('publishes', 0)} | {c.get('acks', 0)} |")
+                print(
+                    f"| {r['nodes']} node(s), {r['turns']} turns | {stage} | "
+                    f"{c.get('statements', 0)} | {c.get('commits', 0)} | "
+                    f"{c.get('publishes', 0)} | {c.get('acks', 0)} |"
+                )
     if "postgresql" in report:
         p, r = report["postgresql"], report["redis"]
-        print(f"\nPostgreSQL: read {p['read_latency_ms']} ms, commit {p['commit_latency_ms']} ms "
-              f"(one client); {p['read_per_s']} reads/s, {p['commits_per_s']} commits/s "
-              f"(pgbench, 8 clients). Redis: {r['round_trip_ms']} ms round trip, "
-              f"{r['ops_per_s']} ops/s (redis-benchmark, 50 clients).")
+        print(
+            f"\nPostgreSQL: read {p['read_latency_ms']} ms, commit {p['commit_latency_ms']} ms "
+            f"(one client); {p['read_per_s']} reads/s, {p['commits_per_s']} commits/s "
+            f"(pgbench, 8 clients). Redis: {r['round_trip_ms']} ms round trip, "
+            f"{r['ops_per_s']} ops/s (redis-benchmark, 50 clients)."
+        )
     if "model" in report:
-        print("\n| turns | statements | commits | broker cmds | PG rollouts/s | Redis rollouts/s "
-              "| rollouts/s | turns/s | first limit |")
+        print(
+            "\n| turns | statements | commits | broker cmds | PG rollouts/s | Redis rollouts/s "
+            "| rollouts/s | turns/s | first limit |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in report["model"]["by_turns"]:
-            print(f"| {r['turns']} | {r['statements']} | {r['commits']} | {r['broker_commands']} "
-                  f"| {r['postgres_rollouts_per_s']} | {r['redis_rollouts_per_s']} | "
-                  f"{r['rollouts_per_s']} | {r['turns_per_s']} | {r['first_limit']} |")
-        print("\n| rollout | nodes (64 RUN slots) by PostgreSQL | by Redis | by max_connections "
-              "100 (no PgBouncer) | slots |")
+            print(
+                f"| {r['turns']} | {r['statements']} | {r['commits']} | {r['broker_commands']} "
+                f"| {r['postgres_rollouts_per_s']} | {r['redis_rollouts_per_s']} | "
+                f"{r['rollouts_per_s']} | {r['turns_per_s']} | {r['first_limit']} |"
+            )
+        print(
+            "\n| rollout | nodes (64 RUN slots) by PostgreSQL | by Redis | by max_connections "
+            "100 (no PgBouncer) | slots |"
+        )
         print("| --- | --- | --- | --- | --- |")
         for c in report["cluster"]:
-            print(f"| {c['rollout_s']} s, {c['turns']} turns | {c['nodes_by_postgresql']} | "
-                  f"{c['nodes_by_redis']} | {c['nodes_by_connections']} | {c['slots_total']} |")
+            print(
+                f"| {c['rollout_s']} s, {c['turns']} turns | {c['nodes_by_postgresql']} | "
+                f"{c['nodes_by_redis']} | {c['nodes_by_connections']} | {c['slots_total']} |"
+            )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ late, one per message), each under the stage of the task the thread is running (
 EVAL), else under the thread's role (heartbeat, other). Every second and after every task it
 writes its counters to `$CAPACITY_PROBE_DIR/<pid>.json`.
 """
+
 from __future__ import annotations
 
 import json

@@ -16,6 +16,7 @@ Usage: .venv/bin/python bench/faults.py [--baseline 635fdca] [--only node-loss,.
        [--repeat 5]
 (needs bwrap, redis-server and PostgreSQL 15 binaries; never touches the machine's services)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,13 +31,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-OVERLAY = ["tests/faults", "tests/private_services.py", "tests/pipeline_harness.py",
-           "fakellm/server.py", "fakellm/capacity.py", "bench/faults.py"]
-COLUMNS = [("finished", "finished"), ("lost", "lost"), ("duplicated", "dup"), ("leaked", "leaked"),
-           ("retried_rollouts", "new attempts"), ("rerun_rollouts", "re-run loops"),
-           ("regenerated_calls", "re-generated LLM calls"),
-           ("affected_regen_per_rollout", "per killed-RUN rollout"),
-           ("pools_exited", "pools exited"), ("seconds", "s")]
+OVERLAY = [
+    "tests/faults",
+    "tests/private_services.py",
+    "tests/pipeline_harness.py",
+    "fakellm/server.py",
+    "fakellm/capacity.py",
+    "bench/faults.py",
+]
+COLUMNS = [
+    ("finished", "finished"),
+    ("lost", "lost"),
+    ("duplicated", "dup"),
+    ("leaked", "leaked"),
+    ("retried_rollouts", "new attempts"),
+    ("rerun_rollouts", "re-run loops"),
+    ("regenerated_calls", "re-generated LLM calls"),
+    ("affected_regen_per_rollout", "per killed-RUN rollout"),
+    ("pools_exited", "pools exited"),
+    ("seconds", "s"),
+]
 
 
 def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dict]:
@@ -58,7 +72,9 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
             figures["leaked"] = report.live_sandboxes_left + report.dirs_left
             figures["affected_regen_per_rollout"] = (
                 round(report.affected_regenerated / report.affected, 2)
-                if name.startswith("sigkill") and report.affected else None)
+                if name.startswith("sigkill") and report.affected
+                else None
+            )
             figures["clean"] = not report.problems()
             key = f"{name}#{k}" if repeat > 1 else name
             out[key] = figures
@@ -69,24 +85,30 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
     return out
 
 
-def run_baseline(commit: str, only: list[str], envs_root: Path,
-                 repeat: int = 1) -> dict[str, dict]:
+def run_baseline(commit: str, only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dict]:
     """The same campaign on `commit` (a throwaway worktree with the campaign laid over)."""
     tree = Path(tempfile.mkdtemp(prefix="raas-faults-base-")) / "repo"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit], check=True, capture_output=True
+    )
     try:
         for rel in OVERLAY:
             src, dst = REPO / rel, tree / rel
             if src.is_dir():
-                shutil.copytree(src, dst, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+                shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dst)
         result_file = tree / "faults.json"
-        cmd = [sys.executable, str(tree / "bench" / "faults.py"), "--json", str(result_file),
-               "--envs-root", str(envs_root), "--quiet"]
+        cmd = [
+            sys.executable,
+            str(tree / "bench" / "faults.py"),
+            "--json",
+            str(result_file),
+            "--envs-root",
+            str(envs_root),
+            "--quiet",
+        ]
         if only:
             cmd += ["--only", ",".join(only)]
         if repeat > 1:
@@ -95,8 +117,7 @@ def run_baseline(commit: str, only: list[str], envs_root: Path,
         subprocess.run(cmd, cwd=tree, env=env, check=True)
         return json.loads(result_file.read_text())["current"]
     finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                       capture_output=True)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
         shutil.rmtree(tree.parent, ignore_errors=True)
 
 
@@ -126,15 +147,18 @@ def main() -> None:
     parser.add_argument("--baseline", help="also run the campaign on this commit")
     parser.add_argument("--only", default="", help="comma-separated fault names")
     parser.add_argument("--json", type=Path, help="write the figures here too")
-    parser.add_argument("--envs-root", type=Path, default=REPO / ".raas" / "envs",
-                        help="where the sandbox `math` environment is built (once)")
+    parser.add_argument(
+        "--envs-root",
+        type=Path,
+        default=REPO / ".raas" / "envs",
+        help="where the sandbox `math` environment is built (once)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no table (baseline child)")
     parser.add_argument("--repeat", type=int, default=1, help="run each fault this often")
     args = parser.parse_args()
     only = [n for n in args.only.split(",") if n]
     envs_root = args.envs_root.resolve()
-    baseline = run_baseline(args.baseline, only, envs_root, args.repeat) \
-        if args.baseline else None
+    baseline = run_baseline(args.baseline, only, envs_root, args.repeat) if args.baseline else None
     current = run_here(only, envs_root, args.repeat)
     result = {"baseline_commit": args.baseline, "baseline": baseline, "current": current}
     if args.json:

@@ -17,6 +17,7 @@ change), run by the same script in the same invocation; "new" is this tree.
 
 Usage: .venv/bin/python bench/handoff_outage.py --baseline /path/to/old/tree [--runs 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,16 +51,20 @@ def measure(aof: bool, downtime: float) -> dict:
     redis = PrivateRedis(aof=aof)
     redis.start()
     home = Path(tempfile.mkdtemp(prefix="raas-bench-handoff-"))
-    svc = start_service(home, db_url=sa.engine.make_url(PG_ADMIN).set(database=db)
-                        .render_as_string(hide_password=False), broker_url=redis.url,
-                        extra={"outbox_grace": 2.0, "sandbox_dir": str(home / "sandboxes")})
+    svc = start_service(
+        home,
+        db_url=sa.engine.make_url(PG_ADMIN).set(database=db).render_as_string(hide_password=False),
+        broker_url=redis.url,
+        extra={"outbox_grace": 2.0, "sandbox_dir": str(home / "sandboxes")},
+    )
     try:
         started = time.monotonic()
-        job = svc.client.submit("test-sandboxed", [{"instance_id": f"i{k}"}
-                                                   for k in range(N_ROLLOUTS)],
-                                agent_config={"init_s": 0.5, "run_s": 1.0, "turns": TURNS})
-        wait_for(lambda: svc.client.job(job["job_id"])["finished"] >= 4, 120,
-                 "the first rollouts to finish")
+        job = svc.client.submit(
+            "test-sandboxed",
+            [{"instance_id": f"i{k}"} for k in range(N_ROLLOUTS)],
+            agent_config={"init_s": 0.5, "run_s": 1.0, "turns": TURNS},
+        )
+        wait_for(lambda: svc.client.job(job["job_id"])["finished"] >= 4, 120, "the first rollouts to finish")
         at = svc.client.job(job["job_id"])["finished"]
         redis.restart(downtime=downtime)
         exits = 0
@@ -73,25 +78,33 @@ def measure(aof: bool, downtime: float) -> dict:
             time.sleep(0.2)
         wall = time.monotonic() - started
         with session_scope(svc.settings.db_url) as s:
-            rows = s.execute(sa.select(Rollout.attempt, Rollout.status, Rollout.attempt_history,
-                                       *([Rollout.resumes] if hasattr(Rollout, "resumes")
-                                         else []))
-                             .where(Rollout.job_id == job["job_id"])).all()
+            rows = s.execute(
+                sa.select(
+                    Rollout.attempt,
+                    Rollout.status,
+                    Rollout.attempt_history,
+                    *([Rollout.resumes] if hasattr(Rollout, "resumes") else []),
+                ).where(Rollout.job_id == job["job_id"])
+            ).all()
             turns = s.scalar(sa.select(sa.func.count()).select_from(Turn))
-        lost = sum(any("stopped beating" in (h.get("error") or "")
-                       for h in r.attempt_history or []) for r in rows)
+        lost = sum(any("stopped beating" in (h.get("error") or "") for h in r.attempt_history or []) for r in rows)
         logs = "".join(p.read_text(errors="replace") for p in svc.logs.glob("*.log"))
-        return {"aof": aof, "downtime_s": downtime, "finished_before_outage": at,
-                "rollouts": len(rows), "rerun": sum(r.attempt > 1 for r in rows),
-                "rerun_worker_lost": lost,
-                "rerun_hand_off": sum(r.attempt > 1 for r in rows) - lost,
-                "worker_exits": exits,
-                "resumed": sum(bool(getattr(r, "resumes", None)) for r in rows),
-                "extra_turns": turns - TURNS * len(rows),
-                "failed": sum(r.status != "done" for r in rows),
-                "false_failure_logs": logs.count("ends rollout: failed"),
-                "deferred_to_outbox": logs.count("publish deferred to the outbox"),
-                "wall_s": round(wall, 1)}
+        return {
+            "aof": aof,
+            "downtime_s": downtime,
+            "finished_before_outage": at,
+            "rollouts": len(rows),
+            "rerun": sum(r.attempt > 1 for r in rows),
+            "rerun_worker_lost": lost,
+            "rerun_hand_off": sum(r.attempt > 1 for r in rows) - lost,
+            "worker_exits": exits,
+            "resumed": sum(bool(getattr(r, "resumes", None)) for r in rows),
+            "extra_turns": turns - TURNS * len(rows),
+            "failed": sum(r.status != "done" for r in rows),
+            "false_failure_logs": logs.count("ends rollout: failed"),
+            "deferred_to_outbox": logs.count("publish deferred to the outbox"),
+            "wall_s": round(wall, 1),
+        }
     finally:
         svc.stop()
         redis.close()
@@ -105,9 +118,14 @@ def measure(aof: bool, downtime: float) -> dict:
 def run_child(tree: Path, aof: bool, downtime: float) -> dict:
     """`measure` in a fresh interpreter whose imports (and workers) come from `tree`."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, __file__, "--child", "--aof", str(int(aof)),
-                          "--downtime", str(downtime)], env=env, cwd=tree, text=True,
-                         stdout=subprocess.PIPE, timeout=900)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--aof", str(int(aof)), "--downtime", str(downtime)],
+        env=env,
+        cwd=tree,
+        text=True,
+        stdout=subprocess.PIPE,
+        timeout=900,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -131,14 +149,18 @@ def main() -> None:
                 result = {"code": name, **run_child(tree.resolve(), aof, args.downtime)}
                 print(json.dumps(result), flush=True)
                 results.append(result)
-    print(f"\n{'code':9} {'aof':5} {'re-run':>7} {'hand-off':>9} {'worker lost':>12} "
-          f"{'pool exits':>11} {'resumed':>8} {'extra turns':>12} {'failed':>7} "
-          f"{'false fail logs':>16} {'deferred':>9} {'wall s':>7}")
+    print(
+        f"\n{'code':9} {'aof':5} {'re-run':>7} {'hand-off':>9} {'worker lost':>12} "
+        f"{'pool exits':>11} {'resumed':>8} {'extra turns':>12} {'failed':>7} "
+        f"{'false fail logs':>16} {'deferred':>9} {'wall s':>7}"
+    )
     for r in results:
-        print(f"{r['code']:9} {str(r['aof']):5} {r['rerun']:>4}/{r['rollouts']:<2} "
-              f"{r['rerun_hand_off']:>9} {r['rerun_worker_lost']:>12} {r['worker_exits']:>11} "
-              f"{r['resumed']:>8} {r['extra_turns']:>12} {r['failed']:>7} "
-              f"{r['false_failure_logs']:>16} {r['deferred_to_outbox']:>9} {r['wall_s']:>7}")
+        print(
+            f"{r['code']:9} {str(r['aof']):5} {r['rerun']:>4}/{r['rollouts']:<2} "
+            f"{r['rerun_hand_off']:>9} {r['rerun_worker_lost']:>12} {r['worker_exits']:>11} "
+            f"{r['resumed']:>8} {r['extra_turns']:>12} {r['failed']:>7} "
+            f"{r['false_failure_logs']:>16} {r['deferred_to_outbox']:>9} {r['wall_s']:>7}"
+        )
 
 
 if __name__ == "__main__":

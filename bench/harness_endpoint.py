@@ -21,6 +21,7 @@ raas's token-exact rendering, and the two trajectories must be the same ids.
 Usage: .venv/bin/python bench/harness_endpoint.py [--conversations 20] [--calls 8]
 Prints one JSON object, then a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,11 +39,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
-TEMPLATE = (REPO / "tests" / "fixtures" / "qwen-style-template" / "chat_template.jinja")
+TEMPLATE = REPO / "tests" / "fixtures" / "qwen-style-template" / "chat_template.jinja"
 REPLY = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la src"}}\n</tool_call>'
-TOOL = {"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+    },
+}
 OBSERVATION = "total 8\n-rw-r--r-- 1 agent agent 120 main.py\n-rw-r--r-- 1 agent agent 80 util.py"
 
 
@@ -64,8 +70,12 @@ def open_session(url: str, rollout_id: str) -> Any:
     """An LLM session on the server with the job's tokenizer and template."""
     from agents.llm import LLMSession
 
-    spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": SMOLLM2,
-            "max_model_len": 8192, "chat_template_text": TEMPLATE.read_text()}
+    spec = {
+        "servers": [{"url": url, "model": "sim"}],
+        "tokenizer": SMOLLM2,
+        "max_model_len": 8192,
+        "chat_template_text": TEMPLATE.read_text(),
+    }
     return LLMSession.open(spec, {"max_tokens": 128}, rollout_id)
 
 
@@ -77,10 +87,19 @@ def open_endpoint(url: str, tmp: Path, k: int) -> Any:
     from tests.harness.conftest import run_context
 
     session = open_session(url, f"bench-{k}")
-    ctx = run_context(rollout_id=f"bench-{k}", job_id="bench", instance_id="i", instance={},
-                      sample_index=0, attempt=1, agent_config=HandlerConfig(),
-                      job_config=JobConfig(), deadline=time.monotonic() + 3600, state={},
-                      llm=session)
+    ctx = run_context(
+        rollout_id=f"bench-{k}",
+        job_id="bench",
+        instance_id="i",
+        instance={},
+        sample_index=0,
+        attempt=1,
+        agent_config=HandlerConfig(),
+        job_config=JobConfig(),
+        deadline=time.monotonic() + 3600,
+        state={},
+        llm=session,
+    )
     ep = RolloutEndpoint(ctx, str(tmp / f"ep{k}.sock"), RolloutEndpoint.new_token())
     return ep.__enter__()
 
@@ -90,9 +109,10 @@ def direct_call(backend: Any, url: str, prompt_ids: list[int]) -> tuple[float, f
     from agents.llm.backends import GenerateRequest
 
     started, cpu = time.perf_counter(), time.process_time()
-    backend.generate(url, GenerateRequest(prompt_ids=prompt_ids, max_tokens=128,
-                                          sampling={"temperature": 1.0}, timeout=30,
-                                          model="sim"))
+    backend.generate(
+        url,
+        GenerateRequest(prompt_ids=prompt_ids, max_tokens=128, sampling={"temperature": 1.0}, timeout=30, model="sim"),
+    )
     return time.perf_counter() - started, time.process_time() - cpu
 
 
@@ -108,8 +128,7 @@ def loop_turn(session: Any, n: int, messages: list[dict[str, Any]]) -> tuple[flo
     return time.perf_counter() - started, time.process_time() - cpu
 
 
-def conversation(ep: Any, client_kind: str, backend: Any, url: str, calls: int,
-                 out: dict[str, list[float]]) -> None:
+def conversation(ep: Any, client_kind: str, backend: Any, url: str, calls: int, out: dict[str, list[float]]) -> None:
     """One harness conversation; per call: the endpoint's time, the direct time and the
     loop's time for the same turn."""
     import httpx
@@ -117,23 +136,25 @@ def conversation(ep: Any, client_kind: str, backend: Any, url: str, calls: int,
     loop = open_session(url, f"loop-{ep.ctx.rollout_id}")
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a careful software engineer."},
-        {"role": "user", "content": "Fix the failing test in src/. Start by looking around."}]
+        {"role": "user", "content": "Fix the failing test in src/. Start by looking around."},
+    ]
     http = httpx.Client(transport=httpx.HTTPTransport(uds=ep.socket_path), timeout=30)
     sdk = None
     if client_kind == "openai":
         import openai
 
-        sdk = openai.OpenAI(base_url="http://rollout/v1", api_key=ep.token, http_client=http,
-                            max_retries=0)
+        sdk = openai.OpenAI(base_url="http://rollout/v1", api_key=ep.token, http_client=http, max_retries=0)
     for n in range(calls):
         started, cpu = time.perf_counter(), time.process_time()
         if sdk is not None:
             reply = sdk.chat.completions.create(model="p", messages=messages, tools=[TOOL])
             message = reply.choices[0].message.model_dump(exclude_none=True)
         else:
-            body = http.post("http://rollout/v1/chat/completions",
-                             headers={"Authorization": f"Bearer {ep.token}"},
-                             json={"model": "p", "messages": messages, "tools": [TOOL]}).json()
+            body = http.post(
+                "http://rollout/v1/chat/completions",
+                headers={"Authorization": f"Bearer {ep.token}"},
+                json={"model": "p", "messages": messages, "tools": [TOOL]},
+            ).json()
             message = body["choices"][0]["message"]
         took, took_cpu = time.perf_counter() - started, time.process_time() - cpu
         kind = "first" if n == 0 else "merged"
@@ -148,20 +169,23 @@ def conversation(ep: Any, client_kind: str, backend: Any, url: str, calls: int,
         out[f"loop:{kind}"].append(loop_wall)
         out[f"added_vs_loop:{client_kind}"].append(took - loop_wall)
         out[f"added_cpu_vs_loop:{client_kind}"].append(took_cpu - loop_cpu)
-        messages += [message] + [{"role": "tool", "tool_call_id": c["id"],
-                                  "content": OBSERVATION} for c in message["tool_calls"]]
+        messages += [message] + [
+            {"role": "tool", "tool_call_id": c["id"], "content": OBSERVATION} for c in message["tool_calls"]
+        ]
     http.close()
-    same = loop.trajectory().response_ids == traj.response_ids \
-        and loop.trajectory().prompt_ids == traj.prompt_ids
+    same = loop.trajectory().response_ids == traj.response_ids and loop.trajectory().prompt_ids == traj.prompt_ids
     out["same_ids_as_loop"].append(float(same))
     loop.close()
 
 
 def summary(values: list[float]) -> dict[str, float]:
     ms = sorted(v * 1000 for v in values)
-    return {"n": len(ms), "p50_ms": round(statistics.median(ms), 3),
-            "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 3),
-            "mean_ms": round(statistics.fmean(ms), 3)}
+    return {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 3),
+        "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+    }
 
 
 def main() -> None:
@@ -194,36 +218,41 @@ def main() -> None:
 
 
 def report(out: dict[str, list[float]], args: argparse.Namespace) -> None:
-    rows = {key: summary(values) for key, values in sorted(out.items())
-            if key != "same_ids_as_loop"}
+    rows = {key: summary(values) for key, values in sorted(out.items()) if key != "same_ids_as_loop"}
     direct_all = out["direct:first"] + out["direct:merged"]
-    figures: dict[str, Any] = {"conversations": args.conversations, "calls": args.calls,
-                               "latency": rows, "direct": summary(direct_all)}
+    figures: dict[str, Any] = {
+        "conversations": args.conversations,
+        "calls": args.calls,
+        "latency": rows,
+        "direct": summary(direct_all),
+    }
     for kind in ("httpx", "openai"):
         figures[f"added_p50_ms_{kind}"] = rows[f"added:{kind}"]["p50_ms"]
         figures[f"added_cpu_p50_ms_{kind}"] = rows[f"added_cpu:{kind}"]["p50_ms"]
         figures[f"added_vs_loop_p50_ms_{kind}"] = rows[f"added_vs_loop:{kind}"]["p50_ms"]
-        figures[f"added_cpu_vs_loop_p50_ms_{kind}"] = rows[f"added_cpu_vs_loop:{kind}"][
-            "p50_ms"]
+        figures[f"added_cpu_vs_loop_p50_ms_{kind}"] = rows[f"added_cpu_vs_loop:{kind}"]["p50_ms"]
     figures["same_ids_as_loop"] = all(out["same_ids_as_loop"])
     figures["goal_added_p50_ms"] = 2.0
     figures["loadavg_1min"] = float(Path("/proc/loadavg").read_text().split()[0])
     print(json.dumps(figures))
     print(f"\n{'path':<26} {'n':>5} {'p50 ms':>9} {'p90 ms':>9} {'mean ms':>9}")
     for key, row in rows.items():
-        print(f"{key:<26} {row['n']:>5} {row['p50_ms']:>9.3f} {row['p90_ms']:>9.3f} "
-              f"{row['mean_ms']:>9.3f}")
-    print(f"\nadded p50 (endpoint - direct, paired per call): httpx "
-          f"{figures['added_p50_ms_httpx']} ms wall / {figures['added_cpu_p50_ms_httpx']} ms "
-          f"CPU; openai SDK {figures['added_p50_ms_openai']} ms wall / "
-          f"{figures['added_cpu_p50_ms_openai']} ms CPU (goal <= 2 ms; load average "
-          f"{figures['loadavg_1min']} on {os.cpu_count()} CPUs)")
-    print(f"over a raas handler's loop doing the same turn (p50, paired): httpx "
-          f"{figures['added_vs_loop_p50_ms_httpx']} ms wall / "
-          f"{figures['added_cpu_vs_loop_p50_ms_httpx']} ms CPU, openai SDK "
-          f"{figures['added_vs_loop_p50_ms_openai']} ms wall / "
-          f"{figures['added_cpu_vs_loop_p50_ms_openai']} ms CPU; same token ids as the loop: "
-          f"{figures['same_ids_as_loop']}")
+        print(f"{key:<26} {row['n']:>5} {row['p50_ms']:>9.3f} {row['p90_ms']:>9.3f} {row['mean_ms']:>9.3f}")
+    print(
+        f"\nadded p50 (endpoint - direct, paired per call): httpx "
+        f"{figures['added_p50_ms_httpx']} ms wall / {figures['added_cpu_p50_ms_httpx']} ms "
+        f"CPU; openai SDK {figures['added_p50_ms_openai']} ms wall / "
+        f"{figures['added_cpu_p50_ms_openai']} ms CPU (goal <= 2 ms; load average "
+        f"{figures['loadavg_1min']} on {os.cpu_count()} CPUs)"
+    )
+    print(
+        f"over a raas handler's loop doing the same turn (p50, paired): httpx "
+        f"{figures['added_vs_loop_p50_ms_httpx']} ms wall / "
+        f"{figures['added_cpu_vs_loop_p50_ms_httpx']} ms CPU, openai SDK "
+        f"{figures['added_vs_loop_p50_ms_openai']} ms wall / "
+        f"{figures['added_cpu_vs_loop_p50_ms_openai']} ms CPU; same token ids as the loop: "
+        f"{figures['same_ids_as_loop']}"
+    )
 
 
 if __name__ == "__main__":

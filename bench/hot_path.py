@@ -18,6 +18,7 @@ this tree; each in its own process (`--one`), in turn, on the same machine.
 Usage: .venv/bin/python bench/hot_path.py [--quick] [--baseline REV] [--profile DIR]
 (needs Redis :6379 and PostgreSQL :5432)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,20 +36,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/0"
-QUESTION = {"question": "What is the default maxsize of the functools.lru_cache decorator?",
-            "answers": ["128"]}
+QUESTION = {"question": "What is the default maxsize of the functools.lru_cache decorator?", "answers": ["128"]}
 
 
 def call(name: str, **arguments: str) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def script(turns: int, latency: float) -> dict:
     """`turns - 1` searches, then the right answer; every reply after `latency` seconds."""
-    searches = [call("search", query=q) for q in ("lru_cache maxsize", "functools cache",
-                                                  "lru_cache typed")]
-    replies = [searches[i % len(searches)] for i in range(turns - 1)] + [call("answer",
-                                                                              text="128")]
+    searches = [call("search", query=q) for q in ("lru_cache maxsize", "functools cache", "lru_cache typed")]
+    replies = [searches[i % len(searches)] for i in range(turns - 1)] + [call("answer", text="128")]
     return {"default": replies, "latency": latency}
 
 
@@ -99,8 +97,7 @@ def finish_offsets(db_url: str, job_id: str) -> list[float]:
     from core.models import Rollout
 
     with session_scope(db_url) as s:
-        rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at)
-                         .where(Rollout.job_id == job_id)).all()
+        rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at).where(Rollout.job_id == job_id)).all()
     return sorted((f - c).total_seconds() for c, f in rows)
 
 
@@ -111,8 +108,12 @@ def turns_and_rewards(db_url: str, job_id: str) -> tuple[int, list]:
     from core.models import Rollout, Turn
 
     with session_scope(db_url) as s:
-        turns = s.scalar(sa.select(sa.func.count()).select_from(Turn).join(
-            Rollout, Rollout.id == Turn.rollout_id).where(Rollout.job_id == job_id))
+        turns = s.scalar(
+            sa.select(sa.func.count())
+            .select_from(Turn)
+            .join(Rollout, Rollout.id == Turn.rollout_id)
+            .where(Rollout.job_id == job_id)
+        )
         rewards = s.scalars(sa.select(Rollout.reward).where(Rollout.job_id == job_id)).all()
     return turns, list(rewards)
 
@@ -121,10 +122,22 @@ def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
     """An LLM simulator process, always this tree's (the instrument, the same for both)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fakellm.cli", "--tokenizer", tokenizer,
-         "--script", str(script_file), "--port", str(port)],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "fakellm.cli",
+            "--tokenizer",
+            tokenizer,
+            "--script",
+            str(script_file),
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -144,9 +157,25 @@ def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
     """py-spy on the RUN worker, sampling only the thread holding the GIL (where its CPU
     goes), as raw collapsed stacks."""
     spy = Path(sys.executable).with_name("py-spy")
-    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(int(seconds)),
-                             "-r", "100", "--gil", "-f", "raw", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            str(spy),
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(int(seconds)),
+            "-r",
+            "100",
+            "--gil",
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 # Where a RUN worker's CPU can go, by a frame on the stack (inclusive shares of the samples).
@@ -180,9 +209,11 @@ def profile_summary(path: Path) -> dict:
         if frames:
             leaves[frames[-1]] = leaves.get(frames[-1], 0) + n
     top = sorted(leaves.items(), key=lambda kv: -kv[1])[:8]
-    return {"samples": total,
-            "share": {k: round(v / total, 3) for k, v in inclusive.items()} if total else {},
-            "top_leaves": {k: round(v / total, 3) for k, v in top} if total else {}}
+    return {
+        "samples": total,
+        "share": {k: round(v / total, 3) for k, v in inclusive.items()} if total else {},
+        "top_leaves": {k: round(v / total, 3) for k, v in top} if total else {},
+    }
 
 
 def run_one(args: argparse.Namespace) -> dict:
@@ -203,18 +234,24 @@ def run_one(args: argparse.Namespace) -> dict:
                 url, stop = start_simulator(tokenizer, script_file)
                 urls.append(url)
                 stops.append(stop)
-            svc = start_service(Path(home), db_url=db_url, broker_url=REDIS,
-                                key_prefix=f"raas-hot-{uuid.uuid4().hex[:8]}:",
-                                nodes=("bench",), reaper=False,
-                                concurrency={"init": 8, "run": args.slots, "eval": 8},
-                                extra={"db_pool_size": args.db_pool_size}
-                                if args.db_pool_size else None)
+            svc = start_service(
+                Path(home),
+                db_url=db_url,
+                broker_url=REDIS,
+                key_prefix=f"raas-hot-{uuid.uuid4().hex[:8]}:",
+                nodes=("bench",),
+                reaper=False,
+                concurrency={"init": 8, "run": args.slots, "eval": 8},
+                extra={"db_pool_size": args.db_pool_size} if args.db_pool_size else None,
+            )
             stops.append(svc.stop)
             for url in urls:
                 svc.client.add_llm_server(url)
-            job_kwargs = {"limits": {"max_turns": args.turns + 2},
-                          "llm": {"tokenizer": tokenizer, "max_model_len": 16384},
-                          "sampling": {"max_tokens": 256}}
+            job_kwargs = {
+                "limits": {"max_turns": args.turns + 2},
+                "llm": {"tokenizer": tokenizer, "max_model_len": 16384},
+                "sampling": {"max_tokens": 256},
+            }
 
             def submit(n: int, tag: str) -> str:
                 instances = [{"instance_id": f"{tag}{k}", "data": QUESTION} for k in range(n)]
@@ -226,8 +263,7 @@ def run_one(args: argparse.Namespace) -> dict:
             spy = None
             if args.profile:
                 expected = args.rollouts / (args.slots / (args.turns * args.latency))
-                spy = profile(pids["run"], expected * 0.8,
-                              Path(args.profile) / f"run-{args.label}.txt")
+                spy = profile(pids["run"], expected * 0.8, Path(args.profile) / f"run-{args.label}.txt")
             t0 = time.monotonic()
             job = submit(args.rollouts, "r")
             wait_all(svc, job)
@@ -247,11 +283,19 @@ def run_one(args: argparse.Namespace) -> dict:
     steady = (hi - lo) / (done[hi - 1] - done[lo - 1])
     total_cpu = sum(cpu.values())
     return {
-        "tree": args.label, "rollouts": n, "slots": args.slots, "turns_per_rollout": args.turns,
-        "servers": args.servers, "latency_s": args.latency, "turns_recorded": turns,
-        "reward_1": sum(r == 1.0 for r in rewards), "wall_s": round(wall, 2),
-        "rollouts_per_s": round(n / wall, 3), "steady_rollouts_per_s": round(steady, 3),
-        "latency_bound_per_s": bound, "steady_vs_bound": round(steady / bound, 3),
+        "tree": args.label,
+        "rollouts": n,
+        "slots": args.slots,
+        "turns_per_rollout": args.turns,
+        "servers": args.servers,
+        "latency_s": args.latency,
+        "turns_recorded": turns,
+        "reward_1": sum(r == 1.0 for r in rewards),
+        "wall_s": round(wall, 2),
+        "rollouts_per_s": round(n / wall, 3),
+        "steady_rollouts_per_s": round(steady, 3),
+        "latency_bound_per_s": bound,
+        "steady_vs_bound": round(steady / bound, 3),
         "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
         "cores_used": round(total_cpu / wall, 2),
         "cpu_ms_per_rollout": round(total_cpu / n * 1000, 1),
@@ -259,26 +303,36 @@ def run_one(args: argparse.Namespace) -> dict:
         "run_cpu_ms_per_turn": round(cpu["run"] / turns * 1000, 2) if turns else None,
         "finish_p50_s": round(statistics.median(done), 2),
         "finish_deciles_s": [round(done[min(n - 1, n * k // 10)], 1) for k in range(11)],
-        "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt")
-        if args.profile else None,
+        "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt") if args.profile else None,
     }
 
 
 def archive(rev: str, into: Path) -> Path:
     """`git archive rev` unpacked into `into` (the baseline tree)."""
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
-                         capture_output=True).stdout
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
     return into
 
 
-def run_tree(label: str, tree: Path, args: argparse.Namespace,
-             pool_size: int | None = None) -> dict:
+def run_tree(label: str, tree: Path, args: argparse.Namespace, pool_size: int | None = None) -> dict:
     """This script's `--one` in a child process whose imports come from `tree`."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--label", label,
-           "--rollouts", str(args.rollouts), "--slots", str(args.slots),
-           "--turns", str(args.turns), "--servers", str(args.servers),
-           "--latency", str(args.latency)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        "--label",
+        label,
+        "--rollouts",
+        str(args.rollouts),
+        "--slots",
+        str(args.slots),
+        "--turns",
+        str(args.turns),
+        "--servers",
+        str(args.servers),
+        "--latency",
+        str(args.latency),
+    ]
     if args.profile:
         cmd += ["--profile", args.profile]
     if pool_size:
@@ -292,8 +346,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="192 rollouts instead of 640")
     parser.add_argument("--baseline", default="635fdca", help="git revision of the 'before'")
-    parser.add_argument("--baseline-tree", default=None,
-                        help="an unpacked 'before' tree to use instead of archiving --baseline")
+    parser.add_argument(
+        "--baseline-tree", default=None, help="an unpacked 'before' tree to use instead of archiving --baseline"
+    )
     parser.add_argument("--profile", default=None, help="py-spy the RUN worker into DIR")
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--slots", type=int, default=64)
@@ -301,8 +356,12 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--only", choices=["before", "after"], default=None)
-    parser.add_argument("--db-pool-size", type=int, default=None,
-                        help="also run this tree with RAAS_DB_POOL_SIZE=N (default 4 per process)")
+    parser.add_argument(
+        "--db-pool-size",
+        type=int,
+        default=None,
+        help="also run this tree with RAAS_DB_POOL_SIZE=N (default 4 per process)",
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -314,23 +373,28 @@ def main() -> None:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     report = []
     with tempfile.TemporaryDirectory() as base:
-        trees = {"before": lambda: Path(args.baseline_tree) if args.baseline_tree
-                 else archive(args.baseline, Path(base)), "after": lambda: REPO}
+        trees = {
+            "before": lambda: Path(args.baseline_tree) if args.baseline_tree else archive(args.baseline, Path(base)),
+            "after": lambda: REPO,
+        }
         for label in ("before", "after"):
             if args.only in (None, label):
                 report.append(run_tree(label, trees[label](), args))
         if args.db_pool_size and args.only in (None, "after"):
-            report.append(run_tree(f"after, db_pool_size {args.db_pool_size}", REPO, args,
-                                   args.db_pool_size))
+            report.append(run_tree(f"after, db_pool_size {args.db_pool_size}", REPO, args, args.db_pool_size))
     print(json.dumps(report, indent=2))
-    print("\n| tree | rollouts | steady/s | bound/s | steady/bound | wall s | cores | "
-          "CPU ms/rollout | CPU ms/turn | RUN CPU ms/turn | reward 1 |")
+    print(
+        "\n| tree | rollouts | steady/s | bound/s | steady/bound | wall s | cores | "
+        "CPU ms/rollout | CPU ms/turn | RUN CPU ms/turn | reward 1 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report:
-        print(f"| {r['tree']} | {r['rollouts']} | {r['steady_rollouts_per_s']} | "
-              f"{r['latency_bound_per_s']} | {r['steady_vs_bound']} | {r['wall_s']} | "
-              f"{r['cores_used']} | {r['cpu_ms_per_rollout']} | {r['cpu_ms_per_turn']} | "
-              f"{r['run_cpu_ms_per_turn']} | {r['reward_1']} |")
+        print(
+            f"| {r['tree']} | {r['rollouts']} | {r['steady_rollouts_per_s']} | "
+            f"{r['latency_bound_per_s']} | {r['steady_vs_bound']} | {r['wall_s']} | "
+            f"{r['cores_used']} | {r['cpu_ms_per_rollout']} | {r['cpu_ms_per_turn']} | "
+            f"{r['run_cpu_ms_per_turn']} | {r['reward_1']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ invocation; "new" is this tree.
 
 Usage: .venv/bin/python bench/init_kill_leaks.py --baseline /path/to/old/tree [--kills 6]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,19 +58,26 @@ def measure(kills: int, spread: float) -> dict:
         c.execute(sa.text(f'CREATE DATABASE "{db}"'))
     home = Path(tempfile.mkdtemp(prefix="raas-bench-initkill-"))
     state = home / "sandboxes"
-    svc = start_service(home, db_url=sa.engine.make_url(PG_ADMIN).set(database=db)
-                        .render_as_string(hide_password=False), broker_url=REDIS,
-                        key_prefix=f"raas-bench-{uuid.uuid4().hex[:8]}:",
-                        concurrency={"init": 1, "run": 2, "eval": 2},
-                        extra={"sandbox_dir": str(state)})
+    svc = start_service(
+        home,
+        db_url=sa.engine.make_url(PG_ADMIN).set(database=db).render_as_string(hide_password=False),
+        broker_url=REDIS,
+        key_prefix=f"raas-bench-{uuid.uuid4().hex[:8]}:",
+        concurrency={"init": 1, "run": 2, "eval": 2},
+        extra={"sandbox_dir": str(state)},
+    )
     root = str(svc.settings.workspaces)
     hits = 0
     try:
         for k in range(kills):
             job = svc.client.submit("test-sandboxed", [{"instance_id": "a"}])
             workspace = f"{root}/{job['rollout_ids'][0]}-1"
-            wait_for(lambda workspace=workspace: _processes_naming(workspace), 120, "INIT launching a sandbox",
-                     interval=0.002)
+            wait_for(
+                lambda workspace=workspace: _processes_naming(workspace),
+                120,
+                "INIT launching a sandbox",
+                interval=0.002,
+            )
             time.sleep(spread * k / max(kills - 1, 1))
             svc.kill_worker("init", "node-a")
             hits += 1
@@ -79,8 +87,12 @@ def measure(kills: int, spread: float) -> dict:
         processes = _processes_naming(root + "/")
         handles = [p for p in os.listdir(state) if p.endswith(".json")] if state.exists() else []
         folders = os.listdir(root) if os.path.isdir(root) else []
-        return {"kills": hits, "leaked_processes": len(processes),
-                "leaked_handle_files": len(handles), "leaked_folders": len(folders)}
+        return {
+            "kills": hits,
+            "leaked_processes": len(processes),
+            "leaked_handle_files": len(handles),
+            "leaked_folders": len(folders),
+        }
     finally:
         svc.stop()
         for pid in _processes_naming(root + "/"):  # what the service leaked: not ours to keep
@@ -108,17 +120,22 @@ def main() -> None:
         return
     results = []
     for name, tree in ([("baseline", args.baseline)] if args.baseline else []) + [("new", HERE)]:
-        out = subprocess.run([sys.executable, __file__, "--child", "--kills", str(args.kills),
-                              "--spread", str(args.spread)],
-                             env={**os.environ, "PYTHONPATH": str(tree.resolve())},
-                             cwd=tree, text=True, stdout=subprocess.PIPE, timeout=1800)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", "--kills", str(args.kills), "--spread", str(args.spread)],
+            env={**os.environ, "PYTHONPATH": str(tree.resolve())},
+            cwd=tree,
+            text=True,
+            stdout=subprocess.PIPE,
+            timeout=1800,
+        )
         results.append({"code": name, **json.loads(out.stdout.strip().splitlines()[-1])})
         print(json.dumps(results[-1]), flush=True)
-    print(f"\n{'code':9} {'INIT kills':>10} {'live processes':>15} {'handle files':>13} "
-          f"{'folders':>8}")
+    print(f"\n{'code':9} {'INIT kills':>10} {'live processes':>15} {'handle files':>13} {'folders':>8}")
     for r in results:
-        print(f"{r['code']:9} {r['kills']:>10} {r['leaked_processes']:>15} "
-              f"{r['leaked_handle_files']:>13} {r['leaked_folders']:>8}")
+        print(
+            f"{r['code']:9} {r['kills']:>10} {r['leaked_processes']:>15} "
+            f"{r['leaked_handle_files']:>13} {r['leaked_folders']:>8}"
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Usage: .venv/bin/python bench/pipeline.py [--quick] [--only throughput|overlap|m
        [--baseline-tree DIR [--repeat N]]
 (needs Redis :6379 and PostgreSQL :5432 for (a) and (b))
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,7 @@ def finish_times(svc, job_id: str) -> list[float]:
     from core.models import Rollout
 
     with session_scope(svc.settings.db_url) as s:
-        rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at)
-                         .where(Rollout.job_id == job_id)).all()
+        rows = s.execute(sa.select(Rollout.created_at, Rollout.finished_at).where(Rollout.job_id == job_id)).all()
     return sorted((f - c).total_seconds() for c, f in rows)
 
 
@@ -101,8 +101,7 @@ def ops_per_rollout(before: dict, after: dict, n: int) -> dict[str, float]:
     thread of every worker: stages, heartbeat, writer threads)."""
     sums = {}
     for key in ("statements", "commits", "publishes", "acks"):
-        total = sum(c.get(key, 0) for c in after.values()) - \
-            sum(c.get(key, 0) for c in before.values())
+        total = sum(c.get(key, 0) for c in after.values()) - sum(c.get(key, 0) for c in before.values())
         sums[key] = round(total / n, 2)
     return sums
 
@@ -116,8 +115,9 @@ def throughput(name: str, n: int) -> dict:
         probe_dir = Path(home) / "probe"
         probe_dir.mkdir()
         os.environ["CAPACITY_PROBE_DIR"] = str(probe_dir)  # the workers' environment
-        svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False,
-                            handler_modules="bench.capacity_probe", **kwargs)
+        svc = start_service(
+            Path(home), nodes=("bench",), concurrency=4, reaper=False, handler_modules="bench.capacity_probe", **kwargs
+        )
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
             wait_all(svc, warm["job_id"])
@@ -139,11 +139,16 @@ def throughput(name: str, n: int) -> dict:
         finally:
             svc.stop()
             cleanup()
-    return {"tree": TREE.name if TREE != REPO else "this tree", "backend": name,
-            "rollouts": n, "submit_s": round(submitted, 3),
-            "wall_s": round(wall, 3), "rollouts_per_s": round(n / wall, 1),
-            "solo_latency_p50_ms": round(statistics.median(latencies) * 1000, 1),
-            "worker_ops_per_rollout": ops}
+    return {
+        "tree": TREE.name if TREE != REPO else "this tree",
+        "backend": name,
+        "rollouts": n,
+        "submit_s": round(submitted, 3),
+        "wall_s": round(wall, 3),
+        "rollouts_per_s": round(n / wall, 1),
+        "solo_latency_p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "worker_ops_per_rollout": ops,
+    }
 
 
 def throughput_trees(baseline: Path, n: int, repeat: int) -> list[dict]:
@@ -153,10 +158,17 @@ def throughput_trees(baseline: Path, n: int, repeat: int) -> list[dict]:
     for _ in range(repeat):
         for name in ("embedded", "redis+postgresql"):
             for tree in (baseline, REPO):
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--one-throughput",
-                       name, "--n", str(n), "--tree", str(tree)]
-                out = subprocess.run(cmd, cwd=tree, check=True, capture_output=True,
-                                     text=True)
+                cmd = [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--one-throughput",
+                    name,
+                    "--n",
+                    str(n),
+                    "--tree",
+                    str(tree),
+                ]
+                out = subprocess.run(cmd, cwd=tree, check=True, capture_output=True, text=True)
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 row["tree"] = "before" if tree == baseline else "after"
                 rows.append(row)
@@ -169,18 +181,18 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
     conc = {"init": 3, "run": 6, "eval": 3}
     with tempfile.TemporaryDirectory() as home:
         stages = ("init", "run", "eval") if mode == "three-pools" else ()
-        svc = start_service(Path(home), nodes=("bench",), concurrency=conc, reaper=False,
-                            stages=stages, **kwargs)
+        svc = start_service(Path(home), nodes=("bench",), concurrency=conc, reaper=False, stages=stages, **kwargs)
         serial = None
         if mode == "serial-pool":
-            serial = subprocess.Popen([sys.executable, str(REPO / "bench/serial_worker.py"),
-                                       "--concurrency", str(serial_slots)],
-                                      env={**svc.env, "RAAS_NODE": "bench"}, cwd=REPO)
+            serial = subprocess.Popen(
+                [sys.executable, str(REPO / "bench/serial_worker.py"), "--concurrency", str(serial_slots)],
+                env={**svc.env, "RAAS_NODE": "bench"},
+                cwd=REPO,
+            )
         try:
             cfg = {"init_s": 1.0, "run_s": 2.0, "eval_s": 1.0, "turns": 1}
             t0 = time.monotonic()
-            job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(n)],
-                                    agent_config=cfg)
+            job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(n)], agent_config=cfg)
             wait_all(svc, job["job_id"])
             wall = time.monotonic() - t0
             done = finish_times(svc, job["job_id"])
@@ -190,14 +202,19 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
                 serial.wait(30)
             svc.stop()
             cleanup()
-    bound = min(conc["init"] / 1.0, conc["run"] / 2.0, conc["eval"] / 1.0) if stages \
-        else serial_slots / 4.0
+    bound = min(conc["init"] / 1.0, conc["run"] / 2.0, conc["eval"] / 1.0) if stages else serial_slots / 4.0
     lo, hi = n // 6, n - n // 6  # steady state: drop the fill and the drain
     steady = (hi - lo) / (done[hi - 1] - done[lo - 1])
-    return {"mode": mode, "rollouts": n, "concurrency": conc if stages else serial_slots,
-            "wall_s": round(wall, 2), "rollouts_per_s": round(n / wall, 3),
-            "steady_rollouts_per_s": round(steady, 3), "bottleneck_bound_per_s": bound,
-            "steady_vs_bound": round(steady / bound, 3)}
+    return {
+        "mode": mode,
+        "rollouts": n,
+        "concurrency": conc if stages else serial_slots,
+        "wall_s": round(wall, 2),
+        "rollouts_per_s": round(n / wall, 3),
+        "steady_rollouts_per_s": round(steady, 3),
+        "bottleneck_bound_per_s": bound,
+        "steady_vs_bound": round(steady / bound, 3),
+    }
 
 
 def math_eval(n: int) -> list[dict]:
@@ -206,8 +223,9 @@ def math_eval(n: int) -> list[dict]:
     from sandbox.environments import build_environment
 
     rows = [json.loads(line) for line in (REPO / "examples/math.jsonl").read_text().splitlines()]
-    instances = [{"instance_id": f"{r['instance_id']}-{k}", "data": r}
-                 for k in range(n // len(rows) + 1) for r in rows][:n]
+    instances = [
+        {"instance_id": f"{r['instance_id']}-{k}", "data": r} for k in range(n // len(rows) + 1) for r in rows
+    ][:n]
     url, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), DEFAULT_SCRIPT)
     results = []
     with tempfile.TemporaryDirectory() as home:
@@ -216,23 +234,28 @@ def math_eval(n: int) -> list[dict]:
         svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False)
         try:
             for mode in ("per_call", "warm"):
-                job = svc.client.submit("math", instances, llm={"servers": [{"url": url}]},
-                                        agent_config={"grading_process": mode})
+                job = svc.client.submit(
+                    "math", instances, llm={"servers": [{"url": url}]}, agent_config={"grading_process": mode}
+                )
                 t0 = time.monotonic()
                 wait_all(svc, job["job_id"])
                 wall = time.monotonic() - t0
                 done = svc.all_results(job["job_id"])
                 evals = [r["timing"]["eval"] for r in done if r["timing"]["eval"] is not None]
                 runs = [r["timing"]["run"] for r in done if r["timing"]["run"] is not None]
-                grading = [svc.client.rollout(r["rollout_id"])["metrics"]["grading_seconds"]
-                           for r in done]
-                results.append({
-                    "grading_process": mode, "rollouts": len(done),
-                    "rewarded": sum(r["reward"] == 1.0 for r in done),
-                    "eval_p50_s": round(statistics.median(evals), 3),
-                    "eval_p90_s": round(statistics.quantiles(evals, n=10)[-1], 3),
-                    "grading_p50_s": round(statistics.median(grading), 4),
-                    "run_p50_s": round(statistics.median(runs), 3), "wall_s": round(wall, 2)})
+                grading = [svc.client.rollout(r["rollout_id"])["metrics"]["grading_seconds"] for r in done]
+                results.append(
+                    {
+                        "grading_process": mode,
+                        "rollouts": len(done),
+                        "rewarded": sum(r["reward"] == 1.0 for r in done),
+                        "eval_p50_s": round(statistics.median(evals), 3),
+                        "eval_p90_s": round(statistics.quantiles(evals, n=10)[-1], 3),
+                        "grading_p50_s": round(statistics.median(grading), 4),
+                        "run_p50_s": round(statistics.median(runs), 3),
+                        "wall_s": round(wall, 2),
+                    }
+                )
         finally:
             svc.stop()
             stop_sim()
@@ -243,8 +266,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller batches")
     parser.add_argument("--only", choices=["throughput", "overlap", "math-eval"], default=None)
-    parser.add_argument("--baseline-tree", default=None,
-                        help="(a) also for this tree (e.g. a worktree of main), alternating")
+    parser.add_argument(
+        "--baseline-tree", default=None, help="(a) also for this tree (e.g. a worktree of main), alternating"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="(a) rounds with --baseline-tree")
     parser.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tree", default=None, help=argparse.SUPPRESS)
@@ -257,39 +281,50 @@ def main() -> None:
     wanted = {args.only} if args.only else {"throughput", "overlap", "math-eval"}
     report: dict = {"throughput": [], "overlap": [], "math_eval": []}
     if "throughput" in wanted and args.baseline_tree:
-        report["throughput"] = throughput_trees(Path(args.baseline_tree), n_trivial,
-                                                args.repeat)
+        report["throughput"] = throughput_trees(Path(args.baseline_tree), n_trivial, args.repeat)
     elif "throughput" in wanted:
         report["throughput"] = [throughput(b, n_trivial) for b in ("embedded", "redis+postgresql")]
     if "overlap" in wanted:
-        report["overlap"] = [overlap("three-pools", n_sleepy),
-                             overlap("serial-pool", n_sleepy, 12),
-                             overlap("serial-pool", n_sleepy // 3, 3)]
+        report["overlap"] = [
+            overlap("three-pools", n_sleepy),
+            overlap("serial-pool", n_sleepy, 12),
+            overlap("serial-pool", n_sleepy // 3, 3),
+        ]
     if "math-eval" in wanted:
         report["math_eval"] = math_eval(n_math)
     print(json.dumps(report, indent=2))
-    print("\n| math EVAL grading | rollouts | reward 1 | EVAL p50 s | EVAL p90 s | grading p50 s "
-          "| RUN p50 s | wall s |")
+    print(
+        "\n| math EVAL grading | rollouts | reward 1 | EVAL p50 s | EVAL p90 s | grading p50 s | RUN p50 s | wall s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["math_eval"]:
-        print(f"| {r['grading_process']} | {r['rollouts']} | {r['rewarded']} | {r['eval_p50_s']} | "
-              f"{r['eval_p90_s']} | {r['grading_p50_s']} | {r['run_p50_s']} | {r['wall_s']} |")
-    print("\n| tree | backend | rollouts | wall s | rollouts/s | solo latency p50 ms | "
-          "statements/rollout | commits/rollout | publishes/rollout |")
+        print(
+            f"| {r['grading_process']} | {r['rollouts']} | {r['rewarded']} | {r['eval_p50_s']} | "
+            f"{r['eval_p90_s']} | {r['grading_p50_s']} | {r['run_p50_s']} | {r['wall_s']} |"
+        )
+    print(
+        "\n| tree | backend | rollouts | wall s | rollouts/s | solo latency p50 ms | "
+        "statements/rollout | commits/rollout | publishes/rollout |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["throughput"]:
         ops = r.get("worker_ops_per_rollout", {})
-        print(f"| {r.get('tree', '')} | {r['backend']} | {r['rollouts']} | {r['wall_s']} | "
-              f"{r['rollouts_per_s']} | {r['solo_latency_p50_ms']} | "
-              f"{ops.get('statements')} | {ops.get('commits')} | {ops.get('publishes')} |")
+        print(
+            f"| {r.get('tree', '')} | {r['backend']} | {r['rollouts']} | {r['wall_s']} | "
+            f"{r['rollouts_per_s']} | {r['solo_latency_p50_ms']} | "
+            f"{ops.get('statements')} | {ops.get('commits')} | {ops.get('publishes')} |"
+        )
     print("\n| mode | slots | rollouts | wall s | rollouts/s | steady/s | bound/s | steady/bound |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["overlap"]:
-        slots = "/".join(map(str, r["concurrency"].values())) if isinstance(
-            r["concurrency"], dict) else r["concurrency"]
-        print(f"| {r['mode']} | {slots} | {r['rollouts']} | {r['wall_s']} | {r['rollouts_per_s']} | "
-              f"{r['steady_rollouts_per_s']} | {r['bottleneck_bound_per_s']} | "
-              f"{r['steady_vs_bound']} |")
+        slots = (
+            "/".join(map(str, r["concurrency"].values())) if isinstance(r["concurrency"], dict) else r["concurrency"]
+        )
+        print(
+            f"| {r['mode']} | {slots} | {r['rollouts']} | {r['wall_s']} | {r['rollouts_per_s']} | "
+            f"{r['steady_rollouts_per_s']} | {r['bottleneck_bound_per_s']} | "
+            f"{r['steady_vs_bound']} |"
+        )
 
 
 if __name__ == "__main__":

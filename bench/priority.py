@@ -8,6 +8,7 @@ and on the embedded default (its own Redis).
 
 Usage: .venv/bin/python bench/priority.py [--backlog 30] [--init-s 0.5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,19 +32,17 @@ def one_run(broker: str, priority: int, args: argparse.Namespace) -> dict:
     kwargs, cleanup = backend(broker)
     try:
         with tempfile.TemporaryDirectory() as home:
-            svc = start_service(Path(home), concurrency={"init": 1, "run": 4, "eval": 4},
-                                **kwargs)
+            svc = start_service(Path(home), concurrency={"init": 1, "run": 4, "eval": 4}, **kwargs)
             try:
                 config = {"init_s": args.init_s}
-                backlog = svc.client.submit("test-sleepy", [{"instance_id": f"b{k}"}
-                                                            for k in range(args.backlog)],
-                                            agent_config=config)
-                wait_for(lambda: svc.client.job(backlog["job_id"])["finished"] >= 2,
-                         timeout=300, what="the backlog")
+                backlog = svc.client.submit(
+                    "test-sleepy", [{"instance_id": f"b{k}"} for k in range(args.backlog)], agent_config=config
+                )
+                wait_for(lambda: svc.client.job(backlog["job_id"])["finished"] >= 2, timeout=300, what="the backlog")
                 t0 = time.monotonic()
-                urgent = svc.client.submit("test-sleepy", [{"instance_id": f"u{k}"}
-                                                           for k in range(3)],
-                                           agent_config=config, priority=priority)
+                urgent = svc.client.submit(
+                    "test-sleepy", [{"instance_id": f"u{k}"} for k in range(3)], agent_config=config, priority=priority
+                )
                 wait_all(svc, urgent["job_id"], timeout=600)
                 wall = time.monotonic() - t0
                 behind = svc.client.job(backlog["job_id"])["finished"]
@@ -52,8 +51,13 @@ def one_run(broker: str, priority: int, args: argparse.Namespace) -> dict:
                 svc.stop()
     finally:
         cleanup()
-    return {"broker": broker, "priority": priority, "urgent_wall_s": round(wall, 2),
-            "backlog_finished_meanwhile": behind - 2, "backlog": args.backlog}
+    return {
+        "broker": broker,
+        "priority": priority,
+        "urgent_wall_s": round(wall, 2),
+        "backlog_finished_meanwhile": behind - 2,
+        "backlog": args.backlog,
+    }
 
 
 def main() -> None:
@@ -68,8 +72,10 @@ def main() -> None:
     print("| broker | urgent priority | urgent job wall s | backlog rollouts finished meanwhile |")
     print("| --- | --- | --- | --- |")
     for r in runs:
-        print(f"| {r['broker']} | {r['priority']} | {r['urgent_wall_s']} | "
-              f"{r['backlog_finished_meanwhile']} of {r['backlog']} |")
+        print(
+            f"| {r['broker']} | {r['priority']} | {r['urgent_wall_s']} | "
+            f"{r['backlog_finished_meanwhile']} of {r['backlog']} |"
+        )
 
 
 if __name__ == "__main__":

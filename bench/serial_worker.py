@@ -4,6 +4,7 @@ isolates the effect of separate stage queues and pools.
 
 Run as: python bench/serial_worker.py --concurrency N (settings from RAAS_* env).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,15 @@ from tasks.celery_app import make_celery
 NEXT = {"init": "run", "run": "eval"}
 
 
-def inline_publish(app, stage, rollout_id, attempt, node=None, producer=None,  # noqa: ANN001
-                   retry_seconds=0.0):
+def inline_publish(
+    app,
+    stage,
+    rollout_id,
+    attempt,
+    node=None,
+    producer=None,  # noqa: ANN001
+    retry_seconds=0.0,
+):
     """Instead of queueing the next stage, run it right here in the same slot."""
     stages.StageRun(app, stage, rollout_id, attempt).execute()
 
@@ -31,9 +39,24 @@ def main() -> None:
     load_handler_modules(settings.handler_modules)
     stages.publish = inline_publish  # the only difference from the three-pool pipeline
     app = make_celery(settings)
-    app.worker_main(["worker", "-Q", "init", "-P", "threads", "-c", str(args.concurrency),
-                     "-n", "serial@bench", "-l", "WARNING", "--without-gossip",
-                     "--without-mingle", "--without-heartbeat"])
+    app.worker_main(
+        [
+            "worker",
+            "-Q",
+            "init",
+            "-P",
+            "threads",
+            "-c",
+            str(args.concurrency),
+            "-n",
+            "serial@bench",
+            "-l",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
 
 
 if __name__ == "__main__":

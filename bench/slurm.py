@@ -8,6 +8,7 @@
 -C DIR`). Needs root (it installs slurm-wlm and munge when missing) and the shared Redis and
 PostgreSQL of this machine. Prints one JSON line per run, then a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,22 @@ from tests.slurm.cluster import SlurmCluster, available_proctracks  # noqa: E402
 from tests.slurm.scenario import SlurmScenario, dump  # noqa: E402
 from tests.slurm.test_slurm import shared_env_root  # noqa: E402
 
-COLUMNS = ("proctrack", "layout", "fault", "rollouts", "completed", "wrong_rewards",
-           "agent_errors", "lost", "duplicated", "rerun_from_init", "loops_regenerated",
-           "in_run_at_strike", "orphans", "seconds")
+COLUMNS = (
+    "proctrack",
+    "layout",
+    "fault",
+    "rollouts",
+    "completed",
+    "wrong_rewards",
+    "agent_errors",
+    "lost",
+    "duplicated",
+    "rerun_from_init",
+    "loops_regenerated",
+    "in_run_at_strike",
+    "orphans",
+    "seconds",
+)
 
 
 def database() -> str:
@@ -37,8 +51,7 @@ def database() -> str:
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
-    return sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(
-        hide_password=False)
+    return sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
 
 
 def main() -> None:
@@ -52,8 +65,7 @@ def main() -> None:
     for proctrack in args.proctrack.split(","):
         cluster = SlurmCluster(proctrack).start()
         home = Path(tempfile.mkdtemp(prefix="raas-bench-slurm-"))
-        scenario = SlurmScenario(home, cluster, database(), REDIS_URL,
-                                 shared_env_root(home), pythonpath=args.tree)
+        scenario = SlurmScenario(home, cluster, database(), REDIS_URL, shared_env_root(home), pythonpath=args.tree)
         try:
             for fault in args.faults.split(","):
                 report = scenario.run(fault, args.layout)

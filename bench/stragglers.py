@@ -19,6 +19,7 @@ seeds of the delay generator.
 Usage: .venv/bin/python bench/stragglers.py [--quick] [--instances 8] [--n 4] [--spare 2]
        [--turns 2] [--median 0.4] [--sigma 1.0] [--repeats 2] [--group-timeout S]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,17 +53,16 @@ def group_times(db_url: str, job_id: str, submitted: float) -> list[float]:
     from core.models import Rollout
 
     with session_scope(db_url) as s:
-        rows = s.execute(sa.select(Rollout.finished_at).where(
-            Rollout.job_id == job_id, Rollout.completes_group.is_(True))).all()
+        rows = s.execute(
+            sa.select(Rollout.finished_at).where(Rollout.job_id == job_id, Rollout.completes_group.is_(True))
+        ).all()
     return sorted(r.finished_at.timestamp() - submitted for r in rows)
 
 
 def one_run(kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """One service, one simulator with the long tail, one job; its figures."""
-    dist = {"kind": "lognormal", "median": args.median, "sigma": args.sigma, "cap": args.cap,
-            "seed": seed}
-    sim, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), {"default": [REPLY],
-                                                              "latency_dist": dist})
+    dist = {"kind": "lognormal", "median": args.median, "sigma": args.sigma, "cap": args.cap, "seed": seed}
+    sim, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), {"default": [REPLY], "latency_dist": dist})
     kwargs, cleanup = backend("redis+postgresql")
     conc = {"init": 4, "run": args.concurrency, "eval": 4}
     try:
@@ -70,26 +70,27 @@ def one_run(kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
             svc = start_service(Path(home), nodes=("bench",), concurrency=conc, **kwargs)
             try:
                 svc.client.add_llm_server(sim)
-                warm = svc.client.submit("test-chat", [{"instance_id": "warm", "turns": 1}],
-                                         agent_config={"observation_words": 20})
+                warm = svc.client.submit(
+                    "test-chat", [{"instance_id": "warm", "turns": 1}], agent_config={"observation_words": 20}
+                )
                 wait_all(svc, warm["job_id"])
                 before = httpx.get(f"{sim}/sim/stats").json()
-                job_args: dict[str, Any] = {"n_samples": args.n,
-                                            "agent_config": {"observation_words": 20}}
+                job_args: dict[str, Any] = {"n_samples": args.n, "agent_config": {"observation_words": 20}}
                 if kind == "spare":
                     job_args["spare"] = args.spare
                 if kind == "deadline":
                     job_args["group_timeout"] = args.group_timeout
-                instances = [{"instance_id": f"g{k}", "turns": args.turns}
-                             for k in range(args.instances)]
+                instances = [{"instance_id": f"g{k}", "turns": args.turns} for k in range(args.instances)]
                 submitted = time.time()
                 t0 = time.monotonic()
                 job = svc.client.submit("test-chat", instances, **job_args)
                 groups_done = None
                 while True:  # poll the groups, then the last sample
                     view = svc.client.job(job["job_id"])
-                    if groups_done is None and len(group_times(
-                            svc.settings.db_url, job["job_id"], submitted)) == args.instances:
+                    if (
+                        groups_done is None
+                        and len(group_times(svc.settings.db_url, job["job_id"], submitted)) == args.instances
+                    ):
                         groups_done = time.monotonic() - t0
                     if view["finished"] >= view["n_rollouts"]:
                         break
@@ -105,8 +106,11 @@ def one_run(kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         cleanup()
         stop_sim()
     return {
-        "kind": kind, "seed": seed, "rollouts": len(rows),
-        "groups_done_s": round(groups_done or wall, 2), "job_wall_s": round(wall, 2),
+        "kind": kind,
+        "seed": seed,
+        "rollouts": len(rows),
+        "groups_done_s": round(groups_done or wall, 2),
+        "job_wall_s": round(wall, 2),
         "group_p50_s": round(statistics.median(times), 2),
         "group_p90_s": round(statistics.quantiles(times, n=10, method="inclusive")[-1], 2),
         "group_max_s": round(max(times), 2),
@@ -123,21 +127,35 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for kind in dict.fromkeys(r["kind"] for r in runs):
         mine = [r for r in runs if r["kind"] == kind]
         row = {"kind": kind, "repeats": len(mine)}
-        for key in ("groups_done_s", "job_wall_s", "group_p50_s", "group_p90_s",
-                    "group_max_s", "samples_in_groups", "cut", "llm_requests", "llm_aborted"):
+        for key in (
+            "groups_done_s",
+            "job_wall_s",
+            "group_p50_s",
+            "group_p90_s",
+            "group_max_s",
+            "samples_in_groups",
+            "cut",
+            "llm_requests",
+            "llm_aborted",
+        ):
             row[key] = round(statistics.mean(r[key] for r in mine), 2)
         out.append(row)
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | all groups done s | job wall s | group p50 s | group p90 s | group max s "
-             "| samples in groups | cut | LLM requests | aborted |", "|" + " --- |" * 10]
+    lines = [
+        "| run | all groups done s | job wall s | group p50 s | group p90 s | group max s "
+        "| samples in groups | cut | LLM requests | aborted |",
+        "|" + " --- |" * 10,
+    ]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['groups_done_s']} | {r['job_wall_s']} | "
-                     f"{r['group_p50_s']} | {r['group_p90_s']} | {r['group_max_s']} | "
-                     f"{r['samples_in_groups']} | {r['cut']} | {r['llm_requests']} | "
-                     f"{r['llm_aborted']} |")
+        lines.append(
+            f"| {r['kind']} | {r['groups_done_s']} | {r['job_wall_s']} | "
+            f"{r['group_p50_s']} | {r['group_p90_s']} | {r['group_max_s']} | "
+            f"{r['samples_in_groups']} | {r['cut']} | {r['llm_requests']} | "
+            f"{r['llm_aborted']} |"
+        )
     return "\n".join(lines)
 
 
@@ -153,18 +171,25 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=30.0, help="longest turn delay, s")
     parser.add_argument("--concurrency", type=int, default=48, help="RUN slots")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--group-timeout", type=float, default=None,
-                        help="also run n samples with this per-group deadline")
+    parser.add_argument(
+        "--group-timeout", type=float, default=None, help="also run n samples with this per-group deadline"
+    )
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     if args.quick:
         args.instances, args.repeats = 4, 1
     kinds = ["plain", "spare"] + (["deadline"] if args.group_timeout else [])
     runs = [one_run(kind, args, seed) for seed in range(args.repeats) for kind in kinds]
-    report = {"instances": args.instances, "n": args.n, "spare": args.spare,
-              "turns": args.turns, "latency": {"median": args.median, "sigma": args.sigma,
-                                               "cap": args.cap},
-              "group_timeout": args.group_timeout, "runs": runs, "summary": summary(runs)}
+    report = {
+        "instances": args.instances,
+        "n": args.n,
+        "spare": args.spare,
+        "turns": args.turns,
+        "latency": {"median": args.median, "sigma": args.sigma, "cap": args.cap},
+        "group_timeout": args.group_timeout,
+        "runs": runs,
+        "summary": summary(runs),
+    }
     print(json.dumps(report, indent=2))
     print()
     print(table(report["summary"]))

@@ -18,6 +18,7 @@ queued rollout, kombu's filesystem polling); it only needs `test-sleepy`/`test-t
 Usage: .venv/bin/python bench/submit_cancel.py [--n 10000] [--backend all|embedded|redis+postgresql]
        (needs Redis :6379 and PostgreSQL :5432)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,11 @@ class HealthPoller:
         lat = sorted(d for t, d in self.samples if t <= end and t + d >= start)
         if not lat:
             return {"n": 0, "max_ms": 0.0, "p99_ms": 0.0}
-        return {"n": len(lat), "max_ms": round(lat[-1] * 1000, 1),
-                "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1)}
+        return {
+            "n": len(lat),
+            "max_ms": round(lat[-1] * 1000, 1),
+            "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1),
+        }
 
 
 def _outbox_left(db_url: str, job_id: str) -> int | None:
@@ -84,8 +88,11 @@ def _outbox_left(db_url: str, job_id: str) -> int | None:
     if not hasattr(Rollout, "outbox_at"):
         return None
     with session_scope(db_url) as s:
-        return s.scalar(sa.select(sa.func.count()).select_from(Rollout).where(
-            Rollout.job_id == job_id, Rollout.outbox_at.is_not(None)))
+        return s.scalar(
+            sa.select(sa.func.count())
+            .select_from(Rollout)
+            .where(Rollout.job_id == job_id, Rollout.outbox_at.is_not(None))
+        )
 
 
 def _wait(predicate, timeout: float, step: float = 0.05) -> float | None:
@@ -104,8 +111,9 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
 
     kwargs, cleanup = backend(name)
     with tempfile.TemporaryDirectory() as home:
-        svc = start_service(Path(home), nodes=("bench",), concurrency=2, **kwargs,
-                            extra={"reaper_interval": 2.0, "requeue_after": 60.0})
+        svc = start_service(
+            Path(home), nodes=("bench",), concurrency=2, **kwargs, extra={"reaper_interval": 2.0, "requeue_after": 60.0}
+        )
         celery = svc._reaper.celery
         svc.client.http.timeout = httpx.Timeout(900.0)  # the per-row cancel took minutes
         try:
@@ -116,11 +124,9 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
             with HealthPoller(svc.url) as health:
                 time.sleep(0.5)
                 t0 = time.monotonic()
-                job = svc.client.submit("test-sleepy", instances, n_samples=8,
-                                        agent_config=SLEEPY)
+                job = svc.client.submit("test-sleepy", instances, n_samples=8, agent_config=SLEEPY)
                 t_202 = time.monotonic()
-                drained = _wait(lambda: not _outbox_left(svc.settings.db_url, job["job_id"]),
-                                timeout=300)
+                drained = _wait(lambda: not _outbox_left(svc.settings.db_url, job["job_id"]), timeout=300)
                 t_pub = time.monotonic()
                 row["submit_202_s"] = round(t_202 - t0, 3)
                 row["submit_published_s"] = round(t_pub - t0, 3) if drained is not None else None
@@ -136,19 +142,18 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 row["healthz_cancel"] = health.during(t1, t2)
                 row["counts_before_cancel"] = running
                 row["counts_after_cancel"] = view["counts"]
-                final = _wait(lambda: svc.client.job(job["job_id"])["finished"] >= row["rollouts"],
-                              timeout=120, step=0.2)
+                final = _wait(
+                    lambda: svc.client.job(job["job_id"])["finished"] >= row["rollouts"], timeout=120, step=0.2
+                )
                 row["all_terminal_s"] = round(final, 2) if final is not None else None
                 t3 = time.monotonic()
                 one = svc.client.submit("test-trivial", [{"instance_id": "after"}])
-                waited = _wait(lambda: svc.client.job(one["job_id"])["finished"] >= 1,
-                               timeout=after_timeout, step=0.1)
-                row["next_job_done_s"] = round(waited, 2) if waited is not None else \
-                    f">{after_timeout}"
-                empty = _wait(lambda: queue_depths(celery, ["init"])["init"] == 0,
-                              timeout=after_timeout, step=0.5)
-                row["init_queue_empty_s"] = round(time.monotonic() - t2, 1) \
-                    if empty is not None else f">{after_timeout}"
+                waited = _wait(lambda: svc.client.job(one["job_id"])["finished"] >= 1, timeout=after_timeout, step=0.1)
+                row["next_job_done_s"] = round(waited, 2) if waited is not None else f">{after_timeout}"
+                empty = _wait(lambda: queue_depths(celery, ["init"])["init"] == 0, timeout=after_timeout, step=0.5)
+                row["init_queue_empty_s"] = (
+                    round(time.monotonic() - t2, 1) if empty is not None else f">{after_timeout}"
+                )
                 row["healthz_after"] = health.during(t3, time.monotonic())
                 row["healthz_all"] = health.during(t0, time.monotonic())
         finally:
@@ -160,24 +165,27 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10_000, help="rollouts (instances x 8)")
-    parser.add_argument("--backend", default="all",
-                        choices=["all", "embedded", "redis+postgresql"])
-    parser.add_argument("--after-timeout", type=float, default=240.0,
-                        help="longest wait for the 1-rollout job after the cancel")
+    parser.add_argument("--backend", default="all", choices=["all", "embedded", "redis+postgresql"])
+    parser.add_argument(
+        "--after-timeout", type=float, default=240.0, help="longest wait for the 1-rollout job after the cancel"
+    )
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per /healthz poll
     names = ["redis+postgresql", "embedded"] if args.backend == "all" else [args.backend]
     rows = [run_backend(b, args.n, args.after_timeout) for b in names]
     print(json.dumps(rows, indent=2))
-    print("\n| backend | rollouts | submit 202 s | published s | cancel s | "
-          "healthz max ms (submit / cancel / after) | next 1-rollout job s | INIT queue empty s |")
+    print(
+        "\n| backend | rollouts | submit 202 s | published s | cancel s | "
+        "healthz max ms (submit / cancel / after) | next 1-rollout job s | INIT queue empty s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        hz = " / ".join(str(r[k]["max_ms"]) for k in ("healthz_submit", "healthz_cancel",
-                                                      "healthz_after"))
-        print(f"| {r['backend']} | {r['rollouts']} | {r['submit_202_s']} | "
-              f"{r['submit_published_s']} | {r['cancel_s']} | {hz} | {r['next_job_done_s']} | "
-              f"{r['init_queue_empty_s']} |")
+        hz = " / ".join(str(r[k]["max_ms"]) for k in ("healthz_submit", "healthz_cancel", "healthz_after"))
+        print(
+            f"| {r['backend']} | {r['rollouts']} | {r['submit_202_s']} | "
+            f"{r['submit_published_s']} | {r['cancel_s']} | {hz} | {r['next_job_done_s']} | "
+            f"{r['init_queue_empty_s']} |"
+        )
 
 
 if __name__ == "__main__":

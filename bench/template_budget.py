@@ -8,6 +8,7 @@
   deadline.
 Prints JSON + a table. `.venv/bin/python bench/template_budget.py`
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ from core.errors import InvalidRequest  # noqa: E402
 
 TOKENIZER = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 CHAT = [{"role": "user", "content": "hello " * 50}, {"role": "assistant", "content": "hi " * 50}]
-BOMB = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% for a in range(400) %}"
-        "{% for b in range(400) %}{% for c in range(400) %}{% endfor %}{% endfor %}{% endfor %}")
+BOMB = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}{% for a in range(400) %}"
+    "{% for b in range(400) %}{% for c in range(400) %}{% endfor %}{% endfor %}{% endfor %}"
+)
 
 
 def per_call(fn, n: int) -> float:
@@ -43,8 +46,7 @@ def main() -> None:
     tok = load_chat_tokenizer(TOKENIZER)
     messages = CHAT * 10
     budgeted = per_call(lambda: tok.render(messages), 100)
-    direct = per_call(lambda: tok.hf.apply_chat_template(messages, chat_template=tok.template,
-                                                         tokenize=False), 100)
+    direct = per_call(lambda: tok.hf.apply_chat_template(messages, chat_template=tok.template, tokenize=False), 100)
     template = (Path(TOKENIZER) / "chat_template.jinja").read_text()
     check_untrusted_template(TOKENIZER, template)  # warm: the plain tokenizer is loaded
     checks = []
@@ -59,10 +61,14 @@ def main() -> None:
     except InvalidRequest as exc:
         bomb = exc.message[:90]
     bomb_s = time.perf_counter() - t0
-    result = {"render_ms_budgeted": round(budgeted, 3), "render_ms_direct": round(direct, 3),
-              "budget_overhead_us": round((budgeted - direct) * 1000, 1),
-              "submission_check_ms_median": round(statistics.median(checks), 1),
-              "bomb_refused_after_s": round(bomb_s, 2), "bomb_answer": bomb}
+    result = {
+        "render_ms_budgeted": round(budgeted, 3),
+        "render_ms_direct": round(direct, 3),
+        "budget_overhead_us": round((budgeted - direct) * 1000, 1),
+        "submission_check_ms_median": round(statistics.median(checks), 1),
+        "bomb_refused_after_s": round(bomb_s, 2),
+        "bomb_answer": bomb,
+    }
     print(json.dumps(result))
     print(f"{'render, 20 messages (budgeted)':40} {budgeted:8.3f} ms")
     print(f"{'render, 20 messages (transformers)':40} {direct:8.3f} ms")

@@ -6,6 +6,7 @@ Run (prints a table, then the JSON):
     .venv/bin/python bench/tools.py [--n 500] [--starts 30] [--tmux-n 10] [--json-out FILE]
 The SWE-ReX figures come from a child process in .venv-bench (or --swerex-python).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,8 +104,9 @@ def bench_swerex(python: str, n: int) -> dict[str, dict] | str:
     """SWE-ReX figures from the bench venv, or the reason they are missing."""
     if not os.path.exists(python):
         return f"no SWE-ReX interpreter at {python} (see the install step at the top)"
-    run = subprocess.run([python, __file__, "--swerex-worker", str(n)], capture_output=True, text=True,
-                         timeout=600, cwd="/tmp")
+    run = subprocess.run(
+        [python, __file__, "--swerex-worker", str(n)], capture_output=True, text=True, timeout=600, cwd="/tmp"
+    )
     if run.returncode:
         return f"SWE-ReX run failed: {run.stderr[-500:]}"
     raw = json.loads(run.stdout.strip().splitlines()[-1])
@@ -116,19 +118,18 @@ def bench_tmux(n: int) -> dict[str, dict] | str:
     if shutil.which("tmux") is None:
         return "tmux not installed"
     name = f"raasbench{uuid.uuid4().hex[:6]}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "250", "-y", "50", "bash --norc"],
-                   check=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "250", "-y", "50", "bash --norc"], check=True)
     samples = []
     try:
         for i in range(n):
             marker = f"__DONE_{i}__"
             begin = time.perf_counter()
-            subprocess.run(["tmux", "send-keys", "-t", name, f"echo hi; echo __DONE_{{}}__ | sed s/{{}}/{i}/",
-                            "Enter"], check=True)
+            subprocess.run(
+                ["tmux", "send-keys", "-t", name, f"echo hi; echo __DONE_{{}}__ | sed s/{{}}/{i}/", "Enter"], check=True
+            )
             while True:
                 time.sleep(0.5)
-                pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
-                                      text=True).stdout
+                pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
                 if f"\n{marker}" in pane:
                     break
             samples.append(time.perf_counter() - begin)
@@ -146,8 +147,7 @@ def table(results: dict) -> str:
             rows.append(f"{system:<14} {'(skipped)':<12} {ops}")
             continue
         for op, stats in ops.items():
-            rows.append(f"{system:<14} {op:<12} {stats['n']:>5} "
-                        f"{stats['p50_ms']:>10.3f} {stats['p99_ms']:>10.3f}")
+            rows.append(f"{system:<14} {op:<12} {stats['n']:>5} {stats['p50_ms']:>10.3f} {stats['p99_ms']:>10.3f}")
     rows.append("")
     rows += [f"{key}: {value}" for key, value in results["summary"].items()]
     return "\n".join(rows)
@@ -156,14 +156,19 @@ def table(results: dict) -> str:
 def summarize(systems: dict) -> dict:
     """Speedups and goal checks."""
     bw = systems["raas-bwrap"]
-    out = {"bash_p50_ms": bw["bash_echo"]["p50_ms"], "python_p50_ms": bw["python_1+1"]["p50_ms"],
-           "bwrap_start_p50_ms": bw["start"]["p50_ms"]}
+    out = {
+        "bash_p50_ms": bw["bash_echo"]["p50_ms"],
+        "python_p50_ms": bw["python_1+1"]["p50_ms"],
+        "bwrap_start_p50_ms": bw["start"]["p50_ms"],
+    }
     for base in ("swe-rex", "tmux-0.5s"):
         if isinstance(systems.get(base), dict):
             out[f"speedup_vs_{base}"] = round(systems[base]["bash_echo"]["p50_ms"] / out["bash_p50_ms"], 1)
-    checks = {"bash_p50_ms": out["bash_p50_ms"] <= GOALS["bash_p50_ms"],
-              "python_p50_ms": out["python_p50_ms"] <= GOALS["python_p50_ms"],
-              "bwrap_start_p50_ms": out["bwrap_start_p50_ms"] <= GOALS["bwrap_start_p50_ms"]}
+    checks = {
+        "bash_p50_ms": out["bash_p50_ms"] <= GOALS["bash_p50_ms"],
+        "python_p50_ms": out["python_p50_ms"] <= GOALS["python_p50_ms"],
+        "bwrap_start_p50_ms": out["bwrap_start_p50_ms"] <= GOALS["bwrap_start_p50_ms"],
+    }
     if "speedup_vs_swe-rex" in out:
         checks["speedup_vs_swerex"] = out["speedup_vs_swe-rex"] >= GOALS["speedup_vs_swerex"]
     out["goals_met"] = checks
@@ -192,9 +197,16 @@ def main() -> None:
         "tmux-0.5s": bench_tmux(args.tmux_n),
     }
     shutil.rmtree(workspace, ignore_errors=True)
-    results = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                           "python": platform.python_version(), "euid": os.geteuid()},
-               "systems": systems, "summary": summarize(systems)}
+    results = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "euid": os.geteuid(),
+        },
+        "systems": systems,
+        "summary": summarize(systems),
+    }
     print(table(results))
     print(json.dumps(results, indent=1))
     if args.json_out:

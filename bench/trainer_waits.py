@@ -10,6 +10,7 @@ on the same port. A trainer survives if it ends with every rollout exactly once,
 
     .venv/bin/python bench/trainer_waits.py [--outages 30,120]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ ROLLOUTS = 24
 
 def baseline_sdk(tmp: Path) -> Any:
     """`client/sdk.py` as it was at BASELINE_COMMIT, imported as its own module."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BASELINE_COMMIT}:client/sdk.py"],
-                            capture_output=True, text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{BASELINE_COMMIT}:client/sdk.py"], capture_output=True, text=True, check=True
+    ).stdout
     path = tmp / "baseline_sdk.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_sdk", path)
@@ -68,23 +70,33 @@ class Trainer(threading.Thread):
     def outcome(self, killed_at: float) -> dict[str, Any]:
         seqs = [r["seq"] for r in self.got]
         complete = seqs == list(range(1, ROLLOUTS + 1))
-        return {"trainer": self.name, "survived": complete and self.error is None,
-                "rollouts": len(seqs), "duplicates": len(seqs) - len(set(seqs)),
-                "gave_up_after_s": round(self.ended_at - killed_at, 2) if self.error else None,
-                "error": self.error or (None if complete else "ended before the job did")}
+        return {
+            "trainer": self.name,
+            "survived": complete and self.error is None,
+            "rollouts": len(seqs),
+            "duplicates": len(seqs) - len(set(seqs)),
+            "gave_up_after_s": round(self.ended_at - killed_at, 2) if self.error else None,
+            "error": self.error or (None if complete else "ended before the job did"),
+        }
 
 
 def one_outage(svc: Any, gateway: GatewayProcess, old: Any, outage: float) -> list[dict]:
     """A job, four trainers, one gateway outage of `outage` seconds."""
-    job = svc.client.submit("test-sleepy", [{"instance_id": f"p{i}"} for i in range(12)],
-                            n_samples=2, agent_config={"run_s": 1.0, "turns": 2})["job_id"]
+    job = svc.client.submit(
+        "test-sleepy",
+        [{"instance_id": f"p{i}"} for i in range(12)],
+        n_samples=2,
+        agent_config={"run_s": 1.0, "turns": 2},
+    )["job_id"]
     clients = {"before": old.RaasClient(gateway.url), "after": RaasClient(gateway.url)}
-    trainers = [Trainer(f"{when} {how}()", getattr(c, how)(job, wait=30))
-                for when, c in clients.items() for how in ("results", "stream")]
+    trainers = [
+        Trainer(f"{when} {how}()", getattr(c, how)(job, wait=30))
+        for when, c in clients.items()
+        for how in ("results", "stream")
+    ]
     for t in trainers:
         t.start()
-    wait_for(lambda: all(t.got or not t.is_alive() for t in trainers), timeout=300,
-             what="a result at every trainer")
+    wait_for(lambda: all(t.got or not t.is_alive() for t in trainers), timeout=300, what="a result at every trainer")
     gateway.kill()
     killed_at = time.monotonic()
     time.sleep(outage)
@@ -113,14 +125,14 @@ def main() -> None:
         finally:
             gateway.kill()
             svc.stop()
-    print(json.dumps({"baseline": BASELINE_COMMIT, "rollouts": ROLLOUTS, "runs": rows},
-                     indent=1))
-    print(f"\n{'outage':>7} {'trainer':<18} {'survived':<9} {'rollouts':>8} {'dups':>5} "
-          f"{'gave up after':>14}")
+    print(json.dumps({"baseline": BASELINE_COMMIT, "rollouts": ROLLOUTS, "runs": rows}, indent=1))
+    print(f"\n{'outage':>7} {'trainer':<18} {'survived':<9} {'rollouts':>8} {'dups':>5} {'gave up after':>14}")
     for r in rows:
         gave_up = f"{r['gave_up_after_s']:.2f} s" if r["gave_up_after_s"] is not None else "-"
-        print(f"{r['outage_s']:>6.0f}s {r['trainer']:<18} {str(r['survived']):<9} "
-              f"{r['rollouts']:>8} {r['duplicates']:>5} {gave_up:>14}")
+        print(
+            f"{r['outage_s']:>6.0f}s {r['trainer']:<18} {str(r['survived']):<9} "
+            f"{r['rollouts']:>8} {r['duplicates']:>5} {gave_up:>14}"
+        )
 
 
 if __name__ == "__main__":

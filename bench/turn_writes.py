@@ -14,6 +14,7 @@ turn.
 Usage: .venv/bin/python bench/turn_writes.py --baseline-tree /work/wt/hotpath-base
        [--threads 64] [--turns 20] [--gap 0.05] [--window 0.005]   (needs PostgreSQL :5432)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,14 +30,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-FIELDS = {"generated_ids": list(range(40)), "logprobs": [-0.5] * 40,
-          "text": '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>',
-          "tool_calls": [{"name": "search", "arguments": {"query": "q"}}],
-          "observation": "passage " * 60, "observation_ids": list(range(120)),
-          "observation_messages": [{"role": "tool", "content": "passage " * 60}],
-          "finish_reason": "stop", "llm_server": "http://sim:1", "weight_version": "v1",
-          "gen_seconds": 1.0, "tool_seconds": 0.01, "extra": {"context_length": 16384},
-          "loop_state": {"turns": 1, "tool_calls": 1, "handler_state": {}}}
+FIELDS = {
+    "generated_ids": list(range(40)),
+    "logprobs": [-0.5] * 40,
+    "text": '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>',
+    "tool_calls": [{"name": "search", "arguments": {"query": "q"}}],
+    "observation": "passage " * 60,
+    "observation_ids": list(range(120)),
+    "observation_messages": [{"role": "tool", "content": "passage " * 60}],
+    "finish_reason": "stop",
+    "llm_server": "http://sim:1",
+    "weight_version": "v1",
+    "gen_seconds": 1.0,
+    "tool_seconds": 0.01,
+    "extra": {"context_length": 16384},
+    "loop_state": {"turns": 1, "tool_calls": 1, "handler_state": {}},
+}
 
 
 def run_one(args: argparse.Namespace) -> dict:
@@ -62,8 +71,19 @@ def run_one(args: argparse.Namespace) -> dict:
             s.add(job)
             s.flush()
             ids = [f"r{k:03d}" for k in range(args.threads)]
-            s.add_all([Rollout(id=rid, job_id=job.id, instance_id=rid, status="run",
-                               lease_owner=f"L-{rid}", heartbeat_at=utcnow()) for rid in ids])
+            s.add_all(
+                [
+                    Rollout(
+                        id=rid,
+                        job_id=job.id,
+                        instance_id=rid,
+                        status="run",
+                        lease_owner=f"L-{rid}",
+                        heartbeat_at=utcnow(),
+                    )
+                    for rid in ids
+                ]
+            )
         counts = {"commits": 0, "statements": 0, "autocommit": 0}
         engine = get_engine(url)
         lock = threading.Lock()
@@ -89,8 +109,7 @@ def run_one(args: argparse.Namespace) -> dict:
                 time.sleep(args.gap)  # the generation
                 pool.end_generation()
                 extra = {"window": args.window} if window else {}
-                lifecycle.record_turn(url, rid, 1, lease=f"L-{rid}", index=index, **extra,
-                                      **FIELDS)
+                lifecycle.record_turn(url, rid, 1, lease=f"L-{rid}", index=index, **extra, **FIELDS)
 
         threads = [threading.Thread(target=loop, args=(rid,)) for rid in ids]
         cpu0, t0 = os.times(), time.monotonic()
@@ -103,12 +122,16 @@ def run_one(args: argparse.Namespace) -> dict:
         cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
         with session_scope(url) as s:
             stored = s.scalar(sa.text("SELECT count(*) FROM turns"))
-        return {"tree": args.label, "threads": args.threads, "turns": turns,
-                "turns_stored": stored, "wall_s": round(wall, 2),
-                "cpu_ms_per_turn": round(cpu / turns * 1000, 3),
-                "commits_per_turn": round((counts["commits"] + counts["autocommit"]) / turns,
-                                          3),
-                "statements_per_turn": round(counts["statements"] / turns, 3)}
+        return {
+            "tree": args.label,
+            "threads": args.threads,
+            "turns": turns,
+            "turns_stored": stored,
+            "wall_s": round(wall, 2),
+            "cpu_ms_per_turn": round(cpu / turns * 1000, 3),
+            "commits_per_turn": round((counts["commits"] + counts["autocommit"]) / turns, 3),
+            "statements_per_turn": round(counts["statements"] / turns, 3),
+        }
     finally:
         dispose_all(close=True)
         with admin.connect() as c:
@@ -122,8 +145,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--gap", type=float, default=0.05)
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs per tree")
-    parser.add_argument("--window", type=float, default=0.005,
-                        help="turn_batch_window of the after tree (seconds)")
+    parser.add_argument("--window", type=float, default=0.005, help="turn_batch_window of the after tree (seconds)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -136,20 +158,34 @@ def main() -> None:
     report = []
     for _ in range(args.repeat):
         for label, tree in trees:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--label", label,
-                   "--threads", str(args.threads), "--turns", str(args.turns),
-                   "--gap", str(args.gap), "--window", str(args.window)]
-            out = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree,
-                                 check=True, capture_output=True, text=True)
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--one",
+                "--label",
+                label,
+                "--threads",
+                str(args.threads),
+                "--turns",
+                str(args.turns),
+                "--gap",
+                str(args.gap),
+                "--window",
+                str(args.window),
+            ]
+            out = subprocess.run(
+                cmd, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, check=True, capture_output=True, text=True
+            )
             report.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(json.dumps(report, indent=2))
-    print("\n| tree | turns | stored | wall s | CPU ms/turn | commits/turn | "
-          "statements/turn |")
+    print("\n| tree | turns | stored | wall s | CPU ms/turn | commits/turn | statements/turn |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in report:
-        print(f"| {r['tree']} | {r['turns']} | {r['turns_stored']} | {r['wall_s']} | "
-              f"{r['cpu_ms_per_turn']} | {r['commits_per_turn']} | "
-              f"{r['statements_per_turn']} |")
+        print(
+            f"| {r['tree']} | {r['turns']} | {r['turns_stored']} | {r['wall_s']} | "
+            f"{r['cpu_ms_per_turn']} | {r['commits_per_turn']} | "
+            f"{r['statements_per_turn']} |"
+        )
 
 
 if __name__ == "__main__":

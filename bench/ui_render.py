@@ -16,6 +16,7 @@ Bounds (exit status 1 when exceeded): page load <= 2 s, one turn <= 1 s (<= 5 s 
 turn holds all 30k tokens), all 30k tokens <= 5 s.
 Run: `.venv/bin/python bench/ui_render.py [--tokens 30000] [--turns 30]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,9 @@ def corpus_ids(n: int) -> list[int]:
     from agents.llm.tokenizer import load_chat_tokenizer
 
     tok = load_chat_tokenizer(TOKENIZER)
-    text = "\n".join(json.loads(line)["text"] for line in
-                     (ROOT / "examples/search/corpus.jsonl").read_text().splitlines()[:400])
+    text = "\n".join(
+        json.loads(line)["text"] for line in (ROOT / "examples/search/corpus.jsonl").read_text().splitlines()[:400]
+    )
     ids = tok.encode(text)
     return (ids * (n // len(ids) + 1))[:n]
 
@@ -69,26 +71,46 @@ def make_rollout(db_url: str, n_tokens: int, n_turns: int) -> str:
         gen_end = lo + (hi - lo) // 2 if n_turns > 1 else hi
         bounds.append([lo, gen_end])
         mask += [1] * (gen_end - lo) + [0] * (hi - gen_end)
-        turns.append(Turn(index=k, attempt=1, generated_ids=response[lo:gen_end],
-                          observation_ids=response[gen_end:hi], text=f"turn {k} text",
-                          tool_calls=[{"name": "bash", "arguments": {"command": "ls"}}],
-                          observation="output " * 20, gen_seconds=0.4, tool_seconds=0.2,
-                          weight_version=f"v{k // 10}", finish_reason="stop"))
+        turns.append(
+            Turn(
+                index=k,
+                attempt=1,
+                generated_ids=response[lo:gen_end],
+                observation_ids=response[gen_end:hi],
+                text=f"turn {k} text",
+                tool_calls=[{"name": "bash", "arguments": {"command": "ls"}}],
+                observation="output " * 20,
+                gen_seconds=0.4,
+                tool_seconds=0.2,
+                weight_version=f"v{k // 10}",
+                finish_reason="stop",
+            )
+        )
     logprobs = [-((i * 7919) % 997) / 997 * 3 if m else 0.0 for i, m in enumerate(mask)]
     with session_scope(db_url) as s:
-        job = Job(agent="search", n_instances=1, n_samples=1,
-                  config={"llm": {"tokenizer": TOKENIZER}})
+        job = Job(agent="search", n_instances=1, n_samples=1, config={"llm": {"tokenizer": TOKENIZER}})
         s.add(job)
         s.flush()
-        r = Rollout(job_id=job.id, instance_id="bench", status="done", outcome="completed",
-                    reward=1.0, prompt_ids=prompt, response_ids=response,
-                    response_logprobs=logprobs, loss_mask=mask, finish_reason="stop",
-                    policy_versions=[t.weight_version for t in turns], init_seconds=1.0,
-                    run_seconds=18.0, eval_seconds=0.5, node="bench",
-                    metrics={"retokenization_drift": 3, "first_diff": 1234},
-                    extra={"turn_boundaries": bounds}, messages=[
-                        {"role": "system", "content": "You are a benchmark."},
-                        {"role": "user", "content": "Render me."}])
+        r = Rollout(
+            job_id=job.id,
+            instance_id="bench",
+            status="done",
+            outcome="completed",
+            reward=1.0,
+            prompt_ids=prompt,
+            response_ids=response,
+            response_logprobs=logprobs,
+            loss_mask=mask,
+            finish_reason="stop",
+            policy_versions=[t.weight_version for t in turns],
+            init_seconds=1.0,
+            run_seconds=18.0,
+            eval_seconds=0.5,
+            node="bench",
+            metrics={"retokenization_drift": 3, "first_diff": 1234},
+            extra={"turn_boundaries": bounds},
+            messages=[{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": "Render me."}],
+        )
         s.add(r)
         s.flush()
         for t in turns:
@@ -99,11 +121,14 @@ def make_rollout(db_url: str, n_tokens: int, n_turns: int) -> str:
 
 def eager_page(n_tokens: int, pieces: list[str]) -> str:
     """Baseline: every token server-rendered as a span in one page."""
-    spans = "".join(f'<span class="tok m1" data-i="{i}" title="id {i}">{html.escape(p)}</span>'
-                    for i, p in enumerate(pieces))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>eager</title></head>"
-            f"<body><div style='white-space:pre-wrap;font-family:monospace'>{spans}</div>"
-            f"</body></html>")
+    spans = "".join(
+        f'<span class="tok m1" data-i="{i}" title="id {i}">{html.escape(p)}</span>' for i, p in enumerate(pieces)
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>eager</title></head>"
+        f"<body><div style='white-space:pre-wrap;font-family:monospace'>{spans}</div>"
+        f"</body></html>"
+    )
 
 
 def measure(driver, url: str, rollout_id: str) -> dict[str, float]:  # noqa: ANN001
@@ -130,8 +155,7 @@ def measure(driver, url: str, rollout_id: str) -> dict[str, float]:  # noqa: ANN
                             document.querySelectorAll('.tokbox .tok').length]));
             else setTimeout(poll, 5);
         })();""")
-    return {"page_load_s": load, "one_turn_s": one, "all_tokens_s": everything[0],
-            "tokens_drawn": everything[1]}
+    return {"page_load_s": load, "one_turn_s": one, "all_tokens_s": everything[0], "tokens_drawn": everything[1]}
 
 
 def main() -> int:
@@ -168,24 +192,33 @@ def main() -> int:
             results[name] = measure(driver, url, rid)
         t0 = time.perf_counter()
         driver.get(eager_file.as_uri())
-        results["baseline eager"] = {"page_load_s": time.perf_counter() - t0,
-                                     "tokens_drawn": len(driver.find_elements(
-                                         "css selector", ".tok"))}
+        results["baseline eager"] = {
+            "page_load_s": time.perf_counter() - t0,
+            "tokens_drawn": len(driver.find_elements("css selector", ".tok")),
+        }
     server.shutdown()
     bounds = {f"lazy, {args.turns} turns": BOUNDS, "lazy, 1 turn": SINGLE_TURN_BOUNDS}
-    ok = all(results[name][k] <= bound for name, limits in bounds.items()
-             for k, bound in limits.items())
-    report = {"tokens": args.tokens, "turns": args.turns, "bounds_s": bounds, "ok": ok,
-              "server_page_s": round(page_server, 4),
-              "server_tokens_json_30k_s": round(segment_server, 4),
-              "results": {k: {m: round(v, 4) for m, v in r.items()} for k, r in results.items()}}
+    ok = all(results[name][k] <= bound for name, limits in bounds.items() for k, bound in limits.items())
+    report = {
+        "tokens": args.tokens,
+        "turns": args.turns,
+        "bounds_s": bounds,
+        "ok": ok,
+        "server_page_s": round(page_server, 4),
+        "server_tokens_json_30k_s": round(segment_server, 4),
+        "results": {k: {m: round(v, 4) for m, v in r.items()} for k, r in results.items()},
+    }
     print(json.dumps(report, indent=1))
     print(f"\n{'variant':<22}{'page load s':>12}{'one turn s':>12}{'all tokens s':>14}{'drawn':>8}")
     for name, r in results.items():
-        print(f"{name:<22}{r['page_load_s']:>12.3f}{r.get('one_turn_s', float('nan')):>12.3f}"
-              f"{r.get('all_tokens_s', r['page_load_s']):>14.3f}{r['tokens_drawn']:>8}")
-    print(f"server: rollout page {page_server:.3f} s, one 30k-token tokens.json "
-          f"{segment_server:.3f} s; within bounds: {ok}")
+        print(
+            f"{name:<22}{r['page_load_s']:>12.3f}{r.get('one_turn_s', float('nan')):>12.3f}"
+            f"{r.get('all_tokens_s', r['page_load_s']):>14.3f}{r['tokens_drawn']:>8}"
+        )
+    print(
+        f"server: rollout page {page_server:.3f} s, one 30k-token tokens.json "
+        f"{segment_server:.3f} s; within bounds: {ok}"
+    )
     return 0 if ok else 1
 
 

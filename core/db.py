@@ -12,6 +12,7 @@ state (no SET, LISTEN or session advisory lock; `pg_advisory_xact_lock` ends wit
 transaction) or on server-side prepared statements (`prepare_threshold=None`), so the URL may
 point at PgBouncer in transaction mode.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,9 @@ class PoolOptions:
 
 def _default_options() -> PoolOptions:
     fields = Settings.model_fields
-    return PoolOptions(fields["db_pool_size"].default, fields["db_pool_overflow"].default,
-                       fields["db_pool_timeout"].default)
+    return PoolOptions(
+        fields["db_pool_size"].default, fields["db_pool_overflow"].default, fields["db_pool_timeout"].default
+    )
 
 
 _lock = threading.Lock()
@@ -99,9 +101,15 @@ def make_engine(url: str, options: PoolOptions | None = None) -> Engine:
         return engine
     options = options or _options
     connect_args = {"prepare_threshold": None} if parsed.get_driver_name() == "psycopg" else {}
-    return create_engine(url, pool_pre_ping=options.pre_ping, pool_size=options.size,
-                         max_overflow=options.overflow, pool_timeout=options.timeout,
-                         pool_recycle=POOL_RECYCLE_S, connect_args=connect_args)
+    return create_engine(
+        url,
+        pool_pre_ping=options.pre_ping,
+        pool_size=options.size,
+        max_overflow=options.overflow,
+        pool_timeout=options.timeout,
+        pool_recycle=POOL_RECYCLE_S,
+        connect_args=connect_args,
+    )
 
 
 def configure_pool(settings: Settings) -> None:

@@ -35,6 +35,7 @@ built-in so callers can catch either. The gateway maps them to HTTP codes in one
 SandboxTampered, SandboxTimeout, SandboxGone, UnknownRuntime, ProtocolError); the stages map
 those onto the classes above.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -189,6 +190,8 @@ def validation_error(exc: ValidationError, where: str = "body") -> InvalidReques
     """A pydantic error as an InvalidRequest naming the first bad field."""
     first = exc.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or where
-    return InvalidRequest(f"{loc}: {first['msg']}", field=loc,
-                          errors=[{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
-                                  for e in exc.errors()[:20]])
+    return InvalidRequest(
+        f"{loc}: {first['msg']}",
+        field=loc,
+        errors=[{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()[:20]],
+    )

@@ -20,6 +20,7 @@ command line, an environment or a variable of its own. The registration says:
   workspace diff, code: the solution file, math: `answer_file` in the workspace);
 - `tenants`: whether tenants (not only admins) may choose it.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,10 @@ _FORBIDDEN_VARS = re.compile(r"^(LD_|PYTHON|BASH_FUNC_)|^(ENV|BASH_ENV|PROMPT_CO
 # The example agent's folder in this checkout (pip installs it into the environment).
 EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
 DEFAULT_ENDPOINT_ENV = {
-    "OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{token}",
-    "ANTHROPIC_BASE_URL": "{root_url}", "ANTHROPIC_API_KEY": "{token}",
+    "OPENAI_BASE_URL": "{base_url}",
+    "OPENAI_API_KEY": "{token}",
+    "ANTHROPIC_BASE_URL": "{root_url}",
+    "ANTHROPIC_API_KEY": "{token}",
 }
 
 
@@ -61,8 +64,7 @@ def _check_fields(text: str, allowed: frozenset[str], where: str) -> None:
         raise ValueError(f"{where}: {exc} in {text!r}") from None
     unknown = used - allowed
     if unknown:
-        raise ValueError(f"{where}: unknown placeholder(s) {sorted(unknown)} in {text!r}; "
-                         f"known: {sorted(allowed)}")
+        raise ValueError(f"{where}: unknown placeholder(s) {sorted(unknown)} in {text!r}; known: {sorted(allowed)}")
 
 
 def _check_vars(env: dict[str, str], allowed: frozenset[str], where: str) -> None:
@@ -78,30 +80,33 @@ class HarnessRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     description: str = Field("", description="What the harness is, for `GET /v1/policy`")
-    command: list[str] = Field(min_length=1, description="argv started in the sandbox (no "
-                                                         "shell); placeholders COMMAND_FIELDS")
-    python_env: str | None = Field(None, pattern=PLAIN_NAME,
-                                   description="Named sandbox environment holding the harness; "
-                                               "null: the system python")
-    packages: list[str] = Field(default_factory=list,
-                                description="What `raas env build <python_env>` installs; a "
-                                            "node builds it on first use like a handler's")
+    command: list[str] = Field(
+        min_length=1, description="argv started in the sandbox (no shell); placeholders COMMAND_FIELDS"
+    )
+    python_env: str | None = Field(
+        None, pattern=PLAIN_NAME, description="Named sandbox environment holding the harness; null: the system python"
+    )
+    packages: list[str] = Field(
+        default_factory=list,
+        description="What `raas env build <python_env>` installs; a node builds it on first use like a handler's",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra variables")
     endpoint_env: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_ENDPOINT_ENV),
-        description="Variables pointing the harness at its endpoint ({base_url}, {root_url}, "
-                    "{token}, {port}, {model})")
+        description="Variables pointing the harness at its endpoint ({base_url}, {root_url}, {token}, {port}, {model})",
+    )
     model: str = Field("raas", min_length=1, description="The model name the harness is told")
-    task_field: str | None = Field(None, description="Instance field whose text is the task "
-                                                     "as it is; null: the task kind's own prompt")
-    task_file: str = Field("/tmp/raas-task.md", description="Where the task text is written "
-                                                            "inside the sandbox")
-    tasks: list[TaskKind] = Field(default_factory=lambda: ["swe", "math", "code"],
-                                  min_length=1, description="Task kinds it may run")
-    answer_file: str = Field("answer.txt", description="math: the workspace file holding the "
-                                                       "final answer")
-    timeout: float = Field(1800.0, gt=0, description="Harness deadline, seconds (RUN also "
-                                                     "ends at the stage's own deadline)")
+    task_field: str | None = Field(
+        None, description="Instance field whose text is the task as it is; null: the task kind's own prompt"
+    )
+    task_file: str = Field("/tmp/raas-task.md", description="Where the task text is written inside the sandbox")
+    tasks: list[TaskKind] = Field(
+        default_factory=lambda: ["swe", "math", "code"], min_length=1, description="Task kinds it may run"
+    )
+    answer_file: str = Field("answer.txt", description="math: the workspace file holding the final answer")
+    timeout: float = Field(
+        1800.0, gt=0, description="Harness deadline, seconds (RUN also ends at the stage's own deadline)"
+    )
     tenants: bool = Field(True, description="Whether tenants may choose it (admins always)")
 
     @field_validator("command")
@@ -122,16 +127,17 @@ class HarnessRegistration(BaseModel):
     def _endpoint_env(cls, value: dict[str, str]) -> dict[str, str]:
         _check_vars(value, COMMAND_FIELDS | ENDPOINT_FIELDS, "endpoint_env")
         if not any("{base_url}" in v or "{root_url}" in v for v in value.values()):
-            raise ValueError("endpoint_env: no variable gives the harness its endpoint "
-                             "({base_url} or {root_url})")
+            raise ValueError("endpoint_env: no variable gives the harness its endpoint ({base_url} or {root_url})")
         return value
 
     @field_validator("task_file")
     @classmethod
     def _task_file(cls, value: str) -> str:
         if not value.startswith("/tmp/") or ".." in value.split("/"):
-            raise ValueError(f"task_file {value!r} must be a path under /tmp (outside the "
-                             "workspace, whose changes are the swe artifact)")
+            raise ValueError(
+                f"task_file {value!r} must be a path under /tmp (outside the "
+                "workspace, whose changes are the swe artifact)"
+            )
         return value
 
     @field_validator("answer_file")
@@ -144,33 +150,54 @@ class HarnessRegistration(BaseModel):
 
 MINI_SWE_AGENT = HarnessRegistration(
     description="mini-swe-agent (PyPI `mini-swe-agent`), unmodified: its `mini` CLI in yolo "
-                "mode with the task file, one bash block per step, through LiteLLM",
-    command=["mini", "--yolo", "--exit-immediately", "--cost-limit", "0",
-             "--model", "openai/{model}", "--task", "{task}",
-             "--output", "/tmp/raas-mini-trajectory.json"],
-    python_env="mini-swe-agent", packages=["mini-swe-agent", "pytest"],
-    env={"MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-         "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1"},
-    tasks=["swe", "code"], timeout=1800.0)
+    "mode with the task file, one bash block per step, through LiteLLM",
+    command=[
+        "mini",
+        "--yolo",
+        "--exit-immediately",
+        "--cost-limit",
+        "0",
+        "--model",
+        "openai/{model}",
+        "--task",
+        "{task}",
+        "--output",
+        "/tmp/raas-mini-trajectory.json",
+    ],
+    python_env="mini-swe-agent",
+    packages=["mini-swe-agent", "pytest"],
+    env={
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_SILENT_STARTUP": "1",
+    },
+    tasks=["swe", "code"],
+    timeout=1800.0,
+)
 
 OPENAI_AGENT = HarnessRegistration(
     description="a plain bash-tool agent on the official `openai` SDK (examples/harness/"
-                "openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
+    "openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
     command=["raas-openai-agent", "--task-file", "{task_file}", "--model", "{model}"],
-    python_env="openai-agent", packages=["openai", "anthropic", "pytest", EXAMPLE_AGENT],
-    tasks=["swe", "math", "code"], timeout=1800.0)
+    python_env="openai-agent",
+    packages=["openai", "anthropic", "pytest", EXAMPLE_AGENT],
+    tasks=["swe", "math", "code"],
+    timeout=1800.0,
+)
 
 
-ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(update={
-    "description": "the same example agent on the official `anthropic` SDK (Messages API, "
-                   "tool_use blocks)",
-    "command": [*OPENAI_AGENT.command, "--api", "anthropic"]})
+ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(
+    update={
+        "description": "the same example agent on the official `anthropic` SDK (Messages API, tool_use blocks)",
+        "command": [*OPENAI_AGENT.command, "--api", "anthropic"],
+    }
+)
 
 
 def default_harnesses() -> dict[str, HarnessRegistration]:
     """The registrations shipped as examples (an operator's policy replaces them)."""
-    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT,
-            "anthropic-agent": ANTHROPIC_AGENT}
+    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT, "anthropic-agent": ANTHROPIC_AGENT}
 
 
 class HarnessPolicy(BaseModel):
@@ -179,4 +206,5 @@ class HarnessPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     registered: dict[str, HarnessRegistration] = Field(
-        default_factory=default_harnesses, description="Harnesses by name")
+        default_factory=default_harnesses, description="Harnesses by name"
+    )

@@ -4,6 +4,7 @@
 an inference server registered by the trainer. Rollout status moves only along `TRANSITIONS`;
 every stage claims its row with a conditional UPDATE (see `tasks.lifecycle`).
 """
+
 from __future__ import annotations
 
 import enum
@@ -137,8 +138,12 @@ class Rollout(Base):
         Index("ix_rollouts_status", "status"),
         Index("ix_rollouts_job_instance", "job_id", "instance_id"),
         # only the few rows waiting for publication are indexed
-        Index("ix_rollouts_outbox", "outbox_at", postgresql_where=text("outbox_at IS NOT NULL"),
-              sqlite_where=text("outbox_at IS NOT NULL")),
+        Index(
+            "ix_rollouts_outbox",
+            "outbox_at",
+            postgresql_where=text("outbox_at IS NOT NULL"),
+            sqlite_where=text("outbox_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -219,8 +224,7 @@ class Group(Base):
     __tablename__ = "groups"
     __table_args__ = (Index("ix_groups_deadline", "status", "deadline_at"),)
 
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
-                                        primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     instance_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     size: Mapped[int] = mapped_column(Integer)
     timeout: Mapped[float | None] = mapped_column(Float)
@@ -265,8 +269,7 @@ class Turn(Base):
     """
 
     __tablename__ = "turns"
-    __table_args__ = (Index("uq_turns_rollout_attempt_index", "rollout_id", "attempt", "index",
-                            unique=True),)
+    __table_args__ = (Index("uq_turns_rollout_attempt_index", "rollout_id", "attempt", "index", unique=True),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     rollout_id: Mapped[str] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"))
@@ -327,8 +330,7 @@ class ServiceFlag(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     enabled: Mapped[bool] = mapped_column(Boolean, default=False)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow,
-                                                 onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
 
 class ApiToken(Base):

@@ -6,6 +6,7 @@ connection (`agents.llm.backends.guard`) unless the owner is an admin: an owner 
 when any of its tokens is (settings or `raas token add --admin`), or when no token exists at
 all (the single local owner of a service without auth).
 """
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -24,8 +25,7 @@ def owner_is_admin(settings: Settings, owner: str) -> bool:
     if any(g.owner == owner and g.admin for g in settings.api_tokens.values()):
         return True
     with session_scope(settings.db_url) as s:
-        if s.scalar(select(ApiToken.id).where(ApiToken.owner == owner,
-                                              ApiToken.admin.is_(True)).limit(1)) is not None:
+        if s.scalar(select(ApiToken.id).where(ApiToken.owner == owner, ApiToken.admin.is_(True)).limit(1)) is not None:
             return True
         no_tokens = s.scalar(select(ApiToken.id).limit(1)) is None
     return no_tokens and not settings.auth_configured and owner == DEFAULT_OWNER

@@ -6,6 +6,7 @@ or the file `RAAS_POLICY_FILE`); `check_sandbox_options` and friends hold a job'
 against it and raise `InvalidRequest` naming the field and the rule, at submission (a 400) and
 again on the worker before a sandbox starts (the worker's own settings decide).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -69,15 +70,16 @@ class SandboxPolicy(_Strict):
 
     runtimes: list[RuntimeChoice] = Field(
         default_factory=lambda: ["bwrap"],
-        description="Runtimes jobs may use; `auto` falls back to `local` only if it is listed")
+        description="Runtimes jobs may use; `auto` falls back to `local` only if it is listed",
+    )
     network: bool = Field(False, description="Whether a job may turn the sandbox network on")
     env: list[str] = Field(
-        default_factory=list,
-        description="Names (or fnmatch patterns) of variables a job may set inside its sandbox")
+        default_factory=list, description="Names (or fnmatch patterns) of variables a job may set inside its sandbox"
+    )
     python_envs: list[str] | None = Field(
-        None, description="Python environments a job may name; None = any built on the node")
-    images: list[str] | None = Field(
-        None, description="Images (under image_root) a job may name; None = any there")
+        None, description="Python environments a job may name; None = any built on the node"
+    )
+    images: list[str] | None = Field(None, description="Images (under image_root) a job may name; None = any there")
     binds: bool = Field(False, description="Whether a job may bind host paths (trusted jobs)")
     max_limits: LimitCaps = Field(default_factory=LimitCaps, description="Caps on limits")
 
@@ -103,8 +105,9 @@ class Credential(_Strict):
     """An inference-server credential the operator registers: where it lives, where it may go."""
 
     env: str = Field(min_length=1, description="Worker variable holding the secret")
-    urls: UrlRules = Field(min_length=1, description="URL rules (core.urls) of the servers "
-                                                     "it is sent to (never anywhere else)")
+    urls: UrlRules = Field(
+        min_length=1, description="URL rules (core.urls) of the servers it is sent to (never anywhere else)"
+    )
 
     @cached_property
     def rules(self) -> list[UrlRule]:
@@ -118,17 +121,18 @@ class LLMPolicy(_Strict):
     server_urls: UrlRules = Field(
         default_factory=list,
         description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the servers a "
-                    "tenant may name or register (admins: any)")
-    templates_dir: Path | None = Field(
-        None, description="Registered chat templates: `<name>.jinja` files a job names")
+        "tenant may name or register (admins: any)",
+    )
+    templates_dir: Path | None = Field(None, description="Registered chat templates: `<name>.jinja` files a job names")
     inline_template_max_bytes: int = Field(
-        65536, ge=0, description="Largest inline chat template (0 = inline text refused)")
-    credentials: dict[str, Credential] = Field(
-        default_factory=dict, description="Credentials a job or server may name")
+        65536, ge=0, description="Largest inline chat template (0 = inline text refused)"
+    )
+    credentials: dict[str, Credential] = Field(default_factory=dict, description="Credentials a job or server may name")
     tokenizer_roots: list[Path] = Field(
         default_factory=list,
         description="Folders a tenant's `llm.tokenizer` may name a tokenizer under (admins: "
-                    "any folder); otherwise the model path its servers report")
+        "any folder); otherwise the model path its servers report",
+    )
 
     @cached_property
     def server_rules(self) -> list[UrlRule]:
@@ -141,12 +145,14 @@ class Policy(_Strict):
 
     sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy, description="Sandboxes")
     llm: LLMPolicy = Field(default_factory=LLMPolicy, description="Inference servers")
-    harnesses: HarnessPolicy = Field(default_factory=HarnessPolicy,
-                                     description="Agent harnesses the `harness` agent may start")
+    harnesses: HarnessPolicy = Field(
+        default_factory=HarnessPolicy, description="Agent harnesses the `harness` agent may start"
+    )
     callback_urls: UrlRules = Field(
         default_factory=list,
         description="URL rules `scheme://HOST[:PORT][/PATH]` (core.urls) of the callback URLs "
-                    "a tenant's job may name (admins: any): raas's own processes call them")
+        "a tenant's job may name (admins: any): raas's own processes call them",
+    )
 
     @cached_property
     def callback_rules(self) -> list[UrlRule]:
@@ -156,8 +162,7 @@ class Policy(_Strict):
     def public(self) -> dict[str, Any]:
         """The policy as a trainer may see it: credential names, never their variables."""
         data = self.model_dump(mode="json")
-        data["llm"]["credentials"] = {name: {"urls": c.urls}
-                                      for name, c in self.llm.credentials.items()}
+        data["llm"]["credentials"] = {name: {"urls": c.urls} for name, c in self.llm.credentials.items()}
         data["llm"]["templates"] = registered_templates(self.llm)
         data["llm"].pop("templates_dir")
         for harness in data["harnesses"]["registered"].values():  # names, not values
@@ -179,8 +184,9 @@ def forbidden_env(pattern: str) -> str | None:
 def plain_name(value: str, field: str) -> str:
     """`value` if it is a registered-name shape; a 400 naming `field` otherwise."""
     if not NAME_RE.match(value):
-        raise InvalidRequest(f"{field}: {value!r} is not a registered name (letters, digits, "
-                             "'.', '_', '-'; never a path)", field=field)
+        raise InvalidRequest(
+            f"{field}: {value!r} is not a registered name (letters, digits, '.', '_', '-'; never a path)", field=field
+        )
     return value
 
 
@@ -208,19 +214,19 @@ def local_fallback_allowed(policy: SandboxPolicy) -> bool:
     return "local" in policy.runtimes
 
 
-def check_sandbox_options(policy: SandboxPolicy, options: dict[str, Any],
-                          where: str = "sandbox") -> None:
+def check_sandbox_options(policy: SandboxPolicy, options: dict[str, Any], where: str = "sandbox") -> None:
     """Hold a job's sandbox options against the policy; InvalidRequest names field and rule."""
     runtime = options.get("runtime")
     if runtime is not None and not runtime_allowed(policy, runtime):
-        raise _deny(f"{where}.runtime", f"runtime {runtime!r} is not allowed; allowed: "
-                    f"{', '.join(policy.runtimes)}", "policy.sandbox.runtimes")
+        raise _deny(
+            f"{where}.runtime",
+            f"runtime {runtime!r} is not allowed; allowed: {', '.join(policy.runtimes)}",
+            "policy.sandbox.runtimes",
+        )
     if options.get("network") and not policy.network:
-        raise _deny(f"{where}.network", "jobs may not turn the sandbox network on",
-                    "policy.sandbox.network=false")
+        raise _deny(f"{where}.network", "jobs may not turn the sandbox network on", "policy.sandbox.network=false")
     if options.get("binds") and not policy.binds:
-        raise _deny(f"{where}.binds", "jobs may not bind host paths on this service",
-                    "policy.sandbox.binds=false")
+        raise _deny(f"{where}.binds", "jobs may not bind host paths on this service", "policy.sandbox.binds=false")
     for name in options.get("env") or {}:
         check_env_name(policy, name, f"{where}.env.{name}")
     if options.get("python_env") is not None:
@@ -234,28 +240,36 @@ def check_env_name(policy: SandboxPolicy, name: str, field: str) -> None:
     """A variable a job sets inside its sandbox must be on the operator's allowlist."""
     bad = forbidden_env(name)
     if bad:
-        raise _deny(field, f"variable {name!r} is never settable ({bad} changes the loader or "
-                    "interpreter)", "forbidden prefixes")
+        raise _deny(
+            field,
+            f"variable {name!r} is never settable ({bad} changes the loader or interpreter)",
+            "forbidden prefixes",
+        )
     if not any(fnmatch.fnmatchcase(name, p) for p in policy.env):
         allowed = ", ".join(policy.env) or "none"
-        raise _deny(field, f"variable {name!r} is not on the allowlist ({allowed})",
-                    "policy.sandbox.env")
+        raise _deny(field, f"variable {name!r} is not on the allowlist ({allowed})", "policy.sandbox.env")
 
 
 def check_python_env(policy: SandboxPolicy, name: str, field: str) -> None:
     """A Python environment is named, never a host path, and on the list when there is one."""
     plain_name(name, field)
     if policy.python_envs is not None and name not in policy.python_envs:
-        raise _deny(field, f"python environment {name!r} is not allowed; allowed: "
-                    f"{', '.join(policy.python_envs) or 'none'}", "policy.sandbox.python_envs")
+        raise _deny(
+            field,
+            f"python environment {name!r} is not allowed; allowed: {', '.join(policy.python_envs) or 'none'}",
+            "policy.sandbox.python_envs",
+        )
 
 
 def check_image(policy: SandboxPolicy, name: str, field: str) -> None:
     """An image is a name under the operator's image root, never a host path."""
     plain_name(name, field)
     if policy.images is not None and name not in policy.images:
-        raise _deny(field, f"image {name!r} is not allowed; allowed: "
-                    f"{', '.join(policy.images) or 'none'}", "policy.sandbox.images")
+        raise _deny(
+            field,
+            f"image {name!r} is not allowed; allowed: {', '.join(policy.images) or 'none'}",
+            "policy.sandbox.images",
+        )
 
 
 def check_limits(caps: LimitCaps, limits: dict[str, Any], where: str) -> None:
@@ -263,12 +277,12 @@ def check_limits(caps: LimitCaps, limits: dict[str, Any], where: str) -> None:
     for name, cap in caps.model_dump().items():
         value = limits.get(name)
         if value is not None and value > cap:
-            raise _deny(f"{where}.{name}", f"{value} is above the cap {cap}",
-                        f"policy.sandbox.max_limits.{name}={cap}")
+            raise _deny(f"{where}.{name}", f"{value} is above the cap {cap}", f"policy.sandbox.max_limits.{name}={cap}")
 
 
-def _check_allowed_url(url: str, rules: list[UrlRule], texts: list[str], *, admin: bool,
-                       field: str, kind: str, rule: str, nothing: str) -> None:
+def _check_allowed_url(
+    url: str, rules: list[UrlRule], texts: list[str], *, admin: bool, field: str, kind: str, rule: str, nothing: str
+) -> None:
     """A tenant's `kind` URL must match one of the operator's `rules` (written `texts`, the
     allowlist at `rule`; `nothing` says what an empty one means); admins may name any."""
     if admin:
@@ -282,15 +296,30 @@ def _check_allowed_url(url: str, rules: list[UrlRule], texts: list[str], *, admi
 
 def check_server_url(policy: LLMPolicy, url: str, admin: bool, field: str) -> None:
     """Tenants may name or register only URLs on the operator's allowlist; admins any."""
-    _check_allowed_url(url, policy.server_rules, policy.server_urls, admin=admin, field=field,
-                       kind="server", rule="policy.llm.server_urls",
-                       nothing="none: use the registered pool")
+    _check_allowed_url(
+        url,
+        policy.server_rules,
+        policy.server_urls,
+        admin=admin,
+        field=field,
+        kind="server",
+        rule="policy.llm.server_urls",
+        nothing="none: use the registered pool",
+    )
 
 
 def check_callback_url(policy: Policy, url: str, admin: bool, field: str) -> None:
     """Tenants may name only callback URLs on the operator's allowlist; admins any."""
-    _check_allowed_url(url, policy.callback_rules, policy.callback_urls, admin=admin,
-                       field=field, kind="callback", rule="policy.callback_urls", nothing="none")
+    _check_allowed_url(
+        url,
+        policy.callback_rules,
+        policy.callback_urls,
+        admin=admin,
+        field=field,
+        kind="callback",
+        rule="policy.callback_urls",
+        nothing="none",
+    )
 
 
 def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) -> Credential:
@@ -298,11 +327,9 @@ def check_credential(policy: LLMPolicy, name: str, url: str | None, field: str) 
     cred = policy.credentials.get(name)
     if cred is None:
         known = ", ".join(sorted(policy.credentials)) or "none"
-        raise _deny(field, f"unknown credential {name!r}; registered: {known}",
-                    "policy.llm.credentials")
+        raise _deny(field, f"unknown credential {name!r}; registered: {known}", "policy.llm.credentials")
     if url is not None and url_refusal(url, cred.rules) is not None:
-        raise _deny(field, f"credential {name!r} may not be sent to {url!r}",
-                    f"policy.llm.credentials.{name}.urls")
+        raise _deny(field, f"credential {name!r} may not be sent to {url!r}", f"policy.llm.credentials.{name}.urls")
     return cred
 
 
@@ -322,35 +349,46 @@ def check_tokenizer(policy: LLMPolicy, folder: str | None, admin: bool) -> None:
     if folder is None or tokenizer_allowed(policy, folder, admin):
         return
     roots = ", ".join(str(r) for r in policy.tokenizer_roots) or "none"
-    raise _deny("llm.tokenizer", f"{folder!r} is not under the operator's tokenizer roots "
-                    f"({roots}); leave it unset to use the model path your servers report",
-                    "policy.llm.tokenizer_roots")
+    raise _deny(
+        "llm.tokenizer",
+        f"{folder!r} is not under the operator's tokenizer roots "
+        f"({roots}); leave it unset to use the model path your servers report",
+        "policy.llm.tokenizer_roots",
+    )
 
 
 def chat_template_text(policy: LLMPolicy, name: str | None, inline: str | None) -> str | None:
     """The template a job asked for: a registered name, or inline text within the size cap."""
     if name is not None and inline is not None:
-        raise InvalidRequest("llm: give chat_template (a registered name) or "
-                             "chat_template_text (inline), not both", field="llm.chat_template")
+        raise InvalidRequest(
+            "llm: give chat_template (a registered name) or chat_template_text (inline), not both",
+            field="llm.chat_template",
+        )
     if inline is not None:
         size = len(inline.encode())
         if size > policy.inline_template_max_bytes:
-            raise _deny("llm.chat_template_text", f"{size} bytes is above the cap "
-                        f"{policy.inline_template_max_bytes}",
-                        "policy.llm.inline_template_max_bytes")
+            raise _deny(
+                "llm.chat_template_text",
+                f"{size} bytes is above the cap {policy.inline_template_max_bytes}",
+                "policy.llm.inline_template_max_bytes",
+            )
         return inline
     if name is None:
         return None
     plain_name(name, "llm.chat_template")
     known = registered_templates(policy)
     if name not in known:  # names only: never a path, so no file's existence is revealed
-        raise _deny("llm.chat_template", f"unknown chat template {name!r}; registered: "
-                    f"{', '.join(known) or 'none'}", "policy.llm.templates_dir")
+        raise _deny(
+            "llm.chat_template",
+            f"unknown chat template {name!r}; registered: {', '.join(known) or 'none'}",
+            "policy.llm.templates_dir",
+        )
     return (policy.templates_dir / f"{name}.jinja").read_text()
 
 
-def check_harness(policy: Policy, name: str, task: str, admin: bool,
-                  field: str = "agent_config.harness") -> HarnessRegistration:
+def check_harness(
+    policy: Policy, name: str, task: str, admin: bool, field: str = "agent_config.harness"
+) -> HarnessRegistration:
     """A job names a registered harness fit for its task (tenants: one open to them, whose
     environment the sandbox policy allows); InvalidRequest names the rule otherwise."""
     plain_name(name, field)
@@ -358,12 +396,13 @@ def check_harness(policy: Policy, name: str, task: str, admin: bool,
     harness = registered.get(name)
     if harness is None or not (admin or harness.tenants):
         known = ", ".join(sorted(n for n, h in registered.items() if admin or h.tenants))
-        raise _deny(field, f"unknown harness {name!r}; registered: {known or 'none'}",
-                    "policy.harnesses.registered")
+        raise _deny(field, f"unknown harness {name!r}; registered: {known or 'none'}", "policy.harnesses.registered")
     if task not in harness.tasks:
-        raise _deny("agent_config.task", f"harness {name!r} does not run {task!r} tasks "
-                    f"(it runs: {', '.join(harness.tasks)})",
-                    f"policy.harnesses.registered.{name}.tasks")
+        raise _deny(
+            "agent_config.task",
+            f"harness {name!r} does not run {task!r} tasks (it runs: {', '.join(harness.tasks)})",
+            f"policy.harnesses.registered.{name}.tasks",
+        )
     if harness.python_env is not None and not admin:
         check_python_env(policy.sandbox, harness.python_env, field)
     return harness

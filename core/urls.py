@@ -15,6 +15,7 @@ A URL whose host is a DNS name matches an address-range rule only through what t
 resolves to, checked when the URL is submitted and again at every connection
 (`agents.llm.backends.guard`), so a name cannot be pointed elsewhere later.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -27,10 +28,15 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 NAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
-_URL_RE = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>\[[^\]/]*(/\d+)?\]|[^/:\[\]]*)"
-                     r"(:(?P<port>[^/]*))?(?P<path>/.*)?$", re.I)
-NEW_FORMAT = ("scheme://HOST[:PORT][/PATH], HOST an exact name, *.domain, an address or a "
-              "range in brackets like [10.9.0.0/16], PORT a number, a range 8000-8099 or *")
+_URL_RE = re.compile(
+    r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>\[[^\]/]*(/\d+)?\]|[^/:\[\]]*)"
+    r"(:(?P<port>[^/]*))?(?P<path>/.*)?$",
+    re.I,
+)
+NEW_FORMAT = (
+    "scheme://HOST[:PORT][/PATH], HOST an exact name, *.domain, an address or a "
+    "range in brackets like [10.9.0.0/16], PORT a number, a range 8000-8099 or *"
+)
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,7 @@ def parse_url(url: str) -> Target:
         raise ValueError("must be http:// or https:// followed by a host")
     scheme, path = match["scheme"].lower(), match["path"] or ""
     if any(c in path for c in "?#@\\") or "@" in url.split("/")[2]:
-        raise ValueError("must be a base URL: scheme, host, port and path only (no query, "
-                         "fragment or user info)")
+        raise ValueError("must be a base URL: scheme, host, port and path only (no query, fragment or user info)")
     _check_path(path)
     host, address = _parse_host(match["host"])
     port = _parse_port(match["port"], scheme)
@@ -123,10 +128,8 @@ class UrlRule:
 
     def allows_location(self, target: Target) -> bool:
         """Scheme, port and path match (the host is judged separately)."""
-        path_ok = (not self.path or target.path == self.path
-                   or target.path.startswith(self.path + "/"))
-        return (target.scheme == self.scheme and path_ok
-                and self.ports[0] <= target.port <= self.ports[1])
+        path_ok = not self.path or target.path == self.path or target.path.startswith(self.path + "/")
+        return target.scheme == self.scheme and path_ok and self.ports[0] <= target.port <= self.ports[1]
 
     def allows_name(self, host: str) -> bool:
         """The URL's host, as written, is this rule's name (or under its `*.` domain)."""
@@ -134,22 +137,26 @@ class UrlRule:
 
     def allows_address(self, address: IPAddress) -> bool:
         """`address` is in this rule's range."""
-        return self.network is not None and address.version == self.network.version \
-            and address in self.network
+        return self.network is not None and address.version == self.network.version and address in self.network
 
 
 def parse_rule(text: str) -> UrlRule:
     """One allowlist entry; ValueError names the new format (old whole-URL globs included)."""
     match = _URL_RE.match(text.strip())
-    scheme = (match["scheme"].lower() if match else "")
+    scheme = match["scheme"].lower() if match else ""
     if not match or scheme not in DEFAULT_PORTS or "?" in text or "#" in text:
         raise ValueError(f"{text!r} is not a URL rule: write {NEW_FORMAT}")
     raw_host, raw_port = match["host"], match["port"]
-    if "*" in raw_host.lstrip("*.") or "*" in (match["path"] or "") or \
-            (raw_host.startswith("*") and not raw_host.startswith("*.")):
-        raise ValueError(f"{text!r} looks like a glob over the whole URL (the format before "
-                         f"issue 22, which matched any port of a host): write "
-                         f"{NEW_FORMAT}{_suggest(scheme, raw_host, raw_port)}")
+    if (
+        "*" in raw_host.lstrip("*.")
+        or "*" in (match["path"] or "")
+        or (raw_host.startswith("*") and not raw_host.startswith("*."))
+    ):
+        raise ValueError(
+            f"{text!r} looks like a glob over the whole URL (the format before "
+            f"issue 22, which matched any port of a host): write "
+            f"{NEW_FORMAT}{_suggest(scheme, raw_host, raw_port)}"
+        )
     name = suffix = network = None
     if raw_host.startswith("*."):
         suffix = _parse_host(raw_host[1:].lstrip("."))[0]
@@ -163,8 +170,9 @@ def parse_rule(text: str) -> UrlRule:
         host, address = _parse_host(raw_host)
         network = ipaddress.ip_network(address) if address else None
         name = None if address else host
-    return UrlRule(text, scheme, name, suffix, network, _rule_ports(text, raw_port, scheme),
-                   (match["path"] or "").rstrip("/"))
+    return UrlRule(
+        text, scheme, name, suffix, network, _rule_ports(text, raw_port, scheme), (match["path"] or "").rstrip("/")
+    )
 
 
 def _rule_ports(text: str, raw: str | None, scheme: str) -> tuple[int, int]:
@@ -195,15 +203,13 @@ def resolve(host: str, port: int) -> list[IPAddress]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         return []
-    return sorted({ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos},
-                  key=lambda a: (a.version, a))
+    return sorted({ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}, key=lambda a: (a.version, a))
 
 
 def address_allowed(rules: list[UrlRule], target: Target, address: IPAddress) -> bool:
     """May a connection for `target` go to `address`? (Name rules trust what a name says.)"""
     for rule in rules:
-        if rule.allows_location(target) and (rule.allows_name(target.host)
-                                             or rule.allows_address(address)):
+        if rule.allows_location(target) and (rule.allows_name(target.host) or rule.allows_address(address)):
             return True
     return False
 

@@ -24,6 +24,7 @@ gives this model (30 layers x 3 KV heads x 64 dims x 2 (K, V) x 2 bytes = 23 KB 
 multiplies every duration (tests and benches run the same shape faster). Running sequences'
 own KV blocks are not counted against the cache (no preemption is modelled).
 """
+
 from __future__ import annotations
 
 import threading
@@ -43,13 +44,10 @@ class CapacityModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     step_seconds: float = Field(0.04825, ge=0, description="Fixed cost of one forward step")
-    token_seconds: float = Field(0.00175, ge=0,
-                                 description="Cost per token in a step (decode or prefill)")
+    token_seconds: float = Field(0.00175, ge=0, description="Cost per token in a step (decode or prefill)")
     max_num_seqs: int = Field(256, ge=1, description="Sequences running at once; more wait")
-    max_num_batched_tokens: int = Field(2048, ge=1,
-                                        description="Tokens per step (decode + prefill chunk)")
-    prefix_cache_tokens: int = Field(45_000, ge=0,
-                                     description="Prefix cache size in tokens (0: no cache)")
+    max_num_batched_tokens: int = Field(2048, ge=1, description="Tokens per step (decode + prefill chunk)")
+    prefix_cache_tokens: int = Field(45_000, ge=0, description="Prefix cache size in tokens (0: no cache)")
     block_size: int = Field(16, ge=1, description="Prefix cache block, in tokens")
     time_scale: float = Field(1.0, gt=0, description="Multiplies every duration")
 
@@ -81,7 +79,7 @@ class PrefixCache:
     def _hashes(self, ids: list[int]) -> list[int]:
         hashes, parent, size = [], 0, self.block_size
         for start in range(0, len(ids) - size + 1, size):
-            parent = hash((parent, tuple(ids[start:start + size])))
+            parent = hash((parent, tuple(ids[start : start + size])))
             hashes.append(parent)
         return hashes
 
@@ -139,8 +137,7 @@ class Engine:
         self.thread = threading.Thread(target=self._loop, name="llm-sim-engine", daemon=True)
         self.thread.start()
 
-    def generate(self, prompt: list[int], output: list[int],
-                 gone: Any = lambda: False) -> bool:
+    def generate(self, prompt: list[int], output: list[int], gone: Any = lambda: False) -> bool:
         """Block until the engine has 'computed' this request; False if the client left."""
         seq = Sequence(list(prompt), list(output) or [0])
         with self.cond:
@@ -238,14 +235,16 @@ class Engine:
     def snapshot(self) -> dict[str, Any]:
         """Counters, gauges and the time-weighted batch-size histogram (JSON-ready)."""
         with self.cond:
-            return {"uptime_seconds": time.monotonic() - self.started,
-                    "num_requests_running": len(self.running),
-                    "num_requests_waiting": len(self.waiting),
-                    **dict(self.counters),
-                    "busy_seconds": self.sums["busy"], "queue_seconds": self.sums["queue"],
-                    "e2e_seconds": self.sums["e2e"],
-                    "batch_size_seconds": {str(k): v for k, v in
-                                           sorted(self.batch_seconds.items())}}
+            return {
+                "uptime_seconds": time.monotonic() - self.started,
+                "num_requests_running": len(self.running),
+                "num_requests_waiting": len(self.waiting),
+                **dict(self.counters),
+                "busy_seconds": self.sums["busy"],
+                "queue_seconds": self.sums["queue"],
+                "e2e_seconds": self.sums["e2e"],
+                "batch_size_seconds": {str(k): v for k, v in sorted(self.batch_seconds.items())},
+            }
 
 
 def render_metrics(stats: dict[str, Any], model: str) -> str:
@@ -262,12 +261,13 @@ def render_metrics(stats: dict[str, Any], model: str) -> str:
 
     metric("vllm:num_requests_running", "gauge", stats["num_requests_running"])
     metric("vllm:num_requests_waiting", "gauge", stats["num_requests_waiting"])
-    for key in ("prompt_tokens", "generation_tokens", "prefix_cache_queries",
-                "prefix_cache_hits"):
+    for key in ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits"):
         metric(f"vllm:{key}_total", "counter", stats.get(key, 0))
     metric("vllm:request_success_total", "counter", stats.get("requests_finished", 0))
-    for name, key, count in (("request_queue_time_seconds", "queue_seconds", "requests_admitted"),
-                             ("e2e_request_latency_seconds", "e2e_seconds", "requests_finished")):
+    for name, key, count in (
+        ("request_queue_time_seconds", "queue_seconds", "requests_admitted"),
+        ("e2e_request_latency_seconds", "e2e_seconds", "requests_finished"),
+    ):
         n = stats.get(count, 0)
         lines.append(f"# TYPE vllm:{name} histogram")
         lines.append(f'vllm:{name}_bucket{{model_name="{model}",le="+Inf"}} {n}')
@@ -277,8 +277,7 @@ def render_metrics(stats: dict[str, Any], model: str) -> str:
     metric("sim:busy_seconds_total", "counter", stats["busy_seconds"])
     metric("sim:steps_total", "counter", stats.get("steps", 0))
     for size, seconds in stats["batch_size_seconds"].items():
-        metric("sim:batch_size_seconds_total", "counter", seconds,
-               f'{{model_name="{model}",size="{size}"}}')
+        metric("sim:batch_size_seconds_total", "counter", seconds, f'{{model_name="{model}",size="{size}"}}')
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ from the prompt and calls `finish` with it. A problem it does not know gets a re
 tool call and no answer, which the math handler grades 0. The programs are written per example
 problem: this is a scripted stand-in for a model, not a solver.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ PROGRAMS: dict[str, str] = {
     "positive divisors of 360": S + "print(sp.divisor_sigma(360))",
     "club has 11 members": "import math\nprint(math.comb(11, 4))",
     "add up to 9": "from fractions import Fraction\n"
-                   "print(Fraction(sum(a + b == 9 for a in range(1, 7) for b in range(1, 7)), 36))",
+    "print(Fraction(sum(a + b == 9 for a in range(1, 7) for b in range(1, 7)), 36))",
     "3x - 7 = 2x + 5": S + "print(sp.solve(3*x - 7 - (2*x + 5), x)[0])",
     "7^{2026} is divided by 13": "print(pow(7, 2026, 13))",
     "inscribed in a square whose side length is 10": S + "print(sp.pi * 5**2)",
@@ -30,16 +31,14 @@ PROGRAMS: dict[str, str] = {
     "F_{20}": "a, b = 1, 1\nfor _ in range(18):\n    a, b = b, a + b\nprint(b)",
     "(x+2)^2 - (x-2)^2": S + "print(sp.expand((x + 2)**2 - (x - 2)**2))",
     "\\frac{x^2 - 9}{x - 3}": S + "print(sp.cancel((x**2 - 9)/(x - 3)))",
-    "n! is greater than one million": "import math\nn = 1\nwhile math.factorial(n) <= 10**6:\n"
-                                      "    n += 1\nprint(n)",
+    "n! is greater than one million": "import math\nn = 1\nwhile math.factorial(n) <= 10**6:\n    n += 1\nprint(n)",
     "x + y = 10 and x - y = 4": "x, y = 7, 3\nassert x + y == 10 and x - y == 4\nprint(x*x + y*y)",
     "1^2 + 2^2 + 3^2": "print(sum(k*k for k in range(1, 51)))",
     "(1, 2) and (7, 10)": "import math\nprint(math.dist((1, 2), (7, 10)))",
     "\\log_2 32 + \\log_3": S + "print(sp.log(32, 2) + sp.log(sp.Rational(1, 9), 3))",
     "\\sqrt{50}": S + "print(sp.sqrt(50))",
     "3 + 1 + \\frac{1}{3}": S + "print(sp.Rational(3) / (1 - sp.Rational(1, 3)))",
-    "letters of the word LEVEL": "import math\n"
-                                 "print(math.factorial(5) // (math.factorial(2) * math.factorial(2)))",
+    "letters of the word LEVEL": "import math\nprint(math.factorial(5) // (math.factorial(2) * math.factorial(2)))",
     "(2 + 3i)(1 - i)": S + "print(sp.expand((2 + 3*sp.I) * (1 - sp.I)))",
     "rows (4, 7) and (2, 6)": S + "print(sp.Matrix([[4, 7], [2, 6]]).det())",
     "legs of length 9 and 12": "import math\nprint(9 + 12 + math.isqrt(9*9 + 12*12))",
@@ -59,7 +58,7 @@ PROGRAMS: dict[str, str] = {
     "1000 dollars earns 10%": "print(round(1000 * 1.1**2))",
     "x^3 + 2x": S + "print(sp.diff(x**3 + 2*x, x))",
     "relatively prime to 12": "import math\nfrom fractions import Fraction\n"
-                              "print(Fraction(sum(math.gcd(k, 12) == 1 for k in range(1, 13)), 12))",
+    "print(Fraction(sum(math.gcd(k, 12) == 1 for k in range(1, 13)), 12))",
 }
 TOOL_TURN = re.compile(r"<\|im_start\|>(?:tool|user)\n(.*?)<\|im_end\|>", re.DOTALL)
 UNKNOWN = "I do not know how to solve this problem."

@@ -13,6 +13,7 @@ the median, one in a hundred ~10x), capped at `cap`; `tail`: `base` seconds, and
 probability `p` `slow` seconds instead (a bimodal straggler). Draws come from one seeded
 generator per server, in request order.
 """
+
 from __future__ import annotations
 
 import random

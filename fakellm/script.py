@@ -45,6 +45,7 @@ prompt's token ids, how many times this exact prompt was asked before, the reque
 apart; the draws are deterministic for a given order of requests, and a restarted simulator
 replays them. The default `wrong` reply has no tool call and no answer (graded 0 by `math`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -113,7 +114,7 @@ class Script:
             occurrence = self._asked[digest]
             self._asked[digest] += 1
         key = f"{self.seed}:{digest}:{occurrence}:{request_seed}".encode()
-        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2.0 ** 64
+        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2.0**64
         return draw < self.wrong_rate
 
     @staticmethod
@@ -146,10 +147,15 @@ class Script:
             ids.append(self.tok.token_to_id(end_text))
         return ids, latency
 
-    def complete(self, prompt_ids: list[int], max_tokens: int,
-                 disconnected: Callable[[], bool] = lambda: False,
-                 engine: Engine | None = None, seed: Any = None,
-                 model: str | None = None) -> dict[str, Any] | None:
+    def complete(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        disconnected: Callable[[], bool] = lambda: False,
+        engine: Engine | None = None,
+        seed: Any = None,
+        model: str | None = None,
+    ) -> dict[str, Any] | None:
         """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
         the client went away during the reply's latency or its time in the engine)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
@@ -173,9 +179,14 @@ class Script:
         logprobs = self.weights.logprobs(prompt_ids, ids, model)  # None: nothing pushed yet
         if logprobs is None:
             logprobs = [fake_logprob(t, base + i) for i, t in enumerate(ids)]
-        return {"ids": ids, "logprobs": logprobs,
-                "finish_reason": finish, "instance": key, "turn": turn,
-                "text": self.tok.decode(ids, skip_special_tokens=True)}
+        return {
+            "ids": ids,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "instance": key,
+            "turn": turn,
+            "text": self.tok.decode(ids, skip_special_tokens=True),
+        }
 
 
 def _token_text(token: Any) -> str | None:

@@ -15,6 +15,7 @@ prompt, wrong-reply draws, logprobs).
 with the `demo-math` policy (`fakellm/demo_policy.py`), which solves `examples/math.jsonl`
 through the python tool: the no-GPU demo of the README's quick start.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,9 @@ class SimulatorServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], script: Script, max_model_len: int | None,
-                 report_max_model_len: bool = True):
+    def __init__(
+        self, address: tuple[str, int], script: Script, max_model_len: int | None, report_max_model_len: bool = True
+    ):
         super().__init__(address, _Handler)
         self.engine = Engine(script.capacity) if script.capacity is not None else None
         self.script = script
@@ -123,10 +125,20 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(200, {})
         elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [
-                {"id": script.model, "object": "model", "root": script.model,
-                 "max_model_len": self.server.max_model_len
-                 if self.server.report_max_model_len else None}]})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": script.model,
+                            "object": "model",
+                            "root": script.model,
+                            "max_model_len": self.server.max_model_len if self.server.report_max_model_len else None,
+                        }
+                    ],
+                },
+            )
         elif self.path == "/sim/stats":
             with self.server.stats_lock:
                 stats: dict[str, Any] = dict(self.server.stats)
@@ -150,8 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._send(400, {"error": "body is not JSON"})
             return
-        routes = {"/v1/completions": self._completions, "/generate": self._generate,
-                  "/v1/chat/completions": self._chat}
+        routes = {"/v1/completions": self._completions, "/generate": self._generate, "/v1/chat/completions": self._chat}
         route = routes.get(self.path)
         weights = None if route else self.server.script.weights.handle(self.path, body)
         if route is None and weights is None:
@@ -163,21 +174,23 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(status, answer)
 
-    def _run(self, prompt: Any, max_tokens: int, seed: Any = None,
-             model: str | None = None) -> tuple[int, dict[str, Any]]:
+    def _run(
+        self, prompt: Any, max_tokens: int, seed: Any = None, model: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
         limit = self.server.max_model_len
         if limit is not None and len(prompt) + max_tokens > limit:
             # vLLM's wording, which clients match on.
-            return 400, {"error": f"This model's maximum context length is {limit} tokens. "
-                                  f"However, you requested {len(prompt) + max_tokens} tokens "
-                                  f"({len(prompt)} in the messages, {max_tokens} in the "
-                                  "completion)."}
+            return 400, {
+                "error": f"This model's maximum context length is {limit} tokens. "
+                f"However, you requested {len(prompt) + max_tokens} tokens "
+                f"({len(prompt)} in the messages, {max_tokens} in the "
+                "completion)."
+            }
         with self.server.stats_lock:
             self.server.stats["started"] += 1
-        result = self.server.script.complete(prompt, max_tokens, self._client_gone,
-                                             self.server.engine, seed, model)
+        result = self.server.script.complete(prompt, max_tokens, self._client_gone, self.server.engine, seed, model)
         if result is None:
             with self.server.stats_lock:
                 self.server.stats["aborted"] += 1
@@ -189,27 +202,44 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, result
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        status, r = self._run(body.get("prompt"), int(body.get("max_tokens") or 16),
-                              body.get("seed"), body.get("model"))
+        status, r = self._run(
+            body.get("prompt"), int(body.get("max_tokens") or 16), body.get("seed"), body.get("model")
+        )
         if status != 200:
             return status, r
-        choice = {"index": 0, "text": r["text"], "finish_reason": r["finish_reason"],
-                  "token_ids": r["ids"], "prompt_token_ids": body["prompt"],
-                  "logprobs": {"token_logprobs": r["logprobs"],
-                               "tokens": [self.server.script.tok.id_to_token(t) for t in r["ids"]]}}
+        choice = {
+            "index": 0,
+            "text": r["text"],
+            "finish_reason": r["finish_reason"],
+            "token_ids": r["ids"],
+            "prompt_token_ids": body["prompt"],
+            "logprobs": {
+                "token_logprobs": r["logprobs"],
+                "tokens": [self.server.script.tok.id_to_token(t) for t in r["ids"]],
+            },
+        }
         usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(r["ids"])}
-        return 200, {"id": "cmpl-sim", "object": "text_completion",
-                     "model": self.server.script.model, "choices": [choice], "usage": usage}
+        return 200, {
+            "id": "cmpl-sim",
+            "object": "text_completion",
+            "model": self.server.script.model,
+            "choices": [choice],
+            "usage": usage,
+        }
 
     def _generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         params = body.get("sampling_params") or {}
-        status, r = self._run(body.get("input_ids"), int(params.get("max_new_tokens") or 16),
-                              params.get("sampling_seed"))
+        status, r = self._run(
+            body.get("input_ids"), int(params.get("max_new_tokens") or 16), params.get("sampling_seed")
+        )
         if status != 200:
             return status, r
-        meta = {"finish_reason": {"type": r["finish_reason"]},
-                "output_token_logprobs": [[lp, t, None] for lp, t in zip(r["logprobs"], r["ids"])],
-                "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(r["ids"])}
+        meta = {
+            "finish_reason": {"type": r["finish_reason"]},
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(r["logprobs"], r["ids"])],
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(r["ids"]),
+        }
         return 200, {"text": r["text"], "output_ids": r["ids"], "meta_info": meta}
 
     def _chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -223,22 +253,31 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats["requests"] += 1
             self.server.stats[f"instance:{key}"] += 1
         content = script.tok.decode(ids, skip_special_tokens=True)
-        return 200, {"id": "chat-sim", "object": "chat.completion", "model": script.model,
-                     "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": content}}]}
+        return 200, {
+            "id": "chat-sim",
+            "object": "chat.completion",
+            "model": script.model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+        }
 
 
 def _load_script(script: dict[str, Any] | str | Path) -> dict[str, Any]:
     return script if isinstance(script, dict) else json.loads(Path(script).read_text())
 
 
-def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: int = 0,
-                host: str = "127.0.0.1", max_model_len: int | None = None,
-                latency: float | None = None,
-                report_max_model_len: bool = True,
-                capacity: CapacityModel | dict[str, Any] | None = None,
-                wrong_rate: float | None = None, seed: int | None = None,
-                latency_dist: dict[str, Any] | None = None) -> SimulatorServer:
+def make_server(
+    tokenizer_dir: str,
+    script: dict[str, Any] | str | Path,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    max_model_len: int | None = None,
+    latency: float | None = None,
+    report_max_model_len: bool = True,
+    capacity: CapacityModel | dict[str, Any] | None = None,
+    wrong_rate: float | None = None,
+    seed: int | None = None,
+    latency_dist: dict[str, Any] | None = None,
+) -> SimulatorServer:
     """A bound (not yet serving) simulator server; port 0 picks a free one.
 
     `max_model_len` makes it reject, like vLLM, a request whose prompt + max_tokens exceeds it
@@ -256,18 +295,26 @@ def make_server(tokenizer_dir: str, script: dict[str, Any] | str | Path, port: i
         data["seed"] = seed
     if latency_dist is not None:
         data["latency_dist"] = latency_dist
-    return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len,
-                           report_max_model_len)
+    return SimulatorServer((host, port), Script(tokenizer_dir, data), max_model_len, report_max_model_len)
 
 
-def start_simulator(tokenizer_dir: str, script: dict[str, Any] | str | Path,
-                    max_model_len: int | None = None, latency: float | None = None,
-                    report_max_model_len: bool = True,
-                    capacity: CapacityModel | dict[str, Any] | None = None,
-                    ) -> tuple[str, Callable[[], None]]:
+def start_simulator(
+    tokenizer_dir: str,
+    script: dict[str, Any] | str | Path,
+    max_model_len: int | None = None,
+    latency: float | None = None,
+    report_max_model_len: bool = True,
+    capacity: CapacityModel | dict[str, Any] | None = None,
+) -> tuple[str, Callable[[], None]]:
     """Serve a simulator in a daemon thread on a free port; returns (url, stop)."""
-    server = make_server(tokenizer_dir, script, max_model_len=max_model_len, latency=latency,
-                         report_max_model_len=report_max_model_len, capacity=capacity)
+    server = make_server(
+        tokenizer_dir,
+        script,
+        max_model_len=max_model_len,
+        latency=latency,
+        report_max_model_len=report_max_model_len,
+        capacity=capacity,
+    )
     thread = threading.Thread(target=server.serve_forever, name="llm-sim", daemon=True)
     thread.start()
 
@@ -279,14 +326,26 @@ def start_simulator(tokenizer_dir: str, script: dict[str, Any] | str | Path,
     return server.url, stop
 
 
-def start_simulator_process(tokenizer_dir: str, script_file: str | Path, port: int,
-                            max_model_len: int | None = None,
-                            ready_timeout: float = 30.0,
-                            capacity: CapacityModel | dict[str, Any] | None = None,
-                            ) -> tuple[str, Callable[[], None]]:
+def start_simulator_process(
+    tokenizer_dir: str,
+    script_file: str | Path,
+    port: int,
+    max_model_len: int | None = None,
+    ready_timeout: float = 30.0,
+    capacity: CapacityModel | dict[str, Any] | None = None,
+) -> tuple[str, Callable[[], None]]:
     """Run `raas llm-sim` as a subprocess (killable like a real server); returns (url, stop)."""
-    cmd = [sys.executable, "-m", "fakellm.cli", "--tokenizer", str(tokenizer_dir),
-           "--script", str(script_file), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fakellm.cli",
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--script",
+        str(script_file),
+        "--port",
+        str(port),
+    ]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if capacity is not None:

@@ -20,6 +20,7 @@ logprobs after a reload) until `POST /reset_prefix_cache`. Script options
 (`"weights": {...}`): `"reset_noop": true` makes the reset answer 200 and do nothing (a server
 whose cache survives; the defect a push must catch).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,7 @@ def read_seed(folder: str | Path) -> str:
 def is_tied(folder: str | Path) -> bool:
     """Whether the folder's config.json ties the head to the embeddings."""
     try:
-        return bool(json.loads((Path(folder) / "config.json").read_text())
-                    .get("tie_word_embeddings", False))
+        return bool(json.loads((Path(folder) / "config.json").read_text()).get("tie_word_embeddings", False))
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -89,8 +89,11 @@ def fingerprint_logprobs(seed: str, prompt_ids: list[int], token_ids: list[int])
 def fingerprint(seed: str, prompt_ids: list[int], token_ids: list[int]) -> dict[str, list]:
     """A probe `{prompt_ids, token_ids, logprobs}` for weights `seed` (the simulator's greedy
     answer to `prompt_ids` is its scripted reply: pass its ids as `token_ids`)."""
-    return {"prompt_ids": list(prompt_ids), "token_ids": list(token_ids),
-            "logprobs": fingerprint_logprobs(seed, prompt_ids, token_ids)}
+    return {
+        "prompt_ids": list(prompt_ids),
+        "token_ids": list(token_ids),
+        "logprobs": fingerprint_logprobs(seed, prompt_ids, token_ids),
+    }
 
 
 class SimWeights:
@@ -107,16 +110,18 @@ class SimWeights:
 
     def handle(self, path: str, body: dict[str, Any]) -> tuple[int, Any] | None:
         """Answer a weights endpoint; None if `path` is not one."""
-        routes = {"/collective_rpc": self._rpc, "/reset_prefix_cache": self._reset,
-                  "/v1/load_lora_adapter": self._load_lora,
-                  "/v1/unload_lora_adapter": self._unload_lora}
+        routes = {
+            "/collective_rpc": self._rpc,
+            "/reset_prefix_cache": self._reset,
+            "/v1/load_lora_adapter": self._load_lora,
+            "/v1/unload_lora_adapter": self._unload_lora,
+        }
         route = routes.get(path)
         return None if route is None else route(body)
 
     def _rpc(self, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("method") != "reload_weights":
-            return 400, {"error": f"the simulator only knows reload_weights, not "
-                                  f"{body.get('method')!r}"}
+            return 400, {"error": f"the simulator only knows reload_weights, not {body.get('method')!r}"}
         folder = (body.get("kwargs") or {}).get("weights_path")
         try:
             seed = read_seed(folder)
@@ -161,8 +166,7 @@ class SimWeights:
             self.counts["lora_unloads"] += 1
         return 200, f"Success: LoRA adapter '{name}' removed successfully."
 
-    def logprobs(self, prompt_ids: list[int], ids: list[int],
-                 model: str | None = None) -> list[float] | None:
+    def logprobs(self, prompt_ids: list[int], ids: list[int], model: str | None = None) -> list[float] | None:
         """Logprobs of `ids` after `prompt_ids` with the weights serving `model` (a LoRA name
         or the base), through the prefix cache; None before any weights were loaded."""
         with self.lock:
@@ -174,14 +178,13 @@ class SimWeights:
         base = len(prompt_ids)
         return [weights_logprob(used, t, base + i) for i, t in enumerate(ids)]
 
-    def _through_cache(self, adapter: str | None, prompt_ids: list[int],
-                       state: WeightState) -> WeightState:
+    def _through_cache(self, adapter: str | None, prompt_ids: list[int], state: WeightState) -> WeightState:
         """The weights the prompt's longest cached block was computed with (else `state`);
         every full block of the prompt is cached with what was used."""
         blocks = (len(prompt_ids) - 1) // BLOCK_TOKENS  # the last token is always computed
         keys, chained = [], 0
         for k in range(blocks):  # a block's key covers every token before it, as vLLM's does
-            chained = hash((chained, tuple(prompt_ids[k * BLOCK_TOKENS:(k + 1) * BLOCK_TOKENS])))
+            chained = hash((chained, tuple(prompt_ids[k * BLOCK_TOKENS : (k + 1) * BLOCK_TOKENS])))
             keys.append((adapter, k, chained))
         used = next((self.cache[key] for key in reversed(keys) if key in self.cache), state)
         if len(self.cache) > MAX_CACHED_BLOCKS:  # a bounded cache, like the real one
@@ -193,5 +196,10 @@ class SimWeights:
     def snapshot(self) -> dict[str, Any]:
         """What /sim/stats reports about the weights."""
         with self.lock:
-            return {**self.counts, "body": self.state.body, "head": self.state.head,
-                    "adapters": sorted(self.adapters), "cached_blocks": len(self.cache)}
+            return {
+                **self.counts,
+                "body": self.state.body,
+                "head": self.state.head,
+                "adapters": sorted(self.adapters),
+                "cached_blocks": len(self.cache),
+            }

@@ -1,4 +1,5 @@
 """Run the Alembic migrations programmatically (no alembic.ini needed)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,8 +1,9 @@
 """Rootless sandboxes (bwrap, Singularity, local) with a fast in-sandbox tool server.
 
-    rt = get_runtime("bwrap"); sb = rt.start(SandboxSpec(workspace="/abs/dir"), label="r:0")
-    sb.bash("ls"); sb.python("1+1"); sb.edit("view", "a.py"); sb.stop()
+rt = get_runtime("bwrap"); sb = rt.start(SandboxSpec(workspace="/abs/dir"), label="r:0")
+sb.bash("ls"); sb.python("1+1"); sb.edit("view", "a.py"); sb.stop()
 """
+
 from __future__ import annotations
 
 from sandbox import bwrap, local, singularity  # noqa: F401 - importing them registers them

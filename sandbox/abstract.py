@@ -1,6 +1,7 @@
 """The Runtime interface and its config base, and what runtime implementations share to start
 a tool server (pin it, wait for it, shut it down). The node-wide operations on sandboxes of any
 runtime (pick a runtime, attach, stop, list) are in `sandbox.node`."""
+
 from __future__ import annotations
 
 import logging
@@ -72,9 +73,14 @@ class Runtime(ABC):
         sid = uuid.uuid4().hex[:12]
         socket_dir = self.state_dir / sid
         handle = {
-            "runtime": self.name, "id": sid, "label": label, "node": self.settings.node,
-            "workspace": spec.workspace, "created": time.time(),
-            "socket_dir": str(socket_dir), "socket": str(socket_dir / "tool.sock"),
+            "runtime": self.name,
+            "id": sid,
+            "label": label,
+            "node": self.settings.node,
+            "workspace": spec.workspace,
+            "created": time.time(),
+            "socket_dir": str(socket_dir),
+            "socket": str(socket_dir / "tool.sock"),
             "handle_file": str(self.state_dir / f"{sid}.json"),
             "log_file": str(self.state_dir / f"{sid}.log"),
             "call_timeout": spec.limits.call_timeout,
@@ -120,16 +126,20 @@ def pin_server(handle: Handle, timeout: float = 5.0) -> None:
         sock.close()
     root = handle.get("pid")
     if uid != handle.get("uid", os.getuid()) or (pid != root and not is_descendant(pid, root)):
-        raise SandboxStartError(f"tool socket answered by pid {pid} (uid {uid}), which this "
-                                f"runtime did not start (pid {root})")
+        raise SandboxStartError(
+            f"tool socket answered by pid {pid} (uid {uid}), which this runtime did not start (pid {root})"
+        )
     handle.update(server_pid=pid, server_start=start_time(pid))
 
 
 def shutdown_quietly(handle: Handle, timeout: float = 1.0) -> None:
     """Ask a tool server to stop its sessions; ignore any failure (the kill follows)."""
     try:
-        server = (handle["server_pid"], handle["server_start"], handle.get("uid", os.getuid())) \
-            if handle.get("server_pid") else None
+        server = (
+            (handle["server_pid"], handle["server_start"], handle.get("uid", os.getuid()))
+            if handle.get("server_pid")
+            else None
+        )
         ToolClient(handle["socket"], server).call("shutdown", {}, timeout)
     except Exception:  # noqa: BLE001 - best effort before a forced kill
         pass

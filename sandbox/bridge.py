@@ -12,6 +12,7 @@ mount is read-only). The tool socket keeps its property: its folder is never mou
 `start_detached` / `detached_status` / `stop_detached` run a long program (the harness) in
 the sandbox without holding a tool call for its whole run (`toolserver/detach.py`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -33,8 +34,7 @@ class BridgeError(SandboxError):
 def _handle(sandbox: Any) -> dict[str, Any]:
     handle = getattr(sandbox, "handle", None) or {}
     if not handle.get("endpoint_dir"):
-        raise BridgeError("this sandbox was started without a model endpoint folder "
-                          "(SandboxSpec.model_endpoint)")
+        raise BridgeError("this sandbox was started without a model endpoint folder (SandboxSpec.model_endpoint)")
     return handle
 
 
@@ -48,8 +48,7 @@ def endpoint_socket(sandbox: Any) -> str:
 def start_relay(sandbox: Any, timeout: float = START_TIMEOUT) -> int:
     """Start the loopback relay in the sandbox; returns its port (127.0.0.1 inside)."""
     handle = _handle(sandbox)
-    command = shlex.join([SYSTEM_PYTHON, "-I", "-S", handle["relay"],
-                          "--socket", handle["endpoint_inside"]])
+    command = shlex.join([SYSTEM_PYTHON, "-I", "-S", handle["relay"], "--socket", handle["endpoint_inside"]])
     result = sandbox.bash(command, timeout=timeout)
     text = result.output.strip()
     if result.exit_code != 0 or not text.isdigit():
@@ -60,8 +59,7 @@ def start_relay(sandbox: Any, timeout: float = START_TIMEOUT) -> int:
 def write_text(sandbox: Any, path: str, text: str, timeout: float = START_TIMEOUT) -> None:
     """Write a file anywhere the sandbox's user may (e.g. /tmp), through the shell."""
     data = base64.b64encode(text.encode()).decode()
-    result = sandbox.bash(f"printf %s {data} | base64 -d > {shlex.quote(path)}",
-                          timeout=timeout)
+    result = sandbox.bash(f"printf %s {data} | base64 -d > {shlex.quote(path)}", timeout=timeout)
     if result.exit_code != 0:
         raise BridgeError(f"cannot write {path} in the sandbox: {result.output[-500:]!r}")
 
@@ -75,14 +73,32 @@ class Detached:
     log_file: str
 
 
-def start_detached(sandbox: Any, argv: list[str], env: dict[str, str], cwd: str,
-                   name: str = "raas-harness", timeout: float = START_TIMEOUT) -> Detached:
+def start_detached(
+    sandbox: Any,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    name: str = "raas-harness",
+    timeout: float = START_TIMEOUT,
+) -> Detached:
     """Start `argv` (no shell) detached in the sandbox with `env` added to the sandbox's."""
     handle = _handle(sandbox)
     status, log = f"/tmp/{name}.status", f"/tmp/{name}.log"
-    words = [SYSTEM_PYTHON, "-I", "-S", handle["detach"], "--status", status, "--log", log,
-             "--cwd", cwd, *(x for k, v in env.items() for x in ("--env", f"{k}={v}")),
-             "--", *argv]
+    words = [
+        SYSTEM_PYTHON,
+        "-I",
+        "-S",
+        handle["detach"],
+        "--status",
+        status,
+        "--log",
+        log,
+        "--cwd",
+        cwd,
+        *(x for k, v in env.items() for x in ("--env", f"{k}={v}")),
+        "--",
+        *argv,
+    ]
     result = sandbox.bash(f"rm -f {status}; " + shlex.join(words), timeout=timeout)
     text = result.output.strip()
     if result.exit_code != 0 or not text.isdigit():
@@ -104,13 +120,13 @@ def detached_status(sandbox: Any, program: Detached, timeout: float = START_TIME
 
 def stop_detached(sandbox: Any, program: Detached, timeout: float = START_TIMEOUT) -> None:
     """TERM, then KILL, the program's process group (what it setsid'd dies with RUN)."""
-    sandbox.bash(f"kill -TERM -- -{program.pid} 2>/dev/null; sleep 1; "
-                 f"kill -KILL -- -{program.pid} 2>/dev/null; true", timeout=timeout)
+    sandbox.bash(
+        f"kill -TERM -- -{program.pid} 2>/dev/null; sleep 1; kill -KILL -- -{program.pid} 2>/dev/null; true",
+        timeout=timeout,
+    )
 
 
-def log_tail(sandbox: Any, program: Detached, size: int = 4000,
-             timeout: float = START_TIMEOUT) -> str:
+def log_tail(sandbox: Any, program: Detached, size: int = 4000, timeout: float = START_TIMEOUT) -> str:
     """The end of the program's output (for the rollout's record)."""
-    result = sandbox.bash(f"tail -c {int(size)} {program.log_file} 2>/dev/null || true",
-                          timeout=timeout)
+    result = sandbox.bash(f"tail -c {int(size)} {program.log_file} 2>/dev/null || true", timeout=timeout)
     return result.output

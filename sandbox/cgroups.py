@@ -3,6 +3,7 @@
 Root ignores RLIMIT_NPROC, so as root a cgroup is the only real process limit; rootless
 users get RLIMIT_NPROC counted per user namespace instead (see `sandbox.limits`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -88,8 +89,12 @@ def _configure(path: Path, controller: str, limits: SandboxLimits) -> None:
     memory = limits.memory_mb * 1024 * 1024
     files = {
         "pids": [("pids.max", str(limits.max_procs))],
-        "memory": [("memory.max", str(memory)), ("memory.swap.max", "0"),
-                   ("memory.limit_in_bytes", str(memory)), ("memory.memsw.limit_in_bytes", str(memory))],
+        "memory": [
+            ("memory.max", str(memory)),
+            ("memory.swap.max", "0"),
+            ("memory.limit_in_bytes", str(memory)),
+            ("memory.memsw.limit_in_bytes", str(memory)),
+        ],
     }[controller]
     for filename, value in files:
         if (path / filename).exists():

@@ -1,4 +1,5 @@
 """Host-side client: one reused Unix-socket connection per sandbox and a deadline per call."""
+
 from __future__ import annotations
 
 import os
@@ -70,9 +71,11 @@ class ToolClient:
         expected_uid = owner[0] if owner else os.getuid()
         if pid != expected_pid or uid != expected_uid or start_time(pid) != expected_start:
             sock.close()
-            raise SandboxTampered(f"tool socket {self.socket_path} is answered by pid {pid} "
-                                  f"(uid {uid}), not by the server the runtime started "
-                                  f"(pid {expected_pid})")
+            raise SandboxTampered(
+                f"tool socket {self.socket_path} is answered by pid {pid} "
+                f"(uid {uid}), not by the server the runtime started "
+                f"(pid {expected_pid})"
+            )
 
     def call(self, op: str, args: Any, deadline_s: float) -> dict[str, Any]:
         """Send one request and wait at most `deadline_s` for its answer."""
@@ -129,8 +132,11 @@ class Sandbox:
     def __init__(self, handle: dict[str, Any], stop: Callable[[dict[str, Any]], None]) -> None:
         self.handle = handle
         self._stop = stop
-        server = (handle["server_pid"], handle["server_start"], handle.get("uid", os.getuid())) \
-            if handle.get("server_pid") else None
+        server = (
+            (handle["server_pid"], handle["server_start"], handle.get("uid", os.getuid()))
+            if handle.get("server_pid")
+            else None
+        )
         self.client = ToolClient(handle["socket"], server)
         self.call_timeout = float(handle.get("call_timeout", 60.0))
 
@@ -163,9 +169,7 @@ class Sandbox:
             request = p.EditRequest(command=command, path=path, **kwargs)
         except TypeError:
             known = ", ".join(f.name for f in fields(p.EditRequest))
-            raise ToolUsageError(
-                f"Unknown parameter(s) {sorted(kwargs)}; the editor takes: {known}."
-            ) from None
+            raise ToolUsageError(f"Unknown parameter(s) {sorted(kwargs)}; the editor takes: {known}.") from None
         return self._call("edit", p.encode(request))["text"]
 
     def read_file(self, path: str) -> str:

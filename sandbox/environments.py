@@ -10,6 +10,7 @@ environment says which and how to build it. Builds into a shared root take a loc
 `mkdir` (atomic on NFS and Lustre, where `flock` may be node-local); node-local builds use
 `flock`, which a crashed builder releases by itself.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,11 +49,15 @@ def is_shared_root(root: str | os.PathLike) -> bool:
     return base.is_dir() and not os.access(base, os.W_OK)
 
 
-def build_command(name: str, packages: Sequence[str], root: str | os.PathLike,
-                  shared: bool = True) -> str:
+def build_command(name: str, packages: Sequence[str], root: str | os.PathLike, shared: bool = True) -> str:
     """The command that builds `name` into `root` (for error messages)."""
-    words = ["raas env build", name, *(f"--package {p}" for p in packages),
-             *(["--shared"] if shared else []), f"--root {root}"]
+    words = [
+        "raas env build",
+        name,
+        *(f"--package {p}" for p in packages),
+        *(["--shared"] if shared else []),
+        f"--root {root}",
+    ]
     return " ".join(words)
 
 
@@ -76,8 +81,9 @@ def is_built(name: str, root: str | os.PathLike = DEFAULT_ENVS_ROOT) -> bool:
     return _read_manifest(path) is not None
 
 
-def ensure_environment(name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT,
-                       python: str = SYSTEM_PYTHON) -> bool:
+def ensure_environment(
+    name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT, python: str = SYSTEM_PYTHON
+) -> bool:
     """Build `name` with `packages` unless it is built already; True if this call built it.
 
     An environment built by hand (other packages) is left alone. Concurrent first uses on a
@@ -89,13 +95,17 @@ def ensure_environment(name: str, packages: list[str], root: str | os.PathLike =
         raise EnvironmentMissing(
             f"sandbox environment {name!r} is not built in the shared environment root "
             f"{Path(root).resolve()}, and compute nodes never build there; build it once on a "
-            f"login node: `{build_command(name, packages, Path(root).resolve())}`", name=name)
-    log.info("building sandbox environment %r (%s) on first use; this takes a minute",
-             name, " ".join(packages) or "no packages")
+            f"login node: `{build_command(name, packages, Path(root).resolve())}`",
+            name=name,
+        )
+    log.info(
+        "building sandbox environment %r (%s) on first use; this takes a minute",
+        name,
+        " ".join(packages) or "no packages",
+    )
     started = time.monotonic()
     target = build_environment(name, packages, root=root, python=python)
-    log.info("sandbox environment %r ready at %s (%.0f s)", name, target,
-             time.monotonic() - started)
+    log.info("sandbox environment %r ready at %s (%.0f s)", name, target, time.monotonic() - started)
     return True
 
 
@@ -103,9 +113,15 @@ def _manifest(packages: list[str], python: str) -> dict:
     return {"packages": sorted(packages), "python": python}
 
 
-def build_environment(name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT,
-                      python: str = SYSTEM_PYTHON, find_links: Sequence[str] = (),
-                      no_index: bool = False, shared: bool = False) -> Path:
+def build_environment(
+    name: str,
+    packages: list[str],
+    root: str | os.PathLike = DEFAULT_ENVS_ROOT,
+    python: str = SYSTEM_PYTHON,
+    find_links: Sequence[str] = (),
+    no_index: bool = False,
+    shared: bool = False,
+) -> Path:
     """Create `root/name` as a venv with `packages`; a no-op when built with the same list.
 
     `find_links`/`no_index` install from a local wheelhouse (sites whose compute or login
@@ -131,11 +147,18 @@ def build_environment(name: str, packages: list[str], root: str | os.PathLike = 
     return target
 
 
-def _pip_install(target: Path, packages: Sequence[str], find_links: Sequence[str],
-                 no_index: bool) -> None:
-    pip = [str(target / "bin" / "python3"), "-m", "pip", "install", "-q",
-           "--disable-pip-version-check", *(["--no-index"] if no_index else []),
-           *(f"--find-links={link}" for link in find_links), *packages]
+def _pip_install(target: Path, packages: Sequence[str], find_links: Sequence[str], no_index: bool) -> None:
+    pip = [
+        str(target / "bin" / "python3"),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        *(["--no-index"] if no_index else []),
+        *(f"--find-links={link}" for link in find_links),
+        *packages,
+    ]
     result = subprocess.run(pip, capture_output=True, text=True)
     if result.returncode:
         shutil.rmtree(target, ignore_errors=True)
@@ -162,8 +185,9 @@ def _shared_lock(path: Path, wait: float = 3600.0) -> Iterator[None]:
         except FileExistsError:
             if time.monotonic() > deadline:
                 owner = (folder / "owner").read_text() if (folder / "owner").exists() else "?"
-                raise RuntimeError(f"{folder} is held by {owner} for over {wait:.0f} s; "
-                                   "remove it if that build is dead") from None
+                raise RuntimeError(
+                    f"{folder} is held by {owner} for over {wait:.0f} s; remove it if that build is dead"
+                ) from None
             time.sleep(2)
     try:
         (folder / "owner").write_text(f"{socket.gethostname()} pid {os.getpid()}\n")

@@ -3,6 +3,7 @@
 Each class also derives from the matching built-in so callers can catch either; the pipeline
 maps `SandboxError` to a retryable infrastructure failure where it catches it (`tasks.stages`).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ a last time when the sandbox is ready. The launcher waits behind a gate until it
 disk, so a starter killed at any point leaves either nothing running or a record that names
 what runs: a reaper stops sandboxes whose starter died before they were ready.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,7 @@ POOL_LABEL = "raas-pool"
 # The launcher's first process: waits for one line on stdin (the gate), then becomes the
 # real command with stdin from /dev/null. If the starter dies first, stdin reaches EOF and
 # it exits without starting anything.
-GATE = ["/bin/sh", "-c", 'read -r go && [ "$go" = go ] || exit 97; exec "$@" </dev/null',
-        "raas-gate"]
+GATE = ["/bin/sh", "-c", 'read -r go && [ "$go" = go ] || exit 97; exec "$@" </dev/null', "raas-gate"]
 
 Handle = dict[str, Any]
 
@@ -72,8 +72,9 @@ def orphaned(handle: Handle) -> bool:
     """True for a start whose starter died before the sandbox was ready, or a pool member
     whose pool process died before anyone claimed it (nobody will finish or claim it, nobody
     else knows it): whatever it launched is garbage."""
-    return (handle.get("state") == STARTING or unclaimed(handle)) and \
-        not pid_alive(handle.get("owner_pid"), handle.get("owner_start"))
+    return (handle.get("state") == STARTING or unclaimed(handle)) and not pid_alive(
+        handle.get("owner_pid"), handle.get("owner_start")
+    )
 
 
 def gated_popen(argv: list[str], handle: Handle, **kwargs: Any) -> subprocess.Popen:

@@ -1,5 +1,6 @@
 """What every runtime shows inside a sandbox: where the tool server and its socket live, and
 the minimal environment (shared by the bwrap, Singularity and local runtimes)."""
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,9 @@ def compile_server(python: str = SYSTEM_PYTHON) -> bool:
     (bench/sandbox_start.py). Up-to-date files are left alone; where the folders are not
     writable nothing is written and starts stay correct, only slower."""
     try:
-        run = subprocess.run([python, "-I", "-m", "compileall", "-q", TOOLSERVER_DIR,
-                              PTYPROCESS_DIR], capture_output=True, timeout=120)
+        run = subprocess.run(
+            [python, "-I", "-m", "compileall", "-q", TOOLSERVER_DIR, PTYPROCESS_DIR], capture_output=True, timeout=120
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.info("tool server not precompiled (%s): sandboxes start slower", exc)
         return False
@@ -48,9 +50,20 @@ def compile_server(python: str = SYSTEM_PYTHON) -> bool:
 def sandbox_env(spec: SandboxSpec, env_dir: str | None) -> dict[str, str]:
     """The environment inside: minimal and explicit, so host variables never leak in."""
     path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    env = {"PATH": path, "HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb",
-           "PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat", "NO_COLOR": "1",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp"}
+    env = {
+        "PATH": path,
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "MANPAGER": "cat",
+        "NO_COLOR": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TMPDIR": "/tmp",
+    }
     if env_dir:
         env.update(PATH=f"{env_dir}/bin:{path}", VIRTUAL_ENV=env_dir)
     env.update(spec.env)

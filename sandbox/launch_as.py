@@ -13,6 +13,7 @@ STAGE_ROOT/<index>; `{stage:<index>}` in ARGV becomes that path. Then it drops e
 the gid and the uid, and executes bwrap from EXE_FD (opened by root: its path may be below a
 0700 home too). Nothing of this is visible on the host; the mounts die with the sandbox.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,27 +37,28 @@ def stage(root: str, sources: list[str]) -> None:
     """Bind each source at root/<index> inside a private mount namespace of this process."""
     _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    _check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                      b"mode=0711,size=1m"), f"tmpfs on {root}")
+    _check(
+        libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0711,size=1m"), f"tmpfs on {root}"
+    )
     for index, source in enumerate(sources):
         target = os.path.join(root, str(index))
         if stat.S_ISDIR(os.stat(source).st_mode):
             os.mkdir(target, 0o755)
         else:
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
-        _check(libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None),
-               f"bind {source}")
+        _check(libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
 
 
 def main(argv: list[str]) -> int:
     """Stage, drop to UID/GID, exec bwrap."""
     split = argv.index("--")
     uid, gid, exe = (int(x) for x in argv[:3])
-    root, sources, command = argv[3], argv[4:split], argv[split + 1:]
+    root, sources, command = argv[3], argv[4:split], argv[split + 1 :]
     if sources:
         stage(root, sources)
-    command = [arg.replace("{stage:", root + "/").replace("}", "")
-               if arg.startswith("{stage:") else arg for arg in command]
+    command = [
+        arg.replace("{stage:", root + "/").replace("}", "") if arg.startswith("{stage:") else arg for arg in command
+    ]
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)

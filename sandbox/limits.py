@@ -4,6 +4,7 @@ RLIMIT_NPROC is per user and ignored for root; since Linux 5.14 it is counted pe
 namespace, so inside a rootless bwrap sandbox it limits exactly the sandbox's processes.
 On older kernels it is set relative to the user's current process count.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,15 +45,15 @@ def nproc_limit(limits: SandboxLimits, userns: bool) -> int:
     return _own_process_count() + limits.max_procs
 
 
-def server_flags(limits: SandboxLimits, cgroups: list[str], userns: bool,
-                 isolated: bool = True) -> list[str]:
+def server_flags(limits: SandboxLimits, cgroups: list[str], userns: bool, isolated: bool = True) -> list[str]:
     """Tool-server flags: output cap, file size, and rlimits for what no cgroup covers."""
     flags = ["--output-bytes", str(limits.output_bytes), "--fsize", str(limits.file_size_mb * MB)]
     if not isolated:  # the local runtime limits nothing else: it is not a sandbox
         return flags
     has_pids = any(os.path.exists(f"{path}/pids.max") for path in cgroups)
-    has_memory = any(os.path.exists(f"{path}/memory.max") or os.path.exists(f"{path}/memory.limit_in_bytes")
-                     for path in cgroups)
+    has_memory = any(
+        os.path.exists(f"{path}/memory.max") or os.path.exists(f"{path}/memory.limit_in_bytes") for path in cgroups
+    )
     if not has_pids:
         nproc = nproc_limit(limits, userns)
         if nproc:

@@ -1,4 +1,5 @@
 """LocalRuntime: the tool server as a plain host process; no isolation, for development only."""
+
 from __future__ import annotations
 
 import logging
@@ -39,23 +40,49 @@ class LocalRuntime(Runtime):
         handle = self.new_handle(spec, label)
         if spec.model_endpoint:  # no namespaces: the harness sees host paths as they are
             tools = os.path.join(PACKAGE_DIR, "toolserver")
-            handle.update(endpoint_inside=os.path.join(handle["endpoint_dir"], ENDPOINT_SOCKET),
-                          relay=os.path.join(tools, "relay.py"),
-                          detach=os.path.join(tools, "detach.py"))
+            handle.update(
+                endpoint_inside=os.path.join(handle["endpoint_dir"], ENDPOINT_SOCKET),
+                relay=os.path.join(tools, "relay.py"),
+                detach=os.path.join(tools, "detach.py"),
+            )
         env_dir = resolve_env(spec.python_env, self.settings.envs_root)
-        python = f"{env_dir}/bin/python3" if env_dir else (
-            "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
+        python = (
+            f"{env_dir}/bin/python3"
+            if env_dir
+            else ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
+        )
         env = sandbox_env(spec, env_dir) | {"PYTHONPATH": PACKAGE_DIR}
         ready_r, ready_w = os.pipe()
-        argv = [sys.executable, "-s", "-B", "-m", "toolserver", "--socket", handle["socket"],
-                "--workspace", spec.workspace, "--workdir", spec.workdir or spec.workspace,
-                "--python", python, "--ready-fd", str(ready_w),
-                *limits.server_flags(spec.limits, [], userns=False, isolated=False)]
+        argv = [
+            sys.executable,
+            "-s",
+            "-B",
+            "-m",
+            "toolserver",
+            "--socket",
+            handle["socket"],
+            "--workspace",
+            spec.workspace,
+            "--workdir",
+            spec.workdir or spec.workspace,
+            "--python",
+            python,
+            "--ready-fd",
+            str(ready_w),
+            *limits.server_flags(spec.limits, [], userns=False, isolated=False),
+        ]
         try:
             with open(handle["log_file"], "ab") as log_file:  # gated: its pid is on disk first
-                proc = gated_popen(argv, handle, env=env, cwd=spec.workspace, stdout=log_file,
-                                   stderr=subprocess.STDOUT, pass_fds=(ready_w,),
-                                   start_new_session=True)
+                proc = gated_popen(
+                    argv,
+                    handle,
+                    env=env,
+                    cwd=spec.workspace,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(ready_w,),
+                    start_new_session=True,
+                )
         except BaseException:
             os.close(ready_w)
             os.close(ready_r)

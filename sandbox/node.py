@@ -1,6 +1,7 @@
 """This node's sandboxes, whatever their runtime: pick a runtime by name, attach to a sandbox
 another process started, stop one from its handle, list the live ones (for reapers). The
 runtime interface itself is `sandbox.abstract`."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,7 @@ from sandbox.settings import SandboxSettings
 log = logging.getLogger(__name__)
 
 
-def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = None,
-                **kwargs: Any) -> Runtime:
+def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = None, **kwargs: Any) -> Runtime:
     """A runtime by name; "auto" is bwrap when usable, else local (with a warning) only when
     the settings allow it: falling back to no isolation is the operator's decision."""
     kwargs["settings"] = settings
@@ -29,8 +29,9 @@ def get_runtime(name: str | None = "auto", settings: SandboxSettings | None = No
         if reason is None:
             return registered("bwrap")(**kwargs)
         if not (settings or SandboxSettings()).allow_local_fallback:
-            raise SandboxStartError(f"bwrap is unusable ({reason}) and falling back to the "
-                                    "unisolated local runtime is not allowed here")
+            raise SandboxStartError(
+                f"bwrap is unusable ({reason}) and falling back to the unisolated local runtime is not allowed here"
+            )
         log.warning("bwrap is unusable (%s): falling back to the local runtime WITHOUT isolation", reason)
         name = "local"
     if name == "none":

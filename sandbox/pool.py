@@ -24,6 +24,7 @@ moves that work off the critical path: a claim relabels a sandbox that is alread
   holds for them, so `list_sandboxes` and the node's reaper stop them, and `slot_folders`
   lists slot folders left without a sandbox (`claim_file` maps a claimed one to its label).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -113,9 +114,16 @@ class WarmPool:
     """Keeps `size` ready sandboxes per recently wanted shape; one per process that starts
     sandboxes (a pool belongs to its process: its members die with it, see the module doc)."""
 
-    def __init__(self, settings: SandboxSettings, slots_dir: str | os.PathLike, size: int,
-                 max_shapes: int = 4, idle_s: float = 300.0, max_age_s: float = 900.0,
-                 runtimes: Callable[[str], Runtime] | None = None) -> None:
+    def __init__(
+        self,
+        settings: SandboxSettings,
+        slots_dir: str | os.PathLike,
+        size: int,
+        max_shapes: int = 4,
+        idle_s: float = 300.0,
+        max_age_s: float = 900.0,
+        runtimes: Callable[[str], Runtime] | None = None,
+    ) -> None:
         self.settings, self.size = settings, size
         self.slots_dir = Path(slots_dir)
         self.max_shapes, self.idle_s, self.max_age_s = max_shapes, idle_s, max_age_s
@@ -164,8 +172,7 @@ class WarmPool:
         """Relabel a popped member for its rollout (the claim file first, then the handle),
         or stop it and return None when its processes are gone (checked in /proc: a ping
         would wait for the sandbox to be scheduled; an idle server that runs answers)."""
-        if not (is_alive(handle) and pid_alive(handle.get("server_pid"),
-                                               handle.get("server_start"))):
+        if not (is_alive(handle) and pid_alive(handle.get("server_pid"), handle.get("server_start"))):
             log.warning("pooled sandbox %s is gone: not handed out", handle["id"])
             self._discard(handle)
             return None
@@ -181,8 +188,7 @@ class WarmPool:
     # -- the filler -----------------------------------------------------------------------
     def _start_filler(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._fill_forever, daemon=True,
-                                            name="raas-sandbox-pool")
+            self._thread = threading.Thread(target=self._fill_forever, daemon=True, name="raas-sandbox-pool")
             self._thread.start()
 
     def _fill_forever(self) -> None:
@@ -211,12 +217,11 @@ class WarmPool:
                 if not shape.starting:
                     del self._shapes[key]
         wanted = sorted(self._shapes.items(), key=lambda item: -item[1].wanted_at)
-        for _key, shape in wanted[self.max_shapes:]:  # the least recently wanted go
+        for _key, shape in wanted[self.max_shapes :]:  # the least recently wanted go
             stale += [handle for _, handle in shape.ready]
             shape.ready.clear()
-        for key, shape in wanted[:self.max_shapes]:
-            if now - shape.wanted_at <= self.idle_s and \
-                    len(shape.ready) + shape.starting < self.size:
+        for key, shape in wanted[: self.max_shapes]:
+            if now - shape.wanted_at <= self.idle_s and len(shape.ready) + shape.starting < self.size:
                 shape.starting += 1
                 return (key, shape), stale
         return (None, stale) if stale else None
@@ -277,8 +282,9 @@ class WarmPool:
             shape = self._shapes.get(shape_key(options, runtime))
             return len(shape.ready) if shape else 0
 
-    def wait_ready(self, options: SandboxOptions, runtime: str, count: int | None = None,
-                   timeout: float = 30.0) -> bool:
+    def wait_ready(
+        self, options: SandboxOptions, runtime: str, count: int | None = None, timeout: float = 30.0
+    ) -> bool:
         """Ask for a shape and wait until `count` (default `size`) members are ready."""
         count = self.size if count is None else count
         end = time.monotonic() + timeout
@@ -294,9 +300,12 @@ class WarmPool:
         """Claims served and misses (cold starts) over all shapes, and members ready."""
         with self._lock:
             shapes = list(self._shapes.values())
-            return {"claims": sum(s.claims for s in shapes),
-                    "misses": sum(s.misses for s in shapes),
-                    "ready": sum(len(s.ready) for s in shapes), "shapes": len(shapes)}
+            return {
+                "claims": sum(s.claims for s in shapes),
+                "misses": sum(s.misses for s in shapes),
+                "ready": sum(len(s.ready) for s in shapes),
+                "shapes": len(shapes),
+            }
 
     def close(self, wait: bool = True) -> None:
         """Stop every unclaimed member and the filler (claimed sandboxes are their rollouts');

@@ -6,6 +6,7 @@ workspace (allocated blocks, never following links) every `interval` seconds and
 more than the quota or more than `max_entries` files, calls `on_exceed` (the pipeline stops the
 sandbox) and records why. Single files are also capped by RLIMIT_FSIZE (`file_size_mb`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,9 @@ log = logging.getLogger(__name__)
 class DiskWatch:
     """Watches one workspace; `exceeded` says why it fired (None while within the quota)."""
 
-    def __init__(self, workspace: str, limit_bytes: int, on_exceed, interval: float = 0.5,
-                 max_entries: int = 1_000_000) -> None:
+    def __init__(
+        self, workspace: str, limit_bytes: int, on_exceed, interval: float = 0.5, max_entries: int = 1_000_000
+    ) -> None:
         self.workspace, self.limit, self.on_exceed = workspace, limit_bytes, on_exceed
         self.interval, self.max_entries = interval, max_entries
         self.exceeded: str | None = None

@@ -6,6 +6,7 @@ Each runtime declares its config model (a `RuntimeConfig` whose `type` is a one-
 `Literal`, its name); the registry collects them, and `config_union()` is the discriminated
 union a job chooses from, built from the registry as SWE-ReX builds its deployment configs.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -69,8 +70,7 @@ def runtime_config(value: Any) -> Any:
     try:
         return _adapter(tuple(runtime_names())).validate_python(data)
     except ValidationError as exc:
-        raise UnknownRuntime(f"bad config for sandbox runtime {name!r}: {exc}",
-                             runtime=name) from None
+        raise UnknownRuntime(f"bad config for sandbox runtime {name!r}: {exc}", runtime=name) from None
 
 
 def runtime_names() -> list[str]:

@@ -4,6 +4,7 @@ The sandbox package reads no environment variables and imports nothing of the se
 pipeline (`tasks.sandboxes.sandbox_settings`) builds this from the service's Settings, a bare
 library user builds it directly (every field has a default that works on a single machine).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,29 +22,36 @@ class SandboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     state_dir: Path | None = Field(
-        None, description="Per-user 0700 folder for sockets and handle files; "
-                          "default /tmp/raas-sandboxes-<uid>")
-    node: str = Field(default_factory=socket.gethostname,
-                      description="This node's name, recorded in handles (attach checks it)")
-    envs_root: Path = Field(DEFAULT_ENVS_ROOT,
-                            description="Folder of named Python environments")
+        None, description="Per-user 0700 folder for sockets and handle files; default /tmp/raas-sandboxes-<uid>"
+    )
+    node: str = Field(
+        default_factory=socket.gethostname, description="This node's name, recorded in handles (attach checks it)"
+    )
+    envs_root: Path = Field(DEFAULT_ENVS_ROOT, description="Folder of named Python environments")
     image_cache: Path | None = Field(
-        None, description="Where pulled Singularity images are kept; default "
-                          "<envs_root>/../images")
+        None, description="Where pulled Singularity images are kept; default <envs_root>/../images"
+    )
     cgroup_parent: Path | None = Field(
-        None, description="cgroup v2 folder to create sandbox cgroups under; default this "
-                          "process's own cgroup")
+        None, description="cgroup v2 folder to create sandbox cgroups under; default this process's own cgroup"
+    )
     isolate_tools: bool = Field(
-        True, description="bwrap: the agent's tool sessions run in a pid namespace below the "
-                          "tool server's (they cannot signal, stop or trace it)")
+        True,
+        description="bwrap: the agent's tool sessions run in a pid namespace below the "
+        "tool server's (they cannot signal, stop or trace it)",
+    )
     root_sandbox_uid: int = Field(
-        65534, ge=1, description="bwrap, when this process runs as root: the unprivileged host "
-                                 "uid (and gid) sandboxes run as, so the agent reads only what "
-                                 "that uid may (never root-only host files); default nobody")
+        65534,
+        ge=1,
+        description="bwrap, when this process runs as root: the unprivileged host "
+        "uid (and gid) sandboxes run as, so the agent reads only what "
+        "that uid may (never root-only host files); default nobody",
+    )
     start_timeout: float = Field(30.0, gt=0, description="Seconds a tool server has to start")
     allow_local_fallback: bool = Field(
-        False, description="Whether `auto` may fall back to the unisolated local runtime when "
-                           "bwrap is unusable (the operator's decision, never a job's)")
+        False,
+        description="Whether `auto` may fall back to the unisolated local runtime when "
+        "bwrap is unusable (the operator's decision, never a job's)",
+    )
 
     @property
     def images(self) -> Path:

@@ -4,6 +4,7 @@ spython is used to build command lines only: its runner has no timeouts, may use
 `sys.exit`s on a missing bind path, so commands run here with timeouts, never with sudo, and
 bind paths are checked first with a typed error.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -60,16 +61,22 @@ class SingularityCommands:
     def run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         """Run to completion or raise SandboxTimeout."""
         try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
             raise SandboxTimeout(f"{' '.join(argv[:3])} did not finish in {timeout:g}s") from exc
 
     def spawn(self, argv: list[str], env: dict[str, str], log_file: str) -> subprocess.Popen:
         """Start a long-running command in its own session."""
         with open(log_file, "ab") as log:
-            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd="/",
+            )
 
 
 def _bind(host: str, target: str, read_only: bool) -> list[str]:
@@ -147,9 +154,22 @@ class SingularityRuntime(Runtime):
         argv = self.commands.prefix(["exec"]) + ["--cleanenv", "--pwd", "/"]
         for key, value in sorted(env.items()):
             argv += ["--env", f"{key}={value}"]
-        argv += [f"instance://{handle['instance']}", "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
-                 "--socket", f"{SOCKET_DIR}/tool.sock", "--workspace", spec.workspace,
-                 "--workdir", spec.workdir or spec.workspace, "--python", python]
+        argv += [
+            f"instance://{handle['instance']}",
+            "/usr/bin/python3",
+            "-s",
+            "-B",
+            "-m",
+            "toolserver",
+            "--socket",
+            f"{SOCKET_DIR}/tool.sock",
+            "--workspace",
+            spec.workspace,
+            "--workdir",
+            spec.workdir or spec.workspace,
+            "--python",
+            python,
+        ]
         return argv + limits.server_flags(spec.limits, [], userns=spec.fakeroot)
 
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
@@ -157,8 +177,11 @@ class SingularityRuntime(Runtime):
         handle = self.new_handle(spec, label)
         handle.update(instance=f"raas-{handle['id']}", binary=self.commands.binary)
         if spec.model_endpoint:
-            handle.update(endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
-                          relay=f"{OPT}/toolserver/relay.py", detach=f"{OPT}/toolserver/detach.py")
+            handle.update(
+                endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
+                relay=f"{OPT}/toolserver/relay.py",
+                detach=f"{OPT}/toolserver/detach.py",
+            )
         write_handle(handle)  # the intent names the instance: a reaper can stop it
         try:
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)
@@ -166,8 +189,7 @@ class SingularityRuntime(Runtime):
             done = self.commands.run(self.start_argv(spec, handle, image, env_dir), self.start_timeout)
             if done.returncode:
                 raise SandboxStartError(f"instance start failed: {done.stderr[-2000:]}")
-            proc = self.commands.spawn(self.exec_argv(spec, handle, env_dir), {"PATH": os.defpath},
-                                       handle["log_file"])
+            proc = self.commands.spawn(self.exec_argv(spec, handle, env_dir), {"PATH": os.defpath}, handle["log_file"])
             handle.update(pid=proc.pid, pid_start=start_time(proc.pid))
             self._wait_ready(handle, proc)
         except BaseException:
@@ -197,8 +219,7 @@ class SingularityRuntime(Runtime):
         commands = commands or SingularityCommands(handle.get("binary"))
         if handle.get("instance"):
             try:
-                commands.run(commands.prefix(["instance", "stop"]) + ["--force", handle["instance"]],
-                             STOP_TIMEOUT)
+                commands.run(commands.prefix(["instance", "stop"]) + ["--force", handle["instance"]], STOP_TIMEOUT)
             except (OSError, SandboxTimeout):
                 pass
         kill_pid(handle.get("pid"), handle.get("pid_start"), tree=True)

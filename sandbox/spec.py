@@ -1,4 +1,5 @@
 """What a sandbox is made of: the options a job may set and the full spec a runtime starts."""
+
 from __future__ import annotations
 
 import os
@@ -30,10 +31,14 @@ class SandboxLimits(BaseModel):
     max_procs: int = Field(512, ge=8, description="Most processes alive at once in the sandbox")
     output_bytes: int = Field(64 * 1024, ge=256, description="Output kept for the model per call")
     file_size_mb: int = Field(1024, gt=0, description="Largest file a sandboxed process may write")
-    disk_mb: int = Field(10240, gt=0, description="Most the workspace may hold; past it a watchdog "
-                                                  "stops the sandbox (agent_error disk_quota)")
-    tmp_mb: int | None = Field(None, gt=0, description="Size of the sandbox's /tmp and /run tmpfs "
-                                                       "(bwrap); default a quarter of memory_mb")
+    disk_mb: int = Field(
+        10240,
+        gt=0,
+        description="Most the workspace may hold; past it a watchdog stops the sandbox (agent_error disk_quota)",
+    )
+    tmp_mb: int | None = Field(
+        None, gt=0, description="Size of the sandbox's /tmp and /run tmpfs (bwrap); default a quarter of memory_mb"
+    )
 
     @property
     def tmp_bytes(self) -> int:
@@ -69,12 +74,8 @@ class SandboxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     runtime: RuntimeName | None = Field(None, description="Runtime; None = the node default")
-    image: str | None = Field(
-        None, description="Rootfs directory (bwrap), .sif path or docker:// ref (singularity)"
-    )
-    python_env: str | None = Field(
-        None, description="Named environment under <RAAS home>/envs, or an absolute path"
-    )
+    image: str | None = Field(None, description="Rootfs directory (bwrap), .sif path or docker:// ref (singularity)")
+    python_env: str | None = Field(None, description="Named environment under <RAAS home>/envs, or an absolute path")
     binds: list[Bind] = Field(default_factory=list, description="Extra host paths to mount")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables")
     network: bool = Field(False, description="Share the host network (off = no network at all)")
@@ -94,12 +95,12 @@ class SandboxSpec(SandboxOptions):
     """Everything a runtime needs to start one sandbox (never chosen by a job as a whole:
     the fields below SandboxOptions' are the service's)."""
 
-    workspace: str = Field(
-        description="Absolute host dir, the only writable host path; same path inside"
-    )
+    workspace: str = Field(description="Absolute host dir, the only writable host path; same path inside")
     model_endpoint: bool = Field(
-        False, description="Make a per-sandbox folder for a model endpoint's Unix socket, "
-                           "bound read-only inside (`sandbox.bridge`)")
+        False,
+        description="Make a per-sandbox folder for a model endpoint's Unix socket, "
+        "bound read-only inside (`sandbox.bridge`)",
+    )
 
     @field_validator("workspace")
     @classmethod

@@ -7,6 +7,7 @@ opens regular files with `O_NOFOLLOW | O_NONBLOCK` and checks them again with `f
 stops at caps on entries, file size and total bytes. Only processes of a *stopped* sandbox
 can no longer race these checks, so callers stop the sandbox first.
 """
+
 from __future__ import annotations
 
 import os
@@ -104,8 +105,7 @@ def read_regular(root: str, rel: str, max_bytes: int) -> bytes | None:
         except OSError:
             return None
     try:
-        fd = os.open(os.path.join(current, parts[-1]),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.join(current, parts[-1]), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -8,6 +8,7 @@ accelerate + transformers), made by `scripts/build_smollm2.sh`; never with the r
     python scripts/build_smollm2.py --out models/smollm2-135m-instruct \
         [--tokenizer-only tests/fixtures/smollm2-tokenizer]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,9 +55,7 @@ def save_model(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.bfloat16
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.bfloat16)
     # save_pretrained refuses a model that still claims to be quantized.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

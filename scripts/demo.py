@@ -11,6 +11,7 @@ rewards, turns and stage timings, and stop everything it started.
 
 Outputs (per-agent rollouts JSONL, server logs) stay in the printed work folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,16 +87,35 @@ def subset(agent: str, count: int, work: Path) -> Path:
 def submit(agent: str, args: argparse.Namespace, url: str, work: Path) -> tuple[Path, float]:
     """`raas submit` a subset of the agent's examples and wait; (results file, wall seconds)."""
     job = work / "job.json"
-    job.write_text(json.dumps({
-        "sampling": {"temperature": args.temperature, "max_tokens": args.max_tokens},
-        "limits": {"max_turns": args.max_turns, "max_tokens": 4 * args.max_tokens,
-                   "tool_timeout": 30},
-        "llm": {"max_model_len": 2048},  # what scripts/serve_vllm_cpu.sh serves
-    }))
+    job.write_text(
+        json.dumps(
+            {
+                "sampling": {"temperature": args.temperature, "max_tokens": args.max_tokens},
+                "limits": {"max_turns": args.max_turns, "max_tokens": 4 * args.max_tokens, "tool_timeout": 30},
+                "llm": {"max_model_len": 2048},  # what scripts/serve_vllm_cpu.sh serves
+            }
+        )
+    )
     out = work / f"{agent}-rollouts.jsonl"
     started = time.monotonic()
-    run([BIN / "raas", "submit", subset(agent, args.instances, work), "--agent", agent,
-         "--n", str(args.n), "--job", job, "--url", url, "--wait", "--out", out])
+    run(
+        [
+            BIN / "raas",
+            "submit",
+            subset(agent, args.instances, work),
+            "--agent",
+            agent,
+            "--n",
+            str(args.n),
+            "--job",
+            job,
+            "--url",
+            url,
+            "--wait",
+            "--out",
+            out,
+        ]
+    )
     return out, time.monotonic() - started
 
 
@@ -110,18 +130,23 @@ def rollout_rows(agent: str, out: Path, url: str) -> list[dict[str, Any]]:
             detail = client.rollout(result["rollout_id"])
             metrics = detail.get("metrics") or {}
             timing = result.get("timing") or {}
-            rows.append({
-                "agent": agent, "instance": result["instance_id"],
-                "sample": result["sample_index"], "outcome": result["outcome"],
-                "finish": result.get("finish_reason"), "reward": result["reward"],
-                "turns": metrics.get("turns", len(detail.get("turns") or [])),
-                "calls": metrics.get("tool_calls", 0) - metrics.get("invalid_tool_calls", 0),
-                "malformed": metrics.get("malformed_tool_calls", 0),
-                "tokens": sum(result.get("loss_mask") or []),
-                "drift": metrics.get("retokenization_drift"),
-                "exact": result.get("token_exact"),
-                **{stage: timing.get(stage) or 0.0 for stage in ("init", "run", "eval")},
-            })
+            rows.append(
+                {
+                    "agent": agent,
+                    "instance": result["instance_id"],
+                    "sample": result["sample_index"],
+                    "outcome": result["outcome"],
+                    "finish": result.get("finish_reason"),
+                    "reward": result["reward"],
+                    "turns": metrics.get("turns", len(detail.get("turns") or [])),
+                    "calls": metrics.get("tool_calls", 0) - metrics.get("invalid_tool_calls", 0),
+                    "malformed": metrics.get("malformed_tool_calls", 0),
+                    "tokens": sum(result.get("loss_mask") or []),
+                    "drift": metrics.get("retokenization_drift"),
+                    "exact": result.get("token_exact"),
+                    **{stage: timing.get(stage) or 0.0 for stage in ("init", "run", "eval")},
+                }
+            )
     return sorted(rows, key=lambda r: (r["instance"], r["sample"]))
 
 
@@ -144,23 +169,65 @@ def summary_table(rows: list[dict[str, Any]], walls: dict[str, float]) -> str:
     for agent, wall in walls.items():
         mine = [r for r in rows if r["agent"] == agent]
         outcomes = Counter(r["outcome"] for r in mine)
-        mean = {key: statistics.fmean(r[key] for r in mine)
-                for key in ("reward", "turns", "init", "run", "eval")}
-        out.append([agent, len(mine), " ".join(f"{k}:{v}" for k, v in sorted(outcomes.items())),
-                    mean["reward"], f"{mean['turns']:.1f}", sum(r["calls"] for r in mine),
-                    f"{sum(bool(r['exact']) for r in mine)}/{len(mine)}",
-                    mean["init"], mean["run"], mean["eval"], f"{wall:.1f}"])
-    headers = ["agent", "rollouts", "outcomes", "mean reward", "mean turns", "valid tool calls",
-               "token-exact", "init s", "run s", "eval s", "job wall s"]
+        mean = {key: statistics.fmean(r[key] for r in mine) for key in ("reward", "turns", "init", "run", "eval")}
+        out.append(
+            [
+                agent,
+                len(mine),
+                " ".join(f"{k}:{v}" for k, v in sorted(outcomes.items())),
+                mean["reward"],
+                f"{mean['turns']:.1f}",
+                sum(r["calls"] for r in mine),
+                f"{sum(bool(r['exact']) for r in mine)}/{len(mine)}",
+                mean["init"],
+                mean["run"],
+                mean["eval"],
+                f"{wall:.1f}",
+            ]
+        )
+    headers = [
+        "agent",
+        "rollouts",
+        "outcomes",
+        "mean reward",
+        "mean turns",
+        "valid tool calls",
+        "token-exact",
+        "init s",
+        "run s",
+        "eval s",
+        "job wall s",
+    ]
     return markdown_table(headers, out)
 
 
 def detail_table(rows: list[dict[str, Any]]) -> str:
     """One line per rollout."""
-    keys = ["agent", "instance", "sample", "outcome", "finish", "reward", "turns", "calls",
-            "malformed", "tokens", "drift", "init", "run", "eval"]
-    headers = keys[:7] + ["valid tool calls", "malformed calls", "generated tokens",
-                          "re-tokenization drift", "init s", "run s", "eval s"]
+    keys = [
+        "agent",
+        "instance",
+        "sample",
+        "outcome",
+        "finish",
+        "reward",
+        "turns",
+        "calls",
+        "malformed",
+        "tokens",
+        "drift",
+        "init",
+        "run",
+        "eval",
+    ]
+    headers = keys[:7] + [
+        "valid tool calls",
+        "malformed calls",
+        "generated tokens",
+        "re-tokenization drift",
+        "init s",
+        "run s",
+        "eval s",
+    ]
     return markdown_table(headers, [[r[k] for k in keys] for r in rows])
 
 
@@ -172,8 +239,10 @@ def run_agents(args: argparse.Namespace, url: str, work: Path) -> None:
         step(f"{agent}: {args.instances} instances x {args.n} samples")
         out, walls[agent] = submit(agent, args, url, work)
         rows += rollout_rows(agent, out, url)
-    step(f"results: SmolLM2-135M-Instruct on vLLM 0.32 (CPU), T={args.temperature}, "
-         f"{args.max_tokens} tokens/turn, {args.max_turns} turns max")
+    step(
+        f"results: SmolLM2-135M-Instruct on vLLM 0.32 (CPU), T={args.temperature}, "
+        f"{args.max_tokens} tokens/turn, {args.max_turns} turns max"
+    )
     print(detail_table(rows))
     print()
     print(summary_table(rows, walls), flush=True)
@@ -183,8 +252,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=2, help="instances per example set")
     parser.add_argument("--n", type=int, default=2, help="samples per instance")
-    parser.add_argument("--agents", nargs="+", default=list(EXAMPLE_SETS),
-                        choices=list(EXAMPLE_SETS))
+    parser.add_argument("--agents", nargs="+", default=list(EXAMPLE_SETS), choices=list(EXAMPLE_SETS))
     parser.add_argument("--vllm-port", type=int, default=int(os.environ.get("VLLM_PORT", 8011)))
     parser.add_argument("--port", type=int, default=0, help="raas gateway (0: a free port)")
     parser.add_argument("--max-turns", type=int, default=4)
@@ -205,12 +273,21 @@ def main() -> None:
         build_environments(home)
         step(f"raas up on {url} (home {home})")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-        raas = start([BIN / "raas", "up", "--home", home, "--port", str(port)],
-                     work / "raas-up.log", env=env)
+        raas = start([BIN / "raas", "up", "--home", home, "--port", str(port)], work / "raas-up.log", env=env)
         wait_http(f"{url}/readyz", raas, work / "raas-up.log", timeout=120)
         step("register the vLLM server with the pool")
-        run([BIN / "raas", "llm", "add", f"http://127.0.0.1:{args.vllm_port}",
-             "--weight-version", "smollm2-135m", "--url", url])
+        run(
+            [
+                BIN / "raas",
+                "llm",
+                "add",
+                f"http://127.0.0.1:{args.vllm_port}",
+                "--weight-version",
+                "smollm2-135m",
+                "--url",
+                url,
+            ]
+        )
         run_agents(args, url, work)
     finally:
         step("stopping what the demo started")

@@ -2,6 +2,7 @@
 step, run a command in the repository, start one in its own session, wait for its HTTP
 endpoint, stop its whole process group. Plain standard library + httpx, so both the raas venv
 and the training venv can import it (it sits beside the scripts, not in a package)."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,14 @@ def run(cmd: list[Any], **kwargs: Any) -> None:
 def start(cmd: list[Any], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a background process in its own session (so its children stop with it)."""
     print("$ " + " ".join(map(str, cmd)) + f"  > {log} &", flush=True)
-    return subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(
+        [str(c) for c in cmd],
+        cwd=REPO,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen | None, name: str, grace: float = 30) -> None:

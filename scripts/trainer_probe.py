@@ -7,6 +7,7 @@ default probe prompt; the file is what `raas weights push DIR --probe probe.json
 in any environment with torch + transformers (e.g. /work/shared-venvs/convert): the helper
 module is loaded by path, so raas and its dependencies need not be installed there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,17 @@ def main() -> None:
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
-    probe = load_helper().probe_fingerprint(model, tokenizer,
-                                            max_new_tokens=args.max_new_tokens)
+    probe = load_helper().probe_fingerprint(model, tokenizer, max_new_tokens=args.max_new_tokens)
     args.out.write_text(json.dumps(probe))
-    print(json.dumps({"prompt_tokens": len(probe["prompt_ids"]),
-                      "tokens": len(probe["token_ids"]),
-                      "seconds": round(time.monotonic() - started, 2)}))
+    print(
+        json.dumps(
+            {
+                "prompt_tokens": len(probe["prompt_ids"]),
+                "tokens": len(probe["token_ids"]),
+                "seconds": round(time.monotonic() - started, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ copied as they are.
 push a checkpoint that really differs from the served one. `--keep-tied` writes a tied fp32
 copy instead (no `lm_head.weight`, `tie_word_embeddings: true`): the defect, for tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,16 @@ import json
 import shutil
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
-def untie(src: Path, dst: Path, perturb: float = 0.0, seed: int = 0,
-          keep_tied: bool = False) -> Path:
+def untie(src: Path, dst: Path, perturb: float = 0.0, seed: int = 0, keep_tied: bool = False) -> Path:
     """Load `src`, untie lm_head from the embeddings, save fp32 safetensors to `dst`."""
     import torch
     from safetensors.torch import save_file
@@ -43,8 +48,7 @@ def untie(src: Path, dst: Path, perturb: float = 0.0, seed: int = 0,
     dst.mkdir(parents=True, exist_ok=True)
     save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config.update({"tie_word_embeddings": keep_tied, "dtype": "float32",
-                   "torch_dtype": "float32"})
+    config.update({"tie_word_embeddings": keep_tied, "dtype": "float32", "torch_dtype": "float32"})
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
         if (src / name).exists():

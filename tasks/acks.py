@@ -17,6 +17,7 @@ error that would end the consumer into what a connection error does: the consume
 its connection and starts again in the same process (with a backoff), so a pool never exits
 because of one; only Celery's own shutdown ends it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,18 +66,25 @@ class StageConsumer(Consumer):
                     raise
                 if time.monotonic() - started > HEALTHY_SECONDS:
                     pause = RESTART_BACKOFF[0]
-                log.critical("the consumer failed (%r); restarting it in this process in "
-                             "%.0fs (the pool keeps its running tasks)", exc, pause,
-                             exc_info=True)
+                log.critical(
+                    "the consumer failed (%r); restarting it in this process in "
+                    "%.0fs (the pool keeps its running tasks)",
+                    exc,
+                    pause,
+                    exc_info=True,
+                )
                 self._close_after(exc)
                 time.sleep(pause)
                 pause, started = min(pause * 2, RESTART_BACKOFF[1]), time.monotonic()
 
     def _close_after(self, exc: BaseException) -> None:
         """What Celery does after a connection error: drop the connection, stop the steps."""
-        for step in (lambda: self.on_connection_error_after_connected(exc), self.on_close,
-                     self._cancel_connection_timer_entries,
-                     lambda: self.blueprint.restart(self)):
+        for step in (
+            lambda: self.on_connection_error_after_connected(exc),
+            self.on_close,
+            self._cancel_connection_timer_entries,
+            lambda: self.blueprint.restart(self),
+        ):
             try:
                 step()
             except Exception:  # noqa: BLE001 - a half-closed consumer is started afresh

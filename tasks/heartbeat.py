@@ -8,6 +8,7 @@ The beat also reads back which of those rollouts were asked to stop, so a stage 
 cancel from memory (`cancel_seen`) within one interval, instead of each rollout polling the
 database every second (that was one query per slot per second, more than one per turn).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,7 @@ log = logging.getLogger(__name__)
 class Heartbeater:
     """Keeps the leases of one process fresh in the database."""
 
-    def __init__(self, db_url: str, interval: float,
-                 on_tick: Callable[[], None] | None = None) -> None:
+    def __init__(self, db_url: str, interval: float, on_tick: Callable[[], None] | None = None) -> None:
         self.db_url = db_url
         self.interval = interval
         self.on_tick = on_tick
@@ -37,8 +37,7 @@ class Heartbeater:
     def start(self) -> None:
         """Start the beating thread (idempotent)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="raas-heartbeat",
-                                             daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="raas-heartbeat", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -91,8 +90,7 @@ def current() -> Heartbeater | None:
     return _process_heartbeater
 
 
-def process_heartbeater(db_url: str, interval: float,
-                        on_tick: Callable[[], None] | None = None) -> Heartbeater:
+def process_heartbeater(db_url: str, interval: float, on_tick: Callable[[], None] | None = None) -> Heartbeater:
     """The heartbeater of this process (one per process, created on first use)."""
     global _process_heartbeater
     with _process_lock:

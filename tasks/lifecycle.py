@@ -6,6 +6,7 @@ handed to someone else) can no longer change it. Terminal writes also allocate t
 place in the job's completion order under the job's row lock, which gives the results cursor a
 gapless, commit-ordered sequence.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,17 +38,21 @@ from tasks.db_retry import retrying
 log = logging.getLogger(__name__)
 
 
-
 @retrying
-def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
-          node: str) -> tuple[Rollout, Job] | None:
+def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str, node: str) -> tuple[Rollout, Job] | None:
     """Take the lease for `stage`; None when it is a duplicate or stale delivery."""
     queued_status = Status.PENDING.value if stage == "init" else stage
     now = utcnow()
     # A claim also drops the outbox mark: the message evidently got out.
-    values: dict[str, Any] = {"status": stage, "lease_owner": lease, "heartbeat_at": now,
-                              "stage_started_at": now, "outbox_at": None,
-                              "generating_on": None, "paused_seconds": 0.0}
+    values: dict[str, Any] = {
+        "status": stage,
+        "lease_owner": lease,
+        "heartbeat_at": now,
+        "stage_started_at": now,
+        "outbox_at": None,
+        "generating_on": None,
+        "paused_seconds": 0.0,
+    }
     if stage == "init":
         values["node"] = node
     # RUN and EVAL claim only on the node the rollout is queued for: a stale message in the
@@ -56,9 +61,15 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str,
     with session_scope(db_url) as s:
         rollout = s.scalars(
             update(Rollout)
-            .where(Rollout.id == rollout_id, Rollout.attempt == attempt,
-                   Rollout.status == queued_status, Rollout.lease_owner.is_(None), *here)
-            .values(**values).returning(Rollout),
+            .where(
+                Rollout.id == rollout_id,
+                Rollout.attempt == attempt,
+                Rollout.status == queued_status,
+                Rollout.lease_owner.is_(None),
+                *here,
+            )
+            .values(**values)
+            .returning(Rollout),
             execution_options={"synchronize_session": False},
         ).one_or_none()
         if rollout is None:
@@ -89,9 +100,9 @@ def job_snapshot(db_url: str, job_id: str) -> Job:
 def save(db_url: str, rollout_id: str, lease: str, **values: Any) -> bool:
     """Write fields of a leased rollout; False when the lease was lost."""
     with session_scope(db_url) as s:
-        result = s.connection().execute(update(Rollout)
-                           .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
-                           .values(**values))
+        result = s.connection().execute(
+            update(Rollout).where(Rollout.id == rollout_id, Rollout.lease_owner == lease).values(**values)
+        )
         return result.rowcount == 1
 
 
@@ -107,25 +118,41 @@ def advance(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: A
 
 
 @retrying
-def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str,
-             **values: Any) -> tuple[bool, datetime | None]:
+def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: Any) -> tuple[bool, datetime | None]:
     """`advance`, also returning the mark's time (what `tasks.outbox_marks` fences its
     clear on); None when a retry found its own first commit landed (time not known)."""
     now = utcnow()
     with session_scope(db_url) as s:
         # Core statements on the session's connection: the ORM's bulk-UPDATE path costs more
         # CPU than the statement itself here, and nothing below needs the identity map.
-        if s.connection().execute(update(Rollout).where(
-                Rollout.id == rollout_id, Rollout.lease_owner == lease,
-                Rollout.cancel_requested.is_(False)).values(
-                status=to_stage, lease_owner=None, heartbeat_at=None, queued_at=now,
-                stage_started_at=None, outbox_at=now, **values)).rowcount == 1:
+        if (
+            s.connection()
+            .execute(
+                update(Rollout)
+                .where(Rollout.id == rollout_id, Rollout.lease_owner == lease, Rollout.cancel_requested.is_(False))
+                .values(
+                    status=to_stage,
+                    lease_owner=None,
+                    heartbeat_at=None,
+                    queued_at=now,
+                    stage_started_at=None,
+                    outbox_at=now,
+                    **values,
+                )
+            )
+            .rowcount
+            == 1
+        ):
             return True, now
         # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
         # rollout into `to_stage` unleased, so finding it there means the hand-off is done.
-        return bool(s.scalar(select(func.count()).select_from(Rollout).where(
-            Rollout.id == rollout_id, Rollout.status == to_stage,
-            Rollout.lease_owner.is_(None)))), None
+        return bool(
+            s.scalar(
+                select(func.count())
+                .select_from(Rollout)
+                .where(Rollout.id == rollout_id, Rollout.status == to_stage, Rollout.lease_owner.is_(None))
+            )
+        ), None
 
 
 def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -> bool:
@@ -135,16 +162,34 @@ def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -
     later hand-off of the same rollout set; a claim that came first has cleared it already.
     """
     with session_scope(db_url) as s:
-        return s.connection().execute(update(Rollout).where(
-            Rollout.id == rollout_id, Rollout.attempt == attempt,
-            Rollout.status == queued_status, Rollout.lease_owner.is_(None),
-            Rollout.outbox_at.is_not(None)).values(outbox_at=None),
-            execution_options={"synchronize_session": False}).rowcount == 1
+        return (
+            s.connection()
+            .execute(
+                update(Rollout)
+                .where(
+                    Rollout.id == rollout_id,
+                    Rollout.attempt == attempt,
+                    Rollout.status == queued_status,
+                    Rollout.lease_owner.is_(None),
+                    Rollout.outbox_at.is_not(None),
+                )
+                .values(outbox_at=None),
+                execution_options={"synchronize_session": False},
+            )
+            .rowcount
+            == 1
+        )
 
 
 @retrying
-def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = None,
-                window: float = turn_log.DEFAULT_WINDOW, **fields: Any) -> None:
+def record_turn(
+    db_url: str,
+    rollout_id: str,
+    attempt: int,
+    lease: str | None = None,
+    window: float = turn_log.DEFAULT_WINDOW,
+    **fields: Any,
+) -> None:
     """Append one turn to the log; returns once it is committed (before the agent's next
     generation).
 
@@ -159,17 +204,23 @@ def record_turn(db_url: str, rollout_id: str, attempt: int, lease: str | None = 
         return
     try:
         with session_scope(db_url) as s:
-            s.connection().execute(Turn.__table__.insert().values(
-                rollout_id=rollout_id, attempt=attempt, **fields))
+            s.connection().execute(Turn.__table__.insert().values(rollout_id=rollout_id, attempt=attempt, **fields))
     except IntegrityError:
-        log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id,
-                 fields.get("index"), attempt)
+        log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id, fields.get("index"), attempt)
 
 
 @retrying
-def resume(db_url: str, rollout_id: str, *, stage: str = "run", from_turn: int | None = None,
-           lease: str | None = None, expect_lease: str | None = None, error: str = "",
-           **values: Any) -> bool:
+def resume(
+    db_url: str,
+    rollout_id: str,
+    *,
+    stage: str = "run",
+    from_turn: int | None = None,
+    lease: str | None = None,
+    expect_lease: str | None = None,
+    error: str = "",
+    **values: Any,
+) -> bool:
     """Queue a lost RUN (or EVAL) again in the same attempt, keeping what it had stored.
 
     Fenced like `retry`: `lease` for the worker giving up its own lease, `expect_lease` for
@@ -179,31 +230,59 @@ def resume(db_url: str, rollout_id: str, *, stage: str = "run", from_turn: int |
     """
     fence = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
-        row = s.execute(select(Rollout.attempt, Rollout.resumes)
-                        .where(Rollout.id == rollout_id, Rollout.lease_owner == fence,
-                               Rollout.status == stage)).one_or_none()
+        row = s.execute(
+            select(Rollout.attempt, Rollout.resumes).where(
+                Rollout.id == rollout_id, Rollout.lease_owner == fence, Rollout.status == stage
+            )
+        ).one_or_none()
         if row is None:
             return False
-        entry = {"attempt": row.attempt, "stage": stage, "from_turn": from_turn,
-                 "error": error[:4000] or None, "at": utcnow().isoformat()}
-        return s.execute(update(Rollout).where(
-            Rollout.id == rollout_id, Rollout.lease_owner == fence,
-            Rollout.attempt == row.attempt).values(
-            lease_owner=None, heartbeat_at=None, stage_started_at=None, queued_at=utcnow(),
-            outbox_at=utcnow(), resumes=[*(row.resumes or []), entry], **values)).rowcount == 1
+        entry = {
+            "attempt": row.attempt,
+            "stage": stage,
+            "from_turn": from_turn,
+            "error": error[:4000] or None,
+            "at": utcnow().isoformat(),
+        }
+        return (
+            s.execute(
+                update(Rollout)
+                .where(Rollout.id == rollout_id, Rollout.lease_owner == fence, Rollout.attempt == row.attempt)
+                .values(
+                    lease_owner=None,
+                    heartbeat_at=None,
+                    stage_started_at=None,
+                    queued_at=utcnow(),
+                    outbox_at=utcnow(),
+                    resumes=[*(row.resumes or []), entry],
+                    **values,
+                )
+            ).rowcount
+            == 1
+        )
 
 
 def fenced(fence: dict[str, Any] | None) -> list[Any]:
     """Conditions `column == value` (None: IS NULL) for the row version a caller observed."""
-    return [getattr(Rollout, name).is_(None) if value is None
-            else getattr(Rollout, name) == value for name, value in (fence or {}).items()]
+    return [
+        getattr(Rollout, name).is_(None) if value is None else getattr(Rollout, name) == value
+        for name, value in (fence or {}).items()
+    ]
 
 
 @retrying
-def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
-           lease: str | None = None, expect_status: list[str] | None = None,
-           fence: dict[str, Any] | None = None, group: Any = None,
-           **values: Any) -> bool:
+def finish(
+    db_url: str,
+    rollout_id: str,
+    status: Status,
+    outcome: str,
+    *,
+    lease: str | None = None,
+    expect_status: list[str] | None = None,
+    fence: dict[str, Any] | None = None,
+    group: Any = None,
+    **values: Any,
+) -> bool:
     """Move a rollout to a terminal status and give it the next completion sequence number.
 
     Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel);
@@ -226,36 +305,59 @@ def finish(db_url: str, rollout_id: str, status: Status, outcome: str, *,
         if group is None or group.group_size is not None:
             _lock_group(s, rollout_id)
         conn = s.connection()  # Core statements (see `hand_off`)
-        row = conn.execute(update(Rollout).where(and_(*cond)).values(
-            status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None,
-            finished_at=now, **values).returning(Rollout.job_id, Rollout.instance_id,
-                                                 Rollout.outcome, Rollout.reward,
-                                                 Rollout.cut_reason)).one_or_none()
+        row = conn.execute(
+            update(Rollout)
+            .where(and_(*cond))
+            .values(
+                status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None, finished_at=now, **values
+            )
+            .returning(Rollout.job_id, Rollout.instance_id, Rollout.outcome, Rollout.reward, Rollout.cut_reason)
+        ).one_or_none()
         if row is None:
             return False
-        job = conn.execute(update(Job).where(Job.id == row.job_id).values(
-            finished_count=Job.finished_count + 1).returning(
-            Job.finished_count, (Job.n_instances * Job.n_samples).label("total"),
-            Job.n_samples, Job.group_size, Job.callback_url, Job.owner)).one()
+        job = conn.execute(
+            update(Job)
+            .where(Job.id == row.job_id)
+            .values(finished_count=Job.finished_count + 1)
+            .returning(
+                Job.finished_count,
+                (Job.n_instances * Job.n_samples).label("total"),
+                Job.n_samples,
+                Job.group_size,
+                Job.callback_url,
+                Job.owner,
+            )
+        ).one()
         seq, ended = job.finished_count, 0
         if job.group_size is not None:  # a straggler cut decides (tasks.groups)
-            group_done, ended = groups.on_finish(s, row.job_id, row.instance_id, rollout_id,
-                                                 row.outcome, row.reward, row.cut_reason)
+            group_done, ended = groups.on_finish(
+                s, row.job_id, row.instance_id, rollout_id, row.outcome, row.reward, row.cut_reason
+            )
         else:
             group_done = job.n_samples == 1 or not s.scalar(
-                select(func.count()).select_from(Rollout).where(
-                    Rollout.job_id == row.job_id, Rollout.instance_id == row.instance_id,
-                    Rollout.status.not_in(TERMINAL_VALUES)))
-        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(
-            result_seq=seq, completes_group=group_done))
+                select(func.count())
+                .select_from(Rollout)
+                .where(
+                    Rollout.job_id == row.job_id,
+                    Rollout.instance_id == row.instance_id,
+                    Rollout.status.not_in(TERMINAL_VALUES),
+                )
+            )
+        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(result_seq=seq, completes_group=group_done))
         job_done = seq + ended >= job.total
         if job_done:
             conn.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now))
         if job.callback_url and (group_done or job_done):
             callbacks.on_completions(
-                s, row.job_id, job.owner, job.callback_url, job_done=job_done,
-                group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq,
-                                     job.group_size) if group_done else None)
+                s,
+                row.job_id,
+                job.owner,
+                job.callback_url,
+                job_done=job_done,
+                group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq, job.group_size)
+                if group_done
+                else None,
+            )
         return True
 
 
@@ -264,17 +366,25 @@ def _lock_group(s: Any, rollout_id: str) -> None:
     may cut the others, and rows locked in differing orders would deadlock."""
     # Read in this transaction, never through job_snapshot's own session: on SQLite a second
     # connection's BEGIN IMMEDIATE waits for this one's and the ending deadlocks.
-    key = s.execute(select(Rollout.job_id, Rollout.instance_id, Job.group_size)
-                    .join(Job, Job.id == Rollout.job_id)
-                    .where(Rollout.id == rollout_id)).one_or_none()
+    key = s.execute(
+        select(Rollout.job_id, Rollout.instance_id, Job.group_size)
+        .join(Job, Job.id == Rollout.job_id)
+        .where(Rollout.id == rollout_id)
+    ).one_or_none()
     if key is not None and key.group_size is not None:
         groups.lock(s, key.job_id, key.instance_id)
 
 
 @retrying
-def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
-          expect_lease: str | None = None, error: str = "",
-          fence: dict[str, Any] | None = None) -> int | None:
+def retry(
+    db_url: str,
+    rollout_id: str,
+    *,
+    lease: str | None = None,
+    expect_lease: str | None = None,
+    error: str = "",
+    fence: dict[str, Any] | None = None,
+) -> int | None:
     """Send a rollout back to INIT as a new attempt; returns the new attempt number.
 
     `lease` fences a stage worker giving up its own lease; `expect_lease` fences the reaper
@@ -286,21 +396,35 @@ def retry(db_url: str, rollout_id: str, *, lease: str | None = None,
     """
     owner = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
-        row = s.execute(select(Rollout.attempt, Rollout.status, Rollout.attempt_history)
-                        .where(Rollout.id == rollout_id)).one_or_none()
+        row = s.execute(
+            select(Rollout.attempt, Rollout.status, Rollout.attempt_history).where(Rollout.id == rollout_id)
+        ).one_or_none()
         if row is None or row.status in TERMINAL_VALUES:
             return None
         cond = [Rollout.id == rollout_id, Rollout.attempt == row.attempt, *fenced(fence)]
-        cond.append(Rollout.lease_owner == owner if owner is not None
-                    else Rollout.lease_owner.is_(None))
-        result = s.execute(update(Rollout).where(*cond).values(
-            status=Status.PENDING.value, attempt=row.attempt + 1, lease_owner=None,
-            heartbeat_at=None, node=None, sandbox=None, llm_server=None, state={},
-            stage_started_at=None, queued_at=utcnow(), outbox_at=utcnow(),
-            error=error[:4000] or None,
-            attempt_history=[*(row.attempt_history or []), {
-                "attempt": row.attempt, "error": error[:4000] or None,
-                "ended_at": utcnow().isoformat()}]))
+        cond.append(Rollout.lease_owner == owner if owner is not None else Rollout.lease_owner.is_(None))
+        result = s.execute(
+            update(Rollout)
+            .where(*cond)
+            .values(
+                status=Status.PENDING.value,
+                attempt=row.attempt + 1,
+                lease_owner=None,
+                heartbeat_at=None,
+                node=None,
+                sandbox=None,
+                llm_server=None,
+                state={},
+                stage_started_at=None,
+                queued_at=utcnow(),
+                outbox_at=utcnow(),
+                error=error[:4000] or None,
+                attempt_history=[
+                    *(row.attempt_history or []),
+                    {"attempt": row.attempt, "error": error[:4000] or None, "ended_at": utcnow().isoformat()},
+                ],
+            )
+        )
         return row.attempt + 1 if result.rowcount == 1 else None
 
 
@@ -318,13 +442,14 @@ def beat(db_url: str, leases: list[str]) -> set[str]:
         return set()
     # Rows locked in id order (FOR UPDATE in the subquery; SQLite serialises writers), the
     # order the turn writer takes them in: a beat and a batch of turns never deadlock.
-    mine = (select(Rollout.id).where(Rollout.lease_owner.in_(leases)).order_by(Rollout.id)
-            .with_for_update())
+    mine = select(Rollout.id).where(Rollout.lease_owner.in_(leases)).order_by(Rollout.id).with_for_update()
     with session_scope(db_url) as s:
-        rows = s.execute(update(Rollout).where(Rollout.id.in_(mine.scalar_subquery()),
-                                               Rollout.lease_owner.in_(leases))
-                         .values(heartbeat_at=utcnow())
-                         .returning(Rollout.lease_owner, Rollout.cancel_requested)).all()
+        rows = s.execute(
+            update(Rollout)
+            .where(Rollout.id.in_(mine.scalar_subquery()), Rollout.lease_owner.in_(leases))
+            .values(heartbeat_at=utcnow())
+            .returning(Rollout.lease_owner, Rollout.cancel_requested)
+        ).all()
     return {lease for lease, cancelled in rows if cancelled}
 
 
@@ -391,40 +516,68 @@ def cancel_job(db_url: str, job_id: str, attempts: int = 3) -> int:
 
 def _cancel_job_once(db_url: str, job_id: str) -> int:
     now = utcnow()
-    queued = and_(Rollout.job_id == job_id, Rollout.status == Status.PENDING.value,
-                  Rollout.lease_owner.is_(None))
+    queued = and_(Rollout.job_id == job_id, Rollout.status == Status.PENDING.value, Rollout.lease_owner.is_(None))
     plain = {"synchronize_session": False}
     with session_scope(db_url) as s:
         # Rows first, then the job: the order `finish` locks them in (no deadlock with it),
         # and holding the queued rows keeps claims out until the numbers below are final.
-        s.execute(update(Rollout).where(Rollout.job_id == job_id,
-                                        Rollout.status.not_in(TERMINAL_VALUES))
-                  .values(cancel_requested=True), execution_options=plain)
-        base, total = s.execute(update(Job).where(Job.id == job_id).values(
-            cancel_requested=True).returning(Job.finished_count, Job.n_instances * Job.n_samples),
-            execution_options=plain).one()
+        s.execute(
+            update(Rollout)
+            .where(Rollout.job_id == job_id, Rollout.status.not_in(TERMINAL_VALUES))
+            .values(cancel_requested=True),
+            execution_options=plain,
+        )
+        base, total = s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(cancel_requested=True)
+            .returning(Job.finished_count, Job.n_instances * Job.n_samples),
+            execution_options=plain,
+        ).one()
         other = aliased(Rollout)
-        ranked = select(
-            Rollout.id,
-            func.row_number().over(order_by=(Rollout.instance_id, Rollout.sample_index))
-            .label("rn"),
-            func.row_number().over(partition_by=Rollout.instance_id,
-                                   order_by=Rollout.sample_index.desc()).label("from_end"),
-            # a started sibling still open: it (not us) will complete the group
-            exists().where(other.job_id == job_id, other.instance_id == Rollout.instance_id,
-                           other.status.in_([s.value for s in ACTIVE])).label("busy"),
-        ).where(queued).subquery()
-        n = s.execute(update(Rollout).where(Rollout.id == ranked.c.id).values(
-            status=Status.CANCELLED.value, outcome=Outcome.CANCELLED.value, error="cancelled",
-            lease_owner=None, heartbeat_at=None, finished_at=now, outbox_at=None,
-            result_seq=base + ranked.c.rn,
-            completes_group=case((and_(ranked.c.from_end == 1, ~ranked.c.busy), True),
-                                 else_=False)), execution_options=plain).rowcount
+        ranked = (
+            select(
+                Rollout.id,
+                func.row_number().over(order_by=(Rollout.instance_id, Rollout.sample_index)).label("rn"),
+                func.row_number()
+                .over(partition_by=Rollout.instance_id, order_by=Rollout.sample_index.desc())
+                .label("from_end"),
+                # a started sibling still open: it (not us) will complete the group
+                exists()
+                .where(
+                    other.job_id == job_id,
+                    other.instance_id == Rollout.instance_id,
+                    other.status.in_([s.value for s in ACTIVE]),
+                )
+                .label("busy"),
+            )
+            .where(queued)
+            .subquery()
+        )
+        n = s.execute(
+            update(Rollout)
+            .where(Rollout.id == ranked.c.id)
+            .values(
+                status=Status.CANCELLED.value,
+                outcome=Outcome.CANCELLED.value,
+                error="cancelled",
+                lease_owner=None,
+                heartbeat_at=None,
+                finished_at=now,
+                outbox_at=None,
+                result_seq=base + ranked.c.rn,
+                completes_group=case((and_(ranked.c.from_end == 1, ~ranked.c.busy), True), else_=False),
+            ),
+            execution_options=plain,
+        ).rowcount
         if n:
-            s.execute(update(Job).where(Job.id == job_id).values(
-                finished_count=Job.finished_count + n,
-                finished_at=now if base + n >= total else Job.finished_at),
-                execution_options=plain)
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(
+                    finished_count=Job.finished_count + n, finished_at=now if base + n >= total else Job.finished_at
+                ),
+                execution_options=plain,
+            )
         groups.after_cancel(s, job_id, base, base + n >= total if n else False)
         return n
-

@@ -20,6 +20,7 @@ the session reads its server's row every turn in the statement that marks the ro
 generating (`begin_generation`: one round trip), so each turn records the weight version it
 was really sampled with.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -53,8 +54,15 @@ CLAIM_ATTEMPTS = 3
 # This process's turn counter for `round_robin` routing (like a client-side load balancer:
 # each worker process cycles through the servers on its own).
 _round_robin = itertools.count()
-_INFO_COLUMNS = (LLMServer.url, LLMServer.model, LLMServer.weight_version, LLMServer.backend,
-                 LLMServer.paused, LLMServer.logprobs_mode, LLMServer.credential)
+_INFO_COLUMNS = (
+    LLMServer.url,
+    LLMServer.model,
+    LLMServer.weight_version,
+    LLMServer.backend,
+    LLMServer.paused,
+    LLMServer.logprobs_mode,
+    LLMServer.credential,
+)
 
 
 class RolloutStickiness:
@@ -82,14 +90,28 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     through the usable servers in url order with this process's counter.
     """
 
-    def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str,
-                 owner: str = DEFAULT_OWNER, routing: str = "sticky") -> None:
+    def __init__(
+        self,
+        db_url: str,
+        backend: str,
+        rollout_id: str,
+        lease: str,
+        owner: str = DEFAULT_OWNER,
+        routing: str = "sticky",
+    ) -> None:
         super().__init__(backend, rollout_id)
         self.db_url, self.lease, self.owner, self.routing = db_url, lease, owner, routing
 
     def _info(self, row: LLMServer | Row[Any]) -> ServerInfo:
-        return ServerInfo(row.url, row.model, row.weight_version, row.backend or self.backend,
-                          bool(row.paused), row.logprobs_mode, row.credential)
+        return ServerInfo(
+            row.url,
+            row.model,
+            row.weight_version,
+            row.backend or self.backend,
+            bool(row.paused),
+            row.logprobs_mode,
+            row.credential,
+        )
 
     def _mine(self, *conditions: Any) -> Any:
         """`select(LLMServer)` of this owner's rows."""
@@ -97,8 +119,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
 
     def _update(self, url: str, *conditions: Any) -> Any:
         """`update(LLMServer)` of this owner's row for `url`."""
-        return update(LLMServer).where(LLMServer.owner == self.owner, LLMServer.url == url,
-                                       *conditions)
+        return update(LLMServer).where(LLMServer.owner == self.owner, LLMServer.url == url, *conditions)
 
     def _recheck_down(self) -> None:
         """Probe servers marked down long enough ago; bring back the ones that answer."""
@@ -109,8 +130,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         for url in urls:
             error = probe(url)
             with session_scope(self.db_url) as s:
-                s.execute(self._update(url).values(
-                    healthy=error is None, last_error=error, checked_at=utcnow()))
+                s.execute(self._update(url).values(healthy=error is None, last_error=error, checked_at=utcnow()))
 
     def acquire(self, exclude: frozenset[str] = frozenset()) -> ServerInfo:
         """Claim a slot on the least-loaded healthy, unpaused server (one atomic statement).
@@ -140,25 +160,42 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         previous one committed, so 64 simultaneous claims spread exactly. SQLite ignores FOR
         UPDATE; its writers are serialised by BEGIN IMMEDIATE.
         """
-        usable = (LLMServer.owner == self.owner, LLMServer.healthy.is_(True),
-                  LLMServer.paused.is_(False))
+        usable = (LLMServer.owner == self.owner, LLMServer.healthy.is_(True), LLMServer.paused.is_(False))
         if exclude:
             usable += (LLMServer.url.not_in(sorted(exclude)),)
-        locked = (select(LLMServer.id, LLMServer.in_flight, LLMServer.created_at, LLMServer.url)
-                  .where(*usable).order_by(LLMServer.id).with_for_update().subquery())
-        pick = (select(locked.c.id)
-                .order_by(locked.c.in_flight, locked.c.created_at, locked.c.url)
-                .limit(1).scalar_subquery())
-        return (update(LLMServer).where(LLMServer.id == pick, *usable)
-                .values(in_flight=LLMServer.in_flight + 1).returning(*_INFO_COLUMNS))
+        locked = (
+            select(LLMServer.id, LLMServer.in_flight, LLMServer.created_at, LLMServer.url)
+            .where(*usable)
+            .order_by(LLMServer.id)
+            .with_for_update()
+            .subquery()
+        )
+        pick = (
+            select(locked.c.id)
+            .order_by(locked.c.in_flight, locked.c.created_at, locked.c.url)
+            .limit(1)
+            .scalar_subquery()
+        )
+        return (
+            update(LLMServer)
+            .where(LLMServer.id == pick, *usable)
+            .values(in_flight=LLMServer.in_flight + 1)
+            .returning(*_INFO_COLUMNS)
+        )
 
     def _claim_round_robin(self, exclude: frozenset[str]) -> ServerInfo | None:
         """A slot on the next usable server in this process's cycle (None: none usable; the
         least-loaded claim then says why)."""
         with session_scope(self.db_url) as s:
-            urls = sorted(u for u in s.scalars(select(LLMServer.url).where(
-                LLMServer.owner == self.owner, LLMServer.healthy.is_(True),
-                LLMServer.paused.is_(False))).all() if u not in exclude)
+            urls = sorted(
+                u
+                for u in s.scalars(
+                    select(LLMServer.url).where(
+                        LLMServer.owner == self.owner, LLMServer.healthy.is_(True), LLMServer.paused.is_(False)
+                    )
+                ).all()
+                if u not in exclude
+            )
         start = next(_round_robin)
         for k in range(len(urls)):
             info = self.take(urls[(start + k) % len(urls)])
@@ -171,37 +208,44 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     def _raise_if_none_usable(self, exclude: frozenset[str]) -> None:
         """After an empty claim: ServersPaused / ServiceUnavailable if that is really so."""
         with session_scope(self.db_url) as s:
-            paused = [p for url, p in s.execute(
-                select(LLMServer.url, LLMServer.paused).where(
-                    LLMServer.owner == self.owner, LLMServer.healthy.is_(True))).all()
-                if url not in exclude]
+            paused = [
+                p
+                for url, p in s.execute(
+                    select(LLMServer.url, LLMServer.paused).where(
+                        LLMServer.owner == self.owner, LLMServer.healthy.is_(True)
+                    )
+                ).all()
+                if url not in exclude
+            ]
         if not paused:
-            raise ServiceUnavailable("no healthy LLM server is registered"
-                                     + (f" (besides {sorted(exclude)})" if exclude else ""))
+            raise ServiceUnavailable(
+                "no healthy LLM server is registered" + (f" (besides {sorted(exclude)})" if exclude else "")
+            )
         if all(paused):
             raise ServersPaused("every healthy LLM server is paused")
 
     def take(self, url: str) -> ServerInfo | None:
         """Claim a slot on `url` if it is still registered and healthy (one statement)."""
-        row = _run_alone(self.db_url, self._update(url, LLMServer.healthy.is_(True))
-                         .values(in_flight=LLMServer.in_flight + 1).returning(*_INFO_COLUMNS))
+        row = _run_alone(
+            self.db_url,
+            self._update(url, LLMServer.healthy.is_(True))
+            .values(in_flight=LLMServer.in_flight + 1)
+            .returning(*_INFO_COLUMNS),
+        )
         return self._info(row) if row is not None else None
 
     def release(self, url: str) -> None:
         """Decrement `in_flight`, never below zero."""
-        _run_alone(self.db_url, self._update(url, LLMServer.in_flight > 0)
-                   .values(in_flight=LLMServer.in_flight - 1))
+        _run_alone(self.db_url, self._update(url, LLMServer.in_flight > 0).values(in_flight=LLMServer.in_flight - 1))
 
     def mark_down(self, url: str, error: str) -> None:
         """healthy=false with the error, visible to every worker and to GET /v1/llm-servers."""
         with session_scope(self.db_url) as s:
-            s.execute(self._update(url).values(
-                healthy=False, last_error=error[:2000], checked_at=utcnow()))
+            s.execute(self._update(url).values(healthy=False, last_error=error[:2000], checked_at=utcnow()))
 
     def lookup(self, url: str) -> ServerInfo | None:
         """The row's current model and weight version (read every turn: one round trip)."""
-        row = _run_alone(self.db_url, select(*_INFO_COLUMNS).where(
-            LLMServer.owner == self.owner, LLMServer.url == url))
+        row = _run_alone(self.db_url, select(*_INFO_COLUMNS).where(LLMServer.owner == self.owner, LLMServer.url == url))
         return self._info(row) if row is not None else None
 
     def candidate_urls(self) -> list[str]:
@@ -234,16 +278,20 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         has committed and then sees it when it counts generations. SQLite runs the statement
         under its database write lock, which orders it with the pause the same way.
         """
-        server = (select(*_INFO_COLUMNS).where(LLMServer.owner == self.owner,
-                                               LLMServer.url == url)
-                  .with_for_update(read=True).cte("server"))
+        server = (
+            select(*_INFO_COLUMNS)
+            .where(LLMServer.owner == self.owner, LLMServer.url == url)
+            .with_for_update(read=True)
+            .cte("server")
+        )
         paused = select(server.c.paused).scalar_subquery()
-        return (update(Rollout)
-                .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
-                .values(generating_on=case((paused.is_(False), url), else_=None))
-                .returning(*[select(column).scalar_subquery().label(column.name)
-                             for column in server.c])
-                .add_cte(server))
+        return (
+            update(Rollout)
+            .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
+            .values(generating_on=case((paused.is_(False), url), else_=None))
+            .returning(*[select(column).scalar_subquery().label(column.name) for column in server.c])
+            .add_cte(server)
+        )
 
     def end_generation(self) -> None:
         """Clear the rollout's generation mark: queued in the turn writer, committed with the
@@ -253,25 +301,37 @@ class RegisteredPool(RolloutStickiness, ServerPool):
 
     def note_paused(self, seconds: float) -> None:
         """Add to the stage's `paused_seconds` (the reaper extends the deadline by it)."""
-        _run_alone(self.db_url, update(Rollout).where(
-            Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
-            .values(paused_seconds=Rollout.paused_seconds + seconds))
+        _run_alone(
+            self.db_url,
+            update(Rollout)
+            .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
+            .values(paused_seconds=Rollout.paused_seconds + seconds),
+        )
 
 
 class JobServerPool(RolloutStickiness, StaticServerPool):
     """Servers named in the job's spec; load = rollouts in RUN that stick to each of them."""
 
-    def __init__(self, db_url: str, backend: str, rollout_id: str, lease: str,
-                 servers: list[dict[str, Any]], credential: str | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        backend: str,
+        rollout_id: str,
+        lease: str,
+        servers: list[dict[str, Any]],
+        credential: str | None = None,
+    ) -> None:
         super().__init__(backend, rollout_id, servers, credential)
         self.db_url, self.lease = db_url, lease
 
     def load(self) -> dict[str, int]:
         """This process's slots, or the rollouts in RUN on each server when that is more."""
         with session_scope(self.db_url) as s:
-            rows = s.execute(select(Rollout.llm_server, func.count()).where(
-                Rollout.status == Status.RUN.value, Rollout.llm_server.in_(list(self.servers)))
-                .group_by(Rollout.llm_server)).all()
+            rows = s.execute(
+                select(Rollout.llm_server, func.count())
+                .where(Rollout.status == Status.RUN.value, Rollout.llm_server.in_(list(self.servers)))
+                .group_by(Rollout.llm_server)
+            ).all()
         counts = super().load()
         for url, n in rows:
             counts[url] = max(counts.get(url, 0), n)
@@ -297,8 +357,14 @@ def _run_alone(db_url: str, statement: Any) -> Row[Any] | None:
         return result.first() if result.returns_rows else None
 
 
-def make_pool(spec: LLMSpec | dict[str, Any], db_url: str, rollout_id: str, lease: str,
-              owner: str = DEFAULT_OWNER, routing: str = "sticky") -> ServerPool:
+def make_pool(
+    spec: LLMSpec | dict[str, Any],
+    db_url: str,
+    rollout_id: str,
+    lease: str,
+    owner: str = DEFAULT_OWNER,
+    routing: str = "sticky",
+) -> ServerPool:
     """The pool of one leased rollout: the job's own servers when it names some (always
     sticky), else the job owner's registered pool routed by `routing` (`llm_routing`).
 
@@ -306,24 +372,29 @@ def make_pool(spec: LLMSpec | dict[str, Any], db_url: str, rollout_id: str, leas
     if not isinstance(spec, LLMSpec):
         spec = parse_model(LLMSpec, spec, "llm")
     if spec.servers:
-        return JobServerPool(db_url, spec.backend, rollout_id, lease,
-                             [server.model_dump() for server in spec.servers], spec.credential)
+        return JobServerPool(
+            db_url, spec.backend, rollout_id, lease, [server.model_dump() for server in spec.servers], spec.credential
+        )
     return RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
 
 
 def registered_urls(db_url: str, owner: str = DEFAULT_OWNER) -> list[str]:
     """`owner`'s registered server urls, healthy first (tokenizer and model discovery)."""
     with session_scope(db_url) as s:
-        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner)
-                         .order_by(LLMServer.healthy.desc())).all()
+        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner).order_by(LLMServer.healthy.desc())).all()
         return [r.url for r in rows]
 
 
 def reconcile_in_flight(db_url: str) -> None:
     """Reset every `in_flight` to the rollouts in RUN that stick to it (repairs lost workers)."""
     with session_scope(db_url) as s:
-        counts = dict(s.execute(select(Rollout.llm_server, func.count()).where(
-            Rollout.status == Status.RUN.value).group_by(Rollout.llm_server)).all())
+        counts = dict(
+            s.execute(
+                select(Rollout.llm_server, func.count())
+                .where(Rollout.status == Status.RUN.value)
+                .group_by(Rollout.llm_server)
+            ).all()
+        )
         for row in s.scalars(select(LLMServer)).all():
             row.in_flight = counts.get(row.url, 0)
 
@@ -339,6 +410,9 @@ def check_health(db_url: str, settings: Settings | None = None) -> dict[str, str
             results[url] = probe(url)
     with session_scope(db_url) as s:
         for url, error in results.items():
-            s.execute(update(LLMServer).where(LLMServer.url == url).values(
-                healthy=error is None, last_error=error, checked_at=utcnow()))
+            s.execute(
+                update(LLMServer)
+                .where(LLMServer.url == url)
+                .values(healthy=error is None, last_error=error, checked_at=utcnow())
+            )
     return results

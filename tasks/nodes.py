@@ -8,6 +8,7 @@ its node's row) from a thread. The reaper reads them back: a node whose row is s
 `node_timeout` is dead, and a queue of a known node without a fresh consumer is abandoned.
 Nodes that never wrote a row are not judged (a process older than these tables).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,7 @@ def live_queues(db_url: str, timeout: float) -> set[str]:
     """Queues with at least one consumer that beat within `timeout` seconds."""
     cutoff = utcnow() - timedelta(seconds=timeout)
     with session_scope(db_url) as s:
-        return set(s.scalars(select(QueueConsumer.queue).where(QueueConsumer.beat_at >= cutoff)
-                             .distinct()).all())
+        return set(s.scalars(select(QueueConsumer.queue).where(QueueConsumer.beat_at >= cutoff).distinct()).all())
 
 
 def prune_consumers(db_url: str, timeout: float) -> int:
@@ -96,8 +96,7 @@ class ConsumerBeat:
         """Refresh the consumer row and the node row (a DB blip is retried next round)."""
         try:
             with session_scope(self.db_url) as s:
-                s.execute(update(QueueConsumer).where(QueueConsumer.id == self.id)
-                          .values(beat_at=utcnow()))
+                s.execute(update(QueueConsumer).where(QueueConsumer.id == self.id).values(beat_at=utcnow()))
             beat_node(self.db_url, self.node)
         except Exception:
             log.exception("consumer beat failed")
@@ -119,16 +118,14 @@ class ConsumerBeat:
 def forget_consumers(db_url: str, node: str, pid: int) -> int:
     """Delete the consumer rows of a pool process its supervisor saw exit (no reader now)."""
     with session_scope(db_url) as s:
-        return s.execute(delete(QueueConsumer).where(QueueConsumer.node == node,
-                                                     QueueConsumer.pid == pid)).rowcount
+        return s.execute(delete(QueueConsumer).where(QueueConsumer.node == node, QueueConsumer.pid == pid)).rowcount
 
 
 def mark_gone(db_url: str, name: str) -> None:
     """A node that drained and exited: its row reads as long dead (other reapers move what is
     left on it at once) and its consumer rows go."""
     with session_scope(db_url) as s:
-        s.execute(update(Node).where(Node.name == name)
-                  .values(beat_at=utcnow() - timedelta(days=1)))
+        s.execute(update(Node).where(Node.name == name).values(beat_at=utcnow() - timedelta(days=1)))
         s.execute(delete(QueueConsumer).where(QueueConsumer.node == name))
 
 

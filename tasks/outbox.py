@@ -20,6 +20,7 @@ new attempt's INIT) commit it with the status change, the worker clears it after
 and a claim clears it too. A hand-off whose broker stayed away past the worker's retries keeps
 its mark, and the drain publishes it to the queue of the rollout's node.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,7 @@ PROCESS_IDLE_EXIT = 60.0  # seconds the publisher process waits for work before 
 PROCESS_TIMEOUT = 600.0  # longest wait for the publisher process to answer a hand-off
 
 
-Message = tuple[str, str, int, str | None, str | None] | \
-    tuple[str, str, int, str | None, str | None, int | None]
+Message = tuple[str, str, int, str | None, str | None] | tuple[str, str, int, str | None, str | None, int | None]
 
 
 def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -> int:
@@ -70,8 +70,16 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
         with producer.batch(max_size=batch):
             for stage, rollout_id, attempt, node, job, *priority in messages:
                 # `tasks.publish.publish` builds every stage message, one or a batch
-                publish(celery, stage, rollout_id, attempt, node, producer=producer,
-                        priority=priority[0] if priority else None, job=job)
+                publish(
+                    celery,
+                    stage,
+                    rollout_id,
+                    attempt,
+                    node,
+                    producer=producer,
+                    priority=priority[0] if priority else None,
+                    job=job,
+                )
                 n += 1
                 # Building messages is pure CPU (no I/O releases the GIL within a pipelined
                 # batch): yield it often so the gateway's request threads stay responsive.
@@ -82,7 +90,7 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
 
 def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def publish_marked(db_url: str, celery: Any, ids: Sequence[str]) -> int:
@@ -94,21 +102,24 @@ def publish_marked(db_url: str, celery: Any, ids: Sequence[str]) -> int:
     n = 0
     for chunk in _chunks(ids, BATCH):
         with session_scope(db_url) as s:
-            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.job_id, Job.priority)
-                             .join(Job, Job.id == Rollout.job_id).where(
-                Rollout.id.in_(chunk), Rollout.outbox_at.is_not(None))).all()
+            rows = s.execute(
+                select(Rollout.id, Rollout.attempt, Rollout.job_id, Job.priority)
+                .join(Job, Job.id == Rollout.job_id)
+                .where(Rollout.id.in_(chunk), Rollout.outbox_at.is_not(None))
+            ).all()
         if not rows:
             continue
-        n += publish_many(celery, (("init", r.id, r.attempt, None, r.job_id, r.priority)
-                                   for r in rows))
+        n += publish_many(celery, (("init", r.id, r.attempt, None, r.job_id, r.priority) for r in rows))
         _clear(db_url, [r.id for r in rows])
     return n
 
 
 def _clear(db_url: str, ids: list[str]) -> None:
     with session_scope(db_url) as s:
-        s.execute(update(Rollout).where(Rollout.id.in_(ids)).values(outbox_at=None),
-                  execution_options={"synchronize_session": False})
+        s.execute(
+            update(Rollout).where(Rollout.id.in_(ids)).values(outbox_at=None),
+            execution_options={"synchronize_session": False},
+        )
 
 
 QUEUED = (Status.PENDING.value, "run", "eval")  # statuses of a rollout waiting for a message
@@ -128,32 +139,64 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
     while True:
         cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
         with session_scope(db_url) as s:
-            ids = s.scalars(select(Rollout.id).where(  # done: `drain_reevaluations`
-                Rollout.outbox_at < cutoff, Rollout.status != Status.DONE.value)
-                .order_by(Rollout.outbox_at).limit(BATCH)).all()
+            ids = s.scalars(
+                select(Rollout.id)
+                .where(  # done: `drain_reevaluations`
+                    Rollout.outbox_at < cutoff, Rollout.status != Status.DONE.value
+                )
+                .order_by(Rollout.outbox_at)
+                .limit(BATCH)
+            ).all()
             if not ids:
                 return total
-            taken = s.execute(update(Rollout).where(
-                Rollout.id.in_(ids), Rollout.outbox_at < cutoff, Rollout.status.in_(QUEUED),
-                Rollout.lease_owner.is_(None)).values(outbox_at=stamp).returning(
-                Rollout.id, Rollout.attempt, Rollout.status, Rollout.node, Rollout.job_id),
-                execution_options=plain).all()
+            taken = s.execute(
+                update(Rollout)
+                .where(
+                    Rollout.id.in_(ids),
+                    Rollout.outbox_at < cutoff,
+                    Rollout.status.in_(QUEUED),
+                    Rollout.lease_owner.is_(None),
+                )
+                .values(outbox_at=stamp)
+                .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node, Rollout.job_id),
+                execution_options=plain,
+            ).all()
             # marks on rows claimed or ended meanwhile can only be leftovers: drop them
-            s.execute(update(Rollout).where(Rollout.id.in_(ids), Rollout.outbox_at < cutoff)
-                      .values(outbox_at=None), execution_options=plain)
+            s.execute(
+                update(Rollout).where(Rollout.id.in_(ids), Rollout.outbox_at < cutoff).values(outbox_at=None),
+                execution_options=plain,
+            )
         if not taken:
             continue
         handed = sum(r.status != Status.PENDING.value for r in taken)
-        log.warning("outbox: publishing %s rollouts left unpublished (%s accepted by a "
-                    "gateway, %s handed on by a stage)", len(taken), len(taken) - handed, handed)
+        log.warning(
+            "outbox: publishing %s rollouts left unpublished (%s accepted by a gateway, %s handed on by a stage)",
+            len(taken),
+            len(taken) - handed,
+            handed,
+        )
         priority = job_priorities(db_url, {r.job_id for r in taken})
-        total += publish_many(celery, (("init" if r.status == Status.PENDING.value else r.status,
-                                        r.id, r.attempt, r.node, r.job_id,
-                                        priority.get(r.job_id)) for r in taken))
+        total += publish_many(
+            celery,
+            (
+                (
+                    "init" if r.status == Status.PENDING.value else r.status,
+                    r.id,
+                    r.attempt,
+                    r.node,
+                    r.job_id,
+                    priority.get(r.job_id),
+                )
+                for r in taken
+            ),
+        )
         with session_scope(db_url) as s:  # only the marks this pass set (a later one stays)
-            s.execute(update(Rollout).where(Rollout.id.in_([r.id for r in taken]),
-                                            Rollout.outbox_at == stamp)
-                      .values(outbox_at=None), execution_options=plain)
+            s.execute(
+                update(Rollout)
+                .where(Rollout.id.in_([r.id for r in taken]), Rollout.outbox_at == stamp)
+                .values(outbox_at=None),
+                execution_options=plain,
+            )
 
 
 def mark_reevaluation(rollout: Rollout, request_id: str) -> Any:
@@ -167,14 +210,15 @@ def mark_reevaluation(rollout: Rollout, request_id: str) -> Any:
     return rollout.outbox_at
 
 
-def publish_reevaluation(db_url: str, celery: Any, rollout_id: str, request_id: str,
-                         mark: Any) -> None:
+def publish_reevaluation(db_url: str, celery: Any, rollout_id: str, request_id: str, mark: Any) -> None:
     """Publish a committed re-evaluation request, then clear the mark it set (a later request's
     mark stays). A publish that fails leaves the mark: the reaper's drain publishes it."""
     publish_reevaluation_message(celery, rollout_id, request_id)
     with session_scope(db_url) as s:
-        s.execute(update(Rollout).where(Rollout.id == rollout_id, Rollout.outbox_at == mark)
-                  .values(outbox_at=None), execution_options={"synchronize_session": False})
+        s.execute(
+            update(Rollout).where(Rollout.id == rollout_id, Rollout.outbox_at == mark).values(outbox_at=None),
+            execution_options={"synchronize_session": False},
+        )
 
 
 def drain_reevaluations(db_url: str, celery: Any, grace: float) -> int:
@@ -186,24 +230,33 @@ def drain_reevaluations(db_url: str, celery: Any, grace: float) -> int:
     while True:
         cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
         with session_scope(db_url) as s:
-            ids = s.scalars(select(Rollout.id).where(
-                Rollout.outbox_at < cutoff, Rollout.status == Status.DONE.value)
-                .order_by(Rollout.outbox_at).limit(BATCH)).all()
+            ids = s.scalars(
+                select(Rollout.id)
+                .where(Rollout.outbox_at < cutoff, Rollout.status == Status.DONE.value)
+                .order_by(Rollout.outbox_at)
+                .limit(BATCH)
+            ).all()
             if not ids:
                 return total
-            taken = s.execute(update(Rollout).where(
-                Rollout.id.in_(ids), Rollout.outbox_at < cutoff).values(outbox_at=stamp)
-                .returning(Rollout.id, Rollout.extra), execution_options=plain).all()
+            taken = s.execute(
+                update(Rollout)
+                .where(Rollout.id.in_(ids), Rollout.outbox_at < cutoff)
+                .values(outbox_at=stamp)
+                .returning(Rollout.id, Rollout.extra),
+                execution_options=plain,
+            ).all()
         for row in taken:
             for request_id in (row.extra or {}).get(PENDING_REEVALUATIONS, []):
-                log.warning("outbox: publishing re-evaluation %s of %s left unpublished",
-                            request_id, row.id)
+                log.warning("outbox: publishing re-evaluation %s of %s left unpublished", request_id, row.id)
                 publish_reevaluation_message(celery, row.id, request_id)
                 total += 1
         with session_scope(db_url) as s:
-            s.execute(update(Rollout).where(Rollout.id.in_([r.id for r in taken]),
-                                            Rollout.outbox_at == stamp)
-                      .values(outbox_at=None), execution_options=plain)
+            s.execute(
+                update(Rollout)
+                .where(Rollout.id.in_([r.id for r in taken]), Rollout.outbox_at == stamp)
+                .values(outbox_at=None),
+                execution_options=plain,
+            )
 
 
 def job_priorities(db_url: str, job_ids: set[str]) -> dict[str, int]:
@@ -249,11 +302,11 @@ class OutboxPublisher:
                 return
             self._pid = os.getpid()
             self._process = self._conn = None
-            for name, publish in (("inline", self._publish_inline),
-                                  ("process", self._publish_in_process)):
+            for name, publish in (("inline", self._publish_inline), ("process", self._publish_in_process)):
                 self._queues[name] = work = queue.Queue()
-                threading.Thread(target=self._loop, args=(work, publish),
-                                 name=f"raas-outbox-{name}", daemon=True).start()
+                threading.Thread(
+                    target=self._loop, args=(work, publish), name=f"raas-outbox-{name}", daemon=True
+                ).start()
 
     def _loop(self, work: queue.Queue[Sequence[str]], publish: Any) -> None:
         while True:
@@ -288,18 +341,25 @@ class OutboxPublisher:
         if self._process is None or self._process.poll() is not None:
             self._stop_child()
             ours, theirs = socket.socketpair()
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-                [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))
+            env = dict(
+                os.environ,
+                PYTHONPATH=os.pathsep.join(
+                    [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+                ),
+            )
             # a fresh interpreter (not fork: the gateway has threads; not multiprocessing's
             # spawn: it would re-run the embedding program's __main__)
             self._process = subprocess.Popen(
-                [sys.executable, "-c", f"from tasks.outbox import _publisher_process as p; "
-                 f"p({theirs.fileno()})"], pass_fds=[theirs.fileno()], env=env,
-                stdin=subprocess.DEVNULL)
+                [sys.executable, "-c", f"from tasks.outbox import _publisher_process as p; p({theirs.fileno()})"],
+                pass_fds=[theirs.fileno()],
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
             theirs.close()
             self._conn = Connection(ours.detach())
             self._conn.send(self.celery.raas_settings)
         return self._conn
+
     def _stop_child(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -13,6 +13,7 @@ publishes that message again after `outbox_grace`, which the claim fences as a d
 Each clear is fenced on the exact mark it is for (rollout, attempt, queued status, unleased,
 and the mark's own time), so a late clear never touches a later hand-off's mark.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,9 +45,13 @@ class Mark:
 
 
 def _condition(mark: Mark) -> object:
-    cond = [Rollout.id == mark.rollout_id, Rollout.attempt == mark.attempt,
-            Rollout.status == mark.queued_status, Rollout.lease_owner.is_(None),
-            Rollout.outbox_at.is_not(None)]
+    cond = [
+        Rollout.id == mark.rollout_id,
+        Rollout.attempt == mark.attempt,
+        Rollout.status == mark.queued_status,
+        Rollout.lease_owner.is_(None),
+        Rollout.outbox_at.is_not(None),
+    ]
     if mark.marked_at is not None:
         cond.append(Rollout.outbox_at == mark.marked_at)
     return and_(*cond)
@@ -58,8 +63,7 @@ def clear_now(db_url: str, marks: list[Mark]) -> int:
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
-        return conn.execute(update(Rollout).where(or_(*[_condition(m) for m in marks]))
-                            .values(outbox_at=None)).rowcount
+        return conn.execute(update(Rollout).where(or_(*[_condition(m) for m in marks])).values(outbox_at=None)).rowcount
 
 
 class MarkClearer:
@@ -78,8 +82,7 @@ class MarkClearer:
         with self._cond:
             self._queue.append(mark)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="raas-mark-clearer",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._loop, name="raas-mark-clearer", daemon=True)
                 self._thread.start()
             self._cond.notify()
 
@@ -104,8 +107,7 @@ class MarkClearer:
                 clear_now(self.db_url, batch)
                 self.statements += 1
             except Exception as exc:  # noqa: BLE001 - a mark left is the drain's, not lost
-                log.info("clearing %d outbox marks failed (the drain republishes them): %s",
-                         len(batch), exc)
+                log.info("clearing %d outbox marks failed (the drain republishes them): %s", len(batch), exc)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()

@@ -11,6 +11,7 @@ generations finish normally: nothing is aborted. A mark of a worker that died st
 when its lease's heartbeat is older than `lease_timeout` (the request died with it).
 Waiting rollouts keep their slot and keep beating; the wait is not charged to their deadline.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,8 +42,7 @@ class PoolServer:
 def target_servers(db_url: str, owner: str, ids: list[str] | None) -> list[PoolServer]:
     """`owner`'s servers named by `ids` (all of them when None); an unknown id is a 404."""
     with session_scope(db_url) as s:
-        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner)
-                         .order_by(LLMServer.created_at)).all()
+        rows = s.scalars(select(LLMServer).where(LLMServer.owner == owner).order_by(LLMServer.created_at)).all()
         servers = [PoolServer(r.id, r.url, r.backend or "vllm", r.model) for r in rows]
     if ids is not None:
         known = {p.id: p for p in servers}
@@ -51,8 +51,7 @@ def target_servers(db_url: str, owner: str, ids: list[str] | None) -> list[PoolS
             raise NotFound(f"llm server {missing[0]!r} not found", field="servers")
         servers = [known[i] for i in dict.fromkeys(ids)]
     if not servers:
-        raise InvalidRequest("servers: the caller's pool has no registered server",
-                             field="servers")
+        raise InvalidRequest("servers: the caller's pool has no registered server", field="servers")
     return servers
 
 
@@ -60,17 +59,23 @@ def generating(db_url: str, owner: str, urls: list[str], lease_timeout: float) -
     """Requests in flight per server url: marked rollouts of `owner` whose lease still beats."""
     cutoff = utcnow() - timedelta(seconds=lease_timeout)
     with session_scope(db_url) as s:
-        rows = s.execute(select(Rollout.generating_on, func.count())
-                         .join(Job, Job.id == Rollout.job_id)
-                         .where(Job.owner == owner, Rollout.generating_on.in_(urls),
-                                Rollout.lease_owner.is_not(None),
-                                Rollout.heartbeat_at > cutoff)
-                         .group_by(Rollout.generating_on)).all()
+        rows = s.execute(
+            select(Rollout.generating_on, func.count())
+            .join(Job, Job.id == Rollout.job_id)
+            .where(
+                Job.owner == owner,
+                Rollout.generating_on.in_(urls),
+                Rollout.lease_owner.is_not(None),
+                Rollout.heartbeat_at > cutoff,
+            )
+            .group_by(Rollout.generating_on)
+        ).all()
     return {url: int(n) for url, n in rows}
 
 
-def set_paused(db_url: str, owner: str, ids: list[str], paused: bool,
-               weight_version: str | None = None, model: str | None = None) -> None:
+def set_paused(
+    db_url: str, owner: str, ids: list[str], paused: bool, weight_version: str | None = None, model: str | None = None
+) -> None:
     """Set `paused` (and the new version / served model, if given) on these rows at once."""
     values: dict[str, object] = {"paused": paused}
     if weight_version is not None:
@@ -78,12 +83,12 @@ def set_paused(db_url: str, owner: str, ids: list[str], paused: bool,
     if model is not None:
         values["model"] = model
     with session_scope(db_url) as s:
-        s.execute(update(LLMServer).where(LLMServer.owner == owner, LLMServer.id.in_(ids))
-                  .values(**values))
+        s.execute(update(LLMServer).where(LLMServer.owner == owner, LLMServer.id.in_(ids)).values(**values))
 
 
-def pause(db_url: str, owner: str, ids: list[str] | None = None, timeout: float = 300.0,
-          lease_timeout: float = 30.0) -> list[PoolServer]:
+def pause(
+    db_url: str, owner: str, ids: list[str] | None = None, timeout: float = 300.0, lease_timeout: float = 30.0
+) -> list[PoolServer]:
     """Pause the servers, then wait until none has a generation in flight.
 
     Returns the servers with the seconds each took to drain. On `timeout` raises PauseTimeout
@@ -109,13 +114,15 @@ def pause(db_url: str, owner: str, ids: list[str] | None = None, timeout: float 
             raise PauseTimeout(
                 f"generations still in flight after {timeout:g} s; the servers stay paused: "
                 "POST /v1/llm/resume to serve again, or POST /v1/llm/pause to wait longer",
-                in_flight={u: counts.get(u, 0) for u in waiting})
+                in_flight={u: counts.get(u, 0) for u in waiting},
+            )
         time.sleep(POLL_SECONDS)
         counts = generating(db_url, owner, list(waiting), lease_timeout)
 
 
-def resume(db_url: str, owner: str, ids: list[str] | None = None,
-           weight_version: str | None = None, model: str | None = None) -> list[str]:
+def resume(
+    db_url: str, owner: str, ids: list[str] | None = None, weight_version: str | None = None, model: str | None = None
+) -> list[str]:
     """Unpause the servers (recording the new version from the next turn on); their ids."""
     servers = target_servers(db_url, owner, ids)
     set_paused(db_url, owner, [p.id for p in servers], False, weight_version, model)

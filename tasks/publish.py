@@ -1,5 +1,6 @@
 """Publishing a stage message: the one place a stage message is built, used by every process
 to queue a stage (one at a time here, in batches over one producer by `tasks.outbox`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,9 +8,17 @@ from typing import Any
 from tasks.config import REEVALUATE_TASK, TASK_NAMES, message_priority, publish_retry_policy
 
 
-def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | None = None,
-            producer: Any = None, retry_seconds: float = 0.0,
-            priority: int | None = None, job: str | None = None) -> None:
+def publish(
+    app: Any,
+    stage: str,
+    rollout_id: str,
+    attempt: int,
+    node: str | None = None,
+    producer: Any = None,
+    retry_seconds: float = 0.0,
+    priority: int | None = None,
+    job: str | None = None,
+) -> None:
     """Publish a stage message; the shared router picks the queue from `node`.
 
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
@@ -18,10 +27,15 @@ def publish(app: Any, stage: str, rollout_id: str, attempt: int, node: str | Non
     knows was cancelled without a database write (see `lifecycle.known_cancelled`).
     """
     kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
-    retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} \
-        if retry_seconds else {}
-    app.send_task(TASK_NAMES[stage], args=[rollout_id, attempt], kwargs=kwargs,
-                  producer=producer, priority=message_priority(priority), **retry)
+    retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} if retry_seconds else {}
+    app.send_task(
+        TASK_NAMES[stage],
+        args=[rollout_id, attempt],
+        kwargs=kwargs,
+        producer=producer,
+        priority=message_priority(priority),
+        **retry,
+    )
 
 
 def publish_reevaluation_message(app: Any, rollout_id: str, request_id: str) -> None:

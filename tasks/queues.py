@@ -1,4 +1,5 @@
 """Broker queue depths, read by the reaper (backlog) and by the gateway's /metrics."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,8 +25,9 @@ def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
         for queue in queues:
             try:
                 size = getattr(channel, "_size", None)
-                depths[queue] = size(queue) if size is not None else \
-                    channel.queue_declare(queue=queue, passive=True).message_count
+                depths[queue] = (
+                    size(queue) if size is not None else channel.queue_declare(queue=queue, passive=True).message_count
+                )
             except Exception:  # a queue nobody declared yet is simply empty
                 depths[queue] = 0
                 channel = conn.channel() if conn.connected else conn.default_channel
@@ -36,5 +38,4 @@ def known_queues(db_url: str) -> list[str]:
     """init, the unrouted queue, and run/eval queues of every node that ever ran INIT."""
     with session_scope(db_url) as s:
         nodes = s.scalars(select(Rollout.node).where(Rollout.node.is_not(None)).distinct()).all()
-    return ["init", UNROUTED_QUEUE] + [f"{stage}.{n}" for n in sorted(nodes)
-                                       for stage in ("run", "eval")]
+    return ["init", UNROUTED_QUEUE] + [f"{stage}.{n}" for n in sorted(nodes) for stage in ("run", "eval")]

@@ -6,6 +6,7 @@ now (429: it can be retried when earlier work finishes or is cancelled). In-flig
 from the jobs table (total minus finished of every unfinished job), under a per-owner lock on
 PostgreSQL, so two concurrent submissions cannot both slip under the cap.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,22 +27,30 @@ def check_job_size(settings: Settings, n_instances: int, n_samples: int) -> int:
         raise InvalidRequest(
             f"{n_instances} instances x n_samples {n_samples} = {n} rollouts is above this "
             f"service's cap of {cap} rollouts per job (max_rollouts_per_job); split the batch",
-            field="instances", cap="max_rollouts_per_job", limit=cap, requested=n)
+            field="instances",
+            cap="max_rollouts_per_job",
+            limit=cap,
+            requested=n,
+        )
     return n
 
 
 def in_flight(s: Session, owner: str) -> int:
     """Unfinished rollouts of `owner` (queued or running)."""
-    return int(s.scalar(select(func.coalesce(func.sum(
-        Job.n_instances * Job.n_samples - Job.finished_count), 0))
-        .where(Job.owner == owner, Job.finished_at.is_(None))) or 0)
+    return int(
+        s.scalar(
+            select(func.coalesce(func.sum(Job.n_instances * Job.n_samples - Job.finished_count), 0)).where(
+                Job.owner == owner, Job.finished_at.is_(None)
+            )
+        )
+        or 0
+    )
 
 
 def reserve_in_flight(s: Session, settings: Settings, owner: str, n: int) -> None:
     """Admit `n` more rollouts for `owner` in this transaction, or a 429 naming the cap."""
     if s.get_bind().dialect.name == "postgresql":  # SQLite's writers are serialized already
-        key = int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=8).digest(), "big",
-                             signed=True)
+        key = int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=8).digest(), "big", signed=True)
         s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
     busy = in_flight(s, owner)
     cap = settings.max_in_flight_per_owner
@@ -49,4 +58,8 @@ def reserve_in_flight(s: Session, settings: Settings, owner: str, n: int) -> Non
         raise QuotaExceeded(
             f"owner {owner!r} has {busy} unfinished rollouts; {n} more would be above the cap "
             f"of {cap} (max_in_flight_per_owner); retry when some have finished",
-            cap="max_in_flight_per_owner", limit=cap, in_flight=busy, requested=n)
+            cap="max_in_flight_per_owner",
+            limit=cap,
+            in_flight=busy,
+            requested=n,
+        )

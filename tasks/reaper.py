@@ -31,6 +31,7 @@ never both retry or re-publish a row. A reaper beats its node's row every pass; 
 pass stops the node's stale sandboxes first (a node coming back after it was judged dead
 holds sandboxes of attempts that restarted elsewhere).
 """
+
 from __future__ import annotations
 
 import logging
@@ -78,8 +79,7 @@ class Reaper:
         stopped = self.sweep_sandboxes()
         nodes.beat_node(self.db, self.settings.node, started=True)
         if stopped:
-            log.warning("node %s start-up: stopped %s stale sandbox(es)", self.settings.node,
-                        stopped)
+            log.warning("node %s start-up: stopped %s stale sandbox(es)", self.settings.node, stopped)
         return stopped
 
     def run_once(self) -> dict[str, int]:
@@ -87,12 +87,16 @@ class Reaper:
         nodes.beat_node(self.db, self.settings.node)
         self._saw_database()
         nodes.prune_consumers(self.db, self.settings.node_timeout)
-        return {"lost": self.reclaim_lost(), "overdue": self.fail_overdue(),
-                "abandoned": self.reroute_abandoned() if self._watched_long_enough() else 0,
-                "outbox": self.drain_outbox(), "requeued": self.republish_stale(),
-                "group_deadlines": len(groups.close_overdue(self.db)),
-                "sandboxes": self.sweep_sandboxes(),
-                "llm_servers": self.maintain_llm_pool()}
+        return {
+            "lost": self.reclaim_lost(),
+            "overdue": self.fail_overdue(),
+            "abandoned": self.reroute_abandoned() if self._watched_long_enough() else 0,
+            "outbox": self.drain_outbox(),
+            "requeued": self.republish_stale(),
+            "group_deadlines": len(groups.close_overdue(self.db)),
+            "sandboxes": self.sweep_sandboxes(),
+            "llm_servers": self.maintain_llm_pool(),
+        }
 
     def _saw_database(self) -> None:
         """Note a successful beat; a gap (the database was away, or this reaper just started)
@@ -106,8 +110,9 @@ class Reaper:
     def _watched_long_enough(self) -> bool:
         """Judge nodes only after watching them for `node_timeout` without a gap: after a
         database outage every node's rows are stale, none of them is dead."""
-        return self._watching_since is not None and \
-            time.monotonic() - self._watching_since >= self.settings.node_timeout
+        return (
+            self._watching_since is not None and time.monotonic() - self._watching_since >= self.settings.node_timeout
+        )
 
     def maintain_llm_pool(self, force: bool = False) -> int:
         """Probe registered servers and repair in-flight counts; returns servers probed."""
@@ -151,8 +156,10 @@ class Reaper:
         with session_scope(self.db) as s:
             s.execute(select(1))
         self._db_lost, self._db_back_at = False, time.monotonic()
-        log.warning("reaper: the database answers again; no lease is judged lost for %.0fs "
-                    "(workers could not beat meanwhile)", self.settings.lease_timeout)
+        log.warning(
+            "reaper: the database answers again; no lease is judged lost for %.0fs (workers could not beat meanwhile)",
+            self.settings.lease_timeout,
+        )
 
     def stop(self) -> None:
         """End `run_forever` after the current pass (and the callback dispatcher)."""
@@ -166,18 +173,27 @@ class Reaper:
         Right after a database outage this reaper saw, no lease is judged for a lease time:
         heartbeats could not be written during the outage, so their age says nothing yet.
         """
-        if self._db_back_at is not None and \
-                time.monotonic() - self._db_back_at < self.settings.lease_timeout:
+        if self._db_back_at is not None and time.monotonic() - self._db_back_at < self.settings.lease_timeout:
             return 0
         cutoff = utcnow() - timedelta(seconds=self.settings.lease_timeout)
         with session_scope(self.db) as s:
-            rows = s.execute(select(Rollout.id, Rollout.lease_owner, Rollout.attempt,
-                                    Rollout.sandbox, Rollout.status, Rollout.node,
-                                    Rollout.resumes, Rollout.heartbeat_at, Job.agent)
-                             .join(Job, Job.id == Rollout.job_id)
-                             .where(Rollout.status.in_(ACTIVE_STAGES),
-                                    Rollout.lease_owner.is_not(None),
-                                    Rollout.heartbeat_at < cutoff)).all()
+            rows = s.execute(
+                select(
+                    Rollout.id,
+                    Rollout.lease_owner,
+                    Rollout.attempt,
+                    Rollout.sandbox,
+                    Rollout.status,
+                    Rollout.node,
+                    Rollout.resumes,
+                    Rollout.heartbeat_at,
+                    Job.agent,
+                )
+                .join(Job, Job.id == Rollout.job_id)
+                .where(
+                    Rollout.status.in_(ACTIVE_STAGES), Rollout.lease_owner.is_not(None), Rollout.heartbeat_at < cutoff
+                )
+            ).all()
         n = 0
         for row in rows:
             reason = f"{row.status}: worker {row.lease_owner} stopped beating"
@@ -187,12 +203,11 @@ class Reaper:
                 n += 1
                 continue
             if row.attempt >= self.settings.max_attempts:
-                done = lifecycle.finish(self.db, row.id, Status.FAILED,
-                                        Outcome.INFRA_ERROR.value, lease=row.lease_owner,
-                                        error=reason)
+                done = lifecycle.finish(
+                    self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, lease=row.lease_owner, error=reason
+                )
             else:
-                new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner,
-                                      error=reason)
+                new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner, error=reason)
                 done = new is not None
                 if done:  # the retry's outbox mark covers a publish that fails here
                     publish(self.celery, "init", row.id, new)
@@ -221,50 +236,74 @@ class Reaper:
         timeout = self.settings.node_timeout
         dead = set(nodes.dead_nodes(self.db, timeout, exclude=self.settings.node))
         live = nodes.live_queues(self.db, timeout)
-        deserted = [(stage, node) for node in sorted(known - dead) for stage in ("run", "eval")
-                    if stage_queue(stage, node) not in live]
+        deserted = [
+            (stage, node)
+            for node in sorted(known - dead)
+            for stage in ("run", "eval")
+            if stage_queue(stage, node) not in live
+        ]
         if not dead and not deserted:
             return 0
         cutoff = utcnow() - timedelta(seconds=timeout)
         with session_scope(self.db) as s:
-            rows = s.execute(select(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
-                                    Rollout.lease_owner, Rollout.heartbeat_at, Rollout.sandbox)
-                             .where(Rollout.status.in_(ACTIVE_STAGES), or_(
-                                 Rollout.node.in_(dead), and_(
-                                     Rollout.lease_owner.is_(None), Rollout.queued_at < cutoff,
-                                     or_(false(), *[and_(Rollout.status == stage,
-                                                         Rollout.node == node)
-                                                    for stage, node in deserted]))))).all()
+            rows = s.execute(
+                select(
+                    Rollout.id,
+                    Rollout.attempt,
+                    Rollout.status,
+                    Rollout.node,
+                    Rollout.lease_owner,
+                    Rollout.heartbeat_at,
+                    Rollout.sandbox,
+                ).where(
+                    Rollout.status.in_(ACTIVE_STAGES),
+                    or_(
+                        Rollout.node.in_(dead),
+                        and_(
+                            Rollout.lease_owner.is_(None),
+                            Rollout.queued_at < cutoff,
+                            or_(
+                                false(),
+                                *[and_(Rollout.status == stage, Rollout.node == node) for stage, node in deserted],
+                            ),
+                        ),
+                    ),
+                )
+            ).all()
         n = 0
         for row in rows:
             if row.lease_owner and (lifecycle.seconds_since(row.heartbeat_at) or 0) < timeout:
                 continue  # still beating: not dead after all (clock skew); reclaim_lost judges
-            why = (f"node {row.node} stopped beating" if row.node in dead
-                   else f"queue {stage_queue(row.status, row.node)} has no live consumer")
+            why = (
+                f"node {row.node} stopped beating"
+                if row.node in dead
+                else f"queue {stage_queue(row.status, row.node)} has no live consumer"
+            )
             if row.status == "eval":  # its artifact is stored: graded elsewhere, not re-run
-                n += handback.hand_back(self.settings, self.celery, row,
-                                        f"eval: {why}") is not None
+                n += handback.hand_back(self.settings, self.celery, row, f"eval: {why}") is not None
                 continue
             n += self._restart_elsewhere(row, f"{row.status}: {why}")
         return n
 
     def _restart_elsewhere(self, row: Any, reason: str) -> int:
         """Retry (or fail) one rollout fenced on the version observed; 1 if this reaper did."""
-        fence = {"attempt": row.attempt, "status": row.status, "node": row.node,
-                 "lease_owner": row.lease_owner}
+        fence = {"attempt": row.attempt, "status": row.status, "node": row.node, "lease_owner": row.lease_owner}
         if row.attempt >= self.settings.max_attempts:
-            done = lifecycle.finish(self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value,
-                                    fence=fence, error=reason)
+            done = lifecycle.finish(
+                self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, fence=fence, error=reason
+            )
         else:
-            new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner, fence=fence,
-                                  error=reason)
+            new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner, fence=fence, error=reason)
             done = new is not None
             if done:  # the retry's outbox mark covers a publish that fails here
                 publish(self.celery, "init", row.id, new)
         if done:
-            log.warning("rollout %s: %s; %s", row.id, reason,
-                        "restarted from INIT" if row.attempt < self.settings.max_attempts
-                        else "failed: no attempts left")
+            log.warning(
+                "rollout %s: %s; %s",
+                row.id,
+                reason,
+                "restarted from INIT" if row.attempt < self.settings.max_attempts else "failed: no attempts left",
+            )
         return int(done)
 
     def _eval_moved(self, row: Any, reason: str) -> bool:
@@ -274,8 +313,7 @@ class Reaper:
             return False
         if handback.eval_node(self.settings, exclude=None, cached=False) is None:
             return False
-        return handback.hand_back(self.settings, self.celery, row, reason,
-                                  counted=True) is not None
+        return handback.hand_back(self.settings, self.celery, row, reason, counted=True) is not None
 
     def _resumed_or_deferred(self, row: Any, reason: str) -> bool:
         """A lost RUN: resumed here if its sandbox lives here and answers; a lost EVAL: graded
@@ -286,17 +324,16 @@ class Reaper:
             age = lifecycle.seconds_since(row.heartbeat_at) or 0
             return age < 2 * self.settings.lease_timeout
         if row.status == "eval":
-            if not resume.regrade(self.settings, row.id, row.attempt, row.resumes, row.sandbox,
-                                  reason, expect_lease=row.lease_owner):
+            if not resume.regrade(
+                self.settings, row.id, row.attempt, row.resumes, row.sandbox, reason, expect_lease=row.lease_owner
+            ):
                 return False
             publish(self.celery, "eval", row.id, row.attempt, node)  # the mark covers it
             lifecycle.clear_mark(self.db, row.id, row.attempt, "eval")
             return True
-        if not resume.resumable(self.settings, row.agent, row.attempt, row.resumes,
-                                row.sandbox):
+        if not resume.resumable(self.settings, row.agent, row.attempt, row.resumes, row.sandbox):
             return False
-        if resume.requeue(self.settings, row.id, row.attempt, reason,
-                          expect_lease=row.lease_owner) is None:
+        if resume.requeue(self.settings, row.id, row.attempt, reason, expect_lease=row.lease_owner) is None:
             return True  # another reaper (or the worker itself) moved it first
         publish(self.celery, "run", row.id, row.attempt, node)  # the mark covers a failure
         lifecycle.clear_mark(self.db, row.id, row.attempt, "run")
@@ -306,33 +343,45 @@ class Reaper:
         """`timeout` for stages still beating long after their deadline (hung hooks); the
         seconds a RUN waited on a paused pool extend its deadline."""
         with session_scope(self.db) as s:
-            rows = s.execute(select(Rollout.id, Rollout.lease_owner, Rollout.status,
-                                    Rollout.stage_started_at, Rollout.paused_seconds,
-                                    Job.config)
-                             .join(Job, Job.id == Rollout.job_id)
-                             .where(Rollout.status.in_(ACTIVE_STAGES),
-                                    Rollout.lease_owner.is_not(None))).all()
+            rows = s.execute(
+                select(
+                    Rollout.id,
+                    Rollout.lease_owner,
+                    Rollout.status,
+                    Rollout.stage_started_at,
+                    Rollout.paused_seconds,
+                    Job.config,
+                )
+                .join(Job, Job.id == Rollout.job_id)
+                .where(Rollout.status.in_(ACTIVE_STAGES), Rollout.lease_owner.is_not(None))
+            ).all()
         n = 0
         for row in rows:
             limit = JobConfig.load(row.config).limits.stage_timeout(row.status)
             # Time spent waiting on a paused pool (a weight push) is not the stage's.
-            age = ((lifecycle.seconds_since(row.stage_started_at) or 0)
-                   - (row.paused_seconds or 0))
+            age = (lifecycle.seconds_since(row.stage_started_at) or 0) - (row.paused_seconds or 0)
             if age > limit + self.settings.stage_grace and lifecycle.finish(
-                    self.db, row.id, Status.FAILED, Outcome.TIMEOUT.value,
-                    lease=row.lease_owner, error=f"{row.status}: hung past its deadline"):
+                self.db,
+                row.id,
+                Status.FAILED,
+                Outcome.TIMEOUT.value,
+                lease=row.lease_owner,
+                error=f"{row.status}: hung past its deadline",
+            ):
                 n += 1
         return n
 
     def republish_stale(self) -> int:
         """Publish again what waits in the database but not in an empty queue (one batch)."""
         cutoff = utcnow() - timedelta(seconds=self.settings.requeue_after)
-        waiting = [Rollout.lease_owner.is_(None), Rollout.outbox_at.is_(None),
-                   Rollout.status.in_([Status.PENDING.value, "run", "eval"]),
-                   Rollout.queued_at < cutoff]
+        waiting = [
+            Rollout.lease_owner.is_(None),
+            Rollout.outbox_at.is_(None),
+            Rollout.status.in_([Status.PENDING.value, "run", "eval"]),
+            Rollout.queued_at < cutoff,
+        ]
         with session_scope(self.db) as s:
-            rows = s.execute(select(Rollout.status, Rollout.node).where(*waiting)
-                             .distinct()).all()
+            rows = s.execute(select(Rollout.status, Rollout.node).where(*waiting).distinct()).all()
         if not rows:
             return 0
         from tasks.queues import queue_depths
@@ -345,24 +394,35 @@ class Reaper:
         # Restart their queued clocks in one statement (one reaper wins each row), then
         # publish what this reaper took in one batch.
         with session_scope(self.db) as s:
-            taken = s.execute(update(Rollout).where(*waiting, or_(*[
-                and_(Rollout.status == status, Rollout.node.is_(None) if node is None
-                     else Rollout.node == node) for status, node in empty]))
+            taken = s.execute(
+                update(Rollout)
+                .where(
+                    *waiting,
+                    or_(
+                        *[
+                            and_(
+                                Rollout.status == status,
+                                Rollout.node.is_(None) if node is None else Rollout.node == node,
+                            )
+                            for status, node in empty
+                        ]
+                    ),
+                )
                 .values(queued_at=utcnow())
-                .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node,
-                           Rollout.job_id),
-                execution_options={"synchronize_session": False}).all()
+                .returning(Rollout.id, Rollout.attempt, Rollout.status, Rollout.node, Rollout.job_id),
+                execution_options={"synchronize_session": False},
+            ).all()
         priority = outbox.job_priorities(self.db, {r.job_id for r in taken}) if taken else {}
-        publish_many(self.celery, ((_stage(r.status), r.id, r.attempt, r.node, r.job_id,
-                                    priority.get(r.job_id)) for r in taken))
+        publish_many(
+            self.celery, ((_stage(r.status), r.id, r.attempt, r.node, r.job_id, priority.get(r.job_id)) for r in taken)
+        )
         return len(taken)
 
     def drain_outbox(self) -> int:
         """Publish rollouts (and re-evaluation requests) a gateway committed but never
         published (it died in between)."""
         grace = self.settings.outbox_grace
-        return outbox.drain(self.db, self.celery, grace) + \
-            outbox.drain_reevaluations(self.db, self.celery, grace)
+        return outbox.drain(self.db, self.celery, grace) + outbox.drain_reevaluations(self.db, self.celery, grace)
 
     def sweep_sandboxes(self) -> int:
         """Stop sandboxes on this node that no live rollout attempt owns, and starts whose
@@ -377,8 +437,11 @@ class Reaper:
         # Only sandboxes of this deployment: their workspaces live under our workspace root.
         # Another raas (or a re-evaluation) on the same node is none of our business.
         root = str(self.settings.workspaces) + "/"
-        handles = [h for h in list_sandboxes(self.settings.sandbox_dir, include_dead=True)
-                   if str(h.get("workspace", "")).startswith(root)]
+        handles = [
+            h
+            for h in list_sandboxes(self.settings.sandbox_dir, include_dead=True)
+            if str(h.get("workspace", "")).startswith(root)
+        ]
         folders = sandboxes.attempt_folders(self.settings)  # listed before the query below
         if not handles and not folders:
             return 0
@@ -402,9 +465,14 @@ class Reaper:
         """Those of the "<rollout>:<attempt>" labels whose attempt is in a stage now."""
         ids = {label.partition(":")[0] for label in labels}
         with session_scope(self.db) as s:
-            return {f"{r.id}:{r.attempt}" for r in s.execute(
-                select(Rollout.id, Rollout.attempt).where(
-                    Rollout.id.in_(sorted(ids)), Rollout.status.in_(ACTIVE_STAGES)))}
+            return {
+                f"{r.id}:{r.attempt}"
+                for r in s.execute(
+                    select(Rollout.id, Rollout.attempt).where(
+                        Rollout.id.in_(sorted(ids)), Rollout.status.in_(ACTIVE_STAGES)
+                    )
+                )
+            }
 
 
 def _stage(status: str) -> str:

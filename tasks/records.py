@@ -4,6 +4,7 @@ The record is one pydantic type from the LLM layer to the trainer; the SQL model
 its fields in a column named alike (server-only fields, such as the lease, the node and the
 handler's state, live only in the SQL model). These two functions are the whole mapping.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ rollout's `extra["reevaluations"]`; the rollout's own reward is never changed. G
 of re-evaluations live in their own state dir, away from the node reaper's sweep (which stops
 sandboxes that belong to no live rollout attempt).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,7 @@ def record(db_url: str, rollout_id: str, entry: dict[str, Any]) -> None:
     """Append one re-evaluation result under the rollout's row lock; its request is no longer
     pending."""
     with session_scope(db_url) as s:
-        rollout = s.execute(select(Rollout).where(Rollout.id == rollout_id)
-                            .with_for_update()).scalar_one()
+        rollout = s.execute(select(Rollout).where(Rollout.id == rollout_id).with_for_update()).scalar_one()
         extra = dict(rollout.extra or {})
         extra["reevaluations"] = [*extra.get("reevaluations", []), entry]
         pending = [r for r in extra.pop(PENDING_REEVALUATIONS, []) if r != entry.get("request_id")]
@@ -55,18 +55,31 @@ def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
 
         handler = get_handler(job.agent)
         config = JobConfig.load(job.config)
-        base = rollout_context(settings, rollout, job, handler, stage="eval",
-                               attempt=rollout.attempt, started=time.monotonic(), logger=log,
-                               config=config)
+        base = rollout_context(
+            settings,
+            rollout,
+            job,
+            handler,
+            stage="eval",
+            attempt=rollout.attempt,
+            started=time.monotonic(),
+            logger=log,
+            config=config,
+        )
         result = grading.grade(
-            settings, handler, eval_context(base, rollout),
+            settings,
+            handler,
+            eval_context(base, rollout),
             job_sandbox=config.chosen_sandbox(),
             label=(f"reevaluate-{rollout_id}", 0),
             workspace=settings.workspaces / f"reevaluate-{request_id}",
-            state_dir=str(state_root(sandbox_settings(settings).state_dir) / "reevaluate"))
-        entry.update(reward=result.reward, metrics=result.metrics,
-                     extra={k: v for k, v in result.extra.items()
-                            if k not in ("git_patch", "test_output")})
+            state_dir=str(state_root(sandbox_settings(settings).state_dir) / "reevaluate"),
+        )
+        entry.update(
+            reward=result.reward,
+            metrics=result.metrics,
+            extra={k: v for k, v in result.extra.items() if k not in ("git_patch", "test_output")},
+        )
     except Exception as exc:
         log.exception("re-evaluation of %s failed", rollout_id)
         entry["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -21,6 +21,7 @@ within the same `max_resumes` budget): the artifact and the token arrays are sto
 grading starts from a fresh sandbox anyway, so nothing of RUN is redone. The dead worker's
 grading sandbox is released first.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,9 +43,9 @@ def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, A
     """The logged turns of one attempt in index order, as plain dicts (what resume reads)."""
     columns = [c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")]
     with session_scope(db_url) as s:
-        rows = s.execute(select(*columns).where(Turn.rollout_id == rollout_id,
-                                                 Turn.attempt == attempt)
-                         .order_by(Turn.index)).all()
+        rows = s.execute(
+            select(*columns).where(Turn.rollout_id == rollout_id, Turn.attempt == attempt).order_by(Turn.index)
+        ).all()
     return [dict(row._mapping) for row in rows]
 
 
@@ -52,15 +53,18 @@ def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, A
 def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
     """How many turns the attempt has logged (where a resumed RUN goes on)."""
     with session_scope(db_url) as s:
-        return s.scalar(select(func.count()).select_from(Turn).where(
-            Turn.rollout_id == rollout_id, Turn.attempt == attempt)) or 0
+        return (
+            s.scalar(
+                select(func.count()).select_from(Turn).where(Turn.rollout_id == rollout_id, Turn.attempt == attempt)
+            )
+            or 0
+        )
 
 
 def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:
     """How many times a stage of `attempt` was resumed already (RUN and EVAL together; an
     EVAL moved off a node that drained or lost its pool is not counted: tasks.handback)."""
-    return sum(1 for entry in resumes or []
-               if entry.get("attempt") == attempt and not entry.get("moved"))
+    return sum(1 for entry in resumes or [] if entry.get("attempt") == attempt and not entry.get("moved"))
 
 
 def sandbox_alive_here(settings: Settings, handle: dict[str, Any] | None) -> bool:
@@ -78,8 +82,9 @@ def sandbox_alive_here(settings: Settings, handle: dict[str, Any] | None) -> boo
     return True
 
 
-def resumable(settings: Settings, agent: str, attempt: int,
-              resumes: list[dict[str, Any]] | None, handle: dict[str, Any] | None) -> bool:
+def resumable(
+    settings: Settings, agent: str, attempt: int, resumes: list[dict[str, Any]] | None, handle: dict[str, Any] | None
+) -> bool:
     """May this lost RUN continue in place? (Budget, handler, then the sandbox on this node.)"""
     from agents.registry import get_handler
 
@@ -94,31 +99,52 @@ def resumable(settings: Settings, agent: str, attempt: int,
     return sandbox_alive_here(settings, handle)
 
 
-def requeue(settings: Settings, rollout_id: str, attempt: int, error: str, *,
-            lease: str | None = None, expect_lease: str | None = None) -> int | None:
+def requeue(
+    settings: Settings,
+    rollout_id: str,
+    attempt: int,
+    error: str,
+    *,
+    lease: str | None = None,
+    expect_lease: str | None = None,
+) -> int | None:
     """Queue the lost RUN again in place; the turn index it resumes at, or None if the fence
     failed (another reaper or a cancel got there first). The caller publishes RUN."""
     from_turn = turn_count(settings.db_url, rollout_id, attempt)
-    if not lifecycle.resume(settings.db_url, rollout_id, from_turn=from_turn, lease=lease,
-                            expect_lease=expect_lease, error=error):
+    if not lifecycle.resume(
+        settings.db_url, rollout_id, from_turn=from_turn, lease=lease, expect_lease=expect_lease, error=error
+    ):
         return None
-    log.warning("rollout %s: RUN of attempt %s lost (%s); resuming at turn %d in its sandbox",
-                rollout_id, attempt, error[:200], from_turn)
+    log.warning(
+        "rollout %s: RUN of attempt %s lost (%s); resuming at turn %d in its sandbox",
+        rollout_id,
+        attempt,
+        error[:200],
+        from_turn,
+    )
     return from_turn
 
 
-def regrade(settings: Settings, rollout_id: str, attempt: int,
-            resumes: list[dict[str, Any]] | None, grading_handle: dict[str, Any] | None,
-            error: str, *, lease: str | None = None, expect_lease: str | None = None) -> bool:
+def regrade(
+    settings: Settings,
+    rollout_id: str,
+    attempt: int,
+    resumes: list[dict[str, Any]] | None,
+    grading_handle: dict[str, Any] | None,
+    error: str,
+    *,
+    lease: str | None = None,
+    expect_lease: str | None = None,
+) -> bool:
     """Queue a lost EVAL again in place (its grading sandbox released); False when over
     budget or the fence failed. The caller publishes EVAL."""
     if resumes_of_attempt(resumes, attempt) >= settings.max_resumes:
         return False
     if grading_handle and grading_handle.get("node", settings.node) == settings.node:
         sandboxes.release(grading_handle)
-    if not lifecycle.resume(settings.db_url, rollout_id, stage="eval", lease=lease,
-                            expect_lease=expect_lease, error=error, sandbox=None):
+    if not lifecycle.resume(
+        settings.db_url, rollout_id, stage="eval", lease=lease, expect_lease=expect_lease, error=error, sandbox=None
+    ):
         return False
-    log.warning("rollout %s: EVAL of attempt %s lost (%s); grading it again", rollout_id,
-                attempt, error[:200])
+    log.warning("rollout %s: EVAL of attempt %s lost (%s); grading it again", rollout_id, attempt, error[:200])
     return True

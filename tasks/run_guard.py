@@ -16,6 +16,7 @@ the tool server records each signal and whether its sender was outside, see
 below the server's (`sandbox/toolserver/isolate.py`, bwrap's default) nothing the agent runs
 can signal the server at all, so its death without an OOM or a refused fork is not the agent's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,8 +75,9 @@ class RunGuard:
         self.watch: DiskWatch | None = None
         if self.handle.get("workspace"):
             limits = job_sandbox.limits  # the job's, defaults filled in
-            self.watch = DiskWatch(self.handle["workspace"], limits.disk_mb * 2**20,
-                                   lambda: sandboxes.stop(self.handle))
+            self.watch = DiskWatch(
+                self.handle["workspace"], limits.disk_mb * 2**20, lambda: sandboxes.stop(self.handle)
+            )
 
     def watching(self) -> AbstractContextManager:
         """The quota watchdog while the agent runs (nothing to watch without a sandbox)."""
@@ -89,8 +91,7 @@ class RunGuard:
             return None
         infra = self.infrastructure_cause()
         if infra:
-            log.warning("sandbox %s failed by infrastructure (%s): not the agent's doing",
-                        self.handle.get("id"), infra)
+            log.warning("sandbox %s failed by infrastructure (%s): not the agent's doing", self.handle.get("id"), infra)
             return None
         groups = self.handle.get("cgroups") or []
         if isinstance(exc, SandboxTimeout):

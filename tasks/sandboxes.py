@@ -7,6 +7,7 @@ own operator policy again (the gateway did at submission): names only for enviro
 images (resolved here under the operator's roots), limits within the caps, and `auto` falls
 back to the unisolated local runtime only when the policy lists `local`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,11 +41,15 @@ def check_node_settings(settings: Settings) -> None:
 
 def sandbox_settings(settings: Settings) -> SandboxSettings:
     """The sandbox package's settings, from the service's (it reads no environment itself)."""
-    return SandboxSettings(state_dir=settings.sandbox_dir, node=settings.node,
-                           envs_root=settings.envs_root, image_cache=settings.image_cache,
-                           cgroup_parent=settings.sandbox_cgroup_parent,
-                           isolate_tools=settings.sandbox_isolate_tools,
-                           allow_local_fallback=local_fallback_allowed(settings.policy.sandbox))
+    return SandboxSettings(
+        state_dir=settings.sandbox_dir,
+        node=settings.node,
+        envs_root=settings.envs_root,
+        image_cache=settings.image_cache,
+        cgroup_parent=settings.sandbox_cgroup_parent,
+        isolate_tools=settings.sandbox_isolate_tools,
+        allow_local_fallback=local_fallback_allowed(settings.policy.sandbox),
+    )
 
 
 def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -81,8 +86,10 @@ def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> di
     # Defaults the job left alone come down to the operator's caps; values given were held to
     # the caps already (the job's) or are the service's own (a handler's, EVAL's output room).
     caps = settings.policy.sandbox.max_limits.model_dump()
-    defaults = {name: value if value is None or name not in caps else min(value, caps[name])
-                for name, value in SandboxLimits().model_dump().items()}
+    defaults = {
+        name: value if value is None or name not in caps else min(value, caps[name])
+        for name, value in SandboxLimits().model_dump().items()
+    }
     fields["limits"] = {**defaults, **(fields.get("limits") or {})}
     return fields
 
@@ -94,8 +101,7 @@ def resolve_image(settings: Settings, name: str, runtime: str) -> str:
         raise InvalidRequest(f"sandbox.image {name!r}: this node has no image_root", field="image")
     path = settings.image_root.resolve() / (f"{name}.sif" if runtime == "singularity" else name)
     if not path.exists():
-        raise InvalidRequest(f"sandbox.image {name!r} is not under this node's image root",
-                             field="sandbox.image")
+        raise InvalidRequest(f"sandbox.image {name!r} is not under this node's image root", field="sandbox.image")
     return str(path)
 
 
@@ -140,8 +146,14 @@ def ensure_declared_environment(settings: Settings, name: str | None) -> None:
 
     packages = declared_environments().get(name)
     if packages is None:  # a registered harness's environment (operator policy)
-        packages = next((list(h.packages) for h in settings.policy.harnesses.registered.values()
-                         if h.python_env == name and h.packages), None)
+        packages = next(
+            (
+                list(h.packages)
+                for h in settings.policy.harnesses.registered.values()
+                if h.python_env == name and h.packages
+            ),
+            None,
+        )
     if packages is not None:
         ensure_environment(name, packages, settings.envs_root)
 
@@ -164,8 +176,9 @@ def close_warm_pools() -> None:
         log.exception("closing the warm sandbox pools failed")
 
 
-def claim(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
-          runtime: str) -> tuple[Any, dict[str, Any]] | None:
+def claim(
+    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str
+) -> tuple[Any, dict[str, Any]] | None:
     """A warm sandbox for the rollout from this process's pool, or None when the pool holds
     none of this shape (the miss teaches the pool the shape). Its slot folder is the
     workspace: whatever the host writes there after the claim needs `hand_over`. A sandbox
@@ -181,9 +194,15 @@ def claim(settings: Settings, options: dict[str, Any], rollout_id: str, attempt:
     return (sb, sb.handle) if sb is not None else None
 
 
-def start(settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int,
-          runtime: str, workspace: Path | None = None,
-          state_dir: str | None = None) -> tuple[Any, dict[str, Any]]:
+def start(
+    settings: Settings,
+    options: dict[str, Any],
+    rollout_id: str,
+    attempt: int,
+    runtime: str,
+    workspace: Path | None = None,
+    state_dir: str | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """The rollout's sandbox (building its declared environment on first use): a warm one
     from this process's pool when it holds one of this shape (`claim`), else started cold on
     a fresh workspace; returns (client, handle). A caller that brings its own workspace or

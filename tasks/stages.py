@@ -5,6 +5,7 @@ nothing to claim and exits), beats while it works, and ends by handing the rollo
 stage's queue on this node or by a terminal write. Deadlines start at the claim, so time spent
 queued never counts against the agent. No database transaction is held while a hook runs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,7 @@ logger = logging.getLogger(__name__)
 # that restarted under us (its connections are dropped and the next checkout reconnects).
 # Sandbox infrastructure errors have their own root (the sandbox package is standalone).
 # PoolTimeout: no pooled connection came free within `db_pool_timeout` (an overloaded database).
-RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError,
-             PoolTimeout)
+RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError, PoolTimeout)
 
 
 class RolloutLog(logging.LoggerAdapter):
@@ -87,11 +87,11 @@ class StageRun:
         if not drain.accepting(self.stage):  # the pool drains: someone else takes it
             drain.decline(self.app, self.stage, self.rollout_id, self.attempt)
             return
-        claimed = lifecycle.claim(self.db, self.rollout_id, self.attempt, self.stage,
-                                  self.lease, self.settings.node)
+        claimed = lifecycle.claim(self.db, self.rollout_id, self.attempt, self.stage, self.lease, self.settings.node)
         if claimed is None:
-            logger.info("%s of %s attempt %s: nothing to claim (duplicate or stale)",
-                        self.stage, self.rollout_id, self.attempt)
+            logger.info(
+                "%s of %s attempt %s: nothing to claim (duplicate or stale)", self.stage, self.rollout_id, self.attempt
+            )
             if job and self.stage == "init" and self.attempt == 1:
                 lifecycle.note_if_cancelled(self.db, job)
             return
@@ -127,15 +127,23 @@ class StageRun:
     # -- context -------------------------------------------------------------------------
     def _context(self) -> RolloutContext:
         self.config = JobConfig.load(self.job.config)
-        return rollout_context(self.settings, self.rollout, self.job, self.handler,
-                               stage=self.stage, attempt=self.attempt, started=self.started,
-                               cancel_check=self._cancel_seen, logger=self.log,
-                               config=self.config)
+        return rollout_context(
+            self.settings,
+            self.rollout,
+            self.job,
+            self.handler,
+            stage=self.stage,
+            attempt=self.attempt,
+            started=self.started,
+            cancel_check=self._cancel_seen,
+            logger=self.log,
+            config=self.config,
+        )
 
     def _record_turn(self, **fields: Any) -> None:
-        lifecycle.record_turn(self.db, self.rollout_id, self.attempt, lease=self.lease,
-                              window=self.settings.turn_batch_window,
-                              **fields)
+        lifecycle.record_turn(
+            self.db, self.rollout_id, self.attempt, lease=self.lease, window=self.settings.turn_batch_window, **fields
+        )
 
     def _cancel_seen(self) -> bool:
         """Whether the rollout was asked to stop, as of the process's last heartbeat."""
@@ -152,10 +160,8 @@ class StageRun:
         needed = self.handler.sandbox_needed(self.ctx.agent_config)
         runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(), needed)
         if runtime != "none":
-            options = sandboxes.merged_options(self.config.chosen_sandbox(),
-                                     self.handler.sandbox_overrides(self.ctx))
-            sb, handle = sandboxes.start(self.settings, options, self.rollout_id,
-                                         self.attempt, runtime)
+            options = sandboxes.merged_options(self.config.chosen_sandbox(), self.handler.sandbox_overrides(self.ctx))
+            sb, handle = sandboxes.start(self.settings, options, self.rollout_id, self.attempt, runtime)
             self.rollout.sandbox = handle  # released by _end if anything below fails
             if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
                 sandboxes.release(handle)
@@ -175,25 +181,27 @@ class StageRun:
         if self.handler.resumable:  # a lost RUN of this attempt logged these: continue after
             resume_turns = resume.stored_turns(self.db, self.rollout_id, self.attempt) or None
         self.ctx = ctx = self.ctx.for_run(
-            sandbox, (handle or {}).get("workspace"), llm=self._llm_session(),
-            record_turn=self._record_turn, resume_turns=resume_turns, diagnose=guard.diagnose)
+            sandbox,
+            (handle or {}).get("workspace"),
+            llm=self._llm_session(),
+            record_turn=self._record_turn,
+            resume_turns=resume_turns,
+            diagnose=guard.diagnose,
+        )
         try:
             with guard.watching():
                 result = self.handler.run(ctx)
         except StageTimeout as exc:
-            result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline",
-                                metrics={"timeout": str(exc)})
+            result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline", metrics={"timeout": str(exc)})
         finally:
             if ctx.llm is not None:
                 ctx.llm.close()
         sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
-        if result.outcome == Outcome.PROMPT_TOO_LONG.value \
-                or result.finish_reason in SELF_INFLICTED:
+        if result.outcome == Outcome.PROMPT_TOO_LONG.value or result.finish_reason in SELF_INFLICTED:
             self._end_ungraded(result)
             return
         artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
-        self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state,
-                      run_seconds=self._elapsed())
+        self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
 
     def _llm_session(self) -> Any:
@@ -207,11 +215,17 @@ class StageRun:
         from tasks.llm_pool import make_pool
 
         spec = self.config.llm or LLMSpec()
-        pool = db_retry.Retrying(make_pool(spec, self.db, self.rollout_id, self.lease,
-                                           self.job.owner, self.settings.llm_routing))
-        return LLMSession.open(spec, self.config.sampling, self.rollout_id, pool,
-                               policy=self.settings.policy.llm,
-                               url_rules=url_rules_for(self.settings, self.job.owner))
+        pool = db_retry.Retrying(
+            make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner, self.settings.llm_routing)
+        )
+        return LLMSession.open(
+            spec,
+            self.config.sampling,
+            self.rollout_id,
+            pool,
+            policy=self.settings.policy.llm,
+            url_rules=url_rules_for(self.settings, self.job.owner),
+        )
 
     def _end_ungraded(self, result: Trajectory) -> None:
         """End at RUN: a prompt that does not fit (reward null, not a sample) or a sandbox the
@@ -220,30 +234,52 @@ class StageRun:
         outcome = fields.pop("outcome")
         if outcome == Outcome.PROMPT_TOO_LONG.value:
             reward = None
-            error = (f"run: the prompt ({len(result.prompt_ids or [])} tokens) does not fit "
-                     f"the context ({result.metrics.get('context_length')} tokens)")
+            error = (
+                f"run: the prompt ({len(result.prompt_ids or [])} tokens) does not fit "
+                f"the context ({result.metrics.get('context_length')} tokens)"
+            )
         else:
             reward, error = 0.0, f"run: the agent broke its sandbox ({result.finish_reason})"
         self.log.info("%s", error)
         sandboxes.release(self.rollout.sandbox)
-        lifecycle.finish(self.db, self.rollout_id, Status.FAILED, outcome, lease=self.lease,
-                         group=self.job, error=error, reward=reward, state=self.ctx.state,
-                         run_seconds=self._elapsed(), **fields)
+        lifecycle.finish(
+            self.db,
+            self.rollout_id,
+            Status.FAILED,
+            outcome,
+            lease=self.lease,
+            group=self.job,
+            error=error,
+            reward=reward,
+            state=self.ctx.state,
+            run_seconds=self._elapsed(),
+            **fields,
+        )
 
     def _eval(self) -> None:
         self.ctx = eval_context(self.ctx, self.rollout)
         result: EvalResult = grading.grade(
-            self.settings, self.handler, self.ctx,
+            self.settings,
+            self.handler,
+            self.ctx,
             job_sandbox=self.config.chosen_sandbox(),
             label=(self.rollout_id, self.attempt),
             workspace=self.settings.workspaces / f"{self.rollout_id}-{self.attempt}-eval",
-            on_start=self._keep_sandbox)
+            on_start=self._keep_sandbox,
+        )
         lifecycle.finish(
-            self.db, self.rollout_id, Status.DONE,
-            self.rollout.outcome or Outcome.COMPLETED.value, lease=self.lease, group=self.job,
-            reward=float(result.reward), eval_seconds=self._elapsed(), state=self.ctx.state,
+            self.db,
+            self.rollout_id,
+            Status.DONE,
+            self.rollout.outcome or Outcome.COMPLETED.value,
+            lease=self.lease,
+            group=self.job,
+            reward=float(result.reward),
+            eval_seconds=self._elapsed(),
+            state=self.ctx.state,
             metrics={**(self.rollout.metrics or {}), **result.metrics},
-            extra={**(self.rollout.extra or {}), **result.extra})
+            extra={**(self.rollout.extra or {}), **result.extra},
+        )
 
     def _keep_sandbox(self, handle: dict[str, Any]) -> None:
         """Record the grading sandbox so the reaper and failure paths can stop it."""
@@ -269,28 +305,36 @@ class StageRun:
             except Exception as exc:  # noqa: BLE001 - the database is away: this node's
                 self.log.info("EVAL target unknown (%s); this node's queue", exc)  # queue
             values["node"] = node
-        handed, marked_at = lifecycle.hand_off(self.db, self.rollout_id, self.lease, stage,
-                                               **values)
+        handed, marked_at = lifecycle.hand_off(self.db, self.rollout_id, self.lease, stage, **values)
         if handed:
-            self._deliver(stage, self.attempt, node, f"handed to {stage}"
-                          + ("" if node == self.settings.node else f" on {node}"), marked_at)
+            self._deliver(
+                stage,
+                self.attempt,
+                node,
+                f"handed to {stage}" + ("" if node == self.settings.node else f" on {node}"),
+                marked_at,
+            )
             return
         self.handed_on = False  # refused: the rollout is still ours (or another attempt's)
         if lifecycle.cancel_requested(self.db, self.rollout_id):
             raise RolloutCancelled("cancelled during the stage")
 
-    def _deliver(self, stage: str, attempt: int, node: str | None, what: str,
-                 marked_at: Any = False) -> None:
+    def _deliver(self, stage: str, attempt: int, node: str | None, what: str, marked_at: Any = False) -> None:
         """Publish a committed, marked hand-off; clear the mark once it is out (a hand-on's
         clear is queued: `tasks.outbox_marks`). Never raises: a message that does not get
         out is the outbox's."""
         try:
-            publish(self.app, stage, self.rollout_id, attempt, node,
-                    retry_seconds=self.settings.handoff_publish_seconds,
-                    priority=self.job.priority)
+            publish(
+                self.app,
+                stage,
+                self.rollout_id,
+                attempt,
+                node,
+                retry_seconds=self.settings.handoff_publish_seconds,
+                priority=self.job.priority,
+            )
         except Exception as exc:  # kombu's OperationalError after the retries, and the like
-            self.log.warning("%s; publish deferred to the outbox: %s", what,
-                             _describe(exc, "publish"))
+            self.log.warning("%s; publish deferred to the outbox: %s", what, _describe(exc, "publish"))
             return
         queued = Status.PENDING.value if stage == "init" else stage
         if marked_at is not False:
@@ -315,15 +359,27 @@ class StageRun:
 
     def _end(self, status: Status, outcome: Outcome, error: str, **values: Any) -> None:
         self._cleanup(error)
-        if lifecycle.finish(self.db, self.rollout_id, status, outcome.value, lease=self.lease,
-                            group=self.job, error=error[:4000],
-                            **{f"{self.stage}_seconds": self._elapsed()}, **values):
-            self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value,
-                          outcome.value, error[:200])
+        if lifecycle.finish(
+            self.db,
+            self.rollout_id,
+            status,
+            outcome.value,
+            lease=self.lease,
+            group=self.job,
+            error=error[:4000],
+            **{f"{self.stage}_seconds": self._elapsed()},
+            **values,
+        ):
+            self.log.info("%s ends rollout: %s/%s (%s)", self.stage, status.value, outcome.value, error[:200])
         else:
-            self.log.warning("%s did not end the rollout as %s/%s: it is no longer this "
-                             "stage's (handed on, ended or taken over): %s", self.stage,
-                             status.value, outcome.value, error[:200])
+            self.log.warning(
+                "%s did not end the rollout as %s/%s: it is no longer this "
+                "stage's (handed on, ended or taken over): %s",
+                self.stage,
+                status.value,
+                outcome.value,
+                error[:200],
+            )
 
     def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
         error = _describe(exc, self.stage)
@@ -343,18 +399,24 @@ class StageRun:
         """Queue this RUN again in place when its sandbox is alive, or this EVAL again (see
         `tasks.resume`)."""
         if self.stage == "eval":
-            if not resume.regrade(self.settings, self.rollout_id, self.attempt,
-                                  self.rollout.resumes, self.rollout.sandbox, error,
-                                  lease=self.lease):
+            if not resume.regrade(
+                self.settings,
+                self.rollout_id,
+                self.attempt,
+                self.rollout.resumes,
+                self.rollout.sandbox,
+                error,
+                lease=self.lease,
+            ):
                 return False
             self.handed_on = True  # its grading sandbox is gone; the next EVAL starts its own
             self._deliver("eval", self.attempt, self.settings.node, "queued the EVAL again")
             return True
-        if not resume.resumable(self.settings, self.job.agent, self.attempt,
-                                self.rollout.resumes, self.rollout.sandbox):
+        if not resume.resumable(
+            self.settings, self.job.agent, self.attempt, self.rollout.resumes, self.rollout.sandbox
+        ):
             return False
-        if resume.requeue(self.settings, self.rollout_id, self.attempt, error,
-                          lease=self.lease) is None:
+        if resume.requeue(self.settings, self.rollout_id, self.attempt, error, lease=self.lease) is None:
             return False
         self.handed_on = True  # the sandbox is the resumed RUN's
         self._deliver("run", self.attempt, self.settings.node, "queued the RUN again")
@@ -374,8 +436,7 @@ def _run_fields(result: Trajectory) -> dict[str, Any]:
 
 
 @shared_task(name=TASK_NAMES["init"], bind=True)
-def init_stage(self, rollout_id: str, attempt: int, node: str | None = None,
-               job: str | None = None) -> None:
+def init_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> None:
     """INIT: claim, start the sandbox, let the handler prepare it."""
     if job and attempt == 1 and lifecycle.known_cancelled(job):
         return  # a stale message of a cancelled job: its rollout was ended at the cancel
@@ -383,14 +444,12 @@ def init_stage(self, rollout_id: str, attempt: int, node: str | None = None,
 
 
 @shared_task(name=TASK_NAMES["run"], bind=True)
-def run_stage(self, rollout_id: str, attempt: int, node: str | None = None,
-              job: str | None = None) -> None:
+def run_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> None:
     """RUN: the multi-turn agent loop on the node that holds the sandbox."""
     StageRun(self.app, "run", rollout_id, attempt).execute()
 
 
 @shared_task(name=TASK_NAMES["eval"], bind=True)
-def eval_stage(self, rollout_id: str, attempt: int, node: str | None = None,
-              job: str | None = None) -> None:
+def eval_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> None:
     """EVAL: compute the reward, release the sandbox, record the result."""
     StageRun(self.app, "eval", rollout_id, attempt).execute()

@@ -21,6 +21,7 @@ through the same queue: they commit with the next batch, in the order they were 
 clear always lands before the turn record that follows it (and before the next mark, which
 waits for pending clears of its rollout: `wait_idle`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,7 @@ DEFAULT_WINDOW = 0.005  # seconds; Settings.turn_batch_window
 MAX_BATCH = 256  # writes per transaction at most
 
 
-def fenced_turn_insert(dialect: str, rollout_id: str, attempt: int, lease: str,
-                       fields: dict[str, Any]) -> Any:
+def fenced_turn_insert(dialect: str, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> Any:
     """`INSERT INTO turns (...) SELECT <values> FROM rollouts WHERE id = :rollout AND
     lease_owner = :lease [FOR SHARE] ON CONFLICT DO NOTHING`: the turn, fenced on the lease."""
     table = Turn.__table__
@@ -56,31 +56,27 @@ def fenced_turn_insert(dialect: str, rollout_id: str, attempt: int, lease: str,
     if unknown:
         raise TypeError(f"not a turn column: {sorted(unknown)}")
     columns = list(values)
-    source = (select(*[literal(values[name], type_=table.c[name].type).label(name)
-                       for name in columns])
-              .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
-              .with_for_update(read=True))  # FOR SHARE on PostgreSQL; SQLite ignores it
+    source = (
+        select(*[literal(values[name], type_=table.c[name].type).label(name) for name in columns])
+        .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
+        .with_for_update(read=True)
+    )  # FOR SHARE on PostgreSQL; SQLite ignores it
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     # RETURNING says whether the row went in (a DBAPI rowcount is not reliable for
     # INSERT ... SELECT ... ON CONFLICT: psycopg reports -1 through SQLAlchemy).
-    return (insert(table).from_select(columns, source).on_conflict_do_nothing()
-            .returning(table.c.index))
+    return insert(table).from_select(columns, source).on_conflict_do_nothing().returning(table.c.index)
 
 
-def _refused(conn: Connection, rollout_id: str, attempt: int, lease: str,
-             index: Any) -> None:
+def _refused(conn: Connection, rollout_id: str, attempt: int, lease: str, index: Any) -> None:
     """After an insert that wrote no row: a retry whose first commit landed (fine), or a lost
     lease (LeaseLost)."""
-    ours = conn.scalar(select(exists().where(Rollout.id == rollout_id,
-                                             Rollout.lease_owner == lease)))
+    ours = conn.scalar(select(exists().where(Rollout.id == rollout_id, Rollout.lease_owner == lease)))
     if not ours:
         raise LeaseLost("the rollout moved on: turn not logged", rollout_id=rollout_id)
-    log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id, index,
-             attempt)
+    log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id, index, attempt)
 
 
-def write_turn(conn: Connection, rollout_id: str, attempt: int, lease: str,
-               fields: dict[str, Any]) -> None:
+def write_turn(conn: Connection, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
     """Insert one fenced turn on `conn` (inside the caller's transaction)."""
     statement = fenced_turn_insert(conn.dialect.name, rollout_id, attempt, lease, fields)
     if conn.execute(statement).first() is None:
@@ -89,9 +85,11 @@ def write_turn(conn: Connection, rollout_id: str, attempt: int, lease: str,
 
 def clear_generating(conn: Connection, rollout_id: str, lease: str) -> None:
     """Drop the rollout's generation mark (fenced on the lease; a lost lease clears nothing)."""
-    conn.execute(update(Rollout).where(
-        Rollout.id == rollout_id, Rollout.lease_owner == lease,
-        Rollout.generating_on.is_not(None)).values(generating_on=None))
+    conn.execute(
+        update(Rollout)
+        .where(Rollout.id == rollout_id, Rollout.lease_owner == lease, Rollout.generating_on.is_not(None))
+        .values(generating_on=None)
+    )
 
 
 @dataclass
@@ -115,11 +113,9 @@ class TurnWriter:
         self.batches = 0  # committed transactions (the bench reads them)
         self.writes = 0
 
-    def record_turn(self, rollout_id: str, attempt: int, lease: str,
-                    fields: dict[str, Any]) -> None:
+    def record_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
         """Log one turn; returns once its batch committed (LeaseLost if the fence refused)."""
-        self.submit(rollout_id, lambda c: write_turn(c, rollout_id, attempt, lease,
-                                                     fields)).result()
+        self.submit(rollout_id, lambda c: write_turn(c, rollout_id, attempt, lease, fields)).result()
 
     def clear_generating(self, rollout_id: str, lease: str) -> Future:
         """Queue the mark's clear; it commits with the next batch (no wait)."""
@@ -147,8 +143,7 @@ class TurnWriter:
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="raas-turn-writer",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="raas-turn-writer", daemon=True)
             self._thread.start()
 
     def _take(self) -> list[_Write]:
@@ -227,8 +222,7 @@ class TurnLog:
         for lane in self.lanes:
             lane.window = window
 
-    def record_turn(self, rollout_id: str, attempt: int, lease: str,
-                    fields: dict[str, Any]) -> None:
+    def record_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
         """`TurnWriter.record_turn` on the rollout's lane."""
         self.lane(rollout_id).record_turn(rollout_id, attempt, lease, fields)
 

@@ -8,6 +8,7 @@ While it lives, it beats a `queue_consumers` row (tasks/nodes.py) that tells the
 the node's INIT gate that the queue has a reader. SIGTERM/SIGINT drain it within
 `soft_shutdown_timeout` (tasks/drain.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,13 +32,28 @@ from tasks.sandboxes import check_node_settings
 log = logging.getLogger(__name__)
 
 
-def worker_argv(settings: Settings, stage: str, concurrency: int, pool: str,
-                loglevel: str, quiet: bool = False) -> list[str]:
+def worker_argv(
+    settings: Settings, stage: str, concurrency: int, pool: str, loglevel: str, quiet: bool = False
+) -> list[str]:
     """Celery worker arguments: one queue, the stage's pool, no chatter between workers
     (and no start-up banner when quiet)."""
-    return [*(["--quiet"] if quiet else []), "worker", "-Q", stage_queue(stage, settings.node),
-            "-P", pool, "-c", str(concurrency), "-n", f"{stage}@{settings.node}-{os.getpid()}",
-            "-l", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    return [
+        *(["--quiet"] if quiet else []),
+        "worker",
+        "-Q",
+        stage_queue(stage, settings.node),
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{stage}@{settings.node}-{os.getpid()}",
+        "-l",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
 
 
 def consumer_beat_interval(settings: Settings) -> float:
@@ -57,8 +73,9 @@ def stop_stale_sandboxes(settings: Settings) -> int:
         return 0
 
 
-def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "threads",
-               loglevel: str = "INFO", quiet: bool = False) -> int:
+def run_worker(
+    settings: Settings, stage: str, concurrency: int, pool: str = "threads", loglevel: str = "INFO", quiet: bool = False
+) -> int:
     """Block running the worker; returns the process exit code (non-zero when the pool
     ended on an error, e.g. its consumer died)."""
     load_handler_modules(settings.handler_modules)
@@ -66,8 +83,9 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
     configure_pool(settings)  # a few connections shared by all `concurrency` threads
     use_pre_ping(False)
     http_client.configure(concurrency)  # keep-alive connections for every slot
-    db_retry.configure(settings.lease_timeout if settings.db_retry_seconds is None
-                       else settings.db_retry_seconds)  # an outage shorter than the lease
+    db_retry.configure(
+        settings.lease_timeout if settings.db_retry_seconds is None else settings.db_retry_seconds
+    )  # an outage shorter than the lease
     app = make_celery(settings)
     queue = stage_queue(stage, settings.node)
     if quiet:
@@ -86,14 +104,14 @@ def run_worker(settings: Settings, stage: str, concurrency: int, pool: str = "th
         drain.install(sender)  # SIGTERM/SIGINT: our bounded drain, not Celery's
         if gate is not None:
             gate.start(sender)
-        log.info("%s pool ready: queue %s, %s %s, pid %s", stage.upper(), queue, concurrency,
-                 pool, os.getpid())
+        log.info("%s pool ready: queue %s, %s %s, pid %s", stage.upper(), queue, concurrency, pool, os.getpid())
 
     @worker_shutdown.connect(weak=False)
     def _shutdown(**_: object) -> None:
         beat.stop()
 
     if gate is not None:
+
         @task_postrun.connect(weak=False)
         def _after_init(**_: object) -> None:
             gate.check(cached=True)  # an INIT handed a rollout on: backpressure first

@@ -1,4 +1,5 @@
 """Shared fixtures: real PostgreSQL and Redis (fail, never skip, when they are down)."""
+
 from __future__ import annotations
 
 import os

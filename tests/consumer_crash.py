@@ -4,6 +4,7 @@ The fault is injected at the narrowest point: a callback that raises inside the 
 own loop, the way kombu's AttributeError on an ack did during a Redis restart (issue 15).
 Everything around it is real: the Celery worker process, its consumer, the exit code.
 """
+
 from __future__ import annotations
 
 from typing import Any

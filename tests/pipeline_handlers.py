@@ -3,6 +3,7 @@
 They need no sandbox and no LLM, so pipeline tests exercise exactly the pipeline: claims,
 routing, heartbeats, deadlines, cancel, retries, persistence.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,20 +57,26 @@ class SleepyHandler(AgentHandler):
         for i in range(cfg.turns):
             ctx.checkpoint()
             time.sleep(run_s / turns)
-            ctx.record_turn(index=i, text=f"turn {i}", generated_ids=[i, i + 1],
-                            logprobs=[-0.5, -0.25])
+            ctx.record_turn(index=i, text=f"turn {i}", generated_ids=[i, i + 1], logprobs=[-0.5, -0.25])
         if not cfg.turns:
             time.sleep(run_s)
         ctx.state["run"] = _where()
-        return Trajectory(outcome="completed", finish_reason="stop", prompt_ids=[1, 2, 3],
-                          response_ids=[4, 5], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
-                          messages=[{"role": "user", "content": ctx.instance_id}])
+        return Trajectory(
+            outcome="completed",
+            finish_reason="stop",
+            prompt_ids=[1, 2, 3],
+            response_ids=[4, 5],
+            response_logprobs=[-0.1, -0.2],
+            loss_mask=[1, 1],
+            messages=[{"role": "user", "content": ctx.instance_id}],
+        )
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         time.sleep(ctx.agent_config.eval_s)
         ctx.state["eval"] = _where()
-        return EvalResult(reward=float(ctx.sample_index % 2),
-                          extra={"where": {k: ctx.state.get(k) for k in ("init", "run", "eval")}})
+        return EvalResult(
+            reward=float(ctx.sample_index % 2), extra={"where": {k: ctx.state.get(k) for k in ("init", "run", "eval")}}
+        )
 
 
 @register
@@ -83,8 +90,14 @@ class TrivialHandler(SleepyHandler):
         pass
 
     def run(self, ctx: RunContext) -> Trajectory:
-        return Trajectory(outcome="completed", finish_reason="stop", response_ids=[1],
-                          loss_mask=[1], response_logprobs=[0.0], prompt_ids=[0])
+        return Trajectory(
+            outcome="completed",
+            finish_reason="stop",
+            response_ids=[1],
+            loss_mask=[1],
+            response_logprobs=[0.0],
+            prompt_ids=[0],
+        )
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         return EvalResult(reward=1.0)
@@ -127,8 +140,14 @@ class GradedHandler(SleepyHandler):
     def run(self, ctx: RunContext) -> Trajectory:
         out = ctx.sandbox.bash("echo $(( $(cat question) )) > answer && ls -A | tr '\\n' ' '")
         ctx.state["run_saw"] = out.output.strip()
-        return Trajectory(outcome="completed", finish_reason="stop", prompt_ids=[1],
-                          response_ids=[2], response_logprobs=[-0.1], loss_mask=[1])
+        return Trajectory(
+            outcome="completed",
+            finish_reason="stop",
+            prompt_ids=[1],
+            response_ids=[2],
+            response_logprobs=[-0.1],
+            loss_mask=[1],
+        )
 
     def artifact(self, ctx: RunContext, result: Trajectory) -> dict:
         return {"answer": Path(ctx.workspace, "answer").read_text().strip()}
@@ -140,10 +159,15 @@ class GradedHandler(SleepyHandler):
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         out = ctx.sandbox.bash("cat answer; ls -A | tr '\\n' ' '; echo; id -u").output
         answer, seen, uid = out.splitlines()
-        return EvalResult(reward=float(answer.strip() == "42"),
-                          extra={"init_ws": ctx.state.get("init_ws"), "eval_saw": seen.strip(),
-                                 "run_saw": ctx.state.get("run_saw"),
-                                 "eval_uid": uid.strip()})
+        return EvalResult(
+            reward=float(answer.strip() == "42"),
+            extra={
+                "init_ws": ctx.state.get("init_ws"),
+                "eval_saw": seen.strip(),
+                "run_saw": ctx.state.get("run_saw"),
+                "eval_uid": uid.strip(),
+            },
+        )
 
 
 class ChatConfig(AgentLoopConfig):
@@ -173,15 +197,17 @@ class ChatHandler(AgentHandler):
         def observe(ctx: RunContext, arguments: dict) -> ToolOutput:
             seen[0] += 1
             time.sleep(cfg.tool_s)
-            words = (f"{ctx.instance_id} part {seen[0]} line {k}."
-                     for k in range(cfg.observation_words // 5))
+            words = (f"{ctx.instance_id} part {seen[0]} line {k}." for k in range(cfg.observation_words // 5))
             return ToolOutput(" ".join(words))
 
-        tool = Tool("observe", "Read the next part of the task", {"type": "object",
-                                                                   "properties": {}}, observe)
-        return run_agent_loop(ctx, system_prompt="You read a task part by part.",
-                              user_prompt=f"Task {ctx.instance_id}: observe every part.",
-                              tools=[tool], max_turns=int(ctx.instance.get("turns", cfg.turns)))
+        tool = Tool("observe", "Read the next part of the task", {"type": "object", "properties": {}}, observe)
+        return run_agent_loop(
+            ctx,
+            system_prompt="You read a task part by part.",
+            user_prompt=f"Task {ctx.instance_id}: observe every part.",
+            tools=[tool],
+            max_turns=int(ctx.instance.get("turns", cfg.turns)),
+        )
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         """1.0 when RUN did every turn it was asked for (the work was real), else 0.0."""
@@ -206,8 +232,11 @@ class ResumableChatHandler(ChatHandler):
             time.sleep(cfg.tool_s)
             return ToolOutput(f"{ctx.instance_id} part {ctx.state['seen']}.")
 
-        tool = Tool("observe", "Read the next part of the task", {"type": "object",
-                                                                   "properties": {}}, observe)
-        return run_agent_loop(ctx, system_prompt="You read a task part by part.",
-                              user_prompt=f"Task {ctx.instance_id}: observe every part.",
-                              tools=[tool], max_turns=int(ctx.instance.get("turns", cfg.turns)))
+        tool = Tool("observe", "Read the next part of the task", {"type": "object", "properties": {}}, observe)
+        return run_agent_loop(
+            ctx,
+            system_prompt="You read a task part by part.",
+            user_prompt=f"Task {ctx.instance_id}: observe every part.",
+            tools=[tool],
+            max_turns=int(ctx.instance.get("turns", cfg.turns)),
+        )

@@ -5,6 +5,7 @@ test's home, started by the gateway and stopped by `stop()`) or on Redis + Postg
 Other test modules use `start_service(...)`; workers load the test-only handlers from
 `tests.pipeline_handlers` plus any modules passed in `handler_modules`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,14 @@ from tests.waiting import wait_for  # noqa: F401 - re-exported: tests import it 
 REPO = Path(__file__).resolve().parent.parent
 
 
-FAST_RELIABILITY = {"heartbeat_interval": 0.5, "lease_timeout": 4.0, "requeue_after": 3.0,
-                    "reaper_interval": 0.5, "stage_grace": 2.0, "soft_shutdown_timeout": 0}
+FAST_RELIABILITY = {
+    "heartbeat_interval": 0.5,
+    "lease_timeout": 4.0,
+    "requeue_after": 3.0,
+    "reaper_interval": 0.5,
+    "stage_grace": 2.0,
+    "soft_shutdown_timeout": 0,
+}
 
 
 @dataclass
@@ -75,9 +82,25 @@ class Service:
         log = open(self.logs / f"{stage}-{node}.log", "ab")
         env = {**self.env, "RAAS_NODE": node, **_as_env(self.node_extra.get(node, {}))}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "--node", node,
-             "--concurrency", str(concurrency), "--loglevel", "INFO"],
-            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "worker",
+                "--stage",
+                stage,
+                "--node",
+                node,
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         self.workers[(stage, node)] = proc
         return proc
 
@@ -95,8 +118,7 @@ class Service:
             if job["finished"] >= job["n_rollouts"]:
                 return job
             time.sleep(0.2)
-        raise AssertionError(f"job {job_id} not done in {timeout}s: {self.client.job(job_id)}"
-                             f"\n{self.log_tail()}")
+        raise AssertionError(f"job {job_id} not done in {timeout}s: {self.client.job(job_id)}\n{self.log_tail()}")
 
     def all_results(self, job_id: str) -> list[dict[str, Any]]:
         """Every result page from cursor 0."""
@@ -140,19 +162,28 @@ class Service:
         for node in {self.settings.node, *self.node_extra}:
             settings = self.node_settings(node)
             root = str(settings.workspaces) + "/"
-            leftovers += [h for h in list_sandboxes(settings.sandbox_dir)
-                          if str(h.get("workspace", "")).startswith(root)]
+            leftovers += [
+                h for h in list_sandboxes(settings.sandbox_dir) if str(h.get("workspace", "")).startswith(root)
+            ]
         for handle in leftovers:
             release(handle)
         return len(leftovers)
 
 
-def start_service(home: Path, *, db_url: str | None = None, broker_url: str | None = None,
-                  key_prefix: str = "", nodes: tuple[str, ...] = ("node-a",),
-                  concurrency: int | dict[str, int] = 4, reaper: bool | str = True,
-                  handler_modules: str = "", stages: tuple[str, ...] = ("init", "run", "eval"),
-                  extra: dict[str, Any] | None = None,
-                  node_extra: dict[str, dict[str, Any]] | None = None) -> Service:
+def start_service(
+    home: Path,
+    *,
+    db_url: str | None = None,
+    broker_url: str | None = None,
+    key_prefix: str = "",
+    nodes: tuple[str, ...] = ("node-a",),
+    concurrency: int | dict[str, int] = 4,
+    reaper: bool | str = True,
+    handler_modules: str = "",
+    stages: tuple[str, ...] = ("init", "run", "eval"),
+    extra: dict[str, Any] | None = None,
+    node_extra: dict[str, dict[str, Any]] | None = None,
+) -> Service:
     """Migrate, start the gateway in a thread, one pool per stage and node, and a reaper.
 
     `reaper`: True runs one reaper (the first node's), "per_node" one per node (what a
@@ -160,13 +191,19 @@ def start_service(home: Path, *, db_url: str | None = None, broker_url: str | No
     `sandbox_dir` and `workspace_root`, as on separate machines) for its workers and reaper.
     """
     modules = ",".join(m for m in ("tests.pipeline_handlers", handler_modules) if m)
-    values: dict[str, Any] = {"home": home, "database_url": db_url, "broker_url": broker_url,
-                              "broker_key_prefix": key_prefix, "node": nodes[0],
-                              "handler_modules": modules,
-                              # a session's private sandbox folder (tests/agents/conftest.py)
-                              # reaches the workers too, not only this process's Settings
-                              "sandbox_dir": os.environ.get("RAAS_SANDBOX_DIR"),
-                              **FAST_RELIABILITY, **(extra or {})}
+    values: dict[str, Any] = {
+        "home": home,
+        "database_url": db_url,
+        "broker_url": broker_url,
+        "broker_key_prefix": key_prefix,
+        "node": nodes[0],
+        "handler_modules": modules,
+        # a session's private sandbox folder (tests/agents/conftest.py)
+        # reaches the workers too, not only this process's Settings
+        "sandbox_dir": os.environ.get("RAAS_SANDBOX_DIR"),
+        **FAST_RELIABILITY,
+        **(extra or {}),
+    }
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     upgrade(settings.db_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
@@ -178,19 +215,28 @@ def start_service(home: Path, *, db_url: str | None = None, broker_url: str | No
     url = f"http://127.0.0.1:{server.server_port}"
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    svc = Service(settings, env, url, RaasClient(url, timeout=60), logs,
-                  node_extra=dict(node_extra or {}), _server=server,
-                  _celery=app.extensions["celery"])
+    svc = Service(
+        settings,
+        env,
+        url,
+        RaasClient(url, timeout=60),
+        logs,
+        node_extra=dict(node_extra or {}),
+        _server=server,
+        _celery=app.extensions["celery"],
+    )
     for node in nodes:
         for stage in stages:
             n = concurrency if isinstance(concurrency, int) else concurrency[stage]
             svc.start_worker(stage, node, n)
-    for node in (nodes if reaper == "per_node" else nodes[:1] if reaper else ()):
+    for node in nodes if reaper == "per_node" else nodes[:1] if reaper else ():
         svc.start_reaper(node)
     return svc
 
 
 def _as_env(values: dict[str, Any]) -> dict[str, str]:
     """Settings as the RAAS_* environment variables a worker process reads."""
-    return {f"RAAS_{key.upper()}": json.dumps(value) if isinstance(value, (dict, list))
-            else str(value) for key, value in values.items()}
+    return {
+        f"RAAS_{key.upper()}": json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        for key, value in values.items()
+    }

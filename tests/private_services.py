@@ -15,6 +15,7 @@ Use the fixtures (`private_redis`, `private_redis_aof`, `private_postgres`, or t
 `make_private_redis` / `make_private_postgres`), or the classes directly in a benchmark;
 `restart(mode, downtime)` is the fault the tests inject.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -56,8 +57,7 @@ def _wait_port(port: int, up: bool, timeout: float, what: str) -> None:
             if not up:
                 return
         time.sleep(0.05)
-    raise TimeoutError(f"{what} on port {port} did not {'start' if up else 'stop'} "
-                       f"within {timeout}s")
+    raise TimeoutError(f"{what} on port {port} did not {'start' if up else 'stop'} within {timeout}s")
 
 
 def _private_dir(prefix: str, owner: str | None = None) -> Path:
@@ -88,9 +88,23 @@ class PrivateRedis:
 
     def start(self, timeout: float = 10) -> None:
         """Start the server and wait until it accepts connections."""
-        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-               "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"),
-               "--appendonly", "yes" if self.aof else "no", "--appendfsync", "always"]
+        cmd = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            str(self.dir / "redis.log"),
+            "--appendonly",
+            "yes" if self.aof else "no",
+            "--appendfsync",
+            "always",
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, True, timeout, "redis-server")
 
@@ -104,8 +118,7 @@ class PrivateRedis:
             deadline = time.monotonic() + timeout
             while on and time.monotonic() < deadline:  # the first AOF is a background rewrite
                 info = client.info("persistence")
-                if not info.get("aof_rewrite_in_progress") and \
-                        not info.get("aof_rewrite_scheduled"):
+                if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
                     break
                 time.sleep(0.05)
         finally:
@@ -127,8 +140,7 @@ class PrivateRedis:
         time.sleep(downtime)
         self.start()
 
-    def restart_in_background(self, mode: StopMode = "fast",
-                              downtime: float = 0.0) -> threading.Thread:
+    def restart_in_background(self, mode: StopMode = "fast", downtime: float = 0.0) -> threading.Thread:
         """`restart` in a thread (the caller goes on submitting during the outage)."""
         thread = threading.Thread(target=self.restart, args=(mode, downtime), daemon=True)
         thread.start()
@@ -159,9 +171,23 @@ def pg_template() -> Path:
             prefix, owner = _as_pg_user()
             root = _private_dir("raas-pgtpl-", owner)
             data = root / "data"
-            subprocess.run([*prefix, str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
-                            "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [
+                    *prefix,
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--no-sync",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ],
+                check=True,
+                capture_output=True,
+            )
             atexit.register(shutil.rmtree, root, True)
             _template = data
         return _template
@@ -176,8 +202,7 @@ class PrivatePostgres:
         self._prefix, owner = _as_pg_user()
         self.dir = _private_dir("raas-pg-", owner)
         self.data = self.dir / "data"
-        subprocess.run([*self._prefix, "cp", "-a", str(pg_template()), str(self.data)],
-                       check=True, capture_output=True)
+        subprocess.run([*self._prefix, "cp", "-a", str(pg_template()), str(self.data)], check=True, capture_output=True)
         self.running = False
 
     def url(self, database: str = "postgres") -> str:
@@ -185,20 +210,25 @@ class PrivatePostgres:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
-        result = subprocess.run([*self._prefix, str(PG_BIN / "pg_ctl"), "-D", str(self.data),
-                                 *args], capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [*self._prefix, str(PG_BIN / "pg_ctl"), "-D", str(self.data), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if result.returncode != 0:
-            log = (self.dir / "postgres.log")
+            log = self.dir / "postgres.log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"pg_ctl {' '.join(args)} failed: {result.stderr}\n{tail}")
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
-        options = (f"-c port={self.port} -c listen_addresses=127.0.0.1 "
-                   f"-c unix_socket_directories='' -c max_connections={self.max_connections} "
-                   "-c fsync=off -c full_page_writes=off -c synchronous_commit=on")
-        self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.dir / "postgres.log"),
-                     "-o", options)
+        options = (
+            f"-c port={self.port} -c listen_addresses=127.0.0.1 "
+            f"-c unix_socket_directories='' -c max_connections={self.max_connections} "
+            "-c fsync=off -c full_page_writes=off -c synchronous_commit=on"
+        )
+        self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.dir / "postgres.log"), "-o", options)
         self.running = True
 
     def stop(self, mode: StopMode = "fast") -> None:
@@ -215,8 +245,7 @@ class PrivatePostgres:
         time.sleep(downtime)
         self.start()
 
-    def restart_in_background(self, mode: StopMode = "fast",
-                              downtime: float = 0.0) -> threading.Thread:
+    def restart_in_background(self, mode: StopMode = "fast", downtime: float = 0.0) -> threading.Thread:
         """`restart` in a thread (the caller observes the service during the outage)."""
         thread = threading.Thread(target=self.restart, args=(mode, downtime), daemon=True)
         thread.start()

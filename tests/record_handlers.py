@@ -6,6 +6,7 @@ a digest of its token arrays: the LLM session's trajectory, what RUN returned, w
 re-evaluation) read back from the database. `tests/test_record_path.py` reads them from the
 gateway and compares them with what the SDK parsed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,20 +46,31 @@ class RecordPathHandler(AgentHandler):
         ctx.state["init_context"] = class_name(ctx)
 
     def run(self, ctx: RunContext) -> Trajectory:
-        result = run_agent_loop(ctx, system_prompt="Answer in \\boxed{}.",
-                                user_prompt=f"Task {ctx.instance_id}: what is 2 + 2?", tools=[],
-                                max_turns=2,
-                                final_answer=lambda text: (BOXED.findall(text) or [None])[-1])
+        result = run_agent_loop(
+            ctx,
+            system_prompt="Answer in \\boxed{}.",
+            user_prompt=f"Task {ctx.instance_id}: what is 2 + 2?",
+            tools=[],
+            max_turns=2,
+            final_answer=lambda text: (BOXED.findall(text) or [None])[-1],
+        )
         result.extra["boundaries"] = {
             "llm_session": class_name(ctx.llm.trajectory()),
             "llm_session_digest": arrays_digest(ctx.llm.trajectory()),
-            "run_context": class_name(ctx), "run_returns": class_name(result),
-            "run_digest": arrays_digest(result)}
+            "run_context": class_name(ctx),
+            "run_returns": class_name(result),
+            "run_digest": arrays_digest(result),
+        }
         return result
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         answer = (ctx.artifact or {}).get("answer")
-        return EvalResult(reward=float(str(answer).strip() == "4"), extra={
-            "eval_context": class_name(ctx), "eval_reads": class_name(ctx.run_result),
-            "eval_digest": arrays_digest(ctx.run_result),
-            "eval_outcome": ctx.run_result.outcome})
+        return EvalResult(
+            reward=float(str(answer).strip() == "4"),
+            extra={
+                "eval_context": class_name(ctx),
+                "eval_reads": class_name(ctx.run_result),
+                "eval_digest": arrays_digest(ctx.run_result),
+                "eval_outcome": ctx.run_result.outcome,
+            },
+        )

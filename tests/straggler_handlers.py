@@ -5,6 +5,7 @@ check for a cancel (a cut reaches it like a job cancel), and samples listed in `
 raise an infrastructure error in RUN (no reward: they must never fill a group); those in
 `data.timeout` end RUN as `timeout` and are graded (a reward, but no policy sample either).
 """
+
 from __future__ import annotations
 
 import time
@@ -37,9 +38,14 @@ class StragglerHandler(AgentHandler):
             time.sleep(0.05)
         ctx.record_turn(index=0, text="done", generated_ids=[7, 8], logprobs=[-0.5, -0.25])
         timed_out = ctx.sample_index in ctx.instance.get("timeout", [])  # graded, not a sample
-        return Trajectory(outcome="timeout" if timed_out else "completed",
-                          finish_reason="deadline" if timed_out else "stop", prompt_ids=[1, 2],
-                          response_ids=[7, 8], response_logprobs=[-0.5, -0.25], loss_mask=[1, 1])
+        return Trajectory(
+            outcome="timeout" if timed_out else "completed",
+            finish_reason="deadline" if timed_out else "stop",
+            prompt_ids=[1, 2],
+            response_ids=[7, 8],
+            response_logprobs=[-0.5, -0.25],
+            loss_mask=[1, 1],
+        )
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         return EvalResult(reward=1.0)

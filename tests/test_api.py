@@ -1,4 +1,5 @@
 """REST API over real HTTP: validation errors, idempotency, servers, health, metrics, OpenAPI."""
+
 from __future__ import annotations
 
 import threading
@@ -24,8 +25,7 @@ def serve(settings: Settings):
 @pytest.fixture
 def api(tmp_path):
     """A gateway (no workers: submissions stay queued) on SQLite + the embedded Redis."""
-    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers",
-                        max_body_bytes=200_000)
+    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers", max_body_bytes=200_000)
     server, client = serve(settings)
     yield client
     client.close()
@@ -33,28 +33,30 @@ def api(tmp_path):
 
 
 def job(**over):
-    body = {"agent": "test-trivial", "instances": [{"instance_id": "a"}, {"instance_id": "b"}],
-            "n_samples": 2}
+    body = {"agent": "test-trivial", "instances": [{"instance_id": "a"}, {"instance_id": "b"}], "n_samples": 2}
     body.update(over)
     return body
 
 
-@pytest.mark.parametrize("body, status, needle", [
-    (job(agent="nope"), 400, "unknown agent 'nope'; valid agents: "),
-    (job(instances=[]), 400, "instances"),
-    (job(n_samples=0), 400, "n_samples"),
-    (job(bogus=1), 400, "bogus"),
-    (job(sampling={"temperature": -1}), 400, "sampling.temperature"),
-    (job(sampling={"temprature": 1}), 400, "sampling.temprature"),
-    (job(limits={"max_turns": 0}), 400, "limits.max_turns"),
-    (job(sandbox={"runtime": "docker"}), 400, "sandbox.runtime"),
-    (job(sandbox={"binds": [{"host": "/root"}]}), 400, "sandbox.binds"),
-    (job(instances=[{"instance_id": "a"}, {"instance_id": "a"}]), 400, "duplicate instance_id"),
-    (job(agent="test-needs-llm"), 400, "no LLM server is registered"),  # no spec, no server
-    (job(agent="test-needs-llm", llm={"tokenizer": "/nonexistent/tok"}), 400, "llm.tokenizer"),
-    (job(agent_config={"x": 1}), 400, "agent_config"),
-    ([1, 2], 400, "body"),
-])
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        (job(agent="nope"), 400, "unknown agent 'nope'; valid agents: "),
+        (job(instances=[]), 400, "instances"),
+        (job(n_samples=0), 400, "n_samples"),
+        (job(bogus=1), 400, "bogus"),
+        (job(sampling={"temperature": -1}), 400, "sampling.temperature"),
+        (job(sampling={"temprature": 1}), 400, "sampling.temprature"),
+        (job(limits={"max_turns": 0}), 400, "limits.max_turns"),
+        (job(sandbox={"runtime": "docker"}), 400, "sandbox.runtime"),
+        (job(sandbox={"binds": [{"host": "/root"}]}), 400, "sandbox.binds"),
+        (job(instances=[{"instance_id": "a"}, {"instance_id": "a"}]), 400, "duplicate instance_id"),
+        (job(agent="test-needs-llm"), 400, "no LLM server is registered"),  # no spec, no server
+        (job(agent="test-needs-llm", llm={"tokenizer": "/nonexistent/tok"}), 400, "llm.tokenizer"),
+        (job(agent_config={"x": 1}), 400, "agent_config"),
+        ([1, 2], 400, "body"),
+    ],
+)
 def test_bad_submissions_name_the_problem(api, body, status, needle):
     resp = api.post("/v1/jobs", json=body)
     assert resp.status_code == status, resp.text
@@ -95,8 +97,7 @@ def test_runtime_and_backend_as_name_or_typed_config(api, tmp_path):
 
     db_url = Settings(home=tmp_path).db_url  # the api fixture's database
     for runtime, backend in (("bwrap", "vllm"), ({"type": "bwrap"}, {"type": "vllm"})):
-        body = job(sandbox={"runtime": runtime},
-                   llm={"servers": [{"url": "http://127.0.0.1:9"}], "backend": backend})
+        body = job(sandbox={"runtime": runtime}, llm={"servers": [{"url": "http://127.0.0.1:9"}], "backend": backend})
         resp = api.post("/v1/jobs", json=body)
         assert resp.status_code == 202, resp.text
         with session_scope(db_url) as session:
@@ -123,8 +124,7 @@ def test_submission_accepted_and_idempotent(api):
     listing = api.get("/v1/jobs", params={"limit": 1}).json()
     assert len(listing["jobs"]) == 1 and listing["next_cursor"]
     nxt = api.get("/v1/jobs", params={"limit": 5, "before": listing["next_cursor"]}).json()
-    assert {j["job_id"] for j in nxt["jobs"]} | {listing["jobs"][0]["job_id"]} == \
-        {body["job_id"], other["job_id"]}
+    assert {j["job_id"] for j in nxt["jobs"]} | {listing["jobs"][0]["job_id"]} == {body["job_id"], other["job_id"]}
 
 
 def test_results_query_validation_and_empty_long_poll(api):
@@ -145,8 +145,7 @@ def test_cancel_of_queued_job_finishes_every_rollout(api):
 
 
 def test_llm_server_crud(api):
-    created = api.post("/v1/llm-servers", json={"url": "http://10.0.0.1:8000/",
-                                                "weight_version": "v1"})
+    created = api.post("/v1/llm-servers", json={"url": "http://10.0.0.1:8000/", "weight_version": "v1"})
     assert created.status_code == 201
     sid = created.json()["id"]
     assert created.json()["url"] == "http://10.0.0.1:8000"
@@ -164,8 +163,10 @@ def test_llm_server_crud(api):
 def test_prorl_lifecycle_and_errors_as_prorl_answers_them(api):
     """ProRL's lifecycle: 503 before /start on /process, /status, /stop (v1 unaffected);
     errors are `{"detail": ...}`; a body missing a field is 422; /add_llm_server is idempotent."""
-    ok = {"instance": {"data_source": "math", "problem": "1+1?", "answer": "2"},
-          "sampling_params": {"temperature": 0.6}}
+    ok = {
+        "instance": {"data_source": "math", "problem": "1+1?", "answer": "2"},
+        "sampling_params": {"temperature": 0.6},
+    }
     for early in (api.post("/process", json=ok), api.get("/status"), api.post("/stop")):
         assert early.status_code == 503, early.text
         assert early.json() == {"detail": "Server is not running. Please start the server first."}
@@ -190,14 +191,12 @@ def test_prorl_lifecycle_and_errors_as_prorl_answers_them(api):
     negative = api.post("/process", json={**ok, "sampling_params": {"temperature": -1}})
     assert negative.status_code == 422
     assert negative.json()["detail"][0]["loc"] == ["body", "sampling_params", "temperature"]
-    unknown = api.post("/process", json={"instance": {"data_source": "nope"},
-                                         "sampling_params": {}})
+    unknown = api.post("/process", json={"instance": {"data_source": "nope"}, "sampling_params": {}})
     assert unknown.status_code == 400 and "unknown agent 'nope'" in unknown.json()["detail"]
     # no data_source = ProRL's default dataset (SWE-bench): the swe agent validates the instance
     bad_swe = api.post("/process", json={"instance": {"instance_id": "x"}, "sampling_params": {}})
     assert bad_swe.status_code == 400 and "repo" in bad_swe.json()["detail"]
-    huge = api.post("/process", content=b"{" + b" " * 300_000 + b"}",
-                    headers={"Content-Type": "application/json"})
+    huge = api.post("/process", content=b"{" + b" " * 300_000 + b"}", headers={"Content-Type": "application/json"})
     assert huge.status_code == 413 and "detail" in huge.json()
     cancel = api.post("/cancel", json={"job_id": "nope"})
     assert cancel.status_code == 200 and cancel.json()["status"] == "Cancel requested for job nope"
@@ -214,7 +213,7 @@ def test_health_metrics_openapi(api):
     assert ready.json()["workers"] == "error: no worker consumes init"
     api.post("/v1/jobs", json=job())
     deadline = time.monotonic() + 30  # published just after the 202, by the outbox thread
-    while 'raas_outbox_rollouts 0.0' not in (text := api.get("/metrics").text):
+    while "raas_outbox_rollouts 0.0" not in (text := api.get("/metrics").text):
         assert time.monotonic() < deadline, text
         time.sleep(0.05)
     text = api.get("/metrics").text  # queue depths of a scrape that began after the publish
@@ -272,9 +271,7 @@ def test_sdk_takes_flat_rows_like_the_cli(api, tmp_path):
 
     with RaasClient(str(api.base_url)) as sdk:
         flat = sdk.submit("test-trivial", [{"instance_id": "p1", "problem": "2+3", "answer": 5}])
-        wrapped = sdk.submit("test-trivial", [{"instance_id": "p1",
-                                              "data": {"problem": "2+3", "answer": 5}}])
+        wrapped = sdk.submit("test-trivial", [{"instance_id": "p1", "data": {"problem": "2+3", "answer": 5}}])
     [a], [b] = flat["rollout_ids"], wrapped["rollout_ids"]
     with session_scope(Settings(home=tmp_path).db_url) as s:
-        assert s.get(Rollout, a).instance == s.get(Rollout, b).instance == {
-            "problem": "2+3", "answer": 5}
+        assert s.get(Rollout, a).instance == s.get(Rollout, b).instance == {"problem": "2+3", "answer": 5}

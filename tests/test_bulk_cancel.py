@@ -1,6 +1,7 @@
 """Cancel as set operations, on SQLite and PostgreSQL: one statement ends every rollout queued
 for INIT with gapless completion numbers and correct group flags; started ones are left to
 their workers (cooperative cancel) and still number after."""
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -15,16 +16,25 @@ def _job(db: str, groups: dict[str, list[str]]) -> tuple[str, dict[tuple[str, in
     """A job whose instance `i` has samples in the given statuses (leased when started)."""
     now = utcnow()
     n_samples = len(next(iter(groups.values())))
-    job = Job(owner="o", agent="test-trivial", config={}, n_instances=len(groups),
-              n_samples=n_samples)
+    job = Job(owner="o", agent="test-trivial", config={}, n_instances=len(groups), n_samples=n_samples)
     ids: dict[tuple[str, int], str] = {}
     rows = []
     for inst, statuses in groups.items():
         for k, status in enumerate(statuses):
             rid = ids[(inst, k)] = new_id()
-            rows.append({"id": rid, "instance_id": inst, "sample_index": k, "status": status,
-                         "lease_owner": "w/1" if status in ("init", "run") else None,
-                         "node": "n", "queued_at": now, "created_at": now, "outbox_at": now})
+            rows.append(
+                {
+                    "id": rid,
+                    "instance_id": inst,
+                    "sample_index": k,
+                    "status": status,
+                    "lease_owner": "w/1" if status in ("init", "run") else None,
+                    "node": "n",
+                    "queued_at": now,
+                    "created_at": now,
+                    "outbox_at": now,
+                }
+            )
     with session_scope(db) as s:
         s.add(job)
         s.flush()
@@ -43,11 +53,14 @@ def _rows(db: str, job_id: str) -> dict[str, Rollout]:
 def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
     db = any_db_url
     upgrade(db)
-    job_id, ids = _job(db, {
-        "a": ["pending", "pending", "pending"],   # all queued: the last completes the group
-        "b": ["pending", "run", "pending"],       # a sibling runs: it completes the group later
-        "c": ["done", "pending", "eval"],         # eval queued (no lease): its worker ends it
-    })
+    job_id, ids = _job(
+        db,
+        {
+            "a": ["pending", "pending", "pending"],  # all queued: the last completes the group
+            "b": ["pending", "run", "pending"],  # a sibling runs: it completes the group later
+            "c": ["done", "pending", "eval"],  # eval queued (no lease): its worker ends it
+        },
+    )
     # one rollout had finished before the cancel and holds seq 1
     with session_scope(db) as s:
         s.execute(sa.update(Rollout).where(Rollout.id == ids[("c", 0)]).values(result_seq=1))
@@ -55,18 +68,27 @@ def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
 
     assert lifecycle.cancel_job(db, job_id) == 6
     rows = _rows(db, job_id)
-    cancelled = sorted((r for r in rows.values() if r.status == "cancelled"),
-                       key=lambda r: r.result_seq)
+    cancelled = sorted((r for r in rows.values() if r.status == "cancelled"), key=lambda r: r.result_seq)
     assert [(r.instance_id, r.sample_index) for r in cancelled] == [
-        ("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 2), ("c", 1)]
+        ("a", 0),
+        ("a", 1),
+        ("a", 2),
+        ("b", 0),
+        ("b", 2),
+        ("c", 1),
+    ]
     assert [r.result_seq for r in cancelled] == [2, 3, 4, 5, 6, 7]
     by_key = {(r.instance_id, r.sample_index): r for r in rows.values()}
     assert [by_key[("a", k)].completes_group for k in range(3)] == [False, False, True]
     assert not any(by_key[("b", k)].completes_group for k in range(3))
     assert not by_key[("c", 1)].completes_group  # c's eval sample is still open
     for r in cancelled:
-        assert (r.outcome, r.error, r.lease_owner, r.outbox_at) == \
-            ("cancelled", "cancelled", None, None) and r.finished_at is not None
+        assert (r.outcome, r.error, r.lease_owner, r.outbox_at) == (
+            "cancelled",
+            "cancelled",
+            None,
+            None,
+        ) and r.finished_at is not None
     # started rollouts are flagged, untouched otherwise: they stop cooperatively
     for key in (("b", 1), ("c", 2)):
         assert by_key[key].cancel_requested and by_key[key].result_seq is None

@@ -1,4 +1,5 @@
 """Expected failures of the `raas` command end in one line that says what to do: no traceback."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def raas(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO,
-                          env={**clean, "PYTHONPATH": str(REPO), **env})
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -29,8 +35,9 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args", [["status"], ["status", "some-job"], ["llm", "list"],
-                                  ["submit", "examples/math.jsonl", "--agent", "math"]])
+@pytest.mark.parametrize(
+    "args", [["status"], ["status", "some-job"], ["llm", "list"], ["submit", "examples/math.jsonl", "--agent", "math"]]
+)
 def test_no_gateway_names_the_url_and_how_to_set_it(args):
     url = f"http://127.0.0.1:{free_port()}"
     line = one_line_error(raas(*args, RAAS_URL=url))

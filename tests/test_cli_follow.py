@@ -1,6 +1,7 @@
 """`raas results JOB --follow --out F` resumes a follow: a torn last line is repaired, only
 rollouts F lacks are appended, another job's file is refused; `raas submit --wait` ends a lost
 follow in one line that says how to resume."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,15 @@ from tests.test_sdk_retry import ScriptedGateway, status
 
 
 def row(seq: int, job: str = "j") -> dict:
-    return {"rollout_id": f"r{seq}", "job_id": job, "seq": seq, "outcome": "success",
-            "reward": 1.0, "instance_id": f"i{seq}", "sample_index": 0}
+    return {
+        "rollout_id": f"r{seq}",
+        "job_id": job,
+        "seq": seq,
+        "outcome": "success",
+        "reward": 1.0,
+        "instance_id": f"i{seq}",
+        "sample_index": 0,
+    }
 
 
 def test_torn_last_line_is_cut_and_the_cursor_is_the_gapless_prefix(tmp_path):
@@ -45,18 +53,20 @@ def test_follow_appends_only_what_the_file_lacks(tmp_path):
     out = tmp_path / "f.jsonl"
     out.write_text(json.dumps(row(1)) + "\n" + json.dumps(row(2))[:20])
     items = [{**row(s), "prompt_ids": [1, 2]} for s in (2, 3)]
-    gw = ScriptedGateway([
-        status(200, {"ok": True}),  # /healthz
-        status(200, {"n_rollouts": 3}),  # GET /v1/jobs/j
-        status(503),  # restarting
-        status(200, {"job_id": "j", "items": items, "cursor": 3, "done": True}),
-    ])
-    res = CliRunner().invoke(results, ["j", "--follow", "--out", str(out), "--url", gw.url],
-                             env={"RAAS_RETRY_TOTAL": "20"})
+    gw = ScriptedGateway(
+        [
+            status(200, {"ok": True}),  # /healthz
+            status(200, {"n_rollouts": 3}),  # GET /v1/jobs/j
+            status(503),  # restarting
+            status(200, {"job_id": "j", "items": items, "cursor": 3, "done": True}),
+        ]
+    )
+    res = CliRunner().invoke(
+        results, ["j", "--follow", "--out", str(out), "--url", gw.url], env={"RAAS_RETRY_TOTAL": "20"}
+    )
     gw.server.shutdown()
     assert res.exit_code == 0, res.output
-    assert [args.get("after") for _, path, args in gw.seen if path.endswith("/results")] \
-        == ["1", "1"]
+    assert [args.get("after") for _, path, args in gw.seen if path.endswith("/results")] == ["1", "1"]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["seq"] for r in rows] == [1, 2, 3] and rows[2]["prompt_ids"] == [1, 2]
     assert "job j done: 3 rollouts" in res.output
@@ -64,10 +74,10 @@ def test_follow_appends_only_what_the_file_lacks(tmp_path):
 
 def test_a_follow_that_loses_the_gateway_says_how_to_resume(tmp_path):
     out = tmp_path / "f.jsonl"
-    gw = ScriptedGateway([status(200, {"ok": True}), status(200, {"n_rollouts": 3})]
-                         + [status(503)] * 100)
-    res = CliRunner().invoke(results, ["j", "--follow", "--out", str(out), "--url", gw.url],
-                             env={"RAAS_RETRY_TOTAL": "1"})
+    gw = ScriptedGateway([status(200, {"ok": True}), status(200, {"n_rollouts": 3})] + [status(503)] * 100)
+    res = CliRunner().invoke(
+        results, ["j", "--follow", "--out", str(out), "--url", gw.url], env={"RAAS_RETRY_TOTAL": "1"}
+    )
     gw.server.shutdown()
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "stopped following job j" in res.output and "for 1s (RAAS_RETRY_TOTAL)" in res.output

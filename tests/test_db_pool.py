@@ -5,6 +5,7 @@ rollout completes with its reward while the database never sees more connections
 processes' pools allow, and the 64 slots really ran at once (a slot holds a connection only
 for a transaction, never across a hook).
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,20 +64,26 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
     return best
 
 
-def test_64_run_slots_finish_everything_within_a_40_connection_postgres(
-        tmp_path, make_private_postgres, redis_prefix):
+def test_64_run_slots_finish_everything_within_a_40_connection_postgres(tmp_path, make_private_postgres, redis_prefix):
     server = make_private_postgres(max_connections=40)
     db_url = server.create_database("raas")
     with ConnectionSampler(server.url(), "raas") as sampler:
-        svc = start_service(tmp_path, db_url=db_url, broker_url=REDIS_URL,
-                            key_prefix=redis_prefix,
-                            concurrency={"init": 8, "run": RUN_SLOTS, "eval": 8},
-                            # a loaded machine must not make a slow beat cost a retry
-                            extra={"db_pool_size": POOL, "lease_timeout": 30.0})
+        svc = start_service(
+            tmp_path,
+            db_url=db_url,
+            broker_url=REDIS_URL,
+            key_prefix=redis_prefix,
+            concurrency={"init": 8, "run": RUN_SLOTS, "eval": 8},
+            # a loaded machine must not make a slow beat cost a retry
+            extra={"db_pool_size": POOL, "lease_timeout": 30.0},
+        )
         try:
-            job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"}
-                                                    for k in range(RUN_SLOTS // 2)],
-                                    n_samples=2, agent_config={"turns": TURNS, "run_s": RUN_S})
+            job = svc.client.submit(
+                "test-sleepy",
+                [{"instance_id": f"i{k}"} for k in range(RUN_SLOTS // 2)],
+                n_samples=2,
+                agent_config={"turns": TURNS, "run_s": RUN_S},
+            )
             view = svc.wait_done(job["job_id"], timeout=90)
             results = svc.all_results(job["job_id"])
             logs = svc.log_tail(lines=100_000)
@@ -92,10 +99,13 @@ def test_64_run_slots_finish_everything_within_a_40_connection_postgres(
     assert 0 < sampler.peak <= 4 * POOL + 1 < 40, sampler.peak
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT t.rollout_id, min(t.created_at), max(t.created_at), count(*) FROM turns t "
-            "JOIN rollouts r ON r.id = t.rollout_id AND r.attempt = t.attempt "
-            "GROUP BY t.rollout_id")).all()
+        rows = conn.execute(
+            sa.text(
+                "SELECT t.rollout_id, min(t.created_at), max(t.created_at), count(*) FROM turns t "
+                "JOIN rollouts r ON r.id = t.rollout_id AND r.attempt = t.attempt "
+                "GROUP BY t.rollout_id"
+            )
+        ).all()
     engine.dispose()
     assert len(rows) == RUN_SLOTS and {n for *_, n in rows} == {TURNS}
     # the slots really ran at once: a connection held across the handler's sleeps would
@@ -114,8 +124,7 @@ def test_pool_settings_size_server_engines_and_leave_sqlite_alone(tmp_path, pg_u
         with get_engine(pg_url).connect() as conn:
             for _ in range(10):
                 conn.execute(sa.text("SELECT 1 + :x"), {"x": 1})
-            assert conn.execute(sa.text("SELECT count(*) FROM pg_prepared_statements")) \
-                .scalar() == 0
+            assert conn.execute(sa.text("SELECT count(*) FROM pg_prepared_statements")).scalar() == 0
         sqlite = get_engine(f"sqlite:///{tmp_path / 'x.db'}")
         assert sqlite.pool.size() != 3
     finally:

@@ -1,5 +1,6 @@
 """Stage writes retry a lost database connection within their budget, and a retried write
 whose first commit landed is harmless (`tasks.db_retry`, `tasks.lifecycle`)."""
+
 from __future__ import annotations
 
 import pytest

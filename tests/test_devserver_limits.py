@@ -4,6 +4,7 @@ Real sockets against the real gateway app on `app.devserver`: half-open connecti
 cap are answered 503 at once, the ones within it are closed at the header deadline, and an
 honest client is served throughout and afterwards; the access log never shows a `?token=`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,11 @@ CAP = 20
 
 @pytest.fixture
 def bounded(tmp_path):
-    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers",
-                        dev_server={"max_connections": CAP, "header_timeout": 1.5,
-                                    "idle_timeout": 5})
+    settings = Settings(
+        home=tmp_path,
+        handler_modules="tests.pipeline_handlers",
+        dev_server={"max_connections": CAP, "header_timeout": 1.5, "idle_timeout": 5},
+    )
     from migrations.runner import upgrade
 
     upgrade(settings.db_url)

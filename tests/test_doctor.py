@@ -1,5 +1,6 @@
 """`raas doctor` on this node: real bwrap, cgroups, PostgreSQL, Redis, an LLM server (the
 simulator, a fake of vLLM), and the failures an HPC user meets, each with what to do."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    run = subprocess.run([sys.executable, "-m", "app.cli", "doctor", "--json"],
-                         env={**base, "PYTHONPATH": str(REPO), **env}, capture_output=True,
-                         text=True, timeout=180, cwd=REPO)
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "doctor", "--json"],
+        env={**base, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
     checks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     return run.returncode, {c["name"]: c for c in checks}
 
@@ -42,13 +48,13 @@ def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     try:
         register(pg_url, sim_url)
         bare = pg_url.replace("postgresql+psycopg://", "postgresql://")  # as the README has it
-        code, checks = doctor({"RAAS_DATABASE_URL": bare, "RAAS_BROKER_URL": REDIS_URL,
-                               "RAAS_HOME": str(tmp_path / "home")})
+        code, checks = doctor(
+            {"RAAS_DATABASE_URL": bare, "RAAS_BROKER_URL": REDIS_URL, "RAAS_HOME": str(tmp_path / "home")}
+        )
     finally:
         stop()
     assert code == 0, checks
-    for name in ("bwrap sandbox", "glibc", "user namespaces", "database", "broker",
-                 f"LLM {sim_url}", "scratch"):
+    for name in ("bwrap sandbox", "glibc", "user namespaces", "database", "broker", f"LLM {sim_url}", "scratch"):
         assert checks[name]["status"] == "ok", checks[name]
     assert checks["cgroups"]["status"] in ("ok", "warn")
     # nothing built in this fresh home: a node that may build says it will, with the command
@@ -62,18 +68,27 @@ def test_doctor_fails_with_one_line_of_what_to_do(tmp_path, pg_url):
     shared = tmp_path / "shared-envs"
     shared.mkdir()
     (shared / SHARED_MARK).write_text("")
-    code, checks = doctor({"RAAS_DATABASE_URL": pg_url,
-                           "RAAS_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0",
-                           "RAAS_ENV_ROOT": str(shared), "RAAS_HOME": str(tmp_path / "h")})
+    code, checks = doctor(
+        {
+            "RAAS_DATABASE_URL": pg_url,
+            "RAAS_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "RAAS_ENV_ROOT": str(shared),
+            "RAAS_HOME": str(tmp_path / "h"),
+        }
+    )
     assert code == 1
     failed = {name for name, c in checks.items() if c["status"] == "fail"}
     assert {"broker", "environment math"} <= failed, checks
     assert any(name.startswith("LLM http://127.0.0.1:") for name in failed), checks
     assert f"--shared --root {shared}" in checks["environment math"]["fix"]
     assert all(checks[name]["fix"] for name in failed)
-    code, checks = doctor({"RAAS_DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:"
-                                                f"{free_port()}/none",
-                           "RAAS_BROKER_URL": REDIS_URL, "RAAS_HOME": str(tmp_path / "h")})
+    code, checks = doctor(
+        {
+            "RAAS_DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none",
+            "RAAS_BROKER_URL": REDIS_URL,
+            "RAAS_HOME": str(tmp_path / "h"),
+        }
+    )
     assert code == 1 and checks["database"]["status"] == "fail"
     assert "RAAS_DATABASE_URL" in checks["database"]["fix"]
 

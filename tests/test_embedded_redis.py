@@ -2,6 +2,7 @@
 home on a Unix socket — started once however many processes race, found again after a crash,
 its queued data kept by the append-only file, a deep home on a short socket path, clear
 errors naming a fix."""
+
 from __future__ import annotations
 
 import os
@@ -66,13 +67,14 @@ print(ensure_running(Settings(home=Path(sys.argv[1]))))
 
 def test_processes_racing_to_start_it_start_one_server(tmp_path):
     home = tmp_path / "home"
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(home)], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RACE, str(home)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert sorted(outs) == ["False"] * 5 + ["True"], outs
     settings = Settings(home=home)
-    servers = [pid for pid in os.listdir("/proc") if pid.isdigit()
-               and _cwd(pid) == str(settings.redis_dir)]
+    servers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(settings.redis_dir)]
     assert servers == [str(server_pid(settings))]
     embedded_redis.stop(settings)
 
@@ -139,8 +141,14 @@ def test_a_worker_on_an_unstartable_broker_says_why(tmp_path):
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
         env.update(RAAS_HOME=str(tmp_path), PYTHONPATH=str(REPO))
-        done = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--stage", "init"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "worker", "--stage", "init"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.kill(pid, signal.SIGCONT)
     assert done.returncode != 0
@@ -163,9 +171,14 @@ def test_flowers_broker_view_reads_the_embedded_redis(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env.update(RAAS_HOME=str(tmp_path), PYTHONPATH=str(REPO), FLOWER_UNAUTHENTICATED_API="true")
-    flower = subprocess.Popen([sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
     def lengths() -> list | None:
         try:

@@ -1,4 +1,5 @@
 """The newcomer's path: `raas up` on the embedded default, `raas submit --wait --out`, Ctrl-C."""
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,26 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
-    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(tmp_path / "home"),
-                           "--port", str(port), "--concurrency", "2"], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          start_new_session=True, preexec_fn=default_sigint)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "up",
+            "--home",
+            str(tmp_path / "home"),
+            "--port",
+            str(port),
+            "--concurrency",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=default_sigint,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -50,9 +67,28 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
         data.write_text("\n".join(json.dumps({"instance_id": f"p{k}", "k": k}) for k in range(4)))
         out = tmp_path / "out.jsonl"
         submit = subprocess.run(
-            [sys.executable, "-m", "app.cli", "submit", str(data), "--agent", "test-sleepy",
-             "--n", "2", "--url", url, "--wait", "--out", str(out)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "submit",
+                str(data),
+                "--agent",
+                "test-sleepy",
+                "--n",
+                "2",
+                "--url",
+                url,
+                "--wait",
+                "--out",
+                str(out),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert submit.returncode == 0, submit.stderr
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         ui_url = f"{url}/ui/jobs/{rows[0]['job_id']}"
@@ -60,28 +96,49 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
         page = httpx.get(ui_url, timeout=30)
         assert page.status_code == 200 and 'id="groups"' in page.text
         assert len(rows) == 8 and {r["outcome"] for r in rows} == {"completed"}
-        assert {"rollout_id", "job_id", "instance_id", "sample_index", "node", "reward",
-                "prompt_ids", "response_ids", "response_logprobs", "loss_mask",
-                "timing"} <= set(rows[0])
+        assert {
+            "rollout_id",
+            "job_id",
+            "instance_id",
+            "sample_index",
+            "node",
+            "reward",
+            "prompt_ids",
+            "response_ids",
+            "response_logprobs",
+            "loss_mask",
+            "timing",
+        } <= set(rows[0])
         with RaasClient(url) as client:
-            job = client.submit("test-sleepy", [{"instance_id": f"g{k}"} for k in range(3)],
-                                n_samples=2)
+            job = client.submit("test-sleepy", [{"instance_id": f"g{k}"} for k in range(3)], n_samples=2)
             groups = list(client.groups(job["job_id"]))
             assert sorted(g[0]["instance_id"] for g in groups) == ["g0", "g1", "g2"]
             assert all([r["sample_index"] for r in g] == [0, 1] for g in groups)
             streamed = list(client.stream(job["job_id"]))
             assert [r["seq"] for r in streamed] == [1, 2, 3, 4, 5, 6]
         assert httpx.post(f"{url}/start", timeout=10).status_code == 200  # ProRL's lifecycle
-        prorl = httpx.post(f"{url}/process", timeout=60, json={
-            "instance": {"instance_id": "pr1", "data_source": "test-sleepy", "trajectory_id": 3},
-            "sampling_params": {"temperature": 0.7, "max_new_tokens": 64}, "job_id": "grp"})
+        prorl = httpx.post(
+            f"{url}/process",
+            timeout=60,
+            json={
+                "instance": {"instance_id": "pr1", "data_source": "test-sleepy", "trajectory_id": 3},
+                "sampling_params": {"temperature": 0.7, "max_new_tokens": 64},
+                "job_id": "grp",
+            },
+        )
         assert prorl.status_code == 200, prorl.text
         body = prorl.json()
         assert body["success"] and body["end_properly"] and body["critical_error"] is None
         assert body["filter"] is False and body["finish"] is False
         assert body["instance_id"] == "pr1" and body["trajectory_id"] == 3
-        assert set(body["timing"]) == {"init_time", "run_time", "eval_time", "others_time",
-                                       "counted_elapsed", "timeout_triggered"}
+        assert set(body["timing"]) == {
+            "init_time",
+            "run_time",
+            "eval_time",
+            "others_time",
+            "counted_elapsed",
+            "timeout_triggered",
+        }
         # this test handler's trajectory has no assistant message: ProRL's list is then empty
         assert body["messages"] == [] and body["prompt_ids"] == [1, 2, 3]
     finally:
@@ -136,9 +193,14 @@ def test_up_on_a_busy_port_fails_without_leaving_workers(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
         env["PYTHONPATH"] = str(REPO)
         home = tmp_path / "home"
-        up = subprocess.run([sys.executable, "-m", "app.cli", "up", "--home", str(home),
-                             "--port", str(port)], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=60)
+        up = subprocess.run(
+            [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert up.returncode != 0 and "Address already in use" in up.stderr
     assert not processes_with_env(f"RAAS_HOME={home}")
     assert not redis_answers(home)
@@ -149,9 +211,13 @@ def test_up_stops_cleanly_on_sigterm(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env["PYTHONPATH"] = str(REPO)
     home = tmp_path / "home"
-    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(home),
-                           "--port", str(port)], env=env, cwd=tmp_path,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while len(processes_with_env(f"RAAS_HOME={home}")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -167,8 +233,11 @@ def test_up_stops_cleanly_on_sigterm(tmp_path):
 
 def stage_pids(home: Path, stage: str) -> list[int]:
     """Pids of `raas up`'s pool for one stage."""
-    return [pid for pid in processes_with_env(f"RAAS_HOME={home}")
-            if f"--stage\0{stage}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [
+        pid
+        for pid in processes_with_env(f"RAAS_HOME={home}")
+        if f"--stage\0{stage}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
 
 
 def ready(url: str) -> tuple[int, dict]:
@@ -191,33 +260,40 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
     home = tmp_path / "home"
-    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--home", str(home),
-                           "--port", str(port), "--concurrency", "2"], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          start_new_session=True, preexec_fn=default_sigint)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port), "--concurrency", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=default_sigint,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        status, body = wait_until(lambda: (lambda r: r if r[0] == 200 else None)(ready(url)),
-                                  90, "readyz 200")
+        status, body = wait_until(lambda: (lambda r: r if r[0] == 200 else None)(ready(url)), 90, "readyz 200")
         node = next(q.split(".", 1)[1] for q in body["stages"] if q.startswith("run."))
         assert body["stages"] == {"init": 1, f"run.{node}": 1, f"eval.{node}": 1}
         [run_pid] = stage_pids(home, "run")
         os.kill(run_pid, signal.SIGSTOP)  # hung: alive for the supervisor, silent to readyz
-        status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(ready(url)),
-                                  30, "readyz 503 while the RUN pool does not answer")
+        status, body = wait_until(
+            lambda: (lambda r: r if r[0] == 503 else None)(ready(url)),
+            30,
+            "readyz 503 while the RUN pool does not answer",
+        )
         assert body["stages"][f"run.{node}"] == 0
         assert body["workers"] == f"error: no worker consumes run.{node}"
         os.kill(run_pid, signal.SIGKILL)
         wait_until(lambda: ready(url)[0] == 200, 60, "readyz 200 again")
         assert stage_pids(home, "run") and run_pid not in stage_pids(home, "run")
         with RaasClient(url) as client:
-            job = client.submit("test-sandboxed", [{"instance_id": "s0"}],
-                                agent_config={"run_s": 60, "turns": 60})
+            job = client.submit("test-sandboxed", [{"instance_id": "s0"}], agent_config={"run_s": 60, "turns": 60})
             wait_until(lambda: client.job(job["job_id"])["counts"].get("run"), 60, "RUN")
         root = str(home.resolve() / "workspaces") + "/"
 
         def mine() -> list[dict]:  # the rollout's and the INIT pool's warm ones alike
             return [h for h in list_sandboxes() if h.get("workspace", "").startswith(root)]
+
         assert len([h for h in mine() if not unclaimed(h)]) == 1
     finally:
         output = ctrl_c(up)
@@ -225,8 +301,7 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
     assert f"RUN pool (pid {run_pid}) exited with signal SIGKILL; starting a new one" in output
     # a quiet console: one line per component, no banners, no warnings nobody can act on
     assert output.count(" pool ready: queue ") == 4 and output.count("raas up: gateway ") == 1
-    for noise in ("[config]", "SecurityWarning", "No hostname was supplied", "alembic",
-                  "GET /readyz", "celery.worker"):
+    for noise in ("[config]", "SecurityWarning", "No hostname was supplied", "alembic", "GET /readyz", "celery.worker"):
         assert noise not in output, noise
     assert not mine(), "Ctrl-C left a sandbox running"
     assert not processes_with_env(f"RAAS_HOME={home}")
@@ -241,19 +316,32 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers",
-               RAAS_HEARTBEAT_INTERVAL="0.5", RAAS_LEASE_TIMEOUT="4", RAAS_REQUEUE_AFTER="3",
-               RAAS_REAPER_INTERVAL="0.5", RAAS_STAGE_GRACE="2")
+    env.update(
+        PYTHONPATH=str(REPO),
+        RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+        RAAS_HEARTBEAT_INTERVAL="0.5",
+        RAAS_LEASE_TIMEOUT="4",
+        RAAS_REQUEUE_AFTER="3",
+        RAAS_REAPER_INTERVAL="0.5",
+        RAAS_STAGE_GRACE="2",
+    )
 
     settings = Settings(home=home)
     launched: list[subprocess.Popen] = []
 
     def start() -> str:
         port = free_port()
-        launched.append(subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port),
-             "--concurrency", "2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint))
+        launched.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port), "--concurrency", "2"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=default_sigint,
+            )
+        )
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: ready(url)[0] == 200, 90, "readyz 200")
         return url
@@ -261,11 +349,13 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
     try:
         url = start()
         with RaasClient(url) as client:
-            job = client.submit("test-sleepy", [{"instance_id": f"k{k}"} for k in range(10)],
-                                n_samples=2,
-                                agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4})
-            wait_until(lambda: client.job(job["job_id"])["finished"] >= 2, 120,
-                       "2 rollouts done")
+            job = client.submit(
+                "test-sleepy",
+                [{"instance_id": f"k{k}"} for k in range(10)],
+                n_samples=2,
+                agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4},
+            )
+            wait_until(lambda: client.job(job["job_id"])["finished"] >= 2, 120, "2 rollouts done")
         os.killpg(launched[0].pid, signal.SIGKILL)  # the gateway, the reaper, the pools
         launched[0].communicate()
         pid = int((settings.redis_dir / "redis.pid").read_text())
@@ -286,4 +376,3 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
     assert sorted(r["reward"] for r in rows) == [0.0] * 10 + [1.0] * 10  # graded, really
     assert all(r["response_ids"] == [4, 5] for r in rows)
     assert not left_running, "raas up left its Redis running"
-

@@ -5,6 +5,7 @@ parameters from `/openapi.json` of a real gateway over real HTTP, as a tenant an
 operator; every answer must be below 500, except the documented 503 of the ProRL routes
 before `/start`. Bounded (a few hundred cases, well under a minute): `make test-fuzz`.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,7 @@ NOT_STARTED = "Server is not running"
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    settings = tenant_settings(tmp_path_factory.mktemp("fuzz"),
-                               llm={"server_urls": ["http://[10.9.0.0/16]:*"]})
+    settings = tenant_settings(tmp_path_factory.mktemp("fuzz"), llm={"server_urls": ["http://[10.9.0.0/16]:*"]})
     server, client = serve(settings)
     yield f"http://127.0.0.1:{server.server_port}"
     client.close()
@@ -50,9 +50,13 @@ def _fuzz(base: str, token: str, examples: int, skip: tuple[str, ...] = ()) -> i
                 continue
 
             @given(case=strategy)
-            @settings(max_examples=examples, deadline=None, database=None,
-                      phases=[Phase.explicit, Phase.generate],
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=examples,
+                deadline=None,
+                database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
             def run(case):
                 nonlocal ran
                 ran += 1
@@ -69,8 +73,14 @@ def _answered_below_500(case, token: str) -> None:
     response = case.call(headers={"Authorization": f"Bearer {token}"}, timeout=30)
     if response.status_code == 503 and NOT_STARTED in response.text:
         return  # ProRL's documented answer before /start
-    assert response.status_code < 500, (case.method, case.path, case.path_parameters,
-                                        case.query, case.body, response.text[:500])
+    assert response.status_code < 500, (
+        case.method,
+        case.path,
+        case.path_parameters,
+        case.query,
+        case.body,
+        response.text[:500],
+    )
 
 
 def test_no_route_answers_5xx_to_a_tenant(gateway):

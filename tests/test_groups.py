@@ -1,5 +1,6 @@
 """Straggler cuts through the real pipeline: spare samples, infrastructure failures that never
 fill a group, short groups, and per-group deadlines (real Celery workers, Redis, PostgreSQL)."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -17,9 +18,14 @@ pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make
 @pytest.fixture
 def service(tmp_path, pg_url, redis_prefix):
     """A service on Redis + PostgreSQL; an infrastructure failure is final (one attempt)."""
-    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        handler_modules="tests.straggler_handlers",
-                        extra={"max_attempts": 1})
+    svc = start_service(
+        tmp_path,
+        db_url=pg_url,
+        broker_url=REDIS_URL,
+        key_prefix=redis_prefix,
+        handler_modules="tests.straggler_handlers",
+        extra={"max_attempts": 1},
+    )
     yield svc
     svc.stop()
 
@@ -59,16 +65,16 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
         assert len(closers) == 1, (name, closers)  # a group completes once
         record = closers[0]["group"]
         members = [r for r in rows_of if r["rollout_id"] in record["members"]]
-        assert all(r["reward"] == 1.0 and r["cut_reason"] is None
-                   and r["outcome"] == "completed" for r in members)
+        assert all(r["reward"] == 1.0 and r["cut_reason"] is None and r["outcome"] == "completed" for r in members)
         assert all(r["rollout_id"] not in record["members"] for r in rows_of if r["cut_reason"])
         assert closers[0]["seq"] >= max(r["seq"] for r in members)
     tail = groups["tail"]
     record = next(r["group"] for r in tail if r["group_complete"])
     assert record["status"] == "complete" and len(record["members"]) == 2
     cut = [r for r in tail if r["cut_reason"]]
-    assert sorted(r["sample_index"] for r in cut) == [2, 3] and sorted(record["cut"]) == \
-        sorted(r["rollout_id"] for r in cut)
+    assert sorted(r["sample_index"] for r in cut) == [2, 3] and sorted(record["cut"]) == sorted(
+        r["rollout_id"] for r in cut
+    )
     assert all(r["status"] == "cancelled" and r["reward"] is None for r in cut)
     # the 30 s stragglers were stopped, not waited for (counted from the group's start:
     # worker start-up on a loaded machine is not the cut's business)
@@ -76,31 +82,31 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
     assert all("first 2 usable" in r["cut_reason"] for r in cut)
     infra = next(r["group"] for r in groups["infra"] if r["group_complete"])
     assert infra["status"] == "complete"
-    assert sorted(r["sample_index"] for r in groups["infra"]
-                  if r["rollout_id"] in infra["members"]) == [2, 3]
+    assert sorted(r["sample_index"] for r in groups["infra"] if r["rollout_id"] in infra["members"]) == [2, 3]
     assert {r["outcome"] for r in groups["infra"] if r["sample_index"] < 2} == {"infra_error"}
     short = next(r["group"] for r in groups["short"] if r["group_complete"])
     assert short["status"] == "short" and len(short["members"]) == 1
     assert "1 of 2 usable" in short["reason"] and "3 sample(s) ended" in short["reason"]
     timeouts = next(r["group"] for r in groups["timeouts"] if r["group_complete"])
     assert timeouts["status"] == "complete" and sorted(
-        r["sample_index"] for r in groups["timeouts"]
-        if r["rollout_id"] in timeouts["members"]) == [2, 3]
-    assert {(r["outcome"], r["reward"]) for r in groups["timeouts"] if r["sample_index"] < 2} \
-        == {("timeout", 1.0)}
+        r["sample_index"] for r in groups["timeouts"] if r["rollout_id"] in timeouts["members"]
+    ) == [2, 3]
+    assert {(r["outcome"], r["reward"]) for r in groups["timeouts"] if r["sample_index"] < 2} == {("timeout", 1.0)}
     # the trainer's view: exactly n usable samples per complete group, the short one short
     sdk_groups = {g[0]["instance_id"]: g for g in service.client.groups(job["job_id"], wait=1)}
-    assert {k: len(v) for k, v in sdk_groups.items()} == \
-        {"tail": 2, "infra": 2, "short": 1, "timeouts": 2}
+    assert {k: len(v) for k, v in sdk_groups.items()} == {"tail": 2, "infra": 2, "short": 1, "timeouts": 2}
     assert all(r["reward"] == 1.0 for g in sdk_groups.values() for r in g)
     listed = httpx.get(f"{service.url}/v1/jobs/{job['job_id']}/groups").json()["groups"]
-    assert {g["instance_id"]: g["status"] for g in listed} == \
-        {"tail": "complete", "infra": "complete", "short": "short", "timeouts": "complete"}
+    assert {g["instance_id"]: g["status"] for g in listed} == {
+        "tail": "complete",
+        "infra": "complete",
+        "short": "short",
+        "timeouts": "complete",
+    }
 
 
 def test_group_deadline_completes_with_what_is_usable(service) -> None:
-    instances = [{"instance_id": "slow", "run_s": [0.2, 0.3, 60]},
-                 {"instance_id": "fast", "run_s": [0.2, 0.2, 0.3]}]
+    instances = [{"instance_id": "slow", "run_s": [0.2, 0.3, 60]}, {"instance_id": "fast", "run_s": [0.2, 0.2, 0.3]}]
     # 8 s: the fast samples finish well before it even on a loaded machine
     job = service.client.submit("test-straggler", instances, n_samples=3, group_timeout=8)
     service.wait_done(job["job_id"], timeout=60)
@@ -109,8 +115,11 @@ def test_group_deadline_completes_with_what_is_usable(service) -> None:
     assert slow["status"] == "short" and len(slow["members"]) == 2
     assert "deadline (8 s)" in slow["reason"] and "2 of 3 usable" in slow["reason"]
     straggler = next(r for r in rows["slow"] if r["sample_index"] == 2)
-    assert straggler["status"] == "cancelled" and straggler["cut_reason"].startswith(
-        "group deadline") and slow["cut"] == [straggler["rollout_id"]]
+    assert (
+        straggler["status"] == "cancelled"
+        and straggler["cut_reason"].startswith("group deadline")
+        and slow["cut"] == [straggler["rollout_id"]]
+    )
     # the closing row is the straggler, the last of its group to end, after the deadline
     assert straggler["group_complete"]
     assert 8 <= seconds(slow["started_at"], slow["closed_at"]) < 15
@@ -123,14 +132,12 @@ def test_a_cut_aborts_the_generation_in_flight(tmp_path, pg_url, redis_prefix) -
     """A cut sample's request to the inference server is closed (the simulator counts an
     abort), as a cancel's is: the group does not wait for its 30 s answer."""
     # seed 1 draws fast, then slow: one sample answers at once, the other would take 30 s
-    script = {"default": ["Done."], "latency_dist": {"kind": "tail", "p": 0.5, "base": 0.1,
-                                                    "slow": 30, "seed": 1}}
+    script = {"default": ["Done."], "latency_dist": {"kind": "tail", "p": 0.5, "base": 0.1, "slow": 30, "seed": 1}}
     sim, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), script)
     svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix)
     try:
         svc.client.add_llm_server(sim)
-        job = svc.client.submit("test-chat", [{"instance_id": "one", "turns": 1}],
-                                n_samples=1, spare=1)
+        job = svc.client.submit("test-chat", [{"instance_id": "one", "turns": 1}], n_samples=1, spare=1)
         svc.wait_done(job["job_id"], timeout=60)
         rows = svc.all_results(job["job_id"])
         member = next(r for r in rows if not r["cut_reason"])
@@ -159,17 +166,39 @@ def test_deadline_ends_queued_samples_at_once(tmp_path, pg_url, redis_prefix) ->
     from core.models import Callback, Group, Outcome, Rollout, Status, utcnow
     from tasks import groups, lifecycle
 
-    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        stages=(), reaper=False, handler_modules="tests.straggler_handlers")
+    svc = start_service(
+        tmp_path,
+        db_url=pg_url,
+        broker_url=REDIS_URL,
+        key_prefix=redis_prefix,
+        stages=(),
+        reaper=False,
+        handler_modules="tests.straggler_handlers",
+    )
     try:
-        job = svc.client.submit("test-straggler", [{"instance_id": "q"}], n_samples=3,
-                                group_timeout=60, callback_url="http://127.0.0.1:9/hook")
+        job = svc.client.submit(
+            "test-straggler",
+            [{"instance_id": "q"}],
+            n_samples=3,
+            group_timeout=60,
+            callback_url="http://127.0.0.1:9/hook",
+        )
         first, *queued = job["rollout_ids"]
         with session_scope(pg_url) as s:  # the group started long ago; one sample ended
-            s.execute(sa.update(Group).values(started_at=utcnow() - timedelta(seconds=90),
-                                              deadline_at=utcnow() - timedelta(seconds=30)))
-        assert lifecycle.finish(pg_url, first, Status.FAILED, Outcome.AGENT_ERROR.value,
-                                expect_status=["pending"], reward=0.0, error="agent broke")
+            s.execute(
+                sa.update(Group).values(
+                    started_at=utcnow() - timedelta(seconds=90), deadline_at=utcnow() - timedelta(seconds=30)
+                )
+            )
+        assert lifecycle.finish(
+            pg_url,
+            first,
+            Status.FAILED,
+            Outcome.AGENT_ERROR.value,
+            expect_status=["pending"],
+            reward=0.0,
+            error="agent broke",
+        )
         assert groups.close_overdue(pg_url) == [(job["job_id"], "q")]
         assert groups.close_overdue(pg_url) == []  # closes once
         rows = {r["rollout_id"]: r for r in svc.all_results(job["job_id"])}
@@ -185,7 +214,6 @@ def test_deadline_ends_queued_samples_at_once(tmp_path, pg_url, redis_prefix) ->
         assert events == ["group", "job"]
         assert svc.client.job(job["job_id"])["finished"] == 3
         with session_scope(pg_url) as s:
-            assert s.scalar(sa.select(sa.func.count()).select_from(Rollout).where(
-                Rollout.status == "pending")) == 0
+            assert s.scalar(sa.select(sa.func.count()).select_from(Rollout).where(Rollout.status == "pending")) == 0
     finally:
         svc.stop()

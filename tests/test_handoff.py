@@ -3,6 +3,7 @@ SQLite/PostgreSQL, Redis and bwrap): the outbox mark of a hand-off, the drain th
 to the rollout's node queue, the reaper's sweep of intent records and workspace folders. The
 same with real workers and a private Redis restarted: tests/faults/test_handoff_faults.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,16 +29,27 @@ from tests.pipeline_harness import wait_for
 def _rollouts(db: str, statuses: list[str], node: str = "n1") -> list[str]:
     """A job with one rollout per status (started ones leased by `w/<i>`), on `node`."""
     with session_scope(db) as s:
-        job = Job(owner="o", agent="test-trivial", config={}, n_instances=len(statuses),
-                  n_samples=1)
+        job = Job(owner="o", agent="test-trivial", config={}, n_instances=len(statuses), n_samples=1)
         s.add(job)
         s.flush()
         ids = [new_id() for _ in statuses]
-        s.execute(sa.insert(Rollout), [
-            {"id": rid, "job_id": job.id, "instance_id": f"i{k}", "sample_index": 0,
-             "status": status, "node": node, "queued_at": utcnow(), "created_at": utcnow(),
-             "lease_owner": f"w/{k}" if status in ("init", "run", "eval") else None}
-            for k, (rid, status) in enumerate(zip(ids, statuses))])
+        s.execute(
+            sa.insert(Rollout),
+            [
+                {
+                    "id": rid,
+                    "job_id": job.id,
+                    "instance_id": f"i{k}",
+                    "sample_index": 0,
+                    "status": status,
+                    "node": node,
+                    "queued_at": utcnow(),
+                    "created_at": utcnow(),
+                    "lease_owner": f"w/{k}" if status in ("init", "run", "eval") else None,
+                }
+                for k, (rid, status) in enumerate(zip(ids, statuses))
+            ],
+        )
     return ids
 
 
@@ -50,19 +62,20 @@ def _row(db: str, rid: str) -> Rollout:
 
 def _age_marks(db: str, seconds: float) -> None:
     with session_scope(db) as s:
-        s.execute(sa.update(Rollout).where(Rollout.outbox_at.is_not(None)).values(
-            outbox_at=utcnow() - timedelta(seconds=seconds)))
+        s.execute(
+            sa.update(Rollout)
+            .where(Rollout.outbox_at.is_not(None))
+            .values(outbox_at=utcnow() - timedelta(seconds=seconds))
+        )
 
 
-def test_a_hand_off_left_unpublished_is_drained_to_its_node_queue(any_db_url, redis_prefix,
-                                                                  tmp_path):
+def test_a_hand_off_left_unpublished_is_drained_to_its_node_queue(any_db_url, redis_prefix, tmp_path):
     from tasks.celery_app import make_celery
     from tasks.queues import queue_depths
 
     db = any_db_url
     upgrade(db)
-    celery = make_celery(Settings(home=tmp_path, database_url=db, broker_url=REDIS_URL,
-                                  broker_key_prefix=redis_prefix))
+    celery = make_celery(Settings(home=tmp_path, database_url=db, broker_url=REDIS_URL, broker_key_prefix=redis_prefix))
     handed, published, claimed_late = _rollouts(db, ["init", "run", "run"])
     # the status change and the mark commit together; the lease is released
     assert lifecycle.advance(db, handed, "w/0", "eval", artifact={"a": 1})
@@ -116,18 +129,21 @@ def test_the_reaper_stops_orphaned_starts_and_removes_unowned_folders(sqlite_url
     settings = Settings(home=tmp_path, database_url=db, sandbox_dir=tmp_path / "sandboxes")
     starting, ended, queued = _rollouts(db, ["init", "done", "pending"])
     ws = settings.workspaces
-    folders = {name: ws / name for name in (f"{starting}-1", f"{ended}-1", f"{ended}-1-eval",
-                                            f"{queued}-1", "reevaluate-x", "notes")}
+    folders = {
+        name: ws / name
+        for name in (f"{starting}-1", f"{ended}-1", f"{ended}-1-eval", f"{queued}-1", "reevaluate-x", "notes")
+    }
     for path in folders.values():
         path.mkdir(parents=True)
-    starter = subprocess.Popen([sys.executable, "-c", HUNG_STARTER, str(settings.sandbox_dir),
-                                str(folders[f"{starting}-1"]), f"{starting}:1"],
-                               stdout=subprocess.PIPE, text=True)
+    starter = subprocess.Popen(
+        [sys.executable, "-c", HUNG_STARTER, str(settings.sandbox_dir), str(folders[f"{starting}-1"]), f"{starting}:1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert starter.stdout.readline().strip() == "launched"
     [intent] = read_handles(settings.sandbox_dir)
     launcher = intent["pid"]
-    tree = wait_for(lambda: len(t := [launcher, *descendants(launcher)]) >= 3 and t, 10,
-                    "bwrap's namespace")
+    tree = wait_for(lambda: len(t := [launcher, *descendants(launcher)]) >= 3 and t, 10, "bwrap's namespace")
     starts = {pid: start_time(pid) for pid in tree}
     reaper = Reaper(settings, celery=None)
     # the attempt is live and its starter too: the start is left alone

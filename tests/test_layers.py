@@ -10,6 +10,7 @@ may run all three. Function-level imports count: a lazy import is still a depend
 Inside the gateway the service modules never import the HTTP layer (`app/api/`), and one
 blueprint never imports another. Over the whole tree there is no import circle between modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,8 +29,15 @@ ALLOWED = {
     "raas_client": set(),
     "agents": {"core", "sandbox", "raas_client"},  # the rollout record is the wire's type
     "tasks": {"core", "agents", "sandbox", "raas_client"},
-    "app": {"core", "tasks", "agents", "sandbox", "migrations", "raas_client",
-            "fakellm"},  # the CLI runs them (`raas llm-sim` starts the fake server)
+    "app": {
+        "core",
+        "tasks",
+        "agents",
+        "sandbox",
+        "migrations",
+        "raas_client",
+        "fakellm",
+    },  # the CLI runs them (`raas llm-sim` starts the fake server)
     "migrations": {"core"},
     # The fake inference server: a process of its own, reached over HTTP; only the CLI starts it.
     "fakellm": {"core"},
@@ -130,8 +138,7 @@ def gateway_violations() -> list[str]:
                 continue
             if not in_http:
                 bad.append(f"service {module} -> HTTP layer {target}")
-            elif is_blueprint(target) and (is_blueprint(module) or
-                                           package_of(target) != package_of(module)):
+            elif is_blueprint(target) and (is_blueprint(module) or package_of(target) != package_of(module)):
                 bad.append(f"{module} -> blueprint {target}")
     return bad
 
@@ -172,8 +179,15 @@ def circles() -> list[list[str]]:
 
 
 def test_the_scan_sees_the_tree():
-    assert {"core.errors", "app.factory", "tasks.stages", "agents.loop", "sandbox.client",
-            "raas_client.sdk", "migrations.env"} <= set(MODULES)
+    assert {
+        "core.errors",
+        "app.factory",
+        "tasks.stages",
+        "agents.loop",
+        "sandbox.client",
+        "raas_client.sdk",
+        "migrations.env",
+    } <= set(MODULES)
     assert "core.db" in GRAPH["tasks.lifecycle"]  # a known edge is found
 
 
@@ -187,20 +201,24 @@ def test_services_do_not_import_http_and_blueprints_not_each_other():
 
 def test_agents_never_touch_the_database():
     """The agent loop, handlers and LLM layer see the pool interface, never a session."""
-    assert [f"{m} -> core.db" for m, targets in sorted(GRAPH.items())
-            if top(m) == "agents" and "core.db" in targets] == []
+    assert [
+        f"{m} -> core.db" for m, targets in sorted(GRAPH.items()) if top(m) == "agents" and "core.db" in targets
+    ] == []
 
 
 def test_no_import_circle():
     assert circles() == []
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import tasks.stages\n", ["sandbox.fake -> tasks.stages"]),
-    ("def f():\n    from app.jobs import create_job\n", ["sandbox.fake -> app.jobs"]),
-    ("from core import errors\n", ["sandbox.fake -> core.errors"]),
-    ("from sandbox import client\n", []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import tasks.stages\n", ["sandbox.fake -> tasks.stages"]),
+        ("def f():\n    from app.jobs import create_job\n", ["sandbox.fake -> app.jobs"]),
+        ("from core import errors\n", ["sandbox.fake -> core.errors"]),
+        ("from sandbox import client\n", []),
+    ],
+)
 def test_the_rule_catches_an_upward_import(tmp_path, source, expected):
     path = tmp_path / "fake.py"
     path.write_text(source)
@@ -221,5 +239,6 @@ def test_a_circle_is_caught():
 
 def test_only_the_cli_starts_the_fake_llm():
     """The fake inference server is a process of its own: the product reaches it over HTTP."""
-    assert sorted(m for m, targets in GRAPH.items()
-                  if top(m) != "fakellm" and any(top(t) == "fakellm" for t in targets)) == ["app.cli"]
+    assert sorted(
+        m for m, targets in GRAPH.items() if top(m) != "fakellm" and any(top(t) == "fakellm" for t in targets)
+    ) == ["app.cli"]

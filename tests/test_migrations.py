@@ -1,4 +1,5 @@
 """Migrations build the schema from empty on SQLite and PostgreSQL, and go back down."""
+
 from __future__ import annotations
 
 import sqlalchemy as sa

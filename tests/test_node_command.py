@@ -1,6 +1,7 @@
 """`raas node` (issue 26.2, 27): one supervised unit per node, a bounded drain on SIGTERM that
 hands back what it holds, and a node whose EVAL pool is gone takes no INIT work. Real
 `raas node` processes, real Celery pools, real Redis and PostgreSQL."""
+
 from __future__ import annotations
 
 import os
@@ -25,15 +26,20 @@ SOFT = 4.0  # RAAS_SOFT_SHUTDOWN_TIMEOUT of the drained node
 def _node(svc, name: str, *args: str, **env: object) -> subprocess.Popen:
     """`raas node NAME ...` with the service's settings, logging to logs/node-NAME.log."""
     log = open(svc.logs / f"node-{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "node", "--node", name, *args],
-                            env={**svc.env, **_as_env(env)}, cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "node", "--node", name, *args],
+        env={**svc.env, **_as_env(env)},
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _consumers(db: str, node: str) -> dict[str, int]:
     with session_scope(db) as s:
-        return dict(s.execute(sa.select(QueueConsumer.queue, QueueConsumer.pid)
-                              .where(QueueConsumer.node == node)).all())
+        return dict(
+            s.execute(sa.select(QueueConsumer.queue, QueueConsumer.pid).where(QueueConsumer.node == node)).all()
+        )
 
 
 def _rows(db: str, job_id: str) -> list[Rollout]:
@@ -44,13 +50,19 @@ def _rows(db: str, job_id: str) -> list[Rollout]:
 
 
 def _service(tmp_path, pg_url, redis_prefix, **extra):
-    return start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                         nodes=("n1",), stages=(), reaper=False,
-                         extra={"node_timeout": 6.0, **extra})
+    return start_service(
+        tmp_path,
+        db_url=pg_url,
+        broker_url=REDIS_URL,
+        key_prefix=redis_prefix,
+        nodes=("n1",),
+        stages=(),
+        reaper=False,
+        extra={"node_timeout": 6.0, **extra},
+    )
 
 
-def test_sigterm_mid_run_drains_within_the_timeout_and_hands_back(tmp_path, pg_url,
-                                                                   redis_prefix):
+def test_sigterm_mid_run_drains_within_the_timeout_and_hands_back(tmp_path, pg_url, redis_prefix):
     """SIGTERM to n1's node command while it holds RUNs that cannot finish in time, RUNs that
     finish during the drain, and EVALs still grading at the deadline: it exits 0 within the
     timeout + a few seconds; the long RUNs restart from INIT on n2 at once (no lease
@@ -58,18 +70,23 @@ def test_sigterm_mid_run_drains_within_the_timeout_and_hands_back(tmp_path, pg_u
     nothing lost or duplicated."""
     svc = _service(tmp_path, pg_url, redis_prefix)
     db = svc.settings.db_url
-    n1 = _node(svc, "n1", "--init", "2", "--run", "4", "--eval", "1",
-               soft_shutdown_timeout=SOFT)
+    n1 = _node(svc, "n1", "--init", "2", "--run", "4", "--eval", "1", soft_shutdown_timeout=SOFT)
     # n2 takes no INIT work before n1 drains (its INIT pool starts after the signal)
     n2 = _node(svc, "n2", "--init", "0", "--run", "4", "--eval", "2", "--no-reaper")
     try:
         wait_for(lambda: len(_consumers(db, "n1")) == 3, timeout=60, what="n1's three pools")
         wait_for(lambda: len(_consumers(db, "n2")) == 2, timeout=60, what="n2's RUN and EVAL")
         # finishes RUN ~2 s into the drain; two EVALs of 5 s: one runs past the deadline
-        short = svc.client.submit("test-sleepy", [{"instance_id": f"s{k}"} for k in range(2)],
-                                  agent_config={"run_s": 3, "turns": 3, "eval_s": 5})
-        long = svc.client.submit("test-sleepy", [{"instance_id": f"l{k}"} for k in range(2)],
-                                 agent_config={"run_s": 60, "turns": 6, "retry_run_s": 1})
+        short = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": f"s{k}"} for k in range(2)],
+            agent_config={"run_s": 3, "turns": 3, "eval_s": 5},
+        )
+        long = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": f"l{k}"} for k in range(2)],
+            agent_config={"run_s": 60, "turns": 6, "retry_run_s": 1},
+        )
 
         def all_in_run() -> bool:
             rows = _rows(db, short["job_id"]) + _rows(db, long["job_id"])
@@ -85,9 +102,11 @@ def test_sigterm_mid_run_drains_within_the_timeout_and_hands_back(tmp_path, pg_u
         assert code == 0, svc.log_tail()
         assert took < SOFT + 8, took
         # what n1 held is not waiting for a lease timeout: nothing is leased by n1 any more
-        left = [r for r in _rows(db, short["job_id"]) + _rows(db, long["job_id"])
-                if (r.lease_owner or "").startswith("n1/") or
-                (r.node == "n1" and r.finished_at is None)]
+        left = [
+            r
+            for r in _rows(db, short["job_id"]) + _rows(db, long["job_id"])
+            if (r.lease_owner or "").startswith("n1/") or (r.node == "n1" and r.finished_at is None)
+        ]
         assert left == [], [(r.id, r.status, r.node, r.lease_owner) for r in left]
         assert not _consumers(db, "n1")
         for job, n in ((short, 2), (long, 2)):
@@ -127,13 +146,16 @@ def test_a_node_whose_eval_pool_died_takes_no_init_work(tmp_path, pg_url, redis_
             for stage in ("init", "run", "eval"):
                 svc.start_worker(stage, node, 2)
         for node in ("n1", "n2"):
-            wait_for(lambda n=node: len(_consumers(db, n)) == 3, timeout=60,
-                     what=f"{node}'s pools")
+            wait_for(lambda n=node: len(_consumers(db, n)) == 3, timeout=60, what=f"{node}'s pools")
         svc.kill_worker("eval", "n1")
-        wait_for(lambda: "INIT takes no new work" in (svc.logs / "init-n1.log").read_text(),
-                 timeout=30, what="n1's INIT gate to close")
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)],
-                                agent_config={"run_s": 0.5, "turns": 2})
+        wait_for(
+            lambda: "INIT takes no new work" in (svc.logs / "init-n1.log").read_text(),
+            timeout=30,
+            what="n1's INIT gate to close",
+        )
+        job = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)], agent_config={"run_s": 0.5, "turns": 2}
+        )
         done = svc.wait_done(job["job_id"], timeout=120)
         assert done["outcomes"] == {"completed": 6}, done
         results = svc.all_results(job["job_id"])
@@ -160,18 +182,20 @@ def test_a_dead_pool_is_restarted_and_pools_die_with_the_node(tmp_path, pg_url, 
     db = svc.settings.db_url
     node = _node(svc, "n1", "--init", "1", "--run", "1", "--eval", "1", "--no-reaper")
     try:
-        pids = wait_for(lambda: len(_consumers(db, "n1")) == 3 and _consumers(db, "n1"),
-                        timeout=60, what="n1's pools")
+        pids = wait_for(lambda: len(_consumers(db, "n1")) == 3 and _consumers(db, "n1"), timeout=60, what="n1's pools")
         os.kill(pids["eval.n1"], signal.SIGKILL)
-        new = wait_for(lambda: _consumers(db, "n1").get("eval.n1") not in (None,
-                                                                           pids["eval.n1"])
-                       and _consumers(db, "n1"), timeout=60, what="a new EVAL pool")
+        new = wait_for(
+            lambda: _consumers(db, "n1").get("eval.n1") not in (None, pids["eval.n1"]) and _consumers(db, "n1"),
+            timeout=60,
+            what="a new EVAL pool",
+        )
         log = (svc.logs / "node-n1.log").read_text()
         assert f"EVAL pool (pid {pids['eval.n1']}) exited with signal SIGKILL" in log
         node.kill()  # no drain, no hand-back: the pools must not outlive it
         node.wait(10)
-        wait_for(lambda: all(_gone(pid) for pid in new.values()), timeout=30,
-                 what="the pools to die with their node command")
+        wait_for(
+            lambda: all(_gone(pid) for pid in new.values()), timeout=30, what="the pools to die with their node command"
+        )
     finally:
         if node.poll() is None:
             node.kill()
@@ -188,8 +212,11 @@ def test_a_node_on_the_embedded_default_starts_its_broker_and_works(tmp_path):
     embedded_redis.stop(svc.settings)  # the node must start it itself
     node = _node(svc, "n1", "--init", "1", "--run", "1", "--eval", "1")
     try:
-        wait_for(lambda: embedded_redis.answers(embedded_redis_socket(tmp_path)), timeout=60,
-                 what="the node's embedded Redis")
+        wait_for(
+            lambda: embedded_redis.answers(embedded_redis_socket(tmp_path)),
+            timeout=60,
+            what="the node's embedded Redis",
+        )
         job = svc.client.submit("test-sleepy", [{"instance_id": f"e{k}"} for k in range(3)])
         done = svc.wait_done(job["job_id"], timeout=120)
         assert done["outcomes"] == {"completed": 3}, done

@@ -1,6 +1,7 @@
 """Node liveness, queue consumers, racing reapers and workers that survive the broker, with
 real worker processes, real Redis and PostgreSQL (issue 15: node loss, one reaper per row,
 a consumer that dies ends its process non-zero)."""
+
 from __future__ import annotations
 
 import shutil
@@ -35,8 +36,7 @@ def queue_depth(prefix: str, queue: str) -> int:
     (tasks.config.PRIORITY_STEPS), so count them all."""
     client = redis.Redis.from_url(REDIS_URL)
     try:
-        return sum(client.llen(f"{prefix}{queue}{sep}")
-                   for sep in ["", *(f"\x06\x16{p}" for p in range(1, 10))])
+        return sum(client.llen(f"{prefix}{queue}{sep}") for sep in ["", *(f"\x06\x16{p}" for p in range(1, 10))])
     finally:
         client.close()
 
@@ -54,15 +54,24 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
     """n1's pools and reaper die for good with rollouts queued for run.n1 (issue: 4 stayed
     `run`, attempt 1, forever): they restart from INIT on n2 and the job finishes there."""
     t0 = time.monotonic()
-    svc = start_service(tmp_path, nodes=("n1",), reaper="per_node",
-                        concurrency={"init": 4, "run": 1, "eval": 2},
-                        extra={"node_timeout": 3.0}, **redis_pg)
+    svc = start_service(
+        tmp_path,
+        nodes=("n1",),
+        reaper="per_node",
+        concurrency={"init": 4, "run": 1, "eval": 2},
+        extra={"node_timeout": 3.0},
+        **redis_pg,
+    )
     db = svc.settings.db_url
     try:
         for stage in ("run", "eval"):  # n2 takes no INIT work until n1 is gone
             svc.start_worker(stage, "n2")
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)],
-                                n_samples=2, agent_config={"run_s": 3, "turns": 3})
+        job = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": f"i{k}"} for k in range(3)],
+            n_samples=2,
+            agent_config={"run_s": 3, "turns": 3},
+        )
 
         def queued_on_n1():
             rows = _rows(db, job["job_id"])
@@ -92,14 +101,18 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
             assert where["init"]["node"] == where["run"]["node"] == where["eval"]["node"] == "n2"
             [earlier] = svc.client.rollout(rid)["earlier_attempts"]
             # its pool's consumer row and its node's row went stale together: either says so
-            assert ("node n1 stopped beating" in earlier["error"]
-                    or "queue run.n1 has no live consumer" in earlier["error"]), earlier
+            assert (
+                "node n1 stopped beating" in earlier["error"] or "queue run.n1 has no live consumer" in earlier["error"]
+            ), earlier
         with session_scope(db) as s:
-            samples = dict(s.execute(sa.select(Rollout.id, Rollout.sample_index).where(
-                Rollout.job_id == job["job_id"])).all())
+            samples = dict(
+                s.execute(sa.select(Rollout.id, Rollout.sample_index).where(Rollout.job_id == job["job_id"])).all()
+            )
         assert all(r["reward"] == float(samples[r["rollout_id"]] % 2) for r in results)
-        print(f"\nnode loss: {len(queued)} stranded rollouts finished on n2 "
-              f"{elapsed:.1f} s after n1 died (test {time.monotonic() - t0:.1f} s so far)")
+        print(
+            f"\nnode loss: {len(queued)} stranded rollouts finished on n2 "
+            f"{elapsed:.1f} s after n1 died (test {time.monotonic() - t0:.1f} s so far)"
+        )
     finally:
         svc.stop()
 
@@ -108,16 +121,20 @@ def test_a_consumer_that_dies_restarts_in_process(tmp_path, redis_prefix):
     """An error that ends Celery's consumer (issue 26: kombu's AttributeError on an ack
     during a Redis restart ended the EVAL pool for good) restarts the consumer in the same
     process: the pool never exits, keeps its consumer row, and takes the next job."""
-    svc = start_service(tmp_path, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        reaper=False, handler_modules="tests.consumer_crash")
+    svc = start_service(
+        tmp_path, broker_url=REDIS_URL, key_prefix=redis_prefix, reaper=False, handler_modules="tests.consumer_crash"
+    )
     try:
         proc = svc.workers[("init", "node-a")]
         db = svc.settings.db_url
         for queue in ("init", "run.node-a", "eval.node-a"):
             _wait_for(lambda q=queue: _consumers(db, q), what=f"{queue}'s consumer row")
         crash = svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
-        _wait_for(lambda: "restarting it in this process" in svc.log_tail(200), timeout=60,
-                  what="the consumer's in-process restart")
+        _wait_for(
+            lambda: "restarting it in this process" in svc.log_tail(200),
+            timeout=60,
+            what="the consumer's in-process restart",
+        )
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])
         done = svc.wait_done(job["job_id"], timeout=90)
         assert done["outcomes"] == {"completed": 3}, done
@@ -153,15 +170,21 @@ def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, ca
     assert message is not None
     channel._disconnect_pools()  # what losing the broker does to the consumer's connection
     conn._do_close_transport()
-    plain = {"ack": lambda: message.channel.basic_ack(message.delivery_tag),
-             "reject": lambda: message.channel.basic_reject(message.delivery_tag, False),
-             "requeue": lambda: message.channel.basic_reject(message.delivery_tag, True)}
+    plain = {
+        "ack": lambda: message.channel.basic_ack(message.delivery_tag),
+        "reject": lambda: message.channel.basic_reject(message.delivery_tag, False),
+        "requeue": lambda: message.channel.basic_reject(message.delivery_tag, True),
+    }
     with pytest.raises(AttributeError, match="hostname"):
         plain[how]()  # plain kombu: the crash
-    request = StageRequest(message, on_ack=message.ack_log_error,
-                           on_reject=message.reject_log_error, app=app,
-                           task=app.tasks["raas.eval"],
-                           connection_errors=tuple(conn.connection_errors))
+    request = StageRequest(
+        message,
+        on_ack=message.ack_log_error,
+        on_reject=message.reject_log_error,
+        app=app,
+        task=app.tasks["raas.eval"],
+        connection_errors=tuple(conn.connection_errors),
+    )
     if how == "ack":
         request.acknowledge()  # logged, not raised
     else:
@@ -173,10 +196,16 @@ def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, ca
 
 # -- the reaper's rules, two reapers racing on real PostgreSQL -----------------------------
 
+
 def _reaper_settings(tmp_path, pg_url, prefix, node, **extra):
-    return Settings(home=tmp_path, database_url=pg_url, broker_url=REDIS_URL,
-                    broker_key_prefix=prefix, node=node,
-                    **{**FAST_RELIABILITY, "node_timeout": 3.0, **extra})
+    return Settings(
+        home=tmp_path,
+        database_url=pg_url,
+        broker_url=REDIS_URL,
+        broker_key_prefix=prefix,
+        node=node,
+        **{**FAST_RELIABILITY, "node_timeout": 3.0, **extra},
+    )
 
 
 def _seed(db_url: str, n: int) -> dict[str, list[str]]:
@@ -188,20 +217,32 @@ def _seed(db_url: str, n: int) -> dict[str, list[str]]:
         job = Job(agent="test-sleepy", n_instances=4 * n)
         s.add(job)
         s.flush()
-        s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow()),
-                   QueueConsumer(id="c-run", node="live", queue="run.live", pid=1),
-                   QueueConsumer(id="c-old", node="live", queue="eval.live", pid=2,
-                                 beat_at=old),
-                   Node(name="other", beat_at=utcnow()),
-                   QueueConsumer(id="c-eval", node="other", queue="eval.other", pid=3)])
-        for kind, status, node, lease in (("dead", "run", "dead", None),
-                                          ("deserted", "eval", "live", None),
-                                          ("lost", "run", "live", "live/1/x"),
-                                          ("stale", "run", "live", None)):
+        s.add_all(
+            [
+                Node(name="dead", beat_at=old),
+                Node(name="live", beat_at=utcnow()),
+                QueueConsumer(id="c-run", node="live", queue="run.live", pid=1),
+                QueueConsumer(id="c-old", node="live", queue="eval.live", pid=2, beat_at=old),
+                Node(name="other", beat_at=utcnow()),
+                QueueConsumer(id="c-eval", node="other", queue="eval.other", pid=3),
+            ]
+        )
+        for kind, status, node, lease in (
+            ("dead", "run", "dead", None),
+            ("deserted", "eval", "live", None),
+            ("lost", "run", "live", "live/1/x"),
+            ("stale", "run", "live", None),
+        ):
             for k in range(n):
-                r = Rollout(job_id=job.id, instance_id=f"{kind}{k}", status=status, node=node,
-                            lease_owner=lease and f"{lease}{k}", heartbeat_at=old,
-                            queued_at=old)
+                r = Rollout(
+                    job_id=job.id,
+                    instance_id=f"{kind}{k}",
+                    status=status,
+                    node=node,
+                    lease_owner=lease and f"{lease}{k}",
+                    heartbeat_at=old,
+                    queued_at=old,
+                )
                 s.add(r)
                 s.flush()
                 kinds[kind].append(r.id)
@@ -218,9 +259,13 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
     upgrade(pg_url)
     n = 8
     kinds = _seed(pg_url, n)
-    reapers = [Reaper(s, make_celery(s)) for s in (
-        _reaper_settings(tmp_path, pg_url, redis_prefix, "live"),
-        _reaper_settings(tmp_path, pg_url, redis_prefix, "other"))]
+    reapers = [
+        Reaper(s, make_celery(s))
+        for s in (
+            _reaper_settings(tmp_path, pg_url, redis_prefix, "live"),
+            _reaper_settings(tmp_path, pg_url, redis_prefix, "other"),
+        )
+    ]
     barrier = threading.Barrier(2, timeout=10)
     waited = threading.local()
 
@@ -230,6 +275,7 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
                 setattr(waited, fn.__name__, True)
                 barrier.wait()
             return fn(*args, **kwargs)
+
         return wrapped
 
     monkeypatch.setattr(lifecycle, "retry", rendezvous(lifecycle.retry))
@@ -237,8 +283,13 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
     counts: list[dict[str, int]] = []
 
     def one_pass(reaper):
-        counts.append({"abandoned": reaper.reroute_abandoned(), "lost": reaper.reclaim_lost(),
-                       "requeued": reaper.republish_stale()})
+        counts.append(
+            {
+                "abandoned": reaper.reroute_abandoned(),
+                "lost": reaper.reclaim_lost(),
+                "requeued": reaper.republish_stale(),
+            }
+        )
 
     threads = [threading.Thread(target=one_pass, args=(r,)) for r in reapers]
     for t in threads:
@@ -275,10 +326,13 @@ def test_embedded_single_node_is_never_judged_dead_by_itself(tmp_path):
         job = Job(agent="test-sleepy", n_instances=1)
         s.add(job)
         s.flush()
-        s.add_all([Node(name="solo", beat_at=old),
-                   QueueConsumer(id="c1", node="solo", queue="run.solo", pid=1),
-                   Rollout(job_id=job.id, instance_id="a", status="run", node="solo",
-                           queued_at=old)])
+        s.add_all(
+            [
+                Node(name="solo", beat_at=old),
+                QueueConsumer(id="c1", node="solo", queue="run.solo", pid=1),
+                Rollout(job_id=job.id, instance_id="a", status="run", node="solo", queued_at=old),
+            ]
+        )
     reaper = Reaper(settings, celery=None)
     reaper.start_up()
     assert reaper.reroute_abandoned() == 0
@@ -309,8 +363,7 @@ def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
     _, handle = sandboxes.start(settings, {}, rid, 1, "bwrap")  # attempt 1's, on n1
     labels = lambda: {h.get("label") for h in list_sandboxes(settings.sandbox_dir)}  # noqa: E731
     assert f"{rid}:1" in labels()
-    svc = start_service(tmp_path, nodes=("n1",), stages=("eval",), reaper=False,
-                        extra={"sandbox_dir": sandbox_dir})
+    svc = start_service(tmp_path, nodes=("n1",), stages=("eval",), reaper=False, extra={"sandbox_dir": sandbox_dir})
     try:
         _wait_for(lambda: _consumers(settings.db_url, "eval.n1"), what="eval.n1's consumer")
         assert f"{rid}:1" not in labels()
@@ -353,9 +406,15 @@ def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_pat
         job = Job(agent="test-sleepy", n_instances=2)
         s.add(job)
         s.flush()
-        s.add_all([Node(name="n1", beat_at=old),
-                   *[Rollout(job_id=job.id, instance_id=f"i{k}", status="run", node="n1",
-                             queued_at=old) for k in range(2)]])
+        s.add_all(
+            [
+                Node(name="n1", beat_at=old),
+                *[
+                    Rollout(job_id=job.id, instance_id=f"i{k}", status="run", node="n1", queued_at=old)
+                    for k in range(2)
+                ],
+            ]
+        )
     reaper = Reaper(settings, make_celery(settings))
 
     def passes(seconds: float) -> int:
@@ -373,8 +432,7 @@ def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_pat
         assert set(s.scalars(sa.select(Rollout.attempt))) == {2}
 
 
-def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_path, pg_url,
-                                                                            redis_prefix):
+def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_path, pg_url, redis_prefix):
     """Issue 26.4/27: a dead node held rollouts waiting for EVAL and one in EVAL (leased by
     its dead worker), with artifacts stored. The live node's reaper moves them to its EVAL
     queue in the same attempt (no restart from INIT); a rollout that never finished RUN
@@ -389,13 +447,30 @@ def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_p
         s.add(job)
         s.flush()
         s.add_all([Node(name="dead", beat_at=old), Node(name="live", beat_at=utcnow())])
-        rows = {"queued": Rollout(job_id=job.id, instance_id="q", status="eval", node="dead",
-                                  queued_at=old, artifact={"answer": "1"}),
-                "leased": Rollout(job_id=job.id, instance_id="l", status="eval", node="dead",
-                                  lease_owner="dead/1/x", heartbeat_at=old, queued_at=old,
-                                  artifact={"answer": "2"}),
-                "running": Rollout(job_id=job.id, instance_id="r", status="run", node="dead",
-                                   lease_owner="dead/1/y", heartbeat_at=old, queued_at=old)}
+        rows = {
+            "queued": Rollout(
+                job_id=job.id, instance_id="q", status="eval", node="dead", queued_at=old, artifact={"answer": "1"}
+            ),
+            "leased": Rollout(
+                job_id=job.id,
+                instance_id="l",
+                status="eval",
+                node="dead",
+                lease_owner="dead/1/x",
+                heartbeat_at=old,
+                queued_at=old,
+                artifact={"answer": "2"},
+            ),
+            "running": Rollout(
+                job_id=job.id,
+                instance_id="r",
+                status="run",
+                node="dead",
+                lease_owner="dead/1/y",
+                heartbeat_at=old,
+                queued_at=old,
+            ),
+        }
         s.add_all(rows.values())
         s.flush()
         ids = {k: r.id for k, r in rows.items()}
@@ -412,7 +487,10 @@ def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_p
     with session_scope(pg_url) as s:
         s.add(QueueConsumer(id="c-eval", node="live", queue="eval.live", pid=3))
     assert reaper.reroute_abandoned() == 2
-    assert state() | {"running": None} == {"queued": ("eval", "live", 1),
-                                           "leased": ("eval", "live", 1), "running": None}
+    assert state() | {"running": None} == {
+        "queued": ("eval", "live", 1),
+        "leased": ("eval", "live", 1),
+        "running": None,
+    }
     assert queue_depth(redis_prefix, "eval.live") == 2  # one EVAL message each
     assert queue_depth(redis_prefix, "init") == 1  # the unfinished RUN only

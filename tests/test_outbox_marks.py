@@ -1,5 +1,6 @@
 """Hand-on marks cleared in batches off the stage's thread (`tasks.outbox_marks`): each clear
 is fenced on the exact mark it is for, on SQLite and PostgreSQL."""
+
 from __future__ import annotations
 
 from core.db import session_scope
@@ -15,8 +16,9 @@ def _leased(db_url: str, n: int) -> list[str]:
         s.add(job)
         s.flush()
         ids = [f"r{k}" for k in range(n)]
-        s.add_all([Rollout(id=rid, job_id=job.id, instance_id=rid, status="init",
-                           lease_owner=f"L-{rid}") for rid in ids])
+        s.add_all(
+            [Rollout(id=rid, job_id=job.id, instance_id=rid, status="init", lease_owner=f"L-{rid}") for rid in ids]
+        )
     return ids
 
 

@@ -1,4 +1,5 @@
 """The whole pipeline with real Celery worker processes, on both backends."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,12 @@ def service(request, tmp_path):
     else:
         from tests.conftest import REDIS_URL
 
-        svc = start_service(tmp_path, db_url=request.getfixturevalue("pg_url"),
-                            broker_url=REDIS_URL,
-                            key_prefix=request.getfixturevalue("redis_prefix"))
+        svc = start_service(
+            tmp_path,
+            db_url=request.getfixturevalue("pg_url"),
+            broker_url=REDIS_URL,
+            key_prefix=request.getfixturevalue("redis_prefix"),
+        )
     yield svc
     svc.stop()
 
@@ -28,8 +32,7 @@ def instances(n: int) -> list[dict]:
 
 
 def test_batch_runs_every_rollout_to_done_with_groups(service) -> None:
-    accepted = service.client.submit("test-sleepy", instances(5), n_samples=3,
-                                     agent_config={"turns": 2})
+    accepted = service.client.submit("test-sleepy", instances(5), n_samples=3, agent_config={"turns": 2})
     assert len(accepted["rollout_ids"]) == 15
     job = service.wait_done(accepted["job_id"])
     assert job["counts"] == {"done": 15} and job["outcomes"] == {"completed": 15}
@@ -55,8 +58,9 @@ def test_sqlite_takes_concurrent_writers_without_locking_errors(tmp_path):
     """Gateway, three pools of 4 threads and the reaper all write one SQLite file at once."""
     svc = start_service(tmp_path, concurrency=4)
     try:
-        jobs = [svc.client.submit("test-sleepy", instances(50), n_samples=2,
-                                  agent_config={"turns": 3}) for _ in range(2)]
+        jobs = [
+            svc.client.submit("test-sleepy", instances(50), n_samples=2, agent_config={"turns": 3}) for _ in range(2)
+        ]
         for job in jobs:
             assert svc.wait_done(job["job_id"], timeout=120)["counts"] == {"done": 100}
         logs = svc.log_tail(lines=100_000)

@@ -1,5 +1,6 @@
 """Failure handling with real worker processes: killed workers, two nodes, cancel, retries,
 deadlines, lost broker messages."""
+
 from __future__ import annotations
 
 import time
@@ -31,15 +32,13 @@ def test_sigkill_run_worker_mid_rollout_finishes_exactly_once(backend, tmp_path,
     kwargs = request.getfixturevalue("redis_pg") if backend != "embedded" else {}
     svc = start_service(tmp_path, **kwargs)
     try:
-        job = svc.client.submit("test-sleepy", [{"instance_id": "a"}],
-                                agent_config={"run_s": 6, "turns": 6})
+        job = svc.client.submit("test-sleepy", [{"instance_id": "a"}], agent_config={"run_s": 6, "turns": 6})
         rid = job["rollout_ids"][0]
 
         def running_with_turns():
             with session_scope(svc.settings.db_url) as s:
                 r = s.get(Rollout, rid)
-                n = s.scalar(sa.select(sa.func.count()).select_from(Turn)
-                             .where(Turn.rollout_id == rid))
+                n = s.scalar(sa.select(sa.func.count()).select_from(Turn).where(Turn.rollout_id == rid))
                 return r.status == "run" and r.lease_owner and n >= 1
 
         wait_for(running_with_turns, what="rollout mid-RUN")
@@ -68,8 +67,9 @@ def test_sigkill_run_worker_mid_rollout_finishes_exactly_once(backend, tmp_path,
 def test_two_nodes_run_and_eval_stay_on_the_init_node(tmp_path, redis_pg):
     svc = start_service(tmp_path, nodes=("node-a", "node-b"), **redis_pg)
     try:
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(12)],
-                                agent_config={"init_s": 0.2, "run_s": 0.1})
+        job = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(12)], agent_config={"init_s": 0.2, "run_s": 0.1}
+        )
         svc.wait_done(job["job_id"], timeout=60)
         results = svc.all_results(job["job_id"])
         inits = set()
@@ -86,10 +86,13 @@ def test_two_nodes_run_and_eval_stay_on_the_init_node(tmp_path, redis_pg):
 def test_cancel_stops_queued_and_running_rollouts(tmp_path):
     svc = start_service(tmp_path, concurrency=2)
     try:
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(8)],
-                                agent_config={"run_s": 20, "turns": 40})
-        wait_for(lambda: any(r.status == "run" and r.lease_owner
-                             for r in _rows(svc, job["job_id"])), what="a running rollout")
+        job = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(8)], agent_config={"run_s": 20, "turns": 40}
+        )
+        wait_for(
+            lambda: any(r.status == "run" and r.lease_owner for r in _rows(svc, job["job_id"])),
+            what="a running rollout",
+        )
         view = svc.client.cancel(job["job_id"])
         assert view["status"] in ("cancelling", "cancelled")
         done = svc.wait_done(job["job_id"], timeout=30)
@@ -104,17 +107,14 @@ def test_cancel_stops_queued_and_running_rollouts(tmp_path):
 def test_infra_failures_retry_then_give_up(tmp_path):
     svc = start_service(tmp_path, extra={"max_attempts": 3})
     try:
-        ok = svc.client.submit("test-sleepy", [{"instance_id": "x"}],
-                               agent_config={"fail_init_attempts": 2})
-        bad = svc.client.submit("test-sleepy", [{"instance_id": "y"}],
-                                agent_config={"fail_init_attempts": 5})
+        ok = svc.client.submit("test-sleepy", [{"instance_id": "x"}], agent_config={"fail_init_attempts": 2})
+        bad = svc.client.submit("test-sleepy", [{"instance_id": "y"}], agent_config={"fail_init_attempts": 5})
         svc.wait_done(ok["job_id"])
         svc.wait_done(bad["job_id"])
         [r_ok] = svc.all_results(ok["job_id"])
         [r_bad] = svc.all_results(bad["job_id"])
         assert (r_ok["status"], r_ok["outcome"], r_ok["attempt"]) == ("done", "completed", 3)
-        assert (r_bad["status"], r_bad["outcome"], r_bad["attempt"]) == \
-            ("failed", "infra_error", 3)
+        assert (r_bad["status"], r_bad["outcome"], r_bad["attempt"]) == ("failed", "infra_error", 3)
         assert "injected INIT failure" in r_bad["error"] and r_bad["reward"] is None
         # Completed: no error text from the failed attempts; their errors stay in the history.
         assert r_ok["error"] is None
@@ -130,12 +130,18 @@ def test_stage_deadline_counts_only_running_time(tmp_path):
     try:
         # 6 rollouts of ~1 s on one RUN slot: the last waits >= 5 s in the queue, more than
         # its 4 s limit, yet none times out (4x headroom on the work itself for a busy machine)
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"q{k}"} for k in range(6)],
-                                agent_config={"run_s": 1.0, "turns": 4},
-                                limits={"run_timeout": 4.0})
-        late = svc.client.submit("test-sleepy", [{"instance_id": "slow"}],
-                                 agent_config={"run_s": 20.0, "turns": 40},
-                                 limits={"run_timeout": 1.0})
+        job = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": f"q{k}"} for k in range(6)],
+            agent_config={"run_s": 1.0, "turns": 4},
+            limits={"run_timeout": 4.0},
+        )
+        late = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": "slow"}],
+            agent_config={"run_s": 20.0, "turns": 40},
+            limits={"run_timeout": 1.0},
+        )
         assert svc.wait_done(job["job_id"], 90)["outcomes"] == {"completed": 6}
         svc.wait_done(late["job_id"], 90)
         [r] = svc.all_results(late["job_id"])
@@ -187,16 +193,23 @@ def test_database_connections_dropped_mid_job_lose_nothing(tmp_path, redis_pg):
 
     svc = start_service(tmp_path, **redis_pg)
     try:
-        job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)],
-                                agent_config={"run_s": 2, "turns": 4})
-        wait_for(lambda: any(r.status == "run" and r.lease_owner
-                             for r in _rows(svc, job["job_id"])), what="a running rollout")
+        job = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)], agent_config={"run_s": 2, "turns": 4}
+        )
+        wait_for(
+            lambda: any(r.status == "run" and r.lease_owner for r in _rows(svc, job["job_id"])),
+            what="a running rollout",
+        )
         dbname = sa.engine.make_url(redis_pg["db_url"]).database
         admin = _pg_admin_engine()
         with admin.connect() as conn:
-            killed = conn.execute(sa.text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = :db AND pid <> pg_backend_pid()"), {"db": dbname}).scalar()
+            killed = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = :db AND pid <> pg_backend_pid()"
+                ),
+                {"db": dbname},
+            ).scalar()
         admin.dispose()
         assert killed >= 3  # gateway + the stage pools held connections
         done = svc.wait_done(job["job_id"], timeout=120)
@@ -212,9 +225,12 @@ def test_hung_stage_past_deadline_is_timed_out_by_the_reaper(tmp_path):
     grace, and the hung thread's late writes are fenced off."""
     svc = start_service(tmp_path, concurrency=2)
     try:
-        job = svc.client.submit("test-sleepy", [{"instance_id": "stuck"}],
-                                agent_config={"run_s": 10, "turns": 0},  # one blocking sleep
-                                limits={"run_timeout": 1})
+        job = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": "stuck"}],
+            agent_config={"run_s": 10, "turns": 0},  # one blocking sleep
+            limits={"run_timeout": 1},
+        )
         done = svc.wait_done(job["job_id"], timeout=30)
         [r] = svc.all_results(job["job_id"])
         assert (r["status"], r["outcome"]) == ("failed", "timeout")

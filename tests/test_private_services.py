@@ -1,5 +1,6 @@
 """The private Redis/PostgreSQL instances the fault tests restart keep (or lose) data as
 their mode says, and come back on the same port."""
+
 from __future__ import annotations
 
 import redis

@@ -4,6 +4,7 @@ Docker cannot run on this machine, so docker-compose.dev.yml is only checked as 
 gateway is the README's gunicorn line, the node builds the handlers' sandbox environments,
 and the image has the system Python that `raas env build` makes them from.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,13 +39,18 @@ def test_readme_gunicorn_line_serves_the_api(tmp_path):
     argv = shlex.split(line.replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
     assert argv[0] == "gunicorn" and f"127.0.0.1:{port}" in argv
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    env.update(PYTHONPATH=str(REPO), RAAS_HOME=str(tmp_path / "home"),
-               RAAS_HANDLER_MODULES="tests.pipeline_handlers",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
-    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True,
-                   capture_output=True, timeout=120)
-    server = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    env.update(
+        PYTHONPATH=str(REPO),
+        RAAS_HOME=str(tmp_path / "home"),
+        RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+    )
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
+    )
+    server = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -54,8 +60,11 @@ def test_readme_gunicorn_line_serves_the_api(tmp_path):
                     break
             except httpx.TransportError:
                 time.sleep(0.3)
-        accepted = httpx.post(f"{url}/v1/jobs", timeout=30, json={
-            "agent": "test-trivial", "instances": [{"instance_id": "a", "data": {}}]})
+        accepted = httpx.post(
+            f"{url}/v1/jobs",
+            timeout=30,
+            json={"agent": "test-trivial", "instances": [{"instance_id": "a", "data": {}}]},
+        )
         assert accepted.status_code == 202, accepted.text
         job = httpx.get(f"{url}/v1/jobs/{accepted.json()['job_id']}", timeout=30).json()
         assert job["n_rollouts"] == 1
@@ -92,13 +101,19 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
     port = free_port()
     argv = shlex.split(readme_gunicorn_line().replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    env.update(PYTHONPATH=str(REPO), RAAS_HOME=str(tmp_path / "home"), RAAS_NODE="quiet",
-               RAAS_HANDLER_MODULES="tests.pipeline_handlers",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
-    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True,
-                   capture_output=True, timeout=120)
-    server = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    env.update(
+        PYTHONPATH=str(REPO),
+        RAAS_HOME=str(tmp_path / "home"),
+        RAAS_NODE="quiet",
+        RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+    )
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
+    )
+    server = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     workers: list[subprocess.Popen] = []
     try:
@@ -106,21 +121,39 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
         (tmp_path / "in.jsonl").write_text('{"instance_id": "a"}\n{"instance_id": "b"}\n')
         started = time.monotonic()
         submit = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "submit", str(tmp_path / "in.jsonl"), "--agent",
-             "test-trivial", "--wait", "--url", url], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "submit",
+                str(tmp_path / "in.jsonl"),
+                "--agent",
+                "test-trivial",
+                "--wait",
+                "--url",
+                url,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         job_id = None
         while job_id is None and time.monotonic() - started < 60:
             jobs = httpx.get(f"{url}/v1/jobs", timeout=10).json()["jobs"]
             job_id = jobs[0]["job_id"] if jobs else time.sleep(0.3)
-        poll = httpx.get(f"{url}/v1/jobs/{job_id}/results", params={"wait": 40},
-                         timeout=90)
+        poll = httpx.get(f"{url}/v1/jobs/{job_id}/results", params={"wait": 40}, timeout=90)
         assert poll.status_code == 200 and poll.json()["items"] == [], poll.text[:500]
         assert time.monotonic() - started > 35  # the poll was held, not answered early
         for stage in ("init", "run", "eval"):
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "-c", "1"],
-                env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "-c", "1"],
+                    env=env,
+                    cwd=tmp_path,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         output = submit.communicate(timeout=120)[0].decode(errors="replace")
         assert submit.returncode == 0, output[-2000:]
         assert re.search(r"completed\W+2", output), output[-2000:]

@@ -1,6 +1,7 @@
 """Push through the real pipeline: signed job callbacks (retried, outside the pipeline), the
 server-sent event stream (resumable), and job priority (a high-priority job overtakes a
 backlog) on Redis and on the embedded broker."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def service(tmp_path, pg_url, redis_prefix):
-    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        extra={"callback_interval": 0.2})
+    svc = start_service(
+        tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix, extra={"callback_interval": 0.2}
+    )
     yield svc
     svc.stop()
 
@@ -58,12 +60,17 @@ def service(tmp_path, pg_url, redis_prefix):
 def test_callbacks_are_signed_retried_and_complete(service) -> None:
     receiver = Receiver(fail_first=1)
     try:
-        job = service.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(2)],
-                                    n_samples=2, callback_url=receiver.url)
+        job = service.client.submit(
+            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(2)], n_samples=2, callback_url=receiver.url
+        )
         service.wait_done(job["job_id"])
-        delivered = wait_for(lambda: [c for c in receiver.calls if c[2] == 200]
-                             if sum(c[2] == 200 for c in receiver.calls) >= 3 else None,
-                             timeout=20, what="3 delivered callbacks")
+        delivered = wait_for(
+            lambda: (
+                [c for c in receiver.calls if c[2] == 200] if sum(c[2] == 200 for c in receiver.calls) >= 3 else None
+            ),
+            timeout=20,
+            what="3 delivered callbacks",
+        )
     finally:
         receiver.shutdown()
     secret = service.client.callback_secret()
@@ -74,32 +81,29 @@ def test_callbacks_are_signed_retried_and_complete(service) -> None:
         events.append(json.loads(body))
     assert sorted(e["event"] for e in events) == ["group", "group", "job"]
     assert {e["job_id"] for e in events} == {job["job_id"]}
-    assert sorted(e["group"]["instance_id"] for e in events if e["event"] == "group") == \
-        ["i0", "i1"]
+    assert sorted(e["group"]["instance_id"] for e in events if e["event"] == "group") == ["i0", "i1"]
     assert all(len(e["group"]["members"]) == 2 for e in events if e["event"] == "group")
     # the failed first delivery was retried under the same delivery id
     first = receiver.calls[0]
     assert first[2] == 500
-    assert [c[0]["X-Raas-Delivery"] for c in receiver.calls].count(
-        first[0]["X-Raas-Delivery"]) == 2
+    assert [c[0]["X-Raas-Delivery"] for c in receiver.calls].count(first[0]["X-Raas-Delivery"]) == 2
     # another owner's secret does not verify
     assert not verify_callback("0" * 64, delivered[0][1], delivered[0][0]["X-Raas-Signature"])
 
 
 def test_callback_urls_follow_the_operator_allowlist() -> None:
     policy = Policy(callback_urls=["https://trainer.example/hooks"])
-    check_callback_url(policy, "https://trainer.example/hooks/step", admin=False,
-                       field="callback_url")
+    check_callback_url(policy, "https://trainer.example/hooks/step", admin=False, field="callback_url")
     check_callback_url(policy, "http://10.0.0.1/x", admin=True, field="callback_url")
     with pytest.raises(InvalidRequest) as err:
-        check_callback_url(policy, "http://127.0.0.1:6379/", admin=False,
-                           field="callback_url")
+        check_callback_url(policy, "http://127.0.0.1:6379/", admin=False, field="callback_url")
     assert err.value.details["field"] == "callback_url" and "not allowed" in err.value.message
 
 
 def test_event_stream_reports_progress_and_resumes(service) -> None:
-    job = service.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)],
-                                n_samples=2, agent_config={"run_s": 0.2})
+    job = service.client.submit(
+        "test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)], n_samples=2, agent_config={"run_s": 0.2}
+    )
     events = list(service.client.events(job["job_id"], wait=30))
     kinds = [e[0] for e in events]
     assert kinds.count("rollout") == 6 and kinds.count("group") == 3 and kinds[-1] == "job"
@@ -116,16 +120,22 @@ def test_event_stream_reports_progress_and_resumes(service) -> None:
 def test_a_high_priority_job_overtakes_a_backlog(backend, tmp_path, request) -> None:
     kwargs = {}
     if backend != "embedded":
-        kwargs = {"db_url": request.getfixturevalue("pg_url"), "broker_url": REDIS_URL,
-                  "key_prefix": request.getfixturevalue("redis_prefix")}
+        kwargs = {
+            "db_url": request.getfixturevalue("pg_url"),
+            "broker_url": REDIS_URL,
+            "key_prefix": request.getfixturevalue("redis_prefix"),
+        }
     svc = start_service(tmp_path, concurrency={"init": 1, "run": 4, "eval": 4}, **kwargs)
     try:
-        backlog = svc.client.submit("test-sleepy", [{"instance_id": f"b{k}"} for k in range(30)],
-                                    agent_config={"init_s": 1.0})
-        wait_for(lambda: svc.client.job(backlog["job_id"])["finished"] >= 2, timeout=120,
-                 what="the backlog to start")  # worker start-up is slow on a loaded machine
-        urgent = svc.client.submit("test-sleepy", [{"instance_id": f"u{k}"} for k in range(3)],
-                                   agent_config={"init_s": 1.0}, priority=9)
+        backlog = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"b{k}"} for k in range(30)], agent_config={"init_s": 1.0}
+        )
+        wait_for(
+            lambda: svc.client.job(backlog["job_id"])["finished"] >= 2, timeout=120, what="the backlog to start"
+        )  # worker start-up is slow on a loaded machine
+        urgent = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"u{k}"} for k in range(3)], agent_config={"init_s": 1.0}, priority=9
+        )
         assert svc.client.job(urgent["job_id"])["priority"] == 9
         svc.wait_done(urgent["job_id"], timeout=60)
         behind = svc.client.job(backlog["job_id"])

@@ -5,6 +5,7 @@ checkout's CLI. `make up` is run as the command its Makefile recipe runs (`raas 
 `make` would (re)install the package into the shared virtualenv. The LLM is the simulator with
 its built-in demo policy (a fake model, named as such): no GPU here.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ MARKER = "<!-- tests/test_quickstart.py runs these blocks verbatim"
 def readme_blocks() -> tuple[str, str]:
     """The two bash blocks after the marker: starting the service, then using it."""
     text = (REPO / "README.md").read_text()
-    after = text[text.index(MARKER):]
+    after = text[text.index(MARKER) :]
     blocks = re.findall(r"```bash\n(.*?)```", after, re.DOTALL)
     return blocks[0], blocks[1]
 
@@ -44,15 +45,19 @@ def newcomer_env(tmp_path: Path) -> dict[str, str]:
     shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     gateway_port, sim_port = free_port(), free_port()
-    env.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO),
-               PATH=f"{bindir}{os.pathsep}{env['PATH']}", RAAS_PORT=str(gateway_port),
-               RAAS_URL=f"http://127.0.0.1:{gateway_port}", RAAS_LLM_SIM_PORT=str(sim_port))
+    env.update(
+        HOME=str(tmp_path / "home"),
+        PYTHONPATH=str(REPO),
+        PATH=f"{bindir}{os.pathsep}{env['PATH']}",
+        RAAS_PORT=str(gateway_port),
+        RAAS_URL=f"http://127.0.0.1:{gateway_port}",
+        RAAS_LLM_SIM_PORT=str(sim_port),
+    )
     return env
 
 
 def raas(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["raas", *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(["raas", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def wait_ready(url: str, up: subprocess.Popen, timeout: float = 90) -> None:
@@ -77,15 +82,22 @@ def test_readme_quick_start_on_a_fresh_home(tmp_path):
     (tmp_path / "home").mkdir()
     env = newcomer_env(tmp_path)
     home = work / ".raas"
-    up = subprocess.Popen(["raas", "up"], env=env, cwd=work, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, start_new_session=True,
-                          preexec_fn=default_sigint)
+    up = subprocess.Popen(
+        ["raas", "up"],
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=default_sigint,
+    )
     sim_pid = None
     try:
         wait_ready(env["RAAS_URL"], up)
         started = time.monotonic()
-        used = subprocess.run(["bash", "-e", "-c", use_block], env=env, cwd=work,
-                              capture_output=True, text=True, timeout=400)
+        used = subprocess.run(
+            ["bash", "-e", "-c", use_block], env=env, cwd=work, capture_output=True, text=True, timeout=400
+        )
         elapsed = time.monotonic() - started
         found = re.search(r"pid (\d+)", used.stdout)
         sim_pid = int(found.group(1)) if found else None
@@ -93,8 +105,7 @@ def test_readme_quick_start_on_a_fresh_home(tmp_path):
         rows = [json.loads(line) for line in (work / "rollouts.jsonl").read_text().splitlines()]
         assert len(rows) == 8
         assert {(r["outcome"], r["reward"]) for r in rows} == {("completed", 1.0)}
-        assert all(r["response_ids"] and len(r["loss_mask"]) == len(r["response_ids"])
-                   for r in rows)
+        assert all(r["response_ids"] and len(r["loss_mask"]) == len(r["response_ids"]) for r in rows)
         assert re.search(r"completed +8 +mean reward 1\.00", used.stdout), used.stdout
         print(f"quick start: {elapsed:.1f} s including the first build of the math env")
 
@@ -109,8 +120,9 @@ def test_readme_quick_start_on_a_fresh_home(tmp_path):
 
         job = work / "job.json"  # an environment nobody declared: the service cannot run it
         job.write_text(json.dumps({"sandbox": {"python_env": "not-built"}}))
-        failed = raas(env, work, "submit", "examples/math.jsonl", "--agent", "math",
-                      "--limit", "1", "--job", str(job), "--wait")
+        failed = raas(
+            env, work, "submit", "examples/math.jsonl", "--agent", "math", "--limit", "1", "--job", str(job), "--wait"
+        )
         assert failed.returncode == 1, failed.stdout + failed.stderr
         assert re.search(r"infra_error +1 +e\.g\. .*not built", failed.stdout), failed.stdout
         assert "Traceback" not in failed.stderr

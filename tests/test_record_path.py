@@ -8,6 +8,7 @@ serving function is watched in this process; the SDK parses the answer. Every bo
 name `raas_client.models.Trajectory` (the gateway's and the SDK's `Rollout` extends it), and
 the arrays must be the same tokens all the way.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,8 +46,7 @@ def served(monkeypatch) -> list[object]:
 
 
 def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
-    svc = start_service(tmp_path, concurrency=1, handler_modules="tests.record_handlers",
-                        extra={"max_attempts": 1})
+    svc = start_service(tmp_path, concurrency=1, handler_modules="tests.record_handlers", extra={"max_attempts": 1})
     url, stop = start_simulator(SMOLLM2, {"default": ["So it is \\boxed{4}."]})
     try:
         svc.client.add_llm_server(url, weight_version="step-1")
@@ -79,8 +79,7 @@ def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
         # Re-evaluation reads the same record from the row and grades it the same.
         svc.client.reevaluate(row.rollout_id)
         client = RaasClient(svc.url, timeout=60)
-        wait_for(lambda: client.rollout(row.rollout_id)["extra"].get("reevaluations"), 60,
-                 "the re-evaluation")
+        wait_for(lambda: client.rollout(row.rollout_id)["extra"].get("reevaluations"), 60, "the re-evaluation")
         [again] = client.rollout(row.rollout_id)["extra"]["reevaluations"]
         assert again.get("reward") == 1.0, again
         assert again["extra"]["eval_reads"] == RECORD

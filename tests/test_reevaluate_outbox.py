@@ -4,6 +4,7 @@ published, so a request the gateway could not publish (its broker away, or the g
 right after the commit: simulated by a publish that raises, everything else real) is accepted
 all the same and the reaper's drain publishes it; its result is recorded exactly once and the
 mark and the pending request are gone afterwards."""
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,11 @@ def backend(request) -> dict:
     """Service keyword arguments for each backend."""
     if request.param == "embedded":
         return {}
-    return {"db_url": request.getfixturevalue("pg_url"), "broker_url": REDIS_URL,
-            "key_prefix": request.getfixturevalue("redis_prefix")}
+    return {
+        "db_url": request.getfixturevalue("pg_url"),
+        "broker_url": REDIS_URL,
+        "key_prefix": request.getfixturevalue("redis_prefix"),
+    }
 
 
 def _row(svc, rollout_id: str) -> tuple[object, dict]:
@@ -34,8 +38,7 @@ def _row(svc, rollout_id: str) -> tuple[object, dict]:
         return r.outbox_at, dict(r.extra or {})
 
 
-def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backend,
-                                                                   monkeypatch):
+def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backend, monkeypatch):
     import tasks.outbox
     from tasks.reaper import Reaper
 
@@ -69,15 +72,17 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
 
         reaper = Reaper(svc.settings, svc._server.app.extensions["celery"])
         assert reaper.run_once()["outbox"] == 1
-        entries = wait_for(lambda: (lambda e: e if len(e) == 2 else None)(
-            _row(svc, rid)[1]["reevaluations"]), 60, "the drained re-evaluation's result")
+        entries = wait_for(
+            lambda: (lambda e: e if len(e) == 2 else None)(_row(svc, rid)[1]["reevaluations"]),
+            60,
+            "the drained re-evaluation's result",
+        )
         assert entries[1]["request_id"] == request_id and entries[1]["reward"] == 1.0
         mark, extra = _row(svc, rid)
         assert mark is None and PENDING_REEVALUATIONS not in extra
         assert reaper.run_once()["outbox"] == 0  # nothing twice
         shown = svc.client.rollout(rid)  # the wire shows both results, no pending request
-        assert [e["request_id"] for e in shown["extra"]["reevaluations"]] == \
-            [entry["request_id"], request_id]
+        assert [e["request_id"] for e in shown["extra"]["reevaluations"]] == [entry["request_id"], request_id]
         assert PENDING_REEVALUATIONS not in shown["extra"]
     finally:
         svc.stop()

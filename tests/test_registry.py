@@ -1,4 +1,5 @@
 """The one registry helper the plug-in families share: duplicates and unknown names."""
+
 from __future__ import annotations
 
 import pytest
@@ -63,8 +64,7 @@ def test_runtime_and_backend_configs_form_a_union_built_from_the_registry() -> N
 
     runtime_types = [c.model_fields["type"].default for c in get_args(get_args(config_union())[0])]
     assert sorted(runtime_types) == runtime_names() == ["bwrap", "local", "singularity"]
-    backend_types = [c.model_fields["type"].default
-                     for c in get_args(get_args(backend_config_union())[0])]
+    backend_types = [c.model_fields["type"].default for c in get_args(get_args(backend_config_union())[0])]
     assert sorted(backend_types) == backend_names()
 
     assert type(runtime_config({"type": "local"})).__name__ == "LocalConfig"
@@ -91,8 +91,9 @@ def test_each_handler_package_registers_through_its_handler_module() -> None:
     names = ("code", "math", "plain_answer", "search", "swe")
     assert {f"agents.handlers.{n}.handler" for n in names} <= set(builtin_handler_modules())
     assert set(names) <= set(handler_names())
-    probe = ("import sys, agents.handlers.math.answer, agents.handlers.swe.repo; "
-             "print(sorted(m for m in sys.modules if m.endswith('.handler')))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True).stdout
+    probe = (
+        "import sys, agents.handlers.math.answer, agents.handlers.swe.repo; "
+        "print(sorted(m for m in sys.modules if m.endswith('.handler')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,4 +1,5 @@
 """Routing: one router for every process; a stage message without a node is impossible to miss."""
+
 from __future__ import annotations
 
 from app.metrics import render

@@ -4,6 +4,7 @@ The pipeline battery (tests/agents/test_reward_attacks.py) drives the real cases
 tool server, a workspace over quota); here the diagnosis table and the watchdog alone,
 including the OOM case, which a test cannot provoke without starving the shared machine.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,8 +58,7 @@ def test_an_infrastructure_kill_is_never_the_agents_failure(tmp_path: Path) -> N
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # not isolated
     records.write_text('{"signal": 15, "name": "SIGTERM", "sender_pid": 7, "outside": false}\n')
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # the agent's SIGTERM
-    records.write_text(records.read_text() + '{"signal": 15, "name": "SIGTERM", '
-                       '"sender_pid": 0, "outside": true}\n')
+    records.write_text(records.read_text() + '{"signal": 15, "name": "SIGTERM", "sender_pid": 0, "outside": true}\n')
     assert guard.diagnose(SandboxGone("closed")) is None  # Slurm's scancel, say
     records.unlink()
     run_guard.SHUTTING_DOWN.set()
@@ -78,8 +78,12 @@ def test_a_stopped_or_starved_server_is_the_agents_doing(tmp_path: Path) -> None
 
     proc = subprocess.Popen(["sleep", "60"])
     try:
-        handle = {"workspace": str(tmp_path), "server_pid": proc.pid,
-                  "server_start": start_time(proc.pid), "isolated": True}
+        handle = {
+            "workspace": str(tmp_path),
+            "server_pid": proc.pid,
+            "server_start": start_time(proc.pid),
+            "isolated": True,
+        }
         guard = RunGuard(handle, SandboxOptions())
         assert guard.diagnose(SandboxTimeout("slow")) is None  # running: maybe a slow node
         proc.send_signal(signal.SIGSTOP)

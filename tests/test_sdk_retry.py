@@ -1,6 +1,7 @@
 """The SDK rides out a gateway restart: capped, jittered backoff up to a total budget (default
 >= 10 min), 502/503/504 and lost connections retried, 4xx never; `stream()` reconnects from its
 cursor with no duplicates and no gaps. A scripted gateway over real HTTP plays the failures."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from raas_client import RaasClient, RaasHTTPError
-from raas_client.retry import (DEFAULT_RETRY_TOTAL, RETRY_TOTAL_ENV, Backoff, RetryPolicy,
-                          retry_total_from_env)
+from raas_client.retry import DEFAULT_RETRY_TOTAL, RETRY_TOTAL_ENV, Backoff, RetryPolicy, retry_total_from_env
 
 
 def test_default_budget_is_at_least_ten_minutes_and_env_sets_it(monkeypatch):
@@ -37,11 +37,10 @@ def test_backoff_doubles_to_the_cap_with_jitter_and_stops_at_the_total():
         sleeps.append(seconds)
         now[0] += seconds
 
-    backoff = Backoff(RetryPolicy(total=600, first_wait=0.25, max_wait=10), lambda: now[0],
-                      sleep)
+    backoff = Backoff(RetryPolicy(total=600, first_wait=0.25, max_wait=10), lambda: now[0], sleep)
     while backoff.wait():
         pass
-    caps = [min(10, 0.25 * 2 ** i) for i in range(len(sleeps))]
+    caps = [min(10, 0.25 * 2**i) for i in range(len(sleeps))]
     assert all(cap / 2 <= s <= cap for s, cap in zip(sleeps[:-1], caps))
     assert max(sleeps) <= 10 and sum(sleeps) == pytest.approx(600)
     assert len(sleeps) > 55  # ten minutes of capped waits, not a handful of doublings
@@ -67,15 +66,18 @@ class ScriptedGateway:
 
 
 def status(code: int, body: dict | None = None):
-    return lambda request: Response(json.dumps(body or {"message": f"status {code}"}), code,
-                                    mimetype="application/json")
+    return lambda request: Response(
+        json.dumps(body or {"message": f"status {code}"}), code, mimetype="application/json"
+    )
 
 
 def ndjson(*lines: str):
     def answer(request):
         def body() -> Iterator[str]:
             yield from lines
+
         return Response(body(), 200, mimetype="application/x-ndjson")
+
     return answer
 
 
@@ -92,6 +94,7 @@ def client_for():
         client = RaasClient(gw.url, retry_total=20, retry_max_wait=0.05)
         made.append((client, gw))
         return client, gw
+
     yield make
     for client, gw in made:
         client.close()
@@ -100,8 +103,9 @@ def client_for():
 
 def test_reads_retry_5xx_but_never_4xx(client_for):
     page = {"job_id": "j", "items": [], "cursor": 0, "done": True}
-    client, gw = client_for([status(503), status(502), status(504), status(200, page),
-                             status(404, {"message": "job 'j' not found"})])
+    client, gw = client_for(
+        [status(503), status(502), status(504), status(200, page), status(404, {"message": "job 'j' not found"})]
+    )
     assert client.results_page("j") == page
     assert len(gw.seen) == 4
     with pytest.raises(RaasHTTPError, match="HTTP 404: job 'j' not found"):
@@ -137,14 +141,16 @@ def test_reads_give_up_after_the_total_budget():
 def test_stream_resumes_from_its_cursor_without_duplicates_or_gaps(client_for):
     done = {"job_id": "j", "items": [], "cursor": 5, "done": True}
     not_done = {"job_id": "j", "items": [], "cursor": 4, "done": False}
-    client, gw = client_for([
-        ndjson(item(1), item(2), '{"seq": 3, "rollo'),  # the gateway died mid-line
-        status(503),  # restarting
-        ndjson(item(2), item(3), item(4)),  # a replayed line (2) is skipped
-        status(200, not_done),  # idle wait passed: not done, so reconnect
-        ndjson(item(5)),
-        status(200, done),
-    ])
+    client, gw = client_for(
+        [
+            ndjson(item(1), item(2), '{"seq": 3, "rollo'),  # the gateway died mid-line
+            status(503),  # restarting
+            ndjson(item(2), item(3), item(4)),  # a replayed line (2) is skipped
+            status(200, not_done),  # idle wait passed: not done, so reconnect
+            ndjson(item(5)),
+            status(200, done),
+        ]
+    )
     got = [r["seq"] for r in client.stream("j", wait=5)]
     assert got == [1, 2, 3, 4, 5]
     streams = [args["after"] for method, path, args in gw.seen if args.get("format")]

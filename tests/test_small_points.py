@@ -3,6 +3,7 @@
 `raas llm-sim --detach` on a busy port fails and registers nothing; `make up` runs no apt-get
 (Chromium only for `make test`); `raas up` prints next commands with the ports in use; the
 mask-0 logprob placeholder is documented in the rollout record (and so in the OpenAPI)."""
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,14 @@ def test_llm_sim_detach_on_a_busy_port_fails_and_registers_nothing(tmp_path):
     port = url.rsplit(":", 1)[1]
     try:
         env = {**os.environ, "RAAS_HOME": str(tmp_path / "home")}
-        res = subprocess.run([sys.executable, "-m", "app.cli", "llm-sim", "--detach",
-                              "--register", "--port", port, "--url", svc.url],
-                             capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+        res = subprocess.run(
+            [sys.executable, "-m", "app.cli", "llm-sim", "--detach", "--register", "--port", port, "--url", svc.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=REPO,
+        )
         assert res.returncode == 1, res.stdout + res.stderr
         assert f"port {port} on 127.0.0.1 is in use" in res.stderr
         assert "Traceback" not in res.stderr and "registered" not in res.stdout
@@ -42,8 +48,9 @@ def test_llm_sim_detach_on_a_busy_port_fails_and_registers_nothing(tmp_path):
 
 def test_make_up_runs_no_apt_get_and_make_test_gets_chromium():
     def planned(target: str) -> str:
-        return subprocess.run(["make", "-n", target, "VENV=/nonexistent-venv"], cwd=REPO,
-                              capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run(
+            ["make", "-n", target, "VENV=/nonexistent-venv"], cwd=REPO, capture_output=True, text=True, timeout=30
+        ).stdout
 
     up, test = planned("up"), planned("test")
     assert "raas up" in up and "install_chromium" not in up and "apt-get" not in up

@@ -3,6 +3,7 @@
 Each case was a working attack before the operator policy, the LLM spec hardening and tenants;
 each now gets a clear 4xx naming the field and the rule (401/403/404 for tenant cases).
 """
+
 from __future__ import annotations
 
 import http.server
@@ -25,10 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tenant_settings(tmp_path: Path, **policy) -> Settings:
-    return Settings(home=tmp_path, handler_modules="tests.pipeline_handlers",
-                    api_token=OPERATOR,
-                    api_tokens={ALICE: {"owner": "alice"}, BOB: {"owner": "bob"}},
-                    policy=policy or {})
+    return Settings(
+        home=tmp_path,
+        handler_modules="tests.pipeline_handlers",
+        api_token=OPERATOR,
+        api_tokens={ALICE: {"owner": "alice"}, BOB: {"owner": "bob"}},
+        policy=policy or {},
+    )
 
 
 @pytest.fixture
@@ -37,15 +41,23 @@ def gateway(tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()
     (templates / "chatml.jinja").write_text((Path(SMOLLM2) / "chat_template.jinja").read_text())
-    settings = tenant_settings(tmp_path, sandbox={"env": ["MY_*"]}, llm={
-        "server_urls": ["http://[10.9.0.0/16]:*"], "templates_dir": str(templates),
-        "inline_template_max_bytes": 20000, "tokenizer_roots": [str(Path(SMOLLM2).parent)],
-        "credentials": {"openai": {"env": "OPENAI_KEY", "urls": ["https://api.example.com"]}}})
+    settings = tenant_settings(
+        tmp_path,
+        sandbox={"env": ["MY_*"]},
+        llm={
+            "server_urls": ["http://[10.9.0.0/16]:*"],
+            "templates_dir": str(templates),
+            "inline_template_max_bytes": 20000,
+            "tokenizer_roots": [str(Path(SMOLLM2).parent)],
+            "credentials": {"openai": {"env": "OPENAI_KEY", "urls": ["https://api.example.com"]}},
+        },
+    )
     server, _ = serve(settings)
     url = f"http://127.0.0.1:{server.server_port}"
-    clients = {name: httpx.Client(base_url=url, timeout=30,
-                                  headers={"Authorization": f"Bearer {token}"})
-               for name, token in (("alice", ALICE), ("bob", BOB), ("operator", OPERATOR))}
+    clients = {
+        name: httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+        for name, token in (("alice", ALICE), ("bob", BOB), ("operator", OPERATOR))
+    }
     clients["anon"] = httpx.Client(base_url=url, timeout=30)
     yield clients
     for client in clients.values():
@@ -74,29 +86,41 @@ def rejected(resp: httpx.Response, status: int, *needles: str) -> dict:
 
 # -- 1. operator policy: the sandbox is the operator's, the job chooses within it -----------
 
-@pytest.mark.parametrize("sandbox, needles", [
-    ({"runtime": "local"}, ["sandbox.runtime", "policy.sandbox.runtimes"]),
-    ({"env": {"LD_PRELOAD": "/work/other-job/evil.so"}}, ["sandbox.env.LD_PRELOAD", "LD_*"]),
-    ({"env": {"PYTHONPATH": "/tmp"}}, ["sandbox.env.PYTHONPATH", "PYTHON*"]),
-    ({"env": {"BASH_ENV": "/tmp/x"}}, ["sandbox.env.BASH_ENV"]),
-    ({"env": {"HOME": "/root"}}, ["sandbox.env.HOME", "policy.sandbox.env"]),
-    ({"python_env": "/root/.pyenv/versions/3.11.7"}, ["sandbox.python_env", "never a path"]),
-    ({"image": "/"}, ["sandbox.image", "never a path"]),
-    ({"image": "../../etc"}, ["sandbox.image"]),
-    ({"network": True}, ["sandbox.network", "policy.sandbox.network"]),
-    ({"binds": [{"host": "/root"}]}, ["sandbox.binds", "policy.sandbox.binds"]),
-    ({"limits": {"max_procs": 10**9}}, ["sandbox.limits.max_procs", "max_limits.max_procs=4096"]),
-    ({"limits": {"memory_mb": 10**9}}, ["sandbox.limits.memory_mb", "cap 16384"]),
-    ({"limits": {"output_bytes": 10**12}}, ["sandbox.limits.output_bytes", "cap 1048576"]),
-])
+
+@pytest.mark.parametrize(
+    "sandbox, needles",
+    [
+        ({"runtime": "local"}, ["sandbox.runtime", "policy.sandbox.runtimes"]),
+        ({"env": {"LD_PRELOAD": "/work/other-job/evil.so"}}, ["sandbox.env.LD_PRELOAD", "LD_*"]),
+        ({"env": {"PYTHONPATH": "/tmp"}}, ["sandbox.env.PYTHONPATH", "PYTHON*"]),
+        ({"env": {"BASH_ENV": "/tmp/x"}}, ["sandbox.env.BASH_ENV"]),
+        ({"env": {"HOME": "/root"}}, ["sandbox.env.HOME", "policy.sandbox.env"]),
+        ({"python_env": "/root/.pyenv/versions/3.11.7"}, ["sandbox.python_env", "never a path"]),
+        ({"image": "/"}, ["sandbox.image", "never a path"]),
+        ({"image": "../../etc"}, ["sandbox.image"]),
+        ({"network": True}, ["sandbox.network", "policy.sandbox.network"]),
+        ({"binds": [{"host": "/root"}]}, ["sandbox.binds", "policy.sandbox.binds"]),
+        ({"limits": {"max_procs": 10**9}}, ["sandbox.limits.max_procs", "max_limits.max_procs=4096"]),
+        ({"limits": {"memory_mb": 10**9}}, ["sandbox.limits.memory_mb", "cap 16384"]),
+        ({"limits": {"output_bytes": 10**12}}, ["sandbox.limits.output_bytes", "cap 1048576"]),
+    ],
+)
 def test_sandbox_choices_outside_the_policy_are_400(gateway, sandbox, needles):
     rejected(gateway["alice"].post("/v1/jobs", json=job(sandbox=sandbox)), 400, *needles)
 
 
 def test_choices_inside_the_policy_are_accepted(gateway):
-    resp = gateway["alice"].post("/v1/jobs", json=job(sandbox={
-        "runtime": "bwrap", "env": {"MY_FLAG": "1"}, "python_env": "pytest",
-        "limits": {"memory_mb": 2048, "max_procs": 256}}))
+    resp = gateway["alice"].post(
+        "/v1/jobs",
+        json=job(
+            sandbox={
+                "runtime": "bwrap",
+                "env": {"MY_FLAG": "1"},
+                "python_env": "pytest",
+                "limits": {"memory_mb": 2048, "max_procs": 256},
+            }
+        ),
+    )
     assert resp.status_code == 202, resp.text
 
 
@@ -106,8 +130,14 @@ def test_handler_python_env_from_the_job_is_a_name_too(gateway):
 
 
 def test_swe_repo_must_be_inside_the_operator_repo_root(gateway):
-    instance = {"repo": "/any/host/git/repo", "base_commit": "HEAD", "problem_statement": "x",
-                "test_patch": "x", "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": []}
+    instance = {
+        "repo": "/any/host/git/repo",
+        "base_commit": "HEAD",
+        "problem_statement": "x",
+        "test_patch": "x",
+        "FAIL_TO_PASS": ["t::a"],
+        "PASS_TO_PASS": [],
+    }
     body = job(agent="swe", instances=[{"instance_id": "s", "data": instance}])
     rejected(gateway["alice"].post("/v1/jobs", json=body), 400, "repo", "relative")
     instance["repo"] = "../../../etc"
@@ -128,11 +158,16 @@ def test_policy_is_visible_without_secrets(gateway):
 
 # -- 2. the LLM spec: templates by name, credentials registered, URLs allowlisted ------------
 
+
 def test_chat_template_is_never_a_host_path_and_no_existence_oracle(gateway):
     answers = set()
     for path in ("/proc/self/environ", "/etc/shadow", "/nonexistent/file"):
-        body = rejected(gateway["alice"].post("/v1/jobs", json=llm_job(chat_template=path)), 400,
-                        "llm.chat_template", "not a registered name")
+        body = rejected(
+            gateway["alice"].post("/v1/jobs", json=llm_job(chat_template=path)),
+            400,
+            "llm.chat_template",
+            "not a registered name",
+        )
         answers.add(body["message"].replace(repr(path), "PATH"))
     assert len(answers) == 1  # the same answer whether the file exists or not
 
@@ -140,8 +175,12 @@ def test_chat_template_is_never_a_host_path_and_no_existence_oracle(gateway):
 def test_tokenizer_folder_only_under_the_operator_roots_for_tenants(gateway):
     answers = set()
     for path in ("/etc", "/nonexistent/tok", "/root/.cache/huggingface"):
-        body = rejected(gateway["alice"].post("/v1/jobs", json=llm_job(tokenizer=path)), 400,
-                        "llm.tokenizer", "policy.llm.tokenizer_roots")
+        body = rejected(
+            gateway["alice"].post("/v1/jobs", json=llm_job(tokenizer=path)),
+            400,
+            "llm.tokenizer",
+            "policy.llm.tokenizer_roots",
+        )
         answers.add(body["message"].replace(repr(path), "PATH"))
     assert len(answers) == 1  # no existence oracle
     assert gateway["alice"].post("/v1/jobs", json=llm_job()).status_code == 202  # under a root
@@ -151,36 +190,49 @@ def test_tokenizer_folder_only_under_the_operator_roots_for_tenants(gateway):
 def test_chat_template_by_name_or_capped_inline_text(gateway):
     ok = gateway["alice"].post("/v1/jobs", json=llm_job(chat_template="chatml"))
     assert ok.status_code == 202, ok.text
-    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(chat_template="nope")), 400,
-             "unknown chat template 'nope'", "chatml")
+    rejected(
+        gateway["alice"].post("/v1/jobs", json=llm_job(chat_template="nope")),
+        400,
+        "unknown chat template 'nope'",
+        "chatml",
+    )
     inline = (REPO / "tests/fixtures/qwen-style-template/chat_template.jinja").read_text()
     ok = gateway["alice"].post("/v1/jobs", json=llm_job(chat_template_text=inline))
     assert ok.status_code == 202, ok.text
-    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(chat_template_text="x" * 20001)),
-             400, "llm.chat_template_text", "cap 20000")
+    rejected(
+        gateway["alice"].post("/v1/jobs", json=llm_job(chat_template_text="x" * 20001)),
+        400,
+        "llm.chat_template_text",
+        "cap 20000",
+    )
 
 
 def test_credentials_are_never_read_from_a_variable_the_job_names(gateway):
-    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(api_key_env="RAAS_API_TOKEN")), 400,
-             "llm.api_key_env")
+    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(api_key_env="RAAS_API_TOKEN")), 400, "llm.api_key_env")
     servers = [{"url": "http://10.9.0.1:8000"}]
-    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(servers=servers,
-                                                            credential="aws")), 400,
-             "unknown credential 'aws'")
-    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(servers=servers,
-                                                            credential="openai")), 400,
-             "may not be sent to 'http://10.9.0.1:8000'")
+    rejected(
+        gateway["alice"].post("/v1/jobs", json=llm_job(servers=servers, credential="aws")),
+        400,
+        "unknown credential 'aws'",
+    )
+    rejected(
+        gateway["alice"].post("/v1/jobs", json=llm_job(servers=servers, credential="openai")),
+        400,
+        "may not be sent to 'http://10.9.0.1:8000'",
+    )
 
 
-@pytest.mark.parametrize("url, needle", [
-    ("http://127.0.0.1:6379/admin?x=", "must be a base URL"),
-    ("http://user:pw@10.9.0.1:8000", "must be a base URL"),
-    ("http://127.0.0.1:5432", "policy.llm.server_urls"),
-    ("http://169.254.169.254", "policy.llm.server_urls"),
-])
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("http://127.0.0.1:6379/admin?x=", "must be a base URL"),
+        ("http://user:pw@10.9.0.1:8000", "must be a base URL"),
+        ("http://127.0.0.1:5432", "policy.llm.server_urls"),
+        ("http://169.254.169.254", "policy.llm.server_urls"),
+    ],
+)
 def test_server_urls_outside_the_allowlist_are_400(gateway, url, needle):
-    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(servers=[{"url": url}])), 400,
-             needle)
+    rejected(gateway["alice"].post("/v1/jobs", json=llm_job(servers=[{"url": url}])), 400, needle)
     rejected(gateway["alice"].post("/v1/llm-servers", json={"url": url}), 400, needle)
 
 
@@ -215,6 +267,7 @@ def test_inference_server_errors_are_summarised_not_echoed():
 
 # -- 3. tenants ------------------------------------------------------------------------------
 
+
 def test_tokens_are_required_and_need_the_bearer_scheme(gateway):
     rejected(gateway["anon"].get("/v1/jobs"), 401, "missing bearer token")
     for header in (ALICE, f"Token {ALICE}", f"Basic {ALICE}", "Bearer", "Bearer wrong-token"):
@@ -232,10 +285,10 @@ def test_empty_or_whitespace_token_is_a_configuration_error(tmp_path, token):
 
 
 def test_empty_token_in_the_environment_stops_the_gateway(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "RAAS_API_TOKEN": "",
-           "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "app.cli", "gateway", "--port", "0"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "RAAS_API_TOKEN": "", "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "gateway", "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode != 0 and "api_token is empty" in run.stderr
 
 
@@ -243,10 +296,13 @@ def test_another_owners_ids_answer_404(gateway):
     alice, bob = gateway["alice"], gateway["bob"]
     accepted = alice.post("/v1/jobs", json=job(idempotency_key="k1")).json()
     job_id, rollout_id = accepted["job_id"], accepted["rollout_ids"][0]
-    for method, path in (("GET", f"/v1/jobs/{job_id}"), ("POST", f"/v1/jobs/{job_id}/cancel"),
-                         ("GET", f"/v1/jobs/{job_id}/results"),
-                         ("GET", f"/v1/rollouts/{rollout_id}"),
-                         ("POST", f"/v1/rollouts/{rollout_id}/reevaluate")):
+    for method, path in (
+        ("GET", f"/v1/jobs/{job_id}"),
+        ("POST", f"/v1/jobs/{job_id}/cancel"),
+        ("GET", f"/v1/jobs/{job_id}/results"),
+        ("GET", f"/v1/rollouts/{rollout_id}"),
+        ("POST", f"/v1/rollouts/{rollout_id}/reevaluate"),
+    ):
         rejected(bob.request(method, path), 404, "not found")
     assert bob.get("/v1/jobs").json()["jobs"] == []
     assert alice.get(f"/v1/jobs/{job_id}").json()["status"] == "running"  # bob cancelled nothing
@@ -258,13 +314,11 @@ def test_llm_servers_belong_to_their_owner(gateway):
     alice, bob = gateway["alice"], gateway["bob"]
     server = alice.post("/v1/llm-servers", json={"url": "http://10.9.0.1:8000"}).json()
     assert bob.get("/v1/llm-servers").json()["servers"] == []
-    rejected(bob.put(f"/v1/llm-servers/{server['id']}", json={"weight_version": "x"}), 404,
-             "not found")
+    rejected(bob.put(f"/v1/llm-servers/{server['id']}", json={"weight_version": "x"}), 404, "not found")
     rejected(bob.delete(f"/v1/llm-servers/{server['id']}"), 404, "not found")
     assert bob.post("/v1/llm-servers", json={"url": "http://10.9.0.1:8000"}).status_code == 201
     assert bob.post("/clear_llm_server").json()["removed"] == 1
-    assert [s["url"] for s in alice.get("/v1/llm-servers").json()["servers"]] == \
-        ["http://10.9.0.1:8000"]
+    assert [s["url"] for s in alice.get("/v1/llm-servers").json()["servers"]] == ["http://10.9.0.1:8000"]
 
 
 def test_operator_routes_need_the_admin_role(gateway):
@@ -273,8 +327,7 @@ def test_operator_routes_need_the_admin_role(gateway):
     assert gateway["operator"].post("/start").status_code == 200
     assert gateway["operator"].post("/stop").status_code == 200
     # the operator registers any URL (its own pool); a tenant only allowlisted ones
-    assert gateway["operator"].post("/v1/llm-servers",
-                                    json={"url": "http://127.0.0.1:9"}).status_code == 201
+    assert gateway["operator"].post("/v1/llm-servers", json={"url": "http://127.0.0.1:9"}).status_code == 201
 
 
 def test_database_tokens_from_the_admin_cli(tmp_path):
@@ -284,19 +337,25 @@ def test_database_tokens_from_the_admin_cli(tmp_path):
 
     settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers")
     upgrade(settings.db_url)
-    add = subprocess.run([*cli, "token", "add", "carol", "--label", "ci"], env=env,
-                         capture_output=True, text=True, timeout=60, check=True)
+    add = subprocess.run(
+        [*cli, "token", "add", "carol", "--label", "ci"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     token = add.stdout.strip()
     server, client = serve(settings)
     try:
         assert client.get("/v1/jobs").status_code == 401  # a token exists: auth is on
         carol = {"Authorization": f"Bearer {token}"}
         assert client.get("/v1/policy", headers=carol).json()["owner"] == "carol"
-        listing = subprocess.run([*cli, "token", "list"], env=env, capture_output=True,
-                                 text=True, timeout=60, check=True).stdout
+        listing = subprocess.run(
+            [*cli, "token", "list"], env=env, capture_output=True, text=True, timeout=60, check=True
+        ).stdout
         assert "carol" in listing and token not in listing
-        subprocess.run([*cli, "token", "rm", token], env=env, check=True, timeout=60,
-                       capture_output=True)
+        subprocess.run([*cli, "token", "rm", token], env=env, check=True, timeout=60, capture_output=True)
         assert client.get("/v1/jobs", headers=carol).status_code == 200  # no tokens left
         assert client.get("/v1/policy", headers=carol).json()["owner"] == "default"
     finally:
@@ -310,11 +369,21 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
     from migrations.runner import upgrade
 
     upgrade(Settings(home=tmp_path).db_url)
-    run = subprocess.run([sys.executable, "-m", "app.cli", "gateway", "--host", "0.0.0.0",
-                          "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "gateway", "--host", "0.0.0.0", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode != 0 and "refusing to listen on 0.0.0.0 without API tokens" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "app.cli", "flower", "--address", "0.0.0.0"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "flower", "--address", "0.0.0.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode != 0 and "--basic-auth" in run.stderr
     from tasks.embedded_redis import answers
 
@@ -324,8 +393,12 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
 def test_embedded_default_without_tokens_is_one_local_admin(tmp_path):
     server, client = serve(Settings(home=tmp_path, handler_modules="tests.pipeline_handlers"))
     try:
-        assert client.get("/v1/policy").json() | {"sandbox": 0, "llm": 0} == \
-            {"owner": "default", "admin": True, "sandbox": 0, "llm": 0}
+        assert client.get("/v1/policy").json() | {"sandbox": 0, "llm": 0} == {
+            "owner": "default",
+            "admin": True,
+            "sandbox": 0,
+            "llm": 0,
+        }
         assert client.post("/v1/jobs", json=job()).status_code == 202
     finally:
         server.shutdown()

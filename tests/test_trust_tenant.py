@@ -4,6 +4,7 @@
 of that one route: no model runs); it records every request it gets, so a test shows that a
 refused URL was never called. Each attack sits next to an honest control in the same run.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -84,22 +85,27 @@ def roots(tmp_path_factory):
 
 
 def gateway_for(tmp_path, rules, roots):
-    settings = tenant_settings(tmp_path, llm={"server_urls": rules,
-                                              "tokenizer_roots": [str(roots)]})
+    settings = tenant_settings(tmp_path, llm={"server_urls": rules, "tokenizer_roots": [str(roots)]})
     server, _ = serve(settings)
     url = f"http://127.0.0.1:{server.server_port}"
-    clients = {name: httpx.Client(base_url=url, timeout=30,
-                                  headers={"Authorization": f"Bearer {token}"})
-               for name, token in (("alice", ALICE), ("operator", OPERATOR))}
+    clients = {
+        name: httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+        for name, token in (("alice", ALICE), ("operator", OPERATOR))
+    }
     return server, clients
 
 
 def llm_job(servers):
-    return {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}], "n_samples": 1,
-            "llm": {"servers": [{"url": u} for u in servers]}}
+    return {
+        "agent": "test-needs-llm",
+        "instances": [{"instance_id": "a"}],
+        "n_samples": 1,
+        "llm": {"servers": [{"url": u} for u in servers]},
+    }
 
 
 # -- 22.5: the allowlist matches scheme, host, port and path separately ---------------------
+
 
 def test_another_port_of_an_allowed_host_is_refused_and_never_called(tmp_path, upstreams, roots):
     allowed = upstreams(root=str(roots / "smollm2"))
@@ -107,15 +113,17 @@ def test_another_port_of_an_allowed_host_is_refused_and_never_called(tmp_path, u
     server, c = gateway_for(tmp_path, [f"http://[127.0.0.0/16]:{allowed.port}"], roots)
     try:
         attack = f"http://127.0.0.1:{victim.port}/x:{allowed.port}"  # accepted by the old glob
-        rejected(c["alice"].post("/v1/jobs", json=llm_job([attack])), 400,
-                 "llm.servers[0].url", "policy.llm.server_urls")
+        rejected(
+            c["alice"].post("/v1/jobs", json=llm_job([attack])), 400, "llm.servers[0].url", "policy.llm.server_urls"
+        )
         rejected(c["alice"].post("/v1/llm-servers", json={"url": attack}), 400, "url")
-        resp = c["alice"].post("/add_llm_server", json={"address": attack[len("http://"):]})
+        resp = c["alice"].post("/add_llm_server", json={"address": attack[len("http://") :]})
         assert resp.status_code == 400 and "policy.llm.server_urls" in resp.json()["detail"]
-        for name in (f"http://127.0.0.evil.invalid:{allowed.port}",  # "any name beginning"
-                     f"https://127.0.0.1:{allowed.port}"):  # another scheme
-            rejected(c["alice"].post("/v1/jobs", json=llm_job([name])), 400,
-                     "policy.llm.server_urls")
+        for name in (
+            f"http://127.0.0.evil.invalid:{allowed.port}",  # "any name beginning"
+            f"https://127.0.0.1:{allowed.port}",
+        ):  # another scheme
+            rejected(c["alice"].post("/v1/jobs", json=llm_job([name])), 400, "policy.llm.server_urls")
         assert victim.seen == []  # the gateway never called the other port
         # honest control, same run: the allowed URL is accepted and was asked for its model
         ok = c["alice"].post("/v1/jobs", json=llm_job([allowed.url]))
@@ -133,21 +141,25 @@ def test_path_prefix_and_port_range_rules(tmp_path, upstreams, roots):
     server, c = gateway_for(tmp_path, rules, roots)
     try:
         for url in (f"{up.url}/v20", up.url, f"http://127.0.0.1:{up.port + 2}/v2"):
-            rejected(c["alice"].post("/v1/llm-servers", json={"url": url}), 400,
-                     "policy.llm.server_urls")
-        assert c["alice"].post("/v1/llm-servers",
-                               json={"url": f"{up.url}/v2/x"}).status_code == 201
+            rejected(c["alice"].post("/v1/llm-servers", json={"url": url}), 400, "policy.llm.server_urls")
+        assert c["alice"].post("/v1/llm-servers", json={"url": f"{up.url}/v2/x"}).status_code == 201
     finally:
         server.shutdown()
 
 
+DOT_PATHS = [
+    "/v2/../admin",
+    "/v2/./x",
+    "/v2/%2e%2e/admin",
+    "/v2/%2E%2e/admin",
+    "/v2/..%2fadmin",
+    "/v2/x%2Fy",
+    "/v2/%5c..%5cadmin",
+    "/v2/%2e",
+]
 
-DOT_PATHS = ["/v2/../admin", "/v2/./x", "/v2/%2e%2e/admin", "/v2/%2E%2e/admin", "/v2/..%2fadmin",
-             "/v2/x%2Fy", "/v2/%5c..%5cadmin", "/v2/%2e"]
 
-
-def test_dot_segments_and_encoded_separators_are_refused_at_submission_and_connection(
-        tmp_path, upstreams, roots):
+def test_dot_segments_and_encoded_separators_are_refused_at_submission_and_connection(tmp_path, upstreams, roots):
     """Review 1 item 8: a path-prefix rule matches text; `..` is resolved by httpx and `%2e`
     by many servers, so either could step out of the allowed prefix. Both are refused when
     submitted (a 400 naming the field) and at the connection guard (nothing is sent)."""
@@ -166,15 +178,13 @@ def test_dot_segments_and_encoded_separators_are_refused_at_submission_and_conne
     server, c = gateway_for(tmp_path, rules, roots)
     try:
         for path in DOT_PATHS:
-            rejected(c["alice"].post("/v1/llm-servers", json={"url": f"{up.url}{path}"}), 400,
-                     "url")
-            rejected(c["alice"].post("/v1/jobs", json=llm_job([f"{up.url}{path}"])), 400,
-                     "llm.servers.0.url")
+            rejected(c["alice"].post("/v1/llm-servers", json={"url": f"{up.url}{path}"}), 400, "url")
+            rejected(c["alice"].post("/v1/jobs", json=llm_job([f"{up.url}{path}"])), 400, "llm.servers.0.url")
         assert up.seen == []
-        assert c["alice"].post("/v1/llm-servers",
-                               json={"url": f"{up.url}/v2/x"}).status_code == 201  # control
+        assert c["alice"].post("/v1/llm-servers", json={"url": f"{up.url}/v2/x"}).status_code == 201  # control
     finally:
         server.shutdown()
+
 
 def test_old_glob_setting_stops_start_up_naming_the_new_format(tmp_path):
     from pydantic import ValidationError
@@ -189,8 +199,7 @@ def test_old_glob_setting_stops_start_up_naming_the_new_format(tmp_path):
 def test_redirects_are_never_followed(tmp_path, upstreams, roots):
     target = upstreams(root=str(roots / "smollm2"))
     bouncer = upstreams(redirect=target.url)
-    server, c = gateway_for(tmp_path, [f"http://127.0.0.1:{bouncer.port}",
-                                       f"http://127.0.0.1:{target.port}"], roots)
+    server, c = gateway_for(tmp_path, [f"http://127.0.0.1:{bouncer.port}", f"http://127.0.0.1:{target.port}"], roots)
     try:
         rejected(c["alice"].post("/v1/jobs", json=llm_job([bouncer.url])), 400, "llm.tokenizer")
         assert bouncer.seen == ["GET /v1/models"] and target.seen == []
@@ -275,6 +284,7 @@ def test_probe_holds_a_tenants_stored_urls_to_todays_rules(tmp_path, upstreams, 
 
 # -- 22.7: the tokenizer roots hold for what a tenant's own server reports -------------------
 
+
 def test_server_reported_tokenizer_outside_the_roots_no_oracle(tmp_path, upstreams, roots):
     inside = upstreams(root=str(roots / "smollm2"))
     outside = upstreams(root=SMOLLM2)  # exists, not under the roots
@@ -283,8 +293,9 @@ def test_server_reported_tokenizer_outside_the_roots_no_oracle(tmp_path, upstrea
     try:
         answers = set()
         for up in (outside, missing):
-            body = rejected(c["alice"].post("/v1/jobs", json=llm_job([up.url])), 400,
-                            "llm.tokenizer", "tokenizer roots")
+            body = rejected(
+                c["alice"].post("/v1/jobs", json=llm_job([up.url])), 400, "llm.tokenizer", "tokenizer roots"
+            )
             answers.add(body["message"])
         assert len(answers) == 1  # forbidden and missing answer the same
         assert c["alice"].post("/v1/jobs", json=llm_job([inside.url])).status_code == 202
@@ -295,8 +306,14 @@ def test_server_reported_tokenizer_outside_the_roots_no_oracle(tmp_path, upstrea
 
 # -- 22.9: bad input is a 4xx naming the field, never a 500 ----------------------------------
 
-ADDRESSES = ["http://not a url", "10.9.0.1:80\x00", "10.9.0.1:8\n000", "10.9.0.1:99999",
-             "http://[zz]:80", "http://a_b!:80"]
+ADDRESSES = [
+    "http://not a url",
+    "10.9.0.1:80\x00",
+    "10.9.0.1:8\n000",
+    "10.9.0.1:99999",
+    "http://[zz]:80",
+    "http://a_b!:80",
+]
 
 
 def test_prorl_add_llm_server_with_a_non_url_is_4xx_naming_address(tmp_path, roots):
@@ -318,19 +335,16 @@ def test_json_nested_200000_deep_is_400_and_the_service_stays_up(tmp_path, roots
     try:
         deep = b"[" * 200_000 + b"]" * 200_000
         for path in ("/v1/jobs", "/add_llm_server", "/v1/llm-servers"):
-            resp = c["alice"].post(path, content=deep,
-                                   headers={"Content-Type": "application/json"})
+            resp = c["alice"].post(path, content=deep, headers={"Content-Type": "application/json"})
             assert resp.status_code == 400, (path, resp.status_code, resp.text[:200])
             assert "nested deeper than" in resp.text
-        shallow_but_deep = {"agent": "test-trivial", "instances": [{"instance_id": "a",
-                                                                    "data": {}}]}
+        shallow_but_deep = {"agent": "test-trivial", "instances": [{"instance_id": "a", "data": {}}]}
         node = shallow_but_deep["instances"][0]["data"]
         for _ in range(100):
             node["x"] = {}
             node = node["x"]
         rejected(c["alice"].post("/v1/jobs", json=shallow_but_deep), 400, "nested deeper")
-        ok = c["alice"].post("/v1/jobs", json={"agent": "test-trivial",
-                                               "instances": [{"instance_id": "a"}]})
+        ok = c["alice"].post("/v1/jobs", json={"agent": "test-trivial", "instances": [{"instance_id": "a"}]})
         assert ok.status_code == 202, ok.text
     finally:
         server.shutdown()
@@ -356,14 +370,20 @@ def test_template_bombs_are_400_naming_the_field_and_the_gateway_stays_up(tmp_pa
     try:
         for name, text in BOMBS.items():
             started = time.monotonic()
-            body = {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}],
-                    "llm": {"tokenizer": tokenizer, "chat_template_text": text}}
+            body = {
+                "agent": "test-needs-llm",
+                "instances": [{"instance_id": "a"}],
+                "llm": {"tokenizer": tokenizer, "chat_template_text": text},
+            }
             rejected(c["alice"].post("/v1/jobs", json=body), 400, "llm.chat_template_text")
             assert time.monotonic() - started < 30, name  # bounded (the child's limits)
             assert c["alice"].get("/healthz").status_code == 200
         honest = (Path(SMOLLM2) / "chat_template.jinja").read_text()
-        body = {"agent": "test-needs-llm", "instances": [{"instance_id": "a"}],
-                "llm": {"tokenizer": tokenizer, "chat_template_text": honest}}
+        body = {
+            "agent": "test-needs-llm",
+            "instances": [{"instance_id": "a"}],
+            "llm": {"tokenizer": tokenizer, "chat_template_text": honest},
+        }
         ok = c["alice"].post("/v1/jobs", json=body)
         assert ok.status_code == 202, ok.text
     finally:
@@ -375,9 +395,9 @@ LATER = "{% if messages|length > 2 and messages[2].content == 'b' %}"  # never i
 ALLOCATION_BOMBS = {
     "center": LATER + "{{ ('x'|center(6000000000))|length }}{% endif %}" + CHAT,
     "doubling": LATER + "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
-                        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
     "plus": LATER + "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
-                    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
+    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}{% endif %}" + CHAT,
     "method": LATER + "{{ 'x'.ljust(6000000000)|length }}{% endif %}" + CHAT,
     "percent": LATER + "{{ ('%6000000000s' % 'x')|length }}{% endif %}" + CHAT,
     "format": LATER + "{{ ('%6000000000s'|format('x'))|length }}{% endif %}" + CHAT,
@@ -401,8 +421,7 @@ def test_strings_a_template_builds_are_capped_before_they_are_allocated(name):
     text = ALLOCATION_BOMBS[name]
     check_untrusted_template(SMOLLM2, text)  # the sample never reaches the branch
     tok = load_chat_tokenizer(SMOLLM2, text)
-    chat = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "a"},
-            {"role": "tool", "content": "b"}]
+    chat = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
     with pytest.raises(Exception, match="over the cap") as err:
@@ -418,12 +437,14 @@ def test_strings_a_template_builds_are_capped_before_they_are_allocated(name):
 def test_capped_filters_and_operators_still_render_ordinary_templates():
     from agents.llm.tokenizer import load_chat_tokenizer
 
-    text = ("{% set ns = namespace(s='') %}{% for m in messages %}"
-            "{% set ns.s = ns.s ~ m['role'] ~ ':' + m['content'] %}{% endfor %}"
-            "{{ ns.s }}|{{ 'ab'|center(6) }}|{{ ['a', 'b']|join(',') }}|{{ 'a-b'|replace('-', '+') }}"
-            "|{{ '%s=%d'|format('n', 3) }}|{{ '%03d' % 7 }}|{{ 'x'.rjust(3, '.') }}"
-            "|{{ '{}!'.format('hi') }}|{{ 'a\nb'|indent(2) }}|{{ '-'.join(['p', 'q']) }}"
-            "|{{ [{'n': 'u'}, {'n': 'v'}]|join('/', attribute='n') }}")
+    text = (
+        "{% set ns = namespace(s='') %}{% for m in messages %}"
+        "{% set ns.s = ns.s ~ m['role'] ~ ':' + m['content'] %}{% endfor %}"
+        "{{ ns.s }}|{{ 'ab'|center(6) }}|{{ ['a', 'b']|join(',') }}|{{ 'a-b'|replace('-', '+') }}"
+        "|{{ '%s=%d'|format('n', 3) }}|{{ '%03d' % 7 }}|{{ 'x'.rjust(3, '.') }}"
+        "|{{ '{}!'.format('hi') }}|{{ 'a\nb'|indent(2) }}|{{ '-'.join(['p', 'q']) }}"
+        "|{{ [{'n': 'u'}, {'n': 'v'}]|join('/', attribute='n') }}"
+    )
     tok = load_chat_tokenizer(SMOLLM2, text)
     out = tok.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     assert out == "user:hiassistant:yo|  ab  |a,b|a+b|n=3|007|..x|hi!|a\n  b|p-q|u/v"
@@ -437,9 +458,11 @@ def test_a_render_past_its_deadline_stops_in_process(monkeypatch):
     from agents.llm.tokenizer import load_chat_tokenizer
 
     monkeypatch.setattr(template_budget, "RENDER_SECONDS", 0.5)
-    text = ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if messages|length > 6 %}"
-            "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}"
-            "{% endif %}")
+    text = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if messages|length > 6 %}"
+        "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}"
+        "{% endif %}"
+    )
     tok = load_chat_tokenizer(SMOLLM2, text)
     assert tok.render([{"role": "user", "content": "x"}] * 2) == "xx"  # the control
     started = time.monotonic()

@@ -1,6 +1,7 @@
 """The turn log's write path (`tasks.turn_log`): the lease fence inside the insert, on SQLite
 and PostgreSQL, and group commit across the threads of one process (order, durability, one
 refused write not spoiling its batch)."""
+
 from __future__ import annotations
 
 import threading
@@ -24,8 +25,16 @@ def _rollouts(db_url: str, n: int, lease: str = "L1") -> list[str]:
         s.flush()
         ids = [f"r{k:03d}" for k in range(n)]
         for rid in ids:
-            s.add(Rollout(id=rid, job_id=job.id, instance_id=rid, status="run",
-                          lease_owner=f"{lease}-{rid}", heartbeat_at=utcnow()))
+            s.add(
+                Rollout(
+                    id=rid,
+                    job_id=job.id,
+                    instance_id=rid,
+                    status="run",
+                    lease_owner=f"{lease}-{rid}",
+                    heartbeat_at=utcnow(),
+                )
+            )
     return ids
 
 
@@ -41,15 +50,16 @@ def test_the_fenced_insert_is_one_statement_and_refuses_a_stale_lease(any_db_url
     [rid] = _rollouts(any_db_url, 1)
     engine = get_engine(any_db_url)
     statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute",
-                    lambda *a: statements.append(a[2]))  # (conn, cursor, statement, ...)
+    sa.event.listen(
+        engine, "before_cursor_execute", lambda *a: statements.append(a[2])
+    )  # (conn, cursor, statement, ...)
     with engine.begin() as conn:
-        turn_log.write_turn(conn, rid, 1, f"L1-{rid}", {"index": 0, "text": "ok",
-                                                         "generated_ids": [1, 2]})
+        turn_log.write_turn(conn, rid, 1, f"L1-{rid}", {"index": 0, "text": "ok", "generated_ids": [1, 2]})
     inserts = [s for s in statements if s.lstrip().upper().startswith("INSERT")]
     assert len(inserts) == 1 and "lease_owner" in inserts[0]
-    assert len([s for s in statements if not s.lstrip().upper().startswith(
-        ("BEGIN", "COMMIT"))]) == 1  # no UPDATE of the rollout, no read-back
+    assert (
+        len([s for s in statements if not s.lstrip().upper().startswith(("BEGIN", "COMMIT"))]) == 1
+    )  # no UPDATE of the rollout, no read-back
     if engine.dialect.name == "postgresql":
         assert "FOR SHARE" in inserts[0]
     with pytest.raises(LeaseLost):
@@ -132,8 +142,7 @@ def test_a_refused_write_does_not_spoil_its_batch(any_db_url) -> None:
     assert _turns(any_db_url) == [(b, 0, None)]
 
 
-def test_a_clear_queued_before_a_turn_commits_before_it_and_never_after_a_new_mark(
-        any_db_url) -> None:
+def test_a_clear_queued_before_a_turn_commits_before_it_and_never_after_a_new_mark(any_db_url) -> None:
     [rid] = _rollouts(any_db_url, 1)
     lease = f"L1-{rid}"
     with session_scope(any_db_url) as s:
@@ -149,8 +158,7 @@ def test_a_clear_queued_before_a_turn_commits_before_it_and_never_after_a_new_ma
 
 def test_lifecycle_record_turn_goes_through_the_fenced_writer(sqlite_url) -> None:
     [rid] = _rollouts(sqlite_url, 1)
-    lifecycle.record_turn(sqlite_url, rid, 1, lease=f"L1-{rid}", window=0, index=0,
-                          text="t0", weight_version="v1")
+    lifecycle.record_turn(sqlite_url, rid, 1, lease=f"L1-{rid}", window=0, index=0, text="t0", weight_version="v1")
     with pytest.raises(LeaseLost):
         lifecycle.record_turn(sqlite_url, rid, 1, lease="L0", window=0, index=1)
     with session_scope(sqlite_url) as s:
@@ -182,8 +190,7 @@ def test_the_mark_and_the_server_read_are_one_statement(any_db_url) -> None:
     info = pool.begin_generation("http://sim:1")
     sa.event.remove(engine, "before_cursor_execute", listener)
     assert (info.weight_version, info.paused) == ("v1", False)
-    assert len([s for s in statements if not s.lstrip().upper().startswith(
-        ("BEGIN", "COMMIT", "ROLLBACK"))]) == 1
+    assert len([s for s in statements if not s.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK"))]) == 1
     with session_scope(any_db_url) as s:
         assert s.get(Rollout, rid).generating_on == "http://sim:1"
         server_id = s.scalar(sa.text("SELECT id FROM llm_servers"))

@@ -8,6 +8,7 @@ reaper finds the lease dead and the RUN resumes in the same attempt from turn 1:
 generated again (one request more than an uninterrupted rollout), every index is logged once,
 and the rollout ends with all its turns (reward 1: the work was real).
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,12 @@ TURNS = 4
 
 def _turns(db_url: str, rollout_id: str) -> list[tuple[int, int]]:
     with session_scope(db_url) as s:
-        return [tuple(r) for r in s.execute(sa.select(Turn.attempt, Turn.index).where(
-            Turn.rollout_id == rollout_id).order_by(Turn.id))]
+        return [
+            tuple(r)
+            for r in s.execute(
+                sa.select(Turn.attempt, Turn.index).where(Turn.rollout_id == rollout_id).order_by(Turn.id)
+            )
+        ]
 
 
 def _requests(url: str) -> int:
@@ -45,8 +50,10 @@ def test_a_worker_killed_mid_batch_loses_only_the_uncommitted_turn(tmp_path) -> 
     svc = start_service(tmp_path, concurrency=2, extra={"turn_batch_window": 1.5})
     try:
         job = svc.client.submit(
-            "test-chat-resumable", [{"instance_id": "k", "turns": TURNS}],
-            llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096})
+            "test-chat-resumable",
+            [{"instance_id": "k", "turns": TURNS}],
+            llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096},
+        )
         rid = job["rollout_ids"][0]
         deadline = time.monotonic() + 60
         # Turn 0 committed, turn 1 generated (its tool ran): its record sits in the batch.
@@ -62,8 +69,9 @@ def test_a_worker_killed_mid_batch_loses_only_the_uncommitted_turn(tmp_path) -> 
         assert _turns(svc.settings.db_url, rid) == [(1, k) for k in range(TURNS)]
         assert view["attempt"] == 1 and view["metrics"]["resumed_from_turn"] == 1
         assert _requests(url) == TURNS + 1  # exactly the turn lost with the batch, again
-        assert [t["observation"] for t in view["turns"]] == [
-            f"k part {k + 1}." for k in range(TURNS - 1)] + [view["turns"][-1]["observation"]]
+        assert [t["observation"] for t in view["turns"]] == [f"k part {k + 1}." for k in range(TURNS - 1)] + [
+            view["turns"][-1]["observation"]
+        ]
         with session_scope(svc.settings.db_url) as s:
             [entry] = s.get(Rollout, rid).resumes
         assert entry["from_turn"] == 1

@@ -3,6 +3,7 @@
 Each attack (login CSRF through `?token=`, the token read back from the cookie, a form POST
 without its token, a cross-site POST) is refused while the honest path in the same run works.
 """
+
 from __future__ import annotations
 
 import base64
@@ -28,10 +29,10 @@ def ui(tmp_path_factory):
     base = f"http://127.0.0.1:{server.server_port}"
     api = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {ALICE}"})
     alice_job = api.post("/v1/jobs", json=job()).json()["job_id"]
-    bob_job = httpx.post(f"{base}/v1/jobs", json=job(), timeout=30,
-                         headers={"Authorization": f"Bearer {BOB}"}).json()["job_id"]
-    yield {"base": base, "api": api, "settings": settings, "alice_job": alice_job,
-           "bob_job": bob_job}
+    bob_job = httpx.post(f"{base}/v1/jobs", json=job(), timeout=30, headers={"Authorization": f"Bearer {BOB}"}).json()[
+        "job_id"
+    ]
+    yield {"base": base, "api": api, "settings": settings, "alice_job": alice_job, "bob_job": bob_job}
     api.close()
     server.shutdown()
 
@@ -113,14 +114,18 @@ def test_a_form_post_without_its_token_is_refused(ui):
     assert ui["api"].get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
 
 
-@pytest.mark.parametrize("headers", [{"Origin": "http://evil.example"},
-                                     {"Sec-Fetch-Site": "cross-site"},
-                                     {"Referer": "http://evil.example/page"},
-                                     {"Origin": "null"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Referer": "http://evil.example/page"},
+        {"Origin": "null"},
+    ],
+)
 def test_cross_site_posts_are_refused(ui, headers):
     job_id = ui["alice_job"]
-    resp = httpx.post(f"{ui['base']}/ui/login", data={"token": BOB}, headers=headers,
-                      timeout=30)
+    resp = httpx.post(f"{ui['base']}/ui/login", data={"token": BOB}, headers=headers, timeout=30)
     assert resp.status_code == 403 and "raas_ui" not in resp.cookies
     with logged_in(ui["base"]) as browser:
         page = browser.get(f"/ui/jobs/{job_id}").text

@@ -1,6 +1,7 @@
 """Warm sandboxes in the pipeline: INIT and EVAL claim pre-started sandboxes from their
 process's pool (real Celery workers, real bwrap), the work is real (the agent answers in its
 sandbox, the grader checks it in a fresh one), and a killed worker's pool is reaped."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,7 @@ def sandbox_dir():
 
 def _members(sandbox_dir: str) -> list[dict]:
     """Unclaimed pool members that are ready, on disk (what the reaper sees)."""
-    return [h for h in read_handles(Path(sandbox_dir))
-            if h.get("label") == POOL_LABEL and h.get("state") == "ready"]
+    return [h for h in read_handles(Path(sandbox_dir)) if h.get("label") == POOL_LABEL and h.get("state") == "ready"]
 
 
 def _graded(svc, n: int) -> list[dict]:
@@ -56,8 +56,7 @@ def test_init_and_eval_take_warm_sandboxes(tmp_path, sandbox_dir):
         warm = _graded(svc, 2)
         assert all(r["extra"]["init_ws"].startswith("pool-") for r in warm), warm
         assert all(r["extra"]["eval_ws"].startswith("pool-") for r in warm), warm
-        used = {r["extra"]["init_ws"] for r in first + warm} | \
-            {r["extra"]["eval_ws"] for r in first + warm}
+        used = {r["extra"]["init_ws"] for r in first + warm} | {r["extra"]["eval_ws"] for r in first + warm}
         assert len(used) == 8  # one sandbox, one workspace, one stage of one rollout
         for name in used:  # released with their rollouts
             assert not (svc.settings.workspaces / name).exists()
@@ -82,10 +81,14 @@ def test_a_killed_workers_pool_is_reaped_and_the_next_worker_warms_again(tmp_pat
         svc.kill_worker("init", "node-a")  # SIGKILL: no atexit, no cleanup of its own
         assert all(orphaned(h) for h in doomed) and not any(orphaned(h) for h in kept)
         # the node's reaper (a thread of this service, every 0.5 s) stops them
-        wait_for(lambda: not any(pid_alive(p, starts[p]) for tree in trees.values()
-                                 for p in tree), 30, "the dead pool's sandboxes stopped")
-        wait_for(lambda: not any(Path(h["workspace"]).exists() for h in doomed), 30,
-                 "the dead pool's slot folders removed")
+        wait_for(
+            lambda: not any(pid_alive(p, starts[p]) for tree in trees.values() for p in tree),
+            30,
+            "the dead pool's sandboxes stopped",
+        )
+        wait_for(
+            lambda: not any(Path(h["workspace"]).exists() for h in doomed), 30, "the dead pool's slot folders removed"
+        )
         live = {h["id"] for h in read_handles(Path(sandbox_dir))}
         assert {h["id"] for h in kept} <= live  # the live EVAL pool's members stay
         svc.start_worker("init", "node-a", 2)

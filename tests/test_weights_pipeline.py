@@ -5,6 +5,7 @@ registered as the caller's pool, and the `test-chat` agent (one `observe` call p
 The simulator's logprobs follow the weights a push loaded (`fakellm.weights`), so the
 tests can check that a turn recorded with a version was really sampled with those weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,13 @@ def script(latency: float, **weights) -> dict:
 
 @pytest.fixture
 def service(tmp_path, pg_url, redis_prefix):
-    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        concurrency={"init": 2, "run": 4, "eval": 2})
+    svc = start_service(
+        tmp_path,
+        db_url=pg_url,
+        broker_url=REDIS_URL,
+        key_prefix=redis_prefix,
+        concurrency={"init": 2, "run": 4, "eval": 2},
+    )
     yield svc
     svc.stop()
 
@@ -93,24 +99,28 @@ def turn_logprobs_match(detail: dict, state_of: dict) -> bool:
     base = len(detail["prompt_ids"])
     for turn, offset in zip(detail["turns"], spans):
         state = state_of[turn["weight_version"]]
-        expected = [fake_logprob(t, base + offset + i) if state is None
-                    else weights_logprob(state, t, base + offset + i)
-                    for i, t in enumerate(turn["generated_ids"])]
+        expected = [
+            fake_logprob(t, base + offset + i) if state is None else weights_logprob(state, t, base + offset + i)
+            for i, t in enumerate(turn["generated_ids"])
+        ]
         if turn["logprobs"] != pytest.approx(expected, abs=1e-9):
             return False
     return True
 
 
-def test_push_mid_job_waits_for_turns_verifies_and_records_versions(service, sims,
-                                                                   tmp_path) -> None:
+def test_push_mid_job_waits_for_turns_verifies_and_records_versions(service, sims, tmp_path) -> None:
     url = sims(0.8)
     client = service.client
     client.add_llm_server(url, model=SMOLLM2, weight_version="v0")
-    job = client.submit("test-chat", [{"instance_id": f"i{k}", "data": {}} for k in range(4)],
-                        n_samples=2, llm=LLM, agent_config={"turns": 4, "observation_words": 5})
+    job = client.submit(
+        "test-chat",
+        [{"instance_id": f"i{k}", "data": {}} for k in range(4)],
+        n_samples=2,
+        llm=LLM,
+        agent_config={"turns": 4, "observation_words": 5},
+    )
     wait_for(lambda: in_flight(url) >= 2, 180, "turns in flight")
-    report = client.push_weights(str(write_checkpoint(tmp_path / "v1", "v1")), "v1",
-                                 probe("v1"), timeout=60)
+    report = client.push_weights(str(write_checkpoint(tmp_path / "v1", "v1")), "v1", probe("v1"), timeout=60)
     [server] = report["servers"]
     assert report["resumed"] and server["ok"] and server["check"]["max_abs_diff"] == 0.0
     assert server["generating_at_pause"] >= 1  # it waited for in-flight turns ...
@@ -140,8 +150,7 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     with pytest.raises(TiedCheckpoint, match="tie_word_embeddings"):  # the SDK, before sending
         client.push_weights(str(tied), "v1", probe("v1"))
     with pytest.raises(RaasHTTPError) as refused:  # raas itself, if the SDK is bypassed
-        client._call("POST", "/v1/weights/push", json={"version": "v1", "path": str(tied),
-                                                      "probe": probe("v1")})
+        client._call("POST", "/v1/weights/push", json={"version": "v1", "path": str(tied), "probe": probe("v1")})
     assert refused.value.status == 422 and "untie" in refused.value.body["message"]
     assert not any(r.paused for r in rows(service.settings.db_url))  # refused before pausing
 
@@ -152,10 +161,10 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     assert failed.value.status == 409 and body["error"] == "weight_push_failed"
     assert body["details"]["servers"][0]["check"]["max_abs_diff"] > 1e-3
     assert "POST /v1/llm/resume" in body["message"]
-    assert [(r.paused, r.weight_version) for r in rows(service.settings.db_url)] == \
-        [(True, "v0")]
-    job = client.submit("test-chat", [{"instance_id": "p", "data": {}}], llm=LLM,
-                        agent_config={"turns": 2, "observation_words": 5})
+    assert [(r.paused, r.weight_version) for r in rows(service.settings.db_url)] == [(True, "v0")]
+    job = client.submit(
+        "test-chat", [{"instance_id": "p", "data": {}}], llm=LLM, agent_config={"turns": 2, "observation_words": 5}
+    )
     time.sleep(3)
     assert client.job(job["job_id"])["finished"] == 0  # nothing runs on the wrong weights
     assert httpx.get(f"{good}/sim/stats").json()["weights"]["body"] == "v0-retrained"
@@ -168,8 +177,7 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     assert by_url[good]["ok"] and not by_url[no_reset]["ok"]
     assert all(r.paused for r in rows(service.settings.db_url))  # the good one waits too
 
-    client.remove_llm_server(next(s["id"] for s in client.llm_servers()
-                                  if s["url"] == no_reset))
+    client.remove_llm_server(next(s["id"] for s in client.llm_servers() if s["url"] == no_reset))
     report = client.push_weights(str(good_ckpt), "v1", probe("v1"), servers=ids, timeout=30)
     assert report["resumed"]
     assert service.wait_done(job["job_id"], timeout=60)["outcomes"] == {"completed": 1}
@@ -179,16 +187,15 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     probe_file = tmp_path / "probe.json"  # the same from the shell: raas weights ...
     probe_file.write_text(json.dumps(probe("v1")))
     cli = CliRunner()
-    ok = cli.invoke(weights, ["push", str(good_ckpt), "--version", "v1b", "--probe",
-                              str(probe_file), "--url", service.url])
+    ok = cli.invoke(
+        weights, ["push", str(good_ckpt), "--version", "v1b", "--probe", str(probe_file), "--url", service.url]
+    )
     assert ok.exit_code == 0 and "verified on 1 servers" in ok.output, ok.output
-    bad = cli.invoke(weights, ["push", str(stale), "--version", "v3", "--probe",
-                               str(probe_file), "--url", service.url])
+    bad = cli.invoke(weights, ["push", str(stale), "--version", "v3", "--probe", str(probe_file), "--url", service.url])
     assert bad.exit_code == 1 and "FAILED" in bad.output and "/v1/llm/resume" in bad.output
     back = cli.invoke(weights, ["resume", "--version", "v0-retrained", "--url", service.url])
     assert back.exit_code == 0 and "resumed 1 servers" in back.output
-    assert [(r.paused, r.weight_version) for r in rows(service.settings.db_url)] == \
-        [(False, "v0-retrained")]
+    assert [(r.paused, r.weight_version) for r in rows(service.settings.db_url)] == [(False, "v0-retrained")]
 
 
 @pytest.mark.slow  # ~40 s: the pause must outlast a RUN deadline that fits a loaded machine
@@ -199,9 +206,13 @@ def test_a_pause_longer_than_the_run_deadline_costs_the_rollout_nothing(service,
     url = sims(1.0)
     client = service.client
     client.add_llm_server(url, model=SMOLLM2, weight_version="v0")
-    job = client.submit("test-chat", [{"instance_id": "slow", "data": {}}], llm=LLM,
-                        limits={"run_timeout": 20}, agent_config={"turns": 4,
-                                                                 "observation_words": 5})
+    job = client.submit(
+        "test-chat",
+        [{"instance_id": "slow", "data": {}}],
+        llm=LLM,
+        limits={"run_timeout": 20},
+        agent_config={"turns": 4, "observation_words": 5},
+    )
     wait_for(lambda: in_flight(url) >= 1, 180, "a turn in flight")
     paused = client.pause_pool(timeout=30)
     assert paused["servers"][0]["generating_at_pause"] <= 1  # (it may have ended already)

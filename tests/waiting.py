@@ -1,4 +1,5 @@
 """The one polling helper of the test suite: wait for a condition, fail naming what was awaited."""
+
 from __future__ import annotations
 
 import time
@@ -6,8 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition",
-             interval: float = 0.1) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.1) -> Any:
     """Poll `predicate` until it returns something truthy (returned); fail naming `what`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ API on a Unix socket for one rollout, sends every call through the rollout's `LL
 call as a turn; `agents.harness.samples` turns the calls into prefix-consistent training
 samples (merged while the harness extends its history, split when it rewrites it).
 """
+
 from agents.harness.endpoint import EndpointCounters, RolloutEndpoint
 
 __all__ = ["EndpointCounters", "RolloutEndpoint"]

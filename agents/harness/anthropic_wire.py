@@ -7,6 +7,7 @@ Shapes follow the official `anthropic` SDK (`Message`, the streaming events `mes
 `ping`, `content_block_start/delta/stop`, `message_delta`, `message_stop`, and the
 `{"type": "error", "error": {...}}` body). Sampling is the job's, as on the OpenAI route.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,7 @@ def parse_request(body: dict[str, Any]) -> CallRequest:
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise InvalidRequest("max_tokens: a positive integer is required")
-    messages = [{"role": "system", "content": _text(body["system"], "system")}] \
-        if body.get("system") else []
+    messages = [{"role": "system", "content": _text(body["system"], "system")}] if body.get("system") else []
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages: a non-empty list is required")
@@ -36,12 +36,19 @@ def parse_request(body: dict[str, Any]) -> CallRequest:
         messages += _convert(message, f"messages[{i}]")
     choice = (body.get("tool_choice") or {}).get("type", "auto")
     if choice not in ("auto", "none"):
-        raise InvalidRequest(f"tool_choice {choice!r} is not supported: raas cannot force a "
-                             'tool call on the policy; use "auto" or "none"')
-    return CallRequest(api="anthropic", messages=check_messages(messages),
-                       tools=_tools(body.get("tools")), parse_tools=choice == "auto",
-                       max_tokens=max_tokens, stream=bool(body.get("stream")),
-                       ignored=[k for k in IGNORED if body.get(k) is not None])
+        raise InvalidRequest(
+            f"tool_choice {choice!r} is not supported: raas cannot force a "
+            'tool call on the policy; use "auto" or "none"'
+        )
+    return CallRequest(
+        api="anthropic",
+        messages=check_messages(messages),
+        tools=_tools(body.get("tools")),
+        parse_tools=choice == "auto",
+        max_tokens=max_tokens,
+        stream=bool(body.get("stream")),
+        ignored=[k for k in IGNORED if body.get(k) is not None],
+    )
 
 
 def _text(content: Any, where: str) -> str:
@@ -71,11 +78,12 @@ def _convert(message: Any, where: str) -> list[dict[str, Any]]:
         raise InvalidRequest(f"{where}: content must be a string or a list of blocks")
     if message["role"] == "assistant":
         return [_assistant(content, where)]
-    results = [{"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                "content": _result_text(b, where)}
-               for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-    texts = [_block_text(b, where) for b in content
-             if not (isinstance(b, dict) and b.get("type") == "tool_result")]
+    results = [
+        {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": _result_text(b, where)}
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    texts = [_block_text(b, where) for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
 
@@ -84,8 +92,13 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     for block in blocks:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_use":
-            calls.append({"id": block.get("id"), "type": "function", "function": {
-                "name": block.get("name"), "arguments": block.get("input") or {}}})
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": block.get("input") or {}},
+                }
+            )
         elif kind not in ("thinking", "redacted_thinking"):
             text.append(_block_text(block, where))
     message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
@@ -107,20 +120,28 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         raise InvalidRequest("tools: a list is required")
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) \
-                or tool.get("type") not in (None, "custom"):
-            raise InvalidRequest(f"tools[{i}]: only custom tools with a name and an "
-                                 "input_schema are supported")
-        out.append({"type": "function", "function": {
-            "name": tool["name"], "description": tool.get("description", ""),
-            "parameters": tool.get("input_schema") or {"type": "object"}}})
+        if (
+            not isinstance(tool, dict)
+            or not isinstance(tool.get("name"), str)
+            or tool.get("type") not in (None, "custom")
+        ):
+            raise InvalidRequest(f"tools[{i}]: only custom tools with a name and an input_schema are supported")
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": tool["name"],
+                    "description": tool.get("description", ""),
+                    "parameters": tool.get("input_schema") or {"type": "object"},
+                },
+            }
+        )
     return out
 
 
 def _blocks(c: Completion) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": c.content}] if c.content else []
-    blocks += [{"type": "tool_use", "id": _tool_id(t.id), "name": t.name, "input": t.arguments}
-               for t in c.tool_calls]
+    blocks += [{"type": "tool_use", "id": _tool_id(t.id), "name": t.name, "input": t.arguments} for t in c.tool_calls]
     return blocks
 
 
@@ -128,11 +149,19 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _message(c: Completion, model: str, content: list[dict[str, Any]],
-             stop: str | None, output_tokens: int) -> dict[str, Any]:
-    return {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
-            "model": model, "content": content, "stop_reason": stop, "stop_sequence": None,
-            "usage": {"input_tokens": c.prompt_tokens, "output_tokens": output_tokens}}
+def _message(
+    c: Completion, model: str, content: list[dict[str, Any]], stop: str | None, output_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": f"msg_{secrets.token_hex(12)}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": output_tokens},
+    }
 
 
 def message_body(c: Completion, model: str) -> dict[str, Any]:
@@ -142,6 +171,7 @@ def message_body(c: Completion, model: str) -> dict[str, Any]:
 
 def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
     """(event name, data) of a streamed answer, as the Messages API sends them."""
+
     def event(name: str, **data: Any) -> tuple[str, str]:
         return name, json.dumps({"type": name, **data})
 
@@ -149,22 +179,25 @@ def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
     yield event("ping")
     for i, block in enumerate(_blocks(c)):
         if block["type"] == "text":
-            yield event("content_block_start", index=i,
-                        content_block={"type": "text", "text": ""})
-            yield event("content_block_delta", index=i,
-                        delta={"type": "text_delta", "text": block["text"]})
+            yield event("content_block_start", index=i, content_block={"type": "text", "text": ""})
+            yield event("content_block_delta", index=i, delta={"type": "text_delta", "text": block["text"]})
         else:
             yield event("content_block_start", index=i, content_block={**block, "input": {}})
-            yield event("content_block_delta", index=i, delta={
-                "type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+            yield event(
+                "content_block_delta",
+                index=i,
+                delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+            )
         yield event("content_block_stop", index=i)
-    yield event("message_delta", delta={"stop_reason": _STOP[c.finish], "stop_sequence": None},
-                usage={"output_tokens": c.completion_tokens})
+    yield event(
+        "message_delta",
+        delta={"stop_reason": _STOP[c.finish], "stop_sequence": None},
+        usage={"output_tokens": c.completion_tokens},
+    )
     yield event("message_stop")
 
 
-_ERROR_TYPES = {"authentication": "authentication_error", "unavailable": "api_error",
-                "not_found": "not_found_error"}
+_ERROR_TYPES = {"authentication": "authentication_error", "unavailable": "api_error", "not_found": "not_found_error"}
 
 
 def error_body(exc: CallError) -> dict[str, Any]:
@@ -172,8 +205,5 @@ def error_body(exc: CallError) -> dict[str, Any]:
     ("prompt is too long: N tokens > M maximum"), which harnesses match on."""
     message = exc.message
     if exc.kind == "context_length_exceeded":
-        message = (f"prompt is too long: {exc.details.get('prompt_tokens')} tokens > "
-                   f"{exc.details.get('limit')} maximum")
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(exc.kind,
-                                                               "invalid_request_error"),
-                                       "message": message}}
+        message = f"prompt is too long: {exc.details.get('prompt_tokens')} tokens > {exc.details.get('limit')} maximum"
+    return {"type": "error", "error": {"type": _ERROR_TYPES.get(exc.kind, "invalid_request_error"), "message": message}}

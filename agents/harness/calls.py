@@ -6,6 +6,7 @@ Everything a call does to the rollout goes through the rollout's `LLMSession` (`
 sticky server, weight version, pool pause, cancel, deadline, context and per-turn length;
 the samples are the `SampleTracker`'s.
 """
+
 from __future__ import annotations
 
 import logging
@@ -108,8 +109,9 @@ class CallRunner:
     def _new_builder(self) -> TrajectoryBuilder:
         """A builder like the session's (same tokenizer, template, current context limit)."""
         current = self.session.builder
-        return TrajectoryBuilder(current.tok, current.max_model_len, current.template_kwargs,
-                                 token_exact=current.token_exact)
+        return TrajectoryBuilder(
+            current.tok, current.max_model_len, current.template_kwargs, token_exact=current.token_exact
+        )
 
     def complete(self, request: CallRequest) -> Completion:
         """Answer one call (serialised with the rollout's other calls)."""
@@ -154,14 +156,15 @@ class CallRunner:
         if self.closing:
             raise CallError("cancelled", "this rollout's endpoint is closed", 400)
         if self.ctx.cancel_check():
-            self.fatal = self.fatal or RolloutCancelled("rollout cancelled",
-                                                        rollout_id=self.ctx.rollout_id)
+            self.fatal = self.fatal or RolloutCancelled("rollout cancelled", rollout_id=self.ctx.rollout_id)
             raise CallError("cancelled", "the rollout was cancelled")
         if self.ctx.remaining() <= 0:
             raise CallError("deadline_exceeded", "the rollout's RUN deadline has passed")
         if self._tokens_left() == 0:
-            raise CallError("token_budget_exceeded", "the rollout's generated-token budget "
-                            f"(limits.max_tokens = {self.ctx.limits.max_tokens}) is spent")
+            raise CallError(
+                "token_budget_exceeded",
+                f"the rollout's generated-token budget (limits.max_tokens = {self.ctx.limits.max_tokens}) is spent",
+            )
 
     def _tokens_left(self) -> int | None:
         budget = self.ctx.limits.max_tokens
@@ -172,11 +175,9 @@ class CallRunner:
         left = self._tokens_left()
         caps = [c for c in (left, request.max_tokens) if c is not None]
         try:
-            gen = self.session.generate(self.ctx.deadline, self._cancelled,
-                                        max_new_tokens=min(caps) if caps else None)
+            gen = self.session.generate(self.ctx.deadline, self._cancelled, max_new_tokens=min(caps) if caps else None)
         except StageTimeout as exc:
-            raise CallError("deadline_exceeded", f"the rollout's RUN deadline passed: {exc}") \
-                from exc
+            raise CallError("deadline_exceeded", f"the rollout's RUN deadline passed: {exc}") from exc
         except RolloutCancelled as exc:
             if not self.closing:
                 self.fatal = self.fatal or exc
@@ -185,11 +186,13 @@ class CallRunner:
             self.fatal = self.fatal or exc
             raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
         except InvalidRequest as exc:  # the server refused the request (not for its length)
-            raise CallError("invalid_request", f"the inference server refused the call: "
-                            f"{exc.message}") from exc
+            raise CallError("invalid_request", f"the inference server refused the call: {exc.message}") from exc
         _extend_deadline(self.ctx, gen.paused_seconds)  # a paused pool: not the agent's time
-        if gen.finish_reason == FinishReason.TOKEN_BUDGET.value and request.max_tokens \
-                is not None and (left is None or request.max_tokens < left):
+        if (
+            gen.finish_reason == FinishReason.TOKEN_BUDGET.value
+            and request.max_tokens is not None
+            and (left is None or request.max_tokens < left)
+        ):
             # The request's own max_tokens cut it, not the rollout's budget.
             gen.finish_reason = FinishReason.TURN_LENGTH.value
             self.session.trajectory().finish_reason = gen.finish_reason
@@ -201,11 +204,12 @@ class CallRunner:
     def _no_room(self, reason: str, prepared: Prepared) -> CallError:
         if reason == FinishReason.CONTEXT.value:
             return _context_error(prepared.prompt_tokens, self.session.context_length)
-        return CallError("token_budget_exceeded", "the rollout's generated-token budget "
-                         f"(limits.max_tokens = {self.ctx.limits.max_tokens}) is spent")
+        return CallError(
+            "token_budget_exceeded",
+            f"the rollout's generated-token budget (limits.max_tokens = {self.ctx.limits.max_tokens}) is spent",
+        )
 
-    def _reply(self, request: CallRequest, gen: Any,
-               prepared: Prepared) -> tuple[Completion, list[str]]:
+    def _reply(self, request: CallRequest, gen: Any, prepared: Prepared) -> tuple[Completion, list[str]]:
         """The answer to the harness, and the tool-call parse errors of the reply."""
         text = gen.text or ""
         cut = gen.finish_reason in CUT_TURN
@@ -219,20 +223,30 @@ class CallRunner:
         self.stats.tool_calls += len(out)
         content = _outside_calls(text) if out else text
         finish = "length" if cut else ("tool_calls" if out else "stop")
-        return Completion(text, content or (None if out else ""), out, finish,
-                          prepared.prompt_tokens, len(gen.token_ids)), errors
+        return Completion(
+            text, content or (None if out else ""), out, finish, prepared.prompt_tokens, len(gen.token_ids)
+        ), errors
 
-    def _record(self, request: CallRequest, gen: Any, prepared: Prepared,
-                completion: Completion, errors: list[str], seconds: float) -> None:
+    def _record(
+        self,
+        request: CallRequest,
+        gen: Any,
+        prepared: Prepared,
+        completion: Completion,
+        errors: list[str],
+        seconds: float,
+    ) -> None:
         """Log the call as a turn (the pipeline writes it before the reply is sent)."""
         extra: dict[str, Any] = {
-            "api": request.api, "stream": request.stream, "sample": prepared.sample,
-            "merged": prepared.merged, "split_reason": prepared.split_reason,
-            "prompt_tokens": prepared.prompt_tokens, "context_length":
-                self.session.context_length,
+            "api": request.api,
+            "stream": request.stream,
+            "sample": prepared.sample,
+            "merged": prepared.merged,
+            "split_reason": prepared.split_reason,
+            "prompt_tokens": prepared.prompt_tokens,
+            "context_length": self.session.context_length,
             "paused_seconds": round(gen.paused_seconds, 6),  # a weight push: not charged
-            "tool_call_parsed": (None if not request.tools else
-                                 bool(completion.tool_calls) and not errors),
+            "tool_call_parsed": (None if not request.tools else bool(completion.tool_calls) and not errors),
         }
         extra["delta_ids" if prepared.merged else "prompt_ids"] = list(prepared.ids)
         if errors:
@@ -241,11 +255,17 @@ class CallRunner:
             extra["logprobs_mode"] = gen.logprobs_mode
         index, self.turn_index = self.turn_index, self.turn_index + 1
         self.ctx.record_turn(
-            index=index, generated_ids=list(gen.token_ids), logprobs=list(gen.logprobs or []),
-            text=gen.text, tool_calls=[{"name": c.name, "arguments": c.arguments}
-                                       for c in completion.tool_calls],
-            finish_reason=gen.finish_reason, llm_server=gen.server,
-            weight_version=gen.weight_version, gen_seconds=round(seconds, 6), extra=extra)
+            index=index,
+            generated_ids=list(gen.token_ids),
+            logprobs=list(gen.logprobs or []),
+            text=gen.text,
+            tool_calls=[{"name": c.name, "arguments": c.arguments} for c in completion.tool_calls],
+            finish_reason=gen.finish_reason,
+            llm_server=gen.server,
+            weight_version=gen.weight_version,
+            gen_seconds=round(seconds, 6),
+            extra=extra,
+        )
 
 
 def _extend_deadline(ctx: RunContext, seconds: float) -> None:
@@ -263,14 +283,20 @@ def _openai_reply(completion: Completion) -> dict[str, Any]:
     """The reply as an OpenAI assistant message (what the next request echoes)."""
     message: dict[str, Any] = {"role": "assistant", "content": completion.content}
     if completion.tool_calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-            "name": c.name, "arguments": c.arguments}} for c in completion.tool_calls]
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in completion.tool_calls
+        ]
     return message
 
 
 def _context_error(prompt_tokens: int, limit: int) -> CallError:
     """OpenAI's wording (LiteLLM and harnesses match on it)."""
-    return CallError("context_length_exceeded",
-                     f"This model's maximum context length is {limit} tokens. However, your "
-                     f"messages resulted in {prompt_tokens} tokens. Please reduce the length "
-                     "of the messages.", prompt_tokens=prompt_tokens, limit=limit)
+    return CallError(
+        "context_length_exceeded",
+        f"This model's maximum context length is {limit} tokens. However, your "
+        f"messages resulted in {prompt_tokens} tokens. Please reduce the length "
+        "of the messages.",
+        prompt_tokens=prompt_tokens,
+        limit=limit,
+    )

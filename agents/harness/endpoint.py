@@ -7,6 +7,7 @@ The capability token is compared in constant time and dies with the endpoint: `_
 closes the listener, every open connection and the socket file, and any request still
 arriving on a connection is refused with a 401.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -97,9 +98,12 @@ class RolloutEndpoint:
         self._server = _Server(self.socket_path, self)
         os.chmod(self.socket_path, 0o666)  # the sandbox's user is not ours
         self._live = True
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
-                                        name=f"endpoint-{self.ctx.rollout_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"endpoint-{self.ctx.rollout_id}",
+            daemon=True,
+        )
         self._thread.start()
         log.info("rollout %s: model endpoint on %s", self.ctx.rollout_id, self.socket_path)
         return self
@@ -119,8 +123,7 @@ class RolloutEndpoint:
         if self.runner.lock.acquire(timeout=EXIT_WAIT_SECONDS):
             self.runner.lock.release()
         else:
-            log.warning("rollout %s: a model call outlived the endpoint's exit",
-                        self.ctx.rollout_id)
+            log.warning("rollout %s: a model call outlived the endpoint's exit", self.ctx.rollout_id)
 
     # -- what the handler reads ----------------------------------------------------------
     @property
@@ -128,13 +131,19 @@ class RolloutEndpoint:
         """Calls, parse failures, samples, merges and splits so far."""
         stats, tracker = self.runner.stats, self.runner.tracker
         return EndpointCounters(
-            calls=stats.calls, failed_calls=stats.failed_calls,
-            parse_failures=stats.parse_failures, tool_calls=stats.tool_calls,
+            calls=stats.calls,
+            failed_calls=stats.failed_calls,
+            parse_failures=stats.parse_failures,
+            tool_calls=stats.tool_calls,
             replies_without_tool_call=stats.replies_without_tool_call,
-            samples=len(tracker.training_samples()), merges=tracker.merges,
-            splits=tracker.splits, split_reasons=dict(tracker.split_reasons),
-            errors=dict(stats.errors), ignored_params=dict(stats.ignored_params),
-            unauthorized=self._unauthorized)
+            samples=len(tracker.training_samples()),
+            merges=tracker.merges,
+            splits=tracker.splits,
+            split_reasons=dict(tracker.split_reasons),
+            errors=dict(stats.errors),
+            ignored_params=dict(stats.ignored_params),
+            unauthorized=self._unauthorized,
+        )
 
     @property
     def calls(self) -> int:
@@ -160,8 +169,7 @@ class RolloutEndpoint:
         try:
             if not self._authorized(req):
                 self._unauthorized += 1
-                raise CallError("authentication", "invalid or expired API key for this "
-                                "rollout's endpoint", 401)
+                raise CallError("authentication", "invalid or expired API key for this rollout's endpoint", 401)
             if req.command == "GET" and path == "/v1/models":
                 return req.send_json(200, openai_wire.models_body(MODEL_NAME))
             if req.command != "POST" or path not in ("/v1/chat/completions", "/v1/messages"):
@@ -174,8 +182,9 @@ class RolloutEndpoint:
         except Exception as exc:  # noqa: BLE001 - a lost lease, a database outage, a bug
             log.exception("rollout %s: the endpoint failed a call", self.ctx.rollout_id)
             self.runner.fatal = self.runner.fatal or exc  # infrastructure: the handler raises
-            req.send_json(500, wire.error_body(CallError("unavailable", "raas failed this "
-                                                         f"call: {type(exc).__name__}", 500)))
+            req.send_json(
+                500, wire.error_body(CallError("unavailable", f"raas failed this call: {type(exc).__name__}", 500))
+            )
 
     def _body(self, req: _Handler) -> dict[str, Any]:
         try:
@@ -203,14 +212,13 @@ class RolloutEndpoint:
             req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
         if wire is anthropic_wire:
             if call.stream:
-                return req.send_sse(f"event: {name}\ndata: {data}\n\n"
-                                    for name, data in anthropic_wire.stream_events(
-                                        completion, model))
+                return req.send_sse(
+                    f"event: {name}\ndata: {data}\n\n" for name, data in anthropic_wire.stream_events(completion, model)
+                )
             return req.send_json(200, anthropic_wire.message_body(completion, model))
         if call.stream:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return req.send_sse(f"data: {data}\n\n" for data in openai_wire.stream_events(
-                completion, model, usage))
+            return req.send_sse(f"data: {data}\n\n" for data in openai_wire.stream_events(completion, model, usage))
         return req.send_json(200, openai_wire.completion_body(completion, model))
 
 

@@ -10,6 +10,7 @@ of each message matter:
   itself is rendered from the text the model produced (never re-serialised from the
   harness's echo); anything else from its own fields.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,7 @@ def content_text(content: Any, where: str) -> str:
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind not in ("text", "input_text", "output_text"):
-                raise InvalidRequest(f"{where}: content part of type {kind!r} is not supported "
-                                     "(text only)")
+                raise InvalidRequest(f"{where}: content part of type {kind!r} is not supported (text only)")
             parts.append(str(part.get("text") or ""))
         return "".join(parts)
     raise InvalidRequest(f"{where}: content must be a string, null or a list of text parts")
@@ -52,14 +52,13 @@ def canonical(message: dict[str, Any]) -> dict[str, Any]:
     """What of `message` a prefix comparison looks at (see the module docstring)."""
     role = message.get("role")
     role = "system" if role == "developer" else role
-    out: dict[str, Any] = {"role": role,
-                           "content": content_text(message.get("content"), f"{role} message")}
+    out: dict[str, Any] = {"role": role, "content": content_text(message.get("content"), f"{role} message")}
     calls = message.get("tool_calls") or []
     if calls:
         out["tool_calls"] = [
-            [(c.get("function") or {}).get("name"), arguments_of((c.get("function") or {})
-                                                                 .get("arguments"))]
-            for c in calls]
+            [(c.get("function") or {}).get("name"), arguments_of((c.get("function") or {}).get("arguments"))]
+            for c in calls
+        ]
     return out
 
 
@@ -77,8 +76,9 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
         content_text(message.get("content"), f"messages[{i}]")
     if messages[-1].get("role") == "assistant":
-        raise InvalidRequest("messages: the last message is an assistant message; continuing "
-                             "a prefilled assistant turn is not supported")
+        raise InvalidRequest(
+            "messages: the last message is an assistant message; continuing a prefilled assistant turn is not supported"
+        )
     return messages
 
 
@@ -92,10 +92,16 @@ def template_message(message: dict[str, Any], generated: dict[str, str]) -> dict
         if raw is not None:
             return {"role": "assistant", "content": raw}
         out: dict[str, Any] = {"role": "assistant", "content": text}
-        calls = [{"type": "function", "function": {
-            "name": (c.get("function") or {}).get("name"),
-            "arguments": arguments_of((c.get("function") or {}).get("arguments"))}}
-            for c in message.get("tool_calls") or []]
+        calls = [
+            {
+                "type": "function",
+                "function": {
+                    "name": (c.get("function") or {}).get("name"),
+                    "arguments": arguments_of((c.get("function") or {}).get("arguments")),
+                },
+            }
+            for c in message.get("tool_calls") or []
+        ]
         if calls:
             out["tool_calls"] = calls
         return out
@@ -116,9 +122,14 @@ def function_tools(tools: Any) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
-                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise InvalidRequest(f"tools[{i}]: only function tools "
-                                 '{"type": "function", "function": {"name": ...}} are supported')
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+        ):
+            raise InvalidRequest(
+                f'tools[{i}]: only function tools {{"type": "function", "function": {{"name": ...}}}} are supported'
+            )
         out.append({"type": "function", "function": fn})
     return out

@@ -6,6 +6,7 @@ arrays (`prompt_ids`, `response_ids`, `response_logprobs`, `loss_mask`, `policy_
 samples and `extra["samples"]` lists every one in order (the last one included), each with
 its own arrays, `split_reason` (why the sample before it ended) and `calls`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -27,26 +28,32 @@ def versions(traj: Any) -> list[Any]:
 def sample_dict(sample: Sample) -> dict[str, Any]:
     """One sample's arrays (the wire's `SampleArrays`)."""
     traj = sample.trajectory
-    return {"prompt_ids": list(traj.prompt_ids), "response_ids": list(traj.response_ids),
-            "response_logprobs": list(traj.response_logprobs),
-            "loss_mask": list(traj.loss_mask), "policy_versions": versions(traj),
-            "turn_boundaries": [list(b) for b in traj.turn_boundaries],
-            "finish_reason": traj.finish_reason, "split_reason": sample.split_reason,
-            "calls": sample.calls}
+    return {
+        "prompt_ids": list(traj.prompt_ids),
+        "response_ids": list(traj.response_ids),
+        "response_logprobs": list(traj.response_logprobs),
+        "loss_mask": list(traj.loss_mask),
+        "policy_versions": versions(traj),
+        "turn_boundaries": [list(b) for b in traj.turn_boundaries],
+        "finish_reason": traj.finish_reason,
+        "split_reason": sample.split_reason,
+        "calls": sample.calls,
+    }
 
 
-def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str,
-               finish_reason: str | None) -> Trajectory:
+def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str, finish_reason: str | None) -> Trajectory:
     """The record of the rollout (see the module docstring)."""
     samples = runner.tracker.training_samples()
-    metrics: dict[str, Any] = {**counters, "turns": runner.turn_index,
-                               "generated_tokens": runner.stats.generated_tokens,
-                               "tool_calls_parsed": runner.stats.tool_calls,
-                               "tool_calls_failed": runner.stats.parse_failures}
+    metrics: dict[str, Any] = {
+        **counters,
+        "turns": runner.turn_index,
+        "generated_tokens": runner.stats.generated_tokens,
+        "tool_calls_parsed": runner.stats.tool_calls,
+        "tool_calls_failed": runner.stats.parse_failures,
+    }
     extra: dict[str, Any] = {}
     if not samples:
-        return Trajectory(outcome=outcome, finish_reason=finish_reason, metrics=metrics,
-                         extra=extra)
+        return Trajectory(outcome=outcome, finish_reason=finish_reason, metrics=metrics, extra=extra)
     metrics.update(_drift(samples))
     last = samples[-1].trajectory
     if len(samples) > 1:
@@ -59,16 +66,25 @@ def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str,
     metrics["response_tokens"] = sum(len(s.trajectory.response_ids) for s in samples)
     metrics["context_length"] = runner.session.context_length
     return Trajectory(
-        outcome=outcome, finish_reason=finish_reason,
-        prompt_ids=list(last.prompt_ids), response_ids=list(last.response_ids),
-        response_logprobs=list(last.response_logprobs), loss_mask=list(last.loss_mask),
-        policy_versions=versions(last), token_exact=last.token_exact,
-        messages=[dict(m) for m in last.messages], metrics=metrics, extra=extra)
+        outcome=outcome,
+        finish_reason=finish_reason,
+        prompt_ids=list(last.prompt_ids),
+        response_ids=list(last.response_ids),
+        response_logprobs=list(last.response_logprobs),
+        loss_mask=list(last.loss_mask),
+        policy_versions=versions(last),
+        token_exact=last.token_exact,
+        messages=[dict(m) for m in last.messages],
+        metrics=metrics,
+        extra=extra,
+    )
 
 
 def _drift(samples: list[Sample]) -> dict[str, Any]:
     """The drift audit over every sample: positions that differ from a full re-render."""
     reports = [s.builder.audit_drift() for s in samples]
-    return {"retokenization_drift": sum(r["retokenization_drift"] for r in reports),
-            "drift_samples": [i for i, r in enumerate(reports) if r["retokenization_drift"]],
-            "forged_control_tokens": sum(r.get("forged_control_tokens", 0) for r in reports)}
+    return {
+        "retokenization_drift": sum(r["retokenization_drift"] for r in reports),
+        "drift_samples": [i for i, r in enumerate(reports) if r["retokenization_drift"]],
+        "forged_control_tokens": sum(r.get("forged_control_tokens", 0) for r in reports),
+    }

@@ -11,6 +11,7 @@ training data is then its samples in order, each one prefix-consistent.
 The comparison tolerates exactly the normalisations an SDK makes when it echoes a reply
 (`agents.harness.messages.canonical`) and nothing else.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -81,7 +82,7 @@ class SampleTracker:
                 sample, self._pending = self.current, None
         reason = self._why_not_extended(keys, tools_key) if sample is not None else None
         if sample is not None and reason is None and self._pending is None:
-            return self._merge(sample, messages[len(self._expected or []):], keys)
+            return self._merge(sample, messages[len(self._expected or []) :], keys)
         return self._start(messages, tools, tools_key, keys, reason)
 
     def _why_not_extended(self, keys: list[dict], tools_key: list[dict] | None) -> str | None:
@@ -99,7 +100,7 @@ class SampleTracker:
         old, new = expected[first], keys[first]
         if old["role"] == new["role"] == "system":
             return "system_changed"
-        if keys[first] in expected[first + 1:]:
+        if keys[first] in expected[first + 1 :]:
             return "messages_dropped"  # what followed moved up: something was left out
         if old["role"] == new["role"] == "assistant":
             return "assistant_edited"
@@ -115,8 +116,14 @@ class SampleTracker:
         self._pending, self._pending_tools = keys, self._tools
         return self._ready(sample, True, None, delta)
 
-    def _start(self, messages: list[dict[str, Any]], tools: list[dict] | None,
-               tools_key: list[dict] | None, keys: list[dict], reason: str | None) -> Prepared:
+    def _start(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None,
+        tools_key: list[dict] | None,
+        keys: list[dict],
+        reason: str | None,
+    ) -> Prepared:
         builder = self.new_builder()
         prompt = builder.start([template_message(m, self._generated) for m in messages], tools)
         sample = Sample(builder, split_reason=reason)
@@ -124,11 +131,9 @@ class SampleTracker:
         self._pending, self._pending_tools = keys, tools_key
         return self._ready(sample, False, reason, prompt)
 
-    def _ready(self, sample: Sample, merged: bool, reason: str | None,
-               ids: list[int]) -> Prepared:
+    def _ready(self, sample: Sample, merged: bool, reason: str | None, ids: list[int]) -> Prepared:
         fits = not sample.builder.exhausted and sample.builder.budget_left > 0
-        self._prepared = Prepared(len(self.samples) - 1, merged, reason, ids, fits,
-                                  sample.builder.length)
+        self._prepared = Prepared(len(self.samples) - 1, merged, reason, ids, fits, sample.builder.length)
         return self._prepared
 
     def generated(self, reply: dict[str, Any], text: str) -> None:

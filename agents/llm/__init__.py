@@ -3,6 +3,7 @@
 The agent loop talks to the policy only through `LLMSession` (one per rollout); the gateway
 validates a job's `llm` and `sampling` configs with `validate_llm_spec` / `SamplingParams`.
 """
+
 from agents.llm.backends import Generation
 from agents.llm.session import LLMSession
 from agents.llm.spec import (

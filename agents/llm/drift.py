@@ -7,6 +7,7 @@ and suffix so long trajectories stay cheap) and only the tokens outside the alig
 count. Each difference is attributed to the turn whose generated span (or the observation
 delta after it) it starts in; turn -1 is the prompt.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -14,8 +15,9 @@ from difflib import SequenceMatcher
 from typing import Any
 
 
-def align_drift(built: list[int], reference: list[int], prompt_len: int,
-                turn_boundaries: list[list[int]]) -> dict[str, Any]:
+def align_drift(
+    built: list[int], reference: list[int], prompt_len: int, turn_boundaries: list[list[int]]
+) -> dict[str, Any]:
     """Report how `built` differs from `reference` after alignment (never edits either).
 
     Returns `retokenization_drift` (differing tokens after alignment, 0 = identical),
@@ -24,7 +26,7 @@ def align_drift(built: list[int], reference: list[int], prompt_len: int,
     """
     head = _common_prefix(built, reference)
     tail = _common_prefix(built[head:][::-1], reference[head:][::-1])
-    a, b = built[head:len(built) - tail], reference[head:len(reference) - tail]
+    a, b = built[head : len(built) - tail], reference[head : len(reference) - tail]
     per_turn: dict[int, dict[str, int]] = {}
     starts = [prompt_len + start for start, _ in turn_boundaries]
     for op, i1, i2, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
@@ -32,8 +34,7 @@ def align_drift(built: list[int], reference: list[int], prompt_len: int,
             continue
         position = head + i1
         turn = bisect_right(starts, position) - 1
-        entry = per_turn.setdefault(turn, {"turn": turn, "first_diff": position,
-                                           "differing_tokens": 0})
+        entry = per_turn.setdefault(turn, {"turn": turn, "first_diff": position, "differing_tokens": 0})
         entry["differing_tokens"] += max(i2 - i1, j2 - j1)
     turns = [per_turn[k] for k in sorted(per_turn)]
     return {

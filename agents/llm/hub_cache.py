@@ -9,6 +9,7 @@ revision. Nothing is downloaded: a rollout's tokens must come from the files the
 loaded, and a worker may have no network. When trainer, servers and raas share the cache (a
 shared filesystem or the same image), the id resolves to the same files.
 """
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ Where that bookkeeping lives is the pool's business: the pipeline's pools keep i
 database, fenced on the rollout's lease (`tasks.llm_pool`); `StaticServerPool` keeps it in this
 process, for servers a job names when no database is involved (tests, library use).
 """
+
 from __future__ import annotations
 
 import logging
@@ -137,14 +138,22 @@ _static_lock = threading.Lock()
 class StaticServerPool(ServerPool):
     """Servers named in the job's spec; load, stickiness and health are kept in this process."""
 
-    def __init__(self, backend: str, rollout_id: str, servers: list[dict[str, Any]],
-                 credential: str | None = None) -> None:
+    def __init__(
+        self, backend: str, rollout_id: str, servers: list[dict[str, Any]], credential: str | None = None
+    ) -> None:
         super().__init__(backend, rollout_id)
-        self.servers = {s["url"]: ServerInfo(s["url"], s.get("model"), s.get("weight_version"),
-                                             s.get("backend") or backend, False,
-                                             s.get("logprobs_mode") or "raw_logprobs",
-                                             s.get("credential") or credential)
-                        for s in servers}
+        self.servers = {
+            s["url"]: ServerInfo(
+                s["url"],
+                s.get("model"),
+                s.get("weight_version"),
+                s.get("backend") or backend,
+                False,
+                s.get("logprobs_mode") or "raw_logprobs",
+                s.get("credential") or credential,
+            )
+            for s in servers
+        }
         self._local: dict[str, int] = {url: 0 for url in self.servers}
         self._stuck: str | None = None
 

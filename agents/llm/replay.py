@@ -6,6 +6,7 @@ delta and must give the stored ids: any difference (another tokenizer, template 
 length) raises ResumeError, and the pipeline restarts the rollout from INIT rather than
 continue a trajectory the policy never saw. The prompt is checked the same way, by digest.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,7 @@ def prompt_digest(prompt_ids: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, prompt_ids)).encode()).hexdigest()[:16]
 
 
-def replay_turns(session: LLMSession, turns: list[dict[str, Any]],
-                 digest: str | None) -> None:
+def replay_turns(session: LLMSession, turns: list[dict[str, Any]], digest: str | None) -> None:
     """Append `turns` (index order, from 0) to a session that was just `start`ed."""
     if digest is not None and prompt_digest(session.trajectory().prompt_ids) != digest:
         raise ResumeError("the prompt renders to other tokens than when the turns were logged")
@@ -37,8 +37,9 @@ def replay_turns(session: LLMSession, turns: list[dict[str, Any]],
             builder.limit_context(int(extra["context_length"]))
         ids = list(turn.get("generated_ids") or [])
         logprobs = turn.get("logprobs")
-        builder.add_generation(ids, logprobs if logprobs or not ids else None,
-                               turn.get("finish_reason"), turn.get("weight_version"))
+        builder.add_generation(
+            ids, logprobs if logprobs or not ids else None, turn.get("finish_reason"), turn.get("weight_version")
+        )
         session.note_logprobs_mode(extra.get("logprobs_mode"))
         messages = turn.get("observation_messages")
         stored = list(turn.get("observation_ids") or [])

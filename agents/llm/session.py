@@ -12,6 +12,7 @@ in GET /v1/models. The turn's finish reason names the cap that cut it (`turn_len
 `context`, `token_budget`; see `agents.finish_reasons`). A server the trainer paused (weights
 loading) makes the turn wait, never fail; a request vLLM aborted is asked again.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,10 +67,16 @@ _model_names: dict[str, str | None] = {}
 class LLMSession:
     """One rollout's conversation with the policy: token-exact trajectory + sticky server."""
 
-    def __init__(self, spec: LLMSpec, sampling: SamplingParams, rollout_id: str,
-                 pool: ServerPool, builder: TrajectoryBuilder,
-                 policy: LLMPolicy | None = None,
-                 url_rules: list[UrlRule] | None = None) -> None:
+    def __init__(
+        self,
+        spec: LLMSpec,
+        sampling: SamplingParams,
+        rollout_id: str,
+        pool: ServerPool,
+        builder: TrajectoryBuilder,
+        policy: LLMPolicy | None = None,
+        url_rules: list[UrlRule] | None = None,
+    ) -> None:
         self.spec = spec
         self.url_rules = url_rules  # a tenant's job: its servers are held to these
         self.sampling = sampling
@@ -88,9 +95,15 @@ class LLMSession:
         self._paused = self._unreported = 0.0
 
     @classmethod
-    def open(cls, llm_spec: LLMSpec | dict, sampling: SamplingParams | dict, rollout_id: str,
-             pool: ServerPool | None = None, policy: LLMPolicy | None = None,
-             url_rules: list[UrlRule] | None = None) -> LLMSession:
+    def open(
+        cls,
+        llm_spec: LLMSpec | dict,
+        sampling: SamplingParams | dict,
+        rollout_id: str,
+        pool: ServerPool | None = None,
+        policy: LLMPolicy | None = None,
+        url_rules: list[UrlRule] | None = None,
+    ) -> LLMSession:
         """A session for `rollout_id` from the job's (normalised) llm spec and sampling.
 
         The pipeline passes the job config's typed parts (`JobConfig.llm`, `.sampling`); a
@@ -100,23 +113,27 @@ class LLMSession:
         bookkeeping. With `url_rules` (a tenant's job) every call to a server goes only where
         they allow.
         """
-        spec: LLMSpec = (llm_spec.model_copy(deep=True) if isinstance(llm_spec, LLMSpec)
-                         else parse_model(LLMSpec, llm_spec, "llm"))  # tokenizer is set below
-        params: SamplingParams = (sampling if isinstance(sampling, SamplingParams)
-                                  else parse_model(SamplingParams, sampling, "sampling"))
+        spec: LLMSpec = (
+            llm_spec.model_copy(deep=True) if isinstance(llm_spec, LLMSpec) else parse_model(LLMSpec, llm_spec, "llm")
+        )  # tokenizer is set below
+        params: SamplingParams = (
+            sampling if isinstance(sampling, SamplingParams) else parse_model(SamplingParams, sampling, "sampling")
+        )
         if pool is None:
-            pool = StaticServerPool(spec.backend, rollout_id,
-                                    [s.model_dump() for s in spec.servers or []],
-                                    spec.credential)
+            pool = StaticServerPool(
+                spec.backend, rollout_id, [s.model_dump() for s in spec.servers or []], spec.credential
+            )
         if spec.tokenizer is None:
             with url_guard(url_rules):
                 spec.tokenizer = resolve_tokenizer_path(spec, pool.candidate_urls)
         tokenizer = load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
         if not spec.token_exact:
-            log.warning("rollout %s uses the text-only %s backend: trajectory NOT token-exact",
-                        rollout_id, spec.backend)
-        builder = TrajectoryBuilder(tokenizer, spec.max_model_len, spec.chat_template_kwargs,
-                                    token_exact=spec.token_exact)
+            log.warning(
+                "rollout %s uses the text-only %s backend: trajectory NOT token-exact", rollout_id, spec.backend
+            )
+        builder = TrajectoryBuilder(
+            tokenizer, spec.max_model_len, spec.chat_template_kwargs, token_exact=spec.token_exact
+        )
         return cls(spec, params, rollout_id, pool, builder, policy, url_rules)
 
     def __enter__(self) -> LLMSession:
@@ -154,14 +171,16 @@ class LLMSession:
         """Count a replayed turn's logprobs mode (a resumed RUN, `agents.llm.replay`)."""
         self._modes.add(mode)
 
-    def generate(self, deadline: float, cancelled: Callable[[], bool] | None = None,
-                 max_new_tokens: int | None = None) -> Generation:
+    def generate(
+        self, deadline: float, cancelled: Callable[[], bool] | None = None, max_new_tokens: int | None = None
+    ) -> Generation:
         """Sample one turn (see `_turn`), under the session's URL rules."""
         with url_guard(self.url_rules):
             return self._turn(deadline, cancelled, max_new_tokens)
 
-    def _turn(self, deadline: float, cancelled: Callable[[], bool] | None = None,
-              max_new_tokens: int | None = None) -> Generation:
+    def _turn(
+        self, deadline: float, cancelled: Callable[[], bool] | None = None, max_new_tokens: int | None = None
+    ) -> Generation:
         """Sample one turn before `deadline` (time.monotonic()), failing over between servers.
 
         The request asks for at most `sampling.max_tokens`, the context left and
@@ -198,8 +217,7 @@ class LLMSession:
                     generation = self.backend.generate(server.url, request)
             except ServerError as exc:
                 if handle is not None and handle.aborted:
-                    raise RolloutCancelled("rollout cancelled during generation",
-                                           rollout_id=self.rollout_id) from exc
+                    raise RolloutCancelled("rollout cancelled during generation", rollout_id=self.rollout_id) from exc
                 if time.monotonic() >= self._deadline:
                     raise StageTimeout(f"generation passed its deadline on {server.url}") from exc
                 current = self.pool.lookup(server.url)
@@ -245,14 +263,18 @@ class LLMSession:
         """Lower the context to what the server reports serving (GET /v1/models)."""
         served = server_max_model_len(server.url)
         if served is not None and served < self.builder.max_model_len:
-            log.info("rollout %s: %s serves max_model_len %d < the job's %d", self.rollout_id,
-                     server.url, served, self.builder.max_model_len)
+            log.info(
+                "rollout %s: %s serves max_model_len %d < the job's %d",
+                self.rollout_id,
+                server.url,
+                served,
+                self.builder.max_model_len,
+            )
             self.builder.limit_context(served)
 
     def _learn_context(self, server: ServerInfo, message: str) -> bool:
         """A context 400 that names the server's limit: lower ours; True if it got lower."""
-        log.info("rollout %s: %s rejects the request: %s", self.rollout_id, server.url,
-                 message[:300])
+        log.info("rollout %s: %s rejects the request: %s", self.rollout_id, server.url, message[:300])
         match = _CONTEXT_LIMIT.search(message)
         served = int(match.group(1) or match.group(2)) if match else None
         if served is None or served >= self.builder.max_model_len:
@@ -296,8 +318,7 @@ class LLMSession:
         cred = check_credential(self.policy, server.credential, server.url, "credential")
         secret = os.environ.get(cred.env)
         if not secret:
-            raise ServiceUnavailable(f"credential {server.credential!r} is not set on this "
-                                     "worker")
+            raise ServiceUnavailable(f"credential {server.credential!r} is not set on this worker")
         return {"Authorization": f"Bearer {secret}"}
 
     def _request(self, server: ServerInfo, max_tokens: int, deadline: float) -> GenerateRequest:
@@ -315,8 +336,7 @@ class LLMSession:
             tools=self.builder.tools,
         )
 
-    def _record(self, generation: Generation, server: ServerInfo, cap: int,
-                cap_reason: str) -> Generation:
+    def _record(self, generation: Generation, server: ServerInfo, cap: int, cap_reason: str) -> Generation:
         """Append the turn to the trajectory and stamp it with server and weight version."""
         if not self.backend.token_exact:
             generation = self._tokenize_text_answer(generation)
@@ -326,8 +346,8 @@ class LLMSession:
         generation.logprobs_mode = getattr(server, "logprobs_mode", None)
         self._modes.add(generation.logprobs_mode)
         generation.text = self.builder.add_generation(
-            generation.token_ids, generation.logprobs, generation.finish_reason,
-            server.weight_version)
+            generation.token_ids, generation.logprobs, generation.finish_reason, server.weight_version
+        )
         return generation
 
     def _turn_reason(self, generation: Generation, cap: int, cap_reason: str) -> str | None:
@@ -387,8 +407,9 @@ class LLMSession:
         """Refuse a server whose logprobs are not the kind the job asked for."""
         wanted = self.spec.logprobs_mode
         if wanted is not None and server.logprobs_mode != wanted:
-            raise ConfigError(f"llm.logprobs_mode: the job needs {wanted} but {server.url} "
-                              f"declares {server.logprobs_mode}")
+            raise ConfigError(
+                f"llm.logprobs_mode: the job needs {wanted} but {server.url} declares {server.logprobs_mode}"
+            )
         return server
 
     def _acquire(self, tried: set[str]) -> ServerInfo:
@@ -408,8 +429,7 @@ class LLMSession:
                 time.sleep(NO_SERVER_RETRY_SECONDS)
 
     def _fail_over(self, server: ServerInfo, error: str) -> None:
-        log.warning("rollout %s: LLM server %s failed, moving on: %s",
-                    self.rollout_id, server.url, error)
+        log.warning("rollout %s: LLM server %s failed, moving on: %s", self.rollout_id, server.url, error)
         self.pool.mark_down(server.url, error)
         self.pool.release(server.url)
         self.server = None

@@ -5,6 +5,7 @@
 `SamplingParams` is per turn. Both forbid unknown fields so a typo fails the submission with a
 message naming the field instead of being ignored for a whole batch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -52,11 +53,11 @@ class ServerSpec(BaseModel):
     model: str | None = Field(None, description="Served model name; default: GET /v1/models")
     weight_version: str | None = Field(None, description="Recorded with every turn it samples")
     backend: BackendName | None = Field(None, description="Overrides the job's backend")
-    credential: str | None = Field(
-        None, description="Name of an operator-registered credential sent to this server")
+    credential: str | None = Field(None, description="Name of an operator-registered credential sent to this server")
     logprobs_mode: LogprobsMode = Field(
-        "raw_logprobs", description="The server's --logprobs-mode (vLLM default raw_logprobs); "
-        "recorded on every turn it samples")
+        "raw_logprobs",
+        description="The server's --logprobs-mode (vLLM default raw_logprobs); recorded on every turn it samples",
+    )
 
     @field_validator("url")
     @classmethod
@@ -83,23 +84,18 @@ class LLMSpec(BaseModel):
     tokenizer: str | None = Field(
         None, description="Local Hugging Face folder; default: the model path the server reports"
     )
-    chat_template: str | None = Field(
-        None, description="Name of an operator-registered chat template (GET /v1/policy)"
-    )
-    chat_template_text: str | None = Field(
-        None, description="Inline Jinja chat template (size-capped by the operator)"
-    )
+    chat_template: str | None = Field(None, description="Name of an operator-registered chat template (GET /v1/policy)")
+    chat_template_text: str | None = Field(None, description="Inline Jinja chat template (size-capped by the operator)")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra template variables (e.g. enable_thinking)"
     )
     max_model_len: int = Field(4096, gt=0, description="Prompt + all turns, in tokens")
     request_timeout: float = Field(600.0, gt=0, description="Seconds for one generation call")
-    credential: str | None = Field(
-        None, description="Name of an operator-registered credential for the job's servers"
-    )
+    credential: str | None = Field(None, description="Name of an operator-registered credential for the job's servers")
     logprobs_mode: LogprobsMode | None = Field(
-        None, description="Only use servers whose logprobs are of this kind (raw_logprobs or "
-        "processed_logprobs); None = any (the rollout records which)"
+        None,
+        description="Only use servers whose logprobs are of this kind (raw_logprobs or "
+        "processed_logprobs); None = any (the rollout records which)",
     )
 
     @field_validator("servers")
@@ -143,8 +139,9 @@ def validate_sampling(sampling: dict | None) -> dict:
     return parse_model(SamplingParams, sampling, "sampling").model_dump()
 
 
-def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list,
-                      policy: LLMPolicy | None = None, admin: bool = True) -> dict:
+def validate_llm_spec(
+    llm_spec: dict, registered: Callable[[], list[str]] = list, policy: LLMPolicy | None = None, admin: bool = True
+) -> dict:
     """Validate a job's `llm` spec at submission against the operator's policy and resolve
     its tokenizer folder and chat template text.
 
@@ -171,16 +168,19 @@ def validate_llm_spec(llm_spec: dict, registered: Callable[[], list[str]] = list
             raise InvalidRequest(
                 f"llm.servers.{i}.logprobs_mode: the job asks for {spec.logprobs_mode} but "
                 f"{server.url} declares {server.logprobs_mode} (vLLM --logprobs-mode)",
-                field=f"llm.servers.{i}.logprobs_mode")
+                field=f"llm.servers.{i}.logprobs_mode",
+            )
     spec.tokenizer = resolve_tokenizer_path(
-        spec, registered, None if admin else partial(tokenizer_allowed, policy, admin=False))
+        spec, registered, None if admin else partial(tokenizer_allowed, policy, admin=False)
+    )
     if spec.chat_template_text is not None and inline:
         check_untrusted_template(spec.tokenizer, spec.chat_template_text)  # a bounded child
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
     except TemplateError as exc:
-        raise InvalidRequest(f"llm.chat_template_text: the template is invalid or unsafe: "
-                             f"{exc}", field="llm.chat_template_text") from exc
+        raise InvalidRequest(
+            f"llm.chat_template_text: the template is invalid or unsafe: {exc}", field="llm.chat_template_text"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise InvalidRequest(f"llm.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from exc
     return spec.model_dump()
@@ -191,15 +191,15 @@ def check_llm_policy(spec: LLMSpec, policy: LLMPolicy, admin: bool) -> LLMSpec:
     text replaces its registered name (workers need no template folder)."""
     for i, server in enumerate(spec.servers or []):
         check_server_url(policy, server.url, admin, f"llm.servers[{i}].url")
-        for name, where in ((server.credential, f"llm.servers[{i}].credential"),
-                            (spec.credential, "llm.credential")):
+        for name, where in ((server.credential, f"llm.servers[{i}].credential"), (spec.credential, "llm.credential")):
             if name is not None:
                 check_credential(policy, name, server.url, where)
     if spec.credential is not None and not spec.servers:
-        raise InvalidRequest("llm.credential: the registered pool's servers carry their own "
-                             "credentials; name one only with llm.servers", field="llm.credential")
+        raise InvalidRequest(
+            "llm.credential: the registered pool's servers carry their own credentials; name one only with llm.servers",
+            field="llm.credential",
+        )
     check_tokenizer(policy, spec.tokenizer, admin)
-    spec.chat_template_text = chat_template_text(policy, spec.chat_template,
-                                                 spec.chat_template_text)
+    spec.chat_template_text = chat_template_text(policy, spec.chat_template, spec.chat_template_text)
     spec.chat_template = None
     return spec

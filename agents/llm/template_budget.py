@@ -15,6 +15,7 @@ Jinja's sandbox stops escapes but not cost: nested `range()` loops rendered 64 M
   Jinja compiles to sees it at its next bytecode). The cost per render is one dict insert and
   delete under a lock; the watchdog thread polls every `WATCH_INTERVAL` seconds.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,15 +43,24 @@ RENDER_SECONDS = 5.0
 MAX_RANGE = 10_000
 WATCH_INTERVAL = 0.05
 
-SAMPLE_TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a command",
-    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
-                   "required": ["cmd"]}}}]
+SAMPLE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
 SAMPLE_MESSAGES = [
     {"role": "system", "content": "You are a helpful agent."},
     {"role": "user", "content": "List the files."},
-    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-        "name": "bash", "arguments": {"cmd": "ls"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"cmd": "ls"}}}],
+    },
     {"role": "tool", "content": "a.txt\nb.txt", "name": "bash"},
     {"role": "assistant", "content": "Two files."},
 ]
@@ -84,12 +94,11 @@ def _cap_jinja_ranges() -> None:
     def call_binop(self: Any, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             size, times = (left, right) if isinstance(right, int) else (right, left)
-            if isinstance(size, (str, list, tuple)) and isinstance(times, int) \
-                    and len(size) * times > MAX_OUTPUT_CHARS:
-                raise jinja2.sandbox.SecurityError(
-                    f"a repeated sequence longer than {MAX_OUTPUT_CHARS} items")
-        elif operator == "**" and isinstance(right, int) and abs(right) > 64 \
-                and isinstance(left, int) and abs(left) > 1:
+            if isinstance(size, (str, list, tuple)) and isinstance(times, int) and len(size) * times > MAX_OUTPUT_CHARS:
+                raise jinja2.sandbox.SecurityError(f"a repeated sequence longer than {MAX_OUTPUT_CHARS} items")
+        elif (
+            operator == "**" and isinstance(right, int) and abs(right) > 64 and isinstance(left, int) and abs(left) > 1
+        ):
             raise jinja2.sandbox.SecurityError("a power with an exponent above 64")
         return base(self, context, operator, left, right)
 
@@ -116,12 +125,15 @@ def check_template(render_sample: Callable[[], str]) -> None:
     if status == 0 and not message:
         return
     if message.startswith("invalid:"):
-        raise InvalidRequest(f"{FIELD}: the template is invalid or unsafe: "
-                             f"{message.removeprefix('invalid:')[:300]}", field=FIELD)
+        raise InvalidRequest(
+            f"{FIELD}: the template is invalid or unsafe: {message.removeprefix('invalid:')[:300]}", field=FIELD
+        )
     raise TemplateOverBudget(
         f"{FIELD}: rendering a sample conversation went over the budget "
         f"({CHILD_BUDGET_CPU} s CPU, {CHILD_MEMORY_BYTES // 2**20} MiB, "
-        f"{MAX_OUTPUT_CHARS} characters){': ' + message if message else ''}", field=FIELD)
+        f"{MAX_OUTPUT_CHARS} characters){': ' + message if message else ''}",
+        field=FIELD,
+    )
 
 
 def _child(render_sample: Callable[[], str], write_fd: int) -> int:
@@ -189,8 +201,7 @@ class _Watchdog:
         with self._lock:
             self._deadlines[ident] = time.monotonic() + seconds
             if self._thread is None or not self._thread.is_alive():  # first use, or forked
-                self._thread = threading.Thread(target=self._run, name="raas-template-budget",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="raas-template-budget", daemon=True)
                 self._thread.start()
 
     def leave(self, ident: int) -> bool:
@@ -211,8 +222,7 @@ class _Watchdog:
                 for ident, deadline in list(self._deadlines.items()):
                     if deadline < now and ident not in self._fired:
                         self._fired.add(ident)
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                            ctypes.c_ulong(ident), ctypes.py_object(_Interrupt))
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_Interrupt))
 
 
 _watchdog = _Watchdog()
@@ -231,8 +241,7 @@ def render_budget(seconds: float | None = None) -> Iterator[None]:
         yield
     except _Interrupt:
         _watchdog.leave(ident)
-        raise TemplateOverBudget(f"{FIELD}: rendering took longer than {seconds} s",
-                                 field=FIELD) from None
+        raise TemplateOverBudget(f"{FIELD}: rendering took longer than {seconds} s", field=FIELD) from None
     if _watchdog.leave(ident):
         raise TemplateOverBudget(f"{FIELD}: rendering took longer than {seconds} s", field=FIELD)
 
@@ -240,8 +249,9 @@ def render_budget(seconds: float | None = None) -> Iterator[None]:
 def capped_output(text: str) -> str:
     """`text` if within the output cap, else TemplateOverBudget."""
     if len(text) > MAX_OUTPUT_CHARS:
-        raise TemplateOverBudget(f"{FIELD}: the template rendered {len(text)} characters "
-                                 f"(cap {MAX_OUTPUT_CHARS})", field=FIELD)
+        raise TemplateOverBudget(
+            f"{FIELD}: the template rendered {len(text)} characters (cap {MAX_OUTPUT_CHARS})", field=FIELD
+        )
     return text
 
 

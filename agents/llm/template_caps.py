@@ -20,6 +20,7 @@ multiple of the total); the submission check renders in a child with RLIMIT_AS.
 Installed process-wide on Jinja's ImmutableSandboxedEnvironment (chat templates are the only
 sandboxed templates this process compiles) by `template_budget` at import.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,7 @@ TOTAL_CHARS = 16 * MAX_CHARS  # all results checked here in one render, together
 _render = threading.local()  # .spent: characters built through the checks in this render
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?")
 _BRACE_SPEC = re.compile(r"\{[^{}]*\}")
-_STR_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "join", "format",
-                "format_map"}
+_STR_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "join", "format", "format_map"}
 
 
 def _refuse_over(size: int, what: str) -> None:
@@ -48,8 +48,9 @@ def _refuse_over(size: int, what: str) -> None:
         raise SecurityError(f"{what} would be {size} characters, over the cap of {MAX_CHARS}")
     spent = getattr(_render, "spent", 0) + size
     if spent > TOTAL_CHARS:
-        raise SecurityError(f"{what}: this render's strings would total {spent} characters, "
-                            f"over the cap of {TOTAL_CHARS}")
+        raise SecurityError(
+            f"{what}: this render's strings would total {spent} characters, over the cap of {TOTAL_CHARS}"
+        )
     _render.spent = spent
 
 
@@ -76,8 +77,7 @@ def _replace_size(text: str, old: Any, new: Any, count: Any = None) -> int:
 
 def _percent_size(fmt: str, args: Any) -> int:
     """An upper bound of `fmt % args`: the text, every argument, every width and precision."""
-    values = list(args.values()) if isinstance(args, dict) else (
-        list(args) if isinstance(args, tuple) else [args])
+    values = list(args.values()) if isinstance(args, dict) else (list(args) if isinstance(args, tuple) else [args])
     numbers = sum(int(n) for spec in _PERCENT_SPEC.findall(fmt) for n in spec if n.isdigit())
     return len(fmt) + sum(_length(v) for v in values) + numbers
 
@@ -123,8 +123,7 @@ def check_binop(operator: str, left: Any, right: Any) -> None:
             _refuse_over(len(seq) * max(times, 0), "a '*' result")
         elif isinstance(seq, (list, tuple)) and isinstance(times, int):
             _refuse_over(sum(_length(i) for i in seq) * max(times, 0), "a '*' result")
-    elif operator == "+" and isinstance(left, (str, list, tuple)) \
-            and isinstance(right, (str, list, tuple)):
+    elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
         _refuse_over(len(left) + len(right), "a '+' result")
     elif operator == "%" and isinstance(left, str):
         _refuse_over(_percent_size(left, right), "a '%' result")
@@ -183,19 +182,28 @@ def _capped_filters() -> dict[str, Any]:
         shown = items
         if attribute is not None:
             shown = list(map(f.make_attrgetter(ctx.environment, attribute), items))
-        _refuse_over(sum(_length(i) for i in shown) + len(str(d)) * max(0, len(items) - 1),
-                     "the join filter")
+        _refuse_over(sum(_length(i) for i in shown) + len(str(d)) * max(0, len(items) - 1), "the join filter")
         return ctx, items, d, attribute
 
-    def wordwrap(env: Any, s: str, width: int = 79, break_long_words: bool = True,
-                 wrapstring: Any = None, break_on_hyphens: bool = True) -> tuple:
+    def wordwrap(
+        env: Any,
+        s: str,
+        width: int = 79,
+        break_long_words: bool = True,
+        wrapstring: Any = None,
+        break_on_hyphens: bool = True,
+    ) -> tuple:
         extra = len(str(wrapstring)) if wrapstring is not None else 2
         _refuse_over(len(s) + (len(s) + 1) * extra, "the wordwrap filter")
         return env, s, width, break_long_words, wrapstring, break_on_hyphens
 
-    capped = {"center": wrap(f.do_center, center), "indent": wrap(f.do_indent, indent),
-              "replace": wrap(f.do_replace, replace), "join": wrap(f.do_join, join),
-              "wordwrap": wrap(f.do_wordwrap, wordwrap)}
+    capped = {
+        "center": wrap(f.do_center, center),
+        "indent": wrap(f.do_indent, indent),
+        "replace": wrap(f.do_replace, replace),
+        "join": wrap(f.do_join, join),
+        "wordwrap": wrap(f.do_wordwrap, wordwrap),
+    }
 
     @functools.wraps(f.do_format)
     def format_filter(value: str, *args: Any, **kwargs: Any) -> str:

@@ -7,6 +7,7 @@ local Hugging Face cache (`agents.llm.hub_cache`). When a job does not name one,
 registered server reports in GET /v1/models is used: its folder, or its id in the cache. A
 server that does not answer is named as unreachable in the submission's 400.
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,8 +52,9 @@ class ChatTokenizer:
     plus the token the chat template itself writes after an assistant message.
     """
 
-    def __init__(self, hf_tokenizer: Any, chat_template: str | None = None,
-                 generation_eos_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, hf_tokenizer: Any, chat_template: str | None = None, generation_eos_ids: list[int] | None = None
+    ) -> None:
         self.hf = hf_tokenizer
         self.template = chat_template or hf_tokenizer.chat_template
         if not self.template:
@@ -70,7 +72,7 @@ class ChatTokenizer:
         """What the template writes right after an assistant message's content."""
         probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": SENTINEL}]
         rendered = self.render(probe, add_generation_prompt=False)
-        return rendered[rendered.index(SENTINEL) + len(SENTINEL):]
+        return rendered[rendered.index(SENTINEL) + len(SENTINEL) :]
 
     def _template_turn_end_id(self) -> int | None:
         """The special token that opens the template's closing text (`<|im_end|>`, `<|eot_id|>`)."""
@@ -107,13 +109,15 @@ class ChatTokenizer:
         if tools and self.supports_tools:
             kwargs["tools"] = tools
         with self._lock, render_budget():
-            return capped_output(self.hf.apply_chat_template(
-                messages,
-                chat_template=self.template,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **kwargs,
-            ))
+            return capped_output(
+                self.hf.apply_chat_template(
+                    messages,
+                    chat_template=self.template,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    **kwargs,
+                )
+            )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` alone; special tokens written in the text become their ids."""
@@ -123,8 +127,7 @@ class ChatTokenizer:
     def control_pattern(self) -> re.Pattern | None:
         """Matches the text of every added token (special or not, e.g. `<|im_start|>`,
         Qwen's `<tool_call>`), longest first; None when the tokenizer has none."""
-        texts = {getattr(t, "content", str(t)) for t in
-                 getattr(self.hf, "added_tokens_decoder", {}).values()}
+        texts = {getattr(t, "content", str(t)) for t in getattr(self.hf, "added_tokens_decoder", {}).values()}
         texts |= set(self.hf.all_special_tokens)
         texts = sorted((t for t in texts if t), key=len, reverse=True)
         return re.compile("|".join(map(re.escape, texts))) if texts else None
@@ -139,8 +142,9 @@ class ChatTokenizer:
         output): the template's own delimiters stay control tokens, but a control token's text
         inside a span is encoded as plain text, so a tool printing `<|im_end|>` never closes a
         turn. Text without such strings encodes exactly as `encode` does."""
-        forged = [(a, b) for a, b in self.control_texts_in(text)
-                  if any(start <= a and b <= end for start, end in spans)]
+        forged = [
+            (a, b) for a, b in self.control_texts_in(text) if any(start <= a and b <= end for start, end in spans)
+        ]
         if not forged:
             return self.encode(text)
         ids, at = [], 0
@@ -235,8 +239,10 @@ def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
 
     folder = Path(tokenizer_folder(path) or path)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise FileNotFoundError(f"{path} has no tokenizer.json / tokenizer_config.json (nor "
-                                f"is it a model id in the Hugging Face cache {hub_cache_dir()})")
+        raise FileNotFoundError(
+            f"{path} has no tokenizer.json / tokenizer_config.json (nor "
+            f"is it a model id in the Hugging Face cache {hub_cache_dir()})"
+        )
     hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     template = chat_template
     return ChatTokenizer(hf, template, generation_eos_ids(folder))
@@ -247,8 +253,7 @@ def check_untrusted_template(path: str, chat_template: str) -> None:
     (`template_budget.check_template`); InvalidRequest naming llm.chat_template_text."""
     with _load_lock:
         plain = _load_chat_tokenizer(path, PLAIN_TEMPLATE)  # loaded here, shared by the fork
-    check_template(lambda: render_sample(ChatTokenizer(plain.hf, chat_template,
-                                                       generation_eos_ids(Path(path)))))
+    check_template(lambda: render_sample(ChatTokenizer(plain.hf, chat_template, generation_eos_ids(Path(path)))))
 
 
 def is_tokenizer_folder(path: str | None) -> bool:
@@ -329,12 +334,16 @@ def served_tokenizer(name: str, allowed: Callable[[str], bool] | None = None) ->
     before anything is looked up (no existence oracle for a tenant)."""
     if (allowed is None or allowed(name)) and is_tokenizer_folder(name):
         return True
-    return is_hub_id(name) and (allowed is None or allowed(str(hub_repo_dir(name)))) \
+    return (
+        is_hub_id(name)
+        and (allowed is None or allowed(str(hub_repo_dir(name))))
         and cached_tokenizer_folder(name) is not None
+    )
 
 
-def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list,
-                           allowed: Callable[[str], bool] | None = None) -> str:
+def resolve_tokenizer_path(
+    spec: Any, registered: Callable[[], list[str]] = list, allowed: Callable[[str], bool] | None = None
+) -> str:
     """The tokenizer of an LLMSpec, as a name `load_chat_tokenizer` loads (a folder or a cached
     hub id): named, else a server's model, else a 4xx that says which servers did not answer.
 
@@ -347,7 +356,9 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
             raise InvalidRequest(
                 f"llm.tokenizer: {spec.tokenizer!r} is neither a local folder with "
                 f"tokenizer.json nor a model id in the Hugging Face cache {hub_cache_dir()} "
-                f"(set HF_HOME where the models were downloaded)", field="llm.tokenizer")
+                f"(set HF_HOME where the models were downloaded)",
+                field="llm.tokenizer",
+            )
         return spec.tokenizer
     from agents.llm.pool import candidate_urls
 
@@ -373,11 +384,17 @@ def resolve_tokenizer_path(spec: Any, registered: Callable[[], list[str]] = list
         raise InvalidRequest(
             f"the LLM server{'s' if len(urls) > 1 else ''} did not answer GET /v1/models{down}: "
             "start it, remove it (`raas llm rm URL`), or name llm.servers and llm.tokenizer",
-            field="llm.servers")
+            field="llm.servers",
+        )
     # A tenant's answer names neither the models nor the cache: forbidden and missing read alike.
     what = "a model" if allowed is not None else ", ".join(sorted(set(served)))
-    where = " under the operator's tokenizer roots" if allowed is not None else \
-        f" nor a model id in the Hugging Face cache {hub_cache_dir()} (set HF_HOME)"
+    where = (
+        " under the operator's tokenizer roots"
+        if allowed is not None
+        else f" nor a model id in the Hugging Face cache {hub_cache_dir()} (set HF_HOME)"
+    )
     raise InvalidRequest(
         f"llm.tokenizer is required: the servers serve {what}, not a local tokenizer "
-        f"folder{where}; name llm.tokenizer{down}", field="llm.tokenizer")
+        f"folder{where}; name llm.tokenizer{down}",
+        field="llm.tokenizer",
+    )

@@ -4,6 +4,7 @@ Several calls per turn are allowed. A malformed call is not an exception: it bec
 message that the agent loop sends back to the model as an observation (and counts in the
 rollout's metrics), because a policy under RL must learn from its formatting mistakes.
 """
+
 from __future__ import annotations
 
 import json

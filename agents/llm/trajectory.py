@@ -21,6 +21,7 @@ and encoded so that a control token's text inside it stays plain text; only the 
 delimiters become control ids (`ChatTokenizer.encode_untrusted`). The number of such strings
 in observations is reported by the drift audit (`forged_control_tokens`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -110,21 +111,29 @@ class TrajectoryBuilder:
             raise TrajectoryError("the prompt needs at least one message")
         self.tools = tools or None
         messages, text, spans = self._render_untrusted(
-            list(messages), lambda ms: self._render(ms, add_generation_prompt=True))
+            list(messages), lambda ms: self._render(ms, add_generation_prompt=True)
+        )
         prompt = self.tok.encode_untrusted(text, spans)
         self.traj = Trajectory(
-            prompt_ids=prompt, response_ids=[], response_logprobs=[], loss_mask=[],
-            policy_versions=[], token_exact=self.token_exact,
+            prompt_ids=prompt,
+            response_ids=[],
+            response_logprobs=[],
+            loss_mask=[],
+            policy_versions=[],
+            token_exact=self.token_exact,
             messages=[dict(m) for m in messages],
-            extra={"turn_boundaries": [],
-                   "message_token_counts": self._prompt_counts(list(messages), prompt)})
+            extra={"turn_boundaries": [], "message_token_counts": self._prompt_counts(list(messages), prompt)},
+        )
         self.exhausted = len(prompt) >= self.max_model_len
         if self.exhausted:
             self.traj.finish_reason = "context"
         return prompt
 
     def add_generation(
-        self, token_ids: list[int], logprobs: list[float] | None, finish_reason: str | None,
+        self,
+        token_ids: list[int],
+        logprobs: list[float] | None,
+        finish_reason: str | None,
         weight_version: str | None,
     ) -> str:
         """Append one generated turn verbatim (mask 1) and return its decoded text."""
@@ -153,11 +162,12 @@ class TrajectoryBuilder:
         if not messages or self.exhausted:
             return []
         if traj.messages[-1].get("role") != "assistant":
-            raise TrajectoryError(
-                "append_messages twice without a generation: pass all of a turn's messages at once"
-            )
-        forged = sum(len(self.tok.control_texts_in(str(m.get("content") or "")))
-                     for m in messages if m.get("role") != "assistant")
+            raise TrajectoryError("append_messages twice without a generation: pass all of a turn's messages at once")
+        forged = sum(
+            len(self.tok.control_texts_in(str(m.get("content") or "")))
+            for m in messages
+            if m.get("role") != "assistant"
+        )
         messages, text, spans = self._render_untrusted(list(messages), self.delta_text)
         delta = self.tok.encode_untrusted(text, spans)
         if self.length + len(delta) >= self.max_model_len:  # no room left to generate after it
@@ -171,8 +181,7 @@ class TrajectoryBuilder:
         traj.extra["message_token_counts"] += self._delta_counts(messages, text, delta)
         return delta
 
-    def _render_untrusted(self, messages: list[dict], render
-                          ) -> tuple[list[dict], str, list[tuple[int, int]]]:
+    def _render_untrusted(self, messages: list[dict], render) -> tuple[list[dict], str, list[tuple[int, int]]]:
         """(messages, `render(messages)`, the character spans of their non-assistant contents).
 
         The spans come from a second render with a unique mark in place of each such content:
@@ -181,16 +190,23 @@ class TrajectoryBuilder:
         by a word joiner, which no longer needs spans to be safe.
         """
         text = render(messages)
-        if not any(self.tok.control_texts_in(m["content"]) for m in messages
-                   if m.get("role") != "assistant" and isinstance(m.get("content"), str)):
+        if not any(
+            self.tok.control_texts_in(m["content"])
+            for m in messages
+            if m.get("role") != "assistant" and isinstance(m.get("content"), str)
+        ):
             # No control-token text in any message: spans (or defusing) change nothing, so
             # the probe render that locates them is skipped (one render per turn saved).
             return messages, text, []
         spans = self._spans(messages, render, text)
         if spans is not None:
             return messages, text, spans
-        defused = [m if m.get("role") == "assistant" or not isinstance(m.get("content"), str)
-                   else {**m, "content": self._defuse(m["content"])} for m in messages]
+        defused = [
+            m
+            if m.get("role") == "assistant" or not isinstance(m.get("content"), str)
+            else {**m, "content": self._defuse(m["content"])}
+            for m in messages
+        ]
         return defused, render(defused), []
 
     @staticmethod
@@ -221,7 +237,7 @@ class TrajectoryBuilder:
 
     def _defuse(self, text: str) -> str:
         for start, _end in reversed(self.tok.control_texts_in(text)):
-            text = text[:start + 1] + "\u2060" + text[start + 1:]
+            text = text[: start + 1] + "\u2060" + text[start + 1 :]
         return text
 
     def _prompt_counts(self, messages: list[dict], prompt: list[int]) -> list[int]:
@@ -249,19 +265,20 @@ class TrajectoryBuilder:
         history = self._require().messages
         probe = history[:-1] + [{"role": "assistant", "content": SENTINEL}] + list(new_messages)
         rendered = self._render(probe, add_generation_prompt=True)
-        after = rendered[rendered.index(SENTINEL) + len(SENTINEL):]
+        after = rendered[rendered.index(SENTINEL) + len(SENTINEL) :]
         if not self._last_ended:
             return after  # cut on length: the template's closing text belongs to the delta
         # The sampled end token stands for the template's closing end token (whichever it was).
         close = self.tok.end_text_at(after)
-        return after[close[1]:] if close is not None else after
+        return after[close[1] :] if close is not None else after
 
     def reference_ids(self) -> list[int]:
         """Ids of a full re-render of the conversation, cut where the trajectory stops."""
         traj = self._require()
         last_is_assistant = traj.messages[-1].get("role") == "assistant"
         _, text, spans = self._render_untrusted(
-            traj.messages, lambda ms: self._render(ms, add_generation_prompt=not last_is_assistant))
+            traj.messages, lambda ms: self._render(ms, add_generation_prompt=not last_is_assistant)
+        )
         if last_is_assistant:
             # Compare only up to where the model stopped; the template's close is not sampled,
             # except its end token when the model did sample one.
@@ -276,8 +293,9 @@ class TrajectoryBuilder:
     def audit_drift(self) -> dict[str, Any]:
         """Compare with a full re-render; report, never edit (see `agents.llm.drift`)."""
         traj = self._require()
-        report = align_drift(traj.prompt_ids + traj.response_ids, self.reference_ids(),
-                             len(traj.prompt_ids), traj.turn_boundaries)
+        report = align_drift(
+            traj.prompt_ids + traj.response_ids, self.reference_ids(), len(traj.prompt_ids), traj.turn_boundaries
+        )
         report["forged_control_tokens"] = self.forged_control_tokens  # kept as plain text
         return report
 

@@ -15,6 +15,7 @@ Three steps, each an HTTP call to the server's own endpoints (vLLM needs
 `tied_embeddings` reads a checkpoint's config: vLLM's in-place reload leaves a tied `lm_head` at
 the old weights, so such a checkpoint is refused before anything is paused.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,11 @@ from agents.llm.backends import GenerateRequest, ServerError, get_backend_class
 from agents.llm.backends.http_client import shared_client
 from core.errors import InvalidRequest
 
-UNTIE_HINT = ("untie it: save lm_head.weight explicitly (a copy of the embedding matrix) and set "
-              "tie_word_embeddings to false in config.json (scripts/untie_checkpoint.py does "
-              "both), then serve and train that copy")
+UNTIE_HINT = (
+    "untie it: save lm_head.weight explicitly (a copy of the embedding matrix) and set "
+    "tie_word_embeddings to false in config.json (scripts/untie_checkpoint.py does "
+    "both), then serve and train that copy"
+)
 APPLY_TIMEOUT = 600.0
 PROBE_TIMEOUT = 120.0
 
@@ -69,9 +72,12 @@ def refuse_tied(path: str, mechanism: str) -> None:
     if mechanism == "reload" and tied_embeddings(path):
         from core.errors import TiedEmbeddings
 
-        raise TiedEmbeddings(f"{path}/config.json says tie_word_embeddings: true; an in-place "
-                             f"reload would leave lm_head at the old weights. To push it, "
-                             f"{UNTIE_HINT}", field="path")
+        raise TiedEmbeddings(
+            f"{path}/config.json says tie_word_embeddings: true; an in-place "
+            f"reload would leave lm_head at the old weights. To push it, "
+            f"{UNTIE_HINT}",
+            field="path",
+        )
 
 
 def _post(url: str, path: str, body: dict, timeout: float) -> None:
@@ -81,14 +87,12 @@ def _post(url: str, path: str, body: dict, timeout: float) -> None:
     except Exception as exc:  # httpx errors and timeouts alike: the step did not happen
         raise ServerError(f"{url}{path}: {type(exc).__name__}: {exc}", url=url) from exc
     if response.status_code >= 400:
-        raise ServerError(f"{url}{path}: HTTP {response.status_code}: {response.text[:300]}",
-                          url=url)
+        raise ServerError(f"{url}{path}: HTTP {response.status_code}: {response.text[:300]}", url=url)
 
 
 def _vllm_reload(url: str, path: str, lora_name: str | None) -> None:
     """vLLM dev mode: reload a safetensors folder into the running model, in place."""
-    _post(url, "/collective_rpc", {"method": "reload_weights",
-                                   "kwargs": {"weights_path": path}}, APPLY_TIMEOUT)
+    _post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}, APPLY_TIMEOUT)
 
 
 def _vllm_lora(url: str, path: str, lora_name: str | None) -> None:
@@ -105,8 +109,7 @@ def _vllm_lora(url: str, path: str, lora_name: str | None) -> None:
     except ServerError as exc:
         if "HTTP 404" not in exc.message and "HTTP 400" not in exc.message:
             raise  # 404/400: not loaded yet (first push)
-    _post(url, "/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": path},
-          APPLY_TIMEOUT)
+    _post(url, "/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": path}, APPLY_TIMEOUT)
 
 
 def _sglang_reload(url: str, path: str, lora_name: str | None) -> None:
@@ -126,12 +129,12 @@ def check_mechanism(backend: str, mechanism: str) -> None:
     """InvalidRequest naming the pairs raas knows, if (backend, mechanism) is not one."""
     if (backend, mechanism) not in MECHANISMS:
         known = ", ".join(f"{b}:{m}" for b, m in MECHANISMS)
-        raise InvalidRequest(f"mechanism: {mechanism!r} is not supported for a {backend} "
-                             f"server (supported: {known})", field="mechanism")
+        raise InvalidRequest(
+            f"mechanism: {mechanism!r} is not supported for a {backend} server (supported: {known})", field="mechanism"
+        )
 
 
-def apply_weights(url: str, backend: str, mechanism: str, path: str,
-                  lora_name: str | None = None) -> float:
+def apply_weights(url: str, backend: str, mechanism: str, path: str, lora_name: str | None = None) -> float:
     """Load the weights at `path` into the server; returns the seconds it took."""
     check_mechanism(backend, mechanism)
     started = time.monotonic()
@@ -144,19 +147,21 @@ def reset_prefix_cache(url: str, backend: str) -> None:
     _post(url, CACHE_RESETS.get(backend, "/reset_prefix_cache"), {}, 60.0)
 
 
-def serve_probe(url: str, backend: str, model: str | None, probe: Fingerprint) -> tuple[list[int],
-                                                                                 list[float]]:
+def serve_probe(url: str, backend: str, model: str | None, probe: Fingerprint) -> tuple[list[int], list[float]]:
     """Greedy ids and logprobs the server generates after the probe prompt (generation path:
     the prefix cache takes part, as for a rollout's turn)."""
-    request = GenerateRequest(prompt_ids=list(probe.prompt_ids), max_tokens=len(probe.token_ids),
-                              sampling={"temperature": 0.0, "top_p": 1.0, "top_k": -1},
-                              timeout=PROBE_TIMEOUT, model=model)
+    request = GenerateRequest(
+        prompt_ids=list(probe.prompt_ids),
+        max_tokens=len(probe.token_ids),
+        sampling={"temperature": 0.0, "top_p": 1.0, "top_k": -1},
+        timeout=PROBE_TIMEOUT,
+        model=model,
+    )
     generation = get_backend_class(backend)().generate(url, request)
     return list(generation.token_ids), [float(x) for x in generation.logprobs or []]
 
 
-def compare(probe: Fingerprint, ids: list[int], logprobs: list[float],
-            tolerance: float) -> ProbeCheck:
+def compare(probe: Fingerprint, ids: list[int], logprobs: list[float], tolerance: float) -> ProbeCheck:
     """Served vs fingerprint: same ids, and every logprob within `tolerance`."""
     first = next((i for i, (a, b) in enumerate(zip(ids, probe.token_ids)) if a != b), None)
     if first is None and len(ids) != len(probe.token_ids):
@@ -165,13 +170,10 @@ def compare(probe: Fingerprint, ids: list[int], logprobs: list[float],
     diffs = [abs(a - b) for a, b in zip(logprobs[:agree], probe.logprobs[:agree])]
     worst = max(diffs) if diffs else None
     ok = first is None and worst is not None and worst <= tolerance
-    return ProbeCheck(ok=ok, max_abs_diff=worst, first_mismatch=first, served_ids=ids,
-                      served_logprobs=logprobs)
+    return ProbeCheck(ok=ok, max_abs_diff=worst, first_mismatch=first, served_ids=ids, served_logprobs=logprobs)
 
 
-def verify(url: str, backend: str, model: str | None, probe: Fingerprint,
-           tolerance: float) -> ProbeCheck:
+def verify(url: str, backend: str, model: str | None, probe: Fingerprint, tolerance: float) -> ProbeCheck:
     """Run the probe on the server and compare it with the trainer's fingerprint."""
     ids, logprobs = serve_probe(url, backend, model, probe)
     return compare(probe, ids, logprobs, tolerance)
-

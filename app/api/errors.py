@@ -1,4 +1,5 @@
 """The single place that turns exceptions into JSON HTTP answers."""
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,9 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
-        resp = jsonify({"error": (exc.name or "http_error").lower().replace(" ", "_"),
-                        "message": exc.description or exc.name})
+        resp = jsonify(
+            {"error": (exc.name or "http_error").lower().replace(" ", "_"), "message": exc.description or exc.name}
+        )
         resp.status_code = exc.code or 500
         return resp
 

@@ -8,6 +8,7 @@ EventSource does it by itself) resumes right after it, and the `group`/`job` eve
 seq come again (they share its id), so nothing is missed. Comments (`: keep-alive`) keep idle
 proxies from closing the stream.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,35 +33,51 @@ def _settings():
     return current_app.config["RAAS"]
 
 
-@typed_route(bp, "/v1/jobs/<job_id>/groups", "GET", response=GroupList,
-             summary="Group records of a job that cuts stragglers (members, cut, reason)")
+@typed_route(
+    bp,
+    "/v1/jobs/<job_id>/groups",
+    "GET",
+    response=GroupList,
+    summary="Group records of a job that cuts stragglers (members, cut, reason)",
+)
 def list_groups(job_id: str) -> GroupList:
     with session_scope(_settings().db_url) as s:
         get_job(s, job_id, g.owner)
         records = groups.records(s, job_id)
-    return GroupList(job_id=job_id, groups=[GroupView.model_validate(r)
-                                            for r in records.values()])
+    return GroupList(job_id=job_id, groups=[GroupView.model_validate(r) for r in records.values()])
 
 
-@typed_route(bp, "/v1/callbacks/secret", "GET", summary="The secret your job callbacks are "
-             "signed with (HMAC-SHA256, header X-Raas-Signature)")
+@typed_route(
+    bp,
+    "/v1/callbacks/secret",
+    "GET",
+    summary="The secret your job callbacks are signed with (HMAC-SHA256, header X-Raas-Signature)",
+)
 def callback_secret() -> dict:
-    return {"owner": g.owner, "secret": owner_secret(_settings(), g.owner),
-            "header": "X-Raas-Signature", "scheme": "t=<unix>,v1=hex(hmac_sha256(secret, "
-            "'<t>.' + body))"}
+    return {
+        "owner": g.owner,
+        "secret": owner_secret(_settings(), g.owner),
+        "header": "X-Raas-Signature",
+        "scheme": "t=<unix>,v1=hex(hmac_sha256(secret, '<t>.' + body))",
+    }
 
 
-@typed_route(bp, "/v1/jobs/<job_id>/events", "GET",
-             summary="Server-sent events of a job's progress (resumable with Last-Event-ID)",
-             query={"after": "seq to resume after (or the Last-Event-ID header)",
-                    "wait": "seconds to stay open without news (default 300)"})
+@typed_route(
+    bp,
+    "/v1/jobs/<job_id>/events",
+    "GET",
+    summary="Server-sent events of a job's progress (resumable with Last-Event-ID)",
+    query={
+        "after": "seq to resume after (or the Last-Event-ID header)",
+        "wait": "seconds to stay open without news (default 300)",
+    },
+)
 def events(job_id: str) -> Response:
     after = _resume_point()
     wait = query_number("wait", 300, minimum=0, maximum=3600, integer=False)
     with session_scope(_settings().db_url) as s:
         get_job(s, job_id, g.owner)
-    resp = Response(stream_with_context(_stream(job_id, after, wait)),
-                    mimetype="text/event-stream")
+    resp = Response(stream_with_context(_stream(job_id, after, wait)), mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
     return resp
@@ -71,8 +88,9 @@ def _resume_point() -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidRequest(f"Last-Event-ID / after must be a seq number, got {raw!r}",
-                             field="Last-Event-ID") from None
+        raise InvalidRequest(
+            f"Last-Event-ID / after must be a seq number, got {raw!r}", field="Last-Event-ID"
+        ) from None
     if value < 0:
         raise InvalidRequest("Last-Event-ID / after must be >= 0", field="Last-Event-ID")
     return value
@@ -112,10 +130,17 @@ def _stream(job_id: str, after: int, wait: float):
 
 
 def _rollout_event(item) -> dict:
-    return {"seq": item.seq, "rollout_id": item.rollout_id, "instance_id": item.instance_id,
-            "sample_index": item.sample_index, "status": item.status, "outcome": item.outcome,
-            "reward": item.reward, "cut_reason": item.cut_reason,
-            "group_complete": item.group_complete}
+    return {
+        "seq": item.seq,
+        "rollout_id": item.rollout_id,
+        "instance_id": item.instance_id,
+        "sample_index": item.sample_index,
+        "status": item.status,
+        "outcome": item.outcome,
+        "reward": item.reward,
+        "cut_reason": item.cut_reason,
+        "group_complete": item.group_complete,
+    }
 
 
 def _group_event(item) -> dict:

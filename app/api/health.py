@@ -1,5 +1,6 @@
 """Liveness, readiness (database and broker reachable, a consumer on every stage queue),
 Prometheus metrics and the OpenAPI doc."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """v1 jobs: submit, inspect, page results (long-poll or NDJSON stream), cancel."""
+
 from __future__ import annotations
 
 import json
@@ -20,16 +21,31 @@ def _settings():
     return current_app.config["RAAS"]
 
 
-@typed_route(bp, "/v1/jobs", "POST", body=JobCreate, response=JobAccepted, status=202,
-             summary="Submit a batch: every instance n_samples times")
+@typed_route(
+    bp,
+    "/v1/jobs",
+    "POST",
+    body=JobCreate,
+    response=JobAccepted,
+    status=202,
+    summary="Submit a batch: every instance n_samples times",
+)
 def submit(body: JobCreate) -> JobAccepted:
-    return create_job(_settings(), body, g.owner, current_app.extensions["celery"],
-                      admin=g.admin)
+    return create_job(_settings(), body, g.owner, current_app.extensions["celery"], admin=g.admin)
 
 
-@typed_route(bp, "/v1/jobs", "GET", response=JobList, summary="List jobs, newest first",
-             query={"limit": "page size (1-500)", "before": "cursor from the previous page",
-                    "prefix": "only jobs whose id starts with it (a short id)"})
+@typed_route(
+    bp,
+    "/v1/jobs",
+    "GET",
+    response=JobList,
+    summary="List jobs, newest first",
+    query={
+        "limit": "page size (1-500)",
+        "before": "cursor from the previous page",
+        "prefix": "only jobs whose id starts with it (a short id)",
+    },
+)
 def list_jobs() -> JobList:
     limit = int(query_number("limit", 50, minimum=1, maximum=500))
     before = request.args.get("before")
@@ -47,28 +63,40 @@ def show(job_id: str) -> JobView:
         return job_view(s, get_job(s, job_id, g.owner))
 
 
-@typed_route(bp, "/v1/jobs/<job_id>/cancel", "POST", response=JobView,
-             summary="Cancel: queued rollouts never start, running ones stop at the next turn")
+@typed_route(
+    bp,
+    "/v1/jobs/<job_id>/cancel",
+    "POST",
+    response=JobView,
+    summary="Cancel: queued rollouts never start, running ones stop at the next turn",
+)
 def cancel(job_id: str) -> JobView:
     return cancel_job(_settings(), job_id, g.owner)
 
 
-@typed_route(bp, "/v1/jobs/<job_id>/results", "GET", response=ResultsPage,
-             summary="Finished rollouts after a cursor, in completion order (long-poll)",
-             query={"after": "cursor (0 = from the start)", "wait": "seconds to long-poll",
-                    "limit": "most items (1-1000)", "format": "json | ndjson (stream)"})
+@typed_route(
+    bp,
+    "/v1/jobs/<job_id>/results",
+    "GET",
+    response=ResultsPage,
+    summary="Finished rollouts after a cursor, in completion order (long-poll)",
+    query={
+        "after": "cursor (0 = from the start)",
+        "wait": "seconds to long-poll",
+        "limit": "most items (1-1000)",
+        "format": "json | ndjson (stream)",
+    },
+)
 def results(job_id: str):
     settings = _settings()
     after = int(query_number("after", 0, minimum=0, maximum=2**62))
     wait = query_number("wait", 0, minimum=0, maximum=settings.results_max_wait, integer=False)
     limit = int(query_number("limit", 100, minimum=1, maximum=1000))
-    stream = request.args.get("format") == "ndjson" or \
-        "application/x-ndjson" in request.headers.get("Accept", "")
+    stream = request.args.get("format") == "ndjson" or "application/x-ndjson" in request.headers.get("Accept", "")
     with session_scope(settings.db_url) as s:
         get_job(s, job_id, g.owner)
     if stream:
-        return Response(stream_with_context(_ndjson(job_id, after, wait)),
-                        mimetype="application/x-ndjson")
+        return Response(stream_with_context(_ndjson(job_id, after, wait)), mimetype="application/x-ndjson")
     return _page(job_id, after, limit, wait)
 
 
@@ -81,8 +109,9 @@ def _page(job_id: str, after: int, limit: int, wait: float) -> ResultsPage:
         done = view.finished >= view.n_rollouts
         if items or done or time.monotonic() >= deadline:
             cursor = items[-1].seq if items else after
-            return ResultsPage(job_id=job_id, items=items, cursor=cursor,
-                               done=done and (not items or cursor >= view.finished))
+            return ResultsPage(
+                job_id=job_id, items=items, cursor=cursor, done=done and (not items or cursor >= view.finished)
+            )
         time.sleep(POLL_SECONDS)
 
 

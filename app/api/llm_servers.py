@@ -6,6 +6,7 @@ rollouts that use it wait, they do not fail), load the weights, then
 sampled with; see the README's weight-update flow. Servers belong to the caller's owner:
 another owner's server ids answer 404 (registration rules: `app.servers`).
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -23,15 +24,27 @@ def _db() -> str:
     return current_app.config["RAAS"].db_url
 
 
-@typed_route(bp, "/v1/llm-servers", "POST", body=LLMServerCreate, response=LLMServerView,
-             status=201, summary="Register an inference server in the caller's pool")
+@typed_route(
+    bp,
+    "/v1/llm-servers",
+    "POST",
+    body=LLMServerCreate,
+    response=LLMServerView,
+    status=201,
+    summary="Register an inference server in the caller's pool",
+)
 def create(body: LLMServerCreate) -> LLMServerView:
     return register_server(_db(), body, g.owner, g.admin, current_app.config["RAAS"].policy.llm)
 
 
-@typed_route(bp, "/v1/llm-servers", "GET", response=LLMServerList,
-             summary="List the caller's inference servers",
-             query={"probe": "1: ask each server's GET /v1/models now (reachable, probe_error)"})
+@typed_route(
+    bp,
+    "/v1/llm-servers",
+    "GET",
+    response=LLMServerList,
+    summary="List the caller's inference servers",
+    query={"probe": "1: ask each server's GET /v1/models now (reachable, probe_error)"},
+)
 def index() -> LLMServerList:
     views = owner_servers(_db(), g.owner)
     if request.args.get("probe") == "1" and views:
@@ -63,9 +76,14 @@ def _probe(views: list[LLMServerView]) -> None:
         view.served_models = model_names(entries) if error is None else None
 
 
-@typed_route(bp, "/v1/llm-servers/<server_id>", "PUT", body=LLMServerUpdate,
-             response=LLMServerView,
-             summary="Update a server: pause/resume it, set its new weight version")
+@typed_route(
+    bp,
+    "/v1/llm-servers/<server_id>",
+    "PUT",
+    body=LLMServerUpdate,
+    response=LLMServerView,
+    summary="Update a server: pause/resume it, set its new weight version",
+)
 def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
     return update_server(_db(), server_id, g.owner, body.model_dump(exclude_unset=True))
 

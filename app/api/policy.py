@@ -1,4 +1,5 @@
 """GET /v1/policy: what a trainer's job spec may ask of this deployment."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,8 +21,13 @@ class PolicyView(BaseModel):
     llm: dict[str, Any] = Field(description="Allowed server URLs, templates, credential names")
 
 
-@typed_route(bp, "/v1/policy", "GET", response=PolicyView,
-             summary="What a job may choose: sandbox runtimes/network/env/limits, LLM servers")
+@typed_route(
+    bp,
+    "/v1/policy",
+    "GET",
+    response=PolicyView,
+    summary="What a job may choose: sandbox runtimes/network/env/limits, LLM servers",
+)
 def show() -> PolicyView:
     public = current_app.config["RAAS"].policy.public()
     return PolicyView(owner=g.owner, admin=g.admin, **public)

@@ -10,6 +10,7 @@ rollout's in-flight generation is aborted (its HTTP request closed) rather than 
 Errors on these routes have ProRL's (FastAPI's) body: `{"detail": ...}`, 422 for a body that
 does not validate.
 """
+
 from __future__ import annotations
 
 import time
@@ -95,8 +96,9 @@ def _require_running() -> None:
         raise ServerNotRunning(NOT_RUNNING)
 
 
-@typed_route(bp, "/process", "POST", body=ProcessRequest, tag="prorl",
-             summary="Run one rollout (blocking), ProRL's shape")
+@typed_route(
+    bp, "/process", "POST", body=ProcessRequest, tag="prorl", summary="Run one rollout (blocking), ProRL's shape"
+)
 def process(body: ProcessRequest) -> dict[str, Any]:
     _require_running()
     started = time.monotonic()
@@ -107,21 +109,27 @@ def process(body: ProcessRequest) -> dict[str, Any]:
         raise _prefixed(validation_error(exc), "sampling_params") from exc
     mapped = map_instance(body.instance)
     try:
-        req = JobCreate(agent=mapped.agent,
-                        instances=[Instance(instance_id=mapped.instance_id, data=mapped.data)],
-                        sampling=parts["sampling"], limits=parts["limits"], llm=parts["llm"],
-                        agent_config=body.agent_config or {})
+        req = JobCreate(
+            agent=mapped.agent,
+            instances=[Instance(instance_id=mapped.instance_id, data=mapped.data)],
+            sampling=parts["sampling"],
+            limits=parts["limits"],
+            llm=parts["llm"],
+            agent_config=body.agent_config or {},
+        )
     except ValidationError as exc:  # e.g. an instance_id longer than 256 characters
         raise validation_error(exc, "instance") from exc
     prorl_job_id = body.job_id or uuid.uuid4().hex
-    accepted = create_job(settings, req, g.owner, current_app.extensions["celery"],
-                          admin=g.admin,
-                          labels={"prorl_job_id": prorl_job_id,
-                                  "prorl_data_source": mapped.data_source})
-    rollout, turns = wait_terminal(settings.db_url, accepted.rollout_ids[0],
-                                   settings.process_max_wait)
-    return prorl_result(rollout, turns, body.instance, mapped.instance_id,
-                        wall_seconds=time.monotonic() - started)
+    accepted = create_job(
+        settings,
+        req,
+        g.owner,
+        current_app.extensions["celery"],
+        admin=g.admin,
+        labels={"prorl_job_id": prorl_job_id, "prorl_data_source": mapped.data_source},
+    )
+    rollout, turns = wait_terminal(settings.db_url, accepted.rollout_ids[0], settings.process_max_wait)
+    return prorl_result(rollout, turns, body.instance, mapped.instance_id, wall_seconds=time.monotonic() - started)
 
 
 def _prefixed(error: InvalidRequest, prefix: str) -> InvalidRequest:
@@ -131,8 +139,7 @@ def _prefixed(error: InvalidRequest, prefix: str) -> InvalidRequest:
     return error
 
 
-@typed_route(bp, "/cancel", "POST", body=CancelRequest, summary="Cancel a ProRL job_id",
-             tag="prorl")
+@typed_route(bp, "/cancel", "POST", body=CancelRequest, summary="Cancel a ProRL job_id", tag="prorl")
 def cancel(body: CancelRequest) -> dict[str, Any]:
     settings = _settings()
     ids = prorl_jobs(settings.db_url, body.job_id, unfinished=True, owner=g.owner)
@@ -145,25 +152,29 @@ def cancel(body: CancelRequest) -> dict[str, Any]:
 def status() -> dict[str, Any]:
     _require_running()
     found = prorl_status(_settings().db_url, g.owner)
-    return {"status": "running", "running": True, "pending_jobs": found["pending_jobs"],
-            "busy": bool(found["pending_jobs"]), "llm_servers": found["llm_servers"]}
+    return {
+        "status": "running",
+        "running": True,
+        "pending_jobs": found["pending_jobs"],
+        "busy": bool(found["pending_jobs"]),
+        "llm_servers": found["llm_servers"],
+    }
 
 
-@typed_route(bp, "/add_llm_server", "POST", body=AddServer, summary="Register a server",
-             tag="prorl")
+@typed_route(bp, "/add_llm_server", "POST", body=AddServer, summary="Register a server", tag="prorl")
 def add_llm_server(body: AddServer) -> dict[str, Any]:
     url = body.address if "://" in body.address else f"http://{body.address}"
     try:
         server = LLMServerCreate(url=url)
     except ValidationError as exc:  # not a URL (spaces, control characters, bad port): 422
         message = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        raise InvalidRequest(f"address: {message}", field="address",
-                             errors=[{"field": "address", "message": message}]) from exc
+        raise InvalidRequest(
+            f"address: {message}", field="address", errors=[{"field": "address", "message": message}]
+        ) from exc
     try:
         register_server(_settings().db_url, server, g.owner, g.admin, _settings().policy.llm)
     except Conflict:  # ProRL keeps the address it already has and answers 200
-        return {"status": f"LLM server address {server.url} already registered",
-                "added": server.url}
+        return {"status": f"LLM server address {server.url} already registered", "added": server.url}
     return {"status": f"Added LLM server address: {server.url}", "added": server.url}
 
 
@@ -173,8 +184,7 @@ def clear_llm_server() -> dict[str, Any]:
     return {"status": "Cleared all LLM server addresses", "removed": removed}
 
 
-@typed_route(bp, "/start", "POST", summary="Start accepting /process (400 if running)",
-             tag="prorl")
+@typed_route(bp, "/start", "POST", summary="Start accepting /process (400 if running)", tag="prorl")
 @require_admin
 def start() -> dict[str, Any]:
     if not set_running(_settings().db_url, True):
@@ -182,8 +192,7 @@ def start() -> dict[str, Any]:
     return {"status": "Server started successfully"}
 
 
-@typed_route(bp, "/stop", "POST", summary="Stop accepting /process; cancel ProRL work in flight",
-             tag="prorl")
+@typed_route(bp, "/stop", "POST", summary="Stop accepting /process; cancel ProRL work in flight", tag="prorl")
 @require_admin
 def stop() -> dict[str, Any]:
     settings = _settings()

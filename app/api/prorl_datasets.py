@@ -7,6 +7,7 @@ input/output pairs in `reward_model.ground_truth`) and SWE-bench-style sets (SWE
 R2E-Gym: the instance as the dataset row). A `data_source` that is none of these names a raas
 agent directly (its instance is passed as is).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,18 @@ from typing import Any
 
 from core.errors import InvalidRequest
 
-SWE_SOURCES = {"swebench", "swe-bench", "swe_bench", "swe-gym", "swe_gym", "swegym",
-               "r2e-gym", "r2e_gym", "r2egym", "nemo_gym_swe"}
+SWE_SOURCES = {
+    "swebench",
+    "swe-bench",
+    "swe_bench",
+    "swe-gym",
+    "swe_gym",
+    "swegym",
+    "r2e-gym",
+    "r2e_gym",
+    "r2egym",
+    "nemo_gym_swe",
+}
 MATH_SOURCES = {"deepscaler"}
 CODE_SOURCES = {"deepcoder", "codecontests", "code_contests", "apps", "taco", "codeforces"}
 SEARCH_SOURCES = {"stem"}
@@ -25,8 +36,7 @@ DEFAULT_SOURCE = "swebench"  # ProRL's default when an instance has no data_sour
 
 # Instructions the datasets append to the problem; ProRL strips them (its agents have tools).
 _BOXED_HINT = " Let's think step by step and output the final answer within \\boxed{}."
-_CODE_HINT = ("Write Python code to solve the problem. Present the code in \n```python\n"
-              "Your code\n```\nat the end.")
+_CODE_HINT = "Write Python code to solve the problem. Present the code in \n```python\nYour code\n```\nat the end."
 
 
 @dataclass
@@ -74,8 +84,7 @@ def _json_field(instance: dict[str, Any], name: str) -> Any:
         try:
             return json.loads(value)
         except ValueError:
-            raise InvalidRequest(f"instance.{name} is a string but not JSON",
-                                 field=f"instance.{name}") from None
+            raise InvalidRequest(f"instance.{name} is a string but not JSON", field=f"instance.{name}") from None
     return value
 
 
@@ -91,16 +100,19 @@ def problem_text(instance: dict[str, Any]) -> str:
         content = user[0].get("content")
         if isinstance(content, str) and content.strip():
             return content
-    raise InvalidRequest("instance.prompt must be a list of chat messages with the problem as "
-                         "the user message's content", field="instance.prompt")
+    raise InvalidRequest(
+        "instance.prompt must be a list of chat messages with the problem as the user message's content",
+        field="instance.prompt",
+    )
 
 
 def ground_truth(instance: dict[str, Any]) -> Any:
     """`reward_model.ground_truth` (reward_model may be JSON text; ground_truth too for code)."""
     reward_model = _json_field(instance, "reward_model")
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-        raise InvalidRequest("instance.reward_model.ground_truth is missing",
-                             field="instance.reward_model.ground_truth")
+        raise InvalidRequest(
+            "instance.reward_model.ground_truth is missing", field="instance.reward_model.ground_truth"
+        )
     return reward_model["ground_truth"]
 
 
@@ -109,9 +121,11 @@ def math_instance(instance: dict[str, Any]) -> dict[str, Any]:
     answer = ground_truth(instance)
     if isinstance(answer, list) and len(answer) == 1:
         answer = answer[0]
-    return {"problem": problem_text(instance).replace(_BOXED_HINT, "").strip(),
-            "answer": answer if isinstance(answer, (int, float)) else str(answer),
-            "extra_info": instance.get("extra_info")}
+    return {
+        "problem": problem_text(instance).replace(_BOXED_HINT, "").strip(),
+        "answer": answer if isinstance(answer, (int, float)) else str(answer),
+        "extra_info": instance.get("extra_info"),
+    }
 
 
 def io_cases(truth: Any) -> list[dict[str, str]]:
@@ -121,24 +135,27 @@ def io_cases(truth: Any) -> list[dict[str, str]]:
         try:
             truth = json.loads(truth)
         except ValueError:
-            raise InvalidRequest("reward_model.ground_truth is a string but not JSON",
-                                 field="instance.reward_model.ground_truth") from None
+            raise InvalidRequest(
+                "reward_model.ground_truth is a string but not JSON", field="instance.reward_model.ground_truth"
+            ) from None
     if isinstance(truth, dict) and truth.get("fn_name"):
-        raise InvalidRequest("call-based tests (fn_name) are not supported; only stdin/stdout "
-                             "input/output cases", field="instance.reward_model.ground_truth")
+        raise InvalidRequest(
+            "call-based tests (fn_name) are not supported; only stdin/stdout input/output cases",
+            field="instance.reward_model.ground_truth",
+        )
     if isinstance(truth, dict) and "inputs" in truth and "outputs" in truth:
         pairs = zip(truth["inputs"], truth["outputs"], strict=False)
         cases = [{"input": _text(i), "output": _text(o)} for i, o in pairs]
     elif isinstance(truth, list) and all(isinstance(t, dict) and "input" in t for t in truth):
-        cases = [{"input": _text(t["input"]), "output": _text(t.get("output", ""))}
-                 for t in truth]
+        cases = [{"input": _text(t["input"]), "output": _text(t.get("output", ""))} for t in truth]
     else:
-        raise InvalidRequest("reward_model.ground_truth must hold input/output test cases "
-                             "({inputs, outputs} or a list of {input, output})",
-                             field="instance.reward_model.ground_truth")
+        raise InvalidRequest(
+            "reward_model.ground_truth must hold input/output test cases "
+            "({inputs, outputs} or a list of {input, output})",
+            field="instance.reward_model.ground_truth",
+        )
     if not cases:
-        raise InvalidRequest("reward_model.ground_truth has no test case",
-                             field="instance.reward_model.ground_truth")
+        raise InvalidRequest("reward_model.ground_truth has no test case", field="instance.reward_model.ground_truth")
     return cases
 
 
@@ -150,9 +167,12 @@ def code_instance(instance: dict[str, Any]) -> dict[str, Any]:
     """A code-set row → the code agent's instance: statement plus stdin/stdout test cases."""
     statement = problem_text(instance).replace(_CODE_HINT, "").strip()
     cases = io_cases(ground_truth(instance))
-    return {"problem_statement": statement, "solution_file": "solution.py",
-            "hidden_tests": [_stdio_test(case, k) for k, case in enumerate(cases, start=1)],
-            "extra_info": instance.get("extra_info")}
+    return {
+        "problem_statement": statement,
+        "solution_file": "solution.py",
+        "hidden_tests": [_stdio_test(case, k) for k, case in enumerate(cases, start=1)],
+        "extra_info": instance.get("extra_info"),
+    }
 
 
 def _stdio_test(case: dict[str, str], k: int) -> dict[str, str]:

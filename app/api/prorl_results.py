@@ -11,6 +11,7 @@ A harness rollout whose history was rewritten has several samples (`extra["sampl
 result is its last sample, as above, and `samples` lists every one (the last one included)
 with its arrays and `split_reason`; each trains with the result's reward.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ from core.models import Rollout, Turn
 LENGTH_REASONS = {"length", "context", "token_budget", "turn_length"}
 
 
-def prorl_result(r: Rollout, turns: list[Turn], request_instance: dict[str, Any],
-                 instance_id: str, wall_seconds: float | None = None) -> dict[str, Any]:
+def prorl_result(
+    r: Rollout, turns: list[Turn], request_instance: dict[str, Any], instance_id: str, wall_seconds: float | None = None
+) -> dict[str, Any]:
     """The ProRL result of rollout `r` for the instance the client sent."""
     extra = r.extra or {}
     outcome = r.outcome or ""
@@ -81,9 +83,14 @@ def timing(r: Rollout, wall_seconds: float | None) -> dict[str, Any]:
     stages = [r.init_seconds or 0.0, r.run_seconds or 0.0, r.eval_seconds or 0.0]
     counted = sum(stages)
     others = max(0.0, wall_seconds - counted) if wall_seconds is not None else 0.0
-    return {"init_time": stages[0], "run_time": stages[1], "eval_time": stages[2],
-            "others_time": round(others, 4), "counted_elapsed": counted,
-            "timeout_triggered": r.outcome == "timeout"}
+    return {
+        "init_time": stages[0],
+        "run_time": stages[1],
+        "eval_time": stages[2],
+        "others_time": round(others, 4),
+        "counted_elapsed": counted,
+        "timeout_triggered": r.outcome == "timeout",
+    }
 
 
 def prorl_messages(r: Rollout, turns: list[Turn]) -> tuple[list[dict[str, Any]], dict]:
@@ -93,12 +100,14 @@ def prorl_messages(r: Rollout, turns: list[Turn]) -> tuple[list[dict[str, Any]],
     counts = _counts(r, turns, stored, len(prompt) + len(response))
     seq, out, at, k = prompt + response, [], 0, 0
     for message, n in zip(stored, counts, strict=True):
-        item = {"role": message.get("role"), "content": _content(message),
-                "token_ids": seq[at:at + n]}
+        item = {"role": message.get("role"), "content": _content(message), "token_ids": seq[at : at + n]}
         if message.get("role") == "assistant":
             turn = turns[k] if k < len(turns) else None
-            item.update(input_ids=seq[:at], logprobs=list((turn and turn.logprobs) or []),
-                        tool_calls=[_flat_call(c) for c in (turn and turn.tool_calls) or []])
+            item.update(
+                input_ids=seq[:at],
+                logprobs=list((turn and turn.logprobs) or []),
+                tool_calls=[_flat_call(c) for c in (turn and turn.tool_calls) or []],
+            )
             k += 1
         elif message.get("name"):
             item["name"] = message["name"]
@@ -108,9 +117,11 @@ def prorl_messages(r: Rollout, turns: list[Turn]) -> tuple[list[dict[str, Any]],
         out.pop()
     kept = sum(len(m["token_ids"]) for m in out) - len(prompt) if out else 0
     kept = max(0, kept)
-    return out, {"response_ids": response[:kept],
-                 "response_logprobs": list(r.response_logprobs or [])[:kept],
-                 "loss_mask": list(r.loss_mask or [])[:kept]}
+    return out, {
+        "response_ids": response[:kept],
+        "response_logprobs": list(r.response_logprobs or [])[:kept],
+        "loss_mask": list(r.loss_mask or [])[:kept],
+    }
 
 
 def _counts(r: Rollout, turns: list[Turn], stored: list[dict], total: int) -> list[int]:
@@ -119,8 +130,7 @@ def _counts(r: Rollout, turns: list[Turn], stored: list[dict], total: int) -> li
     if isinstance(recorded, list) and len(recorded) == len(stored) and sum(recorded) == total:
         return [int(n) for n in recorded]
     counts, k, first_after = [], 0, False
-    n_prompt = next((i for i, m in enumerate(stored) if m.get("role") == "assistant"),
-                    len(stored))
+    n_prompt = next((i for i, m in enumerate(stored) if m.get("role") == "assistant"), len(stored))
     for i, message in enumerate(stored):
         if i < n_prompt:
             counts.append(len(r.prompt_ids or []) if i == n_prompt - 1 else 0)

@@ -5,6 +5,7 @@ fields) after popping its agent-config keys. raas honours the keys that mean som
 rollout here and accepts, without effect, the ones that configure OpenHands' own LLM plumbing
 (they are listed in `IGNORED_KEYS` with the reason); any other key is an error listing both.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,23 +18,30 @@ from core.errors import InvalidRequest
 IGNORED_KEYS: dict[str, str] = {
     "model": "the model is the registered server's",
     "api_key": "server credentials are registered with the server pool",
-    "base_url": "servers come from /add_llm_server", "api_version": "OpenHands/litellm plumbing",
-    "custom_llm_provider": "litellm plumbing", "modify_params": "litellm plumbing",
-    "drop_params": "litellm plumbing", "log_completions": "every turn is stored anyway",
+    "base_url": "servers come from /add_llm_server",
+    "api_version": "OpenHands/litellm plumbing",
+    "custom_llm_provider": "litellm plumbing",
+    "modify_params": "litellm plumbing",
+    "drop_params": "litellm plumbing",
+    "log_completions": "every turn is stored anyway",
     "log_completions_folder": "every turn is stored anyway",
     "native_tool_calling": "tools are always rendered by the chat template",
     "token_level_generation": "raas is always token-level (token-in/token-out)",
     "custom_tokenizer": "the tokenizer is the served model's",
     "ensure_thinking_end_properly": "token-level trajectories are never rewritten",
-    "strict_loop_detector": "OpenHands agent option", "enable_vision": "no vision tools",
-    "enable_a11y_tree": "no browser tools", "is_reasoning_task": "OpenHands agent option",
-    "disable_vision": "no vision tools", "caching_prompt": "litellm plumbing",
+    "strict_loop_detector": "OpenHands agent option",
+    "enable_vision": "no vision tools",
+    "enable_a11y_tree": "no browser tools",
+    "is_reasoning_task": "OpenHands agent option",
+    "disable_vision": "no vision tools",
+    "caching_prompt": "litellm plumbing",
     "num_retries": "the pool fails over between servers",
     "retry_multiplier": "the pool fails over between servers",
     "retry_min_wait": "the pool fails over between servers",
     "retry_max_wait": "the pool fails over between servers",
     "max_message_chars": "observations are clipped by the agent",
-    "reasoning_effort": "API-model option", "input_cost_per_token": "cost accounting",
+    "reasoning_effort": "API-model option",
+    "input_cost_per_token": "cost accounting",
     "output_cost_per_token": "cost accounting",
 }
 
@@ -65,14 +73,23 @@ class ProRLSampling(BaseModel):
             raise InvalidRequest(
                 f"sampling_params: unknown key(s) {', '.join(map(repr, unknown))}; accepted: "
                 f"{', '.join(honoured)}; accepted without effect: {', '.join(sorted(IGNORED_KEYS))}",
-                field="sampling_params", unknown=unknown)
+                field="sampling_params",
+                unknown=unknown,
+            )
 
     def job_parts(self) -> dict[str, Any]:
         """`sampling`, `limits` and `llm` fields of the raas job these parameters describe."""
         self.check_keys()
-        sampling: dict[str, Any] = {k: v for k, v in (
-            ("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k),
-            ("seed", self.seed)) if v is not None}
+        sampling: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("temperature", self.temperature),
+                ("top_p", self.top_p),
+                ("top_k", self.top_k),
+                ("seed", self.seed),
+            )
+            if v is not None
+        }
         if self.stop is not None:
             sampling["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         per_turn = self.max_output_tokens or self.max_tokens or self.max_new_tokens

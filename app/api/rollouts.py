@@ -1,4 +1,5 @@
 """v1 rollouts: one rollout with its turns; re-evaluation of a stored result."""
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
@@ -10,20 +11,31 @@ from app.schemas import RolloutView
 bp = Blueprint("rollouts", __name__)
 
 
-@typed_route(bp, "/v1/rollouts/<rollout_id>", "GET", response=RolloutView,
-             summary="A rollout with its turns", query={"turns": "include turns (default 1)"})
+@typed_route(
+    bp,
+    "/v1/rollouts/<rollout_id>",
+    "GET",
+    response=RolloutView,
+    summary="A rollout with its turns",
+    query={"turns": "include turns (default 1)"},
+)
 def show(rollout_id: str) -> RolloutView:
-    return show_rollout(current_app.config["RAAS"].db_url, rollout_id, g.owner,
-                        with_turns=request.args.get("turns", "1") != "0")
+    return show_rollout(
+        current_app.config["RAAS"].db_url, rollout_id, g.owner, with_turns=request.args.get("turns", "1") != "0"
+    )
 
 
-@typed_route(bp, "/v1/rollouts/<rollout_id>/reevaluate", "POST", response=RolloutView,
-             status=202, summary="Re-run EVAL (the same grading path) on the stored artifact",
-             query={"wait": "seconds to wait for the new result (default 0)"})
+@typed_route(
+    bp,
+    "/v1/rollouts/<rollout_id>/reevaluate",
+    "POST",
+    response=RolloutView,
+    status=202,
+    summary="Re-run EVAL (the same grading path) on the stored artifact",
+    query={"wait": "seconds to wait for the new result (default 0)"},
+)
 def reevaluate(rollout_id: str) -> RolloutView:
     settings = current_app.config["RAAS"]
-    wait = query_number("wait", 0, minimum=0, maximum=settings.results_max_wait * 10,
-                        integer=False)
-    request_id = request_reevaluation(settings, current_app.extensions["celery"], rollout_id,
-                                      g.owner)
+    wait = query_number("wait", 0, minimum=0, maximum=settings.results_max_wait * 10, integer=False)
+    request_id = request_reevaluation(settings, current_app.extensions["celery"], rollout_id, g.owner)
     return reevaluation_result(settings.db_url, rollout_id, request_id, wait)

@@ -4,6 +4,7 @@
 field), serialises the returned model, and records the route so `/openapi.json` is generated
 from the same models the handlers use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,7 @@ def json_depth_error(data: Any, limit: int) -> InvalidRequest | None:
             return InvalidRequest(f"body: JSON nested deeper than {limit} levels", field="body")
         children = value.values() if isinstance(value, dict) else value
         if isinstance(value, (dict, list)):
-            stack.extend((child, depth + 1) for child in children
-                         if isinstance(child, (dict, list)))
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return None
 
 
@@ -57,8 +57,7 @@ def json_body() -> Any:
     try:
         data = current_app.json.loads(request.get_data(cache=True))
     except RecursionError:
-        raise InvalidRequest(f"body: JSON nested deeper than {limit} levels",
-                             field="body") from None
+        raise InvalidRequest(f"body: JSON nested deeper than {limit} levels", field="body") from None
     except ValueError:
         return None
     error = json_depth_error(data, limit)
@@ -89,16 +88,23 @@ def to_response(value: Any, status: int) -> Response:
     return resp
 
 
-def typed_route(bp: Blueprint, path: str, method: str, *, summary: str,
-                body: type[BaseModel] | None = None, response: type[BaseModel] | None = None,
-                status: int = 200, query: dict[str, str] | None = None,
-                tag: str = "v1") -> Callable:
+def typed_route(
+    bp: Blueprint,
+    path: str,
+    method: str,
+    *,
+    summary: str,
+    body: type[BaseModel] | None = None,
+    response: type[BaseModel] | None = None,
+    status: int = 200,
+    query: dict[str, str] | None = None,
+    tag: str = "v1",
+) -> Callable:
     """Register a view on `bp` whose body/response are the given models."""
     openapi_path = path.replace("<", "{").replace(">", "}")
     for conv in ("string:", "int:", "path:"):
         openapi_path = openapi_path.replace("{" + conv, "{")
-    ROUTES.append(RouteDoc(method.lower(), openapi_path, summary, body, response, status,
-                           query or {}, tag))
+    ROUTES.append(RouteDoc(method.lower(), openapi_path, summary, body, response, status, query or {}, tag))
 
     def decorator(view: Callable) -> Callable:
         @functools.wraps(view)
@@ -113,8 +119,7 @@ def typed_route(bp: Blueprint, path: str, method: str, *, summary: str,
     return decorator
 
 
-def query_number(name: str, default: float, *, minimum: float, maximum: float,
-                 integer: bool = True) -> float:
+def query_number(name: str, default: float, *, minimum: float, maximum: float, integer: bool = True) -> float:
     """A numeric query parameter within bounds, or a 400 naming it."""
     raw = request.args.get(name)
     if raw is None or raw == "":
@@ -122,9 +127,7 @@ def query_number(name: str, default: float, *, minimum: float, maximum: float,
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
-        raise InvalidRequest(f"query parameter {name!r} must be a number, got {raw!r}",
-                             field=name) from None
+        raise InvalidRequest(f"query parameter {name!r} must be a number, got {raw!r}", field=name) from None
     if not minimum <= value <= maximum:
-        raise InvalidRequest(f"query parameter {name!r} must be in [{minimum}, {maximum}]",
-                             field=name)
+        raise InvalidRequest(f"query parameter {name!r} must be in [{minimum}, {maximum}]", field=name)
     return value

@@ -6,6 +6,7 @@ header on navigation, so the token it logged in with (form or `?token=`) rides i
 HttpOnly session cookie and is handed to that hook as the bearer header of /ui requests only.
 Every query is scoped by `g.owner`, exactly like the API.
 """
+
 from __future__ import annotations
 
 from app.ui import views  # noqa: F401 - registers the pages on the blueprint

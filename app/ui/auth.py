@@ -9,6 +9,7 @@ never logs in by itself (that was a login CSRF: `/ui/?token=<other>` silently re
 session): without a session it shows the login form filled in, to be submitted; with one it is
 dropped. API paths never read the cookie, so a browser session cannot call /v1 routes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,9 @@ from app.auth import UI_PRINCIPAL, auth_enabled
 from app.ui import sessions
 from core.errors import NotFound, Unauthorized
 
-bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates",
-               static_folder="static", static_url_path="/static")
+bp = Blueprint(
+    "ui", __name__, url_prefix="/ui", template_folder="templates", static_folder="static", static_url_path="/static"
+)
 SESSION_ID = "raas_sid"
 
 
@@ -110,8 +112,7 @@ def _token_link():
     args = {k: v for k, v in request.args.items() if k != "token"}
     here = request.path + ("?" + urlencode(args) if args else "")
     if g.get("ui_token_link"):
-        return render_template("ui/login.html", next=safe_next(here), wrong=False,
-                               token=g.ui_token_link, confirm=True)
+        return render_template("ui/login.html", next=safe_next(here), wrong=False, token=g.ui_token_link, confirm=True)
     return redirect(here)
 
 
@@ -193,4 +194,3 @@ def _not_found(exc: NotFound):
     if request.path.endswith(".json"):
         return exc.to_dict(), 404
     return render_template("ui/error.html", title="Not found", message=exc.message), 404
-

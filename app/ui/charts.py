@@ -3,6 +3,7 @@
 Pure functions over plain rows, so the page's figures can be tested without a browser and
 the templates only draw what is computed here (inline SVG, no chart library).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,18 +59,22 @@ def histogram(values: list[float], n_bins: int = N_BINS) -> dict[str, Any]:
     counts = [0] * n_bins
     for v in values:
         counts[min(int(v / width), n_bins - 1)] += 1
-    return {"edges": [round(width * i, 3) for i in range(n_bins + 1)], "counts": counts,
-            "max_count": max(counts), "n": len(values)}
+    return {
+        "edges": [round(width * i, 3) for i in range(n_bins + 1)],
+        "counts": counts,
+        "max_count": max(counts),
+        "n": len(values),
+    }
 
 
 def stage_histograms(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """A histogram of seconds per stage over the rollouts that went through it."""
-    return {stage: histogram([r[f"{stage}_seconds"] for r in rows
-                              if r[f"{stage}_seconds"] is not None]) for stage in STAGES}
+    return {
+        stage: histogram([r[f"{stage}_seconds"] for r in rows if r[f"{stage}_seconds"] is not None]) for stage in STAGES
+    }
 
 
-def throughput(rows: list[dict[str, Any]], start: datetime,
-               n_bins: int = 30) -> dict[str, Any]:
+def throughput(rows: list[dict[str, Any]], start: datetime, n_bins: int = 30) -> dict[str, Any]:
     """Rollouts finished per bin from the job's submission to its last finish."""
     done = sorted(_seconds(r["finished_at"], start) for r in rows if r["finished_at"])
     if not done:
@@ -79,9 +84,15 @@ def throughput(rows: list[dict[str, Any]], start: datetime,
     counts = [0] * n_bins
     for t in done:
         counts[min(int(t / width), n_bins - 1)] += 1
-    return {"counts": counts, "edges": [round(width * i, 2) for i in range(n_bins + 1)],
-            "bin_seconds": round(width, 3), "max_count": max(counts), "span": round(span, 2),
-            "n": len(done), "per_minute": round(len(done) / span * 60, 2)}
+    return {
+        "counts": counts,
+        "edges": [round(width * i, 2) for i in range(n_bins + 1)],
+        "bin_seconds": round(width, 3),
+        "max_count": max(counts),
+        "span": round(span, 2),
+        "n": len(done),
+        "per_minute": round(len(done) / span * 60, 2),
+    }
 
 
 def _seconds(when: datetime, start: datetime) -> float:

@@ -6,6 +6,7 @@ with the SHA-256 of the token it logged in with and its own CSRF token; the cook
 random id. Every request resolves the token digest again (a removed token ends its sessions),
 logout deletes the row, and a row expires after `ui_session_hours`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,9 +40,15 @@ def create(settings: Settings, token: str) -> tuple[str, str]:
     now = utcnow()
     with session_scope(settings.db_url) as s:
         s.execute(delete(UISession).where(UISession.expires_at < now))  # sweep old ones
-        s.add(UISession(id=_key(session_id), token_digest=token_digest(token), csrf=csrf,
-                        created_at=now,
-                        expires_at=now + timedelta(hours=settings.ui_session_hours)))
+        s.add(
+            UISession(
+                id=_key(session_id),
+                token_digest=token_digest(token),
+                csrf=csrf,
+                created_at=now,
+                expires_at=now + timedelta(hours=settings.ui_session_hours),
+            )
+        )
     return session_id, csrf
 
 

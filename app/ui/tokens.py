@@ -5,6 +5,7 @@ them (observations, mask 0), so the page can fetch and draw one turn at a time. 
 decoded one id at a time with the job's own tokenizer (special tokens kept), memoised per
 tokenizer, so a 30k-token rollout costs one decode per distinct id, once per gateway process.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -44,13 +45,18 @@ class SampleView:
 
 def samples_of(r: Rollout) -> list[dict[str, Any]]:
     """[{index, calls, split_reason, tokens}] of a split rollout ([] for one sequence)."""
-    return [{"index": k, "calls": s.get("calls"), "split_reason": s.get("split_reason"),
-             "tokens": len(s.get("prompt_ids") or []) + len(s.get("response_ids") or [])}
-            for k, s in enumerate((r.extra or {}).get("samples") or [])]
+    return [
+        {
+            "index": k,
+            "calls": s.get("calls"),
+            "split_reason": s.get("split_reason"),
+            "tokens": len(s.get("prompt_ids") or []) + len(s.get("response_ids") or []),
+        }
+        for k, s in enumerate((r.extra or {}).get("samples") or [])
+    ]
 
 
-def pick_sample(r: Rollout, turns: list[Turn], raw: str | None) -> tuple[Any, list[Turn],
-                                                                         int | None]:
+def pick_sample(r: Rollout, turns: list[Turn], raw: str | None) -> tuple[Any, list[Turn], int | None]:
     """The rollout (or its sample `raw`, default the last) and that sample's turns."""
     count = len((r.extra or {}).get("samples") or [])
     if not count:
@@ -73,13 +79,11 @@ def segments(r: Rollout, turns: list[Turn]) -> list[dict[str, Any]]:
     starts = _turn_starts(r, turns, n_resp)
     if starts is None:
         if n_resp:
-            out.append({"label": "response", "start": n_prompt, "end": n_prompt + n_resp,
-                        "turn": None, "live": False})
+            out.append({"label": "response", "start": n_prompt, "end": n_prompt + n_resp, "turn": None, "live": False})
         return out
     for k, start in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else n_resp
-        out.append({"label": f"turn {k}", "start": n_prompt + start, "end": n_prompt + end,
-                    "turn": k, "live": False})
+        out.append({"label": f"turn {k}", "start": n_prompt + start, "end": n_prompt + end, "turn": k, "live": False})
     return out
 
 
@@ -97,12 +101,17 @@ def live_rows(turn: Turn, job: Job, start: int) -> dict[str, Any]:
     """A running rollout's turn from the turn log: generated (mask 1) then observation ids."""
     gen, obs = list(turn.generated_ids or []), list(turn.observation_ids or [])
     logprobs = list(turn.logprobs or [])
-    logprobs = (logprobs + [None] * len(gen))[:len(gen)]
+    logprobs = (logprobs + [None] * len(gen))[: len(gen)]
     ids = gen + obs
-    return {"start": start, "end": start + len(ids), "ids": ids,
-            "pieces": pieces(tokenizer_path(job), ids), "mask": [1] * len(gen) + [0] * len(obs),
-            "logprobs": logprobs + [0.0] * len(obs),
-            "versions": [turn.weight_version] * len(gen) + [None] * len(obs)}
+    return {
+        "start": start,
+        "end": start + len(ids),
+        "ids": ids,
+        "pieces": pieces(tokenizer_path(job), ids),
+        "mask": [1] * len(gen) + [0] * len(obs),
+        "logprobs": logprobs + [0.0] * len(obs),
+        "versions": [turn.weight_version] * len(gen) + [None] * len(obs),
+    }
 
 
 def segment_rows(r: Rollout, job: Job, turns: list[Turn], seg: dict[str, Any]) -> dict[str, Any]:
@@ -136,12 +145,17 @@ def token_rows(r: Rollout, job: Job, start: int, end: int) -> dict[str, Any]:
         k = pos - n_prompt
         in_resp = k >= 0
         mask.append((r.loss_mask or [])[k] if in_resp and k < len(r.loss_mask or []) else 0)
-        logprobs.append((r.response_logprobs or [])[k]
-                        if in_resp and k < len(r.response_logprobs or []) else None)
+        logprobs.append((r.response_logprobs or [])[k] if in_resp and k < len(r.response_logprobs or []) else None)
         versions.append(version_of(k) if in_resp else None)
-    return {"start": start, "end": start + len(ids), "ids": ids,
-            "pieces": pieces(tokenizer_path(job), ids), "mask": mask, "logprobs": logprobs,
-            "versions": versions}
+    return {
+        "start": start,
+        "end": start + len(ids),
+        "ids": ids,
+        "pieces": pieces(tokenizer_path(job), ids),
+        "mask": mask,
+        "logprobs": logprobs,
+        "versions": versions,
+    }
 
 
 def _version_lookup(r: Rollout):

@@ -1,4 +1,5 @@
 """The dashboard's pages: every query goes through `g.owner`, the same scoping as the API."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,15 +16,38 @@ from core.models import Rollout, Turn
 from tasks.config import UNROUTED_QUEUE
 from tasks.queues import known_queues, queue_depths
 
-ROW_COLUMNS = ("id", "instance_id", "sample_index", "status", "outcome", "reward", "attempt",
-               "node", "error", "init_seconds", "run_seconds", "eval_seconds", "created_at",
-               "finished_at", "finish_reason")
+ROW_COLUMNS = (
+    "id",
+    "instance_id",
+    "sample_index",
+    "status",
+    "outcome",
+    "reward",
+    "attempt",
+    "node",
+    "error",
+    "init_seconds",
+    "run_seconds",
+    "eval_seconds",
+    "created_at",
+    "finished_at",
+    "finish_reason",
+)
 MAX_GROUPS = 200  # instances listed on a job page; the charts cover every rollout
 JOBS_PAGE = 50
 # What the grader graded (swe: the patch; code: solution files; math/search: the answer) and
 # what was kept from it (swe drops test files): shown above the rest of `extra`.
-ARTIFACT_KEYS = ("git_patch", "patch", "files", "answer", "predicted_answer", "reference_answer",
-                 "artifact", "dropped_files", "dropped_reasons")
+ARTIFACT_KEYS = (
+    "git_patch",
+    "patch",
+    "files",
+    "answer",
+    "predicted_answer",
+    "reference_answer",
+    "artifact",
+    "dropped_files",
+    "dropped_reasons",
+)
 
 
 def _settings():
@@ -37,8 +61,9 @@ def jobs():
         views = owner_jobs(s, g.owner, request.args.get("before"), JOBS_PAGE)
     running = any(v.status in ("running", "cancelling") for v in views)
     template = "ui/_job_rows.html" if request.args.get("fragment") else "ui/jobs.html"
-    return render_template(template, jobs=views, running=running,
-                           next_cursor=views[-1].job_id if len(views) == JOBS_PAGE else None)
+    return render_template(
+        template, jobs=views, running=running, next_cursor=views[-1].job_id if len(views) == JOBS_PAGE else None
+    )
 
 
 @bp.post("/jobs/<job_id>/cancel")
@@ -60,11 +85,18 @@ def job(job_id: str):
         config = j.config or {}
     groups = charts.groups(rows)
     return render_template(
-        "ui/job.html", job=view, config=config, groups=groups[:MAX_GROUPS],
-        n_groups=len(groups), reward_range=charts.reward_range(rows),
+        "ui/job.html",
+        job=view,
+        config=config,
+        groups=groups[:MAX_GROUPS],
+        n_groups=len(groups),
+        reward_range=charts.reward_range(rows),
         histograms=charts.stage_histograms(rows),
-        throughput=charts.throughput(rows, view.created_at), slowest=charts.slowest(rows),
-        failed=charts.failed(rows), total_seconds=charts.total_seconds)
+        throughput=charts.throughput(rows, view.created_at),
+        slowest=charts.slowest(rows),
+        failed=charts.failed(rows),
+        total_seconds=charts.total_seconds,
+    )
 
 
 @bp.get("/rollouts/<rollout_id>")
@@ -79,15 +111,24 @@ def rollout(rollout_id: str):
         metrics = dict(r.metrics or {})
         extra = {k: v for k, v in (r.extra or {}).items() if k != "turn_boundaries"}
         return render_template(
-            "ui/rollout.html", r=r, job=job, turns=turns, earlier_turns=earlier,
-            segments=segs, metrics=metrics, waterfall=_waterfall(r, turns),
+            "ui/rollout.html",
+            r=r,
+            job=job,
+            turns=turns,
+            earlier_turns=earlier,
+            segments=segs,
+            metrics=metrics,
+            waterfall=_waterfall(r, turns),
             prompt_messages=_prompt_messages(r.messages or []),
             n_tokens=len(r.prompt_ids or []) + len(r.response_ids or []),
-            n_trained=sum(r.loss_mask or []), drift=_drift(metrics, segs),
+            n_trained=sum(r.loss_mask or []),
+            drift=_drift(metrics, segs),
             artifacts={k: extra[k] for k in ARTIFACT_KEYS if extra.get(k) not in (None, "", [], {})},
-            other_extra={k: v for k, v in extra.items()
-                         if k not in ARTIFACT_KEYS and k != "samples"},
-            tokenizer=tokens.tokenizer_path(job), samples=samples, sample=sample)
+            other_extra={k: v for k, v in extra.items() if k not in ARTIFACT_KEYS and k != "samples"},
+            tokenizer=tokens.tokenizer_path(job),
+            samples=samples,
+            sample=sample,
+        )
 
 
 @bp.get("/rollouts/<rollout_id>/tokens.json")
@@ -101,8 +142,7 @@ def rollout_tokens(rollout_id: str):
         if raw == "all":
             return {"segments": [tokens.segment_rows(r, job, turns, sg) for sg in segs]}
         if not raw.isdigit() or int(raw) >= len(segs):
-            raise InvalidRequest(f"segment must be 0..{len(segs) - 1} or all, got {raw!r}",
-                                 field="segment")
+            raise InvalidRequest(f"segment must be 0..{len(segs) - 1} or all, got {raw!r}", field="segment")
         return tokens.segment_rows(r, job, turns, segs[int(raw)])
 
 
@@ -126,16 +166,14 @@ def _waterfall(r: Rollout, turns: list[Turn]) -> dict[str, Any]:
     for turn in turns:
         for kind, dur in (("gen", turn.gen_seconds), ("tool", turn.tool_seconds)):
             if dur:
-                bars.append({"label": f"turn {turn.index} {kind}", "kind": kind, "start": t,
-                             "dur": dur})
+                bars.append({"label": f"turn {turn.index} {kind}", "kind": kind, "start": t, "dur": dur})
                 t += dur
     if r.run_seconds is not None:
         t = max(t, run_start + r.run_seconds)
     if r.eval_seconds is not None:
         bars.append({"label": "eval", "kind": "eval", "start": t, "dur": r.eval_seconds})
         t += r.eval_seconds
-    return {"bars": bars, "total": t or 1.0, "run_start": run_start,
-            "run": r.run_seconds}
+    return {"bars": bars, "total": t or 1.0, "run_start": run_start, "run": r.run_seconds}
 
 
 def _drift(metrics: dict[str, Any], segs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -143,15 +181,26 @@ def _drift(metrics: dict[str, Any], segs: list[dict[str, Any]]) -> dict[str, Any
     if not metrics.get("retokenization_drift") or metrics.get("first_diff") is None:
         return None
     per_turn = metrics.get("drift_turns") or [
-        {"first_diff": metrics["first_diff"], "differing_tokens": metrics["retokenization_drift"]}]
+        {"first_diff": metrics["first_diff"], "differing_tokens": metrics["retokenization_drift"]}
+    ]
     marks = []
     for entry in per_turn:
         first = entry["first_diff"]
         seg = next((i for i, sg in enumerate(segs) if sg["start"] <= first < sg["end"]), None)
-        marks.append({"first": first, "count": entry.get("differing_tokens"), "segment": seg,
-                      "label": segs[seg]["label"] if seg is not None else "past the end"})
-    return {"count": metrics["retokenization_drift"], "first": metrics["first_diff"],
-            "marks": marks, "positions": [m["first"] for m in marks]}
+        marks.append(
+            {
+                "first": first,
+                "count": entry.get("differing_tokens"),
+                "segment": seg,
+                "label": segs[seg]["label"] if seg is not None else "past the end",
+            }
+        )
+    return {
+        "count": metrics["retokenization_drift"],
+        "first": metrics["first_diff"],
+        "marks": marks,
+        "positions": [m["first"] for m in marks],
+    }
 
 
 @bp.get("/stages")
@@ -170,18 +219,32 @@ def stages():
     with session_scope(settings.db_url) as s:
         everyone = rollout_counts(s)
         mine = rollout_counts(s, g.owner)
-        servers = [{"id": v.id, "owner": v.owner, "url": v.url, "model": v.model,
-                    "weight_version": v.weight_version,
-                    "healthy": v.healthy, "paused": v.paused, "in_flight": v.in_flight, "last_error": v.last_error}
-                   for v in llm_servers(s, None if g.get("admin") else g.owner)]
+        servers = [
+            {
+                "id": v.id,
+                "owner": v.owner,
+                "url": v.url,
+                "model": v.model,
+                "weight_version": v.weight_version,
+                "healthy": v.healthy,
+                "paused": v.paused,
+                "in_flight": v.in_flight,
+                "last_error": v.last_error,
+            }
+            for v in llm_servers(s, None if g.get("admin") else g.owner)
+        ]
     template = "ui/_stages_body.html" if request.args.get("fragment") else "ui/stages.html"
-    return render_template(template, table=_queue_table(queues, depths, consumers),
-                           everyone=_status_table(everyone), mine=_status_table(mine),
-                           servers=servers, broker_error=broker_error)
+    return render_template(
+        template,
+        table=_queue_table(queues, depths, consumers),
+        everyone=_status_table(everyone),
+        mine=_status_table(mine),
+        servers=servers,
+        broker_error=broker_error,
+    )
 
 
-def _queue_table(queues: list[str], depths: dict[str, int],
-                 consumers: dict[str, int]) -> list[dict[str, Any]]:
+def _queue_table(queues: list[str], depths: dict[str, int], consumers: dict[str, int]) -> list[dict[str, Any]]:
     """One row per queue: stage, node, waiting messages, consuming pools."""
     rows = []
     for q in sorted(set(queues) | set(consumers)):
@@ -191,8 +254,9 @@ def _queue_table(queues: list[str], depths: dict[str, int],
             stage, node = "unrouted", "none"
         else:
             stage, _, node = q.partition(".")
-        rows.append({"queue": q, "stage": stage, "node": node, "depth": depths.get(q, 0),
-                     "consumers": consumers.get(q, 0)})
+        rows.append(
+            {"queue": q, "stage": stage, "node": node, "depth": depths.get(q, 0), "consumers": consumers.get(q, 0)}
+        )
     order = {"init": 0, "run": 1, "eval": 2}
     return sorted(rows, key=lambda row: (order.get(row["stage"], 3), row["node"]))
 

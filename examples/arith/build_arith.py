@@ -11,6 +11,7 @@ seeded shuffle, so the files are reproducible:
 Rows are the repository's example JSONL form (`instance_id` + the handler's fields), ready for
 `raas submit examples/arith/train.jsonl --agent plain_answer`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,19 @@ def all_problems(operand_max: int = 9) -> list[dict[str, object]]:
         for a in range(operand_max + 1):
             for b in range(operand_max + 1):
                 name = "add" if op == "+" else "mul"
-                rows.append({"instance_id": f"arith-{name}-{a}-{b}",
-                             "question": f"What is {a} {op} {b}?", "answer": str(fn(a, b))})
+                rows.append(
+                    {
+                        "instance_id": f"arith-{name}-{a}-{b}",
+                        "question": f"What is {a} {op} {b}?",
+                        "answer": str(fn(a, b)),
+                    }
+                )
     return rows
 
 
-def split(rows: list[dict[str, object]], heldout: int, seed: int
-          ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+def split(
+    rows: list[dict[str, object]], heldout: int, seed: int
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """(train, held-out): a seeded shuffle, the first `heldout` rows held out; both sorted."""
     shuffled = list(rows)
     random.Random(seed).shuffle(shuffled)

@@ -8,6 +8,7 @@ problems, a program reading stdin), a reference solution, and hidden tests in th
 `.venv/bin/python examples/code/build_problems.py` after
 editing; tests/agents/test_code_examples.py checks every reference solution through real EVAL.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,17 @@ def main() -> int:
     """Write examples/code.jsonl (one instance per problem)."""
     lines = []
     for problem in PROBLEMS:
-        lines.append(json.dumps({
-            "instance_id": f"code-{problem['id']}",
-            "problem_statement": problem["statement"],
-            "solution_file": "solution.py",
-            "hidden_tests": [as_test(test, i) for i, test in enumerate(problem["tests"], start=1)],
-            "reference_solution": problem["solution"],
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "instance_id": f"code-{problem['id']}",
+                    "problem_statement": problem["statement"],
+                    "solution_file": "solution.py",
+                    "hidden_tests": [as_test(test, i) for i, test in enumerate(problem["tests"], start=1)],
+                    "reference_solution": problem["solution"],
+                }
+            )
+        )
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {len(lines)} problems to {OUT}")
     return 0

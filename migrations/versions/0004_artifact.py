@@ -3,6 +3,7 @@
 Revision ID: 0004
 Revises: 0003
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -11,17 +12,17 @@ from sqlalchemy.dialects import postgresql
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
-revision = '0004'
-down_revision = '0003'
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('rollouts') as batch:
-        batch.add_column(sa.Column('artifact', JSON, nullable=True))
+    with op.batch_alter_table("rollouts") as batch:
+        batch.add_column(sa.Column("artifact", JSON, nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('rollouts') as batch:
-        batch.drop_column('artifact')
+    with op.batch_alter_table("rollouts") as batch:
+        batch.drop_column("artifact")

@@ -3,6 +3,7 @@
 Revision ID: 0005
 Revises: 0004
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -18,8 +19,7 @@ NAMING = {"uq": "uq_%(table_name)s_%(column_0_name)s"}
 
 
 def _url_unique_name() -> str:
-    return "llm_servers_url_key" if op.get_bind().dialect.name == "postgresql" \
-        else "uq_llm_servers_url"
+    return "llm_servers_url_key" if op.get_bind().dialect.name == "postgresql" else "uq_llm_servers_url"
 
 
 def upgrade() -> None:
@@ -33,8 +33,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("llm_servers", naming_convention=NAMING) as batch:
-        batch.add_column(sa.Column("owner", sa.String(length=128), nullable=False,
-                                   server_default="default"))
+        batch.add_column(sa.Column("owner", sa.String(length=128), nullable=False, server_default="default"))
         batch.add_column(sa.Column("credential", sa.String(length=128), nullable=True))
         batch.drop_constraint(_url_unique_name(), type_="unique")
         batch.create_unique_constraint("uq_llm_servers_owner_url", ["owner", "url"])

@@ -3,6 +3,7 @@
 Revision ID: 0006
 Revises: 0005
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -16,9 +17,13 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("rollouts", sa.Column("outbox_at", sa.DateTime(timezone=True), nullable=True))
-    op.create_index("ix_rollouts_outbox", "rollouts", ["outbox_at"],
-                    postgresql_where=sa.text("outbox_at IS NOT NULL"),
-                    sqlite_where=sa.text("outbox_at IS NOT NULL"))
+    op.create_index(
+        "ix_rollouts_outbox",
+        "rollouts",
+        ["outbox_at"],
+        postgresql_where=sa.text("outbox_at IS NOT NULL"),
+        sqlite_where=sa.text("outbox_at IS NOT NULL"),
+    )
 
 
 def downgrade() -> None:

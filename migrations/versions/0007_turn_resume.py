@@ -4,6 +4,7 @@
 Revision ID: 0007
 Revises: 0006
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -22,8 +23,7 @@ def upgrade() -> None:
     op.add_column("turns", sa.Column("loop_state", json_type, nullable=True))
     op.add_column("rollouts", sa.Column("resumes", json_type, nullable=True))
     op.drop_index("ix_turns_rollout", table_name="turns")
-    op.create_index("uq_turns_rollout_attempt_index", "turns",
-                    ["rollout_id", "attempt", "index"], unique=True)
+    op.create_index("uq_turns_rollout_attempt_index", "turns", ["rollout_id", "attempt", "index"], unique=True)
 
 
 def downgrade() -> None:

@@ -4,6 +4,7 @@ the same request (same job, same rollout ids in the same order) from a different
 Revision ID: 0008
 Revises: 0007
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -4,6 +4,7 @@
 Revision ID: 0009
 Revises: 0008
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -3,6 +3,7 @@
 Revision ID: 0010
 Revises: 0009
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -4,6 +4,7 @@ callback outbox.
 Revision ID: 0011
 Revises: 0010
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -20,14 +21,12 @@ JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
 
 def upgrade() -> None:
     op.add_column("jobs", sa.Column("group_size", sa.Integer, nullable=True))
-    op.add_column("jobs", sa.Column("priority", sa.Integer, nullable=False,
-                                    server_default="0"))
+    op.add_column("jobs", sa.Column("priority", sa.Integer, nullable=False, server_default="0"))
     op.add_column("jobs", sa.Column("callback_url", sa.String(2048), nullable=True))
     op.add_column("rollouts", sa.Column("cut_reason", sa.String(256), nullable=True))
     op.create_table(
         "groups",
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"),
-                  primary_key=True),
+        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("instance_id", sa.String(256), primary_key=True),
         sa.Column("size", sa.Integer, nullable=False),
         sa.Column("timeout", sa.Float, nullable=True),
@@ -44,8 +43,7 @@ def upgrade() -> None:
     op.create_table(
         "callbacks",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
         sa.Column("owner", sa.String(128), nullable=False),
         sa.Column("url", sa.String(2048), nullable=False),
         sa.Column("event", sa.String(16), nullable=False),

@@ -6,6 +6,7 @@ the stage's deadline; the reaper adds it to the limit).
 Revision ID: 0012
 Revises: 0011
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -20,8 +21,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("rollouts") as batch:
         batch.add_column(sa.Column("generating_on", sa.String(512), nullable=True))
-        batch.add_column(sa.Column("paused_seconds", sa.Float(), nullable=False,
-                                   server_default="0"))
+        batch.add_column(sa.Column("paused_seconds", sa.Float(), nullable=False, server_default="0"))
     op.create_index("ix_rollouts_generating_on", "rollouts", ["generating_on"])
 
 

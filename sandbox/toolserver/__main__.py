@@ -1,4 +1,5 @@
 """Entry point: `python3 -m toolserver --socket ... --workspace ...`."""
+
 from .server import main
 
 main()

@@ -1,4 +1,5 @@
 """A persistent bash behind a pty: one round trip per command, exit code via an end marker."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ _SYNC_WAIT = 2.0
 class BashSession:
     """One long-lived shell; commands are sourced from a file so heredocs and long input work."""
 
-    def __init__(self, env: dict[str, str], cwd: str, output_bytes: int, address_space: int = 0,
-                 wrap: list[str] | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], cwd: str, output_bytes: int, address_space: int = 0, wrap: list[str] | None = None
+    ) -> None:
         self.env, self.cwd, self.output_bytes = env, cwd, output_bytes
         self.wrap = wrap or []  # e.g. the pid-namespace helper (isolate.py)
         self.shell_pid: int | None = None
@@ -43,8 +45,9 @@ class BashSession:
     def _spawn(self) -> None:
         self.nonce = secrets.token_hex(6)
         argv = [*self.wrap, "/bin/bash", "--noprofile", "--norc", "--noediting"]
-        self.proc = PtyProcess.spawn(argv, env=self.env, cwd=self.cwd, dimensions=(50, 400),
-                                     preexec_fn=child_setup(self.address_space))
+        self.proc = PtyProcess.spawn(
+            argv, env=self.env, cwd=self.cwd, dimensions=(50, 400), preexec_fn=child_setup(self.address_space)
+        )
         set_oom_score(self.proc.pid, 500)
         os.write(self.proc.fd, _SETUP.format(nonce=self.nonce).encode())
         marker = re.compile(rb"__RAAS_%s_READY__\n" % self.nonce.encode())
@@ -83,8 +86,9 @@ class BashSession:
                 with open(path, "w") as handle:
                     handle.write(command if command.endswith("\n") else command + "\n")
             except OSError as exc:  # the agent filled /tmp: its problem, told as an observation
-                return BashResult(f"[cannot start the command: {exc.strerror} writing "
-                                  f"{path}; free space in /tmp]", None)
+                return BashResult(
+                    f"[cannot start the command: {exc.strerror} writing {path}; free space in /tmp]", None
+                )
             line = f" . {path}; printf '\\n__RAAS_%s_%s_%d__\\n' {self.nonce} {self.seq} \"$?\"\n"
             out = CappedBuffer(self.output_bytes)
             out.write(self.pending)
@@ -101,8 +105,7 @@ class BashSession:
                 return BashResult(text, status, False, out.elided)
             note = self._interrupt(out)
             text = self._clean(out.text()).rstrip("\n")
-            return BashResult(text + f"\n[command timed out after {timeout:g}s; {note}]",
-                              None, True, out.elided)
+            return BashResult(text + f"\n[command timed out after {timeout:g}s; {note}]", None, True, out.elided)
 
     def _exit_status(self) -> int | None:
         try:
@@ -174,7 +177,7 @@ class BashSession:
             match = marker.search(window)
             if match:
                 out.write(window[: match.start()])
-                self.pending = window[match.end():]
+                self.pending = window[match.end() :]
                 code = int(match.group(1)) if match.groups() else 0
                 return True, code
             if len(window) > keep:

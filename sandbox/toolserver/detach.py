@@ -8,6 +8,7 @@ writes `{"returncode": N}` to the status file when it ends (negative: killed by 
 tool call that started it returns at once, so the host polls the status file between
 cancel and deadline checks instead of holding one tool call for the program's whole run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cwd", required=True)
     parser.add_argument("--env", action="append", default=[])
     args = parser.parse_args(argv[:split])
-    command = argv[split + 1:]
+    command = argv[split + 1 :]
     if not command:
         parser.error("no command after --")
     read, write = os.pipe()
@@ -71,6 +72,7 @@ def main(argv: list[str]) -> None:
         json.dump({"returncode": os.waitstatus_to_exitcode(status)}, handle)
     os.replace(temp, args.status)
     os._exit(0)
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

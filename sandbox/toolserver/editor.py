@@ -1,4 +1,5 @@
 """File tools with str_replace_editor semantics, confined to the workspace."""
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,9 @@ class Editor:
         _check_types(req)
         handler = getattr(self, f"_cmd_{req.command}", None)
         if handler is None:
-            raise ToolUsage(f"Unknown command {req.command!r}; use one of: view, create, "
-                            "str_replace, insert, undo_edit.")
+            raise ToolUsage(
+                f"Unknown command {req.command!r}; use one of: view, create, str_replace, insert, undo_edit."
+            )
         return handler(req, self.resolve(req.path))
 
     def _cmd_view(self, req: EditRequest, full: str) -> str:
@@ -75,8 +77,10 @@ class Editor:
             start, end = req.view_range
             end = len(lines) if end == -1 else end
             if not 1 <= start <= len(lines) or not start <= end <= len(lines):
-                raise ToolUsage(f"Invalid view_range {req.view_range}: the file has "
-                                f"{len(lines)} lines; use 1 <= start <= end <= {len(lines)}.")
+                raise ToolUsage(
+                    f"Invalid view_range {req.view_range}: the file has "
+                    f"{len(lines)} lines; use 1 <= start <= end <= {len(lines)}."
+                )
         text = _numbered(lines[start - 1 : end], start)
         if len(text) > _MAX_VIEW_CHARS:
             text = text[:_MAX_VIEW_CHARS] + "\n<response clipped: use view_range to see more>"
@@ -92,15 +96,13 @@ class Editor:
             for name in dirnames + sorted(f for f in filenames if not f.startswith(".")):
                 entries.append(os.path.join(dirpath, name))
         listing = "\n".join(sorted(entries)[:2000])
-        return (f"Files and directories up to 2 levels deep in {full}, excluding hidden items:\n"
-                f"{full}\n{listing}\n")
+        return f"Files and directories up to 2 levels deep in {full}, excluding hidden items:\n{full}\n{listing}\n"
 
     def _cmd_create(self, req: EditRequest, full: str) -> str:
         if req.file_text is None:
             raise ToolUsage("Parameter `file_text` is required for command: create.")
         if os.path.exists(full):
-            raise ToolUsage(f"File already exists at: {req.path}. Cannot overwrite files "
-                            "using command `create`.")
+            raise ToolUsage(f"File already exists at: {req.path}. Cannot overwrite files using command `create`.")
         self._write(full, req.file_text)
         self.history.setdefault(full, []).append(None)
         return f"File created successfully at: {req.path}"
@@ -111,12 +113,15 @@ class Editor:
         text = self._read(full, req.path)
         count = text.count(req.old_str)
         if count == 0:
-            raise ToolUsage(f"No replacement was performed, old_str `{req.old_str}` did not "
-                            f"appear verbatim in {req.path}.")
+            raise ToolUsage(
+                f"No replacement was performed, old_str `{req.old_str}` did not appear verbatim in {req.path}."
+            )
         if count > 1:
             lines = [i + 1 for i, line in enumerate(text.split("\n")) if req.old_str in line]
-            raise ToolUsage(f"No replacement was performed. Multiple occurrences of old_str "
-                            f"`{req.old_str}` in lines {lines}. Please ensure it is unique.")
+            raise ToolUsage(
+                f"No replacement was performed. Multiple occurrences of old_str "
+                f"`{req.old_str}` in lines {lines}. Please ensure it is unique."
+            )
         new = req.new_str or ""
         self.history.setdefault(full, []).append(text)
         self._write(full, text.replace(req.old_str, new))
@@ -129,8 +134,7 @@ class Editor:
         text = self._read(full, req.path)
         lines = text.split("\n")
         if not 0 <= req.insert_line <= len(lines):
-            raise ToolUsage(f"Invalid `insert_line` {req.insert_line}: it should be within "
-                            f"[0, {len(lines)}].")
+            raise ToolUsage(f"Invalid `insert_line` {req.insert_line}: it should be within [0, {len(lines)}].")
         self.history.setdefault(full, []).append(text)
         new_lines = req.new_str.split("\n")
         self._write(full, "\n".join(lines[: req.insert_line] + new_lines + lines[req.insert_line :]))
@@ -145,17 +149,18 @@ class Editor:
             os.remove(full)
             return f"Undid the creation of {req.path}; the file is removed."
         self._write(full, previous)
-        return f"Last edit to {req.path} undone successfully. " + self._cmd_view(
-            EditRequest("view", req.path), full)
+        return f"Last edit to {req.path} undone successfully. " + self._cmd_view(EditRequest("view", req.path), full)
 
     def _snippet(self, shown: str, full: str, line: int, added: int) -> str:
         lines = self._read(full, shown).split("\n")
         start = max(1, line - _SNIPPET_LINES)
         end = min(len(lines), line + added + _SNIPPET_LINES)
         body = _numbered(lines[start - 1 : end], start)
-        return (f"The file {shown} has been edited. Here's the result of running `cat -n` on a "
-                f"snippet of {shown}:\n{body}\nReview the changes and make sure they are as "
-                "expected. Edit the file again if necessary.")
+        return (
+            f"The file {shown} has been edited. Here's the result of running `cat -n` on a "
+            f"snippet of {shown}:\n{body}\nReview the changes and make sure they are as "
+            "expected. Edit the file again if necessary."
+        )
 
 
 def _check_types(req: EditRequest) -> None:

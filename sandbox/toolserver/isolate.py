@@ -17,6 +17,7 @@ by bwrap), and stays as the session's process for the server: it forwards the se
 signals, exits with the program's status, and takes the namespace with it when it is killed
 (the child's parent-death signal is SIGKILL, and the kernel kills a namespace with its init).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,8 +29,15 @@ CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_NOEXEC = 16384, 1 << 18, 2, 4, 8
 PR_SET_PDEATHSIG, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 47, 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-             signal.SIGUSR2, signal.SIGCONT)
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+)
 EXIT_NO_NAMESPACE = 125
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -40,8 +48,7 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 def drop_capabilities() -> None:
@@ -78,7 +85,7 @@ def _child(argv: list[str], own_mounts: bool) -> None:
 def main(argv: list[str]) -> int:
     """Unshare, fork the program as the namespace's init, forward signals, pass its status on."""
     if "--" in argv:
-        argv = argv[argv.index("--") + 1:]
+        argv = argv[argv.index("--") + 1 :]
     if not argv:
         os.write(2, b"usage: isolate.py -- PROGRAM [ARGS...]\n")
         return 2
@@ -106,8 +113,7 @@ def main(argv: list[str]) -> int:
             continue
         except ChildProcessError:
             return 1
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) \
-        else 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
 def _forward(pid: int, signum: int) -> None:

@@ -1,4 +1,5 @@
 """Bounded output capture: keep the head and the tail, count what was elided, strip ANSI."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """Process-tree helpers that work without a pid namespace (local runtime) and inside one."""
+
 from __future__ import annotations
 
 import os

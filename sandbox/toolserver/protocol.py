@@ -4,6 +4,7 @@ A frame is a 4-byte big-endian length followed by UTF-8 JSON. A request is
 `{"op": NAME, "args": {...}}`; a response is `{"ok": true, "result": {...}}` or
 `{"ok": false, "error": {"type": ERROR_NAME, "message": TEXT}}`.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The persistent Python session: a worker process per sandbox, interrupted or restarted on timeout."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,7 @@ import time
 from .procs import child_setup, kill_session, set_oom_score
 from .protocol import PythonResult
 
-_BOOT = (
-    "import sys; sys.path.insert(0, {root!r}); from toolserver.pyworker import main; "
-    "del sys.path[0]; main()"
-)
+_BOOT = "import sys; sys.path.insert(0, {root!r}); from toolserver.pyworker import main; del sys.path[0]; main()"
 _START_WAIT = 60.0
 _INTERRUPT_WAIT = 2.0
 
@@ -23,8 +21,15 @@ _INTERRUPT_WAIT = 2.0
 class PythonSession:
     """Cells share one namespace until a timeout forces a restart."""
 
-    def __init__(self, python: str, env: dict[str, str], cwd: str, output_bytes: int,
-                 address_space: int = 0, wrap: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        python: str,
+        env: dict[str, str],
+        cwd: str,
+        output_bytes: int,
+        address_space: int = 0,
+        wrap: list[str] | None = None,
+    ) -> None:
         self.python, self.env, self.cwd, self.output_bytes = python, env, cwd, output_bytes
         self.wrap = wrap or []  # e.g. the pid-namespace helper (isolate.py)
         self.address_space = address_space
@@ -35,9 +40,15 @@ class PythonSession:
     def _spawn(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         argv = [*self.wrap, self.python, "-c", _BOOT.format(root=root), str(self.output_bytes)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=self.env, cwd=self.cwd, start_new_session=True,
-                                     preexec_fn=child_setup(self.address_space))
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+            preexec_fn=child_setup(self.address_space),
+        )
         set_oom_score(self.proc.pid, 500)
         if self._read_line(time.monotonic() + _START_WAIT) is None:
             self.kill()

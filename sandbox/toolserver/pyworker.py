@@ -1,4 +1,5 @@
 """The Python session's worker process: runs cells with IPython if importable, else exec."""
+
 from __future__ import annotations
 
 import ast
@@ -45,9 +46,7 @@ class PlainRunner:
 def _format_user_error(exc: BaseException) -> str:
     """Traceback text without this module's frames."""
     te = traceback.TracebackException.from_exception(exc)
-    te.stack = traceback.StackSummary.from_list(
-        [frame for frame in te.stack if frame.filename != __file__]
-    )
+    te.stack = traceback.StackSummary.from_list([frame for frame in te.stack if frame.filename != __file__])
     return "".join(te.format())
 
 

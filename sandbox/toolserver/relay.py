@@ -7,6 +7,7 @@ host's per-rollout model endpoint, bound read-only into the sandbox). An unmodif
 is configured with `http://127.0.0.1:PORT/v1`; with the network off this loopback port is the
 only thing it can reach, and the socket reaches only its own rollout's endpoint.
 """
+
 from __future__ import annotations
 
 import argparse

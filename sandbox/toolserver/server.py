@@ -1,4 +1,5 @@
 """The tool server: serves bash, python and file tools over a Unix socket, one thread per client."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,7 @@ class ToolServer:
         self.started = time.monotonic()
         wrap = isolating_prefix() if args.isolate else []
         self.bash = BashSession(env, args.workdir, args.output_bytes, args.address_space, wrap)
-        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes,
-                                    args.address_space, wrap)
+        self.python = PythonSession(args.python, env, args.workdir, args.output_bytes, args.address_space, wrap)
         self.editor = Editor(args.workspace)
         self.stopping = threading.Event()
 
@@ -135,8 +135,7 @@ def isolating_prefix() -> list[str]:
     """The argv prefix that starts a session in its own pid namespace (`isolate.py`)."""
     import sys
 
-    return [sys.executable, "-I", "-S", os.path.join(os.path.dirname(__file__), "isolate.py"),
-            "--"]
+    return [sys.executable, "-I", "-S", os.path.join(os.path.dirname(__file__), "isolate.py"), "--"]
 
 
 def _not_dumpable() -> None:
@@ -154,8 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the server (built by the host-side runtimes)."""
     parser = argparse.ArgumentParser(prog="toolserver")
     parser.add_argument("--socket", default=None, help="path to listen on (created here)")
-    parser.add_argument("--listen-fd", type=int, default=-1,
-                        help="an inherited bound socket to listen on (its path is not visible)")
+    parser.add_argument(
+        "--listen-fd", type=int, default=-1, help="an inherited bound socket to listen on (its path is not visible)"
+    )
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--python", default="/usr/bin/python3")
@@ -164,10 +164,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--address-space", type=int, default=0)
     parser.add_argument("--fsize", type=int, default=0)
     parser.add_argument("--ready-fd", type=int, default=-1)
-    parser.add_argument("--signal-fd", type=int, default=-1,
-                        help="append a JSON line per terminating signal received (signals.py)")
-    parser.add_argument("--isolate", action="store_true",
-                        help="run tool sessions in a pid namespace below the server's")
+    parser.add_argument(
+        "--signal-fd", type=int, default=-1, help="append a JSON line per terminating signal received (signals.py)"
+    )
+    parser.add_argument(
+        "--isolate", action="store_true", help="run tool sessions in a pid namespace below the server's"
+    )
     return parser.parse_args(argv)
 
 

@@ -14,6 +14,7 @@ not dumpable, so no tool process can write to it), then exits (status 128 + the 
 signal would have ended it.
 SIGKILL and SIGSTOP cannot be caught; the host diagnoses those (`tasks.run_guard`).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,15 @@ import threading
 import time
 
 # Catchable signals whose default action ends the process.
-RECORDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1,
-            signal.SIGUSR2, signal.SIGALRM)
+RECORDED = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+)
 SI_USER, SI_KERNEL = 0, 0x80  # si_code values only the kernel sets (kill(2); the kernel)
 
 
@@ -43,11 +51,15 @@ def start_recorder(record_fd: int, on_signal=None) -> threading.Thread:
     def loop() -> None:
         while True:
             info = signal.sigwaitinfo(RECORDED)
-            line = {"signal": info.si_signo, "name": signal.Signals(info.si_signo).name,
-                    "sender_pid": info.si_pid, "sender_uid": info.si_uid,
-                    "sender_code": info.si_code,
-                    "outside": info.si_pid == 0 and info.si_code in (SI_USER, SI_KERNEL),
-                    "at": time.time()}
+            line = {
+                "signal": info.si_signo,
+                "name": signal.Signals(info.si_signo).name,
+                "sender_pid": info.si_pid,
+                "sender_uid": info.si_uid,
+                "sender_code": info.si_code,
+                "outside": info.si_pid == 0 and info.si_code in (SI_USER, SI_KERNEL),
+                "at": time.time(),
+            }
             if record_fd >= 0:
                 try:
                     os.write(record_fd, (json.dumps(line) + "\n").encode())

@@ -1,7 +1,19 @@
 """Trainer-side SDK for raas (httpx + pydantic only: installs without the server)."""
+
 from raas_client.batch import Batch, Collector, Group, advantages
 from raas_client.models import FailureClass, Rollout, TrainingSample, Trajectory, failure_class_of
 from raas_client.sdk import RaasClient, RaasHTTPError
 
-__all__ = ["Batch", "Collector", "FailureClass", "Group", "RaasClient", "RaasHTTPError",
-           "Rollout", "TrainingSample", "Trajectory", "advantages", "failure_class_of"]
+__all__ = [
+    "Batch",
+    "Collector",
+    "FailureClass",
+    "Group",
+    "RaasClient",
+    "RaasHTTPError",
+    "Rollout",
+    "TrainingSample",
+    "Trajectory",
+    "advantages",
+    "failure_class_of",
+]

@@ -14,6 +14,7 @@ per-token array is aligned with `input_ids` (position t describes token t):
 | `rewards` | [B] float32 | training rewards (`Rollout.train_reward`, 0 for included failures) |
 | `advantages` | [B] float32 | per-sample advantages, when given (broadcast over loss_mask for a token loss) |
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,8 +23,7 @@ from typing import Any, Literal
 from raas_client.models import Rollout, version_number
 
 PER_TOKEN = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "policy_version")
-INT_KEYS = ("input_ids", "attention_mask", "loss_mask", "policy_version", "prompt_lengths",
-            "response_lengths")
+INT_KEYS = ("input_ids", "attention_mask", "loss_mask", "policy_version", "prompt_lengths", "response_lengths")
 
 
 def token_versions(rollout: Rollout) -> list[int]:
@@ -34,7 +34,7 @@ def token_versions(rollout: Rollout) -> list[int]:
     for k, (start, end) in enumerate(rollout.turn_boundaries):
         number = version_number(versions[k]) if k < len(versions) else None
         if number is not None:
-            out[max(0, start):min(n, end)] = [number] * (min(n, end) - max(0, start))
+            out[max(0, start) : min(n, end)] = [number] * (min(n, end) - max(0, start))
     return out
 
 
@@ -42,21 +42,24 @@ def _rows(samples: Sequence[Rollout], pad_id: int) -> dict[str, list[Any]]:
     prompts = [list(r.prompt_ids or []) for r in samples]
     responses = [list(r.response_ids or []) for r in samples]
     width = max((len(p) + len(q) for p, q in zip(prompts, responses)), default=0)
-    rows: dict[str, list[Any]] = {k: [] for k in ("input_ids", "attention_mask", "loss_mask",
-                                                  "old_logprobs", "policy_version")}
+    rows: dict[str, list[Any]] = {
+        k: [] for k in ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "policy_version")
+    }
     for r, prompt, response in zip(samples, prompts, responses):
         n, pad = len(prompt) + len(response), width - len(prompt) - len(response)
         mask = list(r.loss_mask or [0] * len(response))
         logprobs = [float(x) for x in (r.response_logprobs or [0.0] * len(response))]
         if len(mask) != len(response) or len(logprobs) != len(response):
-            raise ValueError(f"rollout {r.rollout_id}: {len(response)} response tokens, "
-                             f"{len(mask)} loss_mask and {len(logprobs)} logprobs")
+            raise ValueError(
+                f"rollout {r.rollout_id}: {len(response)} response tokens, "
+                f"{len(mask)} loss_mask and {len(logprobs)} logprobs"
+            )
         rows["input_ids"].append(prompt + response + [pad_id] * pad)
         rows["attention_mask"].append([1] * n + [0] * pad)
         rows["loss_mask"].append([0] * len(prompt) + mask + [0] * pad)
-        rows["old_logprobs"].append([0.0] * len(prompt)
-                                    + [lp if m else 0.0 for lp, m in zip(logprobs, mask)]
-                                    + [0.0] * pad)
+        rows["old_logprobs"].append(
+            [0.0] * len(prompt) + [lp if m else 0.0 for lp, m in zip(logprobs, mask)] + [0.0] * pad
+        )
         rows["policy_version"].append([-1] * len(prompt) + token_versions(r) + [-1] * pad)
     rows["prompt_lengths"] = [len(p) for p in prompts]
     rows["response_lengths"] = [len(q) for q in responses]
@@ -73,14 +76,17 @@ def _backend(choice: str) -> str:
     return "torch"
 
 
-def to_arrays(samples: Sequence[Rollout], pad_id: int = 0, rewards: Sequence[float] | None = None,
-              advantages: Sequence[float] | None = None,
-              backend: Literal["auto", "numpy", "torch"] = "auto") -> dict[str, Any]:
+def to_arrays(
+    samples: Sequence[Rollout],
+    pad_id: int = 0,
+    rewards: Sequence[float] | None = None,
+    advantages: Sequence[float] | None = None,
+    backend: Literal["auto", "numpy", "torch"] = "auto",
+) -> dict[str, Any]:
     """The table above for `samples`; `backend="auto"` gives torch tensors when torch is
     importable, else numpy arrays (`pip install 'raas-client[arrays]'`)."""
     rows: dict[str, list[Any]] = _rows(samples, pad_id)
-    rows["rewards"] = [float(x) for x in (rewards if rewards is not None else
-                                          [r.train_reward or 0.0 for r in samples])]
+    rows["rewards"] = [float(x) for x in (rewards if rewards is not None else [r.train_reward or 0.0 for r in samples])]
     if advantages is not None:
         if len(advantages) != len(samples):
             raise ValueError(f"{len(advantages)} advantages for {len(samples)} samples")
@@ -88,19 +94,15 @@ def to_arrays(samples: Sequence[Rollout], pad_id: int = 0, rewards: Sequence[flo
     if _backend(backend) == "torch":
         import torch
 
-        tensors = {k: torch.tensor(v, dtype=torch.int64 if k in INT_KEYS else torch.float32)
-                   for k, v in rows.items()}
+        tensors = {k: torch.tensor(v, dtype=torch.int64 if k in INT_KEYS else torch.float32) for k, v in rows.items()}
         for key in PER_TOKEN:
-            tensors[key] = tensors[key].reshape(len(samples), -1) if samples else \
-                tensors[key].reshape(0, 0)
+            tensors[key] = tensors[key].reshape(len(samples), -1) if samples else tensors[key].reshape(0, 0)
         return tensors
     try:
         import numpy as np
     except ImportError:
-        raise ImportError("to_arrays needs numpy (pip install 'raas-client[arrays]') or "
-                          "torch") from None
-    out = {k: np.asarray(v, dtype=np.int64 if k in INT_KEYS else np.float32)
-           for k, v in rows.items()}
+        raise ImportError("to_arrays needs numpy (pip install 'raas-client[arrays]') or torch") from None
+    out = {k: np.asarray(v, dtype=np.int64 if k in INT_KEYS else np.float32) for k, v in rows.items()}
     for key in PER_TOKEN:
         out[key] = out[key].reshape(len(samples), -1) if samples else out[key].reshape(0, 0)
     return out

@@ -18,6 +18,7 @@ Policy versions are the servers' `weight_version` strings; their number is the i
 end with (`"step-42"` -> 42, `"7"` -> 7). The current version is `current_version=` when
 given, else the highest one among the pool's servers, else the highest one seen in the batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,7 @@ AdvantageMethod = Literal["grpo", "rloo"]
 class ResultsSource(Protocol):
     """What a Collector reads from (a `RaasClient`)."""
 
-    def results_page(self, job_id: str, after: int = 0, wait: float = 0,
-                     limit: int = 100) -> dict[str, Any]: ...
+    def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> dict[str, Any]: ...
 
     def llm_servers(self) -> list[dict[str, Any]]: ...
 
@@ -50,8 +50,7 @@ def oldest_version(rollout: Rollout) -> int | None:
     return min(numbers) if numbers else None
 
 
-def advantages(rewards: list[float], method: AdvantageMethod = "grpo",
-               eps: float = 1e-6) -> list[float]:
+def advantages(rewards: list[float], method: AdvantageMethod = "grpo", eps: float = 1e-6) -> list[float]:
     """Per-sample advantages of one group.
 
     `grpo`: (r - mean) / (std + eps), std the unbiased sample standard deviation (as verl);
@@ -77,17 +76,16 @@ class Group(BaseModel):
     job_id: str
     instance_id: str
     rollouts: list[Rollout] = Field(description="Every sample of the instance, by sample_index")
-    stale: list[str] = Field(default_factory=list,
-                             description="Rollout ids dropped for max_staleness")
+    stale: list[str] = Field(default_factory=list, description="Rollout ids dropped for max_staleness")
     include_infra: bool = Field(False, description="Infra failures count as reward 0")
-    expected: int | None = Field(None, description="Samples the group should have (the job's "
-                                 "n_samples); None: every delivered sample not cut")
+    expected: int | None = Field(
+        None, description="Samples the group should have (the job's n_samples); None: every delivered sample not cut"
+    )
 
     def _used(self, r: Rollout) -> bool:
         if r.rollout_id in self.stale or r.cut_reason is not None:
             return False
-        return r.failure_class in ("none", "policy") or (
-            self.include_infra and r.failure_class == "infra")
+        return r.failure_class in ("none", "policy") or (self.include_infra and r.failure_class == "infra")
 
     @property
     def samples(self) -> list[Rollout]:
@@ -107,14 +105,12 @@ class Group(BaseModel):
     @property
     def n_infra(self) -> int:
         """Samples whose failure was the infrastructure's (or an unsampleable prompt)."""
-        return sum(r.failure_class in ("infra", "input") and r.cut_reason is None
-                   for r in self.rollouts)
+        return sum(r.failure_class in ("infra", "input") and r.cut_reason is None for r in self.rollouts)
 
     @property
     def short(self) -> bool:
         """Fewer usable samples than the group should have (infra failures, stale samples)."""
-        wanted = self.expected if self.expected is not None else \
-            len(self.rollouts) - len(self.cut)
+        wanted = self.expected if self.expected is not None else len(self.rollouts) - len(self.cut)
         return len(self.samples) < wanted
 
     def advantages(self, method: AdvantageMethod = "grpo", eps: float = 1e-6) -> list[float]:
@@ -164,16 +160,19 @@ class Batch(BaseModel):
         """Per-sample advantages, each group normalised on its own, aligned with `samples`."""
         return [a for g in self.groups for a in g.advantages(method, eps)]
 
-    def to_arrays(self, pad_id: int = 0, advantage: AdvantageMethod | None = "grpo",
-                  backend: Literal["auto", "numpy", "torch"] = "auto") -> dict[str, Any]:
+    def to_arrays(
+        self,
+        pad_id: int = 0,
+        advantage: AdvantageMethod | None = "grpo",
+        backend: Literal["auto", "numpy", "torch"] = "auto",
+    ) -> dict[str, Any]:
         """Padded arrays of `rows` (see `raas_client.arrays.to_arrays`): a rollout split into
         several samples gives several rows, each with the rollout's reward and advantage."""
         adv = self.advantages(advantage) if advantage else None
         repeat = [len(r.training_rows()) for r in self.samples]
         rewards = [x for x, k in zip(self.rewards, repeat) for _ in range(k)]
         expanded = [x for x, k in zip(adv, repeat) for _ in range(k)] if adv else None
-        return to_arrays(self.rows, pad_id=pad_id, rewards=rewards, advantages=expanded,
-                         backend=backend)
+        return to_arrays(self.rows, pad_id=pad_id, rewards=rewards, advantages=expanded, backend=backend)
 
 
 class Collector:
@@ -190,9 +189,15 @@ class Collector:
         self.done = False
         self.expected: int | None = None  # the job's n_samples, read once
 
-    def collect(self, groups: int, timeout: float = 600.0, max_staleness: int | None = None,
-                current_version: Any = None, include_infra: bool = False,
-                poll: float = 30.0) -> Batch:
+    def collect(
+        self,
+        groups: int,
+        timeout: float = 600.0,
+        max_staleness: int | None = None,
+        current_version: Any = None,
+        include_infra: bool = False,
+        poll: float = 30.0,
+    ) -> Batch:
         """K complete groups or what completed within `timeout` seconds, whichever first."""
         if groups < 1:
             raise ValueError(f"groups={groups}: ask for at least one group")
@@ -207,12 +212,15 @@ class Collector:
         if taken and self.expected is None:
             self.expected = int(self.client.job(self.job_id)["n_samples"])
         current = self._current(current_version, taken) if max_staleness is not None else None
-        built = [self._group(rows, max_staleness, current, include_infra, self.expected)
-                 for rows in taken]
-        return Batch(groups=built, stale=[i for g in built for i in g.stale],
-                     current_version=current, timed_out=len(built) < groups and not self.done,
-                     job_done=self.done and not self.ready,
-                     seconds=round(time.monotonic() - started, 3))
+        built = [self._group(rows, max_staleness, current, include_infra, self.expected) for rows in taken]
+        return Batch(
+            groups=built,
+            stale=[i for g in built for i in g.stale],
+            current_version=current,
+            timed_out=len(built) < groups and not self.done,
+            job_done=self.done and not self.ready,
+            seconds=round(time.monotonic() - started, 3),
+        )
 
     def _read(self, wait: float) -> None:
         page = self.client.results_page(self.job_id, self.cursor, wait=wait, limit=1000)
@@ -238,23 +246,28 @@ class Collector:
                 raise ValueError(f"current_version={given!r} has no version number")
             return number
         try:
-            versions = [version_number(s.get("weight_version"))
-                        for s in self.client.llm_servers()]
+            versions = [version_number(s.get("weight_version")) for s in self.client.llm_servers()]
         except Exception:  # noqa: BLE001 - a tenant may not see the pool: fall back below
             versions = []
-        versions += [version_number(v) for rows in taken for r in rows
-                     for v in (r.policy_versions or [])]
+        versions += [version_number(v) for rows in taken for r in rows for v in (r.policy_versions or [])]
         known = [v for v in versions if v is not None]
         return max(known) if known else None
 
     @staticmethod
-    def _group(rows: list[Rollout], max_staleness: int | None, current: int | None,
-               include_infra: bool, expected: int | None) -> Group:
+    def _group(
+        rows: list[Rollout], max_staleness: int | None, current: int | None, include_infra: bool, expected: int | None
+    ) -> Group:
         stale = []
         if max_staleness is not None and current is not None:
             for r in rows:
                 oldest = oldest_version(r)
                 if oldest is not None and current - oldest > max_staleness:
                     stale.append(r.rollout_id)
-        return Group(job_id=rows[0].job_id, instance_id=rows[0].instance_id, rollouts=rows,
-                     stale=stale, include_infra=include_infra, expected=expected)
+        return Group(
+            job_id=rows[0].job_id,
+            instance_id=rows[0].instance_id,
+            rollouts=rows,
+            stale=stale,
+            include_infra=include_infra,
+            expected=expected,
+        )

@@ -4,6 +4,7 @@ Expected failures (no gateway at the URL, an unknown job, a rejected submission,
 gone for longer than the retry budget while following) end in one line that says what to do,
 never a traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,14 +26,17 @@ from raas_client.sdk import RaasClient, RaasHTTPError, as_instance
 DEFAULT_URL = "http://127.0.0.1:8000"
 PROBE_TIMEOUT = 5.0
 
-url_option = click.option("--url", envvar="RAAS_URL", default=DEFAULT_URL, show_default=True,
-                          help="raas gateway (or set RAAS_URL)")
+url_option = click.option(
+    "--url", envvar="RAAS_URL", default=DEFAULT_URL, show_default=True, help="raas gateway (or set RAAS_URL)"
+)
 
 
 def unreachable_message(url: str, exc: BaseException) -> str:
     """What to say when nothing answers at the gateway URL."""
-    return (f"cannot reach the raas gateway at {url} ({type(exc).__name__}: {exc}). Start it "
-            f"with `raas up` (or `make up`), or point to it with --url URL or RAAS_URL=URL.")
+    return (
+        f"cannot reach the raas gateway at {url} ({type(exc).__name__}: {exc}). Start it "
+        f"with `raas up` (or `make up`), or point to it with --url URL or RAAS_URL=URL."
+    )
 
 
 def http_error_message(exc: RaasHTTPError) -> str:
@@ -85,23 +89,37 @@ def read_instances(path: Path) -> list[dict[str, Any]]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--agent", required=True, help="Registered handler name")
 @click.option("--n", "n_samples", default=1, show_default=True, help="Samples per instance")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Only the first LIMIT instances of FILE")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first LIMIT instances of FILE")
 @url_option
-@click.option("--job", "job_file", type=click.Path(exists=True, path_type=Path),
-              help="JSON with sampling/limits/llm/sandbox/agent_config")
+@click.option(
+    "--job",
+    "job_file",
+    type=click.Path(exists=True, path_type=Path),
+    help="JSON with sampling/limits/llm/sandbox/agent_config",
+)
 @click.option("--llm-server", multiple=True, help="Inference server URL (else the pool)")
 @click.option("--tokenizer", default=None, help="Local tokenizer folder")
 @click.option("--idempotency-key", default=None)
-@click.option("--wait/--no-wait", default=False,
-              help="Wait for every rollout; exit 1 if any ended in infra_error")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write one JSON object per finished rollout (implies --wait); resume an "
-                   "interrupted wait with `raas results JOB --follow --out FILE`")
-def submit(file: Path, agent: str, n_samples: int, limit: int | None, url: str,
-           job_file: Path | None,
-           llm_server: tuple[str, ...], tokenizer: str | None, idempotency_key: str | None,
-           wait: bool, out: Path | None) -> None:
+@click.option("--wait/--no-wait", default=False, help="Wait for every rollout; exit 1 if any ended in infra_error")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one JSON object per finished rollout (implies --wait); resume an "
+    "interrupted wait with `raas results JOB --follow --out FILE`",
+)
+def submit(
+    file: Path,
+    agent: str,
+    n_samples: int,
+    limit: int | None,
+    url: str,
+    job_file: Path | None,
+    llm_server: tuple[str, ...],
+    tokenizer: str | None,
+    idempotency_key: str | None,
+    wait: bool,
+    out: Path | None,
+) -> None:
     """Submit FILE.jsonl as one job; with --wait/--out follow it to the end."""
     job: dict[str, Any] = json.loads(job_file.read_text()) if job_file else {}
     if llm_server or tokenizer:
@@ -119,19 +137,25 @@ def submit(file: Path, agent: str, n_samples: int, limit: int | None, url: str,
         click.echo(f"job {job_id}: {len(accepted['rollout_ids'])} rollouts")
         click.echo(f"dashboard: {url.rstrip('/')}/ui/jobs/{job_id}")
         if wait or out:  # a replayed idempotent submission resumes its file
-            rows = follow(client, job_id, len(accepted["rollout_ids"]), out,
-                          fresh=accepted["created"])
+            rows = follow(client, job_id, len(accepted["rollout_ids"]), out, fresh=accepted["created"])
     if wait or out:
         report(job_id, rows)
 
 
 @click.command()
 @click.argument("job_id")
-@click.option("--follow/--no-follow", "follow_", default=False,
-              help="Wait until every rollout is finished (else: what is finished now)")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Append one JSON object per finished rollout to FILE, skipping those it "
-                   "already holds (so an interrupted follow resumes); default: stdout")
+@click.option(
+    "--follow/--no-follow",
+    "follow_",
+    default=False,
+    help="Wait until every rollout is finished (else: what is finished now)",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append one JSON object per finished rollout to FILE, skipping those it "
+    "already holds (so an interrupted follow resumes); default: stdout",
+)
 @url_option
 def results(job_id: str, follow_: bool, out: Path | None, url: str) -> None:
     """A job's finished rollouts as JSON lines; --follow --out FILE resumes a follow.
@@ -146,8 +170,9 @@ def results(job_id: str, follow_: bool, out: Path | None, url: str) -> None:
         click.echo(f"job {job_id}: {len(rows)} of {total} rollouts finished", err=True)
 
 
-def follow(client: RaasClient, job_id: str, total: int, out: Path | None, fresh: bool = False,
-           live: bool = True) -> list[dict[str, Any]]:
+def follow(
+    client: RaasClient, job_id: str, total: int, out: Path | None, fresh: bool = False, live: bool = True
+) -> list[dict[str, Any]]:
     """Progress bar until the job is done (or, not `live`, until what is finished now);
     rows go to `out` (resumed unless `fresh`) or to stdout. Returns every row's summary."""
     from tqdm import tqdm
@@ -160,10 +185,11 @@ def follow(client: RaasClient, job_id: str, total: int, out: Path | None, fresh:
     outcomes = Counter(r["outcome"] or "none" for r in summary)
     after = sink.cursor if sink else 0
     try:
-        with tqdm(total=total, initial=len(summary), desc=job_id[:8], unit="rollout",
-                  disable=not live) as bar, interrupted(client, job_id, out):
-            items = client.results(job_id, after) if live else \
-                finished_now(client, job_id, after)
+        with (
+            tqdm(total=total, initial=len(summary), desc=job_id[:8], unit="rollout", disable=not live) as bar,
+            interrupted(client, job_id, out),
+        ):
+            items = client.results(job_id, after) if live else finished_now(client, job_id, after)
             for item in items:
                 if sink is not None and not sink.add(item):
                     continue  # F already had it (resumed follow)
@@ -203,10 +229,11 @@ def interrupted(client: RaasClient, job_id: str, out: Path | None) -> Iterator[N
     except (httpx.HTTPError, RaasHTTPError, OSError, ValueError) as exc:
         what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         if isinstance(exc, httpx.TransportError) or getattr(exc, "status", 0) in RETRY_STATUSES:
-            what = (f"no answer from the gateway at {client.http.base_url} for "
-                    f"{client.retry.total:g}s (RAAS_RETRY_TOTAL); last error {what}")
-        raise click.ClickException(
-            f"stopped following job {job_id}: {what}. The job goes on: {resume}") from None
+            what = (
+                f"no answer from the gateway at {client.http.base_url} for "
+                f"{client.retry.total:g}s (RAAS_RETRY_TOTAL); last error {what}"
+            )
+        raise click.ClickException(f"stopped following job {job_id}: {what}. The job goes on: {resume}") from None
 
 
 def outcome_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -234,9 +261,11 @@ def report(job_id: str, rows: list[dict[str, Any]]) -> None:
         click.echo(line)
     failed = sum(1 for r in rows if r.get("outcome") == "infra_error")
     if failed:
-        click.echo(f"{failed} rollout(s) ended in infra_error: the service could not run them "
-                   f"(the error above says why; `raas status {job_id}` has the details)",
-                   err=True)
+        click.echo(
+            f"{failed} rollout(s) ended in infra_error: the service could not run them "
+            f"(the error above says why; `raas status {job_id}` has the details)",
+            err=True,
+        )
         raise SystemExit(1)
 
 
@@ -253,8 +282,9 @@ def status(job_id: str | None, url: str) -> None:
         if not jobs:
             click.echo(f"no jobs yet at {url}")
         for j in jobs:
-            click.echo(f"{j['job_id']}  {j['agent']:<10} {j['status']:<10} "
-                       f"{j['finished']}/{j['n_rollouts']}  {j['outcomes']}")
+            click.echo(
+                f"{j['job_id']}  {j['agent']:<10} {j['status']:<10} {j['finished']}/{j['n_rollouts']}  {j['outcomes']}"
+            )
 
 
 @click.group()
@@ -273,7 +303,8 @@ def check_server(server_url: str) -> str | None:
         raise click.ClickException(
             f"no inference server answers at {models} ({type(exc).__name__}: {exc}). Start "
             f"it first (`raas llm-sim` for a demo, `make vllm-cpu` for a real one), or pass "
-            f"--no-check to register it anyway.") from None
+            f"--no-check to register it anyway."
+        ) from None
     return entries[0].get("id") if isinstance(entries[0], dict) else None
 
 
@@ -281,17 +312,16 @@ def check_server(server_url: str) -> str | None:
 @click.argument("server_url")
 @click.option("--model", default=None)
 @click.option("--weight-version", default=None)
-@click.option("--check/--no-check", default=True, show_default=True,
-              help="Check that the server answers GET /v1/models first")
+@click.option(
+    "--check/--no-check", default=True, show_default=True, help="Check that the server answers GET /v1/models first"
+)
 @url_option
-def llm_add(server_url: str, model: str | None, weight_version: str | None, check: bool,
-            url: str) -> None:
+def llm_add(server_url: str, model: str | None, weight_version: str | None, check: bool, url: str) -> None:
     """Register SERVER_URL (e.g. http://10.0.0.5:8000) with the pool."""
     served = check_server(server_url) if check else None
     with gateway(url) as client:
         server = client.add_llm_server(server_url, model, weight_version)
-    click.echo(f"registered {server['url']} (id {server['id']}"
-               + (f", serving {served}" if served else "") + ")")
+    click.echo(f"registered {server['url']} (id {server['id']}" + (f", serving {served}" if served else "") + ")")
 
 
 def health_text(server: dict[str, Any]) -> str:
@@ -306,8 +336,9 @@ def health_text(server: dict[str, Any]) -> str:
 @llm.command("list")
 @url_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON")
-@click.option("--probe/--no-probe", default=True, show_default=True,
-              help="Have the gateway ask each server's GET /v1/models now")
+@click.option(
+    "--probe/--no-probe", default=True, show_default=True, help="Have the gateway ask each server's GET /v1/models now"
+)
 def llm_list(url: str, as_json: bool, probe: bool) -> None:
     """The registered servers with their health and load."""
     with gateway(url) as client:
@@ -319,8 +350,7 @@ def llm_list(url: str, as_json: bool, probe: bool) -> None:
         click.echo("no LLM server registered: `raas llm add URL`")
     for s in servers:
         health = health_text(s)
-        click.echo(f"{s['id']}  {s['url']:<28} {s.get('model') or '-':<20} "
-                   f"in-flight {s['in_flight']:<3} {health}")
+        click.echo(f"{s['id']}  {s['url']:<28} {s.get('model') or '-':<20} in-flight {s['in_flight']:<3} {health}")
 
 
 @llm.command("rm")

@@ -3,6 +3,7 @@
 The commands need click (and tqdm for the progress bar), the `cli` extra; without them the
 command says how to get them instead of failing with a traceback.
 """
+
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,8 @@ def main() -> None:
     try:
         from raas_client.cli import main as cli_main
     except ImportError as exc:
-        sys.exit(f"raas-client: the command line needs the `cli` extra ({exc}): "
-                 f"pip install 'raas-client[cli]' (from a clone: pip install './sdk[cli]')")
+        sys.exit(
+            f"raas-client: the command line needs the `cli` extra ({exc}): "
+            f"pip install 'raas-client[cli]' (from a clone: pip install './sdk[cli]')"
+        )
     cli_main()

@@ -6,6 +6,7 @@ budget, Ctrl-C, a crashed machine), running `raas results JOB --follow --out F` 
 drops a torn last line, and appends only the rollouts F does not hold yet: every rollout ends
 up in F exactly once, in completion order.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,13 +79,15 @@ class ResultsFile:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ResultsFileError(f"{self.path}:{n}: not JSON ({exc}); only a torn last "
-                                   f"line is repaired, so this file cannot be resumed") from None
+            raise ResultsFileError(
+                f"{self.path}:{n}: not JSON ({exc}); only a torn last line is repaired, so this file cannot be resumed"
+            ) from None
         if not isinstance(row, dict) or "rollout_id" not in row:
             raise ResultsFileError(f"{self.path}:{n}: not a rollout row (no rollout_id)")
         if row.get("job_id") != self.job_id:
-            raise ResultsFileError(f"{self.path} holds rollouts of job {row.get('job_id')}, "
-                                   f"not {self.job_id}: choose another --out file")
+            raise ResultsFileError(
+                f"{self.path} holds rollouts of job {row.get('job_id')}, not {self.job_id}: choose another --out file"
+            )
         return row
 
     def _remember(self, row: dict[str, Any]) -> None:
@@ -108,4 +111,3 @@ class ResultsFile:
         if self._sink is not None:
             self._sink.close()
             self._sink = None
-

@@ -20,6 +20,7 @@ identity, status, reward and timing).
 | `infra` | `infra_error`, `timeout`, `cancelled` | none | no (default): group reported short |
 | `input` | `prompt_too_long` | none | no: cannot be sampled at this context |
 """
+
 from __future__ import annotations
 
 import re
@@ -143,8 +144,7 @@ class TurnView(Answer):
     weight_version: str | None = None
     gen_seconds: float | None = None
     tool_seconds: float | None = None
-    extra: dict[str, Any] = Field(default_factory=dict,
-                                  description="logprobs_mode, parse errors, staleness, ...")
+    extra: dict[str, Any] = Field(default_factory=dict, description="logprobs_mode, parse errors, staleness, ...")
 
 
 class AttemptView(Answer):
@@ -172,14 +172,15 @@ class TrainingSample(Answer):
     response_ids: list[int]
     response_logprobs: list[float]
     loss_mask: list[int] = Field(description="1 on generated tokens, 0 elsewhere")
-    policy_versions: list[Any] = Field(default_factory=list,
-                                       description="Weight version of each generated turn")
-    turn_boundaries: list[list[int]] = Field(default_factory=list,
-                                             description="[start, end) of each generated turn")
+    policy_versions: list[Any] = Field(default_factory=list, description="Weight version of each generated turn")
+    turn_boundaries: list[list[int]] = Field(default_factory=list, description="[start, end) of each generated turn")
     finish_reason: str | None = None
-    split_reason: str | None = Field(None, description="Why the sample before this one ended "
-                                     "(history_rewritten, messages_dropped, system_changed, "
-                                     "assistant_edited, tools_changed, ...); null for the first")
+    split_reason: str | None = Field(
+        None,
+        description="Why the sample before this one ended "
+        "(history_rewritten, messages_dropped, system_changed, "
+        "assistant_edited, tools_changed, ...); null for the first",
+    )
     calls: int = Field(0, description="Model calls generated into this sample")
 
 
@@ -196,21 +197,27 @@ class Trajectory(Answer):
     and `policy_versions` each turn's weight version, in the same order.
     """
 
-    outcome: str | None = Field(None, description="completed | agent_error | prompt_too_long "
-                                "| timeout | infra_error | cancelled; null while it runs")
+    outcome: str | None = Field(
+        None,
+        description="completed | agent_error | prompt_too_long | timeout | infra_error | cancelled; null while it runs",
+    )
     finish_reason: str | None = None
     prompt_ids: list[int] | None = None
     response_ids: list[int] | None = Field(
-        None, description="Generated turns (loss_mask 1) and the tool observations between "
-                          "them (loss_mask 0), as the model saw them")
+        None,
+        description="Generated turns (loss_mask 1) and the tool observations between "
+        "them (loss_mask 0), as the model saw them",
+    )
     response_logprobs: list[float] | None = Field(
-        None, description="The sampling logprob of each response token; 0.0 where loss_mask "
-                          "is 0 (observation tokens were not sampled: a placeholder, never a "
-                          "probability) and where the server returned none")
-    loss_mask: list[int] | None = Field(None, description="1 on generated tokens, 0 on "
-                                        "template and observation tokens")
+        None,
+        description="The sampling logprob of each response token; 0.0 where loss_mask "
+        "is 0 (observation tokens were not sampled: a placeholder, never a "
+        "probability) and where the server returned none",
+    )
+    loss_mask: list[int] | None = Field(None, description="1 on generated tokens, 0 on template and observation tokens")
     policy_versions: list[Any] | None = Field(
-        None, description="Weight version of each generated turn (extra.turn_boundaries)")
+        None, description="Weight version of each generated turn (extra.turn_boundaries)"
+    )
     token_exact: bool | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -250,25 +257,35 @@ class Rollout(Trajectory):
     reward: float | None = Field(None, description="null unless graded: failures are never 0")
     timing: Timing
     seq: int | None = Field(None, description="Place in the job's completion order")
-    group_complete: bool = Field(False, description="Closes its instance's group (the last "
-                                 "sample to finish, or the one completing a straggler cut)")
-    cut_reason: str | None = Field(None, description="Cut from its group by a straggler cut "
-                                   "(spare samples, group deadline): not one of its samples")
-    group: GroupView | None = Field(None, description="On the closing row of a job that cuts "
-                                    "stragglers: its group's record")
+    group_complete: bool = Field(
+        False,
+        description="Closes its instance's group (the last sample to finish, or the one completing a straggler cut)",
+    )
+    cut_reason: str | None = Field(
+        None,
+        description="Cut from its group by a straggler cut (spare samples, group deadline): not one of its samples",
+    )
+    group: GroupView | None = Field(
+        None, description="On the closing row of a job that cuts stragglers: its group's record"
+    )
     created_at: datetime
     finished_at: datetime | None = None
     samples: list[TrainingSample] | None = Field(
-        None, description="Every training sample in order when the rollout has several (a "
+        None,
+        description="Every training sample in order when the rollout has several (a "
         "harness that rewrote its history); the arrays above are then the last one. Each "
-        "sample trains with the rollout's reward (`training_rows`)")
+        "sample trains with the rollout's reward (`training_rows`)",
+    )
     turns: list[TurnView] | None = Field(
-        None, description="Turns of the current attempt (the one the trajectory belongs to)")
+        None, description="Turns of the current attempt (the one the trajectory belongs to)"
+    )
     earlier_attempts: list[AttemptView] | None = Field(
-        None, description="Attempts that were retried, oldest first, with their own turns")
+        None, description="Attempts that were retried, oldest first, with their own turns"
+    )
 
-    @computed_field(description="none | policy | infra | input (module table of "
-                                "raas_client.models); null while the rollout runs")
+    @computed_field(
+        description="none | policy | infra | input (module table of raas_client.models); null while the rollout runs"
+    )
     @property
     def failure_class(self) -> FailureClass | None:
         """How the trainer treats this sample (see the module docstring)."""
@@ -290,8 +307,7 @@ class Rollout(Trajectory):
     def _samples_from_extra(cls, data: Any) -> Any:
         """The server stores a split rollout's samples in its `extra["samples"]`; the wire
         carries them typed, as `samples` (and not twice)."""
-        if isinstance(data, dict) and isinstance(data.get("extra"), dict) \
-                and "samples" in data["extra"]:
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict) and "samples" in data["extra"]:
             extra = dict(data["extra"])
             data = {**data, "extra": extra}
             samples = extra.pop("samples")
@@ -304,13 +320,26 @@ class Rollout(Trajectory):
         and identity; the copy's arrays are the sample's)."""
         if not self.samples:
             return [self]
-        return [self.model_copy(update={
-            "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
-            "response_logprobs": s.response_logprobs, "loss_mask": s.loss_mask,
-            "policy_versions": s.policy_versions, "finish_reason": s.finish_reason,
-            "extra": {**self.extra, "turn_boundaries": s.turn_boundaries,
-                      "sample": k, "split_reason": s.split_reason},
-            "samples": None}) for k, s in enumerate(self.samples)]
+        return [
+            self.model_copy(
+                update={
+                    "prompt_ids": s.prompt_ids,
+                    "response_ids": s.response_ids,
+                    "response_logprobs": s.response_logprobs,
+                    "loss_mask": s.loss_mask,
+                    "policy_versions": s.policy_versions,
+                    "finish_reason": s.finish_reason,
+                    "extra": {
+                        **self.extra,
+                        "turn_boundaries": s.turn_boundaries,
+                        "sample": k,
+                        "split_reason": s.split_reason,
+                    },
+                    "samples": None,
+                }
+            )
+            for k, s in enumerate(self.samples)
+        ]
 
 
 class ResultsPage(Answer):
@@ -337,11 +366,11 @@ class LLMServerView(Answer):
     logprobs_mode: str = "raw_logprobs"
     in_flight: int
     last_error: str | None = None
-    reachable: bool | None = Field(None, description="With ?probe=1: the server answered "
-                                   "GET /v1/models from the gateway just now")
+    reachable: bool | None = Field(
+        None, description="With ?probe=1: the server answered GET /v1/models from the gateway just now"
+    )
     probe_error: str | None = Field(None, description="With ?probe=1: why it did not answer")
-    served_models: list[str] | None = Field(None, description="With ?probe=1: the models it "
-                                            "lists (ids and roots)")
+    served_models: list[str] | None = Field(None, description="With ?probe=1: the models it lists (ids and roots)")
 
 
 class LLMServerList(Answer):

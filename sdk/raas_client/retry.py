@@ -6,6 +6,7 @@ not only a blip: the default budget is ten minutes, set per client (`retry_total
 whole process with `RAAS_RETRY_TOTAL` (seconds). Only failures that say "try again" are
 retried: lost connections and 502/503/504. A 4xx is the caller's mistake and is raised at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,7 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.total < 0 or self.first_wait <= 0 or self.max_wait < self.first_wait:
-            raise ValueError(f"bad retry policy {self}: need total >= 0 and "
-                             f"0 < first_wait <= max_wait")
+            raise ValueError(f"bad retry policy {self}: need total >= 0 and 0 < first_wait <= max_wait")
 
     def backoff(self) -> Backoff:
         """A fresh run of failures under this policy."""
@@ -61,8 +61,12 @@ class Backoff:
     """One run of consecutive failures: `wait()` sleeps before the next attempt and answers
     False once the budget is spent; `reset()` after a success starts a new run."""
 
-    def __init__(self, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.policy = policy
         self.clock = clock
         self.sleep = sleep

@@ -5,6 +5,7 @@ httpx + pydantic only: a trainer should not need raas' server dependencies to ta
 dict-returning methods give the gateway's JSON as is; `rollouts()` and `collect()` give the
 typed `Rollout` / `Group` / `Batch` rows (`Rollout.model_validate(row)` types any dict).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,7 @@ def as_instance(row: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"an instance needs an instance_id: {str(row)[:200]}")
     if set(row) <= {"instance_id", "data"}:
         return {"instance_id": str(row["instance_id"]), "data": row.get("data") or {}}
-    return {"instance_id": str(row["instance_id"]),
-            "data": {k: v for k, v in row.items() if k != "instance_id"}}
+    return {"instance_id": str(row["instance_id"]), "data": {k: v for k, v in row.items() if k != "instance_id"}}
 
 
 def http_error(resp: httpx.Response) -> RaasHTTPError:
@@ -70,12 +70,16 @@ class RaasClient:
     `retry_max_wait` caps each wait. 4xx answers are raised at once.
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:8000", token: str | None = None,
-                 timeout: float = 120.0, retry_total: float | None = None,
-                 retry_max_wait: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        token: str | None = None,
+        timeout: float = 120.0,
+        retry_total: float | None = None,
+        retry_max_wait: float = 10.0,
+    ) -> None:
         total = retry_total_from_env() if retry_total is None else retry_total
-        self.retry = RetryPolicy(total=total, first_wait=min(0.25, retry_max_wait),
-                                 max_wait=retry_max_wait)
+        self.retry = RetryPolicy(total=total, first_wait=min(0.25, retry_max_wait), max_wait=retry_max_wait)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
         self._collectors: dict[str, Collector] = {}
@@ -96,13 +100,13 @@ class RaasClient:
             raise http_error(resp)
         return resp.json()
 
-    def _request(self, method: str, path: str, retry: bool | None = None,
-                 statuses: frozenset[int] = RETRY_STATUSES, **kw: Any) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, retry: bool | None = None, statuses: frozenset[int] = RETRY_STATUSES, **kw: Any
+    ) -> httpx.Response:
         """Send once, or (reads by default) retry under `self.retry` until an answer that is
         not 502/503/504 or the budget is spent. Writes are sent once unless the caller says
         they are safe to repeat (a submission with an idempotency key)."""
-        backoff = self.retry.backoff() if (method == "GET" if retry is None else retry) \
-            else None
+        backoff = self.retry.backoff() if (method == "GET" if retry is None else retry) else None
         while True:
             try:
                 resp = self.http.request(method, path, **kw)
@@ -113,21 +117,17 @@ class RaasClient:
             if resp.status_code not in statuses or backoff is None or not backoff.wait():
                 return resp
 
-    def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1,
-               **job: Any) -> dict[str, Any]:
+    def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1, **job: Any) -> dict[str, Any]:
         """POST /v1/jobs; `instances` are flat rows or `{instance_id, data}` (see
         `as_instance`); `job` holds the other fields (sampling, limits, llm, ...)."""
-        body = {"agent": agent, "instances": [as_instance(i) for i in instances],
-                "n_samples": n_samples, **job}
-        return self._call("POST", "/v1/jobs", json=body,
-                          retry=bool(body.get("idempotency_key")))
+        body = {"agent": agent, "instances": [as_instance(i) for i in instances], "n_samples": n_samples, **job}
+        return self._call("POST", "/v1/jobs", json=body, retry=bool(body.get("idempotency_key")))
 
     def job(self, job_id: str) -> dict[str, Any]:
         """GET /v1/jobs/{id}."""
         return self._call("GET", f"/v1/jobs/{job_id}")
 
-    def jobs(self, limit: int = 50, before: str | None = None,
-             prefix: str | None = None) -> dict[str, Any]:
+    def jobs(self, limit: int = 50, before: str | None = None, prefix: str | None = None) -> dict[str, Any]:
         """GET /v1/jobs: newest first; pass `next_cursor` as `before` for the next page;
         `prefix` keeps the jobs whose id starts with it."""
         params: dict[str, Any] = {"limit": limit}
@@ -151,9 +151,11 @@ class RaasClient:
             return jobs[0]
         if not matches:
             raise LookupError(f"job {job_id!r} not found (neither a job id nor the start of one)")
-        raise LookupError(f"job id prefix {job_id!r} is ambiguous: it starts "
-                          f"{', '.join(matches[:2])}{', ...' if len(matches) > 2 else ''}; "
-                          f"type more of the id")
+        raise LookupError(
+            f"job id prefix {job_id!r} is ambiguous: it starts "
+            f"{', '.join(matches[:2])}{', ...' if len(matches) > 2 else ''}; "
+            f"type more of the id"
+        )
 
     def rollout(self, rollout_id: str) -> dict[str, Any]:
         """GET /v1/rollouts/{id} with its turns."""
@@ -163,17 +165,18 @@ class RaasClient:
         """POST /v1/jobs/{id}/cancel."""
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def results_page(self, job_id: str, after: int = 0, wait: float = 0,
-                     limit: int = 100) -> dict[str, Any]:
+    def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> dict[str, Any]:
         """One long-polled page of finished rollouts after cursor `after` (a long poll
         also retries a 500: see `raas_client.retry.LONG_POLL_RETRY_STATUSES`)."""
-        return self._call("GET", f"/v1/jobs/{job_id}/results",
-                          params={"after": after, "wait": wait, "limit": limit},
-                          timeout=wait + 60,
-                          statuses=LONG_POLL_RETRY_STATUSES if wait else RETRY_STATUSES)
+        return self._call(
+            "GET",
+            f"/v1/jobs/{job_id}/results",
+            params={"after": after, "wait": wait, "limit": limit},
+            timeout=wait + 60,
+            statuses=LONG_POLL_RETRY_STATUSES if wait else RETRY_STATUSES,
+        )
 
-    def results(self, job_id: str, after: int = 0,
-                wait: float = LONG_POLL_SECONDS) -> Iterator[dict[str, Any]]:
+    def results(self, job_id: str, after: int = 0, wait: float = LONG_POLL_SECONDS) -> Iterator[dict[str, Any]]:
         """Every finished rollout from cursor `after` until the job is done."""
         while True:
             page = self.results_page(job_id, after, wait)
@@ -209,9 +212,12 @@ class RaasClient:
         """One NDJSON connection; an error answer raises `RaasHTTPError`, a torn line (the
         gateway died mid-write) `httpx.RemoteProtocolError`."""
         params = {"after": after, "wait": wait, "format": "ndjson"}
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/results", params=params,
-                              timeout=httpx.Timeout(self.http.timeout.connect, read=wait + 60)
-                              ) as resp:
+        with self.http.stream(
+            "GET",
+            f"/v1/jobs/{job_id}/results",
+            params=params,
+            timeout=httpx.Timeout(self.http.timeout.connect, read=wait + 60),
+        ) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 raise http_error(resp)
@@ -223,8 +229,7 @@ class RaasClient:
                 except ValueError:
                     raise httpx.RemoteProtocolError(f"torn NDJSON line {line[:80]!r}") from None
 
-    def groups(self, job_id: str,
-               wait: float = LONG_POLL_SECONDS) -> Iterator[list[dict[str, Any]]]:
+    def groups(self, job_id: str, wait: float = LONG_POLL_SECONDS) -> Iterator[list[dict[str, Any]]]:
         """Whole GRPO groups (all samples of one instance), as each completes.
 
         With a straggler cut (`spare`, `group_timeout`) a group is its record's `members`:
@@ -246,13 +251,13 @@ class RaasClient:
                     closed.add(instance)
                 yield sorted(rows, key=lambda r: r["sample_index"])
 
-    def events(self, job_id: str, after: int = 0, wait: float = 300
-               ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    def events(self, job_id: str, after: int = 0, wait: float = 300) -> Iterator[tuple[str, int, dict[str, Any]]]:
         """The job's server-sent events as (event, id, data): `rollout`, `group`, `job`;
         resumable: pass the last id seen as `after`."""
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/events", params={"wait": wait},
-                               headers=headers, timeout=httpx.Timeout(wait + 30)) as resp:
+        with self.http.stream(
+            "GET", f"/v1/jobs/{job_id}/events", params={"wait": wait}, headers=headers, timeout=httpx.Timeout(wait + 30)
+        ) as resp:
             resp.raise_for_status()
             kind, ident, data = "message", after, []
             for line in resp.iter_lines():
@@ -282,25 +287,29 @@ class RaasClient:
             self._collectors[job_id] = Collector(self, job_id, after)
         return self._collectors[job_id]
 
-    def collect(self, job_id: str, groups: int, timeout: float = 600.0,
-                max_staleness: int | None = None, current_version: Any = None,
-                include_infra: bool = False) -> Batch:
+    def collect(
+        self,
+        job_id: str,
+        groups: int,
+        timeout: float = 600.0,
+        max_staleness: int | None = None,
+        current_version: Any = None,
+        include_infra: bool = False,
+    ) -> Batch:
         """The next K (`groups`) complete groups of the job, or those that complete within
         `timeout` seconds; samples more than `max_staleness` policy versions behind the
         current one are dropped and reported. See `raas_client.batch`."""
-        return self.collector(job_id).collect(groups, timeout, max_staleness, current_version,
-                                              include_infra)
+        return self.collector(job_id).collect(groups, timeout, max_staleness, current_version, include_infra)
 
     def reevaluate(self, rollout_id: str, wait: float = 0) -> dict[str, Any]:
         """POST /v1/rollouts/{id}/reevaluate: grade the stored result again (SWE)."""
-        return self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate",
-                          params={"wait": wait}, timeout=wait + 60)
+        return self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate", params={"wait": wait}, timeout=wait + 60)
 
-    def add_llm_server(self, url: str, model: str | None = None,
-                       weight_version: str | None = None) -> dict[str, Any]:
+    def add_llm_server(self, url: str, model: str | None = None, weight_version: str | None = None) -> dict[str, Any]:
         """Register an inference server with the shared pool."""
-        return self._call("POST", "/v1/llm-servers",
-                          json={"url": url, "model": model, "weight_version": weight_version})
+        return self._call(
+            "POST", "/v1/llm-servers", json={"url": url, "model": model, "weight_version": weight_version}
+        )
 
     def update_llm_server(self, server_id: str, **fields: Any) -> dict[str, Any]:
         """PUT /v1/llm-servers/{id} (weight_version, paused, healthy, ...)."""
@@ -321,30 +330,34 @@ class RaasClient:
         """The registered inference servers; `probe` has the gateway ask each one now
         (`reachable`, `probe_error`, `served_models`)."""
         params = {"probe": "1"} if probe else {}
-        return self._call("GET", "/v1/llm-servers", params=params,
-                          timeout=30.0 if probe else httpx.USE_CLIENT_DEFAULT)["servers"]
+        return self._call("GET", "/v1/llm-servers", params=params, timeout=30.0 if probe else httpx.USE_CLIENT_DEFAULT)[
+            "servers"
+        ]
 
     def remove_llm_server(self, server_id: str) -> dict[str, Any]:
         """Remove a registered server by id."""
         return self._call("DELETE", f"/v1/llm-servers/{server_id}")
 
-    def pause_pool(self, servers: list[str] | None = None,
-                   timeout: float = 300.0) -> dict[str, Any]:
+    def pause_pool(self, servers: list[str] | None = None, timeout: float = 300.0) -> dict[str, Any]:
         """POST /v1/llm/pause: pause every server of the pool (or `servers`, ids) and return
         once no generation is in flight; `pause_seconds` is the measured pause time."""
-        return self._call("POST", "/v1/llm/pause", json={"servers": servers, "timeout": timeout},
-                          timeout=timeout + 60)
+        return self._call("POST", "/v1/llm/pause", json={"servers": servers, "timeout": timeout}, timeout=timeout + 60)
 
-    def resume_pool(self, weight_version: str | None = None,
-                    servers: list[str] | None = None) -> dict[str, Any]:
+    def resume_pool(self, weight_version: str | None = None, servers: list[str] | None = None) -> dict[str, Any]:
         """POST /v1/llm/resume: serve again; later turns record `weight_version` if given."""
-        return self._call("POST", "/v1/llm/resume",
-                          json={"servers": servers, "weight_version": weight_version})
+        return self._call("POST", "/v1/llm/resume", json={"servers": servers, "weight_version": weight_version})
 
-    def push_weights(self, path: str, version: str, probe: dict[str, Any],
-                     mechanism: str = "reload", lora_name: str | None = None,
-                     tolerance: float = 1e-3, servers: list[str] | None = None,
-                     timeout: float = 300.0) -> dict[str, Any]:
+    def push_weights(
+        self,
+        path: str,
+        version: str,
+        probe: dict[str, Any],
+        mechanism: str = "reload",
+        lora_name: str | None = None,
+        tolerance: float = 1e-3,
+        servers: list[str] | None = None,
+        timeout: float = 300.0,
+    ) -> dict[str, Any]:
         """POST /v1/weights/push: pause the pool, load `path` on every server, verify it
         against `probe` (`raas_client.weights.probe_fingerprint`), record `version`, resume.
 
@@ -357,11 +370,18 @@ class RaasClient:
 
         if mechanism == "reload":
             check_untied(path)
-        body = WeightPush(version=version, mechanism=mechanism, path=str(path),
-                          lora_name=lora_name, tolerance=tolerance, servers=servers,
-                          timeout=timeout, probe=probe)  # a bad probe fails here, by field
-        return self._call("POST", "/v1/weights/push", json=body.model_dump(mode="json"),
-                          timeout=timeout + 900)
+        body = WeightPush(
+            version=version,
+            mechanism=mechanism,
+            path=str(path),
+            lora_name=lora_name,
+            tolerance=tolerance,
+            servers=servers,
+            timeout=timeout,
+            probe=probe,
+        )  # a bad probe fails here, by field
+        return self._call("POST", "/v1/weights/push", json=body.model_dump(mode="json"), timeout=timeout + 900)
+
 
 def verify_callback(secret: str, body: bytes, header: str, max_age: float = 300.0) -> bool:
     """Check a job callback's `X-Raas-Signature` (`t=<unix>,v1=<hex>`): HMAC-SHA256 of

@@ -5,6 +5,7 @@ requests and answers with these models, the SDK checks a probe with them before 
 PoolResumed), `POST /v1/weights/push` (WeightPush -> WeightPushReport; a push that fails its
 verification answers 409 `weight_push_failed` with a WeightPushReport as `details`).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,16 +33,17 @@ class Probe(_Strict):
     """
 
     prompt_ids: list[int] = Field(min_length=1, max_length=16_384, description="Probe prompt")
-    token_ids: list[int] = Field(min_length=1, max_length=1024,
-                                 description="The trainer's greedy continuation")
-    logprobs: list[float] = Field(min_length=1, max_length=1024,
-                                  description="log p of each of token_ids under the new weights")
+    token_ids: list[int] = Field(min_length=1, max_length=1024, description="The trainer's greedy continuation")
+    logprobs: list[float] = Field(
+        min_length=1, max_length=1024, description="log p of each of token_ids under the new weights"
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Probe:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError("probe.logprobs: one logprob per token id is needed "
-                             f"({len(self.logprobs)} for {len(self.token_ids)})")
+            raise ValueError(
+                f"probe.logprobs: one logprob per token id is needed ({len(self.logprobs)} for {len(self.token_ids)})"
+            )
         if not all(math.isfinite(x) for x in self.logprobs):
             raise ValueError("probe.logprobs: every logprob must be finite")
         return self
@@ -51,13 +53,17 @@ class WeightPush(_Strict):
     """POST /v1/weights/push: pause, load, verify against the trainer's probe, record, resume."""
 
     version: str = Field(min_length=1, max_length=128, description="The new weight version")
-    mechanism: Mechanism = Field("reload", description="reload: full in-place reload of a "
-                                 "checkpoint folder; lora: an adapter under `lora_name`")
-    path: str = Field(min_length=1, max_length=4096,
-                      description="A folder the inference servers read (raas reads only its "
-                                  "config.json, for the tie check)")
-    lora_name: str | None = Field(None, min_length=1, max_length=256,
-                                  description="The fixed adapter name (mechanism lora)")
+    mechanism: Mechanism = Field(
+        "reload", description="reload: full in-place reload of a checkpoint folder; lora: an adapter under `lora_name`"
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="A folder the inference servers read (raas reads only its config.json, for the tie check)",
+    )
+    lora_name: str | None = Field(
+        None, min_length=1, max_length=256, description="The fixed adapter name (mechanism lora)"
+    )
     probe: Probe = Field(description="The trainer's fingerprint of the new weights")
     tolerance: float = Field(1e-3, gt=0, le=10, description="Largest |Δ logprob| per token")
     servers: ServerIds = Field(None, description="Server ids; default: the whole pool")
@@ -74,8 +80,9 @@ class ProbeCheck(BaseModel):
     """What a server served for the probe, against the fingerprint."""
 
     ok: bool
-    max_abs_diff: float | None = Field(None, description="Largest |served - trainer| logprob "
-                                                         "over the tokens both agree on")
+    max_abs_diff: float | None = Field(
+        None, description="Largest |served - trainer| logprob over the tokens both agree on"
+    )
     first_mismatch: int | None = Field(None, description="Index of the first differing token")
     served_ids: list[int] = Field(default_factory=list)
     served_logprobs: list[float] = Field(default_factory=list)
@@ -94,7 +101,8 @@ class ServerPushReport(BaseModel):
     verify_seconds: float | None = None
     total_seconds: float = 0.0
     before_max_abs_diff: float | None = Field(
-        None, description="The probe on the old weights (before loading) vs the fingerprint")
+        None, description="The probe on the old weights (before loading) vs the fingerprint"
+    )
     check: ProbeCheck | None = None
 
 
@@ -112,10 +120,13 @@ class WeightPushReport(BaseModel):
 class PoolPause(_Strict):
     """POST /v1/llm/pause: stop new generations and wait for the ones in flight."""
 
-    servers: ServerIds = Field(None, description="Server ids; default: every server of the "
-                                                 "caller's pool")
-    timeout: float = Field(300.0, gt=0, le=3600, description="Seconds to wait for in-flight "
-                           "generations; past it 409 pause_timeout, the servers stay paused")
+    servers: ServerIds = Field(None, description="Server ids; default: every server of the caller's pool")
+    timeout: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="Seconds to wait for in-flight generations; past it 409 pause_timeout, the servers stay paused",
+    )
 
 
 class PausedServerView(BaseModel):
@@ -138,8 +149,9 @@ class PoolResume(_Strict):
     """POST /v1/llm/resume: serve again, recording `weight_version` from the next turn on."""
 
     servers: ServerIds = Field(None, description="Server ids; default: the whole pool")
-    weight_version: str | None = Field(None, min_length=1, max_length=128,
-                                       description="The version every later turn records")
+    weight_version: str | None = Field(
+        None, min_length=1, max_length=128, description="The version every later turn records"
+    )
 
 
 class ResumedServer(BaseModel):

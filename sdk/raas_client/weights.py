@@ -6,6 +6,7 @@ fp32 logprobs. torch is imported only inside it, so this module (and the SDK) im
 torch. `check_untied(path)` refuses a tied checkpoint for an in-place reload before anything is
 sent (raas checks again when it can read the folder).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -26,9 +27,11 @@ DEFAULT_PROBE_TEXT = (
     "away in a lower precision all break that assumption without an error message. "
     "Count from one to twelve in words, separated by commas:"
 )
-UNTIE_HINT = ("untie it: save lm_head.weight explicitly (a copy of the embedding matrix) and set "
-              "tie_word_embeddings to false in config.json (scripts/untie_checkpoint.py does "
-              "both), then serve and train that copy")
+UNTIE_HINT = (
+    "untie it: save lm_head.weight explicitly (a copy of the embedding matrix) and set "
+    "tie_word_embeddings to false in config.json (scripts/untie_checkpoint.py does "
+    "both), then serve and train that copy"
+)
 
 
 class TiedCheckpoint(ValueError):
@@ -43,13 +46,16 @@ def check_untied(path: str | Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(config, dict) and config.get("tie_word_embeddings"):
-        raise TiedCheckpoint(f"{path}/config.json says tie_word_embeddings: true; vLLM's "
-                             f"in-place reload would leave lm_head at the old weights. "
-                             f"{UNTIE_HINT}")
+        raise TiedCheckpoint(
+            f"{path}/config.json says tie_word_embeddings: true; vLLM's "
+            f"in-place reload would leave lm_head at the old weights. "
+            f"{UNTIE_HINT}"
+        )
 
 
-def probe_fingerprint(model: Any, tokenizer: Any, prompt: str | list[int] | None = None,
-                      max_new_tokens: int = 16) -> dict[str, list]:
+def probe_fingerprint(
+    model: Any, tokenizer: Any, prompt: str | list[int] | None = None, max_new_tokens: int = 16
+) -> dict[str, list]:
     """`{prompt_ids, token_ids, logprobs}`: greedy tokens after `prompt` under `model` (a
     torch causal LM, e.g. transformers'), with their fp32 log-probabilities.
 
@@ -69,13 +75,13 @@ def probe_fingerprint(model: Any, tokenizer: Any, prompt: str | list[int] | None
     logprobs: list[float] = []
     step, past = ids, None  # the prompt once, then one token at a time on the KV cache
     # transformers >= 5.2x names the cache argument `cache`; older ones `past_key_values`.
-    key = "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     try:
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                out = model(torch.tensor([step], device=device), use_cache=True,
-                            **({key: past} if past is not None else {}))
+                out = model(
+                    torch.tensor([step], device=device), use_cache=True, **({key: past} if past is not None else {})
+                )
                 past = getattr(out, key, None) or out.past_key_values
                 logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
                 token = int(torch.argmax(logp))

@@ -1,4 +1,5 @@
 """`raas weights push|pause|resume`: verified weight pushes and pool pauses from a shell."""
+
 from __future__ import annotations
 
 import json
@@ -21,32 +22,45 @@ def _server_line(s: dict[str, Any]) -> str:
     check = s.get("check") or {}
     diff = check.get("max_abs_diff")
     state = "ok" if s.get("ok") else "FAILED"
-    return (f"  {s['url']:<28} {state:<6} pause {s['pause_seconds']:.3f}s "
-            f"load {s.get('load_seconds') or 0:.3f}s verify {s.get('verify_seconds') or 0:.3f}s "
-            f"total {s['total_seconds']:.3f}s max|dlogp| "
-            f"{'-' if diff is None else f'{diff:.2e}'}"
-            + (f"\n    {s['error']}" if s.get("error") else ""))
+    return (
+        f"  {s['url']:<28} {state:<6} pause {s['pause_seconds']:.3f}s "
+        f"load {s.get('load_seconds') or 0:.3f}s verify {s.get('verify_seconds') or 0:.3f}s "
+        f"total {s['total_seconds']:.3f}s max|dlogp| "
+        f"{'-' if diff is None else f'{diff:.2e}'}" + (f"\n    {s['error']}" if s.get("error") else "")
+    )
 
 
 @weights.command("push")
 @click.argument("path")
 @click.option("--version", required=True, help="The new weight version")
-@click.option("--probe", "probe_file", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSON {prompt_ids, token_ids, logprobs}: "
-                   "raas_client.weights.probe_fingerprint")
-@click.option("--mechanism", type=click.Choice(["reload", "lora"]), default="reload",
-              show_default=True)
+@click.option(
+    "--probe",
+    "probe_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON {prompt_ids, token_ids, logprobs}: raas_client.weights.probe_fingerprint",
+)
+@click.option("--mechanism", type=click.Choice(["reload", "lora"]), default="reload", show_default=True)
 @click.option("--lora-name", default=None, help="Fixed adapter name (mechanism lora)")
 @click.option("--tolerance", type=float, default=1e-3, show_default=True)
 @click.option("--server", "servers", multiple=True, help="Server id (repeat; default: all)")
-@click.option("--timeout", type=float, default=300.0, show_default=True,
-              help="Seconds to wait for in-flight generations")
+@click.option(
+    "--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for in-flight generations"
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report")
 @url_option
-def push(path: str, version: str, probe_file: Path, mechanism: str, lora_name: str | None,
-         tolerance: float, servers: tuple[str, ...], timeout: float, as_json: bool,
-         url: str) -> None:
+def push(
+    path: str,
+    version: str,
+    probe_file: Path,
+    mechanism: str,
+    lora_name: str | None,
+    tolerance: float,
+    servers: tuple[str, ...],
+    timeout: float,
+    as_json: bool,
+    url: str,
+) -> None:
     """Load PATH (a folder the inference servers read) on the pool, verify, resume."""
     try:
         probe = load_probe(probe_file)
@@ -54,8 +68,9 @@ def push(path: str, version: str, probe_file: Path, mechanism: str, lora_name: s
         raise click.BadParameter(str(exc), param_hint="--probe") from None
     with gateway(url) as client:
         try:
-            report = client.push_weights(path, version, probe, mechanism, lora_name,
-                                         tolerance, list(servers) or None, timeout)
+            report = client.push_weights(
+                path, version, probe, mechanism, lora_name, tolerance, list(servers) or None, timeout
+            )
         except TiedCheckpoint as exc:
             raise click.ClickException(str(exc)) from None
         except RaasHTTPError as exc:
@@ -66,8 +81,10 @@ def push(path: str, version: str, probe_file: Path, mechanism: str, lora_name: s
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
-    click.echo(f"pushed {version} ({mechanism}): verified on {len(report['servers'])} servers, "
-               f"pause {report['pause_seconds']:.3f}s, total {report['total_seconds']:.3f}s")
+    click.echo(
+        f"pushed {version} ({mechanism}): verified on {len(report['servers'])} servers, "
+        f"pause {report['pause_seconds']:.3f}s, total {report['total_seconds']:.3f}s"
+    )
     click.echo("\n".join(_server_line(s) for s in report["servers"]))
 
 
@@ -93,5 +110,6 @@ def resume(weight_version: str | None, servers: tuple[str, ...], url: str) -> No
     """Resume the pool (after a pause, or after a push that failed verification)."""
     with gateway(url) as client:
         result = client.resume_pool(weight_version, list(servers) or None)
-    click.echo(f"resumed {len(result['servers'])} servers"
-               + (f" at version {weight_version}" if weight_version else ""))
+    click.echo(
+        f"resumed {len(result['servers'])} servers" + (f" at version {weight_version}" if weight_version else "")
+    )

@@ -1,5 +1,6 @@
 """A raas service (embedded: SQLite + embedded Redis, real Celery workers) with the LLM
 simulator registered, for the framework adapters' tests."""
+
 from __future__ import annotations
 
 import pytest

@@ -7,6 +7,7 @@ replies with the real SmolLM2 tokenizer) in a thread and opens a real `LLMSessio
 `ctx.turns_recorded` (a list) instead of the database. `make_ctx(stage, after=ctx)` moves a
 rollout on to its next stage (same identity, configs and `state` dict).
 """
+
 from __future__ import annotations
 
 import time
@@ -62,15 +63,17 @@ def make_llm() -> Iterator[Callable[..., Any]]:
 
     cleanups: list[Callable[[], None]] = []
 
-    def make(script: dict[str, Any], max_model_len: int = 4096,
-             sampling: dict[str, Any] | None = None, server_max: int | None = None,
-             report: bool = True) -> LLMSession:
+    def make(
+        script: dict[str, Any],
+        max_model_len: int = 4096,
+        sampling: dict[str, Any] | None = None,
+        server_max: int | None = None,
+        report: bool = True,
+    ) -> LLMSession:
         """`server_max`: the simulator's own max_model_len (`report`: in GET /v1/models)."""
-        url, stop = start_simulator(TOKENIZER_DIR, script, max_model_len=server_max,
-                                    report_max_model_len=report)
+        url, stop = start_simulator(TOKENIZER_DIR, script, max_model_len=server_max, report_max_model_len=report)
         cleanups.append(stop)
-        spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": TOKENIZER_DIR,
-                "max_model_len": max_model_len}
+        spec = {"servers": [{"url": url, "model": "sim"}], "tokenizer": TOKENIZER_DIR, "max_model_len": max_model_len}
         session = LLMSession.open(spec, sampling or {"max_tokens": 512}, "rollout-test")
         cleanups.append(session.close)
         return session
@@ -88,8 +91,7 @@ class RecordingRunContext(RunContext):
 
     def __post_init__(self) -> None:
         if self.record_turn is RunContext.record_turn:  # not one of the test's own
-            object.__setattr__(self, "record_turn",
-                               lambda **turn: self.turns_recorded.append(turn))
+            object.__setattr__(self, "record_turn", lambda **turn: self.turns_recorded.append(turn))
 
 
 @pytest.fixture
@@ -97,16 +99,25 @@ def make_ctx() -> Callable[..., RolloutContext]:
     """Factory for a stage's context; `after=` the previous stage's keeps its rollout."""
     from core.settings import load_settings
 
-    def make(*, stage: str = "run", instance: dict[str, Any] | None = None,
-             agent_config: HandlerConfig | None = None, limits: dict[str, Any] | None = None,
-             timeout: float = 60.0, sandbox: Any = None, llm: Any = None,
-             workspace: str | None = None, state: dict[str, Any] | None = None,
-             cancel_check: Callable[[], bool] = lambda: False,
-             job_config: JobConfig | None = None, run_result: Trajectory | None = None,
-             artifact: dict[str, Any] | None = None,
-             resume_turns: list[dict[str, Any]] | None = None,
-             record_turn: Callable[..., None] | None = None,
-             after: RolloutContext | None = None) -> RolloutContext:
+    def make(
+        *,
+        stage: str = "run",
+        instance: dict[str, Any] | None = None,
+        agent_config: HandlerConfig | None = None,
+        limits: dict[str, Any] | None = None,
+        timeout: float = 60.0,
+        sandbox: Any = None,
+        llm: Any = None,
+        workspace: str | None = None,
+        state: dict[str, Any] | None = None,
+        cancel_check: Callable[[], bool] = lambda: False,
+        job_config: JobConfig | None = None,
+        run_result: Trajectory | None = None,
+        artifact: dict[str, Any] | None = None,
+        resume_turns: list[dict[str, Any]] | None = None,
+        record_turn: Callable[..., None] | None = None,
+        after: RolloutContext | None = None,
+    ) -> RolloutContext:
         if after is not None:
             base = after.rollout_fields()
             sandbox = sandbox if sandbox is not None else getattr(after, "sandbox", None)
@@ -114,21 +125,29 @@ def make_ctx() -> Callable[..., RolloutContext]:
         else:
             instance = instance or {"instance_id": "test-instance"}
             base = dict(
-                rollout_id="rollout-test", job_id="job-test",
+                rollout_id="rollout-test",
+                job_id="job-test",
                 instance_id=str(instance.get("instance_id", "test-instance")),
-                instance=instance, sample_index=0, attempt=1,
+                instance=instance,
+                sample_index=0,
+                attempt=1,
                 agent_config=agent_config or HandlerConfig(),
                 job_config=job_config or JobConfig(limits=limits or {}),
-                settings=load_settings(), deadline=time.monotonic() + timeout,
-                state=state if state is not None else {}, cancel_check=cancel_check)
+                settings=load_settings(),
+                deadline=time.monotonic() + timeout,
+                state=state if state is not None else {},
+                cancel_check=cancel_check,
+            )
         if stage == "init":
             return InitContext(**base, sandbox=sandbox, workspace=workspace)
         if stage == "run":
             run: dict[str, Any] = {} if record_turn is None else {"record_turn": record_turn}
-            return RecordingRunContext(**base, sandbox=sandbox, workspace=workspace, llm=llm,
-                                       resume_turns=resume_turns, **run)
-        return EvalContext(**base, run_result=run_result or Trajectory(), artifact=artifact,
-                           sandbox=sandbox, workspace=workspace)
+            return RecordingRunContext(
+                **base, sandbox=sandbox, workspace=workspace, llm=llm, resume_turns=resume_turns, **run
+            )
+        return EvalContext(
+            **base, run_result=run_result or Trajectory(), artifact=artifact, sandbox=sandbox, workspace=workspace
+        )
 
     return make
 
@@ -167,14 +186,13 @@ def make_sandbox(tmp_path: Path, sandbox_settings: Any) -> Iterator[Callable[...
 
     started: list[Any] = []
 
-    def make(workspace: str | None = None, python_env: str | None = None,
-             **options: Any) -> Any:
+    def make(workspace: str | None = None, python_env: str | None = None, **options: Any) -> Any:
         if workspace is None:
             workspace = str(tmp_path / f"ws{len(started)}")
             Path(workspace).mkdir()
         sb = get_runtime("bwrap", sandbox_settings).start(
-            SandboxSpec(workspace=workspace, python_env=python_env, **options),
-            label=f"test:{Path(workspace).name}")
+            SandboxSpec(workspace=workspace, python_env=python_env, **options), label=f"test:{Path(workspace).name}"
+        )
         started.append(sb)
         return sb
 
@@ -210,9 +228,13 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
             link.symlink_to(env)
         return {**sandbox, "python_env": link.name}
 
-    def grade(handler: Any, ctx: RolloutContext, sandbox: dict[str, Any] | None = None,
-              artifact: dict[str, Any] | None = None,
-              run_result: Trajectory | None = None) -> Any:
+    def grade(
+        handler: Any,
+        ctx: RolloutContext,
+        sandbox: dict[str, Any] | None = None,
+        artifact: dict[str, Any] | None = None,
+        run_result: Trajectory | None = None,
+    ) -> Any:
         run_result = run_result or Trajectory()
         if artifact is None:
             if getattr(ctx, "sandbox", None) is not None:
@@ -220,10 +242,14 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
             artifact = handler.artifact(ctx, run_result)
         grade.artifact = artifact
         count[0] += 1
-        return grading.grade(settings, handler, ctx.for_eval(run_result, artifact),
-                             job_sandbox=by_name(sandbox or {}),
-                             label=(ctx.rollout_id, count[0]),
-                             workspace=settings.workspaces / f"eval-{count[0]}")
+        return grading.grade(
+            settings,
+            handler,
+            ctx.for_eval(run_result, artifact),
+            job_sandbox=by_name(sandbox or {}),
+            label=(ctx.rollout_id, count[0]),
+            workspace=settings.workspaces / f"eval-{count[0]}",
+        )
 
     grade.artifact = None
     return grade

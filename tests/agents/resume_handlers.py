@@ -1,5 +1,6 @@
 """Test-only handlers for the resume tests: `math` whose first RUN fails after turn 1, and
 `math` whose first EVAL fails."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -3,6 +3,7 @@
 Through the handler's real EVAL (hidden tests copied in one by one, each in its own process
 with a timeout) in a real bwrap sandbox.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,9 @@ def test_example_set_shape() -> None:
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["instance_id"] for i in INSTANCES])
 def test_reference_solution_passes_hidden_tests(instance, make_ctx, make_sandbox, tmp_path) -> None:
     handler = CodeHandler()
-    ctx = make_ctx(stage="init", instance=instance, workspace=str(tmp_path),
-                   agent_config=CodeConfig(reward="all_or_nothing"))
+    ctx = make_ctx(
+        stage="init", instance=instance, workspace=str(tmp_path), agent_config=CodeConfig(reward="all_or_nothing")
+    )
     handler.init(ctx)
     ctx = make_ctx(stage="eval", after=ctx, sandbox=make_sandbox(str(tmp_path)))
 

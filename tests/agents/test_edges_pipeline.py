@@ -6,6 +6,7 @@
   (no new request, no failure, no new attempt), it resumes with a new weight_version, and the
   turns record v1 then v2; `limits.max_staleness` marks the rollouts that spanned the update.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,18 +29,19 @@ HUGE = "Compute the sum of the following numbers: " + " + ".join(["1"] * 1500)
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def math(instance_id: str, problem: str, answer: str = "3") -> dict:
     return {"instance_id": instance_id, "data": {"problem": problem, "answer": answer}}
 
 
-SCRIPT = {"by_instance": {
-    "What is 1 + 2?": [call("finish", answer="3")],
-    "Count slowly": [{"text": call("python", code="print(1)"), "latency": 0.4}] * 5
-                    + [call("finish", answer="5")],
-}}
+SCRIPT = {
+    "by_instance": {
+        "What is 1 + 2?": [call("finish", answer="3")],
+        "Count slowly": [{"text": call("python", code="print(1)"), "latency": 0.4}] * 5 + [call("finish", answer="5")],
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,7 @@ def test_prompt_that_cannot_fit_is_rejected_at_submission(service) -> None:
     try:
         llm = {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 8192}
         with pytest.raises(RaasHTTPError) as err:
-            service.client.submit("math", [math("ok", "What is 1 + 2?"), math("huge", HUGE)],
-                                  llm=llm)
+            service.client.submit("math", [math("ok", "What is 1 + 2?"), math("huge", HUGE)], llm=llm)
         assert err.value.status == 400
         message = err.value.body["message"]
         assert "instances[1] (huge)" in message and "1500" in message
@@ -74,13 +75,12 @@ def test_prompt_too_long_when_the_limit_is_unknown_is_not_a_sample(service) -> N
     try:
         llm = {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 8192}
         accepted = service.client.submit(
-            "math", [math("ok", "What is 1 + 2?"), math("huge", HUGE)], llm=llm,
-            sampling={"max_tokens": 1400})  # prompt + 1400 > 1500: the server says 400
+            "math", [math("ok", "What is 1 + 2?"), math("huge", HUGE)], llm=llm, sampling={"max_tokens": 1400}
+        )  # prompt + 1400 > 1500: the server says 400
         job = service.wait_done(accepted["job_id"], timeout=120)
         by_id = {r["instance_id"]: r for r in service.all_results(accepted["job_id"])}
         huge, ok = by_id["huge"], by_id["ok"]
-        assert (huge["status"], huge["outcome"], huge["finish_reason"]) == (
-            "failed", "prompt_too_long", "context")
+        assert (huge["status"], huge["outcome"], huge["finish_reason"]) == ("failed", "prompt_too_long", "context")
         assert huge["reward"] is None and "does not fit the context (1500 tokens)" in huge["error"]
         assert huge["response_ids"] == [] and huge["prompt_ids"]
         # The neighbour learnt the limit from vLLM's 400 and still completed, graded.
@@ -100,9 +100,12 @@ def test_weight_update_pauses_and_resumes_without_restarts(service) -> None:
     try:
         server = service.client.add_llm_server(url, weight_version="v1")
         accepted = service.client.submit(
-            "math", [math("slow", "Count slowly to 5", "5")], n_samples=2,
+            "math",
+            [math("slow", "Count slowly to 5", "5")],
+            n_samples=2,
             llm={"tokenizer": SMOLLM2, "max_model_len": 4096},
-            limits={"max_turns": 10, "max_staleness": 0})
+            limits={"max_turns": 10, "max_staleness": 0},
+        )
         ids = accepted["rollout_ids"]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(len(_turns(service, r)) >= 2 for r in ids):

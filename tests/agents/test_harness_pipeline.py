@@ -8,6 +8,7 @@ format: a `bash` tool call that fixes the bug, then the harness's way to stop (m
 `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`, the example's `submit`). The fixed rollout
 earns reward 1 from the swe EVAL (its diff, graded in a fresh sandbox), the no-op earns 0.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,29 +26,36 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 SMOLLM2 = str(FIXTURES / "smollm2-tokenizer")
 QWEN_TEMPLATE = (FIXTURES / "qwen-style-template" / "chat_template.jinja").read_text()
-SWE = {json.loads(line)["instance_id"]: json.loads(line)
-       for line in (REPO / "examples/swe/instances.jsonl").read_text().splitlines()}
-MATH = {json.loads(line)["instance_id"]: json.loads(line)
-        for line in (REPO / "examples/math.jsonl").read_text().splitlines()}
+SWE = {
+    json.loads(line)["instance_id"]: json.loads(line)
+    for line in (REPO / "examples/swe/instances.jsonl").read_text().splitlines()
+}
+MATH = {
+    json.loads(line)["instance_id"]: json.loads(line)
+    for line in (REPO / "examples/math.jsonl").read_text().splitlines()
+}
 INTERVALS, SLUGIFY, MONEY = (f"raas-examples__{n}-1" for n in ("intervals", "slugify", "money"))
 MATH_ID = "math-001"
-ENVS = {"pytest": ["pytest"],  # the swe EVAL's environment (built on first use otherwise)
-        "openai-agent": ["openai", "anthropic", "pytest", str(REPO / "examples" / "harness")],
-        "mini-swe-agent": ["mini-swe-agent", "pytest"]}
-FIX = ("python3 -c \"import pathlib; p = pathlib.Path('intervals/core.py'); "
-       "p.write_text(p.read_text().replace('merged[-1][1] = end\\n', "
-       "'merged[-1][1] = max(merged[-1][1], end)\\n'))\"")
+ENVS = {
+    "pytest": ["pytest"],  # the swe EVAL's environment (built on first use otherwise)
+    "openai-agent": ["openai", "anthropic", "pytest", str(REPO / "examples" / "harness")],
+    "mini-swe-agent": ["mini-swe-agent", "pytest"],
+}
+FIX = (
+    "python3 -c \"import pathlib; p = pathlib.Path('intervals/core.py'); "
+    "p.write_text(p.read_text().replace('merged[-1][1] = end\\n', "
+    "'merged[-1][1] = max(merged[-1][1], end)\\n'))\""
+)
 MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 def call(name: str, **arguments: Any) -> str:
     """A reply in the model's own tool-call format (the endpoint parses it for the harness)."""
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def as_instance(instance_id: str, source: dict) -> dict:
-    return {"instance_id": instance_id,
-            "data": {k: v for k, v in source[instance_id].items() if k != "instance_id"}}
+    return {"instance_id": instance_id, "data": {k: v for k, v in source[instance_id].items() if k != "instance_id"}}
 
 
 def statement(instance_id: str) -> str:
@@ -55,21 +63,25 @@ def statement(instance_id: str) -> str:
 
 
 # Both harnesses expose one `bash` tool taking `command`; they differ in how they stop.
-SCRIPT = {"turn_marker": "<|im_start|>user",  # a turn per user/tool turn: a harness may drop
-          # its own replies from the history (mini-swe-agent does with a cut one)
-          "by_instance": {
-    # mini-swe-agent drops a reply cut at max_tokens from the history it sends next: a split
-    "[mini-split] " + statement(INTERVALS): [{"text": "word " * 700},
-                                             call("bash", command=FIX),
-                                             call("bash", command=MINI_SUBMIT)],
-    # the mini-swe-agent rollouts carry this marker in their task (see `mini_task`)
-    "[mini] " + statement(INTERVALS): [call("bash", command=FIX), call("bash", command=MINI_SUBMIT)],
-    "[mini] " + statement(SLUGIFY): [call("bash", command="ls"), call("bash", command=MINI_SUBMIT)],
-    statement(INTERVALS): [call("bash", command=FIX), call("submit")],
-    statement(SLUGIFY): [call("bash", command="ls"), call("submit")],
-    statement(MONEY): [call("bash", command="kill -9 $PPID")],  # the harness dies mid-run
-    "positive divisors of 360": [call("bash", command="echo 1170 > answer.txt"), call("submit")],
-}}
+SCRIPT = {
+    "turn_marker": "<|im_start|>user",  # a turn per user/tool turn: a harness may drop
+    # its own replies from the history (mini-swe-agent does with a cut one)
+    "by_instance": {
+        # mini-swe-agent drops a reply cut at max_tokens from the history it sends next: a split
+        "[mini-split] " + statement(INTERVALS): [
+            {"text": "word " * 700},
+            call("bash", command=FIX),
+            call("bash", command=MINI_SUBMIT),
+        ],
+        # the mini-swe-agent rollouts carry this marker in their task (see `mini_task`)
+        "[mini] " + statement(INTERVALS): [call("bash", command=FIX), call("bash", command=MINI_SUBMIT)],
+        "[mini] " + statement(SLUGIFY): [call("bash", command="ls"), call("bash", command=MINI_SUBMIT)],
+        statement(INTERVALS): [call("bash", command=FIX), call("submit")],
+        statement(SLUGIFY): [call("bash", command="ls"), call("submit")],
+        statement(MONEY): [call("bash", command="kill -9 $PPID")],  # the harness dies mid-run
+        "positive divisors of 360": [call("bash", command="echo 1170 > answer.txt"), call("submit")],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +89,10 @@ def built() -> dict[str, str]:
     """The harness environments, built once per machine (`raas env build` does the same)."""
     from sandbox.environments import build_environment
 
-    return {name: str(build_environment(name if name == "pytest" else f"harness-{name}",
-                                        packages)) for name, packages in ENVS.items()}
+    return {
+        name: str(build_environment(name if name == "pytest" else f"harness-{name}", packages))
+        for name, packages in ENVS.items()
+    }
 
 
 @pytest.fixture
@@ -95,8 +109,7 @@ def service(tmp_path, built):
 @pytest.fixture
 def llm():
     url, stop = start_simulator(SMOLLM2, SCRIPT)
-    yield {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 8192,
-           "chat_template_text": QWEN_TEMPLATE}
+    yield {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 8192, "chat_template_text": QWEN_TEMPLATE}
     stop()
 
 
@@ -107,15 +120,17 @@ def outcomes(service, job: dict) -> dict[str, tuple[str, float | None]]:
 
 def submit(service, llm, harness: str, task: str, instances: list[dict], **config) -> dict:
     return service.client.submit(
-        "harness", instances, llm=llm, sampling={"max_tokens": 512},
-        agent_config={"harness": harness, "task": task, **config})
+        "harness",
+        instances,
+        llm=llm,
+        sampling={"max_tokens": 512},
+        agent_config={"harness": harness, "task": task, **config},
+    )
 
 
 def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, llm) -> None:
-    job = submit(service, llm, "openai-agent", "swe",
-                 [as_instance(i, SWE) for i in (INTERVALS, SLUGIFY)])
-    assert outcomes(service, job) == {INTERVALS: ("completed", 1.0),
-                                      SLUGIFY: ("completed", 0.0)}, service.log_tail()
+    job = submit(service, llm, "openai-agent", "swe", [as_instance(i, SWE) for i in (INTERVALS, SLUGIFY)])
+    assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
     by_id = {r["instance_id"]: r for r in service.all_results(job["job_id"])}
     fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
     assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
@@ -148,8 +163,7 @@ def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(servi
         row["data"]["problem_statement"] = "[mini] " + row["data"]["problem_statement"]
         instances.append(row)
     job = submit(service, llm, "mini-swe-agent", "swe", instances)
-    assert outcomes(service, job) == {INTERVALS: ("completed", 1.0),
-                                      SLUGIFY: ("completed", 0.0)}, service.log_tail()
+    assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
     by_id = {r["instance_id"]: r for r in service.all_results(job["job_id"])}
     fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
     assert fixed["metrics"]["calls"] == 2 and fixed["metrics"]["harness_returncode"] == 0
@@ -175,8 +189,7 @@ def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, llm) 
     assert second["split_reason"] == "history_rewritten"
     # the second sample: the rewritten prompt, the fix, the observation, the submit
     spans = second["turn_boundaries"]
-    assert [second["response_ids"][a:b] for a, b in spans] == [fix["generated_ids"],
-                                                               submit_call["generated_ids"]]
+    assert [second["response_ids"][a:b] for a, b in spans] == [fix["generated_ids"], submit_call["generated_ids"]]
     assert second["prompt_ids"] == fix["extra"]["prompt_ids"]
     assert rollout["response_ids"] == second["response_ids"]  # the main arrays: the last one
 
@@ -192,20 +205,23 @@ def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, llm) -> N
     assert len(rollout["turns"]) == 1 and sum(rollout["loss_mask"]) > 0  # the call is kept
 
 
-@pytest.mark.parametrize("config, field", [
-    ({"harness": "no-such", "task": "swe"}, "agent_config.harness"),
-    ({"harness": "../bin/sh", "task": "swe"}, "agent_config.harness"),
-    ({"harness": "mini-swe-agent", "task": "math"}, "agent_config.task"),
-    ({"harness": "openai-agent", "task": "swe", "command": ["sh"]}, "agent_config"),
-    ({"harness": "openai-agent", "task": "swe", "task_config": {"test_timeout": -1}},
-     "agent_config"),
-])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"harness": "no-such", "task": "swe"}, "agent_config.harness"),
+        ({"harness": "../bin/sh", "task": "swe"}, "agent_config.harness"),
+        ({"harness": "mini-swe-agent", "task": "math"}, "agent_config.task"),
+        ({"harness": "openai-agent", "task": "swe", "command": ["sh"]}, "agent_config"),
+        ({"harness": "openai-agent", "task": "swe", "task_config": {"test_timeout": -1}}, "agent_config"),
+    ],
+)
 def test_a_job_only_names_a_registered_harness(service, llm, config, field) -> None:
     import httpx
 
-    response = httpx.post(f"{service.url}/v1/jobs", json={
-        "agent": "harness", "instances": [as_instance(INTERVALS, SWE)], "llm": llm,
-        "agent_config": config})
+    response = httpx.post(
+        f"{service.url}/v1/jobs",
+        json={"agent": "harness", "instances": [as_instance(INTERVALS, SWE)], "llm": llm, "agent_config": config},
+    )
     assert response.status_code == 400, response.text
     assert field in response.text
 
@@ -213,7 +229,13 @@ def test_a_job_only_names_a_registered_harness(service, llm, config, field) -> N
 def test_a_harness_instance_is_checked_as_its_task_kind(service, llm) -> None:
     import httpx
 
-    response = httpx.post(f"{service.url}/v1/jobs", json={
-        "agent": "harness", "instances": [{"instance_id": "x", "data": {"repo": "r"}}],
-        "llm": llm, "agent_config": {"harness": "openai-agent", "task": "swe"}})
+    response = httpx.post(
+        f"{service.url}/v1/jobs",
+        json={
+            "agent": "harness",
+            "instances": [{"instance_id": "x", "data": {"repo": "r"}}],
+            "llm": llm,
+            "agent_config": {"harness": "openai-agent", "task": "swe"},
+        },
+    )
     assert response.status_code == 400 and "instance.base_commit" in response.text

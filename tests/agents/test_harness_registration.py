@@ -4,6 +4,7 @@ The job names a registration; the registration (trusted) says what runs. These c
 that a registration cannot smuggle in what a job may not, and that a job's choice is held to
 the policy with errors that name the field and the rule.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,31 +30,34 @@ def test_the_shipped_registrations_are_valid_and_shown_without_variable_values()
     assert public["harnesses"]["registered"]["x"]["env"] == ["SECRETISH"]
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"command": ["agent", "{home}"]}, "unknown placeholder"),
-    ({"command": ["agent", "{task_file"]}, "command[1]"),
-    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "LD_PRELOAD"),
-    ({"env": {"PYTHONPATH": "/tmp"}}, "PYTHONPATH"),
-    ({"env": {"BAD NAME": "x"}}, "BAD NAME"),
-    ({"endpoint_env": {"OPENAI_API_KEY": "{token}"}}, "no variable gives the harness"),
-    ({"task_file": "/etc/passwd"}, "under /tmp"),
-    ({"task_file": "/tmp/../etc/x"}, "under /tmp"),
-    ({"answer_file": "/etc/answer"}, "inside the workspace"),
-    ({"answer_file": "../answer"}, "inside the workspace"),
-    ({"python_env": "/home/me/venv"}, "python_env"),
-    ({"command": []}, "command"),
-    ({"shell": "sh -c x"}, "shell"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"command": ["agent", "{home}"]}, "unknown placeholder"),
+        ({"command": ["agent", "{task_file"]}, "command[1]"),
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "LD_PRELOAD"),
+        ({"env": {"PYTHONPATH": "/tmp"}}, "PYTHONPATH"),
+        ({"env": {"BAD NAME": "x"}}, "BAD NAME"),
+        ({"endpoint_env": {"OPENAI_API_KEY": "{token}"}}, "no variable gives the harness"),
+        ({"task_file": "/etc/passwd"}, "under /tmp"),
+        ({"task_file": "/tmp/../etc/x"}, "under /tmp"),
+        ({"answer_file": "/etc/answer"}, "inside the workspace"),
+        ({"answer_file": "../answer"}, "inside the workspace"),
+        ({"python_env": "/home/me/venv"}, "python_env"),
+        ({"command": []}, "command"),
+        ({"shell": "sh -c x"}, "shell"),
+    ],
+)
 def test_a_bad_registration_fails_at_start_up_naming_the_field(fields, message) -> None:
     with pytest.raises(ValidationError, match=message.replace("[", r"\[")):
         reg(**fields)
 
 
 def test_a_job_is_held_to_the_registrations_and_the_tenant_rules() -> None:
-    policy = Policy(harnesses={"registered": {
-        "open": reg(tasks=["swe"], python_env="agent-env"),
-        "admins": reg(tenants=False)}},
-        sandbox={"python_envs": ["other-env"]})
+    policy = Policy(
+        harnesses={"registered": {"open": reg(tasks=["swe"], python_env="agent-env"), "admins": reg(tenants=False)}},
+        sandbox={"python_envs": ["other-env"]},
+    )
     assert check_harness(policy, "open", "swe", admin=True).python_env == "agent-env"
     with pytest.raises(InvalidRequest, match="registered: open") as err:
         check_harness(policy, "admins", "swe", admin=False)  # tenants do not even see it
@@ -68,14 +72,23 @@ def test_a_job_is_held_to_the_registrations_and_the_tenant_rules() -> None:
 
 
 def test_the_command_and_variables_are_rendered_from_the_registration_only() -> None:
-    harness = reg(command=["agent", "--task", "{task}", "-m", "{model}"],
-                  env={"WORKDIR": "{workspace}", "OPENAI_BASE_URL": "overridden"},
-                  endpoint_env={"OPENAI_BASE_URL": "{base_url}", "KEY": "{token}"})
-    fields = {"task_file": "/tmp/t", "task": "fix {it}; rm -rf / $(x)", "workspace": "/w",
-              "model": "m", "answer_file": "a"}
-    argv, env = launch.render(harness, fields, {"base_url": "http://127.0.0.1:5/v1",
-                                                "root_url": "http://127.0.0.1:5",
-                                                "token": "tok", "port": "5"})
+    harness = reg(
+        command=["agent", "--task", "{task}", "-m", "{model}"],
+        env={"WORKDIR": "{workspace}", "OPENAI_BASE_URL": "overridden"},
+        endpoint_env={"OPENAI_BASE_URL": "{base_url}", "KEY": "{token}"},
+    )
+    fields = {
+        "task_file": "/tmp/t",
+        "task": "fix {it}; rm -rf / $(x)",
+        "workspace": "/w",
+        "model": "m",
+        "answer_file": "a",
+    }
+    argv, env = launch.render(
+        harness,
+        fields,
+        {"base_url": "http://127.0.0.1:5/v1", "root_url": "http://127.0.0.1:5", "token": "tok", "port": "5"},
+    )
     # the task text is one argv word as it is (never a shell line, braces not re-expanded)
     assert argv == ["agent", "--task", "fix {it}; rm -rf / $(x)", "-m", "m"]
     assert env == {"WORKDIR": "/w", "OPENAI_BASE_URL": "http://127.0.0.1:5/v1", "KEY": "tok"}
@@ -83,16 +96,15 @@ def test_the_command_and_variables_are_rendered_from_the_registration_only() -> 
 
 def test_the_task_text_is_the_task_kinds_own_prompt() -> None:
     harness = reg()
-    swe = launch.task_text("swe", {"problem_statement": "The bug.", "instance_id": "i"}, "/ws",
-                           harness)
+    swe = launch.task_text("swe", {"problem_statement": "The bug.", "instance_id": "i"}, "/ws", harness)
     assert "The bug." in swe and "/ws" in swe
-    code = launch.task_text("code", {"problem_statement": "Write f.", "solution_file": "f.py",
-                                     "hidden_tests": []}, "/ws", harness)
+    code = launch.task_text(
+        "code", {"problem_statement": "Write f.", "solution_file": "f.py", "hidden_tests": []}, "/ws", harness
+    )
     assert "Write f." in code and "f.py" in code
     math = launch.task_text("math", {"problem": "1+1?"}, "/ws", harness)
     assert math.startswith("1+1?") and "answer.txt" in math
-    raw = launch.task_text("swe", {"problem_statement": "as is"}, "/ws",
-                           reg(task_field="problem_statement"))
+    raw = launch.task_text("swe", {"problem_statement": "as is"}, "/ws", reg(task_field="problem_statement"))
     assert raw == "as is"
 
 
@@ -103,10 +115,13 @@ def test_a_registered_harness_environment_is_built_on_first_use(monkeypatch, tmp
     from tasks.sandboxes import ensure_declared_environment
 
     built: list[tuple[str, list[str]]] = []
-    monkeypatch.setattr(sandbox.environments, "ensure_environment",
-                        lambda name, packages, root: built.append((name, packages)))
-    settings = Settings(home=tmp_path, policy={"harnesses": {"registered": {
-        "mine": reg(python_env="my-env", packages=["my-agent==1.0"])}}})
+    monkeypatch.setattr(
+        sandbox.environments, "ensure_environment", lambda name, packages, root: built.append((name, packages))
+    )
+    settings = Settings(
+        home=tmp_path,
+        policy={"harnesses": {"registered": {"mine": reg(python_env="my-env", packages=["my-agent==1.0"])}}},
+    )
     ensure_declared_environment(settings, "my-env")
     ensure_declared_environment(settings, "unknown-env")  # left to the runtime's error
     assert built == [("my-env", ["my-agent==1.0"])]

@@ -17,6 +17,7 @@ are printed as JSON lines (`-s`): calls, samples, merges, splits, the re-score's
     RAAS_VLLM_URL=http://127.0.0.1:8231 .venv/bin/python -m pytest -m vllm -s \\
         tests/agents/test_harness_vllm.py
 """
+
 from __future__ import annotations
 
 import json
@@ -59,15 +60,20 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
 def llm() -> dict[str, Any]:
     if not VLLM_URL:
         pytest.fail("RAAS_VLLM_URL is not set: the vllm tier needs a real server")
-    return {"servers": [{"url": VLLM_URL}], "tokenizer": SMOLLM2, "max_model_len": 2048,
-            "chat_template_text": QWEN_TEMPLATE}  # renders the harness's tools
+    return {
+        "servers": [{"url": VLLM_URL}],
+        "tokenizer": SMOLLM2,
+        "max_model_len": 2048,
+        "chat_template_text": QWEN_TEMPLATE,
+    }  # renders the harness's tools
 
 
 def samples_of(detail: dict[str, Any]) -> list[dict[str, Any]]:
     """Every training sample of a rollout (the main arrays are the last one)."""
-    return detail.get("samples") or [{
-        k: detail[k] for k in ("prompt_ids", "response_ids", "response_logprobs", "loss_mask")
-    } | {"turn_boundaries": detail["extra"].get("turn_boundaries", [])}]
+    return detail.get("samples") or [
+        {k: detail[k] for k in ("prompt_ids", "response_ids", "response_logprobs", "loss_mask")}
+        | {"turn_boundaries": detail["extra"].get("turn_boundaries", [])}
+    ]
 
 
 def calls_by_sample(turns: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -83,8 +89,7 @@ def calls_by_sample(turns: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def check_sample(sample: dict[str, Any], turns: list[dict[str, Any]]) -> None:
     """Token-exact and prefix-consistent: the arrays are the calls' own tokens, in order."""
-    response, mask, logprobs = (sample["response_ids"], sample["loss_mask"],
-                                sample["response_logprobs"])
+    response, mask, logprobs = (sample["response_ids"], sample["loss_mask"], sample["response_logprobs"])
     assert len(response) == len(mask) == len(logprobs) and all(map(math.isfinite, logprobs))
     spans = sample["turn_boundaries"]
     assert [response[s:e] for s, e in spans] == [t["generated_ids"] for t in turns]
@@ -95,15 +100,17 @@ def check_sample(sample: dict[str, Any], turns: list[dict[str, Any]]) -> None:
         extra = turn["extra"] or {}
         sequence += extra.get("prompt_ids") if not sequence else extra.get("delta_ids") or []
         sequence += turn["generated_ids"]
-    assert sample["prompt_ids"] + response == sequence[:len(sample["prompt_ids"] + response)]
+    assert sample["prompt_ids"] + response == sequence[: len(sample["prompt_ids"] + response)]
 
 
 def rescore(sample: dict[str, Any], model: str) -> float:
     """Max |stored - re-scored| logprob over the sample's generated tokens."""
     ids = sample["prompt_ids"] + sample["response_ids"]
-    reply = httpx.post(f"{VLLM_URL}/v1/completions", timeout=600, json={
-        "model": model, "prompt": ids, "max_tokens": 1, "temperature": 0,
-        "prompt_logprobs": 0}).json()
+    reply = httpx.post(
+        f"{VLLM_URL}/v1/completions",
+        timeout=600,
+        json={"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0},
+    ).json()
     scored = reply["choices"][0]["prompt_logprobs"]
     start = len(sample["prompt_ids"])
     worst = 0.0
@@ -116,9 +123,14 @@ def rescore(sample: dict[str, Any], model: str) -> float:
 @pytest.mark.parametrize("harness", ["openai-agent", "mini-swe-agent"])
 def test_a_real_harness_on_the_real_model_is_token_exact(service, llm, harness) -> None:
     accepted = service.client.submit(
-        "harness", [as_instance(INTERVALS, SWE)], n_samples=2, llm=llm,
-        limits={"max_tokens": 1024}, sampling={"temperature": 1.0, "max_tokens": 256},
-        agent_config={"harness": harness, "task": "swe"})
+        "harness",
+        [as_instance(INTERVALS, SWE)],
+        n_samples=2,
+        llm=llm,
+        limits={"max_tokens": 1024},
+        sampling={"temperature": 1.0, "max_tokens": 256},
+        agent_config={"harness": harness, "task": "swe"},
+    )
     job = service.wait_done(accepted["job_id"], timeout=1500)
     assert job["counts"] == {"done": 2} or set(job["counts"]) <= {"done", "failed"}, job
     model = httpx.get(f"{VLLM_URL}/v1/models").json()["data"][0]["id"]
@@ -137,10 +149,20 @@ def test_a_real_harness_on_the_real_model_is_token_exact(service, llm, harness) 
             worst = max(worst, rescore(sample, model))
         assert worst <= RESCORE_TOLERANCE, worst
         metrics = detail["metrics"]
-        print(json.dumps({"harness": harness, "outcome": detail["outcome"],
-                          "reward": detail["reward"], "calls": metrics["calls"],
-                          "samples": len(samples), "merges": metrics["merges"],
-                          "splits": metrics["splits"], "tool_calls": metrics["tool_calls"],
-                          "parse_failures": metrics["parse_failures"],
-                          "response_tokens": metrics.get("response_tokens"),
-                          "rescore_max_abs_diff": round(worst, 5)}))
+        print(
+            json.dumps(
+                {
+                    "harness": harness,
+                    "outcome": detail["outcome"],
+                    "reward": detail["reward"],
+                    "calls": metrics["calls"],
+                    "samples": len(samples),
+                    "merges": metrics["merges"],
+                    "splits": metrics["splits"],
+                    "tool_calls": metrics["tool_calls"],
+                    "parse_failures": metrics["parse_failures"],
+                    "response_tokens": metrics.get("response_tokens"),
+                    "rescore_max_abs_diff": round(worst, 5),
+                }
+            )
+        )

@@ -4,6 +4,7 @@ A real LLMSession over HTTP against the LLM simulator (a fake of vLLM's token-id
 one) whose `max_model_len` rejects, like vLLM, any request whose prompt + max_tokens exceeds it.
 So a test that passes also shows that no request ever asked for more than fits.
 """
+
 from __future__ import annotations
 
 import httpx
@@ -15,13 +16,12 @@ from tests.agents.test_loop import TOOLS, call
 LONG = "word " * 60  # ~60 tokens
 
 
-def run(make_llm, make_ctx, replies, *, limits=None, sampling=None, max_model_len=4096,
-        **server):
-    llm = make_llm({"default": replies}, max_model_len=max_model_len,
-                   sampling=sampling or {"max_tokens": 512}, **server)
+def run(make_llm, make_ctx, replies, *, limits=None, sampling=None, max_model_len=4096, **server):
+    llm = make_llm(
+        {"default": replies}, max_model_len=max_model_len, sampling=sampling or {"max_tokens": 512}, **server
+    )
     ctx = make_ctx(llm=llm, limits=limits)
-    result = run_agent_loop(ctx, system_prompt="You are a test agent.",
-                            user_prompt="Do the task.", tools=TOOLS)
+    result = run_agent_loop(ctx, system_prompt="You are a test agent.", user_prompt="Do the task.", tools=TOOLS)
     return ctx, llm, result
 
 
@@ -32,8 +32,14 @@ def requests_served(llm) -> int:
 
 def test_server_context_below_the_jobs_is_used_and_never_exceeded(make_llm, make_ctx) -> None:
     """Case 1: job says 8192, the server serves 700: every request fits 700, no infra error."""
-    ctx, llm, result = run(make_llm, make_ctx, [LONG + call("echo", text="x")],
-                           max_model_len=8192, limits={"max_turns": 50}, server_max=700)
+    ctx, llm, result = run(
+        make_llm,
+        make_ctx,
+        [LONG + call("echo", text="x")],
+        max_model_len=8192,
+        limits={"max_turns": 50},
+        server_max=700,
+    )
     assert llm.context_length == 700
     assert (result.outcome, result.finish_reason) == ("completed", "context")
     assert result.metrics["truncated"] is True and result.metrics["context_length"] == 700
@@ -43,32 +49,39 @@ def test_server_context_below_the_jobs_is_used_and_never_exceeded(make_llm, make
 
 def test_server_that_does_not_report_its_context_ends_with_context(make_llm, make_ctx) -> None:
     """Case 1: the limit is only learnt from vLLM's 400: the rollout ends `context`, kept."""
-    ctx, llm, result = run(make_llm, make_ctx, [LONG + call("echo", text="x")],
-                           max_model_len=8192, limits={"max_turns": 50}, server_max=700,
-                           report=False)
+    ctx, llm, result = run(
+        make_llm,
+        make_ctx,
+        [LONG + call("echo", text="x")],
+        max_model_len=8192,
+        limits={"max_turns": 50},
+        server_max=700,
+        report=False,
+    )
     assert (result.outcome, result.finish_reason) == ("completed", "context")
     assert len(ctx.turns_recorded) >= 2 and result.response_ids
 
 
 def test_prompt_that_does_not_fit_is_not_a_sample(make_llm, make_ctx) -> None:
     """Case 2: never `completed` with reward 0: its own outcome, no turns, no request sent."""
-    ctx, llm, result = run(make_llm, make_ctx, [call("finish", answer="1")],
-                           max_model_len=8192, server_max=60)
+    ctx, llm, result = run(make_llm, make_ctx, [call("finish", answer="1")], max_model_len=8192, server_max=60)
     assert (result.outcome, result.finish_reason) == ("prompt_too_long", "context")
     assert ctx.turns_recorded == [] and result.response_ids == []
     assert requests_served(llm) == 0
 
 
 def test_prompt_rejected_by_the_server_is_not_a_sample(make_llm, make_ctx) -> None:
-    ctx, llm, result = run(make_llm, make_ctx, [call("finish", answer="1")],
-                           max_model_len=8192, server_max=60, report=False)
+    ctx, llm, result = run(
+        make_llm, make_ctx, [call("finish", answer="1")], max_model_len=8192, server_max=60, report=False
+    )
     assert (result.outcome, result.finish_reason) == ("prompt_too_long", "context")
 
 
 def test_max_tokens_is_a_hard_cap_on_generated_tokens(make_llm, make_ctx) -> None:
     """Case 3: limits.max_tokens=100 with sampling.max_tokens=512 generates exactly 100."""
-    ctx, llm, result = run(make_llm, make_ctx, [LONG + call("echo", text="x")],
-                           limits={"max_tokens": 100, "max_turns": 50})
+    ctx, llm, result = run(
+        make_llm, make_ctx, [LONG + call("echo", text="x")], limits={"max_tokens": 100, "max_turns": 50}
+    )
     assert sum(result.loss_mask) == 100  # was 202: observations counted, request not capped
     assert (result.outcome, result.finish_reason) == ("completed", "token_budget")
     turns = ctx.turns_recorded
@@ -79,24 +92,26 @@ def test_max_tokens_is_a_hard_cap_on_generated_tokens(make_llm, make_ctx) -> Non
 
 def test_turn_length_cut_continues_by_default(make_llm, make_ctx) -> None:
     """Case 4: a cut at sampling.max_tokens is `turn_length`, and the episode goes on."""
-    ctx, llm, result = run(make_llm, make_ctx,
-                           [LONG + call("echo", text="x"), call("finish", answer="42")],
-                           sampling={"max_tokens": 40})
+    ctx, llm, result = run(
+        make_llm, make_ctx, [LONG + call("echo", text="x"), call("finish", answer="42")], sampling={"max_tokens": 40}
+    )
     first, second = ctx.turns_recorded
     assert first["finish_reason"] == "turn_length" and len(first["generated_ids"]) == 40
     assert first["observation"] == TURN_CUT_MESSAGE.format(n=40)
     assert first["tool_calls"] == []  # nothing in a cut turn runs
     assert second["finish_reason"] == "stop"
-    assert (result.outcome, result.finish_reason, result.extra["answer"]) == (
-        "completed", "finish", "42")
+    assert (result.outcome, result.finish_reason, result.extra["answer"]) == ("completed", "finish", "42")
     assert result.metrics["truncated"] is False
 
 
 def test_turn_length_cut_can_end_the_episode(make_llm, make_ctx) -> None:
-    ctx, llm, result = run(make_llm, make_ctx,
-                           [LONG + call("echo", text="x"), call("finish", answer="42")],
-                           sampling={"max_tokens": 40},
-                           limits={"continue_after_turn_length": False})
+    ctx, llm, result = run(
+        make_llm,
+        make_ctx,
+        [LONG + call("echo", text="x"), call("finish", answer="42")],
+        sampling={"max_tokens": 40},
+        limits={"continue_after_turn_length": False},
+    )
     assert (result.outcome, result.finish_reason) == ("completed", "turn_length")
     assert len(ctx.turns_recorded) == 1 and result.metrics["truncated"] is True
 
@@ -118,8 +133,7 @@ def test_max_staleness_marks_or_stops(make_llm, make_ctx, on_stale) -> None:
 
     from agents.tools import Tool
 
-    llm = make_llm({"default": [call("update", text="x"), call("echo", text="y"),
-                                call("finish", answer="1")]})
+    llm = make_llm({"default": [call("update", text="x"), call("echo", text="y"), call("finish", answer="1")]})
     [url] = llm.pool.servers
     llm.pool.servers[url] = replace(llm.pool.servers[url], weight_version="v1")
 
@@ -127,8 +141,7 @@ def test_max_staleness_marks_or_stops(make_llm, make_ctx, on_stale) -> None:
         llm.pool.servers[url] = replace(llm.pool.servers[url], weight_version="v2")
         return "updated"
 
-    tools = [Tool("update", "Stands in for a trainer's weight update.", {"type": "object"},
-                  weight_update), *TOOLS]
+    tools = [Tool("update", "Stands in for a trainer's weight update.", {"type": "object"}, weight_update), *TOOLS]
     ctx = make_ctx(llm=llm, limits={"max_staleness": 0, "on_stale": on_stale})
     result = run_agent_loop(ctx, system_prompt="s", user_prompt="u", tools=tools)
     versions = [t["weight_version"] for t in ctx.turns_recorded]

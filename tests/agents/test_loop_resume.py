@@ -4,6 +4,7 @@ The loop runs a scripted episode on the LLM simulator; a second loop (a new sess
 worker would open) gets the first turns as `ctx.resume_turns` and must produce the same token
 arrays, messages and counters while asking the simulator only for the turns not logged.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,10 +17,24 @@ from agents.tools import finish_tool
 from core.errors import ResumeError
 from tests.agents.test_loop import call, echo_tool
 
-REPLIES = ["First I echo. " + call("echo", text="a"), "no tool call here",
-           call("nope", text="b"), call("echo", text="c"), call("finish", answer="42")]
-ARRAYS = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "policy_versions",
-          "messages", "token_exact", "outcome", "finish_reason")
+REPLIES = [
+    "First I echo. " + call("echo", text="a"),
+    "no tool call here",
+    call("nope", text="b"),
+    call("echo", text="c"),
+    call("finish", answer="42"),
+]
+ARRAYS = (
+    "prompt_ids",
+    "response_ids",
+    "response_logprobs",
+    "loss_mask",
+    "policy_versions",
+    "messages",
+    "token_exact",
+    "outcome",
+    "finish_reason",
+)
 
 
 def _episode(make_llm, make_ctx, resume_turns: list[dict[str, Any]] | None = None):
@@ -34,8 +49,13 @@ def _episode(make_llm, make_ctx, resume_turns: list[dict[str, Any]] | None = Non
         return original(ctx_, arguments)
 
     original, tool.run = tool.run, counting
-    result = run_agent_loop(ctx, system_prompt="You are a test agent.", user_prompt="Do it.",
-                            tools=[tool, finish_tool()], max_invalid_turns=5)
+    result = run_agent_loop(
+        ctx,
+        system_prompt="You are a test agent.",
+        user_prompt="Do it.",
+        tools=[tool, finish_tool()],
+        max_invalid_turns=5,
+    )
     url = llm.pool.candidate_urls()[0]
     return ctx, result, seen, url
 
@@ -52,7 +72,7 @@ def test_resumed_loop_equals_uninterrupted(make_llm, make_ctx, logged: int) -> N
     for name in ARRAYS:
         assert getattr(resumed, name) == getattr(full, name), name
     assert _generations(url) == 5 - logged  # logged turns are never generated again
-    assert seen == [t for t in full_seen][len(full_seen) - len(seen):]  # nor executed again
+    assert seen == [t for t in full_seen][len(full_seen) - len(seen) :]  # nor executed again
     assert [t["index"] for t in ctx.turns_recorded] == list(range(logged, 5))
     assert ctx.state == full_ctx.state
     expected = {k: v for k, v in full.metrics.items() if not k.endswith("_seconds")}

@@ -5,6 +5,7 @@ The sandbox's Python comes from a named environment built the way production bui
 --package numpy`; the shared `built_env` fixture, a no-op once built on a machine). The LLM
 simulator (a scripted fake of vLLM) plays the policy over real HTTP via `make_llm`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,12 @@ from agents.registry import get_handler
 from core.errors import InvalidRequest
 
 REPO = Path(__file__).resolve().parents[2]
-PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl")
-                                                .read_text().splitlines())}
+PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl").read_text().splitlines())}
 INTEGRAL = PROBLEMS["math-008"]  # \int_0^1 x e^x dx = 1
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.fixture
@@ -40,15 +40,21 @@ def sandbox(make_sandbox, built_env) -> Any:
 def rollout(make_llm, make_ctx, sandbox):
     """Run INIT, RUN and EVAL of one math rollout as the pipeline sequences them."""
 
-    def run_one(script: dict, instance: dict, *, limits: dict | None = None,
-                **config: Any) -> tuple[Trajectory, Any, list]:
+    def run_one(
+        script: dict, instance: dict, *, limits: dict | None = None, **config: Any
+    ) -> tuple[Trajectory, Any, list]:
         handler = get_handler("math")
         handler.validate_instance(instance)
         cfg = handler.Config.model_validate(config)
         limits = {"max_turns": 6, **(limits or {})}
         handler.init(make_ctx(stage="init", instance=instance, agent_config=cfg, sandbox=sandbox))
-        run_ctx = make_ctx(instance=instance, agent_config=cfg, limits=limits, sandbox=sandbox,
-                           llm=make_llm(script, sampling={"max_tokens": 256}))
+        run_ctx = make_ctx(
+            instance=instance,
+            agent_config=cfg,
+            limits=limits,
+            sandbox=sandbox,
+            llm=make_llm(script, sampling={"max_tokens": 256}),
+        )
         run = handler.run(run_ctx)
         eval_ctx = make_ctx(stage="eval", instance=instance, agent_config=cfg, run_result=run)
         return run, handler.evaluate(eval_ctx), run_ctx.turns_recorded
@@ -95,8 +101,13 @@ def test_wrong_answer_is_reward_zero(rollout) -> None:
 
 
 def test_hung_code_hits_the_tool_timeout_and_the_session_goes_on(rollout) -> None:
-    script = {"default": [call("python", code="while True:\n    pass"),
-                          call("python", code="print(6*7)"), call("finish", answer="1")]}
+    script = {
+        "default": [
+            call("python", code="while True:\n    pass"),
+            call("python", code="print(6*7)"),
+            call("finish", answer="1"),
+        ]
+    }
     started = time.monotonic()
     run, result, turns = rollout(script, INTEGRAL, limits={"tool_timeout": 2})
     assert "timed out" in turns[0]["observation"]
@@ -105,8 +116,13 @@ def test_hung_code_hits_the_tool_timeout_and_the_session_goes_on(rollout) -> Non
 
 
 def test_malformed_calls_end_as_agent_error(rollout) -> None:
-    script = {"default": ['<tool_call>{"name": "python"</tool_call>',
-                          call("python", source="1"), call("calculator", expr="1")]}
+    script = {
+        "default": [
+            '<tool_call>{"name": "python"</tool_call>',
+            call("python", source="1"),
+            call("calculator", expr="1"),
+        ]
+    }
     run, result, turns = rollout(script, INTEGRAL)
     assert (run.outcome, run.finish_reason, len(turns)) == ("agent_error", "no_valid_action", 3)
     assert "unknown tool" in turns[2]["observation"]
@@ -114,19 +130,21 @@ def test_malformed_calls_end_as_agent_error(rollout) -> None:
 
 
 def test_boxed_answers_can_be_turned_off(rollout) -> None:
-    run, result, _ = rollout({"default": ["\\boxed{1}"]}, INTEGRAL, accept_boxed=False,
-                             limits={"max_turns": 2})
+    run, result, _ = rollout({"default": ["\\boxed{1}"]}, INTEGRAL, accept_boxed=False, limits={"max_turns": 2})
     assert run.finish_reason == "max_turns" and result.reward == 0.0
 
 
-@pytest.mark.parametrize("instance, field", [
-    ({"answer": "1"}, "instance.problem"),
-    ({"problem": "", "answer": "1"}, "instance.problem"),
-    ({"problem": "p"}, "instance.answer"),
-    ({"problem": "p", "answer": True}, "instance.answer"),
-    ({"problem": "p", "answer": "  "}, "instance.answer"),
-    ({"problem": "p", "answer": "1" * 2000}, "instance.answer"),
-])
+@pytest.mark.parametrize(
+    "instance, field",
+    [
+        ({"answer": "1"}, "instance.problem"),
+        ({"problem": "", "answer": "1"}, "instance.problem"),
+        ({"problem": "p"}, "instance.answer"),
+        ({"problem": "p", "answer": True}, "instance.answer"),
+        ({"problem": "p", "answer": "  "}, "instance.answer"),
+        ({"problem": "p", "answer": "1" * 2000}, "instance.answer"),
+    ],
+)
 def test_validate_instance_names_the_field(instance: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as err:
         get_handler("math").validate_instance(instance)
@@ -143,11 +161,18 @@ def test_every_shipped_problem_is_a_valid_instance() -> None:
             handler.validate_instance({k: v for k, v in problem.items() if k != "answer"})
 
 
-@pytest.mark.parametrize("config", [
-    {"tools": ["str_replace_editor"]}, {"user_template": "no slot"}, {"user_prompt": "no slot"},
-    {"max_turns": 0},
-    {"grading_timeout_s": 0}, {"temperature": 1.0}, {"python_env": "/root/.pyenv"},
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"tools": ["str_replace_editor"]},
+        {"user_template": "no slot"},
+        {"user_prompt": "no slot"},
+        {"max_turns": 0},
+        {"grading_timeout_s": 0},
+        {"temperature": 1.0},
+        {"python_env": "/root/.pyenv"},
+    ],
+)
 def test_bad_config_is_rejected(config: dict) -> None:
     with pytest.raises(ValidationError):
         get_handler("math").Config.model_validate(config)
@@ -157,8 +182,12 @@ def test_sandbox_overrides_choose_the_math_env_unless_the_job_did(make_ctx) -> N
     handler = get_handler("math")
     ctx = make_ctx(stage="init", instance=INTEGRAL, agent_config=handler.Config())
     assert handler.sandbox_overrides(ctx) == {"python_env": "math"}
-    ctx = make_ctx(stage="init", instance=INTEGRAL, agent_config=handler.Config(),
-                   job_config=JobConfig(sandbox={"python_env": "/opt/envs/custom"}))
+    ctx = make_ctx(
+        stage="init",
+        instance=INTEGRAL,
+        agent_config=handler.Config(),
+        job_config=JobConfig(sandbox={"python_env": "/opt/envs/custom"}),
+    )
     assert handler.sandbox_overrides(ctx) == {}
     no_env = handler.Config(python_env=None)
     assert handler.sandbox_overrides(make_ctx(stage="init", agent_config=no_env)) == {}

@@ -5,6 +5,7 @@ the node's `<RAAS home>/envs` (here a link to the shared test build of sympy + n
 simulator (a fake vLLM, named as such) is scripted per problem to succeed or to fail.
 The run against SmolLM2 on a real vLLM is `tests/agents/test_vllm_smoke.py` (marked `vllm`).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,11 @@ pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
-PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl")
-                                                .read_text().splitlines())}
+PROBLEMS = {p["instance_id"]: p for p in map(json.loads, (REPO / "examples" / "math.jsonl").read_text().splitlines())}
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def instance(instance_id: str) -> dict:
@@ -35,12 +35,14 @@ def instance(instance_id: str) -> dict:
 
 
 CODE = "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.integrate(x*sp.exp(x), (x, 0, 1)))"
-SCRIPT = {"by_instance": {
-    PROBLEMS["math-008"]["problem"]: [call("python", code=CODE), call("finish", answer="1")],
-    PROBLEMS["math-009"]["problem"]: [call("finish", answer="3")],
-    PROBLEMS["math-022"]["problem"]: ["The sum is 3/(1 - 1/3) = \\boxed{\\frac{9}{2}}"],
-    PROBLEMS["math-001"]["problem"]: [{"text": call("python", code="print(1)"), "latency": 0.5}],
-}}
+SCRIPT = {
+    "by_instance": {
+        PROBLEMS["math-008"]["problem"]: [call("python", code=CODE), call("finish", answer="1")],
+        PROBLEMS["math-009"]["problem"]: [call("finish", answer="3")],
+        PROBLEMS["math-022"]["problem"]: ["The sum is 3/(1 - 1/3) = \\boxed{\\frac{9}{2}}"],
+        PROBLEMS["math-001"]["problem"]: [{"text": call("python", code="print(1)"), "latency": 0.5}],
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +66,19 @@ def llm():
 
 def test_math_jobs_run_to_rewards_in_sandboxes(service, llm) -> None:
     ids = ["math-008", "math-009", "math-022"]
-    accepted = service.client.submit("math", [instance(i) for i in ids], limits={"max_turns": 4},
-                                     llm=llm)
+    accepted = service.client.submit("math", [instance(i) for i in ids], limits={"max_turns": 4}, llm=llm)
     job = service.wait_done(accepted["job_id"], timeout=120)
     assert job["counts"] == {"done": 3}, service.log_tail()
     assert job["outcomes"] == {"completed": 3}
     by_id = {r["instance_id"]: r for r in service.all_results(accepted["job_id"])}
-    assert {i: by_id[i]["reward"] for i in ids} == {"math-008": 1.0, "math-009": 0.0,
-                                                    "math-022": 1.0}
+    assert {i: by_id[i]["reward"] for i in ids} == {"math-008": 1.0, "math-009": 0.0, "math-022": 1.0}
     detail = service.client.rollout(by_id["math-008"]["rollout_id"])
     assert detail["turns"][0]["observation"].strip() == "1"  # sympy ran in the sandbox
     assert detail["metrics"]["graded_by"] == "exact"  # the reference is the integer 1
 
 
 def test_cancel_mid_run(service, llm) -> None:
-    accepted = service.client.submit("math", [instance("math-001")], llm=llm,
-                                     limits={"max_turns": 200})
+    accepted = service.client.submit("math", [instance("math-001")], llm=llm, limits={"max_turns": 200})
     rollout_id = accepted["rollout_ids"][0]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(service.client.rollout(rollout_id)["turns"]) < 2:
@@ -89,4 +88,3 @@ def test_cancel_mid_run(service, llm) -> None:
     detail = service.client.rollout(rollout_id)
     assert detail["outcome"] == "cancelled" and job["outcomes"] == {"cancelled": 1}
     assert 2 <= len(detail["turns"]) < 200
-

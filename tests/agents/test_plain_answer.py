@@ -1,4 +1,5 @@
 """The `plain_answer` handler's parts and the arithmetic set (no service: fast)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,18 +16,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _build_module():
-    spec = importlib.util.spec_from_file_location("build_arith",
-                                                  REPO / "examples/arith/build_arith.py")
+    spec = importlib.util.spec_from_file_location("build_arith", REPO / "examples/arith/build_arith.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("text, number", [
-    ("3 + 5 = 8", "8"), ("The answer is 12.", "12"), ("It is 1,024", "1024"),
-    ("7-2", "2"), ("is -3.", "-3"), ("3/4 of it", "3/4"), ("2.50.", "2.50"), ("none", None),
-    ("1,2,3", "3"),
-])
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("3 + 5 = 8", "8"),
+        ("The answer is 12.", "12"),
+        ("It is 1,024", "1024"),
+        ("7-2", "2"),
+        ("is -3.", "-3"),
+        ("3/4 of it", "3/4"),
+        ("2.50.", "2.50"),
+        ("none", None),
+        ("1,2,3", "3"),
+    ],
+)
 def test_last_number(text: str, number: str | None) -> None:
     assert last_number(text) == number
 
@@ -35,9 +44,11 @@ def test_handler_needs_no_sandbox_and_validates_instances() -> None:
     handler = get_handler("plain_answer")
     assert handler.sandbox_needed(PlainAnswerConfig()) is False
     handler.validate_instance({"question": "What is 2 + 2?", "answer": 4})
-    for bad, field in [({"answer": "4"}, "instance.question"),
-                       ({"question": "q", "answer": "four"}, "instance.answer"),
-                       ({"question": "q", "answer": True}, "instance.answer")]:
+    for bad, field in [
+        ({"answer": "4"}, "instance.question"),
+        ({"question": "q", "answer": "four"}, "instance.answer"),
+        ({"question": "q", "answer": True}, "instance.answer"),
+    ]:
         with pytest.raises(InvalidRequest) as err:
             handler.validate_instance(bad)
         assert err.value.details["field"] == field
@@ -57,8 +68,8 @@ def test_arith_split_is_seeded_disjoint_and_matches_the_files() -> None:
     assert not {r["instance_id"] for r in train} & {r["instance_id"] for r in heldout}
     assert build.split(rows, 40, seed=1) != (train, heldout)
     for name, split in (("train", train), ("heldout", heldout)):
-        shipped = [json.loads(line) for line in
-                   (REPO / f"examples/arith/{name}.jsonl").read_text().splitlines()]
+        shipped = [json.loads(line) for line in (REPO / f"examples/arith/{name}.jsonl").read_text().splitlines()]
         assert shipped == split
-    assert {"question": "What is 7 * 8?", "answer": "56"}.items() <= \
-        next(r for r in rows if r["instance_id"] == "arith-mul-7-8").items()
+    assert {"question": "What is 7 * 8?", "answer": "56"}.items() <= next(
+        r for r in rows if r["instance_id"] == "arith-mul-7-8"
+    ).items()

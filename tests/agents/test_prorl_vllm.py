@@ -8,6 +8,7 @@ What a small model answers is whatever it is; what must hold is ProRL's shape: e
 has token_ids that concatenate to prompt + response, each turn obeys max_output_tokens, and a
 cancel returns at once instead of waiting for the model to finish its turn.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,16 +41,22 @@ def http(tmp_path_factory):
 
 
 def process(http: httpx.Client, sampling: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    response = http.post("/process", json={"instance": {**SOLVED, "trajectory_id": 5},
-                                           "sampling_params": sampling,
-                                           "agent_config": NO_ENV, **extra})
+    response = http.post(
+        "/process",
+        json={"instance": {**SOLVED, "trajectory_id": 5}, "sampling_params": sampling, "agent_config": NO_ENV, **extra},
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def test_prorl_shape_against_a_real_model(http) -> None:
-    sampling = {**NEMO_RL_SAMPLING, "max_iterations": 3, "max_output_tokens": 48,
-                "max_input_tokens": 1536, "max_model_len": 2048}
+    sampling = {
+        **NEMO_RL_SAMPLING,
+        "max_iterations": 3,
+        "max_output_tokens": 48,
+        "max_input_tokens": 1536,
+        "max_model_len": 2048,
+    }
     result = process(http, sampling)
     assert result["trajectory_id"] == 5 and result["critical_error"] is None, result["error"]
     check_token_shape(result)
@@ -58,8 +65,11 @@ def test_prorl_shape_against_a_real_model(http) -> None:
 
 def test_cancel_returns_without_waiting_for_the_turn(http) -> None:
     answer: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: answer.update(result=process(
-        http, {"max_output_tokens": 1500, "max_model_len": 2048}, job_id="vllm-cancel")))
+    thread = threading.Thread(
+        target=lambda: answer.update(
+            result=process(http, {"max_output_tokens": 1500, "max_model_len": 2048}, job_id="vllm-cancel")
+        )
+    )
     thread.start()
     started = time.monotonic()
     while running_requests() == 0 and time.monotonic() - started < 120:

@@ -9,6 +9,7 @@ same script, no turn index repeats, and only the turn in flight was generated ag
 that raises a retryable error resumes the same way, without waiting for the reaper, and an
 EVAL that does is graded again without running the rollout again.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,19 +31,35 @@ pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 PROBLEM = "Compute 20 + 1, then double it."
-ARRAYS = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "policy_versions",
-          "messages", "token_exact", "outcome", "finish_reason", "reward")
+ARRAYS = (
+    "prompt_ids",
+    "response_ids",
+    "response_logprobs",
+    "loss_mask",
+    "policy_versions",
+    "messages",
+    "token_exact",
+    "outcome",
+    "finish_reason",
+    "reward",
+)
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 # Turn 2 takes 4 s to "generate": the worker is killed in the middle of it.
-SCRIPT = {"by_instance": {PROBLEM: [
-    call("python", code="x = 20"), call("python", code="x += 1"),
-    {"text": call("python", code="print(x * 2)"), "latency": 4},
-    call("finish", answer="42")]}}
+SCRIPT = {
+    "by_instance": {
+        PROBLEM: [
+            call("python", code="x = 20"),
+            call("python", code="x += 1"),
+            {"text": call("python", code="print(x * 2)"), "latency": 4},
+            call("finish", answer="42"),
+        ]
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +85,19 @@ def _started(llm: dict) -> int:
 
 def _submit(service, llm, agent: str = "math") -> tuple[str, str]:
     accepted = service.client.submit(
-        agent, [{"instance_id": "p", "data": {"problem": PROBLEM, "answer": "42"}}],
-        limits={"max_turns": 6}, llm=llm)
+        agent, [{"instance_id": "p", "data": {"problem": PROBLEM, "answer": "42"}}], limits={"max_turns": 6}, llm=llm
+    )
     return accepted["job_id"], accepted["rollout_ids"][0]
 
 
 def _turns(service, rollout_id: str) -> list[tuple[int, int]]:
     with session_scope(service.settings.db_url) as s:
-        return [tuple(r) for r in s.execute(sa.select(Turn.attempt, Turn.index).where(
-            Turn.rollout_id == rollout_id).order_by(Turn.id))]
+        return [
+            tuple(r)
+            for r in s.execute(
+                sa.select(Turn.attempt, Turn.index).where(Turn.rollout_id == rollout_id).order_by(Turn.id)
+            )
+        ]
 
 
 def test_killed_run_worker_resumes_in_the_same_sandbox(service, llm) -> None:

@@ -3,6 +3,7 @@
 Runs the real math-verify (and the sympy fallback) on the shipped problems, so a reference
 answer that the verifier cannot read is caught here rather than as a silent reward 0 in RL.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,33 +42,55 @@ def test_wrong_answer_grades_zero(problem: dict) -> None:
     assert grade_math_answer(f"2({ref})", ref).reward == 0.0  # no reference is 0
 
 
-@pytest.mark.parametrize("predicted, reference", [
-    ("1/2", "\\frac{1}{2}"), ("0.5", "\\frac{1}{2}"), ("\\frac{1}{2}", "\\frac{1}{2}"),
-    ("\\dfrac{1}{2}", "0.5"), ("$\\frac12$", "1/2"), ("50\\%", "\\frac{1}{2}"),
-    ("sqrt(6)/4", "\\frac{\\sqrt{6}}{4}"),
-    ("\\frac{\\sqrt{3}}{2\\sqrt{2}}", "\\frac{\\sqrt{6}}{4}"),
-    ("25*pi", "25\\pi"), ("78.5398163", "25\\pi"),
-    ("3*x**2 + 2", "3x^2 + 2"), ("2 + 3x^2", "3x^2 + 2"),
-    ("5+I", "5 + i"), ("i + 5", "5 + i"), ("129/10", "12.9"), ("1,000", "1000"), ("10^3", "1000"),
-    ("x = 12", "12"),
-])
+@pytest.mark.parametrize(
+    "predicted, reference",
+    [
+        ("1/2", "\\frac{1}{2}"),
+        ("0.5", "\\frac{1}{2}"),
+        ("\\frac{1}{2}", "\\frac{1}{2}"),
+        ("\\dfrac{1}{2}", "0.5"),
+        ("$\\frac12$", "1/2"),
+        ("50\\%", "\\frac{1}{2}"),
+        ("sqrt(6)/4", "\\frac{\\sqrt{6}}{4}"),
+        ("\\frac{\\sqrt{3}}{2\\sqrt{2}}", "\\frac{\\sqrt{6}}{4}"),
+        ("25*pi", "25\\pi"),
+        ("78.5398163", "25\\pi"),
+        ("3*x**2 + 2", "3x^2 + 2"),
+        ("2 + 3x^2", "3x^2 + 2"),
+        ("5+I", "5 + i"),
+        ("i + 5", "5 + i"),
+        ("129/10", "12.9"),
+        ("1,000", "1000"),
+        ("10^3", "1000"),
+        ("x = 12", "12"),
+    ],
+)
 def test_equivalent_forms_grade_one(predicted: str, reference: str) -> None:
     assert grade_math_answer(predicted, reference).reward == 1.0
 
 
-@pytest.mark.parametrize("predicted, reference", [
-    ("0.33", "\\frac{1}{3}"), ("0.333333333", "\\frac{1}{3}"), ("78.54", "25\\pi"),
-    ("1/2", "\\frac{1}{3}"), ("5 - i", "5 + i"),
-    ("8y", "8x"), ("x - 3", "x + 3"), ("one half", "\\frac{1}{2}"), ("", "1"), ("   ", "1"),
-])
+@pytest.mark.parametrize(
+    "predicted, reference",
+    [
+        ("0.33", "\\frac{1}{3}"),
+        ("0.333333333", "\\frac{1}{3}"),
+        ("78.54", "25\\pi"),
+        ("1/2", "\\frac{1}{3}"),
+        ("5 - i", "5 + i"),
+        ("8y", "8x"),
+        ("x - 3", "x + 3"),
+        ("one half", "\\frac{1}{2}"),
+        ("", "1"),
+        ("   ", "1"),
+    ],
+)
 def test_near_misses_grade_zero(predicted: str, reference: str) -> None:
     assert grade_math_answer(predicted, reference).reward == 0.0
 
 
 def test_hostile_answers_are_not_evaluated(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    for text in (f"__import__('os').system('touch {marker}')", "9**9**9**9", "2**(10**100)",
-                 "exec('1')", "lambda: 1"):
+    for text in (f"__import__('os').system('touch {marker}')", "9**9**9**9", "2**(10**100)", "exec('1')", "lambda: 1"):
         assert grade_math_answer(text, "42").reward == 0.0
     assert not marker.exists()
 
@@ -106,19 +129,22 @@ def test_grading_off_the_main_thread_uses_a_child_process() -> None:
     assert results[0].method == "sympy"
 
 
-@pytest.mark.parametrize("predicted, reference, reward", [
-    ("1000001", "1000000", 0.0),  # integer references are exact: no relative tolerance
-    ("123456900", "123456789", 0.0),
-    ("0.3333333", "1/3", 0.0),  # a rational reference needs the rational, not a rounding
-    ("0.3333333", "\\frac{1}{3}", 0.0),
-    ("1000000.0", "1000000", 1.0),  # the same number written as a decimal is exact
-    ("10^6", "1000000", 1.0),
-    ("\\frac{2}{6}", "\\frac{1}{3}", 1.0),
-    ("0.5", "\\frac12", 1.0),
-    ("2", "2.0", 1.0),
-    ("3.141590001", "3.14159", 1.0),  # non-integer decimal reference: relative 1e-6
-    ("3.1416", "3.14159", 0.0),
-])
+@pytest.mark.parametrize(
+    "predicted, reference, reward",
+    [
+        ("1000001", "1000000", 0.0),  # integer references are exact: no relative tolerance
+        ("123456900", "123456789", 0.0),
+        ("0.3333333", "1/3", 0.0),  # a rational reference needs the rational, not a rounding
+        ("0.3333333", "\\frac{1}{3}", 0.0),
+        ("1000000.0", "1000000", 1.0),  # the same number written as a decimal is exact
+        ("10^6", "1000000", 1.0),
+        ("\\frac{2}{6}", "\\frac{1}{3}", 1.0),
+        ("0.5", "\\frac12", 1.0),
+        ("2", "2.0", 1.0),
+        ("3.141590001", "3.14159", 1.0),  # non-integer decimal reference: relative 1e-6
+        ("3.1416", "3.14159", 0.0),
+    ],
+)
 def test_exact_where_exact_is_meant(predicted: str, reference: str, reward: float) -> None:
     assert grade_math_answer(predicted, reference).reward == reward
 

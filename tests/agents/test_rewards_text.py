@@ -1,4 +1,5 @@
 """Exact match and token F1 for short answers (the search handler's reward)."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,13 +7,16 @@ import pytest
 from agents.handlers.search.text_match import exact_match, grade_text_answer, normalize_answer, token_f1
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The JSON module.", "json module"),
-    ("  os.path.join() ", "os.path.join"),
-    ("an __init__ method", "__init__ method"),
-    ("a, b; and c!", "b and c"),
-    ("collections.OrderedDict", "collections.ordereddict"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The JSON module.", "json module"),
+        ("  os.path.join() ", "os.path.join"),
+        ("an __init__ method", "__init__ method"),
+        ("a, b; and c!", "b and c"),
+        ("collections.OrderedDict", "collections.ordereddict"),
+    ],
+)
 def test_normalize(text: str, expected: str) -> None:
     assert normalize_answer(text) == expected
 

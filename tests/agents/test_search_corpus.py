@@ -5,6 +5,7 @@ reward's own normalization), and a sensible query (the `query` field, what a sea
 type) ranks that passage among the results the agent's `search` tool returns by default (the
 handler's `top_k`), from the same BM25 index.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,7 @@ from agents.handlers.search.text_match import grade_text_answer, normalize_answe
 
 SEARCH_DIR = Path(__file__).resolve().parents[2] / "examples" / "search"
 CORPUS = SEARCH_DIR / "corpus.jsonl"
-QUESTIONS = [json.loads(line) for line in (SEARCH_DIR / "questions.jsonl").read_text().splitlines()
-             if line.strip()]
+QUESTIONS = [json.loads(line) for line in (SEARCH_DIR / "questions.jsonl").read_text().splitlines() if line.strip()]
 IDS = [q["instance_id"] for q in QUESTIONS]
 TOP_K = get_handler("search").Config().top_k  # what one search shows the agent
 
@@ -83,8 +83,12 @@ def test_bad_corpus_is_a_config_error(tmp_path: Path) -> None:
 def test_corpus_builder_runs(tmp_path: Path) -> None:
     """The committed generator reproduces passages in the committed format (two small modules)."""
     out = tmp_path / "corpus.jsonl"
-    subprocess.run(["/usr/bin/python3", str(SEARCH_DIR / "build_corpus.py"), "--out", str(out),
-                    "--modules", "heapq", "bisect"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["/usr/bin/python3", str(SEARCH_DIR / "build_corpus.py"), "--out", str(out), "--modules", "heapq", "bisect"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["id"] for r in rows} >= {"heapq", "heapq.heappushpop", "bisect.bisect_left"}
     assert all(set(r) == {"id", "title", "kind", "text"} for r in rows)

@@ -4,6 +4,7 @@ No sandbox is involved (the tools are host-side); the simulator (a scripted fake
 plays the policy over real HTTP via the shared `make_llm` fixture, so the tool calls go through
 the same parsing, execution and persistence as with a real model.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,23 +25,26 @@ LRU = QUESTIONS["search-003"]  # lru_cache maxsize -> 128
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.fixture
 def rollout(make_llm, make_ctx):
     """Run INIT, RUN and EVAL of one search rollout as the pipeline sequences them."""
 
-    def run_one(script: dict, instance: dict, *, max_turns: int = 6,
-                **config: Any) -> tuple[Trajectory, Any, list]:
+    def run_one(script: dict, instance: dict, *, max_turns: int = 6, **config: Any) -> tuple[Trajectory, Any, list]:
         handler = get_handler("search")
         handler.validate_instance(instance)
         cfg = handler.Config.model_validate(config)
         state: dict = {}  # the pipeline carries it from stage to stage
         handler.init(make_ctx(stage="init", instance=instance, agent_config=cfg, state=state))
-        run_ctx = make_ctx(instance=instance, agent_config=cfg, state=state,
-                           limits={"max_turns": max_turns},
-                           llm=make_llm(script, sampling={"max_tokens": 256}))
+        run_ctx = make_ctx(
+            instance=instance,
+            agent_config=cfg,
+            state=state,
+            limits={"max_turns": max_turns},
+            llm=make_llm(script, sampling={"max_tokens": 256}),
+        )
         run = handler.run(run_ctx)
         eval_ctx = make_ctx(stage="eval", after=run_ctx, run_result=run)
         return run, handler.evaluate(eval_ctx), run_ctx.turns_recorded
@@ -49,8 +53,7 @@ def rollout(make_llm, make_ctx):
 
 
 def test_scripted_success_is_reward_one(rollout) -> None:
-    script = {"default": [call("search", query="lru_cache maxsize"),
-                          "The docs say 128. " + call("answer", text="128")]}
+    script = {"default": [call("search", query="lru_cache maxsize"), "The docs say 128. " + call("answer", text="128")]}
     run, result, turns = rollout(script, LRU)
     assert (run.outcome, run.finish_reason, run.extra["answer"]) == ("completed", "finish", "128")
     assert result.reward == 1.0
@@ -78,8 +81,13 @@ def test_partial_answer_gets_f1_credit_or_zero_under_exact_match(rollout) -> Non
 
 
 def test_malformed_calls_end_as_agent_error(rollout) -> None:
-    script = {"default": ['<tool_call>{"name": "search", "arguments": {"query": </tool_call>',
-                          call("search", q="wrong argument name"), "I think it is 128."]}
+    script = {
+        "default": [
+            '<tool_call>{"name": "search", "arguments": {"query": </tool_call>',
+            call("search", q="wrong argument name"),
+            "I think it is 128.",
+        ]
+    }
     run, result, turns = rollout(script, LRU)
     assert (run.outcome, run.finish_reason) == ("agent_error", "no_valid_action")
     assert len(turns) == 3 and "malformed" in turns[0]["observation"]
@@ -93,14 +101,17 @@ def test_max_turns_without_answer(rollout) -> None:
     assert result.reward == 0.0
 
 
-@pytest.mark.parametrize("instance, field", [
-    ({"answers": ["x"]}, "instance.question"),
-    ({"question": "  ", "answers": ["x"]}, "instance.question"),
-    ({"question": "q"}, "instance.answer"),
-    ({"question": "q", "answers": []}, "instance.answers"),
-    ({"question": "q", "answers": ["+"]}, "instance.answers"),
-    ({"question": "q", "answers": [3]}, "instance.answers"),
-])
+@pytest.mark.parametrize(
+    "instance, field",
+    [
+        ({"answers": ["x"]}, "instance.question"),
+        ({"question": "  ", "answers": ["x"]}, "instance.question"),
+        ({"question": "q"}, "instance.answer"),
+        ({"question": "q", "answers": []}, "instance.answers"),
+        ({"question": "q", "answers": ["+"]}, "instance.answers"),
+        ({"question": "q", "answers": [3]}, "instance.answers"),
+    ],
+)
 def test_validate_instance_names_the_field(instance: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as err:
         get_handler("search").validate_instance(instance)
@@ -117,11 +128,19 @@ def test_every_shipped_question_is_a_valid_instance() -> None:
             handler.validate_instance({k: v for k, v in question.items() if k != "question"})
 
 
-@pytest.mark.parametrize("config", [
-    {"top_k": 0}, {"reward": "bleu"}, {"corpus_path": "examples/search/nope.jsonl"},
-    {"corpus_path": "/etc/passwd"}, {"corpus_path": "examples/../setup.cfg"},
-    {"user_template": "no slot"}, {"user_prompt": "no slot"}, {"unknown": 1},
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"top_k": 0},
+        {"reward": "bleu"},
+        {"corpus_path": "examples/search/nope.jsonl"},
+        {"corpus_path": "/etc/passwd"},
+        {"corpus_path": "examples/../setup.cfg"},
+        {"user_template": "no slot"},
+        {"user_prompt": "no slot"},
+        {"unknown": 1},
+    ],
+)
 def test_bad_config_is_rejected(config: dict) -> None:
     with pytest.raises(ValidationError):
         get_handler("search").Config.model_validate(config)

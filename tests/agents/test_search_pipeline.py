@@ -4,6 +4,7 @@ The embedded default (SQLite + embedded Redis), real worker processes per stage;
 simulator (a fake vLLM, named as such) is scripted per question to succeed or to fail.
 The run against SmolLM2 on a real vLLM is `tests/agents/test_vllm_smoke.py` (marked `vllm`).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ QUESTIONS = {q["instance_id"]: q for q in map(json.loads, QUESTIONS_FILE.read_te
 
 
 def call(name: str, **arguments: str) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +39,29 @@ def service(tmp_path_factory):
 @pytest.fixture
 def simulator_url():
     good, bad = QUESTIONS["search-003"], QUESTIONS["search-016"]
-    script = {"by_instance": {
-        good["question"]: [call("search", query=good["query"]), call("answer", text="128")],
-        bad["question"]: [call("search", query=bad["query"]), call("answer", text="uuid1")],
-    }}
+    script = {
+        "by_instance": {
+            good["question"]: [call("search", query=good["query"]), call("answer", text="128")],
+            bad["question"]: [call("search", query=bad["query"]), call("answer", text="uuid1")],
+        }
+    }
     url, stop = start_simulator(SMOLLM2, script)
     yield url
     stop()
 
 
 def test_search_jobs_run_to_rewards(service, simulator_url) -> None:
-    instances = [{"instance_id": i, "data": {k: v for k, v in QUESTIONS[i].items()
-                                             if k != "instance_id"}}
-                 for i in ("search-003", "search-016")]
+    instances = [
+        {"instance_id": i, "data": {k: v for k, v in QUESTIONS[i].items() if k != "instance_id"}}
+        for i in ("search-003", "search-016")
+    ]
     accepted = service.client.submit(
-        "search", instances, n_samples=2, limits={"max_turns": 4},
-        llm={"servers": [{"url": simulator_url}], "tokenizer": SMOLLM2, "max_model_len": 4096})
+        "search",
+        instances,
+        n_samples=2,
+        limits={"max_turns": 4},
+        llm={"servers": [{"url": simulator_url}], "tokenizer": SMOLLM2, "max_model_len": 4096},
+    )
     job = service.wait_done(accepted["job_id"], timeout=120)
     failed = [service.client.rollout(r) for r in accepted["rollout_ids"]]
     failed = [(r.get("error"), r.get("outcome")) for r in failed if r["status"] != "done"]
@@ -69,15 +77,20 @@ def test_search_jobs_run_to_rewards(service, simulator_url) -> None:
     assert detail["metrics"]["gold_passage_retrieved"] is True
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"instances": [{"instance_id": "x", "data": {"question": "q"}}]}, "instance.answer"),
-    ({"agent_config": {"reward": "bleu"}}, "agent_config.reward"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"instances": [{"instance_id": "x", "data": {"question": "q"}}]}, "instance.answer"),
+        ({"agent_config": {"reward": "bleu"}}, "agent_config.reward"),
+    ],
+)
 def test_bad_search_jobs_are_rejected_at_submission(service, body, field) -> None:
-    job = {"instances": [{"instance_id": "x", "data": {"question": "q", "answers": ["a"]}}],
-           "llm": {"servers": [{"url": "http://127.0.0.1:9"}], "tokenizer": SMOLLM2}, **body}
+    job = {
+        "instances": [{"instance_id": "x", "data": {"question": "q", "answers": ["a"]}}],
+        "llm": {"servers": [{"url": "http://127.0.0.1:9"}], "tokenizer": SMOLLM2},
+        **body,
+    }
     with pytest.raises(RaasHTTPError) as err:
         service.client.submit("search", job.pop("instances"), **job)
     assert err.value.status == 400
     assert field in json.dumps(err.value.body)
-

@@ -5,6 +5,7 @@ environment: the repo at its base commit gets reward 0 (FAIL_TO_PASS fail, PASS_
 and the reference fix, applied in the sandbox as an agent would, gets reward 1 — graded as the
 pipeline does (RUN's sandbox killed, the artifact graded in a fresh sandbox).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,14 @@ def pytest_env(built_env) -> str:
     return built_env("pytest", ["pytest"])
 
 
-def prepared(make_ctx, make_sandbox, tmp_path: Path, instance: dict[str, Any], env: str,
-             **config: Any):
+def prepared(make_ctx, make_sandbox, tmp_path: Path, instance: dict[str, Any], env: str, **config: Any):
     """INIT through the handler into a fresh workspace, with a sandbox on it (an EVAL ctx)."""
     handler = SWEHandler()
     workspace = tmp_path / f"ws-{instance['instance_id']}"
     workspace.mkdir(parents=True)
-    ctx = make_ctx(stage="init", instance=instance, workspace=str(workspace),
-                   agent_config=SWEConfig(**config))
+    ctx = make_ctx(stage="init", instance=instance, workspace=str(workspace), agent_config=SWEConfig(**config))
     handler.init(ctx)
-    return handler, make_ctx(stage="run", after=ctx,
-                             sandbox=make_sandbox(str(workspace), python_env=env))
+    return handler, make_ctx(stage="run", after=ctx, sandbox=make_sandbox(str(workspace), python_env=env))
 
 
 def agent_applies(ctx, patch: str) -> None:
@@ -54,9 +52,9 @@ def test_instances_file_is_up_to_date_and_well_formed() -> None:
 
 
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["instance_id"] for i in INSTANCES])
-def test_unpatched_repo_fails_and_reference_fix_passes(instance, make_ctx, make_sandbox,
-                                                       grade_artifact, tmp_path,
-                                                       pytest_env) -> None:
+def test_unpatched_repo_fails_and_reference_fix_passes(
+    instance, make_ctx, make_sandbox, grade_artifact, tmp_path, pytest_env
+) -> None:
     handler, ctx = prepared(make_ctx, make_sandbox, tmp_path / "base", instance, pytest_env)
     base = grade_artifact(handler, ctx, {"python_env": pytest_env})
     assert base.reward == 0.0
@@ -70,6 +68,5 @@ def test_unpatched_repo_fails_and_reference_fix_passes(instance, make_ctx, make_
     assert fixed.reward == 1.0, fixed.extra.get("test_output")
     assert fixed.metrics["f2p_passed"] == len(instance["FAIL_TO_PASS"])
     assert set(fixed.extra["test_results"].values()) == {"passed"}
-    changed = [line for line in instance["patch"].splitlines()
-               if line.startswith("+") and not line.startswith("+++")]
+    changed = [line for line in instance["patch"].splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert all(line in fixed.extra["git_patch"] for line in changed)

@@ -3,6 +3,7 @@
 The runner itself is exercised for real in the battery (tests/agents/test_reward_attacks.py:
 an in-process patch of pytest's report factory, plain and with names built at run time).
 """
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,7 @@ from agents.handlers.swe.guard import RUNNER_REFS, runner_refs, split_report
 def test_the_scan_names_added_lines_that_touch_runner_internals() -> None:
     base = {"pkg/core.py": "import os\nimport atexit  # was already here\n"}
     changes = {
-        "pkg/core.py": {"text": "import os\nimport atexit  # was already here\n"
-                                "import _pytest.reports\nx = 1\n"},
+        "pkg/core.py": {"text": "import os\nimport atexit  # was already here\nimport _pytest.reports\nx = 1\n"},
         "pkg/util.py": {"text": "import sys\nsys.modules['pytest'] = None\nos._exit(0)\n"},
         "pkg/hooks.py": {"text": "def pytest_runtest_makereport(item, call):\n    pass\n"},
         "pkg/data.bin": {"base64": "AAAA"},
@@ -33,11 +33,20 @@ def test_the_scan_names_added_lines_that_touch_runner_internals() -> None:
 
 
 def test_the_scan_leaves_ordinary_fixes_alone() -> None:
-    for line in ("merged[-1][1] = max(merged[-1][1], end)", "import unittest", "exit(1)",
-                 "def test_result(self):", "modules = sys.argv"):
+    for line in (
+        "merged[-1][1] = max(merged[-1][1], end)",
+        "import unittest",
+        "exit(1)",
+        "def test_result(self):",
+        "modules = sys.argv",
+    ):
         assert RUNNER_REFS.search(line) is None, line
-    for line in ("import atexit", "from unittest.result import TestResult", "import pluggy",
-                 "@pytest.hookimpl(hookwrapper=True)"):
+    for line in (
+        "import atexit",
+        "from unittest.result import TestResult",
+        "import pluggy",
+        "@pytest.hookimpl(hookwrapper=True)",
+    ):
         assert RUNNER_REFS.search(line), line
 
 
@@ -45,8 +54,11 @@ def test_one_verdict_is_split_from_the_report_and_extra_ones_are_kept() -> None:
     report = '<?xml version="1.0"?><testsuites/>'
     junit, verdicts = split_report(report + '\nRAAS-GRADE-VERDICT {"passed": true}\n')
     assert junit.strip() == report and verdicts == [{"passed": True}]
-    _, forged = split_report('RAAS-GRADE-VERDICT {"passed": true}\n' + report +
-                             '\nRAAS-GRADE-VERDICT {"passed": false}\nRAAS-GRADE-VERDICT {bad')
+    _, forged = split_report(
+        'RAAS-GRADE-VERDICT {"passed": true}\n'
+        + report
+        + '\nRAAS-GRADE-VERDICT {"passed": false}\nRAAS-GRADE-VERDICT {bad'
+    )
     assert len(forged) == 3 and forged[2]["passed"] is False  # the grader wants exactly one
 
 
@@ -71,14 +83,14 @@ def _repo(root: Path, tamper: bool = False) -> list[str]:
     for name in ("test_a.py", "test_b.py"):
         body = "from pkg import VALUE\n\n" + "".join(
             f"def test_{i}():\n    assert VALUE == {2 if name == 'test_b.py' and i == 7 else 1}\n"
-            for i in range(N_PER_FILE))
+            for i in range(N_PER_FILE)
+        )
         (root / "tests" / name).write_text(body)
         ids += [f"tests/{name}::test_{i}" for i in range(N_PER_FILE)]
     return ids
 
 
-def test_a_long_list_runs_one_interpreter_per_file_with_per_test_verdicts(
-        tmp_path, make_sandbox, pytest_env) -> None:
+def test_a_long_list_runs_one_interpreter_per_file_with_per_test_verdicts(tmp_path, make_sandbox, pytest_env) -> None:
     """120 ids in two files grade within a 10 s test timeout (measured here: 0.6 s; one
     interpreter per id took 28 s, so the list timed out and a correct patch earned 0); a
     failing test fails alone, its neighbours in the same interpreter pass."""

@@ -1,4 +1,5 @@
 """SWE instances as SWE-bench/SWE-Gym publish them: repo slugs and per-instance images."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,16 +30,14 @@ def test_a_slug_resolves_only_in_the_mirror(tmp_path) -> None:
 
 def test_instance_images_by_kind(tmp_path) -> None:
     (tmp_path / "a__b-1.sif").write_bytes(b"")
-    (tmp_path / "a__b-2" / "usr").mkdir(parents=True)           # a rootfs
+    (tmp_path / "a__b-2" / "usr").mkdir(parents=True)  # a rootfs
     (tmp_path / "a__b-3").mkdir()
     (tmp_path / "a__b-3" / "pyvenv.cfg").write_text("home = /usr/bin\n")  # a python env
     (tmp_path / "sweb.eval.x86_64.a__b-4").mkdir()
-    assert resolve_instance_image("a__b-1", tmp_path, "singularity") == {
-        "image": str(tmp_path / "a__b-1.sif")}
+    assert resolve_instance_image("a__b-1", tmp_path, "singularity") == {"image": str(tmp_path / "a__b-1.sif")}
     assert resolve_instance_image("a__b-2", tmp_path, "bwrap") == {"image": str(tmp_path / "a__b-2")}
     assert resolve_instance_image("a__b-3", tmp_path) == {"python_env": str(tmp_path / "a__b-3")}
-    assert resolve_instance_image("A__B-4", tmp_path) == {
-        "image": str(tmp_path / "sweb.eval.x86_64.a__b-4")}
+    assert resolve_instance_image("A__B-4", tmp_path) == {"image": str(tmp_path / "sweb.eval.x86_64.a__b-4")}
     with pytest.raises(NotProvisioned) as err:
         resolve_instance_image("a__b-9", tmp_path)
     assert "a__b-9.sif" in str(err.value) and str(tmp_path) in str(err.value)

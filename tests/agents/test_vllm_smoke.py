@@ -10,6 +10,7 @@ covers exactly those spans, every logprob is finite, and the drift audit ran.
     RAAS_VLLM_URL=http://127.0.0.1:8011 .venv/bin/python -m pytest -m vllm \\
         tests/agents/test_vllm_smoke.py
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,7 @@ AGENT_OUTCOMES = {"completed", "agent_error", "timeout"}  # never infra_error or
 SMOKE_SETS = {
     "math": ("examples/math.jsonl", ["math-004", "math-011"]),
     "code": ("examples/code.jsonl", ["code-fizzbuzz", "code-palindrome"]),
-    "swe": ("examples/swe/instances.jsonl", ["raas-examples__intervals-1",
-                                             "raas-examples__slugify-1"]),
+    "swe": ("examples/swe/instances.jsonl", ["raas-examples__intervals-1", "raas-examples__slugify-1"]),
     "search": ("examples/search/questions.jsonl", ["search-003", "search-020"]),
 }
 
@@ -58,8 +58,7 @@ def llm() -> dict[str, Any]:
     """The job's `llm` spec: the real vLLM server, SmolLM2's tokenizer."""
     if not VLLM_URL:
         pytest.fail("RAAS_VLLM_URL is not set: the vllm tier needs a real server")
-    return {"servers": [{"url": VLLM_URL}], "tokenizer": SMOLLM2,
-            "max_model_len": MAX_MODEL_LEN}
+    return {"servers": [{"url": VLLM_URL}], "tokenizer": SMOLLM2, "max_model_len": MAX_MODEL_LEN}
 
 
 def smoke_instances(path: str, ids: list[str]) -> list[dict[str, Any]]:
@@ -90,9 +89,13 @@ def check_token_exact(detail: dict[str, Any]) -> None:
 def test_agent_smoke_on_vllm(service: Service, llm: dict[str, Any], agent: str) -> None:
     path, ids = SMOKE_SETS[agent]
     accepted = service.client.submit(
-        agent, smoke_instances(path, ids), n_samples=2, llm=llm,
+        agent,
+        smoke_instances(path, ids),
+        n_samples=2,
+        llm=llm,
         limits={"max_turns": 3, "max_tokens": 1024, "tool_timeout": 20},
-        sampling={"temperature": 1.0, "max_tokens": 256})
+        sampling={"temperature": 1.0, "max_tokens": 256},
+    )
     job = service.wait_done(accepted["job_id"], timeout=840)
     assert job["counts"] == {"done": len(accepted["rollout_ids"])}, service.log_tail()
     for rollout_id in accepted["rollout_ids"]:

@@ -1,4 +1,5 @@
 """The persistent grading process: imported once, per-call timeout, restart after a crash."""
+
 from __future__ import annotations
 
 import threading

@@ -11,6 +11,7 @@ wrongly on purpose, so a right reward is proof of real work and not a default.
 is terminal (no human step: only the fault's own supervisor-like restarts), and returns a
 `Report`: what was lost, duplicated, leaked or wasted. Tests assert on it; the bench prints it.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,11 +49,17 @@ SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 # outages below (which take ~4 s with the restart itself).
 # A submission that meets a broker outage is published by the reaper after `outbox_grace`
 # (default 30 s: most of a Redis fault's job time); 5 s keeps the suite short.
-RELIABILITY = {"lease_timeout": 6.0, "heartbeat_interval": 0.5, "requeue_after": 3.0,
-               "reaper_interval": 0.5, "max_attempts": 4, "outbox_grace": 5.0,
-               "soft_shutdown_timeout": 2.0,  # a SIGTERMed pool's drain (the node-drain fault)
-               # a lost node's queues are judged after 12 s (a baseline tree has no setting)
-               **({"node_timeout": 12.0} if "node_timeout" in Settings.model_fields else {})}
+RELIABILITY = {
+    "lease_timeout": 6.0,
+    "heartbeat_interval": 0.5,
+    "requeue_after": 3.0,
+    "reaper_interval": 0.5,
+    "max_attempts": 4,
+    "outbox_grace": 5.0,
+    "soft_shutdown_timeout": 2.0,  # a SIGTERMed pool's drain (the node-drain fault)
+    # a lost node's queues are judged after 12 s (a baseline tree has no setting)
+    **({"node_timeout": 12.0} if "node_timeout" in Settings.model_fields else {}),
+}
 CONCURRENCY = {"init": 2, "run": 3, "eval": 1}
 CONSUMER_FAULT_ENV = "CAMPAIGN_TRIGGERS"  # tests/faults/consumer_fault.py
 
@@ -67,7 +74,7 @@ PROBLEMS = _problems()
 
 
 def _call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def answers_right(index: int) -> bool:
@@ -80,8 +87,9 @@ def script() -> dict[str, Any]:
     by_instance = {}
     for k, p in enumerate(PROBLEMS):
         answer = p["answer"] if answers_right(k) else str(int(p["answer"]) + 1)
-        by_instance[p["problem"]] = [_call("python", code=f"print({t} + {k})")
-                                     for t in range(TURNS - 1)] + [_call("finish", answer=answer)]
+        by_instance[p["problem"]] = [_call("python", code=f"print({t} + {k})") for t in range(TURNS - 1)] + [
+            _call("finish", answer=answer)
+        ]
     return {"latency": LATENCY, "by_instance": by_instance}
 
 
@@ -101,30 +109,38 @@ class Report:
     seconds: float = 0.0
     finished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
-    lost: int = 0                # rollouts never terminal
+    lost: int = 0  # rollouts never terminal
     unexpected_outcomes: int = 0  # e.g. infra_error where every rollout should complete
-    duplicated: int = 0          # results beyond one per rollout
-    seq_gaps: list[int] = field(default_factory=list)   # missing places in the result order
-    repeated_turns: int = 0      # rollouts whose trajectory repeats or skips a turn index
-    wrong_rewards: int = 0       # completed with a reward other than the scripted one
-    missing_tokens: int = 0      # completed without prompt/response ids or loss mask
+    duplicated: int = 0  # results beyond one per rollout
+    seq_gaps: list[int] = field(default_factory=list)  # missing places in the result order
+    repeated_turns: int = 0  # rollouts whose trajectory repeats or skips a turn index
+    wrong_rewards: int = 0  # completed with a reward other than the scripted one
+    missing_tokens: int = 0  # completed without prompt/response ids or loss mask
     live_sandboxes_left: int = 0
-    dirs_left: int = 0           # workspaces and sandbox state entries of the job
-    llm_calls: int = 0           # generation requests the job sent (started)
-    regenerated_calls: int = 0   # llm_calls beyond 4 per rollout that ran its loop
-    rerun_rollouts: int = 0      # rollouts whose first turn was generated more than once
-    retried_rollouts: int = 0    # rollouts that ended on an attempt > 1
-    affected: int = 0            # rollouts the fault hit (e.g. in RUN on a killed pool)
+    dirs_left: int = 0  # workspaces and sandbox state entries of the job
+    llm_calls: int = 0  # generation requests the job sent (started)
+    regenerated_calls: int = 0  # llm_calls beyond 4 per rollout that ran its loop
+    rerun_rollouts: int = 0  # rollouts whose first turn was generated more than once
+    retried_rollouts: int = 0  # rollouts that ended on an attempt > 1
+    affected: int = 0  # rollouts the fault hit (e.g. in RUN on a killed pool)
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
-    pools_exited: int = 0        # pools that ended by themselves (dead at the end or restarted)
+    pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
     notes: list[str] = field(default_factory=list)
     affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
     extra_jobs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ditto
 
     def problems(self) -> list[str]:
         """Why the job was not clean: lost, duplicated, leaked or fake work."""
-        names = ("lost", "unexpected_outcomes", "duplicated", "repeated_turns", "wrong_rewards", "missing_tokens",
-                 "live_sandboxes_left", "dirs_left")
+        names = (
+            "lost",
+            "unexpected_outcomes",
+            "duplicated",
+            "repeated_turns",
+            "wrong_rewards",
+            "missing_tokens",
+            "live_sandboxes_left",
+            "dirs_left",
+        )
         out = [f"{n}={getattr(self, n)}" for n in names if getattr(self, n)]
         if self.seq_gaps:
             out.append(f"seq_gaps={self.seq_gaps}")
@@ -150,10 +166,12 @@ class Campaign:
         if envs_math is not None:  # the handler's `math` environment, built once per machine
             (home / "envs").mkdir(parents=True, exist_ok=True)
             (home / "envs" / "math").symlink_to(envs_math)
-        self.sandbox_dirs = {n: Path(tempfile.mkdtemp(prefix=f"raas-sbx-{n}-", dir="/tmp"))
-                             for n in NODES}  # short: socket paths are limited
-        node_extra = {n: {"sandbox_dir": self.sandbox_dirs[n],
-                          "workspace_root": (home / f"ws-{n}").resolve()} for n in NODES}
+        self.sandbox_dirs = {
+            n: Path(tempfile.mkdtemp(prefix=f"raas-sbx-{n}-", dir="/tmp")) for n in NODES
+        }  # short: socket paths are limited
+        node_extra = {
+            n: {"sandbox_dir": self.sandbox_dirs[n], "workspace_root": (home / f"ws-{n}").resolve()} for n in NODES
+        }
         (home / "logs").mkdir(parents=True, exist_ok=True)  # the reapers run in this process
         self._reaper_log = logging.FileHandler(home / "logs" / "reapers.log")
         self._reaper_log.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
@@ -163,12 +181,17 @@ class Campaign:
         self.triggers.mkdir(parents=True, exist_ok=True)
         os.environ[CONSUMER_FAULT_ENV] = str(self.triggers)  # inherited by every pool
         self.svc: Service = start_service(
-            home, db_url=self.pg.create_database("raas"), broker_url=self.redis.url,
-            nodes=NODES, concurrency=CONCURRENCY, reaper="per_node", node_extra=node_extra,
+            home,
+            db_url=self.pg.create_database("raas"),
+            broker_url=self.redis.url,
+            nodes=NODES,
+            concurrency=CONCURRENCY,
+            reaper="per_node",
+            node_extra=node_extra,
             handler_modules="tests.faults.consumer_fault",
-            extra={**RELIABILITY, "sandbox_runtime": "bwrap"})
-        self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2,
-                    "max_model_len": 4096}
+            extra={**RELIABILITY, "sandbox_runtime": "bwrap"},
+        )
+        self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
         self.lost_nodes: set[str] = set()
         self.exits: list[str] = []  # pools that ended by themselves, as the supervisor saw
         self.supervising = True  # False: a pool that exits stays dead (no supervisor)
@@ -195,8 +218,7 @@ class Campaign:
             self.svc.kill_worker(stage, node)
             self.svc.start_worker(stage, node, CONCURRENCY[stage])
 
-    def lose_node(self, node: str, stages: tuple[str, ...] = tuple(CONCURRENCY),
-                  reaper: bool = True) -> None:
+    def lose_node(self, node: str, stages: tuple[str, ...] = tuple(CONCURRENCY), reaper: bool = True) -> None:
         """SIGKILL `stages` pools of `node` (and stop its reaper) for good, until `heal`."""
         with self._lock:
             self.lost_nodes.add(node)
@@ -224,8 +246,7 @@ class Campaign:
         with self._lock:
             self.lost_nodes.add(node)
             self.svc.stop_reaper(node)
-            procs = [self.svc.workers.pop((stage, node)) for stage in CONCURRENCY
-                     if (stage, node) in self.svc.workers]
+            procs = [self.svc.workers.pop((stage, node)) for stage in CONCURRENCY if (stage, node) in self.svc.workers]
         started = time.monotonic()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -239,9 +260,11 @@ class Campaign:
     def dead_pools(self) -> list[str]:
         """Pools of nodes not lost on purpose whose process is gone."""
         with self._lock:
-            return [f"{stage}.{node} exited {proc.returncode}"
-                    for (stage, node), proc in self.svc.workers.items()
-                    if proc.poll() is not None and node not in self.lost_nodes]
+            return [
+                f"{stage}.{node} exited {proc.returncode}"
+                for (stage, node), proc in self.svc.workers.items()
+                if proc.poll() is not None and node not in self.lost_nodes
+            ]
 
     def heal(self) -> None:
         """Every pool and reaper running again (a fault that took a node away ends here)."""
@@ -260,11 +283,11 @@ class Campaign:
         """A job of `n` distinct problems (each its own simulator script)."""
         if offset + n > len(PROBLEMS):
             raise ValueError(f"at most {len(PROBLEMS)} distinct problems")
-        instances = [{"instance_id": p["instance_id"],
-                      "data": {"problem": p["problem"], "answer": p["answer"]}}
-                     for p in PROBLEMS[offset:offset + n]]
-        return self.svc.client.submit("math", instances, llm=self.llm,
-                                      limits={"max_turns": TURNS + 2})
+        instances = [
+            {"instance_id": p["instance_id"], "data": {"problem": p["problem"], "answer": p["answer"]}}
+            for p in PROBLEMS[offset : offset + n]
+        ]
+        return self.svc.client.submit("math", instances, llm=self.llm, limits={"max_turns": TURNS + 2})
 
     # -- one faulted job ------------------------------------------------------------------
     def run(self, fault: Fault, timeout: float | None = None) -> Report:
@@ -321,8 +344,7 @@ class Campaign:
                 continue
             want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
             report.wrong_rewards += r["reward"] != want
-            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids")
-                                          and r.get("loss_mask"))
+            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
             turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
             report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
 
@@ -337,8 +359,7 @@ class Campaign:
                 return out
             cursor = page["cursor"]
 
-    def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int],
-                     report: Report) -> None:
+    def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int], report: Report) -> None:
         after = sim_stats(self.sim_url)
         report.llm_calls = after.get("started", 0) - before.get("started", 0)
         keys = {p["instance_id"]: p["problem"] for p in PROBLEMS}
@@ -346,8 +367,7 @@ class Campaign:
         for j in jobs:
             for row in self.rows(j["job_id"]):
                 key = keys[row.instance_id]
-                answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0)
-                            for t in range(TURNS)]
+                answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0) for t in range(TURNS)]
                 looped += answered[0] > 0
                 report.rerun_rollouts += answered[0] > 1
                 if row.id in report.affected_ids:
@@ -361,8 +381,7 @@ class Campaign:
         warm_paths = self._warm_members()
         dirs = {p for n in NODES for p in _entries(self.home / f"ws-{n}")}
         dirs |= {p for d in self.sandbox_dirs.values() for p in _entries(d)}
-        live = {pid for pid, line in _live_bwraps(str(self.home))
-                if not any(w in line for w in map(str, warm_paths))}
+        live = {pid for pid, line in _live_bwraps(str(self.home)) if not any(w in line for w in map(str, warm_paths))}
         return live, dirs - warm_paths
 
     def _warm_members(self) -> set[Path]:
@@ -374,14 +393,17 @@ class Campaign:
         for folder in self.sandbox_dirs.values():
             for handle in read_handles(Path(folder)):
                 if unclaimed(handle) and not orphaned(handle):
-                    paths |= {Path(handle[k]) for k in ("workspace", "handle_file", "log_file",
-                                                        "signal_file", "socket_dir")
-                              if handle.get(k)}
+                    paths |= {
+                        Path(handle[k])
+                        for k in ("workspace", "handle_file", "log_file", "signal_file", "socket_dir")
+                        if handle.get(k)
+                    }
         return paths
 
     def _count_leaks(self, before: tuple[set[int], set[Path]], report: Report) -> None:
         """What the job left (beyond what was there before it), once the reapers had a few
         passes to clean up; an earlier fault's leak is that fault's, not counted again."""
+
         def new() -> tuple[int, int]:
             live, dirs = self.leftovers()
             return len(live - before[0]), len(dirs - before[1])

@@ -1,5 +1,6 @@
 """One campaign service for the fault suite (starting two nodes' pools costs seconds), and
 each fault's job run once, its report shared by the tests that judge it."""
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ scheduled on the consumer's own loop, the way kombu's AttributeError on an ack d
 restart did (issue 26). Everything around it is real: the worker process, its consumer, the
 broker; what the pool does next (exit, or restart its consumer) is what is measured.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,5 +48,4 @@ def _watch(consumer: Any, folder: Path) -> None:
 def _arm(sender: Any = None, **_: Any) -> None:
     folder = os.environ.get(ENV)
     if folder and sender is not None:
-        threading.Thread(target=_watch, args=(sender, Path(folder)), name="consumer-fault",
-                         daemon=True).start()
+        threading.Thread(target=_watch, args=(sender, Path(folder)), name="consumer-fault", daemon=True).start()

@@ -5,6 +5,7 @@ rollouts mid-RUN with turns stored), injects it, records which rollouts it hit o
 and returns; `after` runs once the job has ended (a lost node returning). Restarting a killed
 pool at once is what a supervisor (systemd, Slurm, `raas up`) does, not a human step.
 """
+
 from __future__ import annotations
 
 import random
@@ -46,12 +47,17 @@ def _node_of(row: Rollout) -> str | None:
 def _leased(c: Campaign, job_id: str, stage: str, min_turns: int = 0) -> list[Rollout]:
     """Rollouts of the job a `stage` worker holds now (with at least `min_turns` stored)."""
     with session_scope(c.db) as s:
-        turns = (sa.select(sa.func.count()).select_from(Turn)
-                 .where(Turn.rollout_id == Rollout.id, Turn.attempt == Rollout.attempt)
-                 .scalar_subquery())
-        rows = s.scalars(sa.select(Rollout).where(
-            Rollout.job_id == job_id, Rollout.status == stage,
-            Rollout.lease_owner.is_not(None), turns >= min_turns)).all()
+        turns = (
+            sa.select(sa.func.count())
+            .select_from(Turn)
+            .where(Turn.rollout_id == Rollout.id, Turn.attempt == Rollout.attempt)
+            .scalar_subquery()
+        )
+        rows = s.scalars(
+            sa.select(Rollout).where(
+                Rollout.job_id == job_id, Rollout.status == stage, Rollout.lease_owner.is_not(None), turns >= min_turns
+            )
+        ).all()
         s.expunge_all()
         return list(rows)
 
@@ -62,8 +68,12 @@ def _unfinished(c: Campaign, job_id: str) -> set[str]:
 
 def _mid_run(c: Campaign, job_id: str) -> list[Rollout]:
     """Wait until some rollouts are mid-RUN with turns stored (where a fault costs most)."""
-    return wait_for(lambda: _leased(c, job_id, "run", min_turns=1), timeout=60,
-                    what="a rollout mid-RUN with a stored turn", interval=0.05)
+    return wait_for(
+        lambda: _leased(c, job_id, "run", min_turns=1),
+        timeout=60,
+        what="a rollout mid-RUN with a stored turn",
+        interval=0.05,
+    )
 
 
 # -- worker kills -------------------------------------------------------------------------
@@ -73,8 +83,12 @@ def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> Non
     # RUN is killed once a rollout has 2 turns stored: a restart from INIT re-generates them,
     # a resume in the same sandbox at most the turn that was in flight.
     for stage, turns in (("init", 0), ("run", 2), ("eval", 0)):
-        rows = wait_for(lambda stage=stage, turns=turns: _leased(c, job["job_id"], stage, turns), timeout=60,
-                        what=f"a rollout held by {stage}", interval=0.05)
+        rows = wait_for(
+            lambda stage=stage, turns=turns: _leased(c, job["job_id"], stage, turns),
+            timeout=60,
+            what=f"a rollout held by {stage}",
+            interval=0.05,
+        )
         node = rng.choice(sorted({_node_of(r) for r in rows}))
         hit = {r.id for r in rows if _node_of(r) == node}
         c.restart_pool(stage, node)
@@ -92,19 +106,20 @@ def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     to `run.n1` until one waits there; then the rest of the node and its reaper die.
     """
     lost = NODES[0]
-    wait_for(lambda: [r for r in _leased(c, job["job_id"], "run", 1) if _node_of(r) == lost],
-             timeout=60, what=f"a rollout mid-RUN on {lost}", interval=0.05)
+    wait_for(
+        lambda: [r for r in _leased(c, job["job_id"], "run", 1) if _node_of(r) == lost],
+        timeout=60,
+        what=f"a rollout mid-RUN on {lost}",
+        interval=0.05,
+    )
     c.lose_node(lost, stages=("run",), reaper=False)
 
     def queued_for_lost_node() -> bool:
-        return any(r.node == lost and r.status == "run" and not r.lease_owner
-                   for r in c.rows(job["job_id"]))
+        return any(r.node == lost and r.status == "run" and not r.lease_owner for r in c.rows(job["job_id"]))
 
-    wait_for(queued_for_lost_node, timeout=60, what=f"a rollout queued for run.{lost}",
-             interval=0.05)
+    wait_for(queued_for_lost_node, timeout=60, what=f"a rollout queued for run.{lost}", interval=0.05)
     c.lose_node(lost)
-    report.affected_ids = {r.id for r in c.rows(job["job_id"])
-                           if r.node == lost and r.finished_at is None}
+    report.affected_ids = {r.id for r in c.rows(job["job_id"]) if r.node == lost and r.finished_at is None}
     report.affected = len(report.affected_ids)
     report.notes.append(f"{lost} lost holding {report.affected} rollouts")
 
@@ -133,8 +148,12 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
     ack through kombu's cleared connection made it fail); nothing restarts a pool that exits."""
     _mid_run(c, job["job_id"])
     try:  # strike with several RUN leases held when the machine lets INIT keep up
-        wait_for(lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= 4, timeout=10,
-                 what="4 rollouts mid-RUN", interval=0.05)
+        wait_for(
+            lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= 4,
+            timeout=10,
+            what="4 rollouts mid-RUN",
+            interval=0.05,
+        )
     except AssertionError:
         pass
     held = len(_leased(c, job["job_id"], "run"))
@@ -144,8 +163,7 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
     restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
     c.fail_consumer_once("eval", NODES[1])
     restart.join(60)
-    report.notes.append(f"Redis restarted with {held} RUN leases held, {report.affected} "
-                        "rollouts unfinished")
+    report.notes.append(f"Redis restarted with {held} RUN leases held, {report.affected} rollouts unfinished")
 
 
 def drain_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
@@ -154,8 +172,7 @@ def drain_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     rollouts that had not finished RUN there then (the most that may restart from INIT)."""
     mid_run = _mid_run(c, job["job_id"])
     drained = sorted({_node_of(r) for r in mid_run})[0]  # a node holding RUNs with turns
-    before_run = {r.id for r in c.rows(job["job_id"])
-                  if r.node == drained and r.status in ("init", "run")}
+    before_run = {r.id for r in c.rows(job["job_id"]) if r.node == drained and r.status in ("init", "run")}
     seconds, codes = c.drain_node(drained)
     report.affected_ids = before_run
     report.affected = len(before_run)
@@ -170,19 +187,23 @@ def _eval_log(c: Campaign) -> str:
 def consumer_failure_seen(c: Campaign, report: Report) -> None:
     """Say in the report how n2's EVAL pool took its forced consumer failure (this job's
     part of its log: the failure's traceback, and what the pool did)."""
-    log = _eval_log(c)[getattr(c, "eval_log_mark", 0):]
-    report.notes.append(f"eval.{NODES[1]} consumer: failed {log.count(', in _crash')}x, "
-                        f"restarted in-process {log.count('restarting it in this process')}x,"
-                        f" unrecoverable {log.count('Unrecoverable error')}x")
+    log = _eval_log(c)[getattr(c, "eval_log_mark", 0) :]
+    report.notes.append(
+        f"eval.{NODES[1]} consumer: failed {log.count(', in _crash')}x, "
+        f"restarted in-process {log.count('restarting it in this process')}x,"
+        f" unrecoverable {log.count('Unrecoverable error')}x"
+    )
 
 
 def postgres_restart(mode: str) -> Strike:
     """PostgreSQL stops with `mode` mid-RUN and is back after 3 s."""
+
     def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
         _mid_run(c, job["job_id"])
         report.affected_ids = _unfinished(c, job["job_id"])
         report.affected = len(report.affected_ids)
         c.pg.restart(mode, OUTAGE_SECONDS)  # type: ignore[arg-type]
+
     return strike
 
 
@@ -195,15 +216,24 @@ def cancel_mid_run(c: Campaign, job: dict[str, Any], report: Report) -> None:
     c.svc.client.cancel(job["job_id"])
 
 
-FAULTS = {f.name: f for f in [
-    Fault("sigkill-every-stage", sigkill_every_stage, rollouts=16),
-    Fault("redis-restart", redis_restart),
-    Fault("redis-restart-aof", redis_restart, aof=True),
-    Fault("postgres-restart-fast", postgres_restart("fast")),
-    Fault("postgres-restart-immediate", postgres_restart("immediate")),
-    Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
-    Fault("node-loss", lose_node, after=node_returns, rollouts=16),
-    Fault("node-drain", drain_node, after=node_returns, rollouts=16),
-    Fault("redis-restart-during-acks", redis_restart_during_acks, rollouts=24,
-          after=consumer_failure_seen, supervised=False, timeout=180),
-]}
+FAULTS = {
+    f.name: f
+    for f in [
+        Fault("sigkill-every-stage", sigkill_every_stage, rollouts=16),
+        Fault("redis-restart", redis_restart),
+        Fault("redis-restart-aof", redis_restart, aof=True),
+        Fault("postgres-restart-fast", postgres_restart("fast")),
+        Fault("postgres-restart-immediate", postgres_restart("immediate")),
+        Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
+        Fault("node-loss", lose_node, after=node_returns, rollouts=16),
+        Fault("node-drain", drain_node, after=node_returns, rollouts=16),
+        Fault(
+            "redis-restart-during-acks",
+            redis_restart_during_acks,
+            rollouts=24,
+            after=consumer_failure_seen,
+            supervised=False,
+            timeout=180,
+        ),
+    ]
+}

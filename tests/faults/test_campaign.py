@@ -5,6 +5,7 @@ and the faults that the issue says must not waste finished work do not.
 Each fault's job runs once (tests/faults/conftest.py); the tests below judge its report. The
 figures (re-generated LLM calls, re-run rollouts) are printed by bench/faults.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -29,8 +30,9 @@ def test_a_killed_run_worker_costs_at_most_one_turn_per_rollout(fault_report):
     assert report.affected_regenerated <= report.affected, report
 
 
-@pytest.mark.parametrize("name", ["redis-restart", "redis-restart-aof",
-                                  "postgres-restart-fast", "postgres-restart-immediate"])
+@pytest.mark.parametrize(
+    "name", ["redis-restart", "redis-restart-aof", "postgres-restart-fast", "postgres-restart-immediate"]
+)
 def test_a_3s_outage_reruns_no_rollout(fault_report, name):
     report = fault_report(name)
     assert report.rerun_rollouts == 0 and report.retried_rollouts == 0, report

@@ -2,6 +2,7 @@
 (the harness's in-process gateway and a `raas gateway` process) on Redis + PostgreSQL: one
 job is made, every answer lists the same rollout ids in the same order, a 17th submission with
 another body is refused naming the difference, and the job runs each rollout exactly once."""
+
 from __future__ import annotations
 
 import threading
@@ -20,8 +21,7 @@ INSTANCES = [{"instance_id": f"p{i}"} for i in (7, 3, 11, 0, 5, 9)]  # not in so
 
 
 def test_concurrent_submits_with_one_key_across_two_gateways(tmp_path, pg_url, redis_prefix):
-    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        concurrency=2)
+    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix, concurrency=2)
     second = GatewayProcess(svc, free_port())
     try:
         second.start()
@@ -31,8 +31,9 @@ def test_concurrent_submits_with_one_key_across_two_gateways(tmp_path, pg_url, r
         def submit(n: int) -> dict[str, Any]:
             with RaasClient(urls[n % 2], retry_total=30) as client:
                 start.wait(30)  # all at once, half on each gateway
-                return client.submit("test-sleepy", INSTANCES, n_samples=2,
-                                     agent_config={"run_s": 0.1}, idempotency_key="epoch-7")
+                return client.submit(
+                    "test-sleepy", INSTANCES, n_samples=2, agent_config={"run_s": 0.1}, idempotency_key="epoch-7"
+                )
 
         with ThreadPoolExecutor(SUBMITTERS) as pool:
             answers = list(pool.map(submit, range(SUBMITTERS)))
@@ -41,14 +42,14 @@ def test_concurrent_submits_with_one_key_across_two_gateways(tmp_path, pg_url, r
         assert sum(a["created"] for a in answers) == 1
         ids = answers[0]["rollout_ids"]
         assert len(ids) == len(INSTANCES) * 2 and all(a["rollout_ids"] == ids for a in answers)
-        order = [(svc.client.rollout(r)["instance_id"], svc.client.rollout(r)["sample_index"])
-                 for r in ids]
+        order = [(svc.client.rollout(r)["instance_id"], svc.client.rollout(r)["sample_index"]) for r in ids]
         assert order == [(i["instance_id"], k) for i in INSTANCES for k in (0, 1)]
         assert len(svc.client.jobs()["jobs"]) == 1
 
         with pytest.raises(RaasHTTPError) as refused:
-            svc.client.submit("test-sleepy", INSTANCES, n_samples=3,
-                              agent_config={"run_s": 0.1}, idempotency_key="epoch-7")
+            svc.client.submit(
+                "test-sleepy", INSTANCES, n_samples=3, agent_config={"run_s": 0.1}, idempotency_key="epoch-7"
+            )
         assert refused.value.status == 409
         assert "n_samples 3 (the job has 2)" in str(refused.value)
 

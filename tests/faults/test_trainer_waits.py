@@ -10,6 +10,7 @@ rewards the EVAL stage computed. The outage is short (a few seconds, with retry 
 match) to keep the test lean; that the default budget is >= 10 minutes is a unit test
 (tests/test_sdk_retry.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,11 @@ class GatewayProcess:
         log = open(self.svc.logs / f"gateway-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "gateway", "--port", str(self.port)],
-            env=self.svc.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            env=self.svc.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         # generous: a Python start-up takes tens of seconds on a loaded 2-core CI machine
         wait_for(self._healthy, timeout=180, what=f"gateway on port {self.port}", interval=0.2)
         return self
@@ -81,8 +86,15 @@ class GatewayProcess:
 
 def raas(*args: str, env: dict[str, str], **kw: Any) -> subprocess.Popen:
     """The `raas` command as a child process (stdout and stderr captured as text)."""
-    return subprocess.Popen([sys.executable, "-m", "app.cli", *args], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def running(proc: subprocess.Popen) -> bool:
@@ -109,26 +121,35 @@ def assert_every_rollout_once(rows: list[dict[str, Any]], ids: list[str], what: 
 
 
 def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
-    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix,
-                        concurrency=2)
+    svc = start_service(tmp_path, db_url=pg_url, broker_url=REDIS_URL, key_prefix=redis_prefix, concurrency=2)
     gateway = GatewayProcess(svc, free_port())
     followers: list[subprocess.Popen] = []
     try:
         gateway.start()
         instances = tmp_path / "instances.jsonl"
-        instances.write_text("".join(json.dumps({"instance_id": f"p{i}"}) + "\n"
-                                     for i in range(INSTANCES)))
+        instances.write_text("".join(json.dumps({"instance_id": f"p{i}"}) + "\n" for i in range(INSTANCES)))
         job_file = tmp_path / "job.json"
         job_file.write_text(json.dumps({"agent_config": SLEEPY}))
         env = {**svc.env, "RAAS_URL": gateway.url}
         f1, f2 = tmp_path / "follow.jsonl", tmp_path / "submit.jsonl"
-        submit = raas("submit", str(instances), "--agent", "test-sleepy", "--n", "2", "--job",
-                      str(job_file), "--out", str(f2), env={**env, "RAAS_RETRY_TOTAL": "1"})
+        submit = raas(
+            "submit",
+            str(instances),
+            "--agent",
+            "test-sleepy",
+            "--n",
+            "2",
+            "--job",
+            str(job_file),
+            "--out",
+            str(f2),
+            env={**env, "RAAS_RETRY_TOTAL": "1"},
+        )
         followers.append(submit)
-        job_id = wait_for(lambda: running(submit) and f2.exists() and svc.client.jobs()["jobs"],
-                          timeout=120, what="the submission")[0]["job_id"]
-        follow = raas("results", job_id, "--follow", "--out", str(f1),
-                      env={**env, "RAAS_RETRY_TOTAL": "60"})
+        job_id = wait_for(
+            lambda: running(submit) and f2.exists() and svc.client.jobs()["jobs"], timeout=120, what="the submission"
+        )[0]["job_id"]
+        follow = raas("results", job_id, "--follow", "--out", str(f1), env={**env, "RAAS_RETRY_TOTAL": "60"})
         followers.append(follow)
 
         streamed: list[dict[str, Any]] = []
@@ -145,9 +166,11 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
         thread = threading.Thread(target=train)
         thread.start()
 
-        wait_for(lambda: running(follow) and len(rows_of(f1)) >= 3 and len(streamed) >= 3,
-                 timeout=120,
-                 what="the first results at both followers")
+        wait_for(
+            lambda: running(follow) and len(rows_of(f1)) >= 3 and len(streamed) >= 3,
+            timeout=120,
+            what="the first results at both followers",
+        )
         follow.send_signal(signal.SIGKILL)  # the follower dies too ...
         follow.wait(10)
         with f1.open("a") as f:

@@ -7,6 +7,7 @@ RUN context (turns land in `recorded(ep)`) and enters a `RolloutEndpoint` on a
 Unix socket. `openai_client(ep)` / `anthropic_client(ep)` are the official SDK clients talking
 real HTTP over that socket.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -25,10 +26,14 @@ from agents.job_config import JobConfig
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SMOLLM2 = str(FIXTURES / "smollm2-tokenizer")
 QWEN_TEMPLATE = (FIXTURES / "qwen-style-template" / "chat_template.jinja").read_text()
-BASH_TOOL = {"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
-                   "required": ["cmd"]}}}
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
 
 
 class TurnLog:
@@ -49,16 +54,29 @@ def run_context(**fields: Any) -> Any:
     return RunContext(settings=load_settings(), **fields)
 
 
-def make_ctx(llm: Any, limits: dict[str, Any] | None = None, timeout: float = 60.0,
-             cancel_check: Callable[[], bool] = lambda: False,
-             record_turn: Callable[..., None] | None = None) -> Any:
+def make_ctx(
+    llm: Any,
+    limits: dict[str, Any] | None = None,
+    timeout: float = 60.0,
+    cancel_check: Callable[[], bool] = lambda: False,
+    record_turn: Callable[..., None] | None = None,
+) -> Any:
     """The RUN context the pipeline would hand the harness handler (turns: `recorded`)."""
     return run_context(
-        rollout_id="rollout-h", job_id="job-h", instance_id="i-1",
-        instance={"instance_id": "i-1"}, sample_index=0, attempt=1,
-        agent_config=HandlerConfig(), job_config=JobConfig(limits=limits or {}),
-        deadline=time.monotonic() + timeout, state={}, llm=llm,
-        record_turn=record_turn or TurnLog(), cancel_check=cancel_check)
+        rollout_id="rollout-h",
+        job_id="job-h",
+        instance_id="i-1",
+        instance={"instance_id": "i-1"},
+        sample_index=0,
+        attempt=1,
+        agent_config=HandlerConfig(),
+        job_config=JobConfig(limits=limits or {}),
+        deadline=time.monotonic() + timeout,
+        state={},
+        llm=llm,
+        record_turn=record_turn or TurnLog(),
+        cancel_check=cancel_check,
+    )
 
 
 def recorded(ep: RolloutEndpoint) -> list[dict[str, Any]]:
@@ -80,14 +98,22 @@ def endpoint() -> Iterator[Callable[..., RolloutEndpoint]]:
 
     cleanups: list[Callable[[], None]] = []
 
-    def make(script: dict[str, Any], max_model_len: int = 4096, template: str | None = "qwen",
-             limits: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
-             server_max: int | None = None, **ctx_kwargs: Any) -> RolloutEndpoint:
+    def make(
+        script: dict[str, Any],
+        max_model_len: int = 4096,
+        template: str | None = "qwen",
+        limits: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
+        server_max: int | None = None,
+        **ctx_kwargs: Any,
+    ) -> RolloutEndpoint:
         url, stop = start_simulator(SMOLLM2, script, max_model_len=server_max)
         cleanups.append(stop)
-        spec: dict[str, Any] = {"servers": [{"url": url, "model": "sim",
-                                             "weight_version": "v7"}],
-                                "tokenizer": SMOLLM2, "max_model_len": max_model_len}
+        spec: dict[str, Any] = {
+            "servers": [{"url": url, "model": "sim", "weight_version": "v7"}],
+            "tokenizer": SMOLLM2,
+            "max_model_len": max_model_len,
+        }
         if template == "qwen":
             spec["chat_template_text"] = QWEN_TEMPLATE
         session = LLMSession.open(spec, sampling or {"max_tokens": 256}, "rollout-h")
@@ -121,24 +147,28 @@ def openai_client(ep: RolloutEndpoint, token: str | None = None, max_retries: in
     """The official OpenAI SDK client, over the endpoint's socket."""
     import openai
 
-    return openai.OpenAI(base_url="http://rollout/v1", api_key=token or ep.token,
-                         http_client=uds_client(ep, _sdk_http(openai)),
-                         max_retries=max_retries)
+    return openai.OpenAI(
+        base_url="http://rollout/v1",
+        api_key=token or ep.token,
+        http_client=uds_client(ep, _sdk_http(openai)),
+        max_retries=max_retries,
+    )
 
 
-def anthropic_client(ep: RolloutEndpoint, token: str | None = None,
-                     max_retries: int = 0) -> Any:
+def anthropic_client(ep: RolloutEndpoint, token: str | None = None, max_retries: int = 0) -> Any:
     """The official Anthropic SDK client, over the endpoint's socket."""
     import anthropic
 
-    return anthropic.Anthropic(base_url="http://rollout", api_key=token or ep.token,
-                               http_client=uds_client(ep, _sdk_http(anthropic)),
-                               max_retries=max_retries)
+    return anthropic.Anthropic(
+        base_url="http://rollout",
+        api_key=token or ep.token,
+        http_client=uds_client(ep, _sdk_http(anthropic)),
+        max_retries=max_retries,
+    )
 
 
 def ids_of(text: str) -> list[int]:
     """SmolLM2's ids of `text` (what the simulator sends for a scripted reply)."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(f"{SMOLLM2}/tokenizer.json").encode(
-        text, add_special_tokens=False).ids
+    return Tokenizer.from_file(f"{SMOLLM2}/tokenizer.json").encode(text, add_special_tokens=False).ids

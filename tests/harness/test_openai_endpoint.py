@@ -1,5 +1,6 @@
 """The endpoint through the official `openai` SDK over real HTTP on its Unix socket, the LLM
 simulator (named fake) as the inference server, the real SmolLM2 tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,7 @@ END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
 CALL_CAT = 'Reading it.<tool_call>\n{"name": "bash", "arguments": {"cmd": "cat a.txt"}}\n</tool_call>'
 SCRIPT = {"by_instance": {"i-1": [CALL_LS, CALL_CAT, "The bug is fixed."]}}
-START = [{"role": "system", "content": "You fix bugs."},
-         {"role": "user", "content": "Task i-1: fix it."}]
+START = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Task i-1: fix it."}]
 
 
 def run_conversation(client, stream: bool) -> list:
@@ -27,8 +27,7 @@ def run_conversation(client, stream: bool) -> list:
         if stream:
             reply = _streamed(client, messages)
         else:
-            response = client.chat.completions.create(model="policy", messages=messages,
-                                                      tools=[BASH_TOOL])
+            response = client.chat.completions.create(model="policy", messages=messages, tools=[BASH_TOOL])
             reply = response.choices[0]
             reply = (reply.message, reply.finish_reason)
         message, finish = reply
@@ -36,8 +35,7 @@ def run_conversation(client, stream: bool) -> list:
         messages.append(message.model_dump(exclude_none=True) if not stream else message)
         for tool_call in message.tool_calls or []:
             args = json.loads(tool_call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": tool_call.id,
-                             "content": f"ran {args['cmd']}"})
+            messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": f"ran {args['cmd']}"})
         if not message.tool_calls:
             break
     return replies
@@ -48,8 +46,7 @@ def _streamed(client, messages):
     from openai.types.chat import ChatCompletionMessage
 
     content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(model="policy", messages=messages,
-                                                tools=[BASH_TOOL], stream=True):
+    for chunk in client.chat.completions.create(model="policy", messages=messages, tools=[BASH_TOOL], stream=True):
         choice = chunk.choices[0]
         content += choice.delta.content or ""
         for tc in choice.delta.tool_calls or []:
@@ -58,11 +55,11 @@ def _streamed(client, messages):
             slot["name"] = (tc.function.name or slot["name"]) if tc.function else slot["name"]
             slot["arguments"] += (tc.function.arguments or "") if tc.function else ""
         finish = choice.finish_reason or finish
-    tool_calls = [{"id": c["id"], "type": "function",
-                   "function": {"name": c["name"], "arguments": c["arguments"]}}
-                  for c in calls.values()] or None
-    message = ChatCompletionMessage(role="assistant", content=content or None,
-                                    tool_calls=tool_calls)
+    tool_calls = [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        for c in calls.values()
+    ] or None
+    message = ChatCompletionMessage(role="assistant", content=content or None, tool_calls=tool_calls)
     return message, finish
 
 
@@ -79,7 +76,10 @@ def test_tool_calls_round_trip_and_merge_into_one_sample(endpoint, stream) -> No
 
     turns = recorded(ep)
     assert [t["generated_ids"] for t in turns] == [
-        ids_of(CALL_LS) + [END], ids_of(CALL_CAT) + [END], ids_of("The bug is fixed.") + [END]]
+        ids_of(CALL_LS) + [END],
+        ids_of(CALL_CAT) + [END],
+        ids_of("The bug is fixed.") + [END],
+    ]
     assert [t["extra"]["merged"] for t in turns] == [False, True, True]
     assert all(t["extra"]["tool_call_parsed"] for t in turns[:2])
     assert turns[0]["weight_version"] == "v7"
@@ -88,8 +88,9 @@ def test_tool_calls_round_trip_and_merge_into_one_sample(endpoint, stream) -> No
     deltas = [t["extra"]["delta_ids"] for t in turns[1:]]
     assert result.prompt_ids == turns[0]["extra"]["prompt_ids"]
     assert result.response_ids == gen[0] + deltas[0] + gen[1] + deltas[1] + gen[2]
-    assert result.loss_mask == ([1] * len(gen[0]) + [0] * len(deltas[0]) + [1] * len(gen[1])
-                                + [0] * len(deltas[1]) + [1] * len(gen[2]))
+    assert result.loss_mask == (
+        [1] * len(gen[0]) + [0] * len(deltas[0]) + [1] * len(gen[1]) + [0] * len(deltas[1]) + [1] * len(gen[2])
+    )
     assert result.response_logprobs[: len(gen[0])] == turns[0]["logprobs"]
     assert "samples" not in result.extra
     assert result.metrics["samples"] == 1 and result.metrics["merges"] == 2
@@ -109,14 +110,12 @@ def test_a_history_rewrite_splits_into_two_samples(endpoint) -> None:
     samples = result.extra["samples"]
     assert len(samples) == 2 and [s["calls"] for s in samples] == [3, 1]
     assert samples[1]["split_reason"] == "history_rewritten"
-    assert result.metrics["splits"] == 1 and result.metrics["split_reasons"] == {
-        "history_rewritten": 1}
+    assert result.metrics["splits"] == 1 and result.metrics["split_reasons"] == {"history_rewritten": 1}
     last_turn = recorded(ep)[-1]
     assert samples[1]["prompt_ids"] == last_turn["extra"]["prompt_ids"] == result.prompt_ids
     assert samples[1]["response_ids"] == last_turn["generated_ids"]
     assert samples[1]["loss_mask"] == [1] * len(last_turn["generated_ids"])
-    assert sum(samples[0]["loss_mask"]) == sum(len(t["generated_ids"])
-                                               for t in recorded(ep)[:3])
+    assert sum(samples[0]["loss_mask"]) == sum(len(t["generated_ids"]) for t in recorded(ep)[:3])
 
 
 def test_context_overflow_is_context_length_exceeded(endpoint) -> None:
@@ -138,12 +137,13 @@ def test_a_growing_conversation_ends_with_context_length_exceeded(endpoint) -> N
     with pytest.raises(openai.BadRequestError) as caught:
         for _ in range(20):
             reply = client.chat.completions.create(model="policy", messages=messages)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                         {"role": "user", "content": "more " * 30}]
+            messages += [
+                reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "more " * 30},
+            ]
     assert caught.value.code == "context_length_exceeded"
     result = ep.result("completed", "context")
-    assert result.metrics["samples"] == 1 and len(result.prompt_ids) + len(
-        result.response_ids) <= 300
+    assert result.metrics["samples"] == 1 and len(result.prompt_ids) + len(result.response_ids) <= 300
 
 
 def test_token_budget_is_a_clear_error(endpoint) -> None:
@@ -164,8 +164,7 @@ def test_token_budget_is_a_clear_error(endpoint) -> None:
 
 def test_request_max_tokens_cuts_the_turn(endpoint) -> None:
     ep = endpoint({"default": ["one two three four five six seven eight"]})
-    reply = openai_client(ep).chat.completions.create(model="policy", messages=START,
-                                                      max_completion_tokens=3)
+    reply = openai_client(ep).chat.completions.create(model="policy", messages=START, max_completion_tokens=3)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 3
     assert recorded(ep)[0]["finish_reason"] == "turn_length"  # not the job's budget
@@ -178,13 +177,13 @@ def test_refused_and_ignored_parameters(endpoint) -> None:
     with pytest.raises(openai.BadRequestError, match="n=1"):
         client.chat.completions.create(model="policy", messages=START, n=2)
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL],
-                                       tool_choice="required")
+        client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL], tool_choice="required")
     with pytest.raises(openai.BadRequestError, match="image_url"):
-        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
-    raw = client.chat.completions.with_raw_response.create(model="policy", messages=START,
-                                                           temperature=0.0, seed=3)
+        client.chat.completions.create(
+            model="policy",
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        )
+    raw = client.chat.completions.with_raw_response.create(model="policy", messages=START, temperature=0.0, seed=3)
     assert raw.headers["x-raas-ignored-params"] == "temperature,seed"
     assert ep.counters.ignored_params == {"temperature": 1, "seed": 1}
     assert ep.counters.calls == 4 and ep.counters.failed_calls == 3
@@ -194,19 +193,16 @@ def test_models_and_auth(endpoint) -> None:
     ep = endpoint(SCRIPT)
     assert [m.id for m in openai_client(ep).models.list()] == ["raas-policy"]
     with pytest.raises(openai.AuthenticationError) as caught:
-        openai_client(ep, token="not-the-token").chat.completions.create(
-            model="policy", messages=START)
+        openai_client(ep, token="not-the-token").chat.completions.create(model="policy", messages=START)
     assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
     plain = uds_client(ep)
     assert plain.get("http://rollout/v1/models").status_code == 401  # no header at all
-    assert plain.get("http://rollout/v1/models",
-                     headers={"x-api-key": ep.token}).status_code == 200
+    assert plain.get("http://rollout/v1/models", headers={"x-api-key": ep.token}).status_code == 200
     assert ep.counters.unauthorized == 2 and ep.counters.calls == 0
     # A refused POST's unread body does not spoil the connection for the next request.
     refused = plain.post("http://rollout/v1/chat/completions", json={"messages": START})
     assert refused.status_code == 401 and refused.headers["connection"] == "close"
-    assert plain.get("http://rollout/v1/models",
-                     headers={"x-api-key": ep.token}).status_code == 200
+    assert plain.get("http://rollout/v1/models", headers={"x-api-key": ep.token}).status_code == 200
 
 
 def test_after_exit_the_endpoint_is_gone(endpoint) -> None:
@@ -226,13 +222,11 @@ def test_after_exit_the_endpoint_is_gone(endpoint) -> None:
 
 def test_a_length_cut_reply_continues_token_exact(endpoint) -> None:
     """A turn cut on length has no end token: the next call's delta closes it."""
-    ep = endpoint({"default": ["one two three four five six", "fine"]},
-                  sampling={"max_tokens": 3})
+    ep = endpoint({"default": ["one two three four five six", "fine"]}, sampling={"max_tokens": 3})
     client = openai_client(ep)
     first = client.chat.completions.create(model="policy", messages=START)
     assert first.choices[0].finish_reason == "length"
-    messages = START + [first.choices[0].message.model_dump(),
-                        {"role": "user", "content": "go on"}]
+    messages = START + [first.choices[0].message.model_dump(), {"role": "user", "content": "go on"}]
     client.chat.completions.create(model="policy", messages=messages)
     result = ep.result("completed", None)
     assert result.metrics["merges"] == 1 and result.metrics["retokenization_drift"] == 0
@@ -262,14 +256,11 @@ def test_concurrent_calls_are_serialised_into_samples(endpoint) -> None:
     ep = endpoint({"default": ["Hello there."]})
     client = openai_client(ep)
     with ThreadPoolExecutor(2) as pool:
-        replies = list(pool.map(lambda _: client.chat.completions.create(
-            model="policy", messages=START), range(2)))
+        replies = list(pool.map(lambda _: client.chat.completions.create(model="policy", messages=START), range(2)))
     assert [r.choices[0].message.content for r in replies] == ["Hello there."] * 2
     result = ep.result("completed", None)
-    assert result.metrics["samples"] == 2 and result.metrics["split_reasons"] == {
-        "history_not_extended": 1}
-    assert [len(s["response_ids"]) for s in result.extra["samples"]] == [
-        len(ids_of("Hello there.")) + 1] * 2
+    assert result.metrics["samples"] == 2 and result.metrics["split_reasons"] == {"history_not_extended": 1}
+    assert [len(s["response_ids"]) for s in result.extra["samples"]] == [len(ids_of("Hello there.")) + 1] * 2
 
 
 def test_stream_usage_and_socket_mode(endpoint) -> None:
@@ -278,11 +269,12 @@ def test_stream_usage_and_socket_mode(endpoint) -> None:
 
     ep = endpoint(SCRIPT)
     assert stat.S_IMODE(os.stat(ep.socket_path).st_mode) == 0o666
-    chunks = list(openai_client(ep).chat.completions.create(
-        model="policy", messages=START, tools=[BASH_TOOL], stream=True,
-        stream_options={"include_usage": True}))
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
-        ids_of(CALL_LS)) + 1
+    chunks = list(
+        openai_client(ep).chat.completions.create(
+            model="policy", messages=START, tools=[BASH_TOOL], stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ids_of(CALL_LS)) + 1
     assert chunks[-2].choices[0].finish_reason == "tool_calls"
 
 
@@ -293,8 +285,11 @@ def test_a_reply_whose_tool_call_does_not_parse_is_text_and_counted(endpoint) ->
     reply = client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL])
     assert reply.choices[0].message.content == broken and not reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "stop"
-    client.chat.completions.create(model="policy", tools=[BASH_TOOL], messages=START + [
-        reply.choices[0].message.model_dump(), {"role": "user", "content": "Use the tool."}])
+    client.chat.completions.create(
+        model="policy",
+        tools=[BASH_TOOL],
+        messages=START + [reply.choices[0].message.model_dump(), {"role": "user", "content": "Use the tool."}],
+    )
     turns = recorded(ep)
     assert [t["extra"]["tool_call_parsed"] for t in turns] == [False, False]
     assert "invalid JSON" in turns[0]["extra"]["parse_errors"][0]
@@ -323,8 +318,12 @@ def test_same_ids_as_a_raas_handler_loop(endpoint) -> None:
 
     ep = endpoint(SCRIPT)
     run_conversation(openai_client(ep), stream=False)
-    spec = {"servers": [{"url": ep.ctx.llm.spec.servers[0].url, "model": "sim"}],
-            "tokenizer": SMOLLM2, "max_model_len": 4096, "chat_template_text": QWEN_TEMPLATE}
+    spec = {
+        "servers": [{"url": ep.ctx.llm.spec.servers[0].url, "model": "sim"}],
+        "tokenizer": SMOLLM2,
+        "max_model_len": 4096,
+        "chat_template_text": QWEN_TEMPLATE,
+    }
     with LLMSession.open(spec, {"max_tokens": 256}, "loop") as loop:
         loop.start(START, [BASH_TOOL])
         loop.generate(time.monotonic() + 30)

@@ -1,6 +1,7 @@
 """A split harness rollout's samples, from the endpoint's record through the database to
 the results wire, the SDK's `Batch` rows and the ProRL result (real SQLite schema built by the
 migrations; the endpoint on the simulator with the openai SDK, as in the endpoint tests)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,7 @@ from raas_client import Rollout as WireRollout
 from tests.harness.conftest import BASH_TOOL, openai_client, recorded
 
 SCRIPT = {"default": ["Looking.", "Still looking.", "Found it."]}
-START = [{"role": "system", "content": "You fix bugs."},
-         {"role": "user", "content": "Task i-1: fix it."}]
+START = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Task i-1: fix it."}]
 
 
 def split_rollout(endpoint) -> tuple[Trajectory, list[dict]]:
@@ -27,10 +27,12 @@ def split_rollout(endpoint) -> tuple[Trajectory, list[dict]]:
     messages = list(START)
     for _ in range(2):
         reply = client.chat.completions.create(model="p", messages=messages, tools=[BASH_TOOL])
-        messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "user", "content": "go on"}]
-    client.chat.completions.create(model="p", tools=[BASH_TOOL], messages=[
-        START[0], {"role": "user", "content": "Task i-1: fix it. Notes: looked twice."}])
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+    client.chat.completions.create(
+        model="p",
+        tools=[BASH_TOOL],
+        messages=[START[0], {"role": "user", "content": "Task i-1: fix it. Notes: looked twice."}],
+    )
     return ep.result("completed", "harness_exit"), recorded(ep)
 
 
@@ -41,13 +43,24 @@ def stored(url: str, result: Trajectory, turns: list[dict], reward: float) -> tu
         job = Job(agent="harness", config={}, n_instances=1, n_samples=1)
         s.add(job)
         s.flush()
-        row = Rollout(job_id=job.id, instance_id="i-1", sample_index=0, status="done",
-                      outcome=result.outcome, finish_reason=result.finish_reason,
-                      prompt_ids=result.prompt_ids, response_ids=result.response_ids,
-                      response_logprobs=result.response_logprobs, loss_mask=result.loss_mask,
-                      policy_versions=result.policy_versions, token_exact=result.token_exact,
-                      messages=result.messages, metrics=result.metrics, extra=result.extra,
-                      reward=reward)
+        row = Rollout(
+            job_id=job.id,
+            instance_id="i-1",
+            sample_index=0,
+            status="done",
+            outcome=result.outcome,
+            finish_reason=result.finish_reason,
+            prompt_ids=result.prompt_ids,
+            response_ids=result.response_ids,
+            response_logprobs=result.response_logprobs,
+            loss_mask=result.loss_mask,
+            policy_versions=result.policy_versions,
+            token_exact=result.token_exact,
+            messages=result.messages,
+            metrics=result.metrics,
+            extra=result.extra,
+            reward=reward,
+        )
         s.add(row)
         s.flush()
         for turn in turns:
@@ -73,10 +86,8 @@ def test_split_samples_reach_the_wire_the_batch_and_prorl(endpoint, tmp_path) ->
     rows = wire.training_rows()
     assert [r.response_ids for r in rows] == [s.response_ids for s in wire.samples]
     assert rows[0].turn_boundaries == wire.samples[0].turn_boundaries
-    other = wire.model_copy(update={"rollout_id": "r2", "sample_index": 1, "reward": 0.0,
-                                    "samples": None})
-    batch = Batch(groups=[Group(job_id=wire.job_id, instance_id="i-1",
-                                rollouts=[wire, other])])
+    other = wire.model_copy(update={"rollout_id": "r2", "sample_index": 1, "reward": 0.0, "samples": None})
+    batch = Batch(groups=[Group(job_id=wire.job_id, instance_id="i-1", rollouts=[wire, other])])
     arrays = batch.to_arrays(backend="numpy")
     assert arrays["input_ids"].shape[0] == 3  # 2 samples of the split rollout + 1
     assert list(arrays["rewards"]) == [1.0, 1.0, 0.0]
@@ -85,12 +96,12 @@ def test_split_samples_reach_the_wire_the_batch_and_prorl(endpoint, tmp_path) ->
     first = wire.samples[0]
     n = len(first.prompt_ids) + len(first.response_ids)
     assert list(arrays["input_ids"][0][:n]) == first.prompt_ids + first.response_ids
-    assert list(arrays["loss_mask"][0][len(first.prompt_ids):n]) == first.loss_mask
-    assert (arrays["policy_version"][0][len(first.prompt_ids):n] == 7).sum() == sum(
-        first.loss_mask)  # weight version "v7" on every generated token
+    assert list(arrays["loss_mask"][0][len(first.prompt_ids) : n]) == first.loss_mask
+    assert (arrays["policy_version"][0][len(first.prompt_ids) : n] == 7).sum() == sum(
+        first.loss_mask
+    )  # weight version "v7" on every generated token
 
-    assert [s["response_ids"] for s in prorl["samples"]] == [s.response_ids
-                                                            for s in wire.samples]
+    assert [s["response_ids"] for s in prorl["samples"]] == [s.response_ids for s in wire.samples]
     assert prorl["prompt_ids"] == wire.samples[1].prompt_ids
     assistant = [m for m in prorl["messages"] if m["role"] == "assistant"]
     assert [m["logprobs"] for m in assistant] == [turns[2]["logprobs"]]

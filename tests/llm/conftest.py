@@ -1,4 +1,5 @@
 """Fixtures of the LLM layer tests: the real SmolLM2 tokenizer, both templates, simulators, a DB."""
+
 from __future__ import annotations
 
 import time
@@ -13,9 +14,16 @@ from migrations.runner import upgrade
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SMOLLM2 = str(FIXTURES / "smollm2-tokenizer")
 QWEN_TEMPLATE = str(FIXTURES / "qwen-style-template" / "chat_template.jinja")
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ real models ship them), and a chat template written for these tests:
   `<|eom_id|>` ends a message that awaits a tool result (ipython), `<|end_of_text|>`; the
   generation config lists all three, like Llama 3.1's.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,20 @@ from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2
 
 LLAMA_TEMPLATE = str(Path(SMOLLM2).parent / "llama31-style-template" / "chat_template.jinja")
 QWEN_SPECIAL = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
-LLAMA_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                 "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+LLAMA_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
 
 
-def _build(folder: Path, special: list[str], template_path: str, eos: str | None,
-           bos: str | None, generation_eos: list[str]) -> str:
+def _build(
+    folder: Path, special: list[str], template_path: str, eos: str | None, bos: str | None, generation_eos: list[str]
+) -> str:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(SMOLLM2, local_files_only=True)
@@ -43,11 +52,16 @@ def _build(folder: Path, special: list[str], template_path: str, eos: str | None
 
 def build_qwen3_style(folder: Path) -> str:
     """A Qwen3-style tokenizer folder (eos ids: <|im_end|>, <|endoftext|>)."""
-    return _build(folder, QWEN_SPECIAL, QWEN_TEMPLATE, None, None,
-                  ["<|im_end|>", "<|endoftext|>"])
+    return _build(folder, QWEN_SPECIAL, QWEN_TEMPLATE, None, None, ["<|im_end|>", "<|endoftext|>"])
 
 
 def build_llama31_style(folder: Path) -> str:
     """A Llama-3.1-style tokenizer folder (eos ids: <|eot_id|>, <|eom_id|>, <|end_of_text|>)."""
-    return _build(folder, LLAMA_SPECIAL, LLAMA_TEMPLATE, "<|eot_id|>", "<|begin_of_text|>",
-                  ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"])
+    return _build(
+        folder,
+        LLAMA_SPECIAL,
+        LLAMA_TEMPLATE,
+        "<|eot_id|>",
+        "<|begin_of_text|>",
+        ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
+    )

@@ -2,6 +2,7 @@
 
 Qwen3-style and Llama-3.1-style tokenizers are built offline from SmolLM2's (tests/llm/styles.py).
 """
+
 from __future__ import annotations
 
 from agents.llm import parse_tool_calls
@@ -21,8 +22,7 @@ def token(b: TrajectoryBuilder, text: str) -> int:
     return b.tok.hf.convert_tokens_to_ids(text)
 
 
-def test_end_ids_come_from_tokenizer_generation_config_and_template(qwen3_dir, llama31_dir,
-                                                                    tokenizer_dir) -> None:
+def test_end_ids_come_from_tokenizer_generation_config_and_template(qwen3_dir, llama31_dir, tokenizer_dir) -> None:
     llama = load_chat_tokenizer(llama31_dir)
     names = {llama.token_text(i) for i in llama.end_ids}
     assert names == {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"}
@@ -31,8 +31,9 @@ def test_end_ids_come_from_tokenizer_generation_config_and_template(qwen3_dir, l
     qwen = load_chat_tokenizer(qwen3_dir)
     assert {qwen.token_text(i) for i in qwen.end_ids} == {"<|im_end|>", "<|endoftext|>"}
     # SmolLM2 ships no generation config: eos and the template's <|im_end|> (the same token).
-    assert {load_chat_tokenizer(tokenizer_dir).token_text(i)
-            for i in load_chat_tokenizer(tokenizer_dir).end_ids} == {"<|im_end|>"}
+    assert {load_chat_tokenizer(tokenizer_dir).token_text(i) for i in load_chat_tokenizer(tokenizer_dir).end_ids} == {
+        "<|im_end|>"
+    }
 
 
 def test_llama31_eom_tool_turn_gets_no_inserted_eot(llama31_dir) -> None:
@@ -45,8 +46,10 @@ def test_llama31_eom_tool_turn_gets_no_inserted_eot(llama31_dir) -> None:
     delta = b.add_messages([{"role": "tool", "content": "a.txt"}])
     # Before: the builder did not know <|eom_id|> and put <|eot_id|> (mask 0) after it.
     assert eot not in delta[:1]
-    assert b.tok.hf.decode(delta) == ("<|start_header_id|>ipython<|end_header_id|>\n\na.txt"
-                                      "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert b.tok.hf.decode(delta) == (
+        "<|start_header_id|>ipython<|end_header_id|>\n\na.txt"
+        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     second = b.tok.encode("Two files.") + [eot]
     b.add_generation(second, [-0.1] * len(second), "stop", "v1")
     traj = b.trajectory()
@@ -74,7 +77,8 @@ def test_llama31_eom_differs_from_eot_by_exactly_one_audited_token(llama31_dir) 
         reports[end] = {t["turn"]: t["differing_tokens"] for t in b.audit_drift()["drift_turns"]}
     eot, eom = reports["<|eot_id|>"], reports["<|eom_id|>"]
     assert eom[0] == eot.get(0, 0) + 1 and {k: v for k, v in eom.items() if k != 0} == {
-        k: v for k, v in eot.items() if k != 0}
+        k: v for k, v in eot.items() if k != 0
+    }
 
 
 def test_qwen3_endoftext_ends_the_turn(qwen3_dir) -> None:
@@ -109,16 +113,17 @@ def test_llama31_eom_tool_turn_through_the_session(llama31_dir) -> None:
     from fakellm.server import start_simulator
     from tests.llm.conftest import deadline
 
-    script = {"turn_marker": "<|start_header_id|>assistant",
-              "default": [{"text": CALL, "end_token": "<|eom_id|>"}, "Two files."]}
+    script = {
+        "turn_marker": "<|start_header_id|>assistant",
+        "default": [{"text": CALL, "end_token": "<|eom_id|>"}, "Two files."],
+    }
     url, stop = start_simulator(llama31_dir, script)
     spec = {"servers": [{"url": url}], "tokenizer": llama31_dir, "max_model_len": 2048}
     try:
         with LLMSession.open(spec, {"max_tokens": 200}, "llama-eom") as s:
             s.start(PROMPT, TOOLS)
             first = s.generate(deadline())
-            eom, eot = (s.builder.tok.hf.convert_tokens_to_ids(t)
-                        for t in ("<|eom_id|>", "<|eot_id|>"))
+            eom, eot = (s.builder.tok.hf.convert_tokens_to_ids(t) for t in ("<|eom_id|>", "<|eot_id|>"))
             assert first.token_ids[-1] == eom and first.finish_reason == "stop"
             assert parse_tool_calls(first.text)[0][0].name == "bash"
             delta = s.append_messages([{"role": "tool", "content": "a.txt"}])

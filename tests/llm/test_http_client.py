@@ -1,4 +1,5 @@
 """The process's shared HTTP client for inference servers: reuse, abort, cookies, fork."""
+
 from __future__ import annotations
 
 import http.server
@@ -31,8 +32,7 @@ def test_turns_share_one_connection_and_a_cancel_still_cuts_it(simulators, monke
     monkeypatch.setattr(RecordingBackend, "connect_tcp", counting)
     url, _ = simulators({"default": ["quick", {"text": "slow", "latency": 30}]})
     flip_at = [float("inf")]
-    with LLMSession.open({"servers": [{"url": url}], "tokenizer": SMOLLM2},
-                         {"max_tokens": 20}, "r-reuse") as s:
+    with LLMSession.open({"servers": [{"url": url}], "tokenizer": SMOLLM2}, {"max_tokens": 20}, "r-reuse") as s:
         s.start(PROMPT)
         assert s.generate(deadline(), cancelled=lambda: False).text == "quick"
         s.append_messages([{"role": "user", "content": "again"}])

@@ -5,6 +5,7 @@ under a hub id, as `vllm serve HuggingFaceTB/SmolLM2-135M-Instruct` would).
 The Hugging Face cache is a folder laid out as huggingface_hub lays it out
 (`models--org--name/refs/main`, `snapshots/<rev>/`) holding the committed SmolLM2 tokenizer.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -51,10 +52,10 @@ def service(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HOME", str(hf_home))  # the gateway (this process) and the workers
         mp.delenv("HF_HUB_CACHE", raising=False)
-        svc = start_service(tmp_path_factory.mktemp("hub-tokenizers"), concurrency=2,
-                            handler_modules="tests.sdk.handlers")
-        url, stop = start_simulator(str(SMOLLM2), {"model": HUB_ID,
-                                                   "default": [OBSERVE, "\\boxed{4}"]})
+        svc = start_service(
+            tmp_path_factory.mktemp("hub-tokenizers"), concurrency=2, handler_modules="tests.sdk.handlers"
+        )
+        url, stop = start_simulator(str(SMOLLM2), {"model": HUB_ID, "default": [OBSERVE, "\\boxed{4}"]})
         yield svc, url
         stop()
         svc.stop()
@@ -72,15 +73,18 @@ def test_a_server_serving_a_hub_id_runs_rollouts(service):
     svc, url = service
     server = svc.client.add_llm_server(url)
     try:
-        job = svc.client.submit("test-grpo", [{"instance_id": "h0", "data": {"answer": "4"}}],
-                                n_samples=2)  # no llm: the pool, tokenizer from its model id
+        job = svc.client.submit(
+            "test-grpo", [{"instance_id": "h0", "data": {"answer": "4"}}], n_samples=2
+        )  # no llm: the pool, tokenizer from its model id
         svc.wait_done(job["job_id"], timeout=90)
         rows = svc.all_results(job["job_id"])
-        assert [(r["outcome"], r["reward"]) for r in rows] == [("completed", 1.0)] * 2, \
-            svc.log_tail()
+        assert [(r["outcome"], r["reward"]) for r in rows] == [("completed", 1.0)] * 2, svc.log_tail()
         assert all(r["response_ids"] and 1 in r["loss_mask"] for r in rows)
-        named = svc.client.submit("test-grpo", [{"instance_id": "h1", "data": {"answer": "4"}}],
-                                  llm={"servers": [{"url": url}], "tokenizer": HUB_ID})
+        named = svc.client.submit(
+            "test-grpo",
+            [{"instance_id": "h1", "data": {"answer": "4"}}],
+            llm={"servers": [{"url": url}], "tokenizer": HUB_ID},
+        )
         assert svc.wait_done(named["job_id"], timeout=90)["outcomes"] == {"completed": 1}
     finally:
         svc.client.remove_llm_server(server["id"])
@@ -90,8 +94,9 @@ def test_a_dead_server_is_named_unreachable_in_the_400_and_in_llm_list(service):
     svc, _ = service
     dead = dead_url()
     with pytest.raises(RaasHTTPError) as caught:
-        svc.client.submit("test-grpo", [{"instance_id": "d", "data": {"answer": "4"}}],
-                          llm={"servers": [{"url": dead}]})
+        svc.client.submit(
+            "test-grpo", [{"instance_id": "d", "data": {"answer": "4"}}], llm={"servers": [{"url": dead}]}
+        )
     message = caught.value.body["message"]
     assert caught.value.status == 400 and "did not answer" in message and dead in message
     assert "llm.tokenizer is required" not in message
@@ -115,8 +120,9 @@ def test_a_model_neither_local_nor_cached_says_where_it_looked(service):
     url, stop = start_simulator(str(SMOLLM2), {"model": "org/never-downloaded"})
     try:
         with pytest.raises(RaasHTTPError) as caught:
-            svc.client.submit("test-grpo", [{"instance_id": "n", "data": {"answer": "4"}}],
-                              llm={"servers": [{"url": url}]})
+            svc.client.submit(
+                "test-grpo", [{"instance_id": "n", "data": {"answer": "4"}}], llm={"servers": [{"url": url}]}
+            )
     finally:
         stop()
     message = caught.value.body["message"]

@@ -1,4 +1,5 @@
 """The server pool over several LLM simulators: balance, stickiness, failover, weight swaps."""
+
 from __future__ import annotations
 
 import threading
@@ -36,8 +37,7 @@ def make_rollouts(db_url: str, n: int) -> list[str]:
         job = Job(agent="test")
         db.add(job)
         db.flush()
-        rows = [Rollout(job_id=job.id, instance_id=f"i{i}", status="run", lease_owner=LEASE)
-                for i in range(n)]
+        rows = [Rollout(job_id=job.id, instance_id=f"i{i}", status="run", lease_owner=LEASE) for i in range(n)]
         db.add_all(rows)
         db.flush()
         return [r.id for r in rows]
@@ -48,11 +48,11 @@ def sticky(db_url: str, rollout_id: str) -> str | None:
         return db.scalar(select(Rollout.llm_server).where(Rollout.id == rollout_id))
 
 
-def open_session(spec: dict, rollout_id: str, db_url: str, sampling: dict | None = None,
-                 lease: str = LEASE) -> LLMSession:
+def open_session(
+    spec: dict, rollout_id: str, db_url: str, sampling: dict | None = None, lease: str = LEASE
+) -> LLMSession:
     """A session on the pipeline's pool for a leased rollout (as the RUN stage opens it)."""
-    return LLMSession.open(spec, sampling or {}, rollout_id,
-                           make_pool(spec, db_url, rollout_id, lease))
+    return LLMSession.open(spec, sampling or {}, rollout_id, make_pool(spec, db_url, rollout_id, lease))
 
 
 def requests_seen(url: str) -> int:
@@ -149,8 +149,7 @@ def test_killed_server_mid_job_fails_over(simulators, db_url) -> None:
 
 def test_job_servers_fail_over(simulators, db_url) -> None:
     (url_a, kill_a), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
-    spec = {**SPEC, "servers": [{"url": url_a, "weight_version": "a"},
-                                {"url": url_b, "weight_version": "b"}]}
+    spec = {**SPEC, "servers": [{"url": url_a, "weight_version": "a"}, {"url": url_b, "weight_version": "b"}]}
     ids = make_rollouts(db_url, 2)
     sessions = [open_session(spec, rid, db_url) for rid in ids]
     for s in sessions:
@@ -235,7 +234,6 @@ def test_sticking_is_fenced_on_the_lease(simulators, db_url) -> None:
     assert sticky(db_url, rid) == url
 
 
-
 @pytest.mark.parametrize("routing", ["round_robin", "least_loaded"])
 def test_per_turn_routing_releases_and_picks_again(simulators, db_url, routing) -> None:
     """`llm_routing` round_robin / least_loaded (the routing bench's baselines): a turn holds a
@@ -252,7 +250,8 @@ def test_per_turn_routing_releases_and_picks_again(simulators, db_url, routing) 
         run_turn(session)
         assert session.server is None
         assert {u: r.in_flight for u, r in servers(db_url).items()} == {
-            u: int(u == taken) for u in urls}  # only the holder's slot is still counted
+            u: int(u == taken) for u in urls
+        }  # only the holder's slot is still counted
     seen = {u: requests_seen(u) for u in urls}
     if routing == "round_robin":
         assert sorted(seen.values()) == [2, 2, 2], seen  # every server in turn

@@ -1,4 +1,5 @@
 """LLMSession against the LLM simulator over real HTTP: exact ids, backends, limits, spec."""
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,10 @@ from core.models import LLMServer
 from tasks.llm_pool import registered_urls
 from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2, TOOLS, deadline
 
-CALLS = ('<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>\n'
-         '<tool_call>{"name": "bash", "arguments": {"cmd": "pwd"</tool_call>')
+CALLS = (
+    '<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>\n'
+    '<tool_call>{"name": "bash", "arguments": {"cmd": "pwd"</tool_call>'
+)
 SCRIPT = {"by_instance": {"task-1": [CALLS, "All done."]}}
 PROMPT = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "task-1: look"}]
 
@@ -27,8 +30,7 @@ def ids_of(text: str) -> list[int]:
 
 
 def spec_for(url: str, **extra) -> dict:
-    return {"servers": [{"url": url, "weight_version": "step-3"}], "tokenizer": SMOLLM2,
-            "max_model_len": 2048, **extra}
+    return {"servers": [{"url": url, "weight_version": "step-3"}], "tokenizer": SMOLLM2, "max_model_len": 2048, **extra}
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
@@ -42,8 +44,7 @@ def test_multi_turn_rollout_is_token_exact(simulators, backend) -> None:
         assert all(isinstance(x, float) for x in first.logprobs)
         calls, errors = parse_tool_calls(first.text)
         assert [c.arguments for c in calls] == [{"cmd": "ls"}] and len(errors) == 1
-        delta = s.append_messages([{"role": "tool", "content": "a.txt"},
-                                   {"role": "tool", "content": errors[0]}])
+        delta = s.append_messages([{"role": "tool", "content": "a.txt"}, {"role": "tool", "content": errors[0]}])
         second = s.generate(deadline())
         traj = s.trajectory()
         assert traj.response_ids == first.token_ids + delta + second.token_ids
@@ -51,8 +52,12 @@ def test_multi_turn_rollout_is_token_exact(simulators, backend) -> None:
         assert sum(traj.loss_mask) == len(first.token_ids) + len(second.token_ids)
         assert traj.token_exact and traj.policy_versions == ["step-3", "step-3"]
         assert traj.messages[-1] == {"role": "assistant", "content": "All done."}
-        assert s.audit_drift() == {"retokenization_drift": 0, "first_diff": None, "drift_turns": [],
-                                   "forged_control_tokens": 0}
+        assert s.audit_drift() == {
+            "retokenization_drift": 0,
+            "first_diff": None,
+            "drift_turns": [],
+            "forged_control_tokens": 0,
+        }
         assert s.budget_left == 2048 - len(traj.prompt_ids) - len(traj.response_ids)
 
 
@@ -99,8 +104,7 @@ def test_openai_chat_is_marked_not_token_exact(simulators, caplog) -> None:
 
 def test_qwen_style_template_through_the_session(simulators) -> None:
     url, _ = simulators(SCRIPT)
-    s = LLMSession.open(spec_for(url, chat_template_text=Path(QWEN_TEMPLATE).read_text()),
-                        {"max_tokens": 200}, "r5")
+    s = LLMSession.open(spec_for(url, chat_template_text=Path(QWEN_TEMPLATE).read_text()), {"max_tokens": 200}, "r5")
     s.start(PROMPT, TOOLS)
     assert "<tools>" in s.builder.tok.hf.decode(s.trajectory().prompt_ids)
     s.generate(deadline())

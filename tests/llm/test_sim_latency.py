@@ -1,4 +1,5 @@
 """The simulator's long-tail latency (a fake's option, for straggler benchmarks)."""
+
 from __future__ import annotations
 
 import statistics
@@ -27,8 +28,10 @@ def test_lognormal_has_its_median_a_long_tail_and_a_cap() -> None:
 
 
 def test_a_script_adds_the_tail_to_its_answers() -> None:
-    script = Script(str(BUNDLED_TOKENIZER), {"default": ["ok"], "latency_dist": {
-        "kind": "tail", "p": 1.0, "slow": 0.3, "base": 0.0}})
+    script = Script(
+        str(BUNDLED_TOKENIZER),
+        {"default": ["ok"], "latency_dist": {"kind": "tail", "p": 1.0, "slow": 0.3, "base": 0.0}},
+    )
     prompt = script.tok.encode("<|im_start|>assistant\n").ids
     started = time.monotonic()
     answer = script.complete(prompt, 16)

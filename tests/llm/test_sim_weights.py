@@ -4,6 +4,7 @@
 The probe prompt is the bundled SmolLM2 tokenizer's encoding of a long text (several cache
 blocks); the simulator's greedy answer is its scripted reply, whose ids the fingerprint uses.
 """
+
 from __future__ import annotations
 
 import httpx
@@ -76,8 +77,7 @@ def test_a_reset_that_does_nothing_is_caught(simulators, tmp_path) -> None:
 def test_a_tied_checkpoint_keeps_the_old_head_and_fails(simulators, tmp_path) -> None:
     url, _ = simulators(SCRIPT)
     apply_weights(url, "vllm", "reload", str(write_checkpoint(tmp_path / "v1", "v1")))
-    apply_weights(url, "vllm", "reload",
-                  str(write_checkpoint(tmp_path / "v2", "v2", tied=True)))
+    apply_weights(url, "vllm", "reload", str(write_checkpoint(tmp_path / "v2", "v2", tied=True)))
     reset_prefix_cache(url, "vllm")
     assert stats(url)["body"] == "v2" and stats(url)["head"] == "v1"
     assert not verify(url, "vllm", None, probe_for(url, "v2"), 1e-3).ok
@@ -86,8 +86,7 @@ def test_a_tied_checkpoint_keeps_the_old_head_and_fails(simulators, tmp_path) ->
 def test_lora_under_a_fixed_name_is_replaced_not_piled_up(simulators, tmp_path) -> None:
     url, _ = simulators(SCRIPT)
     for seed in ("a1", "a2", "a3"):
-        apply_weights(url, "vllm", "lora", str(write_checkpoint(tmp_path / seed, seed)),
-                      lora_name="policy")
+        apply_weights(url, "vllm", "lora", str(write_checkpoint(tmp_path / seed, seed)), lora_name="policy")
         reset_prefix_cache(url, "vllm")
         assert verify(url, "vllm", "policy", probe_for(url, seed), 1e-3).ok
     weights = stats(url)

@@ -1,5 +1,6 @@
 """The simulator's `wrong_rate` (a fake model's stand-in for sampling): a share of replies
 replaced by the wrong one, deterministic per prompt and occurrence, and served over HTTP."""
+
 from __future__ import annotations
 
 import httpx
@@ -31,8 +32,12 @@ def test_the_server_answers_wrong_as_drawn():
     expected = ["wrong" if w else "right" for w in draws(SCRIPT, prompts)]
     url, stop = start_simulator(str(BUNDLED_TOKENIZER), SCRIPT)
     try:
-        got = [httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 8},
-                          timeout=10).json()["choices"][0]["text"] for p in prompts]
+        got = [
+            httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 8}, timeout=10).json()["choices"][0][
+                "text"
+            ]
+            for p in prompts
+        ]
     finally:
         stop()
     assert got == expected and set(got) == {"right", "wrong"}

@@ -1,4 +1,5 @@
 """The LLM simulator over real HTTP: token-id completions, instances, turns, limits, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,11 @@ from fakellm.server import start_simulator_process
 from core.errors import ConfigError
 from tests.llm.conftest import SMOLLM2
 
-SCRIPT = {"model": "sim-model", "default": ["default reply"],
-          "by_instance": {"instance-7": ["first", "second"], "raw": [{"ids": [28, 29]}]}}
+SCRIPT = {
+    "model": "sim-model",
+    "default": ["default reply"],
+    "by_instance": {"instance-7": ["first", "second"], "raw": [{"ids": [28, 29]}]},
+}
 
 
 @pytest.fixture
@@ -30,8 +34,7 @@ def prompt(tok: Tokenizer, text: str) -> list[int]:
 
 
 def complete(url: str, ids: list[int], max_tokens: int = 50) -> dict:
-    body = {"model": "sim-model", "prompt": ids, "max_tokens": max_tokens, "logprobs": 0,
-            "return_token_ids": True}
+    body = {"model": "sim-model", "prompt": ids, "max_tokens": max_tokens, "logprobs": 0, "return_token_ids": True}
     return httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]
 
 
@@ -43,7 +46,8 @@ def test_models_health_and_scripted_turns(simulators, tok) -> None:
     choice = complete(url, prompt(tok, turn0))
     assert choice["token_ids"] == prompt(tok, "first") + [2] and choice["finish_reason"] == "stop"
     assert choice["logprobs"]["token_logprobs"] == [
-        fake_logprob(t, len(prompt(tok, turn0)) + i) for i, t in enumerate(choice["token_ids"])]
+        fake_logprob(t, len(prompt(tok, turn0)) + i) for i, t in enumerate(choice["token_ids"])
+    ]
     turn1 = turn0 + "first<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"
     assert complete(url, prompt(tok, turn1))["token_ids"] == prompt(tok, "second") + [2]
     assert complete(url, prompt(tok, "<|im_start|>assistant\nraw"))["token_ids"] == [28, 29]
@@ -63,8 +67,7 @@ def test_max_tokens_and_max_model_len(simulators, tok) -> None:
 
 def test_sglang_generate_route(simulators, tok) -> None:
     url, _ = simulators(SCRIPT)
-    body = {"input_ids": prompt(tok, "instance-7"), "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 10}}
+    body = {"input_ids": prompt(tok, "instance-7"), "return_logprob": True, "sampling_params": {"max_new_tokens": 10}}
     answer = httpx.post(f"{url}/generate", json=body).json()
     assert [e[1] for e in answer["meta_info"]["output_token_logprobs"]] == answer["output_ids"]
     assert answer["meta_info"]["finish_reason"]["type"] == "stop"
@@ -95,15 +98,17 @@ FAST = {"step_seconds": 0.002, "token_seconds": 0.001, "prefix_cache_tokens": 0}
 
 def timed_completions(url: str, prompts: list[list[int]], max_tokens: int = 64) -> list[float]:
     """Send the prompts at once; each request's wall seconds, in prompt order."""
+
     def one(ids: list[int]) -> float:
         t0 = time.monotonic()
-        response = client.post(f"{url}/v1/completions", json={"prompt": ids,
-                                                               "max_tokens": max_tokens})
+        response = client.post(f"{url}/v1/completions", json={"prompt": ids, "max_tokens": max_tokens})
         assert response.status_code == 200, response.text
         return time.monotonic() - t0
 
-    with httpx.Client(timeout=30, limits=httpx.Limits(max_connections=64)) as client, \
-            ThreadPoolExecutor(len(prompts)) as pool:
+    with (
+        httpx.Client(timeout=30, limits=httpx.Limits(max_connections=64)) as client,
+        ThreadPoolExecutor(len(prompts)) as pool,
+    ):
         return list(pool.map(one, prompts))
 
 
@@ -123,8 +128,7 @@ def test_capacity_batch_slows_each_sequence_but_raises_throughput(simulators) ->
 
 
 def test_capacity_max_num_seqs_queues_the_rest(simulators) -> None:
-    url, _ = simulators({"default": [{"ids": list(range(100, 140))}]},
-                        capacity={**FAST, "max_num_seqs": 2})
+    url, _ = simulators({"default": [{"ids": list(range(100, 140))}]}, capacity={**FAST, "max_num_seqs": 2})
     latencies = sorted(timed_completions(url, [[1, 2, k] for k in range(4)]))
     assert latencies[2] > 1.6 * latencies[1], latencies  # the last two waited for a slot
     stats = engine(url)
@@ -141,8 +145,10 @@ def test_capacity_prefill_costs_per_prompt_token(simulators) -> None:
 
 
 def test_capacity_prefix_cache_hit_cuts_prefill(simulators) -> None:
-    url, _ = simulators({"model": "sim", "default": [{"ids": [100, 101]}]},
-                        capacity={**FAST, "token_seconds": 0.0005, "prefix_cache_tokens": 4096})
+    url, _ = simulators(
+        {"model": "sim", "default": [{"ids": [100, 101]}]},
+        capacity={**FAST, "token_seconds": 0.0005, "prefix_cache_tokens": 4096},
+    )
     turn0 = list(range(5, 1005))
     cold = timed_completions(url, [turn0])[0]
     turn1 = turn0 + [100, 101] + list(range(7, 27))  # the next turn: previous answer + new tokens

@@ -3,6 +3,7 @@
 Run: `RAAS_VLLM_URL=http://127.0.0.1:8000 .venv/bin/python -m pytest -m vllm tests/llm`
 (start the server with `make vllm-cpu` or `scripts/serve_vllm_cpu.sh`).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,10 @@ from tests.llm.test_pool import make_rollouts, open_session
 
 pytestmark = pytest.mark.vllm
 VLLM_URL = os.environ.get("RAAS_VLLM_URL", "")
-PROMPT = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-          {"role": "user", "content": "What is the capital of France? Then name a river there."}]
+PROMPT = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is the capital of France? Then name a river there."},
+]
 
 
 @pytest.fixture
@@ -63,8 +66,7 @@ def test_multi_turn_rollout_is_token_exact(vllm_db: str) -> None:
         assert {i for i, m in enumerate(traj.loss_mask) if m} == generated
         assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.response_logprobs)
         report = s.audit_drift()
-        assert set(report) == {"retokenization_drift", "first_diff", "drift_turns",
-                               "forged_control_tokens"}
+        assert set(report) == {"retokenization_drift", "first_diff", "drift_turns", "forged_control_tokens"}
         assert isinstance(report["retokenization_drift"], int)
 
 
@@ -74,8 +76,14 @@ def test_greedy_turn_matches_a_direct_request(vllm_db: str) -> None:
         s.start(PROMPT)
         prompt_ids = list(s.trajectory().prompt_ids)
         generation = s.generate(deadline(120))
-        body = {"model": s.server.model, "prompt": prompt_ids, "max_tokens": 24,
-                "temperature": 0.0, "logprobs": 0, "return_token_ids": True}
+        body = {
+            "model": s.server.model,
+            "prompt": prompt_ids,
+            "max_tokens": 24,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
         direct = httpx.post(f"{VLLM_URL}/v1/completions", json=body, timeout=120).json()
         assert generation.token_ids == direct["choices"][0]["token_ids"]
 

@@ -4,6 +4,7 @@ The trainer's side is the database row (what PUT /v1/llm-servers writes): pausin
 makes a turn wait instead of failing, resuming with a new weight_version is recorded on the
 next turn; a server's declared --logprobs-mode is recorded and can be required by a job.
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,8 +36,7 @@ def set_row(db_url: str, url: str, **values) -> None:
         db.execute(update(LLMServer).where(LLMServer.url == url).values(**values))
 
 
-def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulators,
-                                                                       db_url) -> None:
+def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulators, db_url) -> None:
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "v1")
     [rid] = make_rollouts(db_url, 1)
@@ -46,8 +46,7 @@ def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulato
         s.append_messages([{"role": "tool", "content": "ok"}])
         set_row(db_url, url, paused=True)  # PUT {"paused": true}
         seen = requests_seen(url)
-        threading.Timer(1.5, set_row, args=(db_url, url),
-                        kwargs={"paused": False, "weight_version": "v2"}).start()
+        threading.Timer(1.5, set_row, args=(db_url, url), kwargs={"paused": False, "weight_version": "v2"}).start()
         started = time.monotonic()
         second = s.generate(deadline())
         assert time.monotonic() - started >= 1.4  # waited for the resume, did not fail
@@ -67,8 +66,7 @@ def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -
     register(db_url, [url], "v1")
     set_row(db_url, url, paused=True)
     [rid, rid2] = make_rollouts(db_url, 2)
-    threading.Timer(1.5, set_row, args=(db_url, url),
-                    kwargs={"paused": False, "weight_version": "v2"}).start()
+    threading.Timer(1.5, set_row, args=(db_url, url), kwargs={"paused": False, "weight_version": "v2"}).start()
     with open_session(SPEC, rid, db_url) as s:
         s.start([{"role": "user", "content": "go"}])
         gen = s.generate(time.monotonic() + 0.5)  # 0.5 s left, paused for 1.5 s
@@ -101,8 +99,12 @@ def test_pool_skips_paused_servers_and_says_when_all_are(simulators, db_url) -> 
 
 def test_logprobs_mode_is_recorded_per_turn(simulators, db_url) -> None:
     url, _ = simulators(SCRIPT)
-    spec = {"servers": [{"url": url, "logprobs_mode": "processed_logprobs"}],
-            "tokenizer": SMOLLM2, "max_model_len": 2048, "logprobs_mode": "processed_logprobs"}
+    spec = {
+        "servers": [{"url": url, "logprobs_mode": "processed_logprobs"}],
+        "tokenizer": SMOLLM2,
+        "max_model_len": 2048,
+        "logprobs_mode": "processed_logprobs",
+    }
     with LLMSession.open(spec, {}, "modes-1") as s:
         s.start([{"role": "user", "content": "go"}])
         assert s.generate(deadline()).logprobs_mode == "processed_logprobs"
@@ -112,8 +114,7 @@ def test_logprobs_mode_is_recorded_per_turn(simulators, db_url) -> None:
 def test_logprobs_mode_mismatch_is_refused(simulators, db_url) -> None:
     url, _ = simulators(SCRIPT)
     with pytest.raises(InvalidRequest, match=r"llm.servers.0.logprobs_mode"):
-        validate_llm_spec({"servers": [{"url": url}], "tokenizer": SMOLLM2,
-                           "logprobs_mode": "processed_logprobs"})
+        validate_llm_spec({"servers": [{"url": url}], "tokenizer": SMOLLM2, "logprobs_mode": "processed_logprobs"})
     register(db_url, [url])  # declares vLLM's default, raw_logprobs
     [rid] = make_rollouts(db_url, 1)
     with open_session({**SPEC, "logprobs_mode": "processed_logprobs"}, rid, db_url) as s:

@@ -10,6 +10,7 @@ torch 2.13 + transformers). To reuse a server already running, set `RAAS_WEIGHTS
 `RAAS_WEIGHTS_VLLM_MODEL` (the untied folder it serves). Figures are printed as JSON lines
 (`-s` shows them): pause, load and verify seconds, max |Δ logprob|.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,7 @@ READY_SECONDS = 900  # ~2 min idle; much more on a loaded 2-core machine
 
 def trainer(*args: str) -> str:
     """Run a trainer-side script with torch; its stdout."""
-    done = subprocess.run([TORCH_PYTHON, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800)
+    done = subprocess.run([TORCH_PYTHON, *args], cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -57,21 +57,42 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     trainer("scripts/untie_checkpoint.py", str(v0), str(v1), "--perturb", "0.002", "--seed", "1")
     for name, folder in (("v0", v0), ("v1", v1)):
         trainer("scripts/trainer_probe.py", str(folder), str(root / f"probe-{name}.json"))
-    return {"v0": v0, "v1": v1, "probe-v0": root / "probe-v0.json",
-            "probe-v1": root / "probe-v1.json"}
+    return {"v0": v0, "v1": v1, "probe-v0": root / "probe-v0.json", "probe-v1": root / "probe-v1.json"}
 
 
 def start_vllm(model: Path, dtype: str, logs: Path):
     """Start a CPU vLLM in dev mode serving `model` in `dtype`; (url, process) once healthy."""
     port = free_port()
     log = open(logs / f"vllm-{dtype}.log", "wb")
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "HF_HUB_OFFLINE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    }
     proc = subprocess.Popen(
-        [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(model), "--served-model-name", SERVED, "--host",
-         "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            str(VLLM_VENV / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            SERVED,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            dtype,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_SECONDS
     while time.monotonic() < deadline and proc.poll() is None:
@@ -104,8 +125,7 @@ def vllm_url(checkpoints, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, vllm_url):
     """A raas service (gateway, workers, reaper) with the server registered as its pool."""
-    svc = start_service(tmp_path_factory.mktemp("gateway"),
-                        concurrency={"init": 2, "run": 4, "eval": 2})
+    svc = start_service(tmp_path_factory.mktemp("gateway"), concurrency={"init": 2, "run": 4, "eval": 2})
     svc.client.add_llm_server(vllm_url, model=SERVED, weight_version="v0")
     yield svc
     svc.stop()
@@ -119,10 +139,15 @@ def gateway_server(gateway) -> str:
 def figures(report: dict) -> dict:
     """The push's measured figures, printed for the record."""
     [s] = report["servers"]
-    out = {"version": report["version"], "pause_s": s["pause_seconds"],
-           "load_s": s["load_seconds"], "verify_s": s["verify_seconds"],
-           "total_s": s["total_seconds"], "max_abs_dlogp": s["check"]["max_abs_diff"],
-           "before_max_abs_dlogp": s["before_max_abs_diff"]}
+    out = {
+        "version": report["version"],
+        "pause_s": s["pause_seconds"],
+        "load_s": s["load_seconds"],
+        "verify_s": s["verify_seconds"],
+        "total_s": s["total_seconds"],
+        "max_abs_dlogp": s["check"]["max_abs_diff"],
+        "before_max_abs_dlogp": s["before_max_abs_diff"],
+    }
     print(json.dumps(out))
     return out
 
@@ -147,8 +172,7 @@ def test_a_tied_checkpoint_is_refused(gateway, checkpoints) -> None:
     with pytest.raises(TiedCheckpoint, match="lm_head"):
         client.push_weights(str(SMOLLM2), "tied", probe)
     with pytest.raises(RaasHTTPError) as refused:
-        client._call("POST", "/v1/weights/push",
-                     json={"version": "tied", "path": str(SMOLLM2), "probe": probe})
+        client._call("POST", "/v1/weights/push", json={"version": "tied", "path": str(SMOLLM2), "probe": probe})
     assert refused.value.status == 422 and "tie_word_embeddings" in refused.value.body["message"]
     assert not client.llm_servers()[0]["paused"]
 
@@ -167,25 +191,34 @@ def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None
     finally:  # leave the server on v0, as registered
         apply_weights(url, "vllm", "reload", str(checkpoints["v0"]))
         reset_prefix_cache(url, "vllm")
-    print(json.dumps({"stale_max_abs_dlogp": stale.max_abs_diff,
-                      "stale_first_mismatch": stale.first_mismatch,
-                      "reset_max_abs_dlogp": fresh.max_abs_diff}))
+    print(
+        json.dumps(
+            {
+                "stale_max_abs_dlogp": stale.max_abs_diff,
+                "stale_first_mismatch": stale.first_mismatch,
+                "reset_max_abs_dlogp": fresh.max_abs_diff,
+            }
+        )
+    )
     assert not stale.ok and fresh.ok and fresh.max_abs_diff <= 1e-3
     assert stale.first_mismatch is not None or stale.max_abs_diff > 1e-3
 
 
-def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gateway,
-                                                                         checkpoints) -> None:
+def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gateway, checkpoints) -> None:
     """Rollouts of the real model are mid-flight: the push waits for their generations (the
     measured pause), aborts none, and every turn records the version it was sampled with."""
     from tasks.pool_pause import generating
 
     client = gateway.client
     url = gateway_server(gateway)
-    job = client.submit("test-chat", [{"instance_id": f"q{k}", "data": {}} for k in range(3)],
-                        n_samples=2, sampling={"max_tokens": 48, "temperature": 1.0},
-                        llm={"tokenizer": str(checkpoints["v0"]), "max_model_len": 2048},
-                        agent_config={"turns": 3, "observation_words": 10})
+    job = client.submit(
+        "test-chat",
+        [{"instance_id": f"q{k}", "data": {}} for k in range(3)],
+        n_samples=2,
+        sampling={"max_tokens": 48, "temperature": 1.0},
+        llm={"tokenizer": str(checkpoints["v0"]), "max_model_len": 2048},
+        agent_config={"turns": 3, "observation_words": 10},
+    )
     deadline = time.monotonic() + 600
     while not generating(gateway.settings.db_url, "default", [url], 30).get(url):
         assert time.monotonic() < deadline, gateway.log_tail()
@@ -211,13 +244,20 @@ def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gatewa
     assert client.push_weights(str(checkpoints["v0"]), "v0", probe_v0, timeout=300)["resumed"]
 
 
-def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpoints,
-                                                                tmp_path_factory) -> None:
+def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpoints, tmp_path_factory) -> None:
     """Trap 1 on the real server: `reload_weights` of a tied checkpoint leaves lm_head at the
     old weights, and the probe catches it (raas refuses it before this; done by hand here)."""
     root = tmp_path_factory.mktemp("tied")
-    trainer("scripts/untie_checkpoint.py", str(SMOLLM2), str(root / "tied"), "--perturb",
-            "0.002", "--seed", "2", "--keep-tied")
+    trainer(
+        "scripts/untie_checkpoint.py",
+        str(SMOLLM2),
+        str(root / "tied"),
+        "--perturb",
+        "0.002",
+        "--seed",
+        "2",
+        "--keep-tied",
+    )
     trainer("scripts/trainer_probe.py", str(root / "tied"), str(root / "probe.json"))
     url = gateway_server(gateway)
     probe = Fingerprint(**json.loads((root / "probe.json").read_text()))
@@ -228,13 +268,11 @@ def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpo
     finally:
         apply_weights(url, "vllm", "reload", str(checkpoints["v0"]))
         reset_prefix_cache(url, "vllm")
-    print(json.dumps({"tied_max_abs_dlogp": served.max_abs_diff,
-                      "tied_first_mismatch": served.first_mismatch}))
+    print(json.dumps({"tied_max_abs_dlogp": served.max_abs_diff, "tied_first_mismatch": served.first_mismatch}))
     assert not served.ok
 
 
-def test_a_bf16_server_fails_the_verification_of_an_fp32_step(checkpoints,
-                                                               tmp_path_factory) -> None:
+def test_a_bf16_server_fails_the_verification_of_an_fp32_step(checkpoints, tmp_path_factory) -> None:
     """Trap 3 on the real server: a bf16 server rounds a small fp32 update away (and drifts
     from the fp32 trainer), so the pushed step does not verify; the same push to the fp32
     server does (test_a_push_makes_the_served_logprobs_the_trainers)."""
@@ -246,6 +284,5 @@ def test_a_bf16_server_fails_the_verification_of_an_fp32_step(checkpoints,
         served = verify(url, "vllm", SERVED, probe, 1e-3)
     finally:
         stop_vllm(proc)
-    print(json.dumps({"bf16_max_abs_dlogp": served.max_abs_diff,
-                      "bf16_first_mismatch": served.first_mismatch}))
+    print(json.dumps({"bf16_max_abs_dlogp": served.max_abs_diff, "bf16_first_mismatch": served.first_mismatch}))
     assert not served.ok and (served.max_abs_diff > 1e-3 or served.first_mismatch is not None)

@@ -1,4 +1,5 @@
 """Fixtures: real sandboxes (bwrap and local) in a private state dir, always stopped."""
+
 from __future__ import annotations
 
 import os

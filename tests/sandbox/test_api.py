@@ -1,4 +1,5 @@
 """The public sandbox API on real bwrap and local sandboxes."""
+
 from __future__ import annotations
 
 import json

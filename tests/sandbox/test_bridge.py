@@ -5,6 +5,7 @@ else. The host side here is a real HTTP server on each sandbox's endpoint socket
 rollout endpoint itself is tested in tests/agents/harness); inside, the relay bridges
 127.0.0.1:PORT to it, and the tests try every other way out.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ import pytest
 from sandbox import bridge
 from sandbox.bwrap import BwrapRuntime
 
-pytestmark = pytest.mark.skipif(BwrapRuntime.unavailable_reason() is not None,
-                                reason="bwrap cannot create namespaces here")
+pytestmark = pytest.mark.skipif(
+    BwrapRuntime.unavailable_reason() is not None, reason="bwrap cannot create namespaces here"
+)
 
 
 class _Hello(BaseHTTPRequestHandler):
@@ -67,8 +69,10 @@ def serve() -> Iterator:
 
 def fetch(sb, url: str) -> str:
     """GET `url` from inside the sandbox with the system python; the body or the error."""
-    code = ("import urllib.request,sys\ntry:\n    print(urllib.request.urlopen(sys.argv[1], "
-            "timeout=5).read().decode())\nexcept Exception as e:\n    print('ERR', type(e).__name__, e)")
+    code = (
+        "import urllib.request,sys\ntry:\n    print(urllib.request.urlopen(sys.argv[1], "
+        "timeout=5).read().decode())\nexcept Exception as e:\n    print('ERR', type(e).__name__, e)"
+    )
     return sb.bash(f"python3 -c {shlex.quote(code)} {url}").output.strip()
 
 
@@ -78,14 +82,15 @@ def test_the_harness_reaches_its_own_endpoint_through_loopback(start, serve) -> 
     port = bridge.start_relay(sb)
     assert fetch(sb, f"http://127.0.0.1:{port}/v1/models") == "hello from rollout-a /v1/models"
     # many calls, one after another and at once (a harness keeps several connections)
-    many = sb.bash(f"for i in $(seq 20); do python3 -c 'import urllib.request; print(urllib."
-                   f"request.urlopen(\"http://127.0.0.1:{port}/n\").read().decode())' & done; "
-                   "wait").output
+    many = sb.bash(
+        f"for i in $(seq 20); do python3 -c 'import urllib.request; print(urllib."
+        f'request.urlopen("http://127.0.0.1:{port}/n").read().decode())\' & done; '
+        "wait"
+    ).output
     assert many.count("hello from rollout-a /n") == 20, many
 
 
-def test_nothing_else_is_reachable_and_the_socket_cannot_be_replaced(start, serve, tmp_path,
-                                                                    workspace) -> None:
+def test_nothing_else_is_reachable_and_the_socket_cannot_be_replaced(start, serve, tmp_path, workspace) -> None:
     ws_b = tmp_path / "ws-b"
     ws_b.mkdir()
     a = start("bwrap", model_endpoint=True)
@@ -103,9 +108,11 @@ def test_nothing_else_is_reachable_and_the_socket_cannot_be_replaced(start, serv
     abstract.listen(1)
     try:
         assert fetch(a, f"http://127.0.0.1:{host_tcp.getsockname()[1]}/").startswith("ERR")
-        probe = ("import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
-                 "    s.connect(b'\\0raas-bridge-test'); print('CONNECTED')\n"
-                 "except OSError as e:\n    print('ERR', e)")
+        probe = (
+            "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+            "    s.connect(b'\\0raas-bridge-test'); print('CONNECTED')\n"
+            "except OSError as e:\n    print('ERR', e)"
+        )
         assert a.bash(f"python3 -c {shlex.quote(probe)}").output.startswith("ERR")
     finally:
         host_tcp.close()
@@ -115,17 +122,18 @@ def test_nothing_else_is_reachable_and_the_socket_cannot_be_replaced(start, serv
         assert fetch(a, f"http://127.0.0.1:{port_b}/").startswith("ERR")
     # another rollout's socket (by its host path) is not in this sandbox at all
     other = bridge.endpoint_socket(b)
-    assert a.bash(f"ls {os.path.dirname(other)} 2>&1; ls -A /run/raas-model").output \
-        .strip().endswith("model.sock")
+    assert a.bash(f"ls {os.path.dirname(other)} 2>&1; ls -A /run/raas-model").output.strip().endswith("model.sock")
     assert "No such file" in a.bash(f"ls {other} 2>&1").output
 
     # the socket can be used, never replaced: the folder is a read-only mount
-    attack = a.bash("rm -f /run/raas-model/model.sock; mv /run/raas-model/model.sock /tmp/x; "
-                    "ln -sf /tmp/evil /run/raas-model/model.sock; touch /run/raas-model/new; "
-                    "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
-                    "s.bind('/run/raas-model/evil.sock')\"; "
-                    "mount -t tmpfs none /run/raas-model; umount /run/raas-model; "
-                    "ls -A /run/raas-model").output
+    attack = a.bash(
+        "rm -f /run/raas-model/model.sock; mv /run/raas-model/model.sock /tmp/x; "
+        "ln -sf /tmp/evil /run/raas-model/model.sock; touch /run/raas-model/new; "
+        'python3 -c "import socket; s=socket.socket(socket.AF_UNIX); '
+        "s.bind('/run/raas-model/evil.sock')\"; "
+        "mount -t tmpfs none /run/raas-model; umount /run/raas-model; "
+        "ls -A /run/raas-model"
+    ).output
     assert "Read-only file system" in attack and attack.strip().endswith("model.sock"), attack
     assert fetch(a, f"http://127.0.0.1:{port_a}/again") == "hello from rollout-a /again"
     # the tool socket keeps its property: its folder is never mounted
@@ -144,8 +152,9 @@ def test_a_root_service_gives_the_socket_folder_to_the_sandbox_user_alone(start,
 
 def test_a_detached_program_reports_its_exit_and_can_be_stopped(start) -> None:
     sb = start("bwrap", model_endpoint=True)
-    done = bridge.start_detached(sb, ["sh", "-c", "echo $GREETING; exit 3"],
-                                 {"GREETING": "hi there"}, sb.workspace, name="t1")
+    done = bridge.start_detached(
+        sb, ["sh", "-c", "echo $GREETING; exit 3"], {"GREETING": "hi there"}, sb.workspace, name="t1"
+    )
     for _ in range(50):
         code = bridge.detached_status(sb, done)
         if code is not None:

@@ -1,5 +1,6 @@
 """A job's sandbox variables reach only the inside of a bwrap sandbox, never the host-side
 launcher (sh + bwrap) processes; `auto` falls back to `local` only when allowed."""
+
 from __future__ import annotations
 
 import pytest

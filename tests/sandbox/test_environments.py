@@ -1,4 +1,5 @@
 """Named Python environments: built once with the system interpreter, used read-only in sandboxes."""
+
 from __future__ import annotations
 
 import os
@@ -57,6 +58,7 @@ def test_sandbox_uses_the_environment(start, ipy_env, runtime):
 def test_environment_is_read_only_and_git_works(start, ipy_env):
     sb = start("bwrap", python_env=ipy_env)
     assert sb.bash(f"touch {ipy_env}/evil").exit_code != 0
-    r = sb.bash("git init -q . && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m init "
-                "&& git log --format=%s")
+    r = sb.bash(
+        "git init -q . && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m init && git log --format=%s"
+    )
     assert r.output == "init\n", r.output

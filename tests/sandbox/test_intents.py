@@ -1,5 +1,6 @@
 """Intent records: a sandbox is on disk before it starts, so a starter killed at any point
 leaves nothing a reaper cannot find and stop (real bwrap and local sandboxes, real kills)."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ def _gone(pids: list[int], starts: dict[int, int | None], timeout: float = 5) ->
 
 @pytest.mark.parametrize("runtime", ["bwrap", "local"])
 def test_a_start_killed_midway_is_found_and_stopped(runtime, state_dir, workspace):
-    starter = subprocess.Popen([PY, "-c", HUNG_STARTER, runtime, state_dir, workspace],
-                               stdout=subprocess.PIPE, text=True)
+    starter = subprocess.Popen(
+        [PY, "-c", HUNG_STARTER, runtime, state_dir, workspace], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert starter.stdout.readline().strip() == "launched"
         [handle] = read_handles(Path(state_dir))
@@ -57,8 +59,7 @@ def test_a_start_killed_midway_is_found_and_stopped(runtime, state_dir, workspac
         # bwrap: the launcher, the namespace's init and the tool server; local: the server
         want = 3 if runtime == "bwrap" else 1
         end = time.monotonic() + 10
-        while len(tree := [launcher, *descendants(launcher)]) < want \
-                and time.monotonic() < end:
+        while len(tree := [launcher, *descendants(launcher)]) < want and time.monotonic() < end:
             time.sleep(0.02)
         assert len(tree) >= want
         starts = {pid: start_time(pid) for pid in tree}
@@ -99,10 +100,16 @@ def test_an_intent_without_a_launch_is_removed_once_its_starter_is_dead(state_di
     handles = []
     for name, owner in (("mine", None), ("theirs", dead_owner)):
         socket_dir = Path(state_dir) / name
-        handle = {"runtime": "bwrap", "id": name, "label": f"{name}:1", "workspace": "/nowhere",
-                  "socket_dir": str(socket_dir), "socket": str(socket_dir / "tool.sock"),
-                  "handle_file": str(Path(state_dir) / f"{name}.json"),
-                  "log_file": str(Path(state_dir) / f"{name}.log")}
+        handle = {
+            "runtime": "bwrap",
+            "id": name,
+            "label": f"{name}:1",
+            "workspace": "/nowhere",
+            "socket_dir": str(socket_dir),
+            "socket": str(socket_dir / "tool.sock"),
+            "handle_file": str(Path(state_dir) / f"{name}.json"),
+            "log_file": str(Path(state_dir) / f"{name}.log"),
+        }
         write_intent(handle)  # this process is the starter...
         if owner:  # ...except for the one a dead process was starting
             handle["owner_pid"], handle["owner_start"] = owner

@@ -1,6 +1,7 @@
 """The warm pool (sandbox/pool.py) with real bwrap sandboxes: a claim hands one whole sandbox
 to one rollout, on its own workspace, and members of a dead pool process are found and stopped.
 (The attack tests run on pooled sandboxes too: tests/sandbox/test_security.py, `[pooled]`.)"""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,7 @@ def pool_of(state_dir, tmp_path):
     pools: list[WarmPool] = []
 
     def _make(size: int = 2, **kwargs) -> WarmPool:
-        pools.append(WarmPool(SandboxSettings(state_dir=state_dir), tmp_path / "slots", size,
-                              **kwargs))
+        pools.append(WarmPool(SandboxSettings(state_dir=state_dir), tmp_path / "slots", size, **kwargs))
         return pools[-1]
 
     yield _make
@@ -112,8 +112,9 @@ def test_only_the_same_shape_is_handed_out(pool_of):
     assert pool.wait_ready(limited, "bwrap", timeout=60)
     sb = pool.claim(limited, "bwrap", "r:1")
     assert sb is not None
-    limits = [Path(c, "pids.max").read_text().strip() for c in sb.handle["cgroups"]
-              if Path(c, "pids.max").exists()] or [sb.bash("ulimit -u").output.strip()]
+    limits = [
+        Path(c, "pids.max").read_text().strip() for c in sb.handle["cgroups"] if Path(c, "pids.max").exists()
+    ] or [sb.bash("ulimit -u").output.strip()]
     assert limits == ["64"]
 
 
@@ -155,15 +156,20 @@ sys.stdin.read()
 
 def test_members_of_a_killed_pool_process_are_stopped(state_dir, tmp_path):
     slots = tmp_path / "slots"
-    owner = subprocess.Popen([sys.executable, "-c", POOL_PROCESS, state_dir, str(slots)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", POOL_PROCESS, state_dir, str(slots)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         claimed_id = owner.stdout.readline().strip()
         assert claimed_id, "the pool process did not start"
         end = time.monotonic() + 60  # it makes up for the claim
-        while time.monotonic() < end and \
-                sum(h["label"] == POOL_LABEL and h["state"] == "ready"
-                    for h in read_handles(Path(state_dir))) < 2:
+        while (
+            time.monotonic() < end
+            and sum(h["label"] == POOL_LABEL and h["state"] == "ready" for h in read_handles(Path(state_dir))) < 2
+        ):
             time.sleep(0.05)
         handles = read_handles(Path(state_dir))
         members = [h for h in handles if h["label"] == POOL_LABEL]
@@ -187,7 +193,8 @@ def test_members_of_a_killed_pool_process_are_stopped(state_dir, tmp_path):
         for path in unclaimed:
             remove_slot(path)
         assert sorted(os.listdir(slots)) == sorted(
-            [Path(claimed["workspace"]).name, claim_file(claimed["workspace"]).name])
+            [Path(claimed["workspace"]).name, claim_file(claimed["workspace"]).name]
+        )
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -1,4 +1,5 @@
 """Real escape attempts against bwrap sandboxes; every one must fail and the host must stay fine."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,14 @@ def bw(start):
 
 def test_cannot_write_outside_the_workspace(bw, tmp_path):
     outside = tmp_path / "outside.txt"
-    targets = ["/usr/raas-evil", "/etc/raas-evil", "/opt/raas/toolserver/evil.py", str(outside),
-               "/work/raas-evil", "/root/raas-evil"]
+    targets = [
+        "/usr/raas-evil",
+        "/etc/raas-evil",
+        "/opt/raas/toolserver/evil.py",
+        str(outside),
+        "/work/raas-evil",
+        "/root/raas-evil",
+    ]
     for target in targets:
         r = bw.bash(f"echo pwned > {target}")
         if not target.startswith("/tmp/"):  # /tmp inside is a private tmpfs: writable, not the host's
@@ -45,8 +52,7 @@ def test_cannot_read_host_secrets_or_data_trees(start, tmp_path, monkeypatch):
     secret_root.write_text("hunter2-root")
     try:
         bw = start("bwrap")
-        r = bw.bash(f"cat {secret_tmp} {secret_root}; echo env=$RAAS_TEST_SECRET; "
-                    "cat /proc/*/environ | tr '\\0' '\\n'")
+        r = bw.bash(f"cat {secret_tmp} {secret_root}; echo env=$RAAS_TEST_SECRET; cat /proc/*/environ | tr '\\0' '\\n'")
         assert "hunter2" not in r.output
         listing = bw.bash("ls -A /root /home /var /srv /mnt /work 2>&1; ls -A /tmp").output
         assert "No such file" in listing and "hunter2" not in listing
@@ -91,7 +97,6 @@ def test_where_the_uid_may_not_create_namespaces_root_sandboxes_remain(monkeypat
     assert bwrap.unprivileged_uid(settings) is None  # a user's sandbox is that user
 
 
-
 def test_a_failed_probe_is_not_remembered_for_good(monkeypatch, caplog):
     """Review 1 item 5: one failed root->nobody probe (a timeout on a loaded node) must not run
     every later sandbox of the process as host root: only success is cached; a failure is
@@ -122,16 +127,17 @@ def test_a_failed_probe_is_not_remembered_for_good(monkeypatch, caplog):
     now[0] += 10 * bwrap.PROBE_RETRY_S
     assert bwrap._probe_as(65534) is None and calls == [65534, 65534]  # success is kept
 
+
 def test_no_network_when_off(start):
     with socket.create_connection(("127.0.0.1", 5432), timeout=2):
         pass  # PostgreSQL is up on the host, so a failure inside is the sandbox's doing
     probe = "import socket; socket.create_connection(('127.0.0.1', 5432), timeout=2); print('connected')"
     bw = start("bwrap")
-    r = bw.bash(f"python3 -c \"{probe}\"")
+    r = bw.bash(f'python3 -c "{probe}"')
     assert r.exit_code != 0 and "connected" not in r.output
     assert bw.python(probe).error is not None
     online = start("bwrap", network=True)
-    assert online.bash(f"python3 -c \"{probe}\"").output == "connected\n"
+    assert online.bash(f'python3 -c "{probe}"').output == "connected\n"
 
 
 def test_fork_bomb_is_contained(start):
@@ -186,9 +192,22 @@ def test_fork_bomb_rootless_rlimit():
         for sub in ("ws", "state"):
             (base / sub).mkdir(mode=0o700)
             os.chown(base / sub, 65534, 65534)
-        run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                              sys.executable, "-c", ROOTLESS_SCRIPT, str(base)], capture_output=True,
-                             text=True, timeout=90, cwd=str(Path(__file__).parents[2]))
+        run = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                ROOTLESS_SCRIPT,
+                str(base),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            cwd=str(Path(__file__).parents[2]),
+        )
         assert run.returncode == 0, run.stderr[-2000:]
         count, alive = run.stdout.split()
         assert alive == "alive" and 0 < int(count) <= 64 + 3, run.stdout  # + client, bwrap, its init
@@ -259,8 +278,10 @@ def test_file_tools_stay_in_the_workspace(bw, tmp_path):
 def test_no_nested_user_namespaces(bw):
     """Nested user namespaces would hand the agent a fresh capability set to attack the kernel with."""
     # The syscall itself, so the test cannot pass because an `unshare` binary is missing.
-    r = bw.bash("python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-                "print(libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))'")  # NEWUSER
+    r = bw.bash(
+        "python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        "print(libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))'"
+    )  # NEWUSER
     assert r.exit_code == 0, r.output  # the probe ran
     result, _, reason = r.output.strip().partition(" ")
     assert result == "-1", f"unshare(CLONE_NEWUSER) succeeded inside the sandbox: {r.output}"
@@ -276,14 +297,15 @@ def test_tool_socket_is_out_of_reach_inside(bw):
     assert bw.bash("echo $PPID").output == "0\n"
     # where the kernel leaves the outer /proc visible (a root service), the server is
     # listed, but it is not dumpable: its descriptors (the listening socket) stay unreachable
-    find = ("python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
-            "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-I\\0-B\\0-c\\0')][:1])\"")  # noqa: E501
+    find = (
+        "python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
+        "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-I\\0-B\\0-c\\0')][:1])\""
+    )  # noqa: E501
     server = bw.bash(find).output.strip()
     if server:
         fds = bw.bash(f"ls /proc/{server}/fd 2>&1; cat /proc/{server}/environ 2>&1 | head -c 100")
         assert "Permission denied" in fds.output
     assert bw.bash("echo still-serving").output == "still-serving\n"
-
 
 
 def test_the_server_imports_nothing_from_where_the_agent_can_write(bw):
@@ -295,13 +317,16 @@ def test_the_server_imports_nothing_from_where_the_agent_can_write(bw):
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert argv[:4] == [b"/usr/bin/python3", b"-I", b"-S", b"-B"], argv  # -S: no .pth runs
     assert os.readlink(f"/proc/{pid}/cwd") == "/opt/raas"
-    r = bw.bash("for d in /opt/raas /opt/raas/lib /opt/raas/toolserver; do "
-                "touch $d/json.py 2>/dev/null && echo WROTE $d; done; echo done")
+    r = bw.bash(
+        "for d in /opt/raas /opt/raas/lib /opt/raas/toolserver; do "
+        "touch $d/json.py 2>/dev/null && echo WROTE $d; done; echo done"
+    )
     assert r.output == "done\n", r.output
     # the server sees what the agent wrote elsewhere, and still serves without importing it
     assert bw.bash("echo 'raise SystemExit(99)' > /json.py; echo ok").output == "ok\n"
     assert bw.python("import json; print(json.dumps([1]))").output.strip() == "[1]"
     assert bw.bash("echo still-serving").output == "still-serving\n"
+
 
 def test_a_swapped_socket_is_an_error_never_an_answer(start):
     """Whoever answers on the socket path must be the server the runtime started."""

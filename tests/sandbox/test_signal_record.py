@@ -5,6 +5,7 @@ it a real SIGTERM; the record file is what `tasks.run_guard` reads. A forged `rt
 (SI_QUEUE with `si_pid` 0, which any same-uid process may send) must not read as "outside",
 while a plain kill(2) from outside the server's pid namespace still does.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -1,4 +1,5 @@
 """Singularity: exact command lines (fake only at the command boundary) and, if installed, the real thing."""
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,7 @@ class FakeSingularityCommands(SingularityCommands):
 def fake_rt(state_dir, tmp_path):
     image = tmp_path / "img.sif"
     image.write_text("not really an image")
-    rt = SingularityRuntime(state_dir=state_dir, commands=FakeSingularityCommands(),
-                            image_cache=tmp_path / "cache")
+    rt = SingularityRuntime(state_dir=state_dir, commands=FakeSingularityCommands(), image_cache=tmp_path / "cache")
     return rt, str(image)
 
 
@@ -59,12 +59,28 @@ def test_instance_start_command_line(fake_rt, workspace, tmp_path):
     handle = {"socket_dir": str(tmp_path / "sock"), "instance": "raas-abc"}
     spec = SandboxSpec(workspace=workspace, image=image, binds=[Bind(host=str(tmp_path), sandbox="/data")])
     assert rt.start_argv(spec, handle, image, None) == [
-        "apptainer", "instance", "start", "--containall", "--writable-tmpfs", "--no-mount", "home,cwd",
-        "--net", "--network", "none",
-        "--bind", f"{workspace}:{workspace}", "--bind", f"{tmp_path}/sock:/run/raas",
-        "--bind", f"{TOOLSERVER_DIR}:/opt/raas/toolserver:ro",
-        "--bind", f"{PTYPROCESS_DIR}:/opt/raas/lib/ptyprocess:ro",
-        "--bind", f"{tmp_path}:/data:ro", image, "raas-abc",
+        "apptainer",
+        "instance",
+        "start",
+        "--containall",
+        "--writable-tmpfs",
+        "--no-mount",
+        "home,cwd",
+        "--net",
+        "--network",
+        "none",
+        "--bind",
+        f"{workspace}:{workspace}",
+        "--bind",
+        f"{tmp_path}/sock:/run/raas",
+        "--bind",
+        f"{TOOLSERVER_DIR}:/opt/raas/toolserver:ro",
+        "--bind",
+        f"{PTYPROCESS_DIR}:/opt/raas/lib/ptyprocess:ro",
+        "--bind",
+        f"{tmp_path}:/data:ro",
+        image,
+        "raas-abc",
     ]
     online = spec.model_copy(update={"network": True, "fakeroot": True, "binds": []})
     argv = rt.start_argv(online, handle, image, None)
@@ -80,20 +96,38 @@ def test_missing_bind_is_a_typed_error_not_sys_exit(fake_rt, workspace):
 
 def test_exec_and_pull_command_lines(fake_rt, workspace):
     rt, image = fake_rt
-    spec = SandboxSpec(workspace=workspace, image=image, env={"A": "1"},
-                       limits=SandboxLimits(output_bytes=1000, file_size_mb=1))
+    spec = SandboxSpec(
+        workspace=workspace, image=image, env={"A": "1"}, limits=SandboxLimits(output_bytes=1000, file_size_mb=1)
+    )
     argv = rt.exec_argv(spec, {"instance": "raas-abc"}, None)
     assert argv[:5] == ["apptainer", "exec", "--cleanenv", "--pwd", "/"]
     assert "A=1" in argv and "PYTHONPATH=/opt/raas:/opt/raas/lib" in argv
     tail = argv[argv.index("instance://raas-abc") :]
-    assert tail[:11] == ["instance://raas-abc", "/usr/bin/python3", "-s", "-B", "-m", "toolserver",
-                         "--socket", "/run/raas/tool.sock", "--workspace", workspace, "--workdir"]
+    assert tail[:11] == [
+        "instance://raas-abc",
+        "/usr/bin/python3",
+        "-s",
+        "-B",
+        "-m",
+        "toolserver",
+        "--socket",
+        "/run/raas/tool.sock",
+        "--workspace",
+        workspace,
+        "--workdir",
+    ]
     limits = tail[tail.index("--python") + 2 :]
     nproc = [] if os.geteuid() == 0 else ["--nproc", limits[limits.index("--nproc") + 1]]
-    assert limits == ["--output-bytes", "1000", "--fsize", str(1024 * 1024), *nproc,
-                      "--address-space", str(4096 * 1024 * 1024)]
-    assert rt.pull_argv("docker://python:3.11", "/c/x.sif") == [
-        "apptainer", "pull", "/c/x.sif", "docker://python:3.11"]
+    assert limits == [
+        "--output-bytes",
+        "1000",
+        "--fsize",
+        str(1024 * 1024),
+        *nproc,
+        "--address-space",
+        str(4096 * 1024 * 1024),
+    ]
+    assert rt.pull_argv("docker://python:3.11", "/c/x.sif") == ["apptainer", "pull", "/c/x.sif", "docker://python:3.11"]
 
 
 def test_docker_images_are_pulled_once(fake_rt):
@@ -137,8 +171,7 @@ def test_a_model_endpoint_folder_is_bound_read_only(fake_rt, workspace, tmp_path
     rt, image = fake_rt
     (tmp_path / "sock").mkdir()
     (tmp_path / "ep").mkdir()
-    handle = {"socket_dir": str(tmp_path / "sock"), "instance": "raas-abc",
-              "endpoint_dir": str(tmp_path / "ep")}
+    handle = {"socket_dir": str(tmp_path / "sock"), "instance": "raas-abc", "endpoint_dir": str(tmp_path / "ep")}
     spec = SandboxSpec(workspace=workspace, image=image, model_endpoint=True)
     argv = rt.start_argv(spec, handle, image, None)
     assert argv[argv.index(f"{tmp_path}/ep:/run/raas-model:ro") - 1] == "--bind"

@@ -1,4 +1,5 @@
 """Pure pieces: output capping, the wire protocol, spec validation, mounts, runtime lookup."""
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,20 @@ def test_image_rootfs_mounts(tmp_path):
         (tmp_path / name).mkdir()
     (tmp_path / "bin").symlink_to("usr/bin")
     args = _root_mounts(str(tmp_path))
-    assert args == ["--symlink", "usr/bin", "/bin", "--ro-bind", f"{tmp_path}/etc", "/etc",
-                    "--ro-bind", f"{tmp_path}/usr", "/usr", "--ro-bind", f"{tmp_path}/var", "/var"]
+    assert args == [
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--ro-bind",
+        f"{tmp_path}/etc",
+        "/etc",
+        "--ro-bind",
+        f"{tmp_path}/usr",
+        "/usr",
+        "--ro-bind",
+        f"{tmp_path}/var",
+        "/var",
+    ]
     host = _root_mounts(None)
     assert "/home" not in host and "/root" not in host and "/var" not in host and "/tmp" not in host
 
@@ -97,7 +110,7 @@ def test_is_descendant_agrees_with_the_full_process_scan():
         assert len(below) == 2 and all(is_descendant(pid, shell.pid) for pid in below)
         assert not is_descendant(shell.pid, below[0])  # not upwards
         assert not is_descendant(os.getpid(), shell.pid) and is_descendant(shell.pid, os.getpid())
-        assert not is_descendant(2 ** 22 + 1, shell.pid)  # no such process
+        assert not is_descendant(2**22 + 1, shell.pid)  # no such process
     finally:
         for pid in below:
             os.kill(pid, 9)

@@ -7,6 +7,7 @@ An instance may name samples that fail on purpose: `infra_samples` raise an infr
 error in INIT (outcome infra_error with `max_attempts` 1), `policy_samples` end as the policy's
 failure (agent_error, no valid action) with their real trajectory.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,10 +39,14 @@ class GrpoHandler(AgentHandler):
             return ToolOutput(f"The task {ctx.instance_id} asks for 2 + 2.")
 
         tool = Tool("observe", "Read the task", {"type": "object", "properties": {}}, observe)
-        result = run_agent_loop(ctx, system_prompt="Answer in \\boxed{}.",
-                                user_prompt=f"Task {ctx.instance_id}: observe it, then answer.",
-                                tools=[tool], max_turns=3,
-                                final_answer=lambda text: (BOXED.findall(text) or [None])[-1])
+        result = run_agent_loop(
+            ctx,
+            system_prompt="Answer in \\boxed{}.",
+            user_prompt=f"Task {ctx.instance_id}: observe it, then answer.",
+            tools=[tool],
+            max_turns=3,
+            final_answer=lambda text: (BOXED.findall(text) or [None])[-1],
+        )
         if ctx.sample_index in ctx.instance.get("policy_samples", []):
             result.outcome, result.finish_reason = "agent_error", "no_valid_action"
         return result

@@ -3,6 +3,7 @@ worker processes, a real tokenizer and agent loop, the LLM simulator (a fake mod
 `wrong_rate` so rewards vary. Typed rows, `collect` (K groups or T seconds, staleness),
 `failure_class` (infra excluded and reported, policy kept at reward 0), `to_arrays`,
 advantages."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 OBSERVE = '<tool_call>{"name": "observe", "arguments": {}}</tool_call>'
-SCRIPT = {"default": [OBSERVE, "So it is \\boxed{4}."], "wrong": "So it is \\boxed{5}.",
-          "wrong_rate": 0.4, "seed": 7}
+SCRIPT = {"default": [OBSERVE, "So it is \\boxed{4}."], "wrong": "So it is \\boxed{5}.", "wrong_rate": 0.4, "seed": 7}
 N = 4
 
 
@@ -33,8 +33,12 @@ def instance(name: str, **data) -> dict:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = start_service(tmp_path_factory.mktemp("sdk-batches"), concurrency=3,
-                        handler_modules="tests.sdk.handlers", extra={"max_attempts": 1})
+    svc = start_service(
+        tmp_path_factory.mktemp("sdk-batches"),
+        concurrency=3,
+        handler_modules="tests.sdk.handlers",
+        extra={"max_attempts": 1},
+    )
     url, stop = start_simulator(SMOLLM2, SCRIPT)
     server = svc.client.add_llm_server(url, weight_version="step-1")
     svc.server_id = server["id"]
@@ -47,8 +51,10 @@ def service(tmp_path_factory):
 def job(service):
     """One job of four groups on the pool: g0 has an infra failure, g1 a policy failure."""
     accepted = service.client.submit(
-        "test-grpo", [instance("g0", infra_samples=[1]), instance("g1", policy_samples=[2]),
-                      instance("g2"), instance("g3")], n_samples=N)
+        "test-grpo",
+        [instance("g0", infra_samples=[1]), instance("g1", policy_samples=[2]), instance("g2"), instance("g3")],
+        n_samples=N,
+    )
     return accepted["job_id"]
 
 
@@ -69,14 +75,14 @@ def test_collect_gives_k_groups_then_the_rest(service, job):
     assert g0.short and g0.n_infra == 1 and len(g0.samples) == N - 1
     assert infra.rollout_id not in {r.rollout_id for r in g0.samples}
     policy = g1.rollouts[2]
-    assert (policy.outcome, policy.failure_class, policy.train_reward) == \
-        ("agent_error", "policy", 0.0)
+    assert (policy.outcome, policy.failure_class, policy.train_reward) == ("agent_error", "policy", 0.0)
     assert not g1.short and policy in g1.samples and len(g1.rewards) == N
 
     samples = [r for g in groups.values() for r in g.samples]
     assert all(r.response_ids and set(r.policy_versions) == {"step-1"} for r in samples)
-    rewards = [r.reward for g in groups.values() for r in g.rollouts
-               if g.instance_id != "g1" and r.failure_class == "none"]
+    rewards = [
+        r.reward for g in groups.values() for r in g.rollouts if g.instance_id != "g1" and r.failure_class == "none"
+    ]
     assert set(rewards) == {0.0, 1.0}, rewards  # the simulator's wrong answers: variance
     # with include_infra the infra failure counts as a reward-0 sample
     whole = Group(**{**g0.model_dump(), "include_infra": True})
@@ -84,8 +90,7 @@ def test_collect_gives_k_groups_then_the_rest(service, job):
 
 
 def test_advantages_and_arrays_from_a_real_batch(service):
-    accepted = service.client.submit("test-grpo", [instance("a0"), instance("a1")],
-                                     n_samples=N)
+    accepted = service.client.submit("test-grpo", [instance("a0"), instance("a1")], n_samples=N)
     batch = service.client.collect(accepted["job_id"], groups=2, timeout=120)
     assert len(batch.groups) == 2, service.log_tail()
     for g in batch.groups:
@@ -106,14 +111,13 @@ def test_advantages_and_arrays_from_a_real_batch(service):
     assert arrays["rewards"].tolist() == batch.rewards
     for b, r in enumerate(samples):
         p, n = len(r.prompt_ids), len(r.response_ids)
-        assert arrays["input_ids"][b, :p + n].tolist() == r.prompt_ids + r.response_ids
-        assert (arrays["input_ids"][b, p + n:] == -7).all()
-        assert arrays["loss_mask"][b, p:p + n].tolist() == r.loss_mask
+        assert arrays["input_ids"][b, : p + n].tolist() == r.prompt_ids + r.response_ids
+        assert (arrays["input_ids"][b, p + n :] == -7).all()
+        assert arrays["loss_mask"][b, p : p + n].tolist() == r.loss_mask
         assert arrays["loss_mask"][b].sum() == sum(r.loss_mask) > 0
         generated = np.array(r.loss_mask, dtype=bool)
-        assert np.allclose(arrays["old_logprobs"][b, p:p + n][generated],
-                           np.array(r.response_logprobs)[generated])
-        assert (arrays["old_logprobs"][b, p:p + n][~generated] == 0).all()
+        assert np.allclose(arrays["old_logprobs"][b, p : p + n][generated], np.array(r.response_logprobs)[generated])
+        assert (arrays["old_logprobs"][b, p : p + n][~generated] == 0).all()
         # every generated token carries the version of its turn (step-1), nothing else does
         versions = arrays["policy_version"][b]
         assert ((versions == 1) == (arrays["loss_mask"][b] == 1)).all()
@@ -138,8 +142,9 @@ def test_stale_samples_are_dropped_and_reported(service, job):
 def test_collect_returns_at_the_timeout_with_what_completed(service):
     url, stop = start_simulator(SMOLLM2, {"default": [OBSERVE, "\\boxed{4}"], "latency": 30})
     try:
-        accepted = service.client.submit("test-grpo", [instance("slow")], n_samples=2,
-                                         llm={"servers": [{"url": url}], "tokenizer": SMOLLM2})
+        accepted = service.client.submit(
+            "test-grpo", [instance("slow")], n_samples=2, llm={"servers": [{"url": url}], "tokenizer": SMOLLM2}
+        )
         batch = service.client.collect(accepted["job_id"], groups=1, timeout=2)
         assert batch.groups == [] and batch.timed_out and not batch.job_done
         assert 1.5 < batch.seconds < 10
@@ -151,12 +156,9 @@ def test_collect_returns_at_the_timeout_with_what_completed(service):
 def test_rows_parse_from_the_wire_json(service, job):
     """The gateway serves the SDK's model: a raw row parses, and carries failure_class."""
     page = service.client.results_page(job, 0, wait=0, limit=100)
-    assert page["items"] and all(i["failure_class"] in ("none", "policy", "infra")
-                                 for i in page["items"])
+    assert page["items"] and all(i["failure_class"] in ("none", "policy", "infra") for i in page["items"])
     row = Rollout.model_validate(json.loads(json.dumps(page["items"][0])))
     assert row.model_dump(mode="json")["failure_class"] == page["items"][0]["failure_class"]
-
-
 
 
 def test_out_rows_are_the_api_records(service, job, tmp_path):
@@ -170,8 +172,7 @@ def test_out_rows_are_the_api_records(service, job, tmp_path):
     assert lines == api and len(lines) == 4 * N
     assert sum(r["group_complete"] for r in lines) == 4
     assert all(r["metrics"].get("turns") for r in lines if r["failure_class"] == "none")
-    assert [Rollout.model_validate(r).failure_class for r in lines] == \
-        [r["failure_class"] for r in lines]
+    assert [Rollout.model_validate(r).failure_class for r in lines] == [r["failure_class"] for r in lines]
 
 
 def test_short_job_ids_work_in_the_cli(service, job):

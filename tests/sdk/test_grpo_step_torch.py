@@ -7,6 +7,7 @@ is a stand-in (an embedding and a linear head, a real torch module) since no mod
 check the SDK's arrays feed a loss that back-propagates. Marked `sdk_torch`:
 `make test-sdk-torch`.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,14 @@ def test_the_readme_grpo_step_trains_on_real_groups(tmp_path):
         code = code.replace('"http://127.0.0.1:8000"', repr(svc.url))
         code = code.replace('"math"', '"test-sleepy"')  # rewards 0/1 by sample parity
         env = {**os.environ, "PYTHONPATH": str(REPO / "sdk")}
-        run = subprocess.run([TORCH_PYTHON, "-c", f"CODE = {code!r}\n{RUN}"], env=env,
-                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        run = subprocess.run(
+            [TORCH_PYTHON, "-c", f"CODE = {code!r}\n{RUN}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
     finally:
         svc.stop()
     assert run.returncode == 0, run.stderr[-3000:]

@@ -1,4 +1,5 @@
 """The SDK's pure parts: the failure-class table, version numbers, advantages, empty arrays."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -10,16 +11,26 @@ from raas_client.arrays import to_arrays
 from raas_client.models import version_number
 
 
-@pytest.mark.parametrize("outcome, expected", [
-    ("completed", "none"), ("agent_error", "policy"), ("infra_error", "infra"),
-    ("timeout", "infra"), ("cancelled", "infra"), ("prompt_too_long", "input"),
-    ("something_new", "infra"), (None, None)])
+@pytest.mark.parametrize(
+    "outcome, expected",
+    [
+        ("completed", "none"),
+        ("agent_error", "policy"),
+        ("infra_error", "infra"),
+        ("timeout", "infra"),
+        ("cancelled", "infra"),
+        ("prompt_too_long", "input"),
+        ("something_new", "infra"),
+        (None, None),
+    ],
+)
 def test_failure_class_table(outcome, expected):
     assert failure_class_of(outcome) == expected
 
 
-@pytest.mark.parametrize("version, expected", [
-    ("step-42", 42), ("7", 7), (3, 3), ("v2", 2), ("main", None), (None, None), (True, None)])
+@pytest.mark.parametrize(
+    "version, expected", [("step-42", 42), ("7", 7), (3, 3), ("v2", 2), ("main", None), (None, None), (True, None)]
+)
 def test_version_numbers(version, expected):
     assert version_number(version) == expected
 
@@ -38,19 +49,26 @@ def test_arrays_of_nothing_keep_their_rank():
 
 
 def row(k: int, **fields) -> Rollout:
-    base = {"rollout_id": f"r{k}", "job_id": "j", "instance_id": "i", "sample_index": k,
-            "status": "done", "outcome": "completed", "attempt": 1, "reward": float(k % 2),
-            "timing": {}, "created_at": datetime.now(timezone.utc)}
+    base = {
+        "rollout_id": f"r{k}",
+        "job_id": "j",
+        "instance_id": "i",
+        "sample_index": k,
+        "status": "done",
+        "outcome": "completed",
+        "attempt": 1,
+        "reward": float(k % 2),
+        "timing": {},
+        "created_at": datetime.now(timezone.utc),
+    }
     return Rollout(**{**base, **fields})
 
 
 def test_a_straggler_cut_is_neither_a_sample_nor_a_failure():
     cut = row(3, outcome="cancelled", reward=None, cut_reason="spare")
-    group = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), row(2), cut],
-                  expected=3)
+    group = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), row(2), cut], expected=3)
     assert group.samples == group.rollouts[:3] and group.cut == [cut]
     assert not group.short and group.n_infra == 0
     failed = row(2, outcome="infra_error", reward=None)
-    short = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), failed, cut],
-                  expected=3)
+    short = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), failed, cut], expected=3)
     assert short.short and short.n_infra == 1 and len(short.samples) == 2

@@ -10,6 +10,7 @@ writable cgroup v1 freezer) or `linuxproc` (where cgroup tracking is unavailable
 escape the job). The node declares more CPUs and memory than the machine has
 (`SlurmdParameters=config_overrides`), so two node jobs with their slot counts fit at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,13 @@ def ensure_installed() -> None:
     if shutil.which("slurmctld") and shutil.which("munged"):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600",
-                    *SLURM_PACKAGES], check=True, env=env, capture_output=True, timeout=1200)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *SLURM_PACKAGES],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=1200,
+    )
 
 
 def freezer_writable() -> bool:
@@ -59,8 +65,7 @@ def _free_port() -> int:
 class SlurmCluster:
     """One slurmctld + one slurmd (+ munged) of our own; `env` is what client commands need."""
 
-    def __init__(self, proctrack: str = "cgroup", kill_wait: int = 30, cpus: int = 32,
-                 memory_mb: int = 64000) -> None:
+    def __init__(self, proctrack: str = "cgroup", kill_wait: int = 30, cpus: int = 32, memory_mb: int = 64000) -> None:
         self.proctrack = proctrack
         self.kill_wait = kill_wait
         self.dir = Path(tempfile.mkdtemp(prefix=f"raas-slurm-{proctrack}-", dir="/tmp"))
@@ -87,18 +92,25 @@ class SlurmCluster:
             if state in ("idle", "mixed", "allocated"):
                 return self
             time.sleep(0.5)
-        raise RuntimeError(f"slurm node not idle after {timeout}s (state {state!r}):\n"
-                           f"{self.log_tail()}")
+        raise RuntimeError(f"slurm node not idle after {timeout}s (state {state!r}):\n{self.log_tail()}")
 
     def _start_munge(self) -> None:
         key = self.dir / "munge.key"
-        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True,
-                       capture_output=True)
+        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
         key.chmod(0o600)
-        self._daemon(["munged", "--foreground", "--force", f"--socket={self.munge_socket}",
-                      f"--key-file={key}", f"--pid-file={self.dir / 'munged.pid'}",
-                      f"--log-file={self.dir / 'log' / 'munged.log'}",
-                      f"--seed-file={self.dir / 'munge.seed'}"], "munged")
+        self._daemon(
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={self.dir / 'munged.pid'}",
+                f"--log-file={self.dir / 'log' / 'munged.log'}",
+                f"--seed-file={self.dir / 'munge.seed'}",
+            ],
+            "munged",
+        )
         deadline = time.monotonic() + 20
         while not self.munge_socket.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -127,25 +139,28 @@ KillWait={self.kill_wait}
 MinJobAge=600
 ReturnToService=2
 SlurmdParameters=config_overrides
-StateSaveLocation={d / 'state'}
-SlurmdSpoolDir={d / 'spool'}
-SlurmctldPidFile={d / 'slurmctld.pid'}
-SlurmdPidFile={d / 'slurmd.pid'}
-SlurmctldLogFile={d / 'log' / 'slurmctld.log'}
-SlurmdLogFile={d / 'log' / 'slurmd.log'}
+StateSaveLocation={d / "state"}
+SlurmdSpoolDir={d / "spool"}
+SlurmctldPidFile={d / "slurmctld.pid"}
+SlurmdPidFile={d / "slurmd.pid"}
+SlurmctldLogFile={d / "log" / "slurmctld.log"}
+SlurmdLogFile={d / "log" / "slurmd.log"}
 SlurmctldDebug=info
 SlurmdDebug=info
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN
 PartitionName=raas Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
-        (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
-                                       "ConstrainCores=no\nConstrainRAMSpace=no\n"
-                                       "ConstrainDevices=no\nConstrainSwapSpace=no\n")
+        (d / "cgroup.conf").write_text(
+            "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n"
+            "ConstrainCores=no\nConstrainRAMSpace=no\n"
+            "ConstrainDevices=no\nConstrainSwapSpace=no\n"
+        )
 
     def _daemon(self, argv: list[str], name: str) -> None:
         log = open(self.dir / "log" / f"{name}.out", "ab")
-        self.procs.append(subprocess.Popen(argv, env=self.env, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
 
     def stop(self) -> None:
         """Cancel every job, stop the daemons, delete the folder."""
@@ -164,14 +179,15 @@ PartitionName=raas Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- client commands ------------------------------------------------------------------
-    def run(self, *argv: str, check: bool = True, env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self, *argv: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         """A Slurm client command against this cluster."""
-        result = subprocess.run(list(argv), env={**self.env, **(env or {})}, text=True,
-                                capture_output=True, timeout=timeout)
+        result = subprocess.run(
+            list(argv), env={**self.env, **(env or {})}, text=True, capture_output=True, timeout=timeout
+        )
         if check and result.returncode:
-            raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): "
-                               f"{result.stderr.strip()}")
+            raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
 
     def sbatch(self, script: Path, *options: str, env: dict[str, str] | None = None) -> str:
@@ -201,13 +217,13 @@ PartitionName=raas Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             if state in states:
                 return state
             time.sleep(0.5)
-        raise AssertionError(f"job {job_id} not in {states} after {timeout}s: "
-                             f"{self.job_info(job_id)}\n{self.log_tail()}")
+        raise AssertionError(
+            f"job {job_id} not in {states} after {timeout}s: {self.job_info(job_id)}\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of the daemons' logs (for failure messages)."""
         out = []
         for path in sorted((self.dir / "log").glob("*.log")):
-            out.append(f"--- {path.name}\n" + "\n".join(
-                path.read_text(errors="replace").splitlines()[-lines:]))
+            out.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(out)

@@ -1,4 +1,5 @@
 """Module-scoped database for the Slurm tier (one cluster per proctrack runs several jobs)."""
+
 from __future__ import annotations
 
 import uuid
@@ -17,8 +18,7 @@ def pg_url_module() -> Iterator[str]:
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(
-        hide_password=False)
+    yield sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     from core.db import dispose_all
 
     dispose_all(close=True)

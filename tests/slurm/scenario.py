@@ -13,6 +13,7 @@ runs the node jobs in real bwrap sandboxes.
 README's layout before issue 27: a worker per stage and a reaper as `&` children of the
 batch script, `--signal=TERM@90`: the "before" of the closing note).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,12 +44,18 @@ from tests.faults.campaign import PROBLEMS, SMOLLM2, TURNS, answers_right, scrip
 from tests.slurm.cluster import SlurmCluster
 
 SLOTS = {"init": 2, "run": 4, "eval": 2}
-DRAIN = 10          # RAAS_SOFT_SHUTDOWN_TIMEOUT of the node jobs
-LATENCY = 1.0       # seconds per LLM answer: a rollout's RUN takes ~4 s, a fault lands in it
-RELIABILITY = {"RAAS_HEARTBEAT_INTERVAL": "0.5", "RAAS_LEASE_TIMEOUT": "6",
-               "RAAS_REQUEUE_AFTER": "3", "RAAS_REAPER_INTERVAL": "0.5",
-               "RAAS_NODE_TIMEOUT": "12", "RAAS_MAX_ATTEMPTS": "4",
-               "RAAS_OUTBOX_GRACE": "5", "RAAS_STAGE_GRACE": "2"}
+DRAIN = 10  # RAAS_SOFT_SHUTDOWN_TIMEOUT of the node jobs
+LATENCY = 1.0  # seconds per LLM answer: a rollout's RUN takes ~4 s, a fault lands in it
+RELIABILITY = {
+    "RAAS_HEARTBEAT_INTERVAL": "0.5",
+    "RAAS_LEASE_TIMEOUT": "6",
+    "RAAS_REQUEUE_AFTER": "3",
+    "RAAS_REAPER_INTERVAL": "0.5",
+    "RAAS_NODE_TIMEOUT": "12",
+    "RAAS_MAX_ATTEMPTS": "4",
+    "RAAS_OUTBOX_GRACE": "5",
+    "RAAS_STAGE_GRACE": "2",
+}
 MARK = "RAASTEST_SLURM_MARK"  # in every process of our node jobs: orphans are found by it
 # (problems, samples each). The time limit is set on A once its RUN slots are busy (the
 # next whole minute of its run time): the controller checks limits every 30 s and may send
@@ -91,16 +98,16 @@ class SlurmReport:
     seconds: float = 0.0
     completed: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
-    lost: int = 0                 # rollouts never terminal
-    not_completed: int = 0        # terminal without `completed` (agent_error, infra_error)
-    duplicated: int = 0           # results beyond one per rollout
-    wrong_rewards: int = 0        # completed with a reward other than the scripted one
-    agent_errors: int = 0         # of which agent_error (the trainer would learn from it)
+    lost: int = 0  # rollouts never terminal
+    not_completed: int = 0  # terminal without `completed` (agent_error, infra_error)
+    duplicated: int = 0  # results beyond one per rollout
+    wrong_rewards: int = 0  # completed with a reward other than the scripted one
+    agent_errors: int = 0  # of which agent_error (the trainer would learn from it)
     missing_tokens: int = 0
-    in_run_at_strike: int = 0     # rollouts in RUN (running or queued for it) at the strike
-    rerun_from_init: int = 0      # rollouts that ended on an attempt > 1 (INIT ran again)
-    loops_regenerated: int = 0    # agent loops begun again (a first turn generated again)
-    orphans: int = 0              # processes of the struck job alive 5 s after it ended
+    in_run_at_strike: int = 0  # rollouts in RUN (running or queued for it) at the strike
+    rerun_from_init: int = 0  # rollouts that ended on an attempt > 1 (INIT ran again)
+    loops_regenerated: int = 0  # agent loops begun again (a first turn generated again)
+    orphans: int = 0  # processes of the struck job alive 5 s after it ended
     notes: list[str] = field(default_factory=list)
 
     def problems(self) -> list[str]:
@@ -116,15 +123,28 @@ class SlurmReport:
 class SlurmScenario:
     """The service around a private Slurm cluster (module doc)."""
 
-    def __init__(self, home: Path, cluster: SlurmCluster, db_url: str, redis_url: str,
-                 env_root: Path, pythonpath: str | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        cluster: SlurmCluster,
+        db_url: str,
+        redis_url: str,
+        env_root: Path,
+        pythonpath: str | None = None,
+    ) -> None:
         self.home, self.cluster, self.env_root = home, cluster, env_root
         self.mark = uuid.uuid4().hex[:12]
         self.redis_url = redis_url
         self.prefix = prefix = f"raas-slurm-{self.mark}:"
-        self.settings = Settings(home=home / "gateway", database_url=db_url,
-                                 broker_url=redis_url, broker_key_prefix=prefix,
-                                 heartbeat_interval=0.5, lease_timeout=6.0, outbox_grace=5.0)
+        self.settings = Settings(
+            home=home / "gateway",
+            database_url=db_url,
+            broker_url=redis_url,
+            broker_key_prefix=prefix,
+            heartbeat_interval=0.5,
+            lease_timeout=6.0,
+            outbox_grace=5.0,
+        )
         upgrade(self.settings.db_url)
         app = create_app(self.settings)
         self._server = make_server("127.0.0.1", 0, app, threaded=True)
@@ -135,14 +155,18 @@ class SlurmScenario:
         from fakellm.server import start_simulator
 
         self.sim_url, self._stop_sim = start_simulator(SMOLLM2, {**script(), "latency": LATENCY})
-        self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2,
-                    "max_model_len": 4096}
-        environ = {"RAAS_DATABASE_URL": db_url, "RAAS_BROKER_URL": redis_url,
-                   "RAAS_BROKER_KEY_PREFIX": prefix, "RAAS_SANDBOX_RUNTIME": "bwrap",
-                   **RELIABILITY}
+        self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
+        environ = {
+            "RAAS_DATABASE_URL": db_url,
+            "RAAS_BROKER_URL": redis_url,
+            "RAAS_BROKER_KEY_PREFIX": prefix,
+            "RAAS_SANDBOX_RUNTIME": "bwrap",
+            **RELIABILITY,
+        }
         self.jobs_dir = home / "slurm"
-        cfg = SlurmJobConfig(**SLOTS, drain=DRAIN, signal_margin=20, mem_per_sandbox_mb=256,
-                             env_root=env_root, time="10:00")
+        cfg = SlurmJobConfig(
+            **SLOTS, drain=DRAIN, signal_margin=20, mem_per_sandbox_mb=256, env_root=env_root, time="10:00"
+        )
         write_jobs(cfg, self.jobs_dir, environ)
         extra = [f"export {MARK}={self.mark}"]
         if pythonpath:  # the "before" tree: main's code instead of this checkout
@@ -152,8 +176,9 @@ class SlurmScenario:
         readme_home = home / "submit-dir" / ".raas"
         (readme_home / "envs").mkdir(parents=True)
         (readme_home / "envs" / "math").symlink_to((env_root / "math").resolve())
-        (self.jobs_dir / "readme.sbatch").write_text(README_NODE_JOB.format(
-            env=self.jobs_dir / "raas.env", home=readme_home, **SLOTS))
+        (self.jobs_dir / "readme.sbatch").write_text(
+            README_NODE_JOB.format(env=self.jobs_dir / "raas.env", home=readme_home, **SLOTS)
+        )
         self.job_ids: list[str] = []
 
     # -- node jobs ------------------------------------------------------------------------
@@ -167,8 +192,7 @@ class SlurmScenario:
 
     def job_log(self, job: str) -> str:
         """The node job's output so far."""
-        return "\n".join(p.read_text(errors="replace")
-                         for p in (self.jobs_dir / "logs").glob(f"*-{job}*.out"))
+        return "\n".join(p.read_text(errors="replace") for p in (self.jobs_dir / "logs").glob(f"*-{job}*.out"))
 
     def our_pids(self) -> list[int]:
         """Processes carrying this scenario's mark (what our node jobs started)."""
@@ -205,14 +229,15 @@ class SlurmScenario:
         """Rollouts of the job in RUN now."""
         return sum(r.status == "run" for r in self.rows(job_id))
 
-    def submit(self, n: int, samples: int = 1, client: RaasClient | None = None
-               ) -> dict[str, Any]:
+    def submit(self, n: int, samples: int = 1, client: RaasClient | None = None) -> dict[str, Any]:
         """A job of `n` distinct problems, `samples` rollouts each."""
-        instances = [{"instance_id": p["instance_id"],
-                      "data": {"problem": p["problem"], "answer": p["answer"]}}
-                     for p in PROBLEMS[:n]]
-        return (client or self.client).submit("math", instances, n_samples=samples,
-                                               llm=self.llm, limits={"max_turns": TURNS + 2})
+        instances = [
+            {"instance_id": p["instance_id"], "data": {"problem": p["problem"], "answer": p["answer"]}}
+            for p in PROBLEMS[:n]
+        ]
+        return (client or self.client).submit(
+            "math", instances, n_samples=samples, llm=self.llm, limits={"max_turns": TURNS + 2}
+        )
 
     def wait_terminal(self, job_id: str, timeout: float) -> bool:
         """Wait until every rollout of the job is terminal."""
@@ -228,8 +253,7 @@ class SlurmScenario:
     def run(self, fault: str, layout: str, timeout: float = 420) -> SlurmReport:
         """Submit, strike node job A mid-RUN with `fault`, finish on B, measure."""
         n, samples = ROLLOUTS[fault]
-        report = SlurmReport(fault=fault, layout=layout, proctrack=self.cluster.proctrack,
-                             rollouts=n * samples)
+        report = SlurmReport(fault=fault, layout=layout, proctrack=self.cluster.proctrack, rollouts=n * samples)
         before = _sim_stats(self.sim_url)
         started = time.monotonic()
         try:
@@ -241,13 +265,13 @@ class SlurmScenario:
             self.stop_nodes()  # the next fault starts with no node, whatever happened
         return report
 
-    def _strike_and_finish(self, fault: str, layout: str, n: int, samples: int,
-                           timeout: float, report: SlurmReport) -> tuple[str, str]:
+    def _strike_and_finish(
+        self, fault: str, layout: str, n: int, samples: int, timeout: float, report: SlurmReport
+    ) -> tuple[str, str]:
         a = self.submit_node(layout)
         self.cluster.wait_state(a, ("RUNNING",), 60)
         job_id = self.submit(n, samples)["job_id"]
-        _wait(lambda: self.in_run(job_id) >= SLOTS["run"], 90,
-              "node job A's RUN slots busy", lambda: self.job_log(a))
+        _wait(lambda: self.in_run(job_id) >= SLOTS["run"], 90, "node job A's RUN slots busy", lambda: self.job_log(a))
         time.sleep(1.5 * LATENCY)  # a turn or two into their loops
         report.in_run_at_strike = self._strike(fault, a, job_id)
         if fault != "requeue":
@@ -263,8 +287,7 @@ class SlurmScenario:
             self.cluster.run("scancel", job, check=False)
         for job in self.job_ids:
             try:
-                self.cluster.wait_state(job, ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED",
-                                              "UNKNOWN"), 90)
+                self.cluster.wait_state(job, ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED", "UNKNOWN"), 90)
             except AssertionError:
                 pass
         self.kill_orphans()
@@ -272,12 +295,14 @@ class SlurmScenario:
     def _strike(self, fault: str, a: str, job_id: str) -> int:
         if fault == "timelimit":  # the controller signals B:TERM (or TERM@90), then kills
             run_time = self.cluster.job_info(a).get("RunTime", "0:0:0")
-            seconds = sum(int(x) * 60 ** i for i, x in enumerate(reversed(
-                run_time.split("-")[-1].split(":"))))
-            self.cluster.run("scontrol", "update", f"JobId={a}",
-                             f"TimeLimit={seconds // 60 + 1}")
-            _wait(lambda: self.cluster.state(a) != "RUNNING" or "TERM at" in self.job_log(a),
-                  150, "the time limit's signal", lambda: self.job_log(a))
+            seconds = sum(int(x) * 60**i for i, x in enumerate(reversed(run_time.split("-")[-1].split(":"))))
+            self.cluster.run("scontrol", "update", f"JobId={a}", f"TimeLimit={seconds // 60 + 1}")
+            _wait(
+                lambda: self.cluster.state(a) != "RUNNING" or "TERM at" in self.job_log(a),
+                150,
+                "the time limit's signal",
+                lambda: self.job_log(a),
+            )
             return self.in_run(job_id)
         in_run = self.in_run(job_id)
         if fault == "scancel":
@@ -308,8 +333,7 @@ class SlurmScenario:
             count += any(e == tag or e.startswith(tag + b"-") for e in env)
         return count
 
-    def _measure(self, job_id: str, report: SlurmReport, before: dict[str, int], n: int,
-                 samples: int) -> None:
+    def _measure(self, job_id: str, report: SlurmReport, before: dict[str, int], n: int, samples: int) -> None:
         view = self.client.job(job_id)
         report.outcomes = view.get("outcomes") or {}
         report.lost = view["n_rollouts"] - view["finished"]
@@ -326,8 +350,7 @@ class SlurmScenario:
             report.completed += 1
             want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
             report.wrong_rewards += r["reward"] != want
-            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids")
-                                          and r.get("loss_mask"))
+            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
         after = _sim_stats(self.sim_url)
         for p in PROBLEMS[:n]:  # first turns beyond one per sample: loops begun again
             key = f"turn:{p['problem']}:0"

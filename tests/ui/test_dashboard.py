@@ -6,6 +6,7 @@ reaper, embedded SQLite + embedded Redis) with `RAAS_API_TOKEN` set; rollouts co
 tokenized with the real SmolLM2 tokenizer. Screenshots of every page are saved under
 $RAAS_UI_ARTIFACTS (default: a temp dir) and the path is printed.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,17 @@ pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
-QUESTIONS = {q["instance_id"]: q for q in map(json.loads, (
-    REPO / "examples" / "search" / "questions.jsonl").read_text().splitlines())}
+QUESTIONS = {
+    q["instance_id"]: q
+    for q in map(json.loads, (REPO / "examples" / "search" / "questions.jsonl").read_text().splitlines())
+}
 TOKEN = "ui-test-token"  # tenant alice
 OTHER = "ui-other-token"  # tenant bob
 OPERATOR = "ui-operator-token"  # admin
 
 
 def call(name: str, **arguments: str) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def drifting_reply(text: str) -> dict:
@@ -48,8 +51,7 @@ def drifting_reply(text: str) -> dict:
 
 
 def instance(iid: str) -> dict:
-    return {"instance_id": iid, "data": {k: v for k, v in QUESTIONS[iid].items()
-                                         if k != "instance_id"}}
+    return {"instance_id": iid, "data": {k: v for k, v in QUESTIONS[iid].items() if k != "instance_id"}}
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +64,20 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = start_service(tmp_path_factory.mktemp("ui"), concurrency=2, extra={
-        "api_token": OPERATOR,
-        "api_tokens": {TOKEN: {"owner": "alice"}, OTHER: {"owner": "bob"}},
-        "policy": {"llm": {"server_urls": ["http://127.0.0.1:*", "http://127.0.0.2:*"],
-                           "tokenizer_roots": [str(REPO / "tests" / "fixtures")]}}})
+    svc = start_service(
+        tmp_path_factory.mktemp("ui"),
+        concurrency=2,
+        extra={
+            "api_token": OPERATOR,
+            "api_tokens": {TOKEN: {"owner": "alice"}, OTHER: {"owner": "bob"}},
+            "policy": {
+                "llm": {
+                    "server_urls": ["http://127.0.0.1:*", "http://127.0.0.2:*"],
+                    "tokenizer_roots": [str(REPO / "tests" / "fixtures")],
+                }
+            },
+        },
+    )
     svc.client.close()
     svc.client = RaasClient(svc.url, token=TOKEN, timeout=60)
     svc.bob = RaasClient(svc.url, token=OTHER, timeout=60)
@@ -79,30 +90,39 @@ def service(tmp_path_factory):
 def jobs(service):
     """A finished job (completed with and without drift, agent_error), a slow one, another's."""
     good, bad, slow = QUESTIONS["search-003"], QUESTIONS["search-016"], QUESTIONS["search-002"]
-    script = {"by_instance": {
-        good["question"]: [drifting_reply(call("search", query=good["query"])),
-                           call("answer", text="128")],
-        bad["question"]: [call("search", query=bad["query"]), call("answer", text="uuid1")],
-        QUESTIONS["search-001"]["question"]: ["I am not sure what to do."],
-        slow["question"]: [{"text": call("search", query="heapq"), "latency": 8}],
-    }}
+    script = {
+        "by_instance": {
+            good["question"]: [drifting_reply(call("search", query=good["query"])), call("answer", text="128")],
+            bad["question"]: [call("search", query=bad["query"]), call("answer", text="uuid1")],
+            QUESTIONS["search-001"]["question"]: ["I am not sure what to do."],
+            slow["question"]: [{"text": call("search", query="heapq"), "latency": 8}],
+        }
+    }
     url, stop = start_simulator(SMOLLM2, script)
-    llm = {"servers": [{"url": url, "weight_version": "step-6"}], "tokenizer": SMOLLM2,
-           "max_model_len": 4096}
+    llm = {"servers": [{"url": url, "weight_version": "step-6"}], "tokenizer": SMOLLM2, "max_model_len": 4096}
     service.client.add_llm_server(url, weight_version="step-7")  # for the stage view
-    main = service.client.submit("search", [instance(i) for i in
-                                            ("search-003", "search-016", "search-001")],
-                                 n_samples=2, limits={"max_turns": 4}, llm=llm)
-    other = service.bob.submit("search", [instance("search-016")], llm=llm,  # another tenant
-                               limits={"max_turns": 4})
+    main = service.client.submit(
+        "search",
+        [instance(i) for i in ("search-003", "search-016", "search-001")],
+        n_samples=2,
+        limits={"max_turns": 4},
+        llm=llm,
+    )
+    other = service.bob.submit(
+        "search",
+        [instance("search-016")],
+        llm=llm,  # another tenant
+        limits={"max_turns": 4},
+    )
     service.bob.add_llm_server(url.replace("127.0.0.1", "127.0.0.2"))  # bob's own pool
     service.wait_done(main["job_id"], timeout=120)
     deadline = time.monotonic() + 120
     while service.bob.job(other["job_id"])["status"] == "running":
         assert time.monotonic() < deadline, "bob's job did not finish"
         time.sleep(0.2)
-    slow_job = service.client.submit("search", [instance("search-002")], llm=llm,
-                                     limits={"max_turns": 30})  # 8 s a turn: minutes
+    slow_job = service.client.submit(
+        "search", [instance("search-002")], llm=llm, limits={"max_turns": 30}
+    )  # 8 s a turn: minutes
     yield {"main": main, "other": other, "slow": slow_job}
     stop()
 
@@ -130,16 +150,14 @@ def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs
         assert page.status_code == 401 and 'id="login"' in page.text
         assert anon.get("/ui/?token=wrong").status_code == 401
         assert anon.get(f"/ui/jobs/{main['job_id']}").status_code == 401
-        assert anon.get(f"/ui/rollouts/{main['rollout_ids'][0]}/tokens.json?segment=0"
-                        ).status_code == 401
+        assert anon.get(f"/ui/rollouts/{main['rollout_ids'][0]}/tokens.json?segment=0").status_code == 401
         assert anon.post("/ui/login", data={"token": "wrong"}).status_code == 401
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=service.url, headers=auth) as mine:
         assert mine.get(f"/ui/jobs/{main['job_id']}").status_code == 200
         assert mine.get(f"/ui/jobs/{other['job_id']}").status_code == 404
         assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}").status_code == 404
-        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}/tokens.json?segment=0"
-                        ).status_code == 404
+        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}/tokens.json?segment=0").status_code == 404
         assert mine.post(f"/ui/jobs/{other['job_id']}/cancel").status_code == 404
         assert other["job_id"] not in mine.get("/ui/").text
     with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {OTHER}"}) as bob:
@@ -158,12 +176,15 @@ def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifac
     assert main["outcomes"] == {"completed": 4, "agent_error": 2}
     browser.get(f"{service.url}/ui/")
     # Read the row in one script: the rows refresh themselves while the slow job runs.
-    shown, text = browser.execute_script("""
+    shown, text = browser.execute_script(
+        """
         const row = document.querySelector(`tr[data-job="${arguments[0]}"]`);
         const badges = {};
         row.querySelectorAll('.badge').forEach(
             b => { badges[b.dataset.outcome] = Number(b.querySelector('b').textContent); });
-        return [badges, row.innerText];""", main["job_id"])
+        return [badges, row.innerText];""",
+        main["job_id"],
+    )
     assert shown == main["outcomes"]
     assert "6 / 6" in text and "search" in text
     assert jobs["other"]["job_id"] not in browser.page_source
@@ -171,8 +192,7 @@ def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifac
     assert console_errors(browser) == []
 
 
-def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browser,
-                                                            artifacts) -> None:
+def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browser, artifacts) -> None:
     job_id = jobs["main"]["job_id"]
     browser.get(f"{service.url}/ui/")
     browser.find_element("css selector", f'tr[data-job="{job_id}"] a').click()  # click 1
@@ -219,30 +239,33 @@ def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browse
 
 def test_stage_view_shows_the_metrics_numbers(service, jobs, browser, artifacts) -> None:
     browser.get(f"{service.url}/ui/stages")
-    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(
-                   httpx.get(f"{service.url}/metrics").text) for s in family.samples}
-    done = sum(v for (name, labels), v in metrics.items()
-               if name == "raas_rollouts" and ("status", "done") in labels)
+    metrics = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(httpx.get(f"{service.url}/metrics").text)
+        for s in family.samples
+    }
+    done = sum(v for (name, labels), v in metrics.items() if name == "raas_rollouts" and ("status", "done") in labels)
     cell = browser.find_element("css selector", 'tr[data-status="done"] td.all')
     assert int(cell.text) == int(done) >= 6
     consumers = browser.find_element("css selector", 'tr[data-queue="init"] td.consumers')
     assert int(consumers.text) >= 1  # the INIT pool answered the broadcast
     assert metrics[("raas_queue_consumers", (("queue", "init"),))] == int(consumers.text)
-    server = httpx.get(f"{service.url}/v1/llm-servers",
-                       headers={"Authorization": f"Bearer {TOKEN}"}).json()["servers"][0]
+    server = httpx.get(f"{service.url}/v1/llm-servers", headers={"Authorization": f"Bearer {TOKEN}"}).json()["servers"][
+        0
+    ]
     row = browser.find_element("css selector", f'tr[data-server="{server["id"]}"]')
     assert "step-7" in row.text and "healthy" in row.text
-    assert int(row.find_element("css selector", ".in-flight").text) == metrics[
-        ("raas_llm_server_in_flight", (("server", server["id"]),))]
+    assert (
+        int(row.find_element("css selector", ".in-flight").text)
+        == metrics[("raas_llm_server_in_flight", (("server", server["id"]),))]
+    )
     assert len(browser.find_elements("css selector", "tr[data-server]")) == 1  # not bob's
     assert "127.0.0.2" not in browser.page_source
     shot(browser, artifacts, "stages")
     assert console_errors(browser) == []
 
 
-def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, browser,
-                                                                 artifacts) -> None:
+def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, browser, artifacts) -> None:
     job_id = jobs["slow"]["job_id"]
     browser.get(f"{service.url}/ui/")
     row = f'tr[data-job="{job_id}"]'
@@ -259,8 +282,11 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     wait_for(lambda: browser.current_url.endswith("/ui/"))
     browser.execute_script("window.notReloaded = true")
     # The running rollout stops at its next turn; the rows refresh without a reload.
-    wait_for(lambda: _attribute_fresh(browser, row, "data-status") == "cancelled", timeout=60,
-             what="the row to show cancelled")
+    wait_for(
+        lambda: _attribute_fresh(browser, row, "data-status") == "cancelled",
+        timeout=60,
+        what="the row to show cancelled",
+    )
     assert browser.execute_script("return window.notReloaded") is True
     assert service.client.job(job_id)["outcomes"] == {"cancelled": 1}
     shot(browser, artifacts, "jobs-cancelled")

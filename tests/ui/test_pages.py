@@ -1,4 +1,5 @@
 """Pages render for rollouts in every state, without a browser (Flask's test client, SQLite)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,15 +28,30 @@ def add(app, **rollout) -> tuple[str, str]:
         return job.id, r.id
 
 
-@pytest.mark.parametrize("state", [
-    {"status": "pending"},
-    {"status": "failed", "outcome": "infra_error", "error": "node lost <b>x</b>", "attempt": 3},
-    {"status": "done", "outcome": "completed", "reward": 1.0, "prompt_ids": [1, 2],
-     "response_ids": [5, 6, 7], "loss_mask": [1, 1, 0], "response_logprobs": [-1.0, -2.0, 0.0],
-     "init_seconds": 0.1, "run_seconds": 1.0, "eval_seconds": 0.2,
-     "extra": {"git_patch": "--- a/x\n+++ b/x\n-old\n+new", "files": {"sol.py": "print(1)"},
-               "dropped_files": ["tests/test_x.py"]}},
-])
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"status": "pending"},
+        {"status": "failed", "outcome": "infra_error", "error": "node lost <b>x</b>", "attempt": 3},
+        {
+            "status": "done",
+            "outcome": "completed",
+            "reward": 1.0,
+            "prompt_ids": [1, 2],
+            "response_ids": [5, 6, 7],
+            "loss_mask": [1, 1, 0],
+            "response_logprobs": [-1.0, -2.0, 0.0],
+            "init_seconds": 0.1,
+            "run_seconds": 1.0,
+            "eval_seconds": 0.2,
+            "extra": {
+                "git_patch": "--- a/x\n+++ b/x\n-old\n+new",
+                "files": {"sol.py": "print(1)"},
+                "dropped_files": ["tests/test_x.py"],
+            },
+        },
+    ],
+)
 def test_job_and_rollout_pages_render_in_every_state(app, state) -> None:
     job_id, rollout_id = add(app, **state)
     client = app.test_client()
@@ -43,7 +59,8 @@ def test_job_and_rollout_pages_render_in_every_state(app, state) -> None:
     assert job.status_code == 200 and "i&lt;script&gt;" in job.text  # escaped, not markup
     page = client.get(f"/ui/rollouts/{rollout_id}")
     assert page.status_code == 200 and "<script>" not in page.text.replace(
-        '<script src="/ui/static/ui.js"></script>', "")
+        '<script src="/ui/static/ui.js"></script>', ""
+    )
     if state.get("error"):
         assert "node lost &lt;b&gt;x&lt;/b&gt;" in page.text
     if state.get("extra"):
@@ -59,10 +76,21 @@ def test_job_and_rollout_pages_render_in_every_state(app, state) -> None:
 def test_a_running_rollout_shows_its_logged_turns(app) -> None:
     _, rollout_id = add(app, status="run", node="n1")
     with session_scope(app.config["RAAS"].db_url) as s:
-        s.add(Turn(rollout_id=rollout_id, index=0, text="thinking", generated_ids=[1, 2],
-                   logprobs=[-0.5, -0.25], observation_ids=[7, 8, 9], weight_version="v3",
-                   tool_calls=[{"name": "bash", "arguments": {"command": "ls"}}],
-                   observation="README.md", gen_seconds=0.5, tool_seconds=0.1))
+        s.add(
+            Turn(
+                rollout_id=rollout_id,
+                index=0,
+                text="thinking",
+                generated_ids=[1, 2],
+                logprobs=[-0.5, -0.25],
+                observation_ids=[7, 8, 9],
+                weight_version="v3",
+                tool_calls=[{"name": "bash", "arguments": {"command": "ls"}}],
+                observation="README.md",
+                gen_seconds=0.5,
+                tool_seconds=0.1,
+            )
+        )
     client = app.test_client()
     page = client.get(f"/ui/rollouts/{rollout_id}")
     assert page.status_code == 200

@@ -16,6 +16,7 @@ the right values, which is solving the task. Legacy assert snippets (`assert f(3
 `assert f(x)`, `assert not f(x)`) are read as call tests; other snippets are refused at
 submission because they could only be graded by trusting the solution's process.
 """
+
 from __future__ import annotations
 
 import ast
@@ -88,8 +89,7 @@ os._exit(0)
 def normalize_tests(raw: Any) -> list[dict[str, Any]]:
     """The instance's hidden tests as typed dicts; raises InvalidRequest naming the test."""
     if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("code instance needs a non-empty list 'hidden_tests'",
-                             field="instance.hidden_tests")
+        raise InvalidRequest("code instance needs a non-empty list 'hidden_tests'", field="instance.hidden_tests")
     return [_normalize_one(test, i) for i, test in enumerate(raw, start=1)]
 
 
@@ -98,13 +98,13 @@ def _normalize_one(test: Any, i: int) -> dict[str, Any]:
     if isinstance(test, str):
         test = {"code": test}
     if not isinstance(test, dict):
-        raise InvalidRequest("each hidden test is an object (input/output or call/expected) "
-                             "or an assert snippet", field=field)
+        raise InvalidRequest(
+            "each hidden test is an object (input/output or call/expected) or an assert snippet", field=field
+        )
     name = str(test.get("name") or f"test_{i}")
     if "input" in test or "output" in test:
         if not isinstance(test.get("input"), str) or not isinstance(test.get("output"), str):
-            raise InvalidRequest("an input/output test needs string 'input' and 'output'",
-                                 field=field)
+            raise InvalidRequest("an input/output test needs string 'input' and 'output'", field=field)
         return {"name": name, "kind": "io", "input": test["input"], "output": test["output"]}
     if "code" in test:
         if not isinstance(test["code"], str):
@@ -112,19 +112,16 @@ def _normalize_one(test: Any, i: int) -> dict[str, Any]:
         return {"name": name, **_from_assert(test["code"], field)}
     call, setup = test.get("call"), test.get("setup") or ""
     if not isinstance(call, str) or not isinstance(setup, str):
-        raise InvalidRequest("a call test needs a string 'call' (and optional 'setup')",
-                             field=field)
+        raise InvalidRequest("a call test needs a string 'call' (and optional 'setup')", field=field)
     _parse(call, "eval", field)
     _parse(setup, "exec", field)
     if "raises" in test:
         if not isinstance(test["raises"], str) or not test["raises"].isidentifier():
             raise InvalidRequest("'raises' must be an exception class name", field=field)
-        return {"name": name, "kind": "call", "setup": setup, "call": call,
-                "raises": test["raises"]}
+        return {"name": name, "kind": "call", "setup": setup, "call": call, "raises": test["raises"]}
     expected = test.get("expected")
     if not isinstance(expected, str):
-        raise InvalidRequest("a call test needs 'expected' as a Python literal string",
-                             field=field)
+        raise InvalidRequest("a call test needs 'expected' as a Python literal string", field=field)
     _literal(expected, field)
     return {"name": name, "kind": "call", "setup": setup, "call": call, "expected": expected}
 
@@ -150,17 +147,21 @@ def _from_assert(code: str, field: str) -> dict[str, Any]:
         raise InvalidRequest(
             "assert snippets are graded only as one `assert CALL == LITERAL`, `assert CALL` or "
             "`assert not CALL`; give other tests as {call, expected, setup} or input/output",
-            field=field)
+            field=field,
+        )
     test = tree.body[0].test
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
         expected = ast.get_source_segment(code, test.comparators[0]) or ""
         _literal(expected, field)
-        return {"kind": "call", "setup": "", "expected": expected,
-                "call": ast.get_source_segment(code, test.left)}
+        return {"kind": "call", "setup": "", "expected": expected, "call": ast.get_source_segment(code, test.left)}
     negate = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
     inner = test.operand if negate else test
-    return {"kind": "call", "setup": "", "expected": "False" if negate else "True",
-            "call": f"bool({ast.get_source_segment(code, inner)})"}
+    return {
+        "kind": "call",
+        "setup": "",
+        "expected": "False" if negate else "True",
+        "call": f"bool({ast.get_source_segment(code, inner)})",
+    }
 
 
 def decode_value(tagged: Any, depth: int = 0) -> Any:
@@ -171,7 +172,7 @@ def decode_value(tagged: Any, depth: int = 0) -> Any:
         return tagged
     if not isinstance(tagged, dict) or len(tagged) != 1:
         raise ValueError("not a tagged value")
-    (kind, raw), = tagged.items()
+    ((kind, raw),) = tagged.items()
     if kind == "int":
         return int(raw)
     if kind == "float":
@@ -190,6 +191,7 @@ def decode_value(tagged: Any, depth: int = 0) -> Any:
 
 def same_output(got: str, expected: str) -> bool:
     """Contest-style stdout equality: trailing spaces per line and trailing blank lines ignored."""
+
     def lines(text: str) -> list[str]:
         out = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
         while out and not out[-1]:
@@ -199,8 +201,7 @@ def same_output(got: str, expected: str) -> bool:
     return lines(got) == lines(expected)
 
 
-def run_test(sb: Any, workspace: str, module: str, script: str, test: dict[str, Any],
-             timeout: float) -> str:
+def run_test(sb: Any, workspace: str, module: str, script: str, test: dict[str, Any], timeout: float) -> str:
     """passed / failed / timeout for one hidden test, in a fresh process of the sandbox."""
     sb.reset()  # nothing a previous test's process left running may touch this one
     tag = secrets.token_hex(6)
@@ -211,16 +212,16 @@ def run_test(sb: Any, workspace: str, module: str, script: str, test: dict[str, 
         command = f"python3 -I -B {shlex.quote(script)} < {stdin} > {stdout} 2>/dev/null"
     else:
         sb.write_file(f"{workspace}/{HARNESS_NAME}", HARNESS)
-        sb.write_file(f"{workspace}/{stdin}", json.dumps(
-            {"module": module, "setup": test["setup"], "call": test["call"]}))
+        sb.write_file(
+            f"{workspace}/{stdin}", json.dumps({"module": module, "setup": test["setup"], "call": test["call"]})
+        )
         command = f"python3 -I -B {HARNESS_NAME} < {stdin} 2>/dev/null"
     try:
         result = sb.bash(cd + command, timeout=timeout)
         if result.timed_out:
             return "timeout"
         if test["kind"] == "io":
-            return "passed" if same_output(_read(sb, f"{workspace}/{stdout}"), test["output"]) \
-                else "failed"
+            return "passed" if same_output(_read(sb, f"{workspace}/{stdout}"), test["output"]) else "failed"
         return "passed" if _call_passed(result.output, test) else "failed"
     finally:
         sb.bash(cd + f"rm -f {stdin} {stdout} {HARNESS_NAME}", timeout=10)

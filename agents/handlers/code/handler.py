@@ -8,6 +8,7 @@ tests compare the solution's stdout on the host, call tests compare values the h
 back; nothing the solution prints counts as a pass. Reward is the fraction passed or
 all-or-nothing (config).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,16 +41,19 @@ class CodeConfig(SandboxToolsConfig):
     """Agent config of `code` jobs (prompts, tools, limits, reward)."""
 
     system_prompt: str = Field(SYSTEM_PROMPT, description="System message")
-    user_prompt: str = Field(USER_PROMPT, description="User message; {problem_statement}, "
-                                                      "{solution_file}, {workspace} filled in")
+    user_prompt: str = Field(
+        USER_PROMPT, description="User message; {problem_statement}, {solution_file}, {workspace} filled in"
+    )
     tools: list[Literal["bash", "str_replace_editor", "python"]] = Field(
-        default_factory=lambda: ["str_replace_editor", "bash"],
-        description="Built-in tools besides `submit`")
+        default_factory=lambda: ["str_replace_editor", "bash"], description="Built-in tools besides `submit`"
+    )
     reward: Literal["fraction", "all_or_nothing"] = Field(
-        "fraction", description="Fraction of hidden tests passed, or 1 only if all pass")
+        "fraction", description="Fraction of hidden tests passed, or 1 only if all pass"
+    )
     test_timeout: float = Field(10.0, gt=0, description="Wall seconds per hidden test")
-    python_env: str | None = Field(None, description="Sandbox Python environment "
-                                                     "(None: the system python3 / the job's)")
+    python_env: str | None = Field(
+        None, description="Sandbox Python environment (None: the system python3 / the job's)"
+    )
 
 
 def hidden_tests(instance: dict[str, Any]) -> list[dict[str, Any]]:
@@ -66,14 +70,20 @@ def validate_code_instance(instance: dict[str, Any]) -> None:
     """Reject an instance without a statement, hidden tests, or with a bad solution path."""
     statement = instance.get("problem_statement")
     if not isinstance(statement, str) or not statement.strip():
-        raise InvalidRequest("code instance is missing required field 'problem_statement'",
-                             field="instance.problem_statement")
+        raise InvalidRequest(
+            "code instance is missing required field 'problem_statement'", field="instance.problem_statement"
+        )
     hidden_tests(instance)
     path = PurePosixPath(solution_file(instance))
-    if path.is_absolute() or ".." in path.parts or path.suffix != ".py" \
-            or not all(part.isidentifier() for part in path.with_suffix("").parts):
-        raise InvalidRequest("solution_file must be a relative path to an importable .py file",
-                             field="instance.solution_file")
+    if (
+        path.is_absolute()
+        or ".." in path.parts
+        or path.suffix != ".py"
+        or not all(part.isidentifier() for part in path.with_suffix("").parts)
+    ):
+        raise InvalidRequest(
+            "solution_file must be a relative path to an importable .py file", field="instance.solution_file"
+        )
 
 
 @register
@@ -97,14 +107,20 @@ class CodeHandler(AgentHandler):
     def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with the editor, bash and `submit`."""
         cfg: CodeConfig = ctx.agent_config  # type: ignore[assignment]
-        user = cfg.user_prompt.format(problem_statement=ctx.instance["problem_statement"],
-                                      solution_file=solution_file(ctx.instance),
-                                      workspace=ctx.workspace)
-        submit = finish_tool("submit", "Submit your solution file and end the task.",
-                             answer_param=None)
-        return run_agent_loop(ctx, system_prompt=cfg.system_prompt, user_prompt=user,
-                              tools=[*builtin_tools(cfg.tools), submit],
-                              max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns)
+        user = cfg.user_prompt.format(
+            problem_statement=ctx.instance["problem_statement"],
+            solution_file=solution_file(ctx.instance),
+            workspace=ctx.workspace,
+        )
+        submit = finish_tool("submit", "Submit your solution file and end the task.", answer_param=None)
+        return run_agent_loop(
+            ctx,
+            system_prompt=cfg.system_prompt,
+            user_prompt=user,
+            tools=[*builtin_tools(cfg.tools), submit],
+            max_turns=cfg.max_turns,
+            max_invalid_turns=cfg.max_invalid_turns,
+        )
 
     eval_in_sandbox = True
 
@@ -138,8 +154,9 @@ class CodeHandler(AgentHandler):
         return grade_solution(ctx.sandbox, workspace, ctx.instance, cfg, ctx.remaining)
 
 
-def grade_solution(sb: Any, workspace: str, instance: dict[str, Any], cfg: CodeConfig,
-                   remaining: Any = None) -> EvalResult:
+def grade_solution(
+    sb: Any, workspace: str, instance: dict[str, Any], cfg: CodeConfig, remaining: Any = None
+) -> EvalResult:
     """Run the hidden tests one by one in the grading sandbox; compare on the host."""
     name = solution_file(instance)
     module = name[:-3].replace("/", ".")
@@ -153,8 +170,11 @@ def grade_solution(sb: Any, workspace: str, instance: dict[str, Any], cfg: CodeC
     passed = sum(status == "passed" for status in results.values())
     fraction = passed / len(results) if results else 0.0
     reward = fraction if cfg.reward == "fraction" else float(passed == len(results))
-    metrics = {"tests_passed": passed, "tests_total": len(results),
-               "tests_timed_out": sum(s == "timeout" for s in results.values())}
+    metrics = {
+        "tests_passed": passed,
+        "tests_total": len(results),
+        "tests_timed_out": sum(s == "timeout" for s in results.values()),
+    }
     return EvalResult(reward, metrics, {"test_results": results})
 
 

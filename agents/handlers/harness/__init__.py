@@ -5,6 +5,7 @@
 the harness. The endpoint it talks to is `agents.harness.RolloutEndpoint`; the bridge from the
 sandbox to it is `sandbox.bridge`; registrations live in the policy (`core.harnesses`).
 """
+
 from agents.handlers.harness.handler import HarnessConfig, HarnessHandler
 
 __all__ = ["HarnessConfig", "HarnessHandler"]

@@ -11,6 +11,7 @@ file checked on the host): the harness never grades itself. A harness that exits
 `agent_error` (its artifact is still graded: no answer is reward 0); a bridge, sandbox or
 endpoint failure raises and is retried as infrastructure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,11 +35,14 @@ class HarnessConfig(HandlerConfig):
     """A `harness` job's agent_config: which registered harness, on which kind of task."""
 
     harness: str = Field(description="A harness registered in the operator's policy")
-    task: Literal["swe", "math", "code"] = Field(description="The task kind: how INIT prepares "
-                                                             "the workspace and EVAL grades")
+    task: Literal["swe", "math", "code"] = Field(
+        description="The task kind: how INIT prepares the workspace and EVAL grades"
+    )
     task_config: dict[str, Any] = Field(
-        default_factory=dict, description="The task handler's config for INIT and EVAL (e.g. "
-                                          "swe `test_timeout`); its prompts and tools are unused")
+        default_factory=dict,
+        description="The task handler's config for INIT and EVAL (e.g. "
+        "swe `test_timeout`); its prompts and tools are unused",
+    )
 
     @model_validator(mode="after")
     def _task_config(self) -> HarnessConfig:
@@ -51,8 +55,9 @@ def _registration(ctx: RolloutContext) -> HarnessRegistration:
     cfg: HarnessConfig = ctx.agent_config  # type: ignore[assignment]
     harness = ctx.settings.policy.harnesses.registered.get(cfg.harness)
     if harness is None:
-        raise ConfigError(f"harness {cfg.harness!r} is not registered on this node",
-                          field="policy.harnesses.registered")
+        raise ConfigError(
+            f"harness {cfg.harness!r} is not registered on this node", field="policy.harnesses.registered"
+        )
     return harness
 
 
@@ -69,8 +74,7 @@ class HarnessHandler(AgentHandler):
         """The task handler and a view of `ctx` with its config (state, sandbox shared)."""
         cfg: HarnessConfig = ctx.agent_config  # type: ignore[assignment]
         task = get_handler(cfg.task)
-        return task, dataclasses.replace(ctx, agent_config=task.Config.model_validate(
-            cfg.task_config))
+        return task, dataclasses.replace(ctx, agent_config=task.Config.model_validate(cfg.task_config))
 
     def check_policy(self, config: HandlerConfig, policy: Any, admin: bool) -> None:
         """The harness is registered, open to this caller and fit for the task kind."""
@@ -146,7 +150,10 @@ class HarnessHandler(AgentHandler):
         if endpoint.fatal is not None:  # a cancel or an infrastructure failure: not the agent's
             raise endpoint.fatal
         result = endpoint.result(ending.outcome, ending.finish_reason)
-        result.metrics.update(harness=cfg.harness, harness_returncode=ending.returncode,
-                              harness_seconds=round(time.monotonic() - started, 3))
+        result.metrics.update(
+            harness=cfg.harness,
+            harness_returncode=ending.returncode,
+            harness_seconds=round(time.monotonic() - started, 3),
+        )
         result.extra["harness_log"] = ending.log_tail
         return result

@@ -6,6 +6,7 @@ loopback relay with this attempt's token. The wait polls the detached program be
 cancel checks; the harness's own deadline (registration `timeout`) and the stage's
 remaining time both end it, and its trajectory is kept either way.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,28 +23,34 @@ POLL_SECONDS = 0.25
 STOP_MARGIN = 3.0
 
 
-def task_text(kind: str, instance: dict[str, Any], workspace: str,
-              harness: HarnessRegistration) -> str:
+def task_text(kind: str, instance: dict[str, Any], workspace: str, harness: HarnessRegistration) -> str:
     """The task as the harness reads it: the task kind's own user prompt by default."""
     if harness.task_field is not None:
         return str(instance.get(harness.task_field, ""))
     if kind == "swe":
         from agents.handlers.swe.handler import USER_PROMPT
 
-        return USER_PROMPT.format(problem_statement=instance["problem_statement"],
-                                  workspace=workspace, instance_id=instance.get("instance_id", ""))
+        return USER_PROMPT.format(
+            problem_statement=instance["problem_statement"],
+            workspace=workspace,
+            instance_id=instance.get("instance_id", ""),
+        )
     if kind == "code":
         from agents.handlers.code.handler import USER_PROMPT, solution_file
 
-        return USER_PROMPT.format(problem_statement=instance["problem_statement"],
-                                  solution_file=solution_file(instance), workspace=workspace)
-    return (f"{instance['problem']}\n\nWhen you are sure, write only the final answer (a number "
-            f"or a simplified expression, no words) to the file {harness.answer_file} in "
-            f"{workspace}.")
+        return USER_PROMPT.format(
+            problem_statement=instance["problem_statement"], solution_file=solution_file(instance), workspace=workspace
+        )
+    return (
+        f"{instance['problem']}\n\nWhen you are sure, write only the final answer (a number "
+        f"or a simplified expression, no words) to the file {harness.answer_file} in "
+        f"{workspace}."
+    )
 
 
-def render(harness: HarnessRegistration, fields: dict[str, str],
-           endpoint: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def render(
+    harness: HarnessRegistration, fields: dict[str, str], endpoint: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
     """(argv, variables) with the placeholders filled (registrations were checked to use
     only known ones); the endpoint variables win over the registration's `env`."""
     argv = [arg.format(**fields) for arg in harness.command]
@@ -68,16 +75,25 @@ def start(ctx: Any, harness: HarnessRegistration, kind: str, token: str) -> brid
     port = bridge.start_relay(sb)
     text = task_text(kind, ctx.instance, ctx.workspace, harness)
     bridge.write_text(sb, harness.task_file, text)
-    fields = {"task_file": harness.task_file, "task": text, "workspace": ctx.workspace,
-              "model": harness.model, "answer_file": harness.answer_file}
+    fields = {
+        "task_file": harness.task_file,
+        "task": text,
+        "workspace": ctx.workspace,
+        "model": harness.model,
+        "answer_file": harness.answer_file,
+    }
     root = f"http://127.0.0.1:{port}"
-    argv, env = render(harness, fields, {"base_url": f"{root}/v1", "root_url": root,
-                                         "token": token, "port": str(port)})
+    argv, env = render(harness, fields, {"base_url": f"{root}/v1", "root_url": root, "token": token, "port": str(port)})
     return bridge.start_detached(sb, argv, env, ctx.workspace)
 
 
-def wait(ctx: Any, harness: HarnessRegistration, program: bridge.Detached, started: float,
-         fatal: Callable[[], BaseException | None] = lambda: None) -> Ending:
+def wait(
+    ctx: Any,
+    harness: HarnessRegistration,
+    program: bridge.Detached,
+    started: float,
+    fatal: Callable[[], BaseException | None] = lambda: None,
+) -> Ending:
     """Poll until the harness exits, its deadline or the stage's passes, or a cancel; a
     failure the endpoint ran into (`fatal`: a cancel, no inference server) is raised."""
     sb = ctx.sandbox

@@ -15,6 +15,7 @@ any other thread (a threaded worker pool) we grade in a persistent child process
 (`agents.warm_worker`: the grader imported once) that is killed at the timeout and
 restarted, so a pathological answer can never wedge a worker.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,9 @@ def _parse_reference(reference: str) -> list:
     return parse(_as_latex(reference))
 
 
-def _grade_here(predicted: str, reference: str, timeout_s: int,
-                decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
+def _grade_here(
+    predicted: str, reference: str, timeout_s: int, decimal_tolerance: float = DECIMAL_TOLERANCE
+) -> MathGrade:
     """Grade in this thread (must be the main thread: math-verify uses SIGALRM)."""
     from math_verify.errors import TimeoutException
 
@@ -100,7 +102,7 @@ def _grade_here(predicted: str, reference: str, timeout_s: int,
 
 
 def reference_kind(reference: str, gold: list) -> str:
-    """"exact" (integer/rational), "decimal" (non-integer decimal) or "symbolic"."""
+    """ "exact" (integer/rational), "decimal" (non-integer decimal) or "symbolic"."""
     import sympy
 
     exprs = [g for g in gold if isinstance(g, sympy.Expr)]
@@ -134,8 +136,9 @@ def _candidates(predicted: str, timeout_s: int) -> list:
     return found + ([py_pred] if py_pred is not None else [])
 
 
-def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
-                     decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
+def _grade_unguarded(
+    predicted: str, reference: str, timeout_s: int, decimal_tolerance: float = DECIMAL_TOLERANCE
+) -> MathGrade:
     """Exact, decimal or symbolic comparison per the reference; each step bounded by SIGALRM."""
     from math_verify import parse, verify
     from math_verify.utils import timeout
@@ -146,8 +149,7 @@ def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
     kind = reference_kind(reference, gold)
     if kind in ("exact", "decimal"):
         value = next(g for g in gold if not isinstance(g, str))
-        same = exactly_equal if kind == "exact" else (
-            lambda g, p: within_tolerance(g, p, decimal_tolerance))
+        same = exactly_equal if kind == "exact" else (lambda g, p: within_tolerance(g, p, decimal_tolerance))
         for candidate in _candidates(predicted, timeout_s):
             if timeout(timeout_seconds=timeout_s)(same)(value, candidate):
                 return MathGrade(1.0, kind, predicted)
@@ -160,44 +162,53 @@ def _grade_unguarded(predicted: str, reference: str, timeout_s: int,
         from agents.handlers.math.sympy_fallback import parse_python_math
 
         py_pred = timeout(timeout_seconds=timeout_s)(parse_python_math)(predicted)
-        if py_pred is not None and timeout(timeout_seconds=timeout_s)(sympy_equivalent)(
-                gold_exprs[0], py_pred):
+        if py_pred is not None and timeout(timeout_seconds=timeout_s)(sympy_equivalent)(gold_exprs[0], py_pred):
             return MathGrade(1.0, "sympy", predicted)
     return MathGrade(0.0, "none", predicted)
 
 
-def _grade_request(predicted: str, reference: str, timeout_s: int,
-                   decimal_tolerance: float = DECIMAL_TOLERANCE) -> dict:
+def _grade_request(
+    predicted: str, reference: str, timeout_s: int, decimal_tolerance: float = DECIMAL_TOLERANCE
+) -> dict:
     """Warm-worker entry point (runs in that process's main thread): the grade as a dict."""
     return asdict(_grade_here(predicted, reference, timeout_s, decimal_tolerance))
 
 
-def _grade_warm(predicted: str, reference: str, timeout_s: int,
-                decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
+def _grade_warm(
+    predicted: str, reference: str, timeout_s: int, decimal_tolerance: float = DECIMAL_TOLERANCE
+) -> MathGrade:
     """Grade in a persistent grading process (grader imported once; killed and restarted
     after the timeout or a crash)."""
     from agents.warm_worker import WorkerFailed, warm_pool
 
     pool = warm_pool(_WARM_TARGET, warmup=("sympy", "math_verify", "agents.handlers.math.sympy_fallback"))
     try:
-        return MathGrade(**pool.call({"args": [predicted, reference, timeout_s,
-                                               decimal_tolerance]},
-                                     timeout=4 * timeout_s + 15))
+        return MathGrade(
+            **pool.call({"args": [predicted, reference, timeout_s, decimal_tolerance]}, timeout=4 * timeout_s + 15)
+        )
     except WorkerFailed as exc:
         logger.warning("math grading failed: %s", exc)
         return MathGrade(0.0, "timeout" if "timed out" in str(exc) else "none", predicted)
 
 
-def _grade_in_child(predicted: str, reference: str, timeout_s: int,
-                    decimal_tolerance: float = DECIMAL_TOLERANCE) -> MathGrade:
+def _grade_in_child(
+    predicted: str, reference: str, timeout_s: int, decimal_tolerance: float = DECIMAL_TOLERANCE
+) -> MathGrade:
     """Grade in a child process killed after the timeout (for callers off the main thread)."""
-    payload = json.dumps({"predicted": predicted, "reference": reference, "timeout": timeout_s,
-                          "tolerance": decimal_tolerance})
+    payload = json.dumps(
+        {"predicted": predicted, "reference": reference, "timeout": timeout_s, "tolerance": decimal_tolerance}
+    )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD], input=payload,
-                              capture_output=True, text=True, timeout=4 * timeout_s + 15, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=4 * timeout_s + 15,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return MathGrade(0.0, "timeout", predicted)
     if proc.returncode != 0:
@@ -206,9 +217,14 @@ def _grade_in_child(predicted: str, reference: str, timeout_s: int,
     return MathGrade(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def grade_math_answer(predicted: str | None, reference: str, *, timeout_s: int = 5,
-                      decimal_tolerance: float = DECIMAL_TOLERANCE,
-                      process: str = "warm") -> MathGrade:
+def grade_math_answer(
+    predicted: str | None,
+    reference: str,
+    *,
+    timeout_s: int = 5,
+    decimal_tolerance: float = DECIMAL_TOLERANCE,
+    process: str = "warm",
+) -> MathGrade:
     """Reward 1.0 if `predicted` is mathematically equivalent to `reference`, else 0.0.
 
     Off the main thread, `process` picks where: "warm" (a persistent grading process) or
@@ -227,7 +243,7 @@ def grade_math_answer(predicted: str | None, reference: str, *, timeout_s: int =
 def _main() -> None:
     """Child-process entry point: JSON request on stdin, one JSON `MathGrade` line on stdout."""
     request = json.loads(sys.stdin.read())
-    grade = _grade_here(request["predicted"], request["reference"], int(request["timeout"]),
-                        float(request["tolerance"]))
+    grade = _grade_here(
+        request["predicted"], request["reference"], int(request["timeout"]), float(request["tolerance"])
+    )
     print(json.dumps(asdict(grade)))
-

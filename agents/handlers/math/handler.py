@@ -14,6 +14,7 @@ Packages for the agent's Python (sympy, numpy) come from a named environment, by
 The handler asks for it through the default `sandbox_overrides`, unless the job names its own
 `sandbox.python_env`; `python_env: null` in the agent config uses the bare system Python.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,27 +46,34 @@ DEFAULT_USER_TEMPLATE = "Problem: {problem}"
 class MathConfig(SandboxToolsConfig):
     """The `math` handler's agent_config."""
 
-    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1,
-                               description="System message of every rollout")
-    user_prompt: str = Field(DEFAULT_USER_TEMPLATE,
-                             description="User message; `{problem}` becomes the problem text")
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1, description="System message of every rollout")
+    user_prompt: str = Field(DEFAULT_USER_TEMPLATE, description="User message; `{problem}` becomes the problem text")
     tools: list[Literal["python", "bash"]] = Field(
         default_factory=lambda: ["python"],
-        description="Sandbox tools besides `finish` (empty: the agent can only reason)")
+        description="Sandbox tools besides `finish` (empty: the agent can only reason)",
+    )
     python_env: str | None = Field(
-        "math", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        "math",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Named sandbox Python environment (sympy, numpy) built on each node; null: "
-                    "the system interpreter only. A path is the job's `sandbox.python_env`.")
-    accept_boxed: bool = Field(True, description="A reply without tool calls ending in "
-                               "\\boxed{...} finishes with that answer")
-    grading_timeout_s: int = Field(5, ge=1, le=120,
-                                   description="Seconds allowed to each grading step")
+        "the system interpreter only. A path is the job's `sandbox.python_env`.",
+    )
+    accept_boxed: bool = Field(
+        True, description="A reply without tool calls ending in \\boxed{...} finishes with that answer"
+    )
+    grading_timeout_s: int = Field(5, ge=1, le=120, description="Seconds allowed to each grading step")
     decimal_tolerance: float = Field(
-        1e-6, ge=0, le=0.1, description="Relative tolerance for non-integer decimal reference "
-        "answers only; integer and rational references always need the exact number")
+        1e-6,
+        ge=0,
+        le=0.1,
+        description="Relative tolerance for non-integer decimal reference "
+        "answers only; integer and rational references always need the exact number",
+    )
     grading_process: Literal["warm", "per_call"] = Field(
-        "warm", description="Where EVAL grades: a persistent grading process (warm) or a new "
-                            "process per rollout (per_call: seconds slower; a benchmark baseline)")
+        "warm",
+        description="Where EVAL grades: a persistent grading process (warm) or a new "
+        "process per rollout (per_call: seconds slower; a benchmark baseline)",
+    )
 
     @field_validator("user_prompt")
     @classmethod
@@ -104,8 +112,9 @@ class MathHandler(AgentHandler):
         require_text(instance, "problem")
         require_text(instance, "answer", numbers_ok=True)
         if len(str(instance["answer"])) > MAX_ANSWER_CHARS:
-            raise InvalidRequest(f"instance.answer is longer than {MAX_ANSWER_CHARS} characters",
-                                 field="instance.answer")
+            raise InvalidRequest(
+                f"instance.answer is longer than {MAX_ANSWER_CHARS} characters", field="instance.answer"
+            )
 
     def sandbox_needed(self, config: HandlerConfig) -> bool:
         """Only the tools run in the sandbox: `tools: []` (reasoning alone) starts none."""
@@ -114,26 +123,34 @@ class MathHandler(AgentHandler):
     def init(self, ctx: InitContext) -> None:
         """Nothing to prepare: the problem is in the prompt and the tools need no files."""
 
-    def prompt(self, instance: dict[str, Any],
-               config: HandlerConfig) -> tuple[str, str, list[Any]]:
+    def prompt(self, instance: dict[str, Any], config: HandlerConfig) -> tuple[str, str, list[Any]]:
         """The system prompt, the problem in the user template, `python` (+ tools) and finish."""
         cfg: MathConfig = config  # type: ignore[assignment]
-        finish = finish_tool(description="Submit your final answer and end the task.",
-                             answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)")
+        finish = finish_tool(
+            description="Submit your final answer and end the task.",
+            answer_description="The final answer only, e.g. 3/4 or 2*sqrt(3)",
+        )
         # Models often send a bare JSON number ({"answer": 12}); that is an answer, not misuse.
         finish.parameters["properties"]["answer"]["type"] = ["string", "number"]
-        return (cfg.system_prompt, cfg.user_prompt.replace("{problem}", str(instance["problem"])),
-                builtin_tools(list(cfg.tools)) + [finish])
+        return (
+            cfg.system_prompt,
+            cfg.user_prompt.replace("{problem}", str(instance["problem"])),
+            builtin_tools(list(cfg.tools)) + [finish],
+        )
 
     def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
         cfg: MathConfig = ctx.agent_config
         system_prompt, user_prompt, tools = self.prompt(ctx.instance, cfg)
         return run_agent_loop(
-            ctx, system_prompt=system_prompt, user_prompt=user_prompt,
-            tools=tools, max_turns=cfg.max_turns,
+            ctx,
+            system_prompt=system_prompt,
+            user_prompt=user_prompt,
+            tools=tools,
+            max_turns=cfg.max_turns,
             max_invalid_turns=cfg.max_invalid_turns,
-            final_answer=extract_boxed if cfg.accept_boxed else None)
+            final_answer=extract_boxed if cfg.accept_boxed else None,
+        )
 
     def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """The answer: the finish tool's argument, else the final message's \\boxed{}."""
@@ -146,11 +163,19 @@ class MathHandler(AgentHandler):
         predicted = artifact.get("answer")
         reference = str(ctx.instance["answer"])
         started = time.monotonic()
-        grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s,
-                                  decimal_tolerance=cfg.decimal_tolerance,
-                                  process=cfg.grading_process)
+        grade = grade_math_answer(
+            predicted,
+            reference,
+            timeout_s=cfg.grading_timeout_s,
+            decimal_tolerance=cfg.decimal_tolerance,
+            process=cfg.grading_process,
+        )
         return EvalResult(
             reward=grade.reward,
-            metrics={"graded_by": grade.method, "answered": predicted is not None,
-                     "grading_seconds": round(time.monotonic() - started, 4)},
-            extra={"predicted_answer": predicted, "reference_answer": reference})
+            metrics={
+                "graded_by": grade.method,
+                "answered": predicted is not None,
+                "grading_seconds": round(time.monotonic() - started, 4),
+            },
+            extra={"predicted_answer": predicted, "reference_answer": reference},
+        )

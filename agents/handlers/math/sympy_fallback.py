@@ -6,6 +6,7 @@ answers with sympy. The answer comes from a model and `parse_expr` evaluates cod
 is held to a small alphabet and an allow-list of names, parsed unevaluated, and rejected if it
 holds numbers big enough to make evaluation itself the attack (`9**9**9**9`).
 """
+
 from __future__ import annotations
 
 import re
@@ -25,16 +26,29 @@ MAX_DIGITS = 60
 _ALLOWED_CHARS = re.compile(r"^[0-9A-Za-z_.+\-*/^(),\s]*$")
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _FUNCTIONS: dict[str, object] = {
-    "sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log, "ln": sympy.log,
-    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "asin": sympy.asin,
-    "acos": sympy.acos, "atan": sympy.atan, "Abs": sympy.Abs, "abs": sympy.Abs,
-    "Rational": sympy.Rational, "pi": sympy.pi, "E": sympy.E, "I": sympy.I,
-    "oo": sympy.oo, "inf": sympy.oo, "binomial": sympy.binomial,
+    "sqrt": sympy.sqrt,
+    "exp": sympy.exp,
+    "log": sympy.log,
+    "ln": sympy.log,
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+    "tan": sympy.tan,
+    "asin": sympy.asin,
+    "acos": sympy.acos,
+    "atan": sympy.atan,
+    "Abs": sympy.Abs,
+    "abs": sympy.Abs,
+    "Rational": sympy.Rational,
+    "pi": sympy.pi,
+    "E": sympy.E,
+    "I": sympy.I,
+    "oo": sympy.oo,
+    "inf": sympy.oo,
+    "binomial": sympy.binomial,
 }
 # What parse_expr's generated code calls; no builtins, so nothing else is reachable.
 _CONSTRUCTORS: dict[str, object] = {
-    name: getattr(sympy, name)
-    for name in ("Integer", "Float", "Rational", "Symbol", "Add", "Mul", "Pow", "Function")
+    name: getattr(sympy, name) for name in ("Integer", "Float", "Rational", "Symbol", "Add", "Mul", "Pow", "Function")
 }
 _TRANSFORMS = standard_transformations + (implicit_multiplication_application, convert_xor)
 
@@ -54,8 +68,7 @@ def parse_python_math(text: str) -> sympy.Expr | None:
             return None
     global_dict: dict[str, object] = {"__builtins__": {}, **_CONSTRUCTORS}
     try:
-        expr = parse_expr(text, local_dict=local, global_dict=global_dict,
-                          transformations=_TRANSFORMS, evaluate=False)
+        expr = parse_expr(text, local_dict=local, global_dict=global_dict, transformations=_TRANSFORMS, evaluate=False)
     except Exception:  # noqa: BLE001 - any parse failure just means "not this form"
         return None
     if not isinstance(expr, sympy.Expr) or not _small_enough(expr):
@@ -96,8 +109,7 @@ def exactly_equal(gold: sympy.Rational, predicted: sympy.Basic) -> bool:
 
 def within_tolerance(gold: sympy.Expr, predicted: sympy.Basic, tolerance: float) -> bool:
     """True if two closed numbers differ by at most `tolerance` relative (at least absolute)."""
-    if not isinstance(predicted, sympy.Expr) or predicted.free_symbols \
-            or not _small_enough(predicted):
+    if not isinstance(predicted, sympy.Expr) or predicted.free_symbols or not _small_enough(predicted):
         return False
     try:
         g, p = complex(sympy.N(gold, 30)), complex(sympy.N(predicted.doit(), 30))

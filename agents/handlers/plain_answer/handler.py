@@ -10,6 +10,7 @@ Only a finished reply is graded: a reply cut at `sampling.max_tokens` (or one th
 a tool call) has no answer and gets reward 0, so rambling is never rewarded by a number it
 happened to print before the cut.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,7 @@ class PlainAnswerConfig(AgentLoopConfig):
     """The `plain_answer` handler's agent_config."""
 
     system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, description="System message ('' = none)")
-    user_prompt: str = Field(DEFAULT_USER_TEMPLATE,
-                             description="User message; `{question}` becomes the question")
+    user_prompt: str = Field(DEFAULT_USER_TEMPLATE, description="User message; `{question}` becomes the question")
     max_turns: int | None = Field(1, ge=1, le=10_000, description="One reply by default")
     grading_timeout_s: int = Field(5, ge=1, le=120, description="Seconds allowed to grading")
 
@@ -81,16 +81,17 @@ class PlainAnswerHandler(AgentHandler):
         """Needs `question` (text) and `answer` (a number, or a string holding one)."""
         require_text(instance, "question", max_chars=MAX_QUESTION_CHARS)
         answer = instance.get("answer")
-        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) \
-                or len(str(answer)) > MAX_ANSWER_CHARS or last_number(str(answer)) is None:
-            raise InvalidRequest("instance.answer must be a number (or a string holding one)",
-                                 field="instance.answer")
+        if (
+            isinstance(answer, bool)
+            or not isinstance(answer, (str, int, float))
+            or len(str(answer)) > MAX_ANSWER_CHARS
+            or last_number(str(answer)) is None
+        ):
+            raise InvalidRequest("instance.answer must be a number (or a string holding one)", field="instance.answer")
 
-    def prompt(self, instance: dict[str, Any],
-               config: AgentLoopConfig) -> tuple[str, str, list[Any]]:
+    def prompt(self, instance: dict[str, Any], config: AgentLoopConfig) -> tuple[str, str, list[Any]]:
         """The system prompt, the question in the user template, and no tools."""
-        return (config.system_prompt,
-                config.user_prompt.replace("{question}", str(instance["question"])), [])
+        return (config.system_prompt, config.user_prompt.replace("{question}", str(instance["question"])), [])
 
     def init(self, ctx: InitContext) -> None:
         """Nothing to prepare: the question is the prompt."""
@@ -99,10 +100,15 @@ class PlainAnswerHandler(AgentHandler):
         """The shared loop without tools: the first finished reply is the answer."""
         cfg: PlainAnswerConfig = ctx.agent_config  # type: ignore[assignment]
         system_prompt, user_prompt, _ = self.prompt(ctx.instance, cfg)
-        return run_agent_loop(ctx, system_prompt=system_prompt, user_prompt=user_prompt,
-                              tools=[], max_turns=cfg.max_turns,
-                              max_invalid_turns=cfg.max_invalid_turns,
-                              final_answer=_whole_reply)
+        return run_agent_loop(
+            ctx,
+            system_prompt=system_prompt,
+            user_prompt=user_prompt,
+            tools=[],
+            max_turns=cfg.max_turns,
+            max_invalid_turns=cfg.max_invalid_turns,
+            final_answer=_whole_reply,
+        )
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Grade the reply's last number against the instance's `answer`."""
@@ -115,6 +121,10 @@ class PlainAnswerHandler(AgentHandler):
         grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s)
         return EvalResult(
             reward=grade.reward,
-            metrics={"graded_by": grade.method, "answered": reply is not None,
-                     "grading_seconds": round(time.monotonic() - started, 4)},
-            extra={"predicted_answer": predicted, "reference_answer": reference})
+            metrics={
+                "graded_by": grade.method,
+                "answered": reply is not None,
+                "grading_seconds": round(time.monotonic() - started, 4),
+            },
+            extra={"predicted_answer": predicted, "reference_answer": reference},
+        )

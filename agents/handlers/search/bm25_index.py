@@ -7,6 +7,7 @@ not depend on an optional C extension being installed. The index of the shipped 
 (~3,000 passages) builds in well under a second, so each worker builds it on first use instead
 of shipping a binary index that would have to match the library version.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,7 @@ class BM25Index:
         self.passages = passages
         self._by_id = {p.id: p for p in passages}
         self._retriever = bm25s.BM25(k1=k1, b=b)
-        self._retriever.index(_tokenize([f"{p.title}\n{p.text}" for p in passages]),
-                              show_progress=False)
+        self._retriever.index(_tokenize([f"{p.title}\n{p.text}" for p in passages]), show_progress=False)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> BM25Index:
@@ -72,11 +72,9 @@ class BM25Index:
                     continue
                 try:
                     row = json.loads(line)
-                    passages.append(Passage(str(row["id"]), str(row.get("title", "")),
-                                            str(row["text"])))
+                    passages.append(Passage(str(row["id"]), str(row.get("title", "")), str(row["text"])))
                 except (ValueError, KeyError) as exc:
-                    raise ConfigError(f"{path}:{n}: bad passage ({exc})",
-                                      field="corpus_path") from exc
+                    raise ConfigError(f"{path}:{n}: bad passage ({exc})", field="corpus_path") from exc
         return cls(passages)
 
     def __len__(self) -> int:
@@ -93,8 +91,7 @@ class BM25Index:
             return []
         k = min(k, len(self.passages))
         docs, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
-        return [SearchHit(self.passages[int(i)], float(s))
-                for i, s in zip(docs[0], scores[0]) if s > 0]
+        return [SearchHit(self.passages[int(i)], float(s)) for i, s in zip(docs[0], scores[0]) if s > 0]
 
 
 def load_index(path: str | Path) -> BM25Index:

@@ -5,6 +5,7 @@ collapsed whitespace) so `"The json module."` matches `json`. Punctuation inside
 matters for code-ish answers (`os.path.join`, `__init__`), so underscores and dots between word
 characters are kept and only stray punctuation is dropped.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,8 +59,7 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def grade_text_answer(prediction: str | None, golds: Sequence[str], *,
-                      metric: str = "f1") -> TextGrade:
+def grade_text_answer(prediction: str | None, golds: Sequence[str], *, metric: str = "f1") -> TextGrade:
     """Score `prediction` against every alias in `golds`; the reward is `metric` of the best."""
     if metric not in ("f1", "exact_match"):
         raise ValueError(f"unknown text metric {metric!r}; use 'f1' or 'exact_match'")

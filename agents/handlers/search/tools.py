@@ -5,6 +5,7 @@ a worker process, so there is nothing to isolate and no reason to copy a corpus 
 sandbox. Passage ids the agent has seen are kept in `ctx.state["retrieved"]` so EVAL can
 report whether the gold passage was ever retrieved (a retrieval-vs-reading diagnostic).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,7 @@ def _remember(ctx: RunContext, hits: list[SearchHit]) -> None:
             seen.append(hit.passage.id)
 
 
-def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int,
-                corpus_description: str) -> Tool:
+def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int, corpus_description: str) -> Tool:
     """`search(query)`: the top_k passages of the local corpus for a keyword query."""
 
     def run(ctx: RunContext, arguments: dict[str, Any]) -> ToolOutput:
@@ -47,19 +47,23 @@ def search_tool(index: BM25Index, *, top_k: int, max_passage_chars: int,
         if not query:
             return ToolOutput("Error: the query is empty.", error=True)
         if len(query) > MAX_QUERY_CHARS:
-            return ToolOutput(f"Error: the query is longer than {MAX_QUERY_CHARS} characters.",
-                              error=True)
+            return ToolOutput(f"Error: the query is longer than {MAX_QUERY_CHARS} characters.", error=True)
         hits = index.search(query, top_k)
         _remember(ctx, hits)
         return ToolOutput(format_hits(query, hits, max_passage_chars))
 
     return Tool(
         name="search",
-        description=(f"Search {corpus_description} and return the {top_k} most relevant "
-                     f"passages. Use specific keywords, e.g. a name and what it does."),
-        parameters={"type": "object", "additionalProperties": False, "required": ["query"],
-                    "properties": {"query": {"type": "string",
-                                             "description": "Keywords to search for"}}},
+        description=(
+            f"Search {corpus_description} and return the {top_k} most relevant "
+            f"passages. Use specific keywords, e.g. a name and what it does."
+        ),
+        parameters={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["query"],
+            "properties": {"query": {"type": "string", "description": "Keywords to search for"}},
+        },
         run=run,
     )
 
@@ -70,4 +74,5 @@ def answer_tool() -> Tool:
         name="answer",
         description="Submit your final answer and end the task. Answer as briefly as possible.",
         answer_param="text",
-        answer_description="The answer only: a name, a value or a short phrase")
+        answer_description="The answer only: a name, a value or a short phrase",
+    )

@@ -6,6 +6,7 @@ file by file with a clean checkout of the base commit (`sandbox.workspace`: no l
 sizes capped). Before grading, `split_changes` drops every change to test files and test
 infrastructure, and `apply_changes` writes the rest into a fresh checkout.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,15 +23,31 @@ from sandbox.workspace import WalkLimits, read_regular, walk
 MAX_PATCH_CHARS = 200_000
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 # Files that configure or extend pytest/Python itself: never the agent's to change.
-INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
-                         "pyproject.toml", "sitecustomize.py", "usercustomize.py"})
+INFRA_NAMES = frozenset(
+    {
+        "conftest.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "sitecustomize.py",
+        "usercustomize.py",
+    }
+)
 # A new module with one of these names could be imported instead of the real one.
-SHADOWABLE = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "py", "pluggy",
-                                                   "iniconfig", "packaging", "xdist"}
+SHADOWABLE = frozenset(sys.stdlib_module_names) | {
+    "pytest",
+    "_pytest",
+    "py",
+    "pluggy",
+    "iniconfig",
+    "packaging",
+    "xdist",
+}
 
 
-def workspace_changes(agent_ws: str, clean_ws: str, limits: WalkLimits = WalkLimits()
-                      ) -> dict[str, Any]:
+def workspace_changes(agent_ws: str, clean_ws: str, limits: WalkLimits = WalkLimits()) -> dict[str, Any]:
     """{"files": {path: change}, "skipped": {path: reason}}; a change is {"text": ...},
     {"base64": ...} (either with "executable") or {"deleted": true}."""
     agent, clean = walk(agent_ws, limits), walk(clean_ws, limits)
@@ -43,8 +60,12 @@ def workspace_changes(agent_ws: str, clean_ws: str, limits: WalkLimits = WalkLim
             skipped[rel] = f"larger than {limits.max_file_bytes} bytes or unreadable"
             continue
         base = clean.files.get(rel)
-        if base is not None and base.executable == entry.executable and base.size == len(data) \
-                and read_regular(clean_ws, rel, limits.max_file_bytes) == data:
+        if (
+            base is not None
+            and base.executable == entry.executable
+            and base.size == len(data)
+            and read_regular(clean_ws, rel, limits.max_file_bytes) == data
+        ):
             continue
         total += len(data)
         if total > limits.max_total_bytes:
@@ -94,13 +115,13 @@ def drop_reason(path: str, is_new: bool, test_paths: set[str]) -> str | None:
     return None
 
 
-def split_changes(changes: dict[str, dict[str, Any]], base_paths: set[str],
-                  test_paths: set[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def split_changes(
+    changes: dict[str, dict[str, Any]], base_paths: set[str], test_paths: set[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(kept changes, {dropped path: reason})."""
     kept, dropped = {}, {}
     for path, change in sorted(changes.items()):
-        reason = drop_reason(path, path not in base_paths, test_paths) if _safe(path) \
-            else "not a plain relative path"
+        reason = drop_reason(path, path not in base_paths, test_paths) if _safe(path) else "not a plain relative path"
         if reason is None:
             kept[path] = change
         else:
@@ -110,8 +131,9 @@ def split_changes(changes: dict[str, dict[str, Any]], base_paths: set[str],
 
 def _safe(path: str) -> bool:
     parts = path.split("/")
-    return bool(path) and not path.startswith("/") and ".git" not in parts \
-        and all(p not in ("", ".", "..") for p in parts)
+    return (
+        bool(path) and not path.startswith("/") and ".git" not in parts and all(p not in ("", ".", "..") for p in parts)
+    )
 
 
 def apply_changes(workspace: str, changes: dict[str, dict[str, Any]]) -> None:
@@ -158,9 +180,11 @@ def display_patch(clean_ws: str, changes: dict[str, dict[str, Any]]) -> str:
             continue
         a = (old or b"").decode("utf-8", "replace").splitlines(keepends=True)
         b = (new or b"").decode("utf-8", "replace").splitlines(keepends=True)
-        body = "".join(difflib.unified_diff(
-            a, b, "/dev/null" if old is None else f"a/{path}",
-            "/dev/null" if new is None else f"b/{path}"))
+        body = "".join(
+            difflib.unified_diff(
+                a, b, "/dev/null" if old is None else f"a/{path}", "/dev/null" if new is None else f"b/{path}"
+            )
+        )
         chunks.append(f"diff --git a/{path} b/{path}\n{body}")
     patch = "".join(c if c.endswith("\n") else c + "\n" for c in chunks)
     return patch[:MAX_PATCH_CHARS]

@@ -14,6 +14,7 @@ unguarded). One interpreter per file, not per test: hundreds of ids, each import
 package, would time correct patches out to reward 0. Mistakes of the
 agent (a broken repo, tests that hang) give reward 0; only sandbox failures raise.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ from agents.abstract import EvalResult
 from agents.handlers.swe.guard import RUNNER, split_report
 
 # Git run by EVAL must not execute anything the agent configured in the repo.
-GIT = ("git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false "
-       "-c core.pager=cat -c color.ui=false")
+GIT = (
+    "git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.pager=cat -c color.ui=false"
+)
 PYTEST_ARGS = "-p no:cacheprovider -rA --tb=short"
 TEST_PATCH = ".git/raas_test.patch"
 MAX_REPORT_CHARS = 32 * 1024 * 1024
@@ -66,14 +68,16 @@ def apply_patch(sb: Any, workspace: str, patch: str, name: str, timeout: float =
     return None if result.exit_code == 0 else (result.output.strip()[-2000:] or "git apply failed")
 
 
-def run_tests(sb: Any, workspace: str, tests: list[str], timeout: float,
-              test_cmd: str | None = None) -> SuiteRun:
+def run_tests(sb: Any, workspace: str, tests: list[str], timeout: float, test_cmd: str | None = None) -> SuiteRun:
     """Run `tests` (pytest node ids), isolated, within one wall-clock limit: the ids of each
     test file in one guarded interpreter, or (an instance's `test_cmd`) all at once."""
     scratch = f"/tmp/.raas-grade-{secrets.token_hex(8)}"
     ini = f"[pytest]\npythonpath = {workspace}\n"
-    sb.bash(f"mkdir -p {scratch} && printf %s {shlex.quote(ini)} > {scratch}/pytest.ini && "
-            f"printf %s {shlex.quote(RUNNER)} > {scratch}/runner.py", timeout=30)
+    sb.bash(
+        f"mkdir -p {scratch} && printf %s {shlex.quote(ini)} > {scratch}/pytest.ini && "
+        f"printf %s {shlex.quote(RUNNER)} > {scratch}/runner.py",
+        timeout=30,
+    )
     if test_cmd:
         return _run_suite(sb, workspace, tests, timeout, test_cmd, scratch)
     by_file: dict[str, list[str]] = {}
@@ -86,18 +90,21 @@ def run_tests(sb: Any, workspace: str, tests: list[str], timeout: float,
             run.statuses.update(dict.fromkeys(ids, "missing"))
             run.timed_out = True
             continue
-        result = _sh(sb, workspace, f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -I -B "
-                     f"{scratch}/runner.py -c {scratch}/pytest.ini --rootdir "
-                     f"{shlex.quote(workspace)} {PYTEST_ARGS} --junitxml=/dev/fd/3 "
-                     f"{' '.join(shlex.quote(t) for t in ids)} 3>&1 >{scratch}/out 2>&1",
-                     remaining)
+        result = _sh(
+            sb,
+            workspace,
+            f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -I -B "
+            f"{scratch}/runner.py -c {scratch}/pytest.ini --rootdir "
+            f"{shlex.quote(workspace)} {PYTEST_ARGS} --junitxml=/dev/fd/3 "
+            f"{' '.join(shlex.quote(t) for t in ids)} 3>&1 >{scratch}/out 2>&1",
+            remaining,
+        )
         junit, verdicts = split_report(result.output)
         statuses = match_statuses(ids, parse_junit(junit))
         verdict = verdicts[0] if len(verdicts) == 1 else {"passed": False}
         # the exit status is a channel of its own: 0 exactly when the runner's verdict is
         # that every test of this run passed (1 otherwise; anything else: not the runner's)
-        agrees = result.exit_code in (0, 1) and (result.exit_code == 0) == bool(
-            verdict.get("passed"))
+        agrees = result.exit_code in (0, 1) and (result.exit_code == 0) == bool(verdict.get("passed"))
         for test in ids:
             status = statuses[test]
             if verdict.get("replaced"):
@@ -129,12 +136,15 @@ def _guard_passed(verdict: dict[str, Any], test: str) -> bool:
     return bool(under) and all(ok is True for ok in under)
 
 
-def _run_suite(sb: Any, workspace: str, tests: list[str], timeout: float, prefix: str,
-               scratch: str) -> SuiteRun:
+def _run_suite(sb: Any, workspace: str, tests: list[str], timeout: float, prefix: str, scratch: str) -> SuiteRun:
     """The whole list in one run of the instance's own command (JUnit on fd 3 + exit 0)."""
     ids = " ".join(shlex.quote(t) for t in tests)
-    result = _sh(sb, workspace, f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {prefix} "
-                 f"--junitxml=/dev/fd/3 {ids} 3>&1 >{scratch}/out 2>&1", timeout)
+    result = _sh(
+        sb,
+        workspace,
+        f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {prefix} --junitxml=/dev/fd/3 {ids} 3>&1 >{scratch}/out 2>&1",
+        timeout,
+    )
     console = sb.bash(f"tail -c 4000 {scratch}/out; rm -rf {scratch}", timeout=30).output
     run = SuiteRun(timed_out=result.timed_out, exit_code=result.exit_code, output=console)
     run.statuses = match_statuses(tests, parse_junit(result.output))
@@ -183,12 +193,15 @@ def grade(instance: dict[str, Any], workspace: str, sb: Any, timeout: float) -> 
     metrics["test_patch_applied"] = problem is None
     if problem is not None:
         extra["eval_error"] = f"test patch did not apply: {problem}"
-        return EvalResult(0.0, {**metrics, "f2p_passed": 0, "p2p_passed": 0,
-                                "resolved": False}, extra)
+        return EvalResult(0.0, {**metrics, "f2p_passed": 0, "p2p_passed": 0, "resolved": False}, extra)
     run = run_tests(sb, workspace, f2p + p2p, timeout, instance.get("test_cmd"))
     passed = {t for t, s in run.statuses.items() if s == "passed"}
-    metrics.update(f2p_passed=len(passed & set(f2p)), p2p_passed=len(passed & set(p2p)),
-                   tests_timed_out=run.timed_out, tests_exit_code=run.exit_code)
+    metrics.update(
+        f2p_passed=len(passed & set(f2p)),
+        p2p_passed=len(passed & set(p2p)),
+        tests_timed_out=run.timed_out,
+        tests_exit_code=run.exit_code,
+    )
     extra.update(test_results=run.statuses, test_output=run.output)
     if run.replaced:
         extra["pytest_replaced"] = run.replaced

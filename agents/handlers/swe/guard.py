@@ -24,6 +24,7 @@ process as the verdict, so it can, in principle, find and patch the runner's own
 write a forged report and verdict in the same shape. The scan catches the plain forms of that
 too; obfuscated ones (names built at run time) it does not. See docs/security.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ import re
 from typing import Any
 
 VERDICT = "RAAS-GRADE-VERDICT "
-RUNNER = r'''
+RUNNER = r"""
 import importlib, json, os, pkgutil, sys, types
 import pluggy, pytest, _pytest
 for _m in pkgutil.iter_modules(_pytest.__path__, "_pytest."):
@@ -98,13 +99,14 @@ passed = code == 0 and not tampered and bool(tests) and all(tests.values())
 verdict = {"passed": passed, "exit": code, "tests": tests, "replaced": tampered[:20]}
 os.write(3, ("\n" + "RAAS-GRADE-VERDICT " + json.dumps(verdict) + "\n").encode())
 os._exit(0 if passed else 1)
-'''
+"""
 
 # Added lines of library code that name test-runner internals (issue 22.4's list).
 RUNNER_REFS = re.compile(
     r"\b_pytest\b|\bpytest_[a-z_]+\b|\bhookimpl\b|\bhookwrapper\b|\bpluggy\b|\bsys\.modules\b"
     r"|\bunittest\.result\b|\b_?Text(?:Test)?Result\b|\bTestResult\b|\bTextTestRunner\b"
-    r"|\batexit\b|\bos\._exit\b|\bjunitxml\b")
+    r"|\batexit\b|\bos\._exit\b|\bjunitxml\b"
+)
 
 
 def split_report(output: str) -> tuple[str, list[dict[str, Any]]]:
@@ -113,7 +115,7 @@ def split_report(output: str) -> tuple[str, list[dict[str, Any]]]:
     for line in lines:
         if line.startswith(VERDICT):
             try:
-                verdicts.append(json.loads(line[len(VERDICT):]))
+                verdicts.append(json.loads(line[len(VERDICT) :]))
             except ValueError:
                 verdicts.append({"passed": False, "unreadable": line[:200]})
         else:

@@ -10,6 +10,7 @@ agent's `.git`). EVAL checks the base commit out again into a fresh workspace, a
 changes minus test files and test infrastructure (`extra["dropped_files"]`), and grades it in
 a fresh sandbox (`swe_eval`). Re-evaluation is the same EVAL on the stored artifact.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,12 @@ USER_PROMPT = """The repository is checked out in {workspace} (your current dire
 Make the smallest change to the non-test source files that resolves the problem."""
 
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "repo": str, "base_commit": str, "problem_statement": str,
-    "test_patch": str, "FAIL_TO_PASS": (list, str), "PASS_TO_PASS": (list, str),
+    "repo": str,
+    "base_commit": str,
+    "problem_statement": str,
+    "test_patch": str,
+    "FAIL_TO_PASS": (list, str),
+    "PASS_TO_PASS": (list, str),
 }
 
 
@@ -55,19 +60,23 @@ class SWEConfig(SandboxToolsConfig):
     """Agent config of `swe` jobs (prompts, tools, limits, evaluation)."""
 
     system_prompt: str = Field(SYSTEM_PROMPT, description="System message")
-    user_prompt: str = Field(USER_PROMPT, description="User message; {problem_statement}, "
-                                                      "{workspace}, {instance_id} are filled in")
+    user_prompt: str = Field(
+        USER_PROMPT, description="User message; {problem_statement}, {workspace}, {instance_id} are filled in"
+    )
     tools: list[Literal["bash", "str_replace_editor", "python"]] = Field(
-        default_factory=lambda: ["bash", "str_replace_editor"],
-        description="Built-in tools besides `submit`")
-    python_env: str | None = Field("pytest", description="Sandbox Python environment with "
-                                                         "pytest (None: the job's choice)")
+        default_factory=lambda: ["bash", "str_replace_editor"], description="Built-in tools besides `submit`"
+    )
+    python_env: str | None = Field(
+        "pytest", description="Sandbox Python environment with pytest (None: the job's choice)"
+    )
     test_timeout: float = Field(300.0, gt=0, description="Seconds for EVAL's test run")
     scan_runner_refs: bool = Field(
-        True, description="Reward 0 without running tests when the graded diff adds lines "
-                          "naming test-runner internals (`_pytest`, pytest hooks, pluggy, "
-                          "`sys.modules`, unittest result classes, `atexit`, `os._exit`); off "
-                          "for datasets whose fixes legitimately touch them")
+        True,
+        description="Reward 0 without running tests when the graded diff adds lines "
+        "naming test-runner internals (`_pytest`, pytest hooks, pluggy, "
+        "`sys.modules`, unittest result classes, `atexit`, `os._exit`); off "
+        "for datasets whose fixes legitimately touch them",
+    )
 
 
 def _read_text(root: str, path: str) -> str:
@@ -83,23 +92,19 @@ def validate_swe_instance(instance: dict[str, Any]) -> None:
     """Reject an instance missing a SWE-bench field (the error names it)."""
     for name, kind in REQUIRED_FIELDS.items():
         if name not in instance or instance[name] in (None, ""):
-            raise InvalidRequest(f"swe instance is missing required field {name!r}",
-                                 field=f"instance.{name}")
+            raise InvalidRequest(f"swe instance is missing required field {name!r}", field=f"instance.{name}")
         if not isinstance(instance[name], kind):
-            raise InvalidRequest(f"swe instance field {name!r} has the wrong type",
-                                 field=f"instance.{name}")
+            raise InvalidRequest(f"swe instance field {name!r} has the wrong type", field=f"instance.{name}")
     for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         try:
             swe_eval.listed_tests(instance[name])
         except ValueError:
-            raise InvalidRequest(f"{name} must be a list of test ids",
-                                 field=f"instance.{name}") from None
+            raise InvalidRequest(f"{name} must be a list of test ids", field=f"instance.{name}") from None
     if not swe_eval.listed_tests(instance["FAIL_TO_PASS"]):
         raise InvalidRequest("FAIL_TO_PASS lists no test", field="instance.FAIL_TO_PASS")
     if "test_cmd" in instance and not isinstance(instance["test_cmd"], str):
         raise InvalidRequest("test_cmd must be a string", field="instance.test_cmd")
     check_repo_name(instance["repo"])
-
 
 
 @register
@@ -127,54 +132,83 @@ class SWEHandler(AgentHandler):
         """Check the repo out at its base commit as the workspace."""
         if not ctx.workspace:
             raise InvalidRequest("the swe agent needs a sandbox", field="sandbox.runtime")
-        materialize(ctx.instance["repo"], ctx.instance["base_commit"], ctx.workspace,
-                    ctx.settings.repo_root, ctx.settings.repo_mirror_root)
+        materialize(
+            ctx.instance["repo"],
+            ctx.instance["base_commit"],
+            ctx.workspace,
+            ctx.settings.repo_root,
+            ctx.settings.repo_mirror_root,
+        )
         ctx.state.update(workspace=ctx.workspace, base_commit=ctx.instance["base_commit"])
 
     def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with bash, the editor and `submit`."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
-        user = cfg.user_prompt.format(problem_statement=ctx.instance["problem_statement"],
-                                      workspace=ctx.workspace,
-                                      instance_id=ctx.instance_id)
-        submit = finish_tool("submit", "Submit your changes to the repository and end the task.",
-                             answer_param=None)
-        return run_agent_loop(ctx, system_prompt=cfg.system_prompt, user_prompt=user,
-                              tools=[*builtin_tools(cfg.tools), submit],
-                              max_turns=cfg.max_turns, max_invalid_turns=cfg.max_invalid_turns)
+        user = cfg.user_prompt.format(
+            problem_statement=ctx.instance["problem_statement"], workspace=ctx.workspace, instance_id=ctx.instance_id
+        )
+        submit = finish_tool("submit", "Submit your changes to the repository and end the task.", answer_param=None)
+        return run_agent_loop(
+            ctx,
+            system_prompt=cfg.system_prompt,
+            user_prompt=user,
+            tools=[*builtin_tools(cfg.tools), submit],
+            max_turns=cfg.max_turns,
+            max_invalid_turns=cfg.max_invalid_turns,
+        )
 
     eval_in_sandbox = True
 
     def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """The agent's changes: its dead workspace compared with a clean base checkout."""
         with tempfile.TemporaryDirectory(prefix="raas-swe-base-") as clean:
-            materialize(ctx.instance["repo"], ctx.instance["base_commit"], clean,
-                        ctx.settings.repo_root, ctx.settings.repo_mirror_root)
+            materialize(
+                ctx.instance["repo"],
+                ctx.instance["base_commit"],
+                clean,
+                ctx.settings.repo_root,
+                ctx.settings.repo_mirror_root,
+            )
             return swe_diff.workspace_changes(ctx.workspace, clean)
 
     def prepare_eval(self, ctx: EvalContext, workspace: str) -> dict[str, Any]:
         """A clean checkout plus the agent's changes, minus tests and test infrastructure."""
-        materialize(ctx.instance["repo"], ctx.instance["base_commit"], workspace,
-                    ctx.settings.repo_root, ctx.settings.repo_mirror_root)
+        materialize(
+            ctx.instance["repo"],
+            ctx.instance["base_commit"],
+            workspace,
+            ctx.settings.repo_root,
+            ctx.settings.repo_mirror_root,
+        )
         changes = (ctx.artifact or {}).get("files") or {}
         kept, dropped = swe_diff.split_changes(
-            changes, set(walk(workspace).files),
-            swe_diff.test_patch_paths(ctx.instance["test_patch"]))
+            changes, set(walk(workspace).files), swe_diff.test_patch_paths(ctx.instance["test_patch"])
+        )
         patch = swe_diff.display_patch(workspace, kept)
         refs = swe_guard.runner_refs(kept, lambda path: _read_text(workspace, path))
         ctx.state["runner_refs"] = refs
         swe_diff.apply_changes(workspace, kept)
-        return {"git_patch": patch, "dropped_files": sorted(dropped), "runner_refs": refs,
-                "dropped_reasons": dropped,
-                "skipped_files": sorted((ctx.artifact or {}).get("skipped") or {})}
+        return {
+            "git_patch": patch,
+            "dropped_files": sorted(dropped),
+            "runner_refs": refs,
+            "dropped_reasons": dropped,
+            "skipped_files": sorted((ctx.artifact or {}).get("skipped") or {}),
+        }
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Grade the prepared workspace in the fresh sandbox with the instance's tests."""
         cfg: SWEConfig = ctx.agent_config  # type: ignore[assignment]
         refs = ctx.state.get("runner_refs") or []
         if cfg.scan_runner_refs and refs:
-            return EvalResult(0.0, {"resolved": False, "runner_tampering": True},
-                              {"eval_error": "the diff names test-runner internals: " + ", ".join(
-                                  f"{r['path']}:{r['line']} {r['match']}" for r in refs[:5])})
-        return swe_eval.grade(ctx.instance, ctx.workspace, ctx.sandbox,
-                              min(cfg.test_timeout, max(1.0, ctx.remaining())))
+            return EvalResult(
+                0.0,
+                {"resolved": False, "runner_tampering": True},
+                {
+                    "eval_error": "the diff names test-runner internals: "
+                    + ", ".join(f"{r['path']}:{r['line']} {r['match']}" for r in refs[:5])
+                },
+            )
+        return swe_eval.grade(
+            ctx.instance, ctx.workspace, ctx.sandbox, min(cfg.test_timeout, max(1.0, ctx.remaining()))
+        )

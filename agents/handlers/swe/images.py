@@ -8,6 +8,7 @@ root filesystem (mounted as the sandbox's `/`). SWE-bench's own image name
 `sweb.eval.x86_64.<id>` is tried too. A missing image is a `NotProvisioned` error at INIT that
 names the instance, the names tried and the root.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,7 @@ def image_names(instance_id: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def resolve_instance_image(instance_id: str, image_root: str | Path,
-                           runtime: str | None = None) -> dict[str, Any]:
+def resolve_instance_image(instance_id: str, image_root: str | Path, runtime: str | None = None) -> dict[str, Any]:
     """Sandbox options for the instance's environment: {"image": ...} or {"python_env": ...}."""
     if "/" in instance_id or instance_id.startswith("."):
         raise NotProvisioned(f"instance id {instance_id!r} cannot name an image")
@@ -41,6 +41,8 @@ def resolve_instance_image(instance_id: str, image_root: str | Path,
                 if (path / "pyvenv.cfg").is_file():
                     return {"python_env": str(path.resolve())}
                 return {"image": str(path.resolve())}
-    raise NotProvisioned(f"no image for instance {instance_id!r} under the image root {root} "
-                         f"(looked for {', '.join(tried)})", instance_id=instance_id,
-                         looked_for=tried)
+    raise NotProvisioned(
+        f"no image for instance {instance_id!r} under the image root {root} (looked for {', '.join(tried)})",
+        instance_id=instance_id,
+        looked_for=tried,
+    )

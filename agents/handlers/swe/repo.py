@@ -11,6 +11,7 @@ the same files always give the same commit id: the example repos ship as sources
 (`python examples/swe/build_instances.py` rebuilds that file). Git runs on the host with a sanitized
 environment so the user's git config and hooks never leak in.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,16 @@ def git_env() -> dict[str, str]:
     """Environment for host-side git: no user/system config, fixed identity and dates."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(
-        GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
-        GIT_AUTHOR_NAME="raas", GIT_AUTHOR_EMAIL="raas@localhost", GIT_AUTHOR_DATE=_FIXED_DATE,
-        GIT_COMMITTER_NAME="raas", GIT_COMMITTER_EMAIL="raas@localhost",
-        GIT_COMMITTER_DATE=_FIXED_DATE, LC_ALL="C",
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_AUTHOR_NAME="raas",
+        GIT_AUTHOR_EMAIL="raas@localhost",
+        GIT_AUTHOR_DATE=_FIXED_DATE,
+        GIT_COMMITTER_NAME="raas",
+        GIT_COMMITTER_EMAIL="raas@localhost",
+        GIT_COMMITTER_DATE=_FIXED_DATE,
+        LC_ALL="C",
     )
     return env
 
@@ -47,9 +54,14 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     """Run host git in `cwd` and return stdout; a failure is an InfraError with stderr."""
     # safe.directory: a root service hands fresh workspaces to the sandbox's uid (bwrap.py);
     # host git never runs on a workspace the agent has touched (swe_diff compares files).
-    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*",
-                           *args], cwd=cwd,
-                          env=git_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*", *args],
+        cwd=cwd,
+        env=git_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check and proc.returncode != 0:
         raise InfraError(f"git {' '.join(args)} failed: {proc.stderr.strip()[:2000]}")
     return proc.stdout
@@ -82,14 +94,20 @@ def resolve_slug(slug: str, mirror_root: str | Path | None) -> Path:
     """The mirror entry of `slug`, or NotProvisioned naming the names and the root."""
     names = mirror_candidates(slug)
     if mirror_root is None:
-        raise NotProvisioned(f"repo {slug!r} is a repository slug but no repository mirror is "
-                             f"configured on this node (set RAAS_REPO_MIRROR_ROOT)", repo=slug)
+        raise NotProvisioned(
+            f"repo {slug!r} is a repository slug but no repository mirror is "
+            f"configured on this node (set RAAS_REPO_MIRROR_ROOT)",
+            repo=slug,
+        )
     for name in names:
         path = Path(mirror_root) / name
         if path.exists():
             return path
-    raise NotProvisioned(f"repo {slug!r} is not in the repository mirror {mirror_root} "
-                         f"(looked for {', '.join(names)})", repo=slug, looked_for=names)
+    raise NotProvisioned(
+        f"repo {slug!r} is not in the repository mirror {mirror_root} (looked for {', '.join(names)})",
+        repo=slug,
+        looked_for=names,
+    )
 
 
 def check_repo_name(repo: str) -> None:
@@ -97,13 +115,14 @@ def check_repo_name(repo: str) -> None:
     host path."""
     parts = Path(repo).parts
     if not parts or Path(repo).is_absolute() or repo.startswith("~") or ".." in parts:
-        raise InvalidRequest(f"repo {repo!r} must be a path relative to the operator's repo "
-                             "root or an owner/name slug (no absolute path, `~` or `..`)",
-                             field="repo")
+        raise InvalidRequest(
+            f"repo {repo!r} must be a path relative to the operator's repo "
+            "root or an owner/name slug (no absolute path, `~` or `..`)",
+            field="repo",
+        )
 
 
-def resolve_repo(repo: str, root: str | Path | None = None,
-                 mirror_root: str | Path | None = None) -> Path:
+def resolve_repo(repo: str, root: str | Path | None = None, mirror_root: str | Path | None = None) -> Path:
     """An instance's `repo` as an absolute path: a slug from the mirror (only from there when a
     mirror is configured), else a path inside the operator's repo `root` (default: relative to
     the raas checkout, inside its examples/; symlinks may not lead out)."""
@@ -117,8 +136,7 @@ def resolve_repo(repo: str, root: str | Path | None = None,
     if not inside:
         raise InvalidRequest(f"repo {repo!r} is outside the operator's repo root", field="repo")
     if not path.exists():
-        raise InvalidRequest(f"repo {repo!r} does not exist in the operator's repo root",
-                             field="repo")
+        raise InvalidRequest(f"repo {repo!r} does not exist in the operator's repo root", field="repo")
     return path
 
 
@@ -169,8 +187,9 @@ def _is_git(path: Path) -> bool:
     return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
 
 
-def materialize(repo: str, base_commit: str, dest: str | Path, root: str | Path | None = None,
-                mirror_root: str | Path | None = None) -> None:
+def materialize(
+    repo: str, base_commit: str, dest: str | Path, root: str | Path | None = None, mirror_root: str | Path | None = None
+) -> None:
     """Fill the empty directory `dest` with `repo` checked out at `base_commit`."""
     src, dest = resolve_repo(repo, root, mirror_root), Path(dest)
     with tempfile.TemporaryDirectory(prefix="raas-swe-") as scratch:
@@ -184,8 +203,9 @@ def materialize(repo: str, base_commit: str, dest: str | Path, root: str | Path 
             return
         head = commit_sources(src, dest)
     if head != base_commit:
-        raise InvalidRequest(f"the sources of {repo!r} commit to {head}, not base_commit "
-                             f"{base_commit}", field="base_commit")
+        raise InvalidRequest(
+            f"the sources of {repo!r} commit to {head}, not base_commit {base_commit}", field="base_commit"
+        )
 
 
 def example_instances(examples_dir: str | Path) -> list[dict[str, Any]]:
@@ -200,15 +220,16 @@ def example_instances(examples_dir: str | Path) -> list[dict[str, Any]]:
             repo = str((folder / "repo").relative_to(PROJECT_ROOT))
         except ValueError:
             repo = str(folder / "repo")
-        instances.append({
-            "instance_id": f"raas-examples__{folder.name}-1",
-            "repo": repo,
-            "base_commit": base,
-            "problem_statement": (folder / "problem.md").read_text(),
-            "test_patch": (folder / "test.patch").read_text(),
-            "patch": (folder / "fix.patch").read_text(),
-            "FAIL_TO_PASS": tests["FAIL_TO_PASS"],
-            "PASS_TO_PASS": tests["PASS_TO_PASS"],
-        })
+        instances.append(
+            {
+                "instance_id": f"raas-examples__{folder.name}-1",
+                "repo": repo,
+                "base_commit": base,
+                "problem_statement": (folder / "problem.md").read_text(),
+                "test_patch": (folder / "test.patch").read_text(),
+                "patch": (folder / "fix.patch").read_text(),
+                "FAIL_TO_PASS": tests["FAIL_TO_PASS"],
+                "PASS_TO_PASS": tests["PASS_TO_PASS"],
+            }
+        )
     return instances
-

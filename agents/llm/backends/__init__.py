@@ -1,4 +1,5 @@
 """LLM backends by name: `vllm`, `sglang`, `openai-chat` (text only, not token-exact)."""
+
 from agents.llm.backends import openai_chat, sglang, vllm  # noqa: F401 - registers them
 from agents.llm.backends.abstract import (
     BackendConfig,

@@ -8,6 +8,7 @@ reused from the pool — is recorded on that thread's handle and marked as that 
 `abort()` shuts down the connections still marked as its own (one the pool has since lent to
 another request is left alone). The pool then discards the dead connection.
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,9 @@ class _RecordingStream(httpcore.NetworkStream):
     def close(self) -> None:
         self._stream.close()
 
-    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                  timeout: float | None = None) -> httpcore.NetworkStream:
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
         return _RecordingStream(self._stream.start_tls(ssl_context, server_hostname, timeout))
 
     def get_extra_info(self, info: str) -> Any:
@@ -105,18 +107,24 @@ class RecordingBackend(httpcore.NetworkBackend):
     def __init__(self) -> None:
         self._backend = httpcore.SyncBackend()
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                    local_address: str | None = None,
-                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        return _RecordingStream(self._backend.connect_tcp(
-            host, port, timeout=timeout, local_address=local_address,
-            socket_options=socket_options))
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        return _RecordingStream(
+            self._backend.connect_tcp(
+                host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+            )
+        )
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Iterable[Any] | None = None
-                            ) -> httpcore.NetworkStream:
-        return _RecordingStream(self._backend.connect_unix_socket(
-            path, timeout=timeout, socket_options=socket_options))
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        return _RecordingStream(self._backend.connect_unix_socket(path, timeout=timeout, socket_options=socket_options))
 
     def sleep(self, seconds: float) -> None:
         self._backend.sleep(seconds)
@@ -135,8 +143,7 @@ class _Watcher:
         with self._lock:
             self._calls[handle] = cancelled
             if self._thread is None or not self._thread.is_alive():  # first use, or forked
-                self._thread = threading.Thread(target=self._run, name="raas-abort-watch",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="raas-abort-watch", daemon=True)
                 self._thread.start()
 
     def remove(self, handle: AbortHandle) -> None:

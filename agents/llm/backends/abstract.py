@@ -4,6 +4,7 @@ A backend only speaks a wire protocol; choosing the server, failover and the tra
 the pool and the session. `ServerError` means "this server failed, try another one";
 anything the request itself got wrong is an InvalidRequest and is not retried elsewhere.
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,15 +85,15 @@ class LLMBackend(ABC):
         """Raise ServerError unless the server answers its health endpoint."""
         self._call("GET", f"{url}/health", None, timeout)
 
-    def _call(self, method: str, url: str, body: dict | None, timeout: float,
-              headers: dict[str, str] | None = None) -> Any:
+    def _call(
+        self, method: str, url: str, body: dict | None, timeout: float, headers: dict[str, str] | None = None
+    ) -> Any:
         """One HTTP call; network trouble and 5xx are ServerError, 4xx InvalidRequest.
 
         Errors carry the status and its standard reason only: the body came from a server the
         job pointed at and is never echoed into results (it is logged here, truncated)."""
         try:
-            response = self.client.request(method, url, json=body, timeout=timeout,
-                                           headers=headers)
+            response = self.client.request(method, url, json=body, timeout=timeout, headers=headers)
         except httpx.HTTPError as exc:
             raise ServerError(f"{url}: {type(exc).__name__}", url=url) from exc
         if response.status_code >= 400:
@@ -142,14 +143,12 @@ def backend_config(value: str | dict) -> BackendConfig:
     with `type`; an unknown name is a RegistryError listing the valid ones."""
     data = {"type": value} if isinstance(value, str) else value
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-        raise RegistryError(f"an LLM backend is a name or a mapping with 'type', not {value!r}",
-                            field=BACKENDS.field)
+        raise RegistryError(f"an LLM backend is a name or a mapping with 'type', not {value!r}", field=BACKENDS.field)
     BACKENDS.get(data["type"])  # unknown: RegistryError naming the valid ones
     try:
         return TypeAdapter(backend_config_union()).validate_python(data)
     except ValidationError as exc:
-        raise RegistryError(f"bad config for LLM backend {data['type']!r}: {exc}",
-                            field=BACKENDS.field) from None
+        raise RegistryError(f"bad config for LLM backend {data['type']!r}: {exc}", field=BACKENDS.field) from None
 
 
 def get_backend_class(name: str) -> type[LLMBackend]:

@@ -12,6 +12,7 @@ tenant's URL runs inside `url_guard(rules)`; the shared client (`http_client.py`
 per thread: a thread started inside a guarded block is not guarded (LLMSession enters it
 around each call itself).
 """
+
 from __future__ import annotations
 
 import threading
@@ -61,8 +62,10 @@ def check_request(rules: list[UrlRule], url: httpx.URL) -> Target:
             return target
         if target.address is None and (rule.allows_name(target.host) or rule.network):
             return target
-    raise UrlRefused(f"{target.scheme}://{target.origin}{target.path}: not allowed by the "
-                     "operator's URL rules (policy.llm.server_urls)")
+    raise UrlRefused(
+        f"{target.scheme}://{target.origin}{target.path}: not allowed by the "
+        "operator's URL rules (policy.llm.server_urls)"
+    )
 
 
 @contextmanager
@@ -81,25 +84,31 @@ class GuardedBackend(httpcore.NetworkBackend):
     def __init__(self, inner: httpcore.NetworkBackend) -> None:
         self._inner = inner
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                    local_address: str | None = None,
-                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
         rules, target = getattr(_state, "connect", None) or (None, None)
-        if rules is None or target is None or target.host != host.lower().strip("[]") \
-                or target.port != port:
+        if rules is None or target is None or target.host != host.lower().strip("[]") or target.port != port:
             raise httpcore.ConnectError(f"{host}:{port}: a guarded connection without its URL")
-        allowed = [a for a in ([target.address] if target.address else resolve(host, port))
-                   if address_allowed(rules, target, a)]
+        allowed = [
+            a
+            for a in ([target.address] if target.address else resolve(host, port))
+            if address_allowed(rules, target, a)
+        ]
         if not allowed:
-            raise httpcore.ConnectError(f"{host}:{port} resolves to no address the operator's "
-                                        "URL rules allow")
-        return self._inner.connect_tcp(str(allowed[0]), port, timeout=timeout,
-                                       local_address=local_address,
-                                       socket_options=socket_options)
+            raise httpcore.ConnectError(f"{host}:{port} resolves to no address the operator's URL rules allow")
+        return self._inner.connect_tcp(
+            str(allowed[0]), port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Iterable[Any] | None = None
-                            ) -> httpcore.NetworkStream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
         raise httpcore.ConnectError("guarded calls never use unix sockets")
 
     def sleep(self, seconds: float) -> None:

@@ -19,6 +19,7 @@ builds its own on first use; the client is closed at exit. The SSL context honou
 SSL_CERT_FILE / SSL_CERT_DIR as httpx does; proxy variables (HTTP_PROXY...) are not used for
 inference servers, which are reached directly.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -51,12 +52,19 @@ class _AbortableTransport(httpx.HTTPTransport):
         ssl_context = httpx.create_ssl_context()
         super().__init__(verify=ssl_context)
         self._pool = self._open_pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context, max_connections=None, max_keepalive_connections=slots,
-            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS, network_backend=RecordingBackend())
-        self._guarded_pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context, max_connections=None, max_keepalive_connections=slots,
+            ssl_context=ssl_context,
+            max_connections=None,
+            max_keepalive_connections=slots,
             keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
-            network_backend=GuardedBackend(RecordingBackend()))
+            network_backend=RecordingBackend(),
+        )
+        self._guarded_pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=None,
+            max_keepalive_connections=slots,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+            network_backend=GuardedBackend(RecordingBackend()),
+        )
         self._guarded = httpx.HTTPTransport()
         self._guarded._pool = self._guarded_pool
 
@@ -76,8 +84,9 @@ class _AbortableTransport(httpx.HTTPTransport):
 def make_client(slots: int = DEFAULT_SLOTS) -> httpx.Client:
     """A new client with the sharing rules above (tests; the process uses `shared_client`)."""
     no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-    return httpx.Client(transport=_AbortableTransport(slots), cookies=no_cookies,
-                        follow_redirects=False, trust_env=False)
+    return httpx.Client(
+        transport=_AbortableTransport(slots), cookies=no_cookies, follow_redirects=False, trust_env=False
+    )
 
 
 def shared_client() -> httpx.Client:

@@ -4,6 +4,7 @@ The server applies its own template and returns text, so the ids here are this s
 re-tokenization of that text and the logprobs are missing. Trajectories built with it carry
 `token_exact = False` and the session logs a warning when it opens: never RL-train on them.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,7 @@ class OpenAIChatBackend(LLMBackend):
     class Config(BackendConfig):
         """Chooses this backend."""
 
-        type: Literal["openai-chat"] = Field(
-            "openai-chat", description="The backend's registered name")
+        type: Literal["openai-chat"] = Field("openai-chat", description="The backend's registered name")
 
     token_exact = False
 
@@ -48,8 +48,7 @@ class OpenAIChatBackend(LLMBackend):
                 body[key] = sampling[key]
         started = time.monotonic()
         base = url if url.endswith("/v1") else f"{url}/v1"
-        data = self._call("POST", f"{base}/chat/completions", body, request.timeout,
-                          request.headers)
+        data = self._call("POST", f"{base}/chat/completions", body, request.timeout, request.headers)
         try:
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""

@@ -1,4 +1,5 @@
 """SGLang's native `/generate`: `input_ids` in, `output_ids` and per-token logprobs out."""
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,7 @@ class SGLangBackend(LLMBackend):
     class Config(BackendConfig):
         """Chooses this backend."""
 
-        type: Literal["sglang"] = Field(
-            "sglang", description="The backend's registered name")
+        type: Literal["sglang"] = Field("sglang", description="The backend's registered name")
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """POST /generate with input_ids and return_logprob; read output ids and logprobs."""
@@ -41,8 +41,7 @@ class SGLangBackend(LLMBackend):
             params["sampling_seed"] = sampling["seed"]
         body = {"input_ids": request.prompt_ids, "sampling_params": params, "return_logprob": True}
         started = time.monotonic()
-        data = self._call("POST", f"{url}/generate", body, request.timeout,
-                          request.headers)
+        data = self._call("POST", f"{url}/generate", body, request.timeout, request.headers)
         try:
             meta = data["meta_info"]
             entries = meta["output_token_logprobs"]

@@ -3,6 +3,7 @@
 `return_token_ids` makes vLLM send back the exact ids it sampled; `logprobs: 0` adds the
 logprob of each sampled token (and no alternatives, which would only cost bandwidth).
 """
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,7 @@ class VLLMBackend(LLMBackend):
     class Config(BackendConfig):
         """Chooses this backend."""
 
-        type: Literal["vllm"] = Field(
-            "vllm", description="The backend's registered name")
+        type: Literal["vllm"] = Field("vllm", description="The backend's registered name")
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """POST /v1/completions with token ids; read `token_ids` and `logprobs.token_logprobs`."""
@@ -47,8 +47,7 @@ class VLLMBackend(LLMBackend):
             if sampling.get(key) is not None:
                 body[key] = sampling[key]
         started = time.monotonic()
-        data = self._call("POST", f"{url}/v1/completions", body, request.timeout,
-                          request.headers)
+        data = self._call("POST", f"{url}/v1/completions", body, request.timeout, request.headers)
         try:
             choice = data["choices"][0]
             token_ids = [int(t) for t in choice["token_ids"]]

@@ -12,6 +12,7 @@ The raas instance of a row is `env_extras[i]["raas_instance"]` when present, els
 `group_timeout` in `job`) fills each instance's repetition slots with its group's members; a
 short group, like any failed sample, follows `on_failure` (raise, or mask: loss mask 0).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,9 +63,16 @@ def skyrl_types() -> tuple[ModuleType, type, type]:
 class RaasGenerator(GeneratorInterface):
     """A SkyRL generator backed by a raas service."""
 
-    def __init__(self, url: str, agent: str, *, job: dict[str, Any] | None = None,
-                 token: str | None = None, on_failure: OnFailure = "raise",
-                 timeout: float = 3600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        agent: str,
+        *,
+        job: dict[str, Any] | None = None,
+        token: str | None = None,
+        on_failure: OnFailure = "raise",
+        timeout: float = 3600.0,
+    ) -> None:
         self.url, self.agent, self.token = url, agent, token
         self.job = dict(job or {})
         self.on_failure = on_failure
@@ -82,8 +90,7 @@ class RaasGenerator(GeneratorInterface):
         started = time.monotonic()
         with RaasClient(self.url, token=self.token, timeout=60) as client:
             accepted = client.submit(self.agent, instances, **job)
-            groups = {g[0]["instance_id"]: g for g in
-                      client.groups(accepted["job_id"], wait=min(self.timeout, 60))}
+            groups = {g[0]["instance_id"]: g for g in client.groups(accepted["job_id"], wait=min(self.timeout, 60))}
         samples = [self._slot(groups.get(iid, []), rep) for iid, rep in keys]
         return self._output(batch, samples, time.monotonic() - started)
 
@@ -95,8 +102,7 @@ class RaasGenerator(GeneratorInterface):
         return [(f"p{i}", 0) for i in range(len(batch["prompts"]))]
 
     @staticmethod
-    def _instances(batch: GeneratorInput, keys: list[tuple[str, int]]
-                   ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def _instances(batch: GeneratorInput, keys: list[tuple[str, int]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
         extras = batch.get("env_extras") or [{} for _ in keys]
         instances: dict[str, dict[str, Any]] = {}
         counts: dict[str, int] = {}
@@ -111,26 +117,37 @@ class RaasGenerator(GeneratorInterface):
     def _slot(self, group: list[dict[str, Any]], repetition: int) -> Sample:
         if repetition < len(group):
             return sample_of(group[repetition], self.on_failure)
-        short = {"rollout_id": None, "instance_id": group[0]["instance_id"] if group else None,
-                 "sample_index": repetition, "status": "short", "outcome": None,
-                 "error": "the group completed short (straggler cut)", "reward": None}
+        short = {
+            "rollout_id": None,
+            "instance_id": group[0]["instance_id"] if group else None,
+            "sample_index": repetition,
+            "status": "short",
+            "outcome": None,
+            "error": "the group completed short (straggler cut)",
+            "reward": None,
+        }
         return sample_of(short, self.on_failure)
 
     @staticmethod
-    def _output(batch: GeneratorInput, samples: list[Sample], seconds: float
-                ) -> GeneratorOutput:
+    def _output(batch: GeneratorInput, samples: list[Sample], seconds: float) -> GeneratorOutput:
         rewards = [s.reward for s in samples]
         return GeneratorOutput(
             prompt_token_ids=[s.prompt_ids for s in samples],
             response_ids=[s.response_ids for s in samples],
-            rewards=rewards, loss_masks=[s.loss_mask for s in samples],
+            rewards=rewards,
+            loss_masks=[s.loss_mask for s in samples],
             stop_reasons=[s.finish_reason or "stop" for s in samples],
-            rollout_metrics={"raas/avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                             "raas/failed": sum(bool(s.extra["raas_failed"]) for s in samples),
-                             "raas/generate_seconds": seconds},
+            rollout_metrics={
+                "raas/avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+                "raas/failed": sum(bool(s.extra["raas_failed"]) for s in samples),
+                "raas/generate_seconds": seconds,
+            },
             rollout_logprobs=[s.logprobs for s in samples],
             trajectory_ids=batch.get("trajectory_ids"),
             trajectory_generation_times=[s.seconds for s in samples],
-            rollout_expert_indices=None, is_last_step=None,
-            env_metrics=[s.extra for s in samples], pixel_values=None, image_grid_thw=None)
-
+            rollout_expert_indices=None,
+            is_last_step=None,
+            env_metrics=[s.extra for s in samples],
+            pixel_values=None,
+            image_grid_thw=None,
+        )

@@ -19,6 +19,7 @@ or with `RAAS_URL` / `RAAS_TOKEN` in the workers' environment. A dataset row's
 `extra_info.raas_instance` (a dict with `instance_id` and the handler's fields) is the raas
 instance; without it the row's `raw_prompt` is sent as `{"messages": ...}`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,17 +40,24 @@ from raas_client.sdk import RaasClient
 __all__ = ["RaasAgentLoop", "RaasRolloutFailed", "to_agent_loop_output"]
 
 
-def to_agent_loop_output(row: dict[str, Any], on_failure: OnFailure = "raise",
-                         max_response: int | None = None) -> AgentLoopOutput:
+def to_agent_loop_output(
+    row: dict[str, Any], on_failure: OnFailure = "raise", max_response: int | None = None
+) -> AgentLoopOutput:
     """verl's output type for one finished raas row."""
     sample = sample_of(row, on_failure, max_response)
     return AgentLoopOutput(
-        prompt_ids=sample.prompt_ids, response_ids=sample.response_ids,
-        response_mask=sample.loss_mask, response_logprobs=sample.logprobs,
-        reward_score=sample.reward, num_turns=len(row.get("messages") or []) or sample.turns,
-        metrics=AgentLoopMetrics(generate_sequences=(row.get("timing") or {}).get("run") or 0.0,
-                                 compute_score=(row.get("timing") or {}).get("eval") or 0.0),
-        extra_fields=sample.extra)
+        prompt_ids=sample.prompt_ids,
+        response_ids=sample.response_ids,
+        response_mask=sample.loss_mask,
+        response_logprobs=sample.logprobs,
+        reward_score=sample.reward,
+        num_turns=len(row.get("messages") or []) or sample.turns,
+        metrics=AgentLoopMetrics(
+            generate_sequences=(row.get("timing") or {}).get("run") or 0.0,
+            compute_score=(row.get("timing") or {}).get("eval") or 0.0,
+        ),
+        extra_fields=sample.extra,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -65,10 +73,17 @@ def _plain(value: Any) -> Any:
 class RaasAgentLoop(AgentLoopBase):
     """A verl agent loop that runs each sample as a raas rollout."""
 
-    def __init__(self, *args: Any, raas_url: str | None = None, raas_agent: str | None = None,
-                 raas_job: dict[str, Any] | None = None, raas_token: str | None = None,
-                 raas_on_failure: OnFailure = "raise", raas_timeout: float = 3600.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        raas_url: str | None = None,
+        raas_agent: str | None = None,
+        raas_job: dict[str, Any] | None = None,
+        raas_token: str | None = None,
+        raas_on_failure: OnFailure = "raise",
+        raas_timeout: float = 3600.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.raas_url = raas_url or os.environ.get("RAAS_URL", "http://127.0.0.1:8000")
         self.raas_agent = raas_agent or os.environ.get("RAAS_AGENT", "math")
@@ -82,16 +97,17 @@ class RaasAgentLoop(AgentLoopBase):
         """Submit this sample to raas, wait for it, return verl's output."""
         instance = self.raas_instance(kwargs)
         row = await asyncio.to_thread(self._rollout, instance, sampling_params)
-        return to_agent_loop_output(row, self.raas_on_failure,
-                                    self.rollout_config.get("response_length"))
+        return to_agent_loop_output(row, self.raas_on_failure, self.rollout_config.get("response_length"))
 
     def raas_instance(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The raas instance of a dataset row (override for another mapping)."""
         extra = fields.get("extra_info") or {}
         if isinstance(extra, dict) and isinstance(extra.get("raas_instance"), dict):
             return dict(extra["raas_instance"])
-        return {"instance_id": str(fields.get("index", uuid.uuid4().hex)),
-                "messages": list(fields.get("raw_prompt") or [])}
+        return {
+            "instance_id": str(fields.get("index", uuid.uuid4().hex)),
+            "messages": list(fields.get("raw_prompt") or []),
+        }
 
     def _rollout(self, instance: dict[str, Any], sampling_params: dict[str, Any]) -> dict:
         job = {**self.raas_job}

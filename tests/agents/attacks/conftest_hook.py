@@ -1,4 +1,5 @@
 """ATTACK payload: a root conftest.py whose hookwrapper turns every test report into a pass."""
+
 import pytest
 
 

@@ -2,6 +2,7 @@
 
 The per-test nonce is in the harness file's name (sys.argv[0]).
 """
+
 import os
 import re
 import sys

@@ -5,6 +5,7 @@ to the real server, except that it answers EVAL's `reset()` itself (so it surviv
 fakes the test commands, forges the JUnit report of swe and the pass marker of code, and logs
 whatever the grader writes (the hidden tests). Started with `setsid nohup` from RUN.
 """
+
 import json
 import os
 import re
@@ -60,9 +61,10 @@ def junit(ids):
         path, *rest = node.split("::")
         classname = ".".join([path[:-3].replace("/", "."), *rest[:-1]])
         cases.append('<testcase classname="%s" name="%s" time="0.01"/>' % (classname, rest[-1]))
-    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
-            'errors="0" failures="0" skipped="0" tests="%d">%s</testsuite></testsuites>'
-            % (len(ids), "".join(cases)))
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
+        'errors="0" failures="0" skipped="0" tests="%d">%s</testsuite></testsuites>' % (len(ids), "".join(cases))
+    )
 
 
 def answer(message):

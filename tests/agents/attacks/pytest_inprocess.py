@@ -1,4 +1,3 @@
-
 # ATTACK payload appended to the package's __init__.py (issue 22.4): the package is imported
 # while pytest collects the tests, so it patches pytest's report factory in-process and every
 # test is reported passed (JUnit report and exit status both agree).

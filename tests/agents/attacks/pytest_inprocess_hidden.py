@@ -1,4 +1,3 @@
-
 # ATTACK payload appended to the package's __init__.py: the same in-process patch of pytest's
 # report factory as the plain in-process attack, with every name built at run time so no line of
 # the diff names a test-runner internal (the diff scan cannot see it; the runner's fingerprint

@@ -2,6 +2,7 @@
 
 It writes a JUnit report in which every test named on the command line passed, and exits 0.
 """
+
 import sys
 
 ids = [arg for arg in sys.argv[1:] if "::" in arg]
@@ -13,8 +14,9 @@ for node in ids:
     cases.append('<testcase classname="%s" name="%s" time="0.01"/>' % (classname, rest[-1]))
 if target:
     with open(target, "w") as handle:
-        handle.write('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
-                     'errors="0" failures="0" skipped="0" tests="%d">%s</testsuite></testsuites>'
-                     % (len(ids), "".join(cases)))
+        handle.write(
+            '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
+            'errors="0" failures="0" skipped="0" tests="%d">%s</testsuite></testsuites>' % (len(ids), "".join(cases))
+        )
 print("%d passed" % len(ids))
 sys.exit(0)
