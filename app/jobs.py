@@ -38,7 +38,7 @@ from core.policy import (
     check_sandbox_options,
 )
 from core.settings import Settings
-from tasks import groups, lifecycle, outbox, quotas
+from tasks import cancels, groups, lifecycle, outbox, quotas
 from tasks.llm_pool import registered_urls
 from tasks.records import record_fields
 
@@ -297,6 +297,6 @@ def cancel_job(settings: Settings, job_id: str, owner: str | None = None) -> Job
     turn."""
     with session_scope(settings.db_url) as s:
         get_job(s, job_id, owner)
-    lifecycle.cancel_job(settings.db_url, job_id)
+    cancels.cancel_job(settings.db_url, job_id)
     with session_scope(settings.db_url) as s:
         return job_view(s, get_job(s, job_id))

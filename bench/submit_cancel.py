@@ -12,7 +12,7 @@ the job is cancelled; a few are running and stop cooperatively. Measured:
   and how long until the INIT queue is empty.
 
 Baseline: the same script run on the tree before this change (`git archive 4be9411`: one
-broker round trip per message inside the request, one `lifecycle.finish` transaction per
+broker round trip per message inside the request, one `terminal.finish` transaction per
 queued rollout, kombu's filesystem polling); it only needs `test-sleepy`/`test-trivial`.
 
 Usage: .venv/bin/python bench/submit_cancel.py [--n 10000] [--backend all|embedded|redis+postgresql]

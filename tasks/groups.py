@@ -86,7 +86,7 @@ def start(db_url: str, job_id: str, instance_id: str) -> None:
 
 
 def lock(s: Session, job_id: str, instance_id: str) -> None:
-    """Take the group's row lock (first, before any rollout row: see `lifecycle.finish`)."""
+    """Take the group's row lock (first, before any rollout row: see `terminal.finish`)."""
     s.execute(select(Group.job_id).where(Group.job_id == job_id, Group.instance_id == instance_id).with_for_update())
 
 
@@ -114,7 +114,7 @@ def on_finish(
     reward: float | None,
     cut_reason: str | None,
 ) -> tuple[bool, int]:
-    """Account one terminal sample of a cut-enabled job (inside `lifecycle.finish`).
+    """Account one terminal sample of a cut-enabled job (inside `terminal.finish`).
 
     Returns (whether this sample completes its group, how many queued siblings were ended
     here by a cut: the caller numbers them after this one).
@@ -252,7 +252,7 @@ def close_overdue(db_url: str) -> list[tuple[str, str]]:
 @retrying
 def _close_one_overdue(db_url: str, job_id: str, instance_id: str) -> bool:
     with session_scope(db_url) as s:
-        # the group, then the job: the order `lifecycle.finish` locks in
+        # the group, then the job: the order `terminal.finish` locks in
         group = _locked(s, job_id, instance_id)
         if group is None or group.status != GroupStatus.OPEN.value:
             return False

@@ -23,7 +23,7 @@ from sqlalchemy import func, or_, select, update
 from core.db import session_scope
 from core.models import Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import lifecycle, nodes, sandboxes
+from tasks import lifecycle, nodes, sandboxes, terminal
 from tasks.config import stage_queue
 from tasks.publish import publish
 from tasks.db_retry import retrying
@@ -134,7 +134,7 @@ def hand_back(settings: Settings, celery: Any, row: Any, why: str, counted: bool
     if row.attempt >= settings.max_attempts:
         from core.models import Outcome
 
-        if not lifecycle.finish(db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, fence=fence, error=why):
+        if not terminal.finish(db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, fence=fence, error=why):
             return None
         _release_here(settings, row.sandbox)
         return "failed"

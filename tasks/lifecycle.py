@@ -2,37 +2,30 @@
 
 A stage owns its rollout through a lease (`lease_owner`) taken by a conditional UPDATE; every
 later write is fenced on that lease, so a worker that was presumed dead (and whose rollout was
-handed to someone else) can no longer change it. Terminal writes also allocate the rollout's
-place in the job's completion order under the job's row lock, which gives the results cursor a
-gapless, commit-ordered sequence.
+handed to someone else) can no longer change it. The terminal write is `tasks.terminal`;
+cancelling a job is `tasks.cancels`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.orm import aliased
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from core.db import session_scope
 from core.models import (
-    ACTIVE,
     TERMINAL_VALUES,
     Job,
-    Outcome,
     Rollout,
     Status,
     Turn,
-    sources_of,
     utcnow,
 )
-from tasks import callbacks, groups, turn_log
+from tasks import turn_log
 from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
@@ -271,111 +264,6 @@ def fenced(fence: dict[str, Any] | None) -> list[Any]:
 
 
 @retrying
-def finish(
-    db_url: str,
-    rollout_id: str,
-    status: Status,
-    outcome: str,
-    *,
-    lease: str | None = None,
-    expect_status: list[str] | None = None,
-    fence: dict[str, Any] | None = None,
-    group: Any = None,
-    **values: Any,
-) -> bool:
-    """Move a rollout to a terminal status and give it the next completion sequence number.
-
-    Fenced on `lease` when given (stage workers), else on `expect_status` (reaper, cancel);
-    `fence` adds column values the caller observed (`fenced`), so two reapers acting on the
-    same observation end a row once. `group` is the caller's job snapshot (a stage has it):
-    its `group_size` (immutable) spares the read that decides whether to take the group lock.
-    The job counter is bumped in the same transaction (the row lock orders completions), so
-    the results cursor never skips a rollout that commits late.
-    """
-    if status == Status.DONE:
-        values.setdefault("error", None)  # an earlier attempt's error stays in attempt_history
-    cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
-    if lease is not None:
-        cond.append(Rollout.lease_owner == lease)
-    if expect_status is not None:
-        cond.append(Rollout.status.in_(expect_status))
-    cond.extend(fenced(fence))
-    now = utcnow()
-    with session_scope(db_url) as s:
-        if group is None or group.group_size is not None:
-            _lock_group(s, rollout_id)
-        conn = s.connection()  # Core statements (see `hand_off`)
-        row = conn.execute(
-            update(Rollout)
-            .where(and_(*cond))
-            .values(
-                status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None, finished_at=now, **values
-            )
-            .returning(Rollout.job_id, Rollout.instance_id, Rollout.outcome, Rollout.reward, Rollout.cut_reason)
-        ).one_or_none()
-        if row is None:
-            return False
-        job = conn.execute(
-            update(Job)
-            .where(Job.id == row.job_id)
-            .values(finished_count=Job.finished_count + 1)
-            .returning(
-                Job.finished_count,
-                (Job.n_instances * Job.n_samples).label("total"),
-                Job.n_samples,
-                Job.group_size,
-                Job.callback_url,
-                Job.owner,
-            )
-        ).one()
-        seq, ended = job.finished_count, 0
-        if job.group_size is not None:  # a straggler cut decides (tasks.groups)
-            group_done, ended = groups.on_finish(
-                s, row.job_id, row.instance_id, rollout_id, row.outcome, row.reward, row.cut_reason
-            )
-        else:
-            group_done = job.n_samples == 1 or not s.scalar(
-                select(func.count())
-                .select_from(Rollout)
-                .where(
-                    Rollout.job_id == row.job_id,
-                    Rollout.instance_id == row.instance_id,
-                    Rollout.status.not_in(TERMINAL_VALUES),
-                )
-            )
-        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(result_seq=seq, completes_group=group_done))
-        job_done = seq + ended >= job.total
-        if job_done:
-            conn.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now))
-        if job.callback_url and (group_done or job_done):
-            callbacks.on_completions(
-                s,
-                row.job_id,
-                job.owner,
-                job.callback_url,
-                job_done=job_done,
-                group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq, job.group_size)
-                if group_done
-                else None,
-            )
-        return True
-
-
-def _lock_group(s: Any, rollout_id: str) -> None:
-    """A straggler-cut job's endings of one group take the group's lock first: one of them
-    may cut the others, and rows locked in differing orders would deadlock."""
-    # Read in this transaction, never through job_snapshot's own session: on SQLite a second
-    # connection's BEGIN IMMEDIATE waits for this one's and the ending deadlocks.
-    key = s.execute(
-        select(Rollout.job_id, Rollout.instance_id, Job.group_size)
-        .join(Job, Job.id == Rollout.job_id)
-        .where(Rollout.id == rollout_id)
-    ).one_or_none()
-    if key is not None and key.group_size is not None:
-        groups.lock(s, key.job_id, key.instance_id)
-
-
-@retrying
 def retry(
     db_url: str,
     rollout_id: str,
@@ -462,122 +350,3 @@ def seconds_since(start: datetime | None) -> float | None:
 
         start = start.replace(tzinfo=timezone.utc)
     return (utcnow() - start).total_seconds()
-
-
-_cancelled_jobs: OrderedDict[str, None] = OrderedDict()  # most recent last, bounded
-_cancelled_lock = threading.Lock()
-CANCELLED_JOBS_KEPT = 4096
-
-
-def known_cancelled(job_id: str) -> bool:
-    """True when this process saw that the job was cancelled (memory only, no query).
-
-    Lets an INIT worker drop the stale first-attempt messages of a cancelled job without a
-    database write each: after the cancel's commit no first attempt of that job can be
-    claimed (the cancel ended every queued one; a retry is attempt 2 or later and is claimed
-    as usual, then ends as cancelled when it sees the flag).
-    """
-    with _cancelled_lock:
-        return job_id in _cancelled_jobs
-
-
-def note_if_cancelled(db_url: str, job_id: str) -> bool:
-    """Read whether the job was cancelled and remember it if so (cancel is permanent)."""
-    with session_scope(db_url) as s:
-        cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
-    if cancelled:
-        with _cancelled_lock:
-            _cancelled_jobs[job_id] = None
-            while len(_cancelled_jobs) > CANCELLED_JOBS_KEPT:
-                _cancelled_jobs.popitem(last=False)
-    return cancelled
-
-
-def cancel_job(db_url: str, job_id: str, attempts: int = 3) -> int:
-    """Cancel a job as set operations; returns how many queued rollouts it ended.
-
-    Every unfinished rollout gets `cancel_requested` (running ones stop at their next turn,
-    rollouts queued for RUN/EVAL end when their worker claims them and releases the sandbox).
-    Rollouts queued for INIT (never started: no sandbox) end here, all in one UPDATE, with the
-    next completion sequence numbers in (instance, sample) order and `completes_group` on the
-    last one of each group that nothing else keeps open; the job's counter moves once. Their
-    queued messages then find nothing to claim. Retried on a database deadlock: the statement
-    locks many rows at once, and a heartbeat may hold some of them in another order.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return _cancel_job_once(db_url, job_id)
-        except DBAPIError as exc:
-            if attempt == attempts or getattr(exc.orig, "sqlstate", None) != "40P01":
-                raise
-            log.warning("job %s: cancel hit a deadlock, retrying (%s)", job_id, attempt)
-    raise AssertionError("unreachable")
-
-
-def _cancel_job_once(db_url: str, job_id: str) -> int:
-    now = utcnow()
-    queued = and_(Rollout.job_id == job_id, Rollout.status == Status.PENDING.value, Rollout.lease_owner.is_(None))
-    plain = {"synchronize_session": False}
-    with session_scope(db_url) as s:
-        # Rows first, then the job: the order `finish` locks them in (no deadlock with it),
-        # and holding the queued rows keeps claims out until the numbers below are final.
-        s.execute(
-            update(Rollout)
-            .where(Rollout.job_id == job_id, Rollout.status.not_in(TERMINAL_VALUES))
-            .values(cancel_requested=True),
-            execution_options=plain,
-        )
-        base, total = s.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(cancel_requested=True)
-            .returning(Job.finished_count, Job.n_instances * Job.n_samples),
-            execution_options=plain,
-        ).one()
-        other = aliased(Rollout)
-        ranked = (
-            select(
-                Rollout.id,
-                func.row_number().over(order_by=(Rollout.instance_id, Rollout.sample_index)).label("rn"),
-                func.row_number()
-                .over(partition_by=Rollout.instance_id, order_by=Rollout.sample_index.desc())
-                .label("from_end"),
-                # a started sibling still open: it (not us) will complete the group
-                exists()
-                .where(
-                    other.job_id == job_id,
-                    other.instance_id == Rollout.instance_id,
-                    other.status.in_([s.value for s in ACTIVE]),
-                )
-                .label("busy"),
-            )
-            .where(queued)
-            .subquery()
-        )
-        n = s.execute(
-            update(Rollout)
-            .where(Rollout.id == ranked.c.id)
-            .values(
-                status=Status.CANCELLED.value,
-                outcome=Outcome.CANCELLED.value,
-                error="cancelled",
-                lease_owner=None,
-                heartbeat_at=None,
-                finished_at=now,
-                outbox_at=None,
-                result_seq=base + ranked.c.rn,
-                completes_group=case((and_(ranked.c.from_end == 1, ~ranked.c.busy), True), else_=False),
-            ),
-            execution_options=plain,
-        ).rowcount
-        if n:
-            s.execute(
-                update(Job)
-                .where(Job.id == job_id)
-                .values(
-                    finished_count=Job.finished_count + n, finished_at=now if base + n >= total else Job.finished_at
-                ),
-                execution_options=plain,
-            )
-        groups.after_cancel(s, job_id, base, base + n >= total if n else False)
-        return n

@@ -24,7 +24,7 @@ def publish(
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
     long (else Celery's default policy, well under a second); then kombu's error is raised.
     `priority` is the job's (higher first). `job` lets a worker drop INIT messages of a job it
-    knows was cancelled without a database write (see `lifecycle.known_cancelled`).
+    knows was cancelled without a database write (see `cancels.known_cancelled`).
     """
     kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
     retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} if retry_seconds else {}

@@ -46,7 +46,7 @@ from agents.job_config import JobConfig
 from core.db import session_scope
 from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
-from tasks import groups, handback, lifecycle, nodes, outbox, resume, sandboxes
+from tasks import groups, handback, lifecycle, nodes, outbox, resume, sandboxes, terminal
 from tasks.callbacks import CallbackDispatcher
 from tasks.config import stage_queue
 from tasks.db_retry import is_disconnect
@@ -203,7 +203,7 @@ class Reaper:
                 n += 1
                 continue
             if row.attempt >= self.settings.max_attempts:
-                done = lifecycle.finish(
+                done = terminal.finish(
                     self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, lease=row.lease_owner, error=reason
                 )
             else:
@@ -289,9 +289,7 @@ class Reaper:
         """Retry (or fail) one rollout fenced on the version observed; 1 if this reaper did."""
         fence = {"attempt": row.attempt, "status": row.status, "node": row.node, "lease_owner": row.lease_owner}
         if row.attempt >= self.settings.max_attempts:
-            done = lifecycle.finish(
-                self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, fence=fence, error=reason
-            )
+            done = terminal.finish(self.db, row.id, Status.FAILED, Outcome.INFRA_ERROR.value, fence=fence, error=reason)
         else:
             new = lifecycle.retry(self.db, row.id, expect_lease=row.lease_owner, fence=fence, error=reason)
             done = new is not None
@@ -360,7 +358,7 @@ class Reaper:
             limit = JobConfig.load(row.config).limits.stage_timeout(row.status)
             # Time spent waiting on a paused pool (a weight push) is not the stage's.
             age = (lifecycle.seconds_since(row.stage_started_at) or 0) - (row.paused_seconds or 0)
-            if age > limit + self.settings.stage_grace and lifecycle.finish(
+            if age > limit + self.settings.stage_grace and terminal.finish(
                 self.db,
                 row.id,
                 Status.FAILED,

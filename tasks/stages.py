@@ -36,7 +36,7 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Rollout, Status
 from sandbox import SandboxError
-from tasks import db_retry, drain, grading, groups, handback, lifecycle, resume, sandboxes
+from tasks import cancels, db_retry, drain, grading, groups, handback, lifecycle, resume, sandboxes, terminal
 from tasks.contexts import eval_context, rollout_context
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
@@ -93,7 +93,7 @@ class StageRun:
                 "%s of %s attempt %s: nothing to claim (duplicate or stale)", self.stage, self.rollout_id, self.attempt
             )
             if job and self.stage == "init" and self.attempt == 1:
-                lifecycle.note_if_cancelled(self.db, job)
+                cancels.note_if_cancelled(self.db, job)
             return
         self.rollout, self.job = claimed
         self.log = RolloutLog(logger, {"job": self.job.id, "rollout": self.rollout_id})
@@ -242,7 +242,7 @@ class StageRun:
             reward, error = 0.0, f"run: the agent broke its sandbox ({result.finish_reason})"
         self.log.info("%s", error)
         sandboxes.release(self.rollout.sandbox)
-        lifecycle.finish(
+        terminal.finish(
             self.db,
             self.rollout_id,
             Status.FAILED,
@@ -267,7 +267,7 @@ class StageRun:
             workspace=self.settings.workspaces / f"{self.rollout_id}-{self.attempt}-eval",
             on_start=self._keep_sandbox,
         )
-        lifecycle.finish(
+        terminal.finish(
             self.db,
             self.rollout_id,
             Status.DONE,
@@ -359,7 +359,7 @@ class StageRun:
 
     def _end(self, status: Status, outcome: Outcome, error: str, **values: Any) -> None:
         self._cleanup(error)
-        if lifecycle.finish(
+        if terminal.finish(
             self.db,
             self.rollout_id,
             status,
@@ -438,7 +438,7 @@ def _run_fields(result: Trajectory) -> dict[str, Any]:
 @shared_task(name=TASK_NAMES["init"], bind=True)
 def init_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> None:
     """INIT: claim, start the sandbox, let the handler prepare it."""
-    if job and attempt == 1 and lifecycle.known_cancelled(job):
+    if job and attempt == 1 and cancels.known_cancelled(job):
         return  # a stale message of a cancelled job: its rollout was ended at the cancel
     StageRun(self.app, "init", rollout_id, attempt).execute(job)
 

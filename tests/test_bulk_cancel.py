@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import Job, Rollout, Status, new_id, utcnow
 from migrations.runner import upgrade
-from tasks import lifecycle
+from tasks import cancels, lifecycle, terminal
 
 
 def _job(db: str, groups: dict[str, list[str]]) -> tuple[str, dict[tuple[str, int], str]]:
@@ -66,7 +66,7 @@ def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
         s.execute(sa.update(Rollout).where(Rollout.id == ids[("c", 0)]).values(result_seq=1))
         s.execute(sa.update(Job).where(Job.id == job_id).values(finished_count=1))
 
-    assert lifecycle.cancel_job(db, job_id) == 6
+    assert cancels.cancel_job(db, job_id) == 6
     rows = _rows(db, job_id)
     cancelled = sorted((r for r in rows.values() if r.status == "cancelled"), key=lambda r: r.result_seq)
     assert [(r.instance_id, r.sample_index) for r in cancelled] == [
@@ -98,13 +98,13 @@ def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
         assert job.cancel_requested and job.finished_count == 7 and job.finished_at is None
     # a queued message now finds nothing to claim, and its worker learns the job is cancelled
     assert lifecycle.claim(db, ids[("a", 0)], 1, "init", "w/2", "n") is None
-    assert not lifecycle.known_cancelled(job_id)
-    assert lifecycle.note_if_cancelled(db, job_id) and lifecycle.known_cancelled(job_id)
+    assert not cancels.known_cancelled(job_id)
+    assert cancels.note_if_cancelled(db, job_id) and cancels.known_cancelled(job_id)
 
     # the running ones end through the usual terminal write: numbered after, group flags right
-    assert lifecycle.finish(db, ids[("b", 1)], Status.CANCELLED, "cancelled", lease="w/1")
+    assert terminal.finish(db, ids[("b", 1)], Status.CANCELLED, "cancelled", lease="w/1")
     assert lifecycle.claim(db, ids[("c", 2)], 1, "eval", "w/3", "n") is not None
-    assert lifecycle.finish(db, ids[("c", 2)], Status.CANCELLED, "cancelled", lease="w/3")
+    assert terminal.finish(db, ids[("c", 2)], Status.CANCELLED, "cancelled", lease="w/3")
     rows = _rows(db, job_id)
     assert sorted(r.result_seq for r in rows.values()) == list(range(1, 10))
     assert rows[ids[("b", 1)]].completes_group and rows[ids[("c", 2)]].completes_group
@@ -113,7 +113,7 @@ def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
         assert job.finished_count == 9 and job.finished_at is not None
 
     # cancelling again changes nothing
-    assert lifecycle.cancel_job(db, job_id) == 0
+    assert cancels.cancel_job(db, job_id) == 0
     assert sorted(r.result_seq for r in _rows(db, job_id).values()) == list(range(1, 10))
 
 
@@ -121,7 +121,7 @@ def test_cancel_of_an_all_queued_job_finishes_it(any_db_url):
     db = any_db_url
     upgrade(db)
     job_id, _ = _job(db, {f"i{k}": ["pending"] * 4 for k in range(50)})
-    assert lifecycle.cancel_job(db, job_id) == 200
+    assert cancels.cancel_job(db, job_id) == 200
     rows = _rows(db, job_id).values()
     assert sorted(r.result_seq for r in rows) == list(range(1, 201))
     assert sum(r.completes_group for r in rows) == 50
