@@ -75,10 +75,9 @@ class JobConfig(BaseModel):
         return cls.model_validate(stored or {})
 
     def dump(self) -> dict[str, Any]:
-        """The JSON stored in `jobs.config` (sandbox: only what the job chose)."""
-        return {**self.model_dump(mode="json"), "sandbox": self.chosen_sandbox()}
-
-    def chosen_sandbox(self) -> dict[str, Any]:
-        """The sandbox options the job set itself: the operator's policy judges these, and
-        defaults the job left alone come down to the operator's caps (`tasks.sandboxes`)."""
-        return self.sandbox.model_dump(mode="json", exclude_defaults=True)
+        """The JSON stored in `jobs.config`. Its sandbox holds only the options the job chose
+        (none at its default), so a loaded config's `sandbox.model_fields_set` (and its
+        limits') is the job's own choice: what the operator's policy judges
+        (`core.policy.check_sandbox_options`), while the defaults it left alone come down to the
+        operator's caps (`tasks.sandboxes`)."""
+        return {**self.model_dump(mode="json"), "sandbox": self.sandbox.model_dump(mode="json", exclude_defaults=True)}

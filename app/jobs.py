@@ -67,7 +67,7 @@ def validate_submission(
             handler.check_instance(agent_config, inst.data)
         except InvalidRequest as exc:
             raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}", **exc.details) from exc
-    check_sandbox_options(settings.policy.sandbox, req.sandbox.model_dump(exclude_unset=True))
+    check_sandbox_options(settings.policy.sandbox, req.sandbox)
     if getattr(agent_config, "python_env", None) is not None:  # handlers ask for it by name
         check_python_env(settings.policy.sandbox, agent_config.python_env, "agent_config.python_env")
     llm = None

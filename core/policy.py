@@ -13,7 +13,8 @@ import fnmatch
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -214,26 +215,53 @@ def local_fallback_allowed(policy: SandboxPolicy) -> bool:
     return "local" in policy.runtimes
 
 
-def check_sandbox_options(policy: SandboxPolicy, options: dict[str, Any], where: str = "sandbox") -> None:
-    """Hold a job's sandbox options against the policy; InvalidRequest names field and rule."""
-    runtime = options.get("runtime")
+class ChosenLimits(Protocol):
+    """A job's `sandbox.limits` (`sandbox.spec.SandboxLimits`): the ones it set are
+    `model_fields_set`; the rest are defaults that come down to the caps, never judged."""
+
+    model_fields_set: set[str]
+
+
+class SandboxChoice(Protocol):
+    """The sandbox options a job chose: `sandbox.spec.SandboxOptions`, typed here by shape
+    because core imports nothing of the sandbox. What the job set is `model_fields_set`
+    (a stored job holds only those: `agents.job_config.JobConfig.dump`)."""
+
+    model_fields_set: set[str]
+    runtime: str | None
+    image: str | None
+    python_env: str | None
+    binds: Sequence[Any]
+    env: Mapping[str, str]
+    network: bool
+    limits: ChosenLimits
+
+
+def check_sandbox_options(policy: SandboxPolicy, options: SandboxChoice, where: str = "sandbox") -> None:
+    """Hold a job's sandbox options against the policy; InvalidRequest names field and rule.
+
+    Only what the job set is judged (an option left at its default is the service's)."""
+    chosen = options.model_fields_set
+    runtime = options.runtime if "runtime" in chosen else None
     if runtime is not None and not runtime_allowed(policy, runtime):
         raise _deny(
             f"{where}.runtime",
             f"runtime {runtime!r} is not allowed; allowed: {', '.join(policy.runtimes)}",
             "policy.sandbox.runtimes",
         )
-    if options.get("network") and not policy.network:
+    if "network" in chosen and options.network and not policy.network:
         raise _deny(f"{where}.network", "jobs may not turn the sandbox network on", "policy.sandbox.network=false")
-    if options.get("binds") and not policy.binds:
+    if "binds" in chosen and options.binds and not policy.binds:
         raise _deny(f"{where}.binds", "jobs may not bind host paths on this service", "policy.sandbox.binds=false")
-    for name in options.get("env") or {}:
+    for name in options.env if "env" in chosen else ():
         check_env_name(policy, name, f"{where}.env.{name}")
-    if options.get("python_env") is not None:
-        check_python_env(policy, options["python_env"], f"{where}.python_env")
-    if options.get("image") is not None:
-        check_image(policy, options["image"], f"{where}.image")
-    check_limits(policy.max_limits, options.get("limits") or {}, f"{where}.limits")
+    if "python_env" in chosen and options.python_env is not None:
+        check_python_env(policy, options.python_env, f"{where}.python_env")
+    if "image" in chosen and options.image is not None:
+        check_image(policy, options.image, f"{where}.image")
+    if "limits" in chosen:
+        limits = options.limits
+        check_limits(policy.max_limits, {n: getattr(limits, n) for n in limits.model_fields_set}, f"{where}.limits")
 
 
 def check_env_name(policy: SandboxPolicy, name: str, field: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from agents.abstract import AgentHandler, EvalResult
 from agents.contexts import EvalContext
 from core.settings import Settings
+from sandbox.spec import SandboxOptions
 from tasks import sandboxes
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,9 @@ log = logging.getLogger(__name__)
 EVAL_OUTPUT_BYTES = 32 * 1024 * 1024
 
 
-def eval_options(job_sandbox: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def eval_options(job_sandbox: SandboxOptions, overrides: dict[str, Any]) -> dict[str, Any]:
     """The job's sandbox options for grading: the handler's overrides, no network, big output."""
-    options = sandboxes.merged_options(job_sandbox or {}, overrides)
+    options = sandboxes.merged_options(job_sandbox, overrides)
     options["network"] = False
     options["limits"] = {**(options.get("limits") or {}), "output_bytes": EVAL_OUTPUT_BYTES}
     return options
@@ -40,7 +41,7 @@ def grade(
     handler: AgentHandler,
     ctx: EvalContext,
     *,
-    job_sandbox: dict[str, Any],
+    job_sandbox: SandboxOptions,
     label: tuple[str, int],
     workspace: Path,
     state_dir: str | None = None,
@@ -52,7 +53,7 @@ def grade(
     handle = None
     try:
         options = eval_options(job_sandbox, handler.sandbox_overrides(ctx))
-        runtime = sandboxes.wanted_runtime(settings, job_sandbox or {}, True)
+        runtime = sandboxes.wanted_runtime(settings, job_sandbox, True)
         runtime = options.get("runtime") or runtime  # a handler's override wins
         warm = sandboxes.claim(settings, options, *label, runtime) if state_dir is None else None
         if warm is not None:  # filled after the claim, then handed to the sandbox's uid

@@ -70,7 +70,7 @@ def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
             settings,
             handler,
             eval_context(base, rollout),
-            job_sandbox=config.chosen_sandbox(),
+            job_sandbox=config.sandbox,
             label=(f"reevaluate-{rollout_id}", 0),
             workspace=settings.workspaces / f"reevaluate-{request_id}",
             state_dir=str(state_root(sandbox_settings(settings).state_dir) / "reevaluate"),

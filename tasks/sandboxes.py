@@ -21,7 +21,7 @@ from core.errors import ConfigError, InvalidRequest
 from core.policy import check_sandbox_options, local_fallback_allowed, plain_name
 from core.settings import Settings
 from sandbox import SandboxSettings
-from sandbox.spec import SandboxLimits
+from sandbox.spec import SandboxLimits, SandboxOptions
 
 log = logging.getLogger(__name__)
 # `<rollout>-<attempt>` (INIT's) and `<rollout>-<attempt>-eval` (grading) under `workspaces`
@@ -52,9 +52,10 @@ def sandbox_settings(settings: Settings) -> SandboxSettings:
     )
 
 
-def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Job sandbox options with a handler's overrides (env and limits merge key by key)."""
-    out = dict(base)
+def merged_options(chosen: SandboxOptions, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The fields a rollout's sandbox spec is made from: the options the job chose (its set
+    fields) with a handler's overrides (env and limits merge key by key)."""
+    out = chosen.model_dump(mode="json", exclude_unset=True)
     for key, value in overrides.items():
         if key in ("env", "limits") and isinstance(value, dict):
             out[key] = {**(out.get(key) or {}), **value}
@@ -63,14 +64,14 @@ def merged_options(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
     return out
 
 
-def wanted_runtime(settings: Settings, options: dict[str, Any], needs_sandbox: bool) -> str:
+def wanted_runtime(settings: Settings, chosen: SandboxOptions, needs_sandbox: bool) -> str:
     """The runtime for a rollout: the job's choice, else the node default; "none" if unneeded.
 
     The job's own options must pass this node's policy (InvalidRequest names the rule)."""
     if not needs_sandbox:
         return "none"
-    check_sandbox_options(settings.policy.sandbox, options)
-    return options.get("runtime") or settings.sandbox_runtime
+    check_sandbox_options(settings.policy.sandbox, chosen)
+    return chosen.runtime or settings.sandbox_runtime
 
 
 def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> dict[str, Any]:

@@ -158,9 +158,9 @@ class StageRun:
             groups.start(self.db, self.job.id, self.rollout.instance_id)
         self.ctx = self.ctx.for_init(None, None)  # the overrides are asked before it starts
         needed = self.handler.sandbox_needed(self.ctx.agent_config)
-        runtime = sandboxes.wanted_runtime(self.settings, self.config.chosen_sandbox(), needed)
+        runtime = sandboxes.wanted_runtime(self.settings, self.config.sandbox, needed)
         if runtime != "none":
-            options = sandboxes.merged_options(self.config.chosen_sandbox(), self.handler.sandbox_overrides(self.ctx))
+            options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
             sb, handle = sandboxes.start(self.settings, options, self.rollout_id, self.attempt, runtime)
             self.rollout.sandbox = handle  # released by _end if anything below fails
             if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
@@ -262,7 +262,7 @@ class StageRun:
             self.settings,
             self.handler,
             self.ctx,
-            job_sandbox=self.config.chosen_sandbox(),
+            job_sandbox=self.config.sandbox,
             label=(self.rollout_id, self.attempt),
             workspace=self.settings.workspaces / f"{self.rollout_id}-{self.attempt}-eval",
             on_start=self._keep_sandbox,

@@ -24,6 +24,7 @@ from raas_client.models import Trajectory
 from agents.abstract import HandlerConfig
 from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
 from agents.job_config import JobConfig
+from sandbox.spec import SandboxOptions
 
 TOKENIZER_DIR = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokenizer")
 
@@ -246,7 +247,7 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
             settings,
             handler,
             ctx.for_eval(run_result, artifact),
-            job_sandbox=by_name(sandbox or {}),
+            job_sandbox=SandboxOptions.model_validate(by_name(sandbox or {})),
             label=(ctx.rollout_id, count[0]),
             workspace=settings.workspaces / f"eval-{count[0]}",
         )
