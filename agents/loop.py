@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from agents.abstract import Trajectory
+from agents.abstract import AgentLoopConfig, Trajectory
 from agents.contexts import RunContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
@@ -112,6 +112,27 @@ def run_agent_loop(
     result = _result(ctx, ep)
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
+
+
+def run_configured_loop(
+    ctx: RunContext,
+    cfg: AgentLoopConfig,
+    *,
+    user_prompt: str,
+    tools: list[Tool],
+    final_answer: Callable[[str], Any] | None = None,
+) -> Trajectory:
+    """`run_agent_loop` as a handler runs it: the system prompt and the turn limits from its
+    loop config (`AgentLoopConfig`), the user prompt and tools it made for this instance."""
+    return run_agent_loop(
+        ctx,
+        system_prompt=cfg.system_prompt,
+        user_prompt=user_prompt,
+        tools=tools,
+        max_turns=cfg.max_turns,
+        max_invalid_turns=cfg.max_invalid_turns,
+        final_answer=final_answer,
+    )
 
 
 def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:

@@ -20,7 +20,7 @@ from pydantic import Field
 from agents.abstract import AgentHandler, EvalResult, SandboxToolsConfig, Trajectory
 from agents.contexts import EvalContext, InitContext, RunContext
 from agents.handlers.code.grading import normalize_tests, run_test
-from agents.loop import run_agent_loop
+from agents.loop import run_configured_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
 from core.errors import InvalidRequest
@@ -113,14 +113,7 @@ class CodeHandler(AgentHandler):
             workspace=ctx.workspace,
         )
         submit = finish_tool("submit", "Submit your solution file and end the task.", answer_param=None)
-        return run_agent_loop(
-            ctx,
-            system_prompt=cfg.system_prompt,
-            user_prompt=user,
-            tools=[*builtin_tools(cfg.tools), submit],
-            max_turns=cfg.max_turns,
-            max_invalid_turns=cfg.max_invalid_turns,
-        )
+        return run_configured_loop(ctx, cfg, user_prompt=user, tools=[*builtin_tools(cfg.tools), submit])
 
     eval_in_sandbox = True
 

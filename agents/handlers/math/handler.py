@@ -25,7 +25,7 @@ from pydantic import Field, field_validator
 from agents.abstract import AgentHandler, EvalResult, HandlerConfig, SandboxToolsConfig, Trajectory
 from agents.contexts import EvalContext, InitContext, RunContext
 from agents.instance_fields import require_text
-from agents.loop import run_agent_loop
+from agents.loop import run_configured_loop
 from agents.registry import register
 from agents.handlers.math.answer import answer_from_run, extract_boxed, grade_math_answer
 from agents.tools import builtin_tools, finish_tool
@@ -141,16 +141,9 @@ class MathHandler(AgentHandler):
     def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop with `python` (+ configured tools) and `finish(answer)`."""
         cfg: MathConfig = ctx.agent_config
-        system_prompt, user_prompt, tools = self.prompt(ctx.instance, cfg)
-        return run_agent_loop(
-            ctx,
-            system_prompt=system_prompt,
-            user_prompt=user_prompt,
-            tools=tools,
-            max_turns=cfg.max_turns,
-            max_invalid_turns=cfg.max_invalid_turns,
-            final_answer=extract_boxed if cfg.accept_boxed else None,
-        )
+        _, user_prompt, tools = self.prompt(ctx.instance, cfg)
+        final_answer = extract_boxed if cfg.accept_boxed else None
+        return run_configured_loop(ctx, cfg, user_prompt=user_prompt, tools=tools, final_answer=final_answer)
 
     def artifact(self, ctx: RunContext, result: Trajectory) -> dict[str, Any]:
         """The answer: the finish tool's argument, else the final message's \\boxed{}."""
@@ -161,21 +154,28 @@ class MathHandler(AgentHandler):
         cfg: MathConfig = ctx.agent_config
         artifact = ctx.artifact if ctx.artifact is not None else _answer_artifact(cfg, ctx.run_result)
         predicted = artifact.get("answer")
-        reference = str(ctx.instance["answer"])
-        started = time.monotonic()
-        grade = grade_math_answer(
+        return math_graded(
             predicted,
-            reference,
+            str(ctx.instance["answer"]),
+            answered=predicted is not None,
             timeout_s=cfg.grading_timeout_s,
             decimal_tolerance=cfg.decimal_tolerance,
             process=cfg.grading_process,
         )
-        return EvalResult(
-            reward=grade.reward,
-            metrics={
-                "graded_by": grade.method,
-                "answered": predicted is not None,
-                "grading_seconds": round(time.monotonic() - started, 4),
-            },
-            extra={"predicted_answer": predicted, "reference_answer": reference},
-        )
+
+
+def math_graded(predicted: str | None, reference: str, *, answered: bool, **grading: Any) -> EvalResult:
+    """The EvalResult of an answer graded by `grade_math_answer` (`grading`: its keywords),
+    as every math-graded handler reports it: how it was graded, whether the agent answered
+    at all, the grading time, and both answers."""
+    started = time.monotonic()
+    grade = grade_math_answer(predicted, reference, **grading)
+    return EvalResult(
+        reward=grade.reward,
+        metrics={
+            "graded_by": grade.method,
+            "answered": answered,
+            "grading_seconds": round(time.monotonic() - started, 4),
+        },
+        extra={"predicted_answer": predicted, "reference_answer": reference},
+    )

@@ -14,7 +14,6 @@ happened to print before the cut.
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -22,9 +21,9 @@ from pydantic import Field, field_validator
 from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, Trajectory, answer_artifact
 from agents.contexts import EvalContext, InitContext, RunContext
 from agents.instance_fields import require_text
-from agents.loop import run_agent_loop
+from agents.loop import run_configured_loop
 from agents.registry import register
-from agents.handlers.math.answer import grade_math_answer
+from agents.handlers.math.handler import math_graded
 from core.errors import InvalidRequest
 
 MAX_QUESTION_CHARS = 4000
@@ -99,16 +98,8 @@ class PlainAnswerHandler(AgentHandler):
     def run(self, ctx: RunContext) -> Trajectory:
         """The shared loop without tools: the first finished reply is the answer."""
         cfg: PlainAnswerConfig = ctx.agent_config  # type: ignore[assignment]
-        system_prompt, user_prompt, _ = self.prompt(ctx.instance, cfg)
-        return run_agent_loop(
-            ctx,
-            system_prompt=system_prompt,
-            user_prompt=user_prompt,
-            tools=[],
-            max_turns=cfg.max_turns,
-            max_invalid_turns=cfg.max_invalid_turns,
-            final_answer=_whole_reply,
-        )
+        _, user_prompt, _ = self.prompt(ctx.instance, cfg)
+        return run_configured_loop(ctx, cfg, user_prompt=user_prompt, tools=[], final_answer=_whole_reply)
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Grade the reply's last number against the instance's `answer`."""
@@ -116,15 +107,6 @@ class PlainAnswerHandler(AgentHandler):
         artifact = ctx.artifact if ctx.artifact is not None else answer_artifact(ctx.run_result)
         reply = artifact.get("answer")
         predicted = last_number(str(reply)) if reply is not None else None
-        reference = str(ctx.instance["answer"])
-        started = time.monotonic()
-        grade = grade_math_answer(predicted, reference, timeout_s=cfg.grading_timeout_s)
-        return EvalResult(
-            reward=grade.reward,
-            metrics={
-                "graded_by": grade.method,
-                "answered": reply is not None,
-                "grading_seconds": round(time.monotonic() - started, 4),
-            },
-            extra={"predicted_answer": predicted, "reference_answer": reference},
+        return math_graded(
+            predicted, str(ctx.instance["answer"]), answered=reply is not None, timeout_s=cfg.grading_timeout_s
         )

@@ -20,7 +20,7 @@ from agents.abstract import AgentHandler, AgentLoopConfig, EvalResult, Trajector
 from agents.contexts import EvalContext, InitContext, RunContext
 from agents.handlers.search.tools import answer_tool, search_tool
 from agents.instance_fields import require_text
-from agents.loop import run_agent_loop
+from agents.loop import run_configured_loop
 from agents.registry import register
 from agents.handlers.search.bm25_index import load_index
 from agents.handlers.search.text_match import grade_text_answer, normalize_answer
@@ -160,14 +160,8 @@ class SearchHandler(AgentHandler):
             ),
             answer_tool(),
         ]
-        return run_agent_loop(
-            ctx,
-            system_prompt=cfg.system_prompt,
-            user_prompt=cfg.user_prompt.replace("{question}", ctx.instance["question"]),
-            tools=tools,
-            max_turns=cfg.max_turns,
-            max_invalid_turns=cfg.max_invalid_turns,
-        )
+        user_prompt = cfg.user_prompt.replace("{question}", ctx.instance["question"])
+        return run_configured_loop(ctx, cfg, user_prompt=user_prompt, tools=tools)
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Score the submitted answer; also report whether the gold passage was retrieved."""

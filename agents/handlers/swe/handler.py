@@ -25,7 +25,7 @@ from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
 from agents.handlers.swe import diff as swe_diff, evaluate as swe_eval, guard as swe_guard
 from agents.handlers.swe.images import resolve_instance_image
 from agents.handlers.swe.repo import check_repo_name, materialize
-from agents.loop import run_agent_loop
+from agents.loop import run_configured_loop
 from agents.registry import register
 from agents.tools import builtin_tools, finish_tool
 from core.errors import InvalidRequest
@@ -148,14 +148,7 @@ class SWEHandler(AgentHandler):
             problem_statement=ctx.instance["problem_statement"], workspace=ctx.workspace, instance_id=ctx.instance_id
         )
         submit = finish_tool("submit", "Submit your changes to the repository and end the task.", answer_param=None)
-        return run_agent_loop(
-            ctx,
-            system_prompt=cfg.system_prompt,
-            user_prompt=user,
-            tools=[*builtin_tools(cfg.tools), submit],
-            max_turns=cfg.max_turns,
-            max_invalid_turns=cfg.max_invalid_turns,
-        )
+        return run_configured_loop(ctx, cfg, user_prompt=user, tools=[*builtin_tools(cfg.tools), submit])
 
     eval_in_sandbox = True
 
