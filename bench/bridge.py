@@ -17,11 +17,9 @@ import argparse
 import json
 import os
 import shlex
-import socketserver
 import statistics
 import sys
 import tempfile
-import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -29,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sandbox import SandboxSpec, bridge, get_runtime  # noqa: E402
+from tests.sandbox.endpoint_server import serve_endpoint  # noqa: E402
 
 # Runs inside the sandbox with the system python: one keep-alive connection, N timed calls.
 CLIENT = r"""
@@ -66,14 +65,6 @@ class _Reply(BaseHTTPRequestHandler):
         pass
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-    def get_request(self):
-        request, _ = super().get_request()
-        return request, ("local", 0)
-
-
 def main() -> None:
     """Start a sandbox with an endpoint folder, serve, time both paths, print."""
     parser = argparse.ArgumentParser()
@@ -86,9 +77,7 @@ def main() -> None:
             SandboxSpec(workspace=f"{tmp}/ws", model_endpoint=True), label="bench:0"
         )
         try:
-            server = _Server(bridge.endpoint_socket(sb), _Reply)
-            os.chmod(bridge.endpoint_socket(sb), 0o666)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            server = serve_endpoint(sb, _Reply)
             port = bridge.start_relay(sb)
             inside = sb.handle["endpoint_inside"]
             runs: dict[str, list[dict]] = {"unix": [], "relay": []}

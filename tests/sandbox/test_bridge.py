@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import shlex
 import socket
-import socketserver
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
@@ -20,6 +18,7 @@ import pytest
 
 from sandbox import bridge
 from sandbox.bwrap import BwrapRuntime
+from tests.sandbox.endpoint_server import UnixHTTPServer, serve_endpoint
 
 pytestmark = pytest.mark.skipif(
     BwrapRuntime.unavailable_reason() is not None, reason="bwrap cannot create namespaces here"
@@ -38,26 +37,15 @@ class _Hello(BaseHTTPRequestHandler):
         pass
 
 
-class _UnixHTTP(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-    def get_request(self):  # http.server wants a (host, port) client address
-        request, _ = super().get_request()
-        return request, ("local", 0)
-
-
 @pytest.fixture
 def serve() -> Iterator:
     """serve(sandbox, name): a real HTTP server on the sandbox's endpoint socket (0666, as the
     rollout endpoint binds it: the 0700 folder is the guard)."""
-    servers: list[_UnixHTTP] = []
+    servers: list[UnixHTTPServer] = []
 
-    def _serve(sb, name: str) -> _UnixHTTP:
-        path = bridge.endpoint_socket(sb)
-        server = _UnixHTTP(path, _Hello)
-        os.chmod(path, 0o666)
+    def _serve(sb, name: str) -> UnixHTTPServer:
+        server = serve_endpoint(sb, _Hello)
         server.name = name  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server
 
