@@ -104,15 +104,12 @@ def child(repo: Path, n: int, idle_s: float) -> dict:
 
 
 def run_side(repo: Path, n: int, idle_s: float) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(repo), "--n", str(n), "--idle", str(idle_s)],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-    )
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """One side's figures, measured by a child running that side's tree."""
+    if str(REPO) not in sys.path:  # run as a script: this tree's bench helpers
+        sys.path.append(str(REPO))
+    from bench.child import run_child
+
+    return run_child(__file__, repo, "--child", str(repo), "--n", str(n), "--idle", str(idle_s))
 
 
 def main() -> None:

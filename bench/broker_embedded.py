@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,15 +63,12 @@ def child(repo: Path, broker: str, n: int, solos: int) -> dict:
 
 
 def run_side(repo: Path, broker: str, n: int, solos: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(repo), "--broker", broker, "--n", str(n), "--solos", str(solos)],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-    )
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """One side's figures, measured by a child running that side's tree."""
+    if str(REPO) not in sys.path:  # run as a script: this tree's bench helpers
+        sys.path.append(str(REPO))
+    from bench.child import run_child
+
+    return run_child(__file__, repo, "--child", str(repo), "--broker", broker, "--n", str(n), "--solos", str(solos))
 
 
 def main() -> None:
