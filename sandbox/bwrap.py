@@ -165,6 +165,12 @@ def _probe_as(uid: int) -> str | None:
         return reason
 
 
+def _launch_as(uid: int) -> list[str]:
+    """The head of a command that runs the rest as `uid` (user and group): `launch_as.py`
+    under the system python, isolated from any environment and site-packages."""
+    return ["/usr/bin/python3", "-I", "-S", LAUNCH_AS, str(uid), str(uid)]
+
+
 def _run_probe_as(uid: int) -> str | None:
     """One probe: start bwrap through launch_as.py as `uid`; None when it ran."""
     binary = bwrap_binary()
@@ -173,12 +179,7 @@ def _run_probe_as(uid: int) -> str | None:
     fd = os.open(binary, os.O_RDONLY)
     try:
         argv = [
-            "/usr/bin/python3",
-            "-I",
-            "-S",
-            LAUNCH_AS,
-            str(uid),
-            str(uid),
+            *_launch_as(uid),
             str(fd),
             "/",
             "--",
@@ -330,12 +331,7 @@ class BwrapRuntime(Runtime):
         ]
         if uid is not None:  # root: bwrap runs as `uid`, from paths and a binary root staged
             argv = [
-                "/usr/bin/python3",
-                "-I",
-                "-S",
-                LAUNCH_AS,
-                str(uid),
-                str(uid),
+                *_launch_as(uid),
                 "{exe:%s}" % binary,
                 stage_root(),
                 *staged,
