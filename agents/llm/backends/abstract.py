@@ -27,6 +27,10 @@ class ServerError(ServiceUnavailable):
     """The server could not answer (connection, timeout, 5xx, garbage); fail over."""
 
 
+# What a server does when the job sets nothing: sample the whole distribution (top_k -1: off).
+NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+
+
 @dataclass
 class GenerateRequest:
     """One turn's request: token backends send `prompt_ids`, chat backends `messages`."""
@@ -40,6 +44,15 @@ class GenerateRequest:
     tools: list[dict] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # the server's credential, if any
+
+    def sampling_params(self, *names: str) -> dict[str, Any]:
+        """The named sampling parameters under the names vLLM, SGLang and OpenAI share: the
+        job's value, else the neutral one (`NEUTRAL_SAMPLING`)."""
+        return {name: self.sampling.get(name, NEUTRAL_SAMPLING[name]) for name in names}
+
+    def stop_and_seed(self) -> dict[str, Any]:
+        """`stop` and `seed` where the job set them (vLLM's and OpenAI's names)."""
+        return {key: self.sampling[key] for key in ("stop", "seed") if self.sampling.get(key) is not None}
 
 
 @dataclass

@@ -35,17 +35,13 @@ class OpenAIChatBackend(LLMBackend):
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """Send the messages (and tools); the caller re-tokenizes the text (not exact)."""
-        sampling = request.sampling
         body: dict = {
             "model": request.model,
             "messages": request.messages,
             "max_tokens": request.max_tokens,
-            "temperature": sampling.get("temperature", 1.0),
-            "top_p": sampling.get("top_p", 1.0),
+            **request.sampling_params("temperature", "top_p"),
+            **request.stop_and_seed(),
         }
-        for key in ("stop", "seed"):
-            if sampling.get(key) is not None:
-                body[key] = sampling[key]
         started = time.monotonic()
         base = url if url.endswith("/v1") else f"{url}/v1"
         data = self._call("POST", f"{base}/chat/completions", body, request.timeout, request.headers)

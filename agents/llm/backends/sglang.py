@@ -29,12 +29,7 @@ class SGLangBackend(LLMBackend):
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """POST /generate with input_ids and return_logprob; read output ids and logprobs."""
         sampling = request.sampling
-        params = {
-            "max_new_tokens": request.max_tokens,
-            "temperature": sampling.get("temperature", 1.0),
-            "top_p": sampling.get("top_p", 1.0),
-            "top_k": sampling.get("top_k", -1),
-        }
+        params = {"max_new_tokens": request.max_tokens, **request.sampling_params("temperature", "top_p", "top_k")}
         if sampling.get("stop"):
             params["stop"] = sampling["stop"]
         if sampling.get("seed") is not None:

@@ -32,20 +32,15 @@ class VLLMBackend(LLMBackend):
 
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """POST /v1/completions with token ids; read `token_ids` and `logprobs.token_logprobs`."""
-        sampling = request.sampling
         body = {
             "model": request.model,
             "prompt": request.prompt_ids,
             "max_tokens": request.max_tokens,
-            "temperature": sampling.get("temperature", 1.0),
-            "top_p": sampling.get("top_p", 1.0),
-            "top_k": sampling.get("top_k", -1),
+            **request.sampling_params("temperature", "top_p", "top_k"),
             "logprobs": 0,
             "return_token_ids": True,
+            **request.stop_and_seed(),
         }
-        for key in ("stop", "seed"):
-            if sampling.get(key) is not None:
-                body[key] = sampling[key]
         started = time.monotonic()
         data = self._call("POST", f"{url}/v1/completions", body, request.timeout, request.headers)
         try:
