@@ -41,10 +41,6 @@ def queue_depth(prefix: str, queue: str) -> int:
         client.close()
 
 
-def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
-    return wait_for(predicate, timeout, what)
-
-
 def _rows(db_url: str, job_id: str) -> list[Rollout]:
     with session_scope(db_url) as s:
         return s.scalars(sa.select(Rollout).where(Rollout.job_id == job_id)).all()
@@ -79,7 +75,7 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
             leased = [r for r in rows if r.status == "run" and r.lease_owner]
             return queued if len(queued) >= 3 and leased else None
 
-        queued = {r.id for r in _wait_for(queued_on_n1, what="rollouts queued on run.n1")}
+        queued = {r.id for r in wait_for(queued_on_n1, 60, what="rollouts queued on run.n1")}
         for stage in ("init", "run", "eval"):
             svc.kill_worker(stage, "n1")
         svc.stop_reaper("n1")
@@ -128,9 +124,9 @@ def test_a_consumer_that_dies_restarts_in_process(tmp_path, redis_prefix):
         proc = svc.workers[("init", "node-a")]
         db = svc.settings.db_url
         for queue in ("init", "run.node-a", "eval.node-a"):
-            _wait_for(lambda q=queue: _consumers(db, q), what=f"{queue}'s consumer row")
+            wait_for(lambda q=queue: _consumers(db, q), 60, what=f"{queue}'s consumer row")
         crash = svc.client.submit("test-consumer-crash", [{"instance_id": "x"}])
-        _wait_for(
+        wait_for(
             lambda: "restarting it in this process" in svc.log_tail(200),
             timeout=60,
             what="the consumer's in-process restart",
@@ -365,7 +361,7 @@ def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
     assert f"{rid}:1" in labels()
     svc = start_service(tmp_path, nodes=("n1",), stages=("eval",), reaper=False, extra={"sandbox_dir": sandbox_dir})
     try:
-        _wait_for(lambda: _consumers(settings.db_url, "eval.n1"), what="eval.n1's consumer")
+        wait_for(lambda: _consumers(settings.db_url, "eval.n1"), 60, what="eval.n1's consumer")
         assert f"{rid}:1" not in labels()
         assert not (tmp_path / "workspaces" / f"{rid}-1").exists()
     finally:
@@ -381,7 +377,7 @@ def test_workers_reconnect_after_a_broker_outage(tmp_path, private_redis):
     db = svc.settings.db_url
     try:
         for queue in ("init", "run.node-a", "eval.node-a"):
-            _wait_for(lambda q=queue: _consumers(db, q), what=f"{queue}'s consumer")
+            wait_for(lambda q=queue: _consumers(db, q), 60, what=f"{queue}'s consumer")
         pids = {key: proc.pid for key, proc in svc.workers.items()}
         private_redis.restart("immediate", downtime=4.0)
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])

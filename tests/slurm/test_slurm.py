@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from tests.conftest import REDIS_URL
 from tests.slurm.cluster import SlurmCluster, available_proctracks
 from tests.slurm.scenario import SlurmScenario
+from tests.waiting import wait_for
 
 # A time-limit case takes ~3 minutes on a quiet machine (Slurm checks limits every 30 s).
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -104,11 +104,17 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
     scenario.job_ids += jobs
     try:
         address = folder / "services.env"
-        _wait_for(address.exists, 120, lambda: _logs(folder))
+        wait_for(address.exists, 120, "the service address", interval=1, context=lambda: _logs(folder))
         url = re.search(r"RAAS_URL='([^']+)'", address.read_text()).group(1)
         client = RaasClient(url, timeout=60)
         job = scenario.submit(4, client=client)
-        _wait_for(lambda: client.job(job["job_id"])["finished"] == 4, 180, lambda: _logs(folder))
+        wait_for(
+            lambda: client.job(job["job_id"])["finished"] == 4,
+            180,
+            "4 finished rollouts",
+            interval=1,
+            context=lambda: _logs(folder),
+        )
         results = list(client.results(job["job_id"], wait=1))
         assert sorted(r["outcome"] for r in results) == ["completed"] * 4
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
@@ -120,15 +126,6 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
         scenario.stop_nodes()
         shutil.rmtree(state, ignore_errors=True)
     assert not address.exists()  # the service job takes its address away when it ends
-
-
-def _wait_for(predicate, timeout: float, context) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout}s\n{context()[-4000:]}")
 
 
 def _logs(folder: Path) -> str:
