@@ -6,10 +6,12 @@ For each backend a real service (gateway, INIT/RUN/EVAL pools of 2 threads, reap
 1-rollout job that is cancelled; then N attempt-1 INIT messages naming that job are
 published straight to the broker (as a submission's publisher would have, before the cancel)
 and the time until the INIT queue is empty is measured: drops per second of one INIT pool.
-`--purge` variants instead call `tasks.purge.purge_job` on the same backlog (no worker takes
-part): messages removed per second and the longest single script call (how long Redis is
-busy at once). `--init-ahead` runs the pool as `raas node` does (INIT backpressure on: a
-database count after every INIT task, dropped ones included, before this change).
+Where `tasks.purge` exists, `tasks.purge.purge_job` is first timed alone on the same backlog
+(the INIT pool stopped meanwhile): messages removed per second and the longest single script
+call (how long Redis is busy at once). On such a tree the pool's "drops" include the purge a
+worker runs when it drops a cancelled job's message (`cancels.drop_stale`). `--init-ahead`
+runs the pool as `raas node` does (INIT backpressure on: a database count after every INIT
+task, dropped ones included, before this change).
 
 Usage: .venv/bin/python bench/cancel_drops.py [--n 5000] [--backend all|embedded|redis+postgresql]
 """
@@ -32,13 +34,24 @@ from bench.pipeline import backend  # noqa: E402
 from tests.pipeline_harness import start_service  # noqa: E402
 
 
-def _stale(celery: Any, job_id: str, n: int) -> None:
-    """n first-attempt INIT messages of the job, published in batches like the outbox does."""
+def _stale(celery: Any, job_id: str, n: int, headerless: bool = False) -> None:
+    """n first-attempt INIT messages of the job, published in batches like the outbox does
+    (`headerless`: as before the purge, without the `raas_job` header it reads)."""
+    from tasks.config import TASK_NAMES, message_priority
     from tasks.publish import publish
 
     with celery.producer_or_acquire() as producer, producer.batch(max_size=500):
         for _ in range(n):
-            publish(celery, "init", uuid.uuid4().hex, 1, producer=producer, job=job_id)
+            if headerless:
+                celery.send_task(
+                    TASK_NAMES["init"],
+                    args=[uuid.uuid4().hex, 1],
+                    kwargs={"job": job_id},
+                    producer=producer,
+                    priority=message_priority(None),
+                )
+            else:
+                publish(celery, "init", uuid.uuid4().hex, 1, producer=producer, job=job_id)
 
 
 def _depth(celery: Any) -> int:
@@ -89,7 +102,7 @@ def has_purge() -> bool:
     return importlib.util.find_spec("tasks.purge") is not None
 
 
-def run_backend(name: str, n: int, init_ahead: bool, timeout: float) -> list[dict]:
+def run_backend(name: str, n: int, init_ahead: bool, timeout: float, headerless: bool = False) -> list[dict]:
     kwargs, cleanup = backend(name)
     extra = {"init_ahead": 64} if init_ahead else {}
     rows = []
@@ -106,8 +119,9 @@ def run_backend(name: str, n: int, init_ahead: bool, timeout: float) -> list[dic
 
             with session_scope(svc.settings.db_url) as s:  # a finished job's cancel flag, set as a cancel does
                 s.get(Job, job["job_id"]).cancel_requested = True
-            label = f"{name}{' init_ahead' if init_ahead else ''}"
-            if has_purge():
+            label = f"{name}{' init_ahead' if init_ahead else ''}{' headerless' if headerless else ''}"
+            if has_purge():  # alone: no INIT pool takes (or purges) meanwhile
+                svc.kill_worker("init", "bench")
                 _stale(celery, job["job_id"], n)
                 removed, took, longest = _timed_purge(celery, job["job_id"])
                 rows.append(
@@ -120,7 +134,10 @@ def run_backend(name: str, n: int, init_ahead: bool, timeout: float) -> list[dic
                         "longest_call_ms": round(longest, 2),
                     }
                 )
-            _stale(celery, job["job_id"], n)
+                svc.start_worker("init", "bench", 2)
+                ready = svc.client.submit("test-trivial", [{"instance_id": "ready"}])
+                svc.wait_done(ready["job_id"], timeout=600)
+            _stale(celery, job["job_id"], n, headerless)
             took = _until_empty(celery, timeout)
             rows.append(
                 {
@@ -143,9 +160,12 @@ def main() -> None:
     parser.add_argument("--backend", default="all", choices=["all", "embedded", "redis+postgresql"])
     parser.add_argument("--init-ahead", action="store_true", help="INIT backpressure on, as under `raas node`")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--headerless", action="store_true", help="the pool's messages lack the purge's header: one drop each"
+    )
     args = parser.parse_args()
     names = ["redis+postgresql", "embedded"] if args.backend == "all" else [args.backend]
-    rows = [r for b in names for r in run_backend(b, args.n, args.init_ahead, args.timeout)]
+    rows = [r for b in names for r in run_backend(b, args.n, args.init_ahead, args.timeout, args.headerless)]
     print(json.dumps(rows, indent=2))
     print("\n| backend | path | messages | seconds | per second | longest script call ms |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -39,7 +39,7 @@ from tasks.config import INIT_QUEUE, TASK_NAMES
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1000  # messages examined per script call (~1 MB of JSON: a few ms of Redis time)
+CHUNK = 500  # messages examined per script call (~0.5 MB of JSON: a few ms of Redis time)
 BUDGET_SECONDS = 30.0  # a purge that chases publishers longer than this stops (workers drop the rest)
 
 # KEYS[1]: one priority list. ARGV: job id, chunk size, mark ('' = start at the right end),
