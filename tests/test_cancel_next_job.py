@@ -93,3 +93,30 @@ def test_after_a_large_cancel_the_next_job_runs_at_once(tmp_path, backend):
         assert _init_depth(svc) == 0
     finally:
         svc.stop()
+
+
+def test_a_cancel_while_the_pool_takes_the_jobs_messages_loses_nothing(tmp_path, backend):
+    """The purge scans lists the INIT pool is taking from: each rollout of the cancelled job
+    ends once (completed before the cancel, or cancelled), and the job queued behind it loses
+    nothing."""
+    svc = start_service(tmp_path, **backend, concurrency={"init": 4, "run": 2, "eval": 2})
+    try:
+        n = 1500
+        busy = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(n)])
+        behind = svc.client.submit("test-trivial", [{"instance_id": f"b{k}"} for k in range(50)])
+        wait_for(lambda: svc.client.job(busy["job_id"])["finished"] >= 20, 120, "the pool taking the job")
+        svc.client.cancel(busy["job_id"])  # while INIT claims its rollouts
+
+        final = svc.wait_done(busy["job_id"], timeout=120)
+        results = svc.all_results(busy["job_id"])
+        assert [r["seq"] for r in results] == list(range(1, n + 1))
+        assert len({r["rollout_id"] for r in results}) == n
+        outcomes = final["outcomes"]
+        assert set(outcomes) <= {"completed", "cancelled"} and outcomes.get("cancelled", 0) > n // 2
+        assert all(r["reward"] == 1.0 and r["response_ids"] == [1] for r in results if r["outcome"] == "completed")
+        others = svc.wait_done(behind["job_id"], timeout=120)
+        assert others["outcomes"] == {"completed": 50}
+        assert all(r["reward"] == 1.0 for r in svc.all_results(behind["job_id"]))
+        wait_for(lambda: _init_depth(svc) == 0, 30, "the INIT queue empty")
+    finally:
+        svc.stop()
