@@ -93,10 +93,11 @@ def purge_job(celery: Any, job_id: str, chunk: int = CHUNK, budget: float = BUDG
         script = client.register_script(_SCRIPT)
         prefix = getattr(channel, "global_keyprefix", "") or ""
         keys = dict.fromkeys(prefix + channel._q_for_pri(INIT_QUEUE, p) for p in channel.priority_steps)
-        deadline = time.monotonic() + budget
-        removed = sum(_purge_list(script, key, job_id, chunk, deadline) for key in keys)
-    if removed:
-        log.info("job %s: removed %s queued INIT messages from the broker", job_id, removed)
+        started = time.monotonic()
+        removed = sum(_purge_list(script, key, job_id, chunk, started + budget) for key in keys)
+    log.info(
+        "job %s: removed %s queued INIT messages from the broker in %.3fs", job_id, removed, time.monotonic() - started
+    )
     return removed
 
 
