@@ -38,7 +38,7 @@ from core.policy import (
     check_sandbox_options,
 )
 from core.settings import Settings
-from tasks import cancels, groups, lifecycle, outbox, quotas
+from tasks import cancels, groups, lifecycle, outbox, purge, quotas
 from tasks.llm_pool import registered_urls
 from tasks.records import record_fields
 
@@ -292,11 +292,14 @@ def results_after(s: Session, job_id: str, after: int, limit: int) -> list[Rollo
     return [rollout_view(r, group=records.get(r.instance_id) if r.completes_group else None) for r in rows]
 
 
-def cancel_job(settings: Settings, job_id: str, owner: str | None = None) -> JobView:
+def cancel_job(settings: Settings, job_id: str, owner: str | None = None, celery: Any = None) -> JobView:
     """Stop a job: queued rollouts end at once (one statement), running ones at their next
-    turn."""
+    turn; then their INIT messages leave the broker (`tasks.purge`), so the next job does not
+    wait behind them. A purge that fails changes nothing: the workers drop those messages."""
     with session_scope(settings.db_url) as s:
         get_job(s, job_id, owner)
     cancels.cancel_job(settings.db_url, job_id)
+    if celery is not None:
+        purge.purge_quietly(celery, job_id)
     with session_scope(settings.db_url) as s:
         return job_view(s, get_job(s, job_id))

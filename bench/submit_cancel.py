@@ -9,7 +9,9 @@ the job is cancelled; a few are running and stop cooperatively. Measured:
 - cancel: POST /v1/jobs/{id}/cancel until its answer (every queued rollout terminal);
 - /healthz: a thread polls it every 20 ms throughout; max and p99 latency per phase;
 - after the cancel: how long a new 1-rollout job waits behind the stale messages (until done),
-  and how long until the INIT queue is empty.
+  how many messages the INIT queue holds when the cancel answers, and how long until it is
+  first seen empty (polled every 50 ms from the answer on); where the cancel purges the
+  broker (`tasks.purge`), how many it removed and how long that took inside the cancel.
 
 Baseline: the same script run on the tree before this change (`git archive 4be9411`: one
 broker round trip per message inside the request, one `terminal.finish` transaction per
@@ -80,6 +82,53 @@ class HealthPoller:
         }
 
 
+class PurgeLog(logging.Handler):
+    """Catches the gateway's purge log line (`tasks.purge`, same process): removed, seconds."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: list[tuple[int, float]] = []
+        self.logger = logging.getLogger("tasks.purge")
+        self.level_before = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "removed" in record.msg:
+            self.seen.append((int(record.args[1]), round(float(record.args[2]), 3)))
+
+    def close(self) -> list | None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level_before)
+        return list(self.seen[0]) if self.seen else None
+
+
+class EmptyPoller:
+    """From the cancel's answer on, polls the INIT queue's depth every 50 ms until it is 0."""
+
+    def __init__(self, celery) -> None:
+        from tasks.queues import queue_depths
+
+        self.when: float | None = None
+        self._stop = threading.Event()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                if queue_depths(celery, ["init"])["init"] == 0:
+                    self.when = time.monotonic()
+                    return
+                self._stop.wait(0.05)
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float) -> float | None:
+        """When the queue was first seen empty (monotonic), or None after `timeout`."""
+        self._thread.join(timeout)
+        self._stop.set()
+        return self.when
+
+
 def _outbox_left(db_url: str, job_id: str) -> int | None:
     """Rollouts of the job still waiting to be published (None: no outbox in this code)."""
     from core.db import session_scope
@@ -135,10 +184,14 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 row["healthz_publish"] = health.during(t_202, t_pub)  # after the 202
                 time.sleep(2.0)  # let the INIT pool claim a few, so some are running
                 running = svc.client.job(job["job_id"])["counts"]
+                purges = PurgeLog()
                 t1 = time.monotonic()
                 view = svc.client.cancel(job["job_id"])
                 t2 = time.monotonic()
+                empty_poll = EmptyPoller(celery)
                 row["cancel_s"] = round(t2 - t1, 3)
+                row["init_queue_at_cancel_answer"] = queue_depths(celery, ["init"])["init"]
+                row["purge"] = purges.close()  # removed, seconds (None: no purge in this code)
                 row["healthz_cancel"] = health.during(t1, t2)
                 row["counts_before_cancel"] = running
                 row["counts_after_cancel"] = view["counts"]
@@ -150,10 +203,8 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 one = svc.client.submit("test-trivial", [{"instance_id": "after"}])
                 waited = _wait(lambda: svc.client.job(one["job_id"])["finished"] >= 1, timeout=after_timeout, step=0.1)
                 row["next_job_done_s"] = round(waited, 2) if waited is not None else f">{after_timeout}"
-                empty = _wait(lambda: queue_depths(celery, ["init"])["init"] == 0, timeout=after_timeout, step=0.5)
-                row["init_queue_empty_s"] = (
-                    round(time.monotonic() - t2, 1) if empty is not None else f">{after_timeout}"
-                )
+                empty = empty_poll.wait(after_timeout)
+                row["init_queue_empty_s"] = round(empty - t2, 2) if empty is not None else f">{after_timeout}"
                 row["healthz_after"] = health.during(t3, time.monotonic())
                 row["healthz_all"] = health.during(t0, time.monotonic())
         finally:
@@ -176,14 +227,16 @@ def main() -> None:
     print(json.dumps(rows, indent=2))
     print(
         "\n| backend | rollouts | submit 202 s | published s | cancel s | "
-        "healthz max ms (submit / cancel / after) | next 1-rollout job s | INIT queue empty s |"
+        "healthz max ms (submit / cancel / after) | purge (removed, s) | INIT queue at the answer | "
+        "next 1-rollout job s | INIT queue empty s |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         hz = " / ".join(str(r[k]["max_ms"]) for k in ("healthz_submit", "healthz_cancel", "healthz_after"))
         print(
             f"| {r['backend']} | {r['rollouts']} | {r['submit_202_s']} | "
-            f"{r['submit_published_s']} | {r['cancel_s']} | {hz} | {r['next_job_done_s']} | "
+            f"{r['submit_published_s']} | {r['cancel_s']} | {hz} | {r['purge']} | "
+            f"{r['init_queue_at_cancel_answer']} | {r['next_job_done_s']} | "
             f"{r['init_queue_empty_s']} |"
         )
 

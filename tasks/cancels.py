@@ -1,15 +1,20 @@
 """Cancelling a job: the set operations that end it, and each process's memory of cancelled jobs.
 
 A cancel marks every unfinished rollout and ends the ones still queued for INIT in one
-statement; the workers learn of it from the rollout row (running ones at their next turn) or
-from `known_cancelled` (stale first-attempt messages dropped without a database write).
+statement; the gateway then removes their messages from the broker (`tasks.purge`). The
+workers learn of it from the rollout row (running ones at their next turn) or from
+`known_cancelled` (stale first-attempt messages dropped without a database write); a worker
+that drops one purges the job's others (`drop_stale`), so what the gateway's purge missed
+(Redis away at the cancel, messages published after it) leaves the queue in one pass too.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
+from typing import Any
 
 from sqlalchemy import and_, case, exists, func, select, update
 from sqlalchemy.exc import DBAPIError
@@ -17,13 +22,16 @@ from sqlalchemy.orm import aliased
 
 from core.db import session_scope
 from core.models import ACTIVE, TERMINAL_VALUES, Job, Outcome, Rollout, Status, utcnow
-from tasks import groups
+from tasks import groups, purge
 
 log = logging.getLogger(__name__)
 
 _cancelled_jobs: OrderedDict[str, None] = OrderedDict()  # most recent last, bounded
 _cancelled_lock = threading.Lock()
 CANCELLED_JOBS_KEPT = 4096
+DROPPED = "dropped: the job was cancelled"  # what an INIT task that dropped its message returns
+PURGE_EVERY = 2.0  # seconds between one process's purges of the same cancelled job
+_purged_at: dict[str, float] = {}  # job -> when this process last started purging it
 
 
 def known_cancelled(job_id: str) -> bool:
@@ -36,6 +44,23 @@ def known_cancelled(job_id: str) -> bool:
     """
     with _cancelled_lock:
         return job_id in _cancelled_jobs
+
+
+def drop_stale(celery: Any, job_id: str) -> str:
+    """A worker met a stale message of a cancelled job: remove the job's others from the
+    broker too, unless this process did so within `PURGE_EVERY` seconds (or is doing so now
+    in another thread). Each would otherwise be one Celery delivery; returns `DROPPED`."""
+    now = time.monotonic()
+    with _cancelled_lock:
+        if now - _purged_at.get(job_id, -PURGE_EVERY) < PURGE_EVERY:
+            return DROPPED
+        _purged_at[job_id] = now
+        while len(_purged_at) > CANCELLED_JOBS_KEPT:
+            del _purged_at[next(iter(_purged_at))]
+    purge.purge_quietly(celery, job_id)
+    with _cancelled_lock:  # the next purge is due PURGE_EVERY after this one ended
+        _purged_at[job_id] = time.monotonic()
+    return DROPPED
 
 
 def note_if_cancelled(db_url: str, job_id: str) -> bool:

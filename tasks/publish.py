@@ -24,9 +24,12 @@ def publish(
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
     long (else Celery's default policy, well under a second); then kombu's error is raised.
     `priority` is the job's (higher first). `job` lets a worker drop INIT messages of a job it
-    knows was cancelled without a database write (see `cancels.known_cancelled`).
+    knows was cancelled without a database write (see `cancels.known_cancelled`); it also
+    rides in the headers with the attempt, where the cancel's broker purge reads them
+    (`tasks.purge`: the body is base64 in Redis).
     """
     kwargs = {k: v for k, v in (("node", node), ("job", job)) if v}
+    headers = {"raas_job": job, "raas_attempt": attempt} if job else None
     retry = {"retry": True, "retry_policy": publish_retry_policy(retry_seconds)} if retry_seconds else {}
     app.send_task(
         TASK_NAMES[stage],
@@ -34,6 +37,7 @@ def publish(
         kwargs=kwargs,
         producer=producer,
         priority=message_priority(priority),
+        headers=headers,
         **retry,
     )
 

@@ -436,10 +436,10 @@ def _run_fields(result: Trajectory) -> dict[str, Any]:
 
 
 @shared_task(name=TASK_NAMES["init"], bind=True)
-def init_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> None:
+def init_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> str | None:
     """INIT: claim, start the sandbox, let the handler prepare it."""
     if job and attempt == 1 and cancels.known_cancelled(job):
-        return  # a stale message of a cancelled job: its rollout was ended at the cancel
+        return cancels.drop_stale(self.app, job)  # its rollout was ended at the cancel
     StageRun(self.app, "init", rollout_id, attempt).execute(job)
 
 

@@ -23,6 +23,7 @@ from agents.registry import load_handler_modules
 from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
 from tasks import db_retry, nodes
+from tasks.cancels import DROPPED
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
 from tasks.drain import Drain, InitGate
@@ -113,7 +114,9 @@ def run_worker(
     if gate is not None:
 
         @task_postrun.connect(weak=False)
-        def _after_init(**_: object) -> None:
+        def _after_init(retval: object = None, **_: object) -> None:
+            if retval == DROPPED:  # a cancelled job's stale message: nothing was handed on
+                return
             gate.check(cached=True)  # an INIT handed a rollout on: backpressure first
 
     workers: list[object] = []

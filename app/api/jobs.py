@@ -71,7 +71,7 @@ def show(job_id: str) -> JobView:
     summary="Cancel: queued rollouts never start, running ones stop at the next turn",
 )
 def cancel(job_id: str) -> JobView:
-    return cancel_job(_settings(), job_id, g.owner)
+    return cancel_job(_settings(), job_id, g.owner, current_app.extensions["celery"])
 
 
 @typed_route(

@@ -144,7 +144,7 @@ def cancel(body: CancelRequest) -> dict[str, Any]:
     settings = _settings()
     ids = prorl_jobs(settings.db_url, body.job_id, unfinished=True, owner=g.owner)
     for job_id in ids:
-        cancel_job(settings, job_id, g.owner)
+        cancel_job(settings, job_id, g.owner, current_app.extensions["celery"])
     return {"status": f"Cancel requested for job {body.job_id}", "cancelled_jobs": len(ids)}
 
 
@@ -200,5 +200,5 @@ def stop() -> dict[str, Any]:
         raise ServerNotRunning(NOT_RUNNING)
     ids = prorl_jobs(settings.db_url, unfinished=True)
     for job_id in ids:
-        cancel_job(settings, job_id)
+        cancel_job(settings, job_id, celery=current_app.extensions["celery"])
     return {"status": "Server stopped successfully", "cancelled_jobs": len(ids)}

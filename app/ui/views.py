@@ -70,7 +70,7 @@ def jobs():
 def cancel(job_id: str):
     """Cancel a job (the page asked for confirmation first)."""
     check_csrf()
-    cancel_job(_settings(), job_id, g.owner)
+    cancel_job(_settings(), job_id, g.owner, current_app.extensions["celery"])
     back = request.form.get("back")
     return redirect(safe_next(back) if back else url_for("ui.job", job_id=job_id), code=303)
 
