@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import select
 
 from core.db import session_scope
-from core.models import TERMINAL_VALUES, Job, Rollout, Status, sources_of, utcnow
-from tasks import callbacks, groups
+from core.models import Job, Rollout, Status, utcnow
+from tasks import callbacks, groups, statements
 from tasks.db_retry import retrying
-from tasks.lifecycle import fenced
 
 log = logging.getLogger(__name__)
 
@@ -46,59 +45,51 @@ def finish(
     """
     if status == Status.DONE:
         values.setdefault("error", None)  # an earlier attempt's error stays in attempt_history
-    cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
-    if lease is not None:
-        cond.append(Rollout.lease_owner == lease)
-    if expect_status is not None:
-        cond.append(Rollout.status.in_(expect_status))
-    cond.extend(fenced(fence))
     now = utcnow()
+    values = {
+        "status": status.value,
+        "outcome": outcome,
+        "lease_owner": None,
+        "heartbeat_at": None,
+        "finished_at": now,
+        **values,
+    }
+    fence = fence or {}
+    # Prepared statements (`tasks.statements`): cached per fence shape and set of columns.
+    ending = statements.finish(
+        status.value,
+        lease is not None,
+        tuple(expect_status) if expect_status is not None else None,
+        tuple((name, value is None) for name, value in fence.items()),
+        tuple(values),
+    )
+    params = {
+        "k_rid": rollout_id,
+        "k_lease": lease,
+        **{f"f_{name}": value for name, value in fence.items() if value is not None},
+        **statements.bound(values),
+    }
     with session_scope(db_url) as s:
         if group is None or group.group_size is not None:
             _lock_group(s, rollout_id)
         conn = s.connection()  # Core statements (see `hand_off`)
-        row = conn.execute(
-            update(Rollout)
-            .where(and_(*cond))
-            .values(
-                status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None, finished_at=now, **values
-            )
-            .returning(Rollout.job_id, Rollout.instance_id, Rollout.outcome, Rollout.reward, Rollout.cut_reason)
-        ).one_or_none()
+        row = conn.execute(ending, params).one_or_none()
         if row is None:
             return False
-        job = conn.execute(
-            update(Job)
-            .where(Job.id == row.job_id)
-            .values(finished_count=Job.finished_count + 1)
-            .returning(
-                Job.finished_count,
-                (Job.n_instances * Job.n_samples).label("total"),
-                Job.n_samples,
-                Job.group_size,
-                Job.callback_url,
-                Job.owner,
-            )
-        ).one()
+        job = conn.execute(statements.count_finished(), {"k_job_id": row.job_id}).one()
         seq, ended = job.finished_count, 0
         if job.group_size is not None:  # a straggler cut decides (tasks.groups)
             group_done, ended = groups.on_finish(
                 s, row.job_id, row.instance_id, rollout_id, row.outcome, row.reward, row.cut_reason
             )
         else:
-            group_done = job.n_samples == 1 or not s.scalar(
-                select(func.count())
-                .select_from(Rollout)
-                .where(
-                    Rollout.job_id == row.job_id,
-                    Rollout.instance_id == row.instance_id,
-                    Rollout.status.not_in(TERMINAL_VALUES),
-                )
+            group_done = job.n_samples == 1 or not conn.scalar(
+                statements.group_unfinished(), {"k_job_id": row.job_id, "k_instance_id": row.instance_id}
             )
-        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(result_seq=seq, completes_group=group_done))
+        conn.execute(statements.place_in_order(), {"k_rid": rollout_id, "k_seq": seq, "v_completes_group": group_done})
         job_done = seq + ended >= job.total
         if job_done:
-            conn.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now))
+            conn.execute(statements.job_finished(), {"k_job_id": row.job_id, "k_now": now})
         if job.callback_url and (group_done or job_done):
             callbacks.on_completions(
                 s,
