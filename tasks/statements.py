@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, update
+from sqlalchemy import and_, bindparam, func, select, tuple_, update
 from sqlalchemy.sql import Executable
 
 from core.models import TERMINAL_VALUES, Job, Rollout, Status, sources_of
@@ -94,6 +94,23 @@ def clear_mark() -> Executable:
             R.id == bindparam("k_rid"),
             R.attempt == bindparam("k_attempt"),
             R.status == bindparam("k_queued"),
+            R.lease_owner.is_(None),
+            R.outbox_at.is_not(None),
+        )
+        .values(outbox_at=None)
+    )
+
+
+@lru_cache(maxsize=8)
+def clear_marks(exact: bool) -> Executable:
+    """Drop the outbox marks `:k_marks` (rollout id, attempt, queued status[, mark time]) of
+    published hand-ons, each fenced on the queued, unleased row version it was set on (with
+    `exact`, on the mark's own time too: a later hand-off's mark stays)."""
+    key = (R.id, R.attempt, R.status, *((R.outbox_at,) if exact else ()))
+    return (
+        update(ROLLOUTS)
+        .where(
+            tuple_(*key).in_(bindparam("k_marks", expanding=True)),
             R.lease_owner.is_(None),
             R.outbox_at.is_not(None),
         )
