@@ -296,16 +296,9 @@ def beat(db_url: str, leases: list[str]) -> set[str]:
     rollout was asked to stop (read in the same statement)."""
     if not leases:
         return set()
-    # Rows locked in id order (FOR UPDATE in the subquery; SQLite serialises writers), the
-    # order the turn writer takes them in: a beat and a batch of turns never deadlock.
-    mine = select(Rollout.id).where(Rollout.lease_owner.in_(leases)).order_by(Rollout.id).with_for_update()
-    with session_scope(db_url) as s:
-        rows = s.execute(
-            update(Rollout)
-            .where(Rollout.id.in_(mine.scalar_subquery()), Rollout.lease_owner.in_(leases))
-            .values(heartbeat_at=utcnow())
-            .returning(Rollout.lease_owner, Rollout.cancel_requested)
-        ).all()
+    params = {"k_leases": leases, "k_held": leases, "v_heartbeat_at": utcnow()}
+    with get_engine(db_url).begin() as conn:  # a prepared statement (`tasks.statements.beat`)
+        rows = conn.execute(statements.beat(), params).all()
     return {lease for lease, cancelled in rows if cancelled}
 
 

@@ -194,3 +194,19 @@ def job_finished() -> Executable:
         .where(JOBS.c.id == bindparam("k_job_id"))
         .values(finished_at=bindparam("k_now", type_=JOBS.c.finished_at.type))
     )
+
+
+@lru_cache(maxsize=8)
+def beat() -> Executable:
+    """Refresh the heartbeat of the leases `:k_leases`, returning each one's cancel flag.
+
+    The rows are locked in id order first (FOR UPDATE in the subquery; SQLite serialises
+    writers), the order the turn writer takes them in: a beat and a batch of turns never
+    deadlock."""
+    mine = select(R.id).where(R.lease_owner.in_(bindparam("k_leases", expanding=True))).order_by(R.id).with_for_update()
+    return (
+        update(ROLLOUTS)
+        .where(R.id.in_(mine.scalar_subquery()), R.lease_owner.in_(bindparam("k_held", expanding=True)))
+        .values(heartbeat_at=param("heartbeat_at"))
+        .returning(R.lease_owner, R.cancel_requested)
+    )
