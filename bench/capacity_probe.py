@@ -96,13 +96,21 @@ def reset() -> None:
         COUNTS.clear()
 
 
+_dump_lock = threading.Lock()
+
+
 def dump() -> None:
-    """Write this process's counters (atomically) when a folder is set."""
+    """Write this process's counters (atomically) when a folder is set.
+
+    One writer at a time: the stage threads and the per-second dumper share one temporary
+    file, and two renames of it raced (one failed, logged with a traceback in the worker).
+    """
     if OUT:
         path = Path(OUT) / f"{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(snapshot()))
-        tmp.replace(path)
+        with _dump_lock:
+            tmp.write_text(json.dumps(snapshot()))
+            tmp.replace(path)
 
 
 def collect(folder: Path) -> dict[str, Counter]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from core.db import session_scope
+from core.db import get_engine, session_scope
 from core.models import (
     TERMINAL_VALUES,
     Job,
@@ -25,50 +26,45 @@ from core.models import (
     Turn,
     utcnow,
 )
-from tasks import turn_log
+from tasks import statements, turn_log
 from tasks.db_retry import retrying
 
 log = logging.getLogger(__name__)
 
 
 @retrying
-def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str, node: str) -> tuple[Rollout, Job] | None:
-    """Take the lease for `stage`; None when it is a duplicate or stale delivery."""
-    queued_status = Status.PENDING.value if stage == "init" else stage
+def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str, node: str) -> tuple[Any, Job] | None:
+    """Take the lease for `stage`; None when it is a duplicate or stale delivery.
+
+    Returns the claimed row as a plain record (attribute access, writable: a stage notes its
+    sandbox on it) and the job's snapshot. One prepared Core statement (`tasks.statements`):
+    the ORM's UPDATE ... RETURNING entity path cost a stage more CPU than the claim itself.
+    """
     now = utcnow()
-    # A claim also drops the outbox mark: the message evidently got out.
-    values: dict[str, Any] = {
-        "status": stage,
-        "lease_owner": lease,
-        "heartbeat_at": now,
-        "stage_started_at": now,
-        "outbox_at": None,
-        "generating_on": None,
-        "paused_seconds": 0.0,
+    params = {
+        "k_rid": rollout_id,
+        "k_attempt": attempt,
+        "k_queued": Status.PENDING.value if stage == "init" else stage,
+        # RUN and EVAL claim only on the node the rollout is queued for: a stale message in
+        # the queue of a node the rollout moved away from finds nothing (tasks.handback).
+        "k_here": node,
+        **statements.bound(
+            {
+                "status": stage,
+                "lease_owner": lease,
+                "heartbeat_at": now,
+                "stage_started_at": now,
+                "outbox_at": None,  # a claim also drops the outbox mark: the message got out
+                "generating_on": None,
+                "node": node,
+            }
+        ),
     }
-    if stage == "init":
-        values["node"] = node
-    # RUN and EVAL claim only on the node the rollout is queued for: a stale message in the
-    # queue of a node the rollout moved away from finds nothing (tasks.handback).
-    here = [] if stage == "init" else [Rollout.node == node]
-    with session_scope(db_url) as s:
-        rollout = s.scalars(
-            update(Rollout)
-            .where(
-                Rollout.id == rollout_id,
-                Rollout.attempt == attempt,
-                Rollout.status == queued_status,
-                Rollout.lease_owner.is_(None),
-                *here,
-            )
-            .values(**values)
-            .returning(Rollout),
-            execution_options={"synchronize_session": False},
-        ).one_or_none()
-        if rollout is None:
-            return None
-        s.expunge(rollout)
-    return rollout, job_snapshot(db_url, rollout.job_id)
+    with get_engine(db_url).begin() as conn:
+        row = conn.execute(statements.claim(stage == "init", node is None), params).one_or_none()
+    if row is None:
+        return None
+    return SimpleNamespace(**row._mapping), job_snapshot(db_url, row.job_id)
 
 
 @lru_cache(maxsize=4096)
@@ -115,37 +111,24 @@ def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: 
     """`advance`, also returning the mark's time (what `tasks.outbox_marks` fences its
     clear on); None when a retry found its own first commit landed (time not known)."""
     now = utcnow()
-    with session_scope(db_url) as s:
-        # Core statements on the session's connection: the ORM's bulk-UPDATE path costs more
-        # CPU than the statement itself here, and nothing below needs the identity map.
-        if (
-            s.connection()
-            .execute(
-                update(Rollout)
-                .where(Rollout.id == rollout_id, Rollout.lease_owner == lease, Rollout.cancel_requested.is_(False))
-                .values(
-                    status=to_stage,
-                    lease_owner=None,
-                    heartbeat_at=None,
-                    queued_at=now,
-                    stage_started_at=None,
-                    outbox_at=now,
-                    **values,
-                )
-            )
-            .rowcount
-            == 1
-        ):
+    values = {
+        "status": to_stage,
+        "lease_owner": None,
+        "heartbeat_at": None,
+        "queued_at": now,
+        "stage_started_at": None,
+        "outbox_at": now,
+        **values,
+    }
+    with get_engine(db_url).begin() as conn:
+        # A prepared Core statement (`tasks.statements`): building the UPDATE anew cost more
+        # CPU than executing it.
+        params = {"k_rid": rollout_id, "k_lease": lease, **statements.bound(values)}
+        if conn.execute(statements.hand_off(tuple(values)), params).rowcount == 1:
             return True, now
         # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
         # rollout into `to_stage` unleased, so finding it there means the hand-off is done.
-        return bool(
-            s.scalar(
-                select(func.count())
-                .select_from(Rollout)
-                .where(Rollout.id == rollout_id, Rollout.status == to_stage, Rollout.lease_owner.is_(None))
-            )
-        ), None
+        return bool(conn.scalar(statements.handed_off(), {"k_rid": rollout_id, "k_queued": to_stage})), None
 
 
 def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -> bool:
@@ -154,24 +137,9 @@ def clear_mark(db_url: str, rollout_id: str, attempt: int, queued_status: str) -
     Fenced on the queued state it was published for, so a late clear never touches a mark a
     later hand-off of the same rollout set; a claim that came first has cleared it already.
     """
-    with session_scope(db_url) as s:
-        return (
-            s.connection()
-            .execute(
-                update(Rollout)
-                .where(
-                    Rollout.id == rollout_id,
-                    Rollout.attempt == attempt,
-                    Rollout.status == queued_status,
-                    Rollout.lease_owner.is_(None),
-                    Rollout.outbox_at.is_not(None),
-                )
-                .values(outbox_at=None),
-                execution_options={"synchronize_session": False},
-            )
-            .rowcount
-            == 1
-        )
+    params = {"k_rid": rollout_id, "k_attempt": attempt, "k_queued": queued_status}
+    with get_engine(db_url).begin() as conn:
+        return conn.execute(statements.clear_mark(), params).rowcount == 1
 
 
 @retrying
@@ -328,16 +296,9 @@ def beat(db_url: str, leases: list[str]) -> set[str]:
     rollout was asked to stop (read in the same statement)."""
     if not leases:
         return set()
-    # Rows locked in id order (FOR UPDATE in the subquery; SQLite serialises writers), the
-    # order the turn writer takes them in: a beat and a batch of turns never deadlock.
-    mine = select(Rollout.id).where(Rollout.lease_owner.in_(leases)).order_by(Rollout.id).with_for_update()
-    with session_scope(db_url) as s:
-        rows = s.execute(
-            update(Rollout)
-            .where(Rollout.id.in_(mine.scalar_subquery()), Rollout.lease_owner.in_(leases))
-            .values(heartbeat_at=utcnow())
-            .returning(Rollout.lease_owner, Rollout.cancel_requested)
-        ).all()
+    params = {"k_leases": leases, "k_held": leases, "v_heartbeat_at": utcnow()}
+    with get_engine(db_url).begin() as conn:  # a prepared statement (`tasks.statements.beat`)
+        rows = conn.execute(statements.beat(), params).all()
     return {lease for lease, cancelled in rows if cancelled}
 
 

@@ -23,14 +23,17 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, or_, text, update
+from sqlalchemy import text
 
 from core.db import get_engine
-from core.models import Rollout
+from tasks import statements
 
 log = logging.getLogger(__name__)
 
-DELAY = 0.05  # seconds a clear may wait for others to share its statement
+# Seconds a clear waits for others to share its statement. Most marks are gone by then (the
+# next stage's claim drops its mark): what is left is a backlog's, which only needs clearing
+# before the drain's `outbox_grace`; a longer wait makes one statement of many clears.
+DELAY = 0.5
 MAX_BATCH = 200
 
 
@@ -44,26 +47,21 @@ class Mark:
     marked_at: datetime | None  # None: not known (a retried hand-off): fence without it
 
 
-def _condition(mark: Mark) -> object:
-    cond = [
-        Rollout.id == mark.rollout_id,
-        Rollout.attempt == mark.attempt,
-        Rollout.status == mark.queued_status,
-        Rollout.lease_owner.is_(None),
-        Rollout.outbox_at.is_not(None),
-    ]
-    if mark.marked_at is not None:
-        cond.append(Rollout.outbox_at == mark.marked_at)
-    return and_(*cond)
-
-
 def clear_now(db_url: str, marks: list[Mark]) -> int:
-    """Clear `marks` in one UPDATE (an unsynchronised commit on PostgreSQL); rows changed."""
+    """Clear `marks` in one UPDATE per fence shape (an unsynchronised commit on PostgreSQL);
+    rows changed. Prepared statements (`tasks.statements.clear_marks`): each mark is one
+    tuple of an expanding IN, not a clause built per mark."""
+    timed = [(m.rollout_id, m.attempt, m.queued_status, m.marked_at) for m in marks if m.marked_at is not None]
+    untimed = [(m.rollout_id, m.attempt, m.queued_status) for m in marks if m.marked_at is None]
     engine = get_engine(db_url)
+    changed = 0
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
-        return conn.execute(update(Rollout).where(or_(*[_condition(m) for m in marks])).values(outbox_at=None)).rowcount
+        for exact, rows in ((True, timed), (False, untimed)):
+            if rows:
+                changed += conn.execute(statements.clear_marks(exact), {"k_marks": rows}).rowcount
+    return changed
 
 
 class MarkClearer:

@@ -9,15 +9,17 @@ rollout between stages; this one ends it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import Connection, select
+from sqlalchemy.orm import Session
 
-from core.db import session_scope
-from core.models import TERMINAL_VALUES, Job, Rollout, Status, sources_of, utcnow
-from tasks import callbacks, groups
+from core.db import get_engine
+from core.models import Job, Rollout, Status, utcnow
+from tasks import callbacks, groups, statements
 from tasks.db_retry import retrying
-from tasks.lifecycle import fenced
 
 log = logging.getLogger(__name__)
 
@@ -46,71 +48,90 @@ def finish(
     """
     if status == Status.DONE:
         values.setdefault("error", None)  # an earlier attempt's error stays in attempt_history
-    cond = [Rollout.id == rollout_id, Rollout.status.in_(sources_of(status))]
-    if lease is not None:
-        cond.append(Rollout.lease_owner == lease)
-    if expect_status is not None:
-        cond.append(Rollout.status.in_(expect_status))
-    cond.extend(fenced(fence))
     now = utcnow()
-    with session_scope(db_url) as s:
+    values = {
+        "status": status.value,
+        "outcome": outcome,
+        "lease_owner": None,
+        "heartbeat_at": None,
+        "finished_at": now,
+        **values,
+    }
+    fence = fence or {}
+    # Prepared statements (`tasks.statements`): cached per fence shape and set of columns.
+    ending = statements.finish(
+        status.value,
+        lease is not None,
+        tuple(expect_status) if expect_status is not None else None,
+        tuple((name, value is None) for name, value in fence.items()),
+        tuple(values),
+    )
+    params = {
+        "k_rid": rollout_id,
+        "k_lease": lease,
+        **{f"f_{name}": value for name, value in fence.items() if value is not None},
+        **statements.bound(values),
+    }
+    with _transaction(db_url) as (conn, orm):
         if group is None or group.group_size is not None:
-            _lock_group(s, rollout_id)
-        conn = s.connection()  # Core statements (see `hand_off`)
-        row = conn.execute(
-            update(Rollout)
-            .where(and_(*cond))
-            .values(
-                status=status.value, outcome=outcome, lease_owner=None, heartbeat_at=None, finished_at=now, **values
-            )
-            .returning(Rollout.job_id, Rollout.instance_id, Rollout.outcome, Rollout.reward, Rollout.cut_reason)
-        ).one_or_none()
+            _lock_group(orm(), rollout_id)
+        row = conn.execute(ending, params).one_or_none()
         if row is None:
             return False
-        job = conn.execute(
-            update(Job)
-            .where(Job.id == row.job_id)
-            .values(finished_count=Job.finished_count + 1)
-            .returning(
-                Job.finished_count,
-                (Job.n_instances * Job.n_samples).label("total"),
-                Job.n_samples,
-                Job.group_size,
-                Job.callback_url,
-                Job.owner,
-            )
-        ).one()
-        seq, ended = job.finished_count, 0
-        if job.group_size is not None:  # a straggler cut decides (tasks.groups)
-            group_done, ended = groups.on_finish(
-                s, row.job_id, row.instance_id, rollout_id, row.outcome, row.reward, row.cut_reason
-            )
-        else:
-            group_done = job.n_samples == 1 or not s.scalar(
-                select(func.count())
-                .select_from(Rollout)
-                .where(
-                    Rollout.job_id == row.job_id,
-                    Rollout.instance_id == row.instance_id,
-                    Rollout.status.not_in(TERMINAL_VALUES),
-                )
-            )
-        conn.execute(update(Rollout).where(Rollout.id == rollout_id).values(result_seq=seq, completes_group=group_done))
-        job_done = seq + ended >= job.total
-        if job_done:
-            conn.execute(update(Job).where(Job.id == row.job_id).values(finished_at=now))
-        if job.callback_url and (group_done or job_done):
-            callbacks.on_completions(
-                s,
-                row.job_id,
-                job.owner,
-                job.callback_url,
-                job_done=job_done,
-                group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq, job.group_size)
-                if group_done
-                else None,
-            )
+        _complete(conn, orm, rollout_id, row, now)
         return True
+
+
+@contextmanager
+def _transaction(db_url: str) -> Iterator[tuple[Connection, Callable[[], Session]]]:
+    """One transaction on a Core connection, and an ORM session on it made only when asked
+    (a straggler-cut group or a callback needs one; a plain ending does not pay for it)."""
+    sessions: list[Session] = []
+
+    def orm() -> Session:
+        if not sessions:
+            sessions.append(Session(bind=conn))  # joins the connection's transaction
+        return sessions[0]
+
+    with get_engine(db_url).begin() as conn:
+        try:
+            yield conn, orm
+            for session in sessions:
+                session.flush()  # its ORM changes (a group's members) commit with the connection
+        finally:
+            for session in sessions:
+                session.close()
+
+
+def _complete(conn: Connection, orm: Callable[[], Session], rollout_id: str, row: Any, now: Any) -> None:
+    """The ended rollout's place in its job: completion number, group and job completion,
+    callbacks (same transaction as the ending)."""
+    job = conn.execute(statements.count_finished(), {"k_job_id": row.job_id}).one()
+    seq, ended = job.finished_count, 0
+    if job.group_size is not None:  # a straggler cut decides (tasks.groups)
+        group_done, ended = groups.on_finish(
+            orm(), row.job_id, row.instance_id, rollout_id, row.outcome, row.reward, row.cut_reason
+        )
+    else:
+        group_done = job.n_samples == 1 or not conn.scalar(
+            statements.group_unfinished(), {"k_job_id": row.job_id, "k_instance_id": row.instance_id}
+        )
+    conn.execute(statements.place_in_order(), {"k_rid": rollout_id, "k_seq": seq, "v_completes_group": group_done})
+    job_done = seq + ended >= job.total
+    if job_done:
+        conn.execute(statements.job_finished(), {"k_job_id": row.job_id, "k_now": now})
+    if job.callback_url and (group_done or job_done):
+        s = orm()
+        callbacks.on_completions(
+            s,
+            row.job_id,
+            job.owner,
+            job.callback_url,
+            job_done=job_done,
+            group=groups.payload(s, row.job_id, row.instance_id, rollout_id, seq, job.group_size)
+            if group_done
+            else None,
+        )
 
 
 def _lock_group(s: Any, rollout_id: str) -> None:
