@@ -34,7 +34,7 @@ from core.errors import (
     RolloutCancelled,
     StageTimeout,
 )
-from core.models import Job, Outcome, Rollout, Status
+from core.models import Job, Outcome, Status
 from sandbox import SandboxError
 from tasks import cancels, db_retry, drain, grading, groups, handback, lifecycle, resume, sandboxes, terminal
 from tasks.contexts import eval_context, rollout_context
@@ -72,7 +72,7 @@ class StageRun:
         self.attempt = attempt
         self.lease = f"{self.settings.node}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
         self.log: logging.LoggerAdapter = RolloutLog(logger, {"job": "?", "rollout": rollout_id})
-        self.rollout: Rollout
+        self.rollout: Any  # the claimed row as a plain record (`lifecycle.claim`)
         self.job: Job
         self.handler: AgentHandler | None = None
         self.ctx: RolloutContext | None = None  # the stage's own once it has one
