@@ -56,10 +56,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads) from /proc."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (all its threads) from /proc, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads)."""
+    return sum(cpu_times(pid))
 
 
 def fresh_database() -> tuple[str, callable]:
@@ -153,9 +159,14 @@ def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
     return url, stop
 
 
-def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
-    """py-spy on the RUN worker, sampling only the thread holding the GIL (where its CPU
-    goes), as raw collapsed stacks."""
+# py-spy's sampling per `--profile-mode`: only the thread holding the GIL (where its Python
+# CPU goes), every thread that is not idle (adds the work that released the GIL: the
+# tokenizer's Rust, psycopg's C, socket calls), or every thread with its idle waits too.
+PROFILE_MODES = {"gil": ["--gil"], "active": [], "idle": ["--idle"]}
+
+
+def profile(pid: int, seconds: float, out: Path, mode: str = "gil") -> subprocess.Popen:
+    """py-spy on the RUN worker (`mode`: PROFILE_MODES), as raw collapsed stacks."""
     spy = Path(sys.executable).with_name("py-spy")
     return subprocess.Popen(
         [
@@ -167,7 +178,7 @@ def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
             str(int(seconds)),
             "-r",
             "100",
-            "--gil",
+            *PROFILE_MODES[mode],
             "-f",
             "raw",
             "-o",
@@ -260,15 +271,18 @@ def run_one(args: argparse.Namespace) -> dict:
             wait_all(svc, submit(args.slots, "warm"))
             pids = {stage: proc.pid for (stage, _node), proc in svc.workers.items()}
             cpu0 = {stage: cpu_seconds(pid) for stage, pid in pids.items()}
+            sys0 = cpu_times(pids["run"])[1]
             spy = None
             if args.profile:
                 expected = args.rollouts / (args.slots / (args.turns * args.latency))
-                spy = profile(pids["run"], expected * 0.8, Path(args.profile) / f"run-{args.label}.txt")
+                out = Path(args.profile) / f"run-{args.label}.txt"
+                spy = profile(pids["run"], expected * 0.8, out, args.profile_mode)
             t0 = time.monotonic()
             job = submit(args.rollouts, "r")
             wait_all(svc, job)
             wall = time.monotonic() - t0
             cpu = {stage: cpu_seconds(pid) - cpu0[stage] for stage, pid in pids.items()}
+            run_sys = cpu_times(pids["run"])[1] - sys0
             if spy is not None:
                 spy.wait(300)
             done = finish_offsets(db_url, job)
@@ -301,6 +315,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "cpu_ms_per_rollout": round(total_cpu / n * 1000, 1),
         "cpu_ms_per_turn": round(total_cpu / turns * 1000, 2) if turns else None,
         "run_cpu_ms_per_turn": round(cpu["run"] / turns * 1000, 2) if turns else None,
+        "run_sys_ms_per_turn": round(run_sys / turns * 1000, 2) if turns else None,
         "finish_p50_s": round(statistics.median(done), 2),
         "finish_deciles_s": [round(done[min(n - 1, n * k // 10)], 1) for k in range(11)],
         "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt") if args.profile else None,
@@ -334,7 +349,7 @@ def run_tree(label: str, tree: Path, args: argparse.Namespace, pool_size: int | 
         str(args.latency),
     ]
     if args.profile:
-        cmd += ["--profile", args.profile]
+        cmd += ["--profile", args.profile, "--profile-mode", args.profile_mode]
     if pool_size:
         cmd += ["--db-pool-size", str(pool_size)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -350,6 +365,7 @@ def main() -> None:
         "--baseline-tree", default=None, help="an unpacked 'before' tree to use instead of archiving --baseline"
     )
     parser.add_argument("--profile", default=None, help="py-spy the RUN worker into DIR")
+    parser.add_argument("--profile-mode", choices=sorted(PROFILE_MODES), default="gil", help="what py-spy samples")
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)

@@ -23,11 +23,12 @@ was really sampled with.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import Any
 
-from sqlalchemy import Row, case, func, select, update
+from sqlalchemy import Row, bindparam, case, func, select, update
 
 from agents.llm.pool import (
     RECHECK_SECONDS,
@@ -261,15 +262,17 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         never wipe this mark.
         """
         turn_log.writer(self.db_url).wait_idle(self.rollout_id)
-        row = _run_alone(self.db_url, self._mark_and_read(url))
+        row = _run_alone(self.db_url, *self._mark_and_read(url))
         if row is None:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
         return self._info(row) if row.url is not None else None
 
-    def _mark_and_read(self, url: str) -> Any:
+    def _mark_and_read(self, url: str) -> tuple[Any, dict[str, Any]]:
         """UPDATE rollouts SET generating_on = (url unless the server is paused or gone)
         WHERE id = :rollout AND lease_owner = :lease RETURNING the server's row, read in the
-        same statement under FOR SHARE.
+        same statement under FOR SHARE; as (statement, parameters), the statement built once
+        per process (`_mark_and_read_statement`: a turn's statement is then a cache hit, not a
+        new tree to build and hash).
 
         The pause guarantee (`tasks.pool_pause`): `set_paused` UPDATEs the server row, which
         conflicts with this share lock. If the pause committed first, the lock waits for it
@@ -278,20 +281,8 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         has committed and then sees it when it counts generations. SQLite runs the statement
         under its database write lock, which orders it with the pause the same way.
         """
-        server = (
-            select(*_INFO_COLUMNS)
-            .where(LLMServer.owner == self.owner, LLMServer.url == url)
-            .with_for_update(read=True)
-            .cte("server")
-        )
-        paused = select(server.c.paused).scalar_subquery()
-        return (
-            update(Rollout)
-            .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
-            .values(generating_on=case((paused.is_(False), url), else_=None))
-            .returning(*[select(column).scalar_subquery().label(column.name) for column in server.c])
-            .add_cte(server)
-        )
+        params = {"p_owner": self.owner, "p_url": url, "p_rollout": self.rollout_id, "p_lease": self.lease}
+        return _mark_and_read_statement(), params
 
     def end_generation(self) -> None:
         """Clear the rollout's generation mark: queued in the turn writer, committed with the
@@ -338,7 +329,7 @@ class JobServerPool(RolloutStickiness, StaticServerPool):
         return counts
 
 
-def _run_alone(db_url: str, statement: Any) -> Row[Any] | None:
+def _run_alone(db_url: str, statement: Any, params: dict[str, Any] | None = None) -> Row[Any] | None:
     """Run one statement as its own transaction; its first row, if it returns rows.
 
     On PostgreSQL in autocommit: the server commits as the statement ends, so the row locks
@@ -350,11 +341,31 @@ def _run_alone(db_url: str, statement: Any) -> Row[Any] | None:
     engine = get_engine(db_url)
     if engine.dialect.name == "sqlite":
         with session_scope(db_url) as s:
-            result = s.connection().execute(statement)
+            result = s.connection().execute(statement, params)
             return result.first() if result.returns_rows else None
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        result = conn.execute(statement)
+        result = conn.execute(statement, params)
         return result.first() if result.returns_rows else None
+
+
+@functools.cache
+def _mark_and_read_statement() -> Any:
+    """The statement of `RegisteredPool._mark_and_read`, with parameters p_owner, p_url,
+    p_rollout and p_lease."""
+    server = (
+        select(*_INFO_COLUMNS)
+        .where(LLMServer.owner == bindparam("p_owner"), LLMServer.url == bindparam("p_url"))
+        .with_for_update(read=True)
+        .cte("server")
+    )
+    paused = select(server.c.paused).scalar_subquery()
+    return (
+        update(Rollout)
+        .where(Rollout.id == bindparam("p_rollout"), Rollout.lease_owner == bindparam("p_lease"))
+        .values(generating_on=case((paused.is_(False), bindparam("p_url")), else_=None))
+        .returning(*[select(column).scalar_subquery().label(column.name) for column in server.c])
+        .add_cte(server)
+    )
 
 
 def make_pool(
