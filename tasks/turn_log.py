@@ -160,7 +160,10 @@ class TurnWriter:
             self._queue.append(item)
             self._pending[rollout_id] = self._pending.get(rollout_id, 0) + 1
             self._ensure_thread()
-            self._cond.notify_all()
+            # Wake the writer only when it waits for a first write or the batch is full: in
+            # its window it wakes on its own (a wake per write was a context switch per write).
+            if len(self._queue) == 1 or len(self._queue) >= MAX_BATCH:
+                self._cond.notify_all()
         return item.done
 
     def _ensure_thread(self) -> None:
