@@ -8,14 +8,18 @@ seconds, no service can finish more than slots / (turns x latency) rollouts per 
 latency bound: 64 / 4 = 16/s); the figure of merit is the steady-state fraction of it (first
 and last sixth of the finishes dropped). CPU is read from /proc for every worker process
 (utime + stime, the simulators and PostgreSQL excluded) over the measured job, after a warm-up
-job of one wave; `--profile DIR` also records the RUN worker with py-spy (sampling its
-threads while the measured job runs; `pip install py-spy` into the venv, not a dependency).
+job of one wave; the RUN worker's stime is reported apart (`run_sys_ms_per_turn`). Issue 25's
+goal (steady share >= 0.95 of the bound, <= 6 ms of service CPU per turn) is checked per tree.
+`--profile DIR` also records the RUN worker with py-spy while the measured job runs
+(`--profile-mode`: `gil` samples the thread holding the GIL, `active` every thread not idle,
+`idle` every thread; `pip install py-spy` into the venv, not a dependency).
 
 Before/after in one run: the baseline commit (`--baseline`, default 635fdca, the tree before
 issue 16's hot-path work) is `git archive`d into a temp dir and run with PYTHONPATH there, then
 this tree; each in its own process (`--one`), in turn, on the same machine.
 
-Usage: .venv/bin/python bench/hot_path.py [--quick] [--baseline REV] [--profile DIR]
+Usage: .venv/bin/python bench/hot_path.py [--quick] [--baseline REV | --baseline-tree DIR]
+       [--profile DIR [--profile-mode gil|active|idle]]
 (needs Redis :6379 and PostgreSQL :5432)
 """
 
@@ -56,10 +60,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads) from /proc."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (all its threads) from /proc, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads)."""
+    return sum(cpu_times(pid))
 
 
 def fresh_database() -> tuple[str, callable]:
@@ -153,9 +163,14 @@ def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
     return url, stop
 
 
-def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
-    """py-spy on the RUN worker, sampling only the thread holding the GIL (where its CPU
-    goes), as raw collapsed stacks."""
+# py-spy's sampling per `--profile-mode`: only the thread holding the GIL (where its Python
+# CPU goes), every thread that is not idle (adds the work that released the GIL: the
+# tokenizer's Rust, psycopg's C, socket calls), or every thread with its idle waits too.
+PROFILE_MODES = {"gil": ["--gil"], "active": [], "idle": ["--idle"]}
+
+
+def profile(pid: int, seconds: float, out: Path, mode: str = "gil") -> subprocess.Popen:
+    """py-spy on the RUN worker (`mode`: PROFILE_MODES), as raw collapsed stacks."""
     spy = Path(sys.executable).with_name("py-spy")
     return subprocess.Popen(
         [
@@ -167,7 +182,7 @@ def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
             str(int(seconds)),
             "-r",
             "100",
-            "--gil",
+            *PROFILE_MODES[mode],
             "-f",
             "raw",
             "-o",
@@ -178,19 +193,33 @@ def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
     )
 
 
+# Issue 25's goal for this bench: the steady share of the latency bound, and the service's CPU
+# (INIT + RUN + EVAL worker processes) per turn.
+GOAL_SHARE, GOAL_CPU_MS_PER_TURN = 0.95, 6.0
+
 # Where a RUN worker's CPU can go, by a frame on the stack (inclusive shares of the samples).
 PROFILE_FRAMES = {
     "new httpx.Client (SSL context)": "Client.__init__",
     "server acquisition": "RegisteredPool.acquire",
     "sticky take / lookup": "RegisteredPool.lookup",
+    "generation mark + server read": "RegisteredPool.begin_generation",
     "cancel polling": "cancel_requested",
     "abort watcher threads": "abort_when",
-    "record_turn (DB)": "record_turn",
+    "record_turn (waiting thread)": "TurnWriter.record_turn",
+    "turn writer thread": "TurnWriter._loop",
+    "heartbeat thread": "Heartbeater._loop",
+    "resume read (stored_turns)": "stored_turns",
+    "claim": "claim",
+    "hand-on to EVAL": "StageRun._hand_on",
     "LLM request (HTTP)": "LLMBackend._call",
     "tokenizer / template": "TrajectoryBuilder.add_messages",
+    "prompt render": "TrajectoryBuilder.start",
+    "drift audit": "TrajectoryBuilder.audit_drift",
     "search tool": "BM25Index.search",
     "session open (tokenizer load)": "LLMSession.open",
+    "Celery consumer loop": "asynloop",
     "database (all)": "Session.execute",
+    "SQLAlchemy Core execute (all)": "Connection.execute",
     "commit (all)": "Session.commit",
 }
 
@@ -260,15 +289,18 @@ def run_one(args: argparse.Namespace) -> dict:
             wait_all(svc, submit(args.slots, "warm"))
             pids = {stage: proc.pid for (stage, _node), proc in svc.workers.items()}
             cpu0 = {stage: cpu_seconds(pid) for stage, pid in pids.items()}
+            sys0 = cpu_times(pids["run"])[1]
             spy = None
             if args.profile:
                 expected = args.rollouts / (args.slots / (args.turns * args.latency))
-                spy = profile(pids["run"], expected * 0.8, Path(args.profile) / f"run-{args.label}.txt")
+                out = Path(args.profile) / f"run-{args.label}.txt"
+                spy = profile(pids["run"], expected * 0.8, out, args.profile_mode)
             t0 = time.monotonic()
             job = submit(args.rollouts, "r")
             wait_all(svc, job)
             wall = time.monotonic() - t0
             cpu = {stage: cpu_seconds(pid) - cpu0[stage] for stage, pid in pids.items()}
+            run_sys = cpu_times(pids["run"])[1] - sys0
             if spy is not None:
                 spy.wait(300)
             done = finish_offsets(db_url, job)
@@ -301,8 +333,11 @@ def run_one(args: argparse.Namespace) -> dict:
         "cpu_ms_per_rollout": round(total_cpu / n * 1000, 1),
         "cpu_ms_per_turn": round(total_cpu / turns * 1000, 2) if turns else None,
         "run_cpu_ms_per_turn": round(cpu["run"] / turns * 1000, 2) if turns else None,
+        "run_sys_ms_per_turn": round(run_sys / turns * 1000, 2) if turns else None,
         "finish_p50_s": round(statistics.median(done), 2),
         "finish_deciles_s": [round(done[min(n - 1, n * k // 10)], 1) for k in range(11)],
+        "goal_share_met": steady / bound >= GOAL_SHARE,
+        "goal_cpu_met": bool(turns) and total_cpu / turns * 1000 <= GOAL_CPU_MS_PER_TURN,
         "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt") if args.profile else None,
     }
 
@@ -334,7 +369,7 @@ def run_tree(label: str, tree: Path, args: argparse.Namespace, pool_size: int | 
         str(args.latency),
     ]
     if args.profile:
-        cmd += ["--profile", args.profile]
+        cmd += ["--profile", args.profile, "--profile-mode", args.profile_mode]
     if pool_size:
         cmd += ["--db-pool-size", str(pool_size)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -350,6 +385,7 @@ def main() -> None:
         "--baseline-tree", default=None, help="an unpacked 'before' tree to use instead of archiving --baseline"
     )
     parser.add_argument("--profile", default=None, help="py-spy the RUN worker into DIR")
+    parser.add_argument("--profile-mode", choices=sorted(PROFILE_MODES), default="gil", help="what py-spy samples")
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)
@@ -395,6 +431,12 @@ def main() -> None:
             f"{r['cores_used']} | {r['cpu_ms_per_rollout']} | {r['cpu_ms_per_turn']} | "
             f"{r['run_cpu_ms_per_turn']} | {r['reward_1']} |"
         )
+    print(f"\nissue 25 goal: steady/bound >= {GOAL_SHARE} and service CPU <= {GOAL_CPU_MS_PER_TURN} ms per turn")
+    for r in report:
+        share = "met" if r.get("goal_share_met") else "NOT met"
+        cpu = "met" if r.get("goal_cpu_met") else "NOT met"
+        print(f"- {r['tree']}: share of the bound {r['steady_vs_bound']} ({share}), ", end="")
+        print(f"{r['cpu_ms_per_turn']} ms/turn ({cpu})")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ all (the single local owner of a service without auth).
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, exists, select
 
 from core.db import session_scope
 from core.models import ApiToken
@@ -25,10 +25,15 @@ def owner_is_admin(settings: Settings, owner: str) -> bool:
     if any(g.owner == owner and g.admin for g in settings.api_tokens.values()):
         return True
     with session_scope(settings.db_url) as s:
-        if s.scalar(select(ApiToken.id).where(ApiToken.owner == owner, ApiToken.admin.is_(True)).limit(1)) is not None:
-            return True
-        no_tokens = s.scalar(select(ApiToken.id).limit(1)) is None
-    return no_tokens and not settings.auth_configured and owner == DEFAULT_OWNER
+        admin, any_token = s.execute(_ADMIN_OR_ANY_TOKEN, {"owner": owner}).one()
+    return bool(admin) or (not any_token and not settings.auth_configured and owner == DEFAULT_OWNER)
+
+
+# Both questions in one statement, built once: a RUN asks it for every rollout it starts.
+_ADMIN_OR_ANY_TOKEN = select(
+    exists().where(ApiToken.owner == bindparam("owner"), ApiToken.admin.is_(True)),
+    exists().where(ApiToken.id.is_not(None)),
+)
 
 
 def url_rules_for(settings: Settings, owner: str) -> list[UrlRule] | None:

@@ -27,7 +27,7 @@ import itertools
 import time
 from typing import Any
 
-from sqlalchemy import Row, case, func, select, update
+from sqlalchemy import Row, func, select, update
 
 from agents.llm.pool import (
     RECHECK_SECONDS,
@@ -39,30 +39,24 @@ from agents.llm.pool import (
 )
 from agents.llm.backends.guard import url_guard
 from agents.llm.spec import LLMSpec, parse_model
-from core.db import get_engine, session_scope
+from core.db import session_scope
 from core.owners import url_rules_for
 from core.settings import Settings
 from core.errors import LeaseLost, ServiceUnavailable
 from core.models import LLMServer, Rollout, Status, utcnow
 from core.policy import DEFAULT_OWNER
-from tasks import lifecycle, turn_log
+from tasks import llm_pool_sql as sql
+from tasks import turn_log
 
 # A claim finds nothing only when no row qualifies; if one qualifies again right after (a
 # server resumed or came back meanwhile), claim again, this many times at most.
 CLAIM_ATTEMPTS = 3
 # What a claim returns: everything a session needs (ServerInfo), read in the same statement.
+RECHECK_SCAN_SECONDS = 1.0  # how often a process looks for down servers to probe, at most
+_last_recheck: dict[tuple[str, str], float] = {}  # (db url, owner) -> when it last looked
 # This process's turn counter for `round_robin` routing (like a client-side load balancer:
 # each worker process cycles through the servers on its own).
 _round_robin = itertools.count()
-_INFO_COLUMNS = (
-    LLMServer.url,
-    LLMServer.model,
-    LLMServer.weight_version,
-    LLMServer.backend,
-    LLMServer.paused,
-    LLMServer.logprobs_mode,
-    LLMServer.credential,
-)
 
 
 class RolloutStickiness:
@@ -74,13 +68,14 @@ class RolloutStickiness:
 
     def stick(self, url: str) -> None:
         """Record the rollout's server; LeaseLost if this worker no longer owns the rollout."""
-        if not lifecycle.save(self.db_url, self.rollout_id, self.lease, llm_server=url):
+        params = {"p_rollout": self.rollout_id, "p_lease": self.lease, "p_url": url}
+        if sql.run_alone(self.db_url, sql.STICK, params) is None:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
 
     def sticky_url(self) -> str | None:
         """The server a previous turn or attempt of this rollout used."""
-        with session_scope(self.db_url) as s:
-            return s.scalar(select(Rollout.llm_server).where(Rollout.id == self.rollout_id))
+        row = sql.run_alone(self.db_url, sql.STICKY_URL, {"p_rollout": self.rollout_id})
+        return row[0] if row is not None else None
 
 
 class RegisteredPool(RolloutStickiness, ServerPool):
@@ -122,7 +117,14 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         return update(LLMServer).where(LLMServer.owner == self.owner, LLMServer.url == url, *conditions)
 
     def _recheck_down(self) -> None:
-        """Probe servers marked down long enough ago; bring back the ones that answer."""
+        """Probe servers marked down long enough ago; bring back the ones that answer.
+
+        Looked for at most every `RECHECK_SCAN_SECONDS` per process and owner (a down server
+        waits `RECHECK_SECONDS` for its probe anyway): not one more query per acquisition."""
+        key, now = (self.db_url, self.owner), time.monotonic()
+        if now - _last_recheck.get(key, -1e9) < min(RECHECK_SECONDS, RECHECK_SCAN_SECONDS):
+            return
+        _last_recheck[key] = now
         stale = time.time() - RECHECK_SECONDS
         with session_scope(self.db_url) as s:
             rows = s.scalars(self._mine(LLMServer.healthy.is_(False))).all()
@@ -144,44 +146,16 @@ class RegisteredPool(RolloutStickiness, ServerPool):
             if info is not None:
                 return info
         for _ in range(CLAIM_ATTEMPTS):
-            row = _run_alone(self.db_url, self._claim(exclude))
+            row = sql.run_alone(self.db_url, *self._claim(exclude))
             if row is not None:
                 return self._info(row)
             self._raise_if_none_usable(exclude)
         raise ServiceUnavailable("every usable LLM server changed state while being claimed")
 
-    def _claim(self, exclude: frozenset[str]) -> Any:
+    def _claim(self, exclude: frozenset[str]) -> tuple[Any, dict[str, Any]]:
         """UPDATE ... SET in_flight = in_flight + 1 WHERE id = (least-loaded candidate)
-        RETURNING the server's info.
-
-        The inner SELECT locks every candidate row of the owner (FOR UPDATE, id order: no
-        deadlock between acquirers) and returns their current versions, which the outer SELECT
-        orders by load: a concurrent acquirer waits for the lock and then sees the count the
-        previous one committed, so 64 simultaneous claims spread exactly. SQLite ignores FOR
-        UPDATE; its writers are serialised by BEGIN IMMEDIATE.
-        """
-        usable = (LLMServer.owner == self.owner, LLMServer.healthy.is_(True), LLMServer.paused.is_(False))
-        if exclude:
-            usable += (LLMServer.url.not_in(sorted(exclude)),)
-        locked = (
-            select(LLMServer.id, LLMServer.in_flight, LLMServer.created_at, LLMServer.url)
-            .where(*usable)
-            .order_by(LLMServer.id)
-            .with_for_update()
-            .subquery()
-        )
-        pick = (
-            select(locked.c.id)
-            .order_by(locked.c.in_flight, locked.c.created_at, locked.c.url)
-            .limit(1)
-            .scalar_subquery()
-        )
-        return (
-            update(LLMServer)
-            .where(LLMServer.id == pick, *usable)
-            .values(in_flight=LLMServer.in_flight + 1)
-            .returning(*_INFO_COLUMNS)
-        )
+        RETURNING the server's info, as (statement, parameters) (`_claim_statement`)."""
+        return sql.claim_statement(tuple(sorted(exclude))), {"p_owner": self.owner}
 
     def _claim_round_robin(self, exclude: frozenset[str]) -> ServerInfo | None:
         """A slot on the next usable server in this process's cycle (None: none usable; the
@@ -226,17 +200,12 @@ class RegisteredPool(RolloutStickiness, ServerPool):
 
     def take(self, url: str) -> ServerInfo | None:
         """Claim a slot on `url` if it is still registered and healthy (one statement)."""
-        row = _run_alone(
-            self.db_url,
-            self._update(url, LLMServer.healthy.is_(True))
-            .values(in_flight=LLMServer.in_flight + 1)
-            .returning(*_INFO_COLUMNS),
-        )
+        row = sql.run_alone(self.db_url, sql.TAKE, {"p_owner": self.owner, "p_url": url})
         return self._info(row) if row is not None else None
 
     def release(self, url: str) -> None:
         """Decrement `in_flight`, never below zero."""
-        _run_alone(self.db_url, self._update(url, LLMServer.in_flight > 0).values(in_flight=LLMServer.in_flight - 1))
+        sql.run_alone(self.db_url, sql.RELEASE, {"p_owner": self.owner, "p_url": url})
 
     def mark_down(self, url: str, error: str) -> None:
         """healthy=false with the error, visible to every worker and to GET /v1/llm-servers."""
@@ -245,7 +214,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
 
     def lookup(self, url: str) -> ServerInfo | None:
         """The row's current model and weight version (read every turn: one round trip)."""
-        row = _run_alone(self.db_url, select(*_INFO_COLUMNS).where(LLMServer.owner == self.owner, LLMServer.url == url))
+        row = sql.run_alone(self.db_url, sql.LOOKUP, {"p_owner": self.owner, "p_url": url})
         return self._info(row) if row is not None else None
 
     def candidate_urls(self) -> list[str]:
@@ -261,15 +230,17 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         never wipe this mark.
         """
         turn_log.writer(self.db_url).wait_idle(self.rollout_id)
-        row = _run_alone(self.db_url, self._mark_and_read(url))
+        row = sql.run_alone(self.db_url, *self._mark_and_read(url))
         if row is None:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
         return self._info(row) if row.url is not None else None
 
-    def _mark_and_read(self, url: str) -> Any:
+    def _mark_and_read(self, url: str) -> tuple[Any, dict[str, Any]]:
         """UPDATE rollouts SET generating_on = (url unless the server is paused or gone)
         WHERE id = :rollout AND lease_owner = :lease RETURNING the server's row, read in the
-        same statement under FOR SHARE.
+        same statement under FOR SHARE; as (statement, parameters), the statement built once
+        per process (`_mark_and_read_statement`: a turn's statement is then a cache hit, not a
+        new tree to build and hash).
 
         The pause guarantee (`tasks.pool_pause`): `set_paused` UPDATEs the server row, which
         conflicts with this share lock. If the pause committed first, the lock waits for it
@@ -278,20 +249,8 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         has committed and then sees it when it counts generations. SQLite runs the statement
         under its database write lock, which orders it with the pause the same way.
         """
-        server = (
-            select(*_INFO_COLUMNS)
-            .where(LLMServer.owner == self.owner, LLMServer.url == url)
-            .with_for_update(read=True)
-            .cte("server")
-        )
-        paused = select(server.c.paused).scalar_subquery()
-        return (
-            update(Rollout)
-            .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
-            .values(generating_on=case((paused.is_(False), url), else_=None))
-            .returning(*[select(column).scalar_subquery().label(column.name) for column in server.c])
-            .add_cte(server)
-        )
+        params = {"p_owner": self.owner, "p_url": url, "p_rollout": self.rollout_id, "p_lease": self.lease}
+        return sql.mark_and_read_statement(), params
 
     def end_generation(self) -> None:
         """Clear the rollout's generation mark: queued in the turn writer, committed with the
@@ -301,7 +260,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
 
     def note_paused(self, seconds: float) -> None:
         """Add to the stage's `paused_seconds` (the reaper extends the deadline by it)."""
-        _run_alone(
+        sql.run_alone(
             self.db_url,
             update(Rollout)
             .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
@@ -336,25 +295,6 @@ class JobServerPool(RolloutStickiness, StaticServerPool):
         for url, n in rows:
             counts[url] = max(counts.get(url, 0), n)
         return counts
-
-
-def _run_alone(db_url: str, statement: Any) -> Row[Any] | None:
-    """Run one statement as its own transaction; its first row, if it returns rows.
-
-    On PostgreSQL in autocommit: the server commits as the statement ends, so the row locks
-    of a claim are held for the statement alone, never while this thread waits for the GIL to
-    send COMMIT (with 64 sessions in one worker that wait held up every other acquirer), and
-    a read costs one round trip instead of three. SQLite keeps the usual short transaction
-    (BEGIN IMMEDIATE serialises its writers).
-    """
-    engine = get_engine(db_url)
-    if engine.dialect.name == "sqlite":
-        with session_scope(db_url) as s:
-            result = s.connection().execute(statement)
-            return result.first() if result.returns_rows else None
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        result = conn.execute(statement)
-        return result.first() if result.returns_rows else None
 
 
 def make_pool(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 from core.db import session_scope
 from core.models import Turn
@@ -41,12 +41,18 @@ log = logging.getLogger(__name__)
 @retrying
 def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
     """The logged turns of one attempt in index order, as plain dicts (what resume reads)."""
-    columns = [c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")]
     with session_scope(db_url) as s:
-        rows = s.execute(
-            select(*columns).where(Turn.rollout_id == rollout_id, Turn.attempt == attempt).order_by(Turn.index)
-        ).all()
+        rows = s.connection().execute(_STORED_TURNS, {"rollout": rollout_id, "attempt": attempt}).all()
     return [dict(row._mapping) for row in rows]
+
+
+# Built once, run on the Core connection: every RUN asks it (almost always for nothing), and
+# building the 17-column select and running it through the ORM was ~5 % of a RUN's CPU.
+_STORED_TURNS = (
+    select(*[c for c in Turn.__table__.columns if c.name not in ("id", "rollout_id")])
+    .where(Turn.rollout_id == bindparam("rollout"), Turn.attempt == bindparam("attempt"))
+    .order_by(Turn.index)
+)
 
 
 @retrying

@@ -24,6 +24,7 @@ waits for pending clears of its rollout: `wait_idle`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, exists, literal, select, update
+from sqlalchemy import Connection, bindparam, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.db import get_engine
@@ -47,24 +48,37 @@ DEFAULT_WINDOW = 0.005  # seconds; Settings.turn_batch_window
 MAX_BATCH = 256  # writes per transaction at most
 
 
-def fenced_turn_insert(dialect: str, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> Any:
+def fenced_turn_insert(
+    dialect: str, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
     """`INSERT INTO turns (...) SELECT <values> FROM rollouts WHERE id = :rollout AND
-    lease_owner = :lease [FOR SHARE] ON CONFLICT DO NOTHING`: the turn, fenced on the lease."""
-    table = Turn.__table__
+    lease_owner = :lease [FOR SHARE] ON CONFLICT DO NOTHING`: the turn, fenced on the lease.
+
+    Returned as (statement, parameters): the statement is built once per dialect and column
+    set, so every turn executes the same object and SQLAlchemy finds its compiled form by a
+    memoized cache key instead of building and hashing a new tree per turn."""
     values = {"rollout_id": rollout_id, "attempt": attempt, **fields}
-    unknown = set(values) - set(table.c.keys())
+    statement = _turn_insert(dialect, tuple(values))
+    params = {f"v_{name}": value for name, value in values.items()}
+    params["f_rollout"], params["f_lease"] = rollout_id, lease
+    return statement, params
+
+
+@functools.lru_cache(maxsize=64)
+def _turn_insert(dialect: str, columns: tuple[str, ...]) -> Any:
+    table = Turn.__table__
+    unknown = set(columns) - set(table.c.keys())
     if unknown:
         raise TypeError(f"not a turn column: {sorted(unknown)}")
-    columns = list(values)
     source = (
-        select(*[literal(values[name], type_=table.c[name].type).label(name) for name in columns])
-        .where(Rollout.id == rollout_id, Rollout.lease_owner == lease)
+        select(*[bindparam(f"v_{name}", type_=table.c[name].type).label(name) for name in columns])
+        .where(Rollout.id == bindparam("f_rollout"), Rollout.lease_owner == bindparam("f_lease"))
         .with_for_update(read=True)
     )  # FOR SHARE on PostgreSQL; SQLite ignores it
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     # RETURNING says whether the row went in (a DBAPI rowcount is not reliable for
     # INSERT ... SELECT ... ON CONFLICT: psycopg reports -1 through SQLAlchemy).
-    return insert(table).from_select(columns, source).on_conflict_do_nothing().returning(table.c.index)
+    return insert(table).from_select(list(columns), source).on_conflict_do_nothing().returning(table.c.index)
 
 
 def _refused(conn: Connection, rollout_id: str, attempt: int, lease: str, index: Any) -> None:
@@ -78,18 +92,26 @@ def _refused(conn: Connection, rollout_id: str, attempt: int, lease: str, index:
 
 def write_turn(conn: Connection, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
     """Insert one fenced turn on `conn` (inside the caller's transaction)."""
-    statement = fenced_turn_insert(conn.dialect.name, rollout_id, attempt, lease, fields)
-    if conn.execute(statement).first() is None:
+    statement, params = fenced_turn_insert(conn.dialect.name, rollout_id, attempt, lease, fields)
+    if conn.execute(statement, params).first() is None:
         _refused(conn, rollout_id, attempt, lease, fields.get("index"))
 
 
 def clear_generating(conn: Connection, rollout_id: str, lease: str) -> None:
     """Drop the rollout's generation mark (fenced on the lease; a lost lease clears nothing)."""
-    conn.execute(
-        update(Rollout)
-        .where(Rollout.id == rollout_id, Rollout.lease_owner == lease, Rollout.generating_on.is_not(None))
-        .values(generating_on=None)
+    conn.execute(_CLEAR_GENERATING, {"f_rollout": rollout_id, "f_lease": lease})
+
+
+# Built once (see `fenced_turn_params`): executed with the rollout and lease as parameters.
+_CLEAR_GENERATING = (
+    update(Rollout)
+    .where(
+        Rollout.id == bindparam("f_rollout"),
+        Rollout.lease_owner == bindparam("f_lease"),
+        Rollout.generating_on.is_not(None),
     )
+    .values(generating_on=None)
+)
 
 
 @dataclass
@@ -138,7 +160,10 @@ class TurnWriter:
             self._queue.append(item)
             self._pending[rollout_id] = self._pending.get(rollout_id, 0) + 1
             self._ensure_thread()
-            self._cond.notify_all()
+            # Wake the writer only when it waits for a first write or the batch is full: in
+            # its window it wakes on its own (a wake per write was a context switch per write).
+            if len(self._queue) == 1 or len(self._queue) >= MAX_BATCH:
+                self._cond.notify_all()
         return item.done
 
     def _ensure_thread(self) -> None:

@@ -236,7 +236,7 @@ def test_a_mark_racing_a_pause_is_either_seen_by_it_or_sees_it(pg_url) -> None:
     holder.execute(sa.update(LLMServer).values(paused=False))
     holder.commit()
     holder.begin()
-    holder.execute(pool._mark_and_read("http://sim:1"))  # the statement, left uncommitted
+    holder.execute(*pool._mark_and_read("http://sim:1"))  # the statement, left uncommitted
     done = threading.Event()
 
     def pause() -> None:
