@@ -95,8 +95,12 @@ def purge_job(celery: Any, job_id: str, chunk: int = CHUNK, budget: float = BUDG
         keys = dict.fromkeys(prefix + channel._q_for_pri(INIT_QUEUE, p) for p in channel.priority_steps)
         started = time.monotonic()
         removed = sum(_purge_list(script, key, job_id, chunk, started + budget) for key in keys)
-    log.info(
-        "job %s: removed %s queued INIT messages from the broker in %.3fs", job_id, removed, time.monotonic() - started
+    log.log(
+        logging.INFO if removed else logging.DEBUG,  # a worker's repeat purge often finds none
+        "job %s: removed %s queued INIT messages from the broker in %.3fs",
+        job_id,
+        removed,
+        time.monotonic() - started,
     )
     return removed
 
