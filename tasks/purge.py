@@ -44,6 +44,9 @@ BUDGET_SECONDS = 30.0  # a purge that chases publishers longer than this stops (
 
 # KEYS[1]: one priority list. ARGV: job id, chunk size, mark ('' = start at the right end),
 # tombstone, task name. Returns {removed, new mark, 1 when the scan reached the left end}.
+# At the right end (the usual case: a cancelled backlog is served next) the chunk is popped
+# and its kept messages pushed back; further in, LSET + LREM. Both stay O(chunk + distance
+# from the right end): Redis finds an index by walking the list from the nearer end.
 _SCRIPT = """
 local key, job, chunk, mark, tomb, task = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 local len = redis.call('LLEN', key)
@@ -55,24 +58,28 @@ end
 if below >= len then return {0, mark, 1} end
 local items = redis.call('LRANGE', key, -(below + chunk), -(below + 1))
 local n = #items
-local first = len - below - n
-local removed, top = 0, nil
+local stale, kept, top = {}, {}, nil
 for i = 1, n do
   local item = items[i]
-  local stale = false
+  local hit = false
   if string.find(item, job, 1, true) then
     local ok, msg = pcall(cjson.decode, item)
     local h = ok and type(msg) == 'table' and msg['headers']
-    stale = type(h) == 'table' and h['task'] == task and h['raas_job'] == job and tonumber(h['raas_attempt']) == 1
+    hit = type(h) == 'table' and h['task'] == task and h['raas_job'] == job and tonumber(h['raas_attempt']) == 1
   end
-  if stale then
-    redis.call('LSET', key, first + i - 1, tomb)
-    removed = removed + 1
-  elseif top == nil then
-    top = item
-  end
+  if hit then stale[#stale + 1] = i else kept[#kept + 1] = item end
 end
-if removed > 0 then redis.call('LREM', key, -removed, tomb) end
+local removed = #stale
+top = kept[1]
+if removed > 0 and below == 0 then
+  -- the window is the right end: take it off and put the kept ones back in their order
+  redis.call('RPOP', key, n)
+  for i = 1, #kept, 100 do redis.call('RPUSH', key, unpack(kept, i, math.min(i + 99, #kept))) end
+elseif removed > 0 then
+  -- inside the list: mark from the right (Redis walks from the nearer end), then remove
+  for _, i in ipairs(stale) do redis.call('LSET', key, i - n - below - 1, tomb) end
+  redis.call('LREM', key, -removed, tomb)
+end
 local done = 0
 if below + n >= len then done = 1 end
 return {removed, top or mark, done}
@@ -95,8 +102,12 @@ def purge_job(celery: Any, job_id: str, chunk: int = CHUNK, budget: float = BUDG
         keys = dict.fromkeys(prefix + channel._q_for_pri(INIT_QUEUE, p) for p in channel.priority_steps)
         started = time.monotonic()
         removed = sum(_purge_list(script, key, job_id, chunk, started + budget) for key in keys)
-    log.info(
-        "job %s: removed %s queued INIT messages from the broker in %.3fs", job_id, removed, time.monotonic() - started
+    log.log(
+        logging.INFO if removed else logging.DEBUG,  # a worker's repeat purge often finds none
+        "job %s: removed %s queued INIT messages from the broker in %.3fs",
+        job_id,
+        removed,
+        time.monotonic() - started,
     )
     return removed
 

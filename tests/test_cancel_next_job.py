@@ -6,45 +6,20 @@ seconds with its reward and tokens."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
-import sqlalchemy as sa
 
-from core.db import session_scope
-from core.models import Rollout
-from tasks.queues import queue_depths
-from tests.conftest import REDIS_URL
+from tests import test_bulk_submit as bulk
 from tests.pipeline_harness import start_service, wait_for
+
+backend = bulk.backend  # the fixture: each test on the embedded default and on Redis + PostgreSQL
+_init_depth, _unpublished = bulk._init_depth, bulk._outbox
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
 N_INSTANCES, N_SAMPLES = 250, 8  # 2,000 queued rollouts: minutes for 2 threads at INIT's 1 s each
-
-
-@pytest.fixture(params=["embedded", "redis+postgresql"])
-def backend(request) -> dict:
-    """Service keyword arguments for each backend."""
-    if request.param == "embedded":
-        return {}
-    return {
-        "db_url": request.getfixturevalue("pg_url"),
-        "broker_url": REDIS_URL,
-        "key_prefix": request.getfixturevalue("redis_prefix"),
-    }
-
-
-def _unpublished(svc, job_id: str) -> int:
-    with session_scope(svc.settings.db_url) as s:
-        return s.scalar(
-            sa.select(sa.func.count())
-            .select_from(Rollout)
-            .where(Rollout.job_id == job_id, Rollout.outbox_at.is_not(None))
-        )
-
-
-def _init_depth(svc) -> int:
-    return queue_depths(svc._celery, ["init"])["init"]
 
 
 def test_after_a_large_cancel_the_next_job_runs_at_once(tmp_path, backend):
@@ -119,4 +94,43 @@ def test_a_cancel_while_the_pool_takes_the_jobs_messages_loses_nothing(tmp_path,
         assert all(r["reward"] == 1.0 for r in svc.all_results(behind["job_id"]))
         wait_for(lambda: _init_depth(svc) == 0, 30, "the INIT queue empty")
     finally:
+        svc.stop()
+
+
+def test_when_the_cancels_purge_fails_the_workers_drop_and_purge(tmp_path, backend, caplog):
+    """Redis unreachable from the cancel (its purge fails, logged): the cancel still holds,
+    and the first INIT worker that meets a stale message purges the job's others."""
+    from app.jobs import cancel_job
+    from core.settings import Settings
+    from tasks.celery_app import make_celery
+
+    svc = start_service(tmp_path, **backend, concurrency={"init": 2, "run": 2, "eval": 2})
+    dead = make_celery(Settings(home=tmp_path / "dead", broker_url="redis://127.0.0.1:1/0"))
+    dead.conf.broker_connection_timeout = 1.0
+    try:
+        n = 100 * N_SAMPLES
+        big = svc.client.submit(
+            "test-sleepy",
+            [{"instance_id": f"i{k:03d}"} for k in range(100)],
+            n_samples=N_SAMPLES,
+            agent_config={"init_s": 1.0, "run_s": 20.0, "turns": 20},
+        )
+        wait_for(lambda: _unpublished(svc, big["job_id"]) == 0, 120, "the job published")
+        view = cancel_job(svc.settings, big["job_id"], celery=dead)
+        assert view.counts.get("cancelled", 0) > n - 50
+        assert "stay in the broker" in caplog.text  # the cancel's purge failed, the cancel holds
+
+        t0 = time.monotonic()
+        nxt = svc.client.submit("test-trivial", [{"instance_id": "next"}])
+        assert svc.wait_done(nxt["job_id"], timeout=60)["outcomes"] == {"completed": 1}
+        took = time.monotonic() - t0
+        assert took < 20, f"the next job took {took:.1f}s"
+        final = svc.wait_done(big["job_id"], timeout=90)
+        assert final["counts"] == {"cancelled": n}
+        assert [r["seq"] for r in svc.all_results(big["job_id"])] == list(range(1, n + 1))
+        wait_for(lambda: _init_depth(svc) == 0, 30, "the INIT queue empty")
+        purged = re.findall(r"removed (\d+) queued INIT messages", (svc.logs / "init-node-a.log").read_text())
+        assert sum(map(int, purged)) > n // 2  # most left in one pass, not one delivery each
+    finally:
+        dead.close()
         svc.stop()
