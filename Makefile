@@ -31,8 +31,10 @@ up: $(VENV)/.installed
 # The suite mostly waits (sleep-bound stages, leases, restarts: ~0.6 of a core when run
 # serially), so three pytest processes share the 2 cores; a file's tests stay together
 # (module-scoped services). 16 min serial -> 7 min (BENCHMARKS.md, "Test suite").
+# Files are handed out longest first (tests/suite_order.py): xdist's own reordering (most
+# tests first) is off, or the slowest few-test files start last and finish alone.
 PYTEST_JOBS ?= 3
-PARALLEL := -n $(PYTEST_JOBS) --dist loadfile
+PARALLEL := -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: install lint
 	$(PY) -m pytest $(PARALLEL)
 

@@ -315,7 +315,8 @@ def start_simulator(
         report_max_model_len=report_max_model_len,
         capacity=capacity,
     )
-    thread = threading.Thread(target=server.serve_forever, name="llm-sim", daemon=True)
+    # a short poll: `stop()` waits for the loop to notice the shutdown (0.5 s by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="llm-sim", daemon=True)
     thread.start()
 
     def stop() -> None:

@@ -5,12 +5,21 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
 
 PG_ADMIN_URL = os.environ.get("RAAS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RAAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest regroups items by fixture scope
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first, for `--dist loadfile` (tests/suite_order.py says why)."""
+    from tests.suite_order import longest_files_first
+
+    longest_files_first(items)
 
 
 def _pg_admin_engine() -> sa.Engine:
@@ -67,15 +76,40 @@ def redis_prefix() -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
-def _stop_embedded_redis() -> Iterator[None]:
+def _stop_embedded_redis(tmp_path_factory) -> Iterator[None]:
     """Every test that built a gateway or a Celery app on the embedded default started its
-    home's Redis server (a daemon): stop the ones this process started during the test (a
-    module-scoped service's server, started before, stays until its fixture stops it)."""
-    from tasks.embedded_redis import started_here, stop_started_here
+    home's Redis server (a daemon): stop the ones this process started during the test, and
+    the ones its subprocesses started in a home under this run's temp dirs (a gunicorn
+    gateway, a worker, a CLI command). A module-scoped service's server, started before,
+    stays until its fixture stops it (or `_stop_embedded_redis_of_module` does)."""
+    with _embedded_redis_stopped_after(tmp_path_factory):
+        yield
 
-    before = started_here()
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_embedded_redis_of_module(tmp_path_factory) -> Iterator[None]:
+    """The same for the servers of a module's fixtures (torn down before this one)."""
+    with _embedded_redis_stopped_after(tmp_path_factory):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_embedded_redis_of_session(tmp_path_factory) -> Iterator[None]:
+    """The same for session fixtures: nothing of this run's homes outlives it."""
+    with _embedded_redis_stopped_after(tmp_path_factory):
+        yield
+
+
+@contextmanager
+def _embedded_redis_stopped_after(tmp_path_factory) -> Iterator[None]:
+    from tasks.embedded_redis import started_here, stop_started_here
+    from tests.embedded_servers import embedded_redis_under, stop_embedded_redis
+
+    root = tmp_path_factory.getbasetemp()
+    before, running = started_here(), embedded_redis_under(root)
     yield
     stop_started_here(keep=before)
+    stop_embedded_redis({pid: home for pid, home in embedded_redis_under(root).items() if pid not in running})
 
 
 # Private Redis/PostgreSQL for tests that restart them (never the machine's own).

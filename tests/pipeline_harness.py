@@ -211,7 +211,8 @@ def start_service(
     env.update(_as_env({k: v for k, v in values.items() if v is not None}))
     app = create_app(settings)
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll: `stop()` waits for the loop to notice its shutdown (0.5 s by default)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)

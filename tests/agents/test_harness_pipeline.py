@@ -20,7 +20,10 @@ import pytest
 from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
 
-pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
+# A whole-service tier: `make test`, not `make test-fast`. The first test also waits for the
+# environments' first build on a machine (pip: minutes on a loaded one) and for its job among
+# all the file's jobs, so the file's tests get more than the suite's 300 s.
+pytestmark = [pytest.mark.service, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -95,19 +98,23 @@ def built() -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def service(tmp_path, built):
-    envs = tmp_path / "envs"  # the service home's environments: the registrations' names
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, built):
+    """One service (gateway, pools, reaper) for the whole file: every test's job runs on it."""
+    home = tmp_path_factory.mktemp("harness-service")
+    envs = home / "envs"  # the service home's environments: the registrations' names
     envs.mkdir()
     for name, path in built.items():
         (envs / name).symlink_to(path)
-    svc = start_service(tmp_path, concurrency=2)
+    svc = start_service(home, concurrency=2)
     yield svc
     svc.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def llm():
+    """One simulator for the file: its script picks the reply by the prompt's task, not by
+    request order, so the jobs can share it (and run at once)."""
     url, stop = start_simulator(SMOLLM2, SCRIPT)
     yield {"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 8192, "chat_template_text": QWEN_TEMPLATE}
     stop()
@@ -128,8 +135,33 @@ def submit(service, llm, harness: str, task: str, instances: list[dict], **confi
     )
 
 
-def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, llm) -> None:
-    job = submit(service, llm, "openai-agent", "swe", [as_instance(i, SWE) for i in (INTERVALS, SLUGIFY)])
+def marked(instance_id: str, marker: str) -> dict:
+    """The instance with `marker` before its task: the script's key for that harness's replies."""
+    row = as_instance(instance_id, SWE)
+    row["data"]["problem_statement"] = marker + row["data"]["problem_statement"]
+    return row
+
+
+# Every job of the file, submitted at once when the first test asks (the pools work on them
+# together, two rollouts per stage; each test then waits for and checks its own).
+JOBS = {
+    "openai-swe": ("openai-agent", "swe", lambda: [as_instance(i, SWE) for i in (INTERVALS, SLUGIFY)]),
+    "openai-math": ("openai-agent", "math", lambda: [as_instance(MATH_ID, MATH)]),
+    "anthropic-swe": ("anthropic-agent", "swe", lambda: [as_instance(INTERVALS, SWE)]),
+    "mini-swe": ("mini-swe-agent", "swe", lambda: [marked(i, "[mini] ") for i in (INTERVALS, SLUGIFY)]),
+    "mini-split": ("mini-swe-agent", "swe", lambda: [marked(INTERVALS, "[mini-split] ")]),
+    "openai-crash": ("openai-agent", "swe", lambda: [as_instance(MONEY, SWE)]),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(service, llm) -> dict[str, dict]:
+    """The submitted jobs of `JOBS`, by name."""
+    return {name: submit(service, llm, harness, task, instances()) for name, (harness, task, instances) in JOBS.items()}
+
+
+def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
+    job = jobs["openai-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
     by_id = {r["instance_id"]: r for r in service.all_results(job["job_id"])}
     fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
@@ -144,25 +176,20 @@ def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, l
     assert again["extra"]["reevaluations"][0]["reward"] == 1.0
 
 
-def test_the_openai_sdk_agent_answers_a_math_problem_in_its_answer_file(service, llm) -> None:
-    job = submit(service, llm, "openai-agent", "math", [as_instance(MATH_ID, MATH)])
+def test_the_openai_sdk_agent_answers_a_math_problem_in_its_answer_file(service, jobs) -> None:
+    job = jobs["openai-math"]
     assert outcomes(service, job) == {MATH_ID: ("completed", 1.0)}, service.log_tail()
     [row] = service.all_results(job["job_id"])
     assert service.client.rollout(row["rollout_id"])["extra"]["predicted_answer"] == "1170"
 
 
-def test_the_anthropic_sdk_path_fixes_the_bug(service, llm) -> None:
-    job = submit(service, llm, "anthropic-agent", "swe", [as_instance(INTERVALS, SWE)])
+def test_the_anthropic_sdk_path_fixes_the_bug(service, jobs) -> None:
+    job = jobs["anthropic-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0)}, service.log_tail()
 
 
-def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(service, llm) -> None:
-    instances = []
-    for instance_id in (INTERVALS, SLUGIFY):
-        row = as_instance(instance_id, SWE)
-        row["data"]["problem_statement"] = "[mini] " + row["data"]["problem_statement"]
-        instances.append(row)
-    job = submit(service, llm, "mini-swe-agent", "swe", instances)
+def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
+    job = jobs["mini-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
     by_id = {r["instance_id"]: r for r in service.all_results(job["job_id"])}
     fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
@@ -171,12 +198,10 @@ def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(servi
     assert (fixed["metrics"]["samples"], fixed["metrics"]["merges"]) == (1, 1)
 
 
-def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, llm) -> None:
+def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, jobs) -> None:
     """Its first reply is cut at max_tokens without a tool call; mini-swe-agent then sends a
     history without that reply (a rewrite): two prefix-consistent samples, still reward 1."""
-    row = as_instance(INTERVALS, SWE)
-    row["data"]["problem_statement"] = "[mini-split] " + row["data"]["problem_statement"]
-    job = submit(service, llm, "mini-swe-agent", "swe", [row])
+    job = jobs["mini-split"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0)}, service.log_tail()
     [result] = service.all_results(job["job_id"])
     rollout = service.client.rollout(result["rollout_id"])
@@ -194,9 +219,9 @@ def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, llm) 
     assert rollout["response_ids"] == second["response_ids"]  # the main arrays: the last one
 
 
-def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, llm) -> None:
+def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, jobs) -> None:
     """The model's command kills the harness (SIGKILL to the agent process): its own crash."""
-    job = submit(service, llm, "openai-agent", "swe", [as_instance(MONEY, SWE)])
+    job = jobs["openai-crash"]
     assert outcomes(service, job) == {MONEY: ("agent_error", 0.0)}, service.log_tail()
     [row] = service.all_results(job["job_id"])
     rollout = service.client.rollout(row["rollout_id"])

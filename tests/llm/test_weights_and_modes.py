@@ -20,6 +20,7 @@ from core.errors import ConfigError, InvalidRequest
 from core.models import LLMServer
 from tasks.llm_pool import RegisteredPool
 from tests.llm.conftest import SMOLLM2, deadline
+from tests.waiting import wait_for
 from tests.llm.test_pool import (
     LEASE,
     SCRIPT,
@@ -57,25 +58,49 @@ def test_paused_server_makes_the_turn_wait_then_records_the_new_version(simulato
 
 def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -> None:
     """A pause longer than the time left: the turn waits (no timeout, no failover), the
-    deadline moves on by the wait, the rollout row counts it, and a cancel still stops it."""
+    deadline moves on by the wait, the rollout row counts it, and a cancel still stops it.
+
+    Load-proof: the time left is a few times what a turn takes on this machine right now, and
+    the resume comes only once the rollout row shows that the turn has waited longer than that
+    (not after a fixed delay that a slow start could eat into)."""
     from core.errors import RolloutCancelled
     from core.models import Rollout
     from tasks import turn_log
 
     url, _ = simulators(SCRIPT)
     register(db_url, [url], "v1")
+    [rid0, rid, rid2] = make_rollouts(db_url, 3)
+    with open_session(SPEC, rid0, db_url) as s:  # a turn's time here and now, unpaused
+        s.start([{"role": "user", "content": "go"}])
+        started = time.monotonic()
+        s.generate(deadline())
+        time_left = max(0.5, 3 * (time.monotonic() - started))
     set_row(db_url, url, paused=True)
-    [rid, rid2] = make_rollouts(db_url, 2)
-    threading.Timer(1.5, set_row, args=(db_url, url), kwargs={"paused": False, "weight_version": "v2"}).start()
+
+    def paused_seconds() -> float:
+        with session_scope(db_url) as db:
+            return db.get(Rollout, rid).paused_seconds or 0.0
+
+    def resume_once_waited_past_the_deadline() -> None:
+        try:
+            wait_for(lambda: paused_seconds() > time_left, 60, "the turn's pause to pass its time left", 0.05)
+        finally:
+            set_row(db_url, url, paused=False, weight_version="v2")
+
+    resume = threading.Thread(target=resume_once_waited_past_the_deadline)
     with open_session(SPEC, rid, db_url) as s:
         s.start([{"role": "user", "content": "go"}])
-        gen = s.generate(time.monotonic() + 0.5)  # 0.5 s left, paused for 1.5 s
+        resume.start()
+        started = time.monotonic()
+        gen = s.generate(time.monotonic() + time_left)  # paused for longer than time_left
+        took = time.monotonic() - started
+    resume.join()
     assert gen.weight_version == "v2" and gen.token_ids
-    assert 1.2 <= gen.paused_seconds < 5
+    assert time_left < gen.paused_seconds <= took, (time_left, gen.paused_seconds, took)
     turn_log.writer(db_url).wait_idle(rid, timeout=10)  # the mark's clear commits in a batch
     with session_scope(db_url) as db:
         row = db.get(Rollout, rid)
-        assert row.paused_seconds >= 1.2 and row.generating_on is None
+        assert row.paused_seconds == pytest.approx(gen.paused_seconds) and row.generating_on is None
     set_row(db_url, url, paused=True)
     cancelled = threading.Event()
     threading.Timer(0.6, cancelled.set).start()
@@ -83,7 +108,7 @@ def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -
         s.start([{"role": "user", "content": "go"}])
         with pytest.raises(RolloutCancelled):
             s.generate(time.monotonic() + 0.2, cancelled.is_set)
-    assert requests_seen(url) == 1
+    assert requests_seen(url) == 2  # the measuring turn and the resumed one
 
 
 def test_pool_skips_paused_servers_and_says_when_all_are(simulators, db_url) -> None:
