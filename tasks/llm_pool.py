@@ -38,7 +38,7 @@ from agents.llm.pool import (
     probe,
 )
 from agents.llm.backends.guard import url_guard
-from agents.llm.spec import LLMSpec, parse_model
+from agents.llm.spec import LLMSpec, ServerSpec, parse_model
 from core.db import session_scope
 from core.owners import url_rules_for
 from core.settings import Settings
@@ -277,7 +277,7 @@ class JobServerPool(RolloutStickiness, StaticServerPool):
         backend: str,
         rollout_id: str,
         lease: str,
-        servers: list[dict[str, Any]],
+        servers: list[ServerSpec],
         credential: str | None = None,
     ) -> None:
         super().__init__(backend, rollout_id, servers, credential)
@@ -312,9 +312,7 @@ def make_pool(
     if not isinstance(spec, LLMSpec):
         spec = parse_model(LLMSpec, spec, "llm")
     if spec.servers:
-        return JobServerPool(
-            db_url, spec.backend, rollout_id, lease, [server.model_dump() for server in spec.servers], spec.credential
-        )
+        return JobServerPool(db_url, spec.backend, rollout_id, lease, spec.servers, spec.credential)
     return RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
 
 

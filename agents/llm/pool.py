@@ -16,12 +16,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agents.llm.backends.http_client import shared_client
 from core.errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    from agents.llm.spec import ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -138,19 +141,17 @@ _static_lock = threading.Lock()
 class StaticServerPool(ServerPool):
     """Servers named in the job's spec; load, stickiness and health are kept in this process."""
 
-    def __init__(
-        self, backend: str, rollout_id: str, servers: list[dict[str, Any]], credential: str | None = None
-    ) -> None:
+    def __init__(self, backend: str, rollout_id: str, servers: list[ServerSpec], credential: str | None = None) -> None:
         super().__init__(backend, rollout_id)
         self.servers = {
-            s["url"]: ServerInfo(
-                s["url"],
-                s.get("model"),
-                s.get("weight_version"),
-                s.get("backend") or backend,
+            s.url: ServerInfo(
+                s.url,
+                s.model,
+                s.weight_version,
+                s.backend or backend,
                 False,
-                s.get("logprobs_mode") or "raw_logprobs",
-                s.get("credential") or credential,
+                s.logprobs_mode or "raw_logprobs",
+                s.credential or credential,
             )
             for s in servers
         }

@@ -120,9 +120,7 @@ class LLMSession:
             sampling if isinstance(sampling, SamplingParams) else parse_model(SamplingParams, sampling, "sampling")
         )
         if pool is None:
-            pool = StaticServerPool(
-                spec.backend, rollout_id, [s.model_dump() for s in spec.servers or []], spec.credential
-            )
+            pool = StaticServerPool(spec.backend, rollout_id, spec.servers or [], spec.credential)
         if spec.tokenizer is None:
             with url_guard(url_rules):
                 spec.tokenizer = resolve_tokenizer_path(spec, pool.candidate_urls)
