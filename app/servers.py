@@ -23,14 +23,20 @@ from core.policy import LLMPolicy, check_credential, check_server_url
 
 
 def register_server(db_url: str, body: LLMServerCreate, owner: str, admin: bool, policy: LLMPolicy) -> LLMServerView:
-    """Add a server to `owner`'s pool; a URL outside the policy is a 400, a duplicate a 409."""
+    """Add a server to `owner`'s pool; a URL outside the policy is a 400, a duplicate a 409.
+
+    A server added while the owner's pool is paused (a weight push under way, or one that
+    failed and left the pool paused) joins paused: the pause is pool-wide, and a rollout waiting
+    on it must not slip onto the newcomer's weights before the push or resume decides them."""
     check_server_url(policy, body.url, admin, "url")
     if body.credential is not None:
         check_credential(policy, body.credential, body.url, "credential")
     try:
         with session_scope(db_url) as s:
+            pool_paused = s.scalar(select(LLMServer.id).where(LLMServer.owner == owner, LLMServer.paused).limit(1))
             server = LLMServer(
                 owner=owner,
+                paused=pool_paused is not None,
                 url=body.url,
                 model=body.model,
                 weight_version=body.weight_version,

@@ -67,8 +67,17 @@ def test_sigkill_run_worker_mid_rollout_finishes_exactly_once(backend, tmp_path,
 def test_two_nodes_run_and_eval_stay_on_the_init_node(tmp_path, redis_pg):
     svc = start_service(tmp_path, nodes=("node-a", "node-b"), **redis_pg)
     try:
+        # Both INIT pools consuming before the job goes in: otherwise the first one up may take
+        # the whole job before the other starts (a loaded machine starts workers seconds apart).
+        wait_for(
+            lambda: all(
+                "INIT pool ready" in (svc.logs / f"init-{node}.log").read_text() for node in ("node-a", "node-b")
+            ),
+            timeout=120,
+            what="both nodes' INIT pools ready",
+        )
         job = svc.client.submit(
-            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(12)], agent_config={"init_s": 0.2, "run_s": 0.1}
+            "test-sleepy", [{"instance_id": f"i{k}"} for k in range(24)], agent_config={"init_s": 0.3, "run_s": 0.1}
         )
         svc.wait_done(job["job_id"], timeout=60)
         results = svc.all_results(job["job_id"])

@@ -170,6 +170,8 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     assert httpx.get(f"{good}/sim/stats").json()["weights"]["body"] == "v0-retrained"
 
     client.add_llm_server(no_reset, model=SMOLLM2, weight_version="v0")
+    # it joins the paused pool paused: the waiting rollout never slips onto its v0 weights
+    assert all(r.paused for r in rows(service.settings.db_url))
     good_ckpt = write_checkpoint(tmp_path / "v1", "v1")
     with pytest.raises(RaasHTTPError) as cached:  # one server keeps its prefix cache
         client.push_weights(str(good_ckpt), "v1", probe("v1"), timeout=30)

@@ -16,15 +16,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from agents.llm.backends.http_client import shared_client
 from core.errors import ServiceUnavailable
-
-if TYPE_CHECKING:
-    from agents.llm.spec import ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +138,8 @@ _static_lock = threading.Lock()
 class StaticServerPool(ServerPool):
     """Servers named in the job's spec; load, stickiness and health are kept in this process."""
 
-    def __init__(self, backend: str, rollout_id: str, servers: list[ServerSpec], credential: str | None = None) -> None:
+    def __init__(self, backend: str, rollout_id: str, servers: list[Any], credential: str | None = None) -> None:
+        # `servers`: the job's `agents.llm.spec.ServerSpec`s (not imported: spec imports this module)
         super().__init__(backend, rollout_id)
         self.servers = {
             s.url: ServerInfo(
