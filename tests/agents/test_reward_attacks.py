@@ -17,6 +17,7 @@ import pytest
 
 from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
+from tests.agents.sigterm import sigterm_in_background
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(600)]  # the first test runs every attack (module fixture)
 
@@ -224,7 +225,7 @@ def root_only_file():
 def outcomes(service, llm, root_only_file) -> dict[str, dict[str, Any]]:
     """Run every attack once; {attack name: rollout view}. Prints the measured table.
     The infrastructure's SIGTERM (`infra-sigterm`) runs in the same batch."""
-    infra = sigterm_in_background(service, llm)
+    infra = sigterm_in_background(service, llm, tagged("infra-sigterm", FIZZBUZZ, "problem_statement"))
     jobs = [
         infra["job"],
         service.client.submit(
@@ -388,24 +389,6 @@ def test_math_near_misses_of_integers_earn_nothing(outcomes, name) -> None:
 OPEN_ATTACKS = ("res-kill-server", "res-stop-server", "res-stop-all", "res-honest")
 
 
-def sigterm_in_background(service, llm) -> dict[str, Any]:
-    """Submit the `infra-sigterm` rollout; a thread SIGTERMs its sandbox once the agent's
-    `sleep 6` runs ({"job", "thread", "pids"}: pids filled in by the thread)."""
-    import threading
-
-    job = service.client.submit(
-        "code", [tagged("infra-sigterm", FIZZBUZZ, "problem_statement")], limits={"max_turns": 4}, llm=llm
-    )
-    out: dict[str, Any] = {"job": job, "pids": []}
-
-    def kill() -> None:
-        out["pids"] = sigterm_sandbox_mid_run(service, job["rollout_ids"][0])
-
-    out["thread"] = threading.Thread(target=kill, daemon=True)
-    out["thread"].start()
-    return out
-
-
 @pytest.fixture(scope="module")
 def open_service(tmp_path_factory):
     """A service whose sandboxes do not isolate the tools from the server (as runtimes without
@@ -418,7 +401,7 @@ def open_service(tmp_path_factory):
 @pytest.fixture(scope="module")
 def open_outcomes(open_service, llm) -> dict[str, dict[str, Any]]:
     """The isolation-off attacks and the infrastructure's SIGTERM, in one batch."""
-    infra = sigterm_in_background(open_service, llm)
+    infra = sigterm_in_background(open_service, llm, tagged("infra-sigterm", FIZZBUZZ, "problem_statement"))
     job = open_service.client.submit(
         "code",
         [tagged(n, FIZZBUZZ, "problem_statement") for n in OPEN_ATTACKS],
@@ -452,49 +435,6 @@ def test_without_isolation_killing_or_freezing_your_server_is_agent_error(open_o
 
 
 # -- the other direction: an infrastructure kill is never the agent's failure (issue 27) ------
-def sigterm_sandbox_mid_run(service, rollout_id: str) -> list[int]:
-    """SIGTERM every process of the rollout's sandbox from outside, as Slurm's scancel does
-    (it signals every process of the job), once the agent's first command is running."""
-    import os
-    import signal
-    import time
-
-    from core.db import session_scope
-    from core.models import Rollout
-    from sandbox.toolserver.procs import descendants
-
-    deadline = time.monotonic() + 180
-    handle: dict = {}
-    while not _agent_sleeping(handle):  # the agent's `sleep 6` runs in the sandbox
-        assert time.monotonic() < deadline, service.log_tail()
-        time.sleep(0.05)
-        with session_scope(service.settings.db_url) as s:
-            row = s.get(Rollout, rollout_id)
-            handle = dict(row.sandbox or {}) if row.status == "run" else {}
-    pids = [handle["pid"], *descendants(handle["pid"])]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    return pids
-
-
-def _agent_sleeping(handle: dict) -> bool:
-    from sandbox.toolserver.procs import descendants
-
-    if not handle.get("pid"):
-        return False
-    for pid in descendants(handle["pid"]):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if cmdline.read() == b"sleep\x006\x00":
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 @pytest.mark.parametrize("which", ["isolated", "open"])
 def test_a_sigterm_from_outside_mid_run_is_retried_and_earns_its_reward(which, request) -> None:
     views = request.getfixturevalue("outcomes" if which == "isolated" else "open_outcomes")
