@@ -44,7 +44,7 @@ def list_tokens() -> None:
             click.echo(f"{row.id[:12]}  {row.owner}  {role}  {row.label or ''}  {row.created_at:%Y-%m-%d %H:%M}")
 
 
-@token_command.command("rm")
+@token_command.command("rm", context_settings={"ignore_unknown_options": True})
 @click.argument("token_or_hash_prefix")
 def remove(token_or_hash_prefix: str) -> None:
     """Revoke a token, given itself or a hash prefix from `raas token list` (>= 8 hex)."""

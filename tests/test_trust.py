@@ -362,6 +362,28 @@ def test_database_tokens_from_the_admin_cli(tmp_path):
         server.shutdown()
 
 
+def test_a_token_that_starts_with_a_dash_is_removed_by_the_cli(tmp_path):
+    """1 in 64 bare `token_urlsafe` values start with `-`: new tokens never do, old ones still go."""
+    from app.auth import new_token, token_digest
+    from core.db import session_scope
+    from core.models import ApiToken
+    from migrations.runner import upgrade
+
+    assert not any(new_token().startswith("-") for _ in range(2000))
+    settings = Settings(home=tmp_path)
+    upgrade(settings.db_url)
+    legacy = "-gp1ueJuer3fYh-O4UhdTVJTm_aJqJwHvb4BjImF4Mk"  # the one that failed CI
+    with session_scope(settings.db_url) as s:
+        s.add(ApiToken(id=token_digest(legacy), owner="carol", admin=False, label=None))
+    env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "token", "rm", legacy], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "removed", done.stderr
+    with session_scope(settings.db_url) as s:
+        assert s.get(ApiToken, token_digest(legacy)) is None
+
+
 def test_no_token_service_refuses_a_public_address(tmp_path):
     from core.settings import embedded_redis_socket
 

@@ -37,6 +37,10 @@ def spawn(args: argparse.Namespace, command: list[str]) -> int:
         except OSError as exc:
             os.write(2, f"detach: cannot start {command[0]!r}: {exc}\n".encode())
         os._exit(127)
+    try:  # the group exists before the pid is printed: a caller's `kill -- -PID` cannot miss it
+        os.setpgid(pid, pid)
+    except OSError:  # the child has exec'd already (EACCES), so it made its group itself
+        pass
     return pid
 
 
