@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from agents.llm.backends.http_client import shared_client
+from agents.llm.prompt_cache import PromptCache
 from agents.llm.hub_cache import cached_tokenizer_folder, hub_cache_dir, hub_repo_dir, is_hub_id
 from agents.llm.template_budget import (
     capped_output,
@@ -62,6 +63,7 @@ class ChatTokenizer:
         self.supports_tools = "tools" in self.template
         # Rendering is pure but transformers' template cache is not documented thread-safe.
         self._lock = threading.Lock()
+        self.prompts = PromptCache()  # first prompts rendered with this template (GRPO groups)
         self.close_text = self._assistant_close_text()
         self.turn_end_id = self._template_turn_end_id()
         self.end_ids = self._end_of_turn_ids(generation_eos_ids or [])

@@ -110,10 +110,19 @@ class TrajectoryBuilder:
         if not messages:
             raise TrajectoryError("the prompt needs at least one message")
         self.tools = tools or None
-        messages, text, spans = self._render_untrusted(
-            list(messages), lambda ms: self._render(ms, add_generation_prompt=True)
-        )
-        prompt = self.tok.encode_untrusted(text, spans)
+        prompts = self.tok.prompts
+        key = prompts.key(self.tok.template, list(messages), self.tools, self.template_kwargs)
+        cached = prompts.get(key) if key is not None else None
+        if cached is not None:
+            messages, prompt, counts = cached
+        else:
+            messages, text, spans = self._render_untrusted(
+                list(messages), lambda ms: self._render(ms, add_generation_prompt=True)
+            )
+            prompt = self.tok.encode_untrusted(text, spans)
+            counts = self._prompt_counts(list(messages), prompt)
+            if key is not None:
+                prompts.put(key, messages, prompt, counts)
         self.traj = Trajectory(
             prompt_ids=prompt,
             response_ids=[],
@@ -122,7 +131,7 @@ class TrajectoryBuilder:
             policy_versions=[],
             token_exact=self.token_exact,
             messages=[dict(m) for m in messages],
-            extra={"turn_boundaries": [], "message_token_counts": self._prompt_counts(list(messages), prompt)},
+            extra={"turn_boundaries": [], "message_token_counts": counts},
         )
         self.exhausted = len(prompt) >= self.max_model_len
         if self.exhausted:

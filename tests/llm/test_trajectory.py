@@ -273,3 +273,45 @@ def test_tool_output_cannot_forge_chat_structure(make, tmp_path) -> None:
     assert report["forged_control_tokens"] == expected and report["retokenization_drift"] == 0
     assert honest.audit_drift()["forged_control_tokens"] == 0
     assert honest.tok.encode_untrusted("plain text", [(0, 10)]) == honest.tok.encode("plain text")
+
+
+def test_the_first_prompt_of_a_group_is_rendered_once_and_never_shared() -> None:
+    """The samples of one instance start from the same prompt: the second and later ones take
+    it from the tokenizer's cache (no template render), identical in ids, counts and messages,
+    and each trajectory owns its lists (growing one leaves the next untouched)."""
+    from agents.llm.tokenizer import ChatTokenizer
+
+    tok = load_chat_tokenizer(SMOLLM2)
+    fresh = ChatTokenizer(tok.hf, tok.template)  # its own empty cache
+    renders = []
+    real_render = fresh.render
+    fresh.render = lambda *a, **k: renders.append(1) or real_render(*a, **k)
+    first = TrajectoryBuilder(fresh, 4096)
+    first.start(PROMPT, TOOLS)
+    assert len(renders) >= 2 and fresh.prompts.misses == 1
+    add(first, sampled(first, CALL))
+    first.add_messages([{"role": "tool", "content": "a.txt"}])
+    first.trajectory().messages[0]["content"] = "tampered after the start"
+
+    before = len(renders)
+    second = TrajectoryBuilder(fresh, 4096)
+    second.start(PROMPT, TOOLS)
+    assert len(renders) == before and fresh.prompts.hits == 1  # no render for the cached prompt
+    plain = TrajectoryBuilder(tok, 4096)
+    plain.start(PROMPT, TOOLS)
+    assert second.trajectory().prompt_ids == plain.trajectory().prompt_ids
+    assert second.trajectory().extra == plain.trajectory().extra
+    assert second.trajectory().messages == plain.trajectory().messages == PROMPT
+    assert second.trajectory().prompt_ids is not first.trajectory().prompt_ids
+
+    other = TrajectoryBuilder(fresh, 4096)
+    other.start([PROMPT[0], {"role": "user", "content": "Another instance."}], TOOLS)
+    assert fresh.prompts.misses == 2  # a different prompt is rendered
+
+
+def test_a_template_that_reads_the_clock_is_never_cached() -> None:
+    from agents.llm.prompt_cache import PromptCache
+
+    clock = "{{ strftime_now('%d %b %Y') }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert PromptCache.key(clock, PROMPT, None, {}) is None
+    assert PromptCache.key("{% for m in messages %}{% endfor %}", PROMPT, None, {}) is not None
