@@ -139,14 +139,7 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
     while True:
         cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
         with session_scope(db_url) as s:
-            ids = s.scalars(
-                select(Rollout.id)
-                .where(  # done: `drain_reevaluations`
-                    Rollout.outbox_at < cutoff, Rollout.status != Status.DONE.value
-                )
-                .order_by(Rollout.outbox_at)
-                .limit(BATCH)
-            ).all()
+            ids = _oldest_marked(s, cutoff, Rollout.status != Status.DONE.value)  # done: `drain_reevaluations`
             if not ids:
                 return total
             taken = s.execute(
@@ -190,13 +183,7 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
                 for r in taken
             ),
         )
-        with session_scope(db_url) as s:  # only the marks this pass set (a later one stays)
-            s.execute(
-                update(Rollout)
-                .where(Rollout.id.in_([r.id for r in taken]), Rollout.outbox_at == stamp)
-                .values(outbox_at=None),
-                execution_options=plain,
-            )
+        _clear_stamped(db_url, [r.id for r in taken], stamp)
 
 
 def mark_reevaluation(rollout: Rollout, request_id: str) -> Any:
@@ -226,16 +213,10 @@ def drain_reevaluations(db_url: str, celery: Any, grace: float) -> int:
     `grace` seconds (the gateway could not publish them); returns how many were published.
     Each batch is taken by re-stamping its marks, as in `drain`."""
     total = 0
-    plain = {"synchronize_session": False}
     while True:
         cutoff, stamp = utcnow() - timedelta(seconds=grace), utcnow()
         with session_scope(db_url) as s:
-            ids = s.scalars(
-                select(Rollout.id)
-                .where(Rollout.outbox_at < cutoff, Rollout.status == Status.DONE.value)
-                .order_by(Rollout.outbox_at)
-                .limit(BATCH)
-            ).all()
+            ids = _oldest_marked(s, cutoff, Rollout.status == Status.DONE.value)
             if not ids:
                 return total
             taken = s.execute(
@@ -243,20 +224,32 @@ def drain_reevaluations(db_url: str, celery: Any, grace: float) -> int:
                 .where(Rollout.id.in_(ids), Rollout.outbox_at < cutoff)
                 .values(outbox_at=stamp)
                 .returning(Rollout.id, Rollout.extra),
-                execution_options=plain,
+                execution_options={"synchronize_session": False},
             ).all()
         for row in taken:
             for request_id in (row.extra or {}).get(PENDING_REEVALUATIONS, []):
                 log.warning("outbox: publishing re-evaluation %s of %s left unpublished", request_id, row.id)
                 publish_reevaluation_message(celery, row.id, request_id)
                 total += 1
-        with session_scope(db_url) as s:
-            s.execute(
-                update(Rollout)
-                .where(Rollout.id.in_([r.id for r in taken]), Rollout.outbox_at == stamp)
-                .values(outbox_at=None),
-                execution_options=plain,
-            )
+        _clear_stamped(db_url, [r.id for r in taken], stamp)
+
+
+def _oldest_marked(s: Any, cutoff: Any, status_clause: Any) -> list[str]:
+    """Ids of up to BATCH rollouts marked before `cutoff` whose status matches, oldest first."""
+    return list(
+        s.scalars(
+            select(Rollout.id).where(Rollout.outbox_at < cutoff, status_clause).order_by(Rollout.outbox_at).limit(BATCH)
+        ).all()
+    )
+
+
+def _clear_stamped(db_url: str, ids: list[str], stamp: Any) -> None:
+    """Clear the marks a drain pass set on `ids` (a later pass's or a new request's mark stays)."""
+    with session_scope(db_url) as s:
+        s.execute(
+            update(Rollout).where(Rollout.id.in_(ids), Rollout.outbox_at == stamp).values(outbox_at=None),
+            execution_options={"synchronize_session": False},
+        )
 
 
 def job_priorities(db_url: str, job_ids: set[str]) -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import socket
 import threading
 import time
 
@@ -100,3 +101,78 @@ def test_a_forked_child_builds_its_own_client(simulators) -> None:
 def test_configure_rejects_a_pool_for_no_slots() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         http_client.configure(0)
+
+
+class _Recording(http.server.BaseHTTPRequestHandler):
+    """Records each request's path, Host and Cookie; `/bounce` redirects, the rest set a cookie."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802
+        type(self).seen.append((self.path, self.headers.get("Host"), self.headers.get("Cookie")))
+        self.send_response(302 if self.path == "/bounce" else 200)
+        if self.path == "/bounce":
+            self.send_header("Location", "/elsewhere")
+        self.send_header("Set-Cookie", "session=tenant-a-secret; Path=/")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+class _V6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _serve(server_class, address):
+    _Recording.seen = []
+    server = server_class(address, _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_generation_calls_keep_no_cookies_and_follow_no_redirects() -> None:
+    """The generation path (`ServerClient.call`, straight on the pools) keeps the shared
+    client's rules: a Set-Cookie is never sent back and a redirect is an answer, not a hop."""
+    server = _serve(http.server.ThreadingHTTPServer, ("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        client = http_client.make_client()
+        for _ in range(3):
+            assert client.call("GET", f"{base}/v1/models", None, 5.0).status == 200
+        bounced = client.call("GET", f"{base}/bounce", None, 5.0)
+        assert bounced.status == 302 and bounced.content == b"{}"
+        assert [cookie for _, _, cookie in _Recording.seen] == [None] * 4
+        assert [path for path, _, _ in _Recording.seen] == ["/v1/models"] * 3 + ["/bounce"]
+        client.close()
+    finally:
+        server.shutdown()
+
+
+def test_an_ipv6_server_gets_its_bracketed_host_header() -> None:
+    """`Host: [::1]:port`, as the URL writes it (httpcore's own header would be `::1:port`)."""
+    try:
+        server = _serve(_V6Server, ("::1", 0))
+    except OSError as exc:  # a machine without IPv6 loopback
+        pytest.skip(f"no IPv6 loopback: {exc}")
+    try:
+        client = http_client.make_client()
+        assert client.call("GET", f"http://[::1]:{server.server_port}/health", None, 5.0).status == 200
+        assert _Recording.seen[0][1] == f"[::1]:{server.server_port}"
+        client.close()
+    finally:
+        server.shutdown()
+
+
+def test_an_unreachable_server_is_a_transport_error() -> None:
+    """No HTTP answer raises one of TRANSPORT_ERRORS (the backend's ServerError path)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    client = http_client.make_client()
+    with pytest.raises(http_client.TRANSPORT_ERRORS):
+        client.call("POST", f"http://127.0.0.1:{port}/v1/completions", b"{}", 2.0)
+    client.close()

@@ -7,16 +7,16 @@ anything the request itself got wrong is an InvalidRequest and is not retried el
 
 from __future__ import annotations
 
+import json
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, ClassVar
 
-import httpx
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from agents.llm.backends.http_client import shared_client
+from agents.llm.backends import http_client
 from core.errors import InvalidRequest, ServiceUnavailable
 from core.registry import Registry, RegistryError, config_type, config_union
 
@@ -86,10 +86,6 @@ class LLMBackend(ABC):
     name: ClassVar[str]  # set by `register_backend` from `Config`'s `type`
     token_exact: ClassVar[bool] = True
 
-    def __init__(self, client: httpx.Client | None = None) -> None:
-        # The process's pool by default: a client per session cost ~20 ms of CPU each.
-        self.client = client or shared_client()
-
     @abstractmethod
     def generate(self, url: str, request: GenerateRequest) -> Generation:
         """Run one generation on the server at `url` (token ids and logprobs filled in)."""
@@ -105,20 +101,21 @@ class LLMBackend(ABC):
 
         Errors carry the status and its standard reason only: the body came from a server the
         job pointed at and is never echoed into results (it is logged here, truncated)."""
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
-            response = self.client.request(method, url, json=body, timeout=timeout, headers=headers)
-        except httpx.HTTPError as exc:
+            response = http_client.shared_client().call(method, url, content, timeout, headers)
+        except http_client.TRANSPORT_ERRORS as exc:
             raise ServerError(f"{url}: {type(exc).__name__}", url=url) from exc
-        if response.status_code >= 400:
-            log.warning("%s answered HTTP %s: %.300s", url, response.status_code, response.text)
-        if response.status_code >= 500 or response.status_code in (404, 408, 429):
-            raise ServerError(f"{url}: {http_summary(response.status_code)}", url=url)
-        if response.status_code >= 400:
-            error = InvalidRequest(f"{url}: {http_summary(response.status_code)}", url=url)
+        if response.status >= 400:
+            log.warning("%s answered HTTP %s: %.300s", url, response.status, response.text)
+        if response.status >= 500 or response.status in (404, 408, 429):
+            raise ServerError(f"{url}: {http_summary(response.status)}", url=url)
+        if response.status >= 400:
+            error = InvalidRequest(f"{url}: {http_summary(response.status)}", url=url)
             error.server_text = response.text[:2000]  # for server_said(); never in results
             raise error
         try:
-            return response.json() if response.content else {}
+            return json.loads(response.content) if response.content else {}
         except ValueError as exc:
             raise ServerError(f"{url}: response is not JSON", url=url) from exc
 

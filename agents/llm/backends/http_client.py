@@ -14,6 +14,13 @@ Safe to share between jobs and tenants:
   to that host, whoever's job made it);
 - aborting one request (`abort.py`) shuts down only the connection that request is using.
 
+Generation calls (`send`) go to the httpcore pools directly, without httpx's request and
+response objects: at 64 threads that layer cost ~0.5 ms of CPU per call, more than the pool
+itself (BENCHMARKS.md, "Hot path, round 4"). The rules above hold the same way there: no
+cookie jar at all, no redirects, the credential a header of its own request, the URL guard
+and the abort handle on the same pools. Everything else (health probes, model lists, weight
+pushes) uses the httpx client, whose pools these are.
+
 Across fork the child forgets the parent's client (its sockets belong to the parent) and
 builds its own on first use; the client is closed at exit. The SSL context honours
 SSL_CERT_FILE / SSL_CERT_DIR as httpx does; proxy variables (HTTP_PROXY...) are not used for
@@ -25,6 +32,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpcore
@@ -35,10 +43,34 @@ from agents.llm.backends.guard import GuardedBackend, check_request, connecting,
 
 DEFAULT_SLOTS = 16  # library use, where no worker said how many sessions run at once
 KEEPALIVE_EXPIRY_SECONDS = 30.0
+USER_AGENT = b"raas"
+
+# What `send` raises when the server could not be reached or answered no HTTP: httpcore's
+# transport errors, and httpx's (the URL guard's `UrlRefused` is an httpx ConnectError).
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
+    httpcore.NetworkError,
+    httpcore.TimeoutException,
+    httpcore.ProtocolError,
+    httpcore.UnsupportedProtocol,
+    httpcore.ConnectionNotAvailable,
+    httpx.HTTPError,
+)
 
 _lock = threading.Lock()
-_client: httpx.Client | None = None
+_client: ServerClient | None = None
 _slots = DEFAULT_SLOTS
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A server's answer to `send`: the status and the whole body, read."""
+
+    status: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
 
 
 class _AbortableTransport(httpx.HTTPTransport):
@@ -76,20 +108,52 @@ class _AbortableTransport(httpx.HTTPTransport):
         with connecting(rules, target):
             return self._guarded.handle_request(request)
 
+    def send(self, method: str, url: str, body: bytes | None, timeout: float, headers: dict[str, str] | None) -> Reply:
+        """One request on the pools themselves (see the module's docstring), guarded as
+        `handle_request` is; raises one of TRANSPORT_ERRORS when no HTTP answer came."""
+        # Host as the URL writes it: httpcore's own drops an IPv6 address's brackets.
+        authority = url.split("/", 3)[2].encode()
+        fields = [(b"Host", authority), (b"User-Agent", USER_AGENT), (b"Accept", b"application/json")]
+        if body is not None:
+            fields.append((b"Content-Type", b"application/json"))
+        fields += [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
+        extensions = {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
+        rules = current_rules()
+        if rules is None:
+            response = self._open_pool.request(method, url, headers=fields, content=body, extensions=extensions)
+        else:
+            target = check_request(rules, httpx.URL(url))
+            with connecting(rules, target):
+                response = self._guarded_pool.request(method, url, headers=fields, content=body, extensions=extensions)
+        return Reply(response.status, response.content)
+
     def close(self) -> None:
         super().close()
         self._guarded.close()
 
 
-def make_client(slots: int = DEFAULT_SLOTS) -> httpx.Client:
+class ServerClient(httpx.Client):
+    """httpx's client over the pools above, with `call` going to the pools directly."""
+
+    def __init__(self, slots: int) -> None:
+        self._pools = _AbortableTransport(slots)
+        no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+        super().__init__(transport=self._pools, cookies=no_cookies, follow_redirects=False, trust_env=False)
+
+    def call(
+        self, method: str, url: str, body: bytes | None, timeout: float, headers: dict[str, str] | None = None
+    ) -> Reply:
+        """One call (a generation, a health probe): JSON `body` bytes in, the status and the
+        body out; no HTTP answer raises one of TRANSPORT_ERRORS."""
+        return self._pools.send(method, url, body, timeout, headers)
+
+
+def make_client(slots: int = DEFAULT_SLOTS) -> ServerClient:
     """A new client with the sharing rules above (tests; the process uses `shared_client`)."""
-    no_cookies = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-    return httpx.Client(
-        transport=_AbortableTransport(slots), cookies=no_cookies, follow_redirects=False, trust_env=False
-    )
+    return ServerClient(slots)
 
 
-def shared_client() -> httpx.Client:
+def shared_client() -> ServerClient:
     """This process's client for inference servers (built on first use)."""
     global _client
     with _lock:
