@@ -60,20 +60,28 @@ _round_robin = itertools.count()
 
 
 class RolloutStickiness:
-    """`stick` / `sticky_url` on the rollout's row; the write is fenced on the stage's lease."""
+    """`stick` / `sticky_url` on the rollout's row; the write is fenced on the stage's lease.
+
+    Only the lease holder writes the row's server, so once it is known under this lease (the
+    claim's row, `make_pool(claimed=...)`, or this pool's own `stick`) it is not read again:
+    the read was one statement per rollout of RUN's hot path."""
 
     db_url: str
     rollout_id: str
     lease: str
+    _known: tuple[str | None] | None = None  # (url,) once known under this lease
 
     def stick(self, url: str) -> None:
         """Record the rollout's server; LeaseLost if this worker no longer owns the rollout."""
         params = {"p_rollout": self.rollout_id, "p_lease": self.lease, "p_url": url}
         if sql.run_alone(self.db_url, sql.STICK, params) is None:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
+        self._known = (url,)
 
     def sticky_url(self) -> str | None:
         """The server a previous turn or attempt of this rollout used."""
+        if self._known is not None:
+            return self._known[0]
         row = sql.run_alone(self.db_url, sql.STICKY_URL, {"p_rollout": self.rollout_id})
         return row[0] if row is not None else None
 
@@ -304,16 +312,25 @@ def make_pool(
     lease: str,
     owner: str = DEFAULT_OWNER,
     routing: str = "sticky",
+    claimed: Any = None,
 ) -> ServerPool:
     """The pool of one leased rollout: the job's own servers when it names some (always
     sticky), else the job owner's registered pool routed by `routing` (`llm_routing`).
 
-    `spec` is the job config's typed llm spec (plain JSON from a script or test is validated)."""
+    `spec` is the job config's typed llm spec (plain JSON from a script or test is validated);
+    `claimed`, the rollout's row as the stage's claim returned it under `lease` (its
+    `llm_server` is then the sticky server, not read again)."""
     if not isinstance(spec, LLMSpec):
         spec = parse_model(LLMSpec, spec, "llm")
     if spec.servers:
-        return JobServerPool(db_url, spec.backend, rollout_id, lease, spec.servers, spec.credential)
-    return RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
+        pool: JobServerPool | RegisteredPool = JobServerPool(
+            db_url, spec.backend, rollout_id, lease, spec.servers, spec.credential
+        )
+    else:
+        pool = RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
+    if claimed is not None:
+        pool._known = (claimed.llm_server,)
+    return pool
 
 
 def registered_urls(db_url: str, owner: str = DEFAULT_OWNER) -> list[str]:

@@ -216,7 +216,15 @@ class StageRun:
 
         spec = self.config.llm or LLMSpec()
         pool = db_retry.Retrying(
-            make_pool(spec, self.db, self.rollout_id, self.lease, self.job.owner, self.settings.llm_routing)
+            make_pool(
+                spec,
+                self.db,
+                self.rollout_id,
+                self.lease,
+                self.job.owner,
+                self.settings.llm_routing,
+                claimed=self.rollout,
+            )
         )
         return LLMSession.open(
             spec,

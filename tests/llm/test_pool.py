@@ -234,6 +234,40 @@ def test_sticking_is_fenced_on_the_lease(simulators, db_url) -> None:
     assert sticky(db_url, rid) == url
 
 
+def test_the_claimed_rows_server_is_not_read_again(simulators, db_url, monkeypatch) -> None:
+    """RUN hands its pool the row its claim returned: the sticky server comes from it (no
+    read per rollout) and from this pool's own `stick` after; a pool told nothing reads it."""
+    from types import SimpleNamespace
+
+    from tasks import llm_pool_sql
+
+    (url_a, _), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
+    register(db_url, [url_a, url_b])
+    (rid,) = make_rollouts(db_url, 1)
+    with session_scope(db_url) as db:  # a resumed RUN: the row already sticks to url_b
+        db.execute(Rollout.__table__.update().where(Rollout.id == rid).values(llm_server=url_b))
+    reads = []
+    run_alone = llm_pool_sql.run_alone
+
+    def counting(db, statement, params):
+        reads.append(statement is llm_pool_sql.STICKY_URL)
+        return run_alone(db, statement, params)
+
+    monkeypatch.setattr(llm_pool_sql, "run_alone", counting)
+    told = make_pool(SPEC, db_url, rid, LEASE, claimed=SimpleNamespace(llm_server=url_b))
+    assert told.sticky_url() == url_b and not any(reads)
+    told.stick(url_a)
+    assert told.sticky_url() == url_a == sticky(db_url, rid) and not any(reads)
+    with LLMSession.open(
+        SPEC, {}, rid, make_pool(SPEC, db_url, rid, LEASE, claimed=SimpleNamespace(llm_server=url_a))
+    ) as s:
+        s.start([{"role": "user", "content": "go"}])
+        run_turn(s)
+        assert s.server.url == url_a and not any(reads)
+    untold = make_pool(SPEC, db_url, rid, LEASE)
+    assert untold.sticky_url() == url_a and reads.count(True) == 1
+
+
 @pytest.mark.parametrize("routing", ["round_robin", "least_loaded"])
 def test_per_turn_routing_releases_and_picks_again(simulators, db_url, routing) -> None:
     """`llm_routing` round_robin / least_loaded (the routing bench's baselines): a turn holds a
