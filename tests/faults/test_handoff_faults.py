@@ -134,6 +134,11 @@ def test_a_sigkilled_init_worker_mid_start_leaks_nothing(tmp_path, pg_url, redis
                 name for name in os.listdir(svc.settings.workspaces) if name not in slots
             ]
 
-        wait_for(lambda: leftovers() == [], 30, "the sandbox state and workspaces to be removed")
+        wait_for(
+            lambda: leftovers() == [],
+            30,
+            "the sandbox state and workspaces to be removed",
+            context=lambda: f"left: {leftovers()}; handles: {read_handles(sandbox_dir)}",
+        )
     finally:
         svc.stop()
