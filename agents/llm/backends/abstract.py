@@ -7,6 +7,7 @@ anything the request itself got wrong is an InvalidRequest and is not retried el
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from abc import ABC, abstractmethod
@@ -148,6 +149,14 @@ def backend_config_union() -> object:
     return config_union([cls.Config for _name, cls in BACKENDS])
 
 
+@functools.lru_cache(maxsize=8)
+def _config_adapter(names: tuple[str, ...]) -> TypeAdapter:
+    """The union's validator for these registered backends: building a TypeAdapter generates
+    its schema (~1.7 ms), and every stage validates a job config, whose llm spec has a backend.
+    A backend registered later changes `names`, so it gets a new adapter."""
+    return TypeAdapter(backend_config_union())
+
+
 def backend_config(value: str | dict) -> BackendConfig:
     """The config of a backend chosen by name (`"vllm"`, as on the wire today) or as a mapping
     with `type`; an unknown name is a RegistryError listing the valid ones."""
@@ -156,7 +165,7 @@ def backend_config(value: str | dict) -> BackendConfig:
         raise RegistryError(f"an LLM backend is a name or a mapping with 'type', not {value!r}", field=BACKENDS.field)
     BACKENDS.get(data["type"])  # unknown: RegistryError naming the valid ones
     try:
-        return TypeAdapter(backend_config_union()).validate_python(data)
+        return _config_adapter(tuple(BACKENDS.names())).validate_python(data)
     except ValidationError as exc:
         raise RegistryError(f"bad config for LLM backend {data['type']!r}: {exc}", field=BACKENDS.field) from None
 
