@@ -53,36 +53,6 @@ def test_turns_share_one_connection_and_a_cancel_still_cuts_it(simulators, monke
     assert stats.get("aborted") == 1 and stats.get("requests") == 1
 
 
-def test_cookies_set_by_a_server_are_never_sent_back() -> None:
-    """One client serves every job: a Set-Cookie from one answer must not ride on later ones."""
-    seen = []
-
-    class SetsCookies(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self):  # noqa: N802
-            seen.append(self.headers.get("Cookie"))
-            self.send_response(200)
-            self.send_header("Set-Cookie", "session=tenant-a-secret; Path=/")
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SetsCookies)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = http_client.make_client()
-        for _ in range(3):
-            assert client.get(f"http://127.0.0.1:{server.server_port}/v1/models").is_success
-        assert seen == [None, None, None] and not client.cookies
-        client.close()
-    finally:
-        server.shutdown()
-
-
 def test_a_forked_child_builds_its_own_client(simulators) -> None:
     """After fork the child must not share the parent's sockets: it gets a new client."""
     url, _ = simulators({"default": ["x"]})
@@ -132,6 +102,19 @@ def _serve(server_class, address):
     server = server_class(address, _Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def test_cookies_set_by_a_server_are_never_sent_back() -> None:
+    """One client serves every job: a Set-Cookie from one answer must not ride on later ones."""
+    server = _serve(http.server.ThreadingHTTPServer, ("127.0.0.1", 0))
+    try:
+        client = http_client.make_client()
+        for _ in range(3):
+            assert client.get(f"http://127.0.0.1:{server.server_port}/v1/models").is_success
+        assert [cookie for _, _, cookie in _Recording.seen] == [None] * 3 and not client.cookies
+        client.close()
+    finally:
+        server.shutdown()
 
 
 def test_generation_calls_keep_no_cookies_and_follow_no_redirects() -> None:
