@@ -119,7 +119,7 @@ class RolloutContext:
         return InitContext(**self.rollout_fields(), sandbox=sandbox, workspace=workspace)
 
     def for_run(self, sandbox: AgentSandbox | None, workspace: str | None, **run: Any) -> RunContext:
-        """RUN's context: `run` holds llm, record_turn, resume_turns and diagnose."""
+        """RUN's context: `run` holds llm, record_turn, settle_turns, resume_turns and diagnose."""
         return RunContext(**self.rollout_fields(), sandbox=sandbox, workspace=workspace, **run)
 
     def for_eval(self, run_result: Trajectory, artifact: dict[str, Any] | None) -> EvalContext:
@@ -150,6 +150,10 @@ def _no_turn(**_turn: Any) -> None:
     return None
 
 
+def _nothing_to_settle() -> None:
+    return None
+
+
 def _no_diagnosis(_exc: BaseException) -> str | None:
     return None
 
@@ -158,7 +162,11 @@ def _no_diagnosis(_exc: BaseException) -> str | None:
 class RunContext(RolloutContext):
     """RUN: the agent's sandbox, the rollout's LLM session and the turn log.
 
-    `record_turn` persists one turn before returning; `resume_turns` holds the attempt's logged
+    `record_turn` hands one turn to the turn log, which writes it in the background (the next
+    generation overlaps the commit); `settle_turns()` returns once every turn handed over is
+    durable. The shared loop settles before a turn's tool calls run and before it returns,
+    and the stage settles before the hand-on, so at most the turn in flight is unlogged while
+    its tool calls' effects exist (what resume relies on). `resume_turns` holds the attempt's logged
     turns when a lost RUN continues in the same sandbox (see `AgentHandler.resumable`);
     `diagnose(exc)` says whether a sandbox failure is the agent's doing ("disk_quota", "oom",
     ...) or None (infrastructure).
@@ -170,6 +178,7 @@ class RunContext(RolloutContext):
     workspace: str | None = None
     llm: LLMSession | None = None
     record_turn: Callable[..., None] = _no_turn
+    settle_turns: Callable[[], None] = _nothing_to_settle
     resume_turns: list[dict[str, Any]] | None = None
     diagnose: Callable[[BaseException], str | None] = _no_diagnosis
 

@@ -1,7 +1,8 @@
 """The one multi-turn agent loop every handler runs: generate, call tools, observe, repeat.
 
 One implementation for all handlers so the hard parts are right everywhere: each turn is
-persisted (`ctx.record_turn`) before the next generation; the episode ends for a precise reason
+handed to the turn log (`ctx.record_turn`) and durable (`ctx.settle_turns`) before the next
+turn's tool calls run, its commit overlapping the next generation; the episode ends for a precise reason
 (`agents.finish_reasons`: finish tool, max turns, full context, generated-token budget,
 staleness, deadline, N turns with no valid action); a turn cut at its per-turn length goes on
 by default; a prompt that does not fit is `prompt_too_long`, not a sample; cancel unwinds
@@ -109,6 +110,7 @@ def run_agent_loop(
         # Not a sample: the prompt alone fills the context. Never graded as reward 0.
         ep.outcome = Outcome.PROMPT_TOO_LONG.value
     log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns, ep.outcome, ep.finish_reason)
+    ctx.settle_turns()  # the last turn too: the loop returns only what the log holds
     result = _result(ctx, ep)
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
@@ -240,6 +242,7 @@ def _one_turn(
     index, ep.turns = ep.turns, ep.turns + 1
     calls, errors = parse_tool_calls(gen.text or "")
     ep.parse_errors += len(errors)
+    ctx.settle_turns()  # the turns before this one are durable before its tool calls run
     if gen.finish_reason in CUT_TURN:
         messages, tool_seconds = _cut_turn(ctx, ep, gen), 0.0
     else:

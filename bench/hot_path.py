@@ -128,6 +128,41 @@ def turns_and_rewards(db_url: str, job_id: str) -> tuple[int, list]:
     return turns, list(rewards)
 
 
+def slot_time_split(db_url: str, job_id: str) -> dict:
+    """Medians per rollout of where its RUN slot's time went: the stage as a whole
+    (`run_seconds`, claim to hand-on), the LLM calls (`gen_seconds`, the servers' latency
+    included), the tools (`tool_seconds`), and what is left (the service's own latency)."""
+    import sqlalchemy as sa
+
+    from core.db import session_scope
+    from core.models import Rollout, Turn
+
+    with session_scope(db_url) as s:
+        rows = s.execute(
+            sa.select(
+                Rollout.run_seconds,
+                sa.func.sum(Turn.gen_seconds),
+                sa.func.sum(Turn.tool_seconds),
+                Rollout.init_seconds,
+                Rollout.eval_seconds,
+            )
+            .join(Turn, Turn.rollout_id == Rollout.id)
+            .where(Rollout.job_id == job_id)
+            .group_by(Rollout.id)
+        ).all()
+    if not rows:
+        return {}
+    med = lambda values: round(statistics.median(values) * 1000, 1)  # noqa: E731
+    return {
+        "run_ms": med([r[0] or 0 for r in rows]),
+        "gen_ms": med([r[1] or 0 for r in rows]),
+        "tool_ms": med([r[2] or 0 for r in rows]),
+        "run_rest_ms": med([(r[0] or 0) - (r[1] or 0) - (r[2] or 0) for r in rows]),
+        "init_ms": med([r[3] or 0 for r in rows]),
+        "eval_ms": med([r[4] or 0 for r in rows]),
+    }
+
+
 def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
     """An LLM simulator process, always this tree's (the instrument, the same for both)."""
     port = free_port()
@@ -305,6 +340,7 @@ def run_one(args: argparse.Namespace) -> dict:
                 spy.wait(300)
             done = finish_offsets(db_url, job)
             turns, rewards = turns_and_rewards(db_url, job)
+            split = slot_time_split(db_url, job)
         finally:
             for stop in reversed(stops):
                 stop()
@@ -336,6 +372,8 @@ def run_one(args: argparse.Namespace) -> dict:
         "run_sys_ms_per_turn": round(run_sys / turns * 1000, 2) if turns else None,
         "finish_p50_s": round(statistics.median(done), 2),
         "finish_deciles_s": [round(done[min(n - 1, n * k // 10)], 1) for k in range(11)],
+        "slot_time_split_p50": split,
+        "slot_ms_per_rollout": round(args.slots / steady * 1000, 1),
         "goal_share_met": steady / bound >= GOAL_SHARE,
         "goal_cpu_met": bool(turns) and total_cpu / turns * 1000 <= GOAL_CPU_MS_PER_TURN,
         "run_profile": profile_summary(Path(args.profile) / f"run-{args.label}.txt") if args.profile else None,

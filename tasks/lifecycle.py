@@ -9,6 +9,7 @@ cancelling a job is `tasks.cancels`.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from datetime import datetime
 from functools import lru_cache
 from types import SimpleNamespace
@@ -151,8 +152,7 @@ def record_turn(
     window: float = turn_log.DEFAULT_WINDOW,
     **fields: Any,
 ) -> None:
-    """Append one turn to the log; returns once it is committed (before the agent's next
-    generation).
+    """Append one turn to the log; returns once it is committed (`queue_turn` does not wait).
 
     With `lease`, fenced on it in the insert itself and group-committed with the process's
     other turns (`tasks.turn_log`): a worker presumed dead, whose RUN was resumed by another,
@@ -168,6 +168,15 @@ def record_turn(
             s.connection().execute(Turn.__table__.insert().values(rollout_id=rollout_id, attempt=attempt, **fields))
     except IntegrityError:
         log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id, fields.get("index"), attempt)
+
+
+def queue_turn(
+    db_url: str, rollout_id: str, attempt: int, lease: str, window: float = turn_log.DEFAULT_WINDOW, **fields: Any
+) -> Future:
+    """`record_turn` with a lease, without waiting: the turn's future resolves once its
+    group-committed batch did (`tasks.turn_log`); the caller settles it before anything that
+    needs the turn durable (`StageRun._settle_turns`)."""
+    return turn_log.writer(db_url, window).queue_turn(rollout_id, attempt, lease, fields)
 
 
 @retrying

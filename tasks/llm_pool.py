@@ -234,11 +234,19 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         (`_mark_and_read`); a paused or vanished server is not marked. The weight version a
         turn records comes from this read: no other read of the row per turn.
 
-        A clear of the previous mark still queued in the turn writer commits first, so it can
-        never wipe this mark.
+        A clear of the previous mark still queued in the turn writer is taken back (this
+        statement writes the column either way; put back if the statement fails) and one
+        already being written commits first, so no clear can wipe this mark.
         """
-        turn_log.writer(self.db_url).wait_idle(self.rollout_id)
-        row = sql.run_alone(self.db_url, *self._mark_and_read(url))
+        writes = turn_log.writer(self.db_url)
+        dropped = writes.drop_queued_clears(self.rollout_id)
+        writes.wait_cleared(self.rollout_id)
+        try:
+            row = sql.run_alone(self.db_url, *self._mark_and_read(url))
+        except BaseException:
+            if dropped:
+                writes.clear_generating(self.rollout_id, self.lease)
+            raise
         if row is None:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
         return self._info(row) if row.url is not None else None

@@ -13,8 +13,9 @@ the logged turns and continues at the next turn index (`agents.loop`). Nothing i
 again and no logged turn is generated or executed again; only the turn in flight is (it was
 never logged; its half-run tool call may have left traces in the sandbox, as any shell would).
 Otherwise the rollout restarts from INIT as a new attempt, as before. Turns are group-committed
-per RUN process (`tasks.turn_log`), but each loop waits for its turn's batch before its next
-generation: a batch lost with its process holds at most that in-flight turn per rollout.
+per RUN process (`tasks.turn_log`), and each loop waits for its turns' batches before its next
+tool calls run: a batch lost with its process holds at most that in-flight turn per rollout
+whose tool calls ran.
 
 A lost EVAL is graded again the same way (same attempt, EVAL queue of the rollout's node,
 within the same `max_resumes` budget): the artifact and the token arrays are stored, and
@@ -65,6 +66,14 @@ def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
             )
             or 0
         )
+
+
+def run_resumed(resumes: list[dict[str, Any]] | None, attempt: int) -> bool:
+    """Whether a RUN of `attempt` was queued again in place: the only way a RUN claim can
+    find turns of its attempt logged (a claim needs an unleased row, and `lifecycle.resume`
+    is the one write that unleases a RUN row without starting a new attempt). A first RUN
+    skips the read of its turns on this: it has none."""
+    return any(entry.get("attempt") == attempt and entry.get("stage", "run") == "run" for entry in resumes or [])
 
 
 def resumes_of_attempt(resumes: list[dict[str, Any]] | None, attempt: int) -> int:

@@ -81,6 +81,7 @@ class StageRun:
         # Set once the rollout may belong to the next stage: its sandbox is no longer ours
         # to release, whatever fails afterwards.
         self.handed_on = False
+        self._unsettled: list[tuple[Any, dict[str, Any]]] = []  # queued turns (future, fields)
 
     def execute(self, job: str | None = None) -> None:
         """Claim, run the stage under a heartbeat, and record how it ended."""
@@ -141,9 +142,34 @@ class StageRun:
         )
 
     def _record_turn(self, **fields: Any) -> None:
-        lifecycle.record_turn(
-            self.db, self.rollout_id, self.attempt, lease=self.lease, window=self.settings.turn_batch_window, **fields
-        )
+        """Queue one turn for the turn log (`RunContext.record_turn`): the next generation
+        overlaps its commit; `_settle_turns` makes it durable."""
+        window = self.settings.turn_batch_window
+        future = lifecycle.queue_turn(self.db, self.rollout_id, self.attempt, self.lease, window, **fields)
+        self._unsettled.append((future, fields))
+
+    def _settle_turns(self) -> None:
+        """Block until every queued turn is durable, in order. A turn whose batch the
+        database failed is written again on its own (`lifecycle.record_turn`, which retries
+        like every stage write: the insert is idempotent); a refused fence raises LeaseLost."""
+        while self._unsettled:
+            future, fields = self._unsettled[0]
+            try:
+                future.result()
+            except LeaseLost:
+                self._unsettled.clear()
+                raise
+            except Exception as exc:  # noqa: BLE001 - the batch's database error: write it alone
+                self.log.info("turn %s: its batch failed (%s); writing it again", fields.get("index"), exc)
+                lifecycle.record_turn(
+                    self.db,
+                    self.rollout_id,
+                    self.attempt,
+                    lease=self.lease,
+                    window=self.settings.turn_batch_window,
+                    **fields,
+                )
+            self._unsettled.pop(0)
 
     def _cancel_seen(self) -> bool:
         """Whether the rollout was asked to stop, as of the process's last heartbeat."""
@@ -178,13 +204,15 @@ class StageRun:
         sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.sandbox)
         resume_turns = None
-        if self.handler.resumable:  # a lost RUN of this attempt logged these: continue after
+        if self.handler.resumable and resume.run_resumed(self.rollout.resumes, self.attempt):
+            # a lost RUN of this attempt logged these: continue after them
             resume_turns = resume.stored_turns(self.db, self.rollout_id, self.attempt) or None
         self.ctx = ctx = self.ctx.for_run(
             sandbox,
             (handle or {}).get("workspace"),
             llm=self._llm_session(),
             record_turn=self._record_turn,
+            settle_turns=self._settle_turns,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
         )
@@ -196,6 +224,7 @@ class StageRun:
         finally:
             if ctx.llm is not None:
                 ctx.llm.close()
+        self._settle_turns()  # every turn durable before the rollout leaves this lease
         sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
         if result.outcome == Outcome.PROMPT_TOO_LONG.value or result.finish_reason in SELF_INFLICTED:
             self._end_ungraded(result)

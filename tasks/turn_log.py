@@ -9,17 +9,22 @@ one refused row from aborting the batch it shares.
 
 The RUN threads of one process hand their turns to one `TurnWriter`, which writes what arrived
 within `turn_batch_window` seconds in one transaction (one commit for the batch instead of
-one per turn). `write` returns only once its batch committed: the agent loop's next
-generation never starts before its previous turn is durable, so resume
-(`tasks.resume`) keeps its rule: a batch lost with its process (SIGKILL, a crash, the database
-going away before the commit) holds at most one turn per rollout, the turn in flight, which
-the resumed RUN generates and executes again exactly as it would a turn whose tool calls were
-still running; nothing logged is lost and no turn index is logged twice.
+one per turn). A turn is queued without waiting (`queue_turn` returns its future); the stage
+settles it (`StageRun._settle_turns`) before the loop runs the next turn's tool calls and
+before the hand-on, so the next generation overlaps the commit while resume (`tasks.resume`)
+keeps its rule: a batch lost with its process (SIGKILL, a crash, the database going away
+before the commit) holds at most one turn per rollout whose tool calls ran, the turn in
+flight, which the resumed RUN generates and executes again exactly as it would a turn whose
+tool calls were still running; nothing settled is lost and no turn index is logged twice.
+What such a loss costs beyond that is the generation that was running meanwhile (its tool
+calls had not started): the resumed RUN generates it again.
 
 Writes that need no reply (clearing a rollout's generation mark, `clear_generating`) go
 through the same queue: they commit with the next batch, in the order they were queued, so a
-clear always lands before the turn record that follows it (and before the next mark, which
-waits for pending clears of its rollout: `wait_idle`).
+clear always lands before the turn record that follows it. The next mark never lands before
+it either: a mark takes back its rollout's clears still queued (`drop_queued_clears`: the mark
+writes the column itself) and waits for one already in a batch being written
+(`wait_cleared`).
 """
 
 from __future__ import annotations
@@ -120,6 +125,7 @@ class _Write:
 
     rollout_id: str
     apply: Callable[[Connection], None]
+    clear: bool = False  # a generation mark's clear (what the next mark waits for)
     done: Future = field(default_factory=Future)
 
 
@@ -129,7 +135,7 @@ class TurnWriter:
     def __init__(self, db_url: str, window: float = DEFAULT_WINDOW) -> None:
         self.db_url, self.window = db_url, window
         self._queue: list[_Write] = []
-        self._pending: dict[str, int] = {}  # rollout id -> queued or unflushed writes
+        self._clears: dict[str, int] = {}  # rollout id -> queued or uncommitted clears
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.batches = 0  # committed transactions (the bench reads them)
@@ -137,28 +143,55 @@ class TurnWriter:
 
     def record_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
         """Log one turn; returns once its batch committed (LeaseLost if the fence refused)."""
-        self.submit(rollout_id, lambda c: write_turn(c, rollout_id, attempt, lease, fields)).result()
+        self.queue_turn(rollout_id, attempt, lease, fields).result()
+
+    def queue_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> Future:
+        """Queue one turn; its future resolves when its batch committed (LeaseLost if the
+        fence refused, the database's error if the batch failed)."""
+        return self.submit(rollout_id, lambda c: write_turn(c, rollout_id, attempt, lease, fields))
 
     def clear_generating(self, rollout_id: str, lease: str) -> Future:
         """Queue the mark's clear; it commits with the next batch (no wait)."""
-        return self.submit(rollout_id, lambda c: clear_generating(c, rollout_id, lease))
+        return self.submit(rollout_id, lambda c: clear_generating(c, rollout_id, lease), clear=True)
 
-    def wait_idle(self, rollout_id: str, timeout: float | None = None) -> None:
-        """Block until no write of `rollout_id` is queued or in an uncommitted batch."""
+    def drop_queued_clears(self, rollout_id: str) -> int:
+        """Take back the mark clears of `rollout_id` still queued (not in a batch being
+        written); how many. The caller's next mark writes `generating_on` either way (the
+        server's url, or NULL for a paused one), so a clear queued before it has nothing
+        left to do, and the mark need not wait for the batch window."""
+        with self._cond:
+            mine = [w for w in self._queue if w.clear and w.rollout_id == rollout_id]
+            if not mine:
+                return 0
+            self._queue = [w for w in self._queue if not (w.clear and w.rollout_id == rollout_id)]
+            left = self._clears[rollout_id] - len(mine)
+            if left:
+                self._clears[rollout_id] = left
+            else:
+                del self._clears[rollout_id]
+            self._cond.notify_all()
+        for item in mine:
+            item.done.set_result(None)
+        return len(mine)
+
+    def wait_cleared(self, rollout_id: str, timeout: float | None = None) -> None:
+        """Block until no generation-mark clear of `rollout_id` is queued or in an
+        uncommitted batch (its queued turns need not wait: they touch no mark)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._pending.get(rollout_id):
+            while self._clears.get(rollout_id):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"rollout {rollout_id}: turn-log writes still pending")
+                    raise TimeoutError(f"rollout {rollout_id}: a generation mark's clear is still pending")
                 self._cond.wait(left)
 
-    def submit(self, rollout_id: str, apply: Callable[[Connection], None]) -> Future:
+    def submit(self, rollout_id: str, apply: Callable[[Connection], None], clear: bool = False) -> Future:
         """Queue a write for the next batch; its future resolves when the batch committed."""
-        item = _Write(rollout_id, apply)
+        item = _Write(rollout_id, apply, clear)
         with self._cond:
             self._queue.append(item)
-            self._pending[rollout_id] = self._pending.get(rollout_id, 0) + 1
+            if clear:
+                self._clears[rollout_id] = self._clears.get(rollout_id, 0) + 1
             self._ensure_thread()
             # Wake the writer only when it waits for a first write or the batch is full: in
             # its window it wakes on its own (a wake per write was a context switch per write).
@@ -191,11 +224,13 @@ class TurnWriter:
             outcomes = self._commit(batch)
             with self._cond:
                 for item in batch:
-                    left = self._pending[item.rollout_id] - 1
+                    if not item.clear:
+                        continue
+                    left = self._clears[item.rollout_id] - 1
                     if left:
-                        self._pending[item.rollout_id] = left
+                        self._clears[item.rollout_id] = left
                     else:
-                        del self._pending[item.rollout_id]
+                        del self._clears[item.rollout_id]
                 self._cond.notify_all()
             for item, error in zip(batch, outcomes):
                 if error is None:
@@ -251,13 +286,21 @@ class TurnLog:
         """`TurnWriter.record_turn` on the rollout's lane."""
         self.lane(rollout_id).record_turn(rollout_id, attempt, lease, fields)
 
+    def queue_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> Future:
+        """`TurnWriter.queue_turn` on the rollout's lane."""
+        return self.lane(rollout_id).queue_turn(rollout_id, attempt, lease, fields)
+
     def clear_generating(self, rollout_id: str, lease: str) -> Future:
         """`TurnWriter.clear_generating` on the rollout's lane."""
         return self.lane(rollout_id).clear_generating(rollout_id, lease)
 
-    def wait_idle(self, rollout_id: str, timeout: float | None = None) -> None:
-        """`TurnWriter.wait_idle` on the rollout's lane."""
-        self.lane(rollout_id).wait_idle(rollout_id, timeout)
+    def drop_queued_clears(self, rollout_id: str) -> int:
+        """`TurnWriter.drop_queued_clears` on the rollout's lane."""
+        return self.lane(rollout_id).drop_queued_clears(rollout_id)
+
+    def wait_cleared(self, rollout_id: str, timeout: float | None = None) -> None:
+        """`TurnWriter.wait_cleared` on the rollout's lane."""
+        self.lane(rollout_id).wait_cleared(rollout_id, timeout)
 
     @property
     def batches(self) -> int:

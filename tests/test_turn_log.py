@@ -151,9 +151,61 @@ def test_a_clear_queued_before_a_turn_commits_before_it_and_never_after_a_new_ma
     writer.clear_generating(rid, lease)  # no wait
     with session_scope(any_db_url) as s:  # not yet committed: the batch window is open
         assert s.get(Rollout, rid).generating_on == "http://server"
-    writer.wait_idle(rid, timeout=10)  # what the next mark does first
+    writer.wait_cleared(rid, timeout=10)  # what the next mark does first
     with session_scope(any_db_url) as s:
         assert s.get(Rollout, rid).generating_on is None
+
+
+def test_a_queued_turn_returns_before_its_commit_and_does_not_hold_back_the_next_mark(any_db_url) -> None:
+    """The next generation overlaps the previous turn's commit: the mark waits for pending
+    clears only, not for queued turns."""
+    [rid] = _rollouts(any_db_url, 1)
+    writer = turn_log.TurnWriter(any_db_url, window=0.5)
+    queued = writer.queue_turn(rid, 1, f"L1-{rid}", {"index": 0, "text": "t0"})
+    assert not queued.done()
+    started = time.monotonic()
+    writer.wait_cleared(rid, timeout=10)
+    assert time.monotonic() - started < 0.25  # not the batch window
+    assert _turns(any_db_url) == []  # still in the open batch
+    queued.result(10)
+    assert _turns(any_db_url) == [(rid, 0, "t0")]
+
+
+def _stage_run(db_url: str, rollout_id: str) -> object:
+    from types import SimpleNamespace
+
+    from core.settings import Settings
+    from tasks.stages import StageRun
+
+    run = StageRun(SimpleNamespace(raas_settings=Settings(database_url=db_url)), "run", rollout_id, 1)
+    run.lease = f"L1-{rollout_id}"
+    return run
+
+
+def test_settling_writes_again_a_turn_whose_batch_failed(sqlite_url) -> None:
+    from concurrent.futures import Future
+
+    from sqlalchemy.exc import OperationalError
+
+    [rid] = _rollouts(sqlite_url, 1)
+    run = _stage_run(sqlite_url, rid)
+    failed: Future = Future()
+    failed.set_exception(OperationalError("INSERT", {}, Exception("the database restarted")))
+    run._unsettled.append((failed, {"index": 0, "text": "t0"}))  # its batch was lost
+    run._record_turn(index=1, text="t1")
+    run._settle_turns()
+    assert sorted(_turns(sqlite_url, rid)) == [(rid, 0, "t0"), (rid, 1, "t1")]  # both durable
+    assert run._unsettled == []
+
+
+def test_settling_a_turn_the_fence_refused_raises_lease_lost(sqlite_url) -> None:
+    [rid] = _rollouts(sqlite_url, 1)
+    run = _stage_run(sqlite_url, rid)
+    run.lease = "stale"
+    run._record_turn(index=0, text="t0")
+    with pytest.raises(LeaseLost):
+        run._settle_turns()
+    assert run._unsettled == [] and _turns(sqlite_url) == []
 
 
 def test_lifecycle_record_turn_goes_through_the_fenced_writer(sqlite_url) -> None:
@@ -199,10 +251,33 @@ def test_the_mark_and_the_server_read_are_one_statement(any_db_url) -> None:
     info = pool.begin_generation("http://sim:1")
     assert (info.weight_version, info.paused) == ("v2", True)
     with session_scope(any_db_url) as s:
-        assert s.get(Rollout, rid).generating_on is None  # the clear landed first, no new mark
+        assert s.get(Rollout, rid).generating_on is None  # paused: the mark writes no url
     assert pool.begin_generation("http://gone:1") is None
     with pytest.raises(LeaseLost):
         RegisteredPool(any_db_url, "vllm", rid, "stale").begin_generation("http://sim:1")
+
+
+def test_a_mark_takes_back_the_queued_clear_and_no_late_clear_wipes_it(any_db_url) -> None:
+    """The next generation does not wait for the previous mark's clear to commit: the mark
+    takes the queued clear back (it writes the column itself), and nothing of the old
+    generation lands after it."""
+    from tasks.llm_pool import RegisteredPool
+
+    [rid] = _rollouts(any_db_url, 1)
+    _server(any_db_url)
+    writes = turn_log.writer(any_db_url, 1.0)  # a wide batch window
+    try:
+        pool = RegisteredPool(any_db_url, "vllm", rid, f"L1-{rid}")
+        pool.begin_generation("http://sim:1")
+        pool.end_generation()  # queued: the window is open
+        started = time.monotonic()
+        pool.begin_generation("http://sim:1")
+        assert time.monotonic() - started < 0.5  # not the window
+        writes.record_turn(rid, 1, f"L1-{rid}", {"index": 0})  # the next batch commits
+        with session_scope(any_db_url) as s:
+            assert s.get(Rollout, rid).generating_on == "http://sim:1"  # the new mark stands
+    finally:
+        writes.set_window(turn_log.DEFAULT_WINDOW)
 
 
 def test_a_mark_racing_a_pause_is_either_seen_by_it_or_sees_it(pg_url) -> None:

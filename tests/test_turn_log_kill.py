@@ -3,10 +3,12 @@ loses is exactly what the module says, the turn whose record had not committed, 
 is logged twice.
 
 The batch window is stretched to 1.5 s so the kill surely lands inside one: turn 0 is
-committed, turn 1 was generated and its tool ran, and its record waits in the batch. The
-reaper finds the lease dead and the RUN resumes in the same attempt from turn 1: turn 1 is
-generated again (one request more than an uninterrupted rollout), every index is logged once,
-and the rollout ends with all its turns (reward 1: the work was real).
+committed, turn 1 was generated and its tool ran, its record waits in the batch, and turn 2's
+generation went out meanwhile (it overlaps the commit) while its tool call waits for turn 1 to
+be durable. The reaper finds the lease dead and the RUN resumes in the same attempt from turn
+1: turns 1 and 2 are generated again (two requests more than an uninterrupted rollout; only
+turn 1's tool had run), every index is logged once, and the rollout ends with all its turns
+(reward 1: the work was real).
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ def test_a_worker_killed_mid_batch_loses_only_the_uncommitted_turn(tmp_path) -> 
         )
         rid = job["rollout_ids"][0]
         deadline = time.monotonic() + 60
-        # Turn 0 committed, turn 1 generated (its tool ran): its record sits in the batch.
-        while not (_turns(svc.settings.db_url, rid) == [(1, 0)] and _requests(url) >= 2):
+        # Turn 0 committed, turn 1 generated (its tool ran): its record sits in the batch;
+        # turn 2 generated, its tool call waiting for turn 1's commit.
+        while not (_turns(svc.settings.db_url, rid) == [(1, 0)] and _requests(url) >= 3):
             assert time.monotonic() < deadline, svc.log_tail()
             time.sleep(0.02)
         assert _turns(svc.settings.db_url, rid) == [(1, 0)]  # still uncommitted at the kill
@@ -68,7 +71,8 @@ def test_a_worker_killed_mid_batch_loses_only_the_uncommitted_turn(tmp_path) -> 
         assert view["outcome"] == "completed" and view["reward"] == 1.0, view["error"]
         assert _turns(svc.settings.db_url, rid) == [(1, k) for k in range(TURNS)]
         assert view["attempt"] == 1 and view["metrics"]["resumed_from_turn"] == 1
-        assert _requests(url) == TURNS + 1  # exactly the turn lost with the batch, again
+        # exactly the turn lost with the batch and the generation that overlapped it, again
+        assert _requests(url) == TURNS + 2
         assert [t["observation"] for t in view["turns"]] == [f"k part {k + 1}." for k in range(TURNS - 1)] + [
             view["turns"][-1]["observation"]
         ]

@@ -266,6 +266,10 @@ class CallRunner:
             gen_seconds=round(seconds, 6),
             extra=extra,
         )
+        # Durable before the harness sees the reply: the harness runs its tools itself, so
+        # this call is the only point where a turn that cannot be logged (a lost lease)
+        # can still fail the rollout before anything else happens.
+        self.ctx.settle_turns()
 
 
 def _extend_deadline(ctx: RunContext, seconds: float) -> None:

@@ -210,6 +210,25 @@ def test_each_turn_is_recorded_before_the_next_generation(make_llm, make_ctx) ->
     assert generations_at_record == [1, 2, 3]
 
 
+def test_each_turn_is_durable_before_the_next_turns_tool_calls_run(make_llm, make_ctx) -> None:
+    """The commit of turn k overlaps generation k+1, but turn k+1's tools never run before
+    turn k is durable (`settle_turns`): at most the turn in flight has unlogged effects."""
+    import dataclasses
+
+    llm = make_llm({"default": [call("echo", text="a"), call("echo", text="b"), call("finish", answer="c")]})
+    events: list[str] = []
+    pending: list[int] = []
+
+    def settle() -> None:
+        events.extend(f"durable {i}" for i in pending)
+        pending.clear()
+
+    ctx = make_ctx(llm=llm, record_turn=lambda **turn: pending.append(turn["index"]))
+    ctx = dataclasses.replace(ctx, settle_turns=settle)
+    run_agent_loop(ctx, system_prompt="s", user_prompt="u", tools=[echo_tool(events), finish_tool()])
+    assert events == ["a", "durable 0", "b", "durable 1", "durable 2"]
+
+
 def test_final_answer_hook_accepts_a_reply_without_tool_call(make_llm, make_ctx) -> None:
     def boxed(text: str) -> str | None:
         return text.split("\\boxed{")[1].split("}")[0] if "\\boxed{" in text else None
