@@ -3,7 +3,8 @@
 SQLite and the embedded Redis server (tasks/embedded_redis.py: the broker, on a Unix socket,
 with an append-only file) live under the home folder; `raas up` starts the server (or adopts
 the one a killed `raas up` or a standalone worker left running) and stops it at exit;
-migrations run first; the three stage pools are child processes (so a crash in one does not take the gateway down) that
+migrations run first; the three stage pools are child processes (so a crash in one does not take the gateway down; a
+pool of more than `max_slots_per_process` slots is several) that
 a supervisor thread restarts when one dies; the reaper runs in a thread; Ctrl-C stops
 everything, children first, then the sandboxes this deployment left running.
 """
@@ -75,22 +76,31 @@ def spawn_worker(settings: Settings, stage: str, concurrency: int, verbose: bool
 
 
 class Supervisor:
-    """Keeps one pool per stage alive: a pool that exits is started again (with a log line)."""
+    """Keeps each stage pool's processes alive (one unless `concurrency` exceeds
+    `max_slots_per_process`: `app.node.process_slots`): a process that exits is started
+    again (with a log line)."""
 
     def __init__(self, settings: Settings, concurrency: int, verbose: bool = False) -> None:
+        from app.node import process_slots
+
         self.settings = settings
-        self.concurrency = concurrency
         self.verbose = verbose
-        self.pools: dict[str, subprocess.Popen] = {}
-        self.started: dict[str, float] = {}
+        # (stage, index) -> that process's slots
+        self.slots = {
+            (stage, i): n
+            for stage in STAGES
+            for i, n in enumerate(process_slots(concurrency, settings.max_slots_per_process))
+        }
+        self.pools: dict[tuple[str, int], subprocess.Popen] = {}
+        self.started: dict[tuple[str, int], float] = {}
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
     def start(self) -> None:
         """Spawn the pools and the watching thread."""
         with self.lock:
-            for stage in STAGES:
-                self._spawn(stage)
+            for key in self.slots:
+                self._spawn(key)
         threading.Thread(target=self._watch, name="raas-supervisor", daemon=True).start()
 
     def _watch(self) -> None:
@@ -98,22 +108,22 @@ class Supervisor:
             with self.lock:
                 if self.stopping.is_set():
                     return
-                for stage, proc in list(self.pools.items()):
+                for key, proc in list(self.pools.items()):
                     if proc.poll() is None:
                         continue
-                    if time.monotonic() - self.started[stage] < RESTART_BACKOFF:
+                    if time.monotonic() - self.started[key] < RESTART_BACKOFF:
                         continue
                     log.warning(
                         "%s pool (pid %s) exited with %s; starting a new one",
-                        stage.upper(),
+                        key[0].upper(),
                         proc.pid,
                         _describe_exit(proc.returncode),
                     )
-                    self._spawn(stage)
+                    self._spawn(key)
 
-    def _spawn(self, stage: str) -> None:
-        self.pools[stage] = spawn_worker(self.settings, stage, self.concurrency, self.verbose)
-        self.started[stage] = time.monotonic()
+    def _spawn(self, key: tuple[str, int]) -> None:
+        self.pools[key] = spawn_worker(self.settings, key[0], self.slots[key], self.verbose)
+        self.started[key] = time.monotonic()
 
     def stop(self) -> None:
         """Stop watching, then stop every pool."""

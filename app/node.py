@@ -1,6 +1,7 @@
 """`raas node`: one node's stage pools and its reaper as one supervised unit, in the foreground.
 
-Each pool is a child process (`raas worker --stage ...`) in its own session, so a terminal's
+Each stage pool is one or more child processes (`raas worker --stage ...`: a pool of more than
+`max_slots_per_process` slots is split evenly, `process_slots`), each in its own session, so a terminal's
 Ctrl-C or a signal to the process group reaches this command only and the drain keeps its
 order, and with a parent-death signal (SIGTERM), so the pools drain and exit with this command
 whatever Slurm's proctrack plugin does with it. A pool that exits is started again with a
@@ -61,8 +62,20 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None
     return preexec
 
 
+def process_slots(slots: int, per_process: int) -> list[int]:
+    """A pool's slots as worker processes: as few as hold at most `per_process` slots each,
+    evenly split (70 at 32 -> [24, 23, 23]; 0 -> no process). Threads of one process share
+    its GIL: past a few dozen agent loops in one process, the loops wait on each other's
+    Python work, not on the LLM (the latency the bound assumes)."""
+    if slots <= 0:
+        return []
+    count = -(-slots // per_process)
+    base, extra = divmod(slots, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
 class Pool:
-    """One stage pool of the node: its process, restarts and backoff."""
+    """One worker process of a stage pool of the node: its process, restarts and backoff."""
 
     def __init__(self, stage: str, slots: int) -> None:
         self.stage = stage
@@ -90,7 +103,11 @@ class NodeSupervisor:
         verbose: bool = False,
     ) -> None:
         self.settings = settings
-        self.pools = [Pool(stage, slots[stage]) for stage in STAGES if slots.get(stage)]
+        self.pools = [
+            Pool(stage, n)
+            for stage in STAGES
+            for n in process_slots(slots.get(stage, 0), settings.max_slots_per_process)
+        ]
         self.with_reaper = reaper
         self.pool_type = pool
         self.verbose = verbose

@@ -10,7 +10,11 @@ and last sixth of the finishes dropped). CPU is read from /proc for every worker
 (utime + stime, the simulators and PostgreSQL excluded) over the measured job, after a warm-up
 job of one wave; the RUN worker's stime is reported apart (`run_sys_ms_per_turn`). Issue 25's
 goal (steady share >= 0.95 of the bound, <= 6 ms of service CPU per turn) is checked per tree.
-`--profile DIR` also records the RUN worker with py-spy while the measured job runs
+The RUN pool runs as `raas node` runs it: 64 slots at the default `max_slots_per_process` (32)
+are two worker processes, whose CPU is summed (`--slots-per-process 64` adds a run of this tree
+with one, as before the split; a baseline tree from before it starts one). `slot_time_split`
+gives the mean, median and p90 per rollout of its RUN time, LLM time, tool time and the rest.
+`--profile DIR` also records the (first) RUN worker with py-spy while the measured job runs
 (`--profile-mode`: `gil` samples the thread holding the GIL, `active` every thread not idle,
 `idle` every thread; `pip install py-spy` into the venv, not a dependency).
 
@@ -19,7 +23,7 @@ issue 16's hot-path work) is `git archive`d into a temp dir and run with PYTHONP
 this tree; each in its own process (`--one`), in turn, on the same machine.
 
 Usage: .venv/bin/python bench/hot_path.py [--quick] [--baseline REV | --baseline-tree DIR]
-       [--profile DIR [--profile-mode gil|active|idle]]
+       [--profile DIR [--profile-mode gil|active|idle]] [--slots-per-process N]
 (needs Redis :6379 and PostgreSQL :5432)
 """
 
@@ -129,7 +133,7 @@ def turns_and_rewards(db_url: str, job_id: str) -> tuple[int, list]:
 
 
 def slot_time_split(db_url: str, job_id: str) -> dict:
-    """Medians per rollout of where its RUN slot's time went: the stage as a whole
+    """Mean, median and p90 per rollout of where its RUN slot's time went: the stage as a whole
     (`run_seconds`, claim to hand-on), the LLM calls (`gen_seconds`, the servers' latency
     included), the tools (`tool_seconds`), and what is left (the service's own latency)."""
     import sqlalchemy as sa
@@ -152,15 +156,30 @@ def slot_time_split(db_url: str, job_id: str) -> dict:
         ).all()
     if not rows:
         return {}
-    med = lambda values: round(statistics.median(values) * 1000, 1)  # noqa: E731
-    return {
-        "run_ms": med([r[0] or 0 for r in rows]),
-        "gen_ms": med([r[1] or 0 for r in rows]),
-        "tool_ms": med([r[2] or 0 for r in rows]),
-        "run_rest_ms": med([(r[0] or 0) - (r[1] or 0) - (r[2] or 0) for r in rows]),
-        "init_ms": med([r[3] or 0 for r in rows]),
-        "eval_ms": med([r[4] or 0 for r in rows]),
+    columns = {
+        "run_ms": [r[0] or 0 for r in rows],
+        "gen_ms": [r[1] or 0 for r in rows],
+        "tool_ms": [r[2] or 0 for r in rows],
+        "run_rest_ms": [(r[0] or 0) - (r[1] or 0) - (r[2] or 0) for r in rows],
+        "init_ms": [r[3] or 0 for r in rows],
+        "eval_ms": [r[4] or 0 for r in rows],
     }
+    ms = lambda value: round(value * 1000, 1)  # noqa: E731
+    return {
+        name: {
+            "p50": ms(statistics.median(values)),
+            "mean": ms(statistics.fmean(values)),
+            "p90": ms(statistics.quantiles(values, n=10)[-1]) if len(values) > 1 else ms(values[0]),
+        }
+        for name, values in columns.items()
+    }
+
+
+def stage_pids(svc) -> dict[str, list[int]]:
+    """Every worker process of each stage: a pool past `max_slots_per_process` is several
+    (`app.node.process_slots`); a tree from before that split has one per stage."""
+    processes = getattr(svc, "processes", None) or {key: [proc] for key, proc in svc.workers.items()}
+    return {stage: [proc.pid for proc in procs] for (stage, _node), procs in processes.items()}
 
 
 def start_simulator(tokenizer: str, script_file: Path) -> tuple[str, callable]:
@@ -306,7 +325,15 @@ def run_one(args: argparse.Namespace) -> dict:
                 nodes=("bench",),
                 reaper=False,
                 concurrency={"init": 8, "run": args.slots, "eval": 8},
-                extra={"db_pool_size": args.db_pool_size} if args.db_pool_size else None,
+                extra={
+                    k: v
+                    for k, v in (
+                        ("db_pool_size", args.db_pool_size),
+                        ("max_slots_per_process", args.slots_per_process),
+                    )
+                    if v
+                }
+                or None,
             )
             stops.append(svc.stop)
             for url in urls:
@@ -322,20 +349,20 @@ def run_one(args: argparse.Namespace) -> dict:
                 return svc.client.submit("search", instances, **job_kwargs)["job_id"]
 
             wait_all(svc, submit(args.slots, "warm"))
-            pids = {stage: proc.pid for (stage, _node), proc in svc.workers.items()}
-            cpu0 = {stage: cpu_seconds(pid) for stage, pid in pids.items()}
-            sys0 = cpu_times(pids["run"])[1]
+            pids = stage_pids(svc)
+            cpu0 = {stage: sum(map(cpu_seconds, ps)) for stage, ps in pids.items()}
+            sys0 = sum(cpu_times(pid)[1] for pid in pids["run"])
             spy = None
             if args.profile:
                 expected = args.rollouts / (args.slots / (args.turns * args.latency))
                 out = Path(args.profile) / f"run-{args.label}.txt"
-                spy = profile(pids["run"], expected * 0.8, out, args.profile_mode)
+                spy = profile(pids["run"][0], expected * 0.8, out, args.profile_mode)
             t0 = time.monotonic()
             job = submit(args.rollouts, "r")
             wait_all(svc, job)
             wall = time.monotonic() - t0
-            cpu = {stage: cpu_seconds(pid) - cpu0[stage] for stage, pid in pids.items()}
-            run_sys = cpu_times(pids["run"])[1] - sys0
+            cpu = {stage: sum(map(cpu_seconds, ps)) - cpu0[stage] for stage, ps in pids.items()}
+            run_sys = sum(cpu_times(pid)[1] for pid in pids["run"]) - sys0
             if spy is not None:
                 spy.wait(300)
             done = finish_offsets(db_url, job)
@@ -365,6 +392,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "latency_bound_per_s": bound,
         "steady_vs_bound": round(steady / bound, 3),
         "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+        "run_processes": len(pids["run"]),
         "cores_used": round(total_cpu / wall, 2),
         "cpu_ms_per_rollout": round(total_cpu / n * 1000, 1),
         "cpu_ms_per_turn": round(total_cpu / turns * 1000, 2) if turns else None,
@@ -372,7 +400,7 @@ def run_one(args: argparse.Namespace) -> dict:
         "run_sys_ms_per_turn": round(run_sys / turns * 1000, 2) if turns else None,
         "finish_p50_s": round(statistics.median(done), 2),
         "finish_deciles_s": [round(done[min(n - 1, n * k // 10)], 1) for k in range(11)],
-        "slot_time_split_p50": split,
+        "slot_time_split": split,
         "slot_ms_per_rollout": round(args.slots / steady * 1000, 1),
         "goal_share_met": steady / bound >= GOAL_SHARE,
         "goal_cpu_met": bool(turns) and total_cpu / turns * 1000 <= GOAL_CPU_MS_PER_TURN,
@@ -387,7 +415,9 @@ def archive(rev: str, into: Path) -> Path:
     return into
 
 
-def run_tree(label: str, tree: Path, args: argparse.Namespace, pool_size: int | None = None) -> dict:
+def run_tree(
+    label: str, tree: Path, args: argparse.Namespace, pool_size: int | None = None, per_process: int | None = None
+) -> dict:
     """This script's `--one` in a child process whose imports come from `tree`."""
     cmd = [
         sys.executable,
@@ -410,6 +440,8 @@ def run_tree(label: str, tree: Path, args: argparse.Namespace, pool_size: int | 
         cmd += ["--profile", args.profile, "--profile-mode", args.profile_mode]
     if pool_size:
         cmd += ["--db-pool-size", str(pool_size)]
+    if per_process:
+        cmd += ["--slots-per-process", str(per_process)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -436,6 +468,13 @@ def main() -> None:
         default=None,
         help="also run this tree with RAAS_DB_POOL_SIZE=N (default 4 per process)",
     )
+    parser.add_argument(
+        "--slots-per-process",
+        type=int,
+        default=None,
+        help="also run this tree with RAAS_MAX_SLOTS_PER_PROCESS=N (default 32: 64 RUN slots are two "
+        "processes; 64 runs them in one, as before the split)",
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -456,18 +495,21 @@ def main() -> None:
                 report.append(run_tree(label, trees[label](), args))
         if args.db_pool_size and args.only in (None, "after"):
             report.append(run_tree(f"after, db_pool_size {args.db_pool_size}", REPO, args, args.db_pool_size))
+        if args.slots_per_process and args.only in (None, "after"):
+            label = f"after, {args.slots_per_process} slots per process"
+            report.append(run_tree(label, REPO, args, per_process=args.slots_per_process))
     print(json.dumps(report, indent=2))
     print(
         "\n| tree | rollouts | steady/s | bound/s | steady/bound | wall s | cores | "
-        "CPU ms/rollout | CPU ms/turn | RUN CPU ms/turn | reward 1 |"
+        "CPU ms/rollout | CPU ms/turn | RUN CPU ms/turn | RUN processes | reward 1 |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report:
         print(
             f"| {r['tree']} | {r['rollouts']} | {r['steady_rollouts_per_s']} | "
             f"{r['latency_bound_per_s']} | {r['steady_vs_bound']} | {r['wall_s']} | "
             f"{r['cores_used']} | {r['cpu_ms_per_rollout']} | {r['cpu_ms_per_turn']} | "
-            f"{r['run_cpu_ms_per_turn']} | {r['reward_1']} |"
+            f"{r['run_cpu_ms_per_turn']} | {r.get('run_processes', 1)} | {r['reward_1']} |"
         )
     print(f"\nissue 25 goal: steady/bound >= {GOAL_SHARE} and service CPU <= {GOAL_CPU_MS_PER_TURN} ms per turn")
     for r in report:

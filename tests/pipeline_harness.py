@@ -22,6 +22,7 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from app import create_app
+from app.node import process_slots
 from raas_client import RaasClient
 from core.settings import Settings
 from migrations.runner import upgrade
@@ -50,7 +51,9 @@ class Service:
     url: str
     client: RaasClient
     logs: Path
-    workers: dict[tuple[str, str], subprocess.Popen] = field(default_factory=dict)
+    workers: dict[tuple[str, str], subprocess.Popen] = field(default_factory=dict)  # each pool's first process
+    # every process of each pool: more than one past `max_slots_per_process` (`app.node.process_slots`)
+    processes: dict[tuple[str, str], list[subprocess.Popen]] = field(default_factory=dict)
     node_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     reapers: dict[str, Reaper] = field(default_factory=dict)
     _server: Any = None
@@ -78,10 +81,19 @@ class Service:
             self._reaper = next(iter(self.reapers.values()), None)
 
     def start_worker(self, stage: str, node: str, concurrency: int = 4) -> subprocess.Popen:
-        """Start (or restart) the `stage` pool of `node` as a child process."""
+        """Start (or restart) the `stage` pool of `node` as child processes, split as `raas
+        node` splits it; returns the first."""
+        procs = [
+            self._start_process(stage, node, n)
+            for n in process_slots(concurrency, self.node_settings(node).max_slots_per_process)
+        ]
+        self.workers[(stage, node)], self.processes[(stage, node)] = procs[0], procs
+        return procs[0]
+
+    def _start_process(self, stage: str, node: str, concurrency: int) -> subprocess.Popen:
         log = open(self.logs / f"{stage}-{node}.log", "ab")
         env = {**self.env, "RAAS_NODE": node, **_as_env(self.node_extra.get(node, {}))}
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -101,8 +113,6 @@ class Service:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        self.workers[(stage, node)] = proc
-        return proc
 
     def kill_worker(self, stage: str, node: str, sig: int = signal.SIGKILL) -> None:
         """Kill a pool the hard way (no cleanup, no ack)."""
@@ -136,10 +146,11 @@ class Service:
         """Stop workers, reaper and gateway."""
         for reaper in {id(r): r for r in [*self.reapers.values(), self._reaper] if r}.values():
             reaper.stop()
-        for proc in self.workers.values():
+        procs = {id(p): p for p in [*self.workers.values(), *(p for ps in self.processes.values() for p in ps)]}
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.workers.values():
+        for proc in procs.values():
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:

@@ -228,3 +228,43 @@ def test_a_node_on_the_embedded_default_starts_its_broker_and_works(tmp_path):
         if node.poll() is None:
             node.kill()
         svc.stop()
+
+
+def test_a_pool_past_max_slots_per_process_runs_as_several_processes(tmp_path, pg_url, redis_prefix):
+    """`--run 4` at `max_slots_per_process` 2: two RUN processes of two slots each, both
+    consuming the node's RUN queue; four rollouts run at once (one process holds two), all
+    complete with the right rewards, and a SIGTERM drains both processes."""
+    svc = _service(tmp_path, pg_url, redis_prefix)
+    db = svc.settings.db_url
+    node = _node(svc, "n1", "--init", "2", "--run", "4", "--eval", "2", max_slots_per_process=2)
+    try:
+
+        def run_pids() -> set[int]:
+            with session_scope(db) as s:
+                rows = s.execute(sa.select(QueueConsumer.queue, QueueConsumer.pid).where(QueueConsumer.node == "n1"))
+                return {pid for queue, pid in rows if queue.startswith("run")}
+
+        wait_for(lambda: len(run_pids()) == 2, timeout=60, what="two RUN processes")
+        job = svc.client.submit(
+            "test-sleepy", [{"instance_id": f"p{k}"} for k in range(4)], agent_config={"run_s": 3, "turns": 3}
+        )
+
+        def holders() -> set[str]:
+            rows = _rows(db, job["job_id"])
+            return {r.lease_owner.split("/")[1] for r in rows if r.status == "run" and r.lease_owner}
+
+        wait_for(lambda: len(holders()) == 2, timeout=60, what="RUNs held by both processes", interval=0.05)
+        assert {int(pid) for pid in holders()} == run_pids()
+        done = svc.wait_done(job["job_id"], timeout=90)
+        assert done["outcomes"] == {"completed": 4}, done
+        results = svc.all_results(job["job_id"])
+        assert len({r["rollout_id"] for r in results}) == 4 == len(results)
+        for r in results:
+            assert r["reward"] == float(r["sample_index"] % 2), r
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+        assert not _consumers(db, "n1")
+    finally:
+        if node.poll() is None:
+            node.kill()
+        svc.stop()

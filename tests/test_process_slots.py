@@ -1,0 +1,48 @@
+"""How a node's stage pool is split into worker processes (`app.node.process_slots`), and that
+both supervisors (`raas node`, `raas up`) start what it says."""
+
+from __future__ import annotations
+
+from app.embedded import Supervisor
+from app.node import NodeSupervisor, process_slots
+from core.settings import Settings
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("slots", "per_process", "split"),
+    [
+        (64, 32, [32, 32]),
+        (70, 32, [24, 23, 23]),
+        (33, 32, [17, 16]),
+        (32, 32, [32]),
+        (4, 32, [4]),
+        (1, 1, [1]),
+        (0, 32, []),
+    ],
+)
+def test_slots_are_split_evenly_over_as_few_processes_as_hold_them(slots, per_process, split):
+    assert process_slots(slots, per_process) == split
+    assert sum(split) == slots
+    assert all(n <= per_process for n in split)
+
+
+def test_the_node_supervisor_starts_one_pool_per_process(tmp_path):
+    settings = Settings(home=tmp_path, node="n1", max_slots_per_process=32)
+    supervisor = NodeSupervisor(settings, {"init": 8, "run": 64, "eval": 0}, reaper=False)
+    assert [(p.stage, p.slots) for p in supervisor.pools] == [("init", 8), ("run", 32), ("run", 32)]
+    argv = supervisor._argv(supervisor.pools[1])
+    assert argv[argv.index("--concurrency") + 1] == "32"
+
+
+def test_raas_up_splits_its_pools_the_same_way(tmp_path):
+    settings = Settings(home=tmp_path, max_slots_per_process=3)
+    assert Supervisor(settings, 4).slots == {
+        ("init", 0): 2,
+        ("init", 1): 2,
+        ("run", 0): 2,
+        ("run", 1): 2,
+        ("eval", 0): 2,
+        ("eval", 1): 2,
+    }
+    assert set(Supervisor(settings.model_copy(update={"max_slots_per_process": 32}), 4).slots.values()) == {4}
