@@ -356,6 +356,7 @@ def slurm_write(
         drain=drain,
         time=time_,
         mem_per_sandbox_mb=mem_per_sandbox,
+        slots_per_process=load_settings().max_slots_per_process,
         partition=partition,
         account=account,
         env_root=Path(root).resolve() if root else None,

@@ -45,6 +45,11 @@ class SlurmJobConfig(BaseModel):
     signal_margin: int = Field(30, ge=0, description="Seconds between the drain's end and the time limit")
     time: str = Field("1-00:00:00", description="Node job time limit (sbatch --time)")
     mem_per_sandbox_mb: int = Field(1024, ge=64, description="Memory budget per live sandbox")
+    slots_per_process: int = Field(
+        32,
+        ge=1,
+        description="The nodes' RAAS_MAX_SLOTS_PER_PROCESS: how many worker processes a node runs (sizes --mem)",
+    )
     partition: str | None = Field(None, description="sbatch --partition")
     account: str | None = Field(None, description="sbatch --account")
     env_root: Path | None = Field(None, description="Shared pre-built environment root")
@@ -59,9 +64,19 @@ class SlurmJobConfig(BaseModel):
         return self.init + self.eval + math.ceil(self.run / 16) + 1
 
     @property
+    def worker_processes(self) -> int:
+        """The node's stage worker processes (`app.node.process_slots`)."""
+        from app.node import process_slots
+
+        return sum(len(process_slots(n, self.slots_per_process)) for n in (self.init, self.run, self.eval))
+
+    @property
     def mem_mb(self) -> int:
-        """Memory per node job: every slot may hold a live sandbox, plus the pools."""
-        return (self.init + self.run + self.eval) * self.mem_per_sandbox_mb + 2048
+        """Memory per node job: every slot may hold a live sandbox, plus the pools: 2 GB for
+        three worker processes and the reaper, 512 MB per further process (a RUN process
+        peaked at 285 MB RSS in `bench/hot_path.py`, its tokenizer loaded)."""
+        extra = max(0, self.worker_processes - 3)
+        return (self.init + self.run + self.eval) * self.mem_per_sandbox_mb + 2048 + 512 * extra
 
 
 def _render(template: str, values: dict[str, object]) -> str:

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import main
+from app.slurm import SlurmJobConfig
 from core.settings import Settings
 from sandbox.environments import (
     SHARED_MARK,
@@ -61,6 +62,7 @@ def test_slurm_write_sizes_the_node_job_and_drains_correctly(tmp_path):
     assert "#SBATCH --array=0-2" in node and "#SBATCH --requeue" in node
     assert "#SBATCH --cpus-per-task=11" in node  # 4 + 4 + 32/16 + 1
     assert "#SBATCH --mem=43008M" in node  # 40 slots x 1024 MB + 2048
+    assert "--mem=" in node and "node job: 11 CPUs, 43008 MB" in result.output
     assert "#SBATCH --signal=B:TERM@120" in node  # the batch shell only, drain + margin
     assert 'raas node --node "$RAAS_NODE" --init 4 --run 32 --eval 4 &' in node
     assert re.search(r"trap '.*kill -TERM \"\$NODE_PID\"", node)  # raas node only
@@ -182,3 +184,12 @@ def test_build_from_a_wheelhouse_without_an_index_marks_the_root_shared(tmp_path
         build_environment("probe", ["raas-probe"], root, no_index=True, find_links=[str(wheelhouse)]) == root / "probe"
     )
     assert os.access(root / "probe" / "bin" / "python3", os.X_OK) and sys.executable
+
+
+def test_the_node_job_has_memory_for_every_worker_process():
+    """64 RUN slots are two processes at the default 32 per process: 512 MB more than the 2 GB
+    the first three worker processes get."""
+    assert SlurmJobConfig(init=8, run=64, eval=8).worker_processes == 4
+    assert SlurmJobConfig(init=8, run=64, eval=8).mem_mb == 80 * 1024 + 2048 + 512
+    assert SlurmJobConfig(init=8, run=64, eval=8, slots_per_process=16).worker_processes == 6
+    assert SlurmJobConfig(init=4, run=32, eval=4).mem_mb == 40 * 1024 + 2048
