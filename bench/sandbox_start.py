@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sandbox import SandboxOptions, SandboxSettings, SandboxSpec, get_runtime  # noqa: E402
-from sandbox import abstract, bwrap  # noqa: E402
+from sandbox import bwrap, node  # noqa: E402
 from sandbox.inside import PTYPROCESS_DIR, TOOLSERVER_DIR, compile_server  # noqa: E402
 from sandbox.pool import WarmPool, remove_slot  # noqa: E402
 
@@ -270,8 +270,8 @@ def run(n: int, load: int) -> dict:
     finally:
         pool.close()
         new_server_start()
-        for handle in abstract.list_sandboxes(state, include_dead=True):
-            abstract.stop_handle(handle)
+        for handle in node.list_sandboxes(state, include_dead=True):
+            node.stop_handle(handle)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
     idle = result["series"]["idle"]
