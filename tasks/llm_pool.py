@@ -12,8 +12,9 @@ load is counted from the rollouts that stick to them (`Rollout.llm_server` of ro
 and their health is kept per process.
 
 Stickiness writes the url to `Rollout.llm_server`, fenced on the stage's lease like every
-other rollout write, so a retried attempt returns to it and a worker that lost its rollout
-writes nothing. A failing server is marked down and re-probed after `RECHECK_SECONDS`. Weight
+other rollout write, so a RUN resumed in the same attempt returns to it (a retried attempt
+starts with none, `lifecycle.retry`: its failure may have been that server) and a worker that
+lost its rollout writes nothing. A failing server is marked down and re-probed after `RECHECK_SECONDS`. Weight
 updates do not remove servers: the trainer pauses a server (`paused`: new generations wait,
 in-flight ones finish), loads the weights, and sets the new `weight_version` while resuming;
 the session reads its server's row every turn in the statement that marks the rollout as

@@ -1,7 +1,8 @@
 """The server pool a session draws from: the interface, and an in-memory pool of named servers.
 
 A session asks its pool for a server (fewest in-flight rollouts wins), keeps a rollout on the
-server it started on (stickiness: prefix-cache reuse, and a retried attempt returns to it),
+server it started on (stickiness: prefix-cache reuse, and a RUN resumed in the same attempt
+returns to it; a retried attempt picks again, since its failure may have been that server),
 gives the slot back, and marks a failing server down until a probe finds it healthy again.
 Where that bookkeeping lives is the pool's business: the pipeline's pools keep it in the
 database, fenced on the rollout's lease (`tasks.llm_pool`); `StaticServerPool` keeps it in this
@@ -96,7 +97,7 @@ class ServerPool(ABC):
 
     @abstractmethod
     def stick(self, url: str) -> None:
-        """Remember that this rollout uses `url` (a retried attempt returns to it)."""
+        """Remember that this rollout uses `url` (a resumed RUN of the attempt returns to it)."""
 
     @abstractmethod
     def sticky_url(self) -> str | None:
