@@ -171,6 +171,16 @@ class StageRun:
                 )
             self._unsettled.pop(0)
 
+    def _settle_quietly(self) -> None:
+        """`_settle_turns` on the way out of a failed RUN: the failure's handling (resume,
+        retry, the terminal write) then sees every turn the loop produced, and a turn that
+        cannot be written (a lost lease) does not replace the failure that is propagating."""
+        try:
+            self._settle_turns()
+        except Exception as exc:  # noqa: BLE001 - the RUN's own error is what gets handled
+            self.log.warning("turns still queued at the failure not logged: %s", exc)
+            self._unsettled.clear()
+
     def _cancel_seen(self) -> bool:
         """Whether the rollout was asked to stop, as of the process's last heartbeat."""
         return self.beats is not None and self.beats.cancel_seen(self.lease)
@@ -221,6 +231,9 @@ class StageRun:
                 result = self.handler.run(ctx)
         except StageTimeout as exc:
             result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline", metrics={"timeout": str(exc)})
+        except BaseException:
+            self._settle_quietly()  # a RUN that fails keeps every turn it produced, as before
+            raise
         finally:
             if ctx.llm is not None:
                 ctx.llm.close()

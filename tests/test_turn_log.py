@@ -4,6 +4,7 @@ refused write not spoiling its batch)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -206,6 +207,23 @@ def test_settling_a_turn_the_fence_refused_raises_lease_lost(sqlite_url) -> None
     with pytest.raises(LeaseLost):
         run._settle_turns()
     assert run._unsettled == [] and _turns(sqlite_url) == []
+
+
+def test_a_failing_run_settles_its_queued_turns_without_masking_its_error(sqlite_url) -> None:
+    """`_settle_quietly`, on the way out of a RUN that raised: every queued turn is durable
+    (the failure's handling sees them); a refused fence is logged, not raised over the
+    failure, and nothing stays queued."""
+    [rid] = _rollouts(sqlite_url, 1)
+    run = _stage_run(sqlite_url, rid)
+    run.log = logging.getLogger("test")
+    run._record_turn(index=0, text="t0")
+    run._record_turn(index=1, text="t1")
+    run._settle_quietly()
+    assert sorted(_turns(sqlite_url, rid)) == [(rid, 0, "t0"), (rid, 1, "t1")] and run._unsettled == []
+    run.lease = "stale"
+    run._record_turn(index=2, text="t2")
+    run._settle_quietly()  # no LeaseLost
+    assert len(_turns(sqlite_url, rid)) == 2 and run._unsettled == []
 
 
 def test_lifecycle_record_turn_goes_through_the_fenced_writer(sqlite_url) -> None:
