@@ -23,7 +23,7 @@ issue 16's hot-path work) is `git archive`d into a temp dir and run with PYTHONP
 this tree; each in its own process (`--one`), in turn, on the same machine.
 
 Usage: .venv/bin/python bench/hot_path.py [--quick] [--baseline REV | --baseline-tree DIR]
-       [--profile DIR [--profile-mode gil|active|idle]] [--slots-per-process N]
+       [--profile DIR [--profile-mode gil|active|idle]] [--slots-per-process N] [--also KEY=VALUE,...]
 (needs Redis :6379 and PostgreSQL :5432)
 """
 
@@ -326,12 +326,15 @@ def run_one(args: argparse.Namespace) -> dict:
                 reaper=False,
                 concurrency={"init": 8, "run": args.slots, "eval": 8},
                 extra={
-                    k: v
-                    for k, v in (
-                        ("db_pool_size", args.db_pool_size),
-                        ("max_slots_per_process", args.slots_per_process),
-                    )
-                    if v
+                    **{
+                        k: v
+                        for k, v in (
+                            ("db_pool_size", args.db_pool_size),
+                            ("max_slots_per_process", args.slots_per_process),
+                        )
+                        if v
+                    },
+                    **dict(parse_setting(text) for text in args.setting),
                 }
                 or None,
             )
@@ -415,8 +418,24 @@ def archive(rev: str, into: Path) -> Path:
     return into
 
 
+def parse_setting(text: str) -> tuple[str, object]:
+    """`KEY=VALUE` (a Settings field, lower case) with VALUE read as JSON when it parses."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--setting/--also wants KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
 def run_tree(
-    label: str, tree: Path, args: argparse.Namespace, pool_size: int | None = None, per_process: int | None = None
+    label: str,
+    tree: Path,
+    args: argparse.Namespace,
+    pool_size: int | None = None,
+    per_process: int | None = None,
+    settings: list[str] = (),
 ) -> dict:
     """This script's `--one` in a child process whose imports come from `tree`."""
     cmd = [
@@ -442,6 +461,8 @@ def run_tree(
         cmd += ["--db-pool-size", str(pool_size)]
     if per_process:
         cmd += ["--slots-per-process", str(per_process)]
+    for text in settings:
+        cmd += ["--setting", text]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -475,6 +496,13 @@ def main() -> None:
         help="also run this tree with RAAS_MAX_SLOTS_PER_PROCESS=N (default 32: 64 RUN slots are two "
         "processes; 64 runs them in one, as before the split)",
     )
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="also run this tree with KEY=VALUE[,KEY=VALUE] settings (repeatable), e.g. run_prefetch=0",
+    )
+    parser.add_argument("--setting", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--label", default="after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -482,6 +510,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args)))
         return
+    for also in args.also:  # a malformed one fails now, not after the other runs
+        [parse_setting(text) for text in also.split(",")]
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     report = []
@@ -498,6 +528,8 @@ def main() -> None:
         if args.slots_per_process and args.only in (None, "after"):
             label = f"after, {args.slots_per_process} slots per process"
             report.append(run_tree(label, REPO, args, per_process=args.slots_per_process))
+        for also in args.also if args.only in (None, "after") else ():
+            report.append(run_tree(f"after, {also}", REPO, args, settings=also.split(",")))
     print(json.dumps(report, indent=2))
     print(
         "\n| tree | rollouts | steady/s | bound/s | steady/bound | wall s | cores | "
