@@ -202,8 +202,8 @@ class Settings(BaseSettings):
         ge=1,
         description="Most slots one stage worker process runs (as threads); a node's pool "
         "with more is split over several processes: one process's GIL serializes the Python "
-        "work of all its threads (`bench/hot_path.py`: 64 RUN slots in one process reached 0.90 "
-        "of the latency bound, in two 0.94)",
+        "work of all its threads (`bench/hot_path.py`: 64 RUN slots in one process reached "
+        "0.87-0.92 of the latency bound, in two 0.93-0.94)",
     )
     task_events: bool = Field(False, description="Send Celery task events (for Flower)")
     sandbox_runtime: str = Field(
