@@ -97,7 +97,7 @@ def test_waiting_on_a_pause_is_not_charged_to_the_deadline(simulators, db_url) -
     resume.join()
     assert gen.weight_version == "v2" and gen.token_ids
     assert time_left < gen.paused_seconds <= took, (time_left, gen.paused_seconds, took)
-    turn_log.writer(db_url).wait_idle(rid, timeout=10)  # the mark's clear commits in a batch
+    turn_log.writer(db_url).wait_cleared(rid, timeout=10)  # the mark's clear commits in a batch
     with session_scope(db_url) as db:
         row = db.get(Rollout, rid)
         assert row.paused_seconds == pytest.approx(gen.paused_seconds) and row.generating_on is None
