@@ -191,12 +191,6 @@ class Settings(BaseSettings):
         "sets its RUN slots): a drained or lost node then holds few "
         "started sandboxes that must begin again from INIT",
     )
-    run_prefetch: int = Field(
-        1,
-        ge=0,
-        description="RUN messages a RUN process holds past its slots, so a freed slot starts "
-        "its next rollout without a broker round trip (0: one message per slot)",
-    )
     max_slots_per_process: int = Field(
         32,
         ge=1,

@@ -53,26 +53,7 @@ class StageRequest(Request):
 
 
 class StageConsumer(Consumer):
-    """Celery's consumer, restarted in-process after any error that would end the worker.
-
-    `extra_prefetch` messages are held past the pool's slots (`configure_prefetch`: RUN's
-    `run_prefetch`), so a slot that frees starts its next rollout at once instead of after
-    the ack, the broker round trip and the delivery (~50 ms per rollout on a busy RUN
-    process: `bench/hot_path.py`). A held message waits only for the first of its process's
-    slots to free; the drain hands its rollout back with the node's queued ones, and a
-    process killed outright leaves it to the reaper (`requeue_after`), like any message lost
-    in transit.
-    """
-
-    extra_prefetch = 0
-
-    def __init__(self, *args: object, initial_prefetch_count: int = 2, **kwargs: object) -> None:
-        super().__init__(*args, initial_prefetch_count=initial_prefetch_count + self.extra_prefetch, **kwargs)
-
-    @property
-    def max_prefetch_count(self) -> int:
-        """Celery's (slots x multiplier) plus the extra: what a reconnect restores."""
-        return super().max_prefetch_count + self.extra_prefetch
+    """Celery's consumer, restarted in-process after any error that would end the worker."""
 
     def start(self) -> None:
         """Run the consumer; an unrecoverable error restarts it instead of ending the pool."""
@@ -108,8 +89,3 @@ class StageConsumer(Consumer):
                 step()
             except Exception:  # noqa: BLE001 - a half-closed consumer is started afresh
                 log.warning("closing the failed consumer: %s raised", step, exc_info=True)
-
-
-def configure_prefetch(extra: int) -> None:
-    """Messages this process's consumer holds past its slots (set before the worker starts)."""
-    StageConsumer.extra_prefetch = extra

@@ -111,8 +111,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         # ...and requeue it when the worker process is killed, not just when the task raises.
         "task_reject_on_worker_lost": True,
-        # One message per slot (RUN holds `run_prefetch` more: tasks.acks.StageConsumer): a
-        # message behind a long agent loop waits only for its process's first free slot.
+        # One message per free slot: a long agent loop must not sit on prefetched work.
         "worker_prefetch_multiplier": 1,
         # SIGTERM/SIGINT are our bounded drain (tasks/drain.py: finish, then hand back, within
         # soft_shutdown_timeout); this bounds Celery's own soft shutdown, which only SIGQUIT

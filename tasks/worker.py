@@ -23,7 +23,7 @@ from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
 from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
-from tasks import acks, db_retry, nodes
+from tasks import db_retry, nodes
 from tasks.cancels import DROPPED
 from tasks.celery_app import make_celery
 from tasks.config import stage_queue
@@ -104,7 +104,6 @@ def run_worker(
         settings.lease_timeout if settings.db_retry_seconds is None else settings.db_retry_seconds
     )  # an outage shorter than the lease
     app = make_celery(settings)
-    acks.configure_prefetch(settings.run_prefetch if stage == "run" else 0)
     queue = stage_queue(stage, settings.node)
     if quiet:
         # Celery warns on every start as root; stage code never runs agent code (sandboxes
