@@ -500,7 +500,8 @@ def main() -> None:
         "--also",
         action="append",
         default=[],
-        help="also run this tree with KEY=VALUE[,KEY=VALUE] settings (repeatable), e.g. db_pool_size=8,turn_batch_window=0.01",
+        help="also run this tree with KEY=VALUE[,KEY=VALUE] settings (repeatable), "
+        "e.g. db_pool_size=8,turn_batch_window=0.01",
     )
     parser.add_argument("--setting", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
