@@ -79,6 +79,11 @@ class RolloutStickiness:
             raise LeaseLost(f"rollout {self.rollout_id}: lease {self.lease} lost")
         self._known = (url,)
 
+    def knows(self, url: str | None) -> None:
+        """The rollout's server as read under this lease (the claim's row): `sticky_url`
+        answers it without a read."""
+        self._known = (url,)
+
     def sticky_url(self) -> str | None:
         """The server a previous turn or attempt of this rollout used."""
         if self._known is not None:
@@ -338,7 +343,7 @@ def make_pool(
     else:
         pool = RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
     if claimed is not None:
-        pool._known = (claimed.llm_server,)
+        pool.knows(claimed.llm_server)
     return pool
 
 
