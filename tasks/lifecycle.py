@@ -175,7 +175,7 @@ def queue_turn(
 ) -> Future:
     """`record_turn` with a lease, without waiting: the turn's future resolves once its
     group-committed batch did (`tasks.turn_log`); the caller settles it before anything that
-    needs the turn durable (`StageRun._settle_turns`)."""
+    needs the turn durable (`tasks.run_turns.RunTurns.settle`)."""
     return turn_log.writer(db_url, window).queue_turn(rollout_id, attempt, lease, fields)
 
 

@@ -42,6 +42,7 @@ from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
 from tasks.outbox_marks import Mark, clearer
 from tasks.records import record_fields
+from tasks.run_turns import RunTurns
 from tasks.publish import publish  # noqa: F401  (callers import it from here too)
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,6 @@ class StageRun:
         # Set once the rollout may belong to the next stage: its sandbox is no longer ours
         # to release, whatever fails afterwards.
         self.handed_on = False
-        self._unsettled: list[tuple[Any, dict[str, Any]]] = []  # queued turns (future, fields)
 
     def execute(self, job: str | None = None) -> None:
         """Claim, run the stage under a heartbeat, and record how it ended."""
@@ -141,46 +141,6 @@ class StageRun:
             config=self.config,
         )
 
-    def _record_turn(self, **fields: Any) -> None:
-        """Queue one turn for the turn log (`RunContext.record_turn`): the next generation
-        overlaps its commit; `_settle_turns` makes it durable."""
-        window = self.settings.turn_batch_window
-        future = lifecycle.queue_turn(self.db, self.rollout_id, self.attempt, self.lease, window, **fields)
-        self._unsettled.append((future, fields))
-
-    def _settle_turns(self) -> None:
-        """Block until every queued turn is durable, in order. A turn whose batch the
-        database failed is written again on its own (`lifecycle.record_turn`, which retries
-        like every stage write: the insert is idempotent); a refused fence raises LeaseLost."""
-        while self._unsettled:
-            future, fields = self._unsettled[0]
-            try:
-                future.result()
-            except LeaseLost:
-                self._unsettled.clear()
-                raise
-            except Exception as exc:  # noqa: BLE001 - the batch's database error: write it alone
-                self.log.info("turn %s: its batch failed (%s); writing it again", fields.get("index"), exc)
-                lifecycle.record_turn(
-                    self.db,
-                    self.rollout_id,
-                    self.attempt,
-                    lease=self.lease,
-                    window=self.settings.turn_batch_window,
-                    **fields,
-                )
-            self._unsettled.pop(0)
-
-    def _settle_quietly(self) -> None:
-        """`_settle_turns` on the way out of a failed RUN: the failure's handling (resume,
-        retry, the terminal write) then sees every turn the loop produced, and a turn that
-        cannot be written (a lost lease) does not replace the failure that is propagating."""
-        try:
-            self._settle_turns()
-        except Exception as exc:  # noqa: BLE001 - the RUN's own error is what gets handled
-            self.log.warning("turns still queued at the failure not logged: %s", exc)
-            self._unsettled.clear()
-
     def _cancel_seen(self) -> bool:
         """Whether the rollout was asked to stop, as of the process's last heartbeat."""
         return self.beats is not None and self.beats.cancel_seen(self.lease)
@@ -217,12 +177,13 @@ class StageRun:
         if self.handler.resumable and resume.run_resumed(self.rollout.resumes, self.attempt):
             # a lost RUN of this attempt logged these: continue after them
             resume_turns = resume.stored_turns(self.db, self.rollout_id, self.attempt) or None
+        turns = RunTurns(self.db, self.rollout_id, self.attempt, self.lease, self.settings.turn_batch_window, self.log)
         self.ctx = ctx = self.ctx.for_run(
             sandbox,
             (handle or {}).get("workspace"),
             llm=self._llm_session(),
-            record_turn=self._record_turn,
-            settle_turns=self._settle_turns,
+            record_turn=turns.record,
+            settle_turns=turns.settle,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
         )
@@ -232,12 +193,12 @@ class StageRun:
         except StageTimeout as exc:
             result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline", metrics={"timeout": str(exc)})
         except BaseException:
-            self._settle_quietly()  # a RUN that fails keeps every turn it produced, as before
+            turns.settle_quietly()  # a RUN that fails keeps every turn it produced
             raise
         finally:
             if ctx.llm is not None:
                 ctx.llm.close()
-        self._settle_turns()  # every turn durable before the rollout leaves this lease
+        turns.settle()  # every turn durable before the rollout leaves this lease
         sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
         if result.outcome == Outcome.PROMPT_TOO_LONG.value or result.finish_reason in SELF_INFLICTED:
             self._end_ungraded(result)

@@ -10,7 +10,7 @@ one refused row from aborting the batch it shares.
 The RUN threads of one process hand their turns to one `TurnWriter`, which writes what arrived
 within `turn_batch_window` seconds in one transaction (one commit for the batch instead of
 one per turn). A turn is queued without waiting (`queue_turn` returns its future); the stage
-settles it (`StageRun._settle_turns`) before the loop runs the next turn's tool calls and
+settles it (`tasks.run_turns.RunTurns.settle`) before the loop runs the next turn's tool calls and
 before the hand-on, so the next generation overlaps the commit while resume (`tasks.resume`)
 keeps its rule: a batch lost with its process (SIGKILL, a crash, the database going away
 before the commit) holds at most one turn per rollout whose tool calls ran, the turn in

@@ -172,15 +172,10 @@ def test_a_queued_turn_returns_before_its_commit_and_does_not_hold_back_the_next
     assert _turns(any_db_url) == [(rid, 0, "t0")]
 
 
-def _stage_run(db_url: str, rollout_id: str) -> object:
-    from types import SimpleNamespace
+def _run_turns(db_url: str, rollout_id: str) -> object:
+    from tasks.run_turns import RunTurns
 
-    from core.settings import Settings
-    from tasks.stages import StageRun
-
-    run = StageRun(SimpleNamespace(raas_settings=Settings(database_url=db_url)), "run", rollout_id, 1)
-    run.lease = f"L1-{rollout_id}"
-    return run
+    return RunTurns(db_url, rollout_id, 1, f"L1-{rollout_id}", turn_log.DEFAULT_WINDOW, logging.getLogger("test"))
 
 
 def test_settling_writes_again_a_turn_whose_batch_failed(sqlite_url) -> None:
@@ -189,41 +184,40 @@ def test_settling_writes_again_a_turn_whose_batch_failed(sqlite_url) -> None:
     from sqlalchemy.exc import OperationalError
 
     [rid] = _rollouts(sqlite_url, 1)
-    run = _stage_run(sqlite_url, rid)
+    run = _run_turns(sqlite_url, rid)
     failed: Future = Future()
     failed.set_exception(OperationalError("INSERT", {}, Exception("the database restarted")))
-    run._unsettled.append((failed, {"index": 0, "text": "t0"}))  # its batch was lost
-    run._record_turn(index=1, text="t1")
-    run._settle_turns()
+    run.unsettled.append((failed, {"index": 0, "text": "t0"}))  # its batch was lost
+    run.record(index=1, text="t1")
+    run.settle()
     assert sorted(_turns(sqlite_url, rid)) == [(rid, 0, "t0"), (rid, 1, "t1")]  # both durable
-    assert run._unsettled == []
+    assert run.unsettled == []
 
 
 def test_settling_a_turn_the_fence_refused_raises_lease_lost(sqlite_url) -> None:
     [rid] = _rollouts(sqlite_url, 1)
-    run = _stage_run(sqlite_url, rid)
+    run = _run_turns(sqlite_url, rid)
     run.lease = "stale"
-    run._record_turn(index=0, text="t0")
+    run.record(index=0, text="t0")
     with pytest.raises(LeaseLost):
-        run._settle_turns()
-    assert run._unsettled == [] and _turns(sqlite_url) == []
+        run.settle()
+    assert run.unsettled == [] and _turns(sqlite_url) == []
 
 
 def test_a_failing_run_settles_its_queued_turns_without_masking_its_error(sqlite_url) -> None:
-    """`_settle_quietly`, on the way out of a RUN that raised: every queued turn is durable
+    """`RunTurns.settle_quietly`, on the way out of a RUN that raised: every queued turn is durable
     (the failure's handling sees them); a refused fence is logged, not raised over the
     failure, and nothing stays queued."""
     [rid] = _rollouts(sqlite_url, 1)
-    run = _stage_run(sqlite_url, rid)
-    run.log = logging.getLogger("test")
-    run._record_turn(index=0, text="t0")
-    run._record_turn(index=1, text="t1")
-    run._settle_quietly()
-    assert sorted(_turns(sqlite_url, rid)) == [(rid, 0, "t0"), (rid, 1, "t1")] and run._unsettled == []
+    run = _run_turns(sqlite_url, rid)
+    run.record(index=0, text="t0")
+    run.record(index=1, text="t1")
+    run.settle_quietly()
+    assert sorted(_turns(sqlite_url, rid)) == [(rid, 0, "t0"), (rid, 1, "t1")] and run.unsettled == []
     run.lease = "stale"
-    run._record_turn(index=2, text="t2")
-    run._settle_quietly()  # no LeaseLost
-    assert len(_turns(sqlite_url, rid)) == 2 and run._unsettled == []
+    run.record(index=2, text="t2")
+    run.settle_quietly()  # no LeaseLost
+    assert len(_turns(sqlite_url, rid)) == 2 and run.unsettled == []
 
 
 def test_lifecycle_record_turn_goes_through_the_fenced_writer(sqlite_url) -> None:
