@@ -17,8 +17,9 @@ from pathlib import Path
 # the problems are data modules beside this script (run as a script, its folder is on sys.path)
 from function_problems import PROBLEMS as FUNCTION_PROBLEMS
 from io_problems import IO_PROBLEMS
+from number_problems import NUMBER_PROBLEMS
 
-PROBLEMS = FUNCTION_PROBLEMS + IO_PROBLEMS
+PROBLEMS = FUNCTION_PROBLEMS + NUMBER_PROBLEMS + IO_PROBLEMS
 OUT = Path(__file__).resolve().parents[1] / "code.jsonl"
 
 
