@@ -69,6 +69,9 @@ class _Episode:
     tool_names_used: dict[str, int] = field(default_factory=dict)
     max_invalid_turns: int = 3
     resumed_from: list[int] = field(default_factory=list)  # turn index of each resume
+    # The rendered prompt's digest (`replay.prompt_digest`), logged with every turn and checked
+    # on resume: the prompt never changes within an episode, so it is hashed once.
+    prompt_digest: str | None = None
 
 
 def run_agent_loop(
@@ -94,6 +97,7 @@ def run_agent_loop(
     ep = _Episode(max_invalid_turns=max_invalid_turns)
     if ctx.resume_turns:
         ep = _resumed(ctx, ctx.resume_turns)
+    ep.prompt_digest = prompt_digest(ctx.llm.trajectory().prompt_ids)
     try:
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
@@ -160,11 +164,7 @@ def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
 def _loop_state(ctx: RunContext, ep: _Episode) -> dict[str, Any]:
     """The counters logged with a turn, the prompt's digest (checked on resume) and the
     handler's `ctx.state` (its tools may keep things there during RUN)."""
-    return {
-        **asdict(ep),
-        "prompt_digest": prompt_digest(ctx.llm.trajectory().prompt_ids),
-        "handler_state": dict(ctx.state),
-    }
+    return {**asdict(ep), "handler_state": dict(ctx.state)}
 
 
 def _prompt_messages(ctx: RunContext, system_prompt: str, user_prompt: str, tools: list[Tool]) -> list[dict[str, Any]]:

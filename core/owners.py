@@ -9,6 +9,9 @@ all (the single local owner of a service without auth).
 
 from __future__ import annotations
 
+import threading
+import time
+
 from sqlalchemy import bindparam, exists, select
 
 from core.db import session_scope
@@ -18,15 +21,32 @@ from core.settings import Settings
 from core.urls import UrlRule
 
 
+# A RUN asks for every rollout it starts, and the answer moves only when an operator adds or
+# removes a token: each process keeps it this long (the query was ~4 % of a RUN worker's CPU,
+# `bench/hot_path.py`). A token change reaches the workers' URL checks within it; the gateway,
+# which accepted the job's URLs, checks the token itself on every request.
+ADMIN_TTL_SECONDS = 2.0
+_admin_answers: dict[tuple[str, str], tuple[float, bool]] = {}
+_admin_lock = threading.Lock()
+
+
 def owner_is_admin(settings: Settings, owner: str) -> bool:
     """True when `owner` may name any URL (see the module docstring)."""
     if owner == DEFAULT_OWNER and settings.api_token is not None:
         return True
     if any(g.owner == owner and g.admin for g in settings.api_tokens.values()):
         return True
+    key, now = (settings.db_url, owner), time.monotonic()
+    with _admin_lock:
+        known = _admin_answers.get(key)
+    if known is not None and now - known[0] < ADMIN_TTL_SECONDS:
+        return known[1]
     with session_scope(settings.db_url) as s:
         admin, any_token = s.execute(_ADMIN_OR_ANY_TOKEN, {"owner": owner}).one()
-    return bool(admin) or (not any_token and not settings.auth_configured and owner == DEFAULT_OWNER)
+    answer = bool(admin) or (not any_token and not settings.auth_configured and owner == DEFAULT_OWNER)
+    with _admin_lock:
+        _admin_answers[key] = (now, answer)
+    return answer
 
 
 # Both questions in one statement, built once: a RUN asks it for every rollout it starts.

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
+from core import driver_statements
 from core.db import get_engine, session_scope
 from core.models import (
     TERMINAL_VALUES,
@@ -39,7 +40,8 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str, no
 
     Returns the claimed row as a plain record (attribute access, writable: a stage notes its
     sandbox on it) and the job's snapshot. One prepared Core statement (`tasks.statements`):
-    the ORM's UPDATE ... RETURNING entity path cost a stage more CPU than the claim itself.
+    the ORM's UPDATE ... RETURNING entity path cost a stage more CPU than the claim itself,
+    and it runs on the driver's cursor (`core.driver_statements`).
     """
     now = utcnow()
     params = {
@@ -62,7 +64,7 @@ def claim(db_url: str, rollout_id: str, attempt: int, stage: str, lease: str, no
         ),
     }
     with get_engine(db_url).begin() as conn:
-        row = conn.execute(statements.claim(stage == "init", node is None), params).one_or_none()
+        row = driver_statements.execute(conn, statements.claim(stage == "init", node is None), params).first()
     if row is None:
         return None
     return SimpleNamespace(**row._mapping), job_snapshot(db_url, row.job_id)
@@ -125,7 +127,7 @@ def hand_off(db_url: str, rollout_id: str, lease: str, to_stage: str, **values: 
         # A prepared Core statement (`tasks.statements`): building the UPDATE anew cost more
         # CPU than executing it.
         params = {"k_rid": rollout_id, "k_lease": lease, **statements.bound(values)}
-        if conn.execute(statements.hand_off(tuple(values)), params).rowcount == 1:
+        if driver_statements.execute(conn, statements.hand_off(tuple(values)), params).rowcount == 1:
             return True, now
         # A retry whose first commit landed (`tasks.db_retry`): only the lease holder moves a
         # rollout into `to_stage` unleased, so finding it there means the hand-off is done.

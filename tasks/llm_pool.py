@@ -283,10 +283,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     def note_paused(self, seconds: float) -> None:
         """Add to the stage's `paused_seconds` (the reaper extends the deadline by it)."""
         sql.run_alone(
-            self.db_url,
-            update(Rollout)
-            .where(Rollout.id == self.rollout_id, Rollout.lease_owner == self.lease)
-            .values(paused_seconds=Rollout.paused_seconds + seconds),
+            self.db_url, sql.ADD_PAUSED, {"p_rollout": self.rollout_id, "p_lease": self.lease, "p_seconds": seconds}
         )
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, case, select, update
 
-from core.db import get_engine, session_scope
+from core import driver_statements
+from core.db import get_engine
 from core.models import LLMServer, Rollout
 
 # What a claim returns: everything a session needs (ServerInfo), read in the same statement.
@@ -44,6 +45,11 @@ STICK = (
     .returning(Rollout.id)
 )
 LOOKUP = select(*INFO_COLUMNS).where(*_THIS_SERVER)
+ADD_PAUSED = (
+    update(Rollout)
+    .where(Rollout.id == bindparam("p_rollout"), Rollout.lease_owner == bindparam("p_lease"))
+    .values(paused_seconds=Rollout.paused_seconds + bindparam("p_seconds", type_=Rollout.paused_seconds.type))
+)
 STICKY_URL = select(Rollout.llm_server).where(Rollout.id == bindparam("p_rollout"))
 
 
@@ -99,19 +105,14 @@ def mark_and_read_statement() -> Any:
 
 
 def run_alone(db_url: str, statement: Any, params: dict[str, Any] | None = None) -> Row[Any] | None:
-    """Run one statement as its own transaction; its first row, if it returns rows.
+    """Run one of these statements as its own transaction; its first row, if it returns rows.
 
-    On PostgreSQL in autocommit: the server commits as the statement ends, so the row locks
-    of a claim are held for the statement alone, never while this thread waits for the GIL to
-    send COMMIT (with 64 sessions in one worker that wait held up every other acquirer), and
-    a read costs one round trip instead of three. SQLite keeps the usual short transaction
-    (BEGIN IMMEDIATE serialises its writers).
+    On PostgreSQL on the driver's cursor in autocommit (`core.driver_statements.run_alone`):
+    the server commits as the statement ends, so the row locks of a claim are held for the
+    statement alone, never while this thread waits for the GIL to send COMMIT (with 64
+    sessions in one worker that wait held up every other acquirer), and the call costs one
+    round trip and a fraction of SQLAlchemy's CPU. SQLite keeps the usual short transaction
+    (BEGIN IMMEDIATE serialises its writers). `statement` is one built once (a module
+    constant or a cached builder here): the driver path keeps its compiled form.
     """
-    engine = get_engine(db_url)
-    if engine.dialect.name == "sqlite":
-        with session_scope(db_url) as s:
-            result = s.connection().execute(statement, params)
-            return result.first() if result.returns_rows else None
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        result = conn.execute(statement, params)
-        return result.first() if result.returns_rows else None
+    return driver_statements.run_alone(get_engine(db_url), statement, params or {}).first()

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
+from core import driver_statements
 from core.db import get_engine
 from core.models import Job, Rollout, Status, utcnow
 from tasks import callbacks, groups, statements
@@ -58,7 +59,8 @@ def finish(
         **values,
     }
     fence = fence or {}
-    # Prepared statements (`tasks.statements`): cached per fence shape and set of columns.
+    # Prepared statements (`tasks.statements`): cached per fence shape and set of columns, run
+    # on the driver's cursor (`core.driver_statements`).
     ending = statements.finish(
         status.value,
         lease is not None,
@@ -75,7 +77,7 @@ def finish(
     with _transaction(db_url) as (conn, orm):
         if group is None or group.group_size is not None:
             _lock_group(orm(), rollout_id)
-        row = conn.execute(ending, params).one_or_none()
+        row = driver_statements.execute(conn, ending, params).first()
         if row is None:
             return False
         _complete(conn, orm, rollout_id, row, now)
@@ -106,20 +108,25 @@ def _transaction(db_url: str) -> Iterator[tuple[Connection, Callable[[], Session
 def _complete(conn: Connection, orm: Callable[[], Session], rollout_id: str, row: Any, now: Any) -> None:
     """The ended rollout's place in its job: completion number, group and job completion,
     callbacks (same transaction as the ending)."""
-    job = conn.execute(statements.count_finished(), {"k_job_id": row.job_id}).one()
+    job = driver_statements.execute(conn, statements.count_finished(), {"k_job_id": row.job_id}).first()
     seq, ended = job.finished_count, 0
     if job.group_size is not None:  # a straggler cut decides (tasks.groups)
         group_done, ended = groups.on_finish(
             orm(), row.job_id, row.instance_id, rollout_id, row.outcome, row.reward, row.cut_reason
         )
     else:
-        group_done = job.n_samples == 1 or not conn.scalar(
-            statements.group_unfinished(), {"k_job_id": row.job_id, "k_instance_id": row.instance_id}
+        group_done = (
+            job.n_samples == 1
+            or not driver_statements.execute(
+                conn, statements.group_unfinished(), {"k_job_id": row.job_id, "k_instance_id": row.instance_id}
+            ).first()[0]
         )
-    conn.execute(statements.place_in_order(), {"k_rid": rollout_id, "k_seq": seq, "v_completes_group": group_done})
+    driver_statements.execute(
+        conn, statements.place_in_order(), {"k_rid": rollout_id, "k_seq": seq, "v_completes_group": group_done}
+    )
     job_done = seq + ended >= job.total
     if job_done:
-        conn.execute(statements.job_finished(), {"k_job_id": row.job_id, "k_now": now})
+        driver_statements.execute(conn, statements.job_finished(), {"k_job_id": row.job_id, "k_now": now})
     if job.callback_url and (group_done or job_done):
         s = orm()
         callbacks.on_completions(

@@ -43,6 +43,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from core import driver_statements
 from core.db import get_engine
 from core.errors import LeaseLost
 from core.models import Rollout, Turn
@@ -60,8 +61,8 @@ def fenced_turn_insert(
     lease_owner = :lease [FOR SHARE] ON CONFLICT DO NOTHING`: the turn, fenced on the lease.
 
     Returned as (statement, parameters): the statement is built once per dialect and column
-    set, so every turn executes the same object and SQLAlchemy finds its compiled form by a
-    memoized cache key instead of building and hashing a new tree per turn."""
+    set, so every turn executes the same object, whose compiled form the driver path keeps
+    (`core.driver_statements`) instead of building and hashing a new tree per turn."""
     values = {"rollout_id": rollout_id, "attempt": attempt, **fields}
     statement = _turn_insert(dialect, tuple(values))
     params = {f"v_{name}": value for name, value in values.items()}
@@ -98,13 +99,13 @@ def _refused(conn: Connection, rollout_id: str, attempt: int, lease: str, index:
 def write_turn(conn: Connection, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
     """Insert one fenced turn on `conn` (inside the caller's transaction)."""
     statement, params = fenced_turn_insert(conn.dialect.name, rollout_id, attempt, lease, fields)
-    if conn.execute(statement, params).first() is None:
+    if driver_statements.execute(conn, statement, params).first() is None:
         _refused(conn, rollout_id, attempt, lease, fields.get("index"))
 
 
 def clear_generating(conn: Connection, rollout_id: str, lease: str) -> None:
     """Drop the rollout's generation mark (fenced on the lease; a lost lease clears nothing)."""
-    conn.execute(_CLEAR_GENERATING, {"f_rollout": rollout_id, "f_lease": lease})
+    driver_statements.execute(conn, _CLEAR_GENERATING, {"f_rollout": rollout_id, "f_lease": lease})
 
 
 # Built once (see `fenced_turn_params`): executed with the rollout and lease as parameters.

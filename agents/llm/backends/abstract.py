@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -120,6 +121,20 @@ class LLMBackend(ABC):
             return decode_body(response.content) if response.content else {}
         except ValueError as exc:
             raise ServerError(f"{url}: response is not JSON", url=url) from exc
+
+
+# vLLM's OpenAI server answers a token's -inf logprob as this floor (`max(logprob, -9999.0)`).
+LOGPROB_FLOOR = -9999.0
+
+
+def finite_logprobs(values: Any) -> list[float]:
+    """Each logprob as a float, a non-finite one (-inf, NaN: the simulator, another server)
+    as LOGPROB_FLOOR, as vLLM sends it: a trajectory's logprobs are always numbers a trainer
+    can put in a tensor and JSON can store (PostgreSQL's JSONB refuses -Infinity)."""
+    out = [float(value) for value in values]
+    if not all(map(math.isfinite, out)):
+        out = [value if math.isfinite(value) else LOGPROB_FLOOR for value in out]
+    return out
 
 
 def encode_body(body: dict) -> bytes:

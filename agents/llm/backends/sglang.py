@@ -13,6 +13,7 @@ from agents.llm.backends.abstract import (
     Generation,
     LLMBackend,
     ServerError,
+    finite_logprobs,
     register_backend,
 )
 
@@ -41,7 +42,7 @@ class SGLangBackend(LLMBackend):
             meta = data["meta_info"]
             entries = meta["output_token_logprobs"]
             token_ids = [int(entry[1]) for entry in entries]
-            logprobs = [float(entry[0]) for entry in entries]
+            logprobs = finite_logprobs(entry[0] for entry in entries)
             finish = meta.get("finish_reason") or {}
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise ServerError(f"{url}: no output_token_logprobs in the answer ({exc!r})") from exc

@@ -17,6 +17,7 @@ from agents.llm.backends.abstract import (
     Generation,
     LLMBackend,
     ServerError,
+    finite_logprobs,
     register_backend,
 )
 
@@ -46,7 +47,7 @@ class VLLMBackend(LLMBackend):
         try:
             choice = data["choices"][0]
             token_ids = [int(t) for t in choice["token_ids"]]
-            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            logprobs = finite_logprobs(choice["logprobs"]["token_logprobs"])
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise ServerError(f"{url}: no token_ids/logprobs in the answer ({exc!r})") from exc
         return Generation(

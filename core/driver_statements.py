@@ -1,0 +1,166 @@
+"""The hot path's statements, compiled once by SQLAlchemy and run on the driver's cursor.
+
+A RUN turn is a few one-row statements (the generation mark, the turn insert, the mark's
+clear), and a stage a few more (the claim, the hand-off). Executing one through a SQLAlchemy
+`Connection` cost ~4x the driver's own work: the execution context, the compiled-cache
+lookup, parameter and result processing, the result object (a generation mark: 250 us of CPU
+against 120 us on the pooled psycopg connection, BENCHMARKS "Hot path, round 6"). Here a
+statement is compiled for the engine's dialect once; each execution builds its parameters
+with that compiled form's own bind processors (JSON columns wrapped for psycopg exactly as
+SQLAlchemy wraps them) and runs the SQL text on the DBAPI cursor.
+
+PostgreSQL only: psycopg returns every column type raas reads as the ORM would (timestamptz,
+booleans, JSONB). SQLite keeps SQLAlchemy's path, which converts its stored text (timestamps,
+JSON, booleans) on the way out; both paths return rows with attribute access and `_mapping`.
+
+Errors come out as SQLAlchemy's (`sqlalchemy.exc.OperationalError` for a dropped connection,
+which the stages retry, `tasks.db_retry`), and a connection the driver reports broken is
+invalidated, as SQLAlchemy does. A column's Python-side default (`created_at`) is filled in
+as SQLAlchemy fills it, and an engine's `before_cursor_execute` listeners (SQL logging,
+tracing) see these statements too. An IN list fixed in the statement (`status IN (...)`)
+is expanded once at compile time; one given at execution (`bindparam(expanding=True)`) is
+refused (TypeError), since its SQL text depends on the values.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import namedtuple
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Dialect, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable
+
+
+@dataclass
+class Result:
+    """What an execution returned: its rows (empty without RETURNING) and rowcount."""
+
+    rows: list[Any]
+    rowcount: int
+
+    def first(self) -> Any:
+        """The first row, or None."""
+        return self.rows[0] if self.rows else None
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    processors: dict[str, Any]
+    construct: Any  # the compiled form's construct_params
+    defaults: tuple[tuple[str, Any], ...]  # (parameter, column default) SQLAlchemy would fill in
+    expanded: dict[str, Any]  # an IN list fixed in the statement, one parameter per value
+    unexpanded: tuple[str, ...]  # ...and the list parameters they replace
+
+
+_row_types: dict[tuple[str, ...], type] = {}
+
+
+# By (statement, dialect): a statement hashes by identity, and the cache keeps it alive; the
+# callers pass statements built once (module constants, cached builders), so a few dozen.
+@functools.lru_cache(maxsize=512)
+def _compile(statement: Executable, dialect: Dialect) -> _Compiled:
+    compiled = statement.compile(dialect=dialect)
+    prefetch = [(c, c.default) for c in compiled.insert_prefetch] + [(c, c.onupdate) for c in compiled.update_prefetch]
+    if any(default.is_sequence or default.is_clause_element for _, default in prefetch):
+        raise TypeError("a column default run by the database is not for the driver path")
+    key = compiled._within_exec_param_key_getter if prefetch else None  # set for INSERT/UPDATE only
+    defaults = tuple((key(column), default) for column, default in prefetch)
+    sql, expanded, unexpanded = compiled.string, {}, ()
+    if compiled.post_compile_params:  # `status IN (<literal list>)`: expanded once, here
+        if any(p.required or p.callable for p in compiled.post_compile_params):
+            raise TypeError("an IN list given at execution is not for the driver path")
+        plain = compiled.construct_params(_check=False)
+        state = compiled._process_parameters_for_postcompile(dict(plain))
+        sql, unexpanded = state.statement, tuple(compiled.bind_names[p] for p in compiled.post_compile_params)
+        expanded = {name: value for name, value in state.parameters.items() if name not in plain}
+    return _Compiled(sql, dict(compiled._bind_processors), compiled.construct_params, defaults, expanded, unexpanded)
+
+
+def _row_type(names: tuple[str, ...]) -> type:
+    """A tuple type with attribute access and `_mapping`, like SQLAlchemy's Row."""
+    found = _row_types.get(names)
+    if found is None:
+        base = namedtuple("Row", names, rename=True)  # noqa: PYI024
+        found = type("Row", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
+        _row_types[names] = found
+    return found
+
+
+def _parameters(compiled: _Compiled, params: dict[str, Any]) -> dict[str, Any]:
+    values = compiled.construct(params)
+    if compiled.unexpanded:
+        for name in compiled.unexpanded:
+            del values[name]
+        values.update(compiled.expanded)
+    for name, default in compiled.defaults:  # a column's Python-side default (created_at, {})
+        values[name] = default.arg(None) if default.is_callable else default.arg
+    for name, process in compiled.processors.items():
+        if name in values:
+            values[name] = process(values[name])
+    return values
+
+
+def _run(
+    engine: Engine, fairy: Any, compiled: _Compiled, params: dict[str, Any], invalidate: Any, conn: Any = None
+) -> Result:
+    """Execute on the pooled connection `fairy`; SQLAlchemy's exception on failure, after
+    `invalidate(exc)` when the driver says the connection broke (and the pool's connections
+    of its generation are marked for recycling, as SQLAlchemy does on a disconnect)."""
+    values = _parameters(compiled, params)
+    cursor = fairy.cursor()
+    try:
+        if engine._has_events:  # SQL logging or tracing listens on the engine: it sees these too
+            engine.dispatch.before_cursor_execute(conn, cursor, compiled.sql, values, None, False)
+        cursor.execute(compiled.sql, values)
+        if cursor.description is None:
+            return Result([], cursor.rowcount)
+        row = _row_type(tuple(column.name for column in cursor.description))
+        return Result([row(*values) for values in cursor.fetchall()], cursor.rowcount)
+    except engine.dialect.loaded_dbapi.Error as exc:
+        broken = engine.dialect.is_disconnect(exc, fairy.dbapi_connection, cursor)
+        if broken:
+            engine.pool._invalidate(fairy, exc, _checkin=False)
+            invalidate(exc)
+        raise DBAPIError.instance(
+            compiled.sql,
+            values,
+            exc,
+            engine.dialect.loaded_dbapi.Error,
+            connection_invalidated=broken,
+            dialect=engine.dialect,
+        ) from exc
+    finally:
+        cursor.close()
+
+
+def execute(conn: Connection, statement: Executable, params: dict[str, Any]) -> Result:
+    """`statement` with `params` inside `conn`'s transaction."""
+    engine = conn.engine
+    if engine.dialect.name != "postgresql":
+        result = conn.execute(statement, params)
+        return Result(result.all() if result.returns_rows else [], result.rowcount)
+    return _run(engine, conn.connection, _compile(statement, engine.dialect), params, conn.invalidate, conn)
+
+
+def run_alone(engine: Engine, statement: Executable, params: dict[str, Any]) -> Result:
+    """`statement` as its own transaction: on PostgreSQL in autocommit (the server commits
+    as the statement ends: one round trip, and no row lock held while this thread waits for
+    the GIL to send COMMIT); elsewhere a short transaction (SQLite's BEGIN IMMEDIATE)."""
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:
+            return execute(conn, statement, params)
+    compiled = _compile(statement, engine.dialect)
+    fairy = engine.raw_connection()
+    try:
+        fairy.driver_connection.autocommit = True
+        try:
+            return _run(engine, fairy, compiled, params, fairy.invalidate)
+        finally:
+            if fairy.is_valid:
+                fairy.driver_connection.autocommit = False
+    finally:
+        fairy.close()
