@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from agents.llm.backends.abstract import ServerError, decode_body, encode_body
+from agents.llm.backends.abstract import LOGPROB_FLOOR, GenerateRequest, ServerError, decode_body, encode_body
+from agents.llm.backends.sglang import SGLangBackend
 from agents.llm.backends.vllm import VLLMBackend
 
 
@@ -84,3 +85,30 @@ def test_invalid_utf8_is_refused_by_both_codecs() -> None:
     with pytest.raises(ValueError):
         decode_body(b'{"a": "\xff"}')
     assert encode_body({"a": [1.5, None, True]}) == b'{"a":[1.5,null,true]}'
+
+
+@pytest.mark.parametrize(
+    "backend, answer",
+    [
+        (
+            VLLMBackend,
+            b'{"choices": [{"token_ids": [5, 6, 7], "finish_reason": "stop",'
+            b' "logprobs": {"token_logprobs": [-0.25, -Infinity, NaN]}}]}',
+        ),
+        (
+            SGLangBackend,
+            b'{"meta_info": {"finish_reason": {"type": "stop"},'
+            b' "output_token_logprobs": [[-0.25, 5], [-Infinity, 6], [NaN, 7]]}}',
+        ),
+    ],
+)
+def test_a_non_finite_logprob_reads_as_vllms_floor(echo, backend, answer) -> None:
+    """vLLM answers a -inf logprob as -9999.0; a server that sends -Infinity or NaN is held to
+    the same, so the trajectory's logprobs are numbers a trainer and JSONB can take."""
+    _Echo.answer = answer
+    try:
+        gen = backend().generate(echo, GenerateRequest(prompt_ids=[1, 2], max_tokens=3, sampling={}, timeout=5.0))
+    finally:
+        _Echo.answer = b"{}"
+    assert gen.token_ids == [5, 6, 7]
+    assert gen.logprobs == [-0.25, LOGPROB_FLOOR, LOGPROB_FLOOR] and LOGPROB_FLOOR == -9999.0
