@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.json_columns import dumps_bytes, dumps_text
+from core.json_columns import dumps_bytes, dumps_text, loads
 from core.settings import Settings
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -88,7 +88,7 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def make_engine(url: str, options: PoolOptions | None = None) -> Engine:
     """A new engine for `url` with the pragmas and pool settings raas relies on, and JSON
-    columns written by `core.json_columns`.
+    columns written and read by `core.json_columns`.
 
     SQLite keeps SQLAlchemy's default pool (a file has no connection limit; its writers queue
     on the busy timeout); `options` apply to server databases.
@@ -98,7 +98,12 @@ def make_engine(url: str, options: PoolOptions | None = None) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, json_serializer=dumps_text)
+        engine = create_engine(
+            url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            json_serializer=dumps_text,
+            json_deserializer=loads,
+        )
         _configure_sqlite(engine)
         return engine
     options = options or _options
@@ -112,6 +117,7 @@ def make_engine(url: str, options: PoolOptions | None = None) -> Engine:
         pool_recycle=POOL_RECYCLE_S,
         connect_args=connect_args,
         json_serializer=dumps_bytes if parsed.get_driver_name() == "psycopg" else dumps_text,
+        json_deserializer=loads,
     )
 
 

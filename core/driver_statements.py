@@ -57,6 +57,10 @@ class _Compiled:
 
 
 _row_types: dict[tuple[str, ...], type] = {}
+# SQL text -> its rows' type, None for a statement without rows: learnt from the first
+# execution's description (psycopg builds a Column object per column each time it is asked).
+_rows_of: dict[str, type | None] = {}
+_UNKNOWN = object()
 
 
 # By (statement, dialect): a statement hashes by identity, and the cache keeps it alive; the
@@ -131,9 +135,12 @@ def _run(
         if engine._has_events:  # SQL logging or tracing listens on the engine: it sees these too
             engine.dispatch.before_cursor_execute(conn, cursor, compiled.sql, values, None, False)
         cursor.execute(compiled.sql, values)
-        if cursor.description is None:
+        row = _rows_of.get(compiled.sql, _UNKNOWN)
+        if row is _UNKNOWN:
+            description = cursor.description
+            row = _rows_of[compiled.sql] = None if description is None else _row_type(tuple(c.name for c in description))
+        if row is None:
             return Result([], cursor.rowcount)
-        row = _row_type(tuple(column.name for column in cursor.description))
         return Result([row(*values) for values in cursor.fetchall()], cursor.rowcount)
     except engine.dialect.loaded_dbapi.Error as exc:
         broken = engine.dialect.is_disconnect(exc, fairy.dbapi_connection, cursor)

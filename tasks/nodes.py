@@ -20,7 +20,7 @@ from datetime import timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from core.db import session_scope
+from core.db import get_engine, session_scope
 from core.models import Node, QueueConsumer, utcnow
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,8 @@ def beat_node(db_url: str, name: str, started: bool = False) -> None:
     """Say node `name` is alive now (`started`: its reaper finished its start-up pass)."""
     now = utcnow()
     values = {"beat_at": now, **({"started_at": now} if started else {})}
-    with session_scope(db_url) as s:
-        if s.execute(update(Node).where(Node.name == name).values(**values)).rowcount:
+    with get_engine(db_url).begin() as conn:  # Core: a beat needs none of the ORM's bookkeeping
+        if conn.execute(update(Node).where(Node.name == name).values(**values)).rowcount:
             return
     try:
         with session_scope(db_url) as s:
@@ -95,8 +95,8 @@ class ConsumerBeat:
     def beat_once(self) -> None:
         """Refresh the consumer row and the node row (a DB blip is retried next round)."""
         try:
-            with session_scope(self.db_url) as s:
-                s.execute(update(QueueConsumer).where(QueueConsumer.id == self.id).values(beat_at=utcnow()))
+            with get_engine(self.db_url).begin() as conn:
+                conn.execute(update(QueueConsumer).where(QueueConsumer.id == self.id).values(beat_at=utcnow()))
             beat_node(self.db_url, self.node)
         except Exception:
             log.exception("consumer beat failed")
