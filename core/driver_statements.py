@@ -137,8 +137,8 @@ def _run(
         cursor.execute(compiled.sql, values)
         row = _rows_of.get(compiled.sql, _UNKNOWN)
         if row is _UNKNOWN:
-            description = cursor.description
-            row = _rows_of[compiled.sql] = None if description is None else _row_type(tuple(c.name for c in description))
+            names = None if cursor.description is None else tuple(c.name for c in cursor.description)
+            row = _rows_of[compiled.sql] = None if names is None else _row_type(names)
         if row is None:
             return Result([], cursor.rowcount)
         return Result([row(*values) for values in cursor.fetchall()], cursor.rowcount)
