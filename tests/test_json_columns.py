@@ -69,7 +69,7 @@ def _random_value(rng: random.Random, depth: int = 0) -> object:
     if kind == 1:
         return rng.uniform(-1e6, 1e6) * 10 ** rng.randrange(-300, 300)
     if kind == 2:
-        return "".join(rng.choice("ab7\u00e9\"\\\n\U0001f600") for _ in range(rng.randrange(12)))
+        return "".join(rng.choice('ab7\u00e9"\\\n\U0001f600') for _ in range(rng.randrange(12)))
     if kind == 3:
         return rng.choice([None, True, False])
     if kind in (4, 5):
