@@ -413,6 +413,8 @@ class Campaign:
         except AssertionError:
             pass
         report.live_sandboxes_left, report.dirs_left = new()
+        if report.dirs_left:  # name what stayed: the next failure says which folder or handle
+            report.notes.append(f"left: {sorted(str(p) for p in self.leftovers()[1] - before[1])}")
 
     def close(self) -> None:
         """Stop everything this campaign started and delete its dirs."""
