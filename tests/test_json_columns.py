@@ -25,7 +25,6 @@ EDGES = [
     0.1,
     1e308,
     -0.0,
-    1234567890123456789.5,  # 19 digits in a float: the stdlib path, same answer
     "9999999999999999999999 in a string",
     "\u00e9\u4e2d\U0001f600",
     {"3": [1, 2.5, None, True, False, ""]},
@@ -52,8 +51,18 @@ def test_an_edge_reads_as_the_stdlib_reads_it(value: object) -> None:
         assert _same(loads(given), json.loads(text))
 
 
-@pytest.mark.parametrize("text", ["NaN", "[Infinity, -Infinity]", "[1e400]", '"\\ud800"', '{"a": 1, "a": 2}'])
-def test_what_only_the_stdlib_reads_still_reads(text: str) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NaN",
+        "[Infinity, -Infinity]",
+        "[1e400]",
+        '"\\ud800"',
+        '{"a": 1, "a": 2}',
+        "[0.12345678901234567890123, -1234567890123456789012e-3]",  # long digit runs in floats
+    ],
+)
+def test_texts_on_the_stdlib_path_read_as_it_reads_them(text: str) -> None:
     assert _same(loads(text), json.loads(text))
 
 
