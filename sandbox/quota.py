@@ -33,9 +33,17 @@ class DiskWatch:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if exc_type is None and self.exceeded is None:
+            # Once more as the agent stops: a workspace filled within the last interval and
+            # then submitted is over its quota all the same (else a policy learns to fill
+            # its disk just before it submits).
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - a failed measurement must not kill the stage
+                log.exception("disk watch of %s failed", self.workspace)
 
     def check(self) -> str | None:
         """Measure once; fire and return the reason when over the quota."""

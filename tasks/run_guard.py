@@ -24,7 +24,10 @@ import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from agents.finish_reasons import FinishReason
+from raas_client.models import Trajectory
+
+from agents.finish_reasons import SELF_INFLICTED, FinishReason
+from core.models import Outcome
 from sandbox import SandboxError, SandboxGone, SandboxOptions, SandboxTimeout
 from sandbox.cgroups import oom_kills, pids_limit_hits
 from sandbox.quota import DiskWatch
@@ -82,6 +85,23 @@ class RunGuard:
     def watching(self) -> AbstractContextManager:
         """The quota watchdog while the agent runs (nothing to watch without a sandbox)."""
         return self.watch if self.watch is not None else nullcontext()
+
+    def over_quota(self, result: Trajectory) -> Trajectory:
+        """`result` as the agent's failure (agent_error, `disk_quota`) when the workspace was
+        over its quota by the end of the RUN (`DiskWatch` measures once more as the agent
+        stops), unless the episode already ended for a reason of its own making."""
+        if self.watch is None or not self.watch.exceeded or result.finish_reason in SELF_INFLICTED:
+            return result
+        if result.outcome == Outcome.TIMEOUT.value:
+            return result
+        metrics = {**(result.metrics or {}), "disk_quota": self.watch.exceeded}
+        return result.model_copy(
+            update={
+                "outcome": Outcome.AGENT_ERROR.value,
+                "finish_reason": FinishReason.DISK_QUOTA.value,
+                "metrics": metrics,
+            }
+        )
 
     def diagnose(self, exc: BaseException) -> str | None:
         """The finish reason when the agent broke its sandbox, else None (infrastructure)."""

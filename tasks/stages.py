@@ -190,6 +190,7 @@ class StageRun:
         try:
             with guard.watching():
                 result = self.handler.run(ctx)
+            result = guard.over_quota(result)
         except StageTimeout as exc:
             result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline", metrics={"timeout": str(exc)})
         except BaseException:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from raas_client.models import Trajectory
+
 from sandbox import SandboxGone, SandboxOptions, SandboxTimeout
 from sandbox.quota import DiskWatch
 from tasks.run_guard import RunGuard
@@ -46,6 +48,31 @@ def test_the_watchdog_stops_the_sandbox_past_the_quota(tmp_path: Path) -> None:
         while guard.watch.exceeded is None and time.monotonic() < deadline:
             time.sleep(0.05)
     assert guard.diagnose(SandboxGone("closed")) == "disk_quota"
+
+
+def test_a_workspace_filled_just_before_submitting_is_over_quota_all_the_same(tmp_path: Path) -> None:
+    """The agent fills its disk and submits within one watch interval: the watch measures once
+    more as the RUN ends, and the episode is the agent's failure (not graded), not a sample."""
+    guard = RunGuard({"workspace": str(tmp_path), "runtime": "local"}, SandboxOptions(limits={"disk_mb": 2}))
+    guard.watch.interval = 3600  # the thread never gets to measure: only the last check can
+    stopped = []
+    guard.watch.on_exceed = lambda: stopped.append(True)
+    submitted = Trajectory(outcome="completed", finish_reason="finish", metrics={"turns": 2})
+    with guard.watching():
+        (tmp_path / "big").write_bytes(b"x" * 3 * 2**20)
+    assert stopped == [True]
+    ended = guard.over_quota(submitted)
+    assert (ended.outcome, ended.finish_reason) == ("agent_error", "disk_quota")
+    assert ended.metrics == {"turns": 2, "disk_quota": "workspace holds 3 MB, quota 2 MB"}
+    assert submitted.outcome == "completed"  # the loop's own record is not edited
+    # Within the quota, or already ended by a reason of the agent's making: left as it is.
+    within = RunGuard({"workspace": str(tmp_path / "empty")}, SandboxOptions(limits={"disk_mb": 2}))
+    (tmp_path / "empty").mkdir()
+    with within.watching():
+        pass
+    assert within.over_quota(submitted) is submitted
+    oom = Trajectory(outcome="agent_error", finish_reason="oom")
+    assert guard.over_quota(oom) is oom
 
 
 def test_an_infrastructure_kill_is_never_the_agents_failure(tmp_path: Path) -> None:
