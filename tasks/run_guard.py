@@ -90,16 +90,18 @@ class RunGuard:
         """`result` as the agent's failure (agent_error, `disk_quota`) when the workspace was
         over its quota by the end of the RUN (`DiskWatch` measures once more as the agent
         stops), unless the episode already ended for a reason of its own making."""
-        if self.watch is None or not self.watch.exceeded or result.finish_reason in SELF_INFLICTED:
+        if (
+            self.watch is None
+            or not self.watch.exceeded
+            or result.finish_reason in SELF_INFLICTED
+            or result.outcome == Outcome.TIMEOUT.value
+        ):
             return result
-        if result.outcome == Outcome.TIMEOUT.value:
-            return result
-        metrics = {**(result.metrics or {}), "disk_quota": self.watch.exceeded}
         return result.model_copy(
             update={
                 "outcome": Outcome.AGENT_ERROR.value,
                 "finish_reason": FinishReason.DISK_QUOTA.value,
-                "metrics": metrics,
+                "metrics": {**result.metrics, "disk_quota": self.watch.exceeded},
             }
         )
 

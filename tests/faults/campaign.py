@@ -404,17 +404,18 @@ class Campaign:
         """What the job left (beyond what was there before it), once the reapers had a few
         passes to clean up; an earlier fault's leak is that fault's, not counted again."""
 
-        def new() -> tuple[int, int]:
+        def new() -> tuple[set[int], set[Path]]:
             live, dirs = self.leftovers()
-            return len(live - before[0]), len(dirs - before[1])
+            return live - before[0], dirs - before[1]
 
         try:
-            wait_for(lambda: new() == (0, 0), timeout=10, what="no sandboxes left")
+            wait_for(lambda: new() == (set(), set()), timeout=10, what="no sandboxes left")
         except AssertionError:
             pass
-        report.live_sandboxes_left, report.dirs_left = new()
-        if report.dirs_left:  # name what stayed: the next failure says which folder or handle
-            report.notes.append(f"left: {sorted(str(p) for p in self.leftovers()[1] - before[1])}")
+        live, dirs = new()
+        report.live_sandboxes_left, report.dirs_left = len(live), len(dirs)
+        if dirs:  # name what stayed: the next failure says which folder or handle
+            report.notes.append(f"left: {sorted(map(str, dirs))}")
 
     def close(self) -> None:
         """Stop everything this campaign started and delete its dirs."""
