@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.health_config import HealthConfig
 from agents.llm.spec import LLMSpec, SamplingParams
 from sandbox.spec import SandboxOptions
 
@@ -68,6 +69,9 @@ class JobConfig(BaseModel):
         default_factory=dict,
         description="Caller's tags kept with the job (e.g. the ProRL job id that /cancel looks up)",
     )
+    # Issue 37: the quarantine list a submission is checked against, and the health alerts.
+    quarantine: str | None = Field(None, description="Quarantine list (raas validate) whose instances are refused")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Live-health alert thresholds")
 
     @classmethod
     def load(cls, stored: dict[str, Any] | None) -> JobConfig:

@@ -374,6 +374,9 @@ def _register_optional_commands() -> None:
     from raas_client.weights_cli import weights
 
     main.add_command(token_command)
+    from app.validate_cli import validate_command
+
+    main.add_command(validate_command)
 
     for command in (submit, results, status, llm, weights):
         main.add_command(command)

@@ -11,7 +11,7 @@ from flask import Flask
 
 from agents.registry import load_handler_modules
 from app import ui
-from app.api import errors, events, health, jobs, llm_servers, policy, prorl, rollouts, weights
+from app.api import errors, events, health, job_health, jobs, llm_servers, policy, prorl, rollouts, validations, weights
 from app.auth import authenticate
 from core.db import configure_pool
 from core.settings import load_settings
@@ -55,7 +55,7 @@ def build_app(config: Any = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.extensions["celery"] = make_celery(settings)
-    for module in (jobs, events, rollouts, llm_servers, weights, policy, health, prorl, ui):
+    for module in (jobs, events, rollouts, llm_servers, weights, policy, health, prorl, validations, job_health, ui):
         app.register_blueprint(module.bp)
     errors.register_error_handlers(app)
     app.before_request(authenticate)

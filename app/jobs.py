@@ -56,6 +56,10 @@ def validate_submission(
     from pydantic import ValidationError
 
     handler = get_handler(req.agent)
+    if req.quarantine is not None:  # issue 37: instances `raas validate` found broken
+        from app.validations import check_quarantine
+
+        check_quarantine(settings, owner, req.quarantine, [i.instance_id for i in req.instances])
     try:
         agent_config = handler.load_config(req.agent_config, settings)
     except ValidationError as exc:
@@ -96,6 +100,8 @@ def validate_submission(
         llm=llm,
         agent_config=agent_config.model_dump(),
         labels=labels or {},
+        quarantine=req.quarantine,
+        health=req.health,
     )
 
 

@@ -34,6 +34,7 @@ except ImportError as exc:  # the server installed without its SDK (`make` insta
         "this repository: pip install -e ./sdk (then -e .)"
     ) from exc
 
+from agents.health_config import HealthConfig
 from agents.job_config import Limits
 from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
 from sandbox.spec import SandboxOptions
@@ -95,6 +96,12 @@ class JobCreate(Strict):
         pattern=r"^https?://",
         description="POSTed (signed, retried) when a group and when the job completes",
     )
+    quarantine: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="Name of a quarantine list written by `raas validate`: its instances are refused",
+    )
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Live-health alert thresholds")
 
     @field_validator("instances")
     @classmethod

@@ -391,3 +391,50 @@ class QueueConsumer(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Validation(Base):
+    """An environment validation run (`raas validate`): gold and null actions graded k times.
+
+    A done run with a `name` is that owner's quarantine list of that name (the newest done run
+    of the name wins): a job naming it (`quarantine`) is refused for the listed instances.
+    """
+
+    __tablename__ = "validations"
+    __table_args__ = (Index("ix_validations_owner_name", "owner", "name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(128), default="default")
+    name: Mapped[str | None] = mapped_column(String(128))
+    agent: Mapped[str] = mapped_column(String(64))
+    k: Mapped[int] = mapped_column(Integer, default=1)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    request: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # config + instances
+    report: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    quarantined: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    error: Mapped[str | None] = mapped_column(Text)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobAlert(Base):
+    """A health alert of a job (`tasks.health_alerts`): raised once when a figure of its recent
+    rollouts crosses the job's threshold, cleared when it is back; the event stream and the
+    job's callbacks carry it."""
+
+    __tablename__ = "job_alerts"
+    __table_args__ = (Index("ix_job_alerts_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float] = mapped_column(Float)
+    threshold: Mapped[float] = mapped_column(Float)
+    seq: Mapped[int] = mapped_column(Integer)  # the job's finished rollouts when raised
+    weight_version: Mapped[str | None] = mapped_column(String(256))
+    message: Mapped[str] = mapped_column(Text)
+    action: Mapped[str] = mapped_column(String(16), default="none")
+    raised_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

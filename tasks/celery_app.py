@@ -22,6 +22,7 @@ def make_celery(settings: Settings) -> Celery:
     app.raas_settings = settings  # read by the stage tasks: one source of config per process
     import tasks.reevaluate  # noqa: F401  (shared_task registration on every app)
     import tasks.stages  # noqa: F401
+    import tasks.validation  # noqa: F401
 
     app.finalize()
     return app

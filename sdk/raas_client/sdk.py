@@ -20,6 +20,8 @@ import httpx
 
 from raas_client.batch import Batch, Collector
 from raas_client.models import Rollout
+from raas_client.health_models import HealthView
+from raas_client.validation_models import QuarantineView, ValidationView
 from raas_client.retry import (
     LONG_POLL_RETRY_STATUSES,
     LONG_POLL_SECONDS,
@@ -304,6 +306,36 @@ class RaasClient:
     def reevaluate(self, rollout_id: str, wait: float = 0) -> dict[str, Any]:
         """POST /v1/rollouts/{id}/reevaluate: grade the stored result again (SWE)."""
         return self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate", params={"wait": wait}, timeout=wait + 60)
+
+    def validate(
+        self,
+        agent: str,
+        instances: list[dict[str, Any]],
+        k: int = 3,
+        name: str | None = None,
+        wait: float = 600,
+        **body: Any,
+    ) -> ValidationView:
+        """POST /v1/validations and poll it: each instance's gold solution and null action graded
+        k times by EVAL; with `name`, the quarantine list a job names as `quarantine`. Returns
+        the report once done (or as it stands after `wait` seconds)."""
+        rows = [as_instance(i) for i in instances]
+        view = self._call(
+            "POST", "/v1/validations", json={"agent": agent, "instances": rows, "k": k, "name": name, **body}
+        )
+        deadline = time.monotonic() + wait
+        while view["status"] in ("pending", "running") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            view = self._call("GET", f"/v1/validations/{view['validation_id']}")
+        return ValidationView.model_validate(view)
+
+    def job_health(self, job_id: str) -> HealthView:
+        """GET /v1/jobs/{id}/health: live figures of the job's rollouts and its alerts."""
+        return HealthView.model_validate(self._call("GET", f"/v1/jobs/{job_id}/health"))
+
+    def quarantine(self, name: str) -> QuarantineView:
+        """GET /v1/quarantine/{name}: the instances a job naming this list is refused for."""
+        return QuarantineView.model_validate(self._call("GET", f"/v1/quarantine/{name}"))
 
     def add_llm_server(self, url: str, model: str | None = None, weight_version: str | None = None) -> dict[str, Any]:
         """Register an inference server with the shared pool."""
