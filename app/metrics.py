@@ -4,6 +4,12 @@ Queue depths come from the broker (including the unrouted queue nobody consumes:
 above zero is a routing bug); rollout counts, stage-duration histograms and the inference
 servers come from the database, so every gateway reports the same numbers no matter which
 worker did the work. The functions here are also what the dashboard's stage view shows.
+
+Live health (issue 37) is exported per running (or just finished) job: `raas_job_health`
+(the figures of its last `health.window` rollouts, labelled by figure) and
+`raas_job_health_by_version` (its figures per weight version), and `raas_job_alert_active`
+(1 while an alert of the job is active). Labels are job ids and version strings: bounded by the
+jobs running at once (`HEALTH_JOBS` at most).
 """
 
 from __future__ import annotations
@@ -77,9 +83,10 @@ def llm_servers(s: Any, owner: str | None = None) -> list[LLMServer]:
 class RaasCollector:
     """Collects raas metrics on every scrape."""
 
-    def __init__(self, db_url: str, celery: Any) -> None:
+    def __init__(self, db_url: str, celery: Any, health_cache: Any = None) -> None:
         self.db_url = db_url
         self.celery = celery
+        self.health_cache = health_cache
 
     def collect(self):
         """Yield the metric families."""
@@ -97,6 +104,10 @@ class RaasCollector:
         yield depth
         yield consumers
         yield from self._database()
+        try:
+            yield from job_health_families(self.db_url, self.health_cache)
+        except Exception:
+            log.exception("reading job health failed")
 
     def _database(self):
         by_status = GaugeMetricFamily("raas_rollouts", "Rollouts by status and outcome", labels=["status", "outcome"])
@@ -134,8 +145,72 @@ class RaasCollector:
         return hist
 
 
-def render(db_url: str, celery: Any) -> bytes:
+HEALTH_JOBS = 50
+HEALTH_FIGURES = (
+    "turns_mean",
+    "turns_p90",
+    "parse_failure_rate",
+    "truncation_rate",
+    "zero_tool_rollouts",
+    "reward_without_tools",
+    "drift_rate",
+    "infra_rate",
+    "timeout_rate",
+    "reward_mean",
+    "reward_var",
+    "zero_variance_groups",
+)
+
+
+def job_health_families(db_url: str, cache: Any = None):
+    """Gauge families of the live health of the running (and just finished) jobs."""
+    from sqlalchemy import or_
+
+    from agents.job_config import JobConfig
+    from core.models import Job, JobAlert, utcnow
+    from tasks import health
+    from tasks.health_alerts import RECENTLY_FINISHED
+
+    cache = cache or health.HealthCache(jobs=HEALTH_JOBS)
+    recent = GaugeMetricFamily(
+        "raas_job_health", "Health figures of a job's last health.window rollouts", labels=["job_id", "figure"]
+    )
+    versions = GaugeMetricFamily(
+        "raas_job_health_by_version", "Health figures per weight version", labels=["job_id", "version", "figure"]
+    )
+    active = GaugeMetricFamily("raas_job_alert_active", "1 while a health alert is active", labels=["job_id", "alert"])
+    with session_scope(db_url) as s:
+        since = utcnow() - RECENTLY_FINISHED
+        jobs = s.scalars(
+            select(Job)
+            .where(or_(Job.finished_at.is_(None), Job.finished_at >= since))
+            .order_by(Job.created_at.desc())
+            .limit(HEALTH_JOBS)
+        ).all()
+        for job in jobs:
+            samples = cache.samples(s, job.id)
+            window = JobConfig.load(job.config).health.window
+            _add_figures(recent, [job.id], health.figures(samples[-window:]))
+            for version, figures in health.by_weight_version(samples).items():
+                _add_figures(versions, [job.id, version], figures)
+            for name in s.scalars(
+                select(JobAlert.name).where(JobAlert.job_id == job.id, JobAlert.cleared_at.is_(None))
+            ):
+                active.add_metric([job.id, name], 1)
+    yield recent
+    yield versions
+    yield active
+
+
+def _add_figures(family: GaugeMetricFamily, labels: list[str], figures: Any) -> None:
+    for name in HEALTH_FIGURES:
+        value = getattr(figures, name)
+        if value is not None:
+            family.add_metric([*labels, name], float(value))
+
+
+def render(db_url: str, celery: Any, health_cache: Any = None) -> bytes:
     """The Prometheus text exposition."""
     registry = CollectorRegistry()
-    registry.register(RaasCollector(db_url, celery))
+    registry.register(RaasCollector(db_url, celery, health_cache))
     return generate_latest(registry)

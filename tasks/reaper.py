@@ -33,10 +33,11 @@ from sqlalchemy import select
 
 from core.db import session_scope
 from core.settings import Settings
-from tasks import groups, nodes
+from tasks import groups, health_alerts, nodes
 from tasks.callbacks import CallbackDispatcher
 from tasks.db_retry import is_disconnect
 from tasks.reclaim import ReclaimRules
+from tasks.health import HealthCache
 from tasks.sweeps import Sweeps
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Reaper(ReclaimRules, Sweeps):
         self._db_lost = False  # the last pass could not reach the database
         self._db_back_at: float | None = None  # monotonic time it answered again
         self._callbacks: CallbackDispatcher | None = None
+        self._health = HealthCache()  # issue 37: each job's finished rollouts, read incrementally
 
     def start_up(self) -> int:
         """The first pass of a (re)started reaper: stop this node's stale sandboxes, then say
@@ -82,6 +84,7 @@ class Reaper(ReclaimRules, Sweeps):
             "group_deadlines": len(groups.close_overdue(self.db)),
             "sandboxes": self.sweep_sandboxes(),
             "llm_servers": self.maintain_llm_pool(),
+            "health_alerts": health_alerts.check_running(self.db, self._health),
         }
 
     def _saw_database(self) -> None:

@@ -7,6 +7,12 @@ the job's last one by `job`. A client that reconnects with `Last-Event-ID: <seq>
 EventSource does it by itself) resumes right after it, and the `group`/`job` events of that
 seq come again (they share its id), so nothing is missed. Comments (`: keep-alive`) keep idle
 proxies from closing the stream.
+
+Health alerts (`tasks.health_alerts`: judged by the reaper's pass, and here as the stream's
+rollouts arrive) are `alert` events carrying the id of the last rollout sent before them (an
+alert never moves the resume point). A
+(re)connection first sends the job's alerts still active and those raised at or after its
+resume point, then each new one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from core.db import session_scope
 from core.errors import InvalidRequest
 from tasks import groups
 from tasks.callbacks import owner_secret
+from app.job_health import app_cache
+from tasks.health_alerts import alert_view, check_job, job_alerts
 
 bp = Blueprint("events", __name__)
 POLL_SECONDS = 0.2
@@ -105,6 +113,7 @@ def _stream(job_id: str, after: int, wait: float):
     yield "retry: 2000\n\n"
     idle_until = time.monotonic() + wait
     last_sent = time.monotonic()
+    resumed_at, last_alert, first = after, 0, True
     while True:
         with session_scope(_settings().db_url) as s:
             items = results_after(s, job_id, after, 200)
@@ -114,7 +123,16 @@ def _stream(job_id: str, after: int, wait: float):
             if item.group_complete:
                 yield _event("group", item.seq, _group_event(item))
             after = item.seq
-        if items:
+        if items or first:  # judged here too: an alert is on the stream with its rollouts
+            check_job(_settings().db_url, job_id, app_cache())
+        with session_scope(_settings().db_url) as s:
+            alerts = job_alerts(s, job_id, last_alert)
+        for alert in alerts:
+            if not first or alert.cleared_at is None or alert.seq >= resumed_at:
+                yield _event("alert", after, alert_view(alert).model_dump(mode="json"))
+            last_alert = alert.id
+        first = False
+        if items or alerts:
             idle_until = last_sent = time.monotonic()
             idle_until += wait
         done = view.finished >= view.n_rollouts and after >= view.finished

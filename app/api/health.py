@@ -68,7 +68,9 @@ def stage_consumers(workers: dict[str, list[str]]) -> dict[str, int]:
 @bp.get("/metrics")
 def metrics():
     """Prometheus text format."""
-    body = render(current_app.config["RAAS"].db_url, current_app.extensions["celery"])
+    from app.job_health import app_cache
+
+    body = render(current_app.config["RAAS"].db_url, current_app.extensions["celery"], app_cache())
     return Response(body, mimetype="text/plain; version=0.0.4")
 
 

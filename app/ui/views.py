@@ -8,7 +8,9 @@ from flask import current_app, g, redirect, render_template, request, url_for
 from app.jobs import cancel_job, get_job, job_view, owner_jobs
 from app.metrics import llm_servers, queue_consumers, rollout_counts
 from app.rollouts import current_turns, job_rollout_rows, owned_rollout
-from app.ui import charts, tokens
+from agents.job_config import JobConfig
+from app.job_health import app_cache, health_view
+from app.ui import charts, health_charts, tokens
 from app.ui.auth import bp, check_csrf, safe_next
 from core.db import session_scope
 from core.errors import InvalidRequest
@@ -83,7 +85,9 @@ def job(job_id: str):
         view = job_view(s, j)
         rows = job_rollout_rows(s, job_id, ROW_COLUMNS)
         config = j.config or {}
+        health = health_view(s, j, app_cache())
     groups = charts.groups(rows)
+    health_config = JobConfig.load(config).health
     return render_template(
         "ui/job.html",
         job=view,
@@ -96,6 +100,10 @@ def job(job_id: str):
         slowest=charts.slowest(rows),
         failed=charts.failed(rows),
         total_seconds=charts.total_seconds,
+        health=health,
+        health_tiles=health_charts.tiles(health, health_config),
+        turns_bars=health_charts.turns_bars(health),
+        time_split=health_charts.time_split(health),
     )
 
 

@@ -17,6 +17,9 @@ sample's `failure_class` (`raas_client.models`) decides its place:
 Policy versions are the servers' `weight_version` strings; their number is the integer they
 end with (`"step-42"` -> 42, `"7"` -> 7). The current version is `current_version=` when
 given, else the highest one among the pool's servers, else the highest one seen in the batch.
+
+`Batch.health` is the job's live health when the batch was taken (`raas_client.health_models`:
+parse failures, truncation, turns per rollout, reward without tool calls, infra, alerts).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from raas_client.arrays import to_arrays
+from raas_client.health_models import HealthView
 from raas_client.models import Rollout, version_number
 
 AdvantageMethod = Literal["grpo", "rloo"]
@@ -129,6 +133,9 @@ class Batch(BaseModel):
     timed_out: bool = Field(False, description="Fewer than K groups completed within T")
     job_done: bool = Field(False, description="The job has no more groups to give")
     seconds: float = Field(0.0, description="Time collect() took")
+    health: HealthView | None = Field(
+        None, description="The job's live health when the batch was taken (None: the gateway has none)"
+    )
 
     @property
     def samples(self) -> list[Rollout]:
@@ -220,7 +227,18 @@ class Collector:
             timed_out=len(built) < groups and not self.done,
             job_done=self.done and not self.ready,
             seconds=round(time.monotonic() - started, 3),
+            health=self._health(),
         )
+
+    def _health(self) -> HealthView | None:
+        """The job's health (`GET /v1/jobs/{id}/health`); None from a source without it."""
+        read = getattr(self.client, "job_health", None)
+        if read is None:
+            return None
+        try:
+            return read(self.job_id)
+        except Exception:  # noqa: BLE001 - an older gateway: the batch is still the batch
+            return None
 
     def _read(self, wait: float) -> None:
         page = self.client.results_page(self.job_id, self.cursor, wait=wait, limit=1000)
