@@ -212,3 +212,60 @@ def test_a_job_naming_the_list_is_refused_for_quarantined_instances(settings) ->
     finally:
         server.shutdown()
         stop_sim()
+
+
+@pytest.mark.service
+def test_the_service_validates_through_a_worker_and_the_sdk_reads_the_list(tmp_path) -> None:
+    """`RaasClient.validate` -> POST /v1/validations -> the `raas.validate` task on a real `init`
+    worker process -> the report; the list it wrote refuses a job submitted with the SDK."""
+    from raas_client import RaasHTTPError
+
+    from tests.pipeline_harness import start_service
+
+    svc = start_service(tmp_path / "svc", stages=("init",), concurrency=1, reaper=False)
+    try:
+        shipped = rows(EXAMPLES / "math.jsonl")[:4]
+        broken = broken_math(shipped)["gold_fails"]
+        report = svc.client.validate("math", [*shipped, broken], k=2, name="sdk-list", wait=120)
+        assert report.status == "done" and report.quarantined == ["math-gold-fails"], report
+        assert report.problems() == {"math-gold-fails": ["gold_fails"]}
+        assert all(i.gold_rewards == [1.0, 1.0] and i.null_rewards == [0.0, 0.0] for i in report.instances[:4])
+        assert svc.client.quarantine("sdk-list").instance_ids == ["math-gold-fails"]
+        with pytest.raises(RaasHTTPError) as refused:
+            svc.client.submit("math", [broken], agent_config={"tools": []}, quarantine="sdk-list")
+        assert refused.value.status == 400 and "math-gold-fails (gold_fails)" in str(refused.value.body)
+        with pytest.raises(RaasHTTPError) as unknown_agent:
+            svc.client.validate("search", shipped, k=1)
+        assert unknown_agent.value.status == 400 and "validatable: code, math, swe" in str(unknown_agent.value.body)
+    finally:
+        svc.stop()
+
+
+def test_the_cli_prints_the_problems_and_writes_the_list(settings, tmp_path) -> None:
+    """`raas validate FILE --agent math --name ...` as a user runs it (a real process)."""
+    import os
+    import subprocess
+    import sys
+
+    shipped = rows(EXAMPLES / "math.jsonl")[:3]
+    broken = broken_math(shipped)["gold_fails"]
+    data = tmp_path / "set.jsonl"
+    data.write_text(
+        "".join(json.dumps({"instance_id": i["instance_id"], **i["data"]}) + "\n" for i in [*shipped, broken])
+    )
+    env = {**os.environ, "RAAS_HOME": str(settings.home), "RAAS_ENV_ROOT": str(DEFAULT_ENVS_ROOT.resolve())}
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "validate", str(data), "--agent", "math", "--k", "2", "--name", "cli-list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=PROJECT_ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "math-gold-fails: gold_fails (gold [0.0, 0.0], null [0.0, 0.0])" in out.stdout
+    assert "4 instance(s), 3 sound, 1 quarantined, k=2" in out.stdout and "quarantine list 'cli-list'" in out.stdout
+    with session_scope(settings.db_url) as s:
+        from app.validations import quarantine
+
+        assert quarantine(s, "default", "cli-list").instance_ids == ["math-gold-fails"]

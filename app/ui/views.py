@@ -16,6 +16,7 @@ from core.db import session_scope
 from core.errors import InvalidRequest
 from core.models import Rollout, Turn
 from tasks.config import UNROUTED_QUEUE
+from tasks.health_alerts import check_job
 from tasks.queues import known_queues, queue_depths
 
 ROW_COLUMNS = (
@@ -80,6 +81,9 @@ def cancel(job_id: str):
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
     """A job: GRPO groups, outcomes, stage timings, throughput, the slowest and the failed."""
+    with session_scope(_settings().db_url) as s:
+        get_job(s, job_id, g.owner)
+    check_job(_settings().db_url, job_id, app_cache())  # alerts judged on read, as the API does
     with session_scope(_settings().db_url) as s:
         j = get_job(s, job_id, g.owner)
         view = job_view(s, j)
