@@ -30,7 +30,7 @@ def health_view(s: Session, job: Job, cache: health.HealthCache | None = None) -
     """The job's health: overall, recent (what alerts judge), per weight version, series."""
     samples = (cache or health.HealthCache(jobs=1)).samples(s, job.id)
     config = JobConfig.load(job.config).health
-    bucket, series = health.series(samples)
+    bucket, series = health.series(samples, config.window)
     return HealthView(
         job_id=job.id,
         window=config.window,

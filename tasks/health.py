@@ -201,8 +201,10 @@ def by_weight_version(samples: list[Sample]) -> dict[str, HealthFigures]:
     return {version: figures(group) for version, group in grouped.items()}
 
 
-def series(samples: list[Sample]) -> tuple[int, dict[str, list[float | None]]]:
-    """(bucket, {figure: value per bucket of `bucket` rollouts}) for the sparklines."""
+def series(samples: list[Sample], window: int) -> tuple[int, dict[str, list[float | None]]]:
+    """(bucket, {figure: values}) for the sparklines: at the end of every bucket of `bucket`
+    rollouts, the figure over the `window` rollouts ending there (what alerts judge)."""
     bucket = max(1, math.ceil(len(samples) / MAX_POINTS))
-    points = [figures(samples[i : i + bucket]) for i in range(0, len(samples), bucket)]
+    ends = [min(len(samples), i + bucket) for i in range(0, len(samples), bucket)]
+    points = [figures(samples[max(0, end - window) : end]) for end in ends]
     return bucket, {name: [getattr(p, name) for p in points] for name in SERIES}

@@ -86,6 +86,8 @@ class HealthView(Answer):
     groups: list[GroupHealth] = Field(default_factory=list, description="Reward mean/variance per group")
     bucket: int = Field(1, description="Rollouts per point of `series`")
     series: dict[str, list[float | None]] = Field(
-        default_factory=dict, description="Figures per bucket of `bucket` rollouts, in completion order"
+        default_factory=dict,
+        description="At the end of every bucket of `bucket` rollouts (completion order), the figure over the "
+        "`window` rollouts ending there",
     )
     alerts: list[AlertView] = Field(default_factory=list, description="Alerts raised, oldest first")
