@@ -41,6 +41,8 @@ OVERLAY = [
 ]
 COLUMNS = [
     ("finished", "finished"),
+    ("infra_errors", "infra_error"),
+    ("wrong_rewards", "wrong"),
     ("lost", "lost"),
     ("duplicated", "dup"),
     ("leaked", "leaked"),
@@ -70,6 +72,7 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
             report = campaign.run(FAULTS[name])
             figures = report.as_dict()
             figures["leaked"] = report.live_sandboxes_left + report.dirs_left
+            figures["infra_errors"] = report.outcomes.get("infra_error", 0)
             figures["affected_regen_per_rollout"] = (
                 round(report.affected_regenerated / report.affected, 2)
                 if name.startswith("sigkill") and report.affected

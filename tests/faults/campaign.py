@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
 NODES = ("n1", "n2")
 TURNS = 4
+# A fault that must land between turns (the generation mark, the turn insert) rather than in
+# a generation runs rollouts whose tool calls take this long (issue 40: a tool call is where a
+# RUN is when the database goes away, and its next statement is the mark).
+SLOW_TOOLS = "[slow tools] "
+SLOW_TOOL_SECONDS = 0.8
 LATENCY = 0.3  # seconds per LLM answer: a fault lands mid-rollout, a job stays short
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 # Issue 15's campaign had an 8 s lease; 6 s keeps recovery short and still outlasts the 3 s
@@ -83,14 +88,17 @@ def answers_right(index: int) -> bool:
 
 
 def script() -> dict[str, Any]:
-    """The simulator's script: per problem, 3 python turns then `finish` with the answer."""
-    by_instance = {}
+    """The simulator's script: per problem, 3 python turns then `finish` with the answer; a
+    problem submitted with the SLOW_TOOLS prefix gets tools that take SLOW_TOOL_SECONDS (the
+    simulator takes the first key found in the prompt: the prefixed ones come first)."""
+    slow, plain = {}, {}
     for k, p in enumerate(PROBLEMS):
         answer = p["answer"] if answers_right(k) else str(int(p["answer"]) + 1)
-        by_instance[p["problem"]] = [_call("python", code=f"print({t} + {k})") for t in range(TURNS - 1)] + [
-            _call("finish", answer=answer)
-        ]
-    return {"latency": LATENCY, "by_instance": by_instance}
+        finish = _call("finish", answer=answer)
+        plain[p["problem"]] = [_call("python", code=f"print({t} + {k})") for t in range(TURNS - 1)] + [finish]
+        code = f"import time; time.sleep({SLOW_TOOL_SECONDS}); print({{t}} + {k})"
+        slow[SLOW_TOOLS + p["problem"]] = [_call("python", code=code.format(t=t)) for t in range(TURNS - 1)] + [finish]
+    return {"latency": LATENCY, "by_instance": {**slow, **plain}}
 
 
 def sim_stats(url: str) -> dict[str, int]:
@@ -193,6 +201,8 @@ class Campaign:
         )
         self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
         self.lost_nodes: set[str] = set()
+        self.prefixes: dict[str, str] = {}  # job id -> its problems' prefix (`submit`)
+        self.registered = False  # the simulator is a registered server of the pool
         self.exits: list[str] = []  # pools that ended by themselves, as the supervisor saw
         self.supervising = True  # False: a pool that exits stays dead (no supervisor)
         self._lock = threading.Lock()
@@ -279,15 +289,26 @@ class Campaign:
                 if node not in self.svc.reapers:
                     self.svc.start_reaper(node)
 
-    def submit(self, n: int, offset: int = 0) -> dict[str, Any]:
-        """A job of `n` distinct problems (each its own simulator script)."""
+    def submit(self, n: int, offset: int = 0, slow_tools: bool = False, registered: bool = False) -> dict[str, Any]:
+        """A job of `n` distinct problems (each its own simulator script; `slow_tools`: their
+        tool calls take SLOW_TOOL_SECONDS; `registered`: the simulator as a server of the
+        shared pool, as a trainer registers its vLLM servers, instead of named by the job)."""
         if offset + n > len(PROBLEMS):
             raise ValueError(f"at most {len(PROBLEMS)} distinct problems")
+        prefix = SLOW_TOOLS if slow_tools else ""
         instances = [
-            {"instance_id": p["instance_id"], "data": {"problem": p["problem"], "answer": p["answer"]}}
+            {"instance_id": p["instance_id"], "data": {"problem": prefix + p["problem"], "answer": p["answer"]}}
             for p in PROBLEMS[offset : offset + n]
         ]
-        return self.svc.client.submit("math", instances, llm=self.llm, limits={"max_turns": TURNS + 2})
+        llm = self.llm
+        if registered:
+            if not self.registered:
+                self.svc.client.add_llm_server(self.sim_url)
+                self.registered = True
+            llm = {k: v for k, v in llm.items() if k != "servers"}
+        job = self.svc.client.submit("math", instances, llm=llm, limits={"max_turns": TURNS + 2})
+        self.prefixes[job["job_id"]] = prefix
+        return job
 
     # -- one faulted job ------------------------------------------------------------------
     def run(self, fault: Fault, timeout: float | None = None) -> Report:
@@ -302,7 +323,11 @@ class Campaign:
         before, leaks_before = sim_stats(self.sim_url), self.leftovers()
         exits_before = len(self.exits)
         started = time.monotonic()
-        job = self.submit(fault.rollouts)
+        job = self.submit(
+            fault.rollouts,
+            slow_tools=getattr(fault, "slow_tools", False),
+            registered=getattr(fault, "registered_pool", False),
+        )
         fault.strike(self, job, report)
         jobs = [job, *report.extra_jobs]
         deadline = time.monotonic() + timeout
@@ -362,11 +387,11 @@ class Campaign:
     def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int], report: Report) -> None:
         after = sim_stats(self.sim_url)
         report.llm_calls = after.get("started", 0) - before.get("started", 0)
-        keys = {p["instance_id"]: p["problem"] for p in PROBLEMS}
+        problems = {p["instance_id"]: p["problem"] for p in PROBLEMS}
         looped = 0
         for j in jobs:
             for row in self.rows(j["job_id"]):
-                key = keys[row.instance_id]
+                key = self.prefixes.get(j["job_id"], "") + problems[row.instance_id]
                 answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0) for t in range(TURNS)]
                 looped += answered[0] > 0
                 report.rerun_rollouts += answered[0] > 1
