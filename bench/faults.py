@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 OVERLAY = [
     "tests/faults",
     "tests/private_services.py",
+    "tests/tcp_proxy.py",
     "tests/pipeline_harness.py",
     "fakellm/server.py",
     "fakellm/capacity.py",

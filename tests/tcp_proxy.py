@@ -3,34 +3,50 @@
 `LoopbackProxy(target_port)` listens on a free 127.0.0.1 port of its own and forwards every
 connection to 127.0.0.1:target_port. The faults are what a network does to a client:
 
-- `refuse()`: the listener closes and every open connection is reset, so a new connection is
-  refused (ECONNREFUSED) and an open one fails mid-stream; `heal()` listens again on the
-  same port;
-- `refuse_for(seconds)`: the same, healed by a timer;
-- `delay = 0.3`: every chunk waits that long before it is forwarded (a slow link).
+- `refuse()` / `heal()`: the listener closes and every open connection is reset, so a new
+  connection is refused (ECONNREFUSED) and an open one fails mid-stream (a server restart);
+  `refuse_for(seconds)` heals by a timer;
+- `partition(direction)` / `heal()`: a network partition. Nothing is refused or reset: bytes
+  in the cut direction ("up": client to server, "down": server to client, "both") are held,
+  and a new connection is accepted but not carried further; `heal()` delivers what was held,
+  late, as TCP does after a partition ends (the clients' own timeouts decide what they see);
+- `delay = 0.15`: every chunk, each way, waits that long (0.3 s per round trip: a slow link);
+- `reset_rate = 0.05`: each chunk resets its connection with that probability (a link that
+  drops connections mid-transaction); `seed` makes the draws repeatable.
 
 Traffic only ever reaches the target the test named, through the address this proxy made.
-`forwarded` counts the connections it carried.
+`forwarded` counts the connections carried, `resets` the connections reset on purpose.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
+from typing import Literal
+
+Direction = Literal["up", "down", "both"]
 
 
 class LoopbackProxy:
     """127.0.0.1:`port` -> 127.0.0.1:`target_port`, with faults on demand."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, seed: int = 0) -> None:
         self.target_port = target_port
         self.delay = 0.0
+        self.reset_rate = 0.0
         self.forwarded = 0
+        self.resets = 0
+        self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._links: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._probe: socket.socket | None = None
+        # Set while bytes in that direction flow; cleared by a partition.
+        self._open = {"up": threading.Event(), "down": threading.Event()}
+        for event in self._open.values():
+            event.set()
         self.port = self._listen(0)
 
     # -- faults -----------------------------------------------------------------------------
@@ -53,34 +69,51 @@ class LoopbackProxy:
         self._probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._probe.bind(("127.0.0.1", self.port))
 
+    def partition(self, direction: Direction = "both") -> None:
+        """Hold every byte in `direction` (and, for "up" or "both", new connections) until
+        `heal()`."""
+        for side in ("up", "down") if direction == "both" else (direction,):
+            self._open[side].clear()
+
     def heal(self) -> None:
-        """Listen again on the same port."""
+        """End a refusal or a partition: listen again, deliver what was held."""
         probe, self._probe = self._probe, None
         if probe is not None:
             probe.close()
-        self._listen(self.port)
+            self._listen(self.port)
+        for event in self._open.values():
+            event.set()
 
     def refuse_for(self, seconds: float) -> threading.Timer:
         """`refuse()` now and `heal()` after `seconds` (the timer is returned, started)."""
         self.refuse()
-        timer = threading.Timer(seconds, self.heal)
-        timer.daemon = True
-        timer.start()
-        return timer
+        return self._heal_after(seconds)
+
+    def partition_for(self, seconds: float, direction: Direction = "both") -> threading.Timer:
+        """`partition(direction)` now and `heal()` after `seconds` (the timer, started)."""
+        self.partition(direction)
+        return self._heal_after(seconds)
 
     def close(self) -> None:
         """Stop forwarding for good."""
+        self.heal()
         self.refuse()
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+
+    def _heal_after(self, seconds: float) -> threading.Timer:
+        timer = threading.Timer(seconds, self.heal)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     # -- forwarding ---------------------------------------------------------------------------
     def _listen(self, port: int) -> int:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
-        sock.listen(128)
+        sock.listen(512)
         with self._lock:
             self._listener = sock
         threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
@@ -92,29 +125,38 @@ class LoopbackProxy:
                 client, _ = listener.accept()
             except OSError:  # the listener closed (refuse)
                 return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:
-                _reset(client)
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                refused = self._listener is not listener  # refused meanwhile
-                if not refused:
-                    self._links.update((client, upstream))
-                    self.forwarded += 1
-            if refused:
-                _reset(client)
-                _reset(upstream)
-                return
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+            threading.Thread(target=self._carry, args=(listener, client), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _carry(self, listener: socket.socket, client: socket.socket) -> None:
+        """Connect `client` upstream (once the link is up) and pipe both ways."""
+        self._open["up"].wait()  # a partitioned link: the SYN got here, nothing further
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+        except OSError:
+            _reset(client)
+            return
+        upstream.settimeout(None)
+        with self._lock:
+            refused = self._listener is not listener  # refused meanwhile
+            if not refused:
+                self._links.update((client, upstream))
+                self.forwarded += 1
+        if refused:
+            _reset(client)
+            _reset(upstream)
+            return
+        threading.Thread(target=self._pipe, args=(client, upstream, "up"), daemon=True).start()
+        self._pipe(upstream, client, "down")
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, side: str) -> None:
         try:
             while data := src.recv(65536):
+                self._open[side].wait()
                 if self.delay:
                     time.sleep(self.delay)
+                if self.reset_rate and self._draw() < self.reset_rate:
+                    self.resets += 1
+                    break
                 dst.sendall(data)
         except OSError:
             pass
@@ -122,6 +164,11 @@ class LoopbackProxy:
             self._links.discard(src)
             self._links.discard(dst)
         _reset(dst)
+        _reset(src)
+
+    def _draw(self) -> float:
+        with self._lock:
+            return self._rng.random()
 
 
 def _reset(sock: socket.socket) -> None:

@@ -37,6 +37,7 @@ from core.models import Rollout
 from core.settings import Settings
 from tests.pipeline_harness import REPO, Service, start_service, wait_for
 from tests.private_services import PrivatePostgres, PrivateRedis
+from tests.tcp_proxy import LoopbackProxy
 
 if TYPE_CHECKING:
     from tests.faults.faults import Fault
@@ -133,6 +134,9 @@ class Report:
     affected: int = 0  # rollouts the fault hit (e.g. in RUN on a killed pool)
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
+    violations: int = 0  # history checks that failed (tests/partitions/checker.py), named in notes
+    job_ids: list[str] = field(default_factory=list)  # the scripted jobs measured here
+    side_jobs: list[dict[str, Any]] = field(default_factory=list)  # other jobs: the fault's `after` judges them
     notes: list[str] = field(default_factory=list)
     affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
     extra_jobs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ditto
@@ -148,6 +152,7 @@ class Report:
             "missing_tokens",
             "live_sandboxes_left",
             "dirs_left",
+            "violations",
         )
         out = [f"{n}={getattr(self, n)}" for n in names if getattr(self, n)]
         if self.seq_gaps:
@@ -157,19 +162,28 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready figures."""
         out = asdict(self)
-        del out["affected_ids"], out["extra_jobs"]
+        del out["affected_ids"], out["extra_jobs"], out["side_jobs"]
         return out
 
 
 class Campaign:
     """Two nodes on private Redis + PostgreSQL with the scripted simulator (see module doc)."""
 
-    def __init__(self, home: Path, envs_math: Path | None = None, aof: bool = False) -> None:
+    def __init__(self, home: Path, envs_math: Path | None = None, aof: bool = False, links: bool = False) -> None:
         self.home = home
         self.redis = PrivateRedis(aof=aof)
         self.redis.start()
         self.pg = PrivatePostgres()
         self.pg.start()
+        # `links`: every node reaches PostgreSQL and Redis, and the gateway Redis, through a
+        # proxy of its own (`tests.tcp_proxy`), keyed (node or "gateway", "pg" | "redis"): a
+        # partition test cuts, slows or resets one of them (tests/partitions).
+        self.links: dict[tuple[str, str], LoopbackProxy] = {}
+        if links:
+            for end in (*NODES, "gateway"):
+                self.links[end, "redis"] = LoopbackProxy(self.redis.port)
+            for end in NODES:
+                self.links[end, "pg"] = LoopbackProxy(self.pg.port)
         self.sim_url, self._stop_sim = start_simulator(SMOLLM2, script())
         if envs_math is not None:  # the handler's `math` environment, built once per machine
             (home / "envs").mkdir(parents=True, exist_ok=True)
@@ -180,6 +194,10 @@ class Campaign:
         node_extra = {
             n: {"sandbox_dir": self.sandbox_dirs[n], "workspace_root": (home / f"ws-{n}").resolve()} for n in NODES
         }
+        db_url = self.pg.create_database("raas")
+        for n in NODES if links else ():
+            node_extra[n]["database_url"] = _via(db_url, self.links[n, "pg"])
+            node_extra[n]["broker_url"] = _via(self.redis.url, self.links[n, "redis"])
         (home / "logs").mkdir(parents=True, exist_ok=True)  # the reapers run in this process
         self._reaper_log = logging.FileHandler(home / "logs" / "reapers.log")
         self._reaper_log.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
@@ -190,8 +208,8 @@ class Campaign:
         os.environ[CONSUMER_FAULT_ENV] = str(self.triggers)  # inherited by every pool
         self.svc: Service = start_service(
             home,
-            db_url=self.pg.create_database("raas"),
-            broker_url=self.redis.url,
+            db_url=db_url,
+            broker_url=_via(self.redis.url, self.links["gateway", "redis"]) if links else self.redis.url,
             nodes=NODES,
             concurrency=CONCURRENCY,
             reaper="per_node",
@@ -330,6 +348,7 @@ class Campaign:
         )
         fault.strike(self, job, report)
         jobs = [job, *report.extra_jobs]
+        report.job_ids = [j["job_id"] for j in jobs]
         deadline = time.monotonic() + timeout
         for j in jobs:
             try:
@@ -457,10 +476,17 @@ class Campaign:
             from core.db import dispose_all
 
             dispose_all(close=True)
+            for link in self.links.values():
+                link.close()
             self.pg.close()
             self.redis.close()
             for d in self.sandbox_dirs.values():
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def _via(url: str, link: LoopbackProxy) -> str:
+    """`url` with its port replaced by the proxy's."""
+    return sa.engine.make_url(url).set(port=link.port).render_as_string(hide_password=False)
 
 
 def _entries(folder: Path) -> list[Path]:
