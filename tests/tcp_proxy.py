@@ -40,7 +40,7 @@ class LoopbackProxy:
         self.resets = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._links: set[socket.socket] = set()
+        self._links: set[_Link] = set()
         self._listener: socket.socket | None = None
         self._probe: socket.socket | None = None
         # Set while bytes in that direction flow; cleared by a partition.
@@ -61,8 +61,8 @@ class LoopbackProxy:
             except OSError:
                 pass
             listener.close()
-        for sock in links:
-            _reset(sock)
+        for link in links:
+            link.kill()
         # A bound socket that does not listen holds the port (nobody else takes it meanwhile)
         # while the kernel refuses connections to it.
         self._probe = socket.socket()
@@ -136,19 +136,20 @@ class LoopbackProxy:
             _reset(client)
             return
         upstream.settimeout(None)
+        link = _Link(client, upstream)
         with self._lock:
             refused = self._listener is not listener  # refused meanwhile
             if not refused:
-                self._links.update((client, upstream))
+                self._links.add(link)
                 self.forwarded += 1
         if refused:
             _reset(client)
             _reset(upstream)
             return
-        threading.Thread(target=self._pipe, args=(client, upstream, "up"), daemon=True).start()
-        self._pipe(upstream, client, "down")
+        threading.Thread(target=self._pipe, args=(link, client, upstream, "up"), daemon=True).start()
+        self._pipe(link, upstream, client, "down")
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, side: str) -> None:
+    def _pipe(self, link: _Link, src: socket.socket, dst: socket.socket, side: str) -> None:
         try:
             while data := src.recv(65536):
                 self._open[side].wait()
@@ -160,21 +161,56 @@ class LoopbackProxy:
                 dst.sendall(data)
         except OSError:
             pass
-        with self._lock:
-            self._links.discard(src)
-            self._links.discard(dst)
-        _reset(dst)
-        _reset(src)
+        link.kill()  # the other direction's recv wakes up too
+        if link.done():
+            with self._lock:
+                self._links.discard(link)
 
     def _draw(self) -> float:
         with self._lock:
             return self._rng.random()
 
 
+class _Link:
+    """One carried connection: its two sockets, closed once both pipes stopped using them.
+
+    A socket is never closed while another thread may still block in `recv` on it: on Linux
+    that `recv` would not wake, and the descriptor, once reused by a new connection, would be
+    read by the stale thread. `kill` shuts both down (every `recv` returns) with SO_LINGER 0,
+    so the final close resets the connection as a dead link does."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.socks = (client, upstream)
+        self._pipes = 2
+        self._lock = threading.Lock()
+
+    def kill(self) -> None:
+        """Wake both pipes; the connection ends with a reset."""
+        for sock in self.socks:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def done(self) -> bool:
+        """A pipe ended; the last one closes both sockets (True then)."""
+        with self._lock:
+            self._pipes -= 1
+            last = self._pipes == 0
+        if last:
+            for sock in self.socks:
+                sock.close()
+        return last
+
+
+_LINGER_0 = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # struct linger {on, 0 s}: close sends RST
+
+
 def _reset(sock: socket.socket) -> None:
     """Close `sock` with a TCP reset (SO_LINGER 0), as a link that died would."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
     except OSError:
         pass
     try:
