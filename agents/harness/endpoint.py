@@ -223,6 +223,8 @@ class RolloutEndpoint:
         model = str(body.get("model") or MODEL_NAME)
         if call.ignored:  # the job's sampling wins; say so where a harness author looks
             req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
+        if call.unenforced:  # accepted, answered, not enforced (no forced decoding)
+            req.extra_headers["x-raas-unenforced-params"] = ",".join(call.unenforced)
         if wire is anthropic_wire:
             if call.stream:
                 return req.send_sse(

@@ -193,7 +193,7 @@ def test_the_simulator_stops_like_vllm(endpoint) -> None:
 def test_openai_fields_accepted_and_answered(endpoint) -> None:
     ep = endpoint({"default": ["Fine."]})
     client = openai_client(ep)
-    reply = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="p",
         messages=START,
         tools=[BASH_TOOL],
@@ -208,6 +208,8 @@ def test_openai_fields_accepted_and_answered(endpoint) -> None:
         reasoning_effort="low",
         logit_bias={"42": 5},
     )
+    assert raw.headers["x-raas-unenforced-params"] == "response_format,top_logprobs"
+    reply = raw.parse()
     [turn] = recorded(ep)
     tokens = reply.choices[0].logprobs.content
     assert [t.logprob for t in tokens] == turn["logprobs"]  # the sampled tokens' own
@@ -298,3 +300,24 @@ def test_refusals_name_their_field(endpoint) -> None:
         openai_client(ep).chat.completions.create(model="p", messages=START, stop=[""])
     assert ep.counters.refusals == {"tool_choice": 1, "thinking": 1, "stop": 1}
     assert json.loads(json.dumps(ep.counters.to_dict()))["refusals"]["stop"] == 1
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_a_sessions_stop_strings_reach_either_backend(backend) -> None:
+    """`LLMSession.generate(stop=...)` sends the call's stop strings with the job's (vLLM's
+    `stop`, SGLang's `sampling_params.stop`); the ids are the server's, the match is named."""
+    import time
+
+    from agents.llm import LLMSession
+    from fakellm.server import start_simulator
+
+    url, stop = start_simulator(SMOLLM2, {"default": [REACT]})
+    spec = {"backend": backend, "servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
+    try:
+        with LLMSession.open(spec, {"max_tokens": 100, "stop": ["never said"]}, "rollout-s") as session:
+            session.start([{"role": "user", "content": "go"}])
+            gen = session.generate(time.monotonic() + 30, stop=["Calling tools:", "Observation:"])
+    finally:
+        stop()
+    assert gen.token_ids == ids_through_stop(REACT, "Observation:") and gen.stop_reason == "Observation:"
+    assert gen.finish_reason == "stop" and session.trajectory().response_ids == gen.token_ids
