@@ -44,6 +44,8 @@ _FORBIDDEN_VARS = re.compile(r"^(LD_|PYTHON|BASH_FUNC_)|^(ENV|BASH_ENV|PROMPT_CO
 
 # The example agent's folder in this checkout (pip installs it into the environment).
 EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
+# The smolagents launcher's folder (a console script that runs smolagents with its defaults).
+SMOLAGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_smolagents")
 DEFAULT_ENDPOINT_ENV = {
     "OPENAI_BASE_URL": "{base_url}",
     "OPENAI_API_KEY": "{token}",
@@ -195,9 +197,26 @@ ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(
 )
 
 
+SMOLAGENTS = HarnessRegistration(
+    description="smolagents (PyPI `smolagents`), unmodified: `ToolCallingAgent` + `OpenAIServerModel` "
+    "with all their defaults (tool_choice required, its stop strings, final_answer) and one bash "
+    "tool, started by examples/harness_smolagents",
+    command=["raas-smolagents", "--task-file", "{task_file}", "--model", "{model}"],
+    python_env="smolagents",
+    packages=["smolagents", "openai", "pytest", SMOLAGENTS_LAUNCHER],
+    tasks=["swe", "math", "code"],
+    timeout=1800.0,
+)
+
+
 def default_harnesses() -> dict[str, HarnessRegistration]:
     """The registrations shipped as examples (an operator's policy replaces them)."""
-    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT, "anthropic-agent": ANTHROPIC_AGENT}
+    return {
+        "mini-swe-agent": MINI_SWE_AGENT,
+        "openai-agent": OPENAI_AGENT,
+        "anthropic-agent": ANTHROPIC_AGENT,
+        "smolagents": SMOLAGENTS,
+    }
 
 
 class HarnessPolicy(BaseModel):
