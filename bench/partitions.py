@@ -39,13 +39,14 @@ def run(only: list[str]) -> dict[str, dict]:
     """{schedule: figures} from one partition campaign."""
     from sandbox.environments import build_environment
     from tests.faults.campaign import Campaign
-    from tests.partitions.schedules import SCHEDULES
+    from tests.partitions.schedules import SCHEDULES, warm_up
 
     env = Path(build_environment("math", ["sympy", "numpy"], root=REPO / ".raas" / "envs")).resolve()
     home = Path(tempfile.mkdtemp(prefix="raas-partitions-bench-"))
     campaign = Campaign(home, envs_math=env, links=True)
     out = {}
     try:
+        warm_up(campaign)
         for name in only or list(SCHEDULES):
             report = campaign.run(SCHEDULES[name])
             figures = report.as_dict()

@@ -16,14 +16,17 @@ connection to 127.0.0.1:target_port. The faults are what a network does to a cli
 
 Traffic only ever reaches the target the test named, through the address this proxy made.
 `forwarded` counts the connections carried, `resets` the connections reset on purpose.
+`ProxyProcess` is the same proxy in a process of its own (for links that carry much).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import socket
 import threading
 import time
+from multiprocessing.connection import Connection
 from typing import Literal
 
 Direction = Literal["up", "down", "both"]
@@ -217,3 +220,101 @@ def _reset(sock: socket.socket) -> None:
         sock.close()
     except OSError:
         pass
+
+
+class ProxyProcess:
+    """A `LoopbackProxy` in a process of its own, driven from this one (same faults, same
+    counters). A campaign's links carry every byte two nodes exchange with PostgreSQL and
+    Redis: forwarded by threads of the test process, they competed for its GIL with the
+    gateway and the reapers that run there, and a loaded machine's first submission took
+    longer than the client's timeout."""
+
+    def __init__(self, target_port: int, seed: int = 0) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, target_port, seed), daemon=True, name="tcp-proxy")
+        self._proc.start()
+        self._lock = threading.Lock()
+        self.port: int = self._conn.recv()
+
+    def _ask(self, op: str, *args: object) -> object:
+        with self._lock:
+            self._conn.send((op, args))
+            return self._conn.recv()
+
+    def refuse(self) -> None:
+        """See `LoopbackProxy.refuse`."""
+        self._ask("refuse")
+
+    def partition(self, direction: Direction = "both") -> None:
+        """See `LoopbackProxy.partition`."""
+        self._ask("partition", direction)
+
+    def heal(self) -> None:
+        """See `LoopbackProxy.heal`."""
+        self._ask("heal")
+
+    def refuse_for(self, seconds: float) -> None:
+        """See `LoopbackProxy.refuse_for` (the timer runs in the proxy's process)."""
+        self._ask("refuse_for", seconds)
+
+    def partition_for(self, seconds: float, direction: Direction = "both") -> None:
+        """See `LoopbackProxy.partition_for`."""
+        self._ask("partition_for", seconds, direction)
+
+    @property
+    def delay(self) -> float:
+        return self._ask("get", "delay")  # type: ignore[return-value]
+
+    @delay.setter
+    def delay(self, value: float) -> None:
+        self._ask("set", "delay", value)
+
+    @property
+    def reset_rate(self) -> float:
+        return self._ask("get", "reset_rate")  # type: ignore[return-value]
+
+    @reset_rate.setter
+    def reset_rate(self, value: float) -> None:
+        self._ask("set", "reset_rate", value)
+
+    @property
+    def resets(self) -> int:
+        return self._ask("get", "resets")  # type: ignore[return-value]
+
+    @property
+    def forwarded(self) -> int:
+        return self._ask("get", "forwarded")  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop forwarding and end the process."""
+        if self._proc.is_alive():
+            try:
+                self._ask("close")
+            except (EOFError, OSError):
+                pass
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def _serve(conn: Connection, target_port: int, seed: int) -> None:
+    """The proxy process: a LoopbackProxy answering its owner's calls until told to close."""
+    proxy = LoopbackProxy(target_port, seed)
+    conn.send(proxy.port)
+    while True:
+        try:
+            op, args = conn.recv()
+        except (EOFError, OSError):  # the owner is gone
+            proxy.close()
+            return
+        if op == "get":
+            conn.send(getattr(proxy, args[0]))
+        elif op == "set":
+            setattr(proxy, *args)
+            conn.send(None)
+        else:
+            getattr(proxy, op)(*args)
+            conn.send(None)
+            if op == "close":
+                return

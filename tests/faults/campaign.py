@@ -37,7 +37,7 @@ from core.models import Rollout
 from core.settings import Settings
 from tests.pipeline_harness import REPO, Service, start_service, wait_for
 from tests.private_services import PrivatePostgres, PrivateRedis
-from tests.tcp_proxy import LoopbackProxy
+from tests.tcp_proxy import ProxyProcess
 
 if TYPE_CHECKING:
     from tests.faults.faults import Fault
@@ -178,12 +178,12 @@ class Campaign:
         # `links`: every node reaches PostgreSQL and Redis, and the gateway Redis, through a
         # proxy of its own (`tests.tcp_proxy`), keyed (node or "gateway", "pg" | "redis"): a
         # partition test cuts, slows or resets one of them (tests/partitions).
-        self.links: dict[tuple[str, str], LoopbackProxy] = {}
+        self.links: dict[tuple[str, str], ProxyProcess] = {}
         if links:
             for end in (*NODES, "gateway"):
-                self.links[end, "redis"] = LoopbackProxy(self.redis.port)
+                self.links[end, "redis"] = ProxyProcess(self.redis.port)
             for end in NODES:
-                self.links[end, "pg"] = LoopbackProxy(self.pg.port)
+                self.links[end, "pg"] = ProxyProcess(self.pg.port)
         self.sim_url, self._stop_sim = start_simulator(SMOLLM2, script())
         if envs_math is not None:  # the handler's `math` environment, built once per machine
             (home / "envs").mkdir(parents=True, exist_ok=True)
@@ -484,7 +484,7 @@ class Campaign:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def _via(url: str, link: LoopbackProxy) -> str:
+def _via(url: str, link: ProxyProcess) -> str:
     """`url` with its port replaced by the proxy's."""
     return sa.engine.make_url(url).set(port=link.port).render_as_string(hide_password=False)
 

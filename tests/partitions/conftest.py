@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.campaign import Campaign, Report
-from tests.partitions.schedules import SCHEDULES
+from tests.partitions.schedules import SCHEDULES, warm_up
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +20,7 @@ def partitions(tmp_path_factory) -> Iterator[Campaign]:
 
     env = Path(build_environment("math", ["sympy", "numpy"])).resolve()
     c = Campaign(tmp_path_factory.mktemp("partitions"), envs_math=env, links=True)
+    warm_up(c)
     yield c
     c.close()
 
