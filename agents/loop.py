@@ -101,6 +101,7 @@ def run_agent_loop(
         ep = _resumed(ctx, ctx.resume_turns)
     ep.prompt_digest = prompt_digest(ctx.llm.trajectory().prompt_ids)
     clock = _Clock(ctx, ep)
+    split: TimeSplit | None = None  # as it stood at the deadline, when one passed
     try:
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
@@ -108,7 +109,8 @@ def run_agent_loop(
                 _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns, max_observation_chars, clock)
     except StageTimeout:
         # whose time ran out: the agent's own actions (policy) or infrastructure waits
-        ep.outcome, ep.finish_reason = clock.split(ctx, ep).deadline_outcome(), FinishReason.DEADLINE.value
+        split = clock.split(ctx, ep)
+        ep.outcome, ep.finish_reason = split.deadline_outcome(), FinishReason.DEADLINE.value
     except SandboxError as exc:
         reason = ctx.diagnose(exc)
         if reason is None:
@@ -120,7 +122,7 @@ def run_agent_loop(
     log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns, ep.outcome, ep.finish_reason)
     ctx.settle_turns()  # the last turn too: the loop returns only what the log holds
     result = _result(ctx, ep)
-    result.metrics["time_split"] = clock.split(ctx, ep).to_metrics()
+    result.metrics["time_split"] = (split or clock.split(ctx, ep)).to_metrics()  # the one decided on
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
 
