@@ -25,6 +25,10 @@ tools time), while a rollout that lost half its time to a stalled server or pool
 clearly the policy's doing and must not train as its failure. The remainder (raas's own work
 between turns: tokenizing, logging turns, starting the session) counts as neither, so it
 lowers the agent's share: a slow worker never turns into the policy's fault.
+
+Where nothing was measured the deadline stays `timeout` (infra): a handler that does not run
+the shared loop (its own `run` meeting `ctx.checkpoint`) and a RUN the reaper ends past its
+deadline plus grace (a hung worker or a stalled node).
 """
 
 from __future__ import annotations
