@@ -21,8 +21,8 @@ and `metrics.truncated` for overlong filtering or shaping.
 | `tool_server_died` | - | yes | the agent's own processes took its tool server down (e.g. killed it; only possible where tools are not isolated from the server) | `agent_error` (reward 0) |
 | `tool_server_unresponsive` | - | yes | the tool server stopped answering because of the agent: stopped (SIGSTOP) or traced by its processes, or starved by its fork bomb at the pids limit | `agent_error` (reward 0) |
 | `harness_exit` | - | yes | a registered harness (`agent: harness`) exited with a non-zero status or crashed; its artifact is still graded | `agent_error` |
-| `endpoint_refused` | - | yes | a harness exited non-zero after its endpoint refused a request (an unsupported feature, a malformed body, a wrong route or token): harness and endpoint do not fit, not the policy's doing (`agents/handlers/harness/ending.py`) | `infra_error` (not graded) |
-| `harness_start` | - | yes | a harness exited non-zero before one model call was answered (it cannot start) | `infra_error` (not graded) |
+| `endpoint_refused` | - | yes | a harness exited non-zero or timed out after its endpoint refused a request (an unsupported feature, a malformed body, a wrong route or token): harness and endpoint do not fit, not the policy's doing (`agents/handlers/harness/ending.py`) | `infra_error` (not graded) |
+| `harness_start` | - | yes | a harness exited non-zero or timed out before one model call was answered (it cannot start or hung: the policy never acted) | `infra_error` (not graded) |
 | `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
 """
 

@@ -143,6 +143,15 @@ def ended(code: int | None) -> Ending:
         # its timeout: by the time split
         (None, EndpointCounters(calls=2), POLICY_TIME, ("agent_error", "deadline")),
         (None, EndpointCounters(calls=2), INFRA_TIME, ("timeout", "deadline")),
+        # ... unless the policy never acted (hung before its first answered call)
+        (None, EndpointCounters(), POLICY_TIME, ("infra_error", "harness_start")),
+        # ... or the endpoint refused it (a harness retrying a refused request until its timeout)
+        (
+            None,
+            EndpointCounters(calls=9, failed_calls=8, errors={"invalid_request": 8}),
+            POLICY_TIME,
+            ("infra_error", "endpoint_refused"),
+        ),
         # it gave up on the endpoint's deadline_exceeded: a deadline, by the split too
         (
             1,

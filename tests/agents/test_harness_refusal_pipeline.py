@@ -13,6 +13,9 @@ the standard library only (no environment to build):
   `infra_error` / `harness_start`.
 * `honest` asks the same with `tool_choice: "auto"` and then exits 1 on its own: the control,
   the policy's `agent_error` / `harness_exit` (graded: no answer is reward 0).
+* `stall` asks once, then works on its own until its registration's `timeout` (8 s): its own
+  time ran out, `agent_error` / `deadline`, reward 0, counted in its group (the harness twin of
+  the stall attack in test_deadline_pipeline.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ SMOLLM2 = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokeni
 
 # No braces: a registration's argv is a format string (its placeholders are filled in).
 ASK = """
-import json, os, sys, urllib.request, urllib.error
+import json, os, sys, time, urllib.request, urllib.error
 tool = dict(type='function', function=dict(name='bash', parameters=dict(type='object', properties=dict())))
 body = dict(model='raas', messages=[dict(role='user', content=open(sys.argv[1]).read())], tools=[tool],
             tool_choice=sys.argv[2])
@@ -42,18 +45,20 @@ try:
     print(urllib.request.urlopen(request, timeout=60).read()[:200])
 except urllib.error.HTTPError as error:
     print('refused', error.code, error.read()[:300])
+time.sleep(float(sys.argv[3]) if sys.argv[3:] else 0)
 sys.exit(1)
 """
 
 
-def registration(*argv: str) -> dict:
-    return {"command": ["/usr/bin/python3", *argv], "tasks": ["math"], "timeout": 120}
+def registration(*argv: str, timeout: float = 120) -> dict:
+    return {"command": ["/usr/bin/python3", *argv], "tasks": ["math"], "timeout": timeout}
 
 
 HARNESSES = {
     "refused": registration("-c", ASK, "{task_file}", "required"),
     "honest": registration("-c", ASK, "{task_file}", "auto"),
     "no-start": registration("-c", "import sys; sys.exit(3)"),
+    "stall": registration("-c", ASK, "{task_file}", "auto", "600", timeout=8),
 }
 
 
@@ -87,7 +92,7 @@ def submit(service, llm, harness: str, n: int) -> dict:
 
 
 def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
-    jobs = {name: submit(service, llm, name, 2 if name == "refused" else 1) for name in HARNESSES}
+    jobs = {name: submit(service, llm, name, 2 if name in ("refused", "stall") else 1) for name in HARNESSES}
     batches = {name: service.client.collect(job["job_id"], groups=1, timeout=300) for name, job in jobs.items()}
 
     [refused] = batches["refused"].groups
@@ -111,3 +116,12 @@ def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
     assert (honest.outcome, honest.finish_reason, honest.failure_class) == ("agent_error", "harness_exit", "policy")
     assert honest.reward == 0.0 and honest.metrics["calls"] == 1 and sum(honest.loss_mask) > 0
     assert honest.metrics["time_split"]["generation"] > 0
+
+    # a harness working on its own until its timeout: the policy's time, trained on as 0
+    [stall] = batches["stall"].groups
+    assert stall.n_infra == 0 and not stall.short and stall.rewards == [0.0, 0.0]
+    for row in stall.rollouts:
+        assert (row.outcome, row.finish_reason, row.failure_class) == ("agent_error", "deadline", "policy")
+        assert row.reward == 0.0 and row.metrics["calls"] == 1
+        split = row.metrics["time_split"]
+        assert split["harness"] >= 5.0 and split["agent_share"] >= 0.5, split
