@@ -13,11 +13,12 @@ simulator (a fake vLLM, named as such) and the trainer's `collect()`.
   pause the wait would count as its own generation (test_deadline_classes.py: a reply
   rambling to the deadline); held by a pausing server it is waiting: still `infra`.
 
-The RUN deadlines are 15-20 s rather than the issue's 8 s: on a loaded 2-core machine (load
-30+ measured while this was written) a worker's first rollout spends several seconds before
+The RUN deadlines are 15-30 s rather than the issue's 8 s: on a loaded 2-core machine (load
+20-36 measured while this was written) a worker's first rollout spends several seconds before
 its first turn (importing, loading the tokenizer), and that time is raas's, not the agent's:
-with 8 s the stall attack is sometimes, correctly, `infra`. The reaper's grace is raised for
-the same reason (its `hung past its deadline` ending is a stalled node: infra).
+with 8 s the stall attack was sometimes, correctly, `infra` (0 turns taken in 8 s once). The
+reaper's grace is raised for the same reason (its `hung past its deadline` ending is a stalled
+node: infra).
 """
 
 from __future__ import annotations
@@ -89,25 +90,20 @@ def test_the_stall_attack_is_the_policys_failure_and_counts_in_its_group(service
         n_samples=2,
         llm=llm_spec(sim),
         sampling={"max_tokens": 64},
-        limits={"run_timeout": 20, "tool_timeout": 5, "max_turns": 20},
+        limits={"run_timeout": 30, "tool_timeout": 5, "max_turns": 20},
     )
-    batch = client.collect(job["job_id"], groups=2, timeout=240)
+    batch = client.collect(job["job_id"], groups=2, timeout=300)
     assert len(batch.groups) == 2, service.log_tail()
     by_instance = {g.instance_id: g for g in batch.groups}
     stall, control = by_instance["stall"], by_instance["control"]
-    assert batch.n_infra == 0 and batch.short_groups == 0, [
-        (r.outcome, r.timing, r.metrics.get("time_split")) for g in batch.groups for r in g.rollouts
-    ]
+    seen = [(r.instance_id, r.outcome, r.error, r.metrics.get("time_split")) for g in batch.groups for r in g.rollouts]
+    assert batch.n_infra == 0 and batch.short_groups == 0, seen
     assert len(stall.samples) == 2 and stall.rewards == [0.0, 0.0]
     for row in stall.rollouts:
         assert (row.outcome, row.finish_reason, row.failure_class) == ("agent_error", "deadline", "policy")
         assert row.reward == 0.0 and row.train_reward == 0.0
         split = row.metrics["time_split"]
-        assert split["tools"] >= 10.0 and split["agent_share"] >= 0.5 and split["waiting"] < 1.0, (
-            json.dumps(split),
-            row.timing,
-            [(t.gen_seconds, t.tool_seconds) for t in row.turns or []],
-        )
+        assert split["tools"] >= 15.0 and split["agent_share"] >= 0.5 and split["waiting"] < 1.0, seen
         assert row.metrics["turns"] >= 2 and sum(row.loss_mask) > 0  # it really acted, turn by turn
         assert "agent's own time" in (row.error or "")
     for row in control.rollouts:  # the control: a wrong answer, graded and trained on
