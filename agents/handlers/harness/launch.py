@@ -98,7 +98,8 @@ def wait(
     failure the endpoint ran into (`fatal`: a cancel, no inference server) is raised."""
     sb = ctx.sandbox
     while True:
-        end = min(started + harness.timeout, ctx.deadline - STOP_MARGIN)  # pauses extend it
+        # a paused pool stops both clocks: RUN's deadline and the harness's own timeout
+        end = min(started + harness.timeout + _paused(ctx), ctx.deadline - STOP_MARGIN)
         failure = fatal()
         if failure is not None:
             bridge.stop_detached(sb, program)
@@ -116,3 +117,9 @@ def wait(
             bridge.stop_detached(sb, program)
             return Ending("timeout", "deadline", None, bridge.log_tail(sb, program))
         time.sleep(POLL_SECONDS)
+
+
+def _paused(ctx: Any) -> float:
+    """Seconds the rollout's model calls waited on a paused pool (not the harness's time)."""
+    clock = getattr(getattr(ctx, "llm", None), "clock", None)
+    return clock.paused if clock is not None else 0.0
