@@ -5,13 +5,13 @@ end to end: gateway, Celery workers, a bwrap sandbox, the loopback relay, the LL
 The harnesses are registered by this test's operator policy and run on the system python with
 the standard library only (no environment to build):
 
-* `refused` asks with `tool_choice: "required"` (smolagents' default), which the endpoint
-  refuses with a 400 (raas cannot force a tool call on the policy); like smolagents it exits
-  non-zero. Outcome `infra_error` / `endpoint_refused`, reward null, failure class `infra`:
+* `refused` asks for `n: 2` samples in one call, which the endpoint refuses with a 400 naming
+  the field (a request per sample is what it takes; smolagents' `tool_choice: "required"`
+  was refused this way before the endpoint learnt to take it); it exits non-zero. Outcome `infra_error` / `endpoint_refused`, reward null, failure class `infra`:
   left out of its group, never trained on as reward 0.
 * `no-start` exits non-zero before any model call (a harness that cannot start):
   `infra_error` / `harness_start`.
-* `honest` asks the same with `tool_choice: "auto"` and then exits 1 on its own: the control,
+* `honest` asks with `tool_choice: "auto"` and then exits 1 on its own: the control,
   the policy's `agent_error` / `harness_exit` (graded: no answer is reward 0).
 * `stall` asks once, then works on its own until its registration's `timeout` (8 s): its own
   time ran out, `agent_error` / `deadline`, reward 0, counted in its group (the harness twin of
@@ -36,8 +36,9 @@ SMOLLM2 = str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-tokeni
 ASK = """
 import json, os, sys, time, urllib.request, urllib.error
 tool = dict(type='function', function=dict(name='bash', parameters=dict(type='object', properties=dict())))
-body = dict(model='raas', messages=[dict(role='user', content=open(sys.argv[1]).read())], tools=[tool],
-            tool_choice=sys.argv[2])
+body = dict(model='raas', messages=[dict(role='user', content=open(sys.argv[1]).read())], tools=[tool])
+key, value = sys.argv[2].split('=')
+body[key] = int(value) if value.isdigit() else value
 request = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', method='POST',
     data=json.dumps(body).encode(), headers=dict(Authorization='Bearer ' + os.environ['OPENAI_API_KEY']))
 request.add_header('Content-Type', 'application/json')
@@ -55,10 +56,10 @@ def registration(*argv: str, timeout: float = 120) -> dict:
 
 
 HARNESSES = {
-    "refused": registration("-c", ASK, "{task_file}", "required"),
-    "honest": registration("-c", ASK, "{task_file}", "auto"),
+    "refused": registration("-c", ASK, "{task_file}", "n=2"),
+    "honest": registration("-c", ASK, "{task_file}", "tool_choice=auto"),
     "no-start": registration("-c", "import sys; sys.exit(3)"),
-    "stall": registration("-c", ASK, "{task_file}", "auto", "600", timeout=8),
+    "stall": registration("-c", ASK, "{task_file}", "tool_choice=auto", "600", timeout=8),
 }
 
 
@@ -101,7 +102,7 @@ def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
         assert (row.outcome, row.finish_reason, row.failure_class) == ("infra_error", "endpoint_refused", "infra")
         assert row.reward is None and row.train_reward is None and row.attempt == 1  # not retried
         assert row.metrics["errors"] == {"invalid_request": 1} and row.metrics["harness_returncode"] == 1
-        assert "refused 400" in row.extra["harness_log"] and "tool_choice" in row.extra["harness_log"]
+        assert "refused 400" in row.extra["harness_log"] and "n=1" in row.extra["harness_log"]
 
     [no_start] = batches["no-start"].groups[0].rollouts
     assert (no_start.outcome, no_start.finish_reason, no_start.failure_class) == (
