@@ -4,8 +4,8 @@ What the harness gets: the task text in `task_file` (and as `{task}`), its regis
 and variables with the placeholders filled, the endpoint variables pointing at the loopback
 relay with this attempt's token, and a writable HOME (`HOME_DIR`, on the sandbox's own /tmp,
 never in the workspace) holding the registration's `files` filled the same way. The wait
-polls the detached program between cancel checks; the harness's own deadline (registration `timeout`) and the stage's
-remaining time both end it, and its trajectory is kept either way.
+polls the detached program between cancel checks; the harness's own deadline (registration
+`timeout`) and the stage's remaining time both end it, and its trajectory is kept either way.
 """
 
 from __future__ import annotations
