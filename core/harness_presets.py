@@ -24,13 +24,12 @@ CLAUDE_CODE = HarnessRegistration(
     command=[
         "claude",
         "-p",
+        "{task}",
         "--model",
         "{model}",
         "--dangerously-skip-permissions",
         "--no-session-persistence",
-        "--tools",
-        "Bash,Read,Edit,Write",
-        "{task}",
+        "--tools=Bash,Read,Edit,Write",  # one word: the option takes every word after it
     ],
     python_env="claude-code",
     packages=PIP,
