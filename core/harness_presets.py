@@ -7,18 +7,20 @@ a config file written into the rollout's HOME (`files`). Telemetry, update check
 traffic are switched off where the CLI allows (the sandbox has no network anyway: a CLI that
 tried would only wait). Versions are pinned to the ones tested here (an operator's policy can
 register newer ones); the dialect each speaks is in docs/harnesses.md.
+
+They are plain registration fields (what an operator would write in the policy), validated
+as `HarnessRegistration`s by `core.harnesses.default_harnesses`, which imports this module.
 """
 
 from __future__ import annotations
 
 import json
-
-from core.harnesses import HarnessRegistration
+from typing import Any
 
 # What every preset's environment has besides its npm package: pytest, for the swe tests.
 PIP = ["pytest"]
 
-CLAUDE_CODE = HarnessRegistration(
+CLAUDE_CODE: dict[str, Any] = dict(
     description="Claude Code (npm `@anthropic-ai/claude-code`), headless `claude -p` with "
     "permissions bypassed; Anthropic Messages",
     command=[
@@ -54,7 +56,7 @@ CLAUDE_CODE = HarnessRegistration(
     tasks=["swe", "code", "math"],
 )
 
-QWEN_CODE = HarnessRegistration(
+QWEN_CODE: dict[str, Any] = dict(
     description="Qwen Code (npm `@qwen-code/qwen-code`), headless with a prompt and --yolo; OpenAI Chat",
     command=["qwen", "--yolo", "--auth-type", "openai", "--model", "{model}", "--prompt", "{task}"],
     python_env="qwen-code",
@@ -75,7 +77,7 @@ QWEN_CODE = HarnessRegistration(
     tasks=["swe", "code", "math"],
 )
 
-OPENCODE = HarnessRegistration(
+OPENCODE: dict[str, Any] = dict(
     description="OpenCode (npm `opencode-ai`, a binary), `opencode run` with a custom "
     "OpenAI-compatible provider in its config; OpenAI Chat",
     # --title: no separate title-generation call to the policy
@@ -115,7 +117,7 @@ OPENCODE = HarnessRegistration(
     tasks=["swe", "code", "math"],
 )
 
-GEMINI_CLI = HarnessRegistration(
+GEMINI_CLI: dict[str, Any] = dict(
     description="Gemini CLI (npm `@google/gemini-cli`), headless --prompt with --yolo; Google "
     "generateContent (streamGenerateContent?alt=sse)",
     command=["gemini", "--yolo", "--model", "{model}", "--prompt", "{task}"],
@@ -158,7 +160,7 @@ stream_max_retries = 0
 enabled = false
 """
 
-CODEX = HarnessRegistration(
+CODEX: dict[str, Any] = dict(
     description="Codex CLI (npm `@openai/codex`, a binary), `codex exec` with a model provider "
     "for the endpoint in ~/.codex/config.toml; OpenAI Responses",
     command=[
@@ -179,7 +181,7 @@ CODEX = HarnessRegistration(
     tasks=["swe", "code", "math"],
 )
 
-PRESETS: dict[str, HarnessRegistration] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "claude-code": CLAUDE_CODE,
     "qwen-code": QWEN_CODE,
     "opencode": OPENCODE,

@@ -251,7 +251,7 @@ def default_harnesses() -> dict[str, HarnessRegistration]:
         "mini-swe-agent": MINI_SWE_AGENT,
         "openai-agent": OPENAI_AGENT,
         "anthropic-agent": ANTHROPIC_AGENT,
-        **PRESETS,
+        **{name: HarnessRegistration(**fields) for name, fields in PRESETS.items()},
     }
 
 

@@ -58,6 +58,15 @@ def test_home_is_the_rollouts_own(where) -> None:
         reg(**{where: {"HOME": "/root", "OPENAI_BASE_URL": "{base_url}"}})
 
 
+def test_the_policy_shows_file_paths_never_their_text() -> None:
+    from core.policy import Policy
+
+    harness = reg(files={"~/.cfg": "other_service_key = s3cr3t\nurl = {base_url}"})
+    public = Policy(harnesses={"registered": {"x": harness}}).public()
+    assert public["harnesses"]["registered"]["x"]["files"] == ["~/.cfg"]
+    assert "s3cr3t" not in str(public)
+
+
 def test_only_known_placeholders_are_filled_and_other_braces_stay() -> None:
     template = '{"provider": {"url": "{base_url}", "key": "{token}"}, "m": {"{model}": {}}}\nx = { a = 1 }'
     text = fill_file(template, VALUES)
@@ -95,8 +104,9 @@ def test_the_presets_are_registered_with_their_environments_and_render_fully() -
     from core.harnesses import default_harnesses
 
     shipped = default_harnesses()
-    assert set(PRESETS) == {"claude-code", "qwen-code", "opencode", "gemini-cli", "codex"} <= set(shipped)
-    for name, harness in PRESETS.items():
+    presets = {name: shipped[name] for name in PRESETS}
+    assert set(presets) == {"claude-code", "qwen-code", "opencode", "gemini-cli", "codex"}
+    for name, harness in presets.items():
         assert harness.python_env == name and harness.npm_packages and "pytest" in harness.packages
         for path, template in harness.files.items():
             text = fill_file(template, VALUES)
@@ -104,7 +114,7 @@ def test_the_presets_are_registered_with_their_environments_and_render_fully() -
                 json.loads(text)
             if path.endswith(".toml"):
                 tomllib.loads(text)
-    codex = tomllib.loads(fill_file(PRESETS["codex"].files["~/.codex/config.toml"], VALUES))
+    codex = tomllib.loads(fill_file(presets["codex"].files["~/.codex/config.toml"], VALUES))
     assert codex["model_providers"]["raas"] == {
         "name": "raas",
         "base_url": "http://127.0.0.1:4242/v1",
@@ -113,6 +123,6 @@ def test_the_presets_are_registered_with_their_environments_and_render_fully() -
         "request_max_retries": 0,
         "stream_max_retries": 0,
     }
-    opencode = json.loads(fill_file(PRESETS["opencode"].files["~/.config/opencode/opencode.json"], VALUES))
+    opencode = json.loads(fill_file(presets["opencode"].files["~/.config/opencode/opencode.json"], VALUES))
     assert opencode["provider"]["raas"]["options"] == {"baseURL": "http://127.0.0.1:4242/v1", "apiKey": "tok-abc"}
     assert opencode["model"] == "raas/policy-7b"

@@ -100,10 +100,10 @@ def service(tmp_path_factory):
 
 def link_env(service, name: str) -> None:
     """Build `name`'s environment as `raas env build` does (once per machine) and link it in."""
-    from core.harness_presets import PRESETS
+    from core.harnesses import default_harnesses
     from sandbox.environments import build_environment
 
-    harness = PRESETS.get(name)
+    harness = default_harnesses().get(name)
     pip, npm = (["pytest"], []) if harness is None else (harness.packages, harness.npm_packages)
     link = Path(service.home) / "envs" / name
     if not link.exists():
