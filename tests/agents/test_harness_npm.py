@@ -180,3 +180,41 @@ def test_codex_fixes_a_bug_and_the_no_op_earns_nothing(service, llm) -> None:
 )
 def test_gemini_cli_fixes_a_bug_and_the_no_op_earns_nothing(service, llm) -> None:
     check_fix_and_no_op(service, run_harness(service, llm, "gemini-cli"), "gemini-cli")
+
+
+@pytest.mark.parametrize(
+    "name, answer",
+    [
+        pytest.param(
+            "codex",
+            "no route POST /v1/responses",
+            marks=pytest.mark.skipif(RESPONSES, reason="the full test above runs instead"),
+        ),
+        pytest.param(
+            "gemini-cli",
+            # it authenticates with `x-goog-api-key`, which the endpoint does not take yet: a 401
+            "invalid or expired API key for this rollout's endpoint",
+            marks=pytest.mark.skipif(GENERATE, reason="the full test above runs instead"),
+        ),
+    ],
+)
+def test_a_preset_whose_dialect_is_still_to_come_reaches_its_endpoint(service, llm, name, answer) -> None:
+    """Until its dialect lands: the CLI (a Rust binary for Codex) starts in the bwrap sandbox
+    with the network off, reads its config from the rollout's HOME, and its first call reaches
+    the rollout's endpoint, whose refusal (a 404 for the route it does not serve yet) it prints."""
+    link_env(service, "pytest")
+    link_env(service, name)
+    job = service.client.submit(
+        "harness",
+        [marked(INTERVALS, HARNESSES[name][0])],
+        llm=llm,
+        sampling={"max_tokens": 512},
+        agent_config={"harness": name, "task": "swe"},
+    )
+    service.wait_done(job["job_id"], timeout=900)
+    [row] = service.all_results(job["job_id"])
+    rollout = service.client.rollout(row["rollout_id"])
+    log = rollout["extra"].get("harness_log", "")
+    assert (rollout["outcome"], rollout["reward"]) == ("agent_error", 0.0), log
+    assert rollout["metrics"]["harness_returncode"] != 0 and rollout["metrics"]["calls"] == 0
+    assert answer in log, log
