@@ -10,8 +10,9 @@ Code's `Bash` {command}, Qwen Code's `run_shell_command` {command}, OpenCode's `
 fix, then a plain text reply ends the run. The fixed rollout earns 1 from the swe EVAL, the
 no-op earns 0.
 
-Codex speaks only OpenAI Responses and Gemini CLI only Google generateContent: their tests are
-skipped, with the reason, while the endpoint on this branch has no such route.
+Codex speaks only OpenAI Responses and Gemini CLI only Google generateContent: their full tests
+are skipped, with the reason, while the endpoint on this branch has no such route; until then a
+smaller test shows each starts in the sandbox, reads its config and reaches its endpoint.
 """
 
 from __future__ import annotations
