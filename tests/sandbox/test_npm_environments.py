@@ -99,3 +99,12 @@ def test_cli_builds_npm_packages_and_lists_them(tmp_path, tarball) -> None:
     assert [(e["name"], e["npm"]) for e in list_environments(tmp_path)] == [("cli-hello", [tarball])]
     result = runner.invoke(env_command, ["list", "--root", str(tmp_path)])
     assert result.exit_code == 0 and "raas-hello" in result.output
+
+
+def test_a_shared_root_names_the_npm_packages_in_its_build_command(tmp_path) -> None:
+    """Compute nodes never build in a shared root: the message says how, npm packages included."""
+    from sandbox.environments import EnvironmentMissing, ensure_environment
+
+    (tmp_path / ".raas-shared-root").write_text("")
+    with pytest.raises(EnvironmentMissing, match=r"raas env build cli --package pytest --npm some-cli@1 --shared"):
+        ensure_environment("cli", ["pytest"], tmp_path, npm=["some-cli@1"])
