@@ -54,6 +54,8 @@ _FILE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # The example agent's folder in this checkout (pip installs it into the environment).
 EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
+# The smolagents launcher's folder (a console script that runs smolagents with its defaults).
+SMOLAGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_smolagents")
 DEFAULT_ENDPOINT_ENV = {
     "OPENAI_BASE_URL": "{base_url}",
     "OPENAI_API_KEY": "{token}",
@@ -243,6 +245,18 @@ ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(
 )
 
 
+SMOLAGENTS = HarnessRegistration(
+    description="smolagents (PyPI `smolagents`), unmodified: `ToolCallingAgent` + `OpenAIServerModel` "
+    "with all their defaults (tool_choice required, its stop strings, final_answer) and one bash "
+    "tool, started by examples/harness_smolagents",
+    command=["raas-smolagents", "--task-file", "{task_file}", "--model", "{model}"],
+    python_env="smolagents",
+    packages=["smolagents", "openai", "pytest", SMOLAGENTS_LAUNCHER],
+    tasks=["swe", "math", "code"],
+    timeout=1800.0,
+)
+
+
 def default_harnesses() -> dict[str, HarnessRegistration]:
     """The registrations shipped as examples and presets (an operator's policy replaces them)."""
     from core.harness_presets import PRESETS
@@ -251,6 +265,7 @@ def default_harnesses() -> dict[str, HarnessRegistration]:
         "mini-swe-agent": MINI_SWE_AGENT,
         "openai-agent": OPENAI_AGENT,
         "anthropic-agent": ANTHROPIC_AGENT,
+        "smolagents": SMOLAGENTS,
         **{name: HarnessRegistration(**fields) for name, fields in PRESETS.items()},
     }
 

@@ -51,7 +51,18 @@ logger = logging.getLogger(__name__)
 # that restarted under us (its connections are dropped and the next checkout reconnects).
 # Sandbox infrastructure errors have their own root (the sandbox package is standalone).
 # PoolTimeout: no pooled connection came free within `db_pool_timeout` (an overloaded database).
-RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError, PoolTimeout)
+# A driver's own disconnect error (`db_retry.DRIVER_DISCONNECTS`) is the same outage, whichever
+# layer raised it: never a final `infra_error` on the first attempt (issue 40).
+RETRYABLE = (
+    InfraError,
+    SandboxError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+    OperationalError,
+    PoolTimeout,
+    *db_retry.DRIVER_DISCONNECTS,
+)
 
 
 class RolloutLog(logging.LoggerAdapter):

@@ -93,6 +93,7 @@ class LLMSession:
         self._deadline = 0.0
         self._cancelled: Callable[[], bool] | None = None
         self._paused = self._unreported = 0.0
+        self._stop: list[str] = []  # the running turn's own stop strings
 
     @classmethod
     def open(
@@ -170,9 +171,16 @@ class LLMSession:
         self._modes.add(mode)
 
     def generate(
-        self, deadline: float, cancelled: Callable[[], bool] | None = None, max_new_tokens: int | None = None
+        self,
+        deadline: float,
+        cancelled: Callable[[], bool] | None = None,
+        max_new_tokens: int | None = None,
+        stop: list[str] | None = None,
     ) -> Generation:
-        """Sample one turn (see `_turn`), under the session's URL rules."""
+        """Sample one turn (see `_turn`), under the session's URL rules. `stop`: this turn's
+        own stop strings besides the job's (a harness's `stop`): the server stops there and
+        the turn keeps every id it sampled (`Generation.stop_reason` names the match)."""
+        self._stop = list(stop or [])
         with url_guard(self.url_rules):
             return self._turn(deadline, cancelled, max_new_tokens)
 
@@ -332,6 +340,7 @@ class LLMSession:
             model=server.model or _served_model(server.url),
             messages=traj.messages,
             tools=self.builder.tools,
+            stop=self._stop,
         )
 
     def _record(self, generation: Generation, server: ServerInfo, cap: int, cap_reason: str) -> Generation:
