@@ -7,8 +7,9 @@ the standard library only (no environment to build):
 
 * `refused` asks for `n: 2` samples in one call, which the endpoint refuses with a 400 naming
   the field (a request per sample is what it takes; smolagents' `tool_choice: "required"`
-  was refused this way before the endpoint learnt to take it); it exits non-zero. Outcome `infra_error` / `endpoint_refused`, reward null, failure class `infra`:
-  left out of its group, never trained on as reward 0.
+  was refused this way before the endpoint learnt to take it); it exits non-zero. Outcome
+  `infra_error` / `endpoint_refused`, reward null, failure class `infra`: left out of its
+  group, never trained on as reward 0.
 * `no-start` exits non-zero before any model call (a harness that cannot start):
   `infra_error` / `harness_start`.
 * `honest` asks with `tool_choice: "auto"` and then exits 1 on its own: the control,
