@@ -51,11 +51,30 @@ class Sample:
     seconds: dict[str, float]
 
 
+# `metrics.time_split` (`agents.time_split`: whose time the RUN spent) -> health's keys
+SPLIT_KEYS = {
+    "generation": "gen",
+    "tools": "tool",
+    "harness": "harness",
+    "waiting": "waiting",
+    "paused": "paused",
+    "other": "other",
+}
+
+
+def _time_split(metrics: dict[str, Any]) -> dict[str, float]:
+    """Seconds of the RUN by kind: the loop's `time_split` when recorded, else its counters."""
+    split = metrics.get("time_split")
+    if isinstance(split, dict):
+        return {ours: float(split[theirs]) for theirs, ours in SPLIT_KEYS.items() if split.get(theirs) is not None}
+    return {k: float(metrics[f"{k}_seconds"]) for k in ("gen", "tool", "paused") if f"{k}_seconds" in metrics}
+
+
 def sample_of(row: Any) -> Sample:
     """A `Sample` of a selected rollout row (see `COLUMNS`)."""
     metrics = row.metrics or {}
     versions = [v for v in (row.policy_versions or []) if v is not None]
-    seconds = {k: float(metrics[f"{k}_seconds"]) for k in ("gen", "tool", "paused") if f"{k}_seconds" in metrics}
+    seconds = _time_split(metrics)
     for stage in ("init", "run", "eval"):
         value = getattr(row, f"{stage}_seconds")
         if value is not None:

@@ -82,11 +82,19 @@ def turns_bars(view: HealthView) -> dict[str, Any]:
     return {"n": sum(counts), "counts": counts, "max_count": max(counts or [0]), "labels": list(hist)}
 
 
-SPLIT = (("gen", "generation", "wf-gen"), ("tool", "tools", "wf-tool"), ("paused", "paused pool", "wf-init"))
+SPLIT = (
+    ("gen", "generation", "wf-gen"),
+    ("tool", "tools", "wf-tool"),
+    ("harness", "harness work", "wf-tool"),
+    ("waiting", "waiting on infrastructure", "wf-init"),
+    ("paused", "paused pool", "wf-paused"),
+    ("other", "other", "wf-other"),
+)
 
 
 def time_split(view: HealthView) -> list[dict[str, Any]]:
-    """Mean seconds per rollout in generation, tools and a paused pool, with their shares."""
+    """Mean seconds per rollout by whose time it was (generation, tools or harness, waiting,
+    paused, other), with their shares."""
     ts = view.overall.time_split
     parts = [(k, label, css, ts[k]) for k, label, css in SPLIT if ts.get(k)]
     total = sum(p[3] for p in parts)

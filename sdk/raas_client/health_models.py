@@ -47,7 +47,9 @@ class HealthFigures(Answer):
     group_reward_var_mean: float | None = Field(None, description="Mean of the per-group reward variances")
     zero_variance_groups: float | None = Field(None, description="Groups whose rewards are all equal")
     time_split: dict[str, float] = Field(
-        default_factory=dict, description="Mean seconds per rollout: generation, tools, paused, init, run, eval"
+        default_factory=dict,
+        description="Mean seconds per rollout: gen, tool (or harness), waiting, paused, other "
+        "(the RUN's `metrics.time_split`), init, run, eval",
     )
 
 
