@@ -1,8 +1,8 @@
 """A job's live health, computed on read from its finished rollouts (never on the hot path).
 
 Every figure comes from what the terminal write already stores on the rollout: the agent
-loop's counters in `metrics` (turns, tool_calls, malformed_tool_calls, gen/tool/paused
-seconds, retokenization_drift), `finish_reason`, `outcome`, `reward`, the stage seconds and the
+loop's counters in `metrics` (turns, tool_calls, malformed_tool_calls, time_split,
+retokenization_drift), `finish_reason`, `outcome`, `reward`, the stage seconds and the
 policy versions. Nothing is added to the terminal write (BENCHMARKS.md: it bounds throughput).
 
 `HealthCache` keeps, per job, one compact `Sample` per finished rollout and the job's result
