@@ -91,6 +91,23 @@ class SandboxOptions(BaseModel):
         return value
 
 
+class Overlay(BaseModel):
+    """A copy-on-write workspace (`sandbox.overlay`): the workspace is the private upper layer
+    over `lower`, a prepared folder the sandbox reads but never changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lower: str = Field(description="Absolute host dir: the shared, read-only lower layer")
+    work: str = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
+
+    @field_validator("lower", "work")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not os.path.isabs(value):
+            raise ValueError(f"overlay path {value!r} must be absolute")
+        return os.path.normpath(value)
+
+
 class SandboxSpec(SandboxOptions):
     """Everything a runtime needs to start one sandbox (never chosen by a job as a whole:
     the fields below SandboxOptions' are the service's)."""
@@ -100,6 +117,11 @@ class SandboxSpec(SandboxOptions):
         False,
         description="Make a per-sandbox folder for a model endpoint's Unix socket, "
         "bound read-only inside (`sandbox.bridge`)",
+    )
+    overlay: Overlay | None = Field(
+        None,
+        description="Make the workspace a private copy-on-write layer over a prepared folder "
+        "(runtimes whose `overlay_unavailable_reason` is None)",
     )
 
     @field_validator("workspace")
