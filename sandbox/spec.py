@@ -82,6 +82,11 @@ class SandboxOptions(BaseModel):
     workdir: str | None = Field(None, description="Initial directory inside; default workspace")
     limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Resource limits")
     fakeroot: bool = Field(False, description="Singularity --fakeroot (root inside, not outside)")
+    group_fork: bool | None = Field(
+        None,
+        description="Prepare each GRPO group's workspace once per node and start its samples on "
+        "copy-on-write forks of it; None = where the agent declares its INIT forkable",
+    )
 
     @field_validator("workdir")
     @classmethod

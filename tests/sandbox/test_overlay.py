@@ -71,7 +71,8 @@ def test_the_host_reads_the_merged_view_once_the_fork_stops(start, tmp_path, low
     sb.stop()
     view = sb.workspace
     assert sorted(walk(view).files) == ["docs/x.md", "gone/f", "pkg/new.py"]  # pkg/ was opaque
-    host = "".join(f"{hashlib.sha256(Path(view, r).read_bytes()).hexdigest()}  ./{r}\n" for r in sorted(walk(view).files))
+    files = sorted(walk(view).files)
+    host = "".join(f"{hashlib.sha256(Path(view, r).read_bytes()).hexdigest()}  ./{r}\n" for r in files)
     assert host == inside
     settle(sb.handle)  # again (a release stops once more): nothing changes
     assert sorted(walk(view).files) == ["docs/x.md", "gone/f", "pkg/new.py"]
