@@ -162,14 +162,6 @@ def remove_tree(path: str | os.PathLike) -> None:
         shutil.rmtree(path, onerror=unlock)
 
 
-def remove_fork(handle: dict[str, Any]) -> None:
-    """Delete a fork's whole folder (workspace, work dir, mark); the lower is the group's."""
-    if handle.get("overlay") and handle.get("workspace"):
-        folder = os.path.dirname(handle["workspace"])
-        if os.path.isdir(folder):
-            remove_tree(folder)
-
-
 def workspace_mount(spec: SandboxSpec, reach: Callable[[str], str]) -> list[str]:
     """The workspace bound read-write, or a fork's overlay: the shared lower read-only, the
     fork folder staged as one source (overlayfs wants upper and work on one mount)."""

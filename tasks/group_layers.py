@@ -70,12 +70,21 @@ def wanted(config: Any, handler: Any, runtime: str) -> bool:
     return handler.forkable_init if chosen is None else chosen
 
 
-def fork_mode(runtime: str) -> str:
-    """ "overlay" where the runtime mounts copy-on-write workspaces on this node, else "copy"."""
+def overlay_refusal(runtime: str) -> str | None:
+    """Why `runtime` ("auto" as `sandbox.get_runtime` resolves it) cannot mount a fork's
+    overlay on this node, or None when it can (tried once per process)."""
     from sandbox.registry import registered
 
+    if runtime == "auto":  # bwrap when usable, else local
+        runtime = "bwrap" if registered("bwrap").unavailable_reason() is None else "local"
     cls = registered(runtime)
-    return "overlay" if cls is not None and cls.overlay_unavailable_reason() is None else "copy"
+    return f"unknown runtime {runtime!r}" if cls is None else cls.overlay_unavailable_reason()
+
+
+def fork_mode(runtime: str) -> str:
+    """How samples fork a layer here: "overlay" (copy-on-write) where the runtime mounts it,
+    else "copy"."""
+    return "overlay" if overlay_refusal(runtime) is None else "copy"
 
 
 def layers_root(settings: Settings) -> Path:
@@ -222,8 +231,10 @@ def sample_sandbox(
         return fork_mode(runtime)
 
     layer = layer_for(settings, ctx, job_id, prepare)
+    started = time.monotonic()
     sb, handle = sandboxes.start_fork(settings, options, rollout_id, attempt, runtime, layer.path, layer.mode)
-    handle["group_layer"] = layer.id
+    # which layer, and how long this sample's start took once the layer was there
+    handle.update(group_layer=layer.id, fork_seconds=round(time.monotonic() - started, 6))
     return sb, handle
 
 

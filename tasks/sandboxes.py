@@ -179,7 +179,7 @@ def close_warm_pools() -> None:
 
 
 def claim(
-    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str
+    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str, lower: str | None = None
 ) -> tuple[Any, dict[str, Any]] | None:
     """A warm sandbox for the rollout from this process's pool, or None when the pool holds
     none of this shape (the miss teaches the pool the shape). Its slot folder is the
@@ -192,7 +192,7 @@ def claim(
         return None
     ensure_declared_environment(settings, options.get("python_env"))
     fields = spec_fields(settings, options, runtime)
-    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}")
+    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}", lower=lower)
     return (sb, sb.handle) if sb is not None else None
 
 
@@ -240,6 +240,9 @@ def start_fork(
         workspace = workspace_for(settings, rollout_id, attempt)
         copy_lower(lower, str(workspace))
         return start(settings, options, rollout_id, attempt, runtime, workspace=workspace)
+    warm = claim(settings, options, rollout_id, attempt, runtime, lower=lower)
+    if warm is not None:  # a fork of this layer the pool started ahead (its second use on)
+        return warm
     upper, work = fork_folder(settings.workspaces / f"{rollout_id}-{attempt}-fork")
     forked = {**options, "overlay": {"lower": lower, "work": work}}
     return start(settings, forked, rollout_id, attempt, runtime, workspace=Path(upper))
@@ -282,12 +285,8 @@ def release(handle: dict[str, Any] | None) -> None:
     except Exception:
         log.exception("stopping sandbox %s failed", handle.get("label"))
     workspace = handle.get("workspace")
-    if workspace:
-        remove_workspace(workspace)
-    if handle.get("overlay"):  # a fork: its whole folder (upper, work dir); never the lower
-        from sandbox.overlay import remove_fork
-
-        remove_fork(handle)
+    if workspace:  # a fork's whole folder (upper layer, work dir), never its group's layer
+        remove_workspace(os.path.dirname(workspace) if handle.get("overlay") else workspace)
 
 
 def remove_workspace(path: str | Path) -> None:

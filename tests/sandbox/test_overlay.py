@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from sandbox import SandboxStartError, get_runtime
-from sandbox.overlay import copy_lower, settle
+from sandbox import SandboxOptions, SandboxSettings, SandboxStartError, get_runtime, stop_handle
+from sandbox.overlay import copy_lower, remove_tree, settle
+from sandbox.pool import WarmPool, remove_slot, slot_of
 from sandbox.workspace import disk_usage, walk
 from tests.sandbox.conftest import fork_fields, shared_lower
 
@@ -98,6 +100,36 @@ def test_a_fork_costs_only_its_own_changes_on_disk(start, tmp_path):
     sb.stop()  # the merged view links the lower's data, it copies none
     assert Path(sb.workspace, "f8.bin").stat().st_ino == (lower / "f8.bin").stat().st_ino
     assert Path(sb.workspace, "f7.bin").read_text() == "changed\n"
+
+
+def test_the_warm_pool_starts_forks_of_a_layer_ahead(tmp_path, state_dir):
+    lower = shared_lower(tmp_path)
+    pool = WarmPool(SandboxSettings(state_dir=state_dir), tmp_path / "slots", 1)
+    try:
+        assert pool.claim(SandboxOptions(), "bwrap", "r:1", lower=lower) is None  # a miss teaches
+        end = time.monotonic() + 60
+        while pool.stats()["ready"] < 1 and time.monotonic() < end:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        sb = pool.claim(SandboxOptions(), "bwrap", "r:1", lower=lower)
+        claimed_ms = (time.monotonic() - t0) * 1000
+        assert sb is not None and sb.label == "r:1" and claimed_ms < 1000
+        assert pool.claim(SandboxOptions(), "bwrap", "r:2") is None  # a plain shape is another
+        sb.bash("echo mine > README")
+        assert Path(lower, "README").read_text() == "shared\n"
+        sb.stop()
+        assert Path(sb.workspace, "README").read_text() == "mine\n"
+        assert Path(sb.workspace, "pkg", "mod.py").read_text() == "VALUE = 1\n"
+        stop_handle(sb.handle)
+        remove_slot(slot_of(sb.handle))
+        assert not Path(slot_of(sb.handle)).exists()
+        remove_tree(lower)  # the group is past RUN: its fork shape goes, members and all
+        end = time.monotonic() + 30
+        while pool.stats()["shapes"] > 1 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert pool.stats()["shapes"] == 1
+    finally:
+        pool.close()
 
 
 def test_runtimes_without_overlays_refuse_a_fork_and_the_copy_fallback_is_whole(start, tmp_path, lower):
