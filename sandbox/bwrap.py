@@ -89,6 +89,17 @@ def _probe() -> str | None:
     return None if run.returncode == 0 else f"bwrap cannot create namespaces: {run.stderr.decode()[-300:]}"
 
 
+@functools.lru_cache(maxsize=2)
+def _overlay_probe(uid: int | None) -> str | None:
+    """`sandbox.bwrap_probe.overlay_probe` once per process (per sandbox uid)."""
+    from sandbox.bwrap_probe import overlay_probe
+
+    binary = bwrap_binary()
+    if _probe() is not None or binary is None:
+        return _probe() or "no bwrap binary"
+    return overlay_probe(binary, uid, _launch_as(uid) if uid is not None else [], LAUNCHER_ENV)
+
+
 def _root_mounts(image: str | None, bind: Callable[[str, str, str], list[str]] | None = None) -> list[str]:
     """Mounts for the system dirs of the host (default) or of a rootfs directory image."""
     bind = bind or (lambda mode, source, target: [f"--{mode}", source, target])
@@ -240,9 +251,7 @@ class BwrapRuntime(Runtime):
     @classmethod
     def overlay_unavailable_reason(cls) -> str | None:
         """None when bwrap mounts overlays here, as this process's sandboxes run (tried once)."""
-        from sandbox.bwrap_probe import overlay_probe
-
-        return overlay_probe(unprivileged_uid(SandboxSettings()) if os.geteuid() == 0 else None)
+        return _overlay_probe(unprivileged_uid(SandboxSettings()) if os.geteuid() == 0 else None)
 
     def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None, server_flags: list[str]) -> list[str]:
         """The full bwrap command line for one sandbox (its environment set inside only)."""

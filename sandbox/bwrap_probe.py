@@ -4,22 +4,16 @@ tried once per process (`BwrapRuntime.overlay_unavailable_reason`, `raas doctor`
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from sandbox.bwrap import LAUNCHER_ENV, _launch_as, _probe, bwrap_binary
 
-
-@functools.lru_cache(maxsize=1)
-def overlay_probe(uid: int | None) -> str | None:
-    """Mount a tiny overlay once, as sandboxes will (as `uid` through launch_as.py when root):
-    None when it works; else why (an old kernel, overlayfs not allowed in user namespaces)."""
-    if _probe() is not None:
-        return _probe()
-    binary = str(bwrap_binary())
+def overlay_probe(binary: str, uid: int | None, launch_as: list[str], env: dict[str, str]) -> str | None:
+    """Mount a tiny overlay with `binary`, as sandboxes will (as `uid` behind the `launch_as`
+    command head when root): None when it works; else why (an old kernel, overlayfs not
+    allowed in user namespaces)."""
     with tempfile.TemporaryDirectory(prefix="raas-overlay-probe-") as scratch:
         for name in ("lower", "fork/ws", "fork/work", "dest"):
             os.makedirs(os.path.join(scratch, name))
@@ -35,11 +29,11 @@ def overlay_probe(uid: int | None) -> str | None:
         fds: tuple[int, ...] = ()
         if uid is not None:
             fd = os.open(binary, os.O_RDONLY)
-            fds, argv = (fd,), [*_launch_as(uid), str(fd), "/", "--", "bwrap", *argv]
+            fds, argv = (fd,), [*launch_as, str(fd), "/", "--", "bwrap", *argv]
         else:
             argv = [binary, *argv]
         try:
-            run = subprocess.run(argv, capture_output=True, timeout=10, pass_fds=fds, env=dict(LAUNCHER_ENV))
+            run = subprocess.run(argv, capture_output=True, timeout=10, pass_fds=fds, env=dict(env))
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"the overlay probe failed to run: {exc}"
         finally:
