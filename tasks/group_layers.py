@@ -59,15 +59,17 @@ class Layer:
     mode: str  # "overlay" or "copy"
 
 
-def wanted(config: Any, handler: Any, runtime: str) -> bool:
-    """Whether this rollout's INIT forks its group's layer (the job's choice, else the
-    handler's declaration); a job may not fork a handler whose INIT is not forkable."""
+def wanted(config: Any, handler: Any, runtime: str, samples: int = 2) -> bool:
+    """Whether this rollout's INIT forks its group's layer: the job's choice, else the
+    handler's declaration when the job has groups (`samples` per instance > 1: one sample
+    alone would pay a preparation and a fork for nothing); a job may not fork a handler whose
+    INIT is not forkable."""
     if runtime == "none":
         return False
     chosen = config.sandbox.group_fork
     if chosen and not handler.forkable_init:
         raise InvalidRequest(f"agent {handler.name!r} does not declare its INIT forkable", field="sandbox.group_fork")
-    return handler.forkable_init if chosen is None else chosen
+    return handler.forkable_init and samples > 1 if chosen is None else chosen
 
 
 def overlay_refusal(runtime: str) -> str | None:

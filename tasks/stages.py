@@ -170,7 +170,7 @@ class StageRun:
         forked = False
         if runtime != "none":
             options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
-            forked = group_layers.wanted(self.config, self.handler, runtime)
+            forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
                     self.settings, self.handler, self.ctx, self.job.id, options, runtime, self.attempt

@@ -154,3 +154,29 @@ def test_the_sweep_removes_a_layer_once_no_sample_can_use_it(world):
     calls: list[str] = []
     again = group_layers.layer_for(settings, FakeInitContext("inst", time.monotonic() + 5), job_id, filler(calls, 0))
     assert calls == [again.path] and again.path != layer.path  # prepared again, in a new folder
+
+
+def test_who_forks_and_a_job_may_not_fork_an_agent_that_does_not_declare_it(tmp_path):
+    from agents.job_config import JobConfig
+    from agents.registry import get_handler
+    from app.jobs import validate_submission
+    from app.schemas import JobCreate
+    from core.errors import InvalidRequest
+
+    swe, math = get_handler("swe"), get_handler("math")
+    default, on, off = (JobConfig.load({"sandbox": s}) for s in ({}, {"group_fork": True}, {"group_fork": False}))
+    assert group_layers.wanted(default, swe, "bwrap", 8) and group_layers.wanted(on, swe, "bwrap", 1)
+    assert not group_layers.wanted(default, swe, "bwrap", 1)  # no group: nothing to share
+    assert not group_layers.wanted(off, swe, "bwrap", 8) and not group_layers.wanted(default, swe, "none", 8)
+    assert not group_layers.wanted(default, math, "bwrap", 8)
+    with pytest.raises(InvalidRequest):
+        group_layers.wanted(on, math, "bwrap", 8)
+    request = JobCreate(
+        agent="math",
+        instances=[{"instance_id": "a", "data": {"problem": "1+1", "answer": "2"}}],
+        n_samples=4,
+        sandbox={"group_fork": True},
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        validate_submission(Settings(home=tmp_path), request)
+    assert refused.value.details.get("field") == "sandbox.group_fork"
