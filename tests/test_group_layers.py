@@ -180,3 +180,47 @@ def test_who_forks_and_a_job_may_not_fork_an_agent_that_does_not_declare_it(tmp_
     with pytest.raises(InvalidRequest) as refused:
         validate_submission(Settings(home=tmp_path), request)
     assert refused.value.details.get("field") == "sandbox.group_fork"
+
+
+def test_a_dead_samples_fork_and_its_groups_layer_leave_nothing(tmp_path, sqlite_url):
+    """A worker killed mid-RUN of a forked sample: the reaper stops its sandbox and removes its
+    fork folder, then the group's layer once no sample can use it (real bwrap, real reaper)."""
+    from sandbox.bwrap import unprivileged_uid
+    from sandbox.handles import give_workspace
+    from sandbox.settings import SandboxSettings
+    from tasks import sandboxes
+    from tasks.reaper import Reaper
+    from tests.sandbox.conftest import host_processes_matching
+
+    settings = Settings(home=tmp_path, node="n1", database_url=sqlite_url, sandbox_pool_size=0)
+    upgrade(settings.db_url)
+    with session_scope(settings.db_url) as s:
+        job = Job(agent="swe", n_instances=1)
+        s.add(job)
+        s.flush()
+        rollout = Rollout(job_id=job.id, instance_id="inst", status="run", node="n1", attempt=1)
+        s.add(rollout)
+        s.flush()
+        job_id, rollout_id = job.id, rollout.id
+
+    def prepare(path: str) -> str:
+        Path(path).mkdir(parents=True)
+        (Path(path) / "repo.txt").write_text("prepared")
+        uid = unprivileged_uid(SandboxSettings())
+        if uid is not None:
+            give_workspace(path, uid)
+        return "overlay"
+
+    layer = group_layers.layer_for(settings, FakeInitContext("inst", time.monotonic() + 30), job_id, prepare)
+    sb, handle = sandboxes.start_fork(settings, {}, rollout_id, 1, "bwrap", layer.path, layer.mode)
+    assert sb.bash("cat repo.txt && echo mine > new.txt").output == "prepared"
+    fork = Path(handle["workspace"]).parent
+    assert fork.name == f"{rollout_id}-1-fork" and host_processes_matching(str(fork))
+    with session_scope(settings.db_url) as s:  # its worker died; the attempt was ended
+        s.query(Rollout).update({"status": "failed"})
+    reaper = Reaper(settings, None)
+    assert reaper.sweep_sandboxes() == 1
+    assert not fork.exists() and not host_processes_matching(str(fork))
+    assert Path(layer.path, "repo.txt").read_text() == "prepared"  # the layer is the group's
+    assert group_layers.sweep(settings) == 1 and not Path(layer.path).exists()
+    assert not list(group_layers.layers_root(settings).iterdir())
