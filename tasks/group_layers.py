@@ -96,8 +96,8 @@ def layers_root(settings: Settings) -> Path:
 
 # -- the row -------------------------------------------------------------------------------
 def _acquire(settings: Settings, job_id: str, instance_id: str, token: str) -> tuple[GroupLayer, bool]:
-    """(row, True) when this caller must prepare the layer, (row, False) when it is ready,
-    else waits are the caller's: returns (row, False) with a status other than ready."""
+    """(row, True) when this caller must prepare the layer (it inserted the row, or took over
+    a failed, removed or stale one); else (row, False): ready, or a live preparer's (wait)."""
     db, node = settings.db_url, settings.node
     key = (GroupLayer.job_id == job_id, GroupLayer.instance_id == instance_id, GroupLayer.node == node)
     with session_scope(db) as s:
