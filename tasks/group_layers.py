@@ -44,7 +44,11 @@ from tasks import sandboxes
 
 log = logging.getLogger(__name__)
 LAYERS_DIR = "layers"  # under the node's workspaces: one folder per preparation
-POLL_SECONDS = 0.05  # a waiting sample's look at the row (a cheap indexed read)
+# A waiting sample watches the layer's folder appear (a stat, every FOLDER_POLL_SECONDS: the
+# preparer moves it into place as its last step) and reads the row only every ROW_POLL_SECONDS
+# (for a preparer that died or failed): n - 1 waiters cost the database almost nothing.
+FOLDER_POLL_SECONDS = 0.02
+ROW_POLL_SECONDS = 1.0
 # Statuses in which a sample may still start a sandbox over its group's layer, or read it.
 USING = (Status.PENDING.value, Status.INIT.value, Status.RUN.value)
 PLAIN = {"synchronize_session": False}
@@ -198,7 +202,21 @@ def layer_for(settings: Settings, ctx: Any, job_id: str, prepare: Any) -> Layer:
         if row.status == LayerStatus.READY.value and row.path and os.path.isdir(row.path):
             return Layer(row.id, row.path, row.mode or "overlay")
         ctx.checkpoint()
-        time.sleep(POLL_SECONDS)
+        _watch_folder(row.path, ctx)
+
+
+def _watch_folder(path: str | None, ctx: Any) -> None:
+    """Wait until the layer's folder is in place (then its row says ready within a moment)
+    or ROW_POLL_SECONDS passed; a folder already there waits one folder poll (its row is
+    being written)."""
+    if path and os.path.isdir(path):
+        time.sleep(FOLDER_POLL_SECONDS)
+        return
+    end = time.monotonic() + min(ROW_POLL_SECONDS, max(0.0, ctx.deadline - time.monotonic()))
+    while time.monotonic() < end:
+        time.sleep(FOLDER_POLL_SECONDS)
+        if path and os.path.isdir(path):
+            return
 
 
 def _prepare(settings: Settings, row: GroupLayer, token: str, prepare: Any) -> Layer:
@@ -249,9 +267,9 @@ def prepare_layer(
     try:
         handler.init(dataclasses.replace(ctx, state={}).with_sandbox(sb, handle.get("workspace")))
         sandboxes.stop(handle)  # nothing it started may write to the layer any more
+        sandboxes.hand_over(handle)  # the sandbox uid's: its forks' copies-up keep the owner
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        os.rename(handle["workspace"], path)
-        sandboxes.hand_over({**handle, "workspace": path})
+        os.rename(handle["workspace"], path)  # last: waiters watch for the folder
     finally:
         sandboxes.release(handle)  # the sandbox, and a pool slot's claim record
 
