@@ -99,6 +99,10 @@ class AgentHandler(ABC):
     # True when `run` drives `agents.loop.run_agent_loop`, which continues a lost RUN from its
     # logged turns (`ctx.resume_turns`); other handlers restart from INIT when RUN is lost.
     resumable: ClassVar[bool] = False
+    # True when what `init` leaves in the workspace is the same for every sample of an instance
+    # and does not depend on the workspace's path: a GRPO group's samples then fork one
+    # prepared workspace copy-on-write (`tasks.group_layers`), each running `init_fork`.
+    forkable_init: ClassVar[bool] = False
 
     def load_config(self, agent_config: dict[str, Any], settings: Settings) -> HandlerConfig:
         """The job's `agent_config` as this handler's `Config`, validated against the node's
@@ -154,6 +158,11 @@ class AgentHandler(ABC):
     @abstractmethod
     def init(self, ctx: InitContext) -> None:
         """INIT: prepare the started sandbox (copy the repo, write files, ...)."""
+
+    def init_fork(self, ctx: InitContext) -> None:
+        """INIT of one sample of a forked group: `ctx.workspace` already holds what `init`
+        prepared once for the group (a private copy-on-write layer); set this sample's own
+        `ctx.state` here. Default: nothing."""
 
     @abstractmethod
     def run(self, ctx: RunContext) -> Trajectory:

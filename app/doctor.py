@@ -128,6 +128,22 @@ def check_bwrap(settings: Settings) -> Check:
     return Check("bwrap sandbox", "ok", "started, ran a shell command, stopped")
 
 
+def check_group_fork(settings: Settings) -> Check:
+    """How a GRPO group's samples fork their prepared workspace here: a copy-on-write overlay
+    (bwrap mounts overlayfs in its user namespace), else the copy fallback."""
+    from tasks.group_layers import fork_mode, overlay_refusal as why
+
+    runtime = settings.sandbox_runtime
+    if fork_mode(runtime) == "overlay":
+        return Check("group fork", "ok", f"overlay: samples fork their group's layer copy-on-write ({runtime})")
+    return Check(
+        "group fork",
+        "warn",
+        f"copy: each sample gets a copy of its group's layer (reflinks where the filesystem has them): {why(runtime)}",
+        "a kernel >= 5.11 mounts overlayfs in user namespaces; with bwrap >= 0.11 forks cost no disk",
+    )
+
+
 def check_cgroups(settings: Settings) -> Check:
     """Writable cgroups with the memory controller (per-sandbox memory limits)."""
     from sandbox.cgroups import usable_controllers
@@ -322,7 +338,7 @@ def _fstype(path: Path) -> str:
 
 def run_checks(settings: Settings) -> list[Check]:
     """Every check, in the order a node needs them."""
-    checks = [check_userns(), check_glibc(), check_bwrap(settings), check_cgroups(settings)]
+    checks = [check_userns(), check_glibc(), check_bwrap(settings), check_group_fork(settings), check_cgroups(settings)]
     checks += check_environments(settings)
     checks += [check_database(settings), check_broker(settings)]
     checks += check_llm_servers(settings)

@@ -72,6 +72,8 @@ def validate_submission(
         except InvalidRequest as exc:
             raise InvalidRequest(f"instances[{i}] ({inst.instance_id}): {exc.message}", **exc.details) from exc
     check_sandbox_options(settings.policy.sandbox, req.sandbox)
+    if req.sandbox.group_fork and not handler.forkable_init:  # its INIT may differ per sample
+        raise InvalidRequest(f"agent {req.agent!r} does not declare its INIT forkable", field="sandbox.group_fork")
     if getattr(agent_config, "python_env", None) is not None:  # handlers ask for it by name
         check_python_env(settings.policy.sandbox, agent_config.python_env, "agent_config.python_env")
     llm = None

@@ -438,3 +438,39 @@ class JobAlert(Base):
     action: Mapped[str] = mapped_column(String(16), default="none")
     raised_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class LayerStatus(str, enum.Enum):
+    """A group layer's life: prepared once, used by the group's samples, removed after them."""
+
+    PREPARING = "preparing"  # one sample's INIT (the lease owner) is preparing it
+    READY = "ready"  # the samples fork it
+    FAILED = "failed"  # its preparation failed: the next sample that wants it tries again
+    REMOVED = "removed"  # every sample was past RUN: its folder is gone
+
+
+class GroupLayer(Base):
+    """The prepared workspace a GRPO group's samples fork on one node (`tasks.group_layers`).
+
+    The first sample of an instance to reach INIT on a node prepares it (the lease, beaten
+    while it works, so a preparer that died is taken over); the others wait for `ready`, then
+    each runs on a copy-on-write layer over `path`. The reaper removes it once no sample of the
+    group is queued for or in INIT or RUN.
+    """
+
+    __tablename__ = "group_layers"
+    __table_args__ = (UniqueConstraint("job_id", "instance_id", "node", name="uq_group_layers_group_node"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: uuid.uuid4().hex)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    instance_id: Mapped[str] = mapped_column(String(256))
+    node: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default=LayerStatus.PREPARING.value)
+    # The lower folder on the node (set when a preparation starts, so a dead one's is known).
+    path: Mapped[str | None] = mapped_column(Text)
+    mode: Mapped[str | None] = mapped_column(String(16))  # "overlay" or "copy" (`sandbox.overlay`)
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    prepared_seconds: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.client import Sandbox, ToolClient
 from sandbox.errors import SandboxStartError
+from sandbox.overlay import settle
 from sandbox.handles import STARTING, Handle, kill_launch, mark_ready, remove_state, state_root, write_intent
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
@@ -51,6 +52,12 @@ class Runtime(ABC):
         """Why this runtime cannot run on this node, or None when it can."""
         return None
 
+    @classmethod
+    def overlay_unavailable_reason(cls) -> str | None:
+        """Why this runtime cannot start copy-on-write workspaces (`SandboxSpec.overlay`)
+        here, or None when it can."""
+        return f"the {cls.name} runtime does not mount overlays"
+
     @abstractmethod
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Start a sandbox for `spec`; returns it once its tool server answers."""
@@ -70,6 +77,10 @@ class Runtime(ABC):
         (an intent: `state` starting) before any of them exists."""
         if not os.path.isdir(spec.workspace):
             raise SandboxStartError(f"workspace {spec.workspace} is not a directory")
+        if spec.overlay is not None:
+            reason = self.overlay_unavailable_reason()
+            if reason is not None:
+                raise SandboxStartError(f"copy-on-write workspace refused: {reason}")
         sid = uuid.uuid4().hex[:12]
         socket_dir = self.state_dir / sid
         handle = {
@@ -85,6 +96,8 @@ class Runtime(ABC):
             "log_file": str(self.state_dir / f"{sid}.log"),
             "call_timeout": spec.limits.call_timeout,
         }
+        if spec.overlay is not None:
+            handle["overlay"] = spec.overlay.model_dump()
         if spec.model_endpoint:
             handle["endpoint_dir"] = str(self.state_dir / f"{sid}.model")
         write_intent(handle)
@@ -107,6 +120,7 @@ class Runtime(ABC):
             kill_launch(handle)
         cls.kill(handle)
         remove_state(handle)
+        settle(handle)  # a fork's workspace becomes the merged view its agent saw
 
 
 def pin_server(handle: Handle, timeout: float = 5.0) -> None:

@@ -42,7 +42,9 @@ from sandbox.inside import (
     compile_server,
     sandbox_env,
 )
+from sandbox.overlay import give_fork, workspace_mount
 from sandbox.registry import register
+from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.toolserver.procs import start_time
 
@@ -85,6 +87,17 @@ def _probe() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap failed to run: {exc}"
     return None if run.returncode == 0 else f"bwrap cannot create namespaces: {run.stderr.decode()[-300:]}"
+
+
+@functools.lru_cache(maxsize=2)
+def _overlay_probe(uid: int | None) -> str | None:
+    """`sandbox.bwrap_probe.overlay_probe` once per process (per sandbox uid)."""
+    from sandbox.bwrap_probe import overlay_probe
+
+    binary = bwrap_binary()
+    if _probe() is not None or binary is None:
+        return _probe() or "no bwrap binary"
+    return overlay_probe(binary, uid, _launch_as(uid) if uid is not None else [], LAUNCHER_ENV)
 
 
 def _root_mounts(image: str | None, bind: Callable[[str, str, str], list[str]] | None = None) -> list[str]:
@@ -235,6 +248,11 @@ class BwrapRuntime(Runtime):
         """None when bwrap can create namespaces here."""
         return _probe()
 
+    @classmethod
+    def overlay_unavailable_reason(cls) -> str | None:
+        """None when bwrap mounts overlays here, as this process's sandboxes run (tried once)."""
+        return _overlay_probe(unprivileged_uid(SandboxSettings()) if os.geteuid() == 0 else None)
+
     def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None, server_flags: list[str]) -> list[str]:
         """The full bwrap command line for one sandbox (its environment set inside only)."""
         binary = bwrap_binary()
@@ -260,12 +278,17 @@ class BwrapRuntime(Runtime):
         uid = unprivileged_uid(self.settings)
         staged: list[str] = []
 
-        def bind(mode: str, source: str, target: str) -> list[str]:
-            """A bind by path, or (bwrap run as `uid`) from where launch_as.py staged it."""
+        def reach(source: str) -> str:
+            """A host path as bwrap reaches it: itself, or (bwrap run as `uid`) where
+            launch_as.py staged it."""
             if uid is None:
-                return [f"--{mode}", source, target]
+                return source
             staged.append(source)
-            return [f"--{mode}", "{stage:%d}" % (len(staged) - 1), target]
+            return "{stage:%d}" % (len(staged) - 1)
+
+        def bind(mode: str, source: str, target: str) -> list[str]:
+            """A bind by path, or from where launch_as.py staged it."""
+            return [f"--{mode}", reach(source), target]
 
         if not spec.network:
             argv += ["--unshare-net"]
@@ -292,7 +315,7 @@ class BwrapRuntime(Runtime):
             *bind("ro-bind", PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess"),
             "--remount-ro",
             OPT,
-            *bind("bind", spec.workspace, spec.workspace),
+            *workspace_mount(spec, reach),
         ]
         if spec.model_endpoint:  # read-only: the socket in it can be used, never replaced
             argv += bind("ro-bind", handle["endpoint_dir"], ENDPOINT_DIR)
@@ -357,6 +380,8 @@ class BwrapRuntime(Runtime):
         try:
             if uid is not None:
                 give_workspace(spec.workspace, uid)  # what the host wrote after: hand_over
+                if spec.overlay is not None:
+                    give_fork(spec.workspace, spec.overlay.work, uid)
                 if spec.model_endpoint:  # 0700: the sandbox's user alone reaches the socket
                     os.chown(handle["endpoint_dir"], uid, uid)
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)

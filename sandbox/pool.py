@@ -15,6 +15,10 @@ moves that work off the critical path: a claim relabels a sandbox that is alread
   miss starts cold and asks the filler for that shape); at most `max_shapes`, each forgotten
   after `idle_s` without a request. Runtimes outside `POOLABLE` (Singularity may pull an
   image at start) and callers that bring their own workspace always start cold.
+- **Forks.** A claim that names a prepared layer (`lower`, a GRPO group's: `sandbox.overlay`)
+  asks for a shape of forks of it: members started on fork folders (upper layer + work dir)
+  over that layer, so a group's samples after the first in a process start warm. A fork shape
+  is dropped as soon as its layer is gone (removed when its group is past RUN).
 - **Isolation first.** A member is handed out once: popped under the lock, checked alive,
   relabelled on disk before it is returned; nothing ever puts it back (its rollout's release
   stops it). No tool call reaches a member before its claim (the tool server starts bash and
@@ -32,7 +36,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
@@ -46,7 +49,8 @@ from sandbox.node import get_runtime, is_alive, stop_handle
 from sandbox.client import Sandbox
 from sandbox.handles import POOL_LABEL, Handle, pid_alive, write_handle
 from sandbox.settings import SandboxSettings
-from sandbox.spec import SandboxOptions, SandboxSpec
+from sandbox.overlay import fork_folder, remove_tree
+from sandbox.spec import Overlay, SandboxOptions, SandboxSpec
 from sandbox.toolserver.procs import start_time
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,7 @@ class _Shape:
 
     options: SandboxOptions
     runtime: str
+    lower: str | None = None  # forks of this prepared layer (`sandbox.overlay`)
     ready: deque[tuple[float, Handle]] = field(default_factory=deque)  # (ready at, handle)
     starting: int = 0
     wanted_at: float = field(default_factory=time.monotonic)
@@ -68,9 +73,16 @@ class _Shape:
     claims: int = 0
 
 
-def shape_key(options: SandboxOptions, runtime: str) -> str:
-    """One string per shape: the runtime plus every option (the workspace is not one)."""
-    return json.dumps([runtime, options.model_dump(mode="json")], sort_keys=True)
+def shape_key(options: SandboxOptions, runtime: str, lower: str | None = None) -> str:
+    """One string per shape: the runtime plus every option (the workspace is not one), and
+    the layer a fork's workspace is copy-on-write over."""
+    key = [runtime, options.model_dump(mode="json")] + ([lower] if lower else [])
+    return json.dumps(key, sort_keys=True)
+
+
+def slot_of(handle: Handle) -> str:
+    """A member's slot folder: its workspace, or a fork's folder (upper layer + work dir)."""
+    return os.path.dirname(handle["workspace"]) if handle.get("overlay") else handle["workspace"]
 
 
 def claim_file(workspace: str | os.PathLike) -> Path:
@@ -102,8 +114,8 @@ def slot_folders(slots_dir: str | os.PathLike) -> dict[str, str | None]:
 
 
 def remove_slot(workspace: str | os.PathLike) -> None:
-    """Delete a workspace and, for a pool slot, its claim record."""
-    shutil.rmtree(workspace, ignore_errors=True)
+    """Delete a workspace (or a fork's folder) and, for a pool slot, its claim record."""
+    remove_tree(workspace)
     try:
         claim_file(workspace).unlink()
     except OSError:
@@ -136,19 +148,19 @@ class WarmPool:
         self.pid = os.getpid()
 
     # -- claims ---------------------------------------------------------------------------
-    def claim(self, options: SandboxOptions, runtime: str, label: str) -> Sandbox | None:
+    def claim(self, options: SandboxOptions, runtime: str, label: str, lower: str | None = None) -> Sandbox | None:
         """A ready sandbox of this shape relabelled for `label`, or None (start cold); a miss
-        asks the filler for the shape."""
+        asks the filler for the shape. With `lower`: a fork of that prepared layer."""
         if self.size <= 0 or self._closed:
             return None
         if runtime == "auto":  # as what it resolves to on this node
             runtime = self._runtime(runtime).name
         if runtime not in POOLABLE:
             return None
-        key = shape_key(options, runtime)
+        key = shape_key(options, runtime, lower)
         while True:
             with self._lock:
-                shape = self._want(key, options, runtime)
+                shape = self._want(key, options, runtime, lower)
                 if not shape.ready:
                     shape.misses += 1
                     self._lock.notify_all()
@@ -160,10 +172,10 @@ class WarmPool:
             if sandbox is not None:
                 return sandbox
 
-    def _want(self, key: str, options: SandboxOptions, runtime: str) -> _Shape:
+    def _want(self, key: str, options: SandboxOptions, runtime: str, lower: str | None = None) -> _Shape:
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = _Shape(options, runtime)
+            shape = self._shapes[key] = _Shape(options, runtime, lower)
             self._start_filler()
         shape.wanted_at = time.monotonic()
         return shape
@@ -177,7 +189,7 @@ class WarmPool:
             self._discard(handle)
             return None
         try:
-            claim_file(handle["workspace"]).write_text(label)
+            claim_file(slot_of(handle)).write_text(label)
             handle.update(label=label, claimed=time.time())
             write_handle(handle)
         except BaseException:  # e.g. a full disk: neither handed out nor left in the pool
@@ -211,7 +223,7 @@ class WarmPool:
         for key, shape in list(self._shapes.items()):
             while shape.ready and now - shape.ready[0][0] > self.max_age_s:
                 stale.append(shape.ready.popleft()[1])
-            if now - shape.wanted_at > self.idle_s:
+            if now - shape.wanted_at > self.idle_s or (shape.lower and not os.path.isdir(shape.lower)):
                 stale += [handle for _, handle in shape.ready]
                 shape.ready.clear()
                 if not shape.starting:
@@ -252,9 +264,14 @@ class WarmPool:
     def _start_member(self, shape: _Shape) -> Handle:
         runtime = self._runtime(shape.runtime)
         slot = self.slots_dir / f"pool-{self.pid}.{start_time(self.pid)}-{uuid.uuid4().hex[:12]}"
-        slot.mkdir(parents=True)
         try:
-            spec = SandboxSpec(workspace=str(slot), **shape.options.model_dump())
+            if shape.lower:  # a fork: its folder holds the upper layer and the work dir
+                workspace, work = fork_folder(slot)
+                fork = {"overlay": Overlay(lower=shape.lower, work=work)}
+            else:
+                slot.mkdir(parents=True)
+                workspace, fork = str(slot), {}
+            spec = SandboxSpec(workspace=workspace, **shape.options.model_dump(), **fork)
             return runtime.start(spec, label=POOL_LABEL).handle
         except BaseException:
             remove_slot(slot)
@@ -271,7 +288,7 @@ class WarmPool:
             stop_handle(handle)
         except Exception:  # noqa: BLE001 - the reaper stops it once this process is gone
             log.exception("stopping pooled sandbox %s failed", handle.get("id"))
-        remove_slot(handle["workspace"])
+        remove_slot(slot_of(handle))
 
     # -- inspection and shutdown ----------------------------------------------------------
     def ready_count(self, options: SandboxOptions | None = None, runtime: str = "bwrap") -> int:

@@ -82,6 +82,11 @@ class SandboxOptions(BaseModel):
     workdir: str | None = Field(None, description="Initial directory inside; default workspace")
     limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Resource limits")
     fakeroot: bool = Field(False, description="Singularity --fakeroot (root inside, not outside)")
+    group_fork: bool | None = Field(
+        None,
+        description="Prepare each GRPO group's workspace once per node and start its samples on "
+        "copy-on-write forks of it; None = where the agent declares its INIT forkable",
+    )
 
     @field_validator("workdir")
     @classmethod
@@ -89,6 +94,23 @@ class SandboxOptions(BaseModel):
         if value is not None and not os.path.isabs(value):
             raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
         return value
+
+
+class Overlay(BaseModel):
+    """A copy-on-write workspace (`sandbox.overlay`): the workspace is the private upper layer
+    over `lower`, a prepared folder the sandbox reads but never changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lower: str = Field(description="Absolute host dir: the shared, read-only lower layer")
+    work: str = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
+
+    @field_validator("lower", "work")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not os.path.isabs(value):
+            raise ValueError(f"overlay path {value!r} must be absolute")
+        return os.path.normpath(value)
 
 
 class SandboxSpec(SandboxOptions):
@@ -100,6 +122,11 @@ class SandboxSpec(SandboxOptions):
         False,
         description="Make a per-sandbox folder for a model endpoint's Unix socket, "
         "bound read-only inside (`sandbox.bridge`)",
+    )
+    overlay: Overlay | None = Field(
+        None,
+        description="Make the workspace a private copy-on-write layer over a prepared folder "
+        "(runtimes whose `overlay_unavailable_reason` is None)",
     )
 
     @field_validator("workspace")

@@ -33,7 +33,7 @@ from sqlalchemy import select
 
 from core.db import session_scope
 from core.settings import Settings
-from tasks import groups, health_alerts, nodes
+from tasks import group_layers, groups, health_alerts, nodes
 from tasks.callbacks import CallbackDispatcher
 from tasks.db_retry import is_disconnect
 from tasks.reclaim import ReclaimRules
@@ -83,6 +83,7 @@ class Reaper(ReclaimRules, Sweeps):
             "requeued": self.republish_stale(),
             "group_deadlines": len(groups.close_overdue(self.db)),
             "sandboxes": self.sweep_sandboxes(),
+            "group_layers": group_layers.sweep(self.settings),  # layers no sample can use
             "llm_servers": self.maintain_llm_pool(),
             "health_alerts": health_alerts.check_running(self.db, self._health),
         }

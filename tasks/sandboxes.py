@@ -24,8 +24,9 @@ from sandbox import SandboxSettings
 from sandbox.spec import SandboxLimits, SandboxOptions
 
 log = logging.getLogger(__name__)
-# `<rollout>-<attempt>` (INIT's) and `<rollout>-<attempt>-eval` (grading) under `workspaces`
-ATTEMPT_FOLDER = re.compile(r"^([0-9a-f]{32})-(\d+)(?:-eval)?$")
+# `<rollout>-<attempt>` (INIT's), `<rollout>-<attempt>-eval` (grading) and `<rollout>-<attempt>-fork`
+# (a group fork's folder: upper layer and overlay work dir) under `workspaces`
+ATTEMPT_FOLDER = re.compile(r"^([0-9a-f]{32})-(\d+)(?:-eval|-fork)?$")
 
 
 def check_node_settings(settings: Settings) -> None:
@@ -77,7 +78,7 @@ def wanted_runtime(settings: Settings, chosen: SandboxOptions, needs_sandbox: bo
 def spec_fields(settings: Settings, options: dict[str, Any], runtime: str) -> dict[str, Any]:
     """SandboxSpec fields from merged job + handler options: names resolved under the
     operator's roots, default limits no higher than the operator's caps."""
-    fields = {k: v for k, v in options.items() if k != "runtime" and v is not None}
+    fields = {k: v for k, v in options.items() if k not in ("runtime", "group_fork") and v is not None}
     # A job's own options are names (held to the policy in `wanted_runtime`); an absolute path
     # here is one a handler resolved under an operator root (e.g. a per-instance image).
     if "python_env" in fields and not os.path.isabs(fields["python_env"]):
@@ -173,7 +174,7 @@ def close_warm_pools() -> None:
 
 
 def claim(
-    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str
+    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str, lower: str | None = None
 ) -> tuple[Any, dict[str, Any]] | None:
     """A warm sandbox for the rollout from this process's pool, or None when the pool holds
     none of this shape (the miss teaches the pool the shape). Its slot folder is the
@@ -186,7 +187,7 @@ def claim(
         return None
     ensure_declared_environment(settings, options.get("python_env"))
     fields = spec_fields(settings, options, runtime)
-    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}")
+    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}", lower=lower)
     return (sb, sb.handle) if sb is not None else None
 
 
@@ -220,6 +221,26 @@ def start(
         raise ConfigError(str(exc), runtime=runtime) from exc
     sb = chosen.start(spec, label=f"{rollout_id}:{attempt}")
     return sb, sb.handle
+
+
+def start_fork(
+    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str, lower: str, mode: str
+) -> tuple[Any, dict[str, Any]]:
+    """A group sample's sandbox over its group's prepared `lower` folder: a copy-on-write
+    overlay (mode "overlay": its own folder `<rollout>-<attempt>-fork` holds the upper layer
+    and the overlay's work dir), or a fresh workspace holding a copy of it ("copy")."""
+    from sandbox.overlay import copy_lower, fork_folder
+
+    if mode == "copy":
+        workspace = workspace_for(settings, rollout_id, attempt)
+        copy_lower(lower, str(workspace))
+        return start(settings, options, rollout_id, attempt, runtime, workspace=workspace)
+    warm = claim(settings, options, rollout_id, attempt, runtime, lower=lower)
+    if warm is not None:  # a fork of this layer the pool started ahead (its second use on)
+        return warm
+    upper, work = fork_folder(settings.workspaces / f"{rollout_id}-{attempt}-fork")
+    forked = {**options, "overlay": {"lower": lower, "work": work}}
+    return start(settings, forked, rollout_id, attempt, runtime, workspace=Path(upper))
 
 
 def hand_over(handle: dict[str, Any] | None) -> None:
@@ -259,8 +280,8 @@ def release(handle: dict[str, Any] | None) -> None:
     except Exception:
         log.exception("stopping sandbox %s failed", handle.get("label"))
     workspace = handle.get("workspace")
-    if workspace:
-        remove_workspace(workspace)
+    if workspace:  # a fork's whole folder (upper layer, work dir), never its group's layer
+        remove_workspace(os.path.dirname(workspace) if handle.get("overlay") else workspace)
 
 
 def remove_workspace(path: str | Path) -> None:

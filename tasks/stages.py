@@ -36,7 +36,19 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Status
 from sandbox import SandboxError
-from tasks import cancels, db_retry, drain, grading, groups, handback, lifecycle, resume, sandboxes, terminal
+from tasks import (
+    cancels,
+    db_retry,
+    drain,
+    grading,
+    group_layers,
+    groups,
+    handback,
+    lifecycle,
+    resume,
+    sandboxes,
+    terminal,
+)
 from tasks.contexts import eval_context, rollout_context
 from tasks.config import TASK_NAMES
 from tasks.heartbeat import Heartbeater, process_heartbeater
@@ -166,15 +178,22 @@ class StageRun:
         self.ctx = self.ctx.for_init(None, None)  # the overrides are asked before it starts
         needed = self.handler.sandbox_needed(self.ctx.agent_config)
         runtime = sandboxes.wanted_runtime(self.settings, self.config.sandbox, needed)
+        forked = False
         if runtime != "none":
             options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
-            sb, handle = sandboxes.start(self.settings, options, self.rollout_id, self.attempt, runtime)
+            forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
+            if forked:  # the group's layer, prepared once per node, forked copy-on-write
+                sb, handle = group_layers.sample_sandbox(
+                    self.settings, self.handler, self.ctx, self.job.id, options, runtime, self.attempt
+                )
+            else:
+                sb, handle = sandboxes.start(self.settings, options, self.rollout_id, self.attempt, runtime)
             self.rollout.sandbox = handle  # released by _end if anything below fails
             if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
                 sandboxes.release(handle)
                 return
             self.ctx = self.ctx.with_sandbox(sb, handle.get("workspace"))
-        self.handler.init(self.ctx)
+        (self.handler.init_fork if forked else self.handler.init)(self.ctx)
         sandboxes.hand_over(self.rollout.sandbox)  # what INIT wrote is the agent's to edit
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 

@@ -57,6 +57,8 @@ def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     for name in ("bwrap sandbox", "glibc", "user namespaces", "database", "broker", f"LLM {sim_url}", "scratch"):
         assert checks[name]["status"] == "ok", checks[name]
     assert checks["cgroups"]["status"] in ("ok", "warn")
+    # this kernel mounts overlayfs in a user namespace: groups fork copy-on-write
+    assert checks["group fork"]["status"] == "ok" and checks["group fork"]["detail"].startswith("overlay")
     # nothing built in this fresh home: a node that may build says it will, with the command
     assert checks["environment math"]["status"] == "warn"
     assert "raas env build math --package numpy" in checks["environment math"]["fix"]

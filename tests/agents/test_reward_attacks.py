@@ -235,6 +235,7 @@ def outcomes(service, llm, root_only_file) -> dict[str, dict[str, Any]]:
             llm=llm,
             sampling=SAMPLING,
             agent_config={"test_timeout": 30},
+            sandbox={"group_fork": True},  # the attacks run on copy-on-write forks (issue 38)
         ),
         service.client.submit(
             "code",

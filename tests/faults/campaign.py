@@ -423,7 +423,8 @@ class Campaign:
         live worker's unclaimed warm sandboxes (`sandbox.pool`) are its pool, not a leak: a
         pool whose process died is orphaned, and then its members count."""
         warm_paths = self._warm_members()
-        dirs = {p for n in NODES for p in _entries(self.home / f"ws-{n}")}
+        dirs = {p for n in NODES for p in _entries(self.home / f"ws-{n}") if p.name != "layers"}
+        dirs |= {p for n in NODES for p in _entries(self.home / f"ws-{n}" / "layers")}  # group layers
         dirs |= {p for d in self.sandbox_dirs.values() for p in _entries(d)}
         live = {pid for pid, line in _live_bwraps(str(self.home)) if not any(w in line for w in map(str, warm_paths))}
         return live, dirs - warm_paths
@@ -432,6 +433,7 @@ class Campaign:
         """Files and folders of the live pools' unclaimed members (slot workspace, handle,
         log, signal file, socket folder)."""
         from sandbox.handles import orphaned, read_handles, unclaimed
+        from sandbox.pool import slot_of
 
         paths: set[Path] = set()
         for folder in self.sandbox_dirs.values():
@@ -442,6 +444,7 @@ class Campaign:
                         for k in ("workspace", "handle_file", "log_file", "signal_file", "socket_dir")
                         if handle.get(k)
                     }
+                    paths.add(Path(slot_of(handle)))  # a warm fork's folder holds its workspace
         return paths
 
     def _count_leaks(self, before: tuple[set[int], set[Path]], report: Report) -> None:

@@ -17,7 +17,11 @@ from sandbox import (
     list_sandboxes,
     stop_handle,
 )
+from sandbox.bwrap import unprivileged_uid
+from sandbox.handles import give_workspace
+from sandbox.overlay import fork_folder
 from sandbox.pool import POOLABLE, WarmPool
+from sandbox.spec import Overlay
 
 
 @pytest.fixture
@@ -35,15 +39,16 @@ def workspace(tmp_path) -> str:
 
 
 def pytest_generate_tests(metafunc) -> None:
-    """The attack tests run on cold sandboxes and on sandboxes claimed from a warm pool:
-    isolation must hold for both alike."""
+    """The attack tests run on cold sandboxes, on sandboxes claimed from a warm pool and on
+    forks of a prepared layer (copy-on-write workspaces): isolation must hold for all alike."""
     if metafunc.module.__name__.endswith("test_security") and "start" in metafunc.fixturenames:
-        metafunc.parametrize("start_mode", ["cold", "pooled"])
+        metafunc.parametrize("start_mode", ["cold", "pooled", "forked"])
 
 
 @pytest.fixture
 def start_mode() -> str:
-    """How `start` makes sandboxes: "cold" (a runtime's start) or "pooled" (a claim)."""
+    """How `start` makes sandboxes: "cold" (a runtime's start), "pooled" (a claim) or
+    "forked" (a bwrap sandbox whose workspace is a copy-on-write layer over a prepared one)."""
     return "cold"
 
 
@@ -54,6 +59,7 @@ def start(state_dir, workspace, start_mode, tmp_path) -> Iterator:
     Pooled: the sandbox is claimed from a warm pool (its workspace is then the pool's slot
     folder, not `workspace`) unless the test names a workspace of its own."""
     pools: list[WarmPool] = []
+    forks: list[str] = []
 
     def _start(runtime: str = "bwrap", label: str = "test:0", **fields) -> Sandbox:
         if "limits" in fields and isinstance(fields["limits"], dict):
@@ -65,6 +71,9 @@ def start(state_dir, workspace, start_mode, tmp_path) -> Iterator:
             sandbox = pools[-1].claim(options, runtime, label)
             assert sandbox is not None and sandbox.label == label
             return sandbox
+        if start_mode == "forked" and "workspace" not in fields and runtime == "bwrap":
+            fields.update(fork_fields(tmp_path / f"fork-{len(forks)}", shared_lower(tmp_path)))
+            forks.append(fields["workspace"])
         fields.setdefault("workspace", workspace)
         return get_runtime(runtime, state_dir=state_dir).start(SandboxSpec(**fields), label=label)
 
@@ -73,6 +82,26 @@ def start(state_dir, workspace, start_mode, tmp_path) -> Iterator:
         pool.close()
     for handle in list_sandboxes(state_dir, include_dead=True):
         stop_handle(handle)
+
+
+def shared_lower(tmp_path) -> str:
+    """A prepared lower layer (made once per test): a few files and folders, owned by the
+    uid sandboxes run as, as a group's preparer leaves it."""
+    lower = tmp_path / "lower"
+    if not lower.exists():
+        (lower / "pkg").mkdir(parents=True)
+        (lower / "pkg" / "mod.py").write_text("VALUE = 1\n")
+        (lower / "README").write_text("shared\n")
+        uid = unprivileged_uid(SandboxSettings())
+        if uid is not None:
+            give_workspace(str(lower), uid)
+    return str(lower)
+
+
+def fork_fields(folder, lower: str) -> dict:
+    """SandboxSpec fields of a fork of `lower` in a fresh fork folder."""
+    ws, work = fork_folder(folder)
+    return {"workspace": ws, "overlay": Overlay(lower=lower, work=work)}
 
 
 @pytest.fixture(params=["bwrap", "local"])

@@ -113,6 +113,7 @@ class SWEHandler(AgentHandler):
 
     name = "swe"
     resumable = True  # run() is the shared loop
+    forkable_init = True  # init is a checkout at the base commit: the same for every sample
     Config = SWEConfig
     environments = {"pytest": ("pytest",)}
 
@@ -139,6 +140,10 @@ class SWEHandler(AgentHandler):
             ctx.settings.repo_root,
             ctx.settings.repo_mirror_root,
         )
+        ctx.state.update(workspace=ctx.workspace, base_commit=ctx.instance["base_commit"])
+
+    def init_fork(self, ctx: InitContext) -> None:
+        """A forked sample: the checkout is its group's; only its own state is set here."""
         ctx.state.update(workspace=ctx.workspace, base_commit=ctx.instance["base_commit"])
 
     def run(self, ctx: RunContext) -> Trajectory:
