@@ -49,13 +49,16 @@ class CallError(RaasError):
 class CallRequest:
     """A call in the endpoint's own terms (both APIs map onto it)."""
 
-    api: str  # "openai" | "anthropic"
+    api: str  # "openai" | "anthropic" | "responses" | "google"
     messages: list[dict[str, Any]]  # OpenAI-style, checked (`messages.check_messages`)
     tools: list[dict[str, Any]] | None = None  # function schemas, as the template takes them
     parse_tools: bool = True  # False for tool_choice "none"
     max_tokens: int | None = None
     stream: bool = False
     ignored: list[str] = field(default_factory=list)  # sampling fields the job's sampling overrides
+    # tool_choice demanded a call ("*": any tool, else the function's name); never forced,
+    # a reply without it is counted (`tool_choice_unmet`)
+    demanded_tool: str | None = None
 
 
 @dataclass
@@ -89,6 +92,7 @@ class CallStats:
     tool_calls: int = 0
     parse_failures: int = 0  # replies with tool-call markup that did not parse
     replies_without_tool_call: int = 0  # tools were offered, the reply called none
+    tool_choice_unmet: int = 0  # tool_choice demanded a call the reply does not make
     ignored_params: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -220,6 +224,8 @@ class CallRunner:
         if request.tools and not calls:
             self.stats.replies_without_tool_call += 1
         out = [ToolCallOut(f"call_{secrets.token_hex(12)}", c.name, c.arguments) for c in calls]
+        if request.demanded_tool is not None and not any(request.demanded_tool in ("*", c.name) for c in out):
+            self.stats.tool_choice_unmet += 1
         self.stats.tool_calls += len(out)
         content = _outside_calls(text) if out else text
         finish = "length" if cut else ("tool_calls" if out else "stop")

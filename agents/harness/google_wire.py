@@ -1,0 +1,304 @@
+"""Google's generateContent wire: `.../models/{model}:generateContent` and
+`:streamGenerateContent` -> `CallRequest`, `Completion` -> a `GenerateContentResponse`.
+
+What the Gemini CLI and `google-genai` clients send: `contents` (role `user` / `model`; parts
+`text`, `functionCall`, `functionResponse`, `thought` text), `systemInstruction`,
+`tools[].functionDeclarations` (`parameters` or `parametersJsonSchema`), `toolConfig`
+(AUTO / ANY / NONE with `allowedFunctionNames`: accepted, never forced; a reply without the
+demanded call counts as `tool_choice_unmet`) and `generationConfig` (`maxOutputTokens` caps the
+call; sampling fields, `stopSequences`, `thinkingConfig` and structured output are the job's:
+accepted, ignored and counted). The path's prefix is whatever the client's base URL makes of it
+(`/v1beta/models/...`, `/v1/models/...`, `/models/...`): the route matches on `models/{model}:`.
+Streaming is `?alt=sse` (`data: {...}` chunks) or, without it, one JSON array of the chunks.
+
+Replies are camelCase JSON as the API sends it; the shapes are those of `google.genai.types`
+(the tests validate every reply against them, whose models forbid unknown fields). They are
+not built from that package at run time because it would bring google-auth, cryptography and
+websockets into every worker. A model's `<think>` block is a `thought` part when the request
+asked for thoughts (`thinkingConfig.includeThoughts`), and the echoed turn is made whole again
+either way (`agents.harness.reasoning`), since the Gemini CLI keeps no thoughts in its history.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from agents.harness.calls import CallError, CallRequest, Completion
+from agents.harness.messages import check_messages
+from agents.harness.reasoning import Echoes, split_reasoning
+from core.errors import InvalidRequest
+
+_ROUTE = re.compile(r"/models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent)$")
+IGNORED = (
+    "temperature",
+    "topP",
+    "topK",
+    "seed",
+    "presencePenalty",
+    "frequencyPenalty",
+    "stopSequences",
+    "responseLogprobs",
+    "logprobs",
+    "thinkingConfig",
+    "responseSchema",
+    "responseJsonSchema",
+)
+_FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS"}
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    404: "NOT_FOUND",
+    413: "INVALID_ARGUMENT",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
+
+
+class GoogleWire:
+    """Matches Google's routes; keeps the rollout's reasoning for echoed turns."""
+
+    def __init__(self) -> None:
+        self.echoes = Echoes()
+
+    def route(self, raw_path: str) -> GoogleRoute | None:
+        """The route a request path names (None when it is not one of Google's)."""
+        parts = urllib.parse.urlsplit(raw_path)
+        found = _ROUTE.search(parts.path.rstrip("/"))
+        if found is None:
+            return None
+        sse = urllib.parse.parse_qs(parts.query).get("alt") == ["sse"]
+        stream = found["method"] == "streamGenerateContent"
+        return GoogleRoute(self.echoes, found["model"], stream, sse)
+
+
+@dataclass
+class GoogleRoute:
+    """One request's route: the model named in its path and how it streams."""
+
+    echoes: Echoes
+    model: str
+    stream: bool  # `:streamGenerateContent`
+    sse: bool  # `?alt=sse` (else a streamed answer is one JSON array)
+
+    def parse_request(self, body: dict[str, Any]) -> CallRequest:
+        """The call a generateContent body asks for (InvalidRequest names a bad field)."""
+        if body.get("cachedContent"):
+            raise InvalidRequest("cachedContent: cached contents are not kept; send the whole contents")
+        config = body.get("generationConfig") or {}
+        if config.get("candidateCount") not in (None, 1):
+            raise InvalidRequest("generationConfig.candidateCount: only 1 is supported; send one request per sample")
+        messages = _system(body.get("systemInstruction"))
+        contents = body.get("contents")
+        if not isinstance(contents, list) or not contents:
+            raise InvalidRequest("contents: a non-empty list is required")
+        for i, content in enumerate(contents):
+            messages += _convert(content, f"contents[{i}]", self.echoes)
+        parse_tools, demanded = _tool_config(body.get("toolConfig"))
+        return CallRequest(
+            api="google",
+            messages=check_messages(messages),
+            tools=_tools(body.get("tools")),
+            parse_tools=parse_tools,
+            max_tokens=_max_tokens(config.get("maxOutputTokens")),
+            stream=self.stream and self.sse,  # SSE; a plain stream is one JSON answer
+            ignored=_ignored(config),
+            demanded_tool=demanded,
+        )
+
+    def answer(self, call: CallRequest, c: Completion, body: dict[str, Any], model: str) -> Any:
+        """The response (JSON), its SSE chunks, or the JSON array of a stream without SSE."""
+        thoughts = bool(((body.get("generationConfig") or {}).get("thinkingConfig") or {}).get("includeThoughts"))
+        parts = self._parts(c, thoughts)
+        head = {"modelVersion": self.model, "responseId": secrets.token_hex(12)}
+        last = {"finishReason": _FINISH[c.finish], "index": 0}
+        usage = {
+            "usageMetadata": {
+                "promptTokenCount": c.prompt_tokens,
+                "candidatesTokenCount": c.completion_tokens,
+                "totalTokenCount": c.prompt_tokens + c.completion_tokens,
+            }
+        }
+        if not self.stream:
+            return {"candidates": [{"content": {"role": "model", "parts": parts}, **last}], **usage, **head}
+        chunks = [
+            {"candidates": [{"content": {"role": "model", "parts": [part]}, "index": 0}], **head} for part in parts
+        ]
+        chunks[-1]["candidates"][0].update(last)
+        chunks[-1].update(usage)
+        return (f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\n" for chunk in chunks) if self.sse else chunks
+
+    def _parts(self, c: Completion, thoughts: bool) -> list[dict[str, Any]]:
+        reasoning, visible = split_reasoning(c.content)
+        calls = [(t.name, t.arguments) for t in c.tool_calls]
+        if reasoning is not None:
+            self.echoes.remember(visible, calls, c.content or "")
+        parts: list[dict[str, Any]] = [{"text": reasoning, "thought": True}] if thoughts and reasoning else []
+        if visible or not c.tool_calls:
+            parts.append({"text": visible})
+        parts += [{"functionCall": {"id": t.id, "name": t.name, "args": t.arguments}} for t in c.tool_calls]
+        return parts
+
+    @staticmethod
+    def error_body(exc: CallError) -> dict[str, Any]:
+        """Google's error object (see `error_body`)."""
+        return error_body(exc)
+
+
+def _system(instruction: Any) -> list[dict[str, Any]]:
+    if not instruction:
+        return []
+    if isinstance(instruction, str):
+        return [{"role": "system", "content": instruction}]
+    parts = instruction.get("parts") if isinstance(instruction, dict) else None
+    if not isinstance(parts, list):
+        raise InvalidRequest("systemInstruction: a content with text parts is required")
+    return [{"role": "system", "content": "".join(_text(p, "systemInstruction") for p in parts)}]
+
+
+def _text(part: Any, where: str) -> str:
+    if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+        kinds = ", ".join(part) if isinstance(part, dict) else type(part).__name__
+        raise InvalidRequest(f"{where}: parts of kind {kinds} are not supported here (text only)")
+    return part["text"]
+
+
+def _convert(content: Any, where: str, echoes: Echoes) -> list[dict[str, Any]]:
+    """One Google content as OpenAI-style messages."""
+    if not isinstance(content, dict) or not isinstance(content.get("parts"), list):
+        raise InvalidRequest(f"{where}: a content with a list of parts is required")
+    role = content.get("role") or "user"
+    if role == "model":
+        return [_model_turn(content["parts"], where, echoes)]
+    if role not in ("user", "function"):
+        raise InvalidRequest(f"{where}: role must be user or model")
+    results, texts = [], []
+    for i, part in enumerate(content["parts"]):
+        if isinstance(part, dict) and "functionResponse" in part:
+            results.append(_result(part["functionResponse"], f"{where}.parts[{i}]"))
+        elif not (isinstance(part, dict) and part.get("thought")):
+            texts.append(_text(part, f"{where}.parts[{i}]"))
+    return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
+
+
+def _model_turn(parts: list[Any], where: str, echoes: Echoes) -> dict[str, Any]:
+    reasoning, texts, calls = [], [], []
+    for i, part in enumerate(parts):
+        if isinstance(part, dict) and "functionCall" in part:
+            call = part["functionCall"] or {}
+            if not isinstance(call.get("name"), str):
+                raise InvalidRequest(f"{where}.parts[{i}]: a functionCall needs a name")
+            args = call.get("args") or {}
+            calls.append(
+                {"id": call.get("id"), "type": "function", "function": {"name": call["name"], "arguments": args}}
+            )
+        elif isinstance(part, dict) and part.get("thought"):
+            reasoning.append(str(part.get("text") or ""))
+        else:
+            texts.append(_text(part, f"{where}.parts[{i}]"))
+    pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": echoes.content("".join(texts), pairs, "".join(reasoning) or None),
+    }
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _result(response: Any, where: str) -> dict[str, Any]:
+    """A `functionResponse` as a tool message (a lone output/result string is the text)."""
+    if not isinstance(response, dict) or not isinstance(response.get("name"), str):
+        raise InvalidRequest(f"{where}: a functionResponse needs a name")
+    value = response.get("response")
+    if isinstance(value, dict) and len(value) == 1 and isinstance(next(iter(value.values())), str):
+        text = next(iter(value.values()))
+        text = f"Error: {text}" if "error" in value else text
+    else:
+        text = json.dumps(value, ensure_ascii=False)
+    return {"role": "tool", "tool_call_id": response.get("id") or response["name"], "content": text}
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    """`functionDeclarations` as the template's function schemas; other tools are refused by name."""
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InvalidRequest("tools: a list of tool objects is required")
+    hosted = sorted({k for t in tools for k in t if k != "functionDeclarations"})
+    if hosted:
+        raise InvalidRequest(
+            f"tools: {', '.join(hosted)} tools are not available on this endpoint (it serves the policy "
+            "model only); declare them as functionDeclarations"
+        )
+    out = []
+    for i, decl in enumerate(d for t in tools for d in t.get("functionDeclarations") or []):
+        if not isinstance(decl, dict) or not isinstance(decl.get("name"), str):
+            raise InvalidRequest(f"tools: functionDeclarations[{i}] needs a name")
+        schema = decl.get("parametersJsonSchema") or _json_schema(decl.get("parameters"))
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": decl["name"],
+                    "description": decl.get("description") or "",
+                    "parameters": schema or {"type": "object", "properties": {}},
+                },
+            }
+        )
+    return out or None
+
+
+def _json_schema(schema: Any) -> Any:
+    """Google's OpenAPI-style `Schema` as JSON Schema (its type names are upper case)."""
+    if isinstance(schema, list):
+        return [_json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _json_schema(v) for k, v in schema.items()}
+    if isinstance(out.get("type"), str):
+        out["type"] = out["type"].lower()
+    return out
+
+
+def _tool_config(config: Any) -> tuple[bool, str | None]:
+    """(parse tool calls, the demanded tool) of `toolConfig.functionCallingConfig`."""
+    calling = (config or {}).get("functionCallingConfig") or {}
+    mode = str(calling.get("mode") or "AUTO").upper()
+    if mode == "NONE":
+        return False, None
+    if mode == "ANY":
+        allowed = calling.get("allowedFunctionNames") or []
+        return True, allowed[0] if len(allowed) == 1 else "*"
+    if mode in ("AUTO", "VALIDATED", "MODE_UNSPECIFIED"):
+        return True, None
+    raise InvalidRequest(f"toolConfig.functionCallingConfig.mode {mode!r} is not supported: use AUTO, ANY or NONE")
+
+
+def _max_tokens(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"generationConfig.maxOutputTokens must be a positive integer (got {value!r})")
+    return value
+
+
+def _ignored(config: dict[str, Any]) -> list[str]:
+    ignored = [k for k in IGNORED if config.get(k) is not None]
+    mime = config.get("responseMimeType")
+    return ignored + (["responseMimeType"] if mime not in (None, "text/plain") else [])
+
+
+def error_body(exc: CallError) -> dict[str, Any]:
+    """Google's `{"error": {"code", "message", "status"}}`; a context overflow in its words."""
+    message = exc.message
+    if exc.kind == "context_length_exceeded":
+        message = (
+            f"The input token count ({exc.details.get('prompt_tokens')}) exceeds the maximum number "
+            f"of tokens allowed ({exc.details.get('limit')})."
+        )
+    return {"error": {"code": exc.status, "message": message, "status": _STATUS.get(exc.status, "INVALID_ARGUMENT")}}

@@ -1,0 +1,349 @@
+"""OpenAI's Responses wire (`POST /v1/responses`): input items -> `CallRequest`, `Completion` ->
+a `Response` object or its stream of events.
+
+It is the only wire API of Codex CLI and the default of the OpenAI Agents SDK. Input items
+become the endpoint's OpenAI-style messages: `instructions` a system message, message items
+their role's message, a model turn's `reasoning` / assistant `message` / `function_call` items
+one assistant message with tool calls, `function_call_output` items tool messages. A harness
+sends the whole history each call (`store: false`), or names an earlier response of the same
+rollout with `previous_response_id` (kept in memory for the endpoint's life). Replies are built
+from the official SDK's types (`openai.types.responses`); a `<think>` block of the model's text
+is a `reasoning` item, and the echoed turn is made whole again (`agents.harness.reasoning`) so
+a tool loop merges into one sample. Sampling is the job's: `temperature`, `top_p`, `reasoning`
+and a structured `text.format` are accepted, ignored and counted; `tool_choice` is accepted in
+every form and never forced (a reply without the demanded call counts as `tool_choice_unmet`).
+Hosted tools (web search, file search, ...) and stored server state (`conversation`, `prompt`,
+`item_reference`, `background`) are refused with a 400 naming them: raas serves only the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from agents.harness import openai_wire
+from agents.harness.calls import CallRequest, Completion
+from agents.harness.messages import check_messages, content_text
+from agents.harness.reasoning import Echoes, split_reasoning
+from core.errors import InvalidRequest
+
+IGNORED = ("temperature", "top_p", "top_logprobs", "reasoning")
+REFUSED = {
+    "background": "background responses are not supported; call it synchronously or with stream",
+    "conversation": "stored conversations are not kept; send the whole input (store: false)",
+    "prompt": "stored prompt templates are not available; send instructions and input",
+}
+_ASSISTANT_ITEMS = ("reasoning", "function_call")
+_STATUS = {"length": "incomplete"}
+
+
+class ResponsesWire:
+    """The route's parser and renderer, with the rollout's responses in memory."""
+
+    def __init__(self) -> None:
+        self.echoes = Echoes()
+        self._histories: dict[str, list[dict[str, Any]]] = {}  # response id -> its conversation
+        self._guard = threading.Lock()
+
+    # -- request -------------------------------------------------------------------------
+    def parse_request(self, body: dict[str, Any]) -> CallRequest:
+        """The call a `/v1/responses` body asks for (InvalidRequest names a bad field)."""
+        for name, why in REFUSED.items():
+            if body.get(name):
+                raise InvalidRequest(f"{name}: {why}")
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidRequest("instructions: a string is required")
+        messages = [{"role": "system", "content": instructions}] if instructions else []
+        messages += self._previous(body.get("previous_response_id"))
+        messages += _Conversation(self.echoes).convert(body.get("input"))
+        parse_tools, demanded = _tool_choice(body.get("tool_choice"))
+        return CallRequest(
+            api="responses",
+            messages=check_messages(messages),
+            tools=function_tools(body.get("tools")),
+            parse_tools=parse_tools,
+            max_tokens=_max_tokens(body.get("max_output_tokens")),
+            stream=bool(body.get("stream")),
+            ignored=_ignored(body),
+            demanded_tool=demanded,
+        )
+
+    def _previous(self, response_id: Any) -> list[dict[str, Any]]:
+        if response_id is None:
+            return []
+        with self._guard:
+            history = self._histories.get(str(response_id))
+        if history is None:
+            raise InvalidRequest(
+                f"previous_response_id: no response {response_id!r} in this rollout; send the whole input instead"
+            )
+        return list(history)
+
+    # -- reply ---------------------------------------------------------------------------
+    def answer(self, call: CallRequest, c: Completion, body: dict[str, Any], model: str) -> Any:
+        """The `Response` (JSON) or its SSE events; the response is remembered for
+        `previous_response_id` and its reasoning for the echo."""
+        from openai.types.responses import Response, ResponseUsage  # 0.8 s to import: here
+
+        items = self._output(c)
+        history = call.messages[1:] if body.get("instructions") else list(call.messages)
+        response = Response(
+            id=f"resp_{secrets.token_hex(16)}",
+            object="response",
+            created_at=time.time(),
+            model=model,
+            status=_STATUS.get(c.finish, "completed"),
+            incomplete_details={"reason": "max_output_tokens"} if c.finish == "length" else None,
+            error=None,
+            instructions=body.get("instructions"),
+            output=items,
+            parallel_tool_calls=bool(body.get("parallel_tool_calls", True)),
+            tool_choice=body.get("tool_choice") or "auto",
+            tools=body.get("tools") or [],
+            previous_response_id=body.get("previous_response_id"),
+            max_output_tokens=body.get("max_output_tokens"),
+            metadata=body.get("metadata"),
+            usage=ResponseUsage(
+                input_tokens=c.prompt_tokens,
+                input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
+                output_tokens=c.completion_tokens,
+                output_tokens_details={"reasoning_tokens": 0},
+                total_tokens=c.prompt_tokens + c.completion_tokens,
+            ),
+        )
+        with self._guard:
+            self._histories[response.id] = history + [_reply_message(c)]
+        return stream_events(response) if call.stream else response.to_dict(mode="json")
+
+    def _output(self, c: Completion) -> list[Any]:
+        """The output items: reasoning, the message, one `function_call` per tool call."""
+        from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
+
+        reasoning, visible = split_reasoning(c.content)
+        calls = [(t.name, t.arguments) for t in c.tool_calls]
+        items: list[Any] = []
+        if reasoning is not None:
+            self.echoes.remember(visible, calls, c.content or "")
+            content = [{"type": "reasoning_text", "text": reasoning}]
+            items.append(
+                ResponseReasoningItem(id=_id("rs"), type="reasoning", summary=[], content=content, status="completed")
+            )
+        if visible or not (c.tool_calls or reasoning is not None):
+            part = {"type": "output_text", "text": visible, "annotations": [], "logprobs": []}
+            status = _STATUS.get(c.finish, "completed")
+            items.append(
+                ResponseOutputMessage(id=_id("msg"), type="message", role="assistant", status=status, content=[part])
+            )
+        for t in c.tool_calls:
+            items.append(
+                ResponseFunctionToolCall(
+                    id=_id("fc"),
+                    type="function_call",
+                    call_id=t.id,
+                    name=t.name,
+                    arguments=json.dumps(t.arguments, ensure_ascii=False),
+                    status="completed",
+                )
+            )
+        return items
+
+    error_body = staticmethod(openai_wire.error_body)  # the same `{"error": {...}}` shape
+
+
+class _Conversation:
+    """Turns a list of input items into messages; a model turn's items become one message."""
+
+    def __init__(self, echoes: Echoes) -> None:
+        self.echoes = echoes
+        self.messages: list[dict[str, Any]] = []
+        self._reasoning: str | None = None
+        self._texts: list[str] = []
+        self._calls: list[dict[str, Any]] = []
+        self._open = False  # a model turn is being collected
+
+    def convert(self, raw: Any) -> list[dict[str, Any]]:
+        """The messages of `input` (a string, or a list of items)."""
+        if isinstance(raw, str):
+            return [{"role": "user", "content": raw}]
+        if not isinstance(raw, list) or not raw:
+            raise InvalidRequest("input: a string or a non-empty list of items is required")
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict):
+                raise InvalidRequest(f"input[{i}]: an item object is required")
+            self._add(item, f"input[{i}]")
+        self._close()
+        return self.messages
+
+    def _add(self, item: dict[str, Any], where: str) -> None:
+        kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "message" and item.get("role") == "assistant":
+            if self._texts or self._calls:
+                self._close()  # a second answer: a new model turn
+            self._open = True
+            self._texts.append(content_text(item.get("content"), where))
+        elif kind == "message":
+            self._close()
+            role = item.get("role")
+            if role not in ("user", "system", "developer"):
+                raise InvalidRequest(f"{where}: role must be user, assistant, system or developer")
+            self.messages.append({"role": role, "content": content_text(item.get("content"), where)})
+        elif kind == "reasoning":
+            self._close()
+            self._open, self._reasoning = True, _reasoning_text(item)
+        elif kind == "function_call":
+            self._open = True
+            self._calls.append(_call(item, where))
+        elif kind == "function_call_output":
+            self._close()
+            output = item.get("output")
+            text = output if isinstance(output, str) else content_text(output, f"{where}.output")
+            self.messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "item_reference":
+            raise InvalidRequest(f"{where}: item_reference needs stored items; send the items themselves")
+        else:
+            raise InvalidRequest(f"{where}: input items of type {kind!r} are not supported")
+
+    def _close(self) -> None:
+        if not self._open:
+            return
+        visible = "".join(self._texts)
+        pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in self._calls]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.echoes.content(visible, pairs, self._reasoning),
+        }
+        if self._calls:
+            message["tool_calls"] = self._calls
+        self.messages.append(message)
+        self._reasoning, self._texts, self._calls, self._open = None, [], [], False
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its `content` (reasoning_text parts), else its summary."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
+
+
+def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(item.get("name"), str):
+        raise InvalidRequest(f"{where}: a function_call needs a name")
+    return {
+        "id": item.get("call_id") or item.get("id"),
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"},
+    }
+
+
+def _reply_message(c: Completion) -> dict[str, Any]:
+    """The reply as the assistant message a later `previous_response_id` call extends."""
+    message: dict[str, Any] = {"role": "assistant", "content": c.content}
+    if c.tool_calls:
+        message["tool_calls"] = [
+            {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in c.tool_calls
+        ]
+    return message
+
+
+def function_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """The request's function tools as the template's schemas; hosted tools are refused by name."""
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InvalidRequest("tools: a list of tool objects is required")
+    hosted = sorted({str(t.get("type")) for t in tools if t.get("type") != "function"})
+    if hosted:
+        raise InvalidRequest(
+            f"tools: {', '.join(hosted)} tools are not available on this endpoint (it serves the policy "
+            "model only); offer them as function tools"
+        )
+    out = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style too
+        if not isinstance(fn.get("name"), str):
+            raise InvalidRequest(f"tools[{i}]: a function tool needs a name")
+        schema = {"name": fn["name"], "description": fn.get("description") or ""}
+        schema["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": schema})
+    return out
+
+
+def _tool_choice(choice: Any) -> tuple[bool, str | None]:
+    """(parse tool calls, the demanded tool): every form the API takes, none of them forced."""
+    if choice in (None, "auto"):
+        return True, None
+    if choice == "none":
+        return False, None
+    if choice == "required":
+        return True, "*"
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return True, choice["name"]
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return True, "*" if choice.get("mode") == "required" else None
+    raise InvalidRequest(f"tool_choice {choice!r} is not supported: use auto, none, required or a function by name")
+
+
+def _max_tokens(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"max_output_tokens must be a positive integer (got {value!r})")
+    return value
+
+
+def _ignored(body: dict[str, Any]) -> list[str]:
+    ignored = [k for k in IGNORED if body.get(k) is not None]
+    fmt = ((body.get("text") or {}).get("format") or {}).get("type", "text")
+    return ignored + (["text.format"] if fmt != "text" else [])
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def stream_events(response: Any) -> Iterator[str]:
+    """The SSE of a streamed response, in the API's order (`sequence_number` counts from 0)."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    events = TypeAdapter(ResponseStreamEvent)
+    for n, event in enumerate(_event_dicts(response)):
+        data = events.validate_python({**event, "sequence_number": n}).to_dict(mode="json")
+        yield f"event: {data['type']}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _event_dicts(response: Any) -> Iterator[dict[str, Any]]:
+    whole = response.to_dict(mode="json")
+    opening = {**whole, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    yield {"type": "response.created", "response": opening}
+    yield {"type": "response.in_progress", "response": opening}
+    for index, item in enumerate(whole["output"]):
+        yield from _item_events(index, item)
+    yield {"type": f"response.{whole['status']}", "response": whole}
+
+
+def _item_events(index: int, item: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """added, the content's parts and deltas, done: one output item."""
+    at = {"output_index": index, "item_id": item["id"]}
+    kind = item["type"]
+    if kind == "function_call":
+        opened = {**item, "arguments": "", "status": "in_progress"}
+        yield {"type": "response.output_item.added", "output_index": index, "item": opened}
+        yield {"type": "response.function_call_arguments.delta", **at, "delta": item["arguments"]}
+        yield {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]}
+    else:
+        step = "reasoning_text" if kind == "reasoning" else "output_text"
+        opened = {**item, "content": [], "status": "in_progress"}
+        yield {"type": "response.output_item.added", "output_index": index, "item": opened}
+        for i, part in enumerate(item.get("content") or []):
+            extra = {"logprobs": []} if step == "output_text" else {}
+            yield {"type": "response.content_part.added", **at, "content_index": i, "part": {**part, "text": ""}}
+            yield {"type": f"response.{step}.delta", **at, "content_index": i, "delta": part["text"], **extra}
+            yield {"type": f"response.{step}.done", **at, "content_index": i, "text": part["text"], **extra}
+            yield {"type": "response.content_part.done", **at, "content_index": i, "part": part}
+    yield {"type": "response.output_item.done", "output_index": index, "item": item}
