@@ -1,6 +1,6 @@
 """An OpenAI Agents SDK agent, unmodified, run in its own environment (the SDK's import name
 `agents` is also raas's): its default `OpenAIResponsesModel` talks to the rollout's endpoint
-on the Unix socket in RAAS_SOCKET. Prints what it ran and its final output as JSON."""
+on the Unix socket in RAAS_SOCKET (streamed when RAAS_STREAM is set). Prints what it ran and its final output as JSON."""
 
 import asyncio
 import importlib
@@ -31,5 +31,16 @@ client = openai.AsyncOpenAI(
 )
 model = agents.OpenAIResponsesModel(model="policy", openai_client=client)
 agent = agents.Agent(name="fixer", instructions="You fix bugs.", tools=[bash], model=model)
-result = asyncio.run(agents.Runner.run(agent, "Task i-1: fix it."))
+
+
+async def streamed() -> object:
+    """`Runner.run_streamed`, its events consumed as an app would."""
+    run = agents.Runner.run_streamed(agent, "Task i-1: fix it.")
+    async for _ in run.stream_events():
+        pass
+    return run
+
+
+task = "Task i-1: fix it."
+result = asyncio.run(streamed() if os.environ.get("RAAS_STREAM") else agents.Runner.run(agent, task))
 print(json.dumps({"final_output": result.final_output, "ran": ran}))

@@ -87,6 +87,7 @@ def test_a_tool_loop_is_one_merged_sample(endpoint, stream) -> None:
     assert first.usage.input_tokens == len(recorded(ep)[0]["extra"]["prompt_ids"])
     assert [t["extra"]["api"] for t in recorded(ep)] == ["responses"] * 3
     assert [t["generated_ids"] for t in recorded(ep)][2] == ids_of("The bug is fixed.") + [END]
+    assert [t["extra"]["stream"] for t in recorded(ep)] == [stream] * 3
     assert_one_sample(ep, 3)
 
 
@@ -233,10 +234,14 @@ def agents_sdk_env(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_an_openai_agents_sdk_agent_runs_its_tool_loop_as_one_sample(endpoint, agents_sdk_env, tmp_path) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_openai_agents_sdk_agent_runs_its_tool_loop_as_one_sample(
+    endpoint, agents_sdk_env, tmp_path, stream
+) -> None:
     """The Agents SDK's default model (`OpenAIResponsesModel`) and its runner, unmodified."""
     ep = endpoint(SCRIPT)
     env = {"PATH": "/usr/bin:/bin", "RAAS_SOCKET": ep.socket_path, "RAAS_TOKEN": ep.token}
+    env.update({"RAAS_STREAM": "1"} if stream else {})
     done = subprocess.run(
         [str(agents_sdk_env / "bin" / "python3"), str(Path(__file__).with_name("agents_sdk_loop.py"))],
         env=env,
@@ -249,4 +254,5 @@ def test_an_openai_agents_sdk_agent_runs_its_tool_loop_as_one_sample(endpoint, a
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out == {"final_output": "The bug is fixed.", "ran": ["ls", "cat a.txt"]}
     assert ep.counters.tool_calls == 2 and ep.counters.failed_calls == 0
+    assert [t["extra"]["stream"] for t in recorded(ep)] == [stream] * 3
     assert_one_sample(ep, 3)
