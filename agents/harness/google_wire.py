@@ -87,24 +87,24 @@ class GoogleRoute:
 
     def parse_request(self, body: dict[str, Any]) -> CallRequest:
         """The call a generateContent body asks for (InvalidRequest names a bad field)."""
-        if body.get("cachedContent"):
+        if _f(body, "cachedContent"):
             raise InvalidRequest("cachedContent: cached contents are not kept; send the whole contents")
-        config = body.get("generationConfig") or {}
-        if config.get("candidateCount") not in (None, 1):
+        config = _f(body, "generationConfig") or {}
+        if _f(config, "candidateCount") not in (None, 1):
             raise InvalidRequest("generationConfig.candidateCount: only 1 is supported; send one request per sample")
-        messages = _system(body.get("systemInstruction"))
+        messages = _system(_f(body, "systemInstruction"))
         contents = body.get("contents")
         if not isinstance(contents, list) or not contents:
             raise InvalidRequest("contents: a non-empty list is required")
         for i, content in enumerate(contents):
             messages += _convert(content, f"contents[{i}]", self.echoes)
-        parse_tools, demanded = _tool_config(body.get("toolConfig"))
+        parse_tools, demanded = _tool_config(_f(body, "toolConfig"))
         return CallRequest(
             api="google",
             messages=check_messages(messages),
             tools=_tools(body.get("tools")),
             parse_tools=parse_tools,
-            max_tokens=_max_tokens(config.get("maxOutputTokens")),
+            max_tokens=_max_tokens(_f(config, "maxOutputTokens")),
             stream=self.stream and self.sse,  # SSE; a plain stream is one JSON answer
             ignored=_ignored(config),
             demanded_tool=demanded,
@@ -112,7 +112,7 @@ class GoogleRoute:
 
     def answer(self, call: CallRequest, c: Completion, body: dict[str, Any], model: str) -> Any:
         """The response (JSON), its SSE chunks, or the JSON array of a stream without SSE."""
-        thoughts = bool(((body.get("generationConfig") or {}).get("thinkingConfig") or {}).get("includeThoughts"))
+        thoughts = bool(_f(_f(_f(body, "generationConfig"), "thinkingConfig"), "includeThoughts"))
         parts = self._parts(c, thoughts)
         head = {"modelVersion": self.model, "responseId": secrets.token_hex(12)}
         last = {"finishReason": _FINISH[c.finish], "index": 0}
@@ -149,6 +149,15 @@ class GoogleRoute:
         return error_body(exc)
 
 
+def _f(obj: Any, name: str) -> Any:
+    """Field `name` of a request object, in lowerCamelCase or snake_case: Google's JSON parser
+    takes both, and clients send both (google-genai passes `thinkingConfig` on as written)."""
+    if not isinstance(obj, dict):
+        return None
+    value = obj.get(name)
+    return value if value is not None else obj.get(re.sub(r"([A-Z])", r"_\1", name).lower())
+
+
 def _system(instruction: Any) -> list[dict[str, Any]]:
     if not instruction:
         return []
@@ -178,8 +187,8 @@ def _convert(content: Any, where: str, echoes: Echoes) -> list[dict[str, Any]]:
         raise InvalidRequest(f"{where}: role must be user or model")
     results, texts = [], []
     for i, part in enumerate(content["parts"]):
-        if isinstance(part, dict) and "functionResponse" in part:
-            results.append(_result(part["functionResponse"], f"{where}.parts[{i}]"))
+        if _f(part, "functionResponse") is not None:
+            results.append(_result(_f(part, "functionResponse"), f"{where}.parts[{i}]"))
         elif not (isinstance(part, dict) and part.get("thought")):
             texts.append(_text(part, f"{where}.parts[{i}]"))
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
@@ -188,9 +197,9 @@ def _convert(content: Any, where: str, echoes: Echoes) -> list[dict[str, Any]]:
 def _model_turn(parts: list[Any], where: str, echoes: Echoes) -> dict[str, Any]:
     reasoning, texts, calls = [], [], []
     for i, part in enumerate(parts):
-        if isinstance(part, dict) and "functionCall" in part:
-            call = part["functionCall"] or {}
-            if not isinstance(call.get("name"), str):
+        if _f(part, "functionCall") is not None:
+            call = _f(part, "functionCall")
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 raise InvalidRequest(f"{where}.parts[{i}]: a functionCall needs a name")
             args = call.get("args") or {}
             calls.append(
@@ -229,17 +238,17 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise InvalidRequest("tools: a list of tool objects is required")
-    hosted = sorted({k for t in tools for k in t if k != "functionDeclarations"})
+    hosted = sorted({k for t in tools for k in t if k not in ("functionDeclarations", "function_declarations")})
     if hosted:
         raise InvalidRequest(
             f"tools: {', '.join(hosted)} tools are not available on this endpoint (it serves the policy "
             "model only); declare them as functionDeclarations"
         )
     out = []
-    for i, decl in enumerate(d for t in tools for d in t.get("functionDeclarations") or []):
+    for i, decl in enumerate(d for t in tools for d in _f(t, "functionDeclarations") or []):
         if not isinstance(decl, dict) or not isinstance(decl.get("name"), str):
             raise InvalidRequest(f"tools: functionDeclarations[{i}] needs a name")
-        schema = decl.get("parametersJsonSchema") or _json_schema(decl.get("parameters"))
+        schema = _f(decl, "parametersJsonSchema") or _json_schema(decl.get("parameters"))
         out.append(
             {
                 "type": "function",
@@ -267,12 +276,12 @@ def _json_schema(schema: Any) -> Any:
 
 def _tool_config(config: Any) -> tuple[bool, str | None]:
     """(parse tool calls, the demanded tool) of `toolConfig.functionCallingConfig`."""
-    calling = (config or {}).get("functionCallingConfig") or {}
+    calling = _f(config, "functionCallingConfig") or {}
     mode = str(calling.get("mode") or "AUTO").upper()
     if mode == "NONE":
         return False, None
     if mode == "ANY":
-        allowed = calling.get("allowedFunctionNames") or []
+        allowed = _f(calling, "allowedFunctionNames") or []
         return True, allowed[0] if len(allowed) == 1 else "*"
     if mode in ("AUTO", "VALIDATED", "MODE_UNSPECIFIED"):
         return True, None
@@ -288,8 +297,8 @@ def _max_tokens(value: Any) -> int | None:
 
 
 def _ignored(config: dict[str, Any]) -> list[str]:
-    ignored = [k for k in IGNORED if config.get(k) is not None]
-    mime = config.get("responseMimeType")
+    ignored = [k for k in IGNORED if _f(config, k) is not None]
+    mime = _f(config, "responseMimeType")
     return ignored + (["responseMimeType"] if mime not in (None, "text/plain") else [])
 
 

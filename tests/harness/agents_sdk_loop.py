@@ -1,6 +1,7 @@
 """An OpenAI Agents SDK agent, unmodified, run in its own environment (the SDK's import name
 `agents` is also raas's): its default `OpenAIResponsesModel` talks to the rollout's endpoint
-on the Unix socket in RAAS_SOCKET (streamed when RAAS_STREAM is set). Prints what it ran and its final output as JSON."""
+on the Unix socket in RAAS_SOCKET (streamed when RAAS_STREAM is set). Prints what it ran and
+its final output as JSON."""
 
 import asyncio
 import importlib
