@@ -340,10 +340,13 @@ def _item_events(index: int, item: dict[str, Any]) -> Iterator[dict[str, Any]]:
         step = "reasoning_text" if kind == "reasoning" else "output_text"
         opened = {**item, "content": [], "status": "in_progress"}
         yield {"type": "response.output_item.added", "output_index": index, "item": opened}
+        message = kind == "message"  # reasoning text has no content_part events (older SDKs refuse them)
         for i, part in enumerate(item.get("content") or []):
-            extra = {"logprobs": []} if step == "output_text" else {}
-            yield {"type": "response.content_part.added", **at, "content_index": i, "part": {**part, "text": ""}}
+            extra = {"logprobs": []} if message else {}
+            if message:
+                yield {"type": "response.content_part.added", **at, "content_index": i, "part": {**part, "text": ""}}
             yield {"type": f"response.{step}.delta", **at, "content_index": i, "delta": part["text"], **extra}
             yield {"type": f"response.{step}.done", **at, "content_index": i, "text": part["text"], **extra}
-            yield {"type": "response.content_part.done", **at, "content_index": i, "part": part}
+            if message:
+                yield {"type": "response.content_part.done", **at, "content_index": i, "part": part}
     yield {"type": "response.output_item.done", "output_index": index, "item": item}

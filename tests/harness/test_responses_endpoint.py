@@ -122,11 +122,23 @@ def test_the_stream_is_the_api_s_event_sequence(endpoint) -> None:
     assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
 
 
-@pytest.mark.parametrize("echo_reasoning", [True, False])
-def test_reasoning_is_an_item_and_the_echo_still_merges(endpoint, echo_reasoning) -> None:
+@pytest.mark.parametrize(("echo_reasoning", "stream"), [(True, False), (False, False), (True, True)])
+def test_reasoning_is_an_item_and_the_echo_still_merges(endpoint, echo_reasoning, stream) -> None:
     ep = endpoint({"by_instance": {"i-1": [THINK_LS, "Done."]}})
     client = openai_client(ep)
-    first = client.responses.create(model="policy", input=[TASK], tools=TOOLS, include=["reasoning.encrypted_content"])
+    args = {"model": "policy", "input": [TASK], "tools": TOOLS, "include": ["reasoning.encrypted_content"]}
+    if stream:
+        with client.responses.stream(**args) as events:
+            kinds = [e.type for e in events]
+            first = events.get_final_response()
+        assert kinds[2:6] == [
+            "response.output_item.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.output_item.done",
+        ]
+    else:
+        first = client.responses.create(**args)
     reasoning, call = first.output
     assert isinstance(reasoning, ResponseReasoningItem) and isinstance(call, ResponseFunctionToolCall)
     assert reasoning.content[0].text == "\nI should list the files.\n"
