@@ -12,8 +12,10 @@ is a `reasoning` item, and the echoed turn is made whole again (`agents.harness.
 a tool loop merges into one sample. Sampling is the job's: `temperature`, `top_p`, `reasoning`
 and a structured `text.format` are accepted, ignored and counted; `tool_choice` is accepted in
 every form and never forced (a reply without the demanded call counts as `tool_choice_unmet`).
-Hosted tools (web search, file search, ...) and stored server state (`conversation`, `prompt`,
-`item_reference`, `background`) are refused with a 400 naming them: raas serves only the policy.
+Hosted tools (web search, file search, ...) are left out of the prompt and counted as ignored
+(`tools.web_search`: Codex offers it by default); a `namespace` tool's functions are offered and
+their calls name the namespace. Stored server state (`conversation`, `prompt`, `item_reference`,
+`background`) is refused with a 400 naming it: raas keeps only this rollout's responses.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class ResponsesWire:
         `previous_response_id` and its reasoning for the echo."""
         from openai.types.responses import Response, ResponseUsage  # 0.8 s to import: here
 
-        items = self._output(c)
+        items = self._output(c, _namespaces(body.get("tools")))
         history = call.messages[1:] if body.get("instructions") else list(call.messages)
         response = Response(
             id=f"resp_{secrets.token_hex(16)}",
@@ -104,7 +106,7 @@ class ResponsesWire:
             output=items,
             parallel_tool_calls=bool(body.get("parallel_tool_calls", True)),
             tool_choice=body.get("tool_choice") or "auto",
-            tools=body.get("tools") or [],
+            tools=[t for t in body.get("tools") or [] if t.get("type") in ("function", "namespace")],
             previous_response_id=body.get("previous_response_id"),
             max_output_tokens=body.get("max_output_tokens"),
             metadata=body.get("metadata"),
@@ -120,7 +122,7 @@ class ResponsesWire:
             self._histories[response.id] = history + [_reply_message(c)]
         return stream_events(response) if call.stream else response.to_dict(mode="json")
 
-    def _output(self, c: Completion) -> list[Any]:
+    def _output(self, c: Completion, namespaces: dict[str, str]) -> list[Any]:
         """The output items: reasoning, the message, one `function_call` per tool call."""
         from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
 
@@ -148,6 +150,7 @@ class ResponsesWire:
                     name=t.name,
                     arguments=json.dumps(t.arguments, ensure_ascii=False),
                     status="completed",
+                    **({"namespace": namespaces[t.name]} if t.name in namespaces else {}),
                 )
             )
         return items
@@ -251,26 +254,50 @@ def _reply_message(c: Completion) -> dict[str, Any]:
 
 
 def function_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """The request's function tools as the template's schemas; hosted tools are refused by name."""
+    """The request's function tools (a `namespace` tool's too) as the template's schemas.
+
+    Hosted tools (`web_search`, `file_search`, ...) are left out: the policy is offered only
+    what it can call here (Codex sends `web_search` by default; `_ignored` counts them)."""
     if not tools:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise InvalidRequest("tools: a list of tool objects is required")
-    hosted = sorted({str(t.get("type")) for t in tools if t.get("type") != "function"})
-    if hosted:
-        raise InvalidRequest(
-            f"tools: {', '.join(hosted)} tools are not available on this endpoint (it serves the policy "
-            "model only); offer them as function tools"
-        )
     out = []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style too
+    for i, (fn, _) in enumerate(_functions(tools)):
         if not isinstance(fn.get("name"), str):
             raise InvalidRequest(f"tools[{i}]: a function tool needs a name")
         schema = {"name": fn["name"], "description": fn.get("description") or ""}
         schema["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
         out.append({"type": "function", "function": schema})
-    return out
+    return out or None
+
+
+def _functions(tools: list[Any]) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """(function, its namespace) of every function tool, in order; chat-style ones too."""
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("type") == "function":
+            yield (tool["function"] if isinstance(tool.get("function"), dict) else tool), None
+        elif tool.get("type") == "namespace":
+            for inner in tool.get("tools") or []:
+                if isinstance(inner, dict) and inner.get("type") == "function":
+                    yield inner, str(tool.get("name"))
+
+
+def _hosted(tools: Any) -> list[str]:
+    """The hosted tools of a request, as `tools.<type>` (ignored and counted)."""
+    if not isinstance(tools, list):
+        return []
+    kinds = {str(t.get("type")) for t in tools if isinstance(t, dict)} - {"function", "namespace"}
+    return [f"tools.{kind}" for kind in sorted(kinds)]
+
+
+def _namespaces(tools: Any) -> dict[str, str]:
+    """Function name -> the `namespace` tool it came in (its calls name it, as the API's do)."""
+    if not isinstance(tools, list):
+        return {}
+    return {str(fn.get("name")): space for fn, space in _functions(tools) if space is not None}
 
 
 def _tool_choice(choice: Any) -> tuple[bool, str | None]:
@@ -299,7 +326,7 @@ def _max_tokens(value: Any) -> int | None:
 def _ignored(body: dict[str, Any]) -> list[str]:
     ignored = [k for k in IGNORED if body.get(k) is not None]
     fmt = ((body.get("text") or {}).get("format") or {}).get("type", "text")
-    return ignored + (["text.format"] if fmt != "text" else [])
+    return ignored + (["text.format"] if fmt != "text" else []) + _hosted(body.get("tools"))
 
 
 def _id(prefix: str) -> str:

@@ -4,8 +4,12 @@ the inference server; the real SmolLM2 tokenizer)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import openai
@@ -185,13 +189,25 @@ def test_tool_choice_is_accepted_never_forced_and_counted(endpoint) -> None:
     assert ep.counters.failed_calls == 0 and ep.counters.merges == 3
 
 
-def test_hosted_tools_and_stored_state_are_refused_by_name(endpoint) -> None:
+def test_hosted_tools_are_left_out_and_namespaced_functions_offered(endpoint) -> None:
+    """As Codex sends them: `web_search` (the policy cannot call it here: left out, counted) and
+    a `namespace` tool whose functions are offered and whose calls name the namespace."""
+    ep = endpoint({"default": [CALL_LS]})
+    spaced = {"type": "namespace", "name": "shell_tools", "description": "Shell.", "tools": [{**TOOLS[0]}]}
+    raw = openai_client(ep).responses.with_raw_response.create(
+        model="policy", input="hi", tools=[spaced, {"type": "web_search"}, {"type": "file_search"}]
+    )
+    assert raw.headers["x-raas-ignored-params"] == "tools.file_search,tools.web_search"
+    call = raw.parse().output[0]
+    assert call.type == "function_call" and call.name == "bash" and call.namespace == "shell_tools"
+    assert ep.result("completed", None).extra["tools"] == [
+        {"type": "function", "function": {k: TOOLS[0][k] for k in ("name", "description", "parameters")}}
+    ]
+
+
+def test_stored_state_and_images_are_refused_by_name(endpoint) -> None:
     ep = endpoint(SCRIPT)
     client = openai_client(ep)
-    with pytest.raises(openai.BadRequestError, match="file_search, web_search tools are not available"):
-        client.responses.create(
-            model="policy", input="hi", tools=[*TOOLS, {"type": "web_search"}, {"type": "file_search"}]
-        )
     with pytest.raises(openai.BadRequestError, match="item_reference"):
         client.responses.create(model="policy", input=[TASK, {"type": "item_reference", "id": "msg_1"}])
     with pytest.raises(openai.BadRequestError, match="conversation"):
@@ -201,7 +217,7 @@ def test_hosted_tools_and_stored_state_are_refused_by_name(endpoint) -> None:
             model="policy",
             input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}],
         )
-    assert ep.counters.calls == 4 and ep.counters.errors == {"invalid_request": 4}
+    assert ep.counters.calls == 3 and ep.counters.errors == {"invalid_request": 3}
 
 
 def test_sampling_fields_are_ignored_and_max_output_tokens_cuts(endpoint) -> None:
@@ -268,3 +284,60 @@ def test_an_openai_agents_sdk_agent_runs_its_tool_loop_as_one_sample(
     assert ep.counters.tool_calls == 2 and ep.counters.failed_calls == 0
     assert [t["extra"]["stream"] for t in recorded(ep)] == [stream] * 3
     assert_one_sample(ep, 3)
+
+
+@pytest.fixture(scope="session")
+def codex_cli(tmp_path_factory) -> Path:
+    """Codex CLI from npm (`@openai/codex`: its Rust binary inside the package)."""
+    root = tmp_path_factory.mktemp("codex")
+    npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(root), "@openai/codex"]
+    subprocess.run(npm, check=True, capture_output=True, timeout=600)
+    return root / "node_modules" / ".bin" / "codex"
+
+
+@contextlib.contextmanager
+def loopback_relay(socket_path: str):
+    """The sandbox's loopback relay (`sandbox/toolserver/relay.py`) in a thread: Codex speaks
+    HTTP over TCP only. Yields the port."""
+    from sandbox.toolserver.relay import serve
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            serve(listener, socket_path)
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+@pytest.mark.slow
+def test_codex_cli_runs_a_tool_loop_as_one_sample(endpoint, codex_cli, tmp_path) -> None:
+    """`codex exec`, unmodified, with a model provider on the endpoint (wire_api responses):
+    its streamed requests, its default tools (`web_search` and a `namespace` tool among them)."""
+    call = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat a.txt"}}\n</tool_call>'
+    ep = endpoint({"default": [call, "The file says hello."]}, max_model_len=32768)
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "a.txt").write_text("hello\n")
+    with loopback_relay(ep.socket_path) as port:
+        (home / "config.toml").write_text(
+            'model = "raas-policy"\nmodel_provider = "raas"\n[model_providers.raas]\nname = "raas"\n'
+            f'base_url = "http://127.0.0.1:{port}/v1"\nenv_key = "RAAS_KEY"\nwire_api = "responses"\n'
+        )
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CODEX_HOME": str(home), "RAAS_KEY": ep.token}
+        prompt = "Task i-1: what does a.txt say?"
+        args = [str(codex_cli), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]
+        done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("The file says hello.")
+    counters = ep.counters
+    assert counters.calls == 2 and counters.tool_calls == 1 and counters.failed_calls == 0
+    assert counters.ignored_params.get("tools.web_search") == 2
+    turns = recorded(ep)
+    assert [t["extra"]["api"] for t in turns] == ["responses"] * 2 and all(t["extra"]["stream"] for t in turns)
+    assert_one_sample(ep, 2)
