@@ -7,7 +7,8 @@ What the Gemini CLI and `google-genai` clients send: `contents` (role `user` / `
 (AUTO / ANY / NONE with `allowedFunctionNames`: accepted, never forced; a reply without the
 demanded call counts as `tool_choice_unmet`) and `generationConfig` (`maxOutputTokens` caps the
 call; sampling fields, `stopSequences`, `thinkingConfig` and structured output are the job's:
-accepted, ignored and counted). The path's prefix is whatever the client's base URL makes of it
+accepted, ignored and counted; so are Google's own tools, `googleSearch` and the like, which
+are left out of the prompt). The path's prefix is whatever the client's base URL makes of it
 (`/v1beta/models/...`, `/v1/models/...`, `/models/...`): the route matches on `models/{model}:`.
 Streaming is `?alt=sse` (`data: {...}` chunks) or, without it, one JSON array of the chunks.
 
@@ -106,7 +107,7 @@ class GoogleRoute:
             parse_tools=parse_tools,
             max_tokens=_max_tokens(_f(config, "maxOutputTokens")),
             stream=self.stream and self.sse,  # SSE; a plain stream is one JSON answer
-            ignored=_ignored(config),
+            ignored=_ignored(config, body.get("tools")),
             demanded_tool=demanded,
         )
 
@@ -233,17 +234,13 @@ def _result(response: Any, where: str) -> dict[str, Any]:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    """`functionDeclarations` as the template's function schemas; other tools are refused by name."""
+    """`functionDeclarations` as the template's function schemas. Google's own tools
+    (`googleSearch`, `codeExecution`, ...) are left out: the policy is offered only what it can
+    call here (`_hosted` counts them as ignored)."""
     if not tools:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise InvalidRequest("tools: a list of tool objects is required")
-    hosted = sorted({k for t in tools for k in t if k not in ("functionDeclarations", "function_declarations")})
-    if hosted:
-        raise InvalidRequest(
-            f"tools: {', '.join(hosted)} tools are not available on this endpoint (it serves the policy "
-            "model only); declare them as functionDeclarations"
-        )
     out = []
     for i, decl in enumerate(d for t in tools for d in _f(t, "functionDeclarations") or []):
         if not isinstance(decl, dict) or not isinstance(decl.get("name"), str):
@@ -296,10 +293,18 @@ def _max_tokens(value: Any) -> int | None:
     return value
 
 
-def _ignored(config: dict[str, Any]) -> list[str]:
+def _ignored(config: dict[str, Any], tools: Any) -> list[str]:
     ignored = [k for k in IGNORED if _f(config, k) is not None]
     mime = _f(config, "responseMimeType")
-    return ignored + (["responseMimeType"] if mime not in (None, "text/plain") else [])
+    return ignored + (["responseMimeType"] if mime not in (None, "text/plain") else []) + _hosted(tools)
+
+
+def _hosted(tools: Any) -> list[str]:
+    """Google's own tools in a request, as `tools.<kind>` (camelCase)."""
+    if not isinstance(tools, list):
+        return []
+    kinds = {k for t in tools if isinstance(t, dict) for k in t} - {"functionDeclarations", "function_declarations"}
+    return sorted(f"tools.{re.sub(r'_([a-z])', lambda m: m[1].upper(), k)}" for k in kinds)
 
 
 def error_body(exc: CallError) -> dict[str, Any]:

@@ -229,15 +229,10 @@ def test_generation_config_max_tokens_cuts_and_sampling_is_ignored(endpoint) -> 
 def test_refusals_name_the_field_in_google_s_error_shape(endpoint) -> None:
     ep = endpoint(SCRIPT, max_model_len=256)
     client = google_client(ep)
-    search = types.Tool(google_search=types.GoogleSearch())
-    with pytest.raises(errors.ClientError, match="googleSearch tools are not available") as caught:
-        client.models.generate_content(
-            model="gemini-x", contents="hi", config=types.GenerateContentConfig(tools=[search])
-        )
-    assert caught.value.code == 400 and caught.value.status == "INVALID_ARGUMENT"
     image = types.Part(inline_data=types.Blob(mime_type="image/png", data=b"\x89PNG"))
-    with pytest.raises(errors.ClientError, match="inlineData"):
+    with pytest.raises(errors.ClientError, match="inlineData") as caught:
         client.models.generate_content(model="gemini-x", contents=[types.Content(role="user", parts=[image])])
+    assert caught.value.code == 400 and caught.value.status == "INVALID_ARGUMENT"
     with pytest.raises(errors.ClientError, match="candidateCount"):
         client.models.generate_content(
             model="gemini-x", contents="hi", config=types.GenerateContentConfig(candidate_count=2)
@@ -246,4 +241,14 @@ def test_refusals_name_the_field_in_google_s_error_shape(endpoint) -> None:
         errors.ClientError, match=r"The input token count \(\d+\) exceeds the maximum number of tokens allowed \(256\)"
     ):
         client.models.generate_content(model="gemini-x", contents="Task i-1: " + "very long text " * 200)
-    assert ep.counters.errors == {"invalid_request": 3, "context_length_exceeded": 1}
+    assert ep.counters.errors == {"invalid_request": 2, "context_length_exceeded": 1}
+
+
+def test_google_s_own_tools_are_left_out_and_counted(endpoint) -> None:
+    ep = endpoint({"default": ["Hello."]})
+    tools = [types.Tool(google_search=types.GoogleSearch()), types.Tool(function_declarations=[BASH])]
+    response = google_client(ep).models.generate_content(
+        model="gemini-x", contents="hi", config=types.GenerateContentConfig(tools=tools)
+    )
+    assert response.text == "Hello." and ep.counters.ignored_params == {"tools.googleSearch": 1}
+    assert [t["function"]["name"] for t in ep.result("completed", None).extra["tools"]] == ["bash"]
