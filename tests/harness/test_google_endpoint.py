@@ -6,12 +6,15 @@ forbid unknown fields."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from google import genai
 from google.genai import errors, types
 
-from tests.harness.conftest import ids_of, recorded, uds_client
+from tests.harness.conftest import ids_of, loopback_relay, npm_install, recorded, uds_client
 
 END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
@@ -252,3 +255,45 @@ def test_google_s_own_tools_are_left_out_and_counted(endpoint) -> None:
     )
     assert response.text == "Hello." and ep.counters.ignored_params == {"tools.googleSearch": 1}
     assert [t["function"]["name"] for t in ep.result("completed", None).extra["tools"]] == ["bash"]
+
+
+@pytest.fixture(scope="session")
+def gemini_cli(tmp_path_factory) -> Path:
+    """The Gemini CLI from npm (`@google/gemini-cli`)."""
+    return npm_install(tmp_path_factory.mktemp("gemini"), "@google/gemini-cli", "gemini")
+
+
+@pytest.mark.slow
+def test_the_gemini_cli_runs_a_tool_loop_as_one_sample(endpoint, gemini_cli, tmp_path) -> None:
+    """`gemini -p`, unmodified, its base URL on the endpoint: it streams (`?alt=sse`), asks for
+    thoughts and keeps none in its history; the turn is made whole again and merges."""
+    think = "<think>\nLet me look.\n</think>\n\n"
+    call = '<tool_call>\n{"name": "run_shell_command", "arguments": {"command": "cat a.txt"}}\n</tool_call>'
+    ep = endpoint({"default": [think + call, "The file says hello."]}, max_model_len=32768)
+    settings = {
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "general": {"disableAutoUpdate": True},
+    }
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text(json.dumps(settings))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("hello\n")
+    with loopback_relay(ep.socket_path) as port:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "GEMINI_API_KEY": ep.token,
+            "GOOGLE_GEMINI_BASE_URL": f"http://127.0.0.1:{port}",
+        }
+        args = [str(gemini_cli), "-p", "Task i-1: what does a.txt say?", "--yolo", "-m", "gemini-2.5-flash"]
+        done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("The file says hello.")
+    counters = ep.counters
+    assert counters.calls == 2 and counters.tool_calls == 1 and counters.failed_calls == 0
+    turns = recorded(ep)
+    assert [t["extra"]["api"] for t in turns] == ["google"] * 2 and all(t["extra"]["stream"] for t in turns)
+    assert turns[0]["text"].startswith(think)
+    assert_one_sample(ep, 2)

@@ -4,19 +4,16 @@ the inference server; the real SmolLM2 tokenizer)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import openai
 import pytest
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
 
-from tests.harness.conftest import ids_of, openai_client, recorded
+from tests.harness.conftest import ids_of, loopback_relay, npm_install, openai_client, recorded
 
 END = 2
 CALL_LS = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
@@ -289,29 +286,7 @@ def test_an_openai_agents_sdk_agent_runs_its_tool_loop_as_one_sample(
 @pytest.fixture(scope="session")
 def codex_cli(tmp_path_factory) -> Path:
     """Codex CLI from npm (`@openai/codex`: its Rust binary inside the package)."""
-    root = tmp_path_factory.mktemp("codex")
-    npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(root), "@openai/codex"]
-    subprocess.run(npm, check=True, capture_output=True, timeout=600)
-    return root / "node_modules" / ".bin" / "codex"
-
-
-@contextlib.contextmanager
-def loopback_relay(socket_path: str):
-    """The sandbox's loopback relay (`sandbox/toolserver/relay.py`) in a thread: Codex speaks
-    HTTP over TCP only. Yields the port."""
-    from sandbox.toolserver.relay import serve
-
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def run() -> None:
-        with contextlib.suppress(OSError):  # the listener closed: the test is over
-            serve(listener, socket_path)
-
-    threading.Thread(target=run, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        listener.close()
+    return npm_install(tmp_path_factory.mktemp("codex"), "@openai/codex", "codex")
 
 
 @pytest.mark.slow
