@@ -21,6 +21,7 @@ their calls name the namespace. Stored server state (`conversation`, `prompt`, `
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
@@ -32,6 +33,8 @@ from agents.harness.calls import CallRequest, Completion
 from agents.harness.messages import check_messages, content_text
 from agents.harness.reasoning import Echoes, split_reasoning
 from core.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
 
 IGNORED = ("temperature", "top_p", "top_logprobs", "reasoning")
 REFUSED = {
@@ -90,37 +93,38 @@ class ResponsesWire:
     def answer(self, call: CallRequest, c: Completion, body: dict[str, Any], model: str) -> Any:
         """The `Response` (JSON) or its SSE events; the response is remembered for
         `previous_response_id` and its reasoning for the echo."""
-        from openai.types.responses import Response, ResponseUsage  # 0.8 s to import: here
-
-        items = self._output(c, _namespaces(body.get("tools")))
+        response = self._response(c, body, model)
         history = call.messages[1:] if body.get("instructions") else list(call.messages)
-        response = Response(
-            id=f"resp_{secrets.token_hex(16)}",
-            object="response",
-            created_at=time.time(),
-            model=model,
-            status=_STATUS.get(c.finish, "completed"),
-            incomplete_details={"reason": "max_output_tokens"} if c.finish == "length" else None,
-            error=None,
-            instructions=body.get("instructions"),
-            output=items,
-            parallel_tool_calls=bool(body.get("parallel_tool_calls", True)),
-            tool_choice=body.get("tool_choice") or "auto",
-            tools=[t for t in body.get("tools") or [] if t.get("type") in ("function", "namespace")],
-            previous_response_id=body.get("previous_response_id"),
-            max_output_tokens=body.get("max_output_tokens"),
-            metadata=body.get("metadata"),
-            usage=ResponseUsage(
-                input_tokens=c.prompt_tokens,
-                input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
-                output_tokens=c.completion_tokens,
-                output_tokens_details={"reasoning_tokens": 0},
-                total_tokens=c.prompt_tokens + c.completion_tokens,
-            ),
-        )
         with self._guard:
             self._histories[response.id] = history + [_reply_message(c)]
         return stream_events(response) if call.stream else response.to_dict(mode="json")
+
+    def _response(self, c: Completion, body: dict[str, Any], model: str) -> Any:
+        from openai.types.responses import Response  # 0.8 s to import: on first use only
+        from pydantic import ValidationError
+
+        core = {
+            "id": f"resp_{secrets.token_hex(16)}",
+            "object": "response",
+            "created_at": time.time(),
+            "model": model,
+            "status": _STATUS.get(c.finish, "completed"),
+            "incomplete_details": {"reason": "max_output_tokens"} if c.finish == "length" else None,
+            "error": None,
+            "output": self._output(c, _namespaces(body.get("tools"))),
+            "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": _usage(c),
+        }
+        echo = {k: body.get(k) for k in ("instructions", "previous_response_id", "max_output_tokens", "metadata")}
+        echo["tool_choice"] = body.get("tool_choice") or "auto"
+        echo["tools"] = [t for t in body.get("tools") or [] if t.get("type") in ("function", "namespace")]
+        try:
+            return Response(**{**core, **echo})
+        except ValidationError as exc:  # an echoed field the SDK's type refuses: the reply without echoes
+            log.warning("responses: request fields not echoed (%s)", exc.errors()[0].get("loc"))
+            return Response(**core)
 
     def _output(self, c: Completion, namespaces: dict[str, str]) -> list[Any]:
         """The output items: reasoning, the message, one `function_call` per tool call."""
@@ -224,6 +228,16 @@ class _Conversation:
             message["tool_calls"] = self._calls
         self.messages.append(message)
         self._reasoning, self._texts, self._calls, self._open = None, [], [], False
+
+
+def _usage(c: Completion) -> dict[str, Any]:
+    return {
+        "input_tokens": c.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": c.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    }
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:

@@ -238,6 +238,8 @@ def test_sampling_fields_are_ignored_and_max_output_tokens_cuts(endpoint) -> Non
     assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
     assert reply.usage.output_tokens == 3 and reply.metadata == {"k": "v"} and reply.parallel_tool_calls is False
     assert recorded(ep)[0]["finish_reason"] == "turn_length"
+    odd = openai_client(ep).responses.create(model="policy", input="Task: count", metadata={"k": 1})
+    assert odd.status == "completed" and odd.metadata is None  # an echo its type refuses is left out
 
 
 def test_context_overflow_is_the_api_s_error(endpoint) -> None:
