@@ -3,8 +3,8 @@ endpoint's Unix socket (the LLM simulator, a named fake, as the inference server
 SmolLM2 tokenizer). Every reply is also validated against `google.genai.types`, whose models
 forbid unknown fields."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: older google-genai releases read a tool function's
+# annotations as types (automatic function calling).
 import json
 import os
 import subprocess
@@ -121,7 +121,8 @@ def test_automatic_function_calling_merges_too(endpoint) -> None:
         ran.append(cmd)
         return f"ran {cmd}"
 
-    chat = google_client(ep).chats.create(
+    client = google_client(ep)  # held: a collected client closes its httpx client
+    chat = client.chats.create(
         model="gemini-x", config=types.GenerateContentConfig(system_instruction=SYSTEM, tools=[bash])
     )
     reply = chat.send_message("Task i-1: fix it.")
@@ -175,7 +176,8 @@ def test_the_routes_a_base_url_makes_and_both_auths(endpoint, http) -> None:
     client = genai.Client(api_key=ep.token, http_options=types.HttpOptions(**options))
     assert client.models.generate_content(model="gemini-x", contents="hi").text == "Hello."
     with pytest.raises(errors.ClientError) as caught:
-        google_client(ep, token="not-the-token").models.generate_content(model="gemini-x", contents="hi")
+        stranger = google_client(ep, token="not-the-token")
+        stranger.models.generate_content(model="gemini-x", contents="hi")
     assert caught.value.code == 401 and caught.value.status == "UNAUTHENTICATED"
     keyed = uds_client(ep).post(
         f"http://rollout/v1beta/models/gemini-x:generateContent?key={ep.token}",
@@ -216,7 +218,8 @@ def test_tool_config_is_accepted_never_forced_and_counted(endpoint) -> None:
 
 def test_generation_config_max_tokens_cuts_and_sampling_is_ignored(endpoint) -> None:
     ep = endpoint({"default": ["one two three four five six seven eight"]})
-    response = google_client(ep).models.generate_content(
+    client = google_client(ep)
+    response = client.models.generate_content(
         model="gemini-x",
         contents="Task: count",
         config=types.GenerateContentConfig(
@@ -250,7 +253,8 @@ def test_refusals_name_the_field_in_google_s_error_shape(endpoint) -> None:
 def test_google_s_own_tools_are_left_out_and_counted(endpoint) -> None:
     ep = endpoint({"default": ["Hello."]})
     tools = [types.Tool(google_search=types.GoogleSearch()), types.Tool(function_declarations=[BASH])]
-    response = google_client(ep).models.generate_content(
+    client = google_client(ep)
+    response = client.models.generate_content(
         model="gemini-x", contents="hi", config=types.GenerateContentConfig(tools=tools)
     )
     assert response.text == "Hello." and ep.counters.ignored_params == {"tools.googleSearch": 1}
