@@ -42,7 +42,6 @@ REFUSED = {
     "conversation": "stored conversations are not kept; send the whole input (store: false)",
     "prompt": "stored prompt templates are not available; send instructions and input",
 }
-_ASSISTANT_ITEMS = ("reasoning", "function_call")
 _STATUS = {"length": "incomplete"}
 
 
