@@ -15,12 +15,14 @@ and `metrics.truncated` for overlong filtering or shaping.
 | `max_turns` | - | yes | `limits.max_turns` (or the handler's) turns were taken | `completed` |
 | `stale` | - | yes | with `limits.on_stale="stop"`: the turns spanned more than `limits.max_staleness` weight updates | `completed` (metrics.stale) |
 | `no_valid_action` | - | yes | N turns in a row without a valid tool call | `agent_error` |
-| `deadline` | - | yes | the RUN deadline passed | `timeout` |
+| `deadline` | - | yes | the RUN deadline (or a harness's own `timeout`) passed; whose time ran out decides (`agents.time_split`: the agent's own generation and tools or harness work at least half of the charged time) | `agent_error` (reward 0, not graded), else `timeout` |
 | `disk_quota` | - | yes | the workspace outgrew `sandbox.limits.disk_mb`; a watchdog stopped the sandbox | `agent_error` (reward 0) |
 | `oom` | - | yes | the tool server died and the sandbox's memory cgroup recorded an OOM kill | `agent_error` (reward 0) |
 | `tool_server_died` | - | yes | the agent's own processes took its tool server down (e.g. killed it; only possible where tools are not isolated from the server) | `agent_error` (reward 0) |
 | `tool_server_unresponsive` | - | yes | the tool server stopped answering because of the agent: stopped (SIGSTOP) or traced by its processes, or starved by its fork bomb at the pids limit | `agent_error` (reward 0) |
 | `harness_exit` | - | yes | a registered harness (`agent: harness`) exited with a non-zero status or crashed; its artifact is still graded | `agent_error` |
+| `endpoint_refused` | - | yes | a harness exited non-zero or timed out after its endpoint refused a request (an unsupported feature, a malformed body, a wrong route or token): harness and endpoint do not fit, not the policy's doing (`agents/handlers/harness/ending.py`) | `infra_error` (not graded) |
+| `harness_start` | - | yes | a harness exited non-zero or timed out before one model call was answered (it cannot start or hung: the policy never acted) | `infra_error` (not graded) |
 | `cancelled` | - | yes | the job or rollout was cancelled | `cancelled` |
 """
 
@@ -42,6 +44,8 @@ class FinishReason(str, enum.Enum):
     NO_VALID_ACTION = "no_valid_action"
     DEADLINE = "deadline"
     HARNESS_EXIT = "harness_exit"
+    ENDPOINT_REFUSED = "endpoint_refused"
+    HARNESS_START = "harness_start"
     CANCELLED = "cancelled"
     DISK_QUOTA = "disk_quota"
     OOM = "oom"
@@ -58,6 +62,10 @@ SELF_INFLICTED = frozenset(
         FinishReason.TOOL_SERVER_UNRESPONSIVE.value,
     }
 )
+
+
+# The deadline passed while the agent's own actions used the time (`agents.time_split`).
+POLICY_DEADLINE = ("agent_error", FinishReason.DEADLINE.value)
 
 
 # Generation cuts: the turn's text is incomplete, so its tool calls are never executed.

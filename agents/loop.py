@@ -33,6 +33,7 @@ from agents.contexts import RunContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.llm.replay import prompt_digest, replay_turns
+from agents.time_split import SessionClock, TimeSplit
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools
 from core.errors import ResumeError, StageTimeout
 from core.models import Outcome
@@ -59,7 +60,8 @@ class _Episode:
     invalid_tool_calls: int = 0
     parse_errors: int = 0
     invalid_streak: int = 0
-    gen_seconds: float = 0.0
+    gen_seconds: float = 0.0  # the policy's generation (`agents.time_split`)
+    wait_seconds: float = 0.0  # generate calls waiting on the infrastructure
     paused_seconds: float = 0.0  # waited on a paused pool: not the agent's time
     tool_seconds: float = 0.0
     outcome: str = Outcome.COMPLETED.value
@@ -98,13 +100,17 @@ def run_agent_loop(
     if ctx.resume_turns:
         ep = _resumed(ctx, ctx.resume_turns)
     ep.prompt_digest = prompt_digest(ctx.llm.trajectory().prompt_ids)
+    clock = _Clock(ctx, ep)
+    split: TimeSplit | None = None  # as it stood at the deadline, when one passed
     try:
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
             if ep.finish_reason is None:
-                _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns, max_observation_chars)
+                _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns, max_observation_chars, clock)
     except StageTimeout:
-        ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, FinishReason.DEADLINE.value
+        # whose time ran out: the agent's own actions (policy) or infrastructure waits
+        split = clock.split(ctx, ep)
+        ep.outcome, ep.finish_reason = split.deadline_outcome(), FinishReason.DEADLINE.value
     except SandboxError as exc:
         reason = ctx.diagnose(exc)
         if reason is None:
@@ -116,6 +122,7 @@ def run_agent_loop(
     log.info("rollout %s: loop ended after %d turns: %s (%s)", ctx.rollout_id, ep.turns, ep.outcome, ep.finish_reason)
     ctx.settle_turns()  # the last turn too: the loop returns only what the log holds
     result = _result(ctx, ep)
+    result.metrics["time_split"] = (split or clock.split(ctx, ep)).to_metrics()  # the one decided on
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
 
@@ -139,6 +146,36 @@ def run_configured_loop(
         max_invalid_turns=cfg.max_invalid_turns,
         final_answer=final_answer,
     )
+
+
+class _Clock:
+    """This RUN execution's time split: the session's clock and the tools' seconds since
+    the loop started (a resumed RUN counts its own time: its deadline is its own), the
+    elapsed time from the stage's start (its deadline minus the RUN timeout)."""
+
+    def __init__(self, ctx: RunContext, ep: _Episode) -> None:
+        self.started = ctx.deadline - ctx.limits.stage_timeout("run")
+        self.base = SessionClock(ep.gen_seconds, ep.wait_seconds, ep.paused_seconds)
+        self.tools_before = ep.tool_seconds
+
+    def sync(self, ctx: RunContext, ep: _Episode) -> SessionClock:
+        """Bring the episode's generation/waiting/paused counters up to the session's."""
+        now = ctx.llm.clock
+        ep.gen_seconds = self.base.generation + now.generation
+        ep.wait_seconds = self.base.waiting + now.waiting
+        ep.paused_seconds = self.base.paused + now.paused
+        return now
+
+    def split(self, ctx: RunContext, ep: _Episode) -> TimeSplit:
+        """The split of this execution so far (`agents.time_split`)."""
+        now = self.sync(ctx, ep)
+        return TimeSplit(
+            elapsed=time.monotonic() - self.started,
+            generation=now.generation,
+            agent_own=ep.tool_seconds - self.tools_before,
+            waiting=now.waiting,
+            paused=now.paused,
+        )
 
 
 def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
@@ -225,17 +262,15 @@ def _one_turn(
     final_answer: Callable[[str], Any] | None,
     max_invalid_turns: int,
     max_observation_chars: int,
+    clock: _Clock,
 ) -> None:
     """Generate, act, observe and log one turn; sets `ep.finish_reason` when it ends.
 
     The turn is logged last, with the counters as they stand after it (what resume reads).
     """
-    started = time.monotonic()
     gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
-    paused = getattr(gen, "paused_seconds", 0.0)
-    ctx.extend_deadline(paused)  # a weight push paused the pool: the agent's clock stood still
-    ep.paused_seconds += paused
-    ep.gen_seconds += time.monotonic() - started - paused
+    ctx.extend_deadline(getattr(gen, "paused_seconds", 0.0))  # a weight push paused the pool:
+    clock.sync(ctx, ep)  # the agent's clock stood still
     if not gen.token_ids and gen.finish_reason in CUT_TURN:
         ep.finish_reason = gen.finish_reason  # no room left: nothing was generated
         return
@@ -396,6 +431,7 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
         "tool_calls_by_name": ep.tool_names_used,
         "finished": ep.finished,
         "gen_seconds": round(ep.gen_seconds, 4),
+        "wait_seconds": round(ep.wait_seconds, 4),
         "tool_seconds": round(ep.tool_seconds, 4),
         "paused_seconds": round(ep.paused_seconds, 4),
         "response_tokens": len(traj.response_ids),

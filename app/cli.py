@@ -367,6 +367,23 @@ def slurm_write(
     click.echo(f"node job: {cfg.cpus} CPUs, {cfg.mem_mb} MB, {nodes} node(s); sbatch {folder}/node.sbatch")
 
 
+def _declared_pip() -> dict[str, list[str]]:
+    """Environments the handlers and the policy's harness registrations declare: pip packages."""
+    from agents.registry import declared_environments
+    from core.harnesses import harness_environments
+
+    harnesses = harness_environments(load_settings().policy.harnesses.registered)
+    return {name: pip for name, (pip, _) in harnesses.items()} | declared_environments()
+
+
+def _declared_npm() -> dict[str, list[str]]:
+    """... and the harness registrations' npm packages."""
+    from core.harnesses import harness_environments
+
+    harnesses = harness_environments(load_settings().policy.harnesses.registered)
+    return {name: npm for name, (_, npm) in harnesses.items() if npm}
+
+
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.tokens_cli import token_command
@@ -378,10 +395,9 @@ def _register_optional_commands() -> None:
     for command in (submit, results, status, llm, weights):
         main.add_command(command)
     try:
-        from agents.registry import declared_environments
         from sandbox.cli import make_env_command
 
-        main.add_command(make_env_command(declared_environments, lambda: load_settings().envs_root), "env")
+        main.add_command(make_env_command(_declared_pip, lambda: load_settings().envs_root, _declared_npm), "env")
     except ImportError:
         pass
     try:

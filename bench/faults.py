@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 OVERLAY = [
     "tests/faults",
     "tests/private_services.py",
+    "tests/tcp_proxy.py",
     "tests/pipeline_harness.py",
     "fakellm/server.py",
     "fakellm/capacity.py",
@@ -41,6 +42,8 @@ OVERLAY = [
 ]
 COLUMNS = [
     ("finished", "finished"),
+    ("infra_errors", "infra_error"),
+    ("wrong_rewards", "wrong"),
     ("lost", "lost"),
     ("duplicated", "dup"),
     ("leaked", "leaked"),
@@ -70,6 +73,7 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
             report = campaign.run(FAULTS[name])
             figures = report.as_dict()
             figures["leaked"] = report.live_sandboxes_left + report.dirs_left
+            figures["infra_errors"] = report.outcomes.get("infra_error", 0)
             figures["affected_regen_per_rollout"] = (
                 round(report.affected_regenerated / report.affected, 2)
                 if name.startswith("sigkill") and report.affected

@@ -13,8 +13,9 @@ PostgreSQL only: psycopg returns every column type raas reads as the ORM would (
 booleans, JSONB). SQLite keeps SQLAlchemy's path, which converts its stored text (timestamps,
 JSON, booleans) on the way out; both paths return rows with attribute access and `_mapping`.
 
-Errors come out as SQLAlchemy's (`sqlalchemy.exc.OperationalError` for a dropped connection,
-which the stages retry, `tasks.db_retry`), and a connection the driver reports broken is
+Errors come out as SQLAlchemy's (`sqlalchemy.exc.OperationalError` for a dropped or refused
+connection, which the stages retry, `tasks.db_retry`), whether the statement, the pool's
+checkout or the autocommit switch raised them, and a connection the driver reports broken is
 invalidated, as SQLAlchemy does. A column's Python-side default (`created_at`) is filled in
 as SQLAlchemy fills it, and an engine's `before_cursor_execute` listeners (SQL logging,
 tracing) see these statements too. An IN list fixed in the statement (`status IN (...)`)
@@ -175,13 +176,41 @@ def run_alone(engine: Engine, statement: Executable, params: dict[str, Any]) -> 
         with engine.begin() as conn:
             return execute(conn, statement, params)
     compiled = _compile(statement, engine.dialect)
-    fairy = engine.raw_connection()
+    fairy = _checkout(engine, compiled.sql)
     try:
-        fairy.driver_connection.autocommit = True
+        _set_autocommit(engine, fairy, True, compiled.sql)
         try:
             return _run(engine, fairy, compiled, params, fairy.invalidate)
         finally:
             if fairy.is_valid:
-                fairy.driver_connection.autocommit = False
+                _set_autocommit(engine, fairy, False, compiled.sql)
     finally:
         fairy.close()
+
+
+def _checkout(engine: Engine, sql: str) -> Any:
+    """A pooled connection, or SQLAlchemy's error: `engine.raw_connection()` raises the
+    driver's own (`psycopg.OperationalError` for a refused connection), which SQLAlchemy's
+    `Connection` would have wrapped; unwrapped it escaped the stages' retry (issue 40)."""
+    try:
+        return engine.raw_connection()
+    except engine.dialect.loaded_dbapi.Error as exc:
+        raise _wrapped(engine, sql, exc, engine.dialect.is_disconnect(exc, None, None)) from exc
+
+
+def _set_autocommit(engine: Engine, fairy: Any, on: bool, sql: str) -> None:
+    """Switch the pooled connection's autocommit; a connection the server dropped meanwhile
+    says so here first (psycopg: "the connection is closed"): invalidated, SQLAlchemy's error."""
+    try:
+        fairy.driver_connection.autocommit = on
+    except engine.dialect.loaded_dbapi.Error as exc:
+        fairy.info.pop(_CURSOR, None)
+        fairy.invalidate(exc)
+        raise _wrapped(engine, sql, exc, True) from exc
+
+
+def _wrapped(engine: Engine, sql: str, exc: Exception, broken: bool) -> DBAPIError:
+    """The driver's `exc` as SQLAlchemy's exception class for it (OperationalError, ...)."""
+    return DBAPIError.instance(
+        sql, None, exc, engine.dialect.loaded_dbapi.Error, connection_invalidated=broken, dialect=engine.dialect
+    )

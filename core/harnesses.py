@@ -8,7 +8,12 @@ command line, an environment or a variable of its own. The registration says:
 
 - `command`: the argv started in the sandbox (no shell), with placeholders from
   `COMMAND_FIELDS` (`{task_file}`, `{task}`, `{workspace}`, `{model}`, `{answer_file}`);
-- `python_env`: the named environment holding the harness (bound read-only, first on PATH);
+- `python_env`: the named environment holding the harness (bound read-only, first on PATH):
+  a venv with the pip `packages`, plus `npm_packages` installed beside it whose
+  `node_modules/.bin` comes first (harnesses shipped on npm, `sandbox.environments`);
+- `files`: config files written for each rollout (`~/...` in the rollout's writable HOME,
+  `HOME_DIR`, or `/tmp/...`), templated with the `endpoint_env` placeholders; HOME is that
+  folder, outside the workspace, so nothing there is ever part of a diff;
 - `env`: extra variables (operator's), and `endpoint_env`: which variables point the harness at
   its per-rollout model endpoint (`{base_url}` = `http://127.0.0.1:PORT/v1`, `{root_url}` =
   `http://127.0.0.1:PORT`, `{token}` = the attempt's capability token, `{model}`);
@@ -40,10 +45,17 @@ PLAIN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Variables a registration never sets: they change the loader or the interpreter of every
 # process in the sandbox (the same families `core.policy` refuses for jobs).
-_FORBIDDEN_VARS = re.compile(r"^(LD_|PYTHON|BASH_FUNC_)|^(ENV|BASH_ENV|PROMPT_COMMAND|IFS)$")
+_FORBIDDEN_VARS = re.compile(r"^(LD_|PYTHON|BASH_FUNC_)|^(ENV|BASH_ENV|PROMPT_COMMAND|IFS|HOME)$")
+# The rollout's writable HOME inside the sandbox (on the sandbox's own /tmp: per rollout).
+HOME_DIR = "/tmp/raas-home"
+# A placeholder in a `files` template: only `{name}` with a known name is filled; other braces
+# (JSON, TOML) are the file's own.
+_FILE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # The example agent's folder in this checkout (pip installs it into the environment).
 EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
+# The smolagents launcher's folder (a console script that runs smolagents with its defaults).
+SMOLAGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_smolagents")
 DEFAULT_ENDPOINT_ENV = {
     "OPENAI_BASE_URL": "{base_url}",
     "OPENAI_API_KEY": "{token}",
@@ -65,6 +77,28 @@ def _check_fields(text: str, allowed: frozenset[str], where: str) -> None:
     unknown = used - allowed
     if unknown:
         raise ValueError(f"{where}: unknown placeholder(s) {sorted(unknown)} in {text!r}; known: {sorted(allowed)}")
+
+
+def fill_file(template: str, values: dict[str, str]) -> str:
+    """A `files` template with its `{name}` placeholders filled (checked at registration)."""
+    return _FILE_FIELD.sub(lambda match: values[match[1]], template)
+
+
+def file_path(path: str) -> str:
+    """Where a `files` entry is written inside the sandbox (`~` is `HOME_DIR`)."""
+    return HOME_DIR + path[1:] if path.startswith("~/") else path
+
+
+def _check_file(path: str, template: str) -> None:
+    parts = path.split("/")[1:]
+    if not (path.startswith("~/") or path.startswith("/tmp/")) or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"files: {path!r} must be a plain path under ~/ (the rollout's HOME) or /tmp/")
+    unknown = {m for m in _FILE_FIELD.findall(template)} - (COMMAND_FIELDS | ENDPOINT_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"files[{path!r}]: unknown placeholder(s) {sorted(unknown)}; known: "
+            f"{sorted(COMMAND_FIELDS | ENDPOINT_FIELDS)}"
+        )
 
 
 def _check_vars(env: dict[str, str], allowed: frozenset[str], where: str) -> None:
@@ -89,6 +123,15 @@ class HarnessRegistration(BaseModel):
     packages: list[str] = Field(
         default_factory=list,
         description="What `raas env build <python_env>` installs; a node builds it on first use like a handler's",
+    )
+    npm_packages: list[str] = Field(
+        default_factory=list,
+        description="npm packages installed into the same environment; their node_modules/.bin comes first on PATH",
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per-rollout config files: path (~/... in the rollout's HOME, or /tmp/...) -> template "
+        "with the endpoint_env placeholders",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra variables")
     endpoint_env: dict[str, str] = Field(
@@ -128,6 +171,13 @@ class HarnessRegistration(BaseModel):
         _check_vars(value, COMMAND_FIELDS | ENDPOINT_FIELDS, "endpoint_env")
         if not any("{base_url}" in v or "{root_url}" in v for v in value.values()):
             raise ValueError("endpoint_env: no variable gives the harness its endpoint ({base_url} or {root_url})")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        for path, template in value.items():
+            _check_file(path, template)
         return value
 
     @field_validator("task_file")
@@ -195,9 +245,39 @@ ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(
 )
 
 
+SMOLAGENTS = HarnessRegistration(
+    description="smolagents (PyPI `smolagents`), unmodified: `ToolCallingAgent` + `OpenAIServerModel` "
+    "with all their defaults (tool_choice required, its stop strings, final_answer) and one bash "
+    "tool, started by examples/harness_smolagents",
+    command=["raas-smolagents", "--task-file", "{task_file}", "--model", "{model}"],
+    python_env="smolagents",
+    packages=["smolagents", "openai", "pytest", SMOLAGENTS_LAUNCHER],
+    tasks=["swe", "math", "code"],
+    timeout=1800.0,
+)
+
+
 def default_harnesses() -> dict[str, HarnessRegistration]:
-    """The registrations shipped as examples (an operator's policy replaces them)."""
-    return {"mini-swe-agent": MINI_SWE_AGENT, "openai-agent": OPENAI_AGENT, "anthropic-agent": ANTHROPIC_AGENT}
+    """The registrations shipped as examples and presets (an operator's policy replaces them)."""
+    from core.harness_presets import PRESETS
+
+    return {
+        "mini-swe-agent": MINI_SWE_AGENT,
+        "openai-agent": OPENAI_AGENT,
+        "anthropic-agent": ANTHROPIC_AGENT,
+        "smolagents": SMOLAGENTS,
+        **{name: HarnessRegistration(**fields) for name, fields in PRESETS.items()},
+    }
+
+
+def harness_environments(registered: dict[str, HarnessRegistration]) -> dict[str, tuple[list[str], list[str]]]:
+    """Environment name -> (pip packages, npm packages) the registrations declare (the first
+    registration naming an environment with packages decides)."""
+    found: dict[str, tuple[list[str], list[str]]] = {}
+    for harness in registered.values():
+        if harness.python_env and (harness.packages or harness.npm_packages):
+            found.setdefault(harness.python_env, (list(harness.packages), list(harness.npm_packages)))
+    return found
 
 
 class HarnessPolicy(BaseModel):

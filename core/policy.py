@@ -168,6 +168,7 @@ class Policy(_Strict):
         data["llm"].pop("templates_dir")
         for harness in data["harnesses"]["registered"].values():  # names, not values
             harness["env"] = sorted(harness["env"])
+            harness["files"] = sorted(harness["files"])  # paths, not their text
         return data
 
 

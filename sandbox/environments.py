@@ -1,7 +1,16 @@
-"""Named Python environments: venvs of the system interpreter, bound read-only into sandboxes.
+"""Named sandbox environments: venvs of the system interpreter, with npm packages beside them
+when asked, bound read-only into sandboxes.
 
 A venv's scripts carry absolute paths, so an environment is built at its final path on the
-host and bound at that same path inside the sandbox.
+host and bound at that same path inside the sandbox. npm packages (harnesses shipped on npm:
+Claude Code, Codex, ...) go into the same folder (`npm install --prefix`): their
+`node_modules/.bin` comes first on the sandbox's PATH (`sandbox.inside.sandbox_env`) and runs
+on the system node (/usr is bound into every sandbox). Platform binaries that a package ships
+as optional dependencies (`@openai/codex-linux-x64`, ...) are installed for the building host.
+
+Offline: `npm_cache` is npm's own content cache (`npm install --cache DIR`); a build with
+`offline` installs from it alone (`--offline`). Fill it on a host with the registry (any build
+with the same cache), then build on nodes without one from the copied or shared cache.
 
 On a cluster the environments live in a *shared* root (`raas env build NAME --shared --root
 DIR` on a login node, which has the internet or the site's wheelhouse): the root is marked
@@ -49,12 +58,15 @@ def is_shared_root(root: str | os.PathLike) -> bool:
     return base.is_dir() and not os.access(base, os.W_OK)
 
 
-def build_command(name: str, packages: Sequence[str], root: str | os.PathLike, shared: bool = True) -> str:
+def build_command(
+    name: str, packages: Sequence[str], root: str | os.PathLike, shared: bool = True, npm: Sequence[str] = ()
+) -> str:
     """The command that builds `name` into `root` (for error messages)."""
     words = [
         "raas env build",
         name,
         *(f"--package {p}" for p in packages),
+        *(f"--npm {p}" for p in npm),
         *(["--shared"] if shared else []),
         f"--root {root}",
     ]
@@ -82,7 +94,11 @@ def is_built(name: str, root: str | os.PathLike = DEFAULT_ENVS_ROOT) -> bool:
 
 
 def ensure_environment(
-    name: str, packages: list[str], root: str | os.PathLike = DEFAULT_ENVS_ROOT, python: str = SYSTEM_PYTHON
+    name: str,
+    packages: list[str],
+    root: str | os.PathLike = DEFAULT_ENVS_ROOT,
+    python: str = SYSTEM_PYTHON,
+    npm: Sequence[str] = (),
 ) -> bool:
     """Build `name` with `packages` unless it is built already; True if this call built it.
 
@@ -95,22 +111,23 @@ def ensure_environment(
         raise EnvironmentMissing(
             f"sandbox environment {name!r} is not built in the shared environment root "
             f"{Path(root).resolve()}, and compute nodes never build there; build it once on a "
-            f"login node: `{build_command(name, packages, Path(root).resolve())}`",
+            f"login node: `{build_command(name, packages, Path(root).resolve(), npm=npm)}`",
             name=name,
         )
     log.info(
         "building sandbox environment %r (%s) on first use; this takes a minute",
         name,
-        " ".join(packages) or "no packages",
+        " ".join([*packages, *npm]) or "no packages",
     )
     started = time.monotonic()
-    target = build_environment(name, packages, root=root, python=python)
+    target = build_environment(name, packages, root=root, python=python, npm=npm)
     log.info("sandbox environment %r ready at %s (%.0f s)", name, target, time.monotonic() - started)
     return True
 
 
-def _manifest(packages: list[str], python: str) -> dict:
-    return {"packages": sorted(packages), "python": python}
+def _manifest(packages: Sequence[str], python: str, npm: Sequence[str] = ()) -> dict:
+    """What an environment was built from (a Python-only one's manifest has no `npm`)."""
+    return {"packages": sorted(packages), "python": python, **({"npm": sorted(npm)} if npm else {})}
 
 
 def build_environment(
@@ -121,18 +138,22 @@ def build_environment(
     find_links: Sequence[str] = (),
     no_index: bool = False,
     shared: bool = False,
+    npm: Sequence[str] = (),
+    npm_cache: str | os.PathLike | None = None,
 ) -> Path:
-    """Create `root/name` as a venv with `packages`; a no-op when built with the same list.
+    """Create `root/name` as a venv with `packages` (pip) and `npm` packages; a no-op when
+    built with the same lists.
 
     `find_links`/`no_index` install from a local wheelhouse (sites whose compute or login
-    nodes reach no package index); `shared` marks the root as one that nodes only read.
+    nodes reach no package index), and `no_index` makes npm install from `npm_cache` alone;
+    `shared` marks the root as one that nodes only read.
     """
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"bad environment name {name!r}")
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
     target = base / name
-    wanted = _manifest(packages, python)
+    wanted = _manifest(packages, python, npm)
     if shared:
         (base / SHARED_MARK).write_text("compute nodes use these environments read-only\n")
     lock = _shared_lock if shared or is_shared_root(base) else _node_lock
@@ -143,6 +164,8 @@ def build_environment(
         subprocess.run([python, "-m", "venv", str(target)], check=True, capture_output=True)
         if packages:
             _pip_install(target, packages, find_links, no_index)
+        if npm:
+            _npm_install(target, npm, npm_cache, offline=no_index)
         (target / MANIFEST).write_text(json.dumps(wanted))
     return target
 
@@ -163,6 +186,36 @@ def _pip_install(target: Path, packages: Sequence[str], find_links: Sequence[str
     if result.returncode:
         shutil.rmtree(target, ignore_errors=True)
         raise RuntimeError(f"pip install {list(packages)} failed: {result.stderr[-2000:]}")
+
+
+def npm_command(
+    target: Path, packages: Sequence[str], cache: str | os.PathLike | None = None, offline: bool = False
+) -> list[str]:
+    """`npm install` of `packages` into `target` (its `node_modules`), for the building host."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is not on PATH: install Node.js (20 or newer) to build npm environments")
+    return [
+        npm,
+        "install",
+        "--prefix",
+        str(target),
+        "--no-audit",
+        "--no-fund",
+        "--no-update-notifier",
+        "--omit=dev",
+        "--loglevel=error",
+        *([f"--cache={Path(cache).resolve()}"] if cache else []),
+        *(["--offline"] if offline else []),
+        *packages,
+    ]
+
+
+def _npm_install(target: Path, packages: Sequence[str], cache: str | os.PathLike | None, offline: bool) -> None:
+    result = subprocess.run(npm_command(target, packages, cache, offline), capture_output=True, text=True)
+    if result.returncode:
+        shutil.rmtree(target, ignore_errors=True)
+        raise RuntimeError(f"npm install {list(packages)} failed: {result.stderr[-2000:]}")
 
 
 @contextlib.contextmanager

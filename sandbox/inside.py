@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -21,6 +22,8 @@ SOCKET_DIR = "/run/raas"
 # port of the sandbox's own network namespace to the socket in it.
 ENDPOINT_DIR = "/run/raas-model"
 ENDPOINT_SOCKET = "model.sock"
+# The programs of an environment's npm packages (`sandbox.environments`), bound with it.
+NODE_BIN = "node_modules/.bin"
 SYSTEM_PYTHON = "/usr/bin/python3"  # what runs the tool server inside a bwrap sandbox
 
 log = logging.getLogger(__name__)
@@ -66,5 +69,7 @@ def sandbox_env(spec: SandboxSpec, env_dir: str | None) -> dict[str, str]:
     }
     if env_dir:
         env.update(PATH=f"{env_dir}/bin:{path}", VIRTUAL_ENV=env_dir)
+        if os.path.isdir(f"{env_dir}/{NODE_BIN}"):  # an environment with npm packages: theirs first
+            env.update(PATH=f"{env_dir}/{NODE_BIN}:{env['PATH']}")
     env.update(spec.env)
     return env

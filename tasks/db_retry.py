@@ -10,6 +10,10 @@ shorter than the lease then costs the in-flight rollouts nothing, and one longer
 is what the reaper's lost-lease rules are for anyway. Outside a worker (gateway, reaper, tests)
 the budget is 0 and nothing is retried.
 
+Whichever layer raises the error counts: SQLAlchemy's wrapped exceptions and the driver's own
+(`DRIVER_DISCONNECTS`), since the hot path's statements check connections out of the pool
+themselves (`core.driver_statements`).
+
 A write whose commit reached the server but whose reply was lost is retried too; each one is
 fenced so a second try is harmless (`record_turn` finds its own row, `advance` sees its own
 hand-off, `finish`/`retry`/`resume` find the lease gone and report False). The heartbeat is not
@@ -24,9 +28,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import sqlite3
+
+import psycopg
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 log = logging.getLogger(__name__)
+# A driver's own error for a lost, refused or busy connection, should one reach a stage
+# unwrapped (`core.driver_statements` wraps what it raises; issue 40 was one that did not).
+DRIVER_DISCONNECTS: tuple[type[Exception], ...] = (psycopg.OperationalError, sqlite3.OperationalError)
+DATABASE_ERRORS = (DBAPIError, *DRIVER_DISCONNECTS)
 F = TypeVar("F", bound=Callable[..., Any])
 FIRST_WAIT = 0.1
 MAX_WAIT = 2.0
@@ -41,7 +52,9 @@ def configure(budget: float) -> None:
 
 def is_disconnect(exc: BaseException) -> bool:
     """True for a lost or refused database connection (worth another try), not a bad query."""
-    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and bool(exc.connection_invalidated))
+    return isinstance(exc, (OperationalError, *DRIVER_DISCONNECTS)) or (
+        isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    )
 
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -51,7 +64,7 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     while True:
         try:
             return fn(*args, **kwargs)
-        except DBAPIError as exc:
+        except DATABASE_ERRORS as exc:
             tries += 1
             if not is_disconnect(exc) or time.monotonic() + wait > deadline:
                 raise

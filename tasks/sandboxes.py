@@ -145,18 +145,13 @@ def ensure_declared_environment(settings: Settings, name: str | None) -> None:
     from agents.registry import declared_environments
     from sandbox.environments import ensure_environment
 
-    packages = declared_environments().get(name)
+    packages, npm = declared_environments().get(name), []
     if packages is None:  # a registered harness's environment (operator policy)
-        packages = next(
-            (
-                list(h.packages)
-                for h in settings.policy.harnesses.registered.values()
-                if h.python_env == name and h.packages
-            ),
-            None,
-        )
+        from core.harnesses import harness_environments
+
+        packages, npm = harness_environments(settings.policy.harnesses.registered).get(name, (None, []))
     if packages is not None:
-        ensure_environment(name, packages, settings.envs_root)
+        ensure_environment(name, packages, settings.envs_root, npm=npm)
 
 
 def warm_pool(settings: Settings) -> Any:

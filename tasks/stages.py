@@ -23,7 +23,7 @@ from raas_client.models import Trajectory
 
 from agents.abstract import AgentHandler, EvalResult
 from agents.contexts import RolloutContext
-from agents.finish_reasons import SELF_INFLICTED
+from agents.finish_reasons import POLICY_DEADLINE, SELF_INFLICTED
 from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.errors import (
@@ -51,7 +51,18 @@ logger = logging.getLogger(__name__)
 # that restarted under us (its connections are dropped and the next checkout reconnects).
 # Sandbox infrastructure errors have their own root (the sandbox package is standalone).
 # PoolTimeout: no pooled connection came free within `db_pool_timeout` (an overloaded database).
-RETRYABLE = (InfraError, SandboxError, ConnectionError, TimeoutError, OSError, OperationalError, PoolTimeout)
+# A driver's own disconnect error (`db_retry.DRIVER_DISCONNECTS`) is the same outage, whichever
+# layer raised it: never a final `infra_error` on the first attempt (issue 40).
+RETRYABLE = (
+    InfraError,
+    SandboxError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+    OperationalError,
+    PoolTimeout,
+    *db_retry.DRIVER_DISCONNECTS,
+)
 
 
 class RolloutLog(logging.LoggerAdapter):
@@ -201,7 +212,7 @@ class StageRun:
                 ctx.llm.close()
         turns.settle()  # every turn durable before the rollout leaves this lease
         sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
-        if result.outcome == Outcome.PROMPT_TOO_LONG.value or result.finish_reason in SELF_INFLICTED:
+        if _ungraded(result):
             self._end_ungraded(result)
             return
         artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
@@ -240,8 +251,10 @@ class StageRun:
         )
 
     def _end_ungraded(self, result: Trajectory) -> None:
-        """End at RUN: a prompt that does not fit (reward null, not a sample) or a sandbox the
-        agent broke (agent_error, reward 0); the trajectory is kept either way."""
+        """End at RUN: a prompt that does not fit (reward null, not a sample), a harness the
+        endpoint refused or that never started (infra_error, reward null), a sandbox the agent
+        broke or a deadline its own actions ran out (agent_error, reward 0); the trajectory is
+        kept either way."""
         fields = _run_fields(result)
         outcome = fields.pop("outcome")
         if outcome == Outcome.PROMPT_TOO_LONG.value:
@@ -250,6 +263,11 @@ class StageRun:
                 f"run: the prompt ({len(result.prompt_ids or [])} tokens) does not fit "
                 f"the context ({result.metrics.get('context_length')} tokens)"
             )
+        elif outcome == Outcome.INFRA_ERROR.value:
+            reward, error = None, f"run: the harness did not run against its endpoint ({result.finish_reason})"
+        elif (outcome, result.finish_reason) == POLICY_DEADLINE:
+            share = (result.metrics.get("time_split") or {}).get("agent_share")
+            reward, error = 0.0, f"run: the deadline passed on the agent's own time (agent share {share})"
         else:
             reward, error = 0.0, f"run: the agent broke its sandbox ({result.finish_reason})"
         self.log.info("%s", error)
@@ -438,6 +456,15 @@ class StageRun:
 def _describe(exc: BaseException, stage: str) -> str:
     tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return f"{stage}: {tail}"
+
+
+def _ungraded(result: Trajectory) -> bool:
+    """Whether RUN's result ends the rollout without EVAL (`_end_ungraded`)."""
+    return (
+        result.outcome in (Outcome.PROMPT_TOO_LONG.value, Outcome.INFRA_ERROR.value)
+        or result.finish_reason in SELF_INFLICTED
+        or (result.outcome, result.finish_reason) == POLICY_DEADLINE
+    )
 
 
 def _run_fields(result: Trajectory) -> dict[str, Any]:

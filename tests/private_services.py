@@ -238,7 +238,10 @@ class PrivatePostgres:
         options = (
             f"-c port={self.port} -c listen_addresses=127.0.0.1 "
             f"-c unix_socket_directories='' -c max_connections={self.max_connections} "
-            "-c fsync=off -c full_page_writes=off -c synchronous_commit=on"
+            "-c fsync=off -c full_page_writes=off -c synchronous_commit=on "
+            # when each row's transaction committed (`pg_xact_commit_timestamp(xmin)`): the
+            # partition checker asks whether a write landed after its lease was taken away
+            "-c track_commit_timestamp=on"
         )
         self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.dir / "postgres.log"), "-o", options)
         self.running = True

@@ -5,7 +5,12 @@ becomes a system message, `tool_use` blocks become an assistant message's tool c
 `tool_result` blocks become tool messages (in order, before any text of the same user turn).
 Shapes follow the official `anthropic` SDK (`Message`, the streaming events `message_start`,
 `ping`, `content_block_start/delta/stop`, `message_delta`, `message_stop`, and the
-`{"type": "error", "error": {...}}` body). Sampling is the job's, as on the OpenAI route.
+`{"type": "error", "error": {...}}` body). Sampling is the job's, as on the OpenAI route;
+`stop_sequences` are honoured (a reply they end says `stop_reason: "stop_sequence"`).
+`tool_choice` `any` / `tool` is accepted and the policy sampled as it is (a reply without the
+call ends `end_turn`, counted as `tool_choice_unmet`). `thinking` is accepted: a reply that
+opens with `<think>...</think>` comes back as a `thinking` block. `cache_control` marks,
+`metadata` and `anthropic-beta` headers change nothing here and are accepted.
 """
 
 from __future__ import annotations
@@ -17,38 +22,57 @@ from typing import Any
 
 from agents.harness.calls import CallError, CallRequest, Completion
 from agents.harness.messages import check_messages
+from agents.harness.openai_wire import stop_strings
 from core.errors import InvalidRequest
 
-IGNORED = ("temperature", "top_p", "top_k", "stop_sequences")
+IGNORED = ("temperature", "top_p", "top_k")
+SIGNATURE = "raas-unsigned"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+THINKING = ("enabled", "disabled", "adaptive")
 
 
-def parse_request(body: dict[str, Any]) -> CallRequest:
-    """The call a `/v1/messages` body asks for (InvalidRequest names a bad field)."""
+def parse_request(body: dict[str, Any], count_only: bool = False) -> CallRequest:
+    """The call a `/v1/messages` body asks for (InvalidRequest names a bad field);
+    `count_only`: a `count_tokens` body (no `max_tokens`)."""
     max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise InvalidRequest("max_tokens: a positive integer is required")
+    if not count_only and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise InvalidRequest("max_tokens: a positive integer is required", field="max_tokens")
     messages = [{"role": "system", "content": _text(body["system"], "system")}] if body.get("system") else []
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("messages: a non-empty list is required")
+        raise InvalidRequest("messages: a non-empty list is required", field="messages")
     for i, message in enumerate(raw):
         messages += _convert(message, f"messages[{i}]")
-    choice = (body.get("tool_choice") or {}).get("type", "auto")
-    if choice not in ("auto", "none"):
+    choice = body.get("tool_choice") or {"type": "auto"}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none") or (kind == "tool" and not isinstance(choice.get("name"), str)):
         raise InvalidRequest(
-            f"tool_choice {choice!r} is not supported: raas cannot force a "
-            'tool call on the policy; use "auto" or "none"'
+            f"tool_choice {choice!r} is not auto, any, tool (with a name) or none", field="tool_choice"
         )
     return CallRequest(
         api="anthropic",
         messages=check_messages(messages),
         tools=_tools(body.get("tools")),
-        parse_tools=choice == "auto",
+        parse_tools=kind != "none",
+        require_call=kind in ("any", "tool"),
+        required_name=choice.get("name") if kind == "tool" else None,
+        single_tool_call=bool(choice.get("disable_parallel_tool_use")),
+        stop=stop_strings(body.get("stop_sequences"), "stop_sequences"),
+        thinking=_thinking(body.get("thinking")),
         max_tokens=max_tokens,
         stream=bool(body.get("stream")),
         ignored=[k for k in IGNORED if body.get(k) is not None],
     )
+
+
+def _thinking(value: Any) -> bool:
+    """Whether the request enabled extended thinking (`{"type": "enabled", "budget_tokens": N}`)."""
+    if value is None:
+        return False
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in THINKING:
+        raise InvalidRequest(f"thinking {value!r} is not one of types {', '.join(THINKING)}", field="thinking")
+    return kind != "disabled"
 
 
 def _text(content: Any, where: str) -> str:
@@ -140,7 +164,12 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def _blocks(c: Completion) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": c.content}] if c.content else []
+    blocks: list[dict[str, Any]] = []
+    if c.reasoning is not None:
+        # No signature can be made for a policy's own reasoning; the field is opaque to
+        # clients, which send it back (and the endpoint drops thinking blocks it is sent).
+        blocks.append({"type": "thinking", "thinking": c.reasoning, "signature": SIGNATURE})
+    blocks += [{"type": "text", "text": c.content}] if c.content else []
     blocks += [{"type": "tool_use", "id": _tool_id(t.id), "name": t.name, "input": t.arguments} for t in c.tool_calls]
     return blocks
 
@@ -159,14 +188,18 @@ def _message(
         "model": model,
         "content": content,
         "stop_reason": stop,
-        "stop_sequence": None,
+        "stop_sequence": c.stop_sequence if stop is not None else None,
         "usage": {"input_tokens": c.prompt_tokens, "output_tokens": output_tokens},
     }
 
 
 def message_body(c: Completion, model: str) -> dict[str, Any]:
     """A `message` object."""
-    return _message(c, model, _blocks(c), _STOP[c.finish], c.completion_tokens)
+    return _message(c, model, _blocks(c), _stop_reason(c), c.completion_tokens)
+
+
+def _stop_reason(c: Completion) -> str:
+    return "stop_sequence" if c.stop_sequence is not None else _STOP[c.finish]
 
 
 def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
@@ -178,7 +211,11 @@ def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
     yield event("message_start", message=_message(c, model, [], None, 1))
     yield event("ping")
     for i, block in enumerate(_blocks(c)):
-        if block["type"] == "text":
+        if block["type"] == "thinking":
+            yield event("content_block_start", index=i, content_block={**block, "thinking": "", "signature": ""})
+            yield event("content_block_delta", index=i, delta={"type": "thinking_delta", "thinking": block["thinking"]})
+            yield event("content_block_delta", index=i, delta={"type": "signature_delta", "signature": SIGNATURE})
+        elif block["type"] == "text":
             yield event("content_block_start", index=i, content_block={"type": "text", "text": ""})
             yield event("content_block_delta", index=i, delta={"type": "text_delta", "text": block["text"]})
         else:
@@ -191,7 +228,7 @@ def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
         yield event("content_block_stop", index=i)
     yield event(
         "message_delta",
-        delta={"stop_reason": _STOP[c.finish], "stop_sequence": None},
+        delta={"stop_reason": _stop_reason(c), "stop_sequence": c.stop_sequence},
         usage={"output_tokens": c.completion_tokens},
     )
     yield event("message_stop")

@@ -19,6 +19,7 @@ from typing import Any
 
 from agents.contexts import RunContext
 from agents.finish_reasons import CUT_TURN, FinishReason
+from agents.harness.replies import cut_at_stop, split_thinking, token_logprobs
 from agents.harness.samples import Prepared, SampleTracker
 from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG, parse_tool_calls
 from agents.llm.trajectory import TrajectoryBuilder
@@ -33,6 +34,7 @@ from core.errors import (
 log = logging.getLogger(__name__)
 
 _CALL_BLOCK = re.compile(re.escape(OPEN_TAG) + ".*?" + re.escape(CLOSE_TAG), re.DOTALL)
+_FIELD = re.compile(r"^([A-Za-z_]+)")
 
 
 class CallError(RaasError):
@@ -49,16 +51,21 @@ class CallError(RaasError):
 class CallRequest:
     """A call in the endpoint's own terms (both APIs map onto it)."""
 
-    api: str  # "openai" | "anthropic" | "responses" | "google"
+    api: str  # "openai" | "anthropic"
     messages: list[dict[str, Any]]  # OpenAI-style, checked (`messages.check_messages`)
     tools: list[dict[str, Any]] | None = None  # function schemas, as the template takes them
     parse_tools: bool = True  # False for tool_choice "none"
+    require_call: bool = False  # tool_choice required/any/a named tool: the API promises a call
+    required_name: str | None = None  # ... of this tool (a named tool_choice)
+    single_tool_call: bool = False  # parallel_tool_calls false / disable_parallel_tool_use
+    stop: list[str] = field(default_factory=list)  # stop strings, sent to the server
+    thinking: bool = False  # Anthropic `thinking` enabled: a `<think>` block is returned as one
+    logprobs: bool = False  # OpenAI `logprobs`: each generated token's logprob is returned
     max_tokens: int | None = None
     stream: bool = False
     ignored: list[str] = field(default_factory=list)  # sampling fields the job's sampling overrides
-    # tool_choice demanded a call ("*": any tool, else the function's name); never forced,
-    # a reply without it is counted (`tool_choice_unmet`)
-    demanded_tool: str | None = None
+    unenforced: list[str] = field(default_factory=list)  # accepted, answered, not enforced (no
+    # forced decoding): e.g. a JSON response_format, top_logprobs
 
 
 @dataclass
@@ -80,6 +87,9 @@ class Completion:
     finish: str  # "stop" | "length" | "tool_calls" (OpenAI's words; Anthropic maps them)
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the request's stop string that ended the reply
+    reasoning: str | None = None  # the `<think>` block, when thinking was asked for
+    token_logprobs: list[tuple[str, float]] | None = None  # when logprobs were asked for
 
 
 @dataclass
@@ -92,8 +102,10 @@ class CallStats:
     tool_calls: int = 0
     parse_failures: int = 0  # replies with tool-call markup that did not parse
     replies_without_tool_call: int = 0  # tools were offered, the reply called none
-    tool_choice_unmet: int = 0  # tool_choice demanded a call the reply does not make
+    tool_choice_unmet: int = 0  # a call was demanded (tool_choice) and the reply made none
     ignored_params: dict[str, int] = field(default_factory=dict)
+    unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
+    refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by field
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -122,18 +134,29 @@ class CallRunner:
         with self.lock:
             self.stats.calls += 1
             for name in request.ignored:
-                self.stats.ignored_params[name] = self.stats.ignored_params.get(name, 0) + 1
+                _count(self.stats.ignored_params, name)
+            for name in request.unenforced:
+                _count(self.stats.unenforced_params, name)
             try:
                 return self._complete(request)
             except CallError as exc:
                 self._failed(exc.kind)
                 raise
 
-    def refused(self, kind: str) -> None:
-        """Count a call refused before it reached the runner (a malformed request)."""
+    def refused(self, kind: str, exc: Exception | None = None) -> None:
+        """Count a call refused before it reached the runner (a malformed request); `exc`
+        (an InvalidRequest) names the field, counted in `refusals`."""
         with self.lock:
             self.stats.calls += 1
             self._failed(kind)
+            if exc is not None:
+                _count(self.stats.refusals, refused_field(exc))
+
+    def count_tokens(self, request: CallRequest) -> int:
+        """The prompt tokens `request` would be rendered to, as a call would render it
+        (Anthropic's `count_tokens`); nothing is generated or recorded."""
+        with self.lock:
+            return self.tracker.count_prompt(request.messages, request.tools)
 
     def _failed(self, kind: str) -> None:
         self.stats.failed_calls += 1
@@ -179,7 +202,9 @@ class CallRunner:
         left = self._tokens_left()
         caps = [c for c in (left, request.max_tokens) if c is not None]
         try:
-            gen = self.session.generate(self.ctx.deadline, self._cancelled, max_new_tokens=min(caps) if caps else None)
+            gen = self.session.generate(
+                self.ctx.deadline, self._cancelled, max_new_tokens=min(caps) if caps else None, stop=request.stop
+            )
         except StageTimeout as exc:
             raise CallError("deadline_exceeded", f"the rollout's RUN deadline passed: {exc}") from exc
         except RolloutCancelled as exc:
@@ -214,8 +239,10 @@ class CallRunner:
         )
 
     def _reply(self, request: CallRequest, gen: Any, prepared: Prepared) -> tuple[Completion, list[str]]:
-        """The answer to the harness, and the tool-call parse errors of the reply."""
-        text = gen.text or ""
+        """The answer to the harness, and the tool-call parse errors of the reply. The policy
+        was sampled as it is: a demanded tool call it did not make is counted, not forced."""
+        text, matched = cut_at_stop(gen.text or "", request.stop, gen.stop_reason)
+        reasoning, text = split_thinking(text) if request.thinking else (None, text)
         cut = gen.finish_reason in CUT_TURN
         calls, errors = ([], []) if cut or not request.parse_tools else parse_tool_calls(text)
         if errors:
@@ -223,15 +250,22 @@ class CallRunner:
             calls = []  # a reply that half-parsed is returned as text: the harness sees it all
         if request.tools and not calls:
             self.stats.replies_without_tool_call += 1
-        out = [ToolCallOut(f"call_{secrets.token_hex(12)}", c.name, c.arguments) for c in calls]
-        if request.demanded_tool is not None and not any(request.demanded_tool in ("*", c.name) for c in out):
+        if request.require_call and not any(request.required_name in (None, c.name) for c in calls):
             self.stats.tool_choice_unmet += 1
+        if request.single_tool_call and len(calls) > 1:
+            _count(self.stats.unenforced_params, "parallel_tool_calls")
+        out = [ToolCallOut(f"call_{secrets.token_hex(12)}", c.name, c.arguments) for c in calls]
         self.stats.tool_calls += len(out)
         content = _outside_calls(text) if out else text
         finish = "length" if cut else ("tool_calls" if out else "stop")
-        return Completion(
+        completion = Completion(
             text, content or (None if out else ""), out, finish, prepared.prompt_tokens, len(gen.token_ids)
-        ), errors
+        )
+        completion.stop_sequence = matched if finish == "stop" else None
+        completion.reasoning = reasoning
+        if request.logprobs:
+            completion.token_logprobs = token_logprobs(self.session.builder.tok, gen.token_ids, gen.logprobs)
+        return completion, errors
 
     def _record(
         self,
@@ -254,6 +288,10 @@ class CallRunner:
             "paused_seconds": round(gen.paused_seconds, 6),  # a weight push: not charged
             "tool_call_parsed": (None if not request.tools else bool(completion.tool_calls) and not errors),
         }
+        if request.require_call:
+            extra["tool_choice"] = request.required_name or "required"
+        if completion.stop_sequence is not None:
+            extra["stop_sequence"] = completion.stop_sequence  # the ids hold it; the reply does not
         extra["delta_ids" if prepared.merged else "prompt_ids"] = list(prepared.ids)
         if errors:
             extra["parse_errors"] = errors
@@ -276,6 +314,18 @@ class CallRunner:
         # this call is the only point where a turn that cannot be logged (a lost lease)
         # can still fail the rollout before anything else happens.
         self.ctx.settle_turns()
+
+
+def _count(counts: dict[str, int], name: str) -> None:
+    counts[name] = counts.get(name, 0) + 1
+
+
+def refused_field(exc: Exception) -> str:
+    """The request field a refusal names: its `field` detail, else the word its message
+    starts with (every refusal's message names the field first: `tool_choice ...`)."""
+    named = getattr(exc, "details", {}).get("field")
+    found = _FIELD.match(str(getattr(exc, "message", exc)))
+    return str(named or (found.group(1) if found else "request"))
 
 
 def _extend_deadline(ctx: RunContext, seconds: float) -> None:

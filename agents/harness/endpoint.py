@@ -49,13 +49,15 @@ class EndpointCounters:
     parse_failures: int = 0  # replies whose tool-call markup did not parse
     tool_calls: int = 0  # tool calls parsed and returned to the harness
     replies_without_tool_call: int = 0  # tools were offered and the reply called none
-    tool_choice_unmet: int = 0  # tool_choice demanded a call the reply does not make
+    tool_choice_unmet: int = 0  # tool_choice demanded a call (required/named/any/tool), none made
     samples: int = 0
     merges: int = 0
     splits: int = 0
     split_reasons: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)  # API errors answered, by kind
     ignored_params: dict[str, int] = field(default_factory=dict)  # overridden by the job
+    unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
+    refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by the field named
     unauthorized: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +155,8 @@ class RolloutEndpoint:
             split_reasons=dict(tracker.split_reasons),
             errors=dict(stats.errors),
             ignored_params=dict(stats.ignored_params),
+            unenforced_params=dict(stats.unenforced_params),
+            refusals=dict(stats.refusals),
             unauthorized=self._unauthorized,
         )
 
@@ -177,13 +181,15 @@ class RolloutEndpoint:
         path = req.path.split("?", 1)[0].rstrip("/")
         path = path if path.startswith("/v1/") else "/v1" + path
         route = self.routes.get(path) or self.google.route(req.path)
-        wire = route or openai_wire
+        wire = route or (anthropic_wire if path.startswith("/v1/messages") else openai_wire)
         try:
             if not self._authorized(req):
                 self._unauthorized += 1
                 raise CallError("authentication", "invalid or expired API key for this rollout's endpoint", 401)
             if req.command == "GET" and path == "/v1/models":
                 return req.send_json(200, openai_wire.models_body(MODEL_NAME))
+            if req.command == "POST" and path == "/v1/messages/count_tokens":
+                return self._count_tokens(req, self._body(req))
             if req.command != "POST" or route is None:
                 raise CallError("not_found", f"no route {req.command} {path}", 404)
             self._complete(req, wire, self._body(req))
@@ -212,16 +218,23 @@ class RolloutEndpoint:
             given = given or bearer[7:].strip()
         return self._live and hmac.compare_digest(given.encode(), self.token.encode())
 
+    def _count_tokens(self, req: _Handler, body: dict[str, Any]) -> None:
+        """Anthropic's `count_tokens`: the prompt's tokens as the job's template renders it."""
+        call = anthropic_wire.parse_request(body, count_only=True)
+        req.send_json(200, {"input_tokens": self.runner.count_tokens(call)})
+
     def _complete(self, req: _Handler, wire: Any, body: dict[str, Any]) -> None:
         try:
             call = wire.parse_request(body)
-        except InvalidRequest:
-            self.runner.refused("invalid_request")
+        except InvalidRequest as exc:
+            self.runner.refused("invalid_request", exc)
             raise
         completion = self.runner.complete(call)
         model = str(body.get("model") or MODEL_NAME)
         if call.ignored:  # the job's sampling wins; say so where a harness author looks
             req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
+        if call.unenforced:  # accepted, answered, not enforced (no forced decoding)
+            req.extra_headers["x-raas-unenforced-params"] = ",".join(call.unenforced)
         if wire not in (openai_wire, anthropic_wire):
             answer = wire.answer(call, completion, body, model)
             return req.send_sse(answer) if call.stream else req.send_json(200, answer)

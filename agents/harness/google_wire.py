@@ -6,18 +6,20 @@ What the Gemini CLI and `google-genai` clients send: `contents` (role `user` / `
 `tools[].functionDeclarations` (`parameters` or `parametersJsonSchema`), `toolConfig`
 (AUTO / ANY / NONE with `allowedFunctionNames`: accepted, never forced; a reply without the
 demanded call counts as `tool_choice_unmet`) and `generationConfig` (`maxOutputTokens` caps the
-call; sampling fields, `stopSequences`, `thinkingConfig` and structured output are the job's:
-accepted, ignored and counted; so are Google's own tools, `googleSearch` and the like, which
-are left out of the prompt). The path's prefix is whatever the client's base URL makes of it
-(`/v1beta/models/...`, `/v1/models/...`, `/models/...`): the route matches on `models/{model}:`.
+call; `stopSequences` are honoured; sampling fields and `thinkingConfig` are the job's:
+accepted, ignored and counted, and so are Google's own tools, `googleSearch` and the like, which
+are left out of the prompt; structured output is answered, not enforced). The path's prefix is
+whatever the client's base URL makes of it (`/v1beta/models/...`, `/v1/models/...`,
+`/models/...`): the route matches on `models/{model}:`.
 Streaming is `?alt=sse` (`data: {...}` chunks) or, without it, one JSON array of the chunks.
 
 Replies are camelCase JSON as the API sends it; the shapes are those of `google.genai.types`
 (the tests validate every reply against them, whose models forbid unknown fields). They are
 not built from that package at run time because it would bring google-auth, cryptography and
 websockets into every worker. A model's `<think>` block is a `thought` part when the request
-asked for thoughts (`thinkingConfig.includeThoughts`), and the echoed turn is made whole again
-either way (`agents.harness.reasoning`), since the Gemini CLI keeps no thoughts in its history.
+asked for thoughts (`thinkingConfig.includeThoughts`), never answer text, and thought parts sent
+back are dropped: the turn merges whether the client keeps its thoughts or not (the Gemini CLI
+keeps none in its history).
 """
 
 from __future__ import annotations
@@ -31,24 +33,11 @@ from typing import Any
 
 from agents.harness.calls import CallError, CallRequest, Completion
 from agents.harness.messages import check_messages
-from agents.harness.reasoning import Echoes, split_reasoning
 from core.errors import InvalidRequest
 
 _ROUTE = re.compile(r"/models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent)$")
-IGNORED = (
-    "temperature",
-    "topP",
-    "topK",
-    "seed",
-    "presencePenalty",
-    "frequencyPenalty",
-    "stopSequences",
-    "responseLogprobs",
-    "logprobs",
-    "thinkingConfig",
-    "responseSchema",
-    "responseJsonSchema",
-)
+IGNORED = ("temperature", "topP", "topK", "seed", "presencePenalty", "frequencyPenalty", "thinkingConfig")
+UNENFORCED = ("responseSchema", "responseJsonSchema", "responseLogprobs", "logprobs")
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS"}
 _STATUS = {
     400: "INVALID_ARGUMENT",
@@ -61,10 +50,7 @@ _STATUS = {
 
 
 class GoogleWire:
-    """Matches Google's routes; keeps the rollout's reasoning for echoed turns."""
-
-    def __init__(self) -> None:
-        self.echoes = Echoes()
+    """Matches Google's routes."""
 
     def route(self, raw_path: str) -> GoogleRoute | None:
         """The route a request path names (None when it is not one of Google's)."""
@@ -74,14 +60,13 @@ class GoogleWire:
             return None
         sse = urllib.parse.parse_qs(parts.query).get("alt") == ["sse"]
         stream = found["method"] == "streamGenerateContent"
-        return GoogleRoute(self.echoes, found["model"], stream, sse)
+        return GoogleRoute(found["model"], stream, sse)
 
 
 @dataclass
 class GoogleRoute:
     """One request's route: the model named in its path and how it streams."""
 
-    echoes: Echoes
     model: str
     stream: bool  # `:streamGenerateContent`
     sse: bool  # `?alt=sse` (else a streamed answer is one JSON array)
@@ -98,17 +83,21 @@ class GoogleRoute:
         if not isinstance(contents, list) or not contents:
             raise InvalidRequest("contents: a non-empty list is required")
         for i, content in enumerate(contents):
-            messages += _convert(content, f"contents[{i}]", self.echoes)
+            messages += _convert(content, f"contents[{i}]")
         parse_tools, demanded = _tool_config(_f(body, "toolConfig"))
         return CallRequest(
             api="google",
             messages=check_messages(messages),
             tools=_tools(body.get("tools")),
             parse_tools=parse_tools,
+            require_call=demanded is not None,
+            required_name=None if demanded == "*" else demanded,
+            stop=_stop(_f(config, "stopSequences")),
+            thinking=True,  # a `<think>` block is a thought part (when asked for), never text
             max_tokens=_max_tokens(_f(config, "maxOutputTokens")),
             stream=self.stream and self.sse,  # SSE; a plain stream is one JSON answer
-            ignored=_ignored(config, body.get("tools")),
-            demanded_tool=demanded,
+            ignored=[k for k in IGNORED if _f(config, k) is not None] + _hosted(body.get("tools")),
+            unenforced=_unenforced(config),
         )
 
     def answer(self, call: CallRequest, c: Completion, body: dict[str, Any], model: str) -> Any:
@@ -134,10 +123,7 @@ class GoogleRoute:
         return (f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\n" for chunk in chunks) if self.sse else chunks
 
     def _parts(self, c: Completion, thoughts: bool) -> list[dict[str, Any]]:
-        reasoning, visible = split_reasoning(c.content)
-        calls = [(t.name, t.arguments) for t in c.tool_calls]
-        if reasoning is not None:
-            self.echoes.remember(visible, calls, c.content or "")
+        reasoning, visible = c.reasoning, c.content or ""
         parts: list[dict[str, Any]] = [{"text": reasoning, "thought": True}] if thoughts and reasoning else []
         if visible or not c.tool_calls:
             parts.append({"text": visible})
@@ -177,13 +163,13 @@ def _text(part: Any, where: str) -> str:
     return part["text"]
 
 
-def _convert(content: Any, where: str, echoes: Echoes) -> list[dict[str, Any]]:
+def _convert(content: Any, where: str) -> list[dict[str, Any]]:
     """One Google content as OpenAI-style messages."""
     if not isinstance(content, dict) or not isinstance(content.get("parts"), list):
         raise InvalidRequest(f"{where}: a content with a list of parts is required")
     role = content.get("role") or "user"
     if role == "model":
-        return [_model_turn(content["parts"], where, echoes)]
+        return [_model_turn(content["parts"], where)]
     if role not in ("user", "function"):
         raise InvalidRequest(f"{where}: role must be user or model")
     results, texts = [], []
@@ -195,8 +181,9 @@ def _convert(content: Any, where: str, echoes: Echoes) -> list[dict[str, Any]]:
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
 
-def _model_turn(parts: list[Any], where: str, echoes: Echoes) -> dict[str, Any]:
-    reasoning, texts, calls = [], [], []
+def _model_turn(parts: list[Any], where: str) -> dict[str, Any]:
+    """A model turn as an assistant message; thought parts are dropped (see the docstring)."""
+    texts, calls = [], []
     for i, part in enumerate(parts):
         if _f(part, "functionCall") is not None:
             call = _f(part, "functionCall")
@@ -206,15 +193,9 @@ def _model_turn(parts: list[Any], where: str, echoes: Echoes) -> dict[str, Any]:
             calls.append(
                 {"id": call.get("id"), "type": "function", "function": {"name": call["name"], "arguments": args}}
             )
-        elif isinstance(part, dict) and part.get("thought"):
-            reasoning.append(str(part.get("text") or ""))
-        else:
+        elif not (isinstance(part, dict) and part.get("thought")):
             texts.append(_text(part, f"{where}.parts[{i}]"))
-    pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": echoes.content("".join(texts), pairs, "".join(reasoning) or None),
-    }
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         message["tool_calls"] = calls
     return message
@@ -293,10 +274,20 @@ def _max_tokens(value: Any) -> int | None:
     return value
 
 
-def _ignored(config: dict[str, Any], tools: Any) -> list[str]:
-    ignored = [k for k in IGNORED if _f(config, k) is not None]
+def _unenforced(config: dict[str, Any]) -> list[str]:
+    """Structured output and logprobs: answered as sampled, not enforced (no forced decoding)."""
+    unenforced = [k for k in UNENFORCED if _f(config, k) is not None]
     mime = _f(config, "responseMimeType")
-    return ignored + (["responseMimeType"] if mime not in (None, "text/plain") else []) + _hosted(tools)
+    return unenforced + (["responseMimeType"] if mime not in (None, "text/plain") else [])
+
+
+def _stop(value: Any) -> list[str]:
+    """`stopSequences`: honoured (sent to the server; the reply's text ends before the match)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidRequest("generationConfig.stopSequences: a list of strings is required")
+    return [v for v in value if v]
 
 
 def _hosted(tools: Any) -> list[str]:

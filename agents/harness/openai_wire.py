@@ -2,9 +2,12 @@
 
 Shapes follow the official `openai` SDK's models (`ChatCompletion`, `ChatCompletionChunk`,
 the `{"error": {...}}` body). Sampling is the job's (the trainer trains on it): a request's
-temperature, top_p, seed, penalties and stop strings are ignored and counted in the rollout's
-metrics (`ignored_params`); what would change the API's promise (n > 1, logit_bias, a forced
-tool choice, a JSON response format) is refused with a 400 naming the field.
+temperature, top_p, seed, penalties and logit_bias are ignored and counted in the rollout's
+metrics (`ignored_params`). `stop` strings are honoured (sent to the server). What only forced
+decoding could promise (`tool_choice` required or a named function, a JSON `response_format`)
+is accepted and the policy sampled as it is: a reply without the demanded call is answered as
+it is and counted (`tool_choice_unmet`), a JSON format counted in `unenforced_params`. Only
+`n` > 1 is refused, with a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -25,68 +28,74 @@ IGNORED = (
     "seed",
     "presence_penalty",
     "frequency_penalty",
-    "stop",
     "top_k",
     "min_p",
     "repetition_penalty",
-)
-# Fields that change nothing the endpoint promises (accepted silently).
-NEUTRAL = (
-    "model",
-    "messages",
-    "tools",
-    "tool_choice",
-    "stream",
-    "stream_options",
-    "n",
-    "max_tokens",
-    "max_completion_tokens",
-    "user",
-    "metadata",
-    "store",
-    "parallel_tool_calls",
-    "logprobs",
-    "top_logprobs",
-    "response_format",
     "logit_bias",
-    "service_tier",
-    "reasoning_effort",
-    "modalities",
-    "prediction",
-    "extra_body",
 )
+# Accepted without effect on the call: `user`, `metadata`, `store`, `service_tier`,
+# `reasoning_effort`, `modalities`, `prediction`, `stream_options` (include_usage is answered),
+# `parallel_tool_calls: true`; and any field not named here (a newer SDK's).
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 def parse_request(body: dict[str, Any]) -> CallRequest:
     """The call a `/v1/chat/completions` body asks for (InvalidRequest names a bad field)."""
     n = body.get("n")
     if n not in (None, 1):
-        raise InvalidRequest(f"n: only n=1 is supported (got {n!r}); send one request per sample")
-    if body.get("logit_bias"):
-        raise InvalidRequest("logit_bias is not supported: the job's sampling is fixed")
+        raise InvalidRequest(f"n: only n=1 is supported (got {n!r}); send one request per sample", field="n")
     fmt = (body.get("response_format") or {}).get("type", "text")
-    if fmt != "text":
-        raise InvalidRequest(f"response_format {fmt!r} is not supported (text only)")
+    if fmt not in RESPONSE_FORMATS:
+        raise InvalidRequest(f"response_format {fmt!r} is not a known format", field="response_format")
+    parse_tools, require, name = tool_choice(body.get("tool_choice"))
+    unenforced = ["response_format"] if fmt != "text" else []
+    if body.get("top_logprobs"):
+        unenforced.append("top_logprobs")  # only the sampled token's logprob is known
     return CallRequest(
         api="openai",
         messages=check_messages(body.get("messages")),
         tools=function_tools(body.get("tools")),
-        parse_tools=_tool_choice(body.get("tool_choice")),
+        parse_tools=parse_tools,
+        require_call=require,
+        required_name=name,
+        single_tool_call=body.get("parallel_tool_calls") is False,
+        stop=stop_strings(body.get("stop"), "stop"),
+        logprobs=bool(body.get("logprobs")),
         max_tokens=_max_tokens(body),
         stream=bool(body.get("stream")),
         ignored=[k for k in IGNORED if body.get(k) is not None],
+        unenforced=unenforced,
     )
 
 
-def _tool_choice(choice: Any) -> bool:
-    """True when tool calls are parsed ("auto"), False for "none"; others are refused."""
+def tool_choice(choice: Any) -> tuple[bool, bool, str | None]:
+    """(parse tool calls, a call is demanded, of which tool) for an OpenAI `tool_choice`:
+    "auto", "none", "required", a named function or custom tool, `allowed_tools`."""
     if choice in (None, "auto"):
-        return True
+        return True, False, None
     if choice == "none":
-        return False
+        return False, False, None
+    if choice == "required":
+        return True, True, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    named = (choice.get(kind) or {}).get("name") if kind in ("function", "custom") else None
+    if isinstance(named, str):
+        return True, True, named
+    if kind == "allowed_tools":
+        return True, (choice.get("allowed_tools") or {}).get("mode") == "required", None
     raise InvalidRequest(
-        f'tool_choice {choice!r} is not supported: raas cannot force a tool call on the policy; use "auto" or "none"'
+        f'tool_choice {choice!r} is not one of "auto", "none", "required", a named function', field="tool_choice"
     )
+
+
+def stop_strings(value: Any, name: str) -> list[str]:
+    """A `stop` (a string or a list of strings) as a list; InvalidRequest names `name`."""
+    if value is None:
+        return []
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+        raise InvalidRequest(f"{name}: a string or a list of non-empty strings is required", field=name)
+    return values
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
@@ -94,7 +103,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidRequest(f"max_tokens must be a positive integer (got {value!r})")
+        raise InvalidRequest(f"max_tokens must be a positive integer (got {value!r})", field="max_tokens")
     return value
 
 
@@ -120,6 +129,14 @@ def _usage(c: Completion) -> dict[str, int]:
     }
 
 
+def _logprobs(c: Completion) -> dict[str, Any] | None:
+    """`choice.logprobs` of a request that asked (each generated token, no alternatives)."""
+    if c.token_logprobs is None:
+        return None
+    content = [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for t, lp in c.token_logprobs]
+    return {"content": content, "refusal": None}
+
+
 def completion_body(c: Completion, model: str) -> dict[str, Any]:
     """A `chat.completion` object."""
     return {
@@ -127,7 +144,7 @@ def completion_body(c: Completion, model: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": _message(c), "logprobs": None, "finish_reason": c.finish}],
+        "choices": [{"index": 0, "message": _message(c), "logprobs": _logprobs(c), "finish_reason": c.finish}],
         "usage": _usage(c),
     }
 
@@ -142,14 +159,14 @@ def stream_events(c: Completion, model: str, include_usage: bool) -> Iterator[st
         "model": model,
     }
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         return json.dumps(
-            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         )
 
     yield chunk({"role": "assistant", "content": ""})
-    if c.content:
-        yield chunk({"content": c.content})
+    if c.content or c.token_logprobs is not None:
+        yield chunk({"content": c.content or ""}, logprobs=_logprobs(c))
     for i, t in enumerate(c.tool_calls):
         yield chunk(
             {

@@ -8,10 +8,11 @@ one assistant message with tool calls, `function_call_output` items tool message
 sends the whole history each call (`store: false`), or names an earlier response of the same
 rollout with `previous_response_id` (kept in memory for the endpoint's life). Replies are built
 from the official SDK's types (`openai.types.responses`); a `<think>` block of the model's text
-is a `reasoning` item, and the echoed turn is made whole again (`agents.harness.reasoning`) so
-a tool loop merges into one sample. Sampling is the job's: `temperature`, `top_p`, `reasoning`
-and a structured `text.format` are accepted, ignored and counted; `tool_choice` is accepted in
-every form and never forced (a reply without the demanded call counts as `tool_choice_unmet`).
+is a `reasoning` item, dropped again when sent back, so a tool loop merges into one sample
+whether the harness echoes reasoning or not. Sampling is the job's: `temperature`, `top_p` and
+`reasoning` are accepted, ignored and counted; a structured `text.format` is answered, not
+enforced; `tool_choice` is accepted in every form and never forced (a reply without the
+demanded call counts as `tool_choice_unmet`).
 Hosted tools (web search, file search, ...) are left out of the prompt and counted as ignored
 (`tools.web_search`: Codex offers it by default); a `namespace` tool's functions are offered and
 their calls name the namespace. Stored server state (`conversation`, `prompt`, `item_reference`,
@@ -31,7 +32,6 @@ from typing import Any
 from agents.harness import openai_wire
 from agents.harness.calls import CallRequest, Completion
 from agents.harness.messages import check_messages, content_text
-from agents.harness.reasoning import Echoes, split_reasoning
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,6 @@ class ResponsesWire:
     """The route's parser and renderer, with the rollout's responses in memory."""
 
     def __init__(self) -> None:
-        self.echoes = Echoes()
         self._histories: dict[str, list[dict[str, Any]]] = {}  # response id -> its conversation
         self._guard = threading.Lock()
 
@@ -64,17 +63,22 @@ class ResponsesWire:
             raise InvalidRequest("instructions: a string is required")
         messages = [{"role": "system", "content": instructions}] if instructions else []
         messages += self._previous(body.get("previous_response_id"))
-        messages += _Conversation(self.echoes).convert(body.get("input"))
+        messages += _Conversation().convert(body.get("input"))
         parse_tools, demanded = _tool_choice(body.get("tool_choice"))
+        fmt = ((body.get("text") or {}).get("format") or {}).get("type", "text")
         return CallRequest(
             api="responses",
             messages=check_messages(messages),
             tools=function_tools(body.get("tools")),
             parse_tools=parse_tools,
+            require_call=demanded is not None,
+            required_name=None if demanded == "*" else demanded,
+            single_tool_call=body.get("parallel_tool_calls") is False,
+            thinking=True,  # a `<think>` block is always a reasoning item here
             max_tokens=_max_tokens(body.get("max_output_tokens")),
             stream=bool(body.get("stream")),
-            ignored=_ignored(body),
-            demanded_tool=demanded,
+            ignored=[k for k in IGNORED if body.get(k) is not None] + _hosted(body.get("tools")),
+            unenforced=["text.format"] if fmt != "text" else [],
         )
 
     def _previous(self, response_id: Any) -> list[dict[str, Any]]:
@@ -129,11 +133,9 @@ class ResponsesWire:
         """The output items: reasoning, the message, one `function_call` per tool call."""
         from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
 
-        reasoning, visible = split_reasoning(c.content)
-        calls = [(t.name, t.arguments) for t in c.tool_calls]
+        reasoning, visible = c.reasoning, c.content or ""
         items: list[Any] = []
         if reasoning is not None:
-            self.echoes.remember(visible, calls, c.content or "")
             content = [{"type": "reasoning_text", "text": reasoning}]
             items.append(
                 ResponseReasoningItem(id=_id("rs"), type="reasoning", summary=[], content=content, status="completed")
@@ -162,12 +164,12 @@ class ResponsesWire:
 
 
 class _Conversation:
-    """Turns a list of input items into messages; a model turn's items become one message."""
+    """Turns a list of input items into messages; a model turn's items become one message.
+    Reasoning items sent back are dropped (the turn is what raas answered besides them; the
+    template renders raas's own replies from the generated text, reasoning included)."""
 
-    def __init__(self, echoes: Echoes) -> None:
-        self.echoes = echoes
+    def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        self._reasoning: str | None = None
         self._texts: list[str] = []
         self._calls: list[dict[str, Any]] = []
         self._open = False  # a model turn is being collected
@@ -200,7 +202,7 @@ class _Conversation:
             self.messages.append({"role": role, "content": content_text(item.get("content"), where)})
         elif kind == "reasoning":
             self._close()
-            self._open, self._reasoning = True, _reasoning_text(item)
+            self._open = True
         elif kind == "function_call":
             self._open = True
             self._calls.append(_call(item, where))
@@ -217,16 +219,11 @@ class _Conversation:
     def _close(self) -> None:
         if not self._open:
             return
-        visible = "".join(self._texts)
-        pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in self._calls]
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": self.echoes.content(visible, pairs, self._reasoning),
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._texts)}
         if self._calls:
             message["tool_calls"] = self._calls
         self.messages.append(message)
-        self._reasoning, self._texts, self._calls, self._open = None, [], [], False
+        self._texts, self._calls, self._open = [], [], False
 
 
 def _usage(c: Completion) -> dict[str, Any]:
@@ -237,12 +234,6 @@ def _usage(c: Completion) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": c.prompt_tokens + c.completion_tokens,
     }
-
-
-def _reasoning_text(item: dict[str, Any]) -> str:
-    """A reasoning item's text: its `content` (reasoning_text parts), else its summary."""
-    parts = item.get("content") or item.get("summary") or []
-    return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
 
 
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -270,7 +261,7 @@ def function_tools(tools: Any) -> list[dict[str, Any]] | None:
     """The request's function tools (a `namespace` tool's too) as the template's schemas.
 
     Hosted tools (`web_search`, `file_search`, ...) are left out: the policy is offered only
-    what it can call here (Codex sends `web_search` by default; `_ignored` counts them)."""
+    what it can call here (Codex sends `web_search` by default; `_hosted` counts them)."""
     if not tools:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
@@ -334,12 +325,6 @@ def _max_tokens(value: Any) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidRequest(f"max_output_tokens must be a positive integer (got {value!r})")
     return value
-
-
-def _ignored(body: dict[str, Any]) -> list[str]:
-    ignored = [k for k in IGNORED if body.get(k) is not None]
-    fmt = ((body.get("text") or {}).get("format") or {}).get("type", "text")
-    return ignored + (["text.format"] if fmt != "text" else []) + _hosted(body.get("tools"))
 
 
 def _id(prefix: str) -> str:

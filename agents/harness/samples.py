@@ -136,6 +136,12 @@ class SampleTracker:
         self._prepared = Prepared(len(self.samples) - 1, merged, reason, ids, fits, sample.builder.length)
         return self._prepared
 
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> int:
+        """How many tokens a fresh render of `messages` (and `tools`) is, replies raas
+        generated rendered from the model's own text; no sample changes."""
+        builder = self.new_builder()
+        return len(builder.start([template_message(m, self._generated) for m in messages], tools))
+
     def generated(self, reply: dict[str, Any], text: str) -> None:
         """The current call's reply: `reply` as returned to the harness (OpenAI form), `text`
         what the model generated for it. The next call must extend request + reply to merge."""

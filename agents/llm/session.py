@@ -37,6 +37,7 @@ from agents.llm.tokenizer import (
     server_max_model_len,
 )
 from agents.llm.trajectory import Trajectory, TrajectoryBuilder
+from agents.time_split import SessionClock, expected_generation_seconds
 from core.errors import (
     ConfigError,
     InvalidRequest,
@@ -93,6 +94,11 @@ class LLMSession:
         self._deadline = 0.0
         self._cancelled: Callable[[], bool] | None = None
         self._paused = self._unreported = 0.0
+        self._stop: list[str] = []  # the running turn's own stop strings
+        # Where the session's time went (`agents.time_split`): the turn's generation so far,
+        # and the totals the loop and the harness handler read (they survive a StageTimeout).
+        self._generated = 0.0
+        self.clock = SessionClock()
 
     @classmethod
     def open(
@@ -170,9 +176,16 @@ class LLMSession:
         self._modes.add(mode)
 
     def generate(
-        self, deadline: float, cancelled: Callable[[], bool] | None = None, max_new_tokens: int | None = None
+        self,
+        deadline: float,
+        cancelled: Callable[[], bool] | None = None,
+        max_new_tokens: int | None = None,
+        stop: list[str] | None = None,
     ) -> Generation:
-        """Sample one turn (see `_turn`), under the session's URL rules."""
+        """Sample one turn (see `_turn`), under the session's URL rules. `stop`: this turn's
+        own stop strings besides the job's (a harness's `stop`): the server stops there and
+        the turn keeps every id it sampled (`Generation.stop_reason` names the match)."""
+        self._stop = list(stop or [])
         with url_guard(self.url_rules):
             return self._turn(deadline, cancelled, max_new_tokens)
 
@@ -188,13 +201,16 @@ class LLMSession:
         decoding) and RolloutCancelled is raised instead of waiting for the turn.
 
         Time spent waiting on a paused pool (a weight push) is not charged: the deadline moves
-        on by it, and `Generation.paused_seconds` tells the caller by how much.
+        on by it, and `Generation.paused_seconds` tells the caller by how much. `clock` adds
+        the turn's generation, waiting and paused seconds, whether or not it raised.
         """
-        self._deadline, self._cancelled, self._paused = deadline, cancelled, 0.0
+        self._deadline, self._cancelled, self._paused, self._generated = deadline, cancelled, 0.0, 0.0
+        started = time.monotonic()
         try:
             generation = self._generate(max_new_tokens)
         finally:
             self._report_paused()
+            self._clock_turn(time.monotonic() - started)
         generation.paused_seconds = self._paused
         return generation
 
@@ -203,7 +219,7 @@ class LLMSession:
         tried: set[str] = set()
         while True:
             server = self._server_for_turn(tried)  # marked as generating on it from here
-            handle = None
+            handle, sent, asked = None, time.monotonic(), 0
             try:
                 self._fit_context(server)
                 cap, reason = self._turn_cap(max_new_tokens)
@@ -211,12 +227,14 @@ class LLMSession:
                     return self._no_room(reason)
                 request = self._request(server, cap, self._deadline)
                 request.headers = self._auth_headers(server)
+                sent, asked = time.monotonic(), request.max_tokens
                 with abort_when(self._cancelled) as handle:
                     generation = self.backend.generate(server.url, request)
             except ServerError as exc:
                 if handle is not None and handle.aborted:
                     raise RolloutCancelled("rollout cancelled during generation", rollout_id=self.rollout_id) from exc
                 if time.monotonic() >= self._deadline:
+                    self._clock_cut(server, asked, time.monotonic() - sent)
                     raise StageTimeout(f"generation passed its deadline on {server.url}") from exc
                 current = self.pool.lookup(server.url)
                 if current is not None and current.paused:
@@ -236,11 +254,30 @@ class LLMSession:
             if generation.finish_reason == "abort":  # e.g. vLLM paused with in-flight requests
                 self._sleep_before(self._deadline, f"{server.url} aborted the request")
                 continue
+            took = time.monotonic() - sent
+            self._generated += min(took, expected_generation_seconds(len(generation.token_ids)))
             recorded = self._record(generation, server, cap, reason)
             if not self.pool.sticky:  # per-turn routing: the next turn picks again
                 self.pool.release(server.url)
                 self.server = None
             return recorded
+
+    def _clock_cut(self, server: ServerInfo, asked: int, took: float) -> None:
+        """A request the deadline cut: the policy's time up to what a reply of `asked` tokens
+        is expected to take, unless the pool was pausing its server (held for a weight push:
+        waiting). Whatever is not generation is waiting (`_clock_turn`)."""
+        try:
+            current = self.pool.lookup(server.url)
+        except Exception:  # noqa: BLE001 - the pool's record is away: count it as generation
+            current = None
+        if current is None or not current.paused:
+            self._generated += min(took, expected_generation_seconds(asked))
+
+    def _clock_turn(self, seconds: float) -> None:
+        """Add one turn's `seconds` to `clock`: generation, paused, and the rest waiting."""
+        self.clock.generation += self._generated
+        self.clock.paused += self._paused
+        self.clock.waiting += max(0.0, seconds - self._generated - self._paused)
 
     def _turn_cap(self, max_new_tokens: int | None) -> tuple[int, str]:
         """Most tokens this turn may generate, and the finish reason if that cap cuts it."""
@@ -332,6 +369,7 @@ class LLMSession:
             model=server.model or _served_model(server.url),
             messages=traj.messages,
             tools=self.builder.tools,
+            stop=self._stop,
         )
 
     def _record(self, generation: Generation, server: ServerInfo, cap: int, cap_reason: str) -> Generation:

@@ -16,9 +16,35 @@ identity, status, reward and timing).
 | failure_class | outcomes | reward for training | in group statistics |
 | --- | --- | --- | --- |
 | `none` | `completed` | the graded reward | yes |
-| `policy` | `agent_error` (no valid action, disk quota, OOM, tool server killed) | reward or 0 | yes |
+| `policy` | `agent_error` (no valid action, disk quota, OOM, its own deadline: below) | reward or 0 | yes |
 | `infra` | `infra_error`, `timeout`, `cancelled` | none | no (default): group reported short |
 | `input` | `prompt_too_long` | none | no: cannot be sampled at this context |
+
+**Deadlines: whose time ran out.** A RUN that passes its deadline (or a harness its own
+`timeout`) ends with `finish_reason` `deadline` and the server decides the outcome from the
+RUN's time split, stored in `metrics.time_split` (seconds: `generation`, `tools` or `harness`,
+`waiting`, `paused`, `other`, and `agent_share`):
+
+| the charged time (elapsed minus `paused`) | outcome | failure_class |
+| --- | --- | --- |
+| the agent's own actions (generation, tools, harness work) >= half | `agent_error`, reward 0 | `policy` |
+| otherwise (mostly waiting on infrastructure) | `timeout` | `infra` |
+
+Waiting is: no server or a stalled one, failed and retried requests, a request held by a
+pausing pool. raas's own work (starting the session, logging turns) is not the agent's time
+either: it lowers the agent's share.
+
+Why: a policy cannot make the infrastructure wait, so stalling (tool calls that sleep to the
+deadline, a reply rambling to it) is its own time and earns reward 0 in its group instead of
+leaving the group; a rollout that lost most of its time to the infrastructure is not clearly
+the policy's failure. Generation counts as the policy's up to what the pool is expected to
+take (2 s + 20 tokens/s of the reply, or of the tokens a cut request asked for); a slower server
+is waiting. A paused pool (a weight push) moves the deadline on and counts for neither. A
+harness whose request the endpoint refused (an unsupported feature, a protocol error) or that
+never got a call answered is `infra_error`, never `policy`. The decision is carried by
+`outcome`, so an older SDK classifies the same (the wire did not change). A trainer can still
+override a class per sample (`include_infra=True` in `collect()`, or its own filter on
+`outcome`/`finish_reason`).
 """
 
 from __future__ import annotations

@@ -114,16 +114,20 @@ def test_a_registered_harness_environment_is_built_on_first_use(monkeypatch, tmp
     from core.settings import Settings
     from tasks.sandboxes import ensure_declared_environment
 
-    built: list[tuple[str, list[str]]] = []
+    built: list[tuple[str, list[str], list[str]]] = []
     monkeypatch.setattr(
-        sandbox.environments, "ensure_environment", lambda name, packages, root: built.append((name, packages))
+        sandbox.environments,
+        "ensure_environment",
+        lambda name, packages, root, npm=(): built.append((name, packages, list(npm))),
     )
-    settings = Settings(
-        home=tmp_path,
-        policy={"harnesses": {"registered": {"mine": reg(python_env="my-env", packages=["my-agent==1.0"])}}},
-    )
+    registered = {
+        "mine": reg(python_env="my-env", packages=["my-agent==1.0"]),
+        "node": reg(python_env="node-env", npm_packages=["some-cli@1"]),
+    }
+    settings = Settings(home=tmp_path, policy={"harnesses": {"registered": registered}})
     ensure_declared_environment(settings, "my-env")
+    ensure_declared_environment(settings, "node-env")
     ensure_declared_environment(settings, "unknown-env")  # left to the runtime's error
-    assert built == [("my-env", ["my-agent==1.0"])]
+    assert built == [("my-env", ["my-agent==1.0"], []), ("node-env", [], ["some-cli@1"])]
     shipped = default_harnesses()["openai-agent"].packages
     assert Path(shipped[-1], "raas_openai_agent.py").is_file()  # the example, installable

@@ -37,12 +37,18 @@ from core.models import Rollout
 from core.settings import Settings
 from tests.pipeline_harness import REPO, Service, start_service, wait_for
 from tests.private_services import PrivatePostgres, PrivateRedis
+from tests.tcp_proxy import ProxyProcess
 
 if TYPE_CHECKING:
     from tests.faults.faults import Fault
 
 NODES = ("n1", "n2")
 TURNS = 4
+# A fault that must land between turns (the generation mark, the turn insert) rather than in
+# a generation runs rollouts whose tool calls take this long (issue 40: a tool call is where a
+# RUN is when the database goes away, and its next statement is the mark).
+SLOW_TOOLS = "[slow tools] "
+SLOW_TOOL_SECONDS = 0.8
 LATENCY = 0.3  # seconds per LLM answer: a fault lands mid-rollout, a job stays short
 SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 # Issue 15's campaign had an 8 s lease; 6 s keeps recovery short and still outlasts the 3 s
@@ -83,14 +89,17 @@ def answers_right(index: int) -> bool:
 
 
 def script() -> dict[str, Any]:
-    """The simulator's script: per problem, 3 python turns then `finish` with the answer."""
-    by_instance = {}
+    """The simulator's script: per problem, 3 python turns then `finish` with the answer; a
+    problem submitted with the SLOW_TOOLS prefix gets tools that take SLOW_TOOL_SECONDS (the
+    simulator takes the first key found in the prompt: the prefixed ones come first)."""
+    slow, plain = {}, {}
     for k, p in enumerate(PROBLEMS):
         answer = p["answer"] if answers_right(k) else str(int(p["answer"]) + 1)
-        by_instance[p["problem"]] = [_call("python", code=f"print({t} + {k})") for t in range(TURNS - 1)] + [
-            _call("finish", answer=answer)
-        ]
-    return {"latency": LATENCY, "by_instance": by_instance}
+        finish = _call("finish", answer=answer)
+        plain[p["problem"]] = [_call("python", code=f"print({t} + {k})") for t in range(TURNS - 1)] + [finish]
+        code = f"import time; time.sleep({SLOW_TOOL_SECONDS}); print({{t}} + {k})"
+        slow[SLOW_TOOLS + p["problem"]] = [_call("python", code=code.format(t=t)) for t in range(TURNS - 1)] + [finish]
+    return {"latency": LATENCY, "by_instance": {**slow, **plain}}
 
 
 def sim_stats(url: str) -> dict[str, int]:
@@ -125,6 +134,9 @@ class Report:
     affected: int = 0  # rollouts the fault hit (e.g. in RUN on a killed pool)
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
+    violations: int = 0  # history checks that failed (tests/partitions/checker.py), named in notes
+    job_ids: list[str] = field(default_factory=list)  # the scripted jobs measured here
+    side_jobs: list[dict[str, Any]] = field(default_factory=list)  # other jobs: the fault's `after` judges them
     notes: list[str] = field(default_factory=list)
     affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
     extra_jobs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ditto
@@ -140,6 +152,7 @@ class Report:
             "missing_tokens",
             "live_sandboxes_left",
             "dirs_left",
+            "violations",
         )
         out = [f"{n}={getattr(self, n)}" for n in names if getattr(self, n)]
         if self.seq_gaps:
@@ -149,19 +162,28 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready figures."""
         out = asdict(self)
-        del out["affected_ids"], out["extra_jobs"]
+        del out["affected_ids"], out["extra_jobs"], out["side_jobs"]
         return out
 
 
 class Campaign:
     """Two nodes on private Redis + PostgreSQL with the scripted simulator (see module doc)."""
 
-    def __init__(self, home: Path, envs_math: Path | None = None, aof: bool = False) -> None:
+    def __init__(self, home: Path, envs_math: Path | None = None, aof: bool = False, links: bool = False) -> None:
         self.home = home
         self.redis = PrivateRedis(aof=aof)
         self.redis.start()
         self.pg = PrivatePostgres()
         self.pg.start()
+        # `links`: every node reaches PostgreSQL and Redis, and the gateway Redis, through a
+        # proxy of its own (`tests.tcp_proxy`), keyed (node or "gateway", "pg" | "redis"): a
+        # partition test cuts, slows or resets one of them (tests/partitions).
+        self.links: dict[tuple[str, str], ProxyProcess] = {}
+        if links:
+            for end in (*NODES, "gateway"):
+                self.links[end, "redis"] = ProxyProcess(self.redis.port)
+            for end in NODES:
+                self.links[end, "pg"] = ProxyProcess(self.pg.port)
         self.sim_url, self._stop_sim = start_simulator(SMOLLM2, script())
         if envs_math is not None:  # the handler's `math` environment, built once per machine
             (home / "envs").mkdir(parents=True, exist_ok=True)
@@ -172,6 +194,10 @@ class Campaign:
         node_extra = {
             n: {"sandbox_dir": self.sandbox_dirs[n], "workspace_root": (home / f"ws-{n}").resolve()} for n in NODES
         }
+        db_url = self.pg.create_database("raas")
+        for n in NODES if links else ():
+            node_extra[n]["database_url"] = _via(db_url, self.links[n, "pg"])
+            node_extra[n]["broker_url"] = _via(self.redis.url, self.links[n, "redis"])
         (home / "logs").mkdir(parents=True, exist_ok=True)  # the reapers run in this process
         self._reaper_log = logging.FileHandler(home / "logs" / "reapers.log")
         self._reaper_log.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
@@ -182,8 +208,8 @@ class Campaign:
         os.environ[CONSUMER_FAULT_ENV] = str(self.triggers)  # inherited by every pool
         self.svc: Service = start_service(
             home,
-            db_url=self.pg.create_database("raas"),
-            broker_url=self.redis.url,
+            db_url=db_url,
+            broker_url=_via(self.redis.url, self.links["gateway", "redis"]) if links else self.redis.url,
             nodes=NODES,
             concurrency=CONCURRENCY,
             reaper="per_node",
@@ -193,6 +219,8 @@ class Campaign:
         )
         self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2, "max_model_len": 4096}
         self.lost_nodes: set[str] = set()
+        self.prefixes: dict[str, str] = {}  # job id -> its problems' prefix (`submit`)
+        self.registered = False  # the simulator is a registered server of the pool
         self.exits: list[str] = []  # pools that ended by themselves, as the supervisor saw
         self.supervising = True  # False: a pool that exits stays dead (no supervisor)
         self._lock = threading.Lock()
@@ -279,15 +307,26 @@ class Campaign:
                 if node not in self.svc.reapers:
                     self.svc.start_reaper(node)
 
-    def submit(self, n: int, offset: int = 0) -> dict[str, Any]:
-        """A job of `n` distinct problems (each its own simulator script)."""
+    def submit(self, n: int, offset: int = 0, slow_tools: bool = False, registered: bool = False) -> dict[str, Any]:
+        """A job of `n` distinct problems (each its own simulator script; `slow_tools`: their
+        tool calls take SLOW_TOOL_SECONDS; `registered`: the simulator as a server of the
+        shared pool, as a trainer registers its vLLM servers, instead of named by the job)."""
         if offset + n > len(PROBLEMS):
             raise ValueError(f"at most {len(PROBLEMS)} distinct problems")
+        prefix = SLOW_TOOLS if slow_tools else ""
         instances = [
-            {"instance_id": p["instance_id"], "data": {"problem": p["problem"], "answer": p["answer"]}}
+            {"instance_id": p["instance_id"], "data": {"problem": prefix + p["problem"], "answer": p["answer"]}}
             for p in PROBLEMS[offset : offset + n]
         ]
-        return self.svc.client.submit("math", instances, llm=self.llm, limits={"max_turns": TURNS + 2})
+        llm = self.llm
+        if registered:
+            if not self.registered:
+                self.svc.client.add_llm_server(self.sim_url)
+                self.registered = True
+            llm = {k: v for k, v in llm.items() if k != "servers"}
+        job = self.svc.client.submit("math", instances, llm=llm, limits={"max_turns": TURNS + 2})
+        self.prefixes[job["job_id"]] = prefix
+        return job
 
     # -- one faulted job ------------------------------------------------------------------
     def run(self, fault: Fault, timeout: float | None = None) -> Report:
@@ -302,9 +341,14 @@ class Campaign:
         before, leaks_before = sim_stats(self.sim_url), self.leftovers()
         exits_before = len(self.exits)
         started = time.monotonic()
-        job = self.submit(fault.rollouts)
+        job = self.submit(
+            fault.rollouts,
+            slow_tools=getattr(fault, "slow_tools", False),
+            registered=getattr(fault, "registered_pool", False),
+        )
         fault.strike(self, job, report)
         jobs = [job, *report.extra_jobs]
+        report.job_ids = [j["job_id"] for j in jobs]
         deadline = time.monotonic() + timeout
         for j in jobs:
             try:
@@ -362,11 +406,11 @@ class Campaign:
     def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int], report: Report) -> None:
         after = sim_stats(self.sim_url)
         report.llm_calls = after.get("started", 0) - before.get("started", 0)
-        keys = {p["instance_id"]: p["problem"] for p in PROBLEMS}
+        problems = {p["instance_id"]: p["problem"] for p in PROBLEMS}
         looped = 0
         for j in jobs:
             for row in self.rows(j["job_id"]):
-                key = keys[row.instance_id]
+                key = self.prefixes.get(j["job_id"], "") + problems[row.instance_id]
                 answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0) for t in range(TURNS)]
                 looped += answered[0] > 0
                 report.rerun_rollouts += answered[0] > 1
@@ -432,10 +476,17 @@ class Campaign:
             from core.db import dispose_all
 
             dispose_all(close=True)
+            for link in self.links.values():
+                link.close()
             self.pg.close()
             self.redis.close()
             for d in self.sandbox_dirs.values():
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def _via(url: str, link: ProxyProcess) -> str:
+    """`url` with its port replaced by the proxy's."""
+    return sa.engine.make_url(url).set(port=link.port).render_as_string(hide_password=False)
 
 
 def _entries(folder: Path) -> list[Path]:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from core.db import session_scope
 from core.models import Rollout, Turn
-from tests.faults.campaign import NODES, Campaign, Report
+from tests.faults.campaign import CONCURRENCY, NODES, Campaign, Report
 from tests.pipeline_harness import wait_for
 
 Strike = Callable[[Campaign, dict[str, Any], Report], None]
@@ -38,6 +38,9 @@ class Fault:
     supervised: bool = True  # False: a pool that exits stays dead (the README's node layout
     # before `raas node`: `raas worker ... &` per stage, nothing restarts them)
     timeout: float = 90  # seconds the job may take to end
+    slow_tools: bool = False  # the job's tool calls take a while (`campaign.SLOW_TOOLS`)
+    registered_pool: bool = False  # the job uses the registered server pool (its hot path:
+    # the generation mark, claim, take and release are driver statements), not named servers
 
 
 def _node_of(row: Rollout) -> str | None:
@@ -196,13 +199,29 @@ def consumer_failure_seen(c: Campaign, report: Report) -> None:
 
 
 def postgres_restart(mode: str) -> Strike:
-    """PostgreSQL stops with `mode` mid-RUN and is back after 3 s."""
+    """PostgreSQL stops with `mode` and is back after 3 s, struck where it hurts (issue 40):
+    while every RUN slot the machine lets fill holds a rollout between turns (turns stored,
+    more to come) whose tool calls take 0.8 s, so each RUN meets the outage in its per-turn
+    statements (the generation mark, the server claim, the turn insert) or its hand-off; with
+    fast tools a RUN met it in the turn insert's settle, whose SQLAlchemy path always retried."""
 
     def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
         _mid_run(c, job["job_id"])
+        slots = CONCURRENCY["run"] * len(NODES)
+        try:
+            wait_for(
+                lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= slots - 1,
+                timeout=10,
+                what=f"{slots - 1} rollouts mid-RUN",
+                interval=0.05,
+            )
+        except AssertionError:
+            pass
+        held = len(_leased(c, job["job_id"], "run", min_turns=1))
         report.affected_ids = _unfinished(c, job["job_id"])
         report.affected = len(report.affected_ids)
         c.pg.restart(mode, OUTAGE_SECONDS)  # type: ignore[arg-type]
+        report.notes.append(f"PostgreSQL down {OUTAGE_SECONDS:.0f}s with {held} RUN leases between turns")
 
     return strike
 
@@ -222,8 +241,14 @@ FAULTS = {
         Fault("sigkill-every-stage", sigkill_every_stage, rollouts=16),
         Fault("redis-restart", redis_restart),
         Fault("redis-restart-aof", redis_restart, aof=True),
-        Fault("postgres-restart-fast", postgres_restart("fast")),
-        Fault("postgres-restart-immediate", postgres_restart("immediate")),
+        Fault("postgres-restart-fast", postgres_restart("fast"), rollouts=18, slow_tools=True, registered_pool=True),
+        Fault(
+            "postgres-restart-immediate",
+            postgres_restart("immediate"),
+            rollouts=18,
+            slow_tools=True,
+            registered_pool=True,
+        ),
         Fault("cancel-mid-run", cancel_mid_run, outcomes=("cancelled", "completed")),
         Fault("node-loss", lose_node, after=node_returns, rollouts=16),
         Fault("node-drain", drain_node, after=node_returns, rollouts=16),

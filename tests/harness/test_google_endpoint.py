@@ -111,6 +111,19 @@ def test_a_tool_loop_is_one_merged_sample(endpoint, stream) -> None:
     assert_one_sample(ep, 3)
 
 
+def test_the_gemini_cli_s_recorded_first_request_parses() -> None:
+    """The request the Gemini CLI really sends (tests/fixtures/harness-requests, recorded)."""
+    from agents.harness.google_wire import GoogleWire
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests" / "gemini-cli.json"
+    request = json.loads(fixture.read_text())
+    route = GoogleWire().route(request["path"])
+    call = route.parse_request(request["body"])
+    assert route.model == "raas" and call.stream and call.messages[0]["role"] == "system"
+    assert "run_shell_command" in {t["function"]["name"] for t in call.tools}
+    assert "Fix the bug in intervals/core.py." in call.messages[-1]["content"]
+
+
 def test_automatic_function_calling_merges_too(endpoint) -> None:
     """The SDK's own loop: a Python function as the tool, history built by the SDK."""
     ep = endpoint(SCRIPT)
@@ -139,7 +152,7 @@ def test_thoughts_are_parts_when_asked_and_the_echo_merges(endpoint, include_tho
     expected = ["thought", "function_call"] if include_thoughts else ["function_call"]
     assert [("thought" if p.thought else "function_call") for p in first] == expected
     if include_thoughts:
-        assert first[0].text == "\nI should list the files.\n"
+        assert first[0].text == "I should list the files."
     assert replies[1][0][0].text == "Done."
     assert recorded(ep)[0]["generated_ids"] == ids_of(THINK_LS) + [END]
     assert ep.counters.ignored_params == {"thinkingConfig": 2}
@@ -229,7 +242,17 @@ def test_generation_config_max_tokens_cuts_and_sampling_is_ignored(endpoint) -> 
     assert response.candidates[0].finish_reason == types.FinishReason.MAX_TOKENS
     assert response.usage_metadata.candidates_token_count == 3
     assert recorded(ep)[0]["finish_reason"] == "turn_length"
-    assert ep.counters.ignored_params == {"temperature": 1, "topP": 1, "topK": 1, "seed": 1, "stopSequences": 1}
+    assert ep.counters.ignored_params == {"temperature": 1, "topP": 1, "topK": 1, "seed": 1}
+
+
+def test_stop_sequences_are_honoured(endpoint) -> None:
+    ep = endpoint({"default": ["one two. three four"]})
+    client = google_client(ep)
+    response = client.models.generate_content(
+        model="gemini-x", contents="Task: count", config=types.GenerateContentConfig(stop_sequences=["."])
+    )
+    assert response.text == "one two" and response.candidates[0].finish_reason == types.FinishReason.STOP
+    assert recorded(ep)[0]["extra"]["stop_sequence"] == "."
 
 
 def test_refusals_name_the_field_in_google_s_error_shape(endpoint) -> None:

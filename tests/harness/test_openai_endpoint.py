@@ -177,7 +177,7 @@ def test_refused_and_ignored_parameters(endpoint) -> None:
     with pytest.raises(openai.BadRequestError, match="n=1"):
         client.chat.completions.create(model="policy", messages=START, n=2)
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL], tool_choice="required")
+        client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL], tool_choice="always")
     with pytest.raises(openai.BadRequestError, match="image_url"):
         client.chat.completions.create(
             model="policy",
@@ -187,6 +187,7 @@ def test_refused_and_ignored_parameters(endpoint) -> None:
     assert raw.headers["x-raas-ignored-params"] == "temperature,seed"
     assert ep.counters.ignored_params == {"temperature": 1, "seed": 1}
     assert ep.counters.calls == 4 and ep.counters.failed_calls == 3
+    assert ep.counters.refusals == {"n": 1, "tool_choice": 1, "messages": 1}  # each names its field
 
 
 def test_models_and_auth(endpoint) -> None:

@@ -92,6 +92,18 @@ def test_a_tool_loop_is_one_merged_sample(endpoint, stream) -> None:
     assert_one_sample(ep, 3)
 
 
+def test_codex_s_recorded_first_request_parses() -> None:
+    """The request Codex really sends (tests/fixtures/harness-requests, recorded from the CLI)."""
+    from agents.harness.responses_wire import ResponsesWire
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests" / "codex.json"
+    request = json.loads(fixture.read_text())
+    call = ResponsesWire().parse_request(request["body"])
+    assert call.stream and "exec_command" in {t["function"]["name"] for t in call.tools}
+    assert call.ignored == ["reasoning", "tools.web_search"]
+    assert call.messages[-1] == {"role": "user", "content": "Fix the bug in intervals/core.py."}
+
+
 def test_the_stream_is_the_api_s_event_sequence(endpoint) -> None:
     ep = endpoint({"by_instance": {"i-1": [CALL_CAT]}})
     events = list(
@@ -142,7 +154,7 @@ def test_reasoning_is_an_item_and_the_echo_still_merges(endpoint, echo_reasoning
         first = client.responses.create(**args)
     reasoning, call = first.output
     assert isinstance(reasoning, ResponseReasoningItem) and isinstance(call, ResponseFunctionToolCall)
-    assert reasoning.content[0].text == "\nI should list the files.\n"
+    assert reasoning.content[0].text == "I should list the files."
     echoed = [o.model_dump(exclude_unset=True) for o in first.output if echo_reasoning or o.type != "reasoning"]
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}
     second = client.responses.create(model="policy", input=[TASK, *echoed, output], tools=TOOLS)
@@ -233,7 +245,8 @@ def test_sampling_fields_are_ignored_and_max_output_tokens_cuts(endpoint) -> Non
         store=False,
         truncation="disabled",
     )
-    assert raw.headers["x-raas-ignored-params"] == "temperature,top_p,reasoning,text.format"
+    assert raw.headers["x-raas-ignored-params"] == "temperature,top_p,reasoning"
+    assert raw.headers["x-raas-unenforced-params"] == "text.format"  # answered as sampled
     reply = raw.parse()
     assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
     assert reply.usage.output_tokens == 3 and reply.metadata == {"k": "v"} and reply.parallel_tool_calls is False

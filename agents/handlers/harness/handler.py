@@ -8,8 +8,11 @@ socket, starts the registered command (`launch`) and waits; the trajectory is wh
 endpoint captured. The artifact and EVAL are the task handler's (swe: the diff graded with
 the test patch in a fresh sandbox; code: the solution file's hidden tests; math: the answer
 file checked on the host): the harness never grades itself. A harness that exits non-zero is
-`agent_error` (its artifact is still graded: no answer is reward 0); a bridge, sandbox or
-endpoint failure raises and is retried as infrastructure.
+`agent_error` (its artifact is still graded: no answer is reward 0) unless the endpoint had
+refused it a request or it never got a model call answered (`infra_error`, not graded); a
+deadline is the policy's or the infrastructure's by the RUN's time split (`ending`,
+`agents.time_split`); a bridge, sandbox or endpoint failure raises and is retried as
+infrastructure.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from pydantic import Field, model_validator
 
 from agents.abstract import AgentHandler, EvalResult, HandlerConfig, Trajectory
 from agents.contexts import EvalContext, InitContext, RolloutContext, RunContext
+from agents.handlers.harness import ending as endings
 from agents.handlers.harness import launch
 from agents.registry import get_handler, register
+from agents.time_split import TimeSplit
 from core.errors import ConfigError, InvalidRequest
 from core.harnesses import HarnessRegistration
 
@@ -143,17 +148,37 @@ class HarnessHandler(AgentHandler):
         cfg: HarnessConfig = ctx.agent_config  # type: ignore[assignment]
         harness = _registration(ctx)
         token = RolloutEndpoint.new_token()
+        run_started = ctx.deadline - ctx.limits.stage_timeout("run")  # before any pause moved it
         started = time.monotonic()
         with RolloutEndpoint(ctx, bridge.endpoint_socket(ctx.sandbox), token) as endpoint:
             program = launch.start(ctx, harness, cfg.task, token)
             ending = launch.wait(ctx, harness, program, started, lambda: endpoint.fatal)
         if endpoint.fatal is not None:  # a cancel or an infrastructure failure: not the agent's
             raise endpoint.fatal
-        result = endpoint.result(ending.outcome, ending.finish_reason)
+        split = _time_split(ctx, run_started, started)
+        outcome, finish_reason = endings.classify(ending, endpoint.counters, split)
+        result = endpoint.result(outcome, finish_reason)
         result.metrics.update(
             harness=cfg.harness,
             harness_returncode=ending.returncode,
             harness_seconds=round(time.monotonic() - started, 3),
+            time_split=split.to_metrics(),
         )
         result.extra["harness_log"] = ending.log_tail
         return result
+
+
+def _time_split(ctx: RunContext, run_started: float, launched: float) -> TimeSplit:
+    """RUN's time split: the model calls' generation and waiting (the session's clock), the
+    harness's own work (its wall time since launch minus those calls), paused pool time."""
+    now = time.monotonic()
+    clock = ctx.llm.clock
+    own = max(0.0, now - launched - clock.generation - clock.waiting - clock.paused)
+    return TimeSplit(
+        elapsed=now - run_started,
+        generation=clock.generation,
+        agent_own=own,
+        waiting=clock.waiting,
+        paused=clock.paused,
+        own_label="harness",
+    )

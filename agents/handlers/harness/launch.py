@@ -1,21 +1,24 @@
 """Starting a registered harness in its sandbox and waiting for it (the RUN of `harness`).
 
 What the harness gets: the task text in `task_file` (and as `{task}`), its registered argv
-and variables with the placeholders filled, and the endpoint variables pointing at the
-loopback relay with this attempt's token. The wait polls the detached program between
-cancel checks; the harness's own deadline (registration `timeout`) and the stage's
-remaining time both end it, and its trajectory is kept either way.
+and variables with the placeholders filled, the endpoint variables pointing at the loopback
+relay with this attempt's token, and a writable HOME (`HOME_DIR`, on the sandbox's own /tmp,
+never in the workspace) holding the registration's `files` filled the same way. The wait
+polls the detached program between cancel checks; the harness's own deadline (registration
+`timeout`) and the stage's remaining time both end it, and its trajectory is kept either way.
 """
 
 from __future__ import annotations
 
+import base64
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import RolloutCancelled
-from core.harnesses import HarnessRegistration
+from core.harnesses import HOME_DIR, HarnessRegistration, file_path, fill_file
 from sandbox import bridge
 
 POLL_SECONDS = 0.25
@@ -59,6 +62,25 @@ def render(
     return argv, env
 
 
+def home_script(harness: HarnessRegistration, values: dict[str, str]) -> str:
+    """One shell command making the rollout's HOME (0700) and writing the registration's
+    `files` into it (and /tmp) with their placeholders filled."""
+    words = [f"umask 077 && mkdir -p {HOME_DIR}"]
+    for path, template in harness.files.items():
+        target = file_path(path)
+        data = base64.b64encode(fill_file(template, values).encode()).decode()
+        folder = shlex.quote(target.rsplit("/", 1)[0])
+        words.append(f"mkdir -p {folder} && printf %s {data} | base64 -d > {shlex.quote(target)}")
+    return " && ".join(words)
+
+
+def write_home(sb: Any, harness: HarnessRegistration, values: dict[str, str]) -> None:
+    """Make the rollout's HOME and its config files inside the sandbox."""
+    result = sb.bash(home_script(harness, values), timeout=bridge.START_TIMEOUT)
+    if result.exit_code != 0:
+        raise bridge.BridgeError(f"cannot write the harness's files: {result.output[-500:]!r}")
+
+
 @dataclass
 class Ending:
     """How the harness ended: outcome, finish reason and what it said."""
@@ -83,8 +105,10 @@ def start(ctx: Any, harness: HarnessRegistration, kind: str, token: str) -> brid
         "answer_file": harness.answer_file,
     }
     root = f"http://127.0.0.1:{port}"
-    argv, env = render(harness, fields, {"base_url": f"{root}/v1", "root_url": root, "token": token, "port": str(port)})
-    return bridge.start_detached(sb, argv, env, ctx.workspace)
+    endpoint = {"base_url": f"{root}/v1", "root_url": root, "token": token, "port": str(port)}
+    write_home(sb, harness, {**fields, **endpoint})
+    argv, env = render(harness, fields, endpoint)
+    return bridge.start_detached(sb, argv, {"HOME": HOME_DIR, **env}, ctx.workspace)  # never the registration's
 
 
 def wait(
@@ -98,7 +122,8 @@ def wait(
     failure the endpoint ran into (`fatal`: a cancel, no inference server) is raised."""
     sb = ctx.sandbox
     while True:
-        end = min(started + harness.timeout, ctx.deadline - STOP_MARGIN)  # pauses extend it
+        # a paused pool stops both clocks: RUN's deadline and the harness's own timeout
+        end = min(started + harness.timeout + _paused(ctx), ctx.deadline - STOP_MARGIN)
         failure = fatal()
         if failure is not None:
             bridge.stop_detached(sb, program)
@@ -116,3 +141,9 @@ def wait(
             bridge.stop_detached(sb, program)
             return Ending("timeout", "deadline", None, bridge.log_tail(sb, program))
         time.sleep(POLL_SECONDS)
+
+
+def _paused(ctx: Any) -> float:
+    """Seconds the rollout's model calls waited on a paused pool (not the harness's time)."""
+    clock = getattr(getattr(ctx, "llm", None), "clock", None)
+    return clock.paused if clock is not None else 0.0

@@ -46,6 +46,7 @@ class GenerateRequest:
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # this call's own stop strings (a harness's)
     headers: dict[str, str] = field(default_factory=dict)  # the server's credential, if any
 
     def sampling_params(self, *names: str) -> dict[str, Any]:
@@ -53,9 +54,16 @@ class GenerateRequest:
         job's value, else the neutral one (`NEUTRAL_SAMPLING`)."""
         return {name: self.sampling.get(name, NEUTRAL_SAMPLING[name]) for name in names}
 
+    def stop_strings(self) -> list[str]:
+        """The job's stop strings, then the call's own (a harness's `stop`), each once."""
+        return list(dict.fromkeys([*(self.sampling.get("stop") or []), *self.stop]))
+
     def stop_and_seed(self) -> dict[str, Any]:
-        """`stop` and `seed` where the job set them (vLLM's and OpenAI's names)."""
-        return {key: self.sampling[key] for key in ("stop", "seed") if self.sampling.get(key) is not None}
+        """`stop` and `seed` where set (vLLM's and OpenAI's names)."""
+        out: dict[str, Any] = {"stop": self.stop_strings()} if self.stop_strings() else {}
+        if self.sampling.get("seed") is not None:
+            out["seed"] = self.sampling["seed"]
+        return out
 
 
 @dataclass
@@ -71,6 +79,9 @@ class Generation:
     logprobs_mode: str | None = None  # what `logprobs` are, as the server declares it
     latency: float = 0.0
     paused_seconds: float = 0.0  # waited on a paused pool (weight push): not the agent's time
+    # What stopped it, as vLLM says: the stop string matched (its text is cut from the server's
+    # text, never from `token_ids`: the ids that made it are kept), a stop token id, or None.
+    stop_reason: str | int | None = None
 
 
 class BackendConfig(BaseModel):

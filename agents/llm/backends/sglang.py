@@ -31,8 +31,8 @@ class SGLangBackend(LLMBackend):
         """POST /generate with input_ids and return_logprob; read output ids and logprobs."""
         sampling = request.sampling
         params = {"max_new_tokens": request.max_tokens, **request.sampling_params("temperature", "top_p", "top_k")}
-        if sampling.get("stop"):
-            params["stop"] = sampling["stop"]
+        if request.stop_strings():
+            params["stop"] = request.stop_strings()
         if sampling.get("seed") is not None:
             params["sampling_seed"] = sampling["seed"]
         body = {"input_ids": request.prompt_ids, "sampling_params": params, "return_logprob": True}
@@ -50,6 +50,7 @@ class SGLangBackend(LLMBackend):
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+            stop_reason=finish.get("matched") if isinstance(finish, dict) else None,
             server=url,
             latency=time.monotonic() - started,
         )

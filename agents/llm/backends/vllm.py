@@ -1,7 +1,9 @@
 """vLLM's token-in/token-out subset of `/v1/completions`: prompt ids in, sampled ids out.
 
 `return_token_ids` makes vLLM send back the exact ids it sampled; `logprobs: 0` adds the
-logprob of each sampled token (and no alternatives, which would only cost bandwidth).
+logprob of each sampled token (and no alternatives, which would only cost bandwidth). With
+`stop` strings vLLM cuts its `text` before the match but keeps every sampled id (the tokens
+that spelled the stop string included) and names the match in `stop_reason`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class VLLMBackend(LLMBackend):
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=choice.get("finish_reason"),
+            stop_reason=choice.get("stop_reason"),
             server=url,
             latency=time.monotonic() - started,
         )

@@ -1,0 +1,66 @@
+"""The first request each npm preset really sends (recorded from the CLI itself, issue 36)
+parses on its route: the endpoint takes what the real clients send.
+
+The bodies and headers in tests/fixtures/harness-requests/ were captured by running each preset's
+command, variables and files against a recording server (paths of the recording host replaced);
+they are also the reference for the dialects still to come (Responses: codex, generateContent:
+gemini-cli). See docs/harnesses.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests"
+TASK = "Fix the bug in intervals/core.py."  # what the recordings were given as {task}
+
+
+def recorded(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "name, path, tools",
+    [
+        ("claude-code", "/v1/messages?beta=true", {"Bash", "Read", "Edit", "Write"}),
+        ("qwen-code", "/v1/chat/completions", {"run_shell_command", "edit", "read_file"}),
+        ("opencode", "/v1/chat/completions", {"bash", "edit", "read"}),
+    ],
+)
+def test_the_recorded_first_request_parses_with_the_harness_tools(name, path, tools) -> None:
+    from agents.harness import anthropic_wire, openai_wire
+
+    request = recorded(name)
+    assert request["method"] == "POST" and request["path"] == path
+    wire = anthropic_wire if path.startswith("/v1/messages") else openai_wire
+    call = wire.parse_request(request["body"])
+    assert call.stream is True  # every one of them streams
+    assert tools <= {t["function"]["name"] for t in call.tools or []}
+    # the task came from the CLI's own arguments, as the last user turn
+    assert call.messages[-1]["role"] == "user" and TASK in str(call.messages[-1]["content"])
+
+
+@pytest.mark.parametrize(
+    "name, path",
+    [
+        ("codex", "/v1/responses"),
+        ("gemini-cli", "/v1beta/models/raas:streamGenerateContent?alt=sse"),
+    ],
+)
+def test_the_dialects_to_come_have_their_reference_requests(name, path) -> None:
+    """Codex (Responses) and Gemini CLI (generateContent): what their routes must accept."""
+    request = recorded(name)
+    assert request["path"] == path
+    body = request["body"]
+    if name == "codex":
+        assert (
+            body["stream"] is True
+            and body["store"] is False
+            and "exec_command" in {t.get("name") for t in body["tools"]}
+        )
+    else:
+        names = {f["name"] for t in body["tools"] for f in t["functionDeclarations"]}
+        assert "run_shell_command" in names and body["contents"][0]["role"] == "user"
