@@ -1,4 +1,4 @@
-"""`RolloutEndpoint`: one rollout's OpenAI/Anthropic-compatible model API on a Unix socket.
+"""`RolloutEndpoint`: one rollout's OpenAI/Anthropic/Google-compatible model API on a Unix socket.
 
 The server is the standard library's threading HTTP server on a Unix socket: HTTP/1.1 with
 keep-alive (the SDKs pool connections), SSE written as chunked transfer. Calls are
@@ -18,6 +18,7 @@ import secrets
 import socket
 import socketserver
 import threading
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -25,7 +26,7 @@ from typing import Any
 
 from agents.abstract import Trajectory
 from agents.contexts import RunContext
-from agents.harness import anthropic_wire, openai_wire
+from agents.harness import anthropic_wire, google_wire, openai_wire, responses_wire
 from agents.harness.calls import CallError, CallRunner
 from agents.harness.results import run_result
 from core.errors import InvalidRequest
@@ -83,6 +84,14 @@ class RolloutEndpoint:
         self.socket_path = socket_path
         self.token = token
         self.runner = CallRunner(ctx)
+        # route -> the wire that parses its requests and renders its answers (Google's routes
+        # carry the model in the path: `google.route` matches them)
+        self.routes: dict[str, Any] = {
+            "/v1/chat/completions": openai_wire,
+            "/v1/messages": anthropic_wire,
+            "/v1/responses": responses_wire.ResponsesWire(),
+        }
+        self.google = google_wire.GoogleWire()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._live = False
@@ -171,7 +180,8 @@ class RolloutEndpoint:
         """Answer one HTTP request (called on the connection's thread)."""
         path = req.path.split("?", 1)[0].rstrip("/")
         path = path if path.startswith("/v1/") else "/v1" + path
-        wire = anthropic_wire if path.startswith("/v1/messages") else openai_wire
+        route = self.routes.get(path) or self.google.route(req.path)
+        wire = route or (anthropic_wire if path.startswith("/v1/messages") else openai_wire)
         try:
             if not self._authorized(req):
                 self._unauthorized += 1
@@ -180,7 +190,7 @@ class RolloutEndpoint:
                 return req.send_json(200, openai_wire.models_body(MODEL_NAME))
             if req.command == "POST" and path == "/v1/messages/count_tokens":
                 return self._count_tokens(req, self._body(req))
-            if req.command != "POST" or path not in ("/v1/chat/completions", "/v1/messages"):
+            if req.command != "POST" or route is None:
                 raise CallError("not_found", f"no route {req.command} {path}", 404)
             self._complete(req, wire, self._body(req))
         except CallError as exc:
@@ -202,7 +212,7 @@ class RolloutEndpoint:
             raise
 
     def _authorized(self, req: _Handler) -> bool:
-        given = req.headers.get("x-api-key") or ""
+        given = req.headers.get("x-api-key") or req.headers.get("x-goog-api-key") or _query_key(req.path)
         bearer = req.headers.get("authorization") or ""
         if bearer.lower().startswith("bearer "):
             given = given or bearer[7:].strip()
@@ -225,6 +235,9 @@ class RolloutEndpoint:
             req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
         if call.unenforced:  # accepted, answered, not enforced (no forced decoding)
             req.extra_headers["x-raas-unenforced-params"] = ",".join(call.unenforced)
+        if wire not in (openai_wire, anthropic_wire):
+            answer = wire.answer(call, completion, body, model)
+            return req.send_sse(answer) if call.stream else req.send_json(200, answer)
         if wire is anthropic_wire:
             if call.stream:
                 return req.send_sse(
@@ -235,6 +248,12 @@ class RolloutEndpoint:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return req.send_sse(f"data: {data}\n\n" for data in openai_wire.stream_events(completion, model, usage))
         return req.send_json(200, openai_wire.completion_body(completion, model))
+
+
+def _query_key(path: str) -> str:
+    """The `?key=` of a request (Google's clients may authenticate that way)."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+    return (query.get("key") or [""])[0]
 
 
 class _Handler(BaseHTTPRequestHandler):

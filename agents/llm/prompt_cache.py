@@ -6,7 +6,7 @@ three times, for the message spans and per-message token counts) and encoding it
 a RUN worker's CPU per rollout, the same result every time. `TrajectoryBuilder.start` asks
 here first. Each `ChatTokenizer` holds its own cache (one tokenizer folder and template: one
 per process, `load_chat_tokenizer`), keyed by the rest of what the result depends on: the
-messages, the tools and the template's keyword arguments, as canonical JSON. A template that
+messages, the tools and the template's keyword arguments, as JSON in their own key order. A template that
 reads the clock (`strftime_now`) is never cached, since its render is not a function of those.
 
 Values are immutable (JSON text and tuples) and every `get` returns fresh lists and message
@@ -42,7 +42,9 @@ class PromptCache:
         if "strftime_now" in template:
             return None
         try:
-            return json.dumps([messages, tools, kwargs], sort_keys=True, ensure_ascii=False)
+            # Key order is kept: a template renders a schema as written (transformers' `tojson`
+            # does not sort), so tools that differ only in key order are different prompts.
+            return json.dumps([messages, tools, kwargs], ensure_ascii=False)
         except (TypeError, ValueError):
             return None
 

@@ -10,7 +10,11 @@ real HTTP over that socket.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,3 +176,29 @@ def ids_of(text: str) -> list[int]:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(f"{SMOLLM2}/tokenizer.json").encode(text, add_special_tokens=False).ids
+
+
+@contextlib.contextmanager
+def loopback_relay(socket_path: str) -> Iterator[int]:
+    """The sandbox's loopback relay (`sandbox/toolserver/relay.py`) in a thread, for harnesses
+    that speak HTTP over TCP only (Codex, the Gemini CLI). Yields its port on 127.0.0.1."""
+    from sandbox.toolserver.relay import serve
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            serve(listener, socket_path)
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def npm_install(root: Path, package: str, command: str) -> Path:
+    """`npm install` a harness from the npm registry into `root`; the path of its command."""
+    npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(root), package]
+    subprocess.run(npm, check=True, capture_output=True, timeout=600)
+    return root / "node_modules" / ".bin" / command

@@ -309,6 +309,21 @@ def test_the_first_prompt_of_a_group_is_rendered_once_and_never_shared() -> None
     assert fresh.prompts.misses == 2  # a different prompt is rendered
 
 
+def test_tools_in_another_key_order_are_another_prompt() -> None:
+    """The template renders a schema as written (`tojson` keeps its key order): a harness that
+    orders its keys differently gets its own prompt, never another one's from the cache."""
+    from agents.llm.tokenizer import ChatTokenizer
+
+    tok = load_chat_tokenizer(SMOLLM2, Path(QWEN_TEMPLATE).read_text())
+    reordered = [{"type": "function", "function": dict(reversed(list(t["function"].items())))} for t in TOOLS]
+    ids = []
+    for chat, tools in ((tok, TOOLS), (tok, reordered), (ChatTokenizer(tok.hf, tok.template), reordered)):
+        builder = TrajectoryBuilder(chat, 4096)
+        builder.start(PROMPT, tools)
+        ids.append(builder.trajectory().prompt_ids)
+    assert ids[1] == ids[2] != ids[0]  # the cached render is the fresh one
+
+
 def test_a_template_that_reads_the_clock_is_never_cached() -> None:
     from agents.llm.prompt_cache import PromptCache
 
