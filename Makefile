@@ -51,7 +51,7 @@ format: $(VENV)/.installed
 # Unit + API tests (real Redis/PostgreSQL/bwrap, no whole-service tiers): test files marked
 # `service` (pipeline, fault, browser and start-up tiers) are left to `make test`.
 test-fast: install
-	$(PY) -m pytest -q $(PARALLEL) -m "not vllm and not fuzz and not sdk_torch and not service"
+	$(PY) -m pytest -q $(PARALLEL) -m "not vllm and not fuzz and not sdk_torch and not adapters and not slurm and not train and not partitions and not service"
 
 # The fault campaign alone (SIGKILLed workers, node loss, private Redis/PostgreSQL restarts,
 # cancel): each case asserts nothing lost, duplicated or leaked, with no human step.
