@@ -56,6 +56,7 @@ _FILE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
 # The smolagents launcher's folder (a console script that runs smolagents with its defaults).
 SMOLAGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_smolagents")
+OPENAI_AGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_openai_agents")
 DEFAULT_ENDPOINT_ENV = {
     "OPENAI_BASE_URL": "{base_url}",
     "OPENAI_API_KEY": "{token}",
@@ -257,6 +258,17 @@ SMOLAGENTS = HarnessRegistration(
 )
 
 
+OPENAI_AGENTS = HarnessRegistration(
+    description="the OpenAI Agents SDK (PyPI `openai-agents`), unmodified: an `Agent` with one bash "
+    "function tool on the SDK's default model (the Responses API), started by examples/harness_openai_agents",
+    command=["raas-openai-agents", "--task-file", "{task_file}", "--model", "{model}"],
+    python_env="openai-agents",
+    packages=["openai-agents", "pytest", OPENAI_AGENTS_LAUNCHER],
+    tasks=["swe", "math", "code"],
+    timeout=1800.0,
+)
+
+
 def default_harnesses() -> dict[str, HarnessRegistration]:
     """The registrations shipped as examples and presets (an operator's policy replaces them)."""
     from core.harness_presets import PRESETS
@@ -266,6 +278,7 @@ def default_harnesses() -> dict[str, HarnessRegistration]:
         "openai-agent": OPENAI_AGENT,
         "anthropic-agent": ANTHROPIC_AGENT,
         "smolagents": SMOLAGENTS,
+        "openai-agents": OPENAI_AGENTS,
         **{name: HarnessRegistration(**fields) for name, fields in PRESETS.items()},
     }
 
