@@ -174,9 +174,8 @@ class StageRun:
         sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.sandbox)
         resume_turns = None
-        if self.handler.resumable and resume.run_resumed(self.rollout.resumes, self.attempt):
-            # a lost RUN of this attempt logged these: continue after them
-            resume_turns = resume.stored_turns(self.db, self.rollout_id, self.attempt) or None
+        if self.handler.resumable:  # a lost RUN or sandbox logged these: continue after them
+            resume_turns = resume.turns_to_resume(self.db, self.rollout, self.attempt, self.config.resume.replay)
         turns = RunTurns(self.db, self.rollout_id, self.attempt, self.lease, self.settings.turn_batch_window, self.log)
         self.ctx = ctx = self.ctx.for_run(
             sandbox,
@@ -403,7 +402,9 @@ class StageRun:
             return
         self.log.warning("%s failed, retrying: %s", self.stage, error[:200])
         self._cleanup(error)
-        new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error)
+        # turns that could not rebuild this RUN (or whose replay diverged): never replayed again
+        note = {} if may_resume else {"replay": False, **_divergences(exc)}
+        new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error, note=note)
         if new_attempt is not None:
             self._deliver("init", new_attempt, None, f"queued attempt {new_attempt}")
 
@@ -438,6 +439,12 @@ class StageRun:
 def _describe(exc: BaseException, stage: str) -> str:
     tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return f"{stage}: {tail}"
+
+
+def _divergences(exc: BaseException) -> dict[str, Any]:
+    """A diverged replay's record for the attempt history (`ReplayDiverged`)."""
+    found = getattr(exc, "details", {}).get("divergences")
+    return {"replay_divergences": found} if found else {}
 
 
 def _run_fields(result: Trajectory) -> dict[str, Any]:
