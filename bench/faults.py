@@ -48,6 +48,8 @@ COLUMNS = [
     ("rerun_rollouts", "re-run loops"),
     ("regenerated_calls", "re-generated LLM calls"),
     ("affected_regen_per_rollout", "per killed-RUN rollout"),
+    ("affected_regenerated_max", "most by one"),
+    ("replayed_turns", "replayed"),
     ("pools_exited", "pools exited"),
     ("seconds", "s"),
 ]
@@ -72,7 +74,7 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
             figures["leaked"] = report.live_sandboxes_left + report.dirs_left
             figures["affected_regen_per_rollout"] = (
                 round(report.affected_regenerated / report.affected, 2)
-                if name.startswith("sigkill") and report.affected
+                if name.startswith(("sigkill", "node-")) and report.affected
                 else None
             )
             figures["clean"] = not report.problems()

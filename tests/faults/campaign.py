@@ -124,6 +124,9 @@ class Report:
     retried_rollouts: int = 0  # rollouts that ended on an attempt > 1
     affected: int = 0  # rollouts the fault hit (e.g. in RUN on a killed pool)
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
+    affected_regenerated_max: int = 0  # the most any one affected rollout regenerated (goal <= 1)
+    replayed_turns: int = 0  # logged turns replayed into a rebuilt sandbox (metrics.replayed_turns)
+    replay_divergences: int = 0  # replayed calls whose output differed from the log
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
     notes: list[str] = field(default_factory=list)
     affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
@@ -340,6 +343,9 @@ class Campaign:
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
             report.retried_rollouts += r["attempt"] > 1
+            metrics = r.get("metrics") or {}
+            report.replayed_turns += int(metrics.get("replayed_turns") or 0)
+            report.replay_divergences += len(metrics.get("replay_divergences") or [])
             if r["outcome"] != "completed":
                 continue
             want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
@@ -371,7 +377,9 @@ class Campaign:
                 looped += answered[0] > 0
                 report.rerun_rollouts += answered[0] > 1
                 if row.id in report.affected_ids:
-                    report.affected_regenerated += max(0, sum(answered) - TURNS)
+                    again = max(0, sum(answered) - TURNS)
+                    report.affected_regenerated += again
+                    report.affected_regenerated_max = max(report.affected_regenerated_max, again)
         report.regenerated_calls = max(0, report.llm_calls - TURNS * looped)
 
     def leftovers(self) -> tuple[set[int], set[Path]]:
