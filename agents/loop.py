@@ -110,6 +110,7 @@ def run_agent_loop(
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
             if ep.finish_reason is None:
+                ctx.turn_boundary()  # a draining node hands the rollout back here: nothing in flight
                 _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns, max_observation_chars)
     except StageTimeout:
         ep.outcome, ep.finish_reason = Outcome.TIMEOUT.value, FinishReason.DEADLINE.value

@@ -8,8 +8,11 @@ handlers once it is ready (`Drain.install`) and drains by itself, with a deadlin
 - INIT stops consuming at once and hands back what it holds (new attempts from INIT, which
   other nodes take): starting a sandbox on a node that is leaving is wasted.
 - RUN stops consuming at once, hands back the rollouts queued for it on this node (their
-  sandboxes die with the node: new attempts from INIT), and finishes what it holds until the
-  deadline; a RUN that finishes hands on to EVAL as usual.
+  sandboxes die with the node: new attempts from INIT), and stops what it holds at the next
+  turn boundary (`stop_at_turn_boundary`: the turn in flight is finished and logged, then the
+  rollout gets a new attempt from INIT, whose RUN replays the logged turns into a rebuilt
+  sandbox on another node: nothing is generated twice); a RUN whose episode ends first hands
+  on to EVAL as usual.
 - EVAL keeps consuming until no rollout of this node is in RUN (it grades what RUN finishes
   during the drain), then stops and finishes what it holds until the deadline.
 
@@ -39,6 +42,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from core.db import session_scope
+from core.errors import InfraError
 from core.models import Rollout
 from core.settings import Settings
 from tasks import handback, nodes
@@ -56,6 +60,17 @@ _closed: set[str] = set()  # stages of this process that take no new work
 def accepting(stage: str) -> bool:
     """Whether this process's `stage` pool still takes new work."""
     return stage not in _closed
+
+
+class Drained(InfraError):
+    """A RUN stopped at a turn boundary because its pool drains: a new attempt elsewhere
+    replays its logged turns (`tasks.stages`, never a resume on this node)."""
+
+
+def stop_at_turn_boundary(node: str) -> None:
+    """RUN's `turn_boundary` hook: raise `Drained` once this process's RUN pool drains."""
+    if not accepting("run"):
+        raise Drained(f"node {node} drains: handed back at a turn boundary")
 
 
 def decline(app: Any, stage: str, rollout_id: str, attempt: int) -> None:

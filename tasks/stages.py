@@ -13,6 +13,7 @@ import os
 import time
 import traceback
 import uuid
+from functools import partial
 from typing import Any
 
 from celery import shared_task
@@ -185,6 +186,7 @@ class StageRun:
             settle_turns=turns.settle,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
+            turn_boundary=partial(drain.stop_at_turn_boundary, self.settings.node),
         )
         try:
             with guard.watching():
@@ -394,7 +396,8 @@ class StageRun:
 
     def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
         error = _describe(exc, self.stage)
-        if may_resume and self.stage in ("run", "eval") and self._resume(error):
+        in_place = may_resume and not isinstance(exc, drain.Drained)  # a drained node is leaving
+        if in_place and self.stage in ("run", "eval") and self._resume(error):
             return
         if self.attempt >= self.settings.max_attempts:
             self.log.warning("%s failed on the last attempt: %s", self.stage, error[:200])
