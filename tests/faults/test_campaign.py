@@ -51,6 +51,15 @@ def test_a_redis_restart_during_acks_ends_no_pool_and_reruns_nothing(fault_repor
     assert "failed 0x" not in seen and "unrecoverable 0x" in seen, seen  # it did fail
 
 
+def test_a_lost_node_costs_at_most_the_turn_in_flight_per_rollout(fault_report):
+    """Issue 41: the rollouts in RUN on the lost node get new attempts elsewhere that replay
+    their logged turns into rebuilt sandboxes: none generates more than its turn in flight
+    again (before replay, each regenerated every finished turn)."""
+    report = fault_report("node-loss")
+    assert report.affected_regenerated_max <= 1, report
+    assert report.replayed_turns > 0 and report.replay_divergences == 0, report
+
+
 def test_a_drained_node_hands_back_promptly_and_redoes_no_finished_run(fault_report):
     """Issue 27: SIGTERM to a node's pools mid-RUN: each exits 0 within the soft timeout plus
     a few seconds; only rollouts that had not finished RUN there restart from INIT; rollouts
@@ -62,3 +71,4 @@ def test_a_drained_node_hands_back_promptly_and_redoes_no_finished_run(fault_rep
     assert note.endswith("exit codes [0, 0, 0]") and seconds < 2.0 + 8, note
     assert report.retried_rollouts <= report.affected, report
     assert report.rerun_rollouts <= report.affected, report
+    assert report.affected_regenerated_max <= 1, report  # stopped at turn boundaries, replayed
