@@ -107,6 +107,9 @@ class SlurmReport:
     in_run_at_strike: int = 0  # rollouts in RUN (running or queued for it) at the strike
     rerun_from_init: int = 0  # rollouts that ended on an attempt > 1 (INIT ran again)
     loops_regenerated: int = 0  # agent loops begun again (a first turn generated again)
+    turns_regenerated: int = 0  # answered turns beyond one per sample (issue 41: finished work redone)
+    turns_regenerated_max: int = 0  # the most of them for one problem, per sample (goal <= 1)
+    replayed_turns: int = 0  # logged turns replayed into rebuilt sandboxes (metrics.replayed_turns)
     orphans: int = 0  # processes of the struck job alive 5 s after it ended
     notes: list[str] = field(default_factory=list)
 
@@ -343,6 +346,7 @@ class SlurmScenario:
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
             report.rerun_from_init += r["attempt"] > 1
+            report.replayed_turns += int((r.get("metrics") or {}).get("replayed_turns") or 0)
             report.agent_errors += r["outcome"] == "agent_error"
             if r["outcome"] != "completed":
                 report.not_completed += 1
@@ -355,6 +359,12 @@ class SlurmScenario:
         for p in PROBLEMS[:n]:  # first turns beyond one per sample: loops begun again
             key = f"turn:{p['problem']}:0"
             report.loops_regenerated += max(0, after.get(key, 0) - before.get(key, 0) - samples)
+            again = sum(
+                max(0, after.get(f"turn:{p['problem']}:{t}", 0) - before.get(f"turn:{p['problem']}:{t}", 0) - samples)
+                for t in range(TURNS)
+            )
+            report.turns_regenerated += again
+            report.turns_regenerated_max = max(report.turns_regenerated_max, -(-again // samples))
 
     def close(self) -> None:
         """Cancel our jobs, kill their orphans, stop the gateway and the simulator."""
