@@ -176,3 +176,26 @@ def test_a_tool_that_prints_the_time_diverges_and_the_job_chooses(service, llm, 
         assert history[1]["replay"] is False and "diverged" in history[1]["error"]
         assert history[1]["replay_divergences"][0]["tool"] == "python"
         assert [t["index"] for t in view["turns"]] == [0, 1, 2, 3] and first == 2
+
+
+def test_a_job_that_turns_replay_off_restarts_from_init_as_before(service, llm) -> None:
+    before = _stats(llm)
+    job, rid = _submit(service, llm, KEPT, resume={"replay": False})
+    lose_node_mid_turn(service, rid)
+    service.wait_done(job, timeout=120)
+    view = service.client.rollout(rid)
+    assert (view["outcome"], view["reward"], view["attempt"]) == ("completed", 1.0, 2), view["error"]
+    assert "replayed_turns" not in view["metrics"]
+    first = _stats(llm).get(f"turn:{KEPT}:0", 0) - before.get(f"turn:{KEPT}:0", 0)
+    assert first == 2  # every turn generated again
+
+
+def test_the_resume_spec_is_validated_at_submission(service, llm) -> None:
+    from raas_client import RaasHTTPError
+
+    with pytest.raises(RaasHTTPError) as bad:
+        _submit(service, llm, KEPT, resume={"on_divergence": "maybe"})
+    assert "resume.on_divergence" in str(bad.value)
+    with pytest.raises(RaasHTTPError) as unknown:
+        _submit(service, llm, KEPT, resume={"replays": True})
+    assert "resume.replays" in str(unknown.value)
