@@ -103,4 +103,10 @@ class JobConfig(BaseModel):
         limits') is the job's own choice: what the operator's policy judges
         (`core.policy.check_sandbox_options`), while the defaults it left alone come down to the
         operator's caps (`tasks.sandboxes`)."""
-        return {**self.model_dump(mode="json"), "sandbox": self.sandbox.model_dump(mode="json", exclude_defaults=True)}
+        stored = {
+            **self.model_dump(mode="json"),
+            "sandbox": self.sandbox.model_dump(mode="json", exclude_defaults=True),
+        }
+        if self.resume == ResumePolicy():  # a job that did not opt in stores what it always did
+            del stored["resume"]
+        return stored
