@@ -13,7 +13,6 @@ import os
 import time
 import traceback
 import uuid
-from functools import partial
 from typing import Any
 
 from celery import shared_task
@@ -186,7 +185,7 @@ class StageRun:
             settle_turns=turns.settle,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
-            turn_boundary=partial(drain.stop_at_turn_boundary, self.settings.node),
+            turn_boundary=drain.TurnBoundary(self.settings.node),
         )
         try:
             with guard.watching():

@@ -38,7 +38,8 @@ def service(tmp_path_factory, built_env):
     home = tmp_path_factory.mktemp("drain-replay")
     (home / "envs").mkdir()
     (home / "envs" / "math").symlink_to(built_env("math", ["sympy", "numpy"]))
-    svc = start_service(home, concurrency=2, extra={"soft_shutdown_timeout": 15})
+    # a 6 s drain: too short for two more turns as long as the 4 s one in flight
+    svc = start_service(home, concurrency=2, extra={"soft_shutdown_timeout": 6})
     yield svc
     svc.stop()
 
