@@ -104,3 +104,18 @@ def test_a_replay_that_matches_records_no_divergence(make_llm, make_ctx) -> None
     assert replayed.metrics["replay_divergences"] == [] and replayed.metrics["replayed_turns"] == 3
     assert executed == ["clock", "echo c"] and generated == 1
     assert replayed.response_ids == full.response_ids
+
+
+def test_a_replay_cut_short_goes_on_from_what_this_attempt_logged(make_llm, make_ctx) -> None:
+    """Attempt 2's worker died after replaying turn 0 (logged again under attempt 2) with its
+    sandbox alive: the resumed RUN gets attempt 2's turn, then attempt 1's from index 1, and
+    replays only those."""
+    full_ctx, full, _, _ = _episode(make_llm, make_ctx)
+    first, _, _, _ = _episode(make_llm, make_ctx, turns=_logged_by_attempt_1(full_ctx, 1), attempt=2, clock_start=0)
+    own = [{**first.turns_recorded[0], "attempt": 2}]
+    merged = own + _logged_by_attempt_1(full_ctx, 3)[1:]
+    ctx, replayed, executed, generated = _episode(make_llm, make_ctx, turns=merged, attempt=2)
+    assert executed == ["echo c"] and generated == 1  # turn 0 was not run again, nor anything generated
+    assert [t["index"] for t in ctx.turns_recorded] == [1, 2, 3]
+    assert replayed.metrics["replayed_turns"] == 3  # 1 before the loss + 2 after
+    assert replayed.response_ids == full.response_ids
