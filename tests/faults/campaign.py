@@ -343,6 +343,8 @@ class Campaign:
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
             report.retried_rollouts += r["attempt"] > 1
+            if r["attempt"] > 1 and report.affected_ids and r["rollout_id"] not in report.affected_ids:
+                report.notes.append(f"retried, not affected: {r['rollout_id']}: {self._history(r['rollout_id'])}")
             metrics = r.get("metrics") or {}
             report.replayed_turns += int(metrics.get("replayed_turns") or 0)
             report.replay_divergences += len(metrics.get("replay_divergences") or [])
@@ -353,6 +355,12 @@ class Campaign:
             report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
             turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
             report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
+
+    def _history(self, rollout_id: str) -> list[str]:
+        """Why each earlier attempt of a rollout ended (a note names a retry nobody expected)."""
+        with session_scope(self.db) as s:
+            history = s.scalar(sa.select(Rollout.attempt_history).where(Rollout.id == rollout_id)) or []
+        return [str(h.get("error"))[:160] for h in history]
 
     def _results(self, job_id: str) -> list[dict[str, Any]]:
         """Every finished rollout so far, page by page (the SDK's `results()` would follow a
