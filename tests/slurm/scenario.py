@@ -37,13 +37,14 @@ from app import create_app
 from app.slurm import SlurmJobConfig, write_jobs
 from raas_client import RaasClient
 from core.db import session_scope
-from core.models import Rollout
+from core.models import Rollout, Turn
 from core.settings import Settings
 from migrations.runner import upgrade
 from tests.faults.campaign import PROBLEMS, SMOLLM2, TURNS, answers_right, script
 from tests.slurm.cluster import SlurmCluster
 
 SLOTS = {"init": 2, "run": 4, "eval": 2}
+STRUCK_WITH_TURNS = 3  # rollouts in RUN with 2+ turns stored when a scancel or requeue strikes
 DRAIN = 10  # RAAS_SOFT_SHUTDOWN_TIMEOUT of the node jobs
 LATENCY = 1.0  # seconds per LLM answer: a rollout's RUN takes ~4 s, a fault lands in it
 RELIABILITY = {
@@ -232,6 +233,21 @@ class SlurmScenario:
         """Rollouts of the job in RUN now."""
         return sum(r.status == "run" for r in self.rows(job_id))
 
+    def with_turns(self, job_id: str, turns: int) -> int:
+        """Rollouts of the job in RUN with at least `turns` turns of their attempt stored."""
+        with session_scope(self.settings.db_url) as s:
+            stored = (
+                sa.select(sa.func.count())
+                .select_from(Turn)
+                .where(Turn.rollout_id == Rollout.id, Turn.attempt == Rollout.attempt)
+                .scalar_subquery()
+            )
+            return s.scalar(
+                sa.select(sa.func.count())
+                .select_from(Rollout)
+                .where(Rollout.job_id == job_id, Rollout.status == "run", stored >= turns)
+            )
+
     def submit(self, n: int, samples: int = 1, client: RaasClient | None = None) -> dict[str, Any]:
         """A job of `n` distinct problems, `samples` rollouts each."""
         instances = [
@@ -275,7 +291,11 @@ class SlurmScenario:
         self.cluster.wait_state(a, ("RUNNING",), 60)
         job_id = self.submit(n, samples)["job_id"]
         _wait(lambda: self.in_run(job_id) >= SLOTS["run"], 90, "node job A's RUN slots busy", lambda: self.job_log(a))
-        time.sleep(1.5 * LATENCY)  # a turn or two into their loops
+        # several turns into their loops: what a restart from INIT would generate again
+        try:
+            _wait(lambda: self.with_turns(job_id, 2) >= STRUCK_WITH_TURNS, 60, "rollouts with 2 turns stored")
+        except AssertionError:
+            report.notes.append(f"struck with {self.with_turns(job_id, 2)} rollouts holding 2+ turns")
         report.in_run_at_strike = self._strike(fault, a, job_id)
         if fault != "requeue":
             self.submit_node(layout)  # the rest of the cluster: another node job
