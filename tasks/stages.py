@@ -185,7 +185,8 @@ class StageRun:
             settle_turns=turns.settle,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
-            turn_boundary=drain.TurnBoundary(self.settings.node),
+            # a drain hands back at a turn boundary only what a new attempt can replay
+            **({"turn_boundary": drain.TurnBoundary(self.settings.node)} if self._replayable() else {}),
         )
         try:
             with guard.watching():
@@ -207,6 +208,10 @@ class StageRun:
         artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
         self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
+
+    def _replayable(self) -> bool:
+        """Whether a new attempt of this rollout would replay its logged turns."""
+        return self.handler.resumable and self.config.resume.replay
 
     def _llm_session(self) -> Any:
         """The rollout's LLM session on the job's typed llm spec and sampling (None when the
