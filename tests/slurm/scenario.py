@@ -184,13 +184,16 @@ class SlurmScenario:
             README_NODE_JOB.format(env=self.jobs_dir / "raas.env", home=readme_home, **SLOTS)
         )
         self.job_ids: list[str] = []
+        # `python -m` puts the job's working directory first on sys.path: the "before" tree's
+        # node jobs start in it, or they would import the submitter's checkout
+        self.chdir = (f"--chdir={pythonpath}",) if pythonpath else ()
 
     # -- node jobs ------------------------------------------------------------------------
     def submit_node(self, layout: str, *options: str) -> str:
         """sbatch the node job of `layout` (SBATCH_EXPORT=NONE, as strict sites set it)."""
         script = self.jobs_dir / ("node.sbatch" if layout == "shipped" else "readme.sbatch")
         out = f"--output={self.jobs_dir}/logs/{layout}-%j.out"
-        job = self.cluster.sbatch(script, out, *options, env={"SBATCH_EXPORT": "NONE"})
+        job = self.cluster.sbatch(script, out, *self.chdir, *options, env={"SBATCH_EXPORT": "NONE"})
         self.job_ids.append(job)
         return job
 
