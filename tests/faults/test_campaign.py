@@ -53,10 +53,14 @@ def test_a_redis_restart_during_acks_ends_no_pool_and_reruns_nothing(fault_repor
 
 def test_a_lost_node_costs_at_most_the_turn_in_flight_per_rollout(fault_report):
     """Issue 41: the rollouts in RUN on the lost node get new attempts elsewhere that replay
-    their logged turns into rebuilt sandboxes: none generates more than its turn in flight
-    again (before replay, each regenerated every finished turn)."""
+    their logged turns into rebuilt sandboxes, so only what was not durable is generated
+    again (before replay, every finished turn was): the turn in flight, and at most one turn
+    whose group commit died with the SIGKILLed process (`tasks.turn_log`: a turn's commit
+    overlaps the next generation). At most one per affected rollout on average, as for a
+    killed RUN pool."""
     report = fault_report("node-loss")
-    assert report.affected_regenerated_max <= 1, report
+    assert report.affected_regenerated <= report.affected, report
+    assert report.affected_regenerated_max <= 2, report
     assert report.replayed_turns > 0 and report.replay_divergences == 0, report
 
 
