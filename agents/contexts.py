@@ -181,6 +181,9 @@ class RunContext(RolloutContext):
     settle_turns: Callable[[], None] = _nothing_to_settle
     resume_turns: list[dict[str, Any]] | None = None
     diagnose: Callable[[BaseException], str | None] = _no_diagnosis
+    # Called by the shared loop between turns (the last turn handed to the log, the next not
+    # generated): the pipeline raises there to hand the rollout back (a draining node).
+    turn_boundary: Callable[[], None] = _nothing_to_settle
 
     def extend_deadline(self, seconds: float) -> None:
         """Move the deadline on by `seconds` the agent did not have (a paused server pool):

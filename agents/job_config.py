@@ -53,6 +53,26 @@ class Limits(BaseModel):
         return float(getattr(self, f"{stage}_timeout"))
 
 
+class ResumePolicy(BaseModel):
+    """What a rollout whose sandbox was lost does with its logged turns (docs/fault-tolerance.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replay: bool = Field(
+        True,
+        description="A rollout whose sandbox was lost (node loss, scancel, preemption) replays the "
+        "logged tool calls of its last attempt into the rebuilt sandbox and continues from its last "
+        "logged turn, generating no logged turn again; false restarts it from INIT and regenerates "
+        "every turn",
+    )
+    on_divergence: Literal["restart", "continue"] = Field(
+        "restart",
+        description="A replayed tool call whose output differs from the logged observation: "
+        "restart (a new attempt from INIT, every turn generated again) or continue (the policy's "
+        "observations stay the logged ones); each divergence is in metrics.replay_divergences",
+    )
+
+
 class JobConfig(BaseModel):
     """What a job's rollouts run with (the `jobs.config` column)."""
 
@@ -62,6 +82,9 @@ class JobConfig(BaseModel):
     limits: Limits = Field(default_factory=Limits, description="Turns, tokens and deadlines")
     sandbox: SandboxOptions = Field(default_factory=SandboxOptions, description="The job's sandbox options")
     llm: LLMSpec | None = Field(None, description="Servers and tokenizer (LLM agents only)")
+    resume: ResumePolicy = Field(
+        default_factory=ResumePolicy, description="Replay of a lost sandbox's logged turns (handler agents)"
+    )
     agent_config: dict[str, Any] = Field(
         default_factory=dict, description="The handler's config, validated by its Config model"
     )
@@ -84,4 +107,10 @@ class JobConfig(BaseModel):
         limits') is the job's own choice: what the operator's policy judges
         (`core.policy.check_sandbox_options`), while the defaults it left alone come down to the
         operator's caps (`tasks.sandboxes`)."""
-        return {**self.model_dump(mode="json"), "sandbox": self.sandbox.model_dump(mode="json", exclude_defaults=True)}
+        stored = {
+            **self.model_dump(mode="json"),
+            "sandbox": self.sandbox.model_dump(mode="json", exclude_defaults=True),
+        }
+        if self.resume == ResumePolicy():  # a job that did not opt in stores what it always did
+            del stored["resume"]
+        return stored

@@ -16,7 +16,9 @@ logged turns, same sandbox) at the next turn index: the session is rebuilt token
 (`agents.llm.replay`), nothing logged is generated or executed again. The turn that was in
 flight is not logged (a turn is logged after its tool calls ran), so it is generated again;
 whatever its tool calls had done in the sandbox before the worker died stays there, like any
-other side effect of a shell the agent holds.
+other side effect of a shell the agent holds. When the sandbox itself was lost, the new
+attempt's `ctx.resume_turns` are the earlier attempt's: their tool calls are replayed into the
+rebuilt sandbox first (`agents.loop_replay`), and the loop goes on from there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from agents.contexts import RunContext
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.llm.replay import prompt_digest, replay_turns
+from agents.loop_replay import replay_into_sandbox
 from agents.time_split import SessionClock, TimeSplit
 from agents.tools import Tool, ToolOutput, call_tool, describe_tools
 from core.errors import ResumeError, StageTimeout
@@ -71,6 +74,10 @@ class _Episode:
     tool_names_used: dict[str, int] = field(default_factory=dict)
     max_invalid_turns: int = 3
     resumed_from: list[int] = field(default_factory=list)  # turn index of each resume
+    # Logged turns of an earlier attempt this attempt replayed into its rebuilt sandbox, and
+    # the calls whose output differed (`agents.loop_replay`).
+    replayed_turns: int = 0
+    replay_divergences: list[dict[str, Any]] = field(default_factory=list)
     # The rendered prompt's digest (`replay.prompt_digest`), logged with every turn and checked
     # on resume: the prompt never changes within an episode, so it is hashed once.
     prompt_digest: str | None = None
@@ -99,6 +106,7 @@ def run_agent_loop(
     ep = _Episode(max_invalid_turns=max_invalid_turns)
     if ctx.resume_turns:
         ep = _resumed(ctx, ctx.resume_turns)
+        _replay_lost_sandbox(ctx, ep, by_name, max_observation_chars)
     ep.prompt_digest = prompt_digest(ctx.llm.trajectory().prompt_ids)
     clock = _Clock(ctx, ep)
     split: TimeSplit | None = None  # as it stood at the deadline, when one passed
@@ -106,6 +114,7 @@ def run_agent_loop(
         while ep.finish_reason is None:
             ep.finish_reason = _limit_reached(ctx, ep, max_turns)
             if ep.finish_reason is None:
+                ctx.turn_boundary()  # a draining node hands the rollout back here: nothing in flight
                 _one_turn(ctx, ep, by_name, final_answer, max_invalid_turns, max_observation_chars, clock)
     except StageTimeout:
         # whose time ran out: the agent's own actions (policy) or infrastructure waits
@@ -187,8 +196,10 @@ def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
     known = {f.name for f in fields(_Episode)}
     ep = _Episode(**{k: v for k, v in state.items() if k in known})
     ep.resumed_from.append(len(turns))
-    ctx.state.clear()  # what the handler's tools kept in it (e.g. passages seen) by then
-    ctx.state.update(state.get("handler_state") or {})
+    own = [t for t in turns if t.get("attempt", ctx.attempt) == ctx.attempt]
+    if own:  # an earlier attempt's handler state names its own sandbox: replay rebuilds it
+        ctx.state.clear()  # what the handler's tools kept in it (e.g. passages seen) by then
+        ctx.state.update((own[-1].get("loop_state") or {}).get("handler_state") or {})
     log.info(
         "rollout %s: RUN resumed at turn %d (%s)",
         ctx.rollout_id,
@@ -196,6 +207,14 @@ def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
         "episode already over" if ep.finish_reason else "continuing",
     )
     return ep
+
+
+def _replay_lost_sandbox(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], limit: int) -> None:
+    """Turns an earlier attempt logged: their tool calls run again in this attempt's rebuilt
+    sandbox before the loop goes on (`agents.loop_replay`)."""
+    report = replay_into_sandbox(ctx, ctx.resume_turns or [], tools, lambda text: _clip(text, limit))
+    if report is not None:
+        ep.replayed_turns, ep.replay_divergences = report
 
 
 def _loop_state(ctx: RunContext, ep: _Episode) -> dict[str, Any]:
@@ -411,6 +430,8 @@ def _record(
 def _turn_extra(ctx: RunContext, gen: Any, errors: list[str]) -> dict[str, Any]:
     extra: dict[str, Any] = {"parse_errors": errors} if errors else {}
     extra["context_length"] = ctx.llm.context_length  # replayed before this generation
+    if ctx.workspace:  # masked when a rebuilt sandbox replays the turn (`agents.loop_replay`)
+        extra["workspace"] = ctx.workspace
     if getattr(gen, "logprobs_mode", None):
         extra["logprobs_mode"] = gen.logprobs_mode
     return extra
@@ -445,6 +466,9 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
     if ep.resumed_from:  # the RUN was lost and continued from the logged turns
         metrics["resumed_from_turn"] = ep.resumed_from[-1]
         metrics["resumes"] = len(ep.resumed_from)
+    if ep.replayed_turns:  # the sandbox was lost and rebuilt by replaying the logged turns
+        metrics["replayed_turns"] = ep.replayed_turns
+        metrics["replay_divergences"] = ep.replay_divergences
     if ctx.limits.max_staleness is not None:
         metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())

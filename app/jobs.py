@@ -99,6 +99,7 @@ def validate_submission(
         sampling=req.sampling,
         limits=req.limits,
         sandbox=req.sandbox,
+        resume=req.resume,
         llm=llm,
         agent_config=agent_config.model_dump(),
         labels=labels or {},

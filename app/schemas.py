@@ -35,7 +35,7 @@ except ImportError as exc:  # the server installed without its SDK (`make` insta
     ) from exc
 
 from agents.health_config import HealthConfig
-from agents.job_config import Limits
+from agents.job_config import Limits, ResumePolicy
 from agents.llm.spec import BackendName, LLMSpec, LogprobsMode, SamplingParams, ServerSpec
 from sandbox.spec import SandboxOptions
 
@@ -62,6 +62,7 @@ class JobCreate(Strict):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     limits: Limits = Field(default_factory=Limits)
     sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
+    resume: ResumePolicy = Field(default_factory=ResumePolicy, description="Replay of a lost sandbox's logged turns")
     llm: LLMSpec | None = Field(None, description="Servers/tokenizer; needed by LLM agents")
     agent_config: dict[str, Any] = Field(default_factory=dict, description="Handler config")
     idempotency_key: str | None = Field(

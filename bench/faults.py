@@ -51,6 +51,8 @@ COLUMNS = [
     ("rerun_rollouts", "re-run loops"),
     ("regenerated_calls", "re-generated LLM calls"),
     ("affected_regen_per_rollout", "per killed-RUN rollout"),
+    ("affected_regenerated_max", "most by one"),
+    ("replayed_turns", "replayed"),
     ("pools_exited", "pools exited"),
     ("seconds", "s"),
 ]
@@ -76,7 +78,7 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
             figures["infra_errors"] = report.outcomes.get("infra_error", 0)
             figures["affected_regen_per_rollout"] = (
                 round(report.affected_regenerated / report.affected, 2)
-                if name.startswith("sigkill") and report.affected
+                if name.startswith(("sigkill", "node-")) and report.affected
                 else None
             )
             figures["clean"] = not report.problems()

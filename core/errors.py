@@ -154,6 +154,14 @@ class ResumeError(RaasError):
     code = "resume_error"
 
 
+class ReplayDiverged(ResumeError):
+    """A tool call replayed into a rebuilt sandbox gave another output than the logged one,
+    and the job chose to start over (`resume.on_divergence: restart`); `details["divergences"]`
+    says which turn and call differed."""
+
+    code = "replay_diverged"
+
+
 class AgentError(RaasError):
     """The agent misbehaved in a way that ends the rollout (e.g. no valid action in N turns)."""
 

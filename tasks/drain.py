@@ -8,8 +8,12 @@ handlers once it is ready (`Drain.install`) and drains by itself, with a deadlin
 - INIT stops consuming at once and hands back what it holds (new attempts from INIT, which
   other nodes take): starting a sandbox on a node that is leaving is wasted.
 - RUN stops consuming at once, hands back the rollouts queued for it on this node (their
-  sandboxes die with the node: new attempts from INIT), and finishes what it holds until the
-  deadline; a RUN that finishes hands on to EVAL as usual.
+  sandboxes die with the node: new attempts from INIT), and lets what it holds go on only
+  while the deadline leaves room for two more turns as long as the longest one so far
+  (`TurnBoundary`); then each loop stops at its next turn boundary (the turn in flight
+  finished and logged) and its rollout gets a new attempt from INIT, whose RUN replays the
+  logged turns into a rebuilt sandbox on another node: nothing is generated twice. A RUN whose
+  episode ends first hands on to EVAL as usual.
 - EVAL keeps consuming until no rollout of this node is in RUN (it grades what RUN finishes
   during the drain), then stops and finishes what it holds until the deadline.
 
@@ -39,6 +43,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from core.db import session_scope
+from core.errors import InfraError
 from core.models import Rollout
 from core.settings import Settings
 from tasks import handback, nodes
@@ -51,11 +56,39 @@ POLL = 0.25
 EXIT_GRACE = 3.0  # after the hand-back, for stage threads to return and acks to go out
 GATE_INTERVAL = 1.0
 _closed: set[str] = set()  # stages of this process that take no new work
+_deadlines: dict[str, float] = {}  # stage -> when its drain ends (time.monotonic)
 
 
 def accepting(stage: str) -> bool:
     """Whether this process's `stage` pool still takes new work."""
     return stage not in _closed
+
+
+class Drained(InfraError):
+    """A RUN stopped at a turn boundary because its pool drains: a new attempt elsewhere
+    replays its logged turns (`tasks.stages`, never a resume on this node)."""
+
+
+class TurnBoundary:
+    """RUN's `turn_boundary` hook (`agents.loop`): while this process's RUN pool drains, a
+    loop goes on only if the drain's deadline leaves room for two turns as long as the
+    longest so far (a turn cut by the deadline would be generated again); else `Drained`."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.last: float | None = None  # the previous boundary
+        self.longest: float | None = None  # the longest turn between two boundaries
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if self.last is not None:
+            self.longest = max(self.longest or 0.0, now - self.last)
+        self.last = now
+        if accepting("run"):
+            return
+        left = _deadlines.get("run", now) - now
+        if self.longest is None or left < 2 * self.longest:
+            raise Drained(f"node {self.node} drains: handed back at a turn boundary ({left:.0f}s of drain left)")
 
 
 def decline(app: Any, stage: str, rollout_id: str, attempt: int) -> None:
@@ -89,6 +122,7 @@ class Drain:
         if self.started is not None:
             return  # draining already: the first deadline stands
         self.started = time.monotonic()
+        _deadlines[self.stage] = self.started + self.settings.soft_shutdown_timeout
         log.warning(
             "%s pool on %s: %s, draining (deadline %.0fs)",
             self.stage.upper(),

@@ -251,6 +251,7 @@ def retry(
     expect_lease: str | None = None,
     error: str = "",
     fence: dict[str, Any] | None = None,
+    note: dict[str, Any] | None = None,
 ) -> int | None:
     """Send a rollout back to INIT as a new attempt; returns the new attempt number.
 
@@ -258,8 +259,9 @@ def retry(
     on the (stale) lease it observed; `fence` adds column values the caller observed (a
     queued row has no lease: its attempt, status and node say which version was judged).
     The ended attempt and its error are appended to `attempt_history` (the attempt number
-    fences that read-modify-write too). The outbox mark is set with it: a new attempt whose
-    INIT message never got out is published by the drain.
+    fences that read-modify-write too), with `note`'s keys (e.g. `replay: false`,
+    `tasks.resume`). The outbox mark is set with it: a new attempt whose INIT message never
+    got out is published by the drain.
     """
     owner = lease if lease is not None else expect_lease
     with session_scope(db_url) as s:
@@ -288,7 +290,12 @@ def retry(
                 error=error[:4000] or None,
                 attempt_history=[
                     *(row.attempt_history or []),
-                    {"attempt": row.attempt, "error": error[:4000] or None, "ended_at": utcnow().isoformat()},
+                    {
+                        "attempt": row.attempt,
+                        "error": error[:4000] or None,
+                        "ended_at": utcnow().isoformat(),
+                        **(note or {}),
+                    },
                 ],
             )
         )

@@ -5,7 +5,8 @@ lease recovery).
   answers on this node continues in it from its logged turns, a lost EVAL grades its stored
   artifact again (`tasks.resume`; work of another node is left to that node's reaper for a
   second lease time); anything else gets a new attempt from INIT, or `infra_error` after
-  `max_attempts`;
+  `max_attempts` (a new attempt's RUN replays the logged turns into its rebuilt sandbox and
+  generates only the turn that was in flight again: `tasks.resume`, `agents.loop_replay`);
 - rollouts abandoned by their node (`reroute_abandoned`): a node whose reaper and workers
   all stopped beating for `node_timeout` is dead, and a queue of a live node whose consumers
   all stopped beating is as good as dead; what waits there or is leased there and waits for

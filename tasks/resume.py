@@ -21,6 +21,16 @@ A lost EVAL is graded again the same way (same attempt, EVAL queue of the rollou
 within the same `max_resumes` budget): the artifact and the token arrays are stored, and
 grading starts from a fresh sandbox anyway, so nothing of RUN is redone. The dead worker's
 grading sandbox is released first.
+
+Replay (issue 41): when the sandbox itself is gone (node loss, `scancel`, a time limit, a
+preemption), the rollout gets a new attempt from INIT, and that attempt's RUN receives the
+logged turns of the latest earlier attempt that logged any (`turns_to_resume`): their tool
+calls are replayed into the rebuilt sandbox and the loop goes on after them
+(`agents.loop_replay`), so only the turn in flight is generated again. An attempt that ended
+on a `ResumeError` (turns that cannot rebuild the session, or a replay that diverged under
+`resume.on_divergence: restart`) is noted `replay: false` in the attempt history: nothing up to
+it is replayed again, the next attempt starts over. A job with `resume.replay: false` never
+replays.
 """
 
 from __future__ import annotations
@@ -65,6 +75,31 @@ def turn_count(db_url: str, rollout_id: str, attempt: int) -> int:
                 select(func.count()).select_from(Turn).where(Turn.rollout_id == rollout_id, Turn.attempt == attempt)
             )
             or 0
+        )
+
+
+def turns_to_resume(db_url: str, rollout: Any, attempt: int, replay: bool) -> list[dict[str, Any]] | None:
+    """The logged turns a RUN of `attempt` continues after (None: it starts at turn 0): its
+    own, if it was queued again in place, then those of an earlier attempt whose sandbox was
+    lost, from the first index it has not logged itself (`replay`: the job's
+    `resume.replay`)."""
+    own = stored_turns(db_url, rollout.id, attempt) if run_resumed(rollout.resumes, attempt) else []
+    source = replay_source(db_url, rollout.id, attempt, rollout.attempt_history) if replay and attempt > 1 else None
+    if source is not None:
+        own += [turn for turn in stored_turns(db_url, rollout.id, source) if turn["index"] >= len(own)]
+    return own or None
+
+
+@retrying
+def replay_source(db_url: str, rollout_id: str, attempt: int, history: list[dict[str, Any]] | None) -> int | None:
+    """The latest attempt before `attempt` with logged turns that may be replayed: after every
+    attempt the history marks `replay: false`. None when there is none."""
+    barrier = max((h.get("attempt", 0) for h in history or [] if h.get("replay") is False), default=0)
+    with session_scope(db_url) as s:
+        return s.scalar(
+            select(func.max(Turn.attempt)).where(
+                Turn.rollout_id == rollout_id, Turn.attempt < attempt, Turn.attempt > barrier
+            )
         )
 
 

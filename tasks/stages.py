@@ -204,9 +204,8 @@ class StageRun:
         sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.sandbox)
         resume_turns = None
-        if self.handler.resumable and resume.run_resumed(self.rollout.resumes, self.attempt):
-            # a lost RUN of this attempt logged these: continue after them
-            resume_turns = resume.stored_turns(self.db, self.rollout_id, self.attempt) or None
+        if self.handler.resumable:  # a lost RUN or sandbox logged these: continue after them
+            resume_turns = resume.turns_to_resume(self.db, self.rollout, self.attempt, self.config.resume.replay)
         turns = RunTurns(self.db, self.rollout_id, self.attempt, self.lease, self.settings.turn_batch_window, self.log)
         self.ctx = ctx = self.ctx.for_run(
             sandbox,
@@ -216,6 +215,8 @@ class StageRun:
             settle_turns=turns.settle,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
+            # a drain hands back at a turn boundary only what a new attempt can replay
+            **({"turn_boundary": drain.TurnBoundary(self.settings.node)} if self._replayable() else {}),
         )
         try:
             with guard.watching():
@@ -237,6 +238,10 @@ class StageRun:
         artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
         self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
+
+    def _replayable(self) -> bool:
+        """Whether a new attempt of this rollout would replay its logged turns."""
+        return self.handler.resumable and self.config.resume.replay
 
     def _llm_session(self) -> Any:
         """The rollout's LLM session on the job's typed llm spec and sampling (None when the
@@ -432,7 +437,8 @@ class StageRun:
 
     def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
         error = _describe(exc, self.stage)
-        if may_resume and self.stage in ("run", "eval") and self._resume(error):
+        in_place = may_resume and not isinstance(exc, drain.Drained)  # a drained node is leaving
+        if in_place and self.stage in ("run", "eval") and self._resume(error):
             return
         if self.attempt >= self.settings.max_attempts:
             self.log.warning("%s failed on the last attempt: %s", self.stage, error[:200])
@@ -440,7 +446,9 @@ class StageRun:
             return
         self.log.warning("%s failed, retrying: %s", self.stage, error[:200])
         self._cleanup(error)
-        new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error)
+        # turns that could not rebuild this RUN (or whose replay diverged): never replayed again
+        note = {} if may_resume else {"replay": False, **_divergences(exc)}
+        new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error, note=note)
         if new_attempt is not None:
             self._deliver("init", new_attempt, None, f"queued attempt {new_attempt}")
 
@@ -484,6 +492,12 @@ def _ungraded(result: Trajectory) -> bool:
         or result.finish_reason in SELF_INFLICTED
         or (result.outcome, result.finish_reason) == POLICY_DEADLINE
     )
+
+
+def _divergences(exc: BaseException) -> dict[str, Any]:
+    """A diverged replay's record for the attempt history (`ReplayDiverged`)."""
+    found = getattr(exc, "details", {}).get("divergences")
+    return {"replay_divergences": found} if found else {}
 
 
 def _run_fields(result: Trajectory) -> dict[str, Any]:

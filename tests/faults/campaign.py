@@ -133,6 +133,9 @@ class Report:
     retried_rollouts: int = 0  # rollouts that ended on an attempt > 1
     affected: int = 0  # rollouts the fault hit (e.g. in RUN on a killed pool)
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
+    affected_regenerated_max: int = 0  # the most any one affected rollout regenerated (goal <= 1)
+    replayed_turns: int = 0  # logged turns replayed into a rebuilt sandbox (metrics.replayed_turns)
+    replay_divergences: int = 0  # replayed calls whose output differed from the log
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
     violations: int = 0  # history checks that failed (tests/partitions/checker.py), named in notes
     job_ids: list[str] = field(default_factory=list)  # the scripted jobs measured here
@@ -384,6 +387,11 @@ class Campaign:
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
             report.retried_rollouts += r["attempt"] > 1
+            if r["attempt"] > 1 and report.affected_ids and r["rollout_id"] not in report.affected_ids:
+                report.notes.append(f"retried, not affected: {r['rollout_id']}: {self._history(r['rollout_id'])}")
+            metrics = r.get("metrics") or {}
+            report.replayed_turns += int(metrics.get("replayed_turns") or 0)
+            report.replay_divergences += len(metrics.get("replay_divergences") or [])
             if r["outcome"] != "completed":
                 continue
             want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
@@ -391,6 +399,12 @@ class Campaign:
             report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
             turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
             report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
+
+    def _history(self, rollout_id: str) -> list[str]:
+        """Why each earlier attempt of a rollout ended (a note names a retry nobody expected)."""
+        with session_scope(self.db) as s:
+            history = s.scalar(sa.select(Rollout.attempt_history).where(Rollout.id == rollout_id)) or []
+        return [str(h.get("error"))[:160] for h in history]
 
     def _results(self, job_id: str) -> list[dict[str, Any]]:
         """Every finished rollout so far, page by page (the SDK's `results()` would follow a
@@ -415,7 +429,9 @@ class Campaign:
                 looped += answered[0] > 0
                 report.rerun_rollouts += answered[0] > 1
                 if row.id in report.affected_ids:
-                    report.affected_regenerated += max(0, sum(answered) - TURNS)
+                    again = max(0, sum(answered) - TURNS)
+                    report.affected_regenerated += again
+                    report.affected_regenerated_max = max(report.affected_regenerated_max, again)
         report.regenerated_calls = max(0, report.llm_calls - TURNS * looped)
 
     def leftovers(self) -> tuple[set[int], set[Path]]:

@@ -105,12 +105,14 @@ def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> Non
 def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     """n1's pools and reaper die for good, holding leased RUN work and RUN work queued for it.
 
-    Its RUN pool dies first, with rollouts mid-RUN; its INIT pool goes on handing rollouts
-    to `run.n1` until one waits there; then the rest of the node and its reaper die.
+    Its RUN pool dies first, with rollouts mid-RUN (one with 2 turns stored at least: a
+    restart from INIT generates them again, a replay in a rebuilt sandbox at most the turn in
+    flight); its INIT pool goes on handing rollouts to `run.n1` until one waits there; then the
+    rest of the node and its reaper die.
     """
     lost = NODES[0]
     wait_for(
-        lambda: [r for r in _leased(c, job["job_id"], "run", 1) if _node_of(r) == lost],
+        lambda: [r for r in _leased(c, job["job_id"], "run", 2) if _node_of(r) == lost],
         timeout=60,
         what=f"a rollout mid-RUN on {lost}",
         interval=0.05,

@@ -51,6 +51,19 @@ def test_a_redis_restart_during_acks_ends_no_pool_and_reruns_nothing(fault_repor
     assert "failed 0x" not in seen and "unrecoverable 0x" in seen, seen  # it did fail
 
 
+def test_a_lost_node_costs_at_most_the_turn_in_flight_per_rollout(fault_report):
+    """Issue 41: the rollouts in RUN on the lost node get new attempts elsewhere that replay
+    their logged turns into rebuilt sandboxes, so only what was not durable is generated
+    again (before replay, every finished turn was): the turn in flight, and at most one turn
+    whose group commit died with the SIGKILLed process (`tasks.turn_log`: a turn's commit
+    overlaps the next generation). At most one per affected rollout on average, as for a
+    killed RUN pool."""
+    report = fault_report("node-loss")
+    assert report.affected_regenerated <= report.affected, report
+    assert report.affected_regenerated_max <= 2, report
+    assert report.replayed_turns > 0 and report.replay_divergences == 0, report
+
+
 def test_a_drained_node_hands_back_promptly_and_redoes_no_finished_run(fault_report):
     """Issue 27: SIGTERM to a node's pools mid-RUN: each exits 0 within the soft timeout plus
     a few seconds; only rollouts that had not finished RUN there restart from INIT; rollouts
@@ -62,3 +75,4 @@ def test_a_drained_node_hands_back_promptly_and_redoes_no_finished_run(fault_rep
     assert note.endswith("exit codes [0, 0, 0]") and seconds < 2.0 + 8, note
     assert report.retried_rollouts <= report.affected, report
     assert report.rerun_rollouts <= report.affected, report
+    assert report.affected_regenerated_max <= 1, report  # stopped at turn boundaries, replayed

@@ -37,13 +37,14 @@ from app import create_app
 from app.slurm import SlurmJobConfig, write_jobs
 from raas_client import RaasClient
 from core.db import session_scope
-from core.models import Rollout
+from core.models import Rollout, Turn
 from core.settings import Settings
 from migrations.runner import upgrade
 from tests.faults.campaign import PROBLEMS, SMOLLM2, TURNS, answers_right, script
 from tests.slurm.cluster import SlurmCluster
 
 SLOTS = {"init": 2, "run": 4, "eval": 2}
+STRUCK_WITH_TURNS = 3  # rollouts in RUN with 2+ turns stored when a scancel or requeue strikes
 DRAIN = 10  # RAAS_SOFT_SHUTDOWN_TIMEOUT of the node jobs
 LATENCY = 1.0  # seconds per LLM answer: a rollout's RUN takes ~4 s, a fault lands in it
 RELIABILITY = {
@@ -107,6 +108,9 @@ class SlurmReport:
     in_run_at_strike: int = 0  # rollouts in RUN (running or queued for it) at the strike
     rerun_from_init: int = 0  # rollouts that ended on an attempt > 1 (INIT ran again)
     loops_regenerated: int = 0  # agent loops begun again (a first turn generated again)
+    turns_regenerated: int = 0  # answered turns beyond one per sample (issue 41: finished work redone)
+    turns_regenerated_max: int = 0  # the most of them for one problem, per sample (goal <= 1)
+    replayed_turns: int = 0  # logged turns replayed into rebuilt sandboxes (metrics.replayed_turns)
     orphans: int = 0  # processes of the struck job alive 5 s after it ended
     notes: list[str] = field(default_factory=list)
 
@@ -180,13 +184,16 @@ class SlurmScenario:
             README_NODE_JOB.format(env=self.jobs_dir / "raas.env", home=readme_home, **SLOTS)
         )
         self.job_ids: list[str] = []
+        # `python -m` puts the job's working directory first on sys.path: the "before" tree's
+        # node jobs start in it, or they would import the submitter's checkout
+        self.chdir = (f"--chdir={pythonpath}",) if pythonpath else ()
 
     # -- node jobs ------------------------------------------------------------------------
     def submit_node(self, layout: str, *options: str) -> str:
         """sbatch the node job of `layout` (SBATCH_EXPORT=NONE, as strict sites set it)."""
         script = self.jobs_dir / ("node.sbatch" if layout == "shipped" else "readme.sbatch")
         out = f"--output={self.jobs_dir}/logs/{layout}-%j.out"
-        job = self.cluster.sbatch(script, out, *options, env={"SBATCH_EXPORT": "NONE"})
+        job = self.cluster.sbatch(script, out, *self.chdir, *options, env={"SBATCH_EXPORT": "NONE"})
         self.job_ids.append(job)
         return job
 
@@ -228,6 +235,21 @@ class SlurmScenario:
     def in_run(self, job_id: str) -> int:
         """Rollouts of the job in RUN now."""
         return sum(r.status == "run" for r in self.rows(job_id))
+
+    def with_turns(self, job_id: str, turns: int) -> int:
+        """Rollouts of the job in RUN with at least `turns` turns of their attempt stored."""
+        with session_scope(self.settings.db_url) as s:
+            stored = (
+                sa.select(sa.func.count())
+                .select_from(Turn)
+                .where(Turn.rollout_id == Rollout.id, Turn.attempt == Rollout.attempt)
+                .scalar_subquery()
+            )
+            return s.scalar(
+                sa.select(sa.func.count())
+                .select_from(Rollout)
+                .where(Rollout.job_id == job_id, Rollout.status == "run", stored >= turns)
+            )
 
     def submit(self, n: int, samples: int = 1, client: RaasClient | None = None) -> dict[str, Any]:
         """A job of `n` distinct problems, `samples` rollouts each."""
@@ -272,7 +294,11 @@ class SlurmScenario:
         self.cluster.wait_state(a, ("RUNNING",), 60)
         job_id = self.submit(n, samples)["job_id"]
         _wait(lambda: self.in_run(job_id) >= SLOTS["run"], 90, "node job A's RUN slots busy", lambda: self.job_log(a))
-        time.sleep(1.5 * LATENCY)  # a turn or two into their loops
+        # several turns into their loops: what a restart from INIT would generate again
+        try:
+            _wait(lambda: self.with_turns(job_id, 2) >= STRUCK_WITH_TURNS, 60, "rollouts with 2 turns stored")
+        except AssertionError:
+            report.notes.append(f"struck with {self.with_turns(job_id, 2)} rollouts holding 2+ turns")
         report.in_run_at_strike = self._strike(fault, a, job_id)
         if fault != "requeue":
             self.submit_node(layout)  # the rest of the cluster: another node job
@@ -343,6 +369,7 @@ class SlurmScenario:
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
             report.rerun_from_init += r["attempt"] > 1
+            report.replayed_turns += int((r.get("metrics") or {}).get("replayed_turns") or 0)
             report.agent_errors += r["outcome"] == "agent_error"
             if r["outcome"] != "completed":
                 report.not_completed += 1
@@ -355,6 +382,12 @@ class SlurmScenario:
         for p in PROBLEMS[:n]:  # first turns beyond one per sample: loops begun again
             key = f"turn:{p['problem']}:0"
             report.loops_regenerated += max(0, after.get(key, 0) - before.get(key, 0) - samples)
+            again = sum(
+                max(0, after.get(f"turn:{p['problem']}:{t}", 0) - before.get(f"turn:{p['problem']}:{t}", 0) - samples)
+                for t in range(TURNS)
+            )
+            report.turns_regenerated += again
+            report.turns_regenerated_max = max(report.turns_regenerated_max, -(-again // samples))
 
     def close(self) -> None:
         """Cancel our jobs, kill their orphans, stop the gateway and the simulator."""

@@ -1,7 +1,8 @@
 """raas node jobs under a real Slurm (`make test-slurm`): a plain `scancel` mid-RUN, a time
 limit and a `scontrol requeue`, each under `proctrack/cgroup` (where the cgroup v1 freezer
 is writable) and `proctrack/linuxproc`, end with every rollout completed with its right
-reward: 0 lost, 0 duplicated, 0 wrong rewards, no agent_error. The node job is the one
+reward: 0 lost, 0 duplicated, 0 wrong rewards, no agent_error, and no rollout generates more
+than its turn in flight again (a new attempt replays the logged turns into a rebuilt sandbox). The node job is the one
 `raas slurm write` ships, submitted with `SBATCH_EXPORT=NONE`; re-runs from INIT are
 printed (the figures of docs/slurm.md and BENCHMARKS.md come from bench/slurm.py).
 """
@@ -60,6 +61,7 @@ def test_struck_node_job_loses_nothing_and_grades_right(scenario, fault):
     assert report.agent_errors == 0
     assert report.completed == report.rollouts
     assert report.orphans == 0  # nothing of the node outlives its job, under any proctrack
+    assert report.turns_regenerated_max <= 1, report  # issue 41: replayed, only the turn in flight again
 
 
 # Its own target (`make test-slurm-services`), not CI's: once in three clean runs here the
