@@ -17,7 +17,9 @@ import os
 import secrets
 import socket
 import socketserver
+import statistics
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -29,6 +31,7 @@ from agents.contexts import RunContext
 from agents.harness import anthropic_wire, google_wire, openai_wire, responses_wire
 from agents.harness.calls import CallError, CallRunner
 from agents.harness.results import run_result
+from agents.harness.streaming import LiveSSE, ReplyStream
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,10 @@ class EndpointCounters:
     unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
     refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by the field named
     unauthorized: int = 0
+    streamed_calls: int = 0  # `stream: true` calls answered
+    ttft_ms_p50: float | None = None  # their time to first token: request read -> first text
+    ttft_ms_max: float | None = None
+    stream_mismatches: int = 0  # streamed text the final reply did not start with (logged)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (merged into the rollout's metrics)."""
@@ -158,6 +165,10 @@ class RolloutEndpoint:
             unenforced_params=dict(stats.unenforced_params),
             refusals=dict(stats.refusals),
             unauthorized=self._unauthorized,
+            streamed_calls=len(stats.ttft_ms),
+            ttft_ms_p50=round(statistics.median(stats.ttft_ms), 3) if stats.ttft_ms else None,
+            ttft_ms_max=max(stats.ttft_ms) if stats.ttft_ms else None,
+            stream_mismatches=stats.stream_mismatches,
         )
 
     @property
@@ -229,25 +240,68 @@ class RolloutEndpoint:
         except InvalidRequest as exc:
             self.runner.refused("invalid_request", exc)
             raise
-        completion = self.runner.complete(call)
+        call.received = req.received
         model = str(body.get("model") or MODEL_NAME)
         if call.ignored:  # the job's sampling wins; say so where a harness author looks
             req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
         if call.unenforced:  # accepted, answered, not enforced (no forced decoding)
             req.extra_headers["x-raas-unenforced-params"] = ",".join(call.unenforced)
+        live = _live_wire(wire, call, body, model)
+        if live is not None:
+            return self._stream(req, wire, call, live, model, body)
+        completion = self.runner.complete(call)
+        return self._answer_whole(req, wire, call, completion, model, body)
+
+    def _answer_whole(self, req: _Handler, wire: Any, call: Any, completion: Any, model: str, body: dict) -> None:
+        """The reply once generated: JSON, or its whole event stream."""
         if wire not in (openai_wire, anthropic_wire):
             answer = wire.answer(call, completion, body, model)
             return req.send_sse(answer) if call.stream else req.send_json(200, answer)
         if wire is anthropic_wire:
             if call.stream:
-                return req.send_sse(
-                    f"event: {name}\ndata: {data}\n\n" for name, data in anthropic_wire.stream_events(completion, model)
-                )
+                return req.send_sse(anthropic_wire.stream_events(completion, model))
             return req.send_json(200, anthropic_wire.message_body(completion, model))
         if call.stream:
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return req.send_sse(f"data: {data}\n\n" for data in openai_wire.stream_events(completion, model, usage))
+            return req.send_sse(openai_wire.stream_events(completion, model, _include_usage(body)))
         return req.send_json(200, openai_wire.completion_body(completion, model))
+
+    def _stream(self, req: _Handler, wire: Any, call: Any, live: Any, model: str, body: dict) -> None:
+        """A `stream: true` call whose text goes out as the server generates it
+        (`streaming`); a call that fails before any text is answered as a whole one is."""
+        out = LiveSSE(req, live)
+        sink = ReplyStream(call.stop, call.parse_tools, call.thinking, out.text)
+        try:
+            completion = self.runner.complete(call, sink)
+        except Exception as exc:
+            if not out.started:
+                raise
+            if not isinstance(exc, CallError):
+                log.exception("rollout %s: the endpoint failed a streamed call", self.ctx.rollout_id)
+                self.runner.fatal = self.runner.fatal or exc
+                exc = CallError("unavailable", f"raas failed this call: {type(exc).__name__}", 500)
+            return out.fail(wire.error_body(exc))
+        rest, whole = sink.rest(completion.content)
+        if not whole:
+            self.runner.stats.stream_mismatches += 1
+        if not out.started:
+            return self._answer_whole(req, wire, call, completion, model, body)
+        out.finish(completion, rest)
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+def _live_wire(wire: Any, call: Any, body: dict[str, Any], model: str) -> Any:
+    """The live event stream of a `stream: true` call, where its wire has one (Chat
+    Completions; Messages unless thinking is asked for); None: the reply streams whole."""
+    if not call.stream:
+        return None
+    if wire is openai_wire:
+        return openai_wire.LiveChat(model, _include_usage(body))
+    if wire is anthropic_wire and not call.thinking:
+        return anthropic_wire.LiveMessages(model)
+    return None
 
 
 def _query_key(path: str) -> str:
@@ -263,10 +317,15 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     extra_headers: dict[str, str]
     body_read: bool
+    received: float
 
     def handle_one_request(self) -> None:
         self.extra_headers, self.body_read = {}, False
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        self.received = time.monotonic()  # the request line is in: a call's TTFT counts from here
+        return super().parse_request()
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self.server.endpoint.serve(self)
@@ -300,16 +359,29 @@ class _Handler(BaseHTTPRequestHandler):
 
     def send_sse(self, events: Iterable[str]) -> None:
         """A server-sent-events answer, chunked (the connection stays usable)."""
+        self.sse_open()
+        self.sse_write(events)
+        self.sse_close()
+
+    def sse_open(self) -> None:
+        """The head of an event stream (the first write the harness sees: its TTFT)."""
         self.send_response(200)
         self._send_extra_headers()
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in events:
-            data = event.encode()
+
+    def sse_write(self, events: Iterable[str]) -> None:
+        """Events (each framed already), as one chunk written at once."""
+        data = "".join(events).encode()
+        if data:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+    def sse_close(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     def _send_extra_headers(self) -> None:
         if not self.body_read and int(self.headers.get("content-length") or 0) > 0:
