@@ -122,8 +122,8 @@ class LiveSSE:
         """Write a piece of text (the head first, once)."""
         if not self.started:
             self.started = True
-            self._write(self.req.sse_open)
-            self._write(self.req.sse_write, self.wire.head(prompt_tokens))
+            self._write(self.req.sse_open, [*self.wire.head(prompt_tokens), *self.wire.text(delta)])
+            return
         self._write(self.req.sse_write, self.wire.text(delta))
 
     def finish(self, completion: Any, rest: str) -> None:

@@ -123,7 +123,7 @@ def test_anthropic_text_streams_live_then_the_tool_use_block(endpoint) -> None:
         if stream:
             times = []
             with client.messages.stream(**kwargs) as events:
-                for text in events.text_stream:
+                for _ in events.text_stream:
                     times.append(time.monotonic())
                 message = events.get_final_message()
             ended = time.monotonic()
