@@ -97,3 +97,20 @@ def test_a_cancel_mid_stream_aborts_the_request(simulators) -> None:
             s.generate(deadline(), cancelled=cancel.is_set, stream=sink)
     assert time.monotonic() - started < 3.0
     assert 0 < len(sink.pieces) < len(ids_of(REPLY))  # some text came, not all of it
+
+
+def test_a_server_lost_mid_stream_fails_over_and_restarts_the_text(simulators) -> None:
+    # Two servers (the first in the spec is picked first); it dies while streaming: the turn is asked again on the other,
+    # whose text starts over (`restart`), and the turn recorded is the second server's, whole.
+    first, stop_first = simulators({"by_instance": {"task-1": [REPLY]}, "latency": 3.0})
+    second, _ = simulators({"by_instance": {"task-1": [REPLY]}})
+    spec = spec_for(first)
+    spec["servers"].append({"url": second, "weight_version": "step-3"})
+    sink = Sink()
+    with LLMSession.open(spec, {"max_tokens": 200}, "r1") as s:
+        s.start(PROMPT, TOOLS)
+        threading.Timer(1.0, stop_first).start()
+        gen = s.generate(deadline(), stream=sink)
+    assert sink.restarts == 1 and gen.server == second
+    assert gen.token_ids == ids_of(REPLY) + [2]
+    assert sink.text.startswith(REPLY[:3]) and sink.text.endswith(REPLY)  # a part, then all of it again
