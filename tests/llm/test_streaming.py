@@ -100,8 +100,9 @@ def test_a_cancel_mid_stream_aborts_the_request(simulators) -> None:
 
 
 def test_a_server_lost_mid_stream_fails_over_and_restarts_the_text(simulators) -> None:
-    # Two servers (the first in the spec is picked first); it dies while streaming: the turn is asked again on the other,
-    # whose text starts over (`restart`), and the turn recorded is the second server's, whole.
+    # Two servers (the spec's first is picked first); it dies while streaming: the turn is
+    # asked again on the other, whose text starts over (`restart`), and the turn recorded is
+    # the second server's, whole.
     first, stop_first = simulators({"by_instance": {"task-1": [REPLY]}, "latency": 3.0})
     second, _ = simulators({"by_instance": {"task-1": [REPLY]}})
     spec = spec_for(first)
