@@ -175,6 +175,7 @@ class CallRunner:
         self.session.builder = self.tracker.current.builder
         if stream is not None:
             stream.prompt_tokens = prepared.prompt_tokens
+            stream.live = not (request.thinking and self._prompt_opens_thinking())
         started = time.monotonic()
         gen = self._generate(request, stream)
         seconds = time.monotonic() - started
@@ -185,6 +186,14 @@ class CallRunner:
         self.stats.generated_tokens += len(gen.token_ids)
         self._record(request, gen, prepared, completion, errors, seconds, stream)
         return completion
+
+    def _prompt_opens_thinking(self) -> bool:
+        """Whether the prompt ends inside a `<think>` block (a thinking template's generation
+        prompt opens one): then the reply's text up to `</think>` is reasoning."""
+        traj = self.session.builder.trajectory()
+        tail = (traj.prompt_ids + traj.response_ids)[-16:]
+        text = self.session.builder.tok.hf.decode(tail, skip_special_tokens=False)
+        return text.rfind("<think>") > text.rfind("</think>")
 
     def _check_alive(self) -> None:
         if self.closing:

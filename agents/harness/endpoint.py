@@ -296,15 +296,15 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 
 def _live_wire(wire: Any, call: Any, body: dict[str, Any], model: str) -> Any:
-    """The live event stream of a `stream: true` call, where its wire has one (Chat
-    Completions; Messages unless thinking is asked for); None: the reply streams whole."""
+    """The live event stream of a `stream: true` call (`streaming.WireStream`); None for a
+    plain JSON answer (Google's stream without SSE is one JSON array)."""
     if not call.stream:
         return None
     if wire is openai_wire:
         return openai_wire.LiveChat(model, _include_usage(body))
-    if wire is anthropic_wire and not call.thinking:
+    if wire is anthropic_wire:
         return anthropic_wire.LiveMessages(model)
-    return None
+    return wire.live(call, body, model)
 
 
 def _chunk(data: bytes) -> bytes:

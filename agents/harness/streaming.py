@@ -9,8 +9,10 @@ finish reason and usage go out at the end, as a whole reply's stream has them). 
   parsed into tool calls at the end, never shown as text) and of a stop string (the reply is
   cut before it);
 - trailing whitespace (a reply with tool calls has its text stripped);
-- a whole reply that starts with whitespace (the same stripping) or that may open with a
-  `<think>` block the request asked to return as reasoning (its end decides what is text).
+- a whole reply that starts with whitespace (the same stripping);
+- when the request returns a `<think>` block as reasoning: a whole reply that opens one (or
+  may: a prefix of `<think>`), or whose prompt opened one (the generation prompt of a thinking
+  template): its end decides what is text, so it streams at the end.
 
 `LiveSSE` writes one wire's events on the request's connection as they come: the HTTP head and
 the wire's opening events with the first text, so a call that fails before any text is still
@@ -28,6 +30,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from agents.llm.tool_calls import OPEN_TAG
+
+THINK = "<think>"
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,8 @@ class ReplyStream:
     def __init__(self, stop: list[str], parse_tools: bool, thinking: bool, emit: Callable[[str, int], None]) -> None:
         self.stop = [s for s in stop if s]
         self.markers = [*self.stop, OPEN_TAG] if parse_tools else list(self.stop)
-        self.live = not thinking
+        self.thinking = thinking
+        self.live = True  # False: nothing streams before the end (the runner: a prompt opened `<think>`)
         self.emit = emit
         self.raw = ""  # the server's text of the current request
         self.sent = ""  # what the harness was sent
@@ -92,6 +97,8 @@ class ReplyStream:
     def _safe(self, raw: str) -> str:
         """The longest prefix of `raw` that the final content is sure to start with."""
         if not raw or raw[0].isspace():
+            return ""
+        if self.thinking and (raw.startswith(THINK) or THINK.startswith(raw)):
             return ""
         end = len(raw)
         for marker in self.markers:

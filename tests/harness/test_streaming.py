@@ -167,3 +167,49 @@ def test_the_filter_holds_back_what_the_reply_may_not_contain(pieces, shown) -> 
     for piece in pieces:
         stream.delta(piece)
     assert out == shown
+
+
+def test_responses_and_google_stream_live_too(endpoint) -> None:
+    from google import genai
+    from google.genai import types
+
+    from tests.harness.conftest import uds_client
+
+    from agents.harness import responses_wire
+
+    responses_wire._event_adapter()  # warm: the SDK's types take ~1 s to import, once
+    tools = [{"type": "function", "name": "bash", "parameters": BASH_TOOL["function"]["parameters"]}]
+    ep = endpoint(SCRIPT)
+    started, times, events = time.monotonic(), [], []
+    for event in openai_client(ep).responses.create(
+        model="policy", instructions="You fix bugs.", input="Task i-1: fix it.", tools=tools, stream=True
+    ):
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            times.append(time.monotonic())
+    ended = time.monotonic()
+    assert len(times) > 5 and times[0] - started < (ended - started) / 2
+    done = events[-1].response
+    assert [o.type for o in done.output] == ["message", "function_call"]
+    assert done.output[0].content[0].text == TEXT and json.loads(done.output[1].arguments) == {"cmd": "ls -la"}
+    assert recorded(ep)[0]["generated_ids"] == ids_of(TEXT + "\n" + CALL) + [END]
+
+    ep = endpoint(SCRIPT)
+    options = types.HttpOptions(base_url="http://rollout", httpx_client=uds_client(ep))
+    client = genai.Client(api_key=ep.token, http_options=options)
+    started, times, parts = time.monotonic(), [], []
+    for chunk in client.models.generate_content_stream(
+        model="gemini-x",
+        contents="Task i-1: fix it.",
+        config=types.GenerateContentConfig(tools=[types.Tool(function_declarations=[{"name": "bash"}])]),
+    ):
+        for part in chunk.candidates[0].content.parts or []:
+            parts.append(part)
+            if part.text:
+                times.append(time.monotonic())
+    ended = time.monotonic()
+    assert len(times) > 5 and times[0] - started < (ended - started) / 2
+    assert "".join(p.text for p in parts if p.text) == TEXT
+    assert [p.function_call.args for p in parts if p.function_call] == [{"cmd": "ls -la"}]
+    assert chunk.candidates[0].finish_reason == types.FinishReason.STOP
+    assert ep.counters.streamed_calls == 1 and ep.counters.stream_mismatches == 0
