@@ -1,7 +1,9 @@
 """LLM simulator (a fake, named as such): a scripted server speaking vLLM's token-id subset.
 
 For tests and benchmarks where no real model can run. It answers
-`POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`), SGLang's
+`POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`; `stream: true`
+streams it as vLLM does, `fakellm.stream`, one chunk per token over the reply's latency; with a
+capacity model they start once its engine has decoded the whole reply), SGLang's
 `POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
 `GET /sim/stats` (request counts, for balancing tests; `started` counts requests as they
 arrive, `requests` as they are answered, `turn:<instance key>:<turn>` answers per turn: a
