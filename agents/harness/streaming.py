@@ -114,7 +114,7 @@ class ReplyStream:
 
 
 class LiveSSE:
-    """A wire's events written on one request's connection as they come (`_Handler.sse_*`).
+    """A wire's events written on one request's connection as they come (`http_server.Handler.sse_*`).
 
     A harness that hung up mid-stream does not stop the call: the turn is generated and
     recorded as any other (the harness may ask again), only the writes stop."""

@@ -175,9 +175,9 @@ def test_responses_and_google_stream_live_too(endpoint) -> None:
 
     from tests.harness.conftest import uds_client
 
-    from agents.harness import responses_wire
+    from agents.harness import responses_events
 
-    responses_wire._event_adapter()  # warm: the SDK's types take ~1 s to import, once
+    responses_events._event_adapter()  # warm: the SDK's types take ~1 s to import, once
     tools = [{"type": "function", "name": "bash", "parameters": BASH_TOOL["function"]["parameters"]}]
     ep = endpoint(SCRIPT)
     started, times, events = time.monotonic(), [], []
