@@ -159,10 +159,13 @@ class Script:
         model: str | None = None,
         stop: list[str] | None = None,
         include_stop: bool = False,
+        paced: bool = False,
     ) -> dict[str, Any] | None:
         """Answer one token-id request: ids, logprobs, finish reason, stop reason, text,
         instance key (None when the client went away during the reply's latency or its time
-        in the engine). `stop` strings end the reply as vLLM's do (`stop_at`)."""
+        in the engine). `stop` strings end the reply as vLLM's do (`stop_at`). `paced` (a
+        streamed answer): the reply's latency is not waited here but returned as `latency`,
+        for the server to spread over the tokens it streams."""
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
@@ -180,7 +183,7 @@ class Script:
             ids, finish = ids[:count], "stop"
             text = self.tok.decode(ids, skip_special_tokens=True)
             text = text[: at + len(stop_reason)] if include_stop else text[:at]
-        until = time.monotonic() + latency
+        until = time.monotonic() + (0.0 if paced else latency)
         while time.monotonic() < until:
             if disconnected():
                 return None
@@ -199,6 +202,7 @@ class Script:
             "instance": key,
             "turn": turn,
             "text": text,
+            "latency": latency if paced else 0.0,
         }
 
     def stop_at(self, ids: list[int], stop: list[str]) -> tuple[int, str, int] | None:

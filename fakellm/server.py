@@ -1,7 +1,9 @@
 """LLM simulator (a fake, named as such): a scripted server speaking vLLM's token-id subset.
 
 For tests and benchmarks where no real model can run. It answers
-`POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`), SGLang's
+`POST /v1/completions` (prompt = token ids, `return_token_ids`, `logprobs`; `stream: true`
+streams it as vLLM does, `fakellm.stream`, one chunk per token over the reply's latency; with a
+capacity model they start once its engine has decoded the whole reply), SGLang's
 `POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
 `GET /sim/stats` (request counts, for balancing tests; `started` counts requests as they
 arrive, `requests` as they are answered, `turn:<instance key>:<turn>` answers per turn: a
@@ -35,6 +37,7 @@ from typing import Any
 import httpx
 
 from fakellm.capacity import CapacityModel, Engine, render_metrics
+from fakellm.stream import stream_events
 from fakellm.script import Script
 
 log = logging.getLogger(__name__)
@@ -168,6 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
         if route is None and weights is None:
             self._send(404, {"error": f"no route {self.path}"})
             return
+        if route == self._completions and body.get("stream"):
+            self._stream_completion(body)
+            return
         status, answer = route(body) if route else weights
         if status == 499:  # aborted: the client is gone, there is no one to answer
             self.close_connection = True
@@ -182,6 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
         model: str | None = None,
         stop: Any = None,
         include_stop: bool = False,
+        paced: bool = False,
     ) -> tuple[int, dict[str, Any]]:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": "the simulator only accepts a prompt of token ids"}
@@ -198,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats["started"] += 1
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         result = self.server.script.complete(
-            prompt, max_tokens, self._client_gone, self.server.engine, seed, model, stops, include_stop
+            prompt, max_tokens, self._client_gone, self.server.engine, seed, model, stops, include_stop, paced
         )
         if result is None:
             with self.server.stats_lock:
@@ -209,6 +216,39 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats[f"instance:{result['instance']}"] += 1
             self.server.stats[f"turn:{result['instance']}:{result['turn']}"] += 1
         return 200, result
+
+    def _stream_completion(self, body: dict[str, Any]) -> None:
+        """`stream: true`: the answer as vLLM streams it (`fakellm.stream`), the reply's
+        latency spread evenly over its tokens."""
+        status, r = self._run(
+            body.get("prompt"),
+            int(body.get("max_tokens") or 16),
+            body.get("seed"),
+            body.get("model"),
+            body.get("stop"),
+            bool(body.get("include_stop_str_in_output")),
+            paced=True,
+        )
+        if status == 499:
+            self.close_connection = True
+            return
+        if status != 200:
+            self._send(status, r)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in stream_events(self.server.script, body, r):
+                data = event.encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up: vLLM aborts
+            self.close_connection = True
+            with self.server.stats_lock:
+                self.server.stats["aborted"] += 1
 
     def _completions(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         status, r = self._run(

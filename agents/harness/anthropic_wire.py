@@ -202,36 +202,77 @@ def _stop_reason(c: Completion) -> str:
     return "stop_sequence" if c.stop_sequence is not None else _STOP[c.finish]
 
 
-def stream_events(c: Completion, model: str) -> Iterator[tuple[str, str]]:
-    """(event name, data) of a streamed answer, as the Messages API sends them."""
+def stream_events(c: Completion, model: str) -> Iterator[str]:
+    """The SSE events of a reply streamed whole, as the Messages API sends them (nothing of it
+    was sent while generating: see `LiveMessages` for the live form)."""
+    yield _event("message_start", message=_message(c, model, [], None, 1))
+    yield _event("ping")
+    yield from _block_events(_blocks(c), 0)
+    yield from _closing(c)
 
-    def event(name: str, **data: Any) -> tuple[str, str]:
-        return name, json.dumps({"type": name, **data})
 
-    yield event("message_start", message=_message(c, model, [], None, 1))
-    yield event("ping")
-    for i, block in enumerate(_blocks(c)):
+class LiveMessages:
+    """The Messages event stream of one reply whose text streams as it is generated
+    (`streaming.WireStream`; never with thinking: its block would have to come first)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.c_id = f"msg_{secrets.token_hex(12)}"
+
+    def head(self, prompt_tokens: int) -> Iterator[str]:
+        opening = Completion("", None, [], "stop", prompt_tokens, 0)
+        message = {**_message(opening, self.model, [], None, 1), "id": self.c_id}
+        yield _event("message_start", message=message)
+        yield _event("ping")
+        yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+
+    def text(self, delta: str) -> Iterator[str]:
+        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+
+    def tail(self, c: Completion, rest: str) -> Iterator[str]:
+        if rest:
+            yield from self.text(rest)
+        yield _event("content_block_stop", index=0)
+        yield from _block_events([b for b in _blocks(c) if b["type"] != "text"], 1)
+        yield from _closing(c)
+
+    def error(self, body: dict[str, Any]) -> Iterator[str]:
+        yield _event("error", error=body["error"])
+
+
+def _event(name: str, **data: Any) -> str:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
+
+
+def _block_events(blocks: list[dict[str, Any]], first: int) -> Iterator[str]:
+    """Each content block's start, delta(s) and stop, indexed from `first`."""
+    for i, block in enumerate(blocks, first):
         if block["type"] == "thinking":
-            yield event("content_block_start", index=i, content_block={**block, "thinking": "", "signature": ""})
-            yield event("content_block_delta", index=i, delta={"type": "thinking_delta", "thinking": block["thinking"]})
-            yield event("content_block_delta", index=i, delta={"type": "signature_delta", "signature": SIGNATURE})
+            yield _event("content_block_start", index=i, content_block={**block, "thinking": "", "signature": ""})
+            yield _event(
+                "content_block_delta", index=i, delta={"type": "thinking_delta", "thinking": block["thinking"]}
+            )
+            yield _event("content_block_delta", index=i, delta={"type": "signature_delta", "signature": SIGNATURE})
         elif block["type"] == "text":
-            yield event("content_block_start", index=i, content_block={"type": "text", "text": ""})
-            yield event("content_block_delta", index=i, delta={"type": "text_delta", "text": block["text"]})
+            yield _event("content_block_start", index=i, content_block={"type": "text", "text": ""})
+            yield _event("content_block_delta", index=i, delta={"type": "text_delta", "text": block["text"]})
         else:
-            yield event("content_block_start", index=i, content_block={**block, "input": {}})
-            yield event(
+            yield _event("content_block_start", index=i, content_block={**block, "input": {}})
+            yield _event(
                 "content_block_delta",
                 index=i,
                 delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
             )
-        yield event("content_block_stop", index=i)
-    yield event(
+        yield _event("content_block_stop", index=i)
+
+
+def _closing(c: Completion) -> Iterator[str]:
+    yield _event(
         "message_delta",
         delta={"stop_reason": _stop_reason(c), "stop_sequence": c.stop_sequence},
         usage={"output_tokens": c.completion_tokens},
     )
-    yield event("message_stop")
+    yield _event("message_stop")
 
 
 _ERROR_TYPES = {"authentication": "authentication_error", "unavailable": "api_error", "not_found": "not_found_error"}

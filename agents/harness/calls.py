@@ -21,6 +21,7 @@ from agents.contexts import RunContext
 from agents.finish_reasons import CUT_TURN, FinishReason
 from agents.harness.replies import cut_at_stop, split_thinking, token_logprobs
 from agents.harness.samples import Prepared, SampleTracker
+from agents.harness.streaming import ReplyStream
 from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG, parse_tool_calls
 from agents.llm.trajectory import TrajectoryBuilder
 from core.errors import (
@@ -63,6 +64,7 @@ class CallRequest:
     logprobs: bool = False  # OpenAI `logprobs`: each generated token's logprob is returned
     max_tokens: int | None = None
     stream: bool = False
+    received: float | None = None  # time.monotonic() the endpoint read the request (TTFT's start)
     ignored: list[str] = field(default_factory=list)  # sampling fields the job's sampling overrides
     unenforced: list[str] = field(default_factory=list)  # accepted, answered, not enforced (no
     # forced decoding): e.g. a JSON response_format, top_logprobs
@@ -107,6 +109,8 @@ class CallStats:
     unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
     refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by field
     errors: dict[str, int] = field(default_factory=dict)
+    ttft_ms: list[float] = field(default_factory=list)  # each streamed call's time to first text
+    stream_mismatches: int = 0  # streamed text that the final reply did not start with
 
 
 class CallRunner:
@@ -129,8 +133,9 @@ class CallRunner:
             current.tok, current.max_model_len, current.template_kwargs, token_exact=current.token_exact
         )
 
-    def complete(self, request: CallRequest) -> Completion:
-        """Answer one call (serialised with the rollout's other calls)."""
+    def complete(self, request: CallRequest, stream: ReplyStream | None = None) -> Completion:
+        """Answer one call (serialised with the rollout's other calls); with `stream` the
+        reply's text is passed on as the server generates it (`streaming.ReplyStream`)."""
         with self.lock:
             self.stats.calls += 1
             for name in request.ignored:
@@ -138,7 +143,7 @@ class CallRunner:
             for name in request.unenforced:
                 _count(self.stats.unenforced_params, name)
             try:
-                return self._complete(request)
+                return self._complete(request, stream)
             except CallError as exc:
                 self._failed(exc.kind)
                 raise
@@ -162,22 +167,33 @@ class CallRunner:
         self.stats.failed_calls += 1
         self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1
 
-    def _complete(self, request: CallRequest) -> Completion:
+    def _complete(self, request: CallRequest, stream: ReplyStream | None) -> Completion:
         self._check_alive()
         prepared = self.tracker.prepare(request.messages, request.tools)
         if not prepared.fits:
             raise _context_error(prepared.prompt_tokens, self.session.context_length)
         self.session.builder = self.tracker.current.builder
+        if stream is not None:
+            stream.prompt_tokens = prepared.prompt_tokens
+            stream.live = not (request.thinking and self._prompt_opens_thinking())
         started = time.monotonic()
-        gen = self._generate(request)
+        gen = self._generate(request, stream)
         seconds = time.monotonic() - started
         if not gen.token_ids and gen.finish_reason in CUT_TURN:
             raise self._no_room(gen.finish_reason, prepared)
         completion, errors = self._reply(request, gen, prepared)
         self.tracker.generated(_openai_reply(completion), gen.text or "")
         self.stats.generated_tokens += len(gen.token_ids)
-        self._record(request, gen, prepared, completion, errors, seconds)
+        self._record(request, gen, prepared, completion, errors, seconds, stream)
         return completion
+
+    def _prompt_opens_thinking(self) -> bool:
+        """Whether the prompt ends inside a `<think>` block (a thinking template's generation
+        prompt opens one): then the reply's text up to `</think>` is reasoning."""
+        traj = self.session.builder.trajectory()
+        tail = (traj.prompt_ids + traj.response_ids)[-16:]
+        text = self.session.builder.tok.hf.decode(tail, skip_special_tokens=False)
+        return text.rfind("<think>") > text.rfind("</think>")
 
     def _check_alive(self) -> None:
         if self.closing:
@@ -197,13 +213,17 @@ class CallRunner:
         budget = self.ctx.limits.max_tokens
         return None if not budget else max(0, int(budget) - self.stats.generated_tokens)
 
-    def _generate(self, request: CallRequest) -> Any:
+    def _generate(self, request: CallRequest, stream: ReplyStream | None = None) -> Any:
         """One generation through the session; its failures become the API's errors."""
         left = self._tokens_left()
         caps = [c for c in (left, request.max_tokens) if c is not None]
         try:
             gen = self.session.generate(
-                self.ctx.deadline, self._cancelled, max_new_tokens=min(caps) if caps else None, stop=request.stop
+                self.ctx.deadline,
+                self._cancelled,
+                max_new_tokens=min(caps) if caps else None,
+                stop=request.stop,
+                stream=stream,
             )
         except StageTimeout as exc:
             raise CallError("deadline_exceeded", f"the rollout's RUN deadline passed: {exc}") from exc
@@ -275,8 +295,11 @@ class CallRunner:
         completion: Completion,
         errors: list[str],
         seconds: float,
+        stream: ReplyStream | None = None,
     ) -> None:
-        """Log the call as a turn (the pipeline writes it before the reply is sent)."""
+        """Log the call as a turn (the pipeline writes it before the reply is sent). A
+        streamed call's `ttft_ms`: from reading the request to writing its first text (or,
+        when none could go out early, to now: the reply is written next)."""
         extra: dict[str, Any] = {
             "api": request.api,
             "stream": request.stream,
@@ -288,6 +311,10 @@ class CallRunner:
             "paused_seconds": round(gen.paused_seconds, 6),  # a weight push: not charged
             "tool_call_parsed": (None if not request.tools else bool(completion.tool_calls) and not errors),
         }
+        if request.stream and request.received is not None:
+            first = stream.first_at if stream is not None and stream.first_at is not None else time.monotonic()
+            extra["ttft_ms"] = round((first - request.received) * 1000, 3)
+            self.stats.ttft_ms.append(extra["ttft_ms"])
         if request.require_call:
             extra["tool_choice"] = request.required_name or "required"
         if completion.stop_sequence is not None:

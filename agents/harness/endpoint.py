@@ -1,6 +1,6 @@
 """`RolloutEndpoint`: one rollout's OpenAI/Anthropic/Google-compatible model API on a Unix socket.
 
-The server is the standard library's threading HTTP server on a Unix socket: HTTP/1.1 with
+The server (`http_server`) is the standard library's threading HTTP server on a Unix socket: HTTP/1.1 with
 keep-alive (the SDKs pool connections), SSE written as chunked transfer. Calls are
 serialised by the `CallRunner` (a trajectory is sequential), so threads only wait there.
 The capability token is compared in constant time and dies with the endpoint: `__exit__`
@@ -11,30 +11,28 @@ arriving on a connection is refused with a 401.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 import secrets
-import socket
-import socketserver
+import statistics
 import threading
 import urllib.parse
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
+
 
 from agents.abstract import Trajectory
 from agents.contexts import RunContext
 from agents.harness import anthropic_wire, google_wire, openai_wire, responses_wire
 from agents.harness.calls import CallError, CallRunner
+from agents.harness.http_server import Handler, Server
 from agents.harness.results import run_result
+from agents.harness.streaming import LiveSSE, ReplyStream
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "raas-policy"  # what GET /v1/models lists; a request's own model name is echoed
-MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole conversation with long tool outputs fits
 # How long exit waits for an aborted call to finish (a session looking for a server when all
 # are down retries for up to 30 s without a cancel check).
 EXIT_WAIT_SECONDS = 35.0
@@ -59,6 +57,10 @@ class EndpointCounters:
     unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
     refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by the field named
     unauthorized: int = 0
+    streamed_calls: int = 0  # `stream: true` calls answered
+    ttft_ms_p50: float | None = None  # their time to first token: request read -> first text
+    ttft_ms_max: float | None = None
+    stream_mismatches: int = 0  # streamed text the final reply did not start with (logged)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (merged into the rollout's metrics)."""
@@ -92,7 +94,7 @@ class RolloutEndpoint:
             "/v1/responses": responses_wire.ResponsesWire(),
         }
         self.google = google_wire.GoogleWire()
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._thread: threading.Thread | None = None
         self._live = False
         self._unauthorized = 0
@@ -107,7 +109,7 @@ class RolloutEndpoint:
         os.makedirs(os.path.dirname(self.socket_path) or ".", exist_ok=True)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)  # a stale socket of an earlier attempt
-        self._server = _Server(self.socket_path, self)
+        self._server = Server(self.socket_path, self)
         os.chmod(self.socket_path, 0o666)  # the sandbox's user is not ours
         self._live = True
         self._thread = threading.Thread(
@@ -158,6 +160,10 @@ class RolloutEndpoint:
             unenforced_params=dict(stats.unenforced_params),
             refusals=dict(stats.refusals),
             unauthorized=self._unauthorized,
+            streamed_calls=len(stats.ttft_ms),
+            ttft_ms_p50=round(statistics.median(stats.ttft_ms), 3) if stats.ttft_ms else None,
+            ttft_ms_max=max(stats.ttft_ms) if stats.ttft_ms else None,
+            stream_mismatches=stats.stream_mismatches,
         )
 
     @property
@@ -176,7 +182,7 @@ class RolloutEndpoint:
         return run_result(self.runner, self.counters.to_dict(), outcome, finish_reason)
 
     # -- one request ---------------------------------------------------------------------
-    def serve(self, req: _Handler) -> None:
+    def serve(self, req: Handler) -> None:
         """Answer one HTTP request (called on the connection's thread)."""
         path = req.path.split("?", 1)[0].rstrip("/")
         path = path if path.startswith("/v1/") else "/v1" + path
@@ -204,158 +210,96 @@ class RolloutEndpoint:
                 500, wire.error_body(CallError("unavailable", f"raas failed this call: {type(exc).__name__}", 500))
             )
 
-    def _body(self, req: _Handler) -> dict[str, Any]:
+    def _body(self, req: Handler) -> dict[str, Any]:
         try:
             return req.read_json()
         except CallError as exc:
             self.runner.refused(exc.kind)
             raise
 
-    def _authorized(self, req: _Handler) -> bool:
+    def _authorized(self, req: Handler) -> bool:
         given = req.headers.get("x-api-key") or req.headers.get("x-goog-api-key") or _query_key(req.path)
         bearer = req.headers.get("authorization") or ""
         if bearer.lower().startswith("bearer "):
             given = given or bearer[7:].strip()
         return self._live and hmac.compare_digest(given.encode(), self.token.encode())
 
-    def _count_tokens(self, req: _Handler, body: dict[str, Any]) -> None:
+    def _count_tokens(self, req: Handler, body: dict[str, Any]) -> None:
         """Anthropic's `count_tokens`: the prompt's tokens as the job's template renders it."""
         call = anthropic_wire.parse_request(body, count_only=True)
         req.send_json(200, {"input_tokens": self.runner.count_tokens(call)})
 
-    def _complete(self, req: _Handler, wire: Any, body: dict[str, Any]) -> None:
+    def _complete(self, req: Handler, wire: Any, body: dict[str, Any]) -> None:
         try:
             call = wire.parse_request(body)
         except InvalidRequest as exc:
             self.runner.refused("invalid_request", exc)
             raise
-        completion = self.runner.complete(call)
+        call.received = req.received
         model = str(body.get("model") or MODEL_NAME)
         if call.ignored:  # the job's sampling wins; say so where a harness author looks
             req.extra_headers["x-raas-ignored-params"] = ",".join(call.ignored)
         if call.unenforced:  # accepted, answered, not enforced (no forced decoding)
             req.extra_headers["x-raas-unenforced-params"] = ",".join(call.unenforced)
+        live = _live_wire(wire, call, body, model)
+        if live is not None:
+            return self._stream(req, wire, call, live, model, body)
+        completion = self.runner.complete(call)
+        return self._answer_whole(req, wire, call, completion, model, body)
+
+    def _answer_whole(self, req: Handler, wire: Any, call: Any, completion: Any, model: str, body: dict) -> None:
+        """The reply once generated: JSON, or its whole event stream."""
         if wire not in (openai_wire, anthropic_wire):
             answer = wire.answer(call, completion, body, model)
             return req.send_sse(answer) if call.stream else req.send_json(200, answer)
         if wire is anthropic_wire:
             if call.stream:
-                return req.send_sse(
-                    f"event: {name}\ndata: {data}\n\n" for name, data in anthropic_wire.stream_events(completion, model)
-                )
+                return req.send_sse(anthropic_wire.stream_events(completion, model))
             return req.send_json(200, anthropic_wire.message_body(completion, model))
         if call.stream:
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return req.send_sse(f"data: {data}\n\n" for data in openai_wire.stream_events(completion, model, usage))
+            return req.send_sse(openai_wire.stream_events(completion, model, _include_usage(body)))
         return req.send_json(200, openai_wire.completion_body(completion, model))
+
+    def _stream(self, req: Handler, wire: Any, call: Any, live: Any, model: str, body: dict) -> None:
+        """A `stream: true` call whose text goes out as the server generates it
+        (`streaming`); a call that fails before any text is answered as a whole one is."""
+        out = LiveSSE(req, live)
+        sink = ReplyStream(call.stop, call.parse_tools, call.thinking, out.text)
+        try:
+            completion = self.runner.complete(call, sink)
+        except Exception as exc:
+            if not out.started:
+                raise
+            if not isinstance(exc, CallError):
+                log.exception("rollout %s: the endpoint failed a streamed call", self.ctx.rollout_id)
+                self.runner.fatal = self.runner.fatal or exc
+                exc = CallError("unavailable", f"raas failed this call: {type(exc).__name__}", 500)
+            return out.fail(wire.error_body(exc))
+        rest, whole = sink.rest(completion.content)
+        if not whole:
+            self.runner.stats.stream_mismatches += 1
+        if not out.started:
+            return self._answer_whole(req, wire, call, completion, model, body)
+        out.finish(completion, rest)
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+def _live_wire(wire: Any, call: Any, body: dict[str, Any], model: str) -> Any:
+    """The live event stream of a `stream: true` call (`streaming.WireStream`); None for a
+    plain JSON answer (Google's stream without SSE is one JSON array)."""
+    if not call.stream:
+        return None
+    if wire is openai_wire:
+        return openai_wire.LiveChat(model, _include_usage(body))
+    if wire is anthropic_wire:
+        return anthropic_wire.LiveMessages(model)
+    return wire.live(call, body, model)
 
 
 def _query_key(path: str) -> str:
     """The `?key=` of a request (Google's clients may authenticate that way)."""
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
     return (query.get("key") or [""])[0]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """HTTP/1.1 plumbing; the endpoint decides everything."""
-
-    protocol_version = "HTTP/1.1"
-    server: _Server
-    extra_headers: dict[str, str]
-    body_read: bool
-
-    def handle_one_request(self) -> None:
-        self.extra_headers, self.body_read = {}, False
-        super().handle_one_request()
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self.server.endpoint.serve(self)
-
-    do_POST = do_GET
-
-    def read_json(self) -> dict[str, Any]:
-        """The request body as a JSON object."""
-        length = int(self.headers.get("content-length") or 0)
-        if length > MAX_BODY_BYTES:
-            raise CallError("invalid_request", f"request body over {MAX_BODY_BYTES} bytes", 413)
-        raw = self.rfile.read(length)
-        self.body_read = True
-        try:
-            body = json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CallError("invalid_request", f"the body is not JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise CallError("invalid_request", "the body must be a JSON object")
-        return body
-
-    def send_json(self, status: int, body: dict[str, Any]) -> None:
-        """A JSON answer."""
-        data = json.dumps(body, ensure_ascii=False).encode()
-        self.send_response(status)
-        self._send_extra_headers()
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def send_sse(self, events: Iterable[str]) -> None:
-        """A server-sent-events answer, chunked (the connection stays usable)."""
-        self.send_response(200)
-        self._send_extra_headers()
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for event in events:
-            data = event.encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.write(b"0\r\n\r\n")
-
-    def _send_extra_headers(self) -> None:
-        if not self.body_read and int(self.headers.get("content-length") or 0) > 0:
-            # Answered before reading the body (401, 404, 413): the rest of it would be
-            # taken for the next request on this connection, so the connection ends here.
-            self.close_connection = True
-            self.send_header("Connection", "close")
-        for name, value in self.extra_headers.items():
-            self.send_header(name, value)
-
-    def address_string(self) -> str:
-        return "unix-socket"  # a Unix socket peer has no address
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("endpoint: " + format, *args)
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """The Unix-socket server; remembers its connections so exit can close them."""
-
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, path: str, endpoint: RolloutEndpoint) -> None:
-        self.endpoint = endpoint
-        self._connections: set[socket.socket] = set()
-        self._guard = threading.Lock()
-        super().__init__(path, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._guard:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._guard:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_all(self) -> None:
-        """Close the listener and every open connection."""
-        self.server_close()
-        with self._guard:
-            connections, self._connections = list(self._connections), set()
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass

@@ -28,6 +28,7 @@ import json
 import re
 import secrets
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,10 @@ class GoogleRoute:
         chunks[-1].update(usage)
         return (f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\n" for chunk in chunks) if self.sse else chunks
 
+    def live(self, call: CallRequest, body: dict[str, Any], model: str) -> LiveGoogle:
+        """The live SSE of this call (`streaming.WireStream`)."""
+        return LiveGoogle(self, body)
+
     def _parts(self, c: Completion, thoughts: bool) -> list[dict[str, Any]]:
         reasoning, visible = c.reasoning, c.content or ""
         parts: list[dict[str, Any]] = [{"text": reasoning, "thought": True}] if thoughts and reasoning else []
@@ -134,6 +139,48 @@ class GoogleRoute:
     def error_body(exc: CallError) -> dict[str, Any]:
         """Google's error object (see `error_body`)."""
         return error_body(exc)
+
+
+class LiveGoogle:
+    """`streamGenerateContent?alt=sse` as the text is generated: a chunk per piece of text,
+    then the rest of the answer's parts (thought, function calls) and the last chunk's
+    `finishReason` and `usageMetadata`, as `GoogleRoute.answer` streams a whole reply."""
+
+    def __init__(self, route: GoogleRoute, body: dict[str, Any]) -> None:
+        self.route = route
+        self.body = body
+        self.head_fields = {"modelVersion": route.model, "responseId": secrets.token_hex(12)}
+
+    def _chunk(self, parts: list[dict[str, Any]]) -> str:
+        chunk = {"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], **self.head_fields}
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\n"
+
+    def head(self, prompt_tokens: int) -> list[str]:
+        return []
+
+    def text(self, delta: str) -> list[str]:
+        return [self._chunk([{"text": delta}])]
+
+    def tail(self, c: Completion, rest: str) -> Iterator[str]:
+        thoughts = bool(_f(_f(_f(self.body, "generationConfig"), "thinkingConfig"), "includeThoughts"))
+        parts = [p for p in self.route._parts(c, thoughts) if "text" not in p or p.get("thought")]
+        if rest or not parts:
+            parts.insert(0, {"text": rest})  # the last chunk carries the finish: never empty
+        chunks = [
+            {"candidates": [{"content": {"role": "model", "parts": [part]}, "index": 0}], **self.head_fields}
+            for part in parts
+        ]
+        chunks[-1]["candidates"][0].update({"finishReason": _FINISH[c.finish], "index": 0})
+        chunks[-1]["usageMetadata"] = {
+            "promptTokenCount": c.prompt_tokens,
+            "candidatesTokenCount": c.completion_tokens,
+            "totalTokenCount": c.prompt_tokens + c.completion_tokens,
+        }
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\n"
+
+    def error(self, body: dict[str, Any]) -> list[str]:
+        return [f"data: {json.dumps(body, ensure_ascii=False)}\r\n\r\n"]
 
 
 def _f(obj: Any, name: str) -> Any:

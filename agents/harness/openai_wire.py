@@ -150,38 +150,61 @@ def completion_body(c: Completion, model: str) -> dict[str, Any]:
 
 
 def stream_events(c: Completion, model: str, include_usage: bool) -> Iterator[str]:
-    """The SSE `data:` payloads of a streamed answer, `[DONE]` last (the reply is whole by
-    the time it is streamed: the server's tokens are needed before anything can be parsed)."""
-    head = {
-        "id": f"chatcmpl-{secrets.token_hex(12)}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-    }
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return json.dumps(
-            {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
-        )
-
-    yield chunk({"role": "assistant", "content": ""})
+    """The SSE events (`data: ...`) of a reply streamed whole, `[DONE]` last (nothing of it was
+    sent while generating: see `LiveChat` for the live form)."""
+    live = LiveChat(model, include_usage)
+    yield from live.head()
     if c.content or c.token_logprobs is not None:
-        yield chunk({"content": c.content or ""}, logprobs=_logprobs(c))
-    for i, t in enumerate(c.tool_calls):
-        yield chunk(
-            {
-                "tool_calls": [
-                    {"index": i, "id": t.id, "type": "function", "function": {"name": t.name, "arguments": ""}}
-                ]
-            }
-        )
-        yield chunk(
-            {"tool_calls": [{"index": i, "function": {"arguments": json.dumps(t.arguments, ensure_ascii=False)}}]}
-        )
-    yield chunk({}, c.finish)
-    if include_usage:
-        yield json.dumps({**head, "choices": [], "usage": _usage(c)})
-    yield "[DONE]"
+        yield live._chunk({"content": c.content or ""}, logprobs=_logprobs(c))
+    yield from live._after_text(c)
+
+
+class LiveChat:
+    """The `chat.completion.chunk` stream of one reply (`streaming.WireStream`): the role
+    chunk, the content pieces, then the logprobs, tool calls, finish reason and usage."""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self.include_usage = include_usage
+        self.head_fields = {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return _data(json.dumps({**self.head_fields, "choices": [choice]}, ensure_ascii=False))
+
+    def head(self, prompt_tokens: int = 0) -> Iterator[str]:
+        yield self._chunk({"role": "assistant", "content": ""})
+
+    def text(self, delta: str) -> Iterator[str]:
+        yield self._chunk({"content": delta})
+
+    def tail(self, c: Completion, rest: str) -> Iterator[str]:
+        if rest or c.token_logprobs is not None:
+            yield self._chunk({"content": rest}, logprobs=_logprobs(c))
+        yield from self._after_text(c)
+
+    def error(self, body: dict[str, Any]) -> Iterator[str]:
+        yield _data(json.dumps(body, ensure_ascii=False))  # OpenAI's mid-stream error: a data event
+        yield _data("[DONE]")
+
+    def _after_text(self, c: Completion) -> Iterator[str]:
+        for i, t in enumerate(c.tool_calls):
+            opened = {"index": i, "id": t.id, "type": "function", "function": {"name": t.name, "arguments": ""}}
+            yield self._chunk({"tool_calls": [opened]})
+            arguments = json.dumps(t.arguments, ensure_ascii=False)
+            yield self._chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]})
+        yield self._chunk({}, c.finish)
+        if self.include_usage:
+            yield _data(json.dumps({**self.head_fields, "choices": [], "usage": _usage(c)}))
+        yield _data("[DONE]")
+
+
+def _data(payload: str) -> str:
+    return f"data: {payload}\n\n"
 
 
 _TYPES = {

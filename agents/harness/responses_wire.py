@@ -32,6 +32,7 @@ from typing import Any
 from agents.harness import openai_wire
 from agents.harness.calls import CallRequest, Completion
 from agents.harness.messages import check_messages, content_text
+from agents.harness.responses_events import LiveResponses, new_id, stream_events
 from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,18 @@ class ResponsesWire:
         """The `Response` (JSON) or its SSE events; the response is remembered for
         `previous_response_id` and its reasoning for the echo."""
         response = self._response(c, body, model)
+        self.remember(call, c, body, response)
+        return stream_events(response) if call.stream else response.to_dict(mode="json")
+
+    def live(self, call: CallRequest, body: dict[str, Any], model: str) -> LiveResponses:
+        """The live event stream of this call (`streaming.WireStream`)."""
+        return LiveResponses(self, call, body, model)
+
+    def remember(self, call: CallRequest, c: Completion, body: dict[str, Any], response: Any) -> None:
+        """Keep the response's conversation for a later `previous_response_id`."""
         history = call.messages[1:] if body.get("instructions") else list(call.messages)
         with self._guard:
             self._histories[response.id] = history + [_reply_message(c)]
-        return stream_events(response) if call.stream else response.to_dict(mode="json")
 
     def _response(self, c: Completion, body: dict[str, Any], model: str) -> Any:
         from openai.types.responses import Response  # 0.8 s to import: on first use only
@@ -138,18 +147,20 @@ class ResponsesWire:
         if reasoning is not None:
             content = [{"type": "reasoning_text", "text": reasoning}]
             items.append(
-                ResponseReasoningItem(id=_id("rs"), type="reasoning", summary=[], content=content, status="completed")
+                ResponseReasoningItem(
+                    id=new_id("rs"), type="reasoning", summary=[], content=content, status="completed"
+                )
             )
         if visible or not (c.tool_calls or reasoning is not None):
             part = {"type": "output_text", "text": visible, "annotations": [], "logprobs": []}
             status = _STATUS.get(c.finish, "completed")
             items.append(
-                ResponseOutputMessage(id=_id("msg"), type="message", role="assistant", status=status, content=[part])
+                ResponseOutputMessage(id=new_id("msg"), type="message", role="assistant", status=status, content=[part])
             )
         for t in c.tool_calls:
             items.append(
                 ResponseFunctionToolCall(
-                    id=_id("fc"),
+                    id=new_id("fc"),
                     type="function_call",
                     call_id=t.id,
                     name=t.name,
@@ -325,53 +336,3 @@ def _max_tokens(value: Any) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidRequest(f"max_output_tokens must be a positive integer (got {value!r})")
     return value
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
-
-
-def stream_events(response: Any) -> Iterator[str]:
-    """The SSE of a streamed response, in the API's order (`sequence_number` counts from 0)."""
-    from openai.types.responses import ResponseStreamEvent
-    from pydantic import TypeAdapter
-
-    events = TypeAdapter(ResponseStreamEvent)
-    for n, event in enumerate(_event_dicts(response)):
-        data = events.validate_python({**event, "sequence_number": n}).to_dict(mode="json")
-        yield f"event: {data['type']}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def _event_dicts(response: Any) -> Iterator[dict[str, Any]]:
-    whole = response.to_dict(mode="json")
-    opening = {**whole, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    yield {"type": "response.created", "response": opening}
-    yield {"type": "response.in_progress", "response": opening}
-    for index, item in enumerate(whole["output"]):
-        yield from _item_events(index, item)
-    yield {"type": f"response.{whole['status']}", "response": whole}
-
-
-def _item_events(index: int, item: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """added, the content's parts and deltas, done: one output item."""
-    at = {"output_index": index, "item_id": item["id"]}
-    kind = item["type"]
-    if kind == "function_call":
-        opened = {**item, "arguments": "", "status": "in_progress"}
-        yield {"type": "response.output_item.added", "output_index": index, "item": opened}
-        yield {"type": "response.function_call_arguments.delta", **at, "delta": item["arguments"]}
-        yield {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]}
-    else:
-        step = "reasoning_text" if kind == "reasoning" else "output_text"
-        opened = {**item, "content": [], "status": "in_progress"}
-        yield {"type": "response.output_item.added", "output_index": index, "item": opened}
-        message = kind == "message"  # reasoning text has no content_part events (older SDKs refuse them)
-        for i, part in enumerate(item.get("content") or []):
-            extra = {"logprobs": []} if message else {}
-            if message:
-                yield {"type": "response.content_part.added", **at, "content_index": i, "part": {**part, "text": ""}}
-            yield {"type": f"response.{step}.delta", **at, "content_index": i, "delta": part["text"], **extra}
-            yield {"type": f"response.{step}.done", **at, "content_index": i, "text": part["text"], **extra}
-            if message:
-                yield {"type": "response.content_part.done", **at, "content_index": i, "part": part}
-    yield {"type": "response.output_item.done", "output_index": index, "item": item}

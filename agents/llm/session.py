@@ -25,7 +25,7 @@ from typing import Any
 from agents.finish_reasons import FinishReason
 from agents.llm.backends import GenerateRequest, Generation, ServerError, get_backend_class
 from agents.llm.backends.abort import abort_when
-from agents.llm.backends.abstract import server_said
+from agents.llm.backends.abstract import DeltaSink, server_said
 from agents.llm.backends.guard import url_guard
 from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
@@ -95,6 +95,7 @@ class LLMSession:
         self._cancelled: Callable[[], bool] | None = None
         self._paused = self._unreported = 0.0
         self._stop: list[str] = []  # the running turn's own stop strings
+        self._sink: DeltaSink | None = None  # the running turn's streamed text goes here
         # Where the session's time went (`agents.time_split`): the turn's generation so far,
         # and the totals the loop and the harness handler read (they survive a StageTimeout).
         self._generated = 0.0
@@ -181,11 +182,17 @@ class LLMSession:
         cancelled: Callable[[], bool] | None = None,
         max_new_tokens: int | None = None,
         stop: list[str] | None = None,
+        stream: DeltaSink | None = None,
     ) -> Generation:
         """Sample one turn (see `_turn`), under the session's URL rules. `stop`: this turn's
         own stop strings besides the job's (a harness's `stop`): the server stops there and
-        the turn keeps every id it sampled (`Generation.stop_reason` names the match)."""
+        the turn keeps every id it sampled (`Generation.stop_reason` names the match).
+        `stream`: where the new text goes as the server streams it, when the backend streams
+        (`LLMBackend.streams`; else nothing is streamed and the caller has the whole text at
+        the end); a request asked again (failover, an aborted or paused request) calls its
+        `restart()` first. The Generation is the same streamed or not."""
         self._stop = list(stop or [])
+        self._sink = stream if self.backend.streams else None
         with url_guard(self.url_rules):
             return self._turn(deadline, cancelled, max_new_tokens)
 
@@ -217,8 +224,12 @@ class LLMSession:
     def _generate(self, max_new_tokens: int | None) -> Generation:
         """`_turn` once the turn's clock is set."""
         tried: set[str] = set()
+        attempts = 0
         while True:
             server = self._server_for_turn(tried)  # marked as generating on it from here
+            if attempts and self._sink is not None:
+                self._sink.restart()  # a new request: its text starts again
+            attempts += 1
             handle, sent, asked = None, time.monotonic(), 0
             try:
                 self._fit_context(server)
@@ -227,6 +238,8 @@ class LLMSession:
                     return self._no_room(reason)
                 request = self._request(server, cap, self._deadline)
                 request.headers = self._auth_headers(server)
+                if self._sink is not None:
+                    request.on_delta = self._sink.delta
                 sent, asked = time.monotonic(), request.max_tokens
                 with abort_when(self._cancelled) as handle:
                     generation = self.backend.generate(server.url, request)

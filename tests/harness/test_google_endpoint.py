@@ -48,6 +48,18 @@ def config(**fields: object) -> types.GenerateContentConfig:
     )
 
 
+def coalesce(parts: list) -> list:
+    """Streamed parts with consecutive answer-text pieces joined, as a client accumulates them
+    (the text streams live: a chunk per piece)."""
+    out: list = []
+    for part in parts:
+        if out and part.text is not None and not part.thought and out[-1].text is not None and not out[-1].thought:
+            out[-1] = types.Part(text=out[-1].text + part.text)
+        else:
+            out.append(part)
+    return out
+
+
 def tool_loop(client, stream: bool, cfg: types.GenerateContentConfig | None = None) -> list:
     """A tool loop the way the Gemini CLI writes it: the whole `contents` each call, the
     model's turn echoed (without thoughts), one `functionResponse` per call."""
@@ -57,7 +69,7 @@ def tool_loop(client, stream: bool, cfg: types.GenerateContentConfig | None = No
             chunks = list(
                 client.models.generate_content_stream(model="gemini-x", contents=contents, config=cfg or config())
             )
-            parts = [p for c in chunks for p in c.candidates[0].content.parts]
+            parts = coalesce([p for c in chunks for p in c.candidates[0].content.parts])
             reply = (parts, chunks[-1].candidates[0].finish_reason, chunks[-1].usage_metadata)
         else:
             response = client.models.generate_content(model="gemini-x", contents=contents, config=cfg or config())

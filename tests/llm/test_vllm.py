@@ -131,3 +131,27 @@ def test_generated_token_budget_caps_the_request(vllm_db: str) -> None:
         generation = s.generate(deadline(120), max_new_tokens=5)
         assert len(generation.token_ids) <= 5
         assert generation.finish_reason in ("stop", "token_budget")
+
+
+def test_a_streamed_turn_is_the_non_streamed_one(vllm_db: str) -> None:
+    # vLLM streams `token_ids` and `logprobs` per chunk (`return_token_ids`): the streamed
+    # turn's ids are the same seeded sample's, its logprobs the same within float32 noise.
+    from agents.llm.backends import GenerateRequest, get_backend_class
+
+    spec = validate_llm_spec({"max_model_len": 2048}, partial(registered_urls, vllm_db))
+    with leased_session(spec, {"temperature": 1.0, "max_tokens": 40, "seed": 11}, vllm_db) as s:
+        s.start(PROMPT)
+        prompt_ids = list(s.trajectory().prompt_ids)
+    model = httpx.get(f"{VLLM_URL}/v1/models", timeout=10).json()["data"][0]["id"]
+    backend = get_backend_class("vllm")()
+    pieces: list[str] = []
+
+    def request(on_delta=None) -> GenerateRequest:
+        sampling = {"temperature": 1.0, "seed": 11}
+        return GenerateRequest(prompt_ids, 40, sampling, timeout=120, model=model, on_delta=on_delta)
+
+    whole = backend.generate(VLLM_URL, request())
+    streamed = backend.generate(VLLM_URL, request(pieces.append))
+    assert streamed.token_ids == whole.token_ids and len(pieces) > 1
+    assert all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(streamed.logprobs, whole.logprobs))
+    assert streamed.finish_reason == whole.finish_reason

@@ -12,9 +12,10 @@ import json
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -48,6 +49,10 @@ class GenerateRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)  # this call's own stop strings (a harness's)
     headers: dict[str, str] = field(default_factory=dict)  # the server's credential, if any
+    # Streamed generation: called with each piece of new text as the server sends it (a
+    # backend that cannot stream calls it once with the whole text). The ids and logprobs of
+    # the Generation are the server's either way.
+    on_delta: Callable[[str], None] | None = None
 
     def sampling_params(self, *names: str) -> dict[str, Any]:
         """The named sampling parameters under the names vLLM, SGLang and OpenAI share: the
@@ -64,6 +69,16 @@ class GenerateRequest:
         if self.sampling.get("seed") is not None:
             out["seed"] = self.sampling["seed"]
         return out
+
+
+class DeltaSink(Protocol):
+    """Where a streamed turn's text goes (the harness endpoint's reply in progress)."""
+
+    def delta(self, text: str) -> None:
+        """New text, as the server sent it."""
+
+    def restart(self) -> None:
+        """The request is asked again (failover, abort): its text starts over."""
 
 
 @dataclass
@@ -99,6 +114,7 @@ class LLMBackend(ABC):
     Config: ClassVar[type[BackendConfig]]
     name: ClassVar[str]  # set by `register_backend` from `Config`'s `type`
     token_exact: ClassVar[bool] = True
+    streams: ClassVar[bool] = False  # honours `GenerateRequest.on_delta` (else never calls it)
 
     @abstractmethod
     def generate(self, url: str, request: GenerateRequest) -> Generation:
@@ -132,6 +148,59 @@ class LLMBackend(ABC):
             return decode_body(response.content) if response.content else {}
         except ValueError as exc:
             raise ServerError(f"{url}: response is not JSON", url=url) from exc
+
+    def _stream(
+        self, url: str, body: dict, timeout: float, headers: dict[str, str] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """A POST answered with server-sent events: each `data:` payload as JSON, up to
+        `[DONE]`. Errors as `_call`'s; an error event mid-stream is a ServerError."""
+        try:
+            with http_client.shared_client().stream("POST", url, encode_body(body), timeout, headers) as (
+                status,
+                chunks,
+            ):
+                if status >= 400:
+                    self._check_status(url, status, b"".join(chunks))
+                yield from _sse_payloads(url, chunks)
+        except http_client.TRANSPORT_ERRORS as exc:
+            raise ServerError(f"{url}: {type(exc).__name__}", url=url) from exc
+
+    def _check_status(self, url: str, status: int, content: bytes) -> None:
+        """Raise for an HTTP error status as `_call` does."""
+        text = content.decode("utf-8", "replace")
+        log.warning("%s answered HTTP %s: %.300s", url, status, text)
+        if status >= 500 or status in (404, 408, 429):
+            raise ServerError(f"{url}: {http_summary(status)}", url=url)
+        error = InvalidRequest(f"{url}: {http_summary(status)}", url=url)
+        error.server_text = text[:2000]  # for server_said(); never in results
+        raise error
+
+
+def _sse_payloads(url: str, chunks: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON `data:` payloads of an SSE body, as they arrive, until `[DONE]`."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        while True:
+            cut = pending.find(b"\n\n")
+            if cut < 0:
+                break
+            event, pending = pending[:cut], pending[cut + 2 :]
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    payload = decode_body(data)
+                except ValueError as exc:
+                    raise ServerError(f"{url}: a streamed event is not JSON", url=url) from exc
+                if isinstance(payload, dict) and payload.get("error") is not None:
+                    log.warning("%s failed mid-stream: %.300s", url, payload["error"])
+                    raise ServerError(f"{url}: the server failed the generation mid-stream", url=url)
+                yield payload
+    raise ServerError(f"{url}: the stream ended before [DONE]", url=url)
 
 
 # vLLM's OpenAI server answers a token's -inf logprob as this floor (`max(logprob, -9999.0)`).

@@ -30,8 +30,10 @@ inference servers, which are reached directly.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
@@ -122,6 +124,15 @@ class _AbortableTransport(httpx.BaseTransport):
     def send(self, method: str, url: str, body: bytes | None, timeout: float, headers: dict[str, str] | None) -> Reply:
         """One request on the pools themselves (see the module's docstring), guarded as
         `handle_request` is; raises one of TRANSPORT_ERRORS when no HTTP answer came."""
+        with self.stream(method, url, body, timeout, headers) as (status, chunks):
+            return Reply(status, b"".join(chunks))
+
+    @contextlib.contextmanager
+    def stream(
+        self, method: str, url: str, body: bytes | None, timeout: float, headers: dict[str, str] | None
+    ) -> Iterator[tuple[int, Iterator[bytes]]]:
+        """As `send`, with the body read as it arrives: (status, the body's byte chunks).
+        `timeout` bounds each read, not the whole answer (a streamed generation is long)."""
         scheme, _, authority = url.split("/", 3)[:3]
         # Host as the URL writes it: httpcore's own drops an IPv6 address's brackets.
         fields = [(b"Host", authority.encode()), (b"User-Agent", USER_AGENT), (b"Accept", b"application/json")]
@@ -131,15 +142,17 @@ class _AbortableTransport(httpx.BaseTransport):
         extensions = {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
         origin = f"{scheme}//{authority}"
         rules = current_rules()
-        if rules is None:
-            pool = self._lane(origin, False)._pool
-            response = pool.request(method, url, headers=fields, content=body, extensions=extensions)
-        else:
-            target = check_request(rules, httpx.URL(url))
-            with connecting(rules, target):
+        with contextlib.ExitStack() as stack:
+            if rules is None:
+                pool = self._lane(origin, False)._pool
+            else:
+                target = check_request(rules, httpx.URL(url))
+                stack.enter_context(connecting(rules, target))
                 pool = self._lane(origin, True)._pool
-                response = pool.request(method, url, headers=fields, content=body, extensions=extensions)
-        return Reply(response.status, response.content)
+            response = stack.enter_context(
+                pool.stream(method, url, headers=fields, content=body, extensions=extensions)
+            )
+            yield response.status, response.iter_stream()
 
     def close(self) -> None:
         with self._lanes_lock:
@@ -162,6 +175,13 @@ class ServerClient(httpx.Client):
         """One call (a generation, a health probe): JSON `body` bytes in, the status and the
         body out; no HTTP answer raises one of TRANSPORT_ERRORS."""
         return self._pools.send(method, url, body, timeout, headers)
+
+    def stream(
+        self, method: str, url: str, body: bytes | None, timeout: float, headers: dict[str, str] | None = None
+    ) -> contextlib.AbstractContextManager[tuple[int, Iterator[bytes]]]:
+        """A call whose body is read as it arrives (a streamed generation): a context of
+        (status, the body's byte chunks); the connection goes back to the pool at its exit."""
+        return self._pools.stream(method, url, body, timeout, headers)
 
 
 def make_client(slots: int = DEFAULT_SLOTS) -> ServerClient:

@@ -1,0 +1,215 @@
+"""Live streaming through the endpoint: the official `openai` and `anthropic` SDKs over real
+HTTP on the Unix socket, the LLM simulator (named fake of vLLM) streaming token by token with
+its latency spread over the tokens, the real SmolLM2 tokenizer.
+
+What must hold: the text reaches the harness while the server is still generating; tool-call
+markup and stop strings never leak as text; the final events are a whole reply's; the recorded
+turn is exactly a non-streamed call's; the time to first token is measured and counted."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from agents.harness.streaming import ReplyStream
+from tests.harness.conftest import BASH_TOOL, anthropic_client, ids_of, openai_client, recorded
+
+END = 2
+TEXT = "I will list the files in the working directory first, then read the one that fails."
+CALL = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>'
+LATENCY = 1.0  # spread over the reply's tokens: the first arrives long before the last
+SCRIPT = {"by_instance": {"i-1": [TEXT + "\n" + CALL, "The bug is fixed."]}, "latency": LATENCY}
+START = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Task i-1: fix it."}]
+
+
+def stream_chat(client, messages, **kwargs) -> tuple[list[tuple[float, str]], dict, str, float]:
+    """(timed content pieces, tool calls by index, finish reason, when the stream ended)."""
+    pieces, calls, finish = [], {}, None
+    for chunk in client.chat.completions.create(
+        model="policy", messages=messages, tools=[BASH_TOOL], stream=True, **kwargs
+    ):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        if choice.delta.content:
+            pieces.append((time.monotonic(), choice.delta.content))
+        for tc in choice.delta.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            slot["id"] = tc.id or slot["id"]
+            slot["name"] = tc.function.name or slot["name"]
+            slot["arguments"] += tc.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return pieces, calls, finish, time.monotonic()
+
+
+def comparable(turn: dict) -> dict:
+    """A recorded turn without what differs between two runs (timings, the stream flag)."""
+    extra = {k: v for k, v in turn["extra"].items() if k not in ("stream", "ttft_ms")}
+    kept = ("generated_ids", "logprobs", "text", "tool_calls", "finish_reason", "weight_version")
+    return {**{k: turn[k] for k in kept}, "extra": extra}
+
+
+def test_chat_text_streams_live_and_the_record_is_a_whole_call_s(endpoint) -> None:
+    runs = {}
+    for stream in (False, True):
+        ep = endpoint(SCRIPT)
+        client = openai_client(ep)
+        started = time.monotonic()
+        if stream:
+            pieces, calls, finish, ended = stream_chat(client, START)
+            content = "".join(text for _, text in pieces)
+            # Live: many pieces, the first well before the generation ended.
+            assert len(pieces) > 5
+            assert pieces[0][0] - started < (ended - started) / 2
+            ttft = recorded(ep)[0]["extra"]["ttft_ms"]
+            assert 0 < ttft < (pieces[0][0] - started) * 1000 + 1
+            assert ep.counters.streamed_calls == 1 and ep.counters.ttft_ms_p50 == ttft
+        else:
+            reply = client.chat.completions.create(model="policy", messages=START, tools=[BASH_TOOL])
+            message, finish = reply.choices[0].message, reply.choices[0].finish_reason
+            content = message.content
+            calls = {
+                0: {"name": message.tool_calls[0].function.name, "arguments": message.tool_calls[0].function.arguments}
+            }
+        assert content == TEXT and "<" not in content  # the markup never leaks as text
+        assert finish == "tool_calls" and calls[0]["name"] == "bash"
+        assert json.loads(calls[0]["arguments"]) == {"cmd": "ls -la"}
+        result = ep.result("completed", "harness_exit")
+        runs[stream] = ([comparable(t) for t in recorded(ep)], result.response_ids, result.response_logprobs)
+        assert ep.counters.stream_mismatches == 0
+    assert runs[True] == runs[False]
+    assert runs[True][0][0]["generated_ids"] == ids_of(TEXT + "\n" + CALL) + [END]
+
+
+def test_a_stop_string_is_never_streamed(endpoint) -> None:
+    ep = endpoint({"by_instance": {"i-1": ["Step one. Observation: it works. More text."]}, "latency": 0.3})
+    pieces, _, finish, _ = stream_chat(openai_client(ep), START, stop=["Observation:"])
+    assert "".join(t for _, t in pieces) == "Step one. " and finish == "stop"  # as a whole reply: cut, not stripped
+    (turn,) = recorded(ep)
+    assert turn["extra"]["stop_sequence"] == "Observation:"
+    assert turn["text"].startswith("Step one. Observation:")  # the ids keep what was sampled
+
+
+def test_usage_and_logprobs_come_with_the_final_chunks(endpoint) -> None:
+    ep = endpoint({"by_instance": {"i-1": ["The bug is fixed in the parser module now."]}, "latency": 0.3})
+    chunks = list(
+        openai_client(ep).chat.completions.create(
+            model="policy", messages=START, stream=True, logprobs=True, stream_options={"include_usage": True}
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    logprobs = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert content == "The bug is fixed in the parser module now."
+    (turn,) = recorded(ep)
+    assert [lp.logprob for lp in logprobs] == turn["logprobs"]
+    assert chunks[-1].usage.completion_tokens == len(turn["generated_ids"])
+
+
+def test_anthropic_text_streams_live_then_the_tool_use_block(endpoint) -> None:
+    runs = {}
+    for stream in (False, True):
+        ep = endpoint(SCRIPT)
+        client = anthropic_client(ep)
+        kwargs = {
+            "model": "policy",
+            "max_tokens": 300,
+            "system": "You fix bugs.",
+            "messages": [{"role": "user", "content": "Task i-1: fix it."}],
+            "tools": [{"name": "bash", "description": "Run", "input_schema": BASH_TOOL["function"]["parameters"]}],
+        }
+        started = time.monotonic()
+        if stream:
+            times = []
+            with client.messages.stream(**kwargs) as events:
+                for _ in events.text_stream:
+                    times.append(time.monotonic())
+                message = events.get_final_message()
+            ended = time.monotonic()
+            assert len(times) > 5 and times[0] - started < (ended - started) / 2
+        else:
+            message = client.messages.create(**kwargs)
+        text, tool = message.content
+        assert text.type == "text" and text.text == TEXT
+        assert tool.type == "tool_use" and tool.name == "bash" and tool.input == {"cmd": "ls -la"}
+        assert message.stop_reason == "tool_use" and message.usage.output_tokens == len(ids_of(TEXT + "\n" + CALL)) + 1
+        runs[stream] = [comparable(t) for t in recorded(ep)]
+    assert runs[True] == runs[False]
+
+
+def test_a_failure_after_text_ends_the_stream_with_the_api_s_error(endpoint) -> None:
+    # The rollout is cancelled while the reply streams: the SDK raises on the error event.
+    import openai
+
+    cancelled = []
+    ep = endpoint(SCRIPT, cancel_check=lambda: bool(cancelled))
+    stream = openai_client(ep).chat.completions.create(model="policy", messages=START, stream=True)
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                cancelled.append(True)
+    assert ep.counters.errors == {"cancelled": 1}
+
+
+@pytest.mark.parametrize(
+    ("pieces", "shown"),
+    [
+        (["Hello", " wor", "ld <tool", "_call>{}"], ["Hello", " wor", "ld"]),
+        (["Done. Obs", "ervation: x"], ["Done."]),
+        (["  leading space", " held"], []),  # the reply may be stripped: nothing early
+        (["a <tool_cal", "l_like"], ["a", " <tool_call_like"]),
+    ],
+)
+def test_the_filter_holds_back_what_the_reply_may_not_contain(pieces, shown) -> None:
+    out = []
+    stream = ReplyStream(["Observation:"], parse_tools=True, thinking=False, emit=lambda t, _n: out.append(t))
+    for piece in pieces:
+        stream.delta(piece)
+    assert out == shown
+
+
+def test_responses_and_google_stream_live_too(endpoint) -> None:
+    from google import genai
+    from google.genai import types
+
+    from tests.harness.conftest import uds_client
+
+    from agents.harness import responses_events
+
+    responses_events._event_adapter()  # warm: the SDK's types take ~1 s to import, once
+    tools = [{"type": "function", "name": "bash", "parameters": BASH_TOOL["function"]["parameters"]}]
+    ep = endpoint(SCRIPT)
+    started, times, events = time.monotonic(), [], []
+    for event in openai_client(ep).responses.create(
+        model="policy", instructions="You fix bugs.", input="Task i-1: fix it.", tools=tools, stream=True
+    ):
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            times.append(time.monotonic())
+    ended = time.monotonic()
+    assert len(times) > 5 and times[0] - started < (ended - started) / 2
+    done = events[-1].response
+    assert [o.type for o in done.output] == ["message", "function_call"]
+    assert done.output[0].content[0].text == TEXT and json.loads(done.output[1].arguments) == {"cmd": "ls -la"}
+    assert recorded(ep)[0]["generated_ids"] == ids_of(TEXT + "\n" + CALL) + [END]
+
+    ep = endpoint(SCRIPT)
+    options = types.HttpOptions(base_url="http://rollout", httpx_client=uds_client(ep))
+    client = genai.Client(api_key=ep.token, http_options=options)
+    started, times, parts = time.monotonic(), [], []
+    for chunk in client.models.generate_content_stream(
+        model="gemini-x",
+        contents="Task i-1: fix it.",
+        config=types.GenerateContentConfig(tools=[types.Tool(function_declarations=[{"name": "bash"}])]),
+    ):
+        for part in chunk.candidates[0].content.parts or []:
+            parts.append(part)
+            if part.text:
+                times.append(time.monotonic())
+    ended = time.monotonic()
+    assert len(times) > 5 and times[0] - started < (ended - started) / 2
+    assert "".join(p.text for p in parts if p.text) == TEXT
+    assert [p.function_call.args for p in parts if p.function_call] == [{"cmd": "ls -la"}]
+    assert chunk.candidates[0].finish_reason == types.FinishReason.STOP
+    assert ep.counters.streamed_calls == 1 and ep.counters.stream_mismatches == 0
