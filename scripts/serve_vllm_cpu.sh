@@ -2,6 +2,8 @@
 # Serve the SmolLM2 folder with the CPU vLLM of .venv-vllm (ready after ~90-120 s: GET /health).
 #
 # Usage: scripts/serve_vllm_cpu.sh [MODEL_DIR] [PORT]
+# VLLM_DTYPE=float32 serves an fp32 folder as it is (the token-exact tiers re-score to 1e-3,
+# which a bf16 server's prefill/decode drift of up to ~0.3 on this model does not meet).
 # The model is passed as an absolute path so GET /v1/models reports a local folder: raas then
 # finds the tokenizer there when a job does not name one. The `vllm` console script fails for
 # the `vllm-cpu` distribution, hence `python -m`.
@@ -12,4 +14,4 @@ PORT="${2:-8100}"
 VENV="${VLLM_VENV:-.venv-vllm}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" HF_HUB_OFFLINE=1
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
-    --host 127.0.0.1 --port "$PORT" --max-model-len 2048 --dtype bfloat16
+    --host 127.0.0.1 --port "$PORT" --max-model-len 2048 --dtype "${VLLM_DTYPE:-bfloat16}"
