@@ -16,7 +16,7 @@ from app.auth import authenticate
 from core.db import configure_pool
 from core.settings import load_settings
 from tasks.celery_app import make_celery
-from tasks.sandboxes import check_node_settings
+from tasks.sandboxing.sandboxes import check_node_settings
 
 log = logging.getLogger(__name__)
 # A large submission is CPU in a request thread (validation, rows, the bulk insert) for up to

@@ -184,7 +184,7 @@ def slot_time_split(db_url: str, job_id: str) -> dict:
 
 def stage_pids(svc) -> dict[str, list[int]]:
     """Every worker process of each stage: a pool past `max_slots_per_process` is several
-    (`app.node.process_slots`); a tree from before that split has one per stage."""
+    (`app.ops.node.process_slots`); a tree from before that split has one per stage."""
     processes = getattr(svc, "processes", None) or {key: [proc] for key, proc in svc.workers.items()}
     return {stage: [proc.pid for proc in procs] for (stage, _node), procs in processes.items()}
 

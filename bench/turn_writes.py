@@ -55,8 +55,8 @@ def run_one(args: argparse.Namespace) -> dict:
     from core.db import dispose_all, get_engine, session_scope
     from core.models import Job, LLMServer, Rollout, utcnow
     from migrations.runner import upgrade
-    from tasks import lifecycle
-    from tasks.llm_pool import RegisteredPool
+    from tasks.writes import lifecycle
+    from tasks.llm.llm_pool import RegisteredPool
 
     db = f"raas_tw_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")

@@ -14,7 +14,7 @@ booleans, JSONB). SQLite keeps SQLAlchemy's path, which converts its stored text
 JSON, booleans) on the way out; both paths return rows with attribute access and `_mapping`.
 
 Errors come out as SQLAlchemy's (`sqlalchemy.exc.OperationalError` for a dropped or refused
-connection, which the stages retry, `tasks.db_retry`), whether the statement, the pool's
+connection, which the stages retry, `tasks.writes.db_retry`), whether the statement, the pool's
 checkout or the autocommit switch raised them, and a connection the driver reports broken is
 invalidated, as SQLAlchemy does. A column's Python-side default (`created_at`) is filled in
 as SQLAlchemy fills it, and an engine's `before_cursor_execute` listeners (SQL logging,

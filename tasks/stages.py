@@ -36,26 +36,16 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Status
 from sandbox import SandboxError
-from tasks import (
-    cancels,
-    db_retry,
-    drain,
-    grading,
-    group_layers,
-    groups,
-    handback,
-    lifecycle,
-    resume,
-    sandboxes,
-    terminal,
-)
+from tasks.writes import cancels, db_retry, groups, lifecycle, terminal
+from tasks.recovery import drain, handback, resume
+from tasks.sandboxing import grading, group_layers, sandboxes
 from tasks.contexts import eval_context, rollout_context
-from tasks.config import TASK_NAMES
-from tasks.heartbeat import Heartbeater, process_heartbeater
-from tasks.outbox_marks import Mark, clearer
-from tasks.records import record_fields
-from tasks.run_turns import RunTurns
-from tasks.publish import publish  # noqa: F401  (callers import it from here too)
+from tasks.broker.config import TASK_NAMES
+from tasks.recovery.heartbeat import Heartbeater, process_heartbeater
+from tasks.writes.outbox_marks import Mark, clearer
+from tasks.writes.records import record_fields
+from tasks.writes.run_turns import RunTurns
+from tasks.broker.publish import publish
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +188,7 @@ class StageRun:
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:
-        from tasks.run_guard import RunGuard
+        from tasks.sandboxing.run_guard import RunGuard
 
         handle = self.rollout.sandbox
         sandbox = sandboxes.attach(self.settings, handle)
@@ -251,7 +241,7 @@ class StageRun:
         from agents.llm import LLMSession
         from agents.llm.spec import LLMSpec
         from core.owners import url_rules_for
-        from tasks.llm_pool import make_pool
+        from tasks.llm.llm_pool import make_pool
 
         spec = self.config.llm or LLMSpec()
         pool = db_retry.Retrying(
@@ -375,7 +365,7 @@ class StageRun:
 
     def _deliver(self, stage: str, attempt: int, node: str | None, what: str, marked_at: Any = False) -> None:
         """Publish a committed, marked hand-off; clear the mark once it is out (a hand-on's
-        clear is queued: `tasks.outbox_marks`). Never raises: a message that does not get
+        clear is queued: `tasks.writes.outbox_marks`). Never raises: a message that does not get
         out is the outbox's."""
         try:
             publish(
@@ -454,7 +444,7 @@ class StageRun:
 
     def _resume(self, error: str) -> bool:
         """Queue this RUN again in place when its sandbox is alive, or this EVAL again (see
-        `tasks.resume`)."""
+        `tasks.recovery.resume`)."""
         if self.stage == "eval":
             if not resume.regrade(
                 self.settings,

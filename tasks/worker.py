@@ -1,12 +1,12 @@
 """Start one stage's Celery worker pool on this node.
 
 Celery's consumer reconnects after a broker outage of any length
-(`broker_connection_max_retries=None`, tasks/config.py), and an error that would still end it
-restarts it in this process (`tasks.acks.StageConsumer`); the process exits non-zero only if
+(`broker_connection_max_retries=None`, tasks/broker/config.py), and an error that would still end it
+restarts it in this process (`tasks.broker.acks.StageConsumer`); the process exits non-zero only if
 Celery itself gives up, so a supervisor (`raas node`, `raas up`, systemd) starts a new pool.
-While it lives, it beats a `queue_consumers` row (tasks/nodes.py) that tells the reaper and
+While it lives, it beats a `queue_consumers` row (tasks/recovery/nodes.py) that tells the reaper and
 the node's INIT gate that the queue has a reader. SIGTERM/SIGINT drain it within
-`soft_shutdown_timeout` (tasks/drain.py).
+`soft_shutdown_timeout` (tasks/recovery/drain.py).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from agents.llm.backends import http_client
 from agents.registry import load_handler_modules
 from core.db import configure_pool, use_pre_ping
 from core.settings import Settings
-from tasks import db_retry, nodes
-from tasks.cancels import DROPPED
+from tasks.writes import db_retry
+from tasks.recovery import nodes
+from tasks.writes.cancels import DROPPED
 from tasks.celery_app import make_celery
-from tasks.config import stage_queue
-from tasks.drain import Drain, InitGate
-from tasks.nodes import ConsumerBeat
-from tasks.sandboxes import check_node_settings
+from tasks.broker.config import stage_queue
+from tasks.recovery.drain import Drain, InitGate
+from tasks.recovery.nodes import ConsumerBeat
+from tasks.sandboxing.sandboxes import check_node_settings
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def consumer_beat_interval(settings: Settings) -> float:
 def stop_stale_sandboxes(settings: Settings) -> int:
     """The node's start-up pass, before this pool takes work: stop sandboxes of attempts
     that ended or restarted elsewhere (the node may be back after being judged dead)."""
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     try:
         return Reaper(settings, celery=None).sweep_sandboxes()

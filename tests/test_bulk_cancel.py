@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import Job, Rollout, Status, new_id, utcnow
 from migrations.runner import upgrade
-from tasks import cancels, lifecycle, terminal
+from tasks.writes import cancels, lifecycle, terminal
 
 
 def _job(db: str, groups: dict[str, list[str]]) -> tuple[str, dict[tuple[str, int], str]]:

@@ -1,4 +1,4 @@
-"""Hand-on marks cleared in batches off the stage's thread (`tasks.outbox_marks`): each clear
+"""Hand-on marks cleared in batches off the stage's thread (`tasks.writes.outbox_marks`): each clear
 is fenced on the exact mark it is for, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from core.db import session_scope
 from core.models import Job, Rollout
 from migrations.runner import upgrade
-from tasks import lifecycle, outbox_marks
+from tasks.writes import lifecycle, outbox_marks
 
 
 def _leased(db_url: str, n: int) -> list[str]:

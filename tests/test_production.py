@@ -46,7 +46,7 @@ def test_readme_gunicorn_line_serves_the_api(tmp_path):
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
     )
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
+        [sys.executable, "-m", "app.ops.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
     )
     server = subprocess.Popen(
         argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -109,7 +109,7 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
     )
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
+        [sys.executable, "-m", "app.ops.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
     )
     server = subprocess.Popen(
         argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -124,7 +124,7 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "app.ops.cli",
                 "submit",
                 str(tmp_path / "in.jsonl"),
                 "--agent",
@@ -147,7 +147,7 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
         for stage in ("init", "run", "eval"):
             workers.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "-c", "1"],
+                    [sys.executable, "-m", "app.ops.cli", "worker", "--stage", stage, "-c", "1"],
                     env=env,
                     cwd=tmp_path,
                     stdout=subprocess.DEVNULL,

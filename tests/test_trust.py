@@ -287,7 +287,11 @@ def test_empty_or_whitespace_token_is_a_configuration_error(tmp_path, token):
 def test_empty_token_in_the_environment_stops_the_gateway(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "RAAS_API_TOKEN": "", "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "gateway", "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "app.ops.cli", "gateway", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode != 0 and "api_token is empty" in run.stderr
 
@@ -332,7 +336,7 @@ def test_operator_routes_need_the_admin_role(gateway):
 
 def test_database_tokens_from_the_admin_cli(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
-    cli = [sys.executable, "-m", "app.cli"]
+    cli = [sys.executable, "-m", "app.ops.cli"]
     from migrations.runner import upgrade
 
     settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers")
@@ -377,7 +381,11 @@ def test_a_token_that_starts_with_a_dash_is_removed_by_the_cli(tmp_path):
         s.add(ApiToken(id=token_digest(legacy), owner="carol", admin=False, label=None))
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "token", "rm", legacy], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "app.ops.cli", "token", "rm", legacy],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0 and done.stdout.strip() == "removed", done.stderr
     with session_scope(settings.db_url) as s:
@@ -392,7 +400,7 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
 
     upgrade(Settings(home=tmp_path).db_url)
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "gateway", "--host", "0.0.0.0", "--port", "0"],
+        [sys.executable, "-m", "app.ops.cli", "gateway", "--host", "0.0.0.0", "--port", "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -400,14 +408,14 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
     )
     assert run.returncode != 0 and "refusing to listen on 0.0.0.0 without API tokens" in run.stderr
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "flower", "--address", "0.0.0.0"],
+        [sys.executable, "-m", "app.ops.cli", "flower", "--address", "0.0.0.0"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert run.returncode != 0 and "--basic-auth" in run.stderr
-    from tasks.embedded_redis import answers
+    from tasks.broker.embedded_redis import answers
 
     assert not answers(embedded_redis_socket(tmp_path))  # refused before starting a broker
 

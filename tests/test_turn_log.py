@@ -1,4 +1,4 @@
-"""The turn log's write path (`tasks.turn_log`): the lease fence inside the insert, on SQLite
+"""The turn log's write path (`tasks.writes.turn_log`): the lease fence inside the insert, on SQLite
 and PostgreSQL, and group commit across the threads of one process (order, durability, one
 refused write not spoiling its batch)."""
 
@@ -15,7 +15,7 @@ from core.db import get_engine, session_scope
 from core.errors import LeaseLost
 from core.models import Job, Rollout, Turn, utcnow
 from migrations.runner import upgrade
-from tasks import lifecycle, turn_log
+from tasks.writes import lifecycle, turn_log
 
 
 def _rollouts(db_url: str, n: int, lease: str = "L1") -> list[str]:
@@ -173,7 +173,7 @@ def test_a_queued_turn_returns_before_its_commit_and_does_not_hold_back_the_next
 
 
 def _run_turns(db_url: str, rollout_id: str) -> object:
-    from tasks.run_turns import RunTurns
+    from tasks.writes.run_turns import RunTurns
 
     return RunTurns(db_url, rollout_id, 1, f"L1-{rollout_id}", turn_log.DEFAULT_WINDOW, logging.getLogger("test"))
 
@@ -241,8 +241,8 @@ def _server(db_url: str, url: str = "http://sim:1") -> None:
 def test_the_mark_and_the_server_read_are_one_statement(any_db_url) -> None:
     """`begin_generation`: one UPDATE ... RETURNING marks the rollout and reads the row (the
     weight version a turn records); a paused server is read but not marked."""
-    from tasks.llm_pool import RegisteredPool
-    from tasks.pool_pause import set_paused
+    from tasks.llm.llm_pool import RegisteredPool
+    from tasks.llm.pool_pause import set_paused
 
     [rid] = _rollouts(any_db_url, 1)
     _server(any_db_url)
@@ -273,7 +273,7 @@ def test_a_mark_takes_back_the_queued_clear_and_no_late_clear_wipes_it(any_db_ur
     """The next generation does not wait for the previous mark's clear to commit: the mark
     takes the queued clear back (it writes the column itself), and nothing of the old
     generation lands after it."""
-    from tasks.llm_pool import RegisteredPool
+    from tasks.llm.llm_pool import RegisteredPool
 
     [rid] = _rollouts(any_db_url, 1)
     _server(any_db_url)
@@ -297,8 +297,8 @@ def test_a_mark_racing_a_pause_is_either_seen_by_it_or_sees_it(pg_url) -> None:
     read the paused row (a read from the statement's snapshot would say "not paused" and
     mark after the pause counted the marks: a generation would run during a weight load)."""
     from core.models import LLMServer
-    from tasks.llm_pool import RegisteredPool
-    from tasks.pool_pause import generating
+    from tasks.llm.llm_pool import RegisteredPool
+    from tasks.llm.pool_pause import generating
 
     [rid] = _rollouts(pg_url, 1)
     _server(pg_url)

@@ -207,7 +207,7 @@ def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None
 def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gateway, checkpoints) -> None:
     """Rollouts of the real model are mid-flight: the push waits for their generations (the
     measured pause), aborts none, and every turn records the version it was sampled with."""
-    from tasks.pool_pause import generating
+    from tasks.llm.pool_pause import generating
 
     client = gateway.client
     url = gateway_server(gateway)
