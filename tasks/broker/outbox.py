@@ -43,7 +43,7 @@ from sqlalchemy import select, update
 from core.db import session_scope
 from core.models import Job, Rollout, Status, utcnow
 from tasks.broker.config import PENDING_REEVALUATIONS
-from tasks.broker.publish import publish, publish_reevaluation_message
+from tasks.broker.publish import StageMessage, publish, publish_reevaluation_message
 
 log = logging.getLogger(__name__)
 BATCH = 500  # messages per producer batch and per outbox statement
@@ -53,12 +53,8 @@ PROCESS_IDLE_EXIT = 60.0  # seconds the publisher process waits for work before 
 PROCESS_TIMEOUT = 600.0  # longest wait for the publisher process to answer a hand-off
 
 
-Message = tuple[str, str, int, str | None, str | None] | tuple[str, str, int, str | None, str | None, int | None]
-
-
-def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -> int:
-    """Publish (stage, rollout id, attempt, node, job id[, job priority]) messages over one
-    producer connection.
+def publish_many(celery: Any, messages: Iterable[StageMessage], batch: int = BATCH) -> int:
+    """Publish stage messages over one producer connection.
 
     The job id lets a worker drop INIT messages of a job it knows was cancelled without a
     database write (see `cancels.known_cancelled`).
@@ -69,17 +65,10 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
     n = 0
     with celery.producer_or_acquire() as producer:
         with producer.batch(max_size=batch):
-            for stage, rollout_id, attempt, node, job, *priority in messages:
+            for m in messages:
                 # `tasks.broker.publish.publish` builds every stage message, one or a batch
                 publish(
-                    celery,
-                    stage,
-                    rollout_id,
-                    attempt,
-                    node,
-                    producer=producer,
-                    priority=priority[0] if priority else None,
-                    job=job,
+                    celery, m.stage, m.rollout_id, m.attempt, m.node, producer=producer, priority=m.priority, job=m.job
                 )
                 n += 1
                 # Building messages is pure CPU (no I/O releases the GIL within a pipelined
@@ -110,7 +99,7 @@ def publish_marked(db_url: str, celery: Any, ids: Sequence[str]) -> int:
             ).all()
         if not rows:
             continue
-        n += publish_many(celery, (("init", r.id, r.attempt, None, r.job_id, r.priority) for r in rows))
+        n += publish_many(celery, (StageMessage("init", r.id, r.attempt, None, r.job_id, r.priority) for r in rows))
         _clear(db_url, [r.id for r in rows])
     return n
 
@@ -173,7 +162,7 @@ def drain(db_url: str, celery: Any, grace: float) -> int:
         total += publish_many(
             celery,
             (
-                (
+                StageMessage(
                     "init" if r.status == Status.PENDING.value else r.status,
                     r.id,
                     r.attempt,

@@ -3,9 +3,23 @@ to queue a stage (one at a time here, in batches over one producer by `tasks.bro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.broker.config import REEVALUATE_TASK, TASK_NAMES, message_priority, publish_retry_policy
+
+
+@dataclass(frozen=True, slots=True)
+class StageMessage:
+    """One stage message to publish: which stage of which rollout attempt, the node whose
+    queue takes it (RUN and EVAL), the job (drops of cancelled INITs) and its priority."""
+
+    stage: str
+    rollout_id: str
+    attempt: int
+    node: str | None = None
+    job: str | None = None
+    priority: int | None = None
 
 
 def publish(

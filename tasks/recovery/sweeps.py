@@ -28,6 +28,7 @@ from tasks.sandboxing import sandboxes
 from tasks.broker.config import STAGES as ACTIVE_STAGES
 from tasks.broker.config import stage_queue
 from tasks.broker.outbox import publish_many
+from tasks.broker.publish import StageMessage
 
 
 class Sweeps:
@@ -112,7 +113,8 @@ class Sweeps:
             ).all()
         priority = outbox.job_priorities(self.db, {r.job_id for r in taken}) if taken else {}
         publish_many(
-            self.celery, ((_stage(r.status), r.id, r.attempt, r.node, r.job_id, priority.get(r.job_id)) for r in taken)
+            self.celery,
+            (StageMessage(_stage(r.status), r.id, r.attempt, r.node, r.job_id, priority.get(r.job_id)) for r in taken),
         )
         return len(taken)
 
