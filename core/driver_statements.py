@@ -4,7 +4,7 @@ A RUN turn is a few one-row statements (the generation mark, the turn insert, th
 clear), and a stage a few more (the claim, the hand-off). Executing one through a SQLAlchemy
 `Connection` cost ~4x the driver's own work: the execution context, the compiled-cache
 lookup, parameter and result processing, the result object (a generation mark: 250 us of CPU
-against 120 us on the pooled psycopg connection, BENCHMARKS "Hot path, round 6"). Here a
+against 120 us on the pooled psycopg connection, docs/benchmarks-history.md, "Hot path, round 6"). Here a
 statement is compiled for the engine's dialect once; each execution builds its parameters
 with that compiled form's own bind processors (JSON columns wrapped for psycopg exactly as
 SQLAlchemy wraps them) and runs the SQL text on the DBAPI cursor.

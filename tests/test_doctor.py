@@ -47,7 +47,7 @@ def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     sim_url, stop = start_simulator(SMOLLM2, {"default": ["hi"]})
     try:
         register(pg_url, sim_url)
-        bare = pg_url.replace("postgresql+psycopg://", "postgresql://")  # as the README has it
+        bare = pg_url.replace("postgresql+psycopg://", "postgresql://")  # as docs/deployment.md has it
         code, checks = doctor(
             {"RAAS_DATABASE_URL": bare, "RAAS_BROKER_URL": REDIS_URL, "RAAS_HOME": str(tmp_path / "home")}
         )

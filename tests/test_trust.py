@@ -434,11 +434,11 @@ def test_embedded_default_without_tokens_is_one_local_admin(tmp_path):
         server.shutdown()
 
 
-def test_readme_policy_file_loads(tmp_path, monkeypatch):
-    """The README's TOML example is a valid policy file (RAAS_POLICY_FILE)."""
+def test_documented_policy_file_loads(tmp_path, monkeypatch):
+    """The TOML example of docs/policy-and-tenants.md is a valid policy file (RAAS_POLICY_FILE)."""
     import re
 
-    toml = re.search(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    toml = re.search(r"```toml\n(.*?)```", (REPO / "docs" / "policy-and-tenants.md").read_text(), re.S).group(1)
     (tmp_path / "policy.toml").write_text(toml)
     monkeypatch.setenv("RAAS_POLICY_FILE", str(tmp_path / "policy.toml"))
     policy = Settings(home=tmp_path).policy
