@@ -11,7 +11,7 @@ database, in turn, same command; figures are process CPU (utime + stime) per tur
 per turn (SQLAlchemy `commit` events plus statements run in autocommit) and statements per
 turn.
 
-Usage: .venv/bin/python bench/turn_writes.py --baseline-tree /work/wt/hotpath-base
+Usage: .venv/bin/python bench/turn_writes.py [--baseline-tree DIR]   (DIR: another commit's tree)
        [--threads 64] [--turns 20] [--gap 0.05] [--window 0.005]   (needs PostgreSQL :5432)
 """
 

@@ -23,6 +23,7 @@ from tests.test_api import serve
 
 ALICE, BOB, OPERATOR = "alice-token-0001", "bob-token-00002", "operator-token-01"
 REPO = Path(__file__).resolve().parents[1]
+HOME = Path.home()  # host paths a tenant might aim at: this machine's, computed, never written in
 
 
 def tenant_settings(tmp_path: Path, **policy) -> Settings:
@@ -91,15 +92,15 @@ def rejected(resp: httpx.Response, status: int, *needles: str) -> dict:
     "sandbox, needles",
     [
         ({"runtime": "local"}, ["sandbox.runtime", "policy.sandbox.runtimes"]),
-        ({"env": {"LD_PRELOAD": "/work/other-job/evil.so"}}, ["sandbox.env.LD_PRELOAD", "LD_*"]),
+        ({"env": {"LD_PRELOAD": str(REPO.parent / "other-job" / "evil.so")}}, ["sandbox.env.LD_PRELOAD", "LD_*"]),
         ({"env": {"PYTHONPATH": "/tmp"}}, ["sandbox.env.PYTHONPATH", "PYTHON*"]),
         ({"env": {"BASH_ENV": "/tmp/x"}}, ["sandbox.env.BASH_ENV"]),
-        ({"env": {"HOME": "/root"}}, ["sandbox.env.HOME", "policy.sandbox.env"]),
-        ({"python_env": "/root/.pyenv/versions/3.11.7"}, ["sandbox.python_env", "never a path"]),
+        ({"env": {"HOME": str(HOME)}}, ["sandbox.env.HOME", "policy.sandbox.env"]),
+        ({"python_env": str(HOME / ".pyenv" / "versions" / "3.11.7")}, ["sandbox.python_env", "never a path"]),
         ({"image": "/"}, ["sandbox.image", "never a path"]),
         ({"image": "../../etc"}, ["sandbox.image"]),
         ({"network": True}, ["sandbox.network", "policy.sandbox.network"]),
-        ({"binds": [{"host": "/root"}]}, ["sandbox.binds", "policy.sandbox.binds"]),
+        ({"binds": [{"host": str(HOME)}]}, ["sandbox.binds", "policy.sandbox.binds"]),
         ({"limits": {"max_procs": 10**9}}, ["sandbox.limits.max_procs", "max_limits.max_procs=4096"]),
         ({"limits": {"memory_mb": 10**9}}, ["sandbox.limits.memory_mb", "cap 16384"]),
         ({"limits": {"output_bytes": 10**12}}, ["sandbox.limits.output_bytes", "cap 1048576"]),
@@ -125,7 +126,7 @@ def test_choices_inside_the_policy_are_accepted(gateway):
 
 
 def test_handler_python_env_from_the_job_is_a_name_too(gateway):
-    body = job(agent="math", agent_config={"python_env": "/root/.pyenv"})
+    body = job(agent="math", agent_config={"python_env": str(HOME / ".pyenv")})
     rejected(gateway["alice"].post("/v1/jobs", json=body), 400, "agent_config.python_env")
 
 
@@ -174,7 +175,7 @@ def test_chat_template_is_never_a_host_path_and_no_existence_oracle(gateway):
 
 def test_tokenizer_folder_only_under_the_operator_roots_for_tenants(gateway):
     answers = set()
-    for path in ("/etc", "/nonexistent/tok", "/root/.cache/huggingface"):
+    for path in ("/etc", "/nonexistent/tok", str(HOME / ".cache" / "huggingface")):
         body = rejected(
             gateway["alice"].post("/v1/jobs", json=llm_job(tokenizer=path)),
             400,
