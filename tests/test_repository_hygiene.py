@@ -40,9 +40,7 @@ def test_no_build_machine_paths_in_tracked_files():
         for number, line in enumerate(text_lines(path), 1)
         if MACHINE_PATHS.search(line)
     ]
-    assert not found, "paths of the build machine (use a variable with a default in the checkout):\n" + "\n".join(
-        found
-    )
+    assert not found, "paths of the build machine (use a variable with a default in the checkout):\n" + "\n".join(found)
 
 
 def test_the_pattern_finds_what_it_is_for():
