@@ -8,7 +8,8 @@ Werkzeug's threaded server gives every connection a thread and waits for its hea
   starting to wait for them, however slowly they trickle (a watchdog shuts the socket down);
   an idle keep-alive connection waiting for its next request is closed by the same rule;
 - every later read or write of a connection (body, answer) waits at most `idle_timeout`.
-The production gateway is gunicorn (`gunicorn 'app:create_app()'`): see README "Security".
+The production gateway is gunicorn (`gunicorn 'app:create_app()'`): docs/deployment.md, and
+docs/security.md "Production gateway".
 """
 
 from __future__ import annotations

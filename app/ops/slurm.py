@@ -189,7 +189,7 @@ psql -h "$ADDR" -p "$PG_PORT" -U raas -d postgres -tAc "SELECT 1 FROM pg_databas
 export RAAS_DATABASE_URL="postgresql://raas:$SECRET@$ADDR:$PG_PORT/raas"
 export RAAS_BROKER_URL="redis://:$SECRET@$ADDR:$REDIS_PORT/0"
 raas db upgrade
-# gthread workers: a results long-poll holds a thread, not the worker (see README)
+# gthread workers: a results long-poll holds a thread, not the worker (docs/slurm.md, "The gateway line")
 gunicorn -k gthread -w 2 --threads 16 --timeout 120 -b "0.0.0.0:$GW_PORT" 'app:create_app()' &
 PIDS="$PIDS $!"
 (umask 077; cat > "$SCRATCH/services.env" <<EOF
