@@ -4,6 +4,9 @@ state of its own (the parts hold it)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 
 import pytest
 
@@ -84,3 +87,87 @@ def test_missing_and_circular_requirements_fail_when_the_parts_are_made() -> Non
         ProcessParts(
             [Step(Log, lambda p: Log("l", []), requires=(Beat,)), Step(Beat, lambda p: Beat("b", []), requires=(Log,))]
         )
+
+
+def test_a_stage_pool_starts_its_parts_in_the_declared_order() -> None:
+    """`tasks.worker`: what the stages use comes first, the consumer row once they can work,
+    the drain and INIT's gate last; made without starting a thread."""
+    import threading
+
+    from core.settings import Settings
+    from tasks.worker import pool_steps, stage_steps
+
+    settings = Settings(node="n1")
+    before = threading.active_count()
+    parts = ProcessParts([*stage_steps(settings), *pool_steps(settings, object(), "init")])
+    assert parts.names() == [
+        "Intake",
+        "CancelMemory",
+        "LiveQueues",
+        "PoolMemory",
+        "Heartbeater",
+        "TurnLog",
+        "MarkClearer",
+        "ConsumerBeat",
+        "Drain",
+        "InitGate",
+    ]
+    assert threading.active_count() == before
+    # declared the other way round, every part still comes after the parts it requires
+    flipped = ProcessParts([*pool_steps(settings, object(), "init"), *stage_steps(settings)]).steps
+    kinds = [step.kind for step in flipped]
+    assert all(kinds.index(needed) < kinds.index(step.kind) for step in flipped for needed in step.requires)
+    assert "InitGate" not in ProcessParts([*stage_steps(settings), *pool_steps(settings, object(), "run")]).names()
+
+
+# Module-level state left in `tasks/`, each with why it is not a part of a process's owner.
+LEFT = {
+    # The retry budget of every `@retrying` write (set once by the worker before its threads
+    # start): the writes take a database url, not a handle a budget could travel with.
+    "tasks/writes/db_retry.py": {"_budget"},
+    # Redis servers this process started as daemons, for the tests' teardown: any process
+    # that makes a Celery app may start one, not only a worker.
+    "tasks/broker/embedded_redis.py": {"_started_here"},
+}
+STATEFUL = {"dict", "list", "set", "OrderedDict", "defaultdict", "deque", "Event", "Lock", "RLock", "count"}
+MUTATORS = {"add", "append", "clear", "discard", "extend", "insert", "pop", "popitem", "remove", "setdefault"}
+MUTATORS |= {"update", "set"}  # a dict's update, an Event's set
+
+
+def _module_state(path: Path) -> set[str]:
+    """Module-level names bound to a mutable or stateful value that the module writes after
+    import (or rebinds through `global`)."""
+    tree = ast.parse(path.read_text())
+    rebound = {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}
+    written = set(rebound)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            written.add(getattr(node.value, "id", None))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in MUTATORS:
+            written.add(getattr(node.func.value, "id", None))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "next" and node.args:
+            written.add(getattr(node.args[0], "id", None))
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            value = node.value
+            func = getattr(value, "func", None)
+            made = getattr(func, "attr", None) or getattr(func, "id", None)
+            mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp))
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                name = getattr(target, "id", None)
+                if name in rebound or ((mutable or made in STATEFUL) and name in written):
+                    found.add(name)
+    return found
+
+
+def test_no_module_of_tasks_keeps_mutable_state_of_its_own() -> None:
+    """STYLE.md rule 15: threads, caches and memories that live as long as a process are parts
+    of its owner (`ProcessParts`), never module-level singletons."""
+    root = Path(__file__).resolve().parent.parent
+    found = {
+        str(path.relative_to(root)): names
+        for path in sorted((root / "tasks").rglob("*.py"))
+        if (names := _module_state(path))
+    }
+    assert found == LEFT

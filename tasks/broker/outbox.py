@@ -62,7 +62,7 @@ def publish_many(celery: Any, messages: Iterable[Message], batch: int = BATCH) -
     producer connection.
 
     The job id lets a worker drop INIT messages of a job it knows was cancelled without a
-    database write (see `cancels.known_cancelled`).
+    database write (see `cancels.CancelMemory.known_cancelled`).
 
     Every `batch` messages go out in one Redis pipeline round trip (kombu's producer batch).
     Returns how many were published.

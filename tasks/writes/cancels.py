@@ -3,9 +3,9 @@
 A cancel marks every unfinished rollout and ends the ones still queued for INIT in one
 statement; the gateway then removes their messages from the broker (`tasks.broker.purge`). The
 workers learn of it from the rollout row (running ones at their next turn) or from
-`CancelMemory.known_cancelled` (stale first-attempt messages dropped without a database write); a worker
-that drops one purges the job's others (`drop_stale`), so what the gateway's purge missed
-(Redis away at the cancel, messages published after it) leaves the queue in one pass too.
+`CancelMemory.known_cancelled` (stale first-attempt messages dropped without a database write);
+a worker that drops one purges the job's others (`drop_stale`), so what the gateway's purge
+missed (Redis away at the cancel, messages published after it) leaves the queue in one pass too.
 """
 
 from __future__ import annotations
