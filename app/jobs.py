@@ -188,7 +188,7 @@ def create_job(
             raise
         return existing
     ids = [row["id"] for row in rows]
-    outbox.publisher_for(settings.db_url, celery).submit(ids)
+    celery.raas_parts.get(outbox.OutboxPublisher).submit(ids)  # the gateway's (`app.factory`)
     return JobAccepted(job_id=job.id, rollout_ids=ids, created=True)
 
 

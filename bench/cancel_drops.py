@@ -9,7 +9,7 @@ and the time until the INIT queue is empty is measured: drops per second of one 
 Where `tasks.broker.purge` exists, `tasks.broker.purge.purge_job` is first timed alone on the same backlog
 (the INIT pool stopped meanwhile): messages removed per second and the longest single script
 call (how long Redis is busy at once). On such a tree the pool's "drops" include the purge a
-worker runs when it drops a cancelled job's message (`cancels.drop_stale`). `--init-ahead`
+worker runs when it drops a cancelled job's message (`cancels.CancelMemory.drop_stale`). `--init-ahead`
 runs the pool as `raas node` does (INIT backpressure on: a database count after every INIT
 task, dropped ones included, before this change).
 

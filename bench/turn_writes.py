@@ -100,15 +100,22 @@ def run_one(args: argparse.Namespace) -> dict:
                 bump("autocommit")  # commits as it ends: no commit event
 
         sa.event.listen(engine, "before_cursor_execute", statement)
-        window = "window" in inspect.signature(lifecycle.record_turn).parameters
+        takes = inspect.signature(lifecycle.record_turn).parameters
+        window = "window" in takes
+        writes = None
+        if "writes" in takes:  # a tree whose turn log is a part of the worker process
+            from tasks.writes.turn_log import TurnLog
+
+            writes = TurnLog(url, args.window)
+            writes.start()
 
         def loop(rid: str) -> None:
-            pool = RegisteredPool(url, "vllm", rid, f"L-{rid}")
+            pool = RegisteredPool(url, "vllm", rid, f"L-{rid}", **({"writes": writes} if writes else {}))
             for index in range(args.turns):
                 pool.begin_generation("http://sim:1")
                 time.sleep(args.gap)  # the generation
                 pool.end_generation()
-                extra = {"window": args.window} if window else {}
+                extra = {"window": args.window} if window else {"writes": writes} if writes else {}
                 lifecycle.record_turn(url, rid, 1, lease=f"L-{rid}", index=index, **extra, **FIELDS)
 
         threads = [threading.Thread(target=loop, args=(rid,)) for rid in ids]

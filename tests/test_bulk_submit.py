@@ -107,7 +107,7 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
     between two jobs is replaced, and every message still goes out exactly once."""
     import os
 
-    from tasks.broker.outbox import INLINE_MAX, publisher_for
+    from tasks.broker.outbox import INLINE_MAX, OutboxPublisher
 
     svc = start_service(tmp_path, stages=(), reaper=False, **backend)
     try:
@@ -115,7 +115,7 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
         n = (INLINE_MAX // 2 + 1) * 2  # above the inline limit
         first = svc.client.submit("test-trivial", [{"instance_id": f"a{k:04d}"} for k in range(n // 2)], n_samples=2)
         wait_for(lambda: _outbox(svc, first["job_id"]) == 0, 60, "the outbox to drain")
-        pub = publisher_for(svc.settings.db_url, celery)
+        pub = celery.raas_parts.get(OutboxPublisher)  # the gateway's
         child = pub._process
         assert child is not None and child.pid != os.getpid() and child.poll() is None and _init_depth(svc) == n
         child.kill()

@@ -45,7 +45,7 @@ ALLOWED = {
 # Inside `tasks/`: the wings, lowest first. A wing imports only itself and wings before it;
 # no wing imports the root (the Celery app, the worker, the stages and their helpers compose
 # the wings). `recovery` may import the stage helpers' lower wings but never the stages.
-TASK_WINGS = ("broker", "writes", "llm", "sandboxing", "watch", "recovery")
+TASK_WINGS = ("process", "broker", "writes", "llm", "sandboxing", "watch", "recovery")
 # Inside `app/`: the operator's commands (`app.ops`) may use the gateway; the gateway never
 # imports them (`app/` is the gateway it says it is).
 OPS_PACKAGE = "app.ops"

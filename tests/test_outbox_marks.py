@@ -38,6 +38,7 @@ def test_queued_clears_share_one_statement_and_touch_only_their_own_mark(any_db_
         s.get(Rollout, c).lease_owner = "L2"
     assert lifecycle.hand_off(any_db_url, c, "L2", "run")[0]
     clearer = outbox_marks.MarkClearer(any_db_url, delay=0.2)
+    clearer.start()
     for rid in (a, b, c):
         clearer.clear(outbox_marks.Mark(rid, 1, "run", marks[rid][1]))
     clearer.flush()

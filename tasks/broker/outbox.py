@@ -3,7 +3,8 @@
 A submission commits its rollouts with `outbox_at` set (the mark "not yet published") in the
 same transaction as the insert, answers 202, and leaves publishing to the gateway's
 `OutboxPublisher` (a background thread for small jobs, a publisher process for large ones,
-so the gateway's own threads keep answering). It publishes the marked rows in batches — one
+so the gateway's own threads keep answering; a part of the gateway process, which its factory
+hangs on the Celery app as `raas_parts`, `tasks.process.parts`). It publishes the marked rows in batches — one
 producer and one broker round trip per batch (a Redis pipeline) — and clears each batch's
 mark after its messages are out. A gateway that dies between the commit and the publish leaves
 marks behind; the reaper publishes whatever stayed marked longer than `outbox_grace` seconds
@@ -57,7 +58,7 @@ def publish_many(celery: Any, messages: Iterable[StageMessage], batch: int = BAT
     """Publish stage messages over one producer connection.
 
     The job id lets a worker drop INIT messages of a job it knows was cancelled without a
-    database write (see `cancels.known_cancelled`).
+    database write (see `cancels.CancelMemory.known_cancelled`).
 
     Every `batch` messages go out in one Redis pipeline round trip (kombu's producer batch).
     Returns how many were published.
@@ -269,6 +270,18 @@ class OutboxPublisher:
         self._process: Any = None
         self._conn: Any = None
 
+    def start(self) -> None:
+        """Start the publishing threads of this process (a forked gateway worker starts its
+        own at its first `submit`)."""
+        self._ensure_threads()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Wait (up to `timeout`) until what was submitted is published; what is not keeps
+        its mark, which the reaper's drain publishes."""
+        deadline = time.monotonic() + timeout
+        while not self.idle() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def submit(self, ids: Sequence[str]) -> None:
         """Queue committed, marked rollout ids for publication (returns at once)."""
         large = len(ids) > INLINE_MAX
@@ -380,16 +393,3 @@ def _publisher_process(fd: int) -> None:
             log.exception("outbox: publishing %s rollouts failed; the reaper will", len(ids))
             n = 0
         conn.send(n)
-
-
-_publishers: dict[int, OutboxPublisher] = {}
-_publishers_lock = threading.Lock()
-
-
-def publisher_for(db_url: str, celery: Any) -> OutboxPublisher:
-    """The process's publisher for this Celery app (created on first use)."""
-    with _publishers_lock:
-        pub = _publishers.get(id(celery))
-        if pub is None or pub.celery is not celery:
-            pub = _publishers[id(celery)] = OutboxPublisher(db_url, celery)
-        return pub

@@ -38,7 +38,7 @@ def publish(
     With `retry_seconds`, kombu reconnects and retries a broker that is away for about that
     long (else Celery's default policy, well under a second); then kombu's error is raised.
     `priority` is the job's (higher first). `job` lets a worker drop INIT messages of a job it
-    knows was cancelled without a database write (see `cancels.known_cancelled`); it also
+    knows was cancelled without a database write (see `cancels.CancelMemory.known_cancelled`); it also
     rides in the headers with the attempt, where the cancel's broker purge reads them
     (`tasks.broker.purge`: the body is base64 in Redis).
     """

@@ -3,7 +3,7 @@
 After a cancel's commit no first attempt of the job can be claimed: the cancel ended every
 rollout still queued for INIT (`tasks.writes.cancels`). Their messages would still be delivered one
 by one, ahead of every later job's, only to be dropped by the INIT workers
-(`cancels.known_cancelled`). This removes them where they wait, so the next job starts now.
+(`cancels.CancelMemory.known_cancelled`). This removes them where they wait, so the next job starts now.
 
 What is removed is exactly what an INIT worker would drop without a database write: an INIT
 message (`raas.init`) of attempt 1 that names the job in its `raas_job` header

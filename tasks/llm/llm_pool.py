@@ -40,7 +40,7 @@ from agents.llm.pool import (
 )
 from agents.llm.backends.guard import url_guard
 from agents.llm.spec import LLMSpec, ServerSpec, parse_model
-from core.db import session_scope
+from core.db import get_engine, session_scope
 from core.owners import url_rules_for
 from core.settings import Settings
 from core.errors import LeaseLost, ServiceUnavailable
@@ -54,10 +54,17 @@ from tasks.writes import turn_log
 CLAIM_ATTEMPTS = 3
 # What a claim returns: everything a session needs (ServerInfo), read in the same statement.
 RECHECK_SCAN_SECONDS = 1.0  # how often a process looks for down servers to probe, at most
-_last_recheck: dict[tuple[str, str], float] = {}  # (db url, owner) -> when it last looked
-# This process's turn counter for `round_robin` routing (like a client-side load balancer:
-# each worker process cycles through the servers on its own).
-_round_robin = itertools.count()
+
+
+class PoolMemory:
+    """What a worker process's rollout pools share (a part of the worker, `tasks.worker`): when
+    it last looked for down servers to probe, per owner, and its turn counter for
+    `round_robin` routing (like a client-side load balancer: each worker process cycles through
+    the servers on its own)."""
+
+    def __init__(self) -> None:
+        self.last_recheck: dict[tuple[str, str], float] = {}  # (db url, owner) -> when it looked
+        self.round_robin = itertools.count()
 
 
 class RolloutStickiness:
@@ -96,7 +103,9 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     """One owner's servers in the `llm_servers` table, shared by all workers on all nodes.
 
     `routing` is the operator's `llm_routing` (`ServerPool.routing`); `round_robin` cycles
-    through the usable servers in url order with this process's counter.
+    through the usable servers in url order with the process's counter (`memory`, the
+    worker's `PoolMemory`; a pool of its own without). `writes`: the worker's turn log, which
+    carries the generation marks' clears (without one, a clear is written at once).
     """
 
     def __init__(
@@ -107,9 +116,13 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         lease: str,
         owner: str = DEFAULT_OWNER,
         routing: str = "sticky",
+        writes: turn_log.TurnLog | None = None,
+        memory: PoolMemory | None = None,
     ) -> None:
         super().__init__(backend, rollout_id)
         self.db_url, self.lease, self.owner, self.routing = db_url, lease, owner, routing
+        self.writes = writes
+        self.memory = memory if memory is not None else PoolMemory()
 
     def _info(self, row: LLMServer | Row[Any]) -> ServerInfo:
         return ServerInfo(
@@ -136,9 +149,9 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         Looked for at most every `RECHECK_SCAN_SECONDS` per process and owner (a down server
         waits `RECHECK_SECONDS` for its probe anyway): not one more query per acquisition."""
         key, now = (self.db_url, self.owner), time.monotonic()
-        if now - _last_recheck.get(key, -1e9) < min(RECHECK_SECONDS, RECHECK_SCAN_SECONDS):
+        if now - self.memory.last_recheck.get(key, -1e9) < min(RECHECK_SECONDS, RECHECK_SCAN_SECONDS):
             return
-        _last_recheck[key] = now
+        self.memory.last_recheck[key] = now
         stale = time.time() - RECHECK_SECONDS
         with session_scope(self.db_url) as s:
             rows = s.scalars(self._mine(LLMServer.healthy.is_(False))).all()
@@ -184,7 +197,7 @@ class RegisteredPool(RolloutStickiness, ServerPool):
                 ).all()
                 if u not in exclude
             )
-        start = next(_round_robin)
+        start = next(self.memory.round_robin)
         for k in range(len(urls)):
             info = self.take(urls[(start + k) % len(urls)])
             if info is not None and not info.paused:
@@ -244,9 +257,10 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         statement writes the column either way; put back if the statement fails) and one
         already being written commits first, so no clear can wipe this mark.
         """
-        writes = turn_log.writer(self.db_url)
-        dropped = writes.drop_queued_clears(self.rollout_id)
-        writes.wait_cleared(self.rollout_id)
+        writes = self.writes
+        dropped = writes.drop_queued_clears(self.rollout_id) if writes is not None else 0
+        if writes is not None:
+            writes.wait_cleared(self.rollout_id)
         try:
             row = sql.run_alone(self.db_url, *self._mark_and_read(url))
         except BaseException:
@@ -277,8 +291,13 @@ class RegisteredPool(RolloutStickiness, ServerPool):
     def end_generation(self) -> None:
         """Clear the rollout's generation mark: queued in the turn writer, committed with the
         next batch (before the turn's record and the next mark). A late clear only makes a
-        pause wait a few milliseconds longer; a lost lease has nothing to clear."""
-        turn_log.writer(self.db_url).clear_generating(self.rollout_id, self.lease)
+        pause wait a few milliseconds longer; a lost lease has nothing to clear. (A pool without
+        the worker's turn log writes it at once.)"""
+        if self.writes is not None:
+            self.writes.clear_generating(self.rollout_id, self.lease)
+            return
+        with get_engine(self.db_url).begin() as conn:
+            turn_log.clear_generating(conn, self.rollout_id, self.lease)
 
     def note_paused(self, seconds: float) -> None:
         """Add to the stage's `paused_seconds` (the reaper extends the deadline by it)."""
@@ -324,13 +343,16 @@ def make_pool(
     owner: str = DEFAULT_OWNER,
     routing: str = "sticky",
     claimed: Any = None,
+    writes: turn_log.TurnLog | None = None,
+    memory: PoolMemory | None = None,
 ) -> ServerPool:
     """The pool of one leased rollout: the job's own servers when it names some (always
     sticky), else the job owner's registered pool routed by `routing` (`llm_routing`).
 
     `spec` is the job config's typed llm spec (plain JSON from a script or test is validated);
     `claimed`, the rollout's row as the stage's claim returned it under `lease` (its
-    `llm_server` is then the sticky server, not read again)."""
+    `llm_server` is then the sticky server, not read again); `writes`, `memory`: the worker's
+    parts a registered pool uses (`RegisteredPool`)."""
     if not isinstance(spec, LLMSpec):
         spec = parse_model(LLMSpec, spec, "llm")
     if spec.servers:
@@ -338,7 +360,7 @@ def make_pool(
             db_url, spec.backend, rollout_id, lease, spec.servers, spec.credential
         )
     else:
-        pool = RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing)
+        pool = RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing, writes, memory)
     if claimed is not None:
         pool.knows(claimed.llm_server)
     return pool

@@ -27,8 +27,12 @@ A message that reaches a stage of a pool that no longer takes work is handed bac
 way (`decline`), so a race between the signal and the consumer loses nothing.
 
 `InitGate`: an INIT pool consumes `init` only while its node's `run.<node>` and
-`eval.<node>` queues have live consumers (`tasks.recovery.handback.live_queues`): a node whose RUN or
+`eval.<node>` queues have live consumers (`tasks.recovery.handback.LiveQueues`): a node whose RUN or
 EVAL pool died takes no new work it could not finish.
+
+`Intake` (which stages of the process still take work, and when each one's drain ends), the
+`Drain` and the `InitGate` are parts of the worker process (`tasks.worker` makes them in order,
+`tasks.process.parts`): the stages ask the process's `Intake` before they claim.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from core.errors import InfraError
 from core.models import Rollout
 from core.settings import Settings
 from tasks.recovery import handback, nodes
+from tasks.recovery.heartbeat import Heartbeater
 from tasks.broker.config import stage_queue
 from tasks.broker.publish import publish
 from tasks.sandboxing.sandboxes import close_warm_pools
@@ -55,13 +60,18 @@ log = logging.getLogger(__name__)
 POLL = 0.25
 EXIT_GRACE = 3.0  # after the hand-back, for stage threads to return and acks to go out
 GATE_INTERVAL = 1.0
-_closed: set[str] = set()  # stages of this process that take no new work
-_deadlines: dict[str, float] = {}  # stage -> when its drain ends (time.monotonic)
 
 
-def accepting(stage: str) -> bool:
-    """Whether this process's `stage` pool still takes new work."""
-    return stage not in _closed
+class Intake:
+    """Which stages of a worker process still take new work, and when each one's drain ends."""
+
+    def __init__(self) -> None:
+        self.closed: set[str] = set()  # stages of this process that take no new work
+        self.deadlines: dict[str, float] = {}  # stage -> when its drain ends (time.monotonic)
+
+    def accepting(self, stage: str) -> bool:
+        """Whether this process's `stage` pool still takes new work."""
+        return stage not in self.closed
 
 
 class Drained(InfraError):
@@ -74,8 +84,9 @@ class TurnBoundary:
     loop goes on only if the drain's deadline leaves room for two turns as long as the
     longest so far (a turn cut by the deadline would be generated again); else `Drained`."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, intake: Intake) -> None:
         self.node = node
+        self.intake = intake
         self.last: float | None = None  # the previous boundary
         self.longest: float | None = None  # the longest turn between two boundaries
 
@@ -84,9 +95,9 @@ class TurnBoundary:
         if self.last is not None:
             self.longest = max(self.longest or 0.0, now - self.last)
         self.last = now
-        if accepting("run"):
+        if self.intake.accepting("run"):
             return
-        left = _deadlines.get("run", now) - now
+        left = self.intake.deadlines.get("run", now) - now
         if self.longest is None or left < 2 * self.longest:
             raise Drained(f"node {self.node} drains: handed back at a turn boundary ({left:.0f}s of drain left)")
 
@@ -103,10 +114,14 @@ def decline(app: Any, stage: str, rollout_id: str, attempt: int) -> None:
 class Drain:
     """The bounded drain of one stage pool (see module doc)."""
 
-    def __init__(self, settings: Settings, app: Any, stage: str, on_exit: Any) -> None:
+    def __init__(
+        self, settings: Settings, app: Any, stage: str, intake: Intake, beats: Heartbeater, on_exit: Any
+    ) -> None:
         self.settings = settings
         self.app = app
         self.stage = stage
+        self.intake = intake
+        self.beats = beats  # the leases the process holds: what it hands back at the deadline
         self.queue = stage_queue(stage, settings.node)
         self.on_exit = on_exit  # stops the consumer row's beat
         self.consumer: Any = None
@@ -122,7 +137,7 @@ class Drain:
         if self.started is not None:
             return  # draining already: the first deadline stands
         self.started = time.monotonic()
-        _deadlines[self.stage] = self.started + self.settings.soft_shutdown_timeout
+        self.intake.deadlines[self.stage] = self.started + self.settings.soft_shutdown_timeout
         log.warning(
             "%s pool on %s: %s, draining (deadline %.0fs)",
             self.stage.upper(),
@@ -149,8 +164,8 @@ class Drain:
         if self.stage == "run":
             handback.hand_back_queued(self.settings, self.app, "run", why)
         if self.stage != "init":
-            self._wait(lambda: not held_leases(), deadline)
-        left = held_leases()
+            self._wait(lambda: not self.beats.held(), deadline)
+        left = self.beats.held()
         if left:
             n = handback.hand_back_leases(self.settings, self.app, left, f"{why}: still running at the deadline")
             log.warning("%s pool on %s handed back %s rollout(s) it held", self.stage.upper(), self.settings.node, n)
@@ -181,7 +196,7 @@ class Drain:
 
     def _stop_consuming(self) -> None:
         """No new messages for this pool (a message already on its way is declined)."""
-        _closed.add(self.stage)
+        self.intake.closed.add(self.stage)
         self.on_exit()  # no consumer row: RUN hands on to other nodes' EVAL from now on
         if self.consumer is not None:
             self.consumer.call_soon(self._cancel)
@@ -208,14 +223,6 @@ class Drain:
         os._exit(0)
 
 
-def held_leases() -> list[str]:
-    """Leases this process's stages hold now."""
-    from tasks.recovery.heartbeat import current
-
-    beats = current()
-    return beats.held() if beats is not None else []
-
-
 def _busy() -> bool:
     """Whether a stage thread of this process still runs a task."""
     from celery.worker import state
@@ -226,12 +233,15 @@ def _busy() -> bool:
 class InitGate:
     """Consume `init` only while this node's RUN and EVAL queues have live consumers."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, intake: Intake, live: handback.LiveQueues) -> None:
         self.settings = settings
+        self.intake = intake
+        self.live = live
         self.needed = {stage_queue("run", settings.node), stage_queue("eval", settings.node)}
         self.open = True
         self.backlogged = False
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self.consumer: Any = None
         # Pools of a node start together and register at different moments: INIT's work
         # waits in the node's queues meanwhile, so the gate only closes for a pool that is
@@ -245,6 +255,10 @@ class InitGate:
         self.check()
         threading.Thread(target=self._loop, name="raas-init-gate", daemon=True).start()
 
+    def stop(self) -> None:
+        """End the gate's thread (the consumer is Celery's to close)."""
+        self._stop.set()
+
     def check(self, cached: bool = False) -> None:
         """Open or close the gate from the live consumer rows (and the RUN backlog); called
         by the gate's thread and after every INIT task (so a fast INIT cannot run ahead:
@@ -254,7 +268,7 @@ class InitGate:
 
     def _check(self, cached: bool = False) -> None:
         try:
-            missing = self.needed - handback.live_queues(self.settings, cached=cached)
+            missing = self.needed - self.live.read(cached=cached)
             waiting = self._waiting_for_run()
         except Exception:  # noqa: BLE001 - keep the gate as it is until the database answers
             log.warning("INIT gate: reading live consumers failed", exc_info=True)
@@ -297,14 +311,13 @@ class InitGate:
 
     def _set(self, open_: bool) -> None:
         self.open = open_
-        if not accepting("init") or self.consumer is None:
+        if not self.intake.accepting("init") or self.consumer is None:
             return
         action = self.consumer.add_task_queue if open_ else self.consumer.cancel_task_queue
         self.consumer.call_soon(_quietly, action, "init")
 
     def _loop(self) -> None:
-        while accepting("init"):
-            time.sleep(GATE_INTERVAL)
+        while self.intake.accepting("init") and not self._stop.wait(GATE_INTERVAL):
             self.check()
 
 

@@ -33,25 +33,37 @@ from tasks.writes.db_retry import retrying
 log = logging.getLogger(__name__)
 ACTIVE = ("init", "run", "eval")
 LIVE_CACHE_SECONDS = 1.0
-_live_cache: dict[str, tuple[float, set[str]]] = {}
 
 
-def live_queues(settings: Settings, cached: bool = True) -> set[str]:
-    """Queues with a consumer that beat recently (`nodes.fresh_seconds`), cached a second."""
-    now = time.monotonic()
-    hit = _live_cache.get(settings.db_url)
-    if cached and hit and now - hit[0] < LIVE_CACHE_SECONDS:
-        return hit[1]
+def live_queues(settings: Settings) -> set[str]:
+    """Queues with a consumer that beat recently (`nodes.fresh_seconds`), read now."""
     fresh = nodes.fresh_seconds(settings.heartbeat_interval, settings.node_timeout)
-    queues = nodes.live_queues(settings.db_url, fresh)
-    _live_cache[settings.db_url] = (now, queues)
-    return queues
+    return nodes.live_queues(settings.db_url, fresh)
 
 
-def eval_node(settings: Settings, exclude: str | None = None, cached: bool = True) -> str | None:
+class LiveQueues:
+    """`live_queues` as a worker process last read it, for a second (a part of the worker:
+    its RUN's hand-ons and INIT's gate ask after every task)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._read: tuple[float, set[str]] | None = None  # (when, queues)
+
+    def read(self, cached: bool = True) -> set[str]:
+        """The live queues, read anew unless `cached` and read within `LIVE_CACHE_SECONDS`."""
+        now, hit = time.monotonic(), self._read
+        if cached and hit and now - hit[0] < LIVE_CACHE_SECONDS:
+            return hit[1]
+        queues = live_queues(self.settings)
+        self._read = (now, queues)
+        return queues
+
+
+def eval_node(settings: Settings, exclude: str | None = None, live: set[str] | None = None) -> str | None:
     """A node whose EVAL queue has a live consumer (this node first unless `exclude`d, then
-    the one with the fewest rollouts waiting for EVAL); None when there is none."""
-    live = live_queues(settings, cached)
+    the one with the fewest rollouts waiting for EVAL); None when there is none. `live`: the
+    live queues as the caller read them (else read now)."""
+    live = live_queues(settings) if live is None else live
     candidates = sorted(q.partition(".")[2] for q in live if q.startswith("eval."))
     candidates = [n for n in candidates if n and n != exclude]
     if settings.node in candidates:
@@ -121,7 +133,7 @@ def hand_back(settings: Settings, celery: Any, row: Any, why: str, counted: bool
     fence = {"attempt": row.attempt, "status": row.status, "node": row.node, "lease_owner": row.lease_owner}
     db = settings.db_url
     if row.status == "eval":
-        target = eval_node(settings, exclude=row.node, cached=False) or row.node
+        target = eval_node(settings, exclude=row.node) or row.node
         if target == row.node and row.lease_owner is None:
             return None  # queued where it is, and nowhere better: leave it
         if not move_eval(db, row.id, fence, target, why, counted):

@@ -1,5 +1,8 @@
 """One heartbeat thread per worker process, beating for every lease the process holds.
 
+The `Heartbeater` is a part of the worker process (`tasks.worker` makes and starts it with the
+pool's other parts, `tasks.process.parts`); its stages reach it through `app.raas_parts`.
+
 A stage registers its lease for as long as it runs; the reaper treats a lease whose beat is
 older than `lease_timeout` as a dead worker. Beating from a separate thread keeps a stage that
 is blocked in a long tool call or generation alive, while a killed process stops beating.
@@ -49,7 +52,6 @@ class Heartbeater:
         """Beat for `lease` while the block runs."""
         with self._lock:
             self._leases.add(lease)
-        self.start()
         try:
             yield
         finally:
@@ -79,21 +81,3 @@ class Heartbeater:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.beat_once()
-
-
-_process_heartbeater: Heartbeater | None = None
-_process_lock = threading.Lock()
-
-
-def current() -> Heartbeater | None:
-    """This process's heartbeater, if a stage created it."""
-    return _process_heartbeater
-
-
-def process_heartbeater(db_url: str, interval: float, on_tick: Callable[[], None] | None = None) -> Heartbeater:
-    """The heartbeater of this process (one per process, created on first use)."""
-    global _process_heartbeater
-    with _process_lock:
-        if _process_heartbeater is None or _process_heartbeater.db_url != db_url:
-            _process_heartbeater = Heartbeater(db_url, interval, on_tick)
-        return _process_heartbeater

@@ -37,6 +37,7 @@ from tasks.sandboxing import group_layers
 from tasks.writes import groups
 from tasks.watch import health_alerts
 from tasks.recovery import nodes
+from tasks.process.parts import ProcessParts, Step
 from tasks.writes.callbacks import CallbackDispatcher
 from tasks.writes.db_retry import is_disconnect
 from tasks.recovery.reclaim import ReclaimRules
@@ -61,7 +62,8 @@ class Reaper(ReclaimRules, Sweeps):
         self._last_beat = 0.0
         self._db_lost = False  # the last pass could not reach the database
         self._db_back_at: float | None = None  # monotonic time it answered again
-        self._callbacks: CallbackDispatcher | None = None
+        # The reaper's long-lived parts: the callback dispatcher, beside the passes.
+        self.parts = ProcessParts([Step(CallbackDispatcher, lambda parts: CallbackDispatcher(settings))])
         self._health = HealthCache()  # issue 37: each job's finished rollouts, read incrementally
 
     def start_up(self) -> int:
@@ -123,7 +125,7 @@ class Reaper(ReclaimRules, Sweeps):
 
         The callback dispatcher runs beside it in its own thread: a slow callback endpoint
         never delays a pass."""
-        self._callbacks = CallbackDispatcher(self.settings).start()
+        self.parts.start()
         while not self._stop.is_set():
             try:
                 self.start_up()
@@ -157,5 +159,4 @@ class Reaper(ReclaimRules, Sweeps):
     def stop(self) -> None:
         """End `run_forever` after the current pass (and the callback dispatcher)."""
         self._stop.set()
-        if self._callbacks is not None:
-            self._callbacks.stop()
+        self.parts.stop()

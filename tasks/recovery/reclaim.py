@@ -191,7 +191,7 @@ class ReclaimRules:
         on a live node within the attempt's resume budget, instead of a re-run from INIT."""
         if resume.resumes_of_attempt(row.resumes, row.attempt) >= self.settings.max_resumes:
             return False
-        if handback.eval_node(self.settings, exclude=None, cached=False) is None:
+        if handback.eval_node(self.settings, exclude=None) is None:
             return False
         return handback.hand_back(self.settings, self.celery, row, reason, counted=True) is not None
 

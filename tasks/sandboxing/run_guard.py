@@ -36,22 +36,6 @@ from tasks.sandboxing import sandboxes
 
 log = logging.getLogger(__name__)
 
-# Set when this worker process starts shutting down (Celery's `worker_shutting_down`, which
-# a SIGTERM to the pool triggers): sandboxes that die from now on die with the node.
-SHUTTING_DOWN = threading.Event()
-
-
-def _on_shutdown(**_: object) -> None:
-    SHUTTING_DOWN.set()
-
-
-try:  # connected once per process, wherever the stages run
-    from celery.signals import worker_shutting_down
-
-    worker_shutting_down.connect(_on_shutdown, weak=False)
-except ImportError:  # pragma: no cover - celery is a dependency of tasks
-    pass
-
 
 def server_state(handle: dict[str, Any]) -> tuple[str | None, int]:
     """The tool server's scheduler state letter and its tracer's pid (None when gone)."""
@@ -71,10 +55,20 @@ def server_state(handle: dict[str, Any]) -> tuple[str | None, int]:
 
 
 class RunGuard:
-    """One RUN's quota watchdog and failure diagnosis for the sandbox behind `handle`."""
+    """One RUN's quota watchdog and failure diagnosis for the sandbox behind `handle`.
 
-    def __init__(self, handle: dict[str, Any] | None, job_sandbox: SandboxOptions) -> None:
+    `shutting_down` is set once the worker process starts shutting down (its parts'
+    `ProcessParts.shutting_down`, set on Celery's `worker_shutting_down`, which a SIGTERM to
+    the pool triggers): sandboxes that die from then on die with the node."""
+
+    def __init__(
+        self,
+        handle: dict[str, Any] | None,
+        job_sandbox: SandboxOptions,
+        shutting_down: threading.Event | None = None,
+    ) -> None:
         self.handle = handle or {}
+        self.shutting_down = shutting_down if shutting_down is not None else threading.Event()
         self.watch: DiskWatch | None = None
         if self.handle.get("workspace"):
             limits = job_sandbox.limits  # the job's, defaults filled in
@@ -136,7 +130,7 @@ class RunGuard:
     def infrastructure_cause(self) -> str | None:
         """Why a failure of this sandbox is the infrastructure's, or None: the worker is
         shutting down, or the server recorded a signal sent from outside its namespace."""
-        if SHUTTING_DOWN.is_set():
+        if self.shutting_down.is_set():
             return "the worker is shutting down"
         for record in read_records(self.handle.get("signal_file")):
             if record.get("outside"):

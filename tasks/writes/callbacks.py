@@ -2,8 +2,8 @@
 
 The pipeline never calls out. A completion writes a `callbacks` row in the same transaction
 that completes the group or the job (`on_completions`, the outbox); the `CallbackDispatcher`
-thread (started beside each reaper, never inside a pass) takes due rows and POSTs them, at
-least once: a failed or slow endpoint is retried with exponential backoff up to
+thread (a part of each reaper, `Reaper.parts`, started beside its passes, never inside one)
+takes due rows and POSTs them, at least once: a failed or slow endpoint is retried with exponential backoff up to
 `callback_max_attempts`, and costs the pipeline nothing.
 
 Signing: every owner has its own secret, `HMAC-SHA256(callback_key, "raas-callback:" + owner)`

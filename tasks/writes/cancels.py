@@ -1,11 +1,11 @@
-"""Cancelling a job: the set operations that end it, and each process's memory of cancelled jobs.
+"""Cancelling a job: the set operations that end it, and a worker's memory of cancelled jobs.
 
 A cancel marks every unfinished rollout and ends the ones still queued for INIT in one
 statement; the gateway then removes their messages from the broker (`tasks.broker.purge`). The
 workers learn of it from the rollout row (running ones at their next turn) or from
-`known_cancelled` (stale first-attempt messages dropped without a database write); a worker
-that drops one purges the job's others (`drop_stale`), so what the gateway's purge missed
-(Redis away at the cancel, messages published after it) leaves the queue in one pass too.
+`CancelMemory.known_cancelled` (stale first-attempt messages dropped without a database write);
+a worker that drops one purges the job's others (`drop_stale`), so what the gateway's purge
+missed (Redis away at the cancel, messages published after it) leaves the queue in one pass too.
 """
 
 from __future__ import annotations
@@ -27,53 +27,58 @@ from tasks.broker import purge
 
 log = logging.getLogger(__name__)
 
-_cancelled_jobs: OrderedDict[str, None] = OrderedDict()  # most recent last, bounded
-_cancelled_lock = threading.Lock()
 CANCELLED_JOBS_KEPT = 4096
 DROPPED = "dropped: the job was cancelled"  # what an INIT task that dropped its message returns
 PURGE_EVERY = 2.0  # seconds between one process's purges of the same cancelled job
-_purged_at: dict[str, float] = {}  # job -> when this process last started purging it
 
 
-def known_cancelled(job_id: str) -> bool:
-    """True when this process saw that the job was cancelled (memory only, no query).
+class CancelMemory:
+    """A worker process's memory of cancelled jobs (a part of it, `tasks.process.parts`): the
+    jobs it saw cancelled, most recent last, and when it last purged each one's messages."""
 
-    Lets an INIT worker drop the stale first-attempt messages of a cancelled job without a
-    database write each: after the cancel's commit no first attempt of that job can be
-    claimed (the cancel ended every queued one; a retry is attempt 2 or later and is claimed
-    as usual, then ends as cancelled when it sees the flag).
-    """
-    with _cancelled_lock:
-        return job_id in _cancelled_jobs
+    def __init__(self, kept: int = CANCELLED_JOBS_KEPT) -> None:
+        self.kept = kept
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._purged_at: dict[str, float] = {}  # job -> when this process last started purging it
+        self._lock = threading.Lock()
 
+    def known_cancelled(self, job_id: str) -> bool:
+        """True when this process saw that the job was cancelled (memory only, no query).
 
-def drop_stale(celery: Any, job_id: str) -> str:
-    """A worker met a stale message of a cancelled job: remove the job's others from the
-    broker too, unless this process did so within `PURGE_EVERY` seconds (or is doing so now
-    in another thread). Each would otherwise be one Celery delivery; returns `DROPPED`."""
-    now = time.monotonic()
-    with _cancelled_lock:
-        if now - _purged_at.get(job_id, -PURGE_EVERY) < PURGE_EVERY:
-            return DROPPED
-        _purged_at[job_id] = now
-        while len(_purged_at) > CANCELLED_JOBS_KEPT:
-            del _purged_at[next(iter(_purged_at))]
-    purge.purge_quietly(celery, job_id)
-    with _cancelled_lock:  # the next purge is due PURGE_EVERY after this one ended
-        _purged_at[job_id] = time.monotonic()
-    return DROPPED
+        Lets an INIT worker drop the stale first-attempt messages of a cancelled job without a
+        database write each: after the cancel's commit no first attempt of that job can be
+        claimed (the cancel ended every queued one; a retry is attempt 2 or later and is claimed
+        as usual, then ends as cancelled when it sees the flag).
+        """
+        with self._lock:
+            return job_id in self._cancelled
 
+    def drop_stale(self, celery: Any, job_id: str) -> str:
+        """A worker met a stale message of a cancelled job: remove the job's others from the
+        broker too, unless this process did so within `PURGE_EVERY` seconds (or is doing so now
+        in another thread). Each would otherwise be one Celery delivery; returns `DROPPED`."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._purged_at.get(job_id, -PURGE_EVERY) < PURGE_EVERY:
+                return DROPPED
+            self._purged_at[job_id] = now
+            while len(self._purged_at) > self.kept:
+                del self._purged_at[next(iter(self._purged_at))]
+        purge.purge_quietly(celery, job_id)
+        with self._lock:  # the next purge is due PURGE_EVERY after this one ended
+            self._purged_at[job_id] = time.monotonic()
+        return DROPPED
 
-def note_if_cancelled(db_url: str, job_id: str) -> bool:
-    """Read whether the job was cancelled and remember it if so (cancel is permanent)."""
-    with session_scope(db_url) as s:
-        cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
-    if cancelled:
-        with _cancelled_lock:
-            _cancelled_jobs[job_id] = None
-            while len(_cancelled_jobs) > CANCELLED_JOBS_KEPT:
-                _cancelled_jobs.popitem(last=False)
-    return cancelled
+    def note_if_cancelled(self, db_url: str, job_id: str) -> bool:
+        """Read whether the job was cancelled and remember it if so (cancel is permanent)."""
+        with session_scope(db_url) as s:
+            cancelled = bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+        if cancelled:
+            with self._lock:
+                self._cancelled[job_id] = None
+                while len(self._cancelled) > self.kept:
+                    self._cancelled.popitem(last=False)
+        return cancelled
 
 
 def cancel_job(db_url: str, job_id: str, attempts: int = 3) -> int:

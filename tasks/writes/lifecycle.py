@@ -9,7 +9,6 @@ cancelling a job is `tasks.writes.cancels`.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
 from datetime import datetime
 from functools import lru_cache
 from types import SimpleNamespace
@@ -151,34 +150,31 @@ def record_turn(
     rollout_id: str,
     attempt: int,
     lease: str | None = None,
-    window: float = turn_log.DEFAULT_WINDOW,
+    writes: turn_log.TurnLog | None = None,
     **fields: Any,
 ) -> None:
-    """Append one turn to the log; returns once it is committed (`queue_turn` does not wait).
+    """Append one turn to the log; returns once it is committed (`TurnLog.queue_turn` does not
+    wait).
 
-    With `lease`, fenced on it in the insert itself and group-committed with the process's
-    other turns (`tasks.writes.turn_log`): a worker presumed dead, whose RUN was resumed by another,
-    can never log a turn index twice. Without (tools, tests), a plain insert of its own. A
-    turn already stored under its (rollout, attempt, index) is a retried insert whose first
-    commit landed: not an error.
+    With `lease`, fenced on it in the insert itself (`turn_log.write_turn`): a worker presumed
+    dead, whose RUN was resumed by another, can never log a turn index twice; group-committed
+    with the process's other turns when the process's turn log is given (`writes`), else in a
+    transaction of its own. Without a lease (tools, tests), a plain insert. A turn already
+    stored under its (rollout, attempt, index) is a retried insert whose first commit landed:
+    not an error.
     """
+    if lease is not None and writes is not None:
+        writes.record_turn(rollout_id, attempt, lease, fields)
+        return
     if lease is not None:
-        turn_log.writer(db_url, window).record_turn(rollout_id, attempt, lease, fields)
+        with get_engine(db_url).begin() as conn:
+            turn_log.write_turn(conn, rollout_id, attempt, lease, fields)
         return
     try:
         with session_scope(db_url) as s:
             s.connection().execute(Turn.__table__.insert().values(rollout_id=rollout_id, attempt=attempt, **fields))
     except IntegrityError:
         log.info("rollout %s: turn %s of attempt %s was already logged", rollout_id, fields.get("index"), attempt)
-
-
-def queue_turn(
-    db_url: str, rollout_id: str, attempt: int, lease: str, window: float = turn_log.DEFAULT_WINDOW, **fields: Any
-) -> Future:
-    """`record_turn` with a lease, without waiting: the turn's future resolves once its
-    group-committed batch did (`tasks.writes.turn_log`); the caller settles it before anything that
-    needs the turn durable (`tasks.writes.run_turns.RunTurns.settle`)."""
-    return turn_log.writer(db_url, window).queue_turn(rollout_id, attempt, lease, fields)
 
 
 @retrying

@@ -1,14 +1,15 @@
 """Clearing the outbox marks of published hand-offs: batched, off the stage's thread.
 
-A hand-off commits its status change with an outbox mark (`lifecycle.advance`); once the
-message is out the mark only tells the reaper's drain not to publish it again, and the next
-stage's claim drops it anyway. Clearing it was one more transaction per hand-on on the
-stage's own thread (two per rollout), although for a rollout whose message is consumed at once
-the claim has usually cleared it already. So a stage queues the clear here: this process's
-clearer writes the marks queued within `DELAY` seconds in one UPDATE, and on PostgreSQL
-without waiting for the WAL flush (`synchronous_commit = off`): losing such a clear (the
-process or the database dies first) leaves a mark, whose only effect is that the drain
-publishes that message again after `outbox_grace`, which the claim fences as a duplicate.
+A hand-off commits its status change with an outbox mark (`lifecycle.advance`); once the message
+is out the mark only tells the reaper's drain not to publish it again, and the next stage's
+claim drops it anyway. Clearing it was one more transaction per hand-on on the stage's own
+thread (two per rollout), although for a rollout whose message is consumed at once the claim has
+usually cleared it already. So a stage queues the clear here: its process's `MarkClearer` (a
+part of the worker, `tasks.process.parts`) writes the marks queued within `DELAY` seconds in one
+UPDATE, and on PostgreSQL without waiting for the WAL flush (`synchronous_commit = off`): losing
+such a clear (the process or the database dies first) leaves a mark, whose only effect is that
+the drain publishes that message again after `outbox_grace`, which the claim fences as a
+duplicate.
 
 Each clear is fenced on the exact mark it is for (rollout, attempt, queued status, unleased,
 and the mark's own time), so a late clear never touches a later hand-off's mark.
@@ -17,7 +18,6 @@ and the mark's own time), so a late clear never touches a later hand-off's mark.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -65,7 +65,7 @@ def clear_now(db_url: str, marks: list[Mark]) -> int:
 
 
 class MarkClearer:
-    """This process's queue of clears and the thread that writes them."""
+    """A process's queue of clears and the thread that writes them."""
 
     def __init__(self, db_url: str, delay: float = DELAY) -> None:
         self.db_url, self.delay = db_url, delay
@@ -75,13 +75,21 @@ class MarkClearer:
         self._busy = False
         self.statements = 0
 
+    def start(self) -> None:
+        """Start the clearing thread (once)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="raas-mark-clearer", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        """Write the clears queued so far (bounded: a mark left is the drain's)."""
+        self.flush()
+
     def clear(self, mark: Mark) -> None:
         """Queue one clear (never raises, never waits)."""
         with self._cond:
             self._queue.append(mark)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="raas-mark-clearer", daemon=True)
-                self._thread.start()
             self._cond.notify()
 
     def flush(self, timeout: float = 10.0) -> None:
@@ -109,17 +117,3 @@ class MarkClearer:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-
-
-_clearers: dict[tuple[int, str], MarkClearer] = {}
-_lock = threading.Lock()
-
-
-def clearer(db_url: str) -> MarkClearer:
-    """This process's clearer for `db_url` (a forked child makes its own)."""
-    key = (os.getpid(), db_url)
-    with _lock:
-        found = _clearers.get(key)
-        if found is None:
-            found = _clearers[key] = MarkClearer(db_url)
-        return found

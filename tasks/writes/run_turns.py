@@ -1,6 +1,7 @@
 """The turns one RUN handed to the turn log and has not yet seen durable.
 
-`record` queues a turn in the process's group-commit writer (`tasks.writes.turn_log`) and returns at
+`record` queues a turn in the process's group-commit turn log (`tasks.writes.turn_log.TurnLog`, a
+part of the worker process) and returns at
 once, so the next generation overlaps the commit; `settle` waits until every queued turn is
 durable. The shared loop settles before a turn's tool calls run (`agents.loop`), the harness
 path at each call, and the stage before the hand-on; a RUN that fails settles quietly first,
@@ -16,21 +17,22 @@ from typing import Any
 
 from core.errors import LeaseLost
 from tasks.writes import lifecycle
+from tasks.writes.turn_log import TurnLog
 
 
 class RunTurns:
     """One RUN's queued turns, in order, fenced on its lease."""
 
     def __init__(
-        self, db_url: str, rollout_id: str, attempt: int, lease: str, window: float, log: logging.LoggerAdapter
+        self, writes: TurnLog, db_url: str, rollout_id: str, attempt: int, lease: str, log: logging.LoggerAdapter
     ) -> None:
-        self.db_url, self.rollout_id, self.attempt, self.lease = db_url, rollout_id, attempt, lease
-        self.window, self.log = window, log
+        self.writes, self.db_url, self.rollout_id, self.attempt, self.lease = writes, db_url, rollout_id, attempt, lease
+        self.log = log
         self.unsettled: list[tuple[Future, dict[str, Any]]] = []  # (its batch's future, the turn)
 
     def record(self, **fields: Any) -> None:
         """Queue one turn (`RunContext.record_turn`); `settle` makes it durable."""
-        future = lifecycle.queue_turn(self.db_url, self.rollout_id, self.attempt, self.lease, self.window, **fields)
+        future = self.writes.queue_turn(self.rollout_id, self.attempt, self.lease, fields)
         self.unsettled.append((future, fields))
 
     def settle(self) -> None:
@@ -48,7 +50,7 @@ class RunTurns:
             except Exception as exc:  # noqa: BLE001 - the batch's database error: write it alone
                 self.log.info("turn %s: its batch failed (%s); writing it again", fields.get("index"), exc)
                 lifecycle.record_turn(
-                    self.db_url, self.rollout_id, self.attempt, lease=self.lease, window=self.window, **fields
+                    self.db_url, self.rollout_id, self.attempt, lease=self.lease, writes=self.writes, **fields
                 )
             self.unsettled.pop(0)
 

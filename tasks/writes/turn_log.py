@@ -7,17 +7,18 @@ lease fence and the insert are one statement, and a worker presumed dead can nev
 `ON CONFLICT DO NOTHING` makes a retried insert whose first commit landed harmless, and keeps
 one refused row from aborting the batch it shares.
 
-The RUN threads of one process hand their turns to one `TurnWriter`, which writes what arrived
-within `turn_batch_window` seconds in one transaction (one commit for the batch instead of
-one per turn). A turn is queued without waiting (`queue_turn` returns its future); the stage
-settles it (`tasks.writes.run_turns.RunTurns.settle`) before the loop runs the next turn's tool calls and
-before the hand-on, so the next generation overlaps the commit while resume (`tasks.recovery.resume`)
-keeps its rule: a batch lost with its process (SIGKILL, a crash, the database going away
-before the commit) holds at most one turn per rollout whose tool calls ran, the turn in
-flight, which the resumed RUN generates and executes again exactly as it would a turn whose
-tool calls were still running; nothing settled is lost and no turn index is logged twice.
-What such a loss costs beyond that is the generation that was running meanwhile (its tool
-calls had not started): the resumed RUN generates it again.
+The RUN threads of one process hand their turns to its `TurnLog` (a part of the worker process,
+`tasks.process.parts`: started with the pool, flushed when it stops), whose `TurnWriter`s write
+what arrived within `turn_batch_window` seconds in one transaction (one commit for the batch
+instead of one per turn). A turn is queued without waiting (`queue_turn` returns its future);
+the stage settles it (`tasks.writes.run_turns.RunTurns.settle`) before the loop runs the next
+turn's tool calls and before the hand-on, so the next generation overlaps the commit while
+resume (`tasks.recovery.resume`) keeps its rule: a batch lost with its process (SIGKILL, a
+crash, the database going away before the commit) holds at most one turn per rollout whose tool
+calls ran, the turn in flight, which the resumed RUN generates and executes again exactly as it
+would a turn whose tool calls were still running; nothing settled is lost and no turn index is
+logged twice. What such a loss costs beyond that is the generation that was running meanwhile
+(its tool calls had not started): the resumed RUN generates it again.
 
 Writes that need no reply (clearing a rollout's generation mark, `clear_generating`) go
 through the same queue: they commit with the next batch, in the order they were queued, so a
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 import zlib
@@ -139,8 +139,28 @@ class TurnWriter:
         self._clears: dict[str, int] = {}  # rollout id -> queued or uncommitted clears
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._writing = 0  # writes taken into the batch being committed
         self.batches = 0  # committed transactions (the bench reads them)
         self.writes = 0
+
+    def start(self) -> None:
+        """Start the writer thread (once)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="raas-turn-writer", daemon=True)
+                self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Wait (up to `timeout`) until every write queued so far committed. The thread stays
+        (a daemon): a stage still running past its pool's shutdown can still write."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("turn log: %d writes still queued at shutdown", len(self._queue) + self._writing)
+                    return
+                self._cond.wait(left)
 
     def record_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
         """Log one turn; returns once its batch committed (LeaseLost if the fence refused)."""
@@ -191,19 +211,15 @@ class TurnWriter:
         item = _Write(rollout_id, apply, clear)
         with self._cond:
             self._queue.append(item)
+            if self._thread is None:
+                raise RuntimeError("the turn writer was not started (its process's parts start it)")
             if clear:
                 self._clears[rollout_id] = self._clears.get(rollout_id, 0) + 1
-            self._ensure_thread()
             # Wake the writer only when it waits for a first write or the batch is full: in
             # its window it wakes on its own (a wake per write was a context switch per write).
             if len(self._queue) == 1 or len(self._queue) >= MAX_BATCH:
                 self._cond.notify_all()
         return item.done
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="raas-turn-writer", daemon=True)
-            self._thread.start()
 
     def _take(self) -> list[_Write]:
         """The next batch: wait for a first write, then what arrives within the window."""
@@ -217,6 +233,7 @@ class TurnWriter:
                     break
                 self._cond.wait(left)
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            self._writing = len(batch)
             return batch
 
     def _loop(self) -> None:
@@ -232,6 +249,7 @@ class TurnWriter:
                         self._clears[item.rollout_id] = left
                     else:
                         del self._clears[item.rollout_id]
+                self._writing = 0
                 self._cond.notify_all()
             for item, error in zip(batch, outcomes):
                 if error is None:
@@ -266,22 +284,27 @@ class TurnWriter:
 
 
 class TurnLog:
-    """This process's turn-log writers: `LANES` TurnWriters, a rollout always on the same one
-    (its writes stay in order), so two batches are in flight at once instead of one: a batch
-    runs its statements one round trip after another, and one writer alone made 64 RUN slots
-    wait on each other's round trips."""
+    """A process's turn-log writers (a part of the worker, `tasks.worker`): `lanes` TurnWriters,
+    a rollout always on the same one (its writes stay in order), so two batches are in flight at
+    once instead of one: a batch runs its statements one round trip after another, and one
+    writer alone made 64 RUN slots wait on each other's round trips."""
 
     def __init__(self, db_url: str, window: float = DEFAULT_WINDOW, lanes: int = 2) -> None:
         self.lanes = [TurnWriter(db_url, window) for _ in range(lanes)]
 
+    def start(self) -> None:
+        """Start every lane's writer thread."""
+        for lane in self.lanes:
+            lane.start()
+
+    def stop(self) -> None:
+        """Wait until what was queued committed (`TurnWriter.stop`)."""
+        for lane in self.lanes:
+            lane.stop()
+
     def lane(self, rollout_id: str) -> TurnWriter:
         """The writer that carries `rollout_id`'s writes."""
         return self.lanes[zlib.crc32(rollout_id.encode()) % len(self.lanes)]
-
-    def set_window(self, window: float) -> None:
-        """The batch window from the next batch on."""
-        for lane in self.lanes:
-            lane.window = window
 
     def record_turn(self, rollout_id: str, attempt: int, lease: str, fields: dict[str, Any]) -> None:
         """`TurnWriter.record_turn` on the rollout's lane."""
@@ -307,20 +330,3 @@ class TurnLog:
     def batches(self) -> int:
         """Committed batches, all lanes."""
         return sum(lane.batches for lane in self.lanes)
-
-
-_logs: dict[tuple[int, str], TurnLog] = {}
-_logs_lock = threading.Lock()
-
-
-def writer(db_url: str, window: float | None = None) -> TurnLog:
-    """This process's turn log for `db_url` (one per process: a forked child makes its own);
-    `window` (the stage's `turn_batch_window`) applies from the next batch on."""
-    key = (os.getpid(), db_url)
-    with _logs_lock:
-        found = _logs.get(key)
-        if found is None:
-            found = _logs[key] = TurnLog(db_url)
-        if window is not None:
-            found.set_window(window)
-        return found
