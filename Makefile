@@ -8,8 +8,9 @@ PIP := $(VENV)/bin/pip
 	test-adapters test-slurm test-slurm-services test-train bench vllm-cpu demo train-demo train-demo-lora clean
 
 # The trainer-side SDK is its own distribution (sdk/, `raas-client`); the server imports its
-# wire models, so it goes in first, from the folder (the server names no PyPI requirement on it).
-$(VENV)/.installed: setup.cfg pyproject.toml sdk/pyproject.toml
+# wire models. An editable server requires it by name (build_backend.py), so the editable SDK
+# goes in first; `pip install .` (not editable) brings it from sdk/ by itself.
+$(VENV)/.installed: setup.cfg setup.py build_backend.py pyproject.toml sdk/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
 	$(PIP) install -q -e './sdk[cli,arrays]'

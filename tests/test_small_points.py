@@ -6,6 +6,7 @@ mask-0 logprob placeholder is documented in the rollout record (and so in the Op
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -68,14 +69,31 @@ def test_make_up_runs_no_apt_get_and_make_test_gets_chromium():
     assert "install_chromium.sh" in test and "pytest" in test
 
 
-def test_every_server_install_brings_the_sdk_it_imports():
-    """The server imports raas_client.models but names no PyPI requirement on it: each of
-    its install recipes installs ./sdk itself."""
+def _requirements(*target: str) -> list[str]:
+    """The server's requirements as pip resolves them for `pip install TARGET` (metadata only)."""
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--no-deps", "--report", "-", *target],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    (server,) = json.loads(report.stdout)["install"]
+    return server["metadata"]["requires_dist"]
+
+
+def test_installing_the_server_brings_the_sdk_it_imports():
+    """The server imports raas_client (sdk/, no index has it): a wheel requires it from the
+    folder beside, so `pip install .` alone gives a `raas` that starts; an editable install
+    requires it by name, so the Makefile's editable SDK (installed first) is left in place."""
+    assert f"raas-client @ {(REPO / 'sdk').as_uri()}" in _requirements(str(REPO))
+    editable = _requirements("-e", str(REPO))
+    assert "raas-client" in editable and not any(r.startswith("raas-client @") for r in editable)
     makefile = (REPO / "Makefile").read_text()
     assert makefile.index("-e './sdk") < makefile.index("-e '.[test]'")
     image = (REPO / "docker-compose.dev.yml").read_text()
     assert "pip install --no-cache-dir -e ./sdk -e ." in image
-    assert "raas-client" not in (REPO / "setup.cfg").read_text()
 
 
 def test_up_prints_next_commands_for_the_ports_in_use():
