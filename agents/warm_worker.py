@@ -19,12 +19,15 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# Where this process imports `agents` from (site-packages, or a checkout run in place): first on
+# the child's path, so the child runs the same code.
+IMPORT_ROOT = str(Path(str(files("agents"))).parent)
 START_TIMEOUT = 120.0  # importing sympy on a loaded 2-core node
 
 
@@ -43,7 +46,7 @@ class WarmWorker:
 
     def _start(self) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [IMPORT_ROOT, env.get("PYTHONPATH")]))
         code = f"from agents.warm_worker import serve; serve({self.target!r}, {self.warmup!r})"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env

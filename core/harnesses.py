@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import string
-from pathlib import Path
+from importlib.resources import files
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -52,11 +52,14 @@ HOME_DIR = "/tmp/raas-home"
 # (JSON, TOML) are the file's own.
 _FILE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-# The example agent's folder in this checkout (pip installs it into the environment).
-EXAMPLE_AGENT = str(Path(__file__).resolve().parents[1] / "examples" / "harness")
-# The smolagents launcher's folder (a console script that runs smolagents with its defaults).
-SMOLAGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_smolagents")
-OPENAI_AGENTS_LAUNCHER = str(Path(__file__).resolve().parents[1] / "examples" / "harness_openai_agents")
+# The launchers' pip projects, shipped as package data (core/harness_launchers/, which the
+# checkout's examples/harness* link to); pip installs each folder into its harness's environment.
+_LAUNCHERS = files("core") / "harness_launchers"
+# The example agent (a plain bash-tool agent on the openai and anthropic SDKs).
+EXAMPLE_AGENT = str(_LAUNCHERS / "harness")
+# Console scripts that run smolagents / the OpenAI Agents SDK with their defaults.
+SMOLAGENTS_LAUNCHER = str(_LAUNCHERS / "harness_smolagents")
+OPENAI_AGENTS_LAUNCHER = str(_LAUNCHERS / "harness_openai_agents")
 DEFAULT_ENDPOINT_ENV = {
     "OPENAI_BASE_URL": "{base_url}",
     "OPENAI_API_KEY": "{token}",
@@ -228,8 +231,8 @@ MINI_SWE_AGENT = HarnessRegistration(
 )
 
 OPENAI_AGENT = HarnessRegistration(
-    description="a plain bash-tool agent on the official `openai` SDK (examples/harness/"
-    "openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
+    description="a plain bash-tool agent on the official `openai` SDK (core/harness_launchers/"
+    "harness/raas_openai_agent.py); `--api anthropic` runs the same loop on the `anthropic` SDK",
     command=["raas-openai-agent", "--task-file", "{task_file}", "--model", "{model}"],
     python_env="openai-agent",
     packages=["openai", "anthropic", "pytest", EXAMPLE_AGENT],
@@ -249,7 +252,7 @@ ANTHROPIC_AGENT = OPENAI_AGENT.model_copy(
 SMOLAGENTS = HarnessRegistration(
     description="smolagents (PyPI `smolagents`), unmodified: `ToolCallingAgent` + `OpenAIServerModel` "
     "with all their defaults (tool_choice required, its stop strings, final_answer) and one bash "
-    "tool, started by examples/harness_smolagents",
+    "tool, started by core/harness_launchers/harness_smolagents",
     command=["raas-smolagents", "--task-file", "{task_file}", "--model", "{model}"],
     python_env="smolagents",
     packages=["smolagents", "openai", "pytest", SMOLAGENTS_LAUNCHER],
@@ -260,7 +263,8 @@ SMOLAGENTS = HarnessRegistration(
 
 OPENAI_AGENTS = HarnessRegistration(
     description="the OpenAI Agents SDK (PyPI `openai-agents`), unmodified: an `Agent` with one bash "
-    "function tool on the SDK's default model (the Responses API), started by examples/harness_openai_agents",
+    "function tool on the SDK's default model (the Responses API), started by "
+    "core/harness_launchers/harness_openai_agents",
     command=["raas-openai-agents", "--task-file", "{task_file}", "--model", "{model}"],
     python_env="openai-agents",
     packages=["openai-agents", "pytest", OPENAI_AGENTS_LAUNCHER],

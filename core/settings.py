@@ -237,7 +237,7 @@ class Settings(BaseSettings):
     repo_root: Path | None = Field(
         None,
         description="Operator folder that swe instances' relative `repo` paths resolve "
-        "in (unset: the raas checkout, inside its examples/)",
+        "in (unset: the examples shipped with raas, `examples/swe/...`)",
     )
     repo_mirror_root: Path | None = Field(
         None,

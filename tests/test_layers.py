@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "tasks", "agents", "sandbox", "core", "raas_client", "migrations", "fakellm")
 # Where a package lives when not at the top of the repository.
 FOLDERS = {"raas_client": ROOT / "sdk" / "raas_client"}
+# Package data that holds Python files of other programs (not our modules): the example
+# repositories the swe handler checks out, the harness launchers pip installs into sandboxes.
+DATA_FOLDERS = (ROOT / "agents" / "examples", ROOT / "core" / "harness_launchers")
 # What each top-level package may import besides itself.
 ALLOWED = {
     "core": set(),
@@ -66,7 +69,8 @@ def our_modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
         for path in sorted(FOLDERS.get(package, ROOT / package).rglob("*.py")):
-            found[module_name(path, package)] = path
+            if not any(path.is_relative_to(data) for data in DATA_FOLDERS):
+                found[module_name(path, package)] = path
     return found
 
 

@@ -29,7 +29,6 @@ import httpx
 import pytest
 from werkzeug.serving import make_server
 
-from agents.handlers.swe.repo import PROJECT_ROOT
 from app import create_app
 from fakellm.server import start_simulator
 from app.validations import ValidationCreate, create_validation, get_validation, view
@@ -40,8 +39,9 @@ from sandbox.settings import DEFAULT_ENVS_ROOT
 from tasks.validation import run_validation
 
 pytestmark = pytest.mark.slow
-EXAMPLES = PROJECT_ROOT / "examples"
-SMOLLM2 = str(PROJECT_ROOT / "tests" / "fixtures" / "smollm2-tokenizer")
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+SMOLLM2 = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
 TIMINGS: dict[str, float] = {}
 
 
@@ -272,7 +272,7 @@ def test_the_cli_prints_the_problems_and_writes_the_list(settings, tmp_path) -> 
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=PROJECT_ROOT,
+        cwd=REPO,
     )
     assert out.returncode == 0, out.stderr
     assert "math-gold-fails: gold_fails (gold [0.0, 0.0], null [0.0, 0.0])" in out.stdout

@@ -1,5 +1,7 @@
 """Rebuild examples/swe/instances.jsonl from the example folders (deterministic commit ids).
 
+The folders ship with the package (`agents/examples/swe/`, which the ones here link to).
+
 Each folder holds `repo/` (the sources at the base commit), `problem.md`, `test.patch` (adds the
 FAIL_TO_PASS tests), `fix.patch` (the reference fix) and `tests.json` (FAIL_TO_PASS and
 PASS_TO_PASS test ids). Run: `.venv/bin/python examples/swe/build_instances.py`.

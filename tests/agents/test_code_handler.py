@@ -7,14 +7,15 @@ sandbox, and the host files holding them are not reachable from it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agents.handlers.code.handler import CodeConfig, CodeHandler, grade_solution
-from agents.handlers.swe.repo import PROJECT_ROOT
 from core.errors import InvalidRequest
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "assert frobnicate(31337) == 'hidden-marker-7f3a'"
 INSTANCE = {
     "instance_id": "code-frobnicate",
@@ -45,11 +46,11 @@ def run_episode(make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path, repl
 def test_agent_cannot_read_hidden_tests_and_a_correct_solution_scores_one(
     make_llm, make_ctx, make_sandbox, grade_artifact, tmp_path
 ) -> None:
-    examples = PROJECT_ROOT / "examples" / "code.jsonl"
+    examples = REPO / "examples" / "code.jsonl"
     snooping = " ; ".join(
         [
             f"cat {examples}",
-            f"ls {PROJECT_ROOT}",
+            f"ls {REPO}",
             "ls -a . /tmp",
             "find / -xdev -name '*.jsonl' 2>/dev/null | head",
             # the pattern matches the secret test but not this command line (kept in /tmp)

@@ -1,6 +1,6 @@
 """The OpenAI Agents SDK, unmodified, end to end through the Responses dialect (issue 36).
 
-`openai-agents` (PyPI) and its launcher (`examples/harness_openai_agents`: an `Agent` with one
+`openai-agents` (PyPI) and its launcher (`core/harness_launchers/harness_openai_agents`: an `Agent` with one
 bash function tool on the SDK's default `OpenAIResponsesModel`) run in a sandbox environment
 built with the system python, through gateway, Celery workers, bwrap and HTTP: every call is a
 `POST /v1/responses` with the whole input (`function_call` and `function_call_output` items
@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from core.harnesses import OPENAI_AGENTS_LAUNCHER
 from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
 
@@ -33,7 +34,7 @@ SWE = {
 INTERVALS, SLUGIFY = (f"raas-examples__{n}-1" for n in ("intervals", "slugify"))
 ENVS = {
     "pytest": ["pytest"],  # the swe EVAL's environment
-    "openai-agents": ["openai-agents", "pytest", str(REPO / "examples" / "harness_openai_agents")],
+    "openai-agents": ["openai-agents", "pytest", OPENAI_AGENTS_LAUNCHER],
 }
 FIX = (
     "python3 -c \"import pathlib; p = pathlib.Path('intervals/core.py'); "

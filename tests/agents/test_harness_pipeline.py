@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from core.harnesses import EXAMPLE_AGENT
 from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
 
@@ -41,7 +42,7 @@ INTERVALS, SLUGIFY, MONEY = (f"raas-examples__{n}-1" for n in ("intervals", "slu
 MATH_ID = "math-001"
 ENVS = {
     "pytest": ["pytest"],  # the swe EVAL's environment (built on first use otherwise)
-    "openai-agent": ["openai", "anthropic", "pytest", str(REPO / "examples" / "harness")],
+    "openai-agent": ["openai", "anthropic", "pytest", EXAMPLE_AGENT],
     "mini-swe-agent": ["mini-swe-agent", "pytest"],
 }
 FIX = (

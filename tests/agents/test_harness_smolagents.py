@@ -1,6 +1,6 @@
 """smolagents' `ToolCallingAgent` with all its defaults, unmodified, end to end (issue 36).
 
-smolagents (from PyPI) and its launcher (`examples/harness_smolagents`: `OpenAIServerModel` +
+smolagents (from PyPI) and its launcher (`core/harness_launchers/harness_smolagents`: `OpenAIServerModel` +
 `ToolCallingAgent`, one bash tool, nothing configured) run in a sandbox environment built with
 the system python, through gateway, Celery workers, bwrap and HTTP. smolagents sends
 `tool_choice: "required"` and `stop: ["Observation:", "Calling tools:"]` on every call and
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from core.harnesses import SMOLAGENTS_LAUNCHER
 from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
 
@@ -36,7 +37,7 @@ SWE = {
 INTERVALS, SLUGIFY = (f"raas-examples__{n}-1" for n in ("intervals", "slugify"))
 ENVS = {
     "pytest": ["pytest"],  # the swe EVAL's environment
-    "smolagents": ["smolagents", "openai", "pytest", str(REPO / "examples" / "harness_smolagents")],
+    "smolagents": ["smolagents", "openai", "pytest", SMOLAGENTS_LAUNCHER],
 }
 FIX = (
     "python3 -c \"import pathlib; p = pathlib.Path('intervals/core.py'); "

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from agents.handlers.swe.handler import SWEConfig, SWEHandler
-from agents.handlers.swe.repo import PROJECT_ROOT, example_instances
+from agents.handlers.swe.repo import example_instances
 
-INSTANCES_FILE = PROJECT_ROOT / "examples" / "swe" / "instances.jsonl"
+REPO = Path(__file__).resolve().parents[2]
+INSTANCES_FILE = REPO / "examples" / "swe" / "instances.jsonl"
 INSTANCES = [json.loads(line) for line in INSTANCES_FILE.read_text().splitlines() if line]
 
 
@@ -45,7 +46,7 @@ def agent_applies(ctx, patch: str) -> None:
 
 def test_instances_file_is_up_to_date_and_well_formed() -> None:
     assert len(INSTANCES) >= 6
-    assert INSTANCES == example_instances(PROJECT_ROOT / "examples" / "swe")
+    assert INSTANCES == example_instances(REPO / "examples" / "swe")
     for instance in INSTANCES:
         SWEHandler().validate_instance(instance)
         assert instance["FAIL_TO_PASS"] and instance["PASS_TO_PASS"]

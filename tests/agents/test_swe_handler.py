@@ -15,12 +15,13 @@ import pytest
 
 from agents.handlers.swe import diff as swe_diff
 from agents.handlers.swe.handler import SWEConfig, SWEHandler
-from agents.handlers.swe.repo import PROJECT_ROOT, git_env, materialize
+from agents.handlers.swe.repo import git_env, materialize
 from core.errors import InvalidRequest
 
+REPO = Path(__file__).resolve().parents[2]
 INSTANCES = {
     json.loads(line)["instance_id"].split("__")[1].rsplit("-", 1)[0]: json.loads(line)
-    for line in (PROJECT_ROOT / "examples/swe/instances.jsonl").read_text().splitlines()
+    for line in (REPO / "examples/swe/instances.jsonl").read_text().splitlines()
 }
 INTERVALS = INSTANCES["intervals"]
 BUGGY = "            merged[-1][1] = end\n"

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agents.shipped_examples import SHIPPED_EXAMPLES, SHIPPED_ROOT
 from core.errors import InfraError, InvalidRequest, RaasError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 _FIXED_DATE = "2024-01-01T00:00:00+00:00"
 _SKIP = {"__pycache__", ".pytest_cache", ".git"}
@@ -124,11 +124,11 @@ def check_repo_name(repo: str) -> None:
 
 def resolve_repo(repo: str, root: str | Path | None = None, mirror_root: str | Path | None = None) -> Path:
     """An instance's `repo` as an absolute path: a slug from the mirror (only from there when a
-    mirror is configured), else a path inside the operator's repo `root` (default: relative to
-    the raas checkout, inside its examples/; symlinks may not lead out)."""
+    mirror is configured), else a path inside the operator's repo `root` (default: the shipped
+    examples, `examples/swe/...`; symlinks may not lead out)."""
     check_repo_name(repo)
-    base = Path(root).resolve() if root else PROJECT_ROOT
-    fence = base if root else PROJECT_ROOT / "examples"
+    base = Path(root).resolve() if root else SHIPPED_ROOT
+    fence = base if root else SHIPPED_EXAMPLES
     path = (base / repo).resolve()
     inside = path.is_relative_to(fence)
     if is_slug(repo) and (mirror_root is not None or not (inside and path.exists())):
@@ -216,8 +216,8 @@ def example_instances(examples_dir: str | Path) -> list[dict[str, Any]]:
         tests = json.loads((folder / "tests.json").read_text())
         with tempfile.TemporaryDirectory() as scratch:
             base = commit_sources(folder / "repo", Path(scratch))
-        try:
-            repo = str((folder / "repo").relative_to(PROJECT_ROOT))
+        try:  # a shipped example (or a link to one) is named as a job names it: examples/swe/...
+            repo = str((folder / "repo").resolve().relative_to(SHIPPED_ROOT))
         except ValueError:
             repo = str(folder / "repo")
         instances.append(

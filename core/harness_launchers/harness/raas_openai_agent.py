@@ -5,7 +5,7 @@ It knows nothing of raas: it reads its task from a file, talks to whatever
 `ANTHROPIC_API_KEY`) point at, runs the `bash` tool calls the model makes in the current
 directory, and stops when the model calls `submit` or answers without a tool call. Install it
 into a sandbox environment with
-`raas env build openai-agent --package openai --package anthropic --package <raas>/examples/harness`.
+`raas env build openai-agent --package openai --package anthropic --package <raas>/core/harness_launchers/harness`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ file, builds the model from `OPENAI_BASE_URL`/`OPENAI_API_KEY` and the agent wit
 and calls `agent.run(task)`. Nothing of smolagents is configured: its requests are its own
 (`tool_choice: "required"`, `stop: ["Observation:", "Calling tools:"]`, its history rendering,
 its `final_answer` tool, 20 steps). Install it into a sandbox environment with
-`raas env build smolagents --package smolagents --package <raas>/examples/harness_smolagents`.
+`raas env build smolagents --package smolagents --package <raas>/core/harness_launchers/harness_smolagents`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ file, points the SDK's default OpenAI client at `OPENAI_BASE_URL`/`OPENAI_API_KE
 `OpenAIResponsesModel`, so every call is an OpenAI Responses request (`/v1/responses`, the full
 input each time). Tracing is off: it would post to api.openai.com. Install it into a sandbox
 environment with
-`raas env build openai-agents --package openai-agents --package <raas>/examples/harness_openai_agents`.
+`raas env build openai-agents --package openai-agents --package <raas>/core/harness_launchers/harness_openai_agents`.
 """
 
 from __future__ import annotations
