@@ -295,7 +295,12 @@ class Settings(BaseSettings):
     @cached_property
     def db_url(self) -> str:
         """The effective database URL."""
-        return self.database_url or f"sqlite:///{self.home.resolve() / 'raas.db'}"
+        return self.database_url or f"sqlite:///{self.embedded_database}"
+
+    @property
+    def embedded_database(self) -> Path | None:
+        """The embedded SQLite file under home when no database_url is set (`raas up` makes it)."""
+        return None if self.database_url else self.home.resolve() / "raas.db"
 
     @cached_property
     def broker(self) -> str:

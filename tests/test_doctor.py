@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.ops.doctor import check_glibc, check_userns
+from app.ops.doctor import check_database, check_glibc, check_userns
 from core.db import session_scope
 from core.models import LLMServer
+from core.settings import Settings
 from migrations.runner import upgrade
 from sandbox.environments import SHARED_MARK
 from tests.conftest import REDIS_URL
@@ -105,3 +106,26 @@ def test_old_glibc_and_disabled_user_namespaces_fail_with_advice(tmp_path):
     assert off.status == "fail" and "max_user_namespaces" in off.fix
     (tmp_path / "user" / "max_user_namespaces").write_text("63000\n")
     assert check_userns(tmp_path, euid=1000).status == "ok"
+
+
+def test_a_fresh_checkout_is_told_raas_up_makes_the_database(tmp_path):
+    """Before the first `raas up` the embedded home does not exist: the database line says so
+    plainly (not a network failure), and doctor creates nothing."""
+    home = tmp_path / "checkout" / ".raas"
+    (tmp_path / "checkout").mkdir()
+    code, checks = doctor({"RAAS_HOME": str(home)})
+    database = checks["database"]
+    assert database["status"] == "ok", database
+    assert "not created yet" in database["detail"] and "`raas up` creates it" in database["detail"]
+    assert str(home / "raas.db") in database["detail"]
+    assert code == 0, {name: c for name, c in checks.items() if c["status"] == "fail"}
+    assert not (home / "raas.db").exists()
+
+
+def test_the_embedded_database_once_made_answers_and_an_impossible_home_fails(tmp_path):
+    made = Settings(home=tmp_path / "home", database_url=None)
+    upgrade(made.db_url)  # what `raas up` does first
+    assert check_database(made).status == "ok" and "not created" not in check_database(made).detail
+    (tmp_path / "a-file").write_text("")
+    impossible = check_database(Settings(home=tmp_path / "a-file" / "home", database_url=None))
+    assert impossible.status == "fail" and "RAAS_HOME" in impossible.fix

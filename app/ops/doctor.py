@@ -193,7 +193,10 @@ def check_environments(settings: Settings) -> list[Check]:
 
 
 def check_database(settings: Settings) -> Check:
-    """The database answers."""
+    """The database answers (the embedded SQLite: it exists, or the first `raas up` can make it)."""
+    embedded = settings.embedded_database
+    if embedded is not None and not embedded.exists():
+        return _embedded_database_to_come(embedded)
     import sqlalchemy as sa
 
     from core.db import normalize_url
@@ -212,6 +215,20 @@ def check_database(settings: Settings) -> Check:
             "start it or fix RAAS_DATABASE_URL (from the node: firewall, host name)",
         )
     return Check("database", "ok", where)
+
+
+def _embedded_database_to_come(path: Path) -> Check:
+    """A home's SQLite file before the first `raas up`: nothing is wrong if it can be made there
+    (connecting would make an empty file, so doctor does not)."""
+    nearest = next(p for p in path.parents if p.exists())
+    if nearest.is_dir() and os.access(nearest, os.W_OK | os.X_OK):
+        return Check("database", "ok", f"embedded SQLite {path}: not created yet, `raas up` creates it")
+    return Check(
+        "database",
+        "fail",
+        f"embedded SQLite cannot be created at {path} ({nearest} is not a writable folder)",
+        "make RAAS_HOME writable, or set RAAS_DATABASE_URL=postgresql://...",
+    )
 
 
 def _connect_timeout(settings: Settings) -> dict[str, int]:
@@ -271,6 +288,8 @@ def check_llm_servers(settings: Settings) -> list[Check]:
     from core.db import session_scope
     from core.models import LLMServer
 
+    if settings.embedded_database is not None and not settings.embedded_database.exists():
+        return []  # nothing registered yet (and connecting would make an empty file)
     try:
         with session_scope(settings.db_url) as s:
             urls = sorted(set(s.scalars(sa.select(LLMServer.url)).all()))
