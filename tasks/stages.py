@@ -261,7 +261,6 @@ class StageRun:
                 self.rollout_id,
                 self.lease,
                 self.job.owner,
-                self.settings.llm_routing,
                 claimed=self.rollout,
                 writes=self.parts.get(TurnLog),
                 memory=self.parts.get(PoolMemory),

@@ -59,21 +59,13 @@ class ServersPaused(ServiceUnavailable):
 class ServerPool(ABC):
     """One rollout's view of the servers: pick, stick, release, mark down, look up.
 
-    `routing` is `sticky` (the session keeps its server for every turn: its prefix cache stays
-    warm) or a per-turn policy (`least_loaded`, `round_robin`): the session then gives its slot
-    back after each turn and acquires again for the next, and never sticks.
+    A rollout keeps its server for every turn (its prefix cache stays warm): the least-loaded
+    one when it starts, the same one after a retry (`stick`, `sticky_url`).
     """
-
-    routing: str = "sticky"
 
     def __init__(self, backend: str, rollout_id: str) -> None:
         self.backend = backend
         self.rollout_id = rollout_id
-
-    @property
-    def sticky(self) -> bool:
-        """True when a rollout keeps one server for all its turns."""
-        return self.routing == "sticky"
 
     @abstractmethod
     def acquire(self, exclude: frozenset[str] = frozenset()) -> ServerInfo:

@@ -269,11 +269,7 @@ class LLMSession:
                 continue
             took = time.monotonic() - sent
             self._generated += min(took, expected_generation_seconds(len(generation.token_ids)))
-            recorded = self._record(generation, server, cap, reason)
-            if not self.pool.sticky:  # per-turn routing: the next turn picks again
-                self.pool.release(server.url)
-                self.server = None
-            return recorded
+            return self._record(generation, server, cap, reason)
 
     def _clock_cut(self, server: ServerInfo, asked: int, took: float) -> None:
         """A request the deadline cut: the policy's time up to what a reply of `asked` tokens
@@ -433,12 +429,12 @@ class LLMSession:
             log.info("rollout %s: server %s left the pool", self.rollout_id, self.server.url)
             self.pool.release(self.server.url)
             self.server = None
-        if not tried and self.pool.sticky:
+        if not tried:
             sticky = self.pool.sticky_url()
             self.server = self.pool.take(sticky) if sticky else None
         if self.server is None:
             self.server = self._acquire(tried)
-        if self._stuck_url != self.server.url and self.pool.sticky:
+        if self._stuck_url != self.server.url:
             self.pool.stick(self.server.url)
             self._stuck_url = self.server.url
         return self._server_for_turn(tried)  # now the held server: wait, mark, re-read

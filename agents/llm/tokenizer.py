@@ -325,11 +325,6 @@ def model_names(entries: list[dict]) -> list[str]:
     return names
 
 
-def server_model_paths(url: str) -> list[str]:
-    """Model roots and ids a server lists: candidates for a local tokenizer folder."""
-    return model_names(list_models(url))
-
-
 def served_tokenizer(name: str, allowed: Callable[[str], bool] | None = None) -> bool:
     """Whether a model name a server reports gives a tokenizer here: its folder, or (a hub id)
     its snapshot in the Hugging Face cache. `allowed` judges the folder, or the cache entry,

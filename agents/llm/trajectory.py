@@ -76,11 +76,6 @@ class TrajectoryBuilder:
             self.exhausted = True
             self.traj.finish_reason = "context"
 
-    @property
-    def prompt_fits(self) -> bool:
-        """True when the prompt leaves room for at least one generated token."""
-        return len(self._require().prompt_ids) < self.max_model_len
-
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tok.render(messages, self.tools, add_generation_prompt, **self.template_kwargs)
 

@@ -24,7 +24,6 @@ was really sampled with.
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
@@ -58,13 +57,10 @@ RECHECK_SCAN_SECONDS = 1.0  # how often a process looks for down servers to prob
 
 class PoolMemory:
     """What a worker process's rollout pools share (a part of the worker, `tasks.worker`): when
-    it last looked for down servers to probe, per owner, and its turn counter for
-    `round_robin` routing (like a client-side load balancer: each worker process cycles through
-    the servers on its own)."""
+    it last looked for down servers to probe, per owner."""
 
     def __init__(self) -> None:
         self.last_recheck: dict[tuple[str, str], float] = {}  # (db url, owner) -> when it looked
-        self.round_robin = itertools.count()
 
 
 class RolloutStickiness:
@@ -102,10 +98,8 @@ class RolloutStickiness:
 class RegisteredPool(RolloutStickiness, ServerPool):
     """One owner's servers in the `llm_servers` table, shared by all workers on all nodes.
 
-    `routing` is the operator's `llm_routing` (`ServerPool.routing`); `round_robin` cycles
-    through the usable servers in url order with the process's counter (`memory`, the
-    worker's `PoolMemory`; a pool of its own without). `writes`: the worker's turn log, which
-    carries the generation marks' clears (without one, a clear is written at once).
+    `memory`: the worker's `PoolMemory` (a pool of its own without). `writes`: the worker's turn
+    log, which carries the generation marks' clears (without one, a clear is written at once).
     """
 
     def __init__(
@@ -115,12 +109,11 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         rollout_id: str,
         lease: str,
         owner: str = DEFAULT_OWNER,
-        routing: str = "sticky",
         writes: turn_log.TurnLog | None = None,
         memory: PoolMemory | None = None,
     ) -> None:
         super().__init__(backend, rollout_id)
-        self.db_url, self.lease, self.owner, self.routing = db_url, lease, owner, routing
+        self.db_url, self.lease, self.owner = db_url, lease, owner
         self.writes = writes
         self.memory = memory if memory is not None else PoolMemory()
 
@@ -168,10 +161,6 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         none: never because other workers were claiming at the same moment.
         """
         self._recheck_down()
-        if self.routing == "round_robin":
-            info = self._claim_round_robin(exclude)
-            if info is not None:
-                return info
         for _ in range(CLAIM_ATTEMPTS):
             row = sql.run_alone(self.db_url, *self._claim(exclude))
             if row is not None:
@@ -183,28 +172,6 @@ class RegisteredPool(RolloutStickiness, ServerPool):
         """UPDATE ... SET in_flight = in_flight + 1 WHERE id = (least-loaded candidate)
         RETURNING the server's info, as (statement, parameters) (`_claim_statement`)."""
         return sql.claim_statement(tuple(sorted(exclude))), {"p_owner": self.owner}
-
-    def _claim_round_robin(self, exclude: frozenset[str]) -> ServerInfo | None:
-        """A slot on the next usable server in this process's cycle (None: none usable; the
-        least-loaded claim then says why)."""
-        with session_scope(self.db_url) as s:
-            urls = sorted(
-                u
-                for u in s.scalars(
-                    select(LLMServer.url).where(
-                        LLMServer.owner == self.owner, LLMServer.healthy.is_(True), LLMServer.paused.is_(False)
-                    )
-                ).all()
-                if u not in exclude
-            )
-        start = next(self.memory.round_robin)
-        for k in range(len(urls)):
-            info = self.take(urls[(start + k) % len(urls)])
-            if info is not None and not info.paused:
-                return info
-            if info is not None:  # paused since the read: give the slot back, try the next
-                self.release(info.url)
-        return None
 
     def _raise_if_none_usable(self, exclude: frozenset[str]) -> None:
         """After an empty claim: ServersPaused / ServiceUnavailable if that is really so."""
@@ -341,13 +308,12 @@ def make_pool(
     rollout_id: str,
     lease: str,
     owner: str = DEFAULT_OWNER,
-    routing: str = "sticky",
     claimed: Any = None,
     writes: turn_log.TurnLog | None = None,
     memory: PoolMemory | None = None,
 ) -> ServerPool:
-    """The pool of one leased rollout: the job's own servers when it names some (always
-    sticky), else the job owner's registered pool routed by `routing` (`llm_routing`).
+    """The pool of one leased rollout: the job's own servers when it names some, else the job
+    owner's registered pool.
 
     `spec` is the job config's typed llm spec (plain JSON from a script or test is validated);
     `claimed`, the rollout's row as the stage's claim returned it under `lease` (its
@@ -360,7 +326,7 @@ def make_pool(
             db_url, spec.backend, rollout_id, lease, spec.servers, spec.credential
         )
     else:
-        pool = RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, routing, writes, memory)
+        pool = RegisteredPool(db_url, spec.backend, rollout_id, lease, owner, writes, memory)
     if claimed is not None:
         pool.knows(claimed.llm_server)
     return pool

@@ -266,30 +266,3 @@ def test_the_claimed_rows_server_is_not_read_again(simulators, db_url, monkeypat
         assert s.server.url == url_a and not any(reads)
     untold = make_pool(SPEC, db_url, rid, LEASE)
     assert untold.sticky_url() == url_a and reads.count(True) == 1
-
-
-@pytest.mark.parametrize("routing", ["round_robin", "least_loaded"])
-def test_per_turn_routing_releases_and_picks_again(simulators, db_url, routing) -> None:
-    """`llm_routing` round_robin / least_loaded (the routing bench's baselines): a turn holds a
-    slot only while it generates, the next turn picks again, nothing sticks."""
-    urls = [simulators(SCRIPT)[0] for _ in range(3)]
-    register(db_url, urls)
-    rid = make_rollouts(db_url, 1)[0]
-    session = LLMSession.open(SPEC, {}, rid, make_pool(SPEC, db_url, rid, LEASE, routing=routing))
-    held = make_rollouts(db_url, 1)[0]
-    holder = make_pool(SPEC, db_url, held, LEASE)  # a sticky rollout holding a slot elsewhere
-    taken = holder.acquire().url
-    session.start([{"role": "user", "content": "go"}])
-    for _ in range(6):
-        run_turn(session)
-        assert session.server is None
-        assert {u: r.in_flight for u, r in servers(db_url).items()} == {
-            u: int(u == taken) for u in urls
-        }  # only the holder's slot is still counted
-    seen = {u: requests_seen(u) for u in urls}
-    if routing == "round_robin":
-        assert sorted(seen.values()) == [2, 2, 2], seen  # every server in turn
-    else:
-        assert seen[taken] == 0 and sum(seen.values()) == 6, seen  # never the busier one
-    assert sticky(db_url, rid) is None
-    session.close()

@@ -18,24 +18,17 @@ restarted, so a pathological answer can never wedge a worker.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import subprocess
-import sys
 import threading
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 MAX_ANSWER_CHARS = 2000
 DECIMAL_TOLERANCE = 1e-6
 _DECIMAL = re.compile(r"\d?\.\d")
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-_CHILD = "from agents.handlers.math.answer import _main; _main()"
 _WARM_TARGET = "agents.handlers.math.answer:_grade_request"
 
 
@@ -191,59 +184,21 @@ def _grade_warm(
         return MathGrade(0.0, "timeout" if "timed out" in str(exc) else "none", predicted)
 
 
-def _grade_in_child(
-    predicted: str, reference: str, timeout_s: int, decimal_tolerance: float = DECIMAL_TOLERANCE
-) -> MathGrade:
-    """Grade in a child process killed after the timeout (for callers off the main thread)."""
-    payload = json.dumps(
-        {"predicted": predicted, "reference": reference, "timeout": timeout_s, "tolerance": decimal_tolerance}
-    )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD],
-            input=payload,
-            capture_output=True,
-            text=True,
-            timeout=4 * timeout_s + 15,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return MathGrade(0.0, "timeout", predicted)
-    if proc.returncode != 0:
-        logger.warning("math grading child failed (rc=%s): %s", proc.returncode, proc.stderr[-500:])
-        return MathGrade(0.0, "none", predicted)
-    return MathGrade(**json.loads(proc.stdout.strip().splitlines()[-1]))
-
-
 def grade_math_answer(
     predicted: str | None,
     reference: str,
     *,
     timeout_s: int = 5,
     decimal_tolerance: float = DECIMAL_TOLERANCE,
-    process: str = "warm",
 ) -> MathGrade:
     """Reward 1.0 if `predicted` is mathematically equivalent to `reference`, else 0.0.
 
-    Off the main thread, `process` picks where: "warm" (a persistent grading process) or
-    "per_call" (a fresh process per grading: seconds slower, the benchmark's baseline).
+    Graded here on the main thread; off it (a worker's thread), in a persistent grading
+    process (SIGALRM-bounded steps need a main thread).
     """
     if predicted is None or not predicted.strip():
         return MathGrade(0.0, "no_answer", predicted)
     predicted = predicted.strip()[:MAX_ANSWER_CHARS]
     if threading.current_thread() is threading.main_thread():
         return _grade_here(predicted, reference, timeout_s, decimal_tolerance)
-    if process == "per_call":
-        return _grade_in_child(predicted, reference, timeout_s, decimal_tolerance)
     return _grade_warm(predicted, reference, timeout_s, decimal_tolerance)
-
-
-def _main() -> None:
-    """Child-process entry point: JSON request on stdin, one JSON `MathGrade` line on stdout."""
-    request = json.loads(sys.stdin.read())
-    grade = _grade_here(
-        request["predicted"], request["reference"], int(request["timeout"]), float(request["tolerance"])
-    )
-    print(json.dumps(asdict(grade)))

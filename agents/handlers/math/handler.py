@@ -69,11 +69,6 @@ class MathConfig(SandboxToolsConfig):
         description="Relative tolerance for non-integer decimal reference "
         "answers only; integer and rational references always need the exact number",
     )
-    grading_process: Literal["warm", "per_call"] = Field(
-        "warm",
-        description="Where EVAL grades: a persistent grading process (warm) or a new "
-        "process per rollout (per_call: seconds slower; a benchmark baseline)",
-    )
 
     @field_validator("user_prompt")
     @classmethod
@@ -160,7 +155,6 @@ class MathHandler(AgentHandler):
             answered=predicted is not None,
             timeout_s=cfg.grading_timeout_s,
             decimal_tolerance=cfg.decimal_tolerance,
-            process=cfg.grading_process,
         )
 
 
