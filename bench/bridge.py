@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sandbox import SandboxSpec, bridge, get_runtime  # noqa: E402
-from tests.sandbox.endpoint_server import serve_endpoint  # noqa: E402
+from bench.support.endpoint_server import serve_endpoint  # noqa: E402
 
 # Runs inside the sandbox with the system python: one keep-alive connection, N timed calls.
 CLIENT = r"""

@@ -69,7 +69,7 @@ def child(repo: Path, n: int, idle_s: float) -> dict:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     from bench.pipeline import wait_all
-    from tests.pipeline_harness import start_service
+    from bench.support.pipeline_harness import start_service
 
     with tempfile.TemporaryDirectory(dir="/tmp") as data:
         server, sock = redis_server(data)

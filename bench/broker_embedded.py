@@ -32,7 +32,7 @@ def child(repo: Path, broker: str, n: int, solos: int) -> dict:
     import logging
 
     from bench.pipeline import finish_times, wait_all
-    from tests.pipeline_harness import start_service
+    from bench.support.pipeline_harness import start_service
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     kwargs = {} if broker == "embedded" else {"broker_url": REDIS, "key_prefix": f"raas-bench-{uuid.uuid4().hex[:8]}:"}

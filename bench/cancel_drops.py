@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.pipeline import backend  # noqa: E402
-from tests.pipeline_harness import start_service  # noqa: E402
+from bench.support.pipeline_harness import start_service  # noqa: E402
 
 
 def _stale(celery: Any, job_id: str, n: int, headerless: bool = False) -> None:

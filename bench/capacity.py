@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from bench import capacity_probe as probe  # noqa: E402
 from bench.capacity_model import STAGES, cluster_rows, model, per_rollout  # noqa: E402
-from tests.pipeline_harness import start_service  # noqa: E402
-from tests.private_services import PrivatePostgres, PrivateRedis  # noqa: E402
+from bench.support.pipeline_harness import start_service  # noqa: E402
+from bench.support.private_services import PrivatePostgres, PrivateRedis  # noqa: E402
 
 MACHINE_PG = "postgresql://postgres@127.0.0.1:5432/test"
 POOLS = {

@@ -1,15 +1,15 @@
 """Fault campaign benchmark: what each fault of issue 15 costs. Prints JSON + a table.
 
-Runs the campaign of tests/faults (two nodes on private Redis + PostgreSQL, a reaper per node,
-4-turn scripted `math` rollouts in bwrap sandboxes, 6 s lease; see tests/faults/campaign.py)
+Runs the fault campaign (two nodes on private Redis + PostgreSQL, a reaper per node,
+4-turn scripted `math` rollouts in bwrap sandboxes, 6 s lease; see bench/support/faults/campaign.py)
 once per fault and reports per fault: rollouts lost / duplicated / leaked (must be 0), LLM
 calls re-generated (beyond 4 per rollout that ran its loop), rollouts re-run (their first turn
 generated again), and for a killed RUN pool the answered turns re-generated per rollout it held
 with finished turns (goal <= 1).
 
 `--baseline COMMIT` also runs the same campaign on COMMIT in the same invocation: a temporary
-git worktree of COMMIT with this checkout's campaign files laid over it (tests/faults, the
-harness, the private services, the simulator's per-turn counters, this script), so before and
+git worktree of COMMIT with this checkout's campaign files laid over it (bench/support: the
+campaign, the harness, the private services; the simulator's per-turn counters, this script), so before and
 after are measured by the same code on the same machine.
 
 Usage: .venv/bin/python bench/faults.py [--baseline 635fdca] [--only node-loss,...] [--json F]
@@ -32,10 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 OVERLAY = [
-    "tests/faults",
-    "tests/private_services.py",
-    "tests/tcp_proxy.py",
-    "tests/pipeline_harness.py",
+    "bench/__init__.py",
+    "bench/support",
     "fakellm/server.py",
     "fakellm/capacity.py",
     "bench/faults.py",
@@ -62,8 +60,8 @@ def run_here(only: list[str], envs_root: Path, repeat: int = 1) -> dict[str, dic
     """Run the campaign in this checkout; {fault: figures} (`fault#k` for the k-th of
     `repeat` runs)."""
     from sandbox.environments import build_environment
-    from tests.faults.campaign import Campaign
-    from tests.faults.faults import FAULTS
+    from bench.support.faults.campaign import Campaign
+    from bench.support.faults.faults import FAULTS
 
     env = Path(build_environment("math", ["sympy", "numpy"], root=envs_root)).resolve()
     home = Path(tempfile.mkdtemp(prefix="raas-faults-bench-"))

@@ -1,7 +1,7 @@
 """Broker outage during hand-offs: rollouts re-run (and turns re-generated) by a 3 s Redis restart.
 
 A 42-rollout job of `test-sandboxed` (a real bwrap sandbox per rollout; INIT 0.5 s, RUN 1 s in
-2 turns, EVAL at once) runs on a private Redis (tests/private_services.py) + a fresh
+2 turns, EVAL at once) runs on a private Redis (bench/support/private_services.py) + a fresh
 PostgreSQL database, one node with 4 slots per stage and its reaper. Once the first rollouts
 finish, Redis is stopped, stays down `--downtime` seconds and starts again (without and with
 AOF), so hand-offs (INIT->RUN, RUN->EVAL) meet the outage. Counted from the database at the
@@ -41,8 +41,8 @@ def measure(aof: bool, downtime: float) -> dict:
 
     from core.db import session_scope
     from core.models import Rollout, Turn
-    from tests.pipeline_harness import start_service, wait_for
-    from tests.private_services import PrivateRedis
+    from bench.support.pipeline_harness import start_service, wait_for
+    from bench.support.private_services import PrivateRedis
 
     db = f"raas_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")

@@ -93,7 +93,7 @@ def open_endpoint(url: str, tmp: Path, k: int) -> Any:
     from agents.abstract import HandlerConfig
     from agents.harness import RolloutEndpoint
     from agents.job_config import JobConfig
-    from tests.harness.conftest import run_context
+    from bench.support.run_context import run_context
 
     session = open_session(url, f"bench-{k}")
     ctx = run_context(

@@ -232,7 +232,7 @@ GOAL_SHARE, GOAL_CPU_MS_PER_TURN = 0.95, 6.0
 def run_one(args: argparse.Namespace) -> dict:
     """One tree (the one on PYTHONPATH): warm-up wave, then the measured job."""
     import tasks
-    from tests.pipeline_harness import start_service
+    from bench.support.pipeline_harness import start_service
 
     tree = Path(tasks.__file__).resolve().parent.parent
     tokenizer = str(tree / "tests" / "fixtures" / "smollm2-tokenizer")

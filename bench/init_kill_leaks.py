@@ -50,7 +50,7 @@ def measure(kills: int, spread: float) -> dict:
     """`kills` INIT kills mid-start in the tree on sys.path (a child process)."""
     import sqlalchemy as sa
 
-    from tests.pipeline_harness import start_service, wait_for
+    from bench.support.pipeline_harness import start_service, wait_for
 
     db = f"raas_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")

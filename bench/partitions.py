@@ -2,9 +2,9 @@
 
 Runs tests/partitions' schedules on a partition campaign (two nodes whose links to private
 PostgreSQL and Redis, and the gateway's to Redis, go through loopback proxies the run makes:
-`tests.tcp_proxy`) and reports per schedule: rollouts, lost, duplicated, wrong rewards,
+`bench.support.tcp_proxy`) and reports per schedule: rollouts, lost, duplicated, wrong rewards,
 LLM calls generated again, new attempts, leaked sandboxes and workspaces, and the history
-checker's violations (tests/partitions/checker.py). Goal: every column but the waste 0.
+checker's violations (bench/support/partitions/checker.py). Goal: every column but the waste 0.
 
 Usage: .venv/bin/python bench/partitions.py [--only n1-pg-cut-20s,...] [--json F]
 (needs bwrap, redis-server and PostgreSQL 15 binaries; never touches the machine's services)
@@ -38,8 +38,8 @@ COLUMNS = [
 def run(only: list[str]) -> dict[str, dict]:
     """{schedule: figures} from one partition campaign."""
     from sandbox.environments import build_environment
-    from tests.faults.campaign import Campaign
-    from tests.partitions.schedules import SCHEDULES, warm_up
+    from bench.support.faults.campaign import Campaign
+    from bench.support.partitions.schedules import SCHEDULES, warm_up
 
     env = Path(build_environment("math", ["sympy", "numpy"], root=REPO / ".raas" / "envs")).resolve()
     home = Path(tempfile.mkdtemp(prefix="raas-partitions-bench-"))

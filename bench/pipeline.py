@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else REPO
 sys.path.insert(0, str(TREE))
 
-from tests.pipeline_harness import start_service  # noqa: E402
+from bench.support.pipeline_harness import start_service  # noqa: E402
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/0"

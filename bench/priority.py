@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from pipeline import backend, wait_all  # noqa: E402
 
-from tests.pipeline_harness import start_service, wait_for  # noqa: E402
+from bench.support.pipeline_harness import start_service, wait_for  # noqa: E402
 
 
 def one_run(broker: str, priority: int, args: argparse.Namespace) -> dict:

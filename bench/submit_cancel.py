@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.pipeline import backend  # noqa: E402
-from tests.pipeline_harness import start_service  # noqa: E402
+from bench.support.pipeline_harness import start_service  # noqa: E402
 
 SLEEPY = {"init_s": 1.0, "run_s": 20.0, "turns": 20}  # RUN checks cancel every turn
 POLL_S = 0.02

@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from raas_client import RaasClient  # noqa: E402
-from tests.faults.test_trainer_waits import GatewayProcess, free_port  # noqa: E402
-from tests.pipeline_harness import start_service, wait_for  # noqa: E402
+from bench.support.pipeline_harness import GatewayProcess  # noqa: E402
+from bench.support.private_services import free_port  # noqa: E402
+from bench.support.pipeline_harness import start_service, wait_for  # noqa: E402
 
 BASELINE_COMMIT = "635fdca"
 ROLLOUTS = 24

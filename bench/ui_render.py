@@ -39,7 +39,7 @@ from app import create_app  # noqa: E402
 from core.db import session_scope  # noqa: E402
 from core.models import Job, Rollout, Turn  # noqa: E402
 from migrations.runner import upgrade  # noqa: E402
-from tests.ui.browser import chromium  # noqa: E402
+from bench.support.browser import chromium  # noqa: E402
 
 TOKENIZER = str(ROOT / "tests/fixtures/smollm2-tokenizer")
 BOUNDS = {"page_load_s": 2.0, "one_turn_s": 1.0, "all_tokens_s": 5.0}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,8 +9,7 @@ from contextlib import contextmanager
 import pytest
 import sqlalchemy as sa
 
-PG_ADMIN_URL = os.environ.get("RAAS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("RAAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from bench.support.services import PG_ADMIN_URL, REDIS_URL
 
 
 @pytest.hookimpl(trylast=True)  # after pytest regroups items by fixture scope
@@ -113,7 +111,7 @@ def _embedded_redis_stopped_after(tmp_path_factory) -> Iterator[None]:
 
 
 # Private Redis/PostgreSQL for tests that restart them (never the machine's own).
-from tests.private_services import (  # noqa: E402,F401 - fixtures
+from bench.support.private_services import (  # noqa: E402,F401 - fixtures
     make_private_postgres,
     make_private_redis,
     private_postgres,

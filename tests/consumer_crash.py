@@ -14,7 +14,7 @@ from celery.signals import worker_ready
 from agents.abstract import EvalResult, HandlerConfig, Trajectory
 from agents.contexts import EvalContext, InitContext, RunContext
 from agents.registry import register
-from tests.pipeline_handlers import SleepyHandler
+from bench.support.pipeline_handlers import SleepyHandler
 
 _consumer: dict[str, Any] = {}
 

@@ -25,7 +25,7 @@ def serve(settings: Settings):
 @pytest.fixture
 def api(tmp_path):
     """A gateway (no workers: submissions stay queued) on SQLite + the embedded Redis."""
-    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers", max_body_bytes=200_000)
+    settings = Settings(home=tmp_path, handler_modules="bench.support.pipeline_handlers", max_body_bytes=200_000)
     server, client = serve(settings)
     yield client
     client.close()
@@ -251,7 +251,7 @@ def test_bearer_token(tmp_path):
 
 def test_prorl_started_state_is_shared_by_gateways(tmp_path):
     """Two gateways on one database (gunicorn workers, several hosts) agree on /start."""
-    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers")
+    settings = Settings(home=tmp_path, handler_modules="bench.support.pipeline_handlers")
     (one, a), (two, b) = serve(settings), serve(settings)
     try:
         assert b.get("/status").status_code == 503

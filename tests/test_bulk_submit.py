@@ -16,7 +16,7 @@ from tasks.broker.queues import queue_depths
 from core.models import Rollout, Turn
 from raas_client.sdk import RaasHTTPError
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests import test_bulk_submit as bulk
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 backend = bulk.backend  # the fixture: each test on the embedded default and on Redis + PostgreSQL
 _init_depth, _unpublished = bulk._init_depth, bulk._outbox

@@ -1,6 +1,6 @@
 """Issue 40: every statement a stage runs rides out a refused database connection.
 
-The database sits behind a loopback proxy (`tests.tcp_proxy`) that resets every open
+The database sits behind a loopback proxy (`bench.support.tcp_proxy`) that resets every open
 connection and refuses new ones for `OUTAGE` seconds, as a PostgreSQL restart does to a
 worker. Each statement is then called as the stages call it (through `tasks.writes.db_retry`, the
 budget a worker sets) and must succeed once the database answers again, with its effect
@@ -28,7 +28,7 @@ from migrations.runner import upgrade
 from tasks.writes import db_retry, lifecycle, terminal
 from tasks.llm import llm_pool_sql as sql
 from tasks.llm.llm_pool import RegisteredPool
-from tests.tcp_proxy import LoopbackProxy
+from bench.support.tcp_proxy import LoopbackProxy
 
 OUTAGE = 0.6  # seconds the proxy refuses: several retries at db_retry's first waits
 OWNER, URL, LEASE = "default", "http://llm.invalid:1", "node/1/lease"

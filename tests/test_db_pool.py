@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from core.db import configure_pool, get_engine
 from core.settings import Settings
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

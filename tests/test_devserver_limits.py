@@ -27,7 +27,7 @@ CAP = 20
 def bounded(tmp_path):
     settings = Settings(
         home=tmp_path,
-        handler_modules="tests.pipeline_handlers",
+        handler_modules="bench.support.pipeline_handlers",
         dev_server={"max_connections": CAP, "header_timeout": 1.5, "idle_timeout": 5},
     )
     from migrations.runner import upgrade

@@ -16,7 +16,7 @@ from core.settings import Settings
 from migrations.runner import upgrade
 from sandbox.environments import SHARED_MARK
 from tests.conftest import REDIS_URL
-from tests.private_services import free_port
+from bench.support.private_services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def register(db_url: str, url: str) -> None:
 
 def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     from fakellm.server import start_simulator
-    from tests.faults.campaign import SMOLLM2
+    from bench.support.faults.campaign import SMOLLM2
 
     upgrade(pg_url)
     sim_url, stop = start_simulator(SMOLLM2, {"default": ["hi"]})

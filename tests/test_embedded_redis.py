@@ -161,8 +161,8 @@ def test_flowers_broker_view_reads_the_embedded_redis(tmp_path):
     reads the Redis lists over the same Unix socket as the workers)."""
     import httpx
 
-    from tests.private_services import free_port
-    from tests.waiting import wait_for
+    from bench.support.private_services import free_port
+    from bench.support.waiting import wait_for
 
     settings = Settings(home=tmp_path)
     app = make_celery(settings)

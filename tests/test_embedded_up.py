@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from raas_client import RaasClient
-from tests.waiting import wait_for
+from bench.support.waiting import wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -31,7 +31,7 @@ def free_port() -> int:
 def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
+    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="bench.support.pipeline_handlers")
     up = subprocess.Popen(
         [
             sys.executable,
@@ -258,7 +258,7 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
-    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
+    env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="bench.support.pipeline_handlers")
     home = tmp_path / "home"
     up = subprocess.Popen(
         [sys.executable, "-m", "app.ops.cli", "up", "--home", str(home), "--port", str(port), "--concurrency", "2"],
@@ -318,7 +318,7 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env.update(
         PYTHONPATH=str(REPO),
-        RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+        RAAS_HANDLER_MODULES="bench.support.pipeline_handlers",
         RAAS_HEARTBEAT_INTERVAL="0.5",
         RAAS_LEASE_TIMEOUT="4",
         RAAS_REQUEUE_AFTER="3",

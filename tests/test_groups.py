@@ -10,7 +10,7 @@ import pytest
 
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

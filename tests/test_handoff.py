@@ -24,7 +24,7 @@ from tasks.writes import lifecycle
 from tasks.broker import outbox
 from tasks.recovery.reaper import Reaper
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import wait_for
+from bench.support.pipeline_harness import wait_for
 
 
 def _rollouts(db: str, statuses: list[str], node: str = "n1") -> list[str]:

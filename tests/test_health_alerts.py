@@ -31,7 +31,7 @@ import pytest
 
 from fakellm.server import make_server
 from raas_client.sdk import verify_callback
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service
 
@@ -240,7 +240,7 @@ def test_collect_batch_carries_health(service, run) -> None:
 
 
 def test_job_page_shows_the_alert_and_sparklines(service, run, tmp_path) -> None:
-    from tests.ui.browser import chromium, console_errors
+    from bench.support.browser import chromium, console_errors
 
     job_id = run["jobs"]["collapse"]
     with chromium() as browser:

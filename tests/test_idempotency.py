@@ -13,7 +13,7 @@ from tests.test_api import serve
 @pytest.fixture
 def api(any_db_url, tmp_path):
     """A gateway without workers (rollouts stay queued) on SQLite or PostgreSQL."""
-    settings = Settings(home=tmp_path, database_url=any_db_url, handler_modules="tests.pipeline_handlers")
+    settings = Settings(home=tmp_path, database_url=any_db_url, handler_modules="bench.support.pipeline_handlers")
     server, client = serve(settings)
     yield client
     client.close()

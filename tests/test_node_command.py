@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import QueueConsumer, Rollout
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import REPO, _as_env, start_service, wait_for
+from bench.support.pipeline_harness import REPO, _as_env, start_service, wait_for
 import pytest
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`

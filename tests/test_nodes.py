@@ -19,8 +19,8 @@ from core.models import Job, Node, QueueConsumer, Rollout, utcnow
 from core.settings import Settings
 from migrations.runner import upgrade
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import FAST_RELIABILITY, start_service
-from tests.waiting import wait_for
+from bench.support.pipeline_harness import FAST_RELIABILITY, start_service
+from bench.support.waiting import wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

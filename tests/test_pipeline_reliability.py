@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import Rollout, Turn
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

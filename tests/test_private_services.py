@@ -7,7 +7,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from tests import private_services
+from bench.support import private_services
 
 
 def test_redis_without_aof_comes_back_empty_and_with_aof_keeps_its_data(make_private_redis):

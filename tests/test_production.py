@@ -42,7 +42,7 @@ def test_documented_gunicorn_line_serves_the_api(tmp_path):
     env.update(
         PYTHONPATH=str(REPO),
         RAAS_HOME=str(tmp_path / "home"),
-        RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+        RAAS_HANDLER_MODULES="bench.support.pipeline_handlers",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
     )
     subprocess.run(
@@ -105,7 +105,7 @@ def test_documented_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path
         PYTHONPATH=str(REPO),
         RAAS_HOME=str(tmp_path / "home"),
         RAAS_NODE="quiet",
-        RAAS_HANDLER_MODULES="tests.pipeline_handlers",
+        RAAS_HANDLER_MODULES="bench.support.pipeline_handlers",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
     )
     subprocess.run(

@@ -14,7 +14,7 @@ from raas_client.sdk import verify_callback
 from core.errors import InvalidRequest
 from core.policy import Policy, check_callback_url
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -20,9 +20,9 @@ import app.rollouts
 from fakellm.server import start_simulator
 from raas_client import RaasClient
 from raas_client.models import Rollout, Trajectory
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 from tests.record_handlers import arrays_digest
-from tests.waiting import wait_for
+from bench.support.waiting import wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 SMOLLM2 = str(Path(__file__).resolve().parent / "fixtures" / "smollm2-tokenizer")

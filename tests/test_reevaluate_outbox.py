@@ -15,7 +15,7 @@ from core.db import session_scope
 from core.models import Rollout
 from tasks.broker.config import PENDING_REEVALUATIONS
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

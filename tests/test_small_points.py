@@ -18,7 +18,7 @@ import httpx
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator
 from app.ops.embedded import next_commands
 from app.openapi import build_openapi
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parent.parent
 

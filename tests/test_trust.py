@@ -29,7 +29,7 @@ HOME = Path.home()  # host paths a tenant might aim at: this machine's, computed
 def tenant_settings(tmp_path: Path, **policy) -> Settings:
     return Settings(
         home=tmp_path,
-        handler_modules="tests.pipeline_handlers",
+        handler_modules="bench.support.pipeline_handlers",
         api_token=OPERATOR,
         api_tokens={ALICE: {"owner": "alice"}, BOB: {"owner": "bob"}},
         policy=policy or {},
@@ -340,7 +340,7 @@ def test_database_tokens_from_the_admin_cli(tmp_path):
     cli = [sys.executable, "-m", "app.ops.cli"]
     from migrations.runner import upgrade
 
-    settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers")
+    settings = Settings(home=tmp_path, handler_modules="bench.support.pipeline_handlers")
     upgrade(settings.db_url)
     add = subprocess.run(
         [*cli, "token", "add", "carol", "--label", "ci"],
@@ -422,7 +422,7 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
 
 
 def test_embedded_default_without_tokens_is_one_local_admin(tmp_path):
-    server, client = serve(Settings(home=tmp_path, handler_modules="tests.pipeline_handlers"))
+    server, client = serve(Settings(home=tmp_path, handler_modules="bench.support.pipeline_handlers"))
     try:
         assert client.get("/v1/policy").json() | {"sandbox": 0, "llm": 0} == {
             "owner": "default",

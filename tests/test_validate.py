@@ -220,7 +220,7 @@ def test_the_service_validates_through_a_worker_and_the_sdk_reads_the_list(tmp_p
     worker process -> the report; the list it wrote refuses a job submitted with the SDK."""
     from raas_client import RaasHTTPError
 
-    from tests.pipeline_harness import start_service
+    from bench.support.pipeline_harness import start_service
 
     svc = start_service(tmp_path / "svc", stages=("init",), concurrency=1, reaper=False)
     try:

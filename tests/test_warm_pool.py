@@ -13,7 +13,7 @@ import pytest
 
 from sandbox.handles import POOL_LABEL, orphaned, pid_alive, read_handles
 from sandbox.toolserver.procs import descendants, start_time
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service
 

@@ -26,7 +26,7 @@ from fakellm.server import start_simulator
 from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 # turn 0 calls the `observe` tool of the test-chat handler, turn 1 answers
 TOOL_REPLY = 'Reading it. <tool_call>{"name": "observe", "arguments": {}}</tool_call>'

@@ -35,7 +35,7 @@ def private_sandbox_dir() -> Iterator[str]:
 
     A raas reaper running on this machine (another test run's pipeline, `raas up`) stops every
     sandbox in the default dir that belongs to no live rollout of *its* database, which would
-    kill these tests' sandboxes mid-call. `tests.pipeline_harness.start_service` passes the
+    kill these tests' sandboxes mid-call. `bench.support.pipeline_harness.start_service` passes the
     folder on to the pools it starts (unless a test names its own `sandbox_dir`).
     """
     import os

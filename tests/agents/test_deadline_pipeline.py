@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from fakellm.server import start_simulator
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -28,7 +28,7 @@ from tests.agents.test_replay_pipeline import (
     _submit,
     _turns,
 )
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -19,7 +19,7 @@ import pytest
 
 from fakellm.server import start_simulator
 from raas_client.sdk import RaasHTTPError
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -17,7 +17,7 @@ from core.db import session_scope
 from core.models import GroupLayer, Rollout
 from fakellm.server import start_simulator
 from tests.agents.test_swe_pipeline import INTERVALS, SCRIPT, SLUGIFY, SMOLLM2, SWE, as_instance
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 N = 3  # samples per instance

@@ -35,7 +35,7 @@ from tests.agents.test_harness_pipeline import (
     call,
     statement,
 )
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 # A whole-service tier; the first test also waits for the npm environments' first build on a
 # machine (hundreds of MB: Claude Code, Codex and OpenCode ship native binaries).

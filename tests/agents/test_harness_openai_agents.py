@@ -19,7 +19,7 @@ import pytest
 
 from core.harnesses import OPENAI_AGENTS_LAUNCHER
 from fakellm.server import start_simulator
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(900)]
 

@@ -19,7 +19,7 @@ import pytest
 
 from core.harnesses import EXAMPLE_AGENT
 from fakellm.server import start_simulator
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 # A whole-service tier: `make test`, not `make test-fast`. The first test also waits for the
 # environments' first build on a machine (pip: minutes on a loaded one) and for its job among

@@ -22,7 +22,7 @@ import pytest
 
 from core.harnesses import SMOLAGENTS_LAUNCHER
 from fakellm.server import start_simulator
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(900)]
 

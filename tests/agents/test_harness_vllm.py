@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.agents.test_harness_pipeline import ENVS, INTERVALS, QWEN_TEMPLATE, SWE, as_instance
-from tests.pipeline_harness import Service, start_service
+from bench.support.pipeline_harness import Service, start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 

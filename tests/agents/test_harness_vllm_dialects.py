@@ -51,7 +51,7 @@ from tests.agents.test_harness_vllm import (
     rescore,
     samples_of,
 )
-from tests.pipeline_harness import Service, start_service
+from bench.support.pipeline_harness import Service, start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fakellm.server import start_simulator
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.agents.test_prorl_clients import NEMO_RL_SAMPLING, NO_ENV, SOLVED, check_token_shape
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm]
 VLLM_URL = os.environ.get("RAAS_VLLM_URL", "").rstrip("/")

@@ -30,7 +30,7 @@ from core.db import session_scope
 from core.models import Rollout, Turn
 from fakellm.server import start_simulator
 from tests.agents.test_resume_pipeline import ARRAYS
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from fakellm.server import start_simulator
 from core.db import session_scope
 from core.models import Rollout, Turn
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

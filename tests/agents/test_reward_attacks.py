@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fakellm.server import start_simulator
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 from tests.agents.sigterm import sigterm_in_background
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(600)]  # the first test runs every attack (module fixture)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from raas_client.cli import read_instances
-from tests.pipeline_harness import Service, start_service
+from bench.support.pipeline_harness import Service, start_service
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.campaign import Campaign, Report
-from tests.faults.faults import FAULTS
+from bench.support.faults.campaign import Campaign, Report
+from bench.support.faults.faults import FAULTS
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.faults import FAULTS
+from bench.support.faults.faults import FAULTS
 
 
 @pytest.mark.parametrize("name", list(FAULTS))

@@ -15,7 +15,7 @@ from core.models import Rollout, Turn
 from sandbox.handles import orphaned, pid_alive, read_handles, unclaimed
 from sandbox.toolserver.procs import descendants, start_time
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import start_service, wait_for
+from bench.support.pipeline_harness import start_service, wait_for
 
 
 # -- pipeline: a broker outage during a hand-off -------------------------------------------------

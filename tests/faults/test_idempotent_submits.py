@@ -14,7 +14,7 @@ import pytest
 from raas_client import RaasClient, RaasHTTPError
 from tests.conftest import REDIS_URL
 from tests.faults.test_trainer_waits import GatewayProcess, free_port
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 SUBMITTERS = 16
 INSTANCES = [{"instance_id": f"p{i}"} for i in (7, 3, 11, 0, 5, 9)]  # not in sorted order

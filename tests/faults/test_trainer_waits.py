@@ -20,15 +20,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 from raas_client import RaasClient
 from tests.conftest import REDIS_URL
-from tests.pipeline_harness import REPO, Service, start_service, wait_for
+from bench.support.pipeline_harness import REPO, GatewayProcess, start_service, wait_for
 
 OUTAGE_SECONDS = 6.0
 INSTANCES = 12  # x 2 samples = 24 rollouts
@@ -40,48 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@dataclass
-class GatewayProcess:
-    """`raas gateway` as a child process of the service's settings, on a fixed port."""
-
-    svc: Service
-    port: int
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> GatewayProcess:
-        """Start it and wait until /healthz answers."""
-        log = open(self.svc.logs / f"gateway-{self.port}.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.ops.cli", "gateway", "--port", str(self.port)],
-            env=self.svc.env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        # generous: a Python start-up takes tens of seconds on a loaded 2-core CI machine
-        wait_for(self._healthy, timeout=180, what=f"gateway on port {self.port}", interval=0.2)
-        return self
-
-    def _healthy(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            log = (self.svc.logs / f"gateway-{self.port}.log").read_text(errors="replace")
-            raise AssertionError(f"gateway exited {self.proc.returncode}:\n{log[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, open streams torn mid-way."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
 
 
 def raas(*args: str, env: dict[str, str], **kw: Any) -> subprocess.Popen:

@@ -26,6 +26,7 @@ import pytest
 from agents.abstract import HandlerConfig
 from agents.harness import RolloutEndpoint
 from agents.job_config import JobConfig
+from bench.support.run_context import run_context
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SMOLLM2 = str(FIXTURES / "smollm2-tokenizer")
@@ -48,14 +49,6 @@ class TurnLog:
 
     def __call__(self, **turn: Any) -> None:
         self.turns.append(turn)
-
-
-def run_context(**fields: Any) -> Any:
-    """RUN's context (`agents.contexts.RunContext`) with this process's settings."""
-    from agents.contexts import RunContext
-    from core.settings import load_settings
-
-    return RunContext(settings=load_settings(), **fields)
 
 
 def make_ctx(

@@ -19,7 +19,7 @@ from agents.llm.hub_cache import cached_tokenizer_folder
 from fakellm.server import start_simulator
 from raas_client import RaasHTTPError
 from raas_client.cli import llm
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`

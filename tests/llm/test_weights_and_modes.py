@@ -20,7 +20,7 @@ from core.errors import ConfigError, InvalidRequest
 from core.models import LLMServer
 from tasks.llm.llm_pool import RegisteredPool
 from tests.llm.conftest import SMOLLM2, deadline
-from tests.waiting import wait_for
+from bench.support.waiting import wait_for
 from tests.llm.test_pool import (
     LEASE,
     SCRIPT,

@@ -27,8 +27,8 @@ from raas_client.weights import TiedCheckpoint
 
 from agents.llm.weights import Fingerprint, apply_weights, reset_prefix_cache, verify
 from tests.local_models import CONVERT_VENV, SMOLLM_DIR, VLLM_VENV, torch_python
-from tests.pipeline_harness import start_service
-from tests.private_services import free_port
+from bench.support.pipeline_harness import start_service
+from bench.support.private_services import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]  # a vLLM start + torch runs
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.campaign import Campaign, Report
-from tests.partitions.schedules import SCHEDULES, warm_up
+from bench.support.faults.campaign import Campaign, Report
+from bench.support.partitions.schedules import SCHEDULES, warm_up
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
-from tests.partitions.checker import _late_turns
+from bench.support.partitions.checker import _late_turns
 
 T0 = datetime(2026, 12, 6, tzinfo=timezone.utc)
 

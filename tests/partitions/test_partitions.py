@@ -1,13 +1,13 @@
 """Issue 42: a node alive but cut off, slowed or reset on its links; the gateway cut off from
 Redis during a submission. Every schedule ends with nothing lost, duplicated or wrongly
-rewarded, no sandbox left, and a history the checker finds clean (tests/partitions/checker.py).
+rewarded, no sandbox left, and a history the checker finds clean (bench/support/partitions/checker.py).
 The figures per schedule are printed by bench/partitions.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.partitions.schedules import SCHEDULES
+from bench.support.partitions.schedules import SCHEDULES
 
 pytestmark = [pytest.mark.partitions, pytest.mark.service, pytest.mark.timeout(600)]
 

@@ -18,7 +18,7 @@ import pytest
 
 from sandbox import bridge
 from sandbox.bwrap import BwrapRuntime
-from tests.sandbox.endpoint_server import UnixHTTPServer, serve_endpoint
+from bench.support.endpoint_server import UnixHTTPServer, serve_endpoint
 
 pytestmark = pytest.mark.skipif(
     BwrapRuntime.unavailable_reason() is not None, reason="bwrap cannot create namespaces here"

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from fakellm.server import start_simulator
 from raas_client import Batch, Collector, Group, Rollout
 from raas_client.cli import results, status
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.local_models import VLLM_VENV, torch_python
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 from tests.sdk.test_readme_train import train_block
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.service, pytest.mark.sdk_install]  # whole-service tier

@@ -19,26 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REDIS_URL
-from tests.slurm.cluster import SlurmCluster, available_proctracks
-from tests.slurm.scenario import SlurmScenario
-from tests.waiting import wait_for
+from bench.support.slurm.cluster import SlurmCluster, available_proctracks
+from bench.support.slurm.scenario import SlurmScenario, shared_env_root
+from bench.support.waiting import wait_for
 
 # A time-limit case takes ~3 minutes on a quiet machine (Slurm checks limits every 30 s).
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
-
-
-def shared_env_root(home: Path) -> Path:
-    """A shared environment root as a login node leaves it: `math` built, marked shared
-    (the build itself is cached once per machine, as the fault suite does)."""
-    from sandbox.environments import SHARED_MARK, build_environment
-
-    built = Path(build_environment("math", ["sympy", "numpy"])).resolve()
-    root = home / "envs-shared"
-    root.mkdir(parents=True, exist_ok=True)
-    if not (root / "math").exists():
-        (root / "math").symlink_to(built)
-    (root / SHARED_MARK).write_text("compute nodes use these environments read-only\n")
-    return root
 
 
 @pytest.fixture(scope="module", params=available_proctracks())
@@ -72,9 +58,9 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
     job) writes its address, the node job waits for it; rollouts go through that gateway."""
     from app.ops.slurm import SlurmJobConfig, write_jobs
     from raas_client import RaasClient
-    from tests.faults.campaign import PROBLEMS, answers_right
-    from tests.private_services import PG_BIN, free_port
-    from tests.slurm.scenario import MARK, RELIABILITY, SLOTS
+    from bench.support.faults.campaign import PROBLEMS, answers_right
+    from bench.support.private_services import PG_BIN, free_port
+    from bench.support.slurm.scenario import MARK, RELIABILITY, SLOTS
 
     folder = tmp_path / "jobs"
     # as root the service job runs PostgreSQL as `postgres`, which must reach its data: a

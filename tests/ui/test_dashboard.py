@@ -22,8 +22,8 @@ from tokenizers import Tokenizer
 
 from fakellm.server import start_simulator
 from raas_client import RaasClient
-from tests.pipeline_harness import start_service, wait_for
-from tests.ui.browser import chromium, console_errors
+from bench.support.pipeline_harness import start_service, wait_for
+from bench.support.browser import chromium, console_errors
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 

@@ -3,7 +3,7 @@ stage and node, a real reaper, on the embedded default (SQLite + the embedded Re
 test's home, started by the gateway and stopped by `stop()`) or on Redis + PostgreSQL.
 
 Other test modules use `start_service(...)`; workers load the test-only handlers from
-`tests.pipeline_handlers` plus any modules passed in `handler_modules`.
+`bench.support.pipeline_handlers` plus any modules passed in `handler_modules`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from werkzeug.serving import make_server
 
 from app import create_app
@@ -27,9 +28,9 @@ from raas_client import RaasClient
 from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.recovery.reaper import Reaper
-from tests.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
+from bench.support.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 FAST_RELIABILITY = {
@@ -201,7 +202,7 @@ def start_service(
     deployment runs), False none. `node_extra`: settings that differ per node (e.g. its own
     `sandbox_dir` and `workspace_root`, as on separate machines) for its workers and reaper.
     """
-    modules = ",".join(m for m in ("tests.pipeline_handlers", handler_modules) if m)
+    modules = ",".join(m for m in ("bench.support.pipeline_handlers", handler_modules) if m)
     values: dict[str, Any] = {
         "home": home,
         "database_url": db_url,
@@ -252,3 +253,45 @@ def _as_env(values: dict[str, Any]) -> dict[str, str]:
         f"RAAS_{key.upper()}": json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         for key, value in values.items()
     }
+
+
+@dataclass
+class GatewayProcess:
+    """`raas gateway` as a child process of the service's settings, on a fixed port."""
+
+    svc: Service
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        """Start it and wait until /healthz answers."""
+        log = open(self.svc.logs / f"gateway-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.ops.cli", "gateway", "--port", str(self.port)],
+            env=self.svc.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        # generous: a Python start-up takes tens of seconds on a loaded 2-core CI machine
+        wait_for(self._healthy, timeout=180, what=f"gateway on port {self.port}", interval=0.2)
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            log = (self.svc.logs / f"gateway-{self.port}.log").read_text(errors="replace")
+            raise AssertionError(f"gateway exited {self.proc.returncode}:\n{log[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, open streams torn mid-way."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)

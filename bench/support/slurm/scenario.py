@@ -40,8 +40,8 @@ from core.db import session_scope
 from core.models import Rollout, Turn
 from core.settings import Settings
 from migrations.runner import upgrade
-from tests.faults.campaign import PROBLEMS, SMOLLM2, TURNS, answers_right, script
-from tests.slurm.cluster import SlurmCluster
+from bench.support.faults.campaign import PROBLEMS, SMOLLM2, TURNS, answers_right, script
+from bench.support.slurm.cluster import SlurmCluster
 
 SLOTS = {"init": 2, "run": 4, "eval": 2}
 STRUCK_WITH_TURNS = 3  # rollouts in RUN with 2+ turns stored when a scancel or requeue strikes
@@ -432,3 +432,17 @@ def dump(report: SlurmReport) -> str:
 
 
 __all__ = ["SlurmReport", "SlurmScenario", "dump", "subprocess"]
+
+
+def shared_env_root(home: Path) -> Path:
+    """A shared environment root as a login node leaves it: `math` built, marked shared
+    (the build itself is cached once per machine, as the fault suite does)."""
+    from sandbox.environments import SHARED_MARK, build_environment
+
+    built = Path(build_environment("math", ["sympy", "numpy"])).resolve()
+    root = home / "envs-shared"
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "math").exists():
+        (root / "math").symlink_to(built)
+    (root / SHARED_MARK).write_text("compute nodes use these environments read-only\n")
+    return root

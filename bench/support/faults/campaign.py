@@ -34,13 +34,13 @@ from fakellm.server import start_simulator
 from core.db import session_scope
 from core.models import Rollout
 from core.settings import Settings
-from tests.pipeline_harness import REPO, Service, start_service, wait_for
-from tests.private_services import PrivatePostgres, PrivateRedis
-from tests.faults.report import Report
-from tests.tcp_proxy import ProxyProcess
+from bench.support.pipeline_harness import REPO, Service, start_service, wait_for
+from bench.support.private_services import PrivatePostgres, PrivateRedis
+from bench.support.faults.report import Report
+from bench.support.tcp_proxy import ProxyProcess
 
 if TYPE_CHECKING:
-    from tests.faults.faults import Fault
+    from bench.support.faults.faults import Fault
 
 NODES = ("n1", "n2")
 TURNS = 4
@@ -67,7 +67,7 @@ RELIABILITY = {
     **({"node_timeout": 12.0} if "node_timeout" in Settings.model_fields else {}),
 }
 CONCURRENCY = {"init": 2, "run": 3, "eval": 1}
-CONSUMER_FAULT_ENV = "CAMPAIGN_TRIGGERS"  # tests/faults/consumer_fault.py
+CONSUMER_FAULT_ENV = "CAMPAIGN_TRIGGERS"  # bench/support/faults/consumer_fault.py
 
 
 def _problems() -> list[dict[str, Any]]:
@@ -117,7 +117,7 @@ class Campaign:
         self.pg = PrivatePostgres()
         self.pg.start()
         # `links`: every node reaches PostgreSQL and Redis, and the gateway Redis, through a
-        # proxy of its own (`tests.tcp_proxy`), keyed (node or "gateway", "pg" | "redis"): a
+        # proxy of its own (`bench.support.tcp_proxy`), keyed (node or "gateway", "pg" | "redis"): a
         # partition test cuts, slows or resets one of them (tests/partitions).
         self.links: dict[tuple[str, str], ProxyProcess] = {}
         if links:
@@ -144,7 +144,7 @@ class Campaign:
         self._reaper_log.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(message)s"))
         logging.getLogger("tasks").addHandler(self._reaper_log)
         logging.getLogger("tasks").setLevel(logging.INFO)
-        self.triggers = home / "triggers"  # tests/faults/consumer_fault.py watches it
+        self.triggers = home / "triggers"  # bench/support/faults/consumer_fault.py watches it
         self.triggers.mkdir(parents=True, exist_ok=True)
         os.environ[CONSUMER_FAULT_ENV] = str(self.triggers)  # inherited by every pool
         self.svc: Service = start_service(
@@ -155,7 +155,7 @@ class Campaign:
             concurrency=CONCURRENCY,
             reaper="per_node",
             node_extra=node_extra,
-            handler_modules="tests.faults.consumer_fault",
+            handler_modules="bench.support.faults.consumer_fault",
             extra={**RELIABILITY, "sandbox_runtime": "bwrap"},
         )
         self.llm = {"servers": [{"url": self.sim_url}], "tokenizer": SMOLLM2, "max_model_len": 4096}

@@ -3,9 +3,9 @@
 A partition is where lease-and-fence designs break: a node cut off from PostgreSQL keeps its
 sandboxes and LLM calls going, another node's reaper gives its rollouts to someone else, and
 when the link heals the first node's held statements arrive late. The campaign already counts
-lost, duplicated, wrongly rewarded and leaked work (`tests/faults/campaign.py`); this adds
+lost, duplicated, wrongly rewarded and leaked work (`bench/support/faults/campaign.py`); this adds
 what only the history shows, from PostgreSQL's commit timestamps
-(`track_commit_timestamp`, on in `tests.private_services`):
+(`track_commit_timestamp`, on in `bench.support.private_services`):
 
 - no turn of an attempt committed after that attempt was ended (`attempt_history.ended_at`):
   a write fenced on a lease that had been taken away must be refused;
@@ -29,7 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from core.db import session_scope
-from tests.faults.campaign import Campaign, Report
+from bench.support.faults.campaign import Campaign, Report
 
 SLACK = timedelta(seconds=1.0)
 

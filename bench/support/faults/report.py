@@ -37,7 +37,7 @@ class Report:
     replayed_turns: int = 0  # logged turns replayed into a rebuilt sandbox (metrics.replayed_turns)
     replay_divergences: int = 0  # replayed calls whose output differed from the log
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
-    violations: int = 0  # history checks that failed (tests/partitions/checker.py), named in notes
+    violations: int = 0  # history checks that failed (bench/support/partitions/checker.py), named in notes
     job_ids: list[str] = field(default_factory=list)  # the scripted jobs measured here
     side_jobs: list[dict[str, Any]] = field(default_factory=list)  # other jobs: the fault's `after` judges them
     notes: list[str] = field(default_factory=list)

@@ -1,9 +1,9 @@
 """Partition schedules (issue 42): a node that stays alive while a link of its is cut, slow or
-lossy. Each is a campaign `Fault` (tests/faults/faults.py) run on a `Campaign(links=True)`:
+lossy. Each is a campaign `Fault` (bench/support/faults/faults.py) run on a `Campaign(links=True)`:
 node n1 reaches PostgreSQL and Redis, and the gateway Redis, through loopback proxies the test
-made (`tests.tcp_proxy`); node n2 through its own, left alone. A schedule strikes while
+made (`bench.support.tcp_proxy`); node n2 through its own, left alone. A schedule strikes while
 rollouts are mid-RUN, lets the job go on, and heals; the job must end exactly as scripted
-(`Campaign._measure`) with a clean history (`tests.partitions.checker`).
+(`Campaign._measure`) with a clean history (`bench.support.partitions.checker`).
 
 The lease is 6 s (`campaign.RELIABILITY`) and a stage retries the database for as long; a cut
 of 20 s outlasts both, so n2's reaper takes n1's RUNs over while n1's statements wait in the
@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.faults.campaign import PROBLEMS, Campaign, Report
-from tests.faults.faults import Fault, _mid_run, _unfinished
-from tests.partitions.checker import check_history
-from tests.pipeline_harness import wait_for
-from tests.tcp_proxy import Direction
+from bench.support.faults.campaign import PROBLEMS, Campaign, Report
+from bench.support.faults.faults import Fault, _mid_run, _unfinished
+from bench.support.partitions.checker import check_history
+from bench.support.pipeline_harness import wait_for
+from bench.support.tcp_proxy import Direction
 
 CUT = "n1"  # the node whose links the schedules cut
 TRIVIAL_BURST = 1000  # rollouts the gateway accepts while its Redis link is cut
@@ -103,7 +103,7 @@ def gateway_cut_during_submit(seconds: float) -> Any:
 
 def check(c: Campaign, report: Report) -> None:
     """Restore every link, wait for the side jobs, then judge every job's history
-    (`tests.partitions.checker`)."""
+    (`bench.support.partitions.checker`)."""
     for link in c.links.values():
         link.heal()
         link.delay = link.reset_rate = 0.0

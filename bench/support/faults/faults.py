@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 from core.db import session_scope
 from core.models import Rollout, Turn
-from tests.faults.campaign import CONCURRENCY, NODES, Campaign, Report
-from tests.pipeline_harness import wait_for
+from bench.support.faults.campaign import CONCURRENCY, NODES, Campaign, Report
+from bench.support.pipeline_harness import wait_for
 
 Strike = Callable[[Campaign, dict[str, Any], Report], None]
 OUTAGE_SECONDS = 3.0  # the goal: a 3 s Redis or PostgreSQL restart costs 0 re-runs

@@ -1,0 +1,1 @@
+"""Partition schedules over fault-injecting proxies, and the history checker."""

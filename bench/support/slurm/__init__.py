@@ -1,0 +1,1 @@
+"""A private one-node Slurm cluster and the node-job scenario run on it."""
