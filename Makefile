@@ -39,7 +39,8 @@ PARALLEL := -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: install lint
 	$(PY) -m pytest $(PARALLEL)
 
-# ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear, and the formatter's check
+# ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear, used-noqa and the rules it
+# names there, and the formatter's check
 # (`make format` rewrites; CI only checks).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

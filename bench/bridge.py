@@ -53,7 +53,7 @@ print(json.dumps({"p50_ms": statistics.median(times), "p90_ms": times[int(0.9 * 
 class _Reply(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the SDKs use it
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         body = b'{"choices": [{"message": {"role": "assistant", "content": "ok"}}]}'
         self.send_response(200)

@@ -70,7 +70,7 @@ def _publish(**_: object) -> None:
 
 
 @task_prerun.connect(weak=False)
-def _prerun(task=None, **_: object) -> None:  # noqa: ANN001 - celery's signal signature
+def _prerun(task=None, **_: object) -> None:  # untyped: celery's signal signature
     _local.stage = (task.name if task else "task").rsplit(".", 1)[-1].replace("_stage", "")
     _local.started = time.perf_counter()
     bump("tasks")

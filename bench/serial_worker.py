@@ -25,7 +25,7 @@ def inline_publish(
     rollout_id,
     attempt,
     node=None,
-    producer=None,  # noqa: ANN001
+    producer=None,
     retry_seconds=0.0,
 ):
     """Instead of queueing the next stage, run it right here in the same slot."""

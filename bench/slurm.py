@@ -21,9 +21,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.support.services import PG_ADMIN_URL, REDIS_URL  # noqa: E402
-from bench.support.slurm.cluster import SlurmCluster, available_proctracks  # noqa: E402
-from bench.support.slurm.scenario import SlurmScenario, dump, shared_env_root  # noqa: E402
+from bench.support.services import PG_ADMIN_URL, REDIS_URL
+from bench.support.slurm.cluster import SlurmCluster, available_proctracks
+from bench.support.slurm.scenario import SlurmScenario, dump, shared_env_root
 
 COLUMNS = (
     "proctrack",

@@ -64,7 +64,7 @@ class Trainer(threading.Thread):
         try:
             for item in self.items_iter:
                 self.got.append(item)
-        except Exception as exc:  # the outcome being measured
+        except Exception as exc:  # noqa: BLE001 - the outcome being measured
             self.error = f"{type(exc).__name__}: {exc}"[:120]
         self.ended_at = time.monotonic()
 

@@ -94,7 +94,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
         sa.event.listen(engine, "commit", lambda *_: bump("commits"))
 
-        def statement(conn, *_: object) -> None:  # noqa: ANN001
+        def statement(conn, *_: object) -> None:
             bump("statements")
             if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
                 bump("autocommit")  # commits as it ends: no commit event

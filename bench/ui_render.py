@@ -131,7 +131,7 @@ def eager_page(n_tokens: int, pieces: list[str]) -> str:
     )
 
 
-def measure(driver, url: str, rollout_id: str) -> dict[str, float]:  # noqa: ANN001
+def measure(driver, url: str, rollout_id: str) -> dict[str, float]:
     """Page load, one turn, and all tokens of the rollout's page, in seconds."""
     t0 = time.perf_counter()
     driver.get(f"{url}/ui/rollouts/{rollout_id}")

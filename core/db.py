@@ -70,7 +70,7 @@ def normalize_url(url: str) -> str:
 
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # noqa: ANN001 - DBAPI types
+    def _on_connect(dbapi_conn, _record) -> None:  # untyped: DBAPI types
         # Let SQLAlchemy issue BEGIN itself, and make it IMMEDIATE so writers queue on the
         # busy timeout instead of failing on a read->write lock upgrade.
         dbapi_conn.isolation_level = None
@@ -82,7 +82,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # noqa: ANN001
+    def _on_begin(conn) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 

@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         script = self.server.script
         if self.path == "/health":
             self._send(200, {})
@@ -159,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": f"no route {self.path}"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         except ValueError:

@@ -243,7 +243,7 @@ class WarmPool:
         handle = None
         try:
             handle = self._start_member(shape)
-        except Exception:  # noqa: BLE001 - a failed warm start costs a cold start, no more
+        except Exception:  # a failed warm start costs a cold start, no more
             log.exception("warm start of a %s sandbox failed", shape.runtime)
             time.sleep(1.0)  # a broken shape must not spin
         with self._lock:
@@ -286,7 +286,7 @@ class WarmPool:
         """Stop an unclaimed member and delete its slot folder."""
         try:
             stop_handle(handle)
-        except Exception:  # noqa: BLE001 - the reaper stops it once this process is gone
+        except Exception:  # the reaper stops it once this process is gone
             log.exception("stopping pooled sandbox %s failed", handle.get("id"))
         remove_slot(slot_of(handle))
 

@@ -42,7 +42,7 @@ class DiskWatch:
             # its disk just before it submits).
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - a failed measurement must not kill the stage
+            except Exception:  # a failed measurement must not kill the stage
                 log.exception("disk watch of %s failed", self.workspace)
 
     def check(self) -> str | None:
@@ -64,5 +64,5 @@ class DiskWatch:
             try:
                 if self.check():
                     return
-            except Exception:  # noqa: BLE001 - a failed measurement must not kill the stage
+            except Exception:  # a failed measurement must not kill the stage
                 log.exception("disk watch of %s failed", self.workspace)

@@ -21,8 +21,8 @@ def make_celery(settings: Settings) -> Celery:
     app.conf.update(celery_config(settings))
     app.raas_settings = settings  # read by the stage tasks: one source of config per process
     app.raas_factory = f"{__name__}:make_celery"  # how a child process (the outbox's) makes its own
-    import tasks.reevaluate  # noqa: F401  (shared_task registration on every app)
-    import tasks.stages  # noqa: F401
+    import tasks.reevaluate  # shared_task registration on every app
+    import tasks.stages
     import tasks.validation  # noqa: F401
 
     app.finalize()

@@ -388,7 +388,7 @@ class StageRun:
                 retry_seconds=self.settings.handoff_publish_seconds,
                 priority=self.job.priority,
             )
-        except Exception as exc:  # kombu's OperationalError after the retries, and the like
+        except Exception as exc:  # noqa: BLE001 - kombu's OperationalError after the retries, and the like
             self.log.warning("%s; publish deferred to the outbox: %s", what, _describe(exc, "publish"))
             return
         queued = Status.PENDING.value if stage == "init" else stage

@@ -50,7 +50,7 @@ def stop_embedded_redis(servers: dict[int, Path]) -> int:
     for pid, home in servers.items():
         try:
             stopped += embedded_redis.stop(Settings(home=home))
-        except Exception as exc:  # a home whose settings no longer load: signal it directly
+        except Exception as exc:  # noqa: BLE001 - a home whose settings no longer load: signal it directly
             log.warning("stopping the embedded Redis of %s by signal: %s", home, exc)
             stopped += _terminate(pid)
     return stopped

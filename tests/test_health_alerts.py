@@ -100,7 +100,7 @@ class Receiver(ThreadingHTTPServer):
         self.posts: list[tuple[dict[str, str], bytes]] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(inner) -> None:  # noqa: N802, N805
+            def do_POST(inner) -> None:  # noqa: N805
                 body = inner.rfile.read(int(inner.headers["Content-Length"]))
                 self.posts.append((dict(inner.headers), body))
                 inner.send_response(200)

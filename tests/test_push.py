@@ -37,7 +37,7 @@ class Receiver(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         status = 500 if len(self.server.calls) < self.server.fail_first else 200
         self.server.calls.append((dict(self.headers), body, status))

@@ -244,7 +244,7 @@ def test_inference_server_errors_are_summarised_not_echoed():
     from core.errors import InvalidRequest
 
     class Leaky(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             self.send_response(403)
             self.end_headers()
             self.wfile.write(b'{"detail": "TOPSECRET internal admin panel"}')
@@ -458,7 +458,7 @@ def test_credential_goes_only_where_the_operator_said(monkeypatch):
     seen = []
 
     class Recorder(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             seen.append(self.headers.get("Authorization"))
             self.send_response(503)
             self.end_headers()

@@ -31,7 +31,7 @@ class Upstream:
         upstream = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 upstream.seen.append(f"GET {self.path}")
                 if upstream.redirect:
                     self.send_response(307)
@@ -45,7 +45,7 @@ class Upstream:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 upstream.seen.append(f"POST {self.path}")
                 self.send_response(503)
                 self.send_header("Content-Length", "0")

@@ -203,7 +203,7 @@ class RolloutEndpoint:
             req.send_json(exc.status, wire.error_body(exc))
         except InvalidRequest as exc:
             req.send_json(400, wire.error_body(CallError("invalid_request", exc.message)))
-        except Exception as exc:  # noqa: BLE001 - a lost lease, a database outage, a bug
+        except Exception as exc:  # a lost lease, a database outage, a bug
             log.exception("rollout %s: the endpoint failed a call", self.ctx.rollout_id)
             self.runner.fatal = self.runner.fatal or exc  # infrastructure: the handler raises
             req.send_json(

@@ -50,7 +50,7 @@ class Handler(BaseHTTPRequestHandler):
         self.received = time.monotonic()  # the request line is in: a call's TTFT counts from here
         return super().parse_request()
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self.server.endpoint.serve(self)
 
     do_POST = do_GET

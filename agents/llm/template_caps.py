@@ -139,7 +139,7 @@ def concat(join: Any, parts: tuple) -> Any:
 class CappedCodeGenerator(CodeGenerator):
     """Compiles `~` to `environment.raas_concat(<the join Jinja would use>, (parts))`."""
 
-    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:  # noqa: N802 - Jinja's visitor name
         if frame.eval_ctx.volatile:
             func_name = "(markup_join if context.eval_ctx.volatile else str_join)"
         elif frame.eval_ctx.autoescape:

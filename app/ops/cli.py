@@ -40,7 +40,7 @@ class RaasGroup(click.Group):
     """Service errors raised on purpose (an embedded broker that cannot start, ...) end the
     command with their one-line message, which names the fix, instead of a traceback."""
 
-    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+    def invoke(self, ctx: click.Context):  # untyped: click's signature
         from core.errors import ServiceUnavailable
 
         try:

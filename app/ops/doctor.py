@@ -114,7 +114,7 @@ def check_bwrap(settings: Settings) -> Check:
                 out = sandbox.bash("echo raas-doctor-ok").output
             finally:
                 sandbox.stop()
-    except Exception as exc:  # any failure is the answer
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer
         return Check(
             "bwrap sandbox",
             "fail",
@@ -207,7 +207,7 @@ def check_database(settings: Settings) -> Check:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
         engine.dispose()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer, with what to do
         return Check(
             "database",
             "fail",
@@ -246,7 +246,7 @@ def check_broker(settings: Settings) -> Check:
         client = redis.Redis.from_url(settings.broker, socket_connect_timeout=5, socket_timeout=5)
         client.ping()
         client.close()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer, with what to do
         return Check(
             "broker",
             "fail",
@@ -293,7 +293,7 @@ def check_llm_servers(settings: Settings) -> list[Check]:
     try:
         with session_scope(settings.db_url) as s:
             urls = sorted(set(s.scalars(sa.select(LLMServer.url)).all()))
-    except Exception:  # the database check says why
+    except Exception:  # noqa: BLE001 - the database check says why
         return []
     if not urls:
         return [Check("LLM servers", "ok", "none registered (jobs may name their own)")]

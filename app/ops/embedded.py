@@ -236,7 +236,7 @@ def run_embedded(
         supervisor.stop()
         try:
             stop_deployment_sandboxes(settings)
-        except Exception:  # noqa: BLE001 - stopping must finish; the next reaper sweeps them
+        except Exception:  # stopping must finish; the next reaper sweeps them
             log.exception("stopping this deployment's sandboxes failed")
         stop_broker(settings)  # after the pools: their last acks reach it
         server.server_close()

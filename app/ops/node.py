@@ -173,7 +173,7 @@ class NodeSupervisor:
 
         try:
             forget_consumers(self.settings.db_url, self.settings.node, pid)
-        except Exception:  # noqa: BLE001 - its rows go stale instead: same meaning, later
+        except Exception:  # its rows go stale instead: same meaning, later
             log.exception("removing the consumer rows of pid %s failed", pid)
 
     # -- the loop ------------------------------------------------------------------------
@@ -251,7 +251,7 @@ class NodeSupervisor:
             if moved:
                 log.warning("node %s: handed back %s rollout(s) at exit", self.settings.node, moved)
             mark_gone(self.settings.db_url, self.settings.node)
-        except Exception:  # noqa: BLE001 - other nodes' reapers recover it after node_timeout
+        except Exception:  # other nodes' reapers recover it after node_timeout
             log.exception("node %s: handing back its work failed", self.settings.node)
 
 

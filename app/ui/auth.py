@@ -31,7 +31,7 @@ bp = Blueprint(
 SESSION_ID = "raas_sid"
 
 
-def session_secret(settings) -> bytes:  # noqa: ANN001 - Settings
+def session_secret(settings) -> bytes:  # untyped: Settings
     """The cookie-signing key: configured, else derived from the settings' API tokens (the
     same on every gateway of a deployment), else random per process (tokens only in the
     database: set RAAS_UI_SECRET_KEY when several gateway processes serve one address)."""
@@ -51,7 +51,7 @@ class _CookieInterface(SecureCookieSessionInterface):
 
 
 @bp.record_once
-def _install(state) -> None:  # noqa: ANN001 - BlueprintSetupState
+def _install(state) -> None:  # untyped: BlueprintSetupState
     app: Flask = state.app
     if not app.secret_key:
         app.secret_key = session_secret(app.config["RAAS"])

@@ -69,7 +69,7 @@ def end(settings: Settings, session_id: str) -> None:
         s.execute(delete(UISession).where(UISession.id == _key(session_id)))
 
 
-def _aware(value):  # noqa: ANN001, ANN202 - SQLite returns naive UTC datetimes
+def _aware(value):  # untyped: SQLite returns naive UTC datetimes
     from datetime import timezone
 
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)

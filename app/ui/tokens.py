@@ -193,7 +193,7 @@ def pieces(path: str | None, ids: list[int]) -> list[str] | None:
         from agents.llm.tokenizer import load_chat_tokenizer
 
         tok = load_chat_tokenizer(path)
-    except Exception as exc:  # the folder moved or is gone: the view falls back to ids
+    except Exception as exc:  # noqa: BLE001 - the folder moved or is gone: the view falls back to ids
         log.warning("token view: cannot load tokenizer %s: %s", path, exc)
         return None
     with _pieces_lock:

@@ -52,6 +52,6 @@ def chromium() -> Iterator:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def console_errors(driver) -> list[str]:  # noqa: ANN001 - a Selenium WebDriver
+def console_errors(driver) -> list[str]:  # untyped: a Selenium WebDriver
     """Console messages at error level since the last call (reading drains the log)."""
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]

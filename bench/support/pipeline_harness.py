@@ -28,7 +28,7 @@ from raas_client import RaasClient
 from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.recovery.reaper import Reaper
-from bench.support.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
+from bench.support.waiting import wait_for  # re-exported: tests import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,11 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # grpo, policy, push beside us
 
-import torch  # noqa: E402
+import torch
 
-from grpo import BatchStats, build_samples  # noqa: E402
-from policy import load_policy, save_weights, sequence_logprobs, train_step  # noqa: E402
-from push import push_via_service, push_weights  # noqa: E402
+from grpo import BatchStats, build_samples
+from policy import load_policy, save_weights, sequence_logprobs, train_step
+from push import push_via_service, push_weights
 
 REPO = Path(__file__).resolve().parents[2]
 COLUMNS = [

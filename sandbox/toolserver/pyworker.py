@@ -63,7 +63,7 @@ class IPythonRunner:
         self.errors: list[str] = []
         self.shell._showtraceback = self._collect  # keeps tracebacks out of stdout
 
-    def _collect(self, etype, evalue, stb) -> None:  # noqa: ANN001 - IPython's signature
+    def _collect(self, etype, evalue, stb) -> None:  # untyped: IPython's signature
         self.errors.append(self.shell.InteractiveTB.stb2text(stb))
 
     def run(self, code: str) -> str | None:

@@ -92,7 +92,7 @@ def _respond(tools: ToolServer, message: dict) -> dict:
         return {"ok": True, "result": p.encode(result)}
     except p.WireError as exc:
         return {"ok": False, "error": {"type": exc.type, "message": str(exc)}}
-    except Exception as exc:  # noqa: BLE001 - any server bug crosses the wire as SandboxError
+    except Exception as exc:  # any server bug crosses the wire as SandboxError
         log.exception("request %s failed", message.get("op"))
         return {"ok": False, "error": {"type": "SandboxError", "message": f"{type(exc).__name__}: {exc}"}}
 

@@ -61,7 +61,7 @@ class StageConsumer(Consumer):
         while True:
             try:
                 return super().start()
-            except Exception as exc:  # noqa: BLE001 - Celery's shutdowns are BaseExceptions
+            except Exception as exc:  # Celery's shutdowns are BaseExceptions
                 if self.blueprint.state in STOP_CONDITIONS:
                     raise
                 if time.monotonic() - started > HEALTHY_SECONDS:
@@ -87,5 +87,5 @@ class StageConsumer(Consumer):
         ):
             try:
                 step()
-            except Exception:  # noqa: BLE001 - a half-closed consumer is started afresh
+            except Exception:  # a half-closed consumer is started afresh
                 log.warning("closing the failed consumer: %s raised", step, exc_info=True)

@@ -28,7 +28,7 @@ def queue_depths(celery: Any, queues: list[str]) -> dict[str, int]:
                 depths[queue] = (
                     size(queue) if size is not None else channel.queue_declare(queue=queue, passive=True).message_count
                 )
-            except Exception:  # a queue nobody declared yet is simply empty
+            except Exception:  # noqa: BLE001 - a queue nobody declared yet is simply empty
                 depths[queue] = 0
                 channel = conn.channel() if conn.connected else conn.default_channel
     return depths

@@ -132,7 +132,7 @@ class ProcessParts:
         for step in reversed(started):
             try:
                 step.stop(self._parts[step.kind], self)
-            except Exception:  # noqa: BLE001 - the parts after it must still stop
+            except Exception:  # the parts after it must still stop
                 log.exception("stopping %s failed", step.kind.__name__)
 
     def names(self) -> list[str]:

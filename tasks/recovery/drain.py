@@ -152,7 +152,7 @@ class Drain:
         deadline = (self.started or time.monotonic()) + self.settings.soft_shutdown_timeout
         try:
             self._drain(deadline)
-        except Exception:  # noqa: BLE001 - the process must still end; a reaper recovers
+        except Exception:  # the process must still end; a reaper recovers
             log.exception("%s pool drain failed", self.stage.upper())
         self._exit()
 
@@ -190,7 +190,7 @@ class Drain:
             try:
                 if done():
                     return
-            except Exception:  # noqa: BLE001 - a database blip: look again
+            except Exception:  # a database blip: look again
                 log.warning("drain: checking progress failed", exc_info=True)
             time.sleep(POLL)
 
@@ -204,7 +204,7 @@ class Drain:
     def _cancel(self) -> None:
         try:
             self.consumer.cancel_task_queue(self.queue)
-        except Exception:  # noqa: BLE001 - declined at the stage instead
+        except Exception:  # declined at the stage instead
             log.warning("cancelling the consumer of %s failed", self.queue, exc_info=True)
 
     def _exit(self) -> None:
@@ -270,7 +270,7 @@ class InitGate:
         try:
             missing = self.needed - self.live.read(cached=cached)
             waiting = self._waiting_for_run()
-        except Exception:  # noqa: BLE001 - keep the gate as it is until the database answers
+        except Exception:  # keep the gate as it is until the database answers
             log.warning("INIT gate: reading live consumers failed", exc_info=True)
             return
         ahead = self.settings.init_ahead
@@ -324,5 +324,5 @@ class InitGate:
 def _quietly(action: Any, queue: str) -> None:
     try:
         action(queue)
-    except Exception:  # noqa: BLE001 - the next check tries again
+    except Exception:  # the next check tries again
         log.warning("changing the consumer of %s failed", queue, exc_info=True)

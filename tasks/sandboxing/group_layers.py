@@ -186,7 +186,7 @@ class _Beat:
                         .values(heartbeat_at=utcnow()),
                         execution_options=PLAIN,
                     )
-            except Exception:  # noqa: BLE001 - a missed beat is retried; a stale one is taken over
+            except Exception:  # a missed beat is retried; a stale one is taken over
                 log.warning("beating group layer %s failed", self.layer_id, exc_info=True)
 
 

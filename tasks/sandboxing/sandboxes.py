@@ -169,7 +169,7 @@ def close_warm_pools() -> None:
 
     try:
         close_pools()
-    except Exception:  # noqa: BLE001 - the exit must go on; the reaper stops what is left
+    except Exception:  # the exit must go on; the reaper stops what is left
         log.exception("closing the warm sandbox pools failed")
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("skyrl", reason="needs the skyrl extra (make test-adapters)")
 
-from tests.adapters.conftest import TOOL_REPLY  # noqa: E402
+from tests.adapters.conftest import TOOL_REPLY
 
 pytestmark = pytest.mark.adapters
 

@@ -116,7 +116,7 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
             try:
                 for item in trainer.stream(job_id, wait=5):
                     streamed.append(item)
-            except BaseException as exc:  # reported by the assertion below
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
                 errors.append(exc)
 
         thread = threading.Thread(target=train)

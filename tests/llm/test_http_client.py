@@ -79,7 +79,7 @@ class _Recording(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen: list = []
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         type(self).seen.append((self.path, self.headers.get("Host"), self.headers.get("Cookie")))
         self.send_response(302 if self.path == "/bounce" else 200)
         if self.path == "/bounce":

@@ -21,7 +21,7 @@ class _Echo(http.server.BaseHTTPRequestHandler):
     bodies: list = []
     answer = b"{}"
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         type(self).bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Length", str(len(self.answer)))

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 
 class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+    def do_GET(self) -> None:
         body = f"hello from {self.server.name} {self.path}".encode()  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

@@ -304,7 +304,7 @@ def test_tool_socket_is_out_of_reach_inside(bw):
     find = (
         "python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
         "and open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'/usr/bin/python3\\0-I\\0-B\\0-c\\0')][:1])\""
-    )  # noqa: E501
+    )
     server = bw.bash(find).output.strip()
     if server:
         fds = bw.bash(f"ls /proc/{server}/fd 2>&1; cat /proc/{server}/environ 2>&1 | head -c 100")

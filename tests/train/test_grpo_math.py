@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "train"))
 
-from grpo import (  # noqa: E402
+from grpo import (
     build_samples,
     clipped_surrogate,
     group_advantages,
