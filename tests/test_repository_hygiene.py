@@ -4,6 +4,7 @@ a README short enough to finish (STYLE.md 19)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -23,7 +24,10 @@ def tracked_files() -> list[Path]:
 
 
 def text_lines(path: Path) -> list[str]:
-    """The file's lines, or none for a binary (a NUL byte) or vanished file."""
+    """The file's lines, or none for a binary (a NUL byte) or vanished file; a symbolic link's
+    one line is where it points (git keeps that text, e.g. examples/swe/money)."""
+    if path.is_symlink():
+        return [os.readlink(path)]
     try:
         data = path.read_bytes()
     except FileNotFoundError:  # deleted in the work tree, not yet in the index
