@@ -22,7 +22,7 @@ from flask import session
 from flask.sessions import SecureCookieSessionInterface
 
 from app.auth import UI_PRINCIPAL, auth_enabled
-from app.context import gateway_settings
+from app.context import SETTINGS_KEY, gateway_settings
 from app.ui import sessions
 from core.errors import NotFound, Unauthorized
 
@@ -55,7 +55,7 @@ class _CookieInterface(SecureCookieSessionInterface):
 def _install(state) -> None:  # noqa: ANN001 - BlueprintSetupState
     app: Flask = state.app
     if not app.secret_key:
-        app.secret_key = session_secret(app.config["RAAS"])
+        app.secret_key = session_secret(app.config[SETTINGS_KEY])
     app.config["SESSION_COOKIE_HTTPONLY"] = True
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"  # Flask defines the key as None: set it
     app.config["SESSION_COOKIE_NAME"] = "raas_ui"
