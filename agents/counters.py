@@ -2,7 +2,7 @@
 rollout's `metrics`: the shared agent loop (`agents.loop`, whose episode is a
 `RolloutCounters`) and the harness endpoint (`agents.harness`, whose `EndpointCounters` is one
 with the model API's own counts added) say the same thing the same way, so the job's health
-(`tasks/health.py`), the dashboard and a trainer read one vocabulary whichever ran the rollout.
+(`tasks/watch/health.py`), the dashboard and a trainer read one vocabulary whichever ran the rollout.
 
 Rows stored before the names were one carry the harness's old names; `metric_count` reads a
 count under its name or any of those (`OLD_NAMES`).
