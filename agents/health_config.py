@@ -27,7 +27,7 @@ class HealthConfig(BaseModel):
         1.5, ge=0, description="turns_collapse: mean turns per rollout at or below this"
     )
     parse_failure_rate_at_least: float | None = Field(
-        0.2, ge=0, le=1, description="parse_failures: share of turns whose tool call did not parse"
+        0.2, ge=0, le=1, description="parse_failures: share of attempted tool calls whose markup did not parse"
     )
     reward_without_tools_at_least: float | None = Field(
         0.5, ge=0, le=1, description="reward_without_tools: share of rewarded rollouts that made no tool call"

@@ -32,6 +32,7 @@ from typing import Any
 
 from agents.abstract import AgentLoopConfig, Trajectory
 from agents.contexts import RunContext
+from agents.counters import RolloutCounters
 from agents.finish_reasons import CUT_TURN, TRUNCATING, FinishReason
 from agents.llm import parse_tool_calls
 from agents.llm.replay import prompt_digest, replay_turns
@@ -54,14 +55,16 @@ TURN_CUT_MESSAGE = (
 )
 
 
-@dataclass
-class _Episode:
-    """Counters and the stop reason of one run of the loop."""
+# Names the episode's counters had in `loop_state`s logged before `agents.counters` (read on resume).
+OLD_STATE_NAMES = {"parse_errors": "malformed_tool_calls"}
 
-    turns: int = 0
-    tool_calls: int = 0
-    invalid_tool_calls: int = 0
-    parse_errors: int = 0
+
+@dataclass
+class _Episode(RolloutCounters):
+    """The shared counters (`agents.counters`), the loop's own and the stop reason of one run
+    of the loop."""
+
+    invalid_tool_calls: int = 0  # tool calls a tool refused (unknown tool, bad arguments, ...)
     invalid_streak: int = 0
     gen_seconds: float = 0.0  # the policy's generation (`agents.time_split`)
     wait_seconds: float = 0.0  # generate calls waiting on the infrastructure
@@ -194,6 +197,7 @@ def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
         raise ResumeError(f"turn {turns[-1].get('index')} was logged without the loop's state")
     replay_turns(ctx.llm, turns, state.get("prompt_digest"))
     known = {f.name for f in fields(_Episode)}
+    state = {OLD_STATE_NAMES.get(k, k): v for k, v in state.items()}
     ep = _Episode(**{k: v for k, v in state.items() if k in known})
     ep.resumed_from.append(len(turns))
     own = [t for t in turns if t.get("attempt", ctx.attempt) == ctx.attempt]
@@ -295,7 +299,8 @@ def _one_turn(
         return
     index, ep.turns = ep.turns, ep.turns + 1
     calls, errors = parse_tool_calls(gen.text or "")
-    ep.parse_errors += len(errors)
+    ep.malformed_tool_calls += len(errors)
+    ep.replies_without_tool_call += int(bool(tools) and not calls)
     ctx.settle_turns()  # the turns before this one are durable before its tool calls run
     if gen.finish_reason in CUT_TURN:
         messages, tool_seconds = _cut_turn(ctx, ep, gen), 0.0
@@ -445,10 +450,8 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
     """The record: the session's trajectory plus the episode's ending, counters and answer."""
     traj = ctx.llm.trajectory()
     metrics: dict[str, Any] = {
-        "turns": ep.turns,
-        "tool_calls": ep.tool_calls,
+        **ep.metrics(),
         "invalid_tool_calls": ep.invalid_tool_calls,
-        "malformed_tool_calls": ep.parse_errors,
         "tool_calls_by_name": ep.tool_names_used,
         "finished": ep.finished,
         "gen_seconds": round(ep.gen_seconds, 4),

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flask import current_app, g, request
+from flask import g, request
 from sqlalchemy import select
 
+from app.context import gateway_settings
 from core.settings import Settings
 from core.db import session_scope
 from core.errors import Forbidden, Unauthorized
@@ -112,7 +113,7 @@ def resolve_digest(settings: Settings, digest: str) -> Principal | None:
 
 def authenticate() -> None:
     """before_request: set `g.owner` / `g.admin` or answer 401."""
-    settings: Settings = current_app.config["RAAS"]
+    settings: Settings = gateway_settings()
     g.owner, g.admin = LOCAL_OWNER, False
     if request.path in OPEN_PATHS:
         return

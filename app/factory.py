@@ -13,6 +13,7 @@ from agents.registry import load_handler_modules
 from app import ui
 from app.api import errors, events, health, job_health, jobs, llm_servers, policy, prorl, rollouts, validations, weights
 from app.auth import authenticate
+from app.context import SETTINGS_KEY
 from core.db import configure_pool
 from core.settings import Settings, load_settings
 from tasks.broker.outbox import OutboxPublisher
@@ -59,7 +60,7 @@ def build_app(config: Any = None) -> Flask:
     check_node_settings(settings)
     configure_pool(settings)
     app = Flask("raas")
-    app.config["RAAS"] = settings
+    app.config[SETTINGS_KEY] = settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.extensions["celery"] = celery = make_celery(settings)

@@ -13,11 +13,11 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.context import POLL_SECONDS
 from core.db import session_scope
 from core.errors import StageTimeout
 from core.models import TERMINAL_VALUES, Job, LLMServer, Rollout, ServiceFlag, Turn, utcnow
 
-POLL_SECONDS = 0.2
 RUNNING_FLAG = "prorl_running"
 
 

@@ -35,12 +35,16 @@ from sandbox.handles import (
 )
 from sandbox.inside import (
     ENDPOINT_DIR,
-    ENDPOINT_SOCKET,
+    INSIDE_PYTHONPATH,
     OPT,
     PTYPROCESS_DIR,
+    SYSTEM_PYTHON,
     TOOLSERVER_DIR,
     compile_server,
+    endpoint_paths,
     sandbox_env,
+    server_argv,
+    tool_python,
 )
 from sandbox.overlay import give_fork, workspace_mount
 from sandbox.registry import register
@@ -323,35 +327,19 @@ class BwrapRuntime(Runtime):
             argv += bind("ro-bind", env_dir, env_dir)
         for extra in spec.binds:
             argv += bind("ro-bind" if extra.read_only else "bind", extra.host, extra.target)
-        workdir = spec.workdir or spec.workspace
-        python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
-        inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
+        inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": INSIDE_PYTHONPATH}
         argv += ["--clearenv", *(x for k, v in inside.items() for x in ("--setenv", k, v))]
         compile_server()
-        argv += [
-            "--chdir",
-            OPT,
-            "--info-fd",
-            "{info_fd}",
-            "--",
-            "/usr/bin/python3",
-            *SERVER_FLAGS,
-            "-c",
-            SERVER_BOOT,
-            "--listen-fd",
-            "{listen_fd}",
-            "--workspace",
-            spec.workspace,
-            "--workdir",
-            workdir,
-            "--python",
-            python,
-            "--ready-fd",
-            "{ready_fd}",
-            "--signal-fd",
-            "{signal_fd}",
-            *server_flags,
-        ]
+        argv += ["--chdir", OPT, "--info-fd", "{info_fd}", "--"]
+        argv += server_argv(
+            (SYSTEM_PYTHON, *SERVER_FLAGS, "-c", SERVER_BOOT),
+            spec,
+            tool_python(env_dir),
+            listen_fd="{listen_fd}",
+            ready_fd="{ready_fd}",
+            signal_fd="{signal_fd}",
+            flags=server_flags,
+        )
         if uid is not None:  # root: bwrap runs as `uid`, from paths and a binary root staged
             argv = [
                 *_launch_as(uid),
@@ -372,11 +360,7 @@ class BwrapRuntime(Runtime):
         if uid is not None:
             handle["uid"] = uid
         if spec.model_endpoint:
-            handle.update(
-                endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
-                relay=f"{OPT}/toolserver/relay.py",
-                detach=f"{OPT}/toolserver/detach.py",
-            )
+            handle.update(endpoint_paths(f"{OPT}/toolserver", ENDPOINT_DIR))
         try:
             if uid is not None:
                 give_workspace(spec.workspace, uid)  # what the host wrote after: hand_over

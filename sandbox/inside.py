@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import ptyprocess
@@ -25,6 +26,11 @@ ENDPOINT_SOCKET = "model.sock"
 # The programs of an environment's npm packages (`sandbox.environments`), bound with it.
 NODE_BIN = "node_modules/.bin"
 SYSTEM_PYTHON = "/usr/bin/python3"  # what runs the tool server inside a bwrap sandbox
+# Where the server's interpreter imports from inside a container (bwrap, Singularity): the
+# read-only /opt/raas holding `toolserver` and `lib/ptyprocess`.
+INSIDE_PYTHONPATH = f"{OPT}:{OPT}/lib"
+# The interpreter flags and module that start the tool server (-s: no user site, -B: no bytecode).
+SERVER_MODULE = ("-s", "-B", "-m", "toolserver")
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +79,47 @@ def sandbox_env(spec: SandboxSpec, env_dir: str | None) -> dict[str, str]:
             env.update(PATH=f"{env_dir}/{NODE_BIN}:{env['PATH']}")
     env.update(spec.env)
     return env
+
+
+def tool_python(env_dir: str | None, default: str = SYSTEM_PYTHON) -> str:
+    """The interpreter the agent's `python` tool runs: the environment's, else `default`."""
+    return f"{env_dir}/bin/python3" if env_dir else default
+
+
+def endpoint_paths(tools_dir: str, endpoint_dir: str) -> dict[str, str]:
+    """A handle's model-endpoint fields as the tool server sees them: the socket, and the
+    relay and detach programs in the server's folder (`tools_dir`)."""
+    return {
+        "endpoint_inside": f"{endpoint_dir}/{ENDPOINT_SOCKET}",
+        "relay": f"{tools_dir}/relay.py",
+        "detach": f"{tools_dir}/detach.py",
+    }
+
+
+def server_argv(
+    launch: Sequence[str],
+    spec: SandboxSpec,
+    python: str,
+    *,
+    socket: str | None = None,
+    listen_fd: int | str | None = None,
+    ready_fd: int | str | None = None,
+    signal_fd: int | str | None = None,
+    flags: Sequence[str] = (),
+) -> list[str]:
+    """The tool server's command line, the one place its flags are written (the parser is
+    `toolserver.server.parse_args`): `launch` is the interpreter and how it finds the server;
+    the server listens on a `socket` path it creates or on an inherited `listen_fd`; `flags`
+    are the limits (`sandbox.limits.server_flags`) and switches such as --isolate. A runtime
+    wraps the result in its own launcher (bwrap, `apptainer exec`, or nothing)."""
+    argv = [*launch]
+    if socket is not None:
+        argv += ["--socket", socket]
+    if listen_fd is not None:
+        argv += ["--listen-fd", str(listen_fd)]
+    argv += ["--workspace", spec.workspace, "--workdir", spec.workdir or spec.workspace, "--python", python]
+    if ready_fd is not None:
+        argv += ["--ready-fd", str(ready_fd)]
+    if signal_fd is not None:
+        argv += ["--signal-fd", str(signal_fd)]
+    return argv + list(flags)

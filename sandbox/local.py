@@ -16,12 +16,20 @@ from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready, s
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
 from sandbox.handles import Handle, gated_popen, kill_pid, pid_alive, remove_state, wait_gone
-from sandbox.inside import ENDPOINT_SOCKET, sandbox_env
+from sandbox.inside import (
+    SERVER_MODULE,
+    SYSTEM_PYTHON,
+    TOOLSERVER_DIR,
+    endpoint_paths,
+    sandbox_env,
+    server_argv,
+    tool_python,
+)
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
-PACKAGE_DIR = str(Path(__file__).resolve().parent)
+PACKAGE_DIR = str(Path(TOOLSERVER_DIR).parent)
 
 
 class LocalConfig(RuntimeConfig):
@@ -39,38 +47,19 @@ class LocalRuntime(Runtime):
         log.warning("local sandbox runtime: NO isolation for %s (development only)", label or "sandbox")
         handle = self.new_handle(spec, label)
         if spec.model_endpoint:  # no namespaces: the harness sees host paths as they are
-            tools = os.path.join(PACKAGE_DIR, "toolserver")
-            handle.update(
-                endpoint_inside=os.path.join(handle["endpoint_dir"], ENDPOINT_SOCKET),
-                relay=os.path.join(tools, "relay.py"),
-                detach=os.path.join(tools, "detach.py"),
-            )
+            handle.update(endpoint_paths(TOOLSERVER_DIR, handle["endpoint_dir"]))
         env_dir = resolve_env(spec.python_env, self.settings.envs_root)
-        python = (
-            f"{env_dir}/bin/python3"
-            if env_dir
-            else ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
-        )
+        python = tool_python(env_dir, SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable)
         env = sandbox_env(spec, env_dir) | {"PYTHONPATH": PACKAGE_DIR}
         ready_r, ready_w = os.pipe()
-        argv = [
-            sys.executable,
-            "-s",
-            "-B",
-            "-m",
-            "toolserver",
-            "--socket",
-            handle["socket"],
-            "--workspace",
-            spec.workspace,
-            "--workdir",
-            spec.workdir or spec.workspace,
-            "--python",
+        argv = server_argv(
+            (sys.executable, *SERVER_MODULE),
+            spec,
             python,
-            "--ready-fd",
-            str(ready_w),
-            *limits.server_flags(spec.limits, [], userns=False, isolated=False),
-        ]
+            socket=handle["socket"],
+            ready_fd=ready_w,
+            flags=limits.server_flags(spec.limits, [], userns=False, isolated=False),
+        )
         try:
             with open(handle["log_file"], "ab") as log_file:  # gated: its pid is on disk first
                 proc = gated_popen(

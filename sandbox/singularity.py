@@ -25,12 +25,17 @@ from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone, write_handle
 from sandbox.inside import (
     ENDPOINT_DIR,
-    ENDPOINT_SOCKET,
+    INSIDE_PYTHONPATH,
     OPT,
     PTYPROCESS_DIR,
+    SERVER_MODULE,
     SOCKET_DIR,
+    SYSTEM_PYTHON,
     TOOLSERVER_DIR,
+    endpoint_paths,
     sandbox_env,
+    server_argv,
+    tool_python,
 )
 from sandbox.registry import register
 from sandbox.spec import SandboxSpec
@@ -149,39 +154,25 @@ class SingularityRuntime(Runtime):
 
     def exec_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None) -> list[str]:
         """`exec instance://NAME python3 -m toolserver ...` with a clean, explicit environment."""
-        env = sandbox_env(spec, env_dir) | {"PYTHONPATH": f"{OPT}:{OPT}/lib"}
-        python = f"{env_dir}/bin/python3" if env_dir else "/usr/bin/python3"
+        env = sandbox_env(spec, env_dir) | {"PYTHONPATH": INSIDE_PYTHONPATH}
         argv = self.commands.prefix(["exec"]) + ["--cleanenv", "--pwd", "/"]
         for key, value in sorted(env.items()):
             argv += ["--env", f"{key}={value}"]
-        argv += [
-            f"instance://{handle['instance']}",
-            "/usr/bin/python3",
-            "-s",
-            "-B",
-            "-m",
-            "toolserver",
-            "--socket",
-            f"{SOCKET_DIR}/tool.sock",
-            "--workspace",
-            spec.workspace,
-            "--workdir",
-            spec.workdir or spec.workspace,
-            "--python",
-            python,
-        ]
-        return argv + limits.server_flags(spec.limits, [], userns=spec.fakeroot)
+        argv += [f"instance://{handle['instance']}"]
+        return argv + server_argv(
+            (SYSTEM_PYTHON, *SERVER_MODULE),
+            spec,
+            tool_python(env_dir),
+            socket=f"{SOCKET_DIR}/tool.sock",
+            flags=limits.server_flags(spec.limits, [], userns=spec.fakeroot),
+        )
 
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Start the instance, then the tool server inside it; stop the instance on any failure."""
         handle = self.new_handle(spec, label)
         handle.update(instance=f"raas-{handle['id']}", binary=self.commands.binary)
         if spec.model_endpoint:
-            handle.update(
-                endpoint_inside=f"{ENDPOINT_DIR}/{ENDPOINT_SOCKET}",
-                relay=f"{OPT}/toolserver/relay.py",
-                detach=f"{OPT}/toolserver/detach.py",
-            )
+            handle.update(endpoint_paths(f"{OPT}/toolserver", ENDPOINT_DIR))
         write_handle(handle)  # the intent names the instance: a reaper can stop it
         try:
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from core.db import session_scope
 from core.models import Callback, Job, JobAlert, Rollout
 from migrations.runner import upgrade
-from tasks.watch.health import HealthCache
+from tasks.watch.health import HealthCache, figures
 from tasks.watch.health_alerts import check_job, check_running
 
 
@@ -31,9 +31,21 @@ def make_job(db_url: str, health: dict[str, Any], callback: str | None = None) -
         return job.id
 
 
-def finish(db_url: str, job_id: str, seq: int, *, turns: int = 3, tools: int = 2, malformed: int = 0, **row: Any):
-    """One finished rollout as the terminal write stores it."""
-    metrics = {"turns": turns, "tool_calls": tools, "malformed_tool_calls": malformed, "gen_seconds": 0.5}
+def finish(
+    db_url: str,
+    job_id: str,
+    seq: int,
+    *,
+    turns: int = 3,
+    tools: int = 2,
+    malformed: int = 0,
+    metrics: dict[str, Any] | None = None,
+    **row: Any,
+):
+    """One finished rollout as the terminal write stores it (`metrics` as given, else the
+    counters' names of `agents.counters`)."""
+    if metrics is None:
+        metrics = {"turns": turns, "tool_calls": tools, "malformed_tool_calls": malformed, "gen_seconds": 0.5}
     values = {"outcome": "completed", "reward": 1.0, "finish_reason": "finish", "policy_versions": ["v1"]}
     values.update(row)
     with session_scope(db_url) as s:
@@ -124,3 +136,18 @@ def test_figures_per_version_and_incremental_reads(sqlite_url) -> None:
     assert f.truncation_rate == pytest.approx(1 / 3, abs=1e-3)
     assert f.reward_without_tools == 0.5  # rewarded: #1 (3 tools) and #2 (none)
     assert set(by_weight_version(samples)) == {"v1", "v2"} and by_weight_version(samples)["v2"].rollouts == 2
+
+
+def test_harness_rows_stored_under_the_old_names_are_judged_like_new_ones(any_db_url) -> None:
+    """A harness rollout stored before the loop's and the harness's counters had one name each
+    carries `parse_failures` / `tool_calls_failed` and `tool_calls_parsed`: health reads them
+    as `malformed_tool_calls` and `tool_calls`, so those rows still raise the alert."""
+    job_id = make_job(any_db_url, {"window": 4, "min_rollouts": 4})
+    old = {"calls": 3, "turns": 3, "tool_calls": 1, "tool_calls_parsed": 1, "parse_failures": 2, "tool_calls_failed": 2}
+    for seq in range(1, 5):
+        finish(any_db_url, job_id, seq, metrics=old)
+    cache = HealthCache()
+    assert [a.name for a in check_job(any_db_url, job_id, cache)] == ["parse_failures"]
+    with session_scope(any_db_url) as s:
+        found = figures(cache.samples(s, job_id))
+    assert (found.tool_calls_mean, found.parse_failure_rate) == (1.0, pytest.approx(2 / 3, abs=0.01))

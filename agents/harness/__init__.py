@@ -8,6 +8,7 @@ call as a turn; `agents.harness.samples` turns the calls into prefix-consistent 
 samples (merged while the harness extends its history, split when it rewrites it).
 """
 
-from agents.harness.endpoint import EndpointCounters, RolloutEndpoint
+from agents.counters import EndpointCounters
+from agents.harness.endpoint import RolloutEndpoint
 
 __all__ = ["EndpointCounters", "RolloutEndpoint"]

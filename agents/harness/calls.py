@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.contexts import RunContext
+from agents.counters import EndpointCounters
 from agents.finish_reasons import CUT_TURN, FinishReason
 from agents.harness.replies import cut_at_stop, split_thinking, token_logprobs
 from agents.harness.samples import Prepared, SampleTracker
@@ -94,37 +95,17 @@ class Completion:
     token_logprobs: list[tuple[str, float]] | None = None  # when logprobs were asked for
 
 
-@dataclass
-class CallStats:
-    """Per-rollout call counters (the endpoint's metrics)."""
-
-    calls: int = 0
-    failed_calls: int = 0
-    generated_tokens: int = 0
-    tool_calls: int = 0
-    parse_failures: int = 0  # replies with tool-call markup that did not parse
-    replies_without_tool_call: int = 0  # tools were offered, the reply called none
-    tool_choice_unmet: int = 0  # a call was demanded (tool_choice) and the reply made none
-    ignored_params: dict[str, int] = field(default_factory=dict)
-    unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
-    refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by field
-    errors: dict[str, int] = field(default_factory=dict)
-    ttft_ms: list[float] = field(default_factory=list)  # each streamed call's time to first text
-    stream_mismatches: int = 0  # streamed text that the final reply did not start with
-
-
 class CallRunner:
     """Runs the calls of one rollout, one at a time (a trajectory is sequential)."""
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.session = ctx.llm
-        self.stats = CallStats()
+        self.stats = EndpointCounters()
         self.tracker = SampleTracker(self._new_builder)
         self.lock = threading.Lock()
         self.closing = False  # set by the endpoint's exit: an in-flight generation stops
         self.fatal: BaseException | None = None  # cancel / infra failure seen by a call
-        self.turn_index = 0
 
     def _new_builder(self) -> TrajectoryBuilder:
         """A builder like the session's (same tokenizer, template, current context limit)."""
@@ -265,8 +246,8 @@ class CallRunner:
         reasoning, text = split_thinking(text) if request.thinking else (None, text)
         cut = gen.finish_reason in CUT_TURN
         calls, errors = ([], []) if cut or not request.parse_tools else parse_tool_calls(text)
+        self.stats.malformed_tool_calls += len(errors)
         if errors:
-            self.stats.parse_failures += 1
             calls = []  # a reply that half-parsed is returned as text: the harness sees it all
         if request.tools and not calls:
             self.stats.replies_without_tool_call += 1
@@ -324,7 +305,7 @@ class CallRunner:
             extra["parse_errors"] = errors
         if getattr(gen, "logprobs_mode", None):
             extra["logprobs_mode"] = gen.logprobs_mode
-        index, self.turn_index = self.turn_index, self.turn_index + 1
+        index, self.stats.turns = self.stats.turns, self.stats.turns + 1
         self.ctx.record_turn(
             index=index,
             generated_ids=list(gen.token_ids),

@@ -14,15 +14,14 @@ import hmac
 import logging
 import os
 import secrets
-import statistics
 import threading
 import urllib.parse
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
 from agents.abstract import Trajectory
 from agents.contexts import RunContext
+from agents.counters import EndpointCounters
 from agents.harness import anthropic_wire, google_wire, openai_wire, responses_wire
 from agents.harness.calls import CallError, CallRunner
 from agents.harness.http_server import Handler, Server
@@ -36,35 +35,6 @@ MODEL_NAME = "raas-policy"  # what GET /v1/models lists; a request's own model n
 # How long exit waits for an aborted call to finish (a session looking for a server when all
 # are down retries for up to 30 s without a cancel check).
 EXIT_WAIT_SECONDS = 35.0
-
-
-@dataclass
-class EndpointCounters:
-    """What the endpoint counted for one rollout (the handler and the metrics read these)."""
-
-    calls: int = 0
-    failed_calls: int = 0  # answered with an API error (bad request, context, budget, ...)
-    parse_failures: int = 0  # replies whose tool-call markup did not parse
-    tool_calls: int = 0  # tool calls parsed and returned to the harness
-    replies_without_tool_call: int = 0  # tools were offered and the reply called none
-    tool_choice_unmet: int = 0  # tool_choice demanded a call (required/named/any/tool), none made
-    samples: int = 0
-    merges: int = 0
-    splits: int = 0
-    split_reasons: dict[str, int] = field(default_factory=dict)
-    errors: dict[str, int] = field(default_factory=dict)  # API errors answered, by kind
-    ignored_params: dict[str, int] = field(default_factory=dict)  # overridden by the job
-    unenforced_params: dict[str, int] = field(default_factory=dict)  # accepted, not enforced
-    refusals: dict[str, int] = field(default_factory=dict)  # requests refused, by the field named
-    unauthorized: int = 0
-    streamed_calls: int = 0  # `stream: true` calls answered
-    ttft_ms_p50: float | None = None  # their time to first token: request read -> first text
-    ttft_ms_max: float | None = None
-    stream_mismatches: int = 0  # streamed text the final reply did not start with (logged)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (merged into the rollout's metrics)."""
-        return asdict(self)
 
 
 class RolloutEndpoint:
@@ -143,28 +113,12 @@ class RolloutEndpoint:
     @property
     def counters(self) -> EndpointCounters:
         """Calls, parse failures, samples, merges and splits so far."""
-        stats, tracker = self.runner.stats, self.runner.tracker
-        return EndpointCounters(
-            calls=stats.calls,
-            failed_calls=stats.failed_calls,
-            parse_failures=stats.parse_failures,
-            tool_calls=stats.tool_calls,
-            replies_without_tool_call=stats.replies_without_tool_call,
-            tool_choice_unmet=stats.tool_choice_unmet,
-            samples=len(tracker.training_samples()),
-            merges=tracker.merges,
-            splits=tracker.splits,
-            split_reasons=dict(tracker.split_reasons),
-            errors=dict(stats.errors),
-            ignored_params=dict(stats.ignored_params),
-            unenforced_params=dict(stats.unenforced_params),
-            refusals=dict(stats.refusals),
-            unauthorized=self._unauthorized,
-            streamed_calls=len(stats.ttft_ms),
-            ttft_ms_p50=round(statistics.median(stats.ttft_ms), 3) if stats.ttft_ms else None,
-            ttft_ms_max=max(stats.ttft_ms) if stats.ttft_ms else None,
-            stream_mismatches=stats.stream_mismatches,
-        )
+        counters, tracker = self.runner.stats.snapshot(), self.runner.tracker
+        counters.samples = len(tracker.training_samples())
+        counters.merges, counters.splits = tracker.merges, tracker.splits
+        counters.split_reasons = dict(tracker.split_reasons)
+        counters.unauthorized = self._unauthorized
+        return counters
 
     @property
     def calls(self) -> int:
@@ -179,7 +133,7 @@ class RolloutEndpoint:
     def result(self, outcome: str, finish_reason: str | None) -> Trajectory:
         """The rollout's record: the last sample's arrays, every sample in `extra["samples"]` when
         there are several, the counters in `metrics`."""
-        return run_result(self.runner, self.counters.to_dict(), outcome, finish_reason)
+        return run_result(self.runner, self.counters.metrics(), outcome, finish_reason)
 
     # -- one request ---------------------------------------------------------------------
     def serve(self, req: Handler) -> None:

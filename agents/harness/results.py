@@ -44,13 +44,7 @@ def sample_dict(sample: Sample) -> dict[str, Any]:
 def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str, finish_reason: str | None) -> Trajectory:
     """The record of the rollout (see the module docstring)."""
     samples = runner.tracker.training_samples()
-    metrics: dict[str, Any] = {
-        **counters,
-        "turns": runner.turn_index,
-        "generated_tokens": runner.stats.generated_tokens,
-        "tool_calls_parsed": runner.stats.tool_calls,
-        "tool_calls_failed": runner.stats.parse_failures,
-    }
+    metrics: dict[str, Any] = dict(counters)
     extra: dict[str, Any] = {}
     if not samples:
         return Trajectory(outcome=outcome, finish_reason=finish_reason, metrics=metrics, extra=extra)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import time
 
-from flask import Blueprint, Response, current_app, g, request, stream_with_context
+from flask import Blueprint, Response, g, request, stream_with_context
 
 from app.api.routing import query_number, typed_route
+from app.context import POLL_SECONDS, gateway_settings
 from app.jobs import get_job, job_view, results_after
 from app.schemas import GroupList, GroupView
 from core.db import session_scope
@@ -33,12 +34,7 @@ from app.job_health import app_cache
 from tasks.watch.health_alerts import alert_view, check_job, job_alerts
 
 bp = Blueprint("events", __name__)
-POLL_SECONDS = 0.2
 KEEPALIVE_SECONDS = 15.0
-
-
-def _settings():
-    return current_app.config["RAAS"]
 
 
 @typed_route(
@@ -49,7 +45,7 @@ def _settings():
     summary="Group records of a job that cuts stragglers (members, cut, reason)",
 )
 def list_groups(job_id: str) -> GroupList:
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         get_job(s, job_id, g.owner)
         records = groups.records(s, job_id)
     return GroupList(job_id=job_id, groups=[GroupView.model_validate(r) for r in records.values()])
@@ -64,7 +60,7 @@ def list_groups(job_id: str) -> GroupList:
 def callback_secret() -> dict:
     return {
         "owner": g.owner,
-        "secret": owner_secret(_settings(), g.owner),
+        "secret": owner_secret(gateway_settings(), g.owner),
         "header": "X-Raas-Signature",
         "scheme": "t=<unix>,v1=hex(hmac_sha256(secret, '<t>.' + body))",
     }
@@ -83,7 +79,7 @@ def callback_secret() -> dict:
 def events(job_id: str) -> Response:
     after = _resume_point()
     wait = query_number("wait", 300, minimum=0, maximum=3600, integer=False)
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         get_job(s, job_id, g.owner)
     resp = Response(stream_with_context(_stream(job_id, after, wait)), mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
@@ -115,7 +111,7 @@ def _stream(job_id: str, after: int, wait: float):
     last_sent = time.monotonic()
     resumed_at, last_alert, first = after, 0, True
     while True:
-        with session_scope(_settings().db_url) as s:
+        with session_scope(gateway_settings().db_url) as s:
             items = results_after(s, job_id, after, 200)
             view = job_view(s, get_job(s, job_id))
         for item in items:
@@ -124,8 +120,8 @@ def _stream(job_id: str, after: int, wait: float):
                 yield _event("group", item.seq, _group_event(item))
             after = item.seq
         if items or first:  # judged here too: an alert is on the stream with its rollouts
-            check_job(_settings().db_url, job_id, app_cache())
-        with session_scope(_settings().db_url) as s:
+            check_job(gateway_settings().db_url, job_id, app_cache())
+        with session_scope(gateway_settings().db_url) as s:
             alerts = job_alerts(s, job_id, last_alert)
         for alert in alerts:
             if not first or alert.cleared_at is None or alert.seq >= resumed_at:

@@ -8,6 +8,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy import text
 
+from app.context import gateway_settings
 from app.metrics import render, worker_queues
 from app.openapi import build_openapi
 from core.db import session_scope
@@ -24,7 +25,7 @@ def healthz():
 @bp.get("/readyz")
 def readyz():
     """Database and broker answer and every stage queue has a consumer; 503 naming what is not."""
-    settings = current_app.config["RAAS"]
+    settings = gateway_settings()
     celery = current_app.extensions["celery"]
     checks: dict[str, Any] = {}
     try:
@@ -70,7 +71,7 @@ def metrics():
     """Prometheus text format."""
     from app.job_health import app_cache
 
-    body = render(current_app.config["RAAS"].db_url, current_app.extensions["celery"], app_cache())
+    body = render(gateway_settings().db_url, current_app.extensions["celery"], app_cache())
     return Response(body, mimetype="text/plain; version=0.0.4")
 
 

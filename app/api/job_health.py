@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, g
+from flask import Blueprint, g
 from raas_client.health_models import HealthView
 
 from app.api.routing import typed_route
+from app.context import gateway_settings
 from app.job_health import app_cache, health_view
 from app.jobs import get_job
 from core.db import session_scope
@@ -22,7 +23,7 @@ bp = Blueprint("job_health", __name__)
     summary="A job's live health: parse failures, truncation, turns, reward without tools, infra; alerts",
 )
 def job_health(job_id: str) -> HealthView:
-    db_url = current_app.config["RAAS"].db_url
+    db_url = gateway_settings().db_url
     with session_scope(db_url) as s:
         get_job(s, job_id, g.owner)
     check_job(db_url, job_id, app_cache())  # judged on read too: what it shows is up to date

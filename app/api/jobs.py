@@ -8,17 +8,13 @@ import time
 from flask import Blueprint, Response, current_app, g, request, stream_with_context
 
 from app.api.routing import query_number, typed_route
+from app.context import POLL_SECONDS, gateway_settings
 from app.jobs import cancel_job, create_job, get_job, job_view, owner_jobs, results_after
 from app.schemas import JobAccepted, JobCreate, JobList, JobView, ResultsPage
 from core.db import session_scope
 from core.errors import InvalidRequest
 
 bp = Blueprint("jobs", __name__)
-POLL_SECONDS = 0.2
-
-
-def _settings():
-    return current_app.config["RAAS"]
 
 
 @typed_route(
@@ -31,7 +27,7 @@ def _settings():
     summary="Submit a batch: every instance n_samples times",
 )
 def submit(body: JobCreate) -> JobAccepted:
-    return create_job(_settings(), body, g.owner, current_app.extensions["celery"], admin=g.admin)
+    return create_job(gateway_settings(), body, g.owner, current_app.extensions["celery"], admin=g.admin)
 
 
 @typed_route(
@@ -52,14 +48,14 @@ def list_jobs() -> JobList:
     prefix = request.args.get("prefix") or None
     if prefix is not None and len(prefix) > 256:
         raise InvalidRequest("prefix: longer than a job id", field="prefix")
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         views = owner_jobs(s, g.owner, before, limit, prefix)
     return JobList(jobs=views, next_cursor=views[-1].job_id if len(views) == limit else None)
 
 
 @typed_route(bp, "/v1/jobs/<job_id>", "GET", response=JobView, summary="A job's progress")
 def show(job_id: str) -> JobView:
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         return job_view(s, get_job(s, job_id, g.owner))
 
 
@@ -71,7 +67,7 @@ def show(job_id: str) -> JobView:
     summary="Cancel: queued rollouts never start, running ones stop at the next turn",
 )
 def cancel(job_id: str) -> JobView:
-    return cancel_job(_settings(), job_id, g.owner, current_app.extensions["celery"])
+    return cancel_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
 
 
 @typed_route(
@@ -88,7 +84,7 @@ def cancel(job_id: str) -> JobView:
     },
 )
 def results(job_id: str):
-    settings = _settings()
+    settings = gateway_settings()
     after = int(query_number("after", 0, minimum=0, maximum=2**62))
     wait = query_number("wait", 0, minimum=0, maximum=settings.results_max_wait, integer=False)
     limit = int(query_number("limit", 100, minimum=1, maximum=1000))
@@ -103,7 +99,7 @@ def results(job_id: str):
 def _page(job_id: str, after: int, limit: int, wait: float) -> ResultsPage:
     deadline = time.monotonic() + wait
     while True:
-        with session_scope(_settings().db_url) as s:
+        with session_scope(gateway_settings().db_url) as s:
             items = results_after(s, job_id, after, limit)
             view = job_view(s, get_job(s, job_id))
         done = view.finished >= view.n_rollouts

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from flask import Blueprint, current_app, g, request
+from flask import Blueprint, g, request
 
 from app.api.routing import typed_route
+from app.context import gateway_settings
 from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView
 from app.servers import delete_server, owner_servers, register_server, update_server
 
@@ -21,7 +22,7 @@ bp = Blueprint("llm_servers", __name__)
 
 
 def _db() -> str:
-    return current_app.config["RAAS"].db_url
+    return gateway_settings().db_url
 
 
 @typed_route(
@@ -34,7 +35,7 @@ def _db() -> str:
     summary="Register an inference server in the caller's pool",
 )
 def create(body: LLMServerCreate) -> LLMServerView:
-    return register_server(_db(), body, g.owner, g.admin, current_app.config["RAAS"].policy.llm)
+    return register_server(_db(), body, g.owner, g.admin, gateway_settings().policy.llm)
 
 
 @typed_route(
@@ -63,7 +64,7 @@ def _probe(views: list[LLMServerView]) -> None:
     from agents.llm.backends.guard import url_guard
     from agents.llm.tokenizer import model_names, probe_models
 
-    rules = None if g.admin else current_app.config["RAAS"].policy.llm.server_rules
+    rules = None if g.admin else gateway_settings().policy.llm.server_rules
 
     def guarded(url: str):
         with url_guard(rules):

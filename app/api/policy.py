@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app, g
+from flask import Blueprint, g
 from pydantic import BaseModel, Field
 
 from app.api.routing import typed_route
+from app.context import gateway_settings
 
 bp = Blueprint("policy", __name__)
 
@@ -29,5 +30,5 @@ class PolicyView(BaseModel):
     summary="What a job may choose: sandbox runtimes/network/env/limits, LLM servers",
 )
 def show() -> PolicyView:
-    public = current_app.config["RAAS"].policy.public()
+    public = gateway_settings().policy.public()
     return PolicyView(owner=g.owner, admin=g.admin, **public)

@@ -27,6 +27,7 @@ from app.api.prorl_results import prorl_result
 from app.api.prorl_wire import AddServer, CancelRequest, ProcessRequest, ProRLSampling
 from app.api.routing import typed_route
 from app.auth import require_admin
+from app.context import gateway_settings
 from app.jobs import cancel_job, create_job
 from app.prorl_service import is_running, prorl_jobs, prorl_status, set_running, wait_terminal
 from app.schemas import Instance, JobCreate, LLMServerCreate
@@ -87,12 +88,8 @@ def _unexpected_detail(exc: Exception):
     return resp
 
 
-def _settings():
-    return current_app.config["RAAS"]
-
-
 def _require_running() -> None:
-    if not is_running(_settings().db_url):
+    if not is_running(gateway_settings().db_url):
         raise ServerNotRunning(NOT_RUNNING)
 
 
@@ -102,7 +99,7 @@ def _require_running() -> None:
 def process(body: ProcessRequest) -> dict[str, Any]:
     _require_running()
     started = time.monotonic()
-    settings = _settings()
+    settings = gateway_settings()
     try:
         parts = ProRLSampling.model_validate(body.sampling_params).job_parts()
     except ValidationError as exc:  # a bad value: 422 naming body.sampling_params.<key>
@@ -141,7 +138,7 @@ def _prefixed(error: InvalidRequest, prefix: str) -> InvalidRequest:
 
 @typed_route(bp, "/cancel", "POST", body=CancelRequest, summary="Cancel a ProRL job_id", tag="prorl")
 def cancel(body: CancelRequest) -> dict[str, Any]:
-    settings = _settings()
+    settings = gateway_settings()
     ids = prorl_jobs(settings.db_url, body.job_id, unfinished=True, owner=g.owner)
     for job_id in ids:
         cancel_job(settings, job_id, g.owner, current_app.extensions["celery"])
@@ -151,7 +148,7 @@ def cancel(body: CancelRequest) -> dict[str, Any]:
 @typed_route(bp, "/status", "GET", summary="Service status, ProRL style", tag="prorl")
 def status() -> dict[str, Any]:
     _require_running()
-    found = prorl_status(_settings().db_url, g.owner)
+    found = prorl_status(gateway_settings().db_url, g.owner)
     return {
         "status": "running",
         "running": True,
@@ -172,7 +169,7 @@ def add_llm_server(body: AddServer) -> dict[str, Any]:
             f"address: {message}", field="address", errors=[{"field": "address", "message": message}]
         ) from exc
     try:
-        register_server(_settings().db_url, server, g.owner, g.admin, _settings().policy.llm)
+        register_server(gateway_settings().db_url, server, g.owner, g.admin, gateway_settings().policy.llm)
     except Conflict:  # ProRL keeps the address it already has and answers 200
         return {"status": f"LLM server address {server.url} already registered", "added": server.url}
     return {"status": f"Added LLM server address: {server.url}", "added": server.url}
@@ -180,14 +177,14 @@ def add_llm_server(body: AddServer) -> dict[str, Any]:
 
 @typed_route(bp, "/clear_llm_server", "POST", summary="Remove every server", tag="prorl")
 def clear_llm_server() -> dict[str, Any]:
-    removed = clear_servers(_settings().db_url, g.owner)
+    removed = clear_servers(gateway_settings().db_url, g.owner)
     return {"status": "Cleared all LLM server addresses", "removed": removed}
 
 
 @typed_route(bp, "/start", "POST", summary="Start accepting /process (400 if running)", tag="prorl")
 @require_admin
 def start() -> dict[str, Any]:
-    if not set_running(_settings().db_url, True):
+    if not set_running(gateway_settings().db_url, True):
         raise InvalidRequest("Server is already running")
     return {"status": "Server started successfully"}
 
@@ -195,7 +192,7 @@ def start() -> dict[str, Any]:
 @typed_route(bp, "/stop", "POST", summary="Stop accepting /process; cancel ProRL work in flight", tag="prorl")
 @require_admin
 def stop() -> dict[str, Any]:
-    settings = _settings()
+    settings = gateway_settings()
     if not is_running(settings.db_url) or not set_running(settings.db_url, False):
         raise ServerNotRunning(NOT_RUNNING)
     ids = prorl_jobs(settings.db_url, unfinished=True)

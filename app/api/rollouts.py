@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, g, request
 
 from app.api.routing import query_number, typed_route
+from app.context import gateway_settings
 from app.rollouts import reevaluation_result, request_reevaluation, show_rollout
 from app.schemas import RolloutView
 
@@ -21,7 +22,7 @@ bp = Blueprint("rollouts", __name__)
 )
 def show(rollout_id: str) -> RolloutView:
     return show_rollout(
-        current_app.config["RAAS"].db_url, rollout_id, g.owner, with_turns=request.args.get("turns", "1") != "0"
+        gateway_settings().db_url, rollout_id, g.owner, with_turns=request.args.get("turns", "1") != "0"
     )
 
 
@@ -35,7 +36,7 @@ def show(rollout_id: str) -> RolloutView:
     query={"wait": "seconds to wait for the new result (default 0)"},
 )
 def reevaluate(rollout_id: str) -> RolloutView:
-    settings = current_app.config["RAAS"]
+    settings = gateway_settings()
     wait = query_number("wait", 0, minimum=0, maximum=settings.results_max_wait * 10, integer=False)
     request_id = request_reevaluation(settings, current_app.extensions["celery"], rollout_id, g.owner)
     return reevaluation_result(settings.db_url, rollout_id, request_id, wait)

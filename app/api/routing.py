@@ -15,6 +15,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 
+from app.context import gateway_settings
 from core.errors import InvalidRequest, validation_error
 
 
@@ -53,7 +54,7 @@ def json_body() -> Any:
     `max_json_depth` is a 400 naming `body`, never a RecursionError's 500."""
     if not request.is_json:
         return None
-    limit = current_app.config["RAAS"].max_json_depth
+    limit = gateway_settings().max_json_depth
     try:
         data = current_app.json.loads(request.get_data(cache=True))
     except RecursionError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from flask import Blueprint, current_app, g
+from flask import Blueprint, g
 from raas_client.weight_models import (
     PausedServerView,
     PoolPause,
@@ -25,14 +25,11 @@ from raas_client.weight_models import (
 
 from agents.llm.weights import Fingerprint
 from app.api.routing import typed_route
+from app.context import gateway_settings
 from app.servers import servers_by_id
 from tasks.llm import pool_pause, weights
 
 bp = Blueprint("weights", __name__)
-
-
-def _settings():
-    return current_app.config["RAAS"]
 
 
 @typed_route(
@@ -45,7 +42,8 @@ def _settings():
 )
 def pause(body: PoolPause) -> PoolPaused:
     started = time.monotonic()
-    servers = pool_pause.pause(_settings().db_url, g.owner, body.servers, body.timeout, _settings().lease_timeout)
+    settings = gateway_settings()
+    servers = pool_pause.pause(settings.db_url, g.owner, body.servers, body.timeout, settings.lease_timeout)
     return PoolPaused(
         pause_seconds=round(time.monotonic() - started, 4),
         servers=[
@@ -66,8 +64,8 @@ def pause(body: PoolPause) -> PoolPaused:
     summary="Resume the caller's pool, optionally recording a new weight version",
 )
 def resume(body: PoolResume) -> PoolResumed:
-    ids = pool_pause.resume(_settings().db_url, g.owner, body.servers, body.weight_version)
-    rows = servers_by_id(_settings().db_url, ids)
+    ids = pool_pause.resume(gateway_settings().db_url, g.owner, body.servers, body.weight_version)
+    rows = servers_by_id(gateway_settings().db_url, ids)
     return PoolResumed(
         servers=[
             ResumedServer(id=r.id, url=r.url, model=r.model, weight_version=r.weight_version, paused=r.paused)
@@ -86,7 +84,7 @@ def resume(body: PoolResume) -> PoolResumed:
 )
 def push(body: WeightPush) -> WeightPushReport:
     report = weights.push(
-        _settings().db_url,
+        gateway_settings().db_url,
         g.owner,
         version=body.version,
         mechanism=body.mechanism,
@@ -96,6 +94,6 @@ def push(body: WeightPush) -> WeightPushReport:
         lora_name=body.lora_name,
         ids=body.servers,
         timeout=body.timeout,
-        lease_timeout=_settings().lease_timeout,
+        lease_timeout=gateway_settings().lease_timeout,
     )
     return WeightPushReport.model_validate(asdict(report))

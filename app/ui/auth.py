@@ -17,11 +17,12 @@ import hmac
 import secrets
 from urllib.parse import urlencode, urlsplit
 
-from flask import Blueprint, Flask, abort, current_app, g, redirect, render_template, request
+from flask import Blueprint, Flask, abort, g, redirect, render_template, request
 from flask import session
 from flask.sessions import SecureCookieSessionInterface
 
 from app.auth import UI_PRINCIPAL, auth_enabled
+from app.context import SETTINGS_KEY, gateway_settings
 from app.ui import sessions
 from core.errors import NotFound, Unauthorized
 
@@ -54,7 +55,7 @@ class _CookieInterface(SecureCookieSessionInterface):
 def _install(state) -> None:  # untyped: BlueprintSetupState
     app: Flask = state.app
     if not app.secret_key:
-        app.secret_key = session_secret(app.config["RAAS"])
+        app.secret_key = session_secret(app.config[SETTINGS_KEY])
     app.config["SESSION_COOKIE_HTTPONLY"] = True
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"  # Flask defines the key as None: set it
     app.config["SESSION_COOKIE_NAME"] = "raas_ui"
@@ -91,7 +92,7 @@ def _bridge_credentials() -> None:
         return
     session_id = session.get(SESSION_ID)
     if session_id:
-        live = sessions.lookup(current_app.config["RAAS"], session_id)
+        live = sessions.lookup(gateway_settings(), session_id)
         if live is not None:
             request.environ[UI_PRINCIPAL] = live.principal
             g.ui_session, g.ui_cookie_auth = live, True
@@ -156,7 +157,7 @@ def login():
     """The hook accepted the posted token: start a server-side session (a new id, replacing
     this browser's old one); the cookie gets the id only."""
     token = g.get("ui_login_token")
-    settings = current_app.config["RAAS"]
+    settings = gateway_settings()
     if token and auth_enabled(settings):
         old = session.get(SESSION_ID)
         if old:
@@ -171,7 +172,7 @@ def logout():
     """End the session (same-origin POSTs only, like every dashboard POST)."""
     session_id = session.get(SESSION_ID)
     if session_id:
-        sessions.end(current_app.config["RAAS"], session_id)
+        sessions.end(gateway_settings(), session_id)
     session.clear()
     return redirect("/ui/login", code=303)
 

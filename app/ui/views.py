@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from flask import current_app, g, redirect, render_template, request, url_for
+
+from app.context import gateway_settings
 from app.jobs import cancel_job, get_job, job_view, owner_jobs
 from app.metrics import llm_servers, queue_consumers, rollout_counts
 from app.rollouts import current_turns, job_rollout_rows, owned_rollout
@@ -53,14 +55,10 @@ ARTIFACT_KEYS = (
 )
 
 
-def _settings():
-    return current_app.config["RAAS"]
-
-
 @bp.get("/")
 def jobs():
     """The owner's jobs, newest first; the rows refresh themselves while any job runs."""
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         views = owner_jobs(s, g.owner, request.args.get("before"), JOBS_PAGE)
     running = any(v.status in ("running", "cancelling") for v in views)
     template = "ui/_job_rows.html" if request.args.get("fragment") else "ui/jobs.html"
@@ -73,7 +71,7 @@ def jobs():
 def cancel(job_id: str):
     """Cancel a job (the page asked for confirmation first)."""
     check_csrf()
-    cancel_job(_settings(), job_id, g.owner, current_app.extensions["celery"])
+    cancel_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
     back = request.form.get("back")
     return redirect(safe_next(back) if back else url_for("ui.job", job_id=job_id), code=303)
 
@@ -81,10 +79,10 @@ def cancel(job_id: str):
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
     """A job: GRPO groups, outcomes, stage timings, throughput, the slowest and the failed."""
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         get_job(s, job_id, g.owner)
-    check_job(_settings().db_url, job_id, app_cache())  # alerts judged on read, as the API does
-    with session_scope(_settings().db_url) as s:
+    check_job(gateway_settings().db_url, job_id, app_cache())  # alerts judged on read, as the API does
+    with session_scope(gateway_settings().db_url) as s:
         j = get_job(s, job_id, g.owner)
         view = job_view(s, j)
         rows = job_rollout_rows(s, job_id, ROW_COLUMNS)
@@ -114,7 +112,7 @@ def job(job_id: str):
 @bp.get("/rollouts/<rollout_id>")
 def rollout(rollout_id: str):
     """A rollout: header, timing waterfall, the conversation with a lazy token view per turn."""
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         r, job = owned_rollout(s, rollout_id, g.owner)
         turns, earlier = current_turns(s, r)
         samples = tokens.samples_of(r)
@@ -147,7 +145,7 @@ def rollout(rollout_id: str):
 def rollout_tokens(rollout_id: str):
     """One segment's tokens (a turn being opened), or every segment (`segment=all`)."""
     raw = request.args.get("segment", "")
-    with session_scope(_settings().db_url) as s:
+    with session_scope(gateway_settings().db_url) as s:
         r, job = owned_rollout(s, rollout_id, g.owner)
         r, turns, _ = tokens.pick_sample(r, current_turns(s, r)[0], request.args.get("sample"))
         segs = tokens.segments(r, turns)
@@ -221,7 +219,7 @@ def stages():
 
     Queues and rollout counts are the open /metrics numbers; servers are the caller's own
     (the operator's token sees every tenant's), as in GET /v1/llm-servers."""
-    settings = _settings()
+    settings = gateway_settings()
     celery = current_app.extensions["celery"]
     queues = known_queues(settings.db_url)
     try:

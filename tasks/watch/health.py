@@ -1,9 +1,10 @@
 """A job's live health, computed on read from its finished rollouts (never on the hot path).
 
-Every figure comes from what the terminal write already stores on the rollout: the agent
-loop's counters in `metrics` (turns, tool_calls, malformed_tool_calls, time_split,
-retokenization_drift), `finish_reason`, `outcome`, `reward`, the stage seconds and the
-policy versions. Nothing is added to the terminal write (BENCHMARKS.md: it bounds throughput).
+Every figure comes from what the terminal write already stores on the rollout: the counters
+in `metrics` that the loop and a harness both write (`agents.counters`: turns, tool_calls,
+malformed_tool_calls), time_split and retokenization_drift, `finish_reason`, `outcome`,
+`reward`, the stage seconds and the policy versions. Nothing is added to the terminal write
+(BENCHMARKS.md: it bounds throughput).
 
 `HealthCache` keeps, per job, one compact `Sample` per finished rollout and the job's result
 cursor (`result_seq`, indexed): a read fetches only the rollouts finished since the last one,
@@ -25,6 +26,7 @@ from raas_client.models import failure_class_of
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from agents.counters import metric_count
 from agents.finish_reasons import CUT_TURN
 from core.models import Rollout
 
@@ -86,8 +88,8 @@ def sample_of(row: Any) -> Sample:
         outcome=row.outcome,
         reward=row.reward,
         turns=metrics.get("turns"),
-        tool_calls=int(metrics.get("tool_calls") or 0),
-        malformed=int(metrics.get("malformed_tool_calls") or 0),
+        tool_calls=metric_count(metrics, "tool_calls"),
+        malformed=metric_count(metrics, "malformed_tool_calls"),  # a harness's older rows: parse_failures
         truncated=row.finish_reason in CUT_AT_LIMIT,
         drift=bool(metrics.get("retokenization_drift")),
         weight_version=None if not versions else str(versions[-1]),

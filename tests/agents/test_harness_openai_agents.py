@@ -111,7 +111,7 @@ def test_the_agents_sdk_fixes_a_bug_through_responses_and_the_no_op_earns_nothin
     metrics = fixed["metrics"]
     assert metrics["harness_returncode"] == 0, fixed["extra"].get("harness_log")
     assert (metrics["calls"], metrics["tool_calls"], metrics["failed_calls"]) == (2, 1, 0), metrics
-    assert metrics["parse_failures"] == 0 and metrics["refusals"] == {}, metrics
+    assert metrics["malformed_tool_calls"] == 0 and metrics["refusals"] == {}, metrics
     # the second call's input is the first's + the reply + the tool's output: one sample
     assert (metrics["samples"], metrics["merges"], metrics["splits"]) == (1, 1, 0), metrics
     turns = sorted(fixed["turns"], key=lambda t: t["index"])

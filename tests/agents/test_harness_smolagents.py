@@ -135,7 +135,7 @@ def test_smolagents_defaults_fix_a_bug_and_the_no_op_earns_nothing(service, jobs
     assert metrics["harness_returncode"] == 0
     # bash + final_answer: two calls, both tool calls, no refusal, no demanded call missed
     assert (metrics["calls"], metrics["tool_calls"], metrics["failed_calls"]) == (2, 2, 0), metrics
-    assert metrics["tool_choice_unmet"] == 0 and metrics["refusals"] == {} and metrics["parse_failures"] == 0
+    assert metrics["tool_choice_unmet"] == 0 and metrics["refusals"] == {} and metrics["malformed_tool_calls"] == 0
     # smolagents writes the call back as "Calling tools: [...]" text: a split, each sample
     # prefix-consistent, the main arrays the last one
     assert metrics["samples"] == 2 and metrics["splits"] == 1, metrics

@@ -158,7 +158,7 @@ def test_a_real_harness_on_the_real_model_is_token_exact(service, llm, harness) 
                     "merges": metrics["merges"],
                     "splits": metrics["splits"],
                     "tool_calls": metrics["tool_calls"],
-                    "parse_failures": metrics["parse_failures"],
+                    "malformed_tool_calls": metrics["malformed_tool_calls"],
                     "response_tokens": metrics.get("response_tokens"),
                     "rescore_max_abs_diff": round(worst, 5),
                 }

@@ -234,7 +234,7 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
                     "merges": metrics["merges"],
                     "splits": metrics["splits"],
                     "tool_calls": metrics["tool_calls"],
-                    "parse_failures": metrics["parse_failures"],
+                    "malformed_tool_calls": metrics["malformed_tool_calls"],
                     "first_prompt_tokens": len(samples[0]["prompt_ids"]),
                     "generated_tokens": sum(sum(x["loss_mask"]) for x in samples),
                     "ids_equal_vllm": True,

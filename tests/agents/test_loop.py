@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agents.counters import RolloutCounters
 from agents.loop import run_agent_loop
 from agents.tools import Tool, ToolOutput, finish_tool
 from core.errors import RolloutCancelled
@@ -123,7 +124,13 @@ def test_malformed_call_becomes_observation_and_is_counted(make_llm, make_ctx) -
     assert result.finish_reason == "finish" and result.outcome == "completed"
     assert "malformed tool call" in ctx.turns_recorded[0]["observation"]
     assert ctx.turns_recorded[0]["extra"]["parse_errors"]
-    assert result.metrics["malformed_tool_calls"] == 1
+    shared = RolloutCounters().metrics()  # the names a harness rollout reports them by too
+    assert {k: result.metrics[k] for k in shared} == {
+        "turns": 2,
+        "tool_calls": 1,
+        "malformed_tool_calls": 1,
+        "replies_without_tool_call": 1,
+    }
 
 
 def test_unknown_tool_and_bad_arguments_are_observations(make_llm, make_ctx) -> None:

@@ -91,6 +91,23 @@ def test_a_gap_or_another_prompt_refuses_to_resume(make_llm, make_ctx) -> None:
         _episode(make_llm, make_ctx, changed)
 
 
+def test_turns_logged_under_the_old_counter_name_resume_with_their_count(make_llm, make_ctx) -> None:
+    """A `loop_state` logged before `agents.counters` names its malformed calls `parse_errors`
+    (and has no `replies_without_tool_call`): a resume from it keeps the count."""
+    full_ctx, full, _, _ = _episode(make_llm, make_ctx)
+    old = []
+    for turn in full_ctx.turns_recorded[:2]:
+        state = {
+            k: v
+            for k, v in turn["loop_state"].items()
+            if k not in ("malformed_tool_calls", "replies_without_tool_call")
+        }
+        old.append(dict(turn, loop_state={**state, "parse_errors": 7}))
+    _, resumed, _, _ = _episode(make_llm, make_ctx, old)
+    assert resumed.metrics["malformed_tool_calls"] == 7 + full.metrics["malformed_tool_calls"]
+    assert "parse_errors" not in resumed.metrics and resumed.outcome == full.outcome
+
+
 def _timing(key: str) -> bool:
     """A metric of seconds (each run's own): left out of the comparison."""
     return key.endswith("_seconds") or key == "time_split"

@@ -299,7 +299,7 @@ def test_refusals_name_their_field(endpoint) -> None:
     with pytest.raises(openai.BadRequestError, match="stop"):
         openai_client(ep).chat.completions.create(model="p", messages=START, stop=[""])
     assert ep.counters.refusals == {"tool_choice": 1, "thinking": 1, "stop": 1}
-    assert json.loads(json.dumps(ep.counters.to_dict()))["refusals"]["stop"] == 1
+    assert json.loads(json.dumps(ep.counters.metrics()))["refusals"]["stop"] == 1
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])

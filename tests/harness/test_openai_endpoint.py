@@ -94,7 +94,7 @@ def test_tool_calls_round_trip_and_merge_into_one_sample(endpoint, stream) -> No
     assert result.response_logprobs[: len(gen[0])] == turns[0]["logprobs"]
     assert "samples" not in result.extra
     assert result.metrics["samples"] == 1 and result.metrics["merges"] == 2
-    assert result.metrics["splits"] == 0 and result.metrics["tool_calls_parsed"] == 2
+    assert result.metrics["splits"] == 0 and result.metrics["tool_calls"] == 2
     assert result.metrics["retokenization_drift"] == 0
     assert result.policy_versions == ["v7", "v7", "v7"]
 
@@ -295,8 +295,10 @@ def test_a_reply_whose_tool_call_does_not_parse_is_text_and_counted(endpoint) ->
     assert [t["extra"]["tool_call_parsed"] for t in turns] == [False, False]
     assert "invalid JSON" in turns[0]["extra"]["parse_errors"][0]
     counters = ep.counters
-    assert counters.parse_failures == 1 and counters.replies_without_tool_call == 2
-    assert ep.result("completed", None).metrics["tool_calls_parsed"] == 0
+    assert counters.malformed_tool_calls == 1 and counters.replies_without_tool_call == 2
+    metrics = ep.result("completed", None).metrics
+    assert (metrics["tool_calls"], metrics["malformed_tool_calls"], metrics["turns"]) == (0, 1, 2)
+    assert not {"parse_failures", "tool_calls_parsed", "tool_calls_failed"} & set(metrics)  # one name per count
 
 
 def test_a_turn_that_cannot_be_logged_is_an_infrastructure_failure(endpoint) -> None:

@@ -8,9 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from sandbox import SandboxGone, SandboxOptions, SandboxSpec, UnknownRuntime, attach, get_runtime
-from sandbox.bwrap import _root_mounts
+from sandbox.bwrap import SERVER_BOOT, _root_mounts
+from sandbox.inside import SERVER_MODULE, server_argv
+from sandbox.singularity import SingularityCommands, SingularityRuntime
+from sandbox.spec import SandboxLimits
 from sandbox.toolserver import protocol as p
 from sandbox.toolserver.output import CappedBuffer, strip_ansi
+from sandbox.toolserver.server import parse_args
 
 
 def test_capped_buffer_keeps_head_and_tail():
@@ -116,3 +120,48 @@ def test_is_descendant_agrees_with_the_full_process_scan():
             os.kill(pid, 9)
         shell.kill()
         shell.wait()
+
+
+def test_server_argv_is_what_the_tool_server_parses():
+    spec = SandboxSpec(workspace="/ws", workdir="/ws/src")
+    argv = server_argv(
+        ("python3", *SERVER_MODULE), spec, "/env/bin/python3", socket="/s", ready_fd=7, flags=["--isolate"]
+    )
+    assert argv[:5] == ["python3", "-s", "-B", "-m", "toolserver"]
+    args = parse_args(argv[5:])
+    assert (args.socket, args.listen_fd, args.workspace, args.workdir, args.python) == (
+        "/s",
+        -1,
+        "/ws",
+        "/ws/src",
+        "/env/bin/python3",
+    )
+    assert (args.ready_fd, args.signal_fd, args.isolate) == (7, -1, True)
+    inherited = parse_args(server_argv((), SandboxSpec(workspace="/ws"), "py", listen_fd=3, signal_fd=4))
+    assert (inherited.socket, inherited.listen_fd, inherited.signal_fd, inherited.workdir) == (None, 3, 4, "/ws")
+
+
+def test_bwrap_and_singularity_hand_the_server_the_same_command_line(state_dir, workspace, tmp_path):
+    """Both runtimes wrap `server_argv`: the server in each parses to the same settings."""
+    spec = SandboxSpec(workspace=workspace, limits=SandboxLimits(output_bytes=1000, file_size_mb=2))
+    bwrap = get_runtime("bwrap", state_dir=state_dir).build_argv(spec, {}, None, ["--output-bytes", "1000"])
+    fds = {"listen_fd": 3, "ready_fd": 4, "signal_fd": 5}  # what bwrap's launch puts for its placeholders
+    bwrap_server = parse_args([a.format(**fds) for a in bwrap[bwrap.index(SERVER_BOOT) + 1 :]])
+    singularity = SingularityRuntime(
+        state_dir=state_dir, commands=SingularityCommands("apptainer"), image_cache=tmp_path / "cache"
+    ).exec_argv(spec, {"instance": "raas-x"}, None)
+    singularity_server = parse_args(singularity[singularity.index("toolserver") + 1 :])
+    for args in (bwrap_server, singularity_server):
+        assert (args.workspace, args.workdir, args.python, args.output_bytes) == (
+            workspace,
+            workspace,
+            "/usr/bin/python3",
+            1000,
+        )
+    assert (bwrap_server.socket, bwrap_server.listen_fd, bwrap_server.ready_fd, bwrap_server.signal_fd) == (
+        None,
+        3,
+        4,
+        5,
+    )
+    assert singularity_server.socket == "/run/raas/tool.sock"
