@@ -34,10 +34,11 @@ up: $(VENV)/.installed
 # (module-scoped services). 16 min serial -> 7 min (BENCHMARKS.md, "Test suite").
 # Files are handed out longest first (tests/suite_order.py): xdist's own reordering (most
 # tests first) is off, or the slowest few-test files start last and finish alone.
+# `--durations=25`: every run (CI included) prints where the minutes went.
 PYTEST_JOBS ?= 3
 PARALLEL := -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: install lint
-	$(PY) -m pytest $(PARALLEL)
+	$(PY) -m pytest $(PARALLEL) --durations=25
 
 # ruff (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, bugbear, used-noqa and the rules it
 # names there, and the formatter's check
