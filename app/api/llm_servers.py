@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from flask import Blueprint, current_app, g, request
 
 from app.api.routing import typed_route
-from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView
+from app.schemas import LLMServerCreate, LLMServerDeleted, LLMServerList, LLMServerUpdate, LLMServerView
 from app.servers import delete_server, owner_servers, register_server, update_server
 
 bp = Blueprint("llm_servers", __name__)
@@ -88,7 +88,7 @@ def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
     return update_server(_db(), server_id, g.owner, body.model_dump(exclude_unset=True))
 
 
-@typed_route(bp, "/v1/llm-servers/<server_id>", "DELETE", summary="Remove a server")
-def delete(server_id: str) -> dict:
+@typed_route(bp, "/v1/llm-servers/<server_id>", "DELETE", response=LLMServerDeleted, summary="Remove a server")
+def delete(server_id: str) -> LLMServerDeleted:
     delete_server(_db(), server_id, g.owner)
-    return {"deleted": server_id}
+    return LLMServerDeleted.build(deleted=server_id)

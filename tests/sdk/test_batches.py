@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from fakellm.server import start_simulator
-from raas_client import Batch, Collector, Group, Rollout
+from raas_client import Batch, Collector, Group, RolloutView
 from raas_client.cli import results, status
 from tests.pipeline_harness import start_service
 
@@ -66,7 +66,7 @@ def test_collect_gives_k_groups_then_the_rest(service, job):
     groups = {g.instance_id: g for g in first.groups + rest.groups}
     assert sorted(groups) == ["g0", "g1", "g2", "g3"]
     for g in groups.values():
-        assert isinstance(g, Group) and all(isinstance(r, Rollout) for r in g.rollouts)
+        assert isinstance(g, Group) and all(isinstance(r, RolloutView) for r in g.rollouts)
         assert [r.sample_index for r in g.rollouts] == list(range(N))
 
     g0, g1 = groups["g0"], groups["g1"]
@@ -157,13 +157,13 @@ def test_rows_parse_from_the_wire_json(service, job):
     """The gateway serves the SDK's model: a raw row parses, and carries failure_class."""
     page = service.client.results_page(job, 0, wait=0, limit=100)
     assert page["items"] and all(i["failure_class"] in ("none", "policy", "infra") for i in page["items"])
-    row = Rollout.model_validate(json.loads(json.dumps(page["items"][0])))
+    row = RolloutView.model_validate(json.loads(json.dumps(page["items"][0])))
     assert row.model_dump(mode="json")["failure_class"] == page["items"][0]["failure_class"]
 
 
 def test_out_rows_are_the_api_records(service, job, tmp_path):
     """`raas results JOB --out F` writes the record the API returns: metrics, group markers,
-    failure_class; each line parses as the SDK's Rollout."""
+    failure_class; each line parses as the SDK's RolloutView."""
     out = tmp_path / "rows.jsonl"
     res = CliRunner().invoke(results, [job, "--out", str(out), "--url", service.url])
     assert res.exit_code == 0, res.output
@@ -172,7 +172,7 @@ def test_out_rows_are_the_api_records(service, job, tmp_path):
     assert lines == api and len(lines) == 4 * N
     assert sum(r["group_complete"] for r in lines) == 4
     assert all(r["metrics"].get("turns") for r in lines if r["failure_class"] == "none")
-    assert [Rollout.model_validate(r).failure_class for r in lines] == [r["failure_class"] for r in lines]
+    assert [RolloutView.model_validate(r).failure_class for r in lines] == [r["failure_class"] for r in lines]
 
 
 def test_short_job_ids_work_in_the_cli(service, job):

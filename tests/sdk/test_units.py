@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from raas_client import Group, Rollout, advantages, failure_class_of
+from raas_client import Group, RolloutView, advantages, failure_class_of
 from raas_client.arrays import to_arrays
 from raas_client.models import version_number
 
@@ -48,7 +48,7 @@ def test_arrays_of_nothing_keep_their_rank():
     assert arrays["input_ids"].shape == (0, 0) and arrays["rewards"].shape == (0,)
 
 
-def row(k: int, **fields) -> Rollout:
+def row(k: int, **fields) -> RolloutView:
     base = {
         "rollout_id": f"r{k}",
         "job_id": "j",
@@ -61,7 +61,7 @@ def row(k: int, **fields) -> Rollout:
         "timing": {},
         "created_at": datetime.now(timezone.utc),
     }
-    return Rollout(**{**base, **fields})
+    return RolloutView(**{**base, **fields})
 
 
 def test_a_straggler_cut_is_neither_a_sample_nor_a_failure():
