@@ -147,7 +147,7 @@ def node_run(
                     agent_config={**STAGE_S, "turns": turns},
                 )
                 submit = probe.snapshot()
-                view = wait_done(svc, job["job_id"], timeout)
+                view = wait_done(svc, job.job_id, timeout)
                 wall = time.monotonic() - t0
                 commands = redis_commands(broker.url) - idle_commands - idle_per_s * wall
                 probe.reset()
@@ -163,7 +163,7 @@ def node_run(
         from core.db import dispose_all
 
         dispose_all(close=True)
-        finished = finish_seconds(db_url, job["job_id"])
+        finished = finish_seconds(db_url, job.job_id)
         workers = probe.collect(Path(counts))
     per_node = min(
         slots["init"] / STAGE_S["init_s"], slots["run"] / STAGE_S["run_s"], slots["eval"] / STAGE_S["eval_s"]

@@ -70,7 +70,7 @@ def wait_all(svc, job_id: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = svc.client.job(job_id)
-        if j["finished"] >= j["n_rollouts"]:
+        if j.finished >= j.n_rollouts:
             return
         time.sleep(0.05)
     raise TimeoutError(job_id)
@@ -120,22 +120,22 @@ def throughput(name: str, n: int) -> dict:
         )
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
-            wait_all(svc, warm["job_id"])
+            wait_all(svc, warm.job_id)
             time.sleep(1.2)  # the probes' last per-second dump of the warm-up
             ops0 = worker_ops(probe_dir)
             instances = [{"instance_id": f"i{k}"} for k in range(n)]
             t0 = time.monotonic()
             job = svc.client.submit("test-trivial", instances)
             submitted = time.monotonic() - t0
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
             time.sleep(1.2)
             ops = ops_per_rollout(ops0, worker_ops(probe_dir), n)
             latencies = []
             for k in range(10):
                 one = svc.client.submit("test-trivial", [{"instance_id": f"solo{k}"}])
-                wait_all(svc, one["job_id"])
-                latencies.append(finish_times(svc, one["job_id"])[0])
+                wait_all(svc, one.job_id)
+                latencies.append(finish_times(svc, one.job_id)[0])
         finally:
             svc.stop()
             cleanup()
@@ -193,9 +193,9 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
             cfg = {"init_s": 1.0, "run_s": 2.0, "eval_s": 1.0, "turns": 1}
             t0 = time.monotonic()
             job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(n)], agent_config=cfg)
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
-            done = finish_times(svc, job["job_id"])
+            done = finish_times(svc, job.job_id)
         finally:
             if serial:
                 serial.terminate()
@@ -238,17 +238,17 @@ def math_eval(n: int) -> list[dict]:
                     "math", instances, llm={"servers": [{"url": url}]}, agent_config={"grading_process": mode}
                 )
                 t0 = time.monotonic()
-                wait_all(svc, job["job_id"])
+                wait_all(svc, job.job_id)
                 wall = time.monotonic() - t0
-                done = svc.all_results(job["job_id"])
-                evals = [r["timing"]["eval"] for r in done if r["timing"]["eval"] is not None]
-                runs = [r["timing"]["run"] for r in done if r["timing"]["run"] is not None]
-                grading = [svc.client.rollout(r["rollout_id"])["metrics"]["grading_seconds"] for r in done]
+                done = svc.all_results(job.job_id)
+                evals = [r.timing.eval for r in done if r.timing.eval is not None]
+                runs = [r.timing.run for r in done if r.timing.run is not None]
+                grading = [svc.client.rollout(r.rollout_id).metrics["grading_seconds"] for r in done]
                 results.append(
                     {
                         "grading_process": mode,
                         "rollouts": len(done),
-                        "rewarded": sum(r["reward"] == 1.0 for r in done),
+                        "rewarded": sum(r.reward == 1.0 for r in done),
                         "eval_p50_s": round(statistics.median(evals), 3),
                         "eval_p90_s": round(statistics.quantiles(evals, n=10)[-1], 3),
                         "grading_p50_s": round(statistics.median(grading), 4),

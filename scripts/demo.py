@@ -128,7 +128,7 @@ def rollout_rows(agent: str, out: Path, url: str) -> list[dict[str, Any]]:
         for line in out.read_text().splitlines():
             result = json.loads(line)
             detail = client.rollout(result["rollout_id"])
-            metrics = detail.get("metrics") or {}
+            metrics = detail.metrics or {}
             timing = result.get("timing") or {}
             rows.append(
                 {
@@ -138,7 +138,7 @@ def rollout_rows(agent: str, out: Path, url: str) -> list[dict[str, Any]]:
                     "outcome": result["outcome"],
                     "finish": result.get("finish_reason"),
                     "reward": result["reward"],
-                    "turns": metrics.get("turns", len(detail.get("turns") or [])),
+                    "turns": metrics.get("turns", len(detail.turns or [])),
                     "calls": metrics.get("tool_calls", 0) - metrics.get("invalid_tool_calls", 0),
                     "malformed": metrics.get("malformed_tool_calls", 0),
                     "tokens": sum(result.get("loss_mask") or []),

@@ -54,11 +54,11 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
         {"instance_id": "timeouts", "run_s": [0.1, 0.1, 0.6, 0.7], "timeout": [0, 1]},
     ]
     job = service.client.submit("test-straggler", instances, n_samples=2, spare=2)
-    assert len(job["rollout_ids"]) == 16
-    view = service.wait_done(job["job_id"], timeout=60)
-    assert view["n_samples"] == 2 and view["spare"] == 2 and view["n_rollouts"] == 16
-    rows = service.all_results(job["job_id"])
-    assert sorted(r["seq"] for r in rows) == list(range(1, 17))
+    assert len(job.rollout_ids) == 16
+    view = service.wait_done(job.job_id, timeout=60)
+    assert view.n_samples == 2 and view.spare == 2 and view.n_rollouts == 16
+    rows = service.all_results(job.job_id)
+    assert sorted(r.seq for r in rows) == list(range(1, 17))
     groups = by_instance(rows)
     for name, rows_of in groups.items():
         closers = [r for r in rows_of if r["group_complete"]]
@@ -93,10 +93,10 @@ def test_spares_complete_groups_with_the_first_usable_and_cut_the_rest(service) 
     ) == [2, 3]
     assert {(r["outcome"], r["reward"]) for r in groups["timeouts"] if r["sample_index"] < 2} == {("timeout", 1.0)}
     # the trainer's view: exactly n usable samples per complete group, the short one short
-    sdk_groups = {g[0]["instance_id"]: g for g in service.client.groups(job["job_id"], wait=1)}
+    sdk_groups = {g[0].instance_id: g for g in service.client.groups(job.job_id, wait=1)}
     assert {k: len(v) for k, v in sdk_groups.items()} == {"tail": 2, "infra": 2, "short": 1, "timeouts": 2}
-    assert all(r["reward"] == 1.0 for g in sdk_groups.values() for r in g)
-    listed = httpx.get(f"{service.url}/v1/jobs/{job['job_id']}/groups").json()["groups"]
+    assert all(r.reward == 1.0 for g in sdk_groups.values() for r in g)
+    listed = httpx.get(f"{service.url}/v1/jobs/{job.job_id}/groups").json()["groups"]
     assert {g["instance_id"]: g["status"] for g in listed} == {
         "tail": "complete",
         "infra": "complete",
@@ -109,8 +109,8 @@ def test_group_deadline_completes_with_what_is_usable(service) -> None:
     instances = [{"instance_id": "slow", "run_s": [0.2, 0.3, 60]}, {"instance_id": "fast", "run_s": [0.2, 0.2, 0.3]}]
     # 8 s: the fast samples finish well before it even on a loaded machine
     job = service.client.submit("test-straggler", instances, n_samples=3, group_timeout=8)
-    service.wait_done(job["job_id"], timeout=60)
-    rows = by_instance(service.all_results(job["job_id"]))
+    service.wait_done(job.job_id, timeout=60)
+    rows = by_instance(service.all_results(job.job_id))
     slow = next(r["group"] for r in rows["slow"] if r["group_complete"])
     assert slow["status"] == "short" and len(slow["members"]) == 2
     assert "deadline (8 s)" in slow["reason"] and "2 of 3 usable" in slow["reason"]
@@ -138,15 +138,15 @@ def test_a_cut_aborts_the_generation_in_flight(tmp_path, pg_url, redis_prefix) -
     try:
         svc.client.add_llm_server(sim)
         job = svc.client.submit("test-chat", [{"instance_id": "one", "turns": 1}], n_samples=1, spare=1)
-        svc.wait_done(job["job_id"], timeout=60)
-        rows = svc.all_results(job["job_id"])
-        member = next(r for r in rows if not r["cut_reason"])
-        cut = next(r for r in rows if r["cut_reason"])
-        record = member["group"]
-        assert seconds(record["started_at"], cut["finished_at"]) < 15  # not the 30 s answer
-        assert member["group_complete"] and member["group"]["members"] == [member["rollout_id"]]
-        assert member["response_ids"] and member["reward"] is not None
-        assert cut["status"] == "cancelled"
+        svc.wait_done(job.job_id, timeout=60)
+        rows = svc.all_results(job.job_id)
+        member = next(r for r in rows if not r.cut_reason)
+        cut = next(r for r in rows if r.cut_reason)
+        record = member.group
+        assert seconds(record.started_at, cut.finished_at) < 15  # not the 30 s answer
+        assert member.group_complete and member.group.members == [member.rollout_id]
+        assert member.response_ids and member.reward is not None
+        assert cut.status == "cancelled"
         stats = httpx.get(f"{sim}/sim/stats", timeout=30).json()
         assert stats.get("aborted") == 1, stats
     finally:
@@ -183,7 +183,7 @@ def test_deadline_ends_queued_samples_at_once(tmp_path, pg_url, redis_prefix) ->
             group_timeout=60,
             callback_url="http://127.0.0.1:9/hook",
         )
-        first, *queued = job["rollout_ids"]
+        first, *queued = job.rollout_ids
         with session_scope(pg_url) as s:  # the group started long ago; one sample ended
             s.execute(
                 sa.update(Group).values(
@@ -199,20 +199,20 @@ def test_deadline_ends_queued_samples_at_once(tmp_path, pg_url, redis_prefix) ->
             reward=0.0,
             error="agent broke",
         )
-        assert groups.close_overdue(pg_url) == [(job["job_id"], "q")]
+        assert groups.close_overdue(pg_url) == [(job.job_id, "q")]
         assert groups.close_overdue(pg_url) == []  # closes once
-        rows = {r["rollout_id"]: r for r in svc.all_results(job["job_id"])}
-        assert [rows[i]["seq"] for i in (first, *queued)] == [1, 2, 3]
-        assert all(rows[i]["status"] == "cancelled" and rows[i]["cut_reason"] for i in queued)
-        assert rows[queued[-1]]["group_complete"] and not rows[first]["group_complete"]
-        record = rows[queued[-1]]["group"]
-        assert record["status"] == "short" and record["members"] == [first]  # reward 0 counts
-        assert sorted(record["cut"]) == sorted(queued) and "1 of 3 usable" in record["reason"]
-        assert svc.client.job(job["job_id"])["status"] == "done"
+        rows = {r.rollout_id: r for r in svc.all_results(job.job_id)}
+        assert [rows[i].seq for i in (first, *queued)] == [1, 2, 3]
+        assert all(rows[i].status == "cancelled" and rows[i].cut_reason for i in queued)
+        assert rows[queued[-1]].group_complete and not rows[first].group_complete
+        record = rows[queued[-1]].group
+        assert record.status == "short" and record.members == [first]  # reward 0 counts
+        assert sorted(record.cut) == sorted(queued) and "1 of 3 usable" in record.reason
+        assert svc.client.job(job.job_id).status == "done"
         with session_scope(pg_url) as s:
             events = sorted(s.scalars(sa.select(Callback.event)).all())
         assert events == ["group", "job"]
-        assert svc.client.job(job["job_id"])["finished"] == 3
+        assert svc.client.job(job.job_id).finished == 3
         with session_scope(pg_url) as s:
             assert s.scalar(sa.select(sa.func.count()).select_from(Rollout).where(Rollout.status == "pending")) == 0
     finally:

@@ -218,8 +218,8 @@ def test_a_node_on_the_embedded_default_starts_its_broker_and_works(tmp_path):
             what="the node's embedded Redis",
         )
         job = svc.client.submit("test-sleepy", [{"instance_id": f"e{k}"} for k in range(3)])
-        done = svc.wait_done(job["job_id"], timeout=120)
-        assert done["outcomes"] == {"completed": 3}, done
+        done = svc.wait_done(job.job_id, timeout=120)
+        assert done.outcomes == {"completed": 3}, done
         assert embedded_redis.answers(embedded_redis_socket(tmp_path))
         node.send_signal(signal.SIGTERM)
         assert node.wait(60) == 0, svc.log_tail()

@@ -51,7 +51,7 @@ def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
     try:
         svc.client.add_llm_server(url, weight_version="step-1")
         job = svc.client.submit("test-record-path", [{"instance_id": "q", "data": {}}])
-        [row] = list(svc.client.rollouts(job["job_id"], wait=60))  # the SDK's typed rows
+        [row] = list(svc.client.rollouts(job.job_id, wait=60))  # the SDK's typed rows
 
         # The trainer side: the SDK parsed the wire into the record's subclass.
         assert type(row) is RolloutView and isinstance(row, Trajectory), svc.log_tail()
@@ -79,8 +79,8 @@ def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
         # Re-evaluation reads the same record from the row and grades it the same.
         svc.client.reevaluate(row.rollout_id)
         client = RaasClient(svc.url, timeout=60)
-        wait_for(lambda: client.rollout(row.rollout_id)["extra"].get("reevaluations"), 60, "the re-evaluation")
-        [again] = client.rollout(row.rollout_id)["extra"]["reevaluations"]
+        wait_for(lambda: client.rollout(row.rollout_id).extra.get("reevaluations"), 60, "the re-evaluation")
+        [again] = client.rollout(row.rollout_id).extra["reevaluations"]
         assert again.get("reward") == 1.0, again
         assert again["extra"]["eval_reads"] == RECORD
         assert again["extra"]["eval_digest"] == digest

@@ -45,14 +45,14 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
     svc = start_service(tmp_path, reaper=False, **backend, extra={"outbox_grace": 1.0})
     try:
         job = svc.client.submit("test-trivial", [{"instance_id": "only"}])
-        svc.wait_done(job["job_id"])
-        [rollout] = svc.all_results(job["job_id"])
-        rid = rollout["rollout_id"]
+        svc.wait_done(job.job_id)
+        [rollout] = svc.all_results(job.job_id)
+        rid = rollout.rollout_id
 
         # the plain path: published at once, graded, recorded; no mark, nothing pending
         first = svc.client.reevaluate(rid, wait=60)
-        [entry] = first["extra"]["reevaluations"]
-        assert entry["request_id"] == first["extra"]["reevaluation_request"]
+        [entry] = first.extra["reevaluations"]
+        assert entry["request_id"] == first.extra["reevaluation_request"]
         assert entry["reward"] == 1.0 and "error" not in entry
         mark, extra = _row(svc, rid)
         assert mark is None and PENDING_REEVALUATIONS not in extra
@@ -63,7 +63,7 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
 
         monkeypatch.setattr(tasks.outbox, "publish_reevaluation_message", broker_away)
         second = svc.client.reevaluate(rid, wait=0)
-        request_id = second["extra"]["reevaluation_request"]
+        request_id = second.extra["reevaluation_request"]
         mark, extra = _row(svc, rid)
         assert mark is not None and extra[PENDING_REEVALUATIONS] == [request_id]
         time.sleep(1.5)  # nothing reached a worker: still one result, and past the grace
@@ -82,7 +82,7 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
         assert mark is None and PENDING_REEVALUATIONS not in extra
         assert reaper.run_once()["outbox"] == 0  # nothing twice
         shown = svc.client.rollout(rid)  # the wire shows both results, no pending request
-        assert [e["request_id"] for e in shown["extra"]["reevaluations"]] == [entry["request_id"], request_id]
-        assert PENDING_REEVALUATIONS not in shown["extra"]
+        assert [e["request_id"] for e in shown.extra["reevaluations"]] == [entry["request_id"], request_id]
+        assert PENDING_REEVALUATIONS not in shown.extra
     finally:
         svc.stop()

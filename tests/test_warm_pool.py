@@ -33,13 +33,13 @@ def _members(sandbox_dir: str) -> list[dict]:
 
 def _graded(svc, n: int) -> list[dict]:
     job = svc.client.submit("test-graded", [{"instance_id": f"i{k}"} for k in range(n)])
-    svc.wait_done(job["job_id"], timeout=120)
-    results = svc.all_results(job["job_id"])
+    svc.wait_done(job.job_id, timeout=120)
+    results = svc.all_results(job.job_id)
     for r in results:  # the work was real in every sandbox, warm or cold
-        assert (r["outcome"], r["reward"]) == ("completed", 1.0), r
-        assert r["extra"]["run_saw"] == "answer question"
-        assert r["extra"]["eval_saw"] == "answer"  # a fresh grading sandbox: nothing of RUN's
-        assert r["extra"]["eval_uid"] == "65534" or os.geteuid() != 0
+        assert (r.outcome, r.reward) == ("completed", 1.0), r
+        assert r.extra["run_saw"] == "answer question"
+        assert r.extra["eval_saw"] == "answer"  # a fresh grading sandbox: nothing of RUN's
+        assert r.extra["eval_uid"] == "65534" or os.geteuid() != 0
     return results
 
 

@@ -115,7 +115,7 @@ class Trainer:
             limits={"max_turns": 1, "max_staleness": a.max_staleness, "run_timeout": 1800},
             llm={"max_model_len": 2048},
         )
-        return job["job_id"]
+        return job.job_id
 
     def submit_batch(self, step: int) -> str:
         """The training rollouts of `step`: random training problems x samples, T=1."""
@@ -127,9 +127,9 @@ class Trainer:
         started = time.monotonic()
         job = self.submit(self.heldout, 1, 0.0, f"eval-v{self.version}-{max_tokens}", max_tokens)
         rewards = [
-            r["reward"] or 0.0
+            r.reward or 0.0
             for r in self.raas.results(job, wait=30)
-            if r.get("outcome") not in ("infra_error", "cancelled")
+            if r.outcome not in ("infra_error", "cancelled")
         ]
         return sum(rewards) / max(len(rewards), 1), time.monotonic() - started
 

@@ -136,8 +136,8 @@ def run_harness(service, llm, name: str) -> dict[str, dict]:
         sampling={"max_tokens": 512},
         agent_config={"harness": name, "task": "swe"},
     )
-    service.wait_done(job["job_id"], timeout=900)
-    return {r["instance_id"]: service.client.rollout(r["rollout_id"]) for r in service.all_results(job["job_id"])}
+    service.wait_done(job.job_id, timeout=900)
+    return {r.instance_id: service.client.rollout(r.rollout_id) for r in service.all_results(job.job_id)}
 
 
 def check_fix_and_no_op(service, rollouts: dict[str, dict], name: str) -> None:
@@ -212,10 +212,10 @@ def test_a_preset_whose_dialect_is_still_to_come_reaches_its_endpoint(service, l
         sampling={"max_tokens": 512},
         agent_config={"harness": name, "task": "swe"},
     )
-    service.wait_done(job["job_id"], timeout=900)
-    [row] = service.all_results(job["job_id"])
-    rollout = service.client.rollout(row["rollout_id"])
-    log = rollout["extra"].get("harness_log", "")
-    assert (rollout["outcome"], rollout["reward"]) == ("agent_error", 0.0), log
-    assert rollout["metrics"]["harness_returncode"] != 0 and rollout["metrics"]["calls"] == 0
+    service.wait_done(job.job_id, timeout=900)
+    [row] = service.all_results(job.job_id)
+    rollout = service.client.rollout(row.rollout_id)
+    log = rollout.extra.get("harness_log", "")
+    assert (rollout.outcome, rollout.reward) == ("agent_error", 0.0), log
+    assert rollout.metrics["harness_returncode"] != 0 and rollout.metrics["calls"] == 0
     assert answer in log, log

@@ -121,7 +121,7 @@ def jobs(service, llm) -> dict[str, dict]:
 
 def rollouts(service, job: dict) -> dict[str, dict]:
     service.wait_done(job["job_id"], timeout=600)
-    return {r["instance_id"]: service.client.rollout(r["rollout_id"]) for r in service.all_results(job["job_id"])}
+    return {r.instance_id: service.client.rollout(r.rollout_id) for r in service.all_results(job["job_id"])}
 
 
 def test_smolagents_defaults_fix_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:

@@ -131,30 +131,30 @@ def test_a_real_harness_on_the_real_model_is_token_exact(service, llm, harness) 
         sampling={"temperature": 1.0, "max_tokens": 256},
         agent_config={"harness": harness, "task": "swe"},
     )
-    job = service.wait_done(accepted["job_id"], timeout=1500)
-    assert job["counts"] == {"done": 2} or set(job["counts"]) <= {"done", "failed"}, job
+    job = service.wait_done(accepted.job_id, timeout=1500)
+    assert job.counts == {"done": 2} or set(job.counts) <= {"done", "failed"}, job
     model = httpx.get(f"{VLLM_URL}/v1/models").json()["data"][0]["id"]
-    for rollout_id in accepted["rollout_ids"]:
+    for rollout_id in accepted.rollout_ids:
         detail = service.client.rollout(rollout_id)
-        assert detail["outcome"] in {"completed", "agent_error", "timeout"}, detail.get("error")
-        turns = [t for t in detail["turns"] if t["attempt"] == detail["attempt"]]
+        assert detail.outcome in {"completed", "agent_error", "timeout"}, detail.error
+        turns = [t for t in detail.turns if t.attempt == detail.attempt]
         assert turns, "the harness made no call"
         samples = samples_of(detail)
         groups = calls_by_sample(turns)
-        assert len(groups) == len(samples) == detail["metrics"]["samples"]
-        assert detail["metrics"]["splits"] == len(samples) - 1
+        assert len(groups) == len(samples) == detail.metrics["samples"]
+        assert detail.metrics["splits"] == len(samples) - 1
         worst = 0.0
         for sample, calls in zip(samples, groups):
             check_sample(sample, calls)
             worst = max(worst, rescore(sample, model))
         assert worst <= RESCORE_TOLERANCE, worst
-        metrics = detail["metrics"]
+        metrics = detail.metrics
         print(
             json.dumps(
                 {
                     "harness": harness,
-                    "outcome": detail["outcome"],
-                    "reward": detail["reward"],
+                    "outcome": detail.outcome,
+                    "reward": detail.reward,
                     "calls": metrics["calls"],
                     "samples": len(samples),
                     "merges": metrics["merges"],

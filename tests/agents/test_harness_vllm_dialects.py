@@ -193,19 +193,19 @@ def jobs(service: Service, llm: dict[str, Any], proxy: RecordingProxy) -> dict[s
 def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, proxy, jobs, harness) -> None:
     accepted = jobs[harness]
     job = service.wait_done(accepted["job_id"], timeout=1700)
-    assert set(job["counts"]) <= {"done", "failed"}, job
+    assert set(job.counts) <= {"done", "failed"}, job
     model = httpx.get(f"{VLLM_URL}/v1/models").json()["data"][0]["id"]
     most_calls = 0
     for rollout_id in accepted["rollout_ids"]:
         detail = service.client.rollout(rollout_id)
-        assert detail["outcome"] in {"completed", "agent_error", "timeout"}, (detail.get("error"), service.log_tail())
+        assert detail.outcome in {"completed", "agent_error", "timeout"}, (detail.error, service.log_tail())
         # the endpoint refused nothing these SDKs sent (a refusal is `infrastructure`)
-        assert detail.get("failure_class") != "infrastructure", detail.get("error")
-        turns = [t for t in detail["turns"] if t["attempt"] == detail["attempt"]]
-        assert turns, f"{harness} made no call: {detail.get('error')}"
+        assert detail.failure_class != "infrastructure", detail.error
+        turns = [t for t in detail.turns if t.attempt == detail.attempt]
+        assert turns, f"{harness} made no call: {detail.error}"
         samples, groups = samples_of(detail), calls_by_sample(turns)
-        assert len(groups) == len(samples) == detail["metrics"]["samples"]
-        assert detail["metrics"]["splits"] == len(samples) - 1
+        assert len(groups) == len(samples) == detail.metrics["samples"]
+        assert detail.metrics["splits"] == len(samples) - 1
         exchanges = {(p, g): lp for p, g, lp in proxy.exchanges}
         worst_rescore = worst_stored = 0.0
         for sample, calls in zip(samples, groups):
@@ -218,17 +218,17 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
             worst_rescore = max(worst_rescore, rescore(sample, model))
         assert worst_stored == 0.0, worst_stored  # stored as vLLM sent them, not recomputed
         assert worst_rescore <= RESCORE_TOLERANCE, worst_rescore
-        metrics = detail["metrics"]
+        metrics = detail.metrics
         most_calls = max(most_calls, metrics["calls"])
         print(
             json.dumps(
                 {
                     "harness": harness,
                     "dialect": HARNESSES[harness],
-                    "outcome": detail["outcome"],
-                    "finish_reason": detail.get("finish_reason"),
+                    "outcome": detail.outcome,
+                    "finish_reason": detail.finish_reason,
                     "returncode": metrics.get("harness_returncode"),
-                    "reward": detail["reward"],
+                    "reward": detail.reward,
                     "calls": metrics["calls"],
                     "samples": len(samples),
                     "merges": metrics["merges"],
@@ -244,6 +244,6 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
             )
         )
         if metrics.get("harness_returncode"):  # what the SDK raised (a spent budget, a full context)
-            print(detail["extra"].get("harness_log", "")[-600:])
+            print(detail.extra.get("harness_log", "")[-600:])
     if harness in DIALECT_HARNESSES:  # the nudging loops: the echo of a reply went back at least once
         assert most_calls >= 2, most_calls

@@ -263,15 +263,15 @@ def outcomes(service, llm, root_only_file) -> dict[str, dict[str, Any]]:
     for job in jobs:
         service.wait_done(job["job_id"], timeout=240)
         for result in service.all_results(job["job_id"]):
-            views[result["instance_id"]] = service.client.rollout(result["rollout_id"])
+            views[result.instance_id] = service.client.rollout(result.rollout_id)
     infra["thread"].join(timeout=60)
     views["infra-sigterm"]["signalled"] = infra["pids"]
     print("\nattack            outcome      reward  finish_reason")
     for name in (n for n in ATTACKS if n in views):
         view = views[name]
-        print(f"{name:17} {view['outcome']:12} {view['reward']!s:7} {view['finish_reason']}")
+        print(f"{name:17} {view.outcome:12} {view.reward!s:7} {view.finish_reason}")
         if "-v" in __import__("sys").argv:
-            print("   ", [(t["observation"] or "")[-300:] for t in view["turns"]], view.get("error"))
+            print("   ", [(t.observation or "")[-300:] for t in view.turns], view.error)
     return views
 
 

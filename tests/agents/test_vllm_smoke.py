@@ -96,11 +96,11 @@ def test_agent_smoke_on_vllm(service: Service, llm: dict[str, Any], agent: str) 
         limits={"max_turns": 3, "max_tokens": 1024, "tool_timeout": 20},
         sampling={"temperature": 1.0, "max_tokens": 256},
     )
-    job = service.wait_done(accepted["job_id"], timeout=840)
-    assert job["counts"] == {"done": len(accepted["rollout_ids"])}, service.log_tail()
-    for rollout_id in accepted["rollout_ids"]:
+    job = service.wait_done(accepted.job_id, timeout=840)
+    assert job.counts == {"done": len(accepted.rollout_ids)}, service.log_tail()
+    for rollout_id in accepted.rollout_ids:
         detail = service.client.rollout(rollout_id)
-        assert detail["outcome"] in AGENT_OUTCOMES, (detail["outcome"], detail.get("error"))
-        assert detail["reward"] is not None and 0.0 <= detail["reward"] <= 1.0
-        assert detail["timing"]["run"] is not None and detail["timing"]["eval"] is not None
+        assert detail.outcome in AGENT_OUTCOMES, (detail.outcome, detail.error)
+        assert detail.reward is not None and 0.0 <= detail.reward <= 1.0
+        assert detail.timing.run is not None and detail.timing.eval is not None
         check_token_exact(detail)

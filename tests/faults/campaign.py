@@ -266,7 +266,7 @@ class Campaign:
                 self.registered = True
             llm = {k: v for k, v in llm.items() if k != "servers"}
         job = self.svc.client.submit("math", instances, llm=llm, limits={"max_turns": TURNS + 2})
-        self.prefixes[job["job_id"]] = prefix
+        self.prefixes[job.job_id] = prefix
         return job
 
     # -- one faulted job ------------------------------------------------------------------
@@ -312,11 +312,11 @@ class Campaign:
 
     def _measure(self, job: dict[str, Any], report: Report, allowed: tuple[str, ...]) -> None:
         view = self.svc.client.job(job["job_id"])
-        report.finished += view["finished"]
-        for k, v in (view.get("outcomes") or {}).items():
+        report.finished += view.finished
+        for k, v in (view.outcomes or {}).items():
             report.outcomes[k] = report.outcomes.get(k, 0) + v
             report.unexpected_outcomes += v if k not in allowed else 0
-        report.lost += view["n_rollouts"] - view["finished"]
+        report.lost += view.n_rollouts - view.finished
         results = self._results(job["job_id"])
         ids = [r["rollout_id"] for r in results]
         report.duplicated += len(ids) - len(set(ids))
@@ -335,8 +335,8 @@ class Campaign:
             want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
             report.wrong_rewards += r["reward"] != want
             report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
-            turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
-            report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
+            turns = self.svc.client.rollout(r["rollout_id"]).turns or []
+            report.repeated_turns += [t.index for t in turns] != list(range(TURNS))
 
     def _history(self, rollout_id: str) -> list[str]:
         """Why each earlier attempt of a rollout ended (a note names a retry nobody expected)."""
@@ -350,10 +350,10 @@ class Campaign:
         out, cursor = [], 0
         while True:
             page = self.svc.client.results_page(job_id, after=cursor)
-            out += page["items"]
-            if not page["items"] or page["done"]:
+            out += page.items
+            if not page.items or page.done:
                 return out
-            cursor = page["cursor"]
+            cursor = page.cursor
 
     def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int], report: Report) -> None:
         after = sim_stats(self.sim_url)

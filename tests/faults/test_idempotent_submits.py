@@ -42,9 +42,9 @@ def test_concurrent_submits_with_one_key_across_two_gateways(tmp_path, pg_url, r
         assert sum(a["created"] for a in answers) == 1
         ids = answers[0]["rollout_ids"]
         assert len(ids) == len(INSTANCES) * 2 and all(a["rollout_ids"] == ids for a in answers)
-        order = [(svc.client.rollout(r)["instance_id"], svc.client.rollout(r)["sample_index"]) for r in ids]
+        order = [(svc.client.rollout(r).instance_id, svc.client.rollout(r).sample_index) for r in ids]
         assert order == [(i["instance_id"], k) for i in INSTANCES for k in (0, 1)]
-        assert len(svc.client.jobs()["jobs"]) == 1
+        assert len(svc.client.jobs().jobs) == 1
 
         with pytest.raises(RaasHTTPError) as refused:
             svc.client.submit(
@@ -54,11 +54,11 @@ def test_concurrent_submits_with_one_key_across_two_gateways(tmp_path, pg_url, r
         assert "n_samples 3 (the job has 2)" in str(refused.value)
 
         job = svc.wait_done(answers[0]["job_id"], timeout=120)
-        assert job["counts"] == {"done": len(ids)}
-        results = svc.all_results(job["job_id"])
-        assert sorted(r["rollout_id"] for r in results) == sorted(ids)
-        assert [r["seq"] for r in results] == list(range(1, len(ids) + 1))
-        assert all(r["reward"] == float(r["sample_index"] % 2) for r in results)
+        assert job.counts == {"done": len(ids)}
+        results = svc.all_results(job.job_id)
+        assert sorted(r.rollout_id for r in results) == sorted(ids)
+        assert [r.seq for r in results] == list(range(1, len(ids) + 1))
+        assert all(r.reward == float(r.sample_index % 2) for r in results)
     finally:
         second.kill()
         svc.stop()

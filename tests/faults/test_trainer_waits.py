@@ -147,7 +147,7 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
         )
         followers.append(submit)
         job_id = wait_for(
-            lambda: running(submit) and f2.exists() and svc.client.jobs()["jobs"], timeout=120, what="the submission"
+            lambda: running(submit) and f2.exists() and svc.client.jobs().jobs, timeout=120, what="the submission"
         )[0]["job_id"]
         follow = raas("results", job_id, "--follow", "--out", str(f1), env={**env, "RAAS_RETRY_TOTAL": "60"})
         followers.append(follow)
@@ -188,7 +188,7 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
         thread.join(120)
         assert not thread.is_alive() and not errors, errors
         trainer.close()
-        ids = [r["rollout_id"] for r in svc.all_results(job_id)]
+        ids = [r.rollout_id for r in svc.all_results(job_id)]
         assert len(ids) == INSTANCES * 2
 
         assert submit.returncode == 1 and "Traceback" not in submit_err, submit_err

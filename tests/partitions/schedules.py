@@ -123,19 +123,19 @@ def _judge_side_job(c: Campaign, job: dict[str, Any], report: Report) -> None:
     except AssertionError as exc:
         report.notes.append(str(exc).splitlines()[0][:300])
     view = c.svc.client.job(job["job_id"])
-    report.rollouts += view["n_rollouts"]
-    report.finished += view["finished"]
-    report.lost += view["n_rollouts"] - view["finished"]
-    completed = (view.get("outcomes") or {}).get("completed", 0)
-    report.unexpected_outcomes += view["finished"] - completed
+    report.rollouts += view.n_rollouts
+    report.finished += view.finished
+    report.lost += view.n_rollouts - view.finished
+    completed = (view.outcomes or {}).get("completed", 0)
+    report.unexpected_outcomes += view.finished - completed
     ids = [r["rollout_id"] for r in c._results(job["job_id"])]
     report.duplicated += len(ids) - len(set(ids))
-    report.notes.append(f"burst: {completed}/{view['n_rollouts']} completed, {len(ids)} results")
+    report.notes.append(f"burst: {completed}/{view.n_rollouts} completed, {len(ids)} results")
 
 
 def _ended(c: Campaign, job: dict[str, Any]) -> dict[str, Any] | None:
     view = c.svc.client.job(job["job_id"])
-    return view if view["finished"] >= view["n_rollouts"] else None
+    return view if view.finished >= view.n_rollouts else None
 
 
 SCHEDULES = {

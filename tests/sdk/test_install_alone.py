@@ -65,9 +65,9 @@ def test_the_sdk_installs_and_works_without_the_server(tmp_path):
     svc = start_service(tmp_path / "home", concurrency=2)
     try:
         job = svc.client.submit("test-sleepy", [{"instance_id": "i0"}, {"instance_id": "i1"}], n_samples=2)
-        svc.wait_done(job["job_id"], timeout=60)
+        svc.wait_done(job.job_id, timeout=60)
         probe = subprocess.run(
-            [str(python), "-c", PROBE, svc.url, job["job_id"], ",".join(SERVER_ONLY)],
+            [str(python), "-c", PROBE, svc.url, job.job_id, ",".join(SERVER_ONLY)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -86,7 +86,7 @@ def test_the_sdk_installs_and_works_without_the_server(tmp_path):
         )
         assert bare.returncode != 0 and "pip install 'raas-client[cli]'" in bare.stderr
         # with the `cli` extra the trainer-side commands work, without the server
-        command = [str(venv / "bin" / "raas-client"), "status", job["job_id"][:12], "--url", svc.url]
+        command = [str(venv / "bin" / "raas-client"), "status", job.job_id[:12], "--url", svc.url]
         shown = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["outcomes"] == {"completed": 4}

@@ -266,7 +266,7 @@ class SlurmScenario:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             view = self.client.job(job_id)
-            if view["finished"] >= view["n_rollouts"]:
+            if view.finished >= view.n_rollouts:
                 return True
             time.sleep(0.5)
         return False
@@ -361,8 +361,8 @@ class SlurmScenario:
 
     def _measure(self, job_id: str, report: SlurmReport, before: dict[str, int], n: int, samples: int) -> None:
         view = self.client.job(job_id)
-        report.outcomes = view.get("outcomes") or {}
-        report.lost = view["n_rollouts"] - view["finished"]
+        report.outcomes = view.outcomes or {}
+        report.lost = view.n_rollouts - view.finished
         results = _all_results(self.client, job_id)
         ids = [r["rollout_id"] for r in results]
         report.duplicated = len(ids) - len(set(ids))
@@ -411,10 +411,10 @@ def _all_results(client: RaasClient, job_id: str) -> list[dict[str, Any]]:
     out, cursor = [], 0
     while True:
         page = client.results_page(job_id, after=cursor)
-        out += page["items"]
-        if not page["items"] or page["done"]:
+        out += page.items
+        if not page.items or page.done:
             return out
-        cursor = page["cursor"]
+        cursor = page.cursor
 
 
 def _wait(predicate, timeout: float, what: str, context=lambda: "") -> None:
