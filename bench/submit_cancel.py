@@ -195,9 +195,7 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 row["healthz_cancel"] = health.during(t1, t2)
                 row["counts_before_cancel"] = running
                 row["counts_after_cancel"] = view.counts
-                final = _wait(
-                    lambda: svc.client.job(job.job_id).finished >= row["rollouts"], timeout=120, step=0.2
-                )
+                final = _wait(lambda: svc.client.job(job.job_id).finished >= row["rollouts"], timeout=120, step=0.2)
                 row["all_terminal_s"] = round(final, 2) if final is not None else None
                 t3 = time.monotonic()
                 one = svc.client.submit("test-trivial", [{"instance_id": "after"}])

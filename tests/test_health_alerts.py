@@ -32,6 +32,7 @@ import pytest
 from fakellm.server import make_server
 from raas_client.sdk import verify_callback
 from tests.pipeline_harness import start_service, wait_for
+from raas_client.health_models import AlertView
 
 pytestmark = pytest.mark.service
 
@@ -191,10 +192,10 @@ def test_each_change_raises_its_alert_within_two_groups_on_the_stream(service, r
     assert first <= raised[0].seq <= first + WITHIN_ROLLOUTS, (first, raised[0])
     assert raised[0].weight_version == "step-3"
     events = run["streams"][scenario]
-    kinds = [kind for kind, _, _ in events]
+    kinds = [e.event for e in events]
     assert kinds[-1] == "job" and kinds.count("alert") == 1, kinds  # pushed live, before the end
-    _, ident, data = next(e for e in events if e[0] == "alert")
-    assert data["name"] == alert and ident >= first
+    pushed = next(e for e in events if e.event == "alert")
+    assert isinstance(pushed.data, AlertView) and pushed.data.name == alert and pushed.id >= first
     assert "rollout" in kinds[: kinds.index("alert")]
 
 

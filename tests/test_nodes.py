@@ -97,9 +97,9 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
             assert where["init"]["node"] == where["run"]["node"] == where["eval"]["node"] == "n2"
             [earlier] = svc.client.rollout(rid).earlier_attempts
             # its pool's consumer row and its node's row went stale together: either says so
-            assert (
-                "node n1 stopped beating" in earlier.error or "queue run.n1 has no live consumer" in earlier.error
-            ), earlier
+            assert "node n1 stopped beating" in earlier.error or "queue run.n1 has no live consumer" in earlier.error, (
+                earlier
+            )
         with session_scope(db) as s:
             samples = dict(
                 s.execute(sa.select(Rollout.id, Rollout.sample_index).where(Rollout.job_id == job.job_id)).all()

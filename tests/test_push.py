@@ -15,6 +15,8 @@ from core.errors import InvalidRequest
 from core.policy import Policy, check_callback_url
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
+from raas_client.event_models import RolloutEvent
+from raas_client.models import GroupView, JobView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -105,15 +107,18 @@ def test_event_stream_reports_progress_and_resumes(service) -> None:
         "test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)], n_samples=2, agent_config={"run_s": 0.2}
     )
     events = list(service.client.events(job.job_id, wait=30))
-    kinds = [e[0] for e in events]
+    kinds = [e.event for e in events]
     assert kinds.count("rollout") == 6 and kinds.count("group") == 3 and kinds[-1] == "job"
-    assert [e[1] for e in events if e[0] == "rollout"] == list(range(1, 7))
-    assert all(e[2].reward in (0.0, 1.0) for e in events if e[0] == "rollout")
-    assert events[-1][2].status == "done" and events[-1][2]["finished"] == 6
+    rollouts = [e for e in events if e.event == "rollout"]
+    assert [e.id for e in rollouts] == list(range(1, 7))
+    assert all(isinstance(e.data, RolloutEvent) and e.data.reward in (0.0, 1.0) for e in rollouts)
+    assert all(isinstance(e.data, GroupView) for e in events if e.event == "group")
+    last = events[-1].data
+    assert isinstance(last, JobView) and last.status == "done" and last.finished == 6
     # a reconnect with Last-Event-ID 3 gets exactly what followed seq 3
     resumed = list(service.client.events(job.job_id, after=3, wait=5))
-    assert [e[1] for e in resumed if e[0] == "rollout"] == [4, 5, 6]
-    assert [e for e in events if e[1] > 3] == resumed
+    assert [e.id for e in resumed if e.event == "rollout"] == [4, 5, 6]
+    assert [e for e in events if e.id > 3] == resumed
 
 
 @pytest.mark.parametrize("backend", ["redis+postgresql", "embedded"])

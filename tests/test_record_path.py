@@ -51,7 +51,7 @@ def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
     try:
         svc.client.add_llm_server(url, weight_version="step-1")
         job = svc.client.submit("test-record-path", [{"instance_id": "q", "data": {}}])
-        [row] = list(svc.client.rollouts(job.job_id, wait=60))  # the SDK's typed rows
+        [row] = list(svc.client.results(job.job_id, wait=60))  # the SDK's typed rows
 
         # The trainer side: the SDK parsed the wire into the record's subclass.
         assert type(row) is RolloutView and isinstance(row, Trajectory), svc.log_tail()

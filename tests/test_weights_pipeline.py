@@ -27,6 +27,7 @@ from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
+from raas_client.models import RolloutView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -85,25 +86,25 @@ def rows(db_url: str) -> list[LLMServer]:
         return list(s.query(LLMServer).order_by(LLMServer.created_at))
 
 
-def turn_logprobs_match(detail: dict, state_of: dict) -> bool:
+def turn_logprobs_match(detail: RolloutView, state_of: dict) -> bool:
     """Every turn's logprobs are what the weights of its recorded version give (position =
     its offset in the full sequence; v0 = the never-pushed simulator)."""
     spans, start = [], None
-    mask = detail["loss_mask"] + [0]
+    mask = detail.loss_mask + [0]
     for i, m in enumerate(mask):
         if m and start is None:
             start = i
         elif not m and start is not None:
             spans.append(start)
             start = None
-    base = len(detail["prompt_ids"])
-    for turn, offset in zip(detail["turns"], spans):
-        state = state_of[turn["weight_version"]]
+    base = len(detail.prompt_ids)
+    for turn, offset in zip(detail.turns, spans):
+        state = state_of[turn.weight_version]
         expected = [
             fake_logprob(t, base + offset + i) if state is None else weights_logprob(state, t, base + offset + i)
-            for i, t in enumerate(turn["generated_ids"])
+            for i, t in enumerate(turn.generated_ids)
         ]
-        if turn["logprobs"] != pytest.approx(expected, abs=1e-9):
+        if turn.logprobs != pytest.approx(expected, abs=1e-9):
             return False
     return True
 

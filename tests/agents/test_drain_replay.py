@@ -29,6 +29,7 @@ from tests.agents.test_replay_pipeline import (
     _turns,
 )
 from tests.pipeline_harness import start_service, wait_for
+from raas_client.models import RolloutView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -52,7 +53,7 @@ def llm():
 
 
 @pytest.fixture(scope="module")
-def plain(service, llm):
+def plain(service, llm) -> RolloutView:
     """The uninterrupted episode: what every interrupted one must equal."""
     job, rid = _submit(service, llm, KEPT)
     service.wait_done(job, timeout=120)

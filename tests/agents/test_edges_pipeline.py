@@ -20,6 +20,7 @@ import pytest
 from fakellm.server import start_simulator
 from raas_client.sdk import RaasHTTPError
 from tests.pipeline_harness import start_service
+from raas_client.models import TurnView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -91,7 +92,7 @@ def test_prompt_too_long_when_the_limit_is_unknown_is_not_a_sample(service) -> N
         stop()
 
 
-def _turns(service, rollout_id: str) -> list[dict]:
+def _turns(service, rollout_id: str) -> list[TurnView]:
     return service.client.rollout(rollout_id).turns or []
 
 

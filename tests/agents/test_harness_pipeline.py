@@ -19,6 +19,7 @@ import pytest
 
 from fakellm.server import start_simulator
 from tests.pipeline_harness import start_service
+from raas_client.models import JobAccepted
 
 # A whole-service tier: `make test`, not `make test-fast`. The first test also waits for the
 # environments' first build on a machine (pip: minutes on a loaded one) and for its job among
@@ -120,12 +121,12 @@ def llm():
     stop()
 
 
-def outcomes(service, job: dict) -> dict[str, tuple[str, float | None]]:
-    service.wait_done(job["job_id"], timeout=300)
-    return {r.instance_id: (r.outcome, r.reward) for r in service.all_results(job["job_id"])}
+def outcomes(service, job: JobAccepted) -> dict[str, tuple[str | None, float | None]]:
+    service.wait_done(job.job_id, timeout=300)
+    return {r.instance_id: (r.outcome, r.reward) for r in service.all_results(job.job_id)}
 
 
-def submit(service, llm, harness: str, task: str, instances: list[dict], **config) -> dict:
+def submit(service, llm, harness: str, task: str, instances: list[dict], **config) -> JobAccepted:
     return service.client.submit(
         "harness",
         instances,
@@ -155,7 +156,7 @@ JOBS = {
 
 
 @pytest.fixture(scope="module")
-def jobs(service, llm) -> dict[str, dict]:
+def jobs(service, llm) -> dict[str, JobAccepted]:
     """The submitted jobs of `JOBS`, by name."""
     return {name: submit(service, llm, harness, task, instances()) for name, (harness, task, instances) in JOBS.items()}
 
@@ -163,7 +164,7 @@ def jobs(service, llm) -> dict[str, dict]:
 def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
     job = jobs["openai-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
-    by_id = {r.instance_id: r for r in service.all_results(job["job_id"])}
+    by_id = {r.instance_id: r for r in service.all_results(job.job_id)}
     fixed = service.client.rollout(by_id[INTERVALS].rollout_id)
     assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
     assert fixed.metrics["calls"] == 2 and fixed.metrics["tool_calls"] == 2
@@ -179,7 +180,7 @@ def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, j
 def test_the_openai_sdk_agent_answers_a_math_problem_in_its_answer_file(service, jobs) -> None:
     job = jobs["openai-math"]
     assert outcomes(service, job) == {MATH_ID: ("completed", 1.0)}, service.log_tail()
-    [row] = service.all_results(job["job_id"])
+    [row] = service.all_results(job.job_id)
     assert service.client.rollout(row.rollout_id).extra["predicted_answer"] == "1170"
 
 
@@ -191,7 +192,7 @@ def test_the_anthropic_sdk_path_fixes_the_bug(service, jobs) -> None:
 def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
     job = jobs["mini-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
-    by_id = {r.instance_id: r for r in service.all_results(job["job_id"])}
+    by_id = {r.instance_id: r for r in service.all_results(job.job_id)}
     fixed = service.client.rollout(by_id[INTERVALS].rollout_id)
     assert fixed.metrics["calls"] == 2 and fixed.metrics["harness_returncode"] == 0
     assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
@@ -203,7 +204,7 @@ def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, jobs)
     history without that reply (a rewrite): two prefix-consistent samples, still reward 1."""
     job = jobs["mini-split"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0)}, service.log_tail()
-    [result] = service.all_results(job["job_id"])
+    [result] = service.all_results(job.job_id)
     rollout = service.client.rollout(result.rollout_id)
     metrics = rollout.metrics
     assert (metrics["calls"], metrics["samples"], metrics["splits"]) == (3, 2, 1), metrics
@@ -223,7 +224,7 @@ def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, jobs) -> 
     """The model's command kills the harness (SIGKILL to the agent process): its own crash."""
     job = jobs["openai-crash"]
     assert outcomes(service, job) == {MONEY: ("agent_error", 0.0)}, service.log_tail()
-    [row] = service.all_results(job["job_id"])
+    [row] = service.all_results(job.job_id)
     rollout = service.client.rollout(row.rollout_id)
     assert rollout.finish_reason == "harness_exit"
     assert rollout.metrics["harness_returncode"] == -9 and rollout.metrics["calls"] == 1

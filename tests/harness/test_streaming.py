@@ -27,6 +27,8 @@ def assert_live(times: list[float]) -> None:
     land within milliseconds, a live one spreads its pieces over the scripted latency. The
     spread, unlike the time to the first piece, does not depend on how loaded the machine is."""
     assert len(times) > 5 and times[-1] - times[0] > LATENCY / 5, times
+
+
 SCRIPT = {"by_instance": {"i-1": [TEXT + "\n" + CALL, "The bug is fixed."]}, "latency": LATENCY}
 START = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Task i-1: fix it."}]
 

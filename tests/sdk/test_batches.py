@@ -157,7 +157,7 @@ def test_rows_parse_from_the_wire_json(service, job):
     """The gateway serves the SDK's model: a raw row parses, and carries failure_class."""
     page = service.client.results_page(job, 0, wait=0, limit=100)
     assert page.items and all(i.failure_class in ("none", "policy", "infra") for i in page.items)
-    row = RolloutView.model_validate(json.loads(json.dumps(page.items[0])))
+    row = RolloutView.model_validate(json.loads(page.items[0].model_dump_json()))
     assert row.model_dump(mode="json")["failure_class"] == page.items[0].failure_class
 
 
@@ -169,7 +169,7 @@ def test_out_rows_are_the_api_records(service, job, tmp_path):
     assert res.exit_code == 0, res.output
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     api = service.all_results(job)
-    assert lines == api and len(lines) == 4 * N
+    assert lines == [r.model_dump(mode="json") for r in api] and len(lines) == 4 * N
     assert sum(r["group_complete"] for r in lines) == 4
     assert all(r["metrics"].get("turns") for r in lines if r["failure_class"] == "none")
     assert [RolloutView.model_validate(r).failure_class for r in lines] == [r["failure_class"] for r in lines]

@@ -24,6 +24,8 @@ from fakellm.server import start_simulator
 from raas_client import RaasClient
 from tests.pipeline_harness import start_service, wait_for
 from tests.ui.browser import chromium, console_errors
+from collections.abc import Iterator
+from raas_client.models import JobAccepted
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -87,7 +89,7 @@ def service(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def jobs(service):
+def jobs(service) -> Iterator[dict[str, JobAccepted]]:
     """A finished job (completed with and without drift, agent_error), a slow one, another's."""
     good, bad, slow = QUESTIONS["search-003"], QUESTIONS["search-016"], QUESTIONS["search-002"]
     script = {
@@ -117,7 +119,7 @@ def jobs(service):
     service.bob.add_llm_server(url.replace("127.0.0.1", "127.0.0.2"))  # bob's own pool
     service.wait_done(main.job_id, timeout=120)
     deadline = time.monotonic() + 120
-    while service.bob.job(other["job_id"])["status"] == "running":
+    while service.bob.job(other.job_id).status == "running":
         assert time.monotonic() < deadline, "bob's job did not finish"
         time.sleep(0.2)
     slow_job = service.client.submit(
@@ -149,21 +151,21 @@ def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs
         page = anon.get("/ui/")
         assert page.status_code == 401 and 'id="login"' in page.text
         assert anon.get("/ui/?token=wrong").status_code == 401
-        assert anon.get(f"/ui/jobs/{main['job_id']}").status_code == 401
-        assert anon.get(f"/ui/rollouts/{main['rollout_ids'][0]}/tokens.json?segment=0").status_code == 401
+        assert anon.get(f"/ui/jobs/{main.job_id}").status_code == 401
+        assert anon.get(f"/ui/rollouts/{main.rollout_ids[0]}/tokens.json?segment=0").status_code == 401
         assert anon.post("/ui/login", data={"token": "wrong"}).status_code == 401
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=service.url, headers=auth) as mine:
-        assert mine.get(f"/ui/jobs/{main['job_id']}").status_code == 200
-        assert mine.get(f"/ui/jobs/{other['job_id']}").status_code == 404
-        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}").status_code == 404
-        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}/tokens.json?segment=0").status_code == 404
-        assert mine.post(f"/ui/jobs/{other['job_id']}/cancel").status_code == 404
-        assert other["job_id"] not in mine.get("/ui/").text
+        assert mine.get(f"/ui/jobs/{main.job_id}").status_code == 200
+        assert mine.get(f"/ui/jobs/{other.job_id}").status_code == 404
+        assert mine.get(f"/ui/rollouts/{other.rollout_ids[0]}").status_code == 404
+        assert mine.get(f"/ui/rollouts/{other.rollout_ids[0]}/tokens.json?segment=0").status_code == 404
+        assert mine.post(f"/ui/jobs/{other.job_id}/cancel").status_code == 404
+        assert other.job_id not in mine.get("/ui/").text
     with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {OTHER}"}) as bob:
-        assert bob.get(f"/ui/jobs/{other['job_id']}").status_code == 200
-        assert bob.get(f"/ui/jobs/{main['job_id']}").status_code == 404
-        assert bob.get(f"/ui/rollouts/{main['rollout_ids'][0]}").status_code == 404
+        assert bob.get(f"/ui/jobs/{other.job_id}").status_code == 200
+        assert bob.get(f"/ui/jobs/{main.job_id}").status_code == 404
+        assert bob.get(f"/ui/rollouts/{main.rollout_ids[0]}").status_code == 404
     # The cookie is for /ui only: it never authenticates an API call.
     with httpx.Client(base_url=service.url) as browser_like:
         browser_like.post("/ui/login", data={"token": TOKEN})
@@ -172,7 +174,7 @@ def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs
 
 
 def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifacts) -> None:
-    main = service.client.job(jobs["main"]["job_id"])
+    main = service.client.job(jobs["main"].job_id)
     assert main.outcomes == {"completed": 4, "agent_error": 2}
     browser.get(f"{service.url}/ui/")
     # Read the row in one script: the rows refresh themselves while the slow job runs.
@@ -187,13 +189,13 @@ def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifac
     )
     assert shown == main.outcomes
     assert "6 / 6" in text and "search" in text
-    assert jobs["other"]["job_id"] not in browser.page_source
+    assert jobs["other"].job_id not in browser.page_source
     shot(browser, artifacts, "jobs")
     assert console_errors(browser) == []
 
 
 def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browser, artifacts) -> None:
-    job_id = jobs["main"]["job_id"]
+    job_id = jobs["main"].job_id
     browser.get(f"{service.url}/ui/")
     browser.find_element("css selector", f'tr[data-job="{job_id}"] a').click()  # click 1
     wait_for(lambda: browser.find_elements("id", "groups"))
@@ -266,7 +268,7 @@ def test_stage_view_shows_the_metrics_numbers(service, jobs, browser, artifacts)
 
 
 def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, browser, artifacts) -> None:
-    job_id = jobs["slow"]["job_id"]
+    job_id = jobs["slow"].job_id
     browser.get(f"{service.url}/ui/")
     row = f'tr[data-job="{job_id}"]'
     if wait_for(lambda: _attribute_fresh(browser, row, "data-status")) != "running":
