@@ -251,7 +251,7 @@ def job_view(s: Session, job: Job) -> JobView:
 
 
 def rollout_view(r: Rollout, turns: list[Turn] | None = None, group: dict[str, Any] | None = None) -> RolloutView:
-    """The wire form of a rollout (`raas_client.models.Rollout`: the record and the row's
+    """The wire form of a rollout (`raas_client.models.RolloutView`: the record and the row's
     identity, status and timing); given its turns, they are grouped by attempt."""
     current, earlier = None, None
     if turns is not None:

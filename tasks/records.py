@@ -18,7 +18,7 @@ from tasks.config import PIPELINE_EXTRA_KEYS
 
 def record_fields(source: Any) -> dict[str, Any]:
     """The record's fields of `source` (a `Trajectory`, or a rollout row: the columns named
-    alike), as keyword arguments for the row's writes or the gateway's `Rollout`."""
+    alike), as keyword arguments for the row's writes or the gateway's `RolloutView`."""
     return {name: getattr(source, name) for name in TRAJECTORY_FIELDS}
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from core.db import session_scope
 from core.models import Rollout
-from tasks.config import PENDING_REEVALUATIONS
+from tasks.config import PENDING_REEVALUATIONS, PIPELINE_EXTRA_KEYS
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 
@@ -66,6 +66,10 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
         request_id = second.extra["reevaluation_request"]
         mark, extra = _row(svc, rid)
         assert mark is not None and extra[PENDING_REEVALUATIONS] == [request_id]
+        # pipeline state stays on the server: not in what a trainer reads, pending or not
+        assert PIPELINE_EXTRA_KEYS.isdisjoint(second.extra)
+        assert PIPELINE_EXTRA_KEYS.isdisjoint(svc.client.rollout(rid).extra)
+        assert all(PIPELINE_EXTRA_KEYS.isdisjoint(r.extra) for r in svc.all_results(job.job_id))
         time.sleep(1.5)  # nothing reached a worker: still one result, and past the grace
         assert len(_row(svc, rid)[1]["reevaluations"]) == 1
         monkeypatch.undo()

@@ -40,11 +40,11 @@ BARE_CLI = "import sys; sys.modules['click'] = None; from raas_client.console im
 PROBE = textwrap.dedent("""
     import importlib.util, json, sys
     sys.modules["click"] = sys.modules["tqdm"] = None  # the SDK itself needs neither
-    from raas_client import RaasClient, RolloutView
+    from raas_client import RaasClient
     url, job_id = sys.argv[1], sys.argv[2]
     absent = [m for m in sys.argv[3].split(",") if importlib.util.find_spec(m) is None]
     with RaasClient(url) as client:
-        rows = [RolloutView.model_validate(i) for i in client.results_page(job_id, limit=100)["items"]]
+        rows = client.results_page(job_id, limit=100).items  # typed: RolloutView
         batch = client.collect(job_id, groups=2, timeout=30)
     print(json.dumps({"absent": absent, "classes": [r.failure_class for r in rows],
                       "rewards": [r.reward for r in rows], "tokens": [r.response_ids for r in rows],
