@@ -80,7 +80,7 @@ def validate_submission(
     llm = None
     if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
         from agents.llm.backends.guard import url_guard
-        from agents.llm.spec import LLMSpec, resolve_llm_spec
+        from agents.llm.spec import resolve_llm_spec
 
         with url_guard(None if admin else settings.policy.llm.server_rules):
             llm = resolve_llm_spec(  # parsed once, with the request: typed from here on
