@@ -31,9 +31,10 @@ def service(tmp_path, pg_url, redis_prefix):
     svc.stop()
 
 
-def seconds(start: str, end: str) -> float:
-    """Seconds between two timestamps of the wire (ISO 8601)."""
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+def seconds(start: datetime | None, end: datetime | None) -> float:
+    """Seconds between two timestamps of the wire records."""
+    assert start is not None and end is not None
+    return (end - start).total_seconds()
 
 
 def by_instance(rows: list[RolloutView]) -> dict[str, list[RolloutView]]:
