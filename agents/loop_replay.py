@@ -2,7 +2,7 @@
 
 A rollout whose sandbox was lost (node loss, `scancel`, a time limit, a preemption) gets a new
 attempt: INIT starts a fresh sandbox from the same instance, and RUN receives the logged turns
-of the attempt that lost it (`tasks.resume.turns_to_resume`). The LLM session is rebuilt from
+of the attempt that lost it (`tasks.recovery.resume.turns_to_resume`). The LLM session is rebuilt from
 them token for token (`agents.llm.replay`); here their tool calls are executed again in the new
 sandbox, turn by turn and with no generation, each output compared with the logged observation,
 and each turn logged again under this attempt (the attempt's own log is then complete, so a

@@ -14,9 +14,11 @@ from app import ui
 from app.api import errors, events, health, job_health, jobs, llm_servers, policy, prorl, rollouts, validations, weights
 from app.auth import authenticate
 from core.db import configure_pool
-from core.settings import load_settings
+from core.settings import Settings, load_settings
+from tasks.broker.outbox import OutboxPublisher
 from tasks.celery_app import make_celery
-from tasks.sandboxes import check_node_settings
+from tasks.process.parts import ProcessParts, Step
+from tasks.sandboxing.sandboxes import check_node_settings
 
 log = logging.getLogger(__name__)
 # A large submission is CPU in a request thread (validation, rows, the bulk insert) for up to
@@ -43,6 +45,12 @@ def _freeze_startup_objects() -> None:
         gc.freeze()
 
 
+def gateway_steps(settings: Settings, celery: Any) -> list[Step]:
+    """The gateway process's long-lived parts (`tasks.process.parts`): the outbox publisher
+    that sends accepted rollouts to the broker off the request threads."""
+    return [Step(OutboxPublisher, lambda parts: OutboxPublisher(settings.db_url, celery))]
+
+
 def build_app(config: Any = None) -> Flask:
     """A gateway for `config` (Settings, a dict of overrides, or None for the environment)."""
     settings = load_settings(config)
@@ -54,7 +62,8 @@ def build_app(config: Any = None) -> Flask:
     app.config["RAAS"] = settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
-    app.extensions["celery"] = make_celery(settings)
+    app.extensions["celery"] = celery = make_celery(settings)
+    celery.raas_parts = ProcessParts(gateway_steps(settings, celery)).start()
     for module in (jobs, events, rollouts, llm_servers, weights, policy, health, prorl, validations, job_health, ui):
         app.register_blueprint(module.bp)
     errors.register_error_handlers(app)

@@ -1,4 +1,4 @@
-"""A job's health view (`GET /v1/jobs/<id>/health`, the job page, /metrics): `tasks.health`'s
+"""A job's health view (`GET /v1/jobs/<id>/health`, the job page, /metrics): `tasks.watch.health`'s
 figures over the job's finished rollouts, plus the alerts the reaper raised.
 
 The gateway keeps one `HealthCache` (`app.extensions`), so repeated reads of a running job
@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from agents.job_config import JobConfig
 from core.models import Job
-from tasks import health
-from tasks.health_alerts import alert_view, job_alerts
+from tasks.watch import health
+from tasks.watch.health_alerts import alert_view, job_alerts
 
 MAX_GROUPS = 200
 

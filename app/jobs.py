@@ -39,9 +39,11 @@ from core.policy import (
     check_sandbox_options,
 )
 from core.settings import Settings
-from tasks import cancels, groups, lifecycle, outbox, purge, quotas
-from tasks.llm_pool import registered_urls
-from tasks.records import wire_fields
+from tasks.writes import cancels, groups, lifecycle
+from tasks.broker import outbox, purge
+from tasks import quotas
+from tasks.llm.llm_pool import registered_urls
+from tasks.writes.records import wire_fields
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +188,7 @@ def create_job(
             raise
         return existing
     ids = [row["id"] for row in rows]
-    outbox.publisher_for(settings.db_url, celery).submit(ids)
+    celery.raas_parts.get(outbox.OutboxPublisher).submit(ids)  # the gateway's (`app.factory`)
     return JobAccepted.build(job_id=job.id, rollout_ids=ids, created=True)
 
 
@@ -303,7 +305,7 @@ def results_after(s: Session, job_id: str, after: int, limit: int) -> list[Rollo
 
 def cancel_job(settings: Settings, job_id: str, owner: str | None = None, celery: Any = None) -> JobView:
     """Stop a job: queued rollouts end at once (one statement), running ones at their next
-    turn; then their INIT messages leave the broker (`tasks.purge`), so the next job does not
+    turn; then their INIT messages leave the broker (`tasks.broker.purge`), so the next job does not
     wait behind them. A purge that fails changes nothing: the workers drop those messages."""
     with session_scope(settings.db_url) as s:
         get_job(s, job_id, owner)

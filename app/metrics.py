@@ -25,7 +25,7 @@ from sqlalchemy import case, func, select
 
 from core.db import session_scope
 from core.models import LLMServer, Rollout
-from tasks.queues import known_queues, queue_depths
+from tasks.broker.queues import known_queues, queue_depths
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -168,8 +168,8 @@ def job_health_families(db_url: str, cache: Any = None):
 
     from agents.job_config import JobConfig
     from core.models import Job, JobAlert, utcnow
-    from tasks import health
-    from tasks.health_alerts import RECENTLY_FINISHED
+    from tasks.watch import health
+    from tasks.watch.health_alerts import RECENTLY_FINISHED
 
     cache = cache or health.HealthCache(jobs=HEALTH_JOBS)
     recent = GaugeMetricFamily(

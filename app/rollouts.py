@@ -22,7 +22,7 @@ from core.db import session_scope
 from core.errors import Conflict, InvalidRequest, NotFound
 from core.models import Job, Rollout, Status, Turn
 from core.settings import Settings
-from tasks import outbox
+from tasks.broker import outbox
 
 REEVALUATION_POLL = 0.2  # seconds between two looks for a re-evaluation's result
 

@@ -75,7 +75,7 @@ def create_validation(settings: Settings, body: ValidationCreate, owner: str) ->
 
 def publish(celery: Any, validation_id: str) -> None:
     """Hand a stored request to the `init` queue's workers (grading sandboxes start anywhere)."""
-    from tasks.config import INIT_QUEUE
+    from tasks.broker.config import INIT_QUEUE
     from tasks.validation import VALIDATE_TASK
 
     celery.send_task(VALIDATE_TASK, args=[validation_id], queue=INIT_QUEUE)

@@ -1,15 +1,15 @@
 """How fast stale INIT messages of a cancelled job leave the queue: dropped one by one by an
-INIT pool (the workers' path) vs removed by the broker purge (`tasks.purge`). Prints JSON + a
+INIT pool (the workers' path) vs removed by the broker purge (`tasks.broker.purge`). Prints JSON + a
 table.
 
 For each backend a real service (gateway, INIT/RUN/EVAL pools of 2 threads, reaper) gets a
 1-rollout job that is cancelled; then N attempt-1 INIT messages naming that job are
 published straight to the broker (as a submission's publisher would have, before the cancel)
 and the time until the INIT queue is empty is measured: drops per second of one INIT pool.
-Where `tasks.purge` exists, `tasks.purge.purge_job` is first timed alone on the same backlog
+Where `tasks.broker.purge` exists, `tasks.broker.purge.purge_job` is first timed alone on the same backlog
 (the INIT pool stopped meanwhile): messages removed per second and the longest single script
 call (how long Redis is busy at once). On such a tree the pool's "drops" include the purge a
-worker runs when it drops a cancelled job's message (`cancels.drop_stale`). `--init-ahead`
+worker runs when it drops a cancelled job's message (`cancels.CancelMemory.drop_stale`). `--init-ahead`
 runs the pool as `raas node` does (INIT backpressure on: a database count after every INIT
 task, dropped ones included, before this change).
 
@@ -37,8 +37,8 @@ from tests.pipeline_harness import start_service  # noqa: E402
 def _stale(celery: Any, job_id: str, n: int, headerless: bool = False) -> None:
     """n first-attempt INIT messages of the job, published in batches like the outbox does
     (`headerless`: as before the purge, without the `raas_job` header it reads)."""
-    from tasks.config import TASK_NAMES, message_priority
-    from tasks.publish import publish
+    from tasks.broker.config import TASK_NAMES, message_priority
+    from tasks.broker.publish import publish
 
     with celery.producer_or_acquire() as producer, producer.batch(max_size=500):
         for _ in range(n):
@@ -55,7 +55,7 @@ def _stale(celery: Any, job_id: str, n: int, headerless: bool = False) -> None:
 
 
 def _depth(celery: Any) -> int:
-    from tasks.queues import queue_depths
+    from tasks.broker.queues import queue_depths
 
     return queue_depths(celery, ["init"])["init"]
 
@@ -71,7 +71,7 @@ def _until_empty(celery: Any, timeout: float) -> float | None:
 
 def _timed_purge(celery: Any, job_id: str) -> tuple[int, float, float]:
     """Purge with each script call timed: (removed, seconds, longest call ms)."""
-    from tasks import purge
+    from tasks.broker import purge
 
     longest = 0.0
     original = purge._purge_list
@@ -96,10 +96,10 @@ def _timed_purge(celery: Any, job_id: str) -> tuple[int, float, float]:
 
 
 def has_purge() -> bool:
-    """False on a tree before `tasks.purge` (the baseline: workers' drops only)."""
+    """False on a tree before `tasks.broker.purge` (the baseline: workers' drops only)."""
     import importlib.util
 
-    return importlib.util.find_spec("tasks.purge") is not None
+    return importlib.util.find_spec("tasks.broker.purge") is not None
 
 
 def run_backend(name: str, n: int, init_ahead: bool, timeout: float, headerless: bool = False) -> list[dict]:

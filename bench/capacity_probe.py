@@ -37,9 +37,9 @@ def stage() -> str:
         return current
     name = threading.current_thread().name
     if name.startswith("raas-turn-writer"):
-        return "run"  # RUN's turn records and mark clears, group-committed (tasks.turn_log)
+        return "run"  # RUN's turn records and mark clears, group-committed (tasks.writes.turn_log)
     if name.startswith("raas-mark-clearer"):
-        return "marks"  # hand-on outbox marks, cleared in batches (tasks.outbox_marks)
+        return "marks"  # hand-on outbox marks, cleared in batches (tasks.writes.outbox_marks)
     return "heartbeat" if name.startswith("raas-heartbeat") else "other"
 
 

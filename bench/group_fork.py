@@ -8,8 +8,8 @@ A real repository of `--files` generated source files (a git repo with history, 
 repository mirror as a `owner__name.git` bare repo, as SWE-bench slugs are) is the instance.
 Both paths run in this one process, through the pipeline's own functions and the swe handler:
 - `unforked` (the baseline, `sandbox.group_fork: false`): each sample's INIT starts its sandbox
-  (`tasks.sandboxes.start`) and runs `SWEHandler.init` (clone + checkout at the base commit);
-- `forked`: each sample's INIT goes through `tasks.group_layers.sample_sandbox` (a real SQLite
+  (`tasks.sandboxing.sandboxes.start`) and runs `SWEHandler.init` (clone + checkout at the base commit);
+- `forked`: each sample's INIT goes through `tasks.sandboxing.group_layers.sample_sandbox` (a real SQLite
   `group_layers` row; the first sample prepares the layer, the others wait for it) and runs
   `SWEHandler.init_fork`.
 `--workers` INIT threads take the n samples, as an INIT pool's slots would. Each sample then
@@ -49,7 +49,7 @@ from migrations.runner import upgrade  # noqa: E402
 from sandbox import list_sandboxes  # noqa: E402
 from sandbox.toolserver.procs import descendants  # noqa: E402
 from sandbox.workspace import disk_usage  # noqa: E402
-from tasks import group_layers, sandboxes  # noqa: E402
+from tasks.sandboxing import group_layers, sandboxes  # noqa: E402
 
 SLUG = "bench/generated"
 CLK = os.sysconf("SC_CLK_TCK")

@@ -9,8 +9,8 @@ latency bound: 64 / 4 = 16/s); the figure of merit is the steady-state fraction 
 windows of whole waves after the first sixth of the finishes (`hot_path_estimate`: the slots
 free together, so rollouts finish in waves of `slots`; the old cut, first and last sixth
 dropped, spans part-waves, 0.955 of the bound at zero overhead and moving with where it lands
-in a wave). `steady_vs_bound_trimmed` is the old cut's figure, which BENCHMARKS.md's earlier
-runs report. CPU is read from /proc for every worker process (utime + stime, the simulators
+in a wave). `steady_vs_bound_trimmed` is the old cut's figure, which the earlier runs of
+docs/benchmarks-history.md report. CPU is read from /proc for every worker process (utime + stime, the simulators
 and PostgreSQL excluded) over the measured job, after a warm-up job of one wave; the RUN
 worker's stime is reported apart (`run_sys_ms_per_turn`). Issue 25's goal (steady share >= 0.95
 of the bound, <= 6 ms of service CPU per turn) is checked per tree.
@@ -184,7 +184,7 @@ def slot_time_split(db_url: str, job_id: str) -> dict:
 
 def stage_pids(svc) -> dict[str, list[int]]:
     """Every worker process of each stage: a pool past `max_slots_per_process` is several
-    (`app.node.process_slots`); a tree from before that split has one per stage."""
+    (`app.ops.node.process_slots`); a tree from before that split has one per stage."""
     processes = getattr(svc, "processes", None) or {key: [proc] for key, proc in svc.workers.items()}
     return {stage: [proc.pid for proc in procs] for (stage, _node), procs in processes.items()}
 

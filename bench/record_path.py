@@ -7,7 +7,7 @@ goes through each hop the record makes, timed per call (median of `--repeat`):
   * `end of RUN`: the loop's copy of the session's record (`agents.loop._result`'s way: list()
     per array) vs the baseline, the old field-by-field copy into `RunResult`, and vs a
     `model_copy(deep=True)` (what a naive one-type copy would cost);
-  * `EVAL reads`: `tasks.records.stored_record` (validates the row's columns into the record)
+  * `EVAL reads`: `tasks.writes.records.stored_record` (validates the row's columns into the record)
     vs the baseline, the old unvalidated `RunResult(...)` from the columns;
   * `gateway view`: `raas_client.models.RolloutView(**record_fields(row), ...)` (validated, as the
     old `RolloutView(...)` was);
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from raas_client.models import RolloutView, Trajectory  # noqa: E402
 
-from tasks.records import record_fields, stored_record  # noqa: E402
+from tasks.writes.records import record_fields, stored_record  # noqa: E402
 
 
 def synthetic(tokens: int) -> Trajectory:

@@ -13,6 +13,8 @@ from agents.registry import load_handler_modules
 from core.settings import load_settings
 from tasks import stages
 from tasks.celery_app import make_celery
+from tasks.process.parts import ProcessParts
+from tasks.worker import stage_steps
 
 NEXT = {"init": "run", "run": "eval"}
 
@@ -39,6 +41,7 @@ def main() -> None:
     load_handler_modules(settings.handler_modules)
     stages.publish = inline_publish  # the only difference from the three-pool pipeline
     app = make_celery(settings)
+    app.raas_parts = ProcessParts(stage_steps(settings)).start()  # what the stages reach
     app.worker_main(
         [
             "worker",

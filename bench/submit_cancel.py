@@ -11,7 +11,7 @@ the job is cancelled; a few are running and stop cooperatively. Measured:
 - after the cancel: how long a new 1-rollout job waits behind the stale messages (until done),
   how many messages the INIT queue holds when the cancel answers, and how long until it is
   first seen empty (polled every 50 ms from the answer on); where the cancel purges the
-  broker (`tasks.purge`), how many it removed and how long that took inside the cancel.
+  broker (`tasks.broker.purge`), how many it removed and how long that took inside the cancel.
 
 Baseline: the same script run on the tree before this change (`git archive 4be9411`: one
 broker round trip per message inside the request, one `terminal.finish` transaction per
@@ -83,12 +83,12 @@ class HealthPoller:
 
 
 class PurgeLog(logging.Handler):
-    """Catches the gateway's purge log line (`tasks.purge`, same process): removed, seconds."""
+    """Catches the gateway's purge log line (`tasks.broker.purge`, same process): removed, seconds."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.seen: list[tuple[int, float]] = []
-        self.logger = logging.getLogger("tasks.purge")
+        self.logger = logging.getLogger("tasks.broker.purge")
         self.level_before = self.logger.level
         self.logger.setLevel(logging.INFO)
         self.logger.addHandler(self)
@@ -107,7 +107,7 @@ class EmptyPoller:
     """From the cancel's answer on, polls the INIT queue's depth every 50 ms until it is 0."""
 
     def __init__(self, celery) -> None:
-        from tasks.queues import queue_depths
+        from tasks.broker.queues import queue_depths
 
         self.when: float | None = None
         self._stop = threading.Event()
@@ -156,7 +156,7 @@ def _wait(predicate, timeout: float, step: float = 0.05) -> float | None:
 
 def run_backend(name: str, n: int, after_timeout: float) -> dict:
     """One service, one job of n rollouts: submit, cancel, then a 1-rollout job."""
-    from tasks.queues import queue_depths
+    from tasks.broker.queues import queue_depths
 
     kwargs, cleanup = backend(name)
     with tempfile.TemporaryDirectory() as home:

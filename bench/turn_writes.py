@@ -11,7 +11,7 @@ database, in turn, same command; figures are process CPU (utime + stime) per tur
 per turn (SQLAlchemy `commit` events plus statements run in autocommit) and statements per
 turn.
 
-Usage: .venv/bin/python bench/turn_writes.py --baseline-tree /work/wt/hotpath-base
+Usage: .venv/bin/python bench/turn_writes.py [--baseline-tree DIR]   (DIR: another commit's tree)
        [--threads 64] [--turns 20] [--gap 0.05] [--window 0.005]   (needs PostgreSQL :5432)
 """
 
@@ -55,8 +55,8 @@ def run_one(args: argparse.Namespace) -> dict:
     from core.db import dispose_all, get_engine, session_scope
     from core.models import Job, LLMServer, Rollout, utcnow
     from migrations.runner import upgrade
-    from tasks import lifecycle
-    from tasks.llm_pool import RegisteredPool
+    from tasks.writes import lifecycle
+    from tasks.llm.llm_pool import RegisteredPool
 
     db = f"raas_tw_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
@@ -100,15 +100,22 @@ def run_one(args: argparse.Namespace) -> dict:
                 bump("autocommit")  # commits as it ends: no commit event
 
         sa.event.listen(engine, "before_cursor_execute", statement)
-        window = "window" in inspect.signature(lifecycle.record_turn).parameters
+        takes = inspect.signature(lifecycle.record_turn).parameters
+        window = "window" in takes
+        writes = None
+        if "writes" in takes:  # a tree whose turn log is a part of the worker process
+            from tasks.writes.turn_log import TurnLog
+
+            writes = TurnLog(url, args.window)
+            writes.start()
 
         def loop(rid: str) -> None:
-            pool = RegisteredPool(url, "vllm", rid, f"L-{rid}")
+            pool = RegisteredPool(url, "vllm", rid, f"L-{rid}", **({"writes": writes} if writes else {}))
             for index in range(args.turns):
                 pool.begin_generation("http://sim:1")
                 time.sleep(args.gap)  # the generation
                 pool.end_generation()
-                extra = {"window": args.window} if window else {}
+                extra = {"window": args.window} if window else {"writes": writes} if writes else {}
                 lifecycle.record_turn(url, rid, 1, lease=f"L-{rid}", index=index, **extra, **FIELDS)
 
         threads = [threading.Thread(target=loop, args=(rid,)) for rid in ids]

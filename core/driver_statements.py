@@ -4,7 +4,7 @@ A RUN turn is a few one-row statements (the generation mark, the turn insert, th
 clear), and a stage a few more (the claim, the hand-off). Executing one through a SQLAlchemy
 `Connection` cost ~4x the driver's own work: the execution context, the compiled-cache
 lookup, parameter and result processing, the result object (a generation mark: 250 us of CPU
-against 120 us on the pooled psycopg connection, BENCHMARKS "Hot path, round 6"). Here a
+against 120 us on the pooled psycopg connection, docs/benchmarks-history.md, "Hot path, round 6"). Here a
 statement is compiled for the engine's dialect once; each execution builds its parameters
 with that compiled form's own bind processors (JSON columns wrapped for psycopg exactly as
 SQLAlchemy wraps them) and runs the SQL text on the DBAPI cursor.
@@ -14,7 +14,7 @@ booleans, JSONB). SQLite keeps SQLAlchemy's path, which converts its stored text
 JSON, booleans) on the way out; both paths return rows with attribute access and `_mapping`.
 
 Errors come out as SQLAlchemy's (`sqlalchemy.exc.OperationalError` for a dropped or refused
-connection, which the stages retry, `tasks.db_retry`), whether the statement, the pool's
+connection, which the stages retry, `tasks.writes.db_retry`), whether the statement, the pool's
 checkout or the autocommit switch raised them, and a connection the driver reports broken is
 invalidated, as SQLAlchemy does. A column's Python-side default (`created_at`) is filled in
 as SQLAlchemy fills it, and an engine's `before_cursor_execute` listeners (SQL logging,

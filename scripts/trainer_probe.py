@@ -4,7 +4,7 @@
 
 Loads the folder with transformers in fp32 and runs `raas_client.weights.probe_fingerprint` on the
 default probe prompt; the file is what `raas weights push DIR --probe probe.json` sends. Runs
-in any environment with torch + transformers (e.g. /work/shared-venvs/convert): the helper
+in any environment with torch + transformers (e.g. `.venv-convert`, which scripts/build_smollm2.sh makes): the helper
 module is loaded by path, so raas and its dependencies need not be installed there.
 """
 

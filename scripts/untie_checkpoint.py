@@ -3,7 +3,7 @@
 vLLM's `reload_weights` loads `embed_tokens` but leaves a tied `lm_head` at the old weights
 (docs/weights.md, trap 1); a checkpoint with an explicit `lm_head.weight` and
 `tie_word_embeddings: false` reloads whole. fp32 because bf16 rounds away RL-sized updates
-(trap 3). Needs torch + transformers (e.g. /work/shared-venvs/convert); tokenizer files are
+(trap 3). Needs torch + transformers (e.g. `.venv-convert`, made by scripts/build_smollm2.sh); tokenizer files are
 copied as they are.
 
     python scripts/untie_checkpoint.py SRC_DIR DST_DIR [--perturb SCALE --seed N] [--keep-tied]

@@ -17,7 +17,7 @@ from agents.contexts import EvalContext, RolloutContext
 from agents.job_config import JobConfig
 from core.models import Job, Rollout
 from core.settings import Settings
-from tasks.records import stored_record
+from tasks.writes.records import stored_record
 
 
 def rollout_context(

@@ -20,8 +20,8 @@ from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.db import session_scope
 from core.models import Job, Rollout, utcnow
-from tasks import grading
-from tasks.config import PENDING_REEVALUATIONS, REEVALUATE_TASK
+from tasks.sandboxing import grading
+from tasks.broker.config import PENDING_REEVALUATIONS, REEVALUATE_TASK
 from tasks.contexts import eval_context, rollout_context
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def reevaluate_task(self, rollout_id: str, request_id: str) -> None:
     entry: dict[str, Any] = {"request_id": request_id, "node": settings.node}
     try:
         from sandbox.handles import state_root
-        from tasks.sandboxes import sandbox_settings
+        from tasks.sandboxing.sandboxes import sandbox_settings
 
         handler = get_handler(job.agent)
         config = JobConfig.load(job.config)

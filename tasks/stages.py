@@ -4,6 +4,8 @@ Each task takes ids, claims its rollout with a conditional UPDATE (a duplicate d
 nothing to claim and exits), beats while it works, and ends by handing the rollout to the next
 stage's queue on this node or by a terminal write. Deadlines start at the claim, so time spent
 queued never counts against the agent. No database transaction is held while a hook runs.
+What lives as long as the worker process (its heartbeat, turn log, mark clearer, memory of
+cancelled jobs, ...) is reached through the process's parts, `app.raas_parts` (`tasks.worker`).
 """
 
 from __future__ import annotations
@@ -36,26 +38,20 @@ from core.errors import (
 )
 from core.models import Job, Outcome, Status
 from sandbox import SandboxError
-from tasks import (
-    cancels,
-    db_retry,
-    drain,
-    grading,
-    group_layers,
-    groups,
-    handback,
-    lifecycle,
-    resume,
-    sandboxes,
-    terminal,
-)
+from tasks.writes import db_retry, groups, lifecycle, terminal
+from tasks.recovery import drain, handback, resume
+from tasks.sandboxing import grading, group_layers, sandboxes
 from tasks.contexts import eval_context, rollout_context
-from tasks.config import TASK_NAMES
-from tasks.heartbeat import Heartbeater, process_heartbeater
-from tasks.outbox_marks import Mark, clearer
-from tasks.records import record_fields
-from tasks.run_turns import RunTurns
-from tasks.publish import publish  # noqa: F401  (callers import it from here too)
+from tasks.broker.config import TASK_NAMES
+from tasks.process.parts import ProcessParts
+from tasks.recovery.handback import LiveQueues
+from tasks.recovery.heartbeat import Heartbeater
+from tasks.writes.cancels import CancelMemory
+from tasks.writes.outbox_marks import Mark, MarkClearer
+from tasks.writes.records import record_fields
+from tasks.writes.run_turns import RunTurns
+from tasks.writes.turn_log import TurnLog
+from tasks.broker.publish import publish
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +86,7 @@ class StageRun:
     def __init__(self, app: Any, stage: str, rollout_id: str, attempt: int) -> None:
         self.app = app
         self.settings = app.raas_settings
+        self.parts: ProcessParts = app.raas_parts  # the worker process's long-lived parts
         self.db = self.settings.db_url
         self.stage = stage
         self.rollout_id = rollout_id
@@ -108,7 +105,7 @@ class StageRun:
 
     def execute(self, job: str | None = None) -> None:
         """Claim, run the stage under a heartbeat, and record how it ended."""
-        if not drain.accepting(self.stage):  # the pool drains: someone else takes it
+        if not self.parts.get(drain.Intake).accepting(self.stage):  # the pool drains: someone else takes it
             drain.decline(self.app, self.stage, self.rollout_id, self.attempt)
             return
         claimed = lifecycle.claim(self.db, self.rollout_id, self.attempt, self.stage, self.lease, self.settings.node)
@@ -117,11 +114,11 @@ class StageRun:
                 "%s of %s attempt %s: nothing to claim (duplicate or stale)", self.stage, self.rollout_id, self.attempt
             )
             if job and self.stage == "init" and self.attempt == 1:
-                cancels.note_if_cancelled(self.db, job)
+                self.parts.get(CancelMemory).note_if_cancelled(self.db, job)
             return
         self.rollout, self.job = claimed
         self.log = RolloutLog(logger, {"job": self.job.id, "rollout": self.rollout_id})
-        self.beats = process_heartbeater(self.db, self.settings.heartbeat_interval)
+        self.beats = self.parts.get(Heartbeater)
         with self.beats.holding(self.lease):
             self._guarded()
 
@@ -198,15 +195,15 @@ class StageRun:
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:
-        from tasks.run_guard import RunGuard
+        from tasks.sandboxing.run_guard import RunGuard
 
         handle = self.rollout.sandbox
         sandbox = sandboxes.attach(self.settings, handle)
-        guard = RunGuard(handle, self.config.sandbox)
+        guard = RunGuard(handle, self.config.sandbox, self.parts.shutting_down)
         resume_turns = None
         if self.handler.resumable:  # a lost RUN or sandbox logged these: continue after them
             resume_turns = resume.turns_to_resume(self.db, self.rollout, self.attempt, self.config.resume.replay)
-        turns = RunTurns(self.db, self.rollout_id, self.attempt, self.lease, self.settings.turn_batch_window, self.log)
+        turns = RunTurns(self.parts.get(TurnLog), self.db, self.rollout_id, self.attempt, self.lease, self.log)
         self.ctx = ctx = self.ctx.for_run(
             sandbox,
             (handle or {}).get("workspace"),
@@ -216,7 +213,7 @@ class StageRun:
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
             # a drain hands back at a turn boundary only what a new attempt can replay
-            **({"turn_boundary": drain.TurnBoundary(self.settings.node)} if self._replayable() else {}),
+            **({"turn_boundary": self._turn_boundary()} if self._replayable() else {}),
         )
         try:
             with guard.watching():
@@ -241,6 +238,9 @@ class StageRun:
         self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
 
+    def _turn_boundary(self) -> drain.TurnBoundary:
+        return drain.TurnBoundary(self.settings.node, self.parts.get(drain.Intake))
+
     def _replayable(self) -> bool:
         """Whether a new attempt of this rollout would replay its logged turns."""
         return self.handler.resumable and self.config.resume.replay
@@ -253,7 +253,7 @@ class StageRun:
         from agents.llm import LLMSession
         from agents.llm.spec import LLMSpec
         from core.owners import url_rules_for
-        from tasks.llm_pool import make_pool
+        from tasks.llm.llm_pool import PoolMemory, make_pool
 
         spec = self.config.llm or LLMSpec()
         pool = db_retry.Retrying(
@@ -265,6 +265,8 @@ class StageRun:
                 self.job.owner,
                 self.settings.llm_routing,
                 claimed=self.rollout,
+                writes=self.parts.get(TurnLog),
+                memory=self.parts.get(PoolMemory),
             )
         )
         return LLMSession.open(
@@ -357,7 +359,7 @@ class StageRun:
         node = self.settings.node
         if stage == "eval":  # any node can grade the stored artifact: one that takes EVALs
             try:
-                node = handback.eval_node(self.settings) or node
+                node = handback.eval_node(self.settings, live=self.parts.get(LiveQueues).read()) or node
             except Exception as exc:  # noqa: BLE001 - the database is away: this node's
                 self.log.info("EVAL target unknown (%s); this node's queue", exc)  # queue
             values["node"] = node
@@ -377,7 +379,7 @@ class StageRun:
 
     def _deliver(self, stage: str, attempt: int, node: str | None, what: str, marked_at: Any = False) -> None:
         """Publish a committed, marked hand-off; clear the mark once it is out (a hand-on's
-        clear is queued: `tasks.outbox_marks`). Never raises: a message that does not get
+        clear is queued: `tasks.writes.outbox_marks`). Never raises: a message that does not get
         out is the outbox's."""
         try:
             publish(
@@ -394,7 +396,7 @@ class StageRun:
             return
         queued = Status.PENDING.value if stage == "init" else stage
         if marked_at is not False:
-            clearer(self.db).clear(Mark(self.rollout_id, attempt, queued, marked_at))
+            self.parts.get(MarkClearer).clear(Mark(self.rollout_id, attempt, queued, marked_at))
             return
         try:
             lifecycle.clear_mark(self.db, self.rollout_id, attempt, queued)
@@ -456,7 +458,7 @@ class StageRun:
 
     def _resume(self, error: str) -> bool:
         """Queue this RUN again in place when its sandbox is alive, or this EVAL again (see
-        `tasks.resume`)."""
+        `tasks.recovery.resume`)."""
         if self.stage == "eval":
             if not resume.regrade(
                 self.settings,
@@ -512,8 +514,9 @@ def _run_fields(result: Trajectory) -> dict[str, Any]:
 @shared_task(name=TASK_NAMES["init"], bind=True)
 def init_stage(self, rollout_id: str, attempt: int, node: str | None = None, job: str | None = None) -> str | None:
     """INIT: claim, start the sandbox, let the handler prepare it."""
-    if job and attempt == 1 and cancels.known_cancelled(job):
-        return cancels.drop_stale(self.app, job)  # its rollout was ended at the cancel
+    cancelled = self.app.raas_parts.get(CancelMemory)
+    if job and attempt == 1 and cancelled.known_cancelled(job):
+        return cancelled.drop_stale(self.app, job)  # its rollout was ended at the cancel
     StageRun(self.app, "init", rollout_id, attempt).execute(job)
 
 

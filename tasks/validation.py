@@ -3,7 +3,7 @@
 Before GPUs are spent on a data set, every instance should reward its gold solution (swe: the
 gold patch; code: the reference solution; math: the answer) with 1 and the null action (no
 change, no answer) with 0, the same way every time. This module grades both through EVAL's one
-code path, `tasks.grading.grade` (the one the EVAL stage and re-evaluation call: a fresh
+code path, `tasks.sandboxing.grading.grade` (the one the EVAL stage and re-evaluation call: a fresh
 grading sandbox filled by the handler's `prepare_eval`, or host-side grading), on artifacts
 shaped as RUN stores them (`agents.gold`). Nothing here grades on its own.
 
@@ -34,7 +34,7 @@ from agents.registry import get_handler
 from core.db import session_scope
 from core.models import Validation, utcnow
 from core.settings import Settings
-from tasks import grading
+from tasks.sandboxing import grading
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class _Run:
 
     def __init__(self, settings: Settings, validation_id: str, agent: str, config: JobConfig) -> None:
         from sandbox.handles import state_root
-        from tasks.sandboxes import sandbox_settings
+        from tasks.sandboxing.sandboxes import sandbox_settings
 
         self.settings, self.validation_id, self.config = settings, validation_id, config
         self.agent = agent

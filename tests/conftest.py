@@ -102,7 +102,7 @@ def _stop_embedded_redis_of_session(tmp_path_factory) -> Iterator[None]:
 
 @contextmanager
 def _embedded_redis_stopped_after(tmp_path_factory) -> Iterator[None]:
-    from tasks.embedded_redis import started_here, stop_started_here
+    from tasks.broker.embedded_redis import started_here, stop_started_here
     from tests.embedded_servers import embedded_redis_under, stop_embedded_redis
 
     root = tmp_path_factory.getbasetemp()

@@ -3,7 +3,7 @@
 The embedded broker's `redis-server` daemonizes (it is reparented to init), so a server that a
 test's *subprocess* started (a gunicorn gateway, `raas worker`, a CLI command on a temp home)
 outlives that subprocess and the test; only the process that started a server knows it
-(`tasks.embedded_redis.started_here`). The server works in its home's `redis/` folder, so the
+(`tasks.broker.embedded_redis.started_here`). The server works in its home's `redis/` folder, so the
 test harness finds them by their working directory instead: every `redis-server` whose
 folder lies under this pytest process's base temporary directory belongs to this run (never
 to the machine's Redis, nor to another engineer's run, whose temp dirs are elsewhere).
@@ -44,7 +44,7 @@ def stop_embedded_redis(servers: dict[int, Path]) -> int:
     """Stop these servers the way `raas broker stop` does (SHUTDOWN on the home's socket, else
     SIGTERM; SIGKILL if one hangs); returns how many were running."""
     from core.settings import Settings
-    from tasks import embedded_redis
+    from tasks.broker import embedded_redis
 
     stopped = 0
     for pid, home in servers.items():

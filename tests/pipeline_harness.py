@@ -22,12 +22,12 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.node import process_slots
+from app.ops.node import process_slots
 from raas_client import RaasClient, RolloutView
 from raas_client.models import JobView
 from core.settings import Settings
 from migrations.runner import upgrade
-from tasks.reaper import Reaper
+from tasks.recovery.reaper import Reaper
 from tests.waiting import wait_for  # noqa: F401 - re-exported: tests import it from here
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ class Service:
     client: RaasClient
     logs: Path
     workers: dict[tuple[str, str], subprocess.Popen] = field(default_factory=dict)  # each pool's first process
-    # every process of each pool: more than one past `max_slots_per_process` (`app.node.process_slots`)
+    # every process of each pool: more than one past `max_slots_per_process` (`app.ops.node.process_slots`)
     processes: dict[tuple[str, str], list[subprocess.Popen]] = field(default_factory=dict)
     node_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     reapers: dict[str, Reaper] = field(default_factory=dict)
@@ -98,7 +98,7 @@ class Service:
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "app.ops.cli",
                 "worker",
                 "--stage",
                 stage,
@@ -161,14 +161,14 @@ class Service:
             self._server.shutdown()
         self.release_sandboxes()
         if self.settings.embedded_broker:  # the gateway started it (make_celery)
-            from tasks import embedded_redis
+            from tasks.broker import embedded_redis
 
             embedded_redis.stop(self.settings)
 
     def release_sandboxes(self) -> int:
         """Stop sandboxes this service left behind (rollouts still running at stop)."""
         from sandbox import list_sandboxes
-        from tasks.sandboxes import release
+        from tasks.sandboxing.sandboxes import release
 
         leftovers = []
         for node in {self.settings.node, *self.node_extra}:

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import Job, Rollout, Status, new_id, utcnow
 from migrations.runner import upgrade
-from tasks import cancels, lifecycle, terminal
+from tasks.writes import cancels, lifecycle, terminal
 
 
 def _job(db: str, groups: dict[str, list[str]]) -> tuple[str, dict[tuple[str, int], str]]:
@@ -98,8 +98,9 @@ def test_cancel_ends_queued_in_one_go_and_keeps_the_cursor_gapless(any_db_url):
         assert job.cancel_requested and job.finished_count == 7 and job.finished_at is None
     # a queued message now finds nothing to claim, and its worker learns the job is cancelled
     assert lifecycle.claim(db, ids[("a", 0)], 1, "init", "w/2", "n") is None
-    assert not cancels.known_cancelled(job_id)
-    assert cancels.note_if_cancelled(db, job_id) and cancels.known_cancelled(job_id)
+    memory = cancels.CancelMemory()  # a worker process's
+    assert not memory.known_cancelled(job_id)
+    assert memory.note_if_cancelled(db, job_id) and memory.known_cancelled(job_id)
 
     # the running ones end through the usual terminal write: numbered after, group flags right
     assert terminal.finish(db, ids[("b", 1)], Status.CANCELLED, "cancelled", lease="w/1")

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.db import session_scope
-from tasks.queues import queue_depths
+from tasks.broker.queues import queue_depths
 from core.models import Rollout, Turn
 from raas_client.sdk import RaasHTTPError
 from tests.conftest import REDIS_URL
@@ -107,7 +107,7 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
     between two jobs is replaced, and every message still goes out exactly once."""
     import os
 
-    from tasks.outbox import INLINE_MAX, publisher_for
+    from tasks.broker.outbox import INLINE_MAX, OutboxPublisher
 
     svc = start_service(tmp_path, stages=(), reaper=False, **backend)
     try:
@@ -115,7 +115,7 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
         n = (INLINE_MAX // 2 + 1) * 2  # above the inline limit
         first = svc.client.submit("test-trivial", [{"instance_id": f"a{k:04d}"} for k in range(n // 2)], n_samples=2)
         wait_for(lambda: _outbox(svc, first.job_id) == 0, 60, "the outbox to drain")
-        pub = publisher_for(svc.settings.db_url, celery)
+        pub = celery.raas_parts.get(OutboxPublisher)  # the gateway's
         child = pub._process
         assert child is not None and child.pid != os.getpid() and child.poll() is None and _init_depth(svc) == n
         child.kill()
@@ -134,7 +134,7 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
 def test_reaper_publishes_what_a_dead_gateway_left_in_the_outbox(tmp_path, backend, monkeypatch):
     """The gateway dying right after its commit is simulated by an outbox thread that never
     runs (rows committed with their marks, nothing published); everything else is real."""
-    from tasks.outbox import OutboxPublisher
+    from tasks.broker.outbox import OutboxPublisher
 
     monkeypatch.setattr(OutboxPublisher, "submit", lambda self, ids: None)
     svc = start_service(tmp_path, stages=(), reaper=False, **backend, extra={"outbox_grace": 1.0})
@@ -142,7 +142,7 @@ def test_reaper_publishes_what_a_dead_gateway_left_in_the_outbox(tmp_path, backe
         job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(30)], n_samples=4)
         time.sleep(1.5)
         assert _outbox(svc, job.job_id) == 120 and _init_depth(svc) == 0
-        from tasks.reaper import Reaper
+        from tasks.recovery.reaper import Reaper
 
         reaper = Reaper(svc.settings, svc._server.app.extensions["celery"])
         counts = reaper.run_once()

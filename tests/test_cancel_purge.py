@@ -1,4 +1,4 @@
-"""The cancel's broker purge (`tasks.purge`) on a real Redis, embedded and TCP: it removes
+"""The cancel's broker purge (`tasks.broker.purge`) on a real Redis, embedded and TCP: it removes
 exactly the cancelled job's first-attempt INIT messages from every priority list, keeps
 everything else in its order, and loses nothing when a consumer and a publisher work the
 same list while it scans."""
@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from core.settings import Settings
-from tasks import purge
+from tasks.broker import purge
 from tasks.celery_app import make_celery
-from tasks.publish import publish, publish_reevaluation_message
-from tasks.queues import queue_depths
+from tasks.broker.publish import publish, publish_reevaluation_message
+from tasks.broker.queues import queue_depths
 from tests.conftest import REDIS_URL
 
 JOB, OTHER = "job-a", "job-a2"  # OTHER contains JOB: the prefilter alone must not decide

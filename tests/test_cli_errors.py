@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import flower_notes
+from app.ops.cli import flower_notes
 from core.settings import Settings
 from tests.test_embedded_up import free_port
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 def raas(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "app.ops.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -2,7 +2,7 @@
 
 The database sits behind a loopback proxy (`tests.tcp_proxy`) that resets every open
 connection and refuses new ones for `OUTAGE` seconds, as a PostgreSQL restart does to a
-worker. Each statement is then called as the stages call it (through `tasks.db_retry`, the
+worker. Each statement is then called as the stages call it (through `tasks.writes.db_retry`, the
 budget a worker sets) and must succeed once the database answers again, with its effect
 written exactly once. Both paths are covered: the hot path's driver statements
 (`core.driver_statements`: the pool checks out a raw connection, whose refusal raised the
@@ -25,9 +25,9 @@ from core import driver_statements
 from core.db import get_engine, session_scope, use_pre_ping
 from core.models import Job, LLMServer, Rollout, Status, Turn, utcnow
 from migrations.runner import upgrade
-from tasks import db_retry, lifecycle, terminal
-from tasks import llm_pool_sql as sql
-from tasks.llm_pool import RegisteredPool
+from tasks.writes import db_retry, lifecycle, terminal
+from tasks.llm import llm_pool_sql as sql
+from tasks.llm.llm_pool import RegisteredPool
 from tests.tcp_proxy import LoopbackProxy
 
 OUTAGE = 0.6  # seconds the proxy refuses: several retries at db_retry's first waits
@@ -83,7 +83,7 @@ def outage(pg_url, caplog) -> Iterator[Outage]:
     with get_engine(db).connect() as conn:  # a pooled connection the outage will kill
         conn.execute(sa.text("SELECT 1"))
     db_retry.configure(15)
-    caplog.set_level(logging.WARNING, logger="tasks.db_retry")
+    caplog.set_level(logging.WARNING, logger="tasks.writes.db_retry")
     try:
         yield Outage(db, proxy, job)
     finally:

@@ -1,5 +1,5 @@
 """Stage writes retry a lost database connection within their budget, and a retried write
-whose first commit landed is harmless (`tasks.db_retry`, `tasks.lifecycle`)."""
+whose first commit landed is harmless (`tasks.writes.db_retry`, `tasks.writes.lifecycle`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from core.db import session_scope
 from core.errors import LeaseLost
 from core.models import Job, Rollout, Turn
 from migrations.runner import upgrade
-from tasks import db_retry, lifecycle
+from tasks.writes import db_retry, lifecycle
 
 
 def _lost_connection() -> OperationalError:
@@ -87,7 +87,7 @@ def test_the_reaper_judges_no_lease_for_a_lease_time_after_a_database_outage(lea
 
     from core.models import utcnow
     from core.settings import Settings
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     db, _ = leased
     with session_scope(db) as s:

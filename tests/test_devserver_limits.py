@@ -1,6 +1,6 @@
 """Issue 22.10: `raas up`'s built-in server against connections that never finish their headers.
 
-Real sockets against the real gateway app on `app.devserver`: half-open connections beyond the
+Real sockets against the real gateway app on `app.ops.devserver`: half-open connections beyond the
 cap are answered 503 at once, the ones within it are closed at the header deadline, and an
 honest client is served throughout and afterwards; the access log never shows a `?token=`.
 """
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app import create_app
-from app.devserver import make_server
+from app.ops.devserver import make_server
 from core.settings import Settings
 
 HALF_OPEN = 60

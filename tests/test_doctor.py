@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.doctor import check_glibc, check_userns
+from app.ops.doctor import check_glibc, check_userns
 from core.db import session_scope
 from core.models import LLMServer
 from migrations.runner import upgrade
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "doctor", "--json"],
+        [sys.executable, "-m", "app.ops.cli", "doctor", "--json"],
         env={**base, "PYTHONPATH": str(REPO), **env},
         capture_output=True,
         text=True,
@@ -47,7 +47,7 @@ def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     sim_url, stop = start_simulator(SMOLLM2, {"default": ["hi"]})
     try:
         register(pg_url, sim_url)
-        bare = pg_url.replace("postgresql+psycopg://", "postgresql://")  # as the README has it
+        bare = pg_url.replace("postgresql+psycopg://", "postgresql://")  # as docs/deployment.md has it
         code, checks = doctor(
             {"RAAS_DATABASE_URL": bare, "RAAS_BROKER_URL": REDIS_URL, "RAAS_HOME": str(tmp_path / "home")}
         )

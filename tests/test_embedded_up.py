@@ -36,7 +36,7 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "app.ops.cli",
             "up",
             "--home",
             str(tmp_path / "home"),
@@ -70,7 +70,7 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "app.ops.cli",
                 "submit",
                 str(data),
                 "--agent",
@@ -151,7 +151,7 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
 def redis_answers(home: Path) -> bool:
     """Whether the home's embedded Redis still answers (`raas up` stops it at exit)."""
     from core.settings import embedded_redis_socket
-    from tasks.embedded_redis import answers
+    from tasks.broker.embedded_redis import answers
 
     return answers(embedded_redis_socket(home))
 
@@ -194,7 +194,7 @@ def test_up_on_a_busy_port_fails_without_leaving_workers(tmp_path):
         env["PYTHONPATH"] = str(REPO)
         home = tmp_path / "home"
         up = subprocess.run(
-            [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port)],
+            [sys.executable, "-m", "app.ops.cli", "up", "--home", str(home), "--port", str(port)],
             env=env,
             cwd=tmp_path,
             capture_output=True,
@@ -212,7 +212,7 @@ def test_up_stops_cleanly_on_sigterm(tmp_path):
     env["PYTHONPATH"] = str(REPO)
     home = tmp_path / "home"
     up = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port)],
+        [sys.executable, "-m", "app.ops.cli", "up", "--home", str(home), "--port", str(port)],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
@@ -261,7 +261,7 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
     env.update(PYTHONPATH=str(REPO), RAAS_HANDLER_MODULES="tests.pipeline_handlers")
     home = tmp_path / "home"
     up = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port), "--concurrency", "2"],
+        [sys.executable, "-m", "app.ops.cli", "up", "--home", str(home), "--port", str(port), "--concurrency", "2"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -312,7 +312,7 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
     the broker; a new `raas up` on the same home takes the queue back from the append-only
     file (and the reaper what the dead pools held) and every rollout ends completed, once."""
     from core.settings import Settings, embedded_redis_socket
-    from tasks.embedded_redis import answers, stop
+    from tasks.broker.embedded_redis import answers, stop
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
@@ -333,7 +333,18 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
         port = free_port()
         launched.append(
             subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "up", "--home", str(home), "--port", str(port), "--concurrency", "2"],
+                [
+                    sys.executable,
+                    "-m",
+                    "app.ops.cli",
+                    "up",
+                    "--home",
+                    str(home),
+                    "--port",
+                    str(port),
+                    "--concurrency",
+                    "2",
+                ],
                 cwd=tmp_path,
                 env=env,
                 stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""A group's layer is prepared once per node, whoever races for it (`tasks.group_layers`).
+"""A group's layer is prepared once per node, whoever races for it (`tasks.sandboxing.group_layers`).
 
 Real databases (SQLite and PostgreSQL), real threads racing as INIT workers do; the prepare
 step is a function that fills a folder (the pipeline's is the handler's INIT in a sandbox,
@@ -20,7 +20,7 @@ from core.errors import StageTimeout
 from core.models import GroupLayer, Job, LayerStatus, Rollout, utcnow
 from core.settings import Settings
 from migrations.runner import upgrade
-from tasks import group_layers
+from tasks.sandboxing import group_layers
 
 
 @dataclass
@@ -188,8 +188,8 @@ def test_a_dead_samples_fork_and_its_groups_layer_leave_nothing(tmp_path, sqlite
     from sandbox.bwrap import unprivileged_uid
     from sandbox.handles import give_workspace
     from sandbox.settings import SandboxSettings
-    from tasks import sandboxes
-    from tasks.reaper import Reaper
+    from tasks.sandboxing import sandboxes
+    from tasks.recovery.reaper import Reaper
     from tests.sandbox.conftest import host_processes_matching
 
     settings = Settings(home=tmp_path, node="n1", database_url=sqlite_url, sandbox_pool_size=0)

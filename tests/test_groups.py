@@ -164,7 +164,7 @@ def test_deadline_ends_queued_samples_at_once(tmp_path, pg_url, redis_prefix) ->
 
     from core.db import session_scope
     from core.models import Callback, Group, Outcome, Rollout, Status, utcnow
-    from tasks import groups, terminal
+    from tasks.writes import groups, terminal
 
     svc = start_service(
         tmp_path,

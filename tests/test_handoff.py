@@ -20,8 +20,9 @@ from core.settings import Settings
 from migrations.runner import upgrade
 from sandbox.handles import pid_alive, read_handles
 from sandbox.toolserver.procs import descendants, start_time
-from tasks import lifecycle, outbox
-from tasks.reaper import Reaper
+from tasks.writes import lifecycle
+from tasks.broker import outbox
+from tasks.recovery.reaper import Reaper
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import wait_for
 
@@ -71,7 +72,7 @@ def _age_marks(db: str, seconds: float) -> None:
 
 def test_a_hand_off_left_unpublished_is_drained_to_its_node_queue(any_db_url, redis_prefix, tmp_path):
     from tasks.celery_app import make_celery
-    from tasks.queues import queue_depths
+    from tasks.broker.queues import queue_depths
 
     db = any_db_url
     upgrade(db)

@@ -1,5 +1,5 @@
 """Judging a job's health on real databases (SQLite and PostgreSQL, migrated): rows written as
-the terminal write leaves them, then `tasks.health_alerts.check_job` as the reaper calls it.
+the terminal write leaves them, then `tasks.watch.health_alerts.check_job` as the reaper calls it.
 
 What the service test (`tests/test_health_alerts.py`) cannot pin down with its timing: an alert
 names the rollout at which its window first crossed however late the judging; it is raised once
@@ -18,8 +18,8 @@ from sqlalchemy import select
 from core.db import session_scope
 from core.models import Callback, Job, JobAlert, Rollout
 from migrations.runner import upgrade
-from tasks.health import HealthCache
-from tasks.health_alerts import check_job, check_running
+from tasks.watch.health import HealthCache
+from tasks.watch.health_alerts import check_job, check_running
 
 
 def make_job(db_url: str, health: dict[str, Any], callback: str | None = None) -> str:
@@ -106,7 +106,7 @@ def test_a_critical_alert_cancels_a_job_that_asks_for_it(any_db_url) -> None:
 
 
 def test_figures_per_version_and_incremental_reads(sqlite_url) -> None:
-    from tasks.health import by_weight_version, figures
+    from tasks.watch.health import by_weight_version, figures
 
     job_id = make_job(sqlite_url, {})
     cache = HealthCache()

@@ -42,6 +42,13 @@ ALLOWED = {
     # The fake inference server: a process of its own, reached over HTTP; only the CLI starts it.
     "fakellm": {"core"},
 }
+# Inside `tasks/`: the wings, lowest first. A wing imports only itself and wings before it;
+# no wing imports the root (the Celery app, the worker, the stages and their helpers compose
+# the wings). `recovery` may import the stage helpers' lower wings but never the stages.
+TASK_WINGS = ("process", "broker", "writes", "llm", "sandboxing", "watch", "recovery")
+# Inside `app/`: the operator's commands (`app.ops`) may use the gateway; the gateway never
+# imports them (`app/` is the gateway it says it is).
+OPS_PACKAGE = "app.ops"
 # Gateway modules that compose the HTTP layer (blueprints) and so may import it.
 HTTP_COMPOSERS = {"app.factory", "app.openapi"}
 HTTP_PACKAGES = ("app.api", "app.ui")
@@ -143,6 +150,26 @@ def gateway_violations() -> list[str]:
     return bad
 
 
+def wing_of(module: str) -> str | None:
+    """`tasks.<wing>` for a module in one of tasks/ wings, None for tasks/ root modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in TASK_WINGS else None
+
+
+def wing_violations() -> list[str]:
+    """Imports in `tasks/` against the wing order, and gateway modules importing `app.ops`."""
+    bad = []
+    for module, targets in sorted(GRAPH.items()):
+        for target in sorted(targets):
+            if top(module) == top(target) == "tasks" and wing_of(module) and wing_of(target) != wing_of(module):
+                rank = TASK_WINGS.index(wing_of(module))
+                if wing_of(target) is None or TASK_WINGS.index(wing_of(target)) > rank:
+                    bad.append(f"{module} -> {target}")
+            if top(module) == "app" and not module.startswith(OPS_PACKAGE) and target.startswith(OPS_PACKAGE):
+                bad.append(f"gateway {module} -> {target}")
+    return bad
+
+
 def circles() -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -188,7 +215,7 @@ def test_the_scan_sees_the_tree():
         "raas_client.sdk",
         "migrations.env",
     } <= set(MODULES)
-    assert "core.db" in GRAPH["tasks.lifecycle"]  # a known edge is found
+    assert "core.db" in GRAPH["tasks.writes.lifecycle"]  # a known edge is found
 
 
 def test_no_import_runs_up_the_layers():
@@ -197,6 +224,23 @@ def test_no_import_runs_up_the_layers():
 
 def test_services_do_not_import_http_and_blueprints_not_each_other():
     assert gateway_violations() == []
+
+
+def test_tasks_wings_point_one_way_and_the_gateway_never_imports_ops():
+    assert wing_violations() == []
+
+
+def test_the_wing_rule_catches_a_wing_importing_the_stages():
+    GRAPH["tasks.writes.fake"] = {"tasks.stages", "tasks.recovery.reaper", "tasks.broker.config"}
+    GRAPH["app.fake"] = {"app.ops.node"}
+    try:
+        assert wing_violations() == [
+            "gateway app.fake -> app.ops.node",
+            "tasks.writes.fake -> tasks.recovery.reaper",
+            "tasks.writes.fake -> tasks.stages",
+        ]
+    finally:
+        del GRAPH["tasks.writes.fake"], GRAPH["app.fake"]
 
 
 def test_agents_never_touch_the_database():
@@ -241,4 +285,4 @@ def test_only_the_cli_starts_the_fake_llm():
     """The fake inference server is a process of its own: the product reaches it over HTTP."""
     assert sorted(
         m for m, targets in GRAPH.items() if top(m) != "fakellm" and any(top(t) == "fakellm" for t in targets)
-    ) == ["app.cli"]
+    ) == ["app.ops.cli"]

@@ -27,7 +27,7 @@ def _node(svc, name: str, *args: str, **env: object) -> subprocess.Popen:
     """`raas node NAME ...` with the service's settings, logging to logs/node-NAME.log."""
     log = open(svc.logs / f"node-{name}.log", "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "node", "--node", name, *args],
+        [sys.executable, "-m", "app.ops.cli", "node", "--node", name, *args],
         env={**svc.env, **_as_env(env)},
         cwd=REPO,
         stdout=log,
@@ -206,7 +206,7 @@ def test_a_node_on_the_embedded_default_starts_its_broker_and_works(tmp_path):
     """`raas node` against an embedded home (no RAAS_BROKER_URL): it finds the home's Redis
     (started here by the gateway) or starts it, its pools run a job, SIGTERM exits 0."""
     from core.settings import embedded_redis_socket
-    from tasks import embedded_redis
+    from tasks.broker import embedded_redis
 
     svc = start_service(tmp_path, nodes=("n1",), stages=(), reaper=False)
     embedded_redis.stop(svc.settings)  # the node must start it itself

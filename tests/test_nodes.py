@@ -33,7 +33,7 @@ def redis_pg(tmp_path, pg_url, redis_prefix):
 
 def queue_depth(prefix: str, queue: str) -> int:
     """Messages waiting in a Redis queue: kombu keeps one list per message priority
-    (tasks.config.PRIORITY_STEPS), so count them all."""
+    (tasks.broker.config.PRIORITY_STEPS), so count them all."""
     client = redis.Redis.from_url(REDIS_URL)
     try:
         return sum(client.llen(f"{prefix}{queue}{sep}") for sep in ["", *(f"\x06\x16{p}" for p in range(1, 10))])
@@ -153,9 +153,9 @@ def test_ack_on_a_connection_celery_closed_is_logged_not_raised(redis_prefix, ca
     instead of crashing the consumer (each path forced on a real Redis message)."""
     from kombu import Connection, Queue
 
-    from tasks.acks import StageRequest
+    from tasks.broker.acks import StageRequest
     from tasks.celery_app import make_celery
-    from tasks.config import stage_queue
+    from tasks.broker.config import stage_queue
 
     settings = Settings(home="/tmp", broker_url=REDIS_URL, broker_key_prefix=redis_prefix)
     app = make_celery(settings)
@@ -248,9 +248,10 @@ def _seed(db_url: str, n: int) -> dict[str, list[str]]:
 def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix, monkeypatch):
     """Both reapers read the same rows before either writes (forced with a barrier at the
     point between their read and their write): every row is retried or re-published once."""
-    from tasks import lifecycle, queues
+    from tasks.writes import lifecycle
+    from tasks.broker import queues
     from tasks.celery_app import make_celery
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     upgrade(pg_url)
     n = 8
@@ -313,7 +314,7 @@ def test_two_reapers_racing_act_on_each_row_once(tmp_path, pg_url, redis_prefix,
 def test_embedded_single_node_is_never_judged_dead_by_itself(tmp_path):
     """One node, its own reaper: a stale row of its own (e.g. after a long stop) is beaten
     back by the start-up pass before any rule runs, and nothing is re-routed."""
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     settings = Settings(home=tmp_path, node="solo", node_timeout=1.0)
     upgrade(settings.db_url)
@@ -341,7 +342,7 @@ def test_returning_node_stops_its_stale_sandboxes_before_taking_work(tmp_path):
     """A node back after being judged dead holds a live sandbox of an attempt that restarted
     elsewhere: its pool stops it before it registers as the queue's consumer."""
     from sandbox import list_sandboxes
-    from tasks import sandboxes
+    from tasks.sandboxing import sandboxes
 
     # The pool reads its settings from the harness's RAAS_* variables only: name the sandbox
     # folder for both sides (a session fixture elsewhere may have set RAAS_SANDBOX_DIR here).
@@ -393,7 +394,7 @@ def test_a_reaper_judges_nodes_only_after_watching_them_for_node_timeout(tmp_pat
     """After a database outage (or its own start) every node's rows look stale: the reaper
     re-routes nothing until it has watched them for `node_timeout` without a gap."""
     from tasks.celery_app import make_celery
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     settings = Settings(home=tmp_path, node="n2", node_timeout=1.0, reaper_interval=0.5)
     upgrade(settings.db_url)
@@ -434,7 +435,7 @@ def test_eval_ready_rollouts_of_a_dead_node_are_graded_elsewhere_not_rerun(tmp_p
     queue in the same attempt (no restart from INIT); a rollout that never finished RUN
     restarts from INIT. Without a live EVAL anywhere, the EVAL-ready ones stay put."""
     from tasks.celery_app import make_celery
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     upgrade(pg_url)
     old = utcnow() - timedelta(seconds=600)

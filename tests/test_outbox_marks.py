@@ -1,4 +1,4 @@
-"""Hand-on marks cleared in batches off the stage's thread (`tasks.outbox_marks`): each clear
+"""Hand-on marks cleared in batches off the stage's thread (`tasks.writes.outbox_marks`): each clear
 is fenced on the exact mark it is for, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from core.db import session_scope
 from core.models import Job, Rollout
 from migrations.runner import upgrade
-from tasks import lifecycle, outbox_marks
+from tasks.writes import lifecycle, outbox_marks
 
 
 def _leased(db_url: str, n: int) -> list[str]:
@@ -38,6 +38,7 @@ def test_queued_clears_share_one_statement_and_touch_only_their_own_mark(any_db_
         s.get(Rollout, c).lease_owner = "L2"
     assert lifecycle.hand_off(any_db_url, c, "L2", "run")[0]
     clearer = outbox_marks.MarkClearer(any_db_url, delay=0.2)
+    clearer.start()
     for rid in (a, b, c):
         clearer.clear(outbox_marks.Mark(rid, 1, "run", marks[rid][1]))
     clearer.flush()

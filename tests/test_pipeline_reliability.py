@@ -183,7 +183,7 @@ def test_reaper_repairs_the_llm_pool(tmp_path):
     from core.models import LLMServer
     from core.settings import Settings
     from migrations.runner import upgrade
-    from tasks.reaper import Reaper
+    from tasks.recovery.reaper import Reaper
 
     settings = Settings(home=tmp_path)
     upgrade(settings.db_url)

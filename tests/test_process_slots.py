@@ -1,10 +1,10 @@
-"""How a node's stage pool is split into worker processes (`app.node.process_slots`), and that
+"""How a node's stage pool is split into worker processes (`app.ops.node.process_slots`), and that
 both supervisors (`raas node`, `raas up`) start what it says."""
 
 from __future__ import annotations
 
-from app.embedded import Supervisor
-from app.node import NodeSupervisor, process_slots
+from app.ops.embedded import Supervisor
+from app.ops.node import NodeSupervisor, process_slots
 from core.settings import Settings
 import pytest
 

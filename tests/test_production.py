@@ -1,7 +1,7 @@
-"""The README's production gateway line run for real (gunicorn), and the dev stack's file.
+"""The production gateway line of docs/deployment.md run for real (gunicorn), and the dev stack's file.
 
 Docker cannot run on this machine, so docker-compose.dev.yml is only checked as a file: the
-gateway is the README's gunicorn line, the node builds the handlers' sandbox environments,
+gateway is that page's gunicorn line, the node builds the handlers' sandbox environments,
 and the image has the system Python that `raas env build` makes them from.
 """
 
@@ -27,14 +27,14 @@ pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make
 REPO = Path(__file__).resolve().parent.parent
 
 
-def readme_gunicorn_line() -> str:
-    """The production gateway command as the README gives it."""
-    text = (REPO / "README.md").read_text()
+def documented_gunicorn_line() -> str:
+    """The production gateway command as docs/deployment.md gives it."""
+    text = (REPO / "docs" / "deployment.md").read_text()
     return re.search(r"`(gunicorn [^`]*-b [^`]*'app:create_app\(\)')`", text).group(1)
 
 
-def test_readme_gunicorn_line_serves_the_api(tmp_path):
-    line = readme_gunicorn_line()
+def test_documented_gunicorn_line_serves_the_api(tmp_path):
+    line = documented_gunicorn_line()
     port = free_port()
     argv = shlex.split(line.replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
     assert argv[0] == "gunicorn" and f"127.0.0.1:{port}" in argv
@@ -46,7 +46,7 @@ def test_readme_gunicorn_line_serves_the_api(tmp_path):
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
     )
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
+        [sys.executable, "-m", "app.ops.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
     )
     server = subprocess.Popen(
         argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -77,7 +77,7 @@ def test_readme_gunicorn_line_serves_the_api(tmp_path):
 def test_dev_stack_builds_environments_with_the_system_python():
     compose = yaml.safe_load((REPO / "docker-compose.dev.yml").read_text())
     services = compose["services"]
-    assert services["gateway"]["command"] == readme_gunicorn_line()
+    assert services["gateway"]["command"] == documented_gunicorn_line()
     node = services["node"]["command"]
     assert node.index("raas env build math") < node.index("raas worker")
     assert "raas env build pytest" in node
@@ -94,12 +94,12 @@ def test_dev_stack_flower_is_reachable_with_basic_auth_and_task_events():
     assert compose["x-raas"]["environment"]["RAAS_TASK_EVENTS"] == "true"
 
 
-def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
+def test_documented_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
     """Issue 27.5: with no result for > 30 s (node jobs pending: routine on a cluster), a
-    40 s long poll on the README's gunicorn line answers 200, not a worker-timeout 500, and
+    40 s long poll on the documented gunicorn line answers 200, not a worker-timeout 500, and
     `raas submit --wait` keeps following until the job ends (workers start after 35 s)."""
     port = free_port()
-    argv = shlex.split(readme_gunicorn_line().replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
+    argv = shlex.split(documented_gunicorn_line().replace("0.0.0.0:8000", f"127.0.0.1:{port}"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     env.update(
         PYTHONPATH=str(REPO),
@@ -109,7 +109,7 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
     )
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
+        [sys.executable, "-m", "app.ops.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120
     )
     server = subprocess.Popen(
         argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -124,7 +124,7 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "app.ops.cli",
                 "submit",
                 str(tmp_path / "in.jsonl"),
                 "--agent",
@@ -147,7 +147,7 @@ def test_readme_gunicorn_line_keeps_long_polls_across_quiet_minutes(tmp_path):
         for stage in ("init", "run", "eval"):
             workers.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "app.cli", "worker", "--stage", stage, "-c", "1"],
+                    [sys.executable, "-m", "app.ops.cli", "worker", "--stage", stage, "-c", "1"],
                     env=env,
                     cwd=tmp_path,
                     stdout=subprocess.DEVNULL,

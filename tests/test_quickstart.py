@@ -41,7 +41,7 @@ def newcomer_env(tmp_path: Path) -> dict[str, str]:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     shim = bindir / "raas"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m app.cli "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m app.ops.cli "$@"\n')
     shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAAS_")}
     gateway_port, sim_port = free_port(), free_port()

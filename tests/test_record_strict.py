@@ -1,7 +1,7 @@
 """The record is strict where it is built and lenient where it is read: the server builds
 `Trajectory` / `RolloutView` with `build` (a misspelt field is an error naming it), the SDK
 parses with `model_validate` (a newer server's extra field is ignored); the pipeline's own
-keys in `extra` never reach a trainer (`tasks.records.wire_fields`)."""
+keys in `extra` never reach a trainer (`tasks.writes.records.wire_fields`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 from raas_client.models import TRAJECTORY_FIELDS, RolloutView, Trajectory
 
-from tasks.config import PENDING_REEVALUATIONS, PIPELINE_EXTRA_KEYS
-from tasks.records import record_fields, wire_fields
+from tasks.broker.config import PENDING_REEVALUATIONS, PIPELINE_EXTRA_KEYS
+from tasks.writes.records import record_fields, wire_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ("agents", "tasks", "app", "core")

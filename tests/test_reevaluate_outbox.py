@@ -13,7 +13,7 @@ import pytest
 
 from core.db import session_scope
 from core.models import Rollout
-from tasks.config import PENDING_REEVALUATIONS, PIPELINE_EXTRA_KEYS
+from tasks.broker.config import PENDING_REEVALUATIONS, PIPELINE_EXTRA_KEYS
 from tests.conftest import REDIS_URL
 from tests.pipeline_harness import start_service, wait_for
 
@@ -39,8 +39,8 @@ def _row(svc, rollout_id: str) -> tuple[object, dict]:
 
 
 def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backend, monkeypatch):
-    import tasks.outbox
-    from tasks.reaper import Reaper
+    import tasks.broker.outbox
+    from tasks.recovery.reaper import Reaper
 
     svc = start_service(tmp_path, reaper=False, **backend, extra={"outbox_grace": 1.0})
     try:
@@ -61,7 +61,7 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
         def broker_away(*args, **kwargs):
             raise ConnectionError("broker away (simulated)")
 
-        monkeypatch.setattr(tasks.outbox, "publish_reevaluation_message", broker_away)
+        monkeypatch.setattr(tasks.broker.outbox, "publish_reevaluation_message", broker_away)
         second = svc.client.reevaluate(rid, wait=0)
         request_id = second.extra["reevaluation_request"]
         mark, extra = _row(svc, rid)

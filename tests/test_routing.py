@@ -6,9 +6,9 @@ from app.metrics import render
 from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.celery_app import make_celery
-from tasks.config import UNROUTED_QUEUE, route_stage
-from tasks.queues import queue_depths
-from tasks.stages import publish
+from tasks.broker.config import UNROUTED_QUEUE, route_stage
+from tasks.broker.queues import queue_depths
+from tasks.broker.publish import publish
 
 
 def test_router_sends_later_stages_to_the_init_node():

@@ -13,7 +13,7 @@ from raas_client.models import Trajectory
 
 from sandbox import SandboxGone, SandboxOptions, SandboxTimeout
 from sandbox.quota import DiskWatch
-from tasks.run_guard import RunGuard
+from tasks.sandboxing.run_guard import RunGuard
 
 
 def test_a_vanished_server_is_the_agents_doing_a_slow_one_is_not(tmp_path: Path) -> None:
@@ -78,21 +78,19 @@ def test_a_workspace_filled_just_before_submitting_is_over_quota_all_the_same(tm
 def test_an_infrastructure_kill_is_never_the_agents_failure(tmp_path: Path) -> None:
     """A signal from outside the sandbox's pid namespace (recorded by the server), the worker's
     own shutdown, or a server the agent's isolated tools cannot name: SandboxGone is retried."""
-    from tasks import run_guard
+    import threading
 
     records = tmp_path / "x.signals"
-    guard = RunGuard({"workspace": str(tmp_path), "signal_file": str(records)}, SandboxOptions())
+    shutting_down = threading.Event()  # the worker's (`ProcessParts.shutting_down`)
+    guard = RunGuard({"workspace": str(tmp_path), "signal_file": str(records)}, SandboxOptions(), shutting_down)
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # not isolated
     records.write_text('{"signal": 15, "name": "SIGTERM", "sender_pid": 7, "outside": false}\n')
     assert guard.diagnose(SandboxGone("closed")) == "tool_server_died"  # the agent's SIGTERM
     records.write_text(records.read_text() + '{"signal": 15, "name": "SIGTERM", "sender_pid": 0, "outside": true}\n')
     assert guard.diagnose(SandboxGone("closed")) is None  # Slurm's scancel, say
     records.unlink()
-    run_guard.SHUTTING_DOWN.set()
-    try:
-        assert guard.diagnose(SandboxGone("closed")) is None
-    finally:
-        run_guard.SHUTTING_DOWN.clear()
+    shutting_down.set()
+    assert guard.diagnose(SandboxGone("closed")) is None
     isolated = RunGuard({"workspace": str(tmp_path), "isolated": True}, SandboxOptions())
     assert isolated.diagnose(SandboxGone("closed")) is None
 
@@ -131,6 +129,6 @@ def test_a_stopped_or_starved_server_is_the_agents_doing(tmp_path: Path) -> None
 
 
 def run_guard_state(handle: dict) -> str | None:
-    from tasks.run_guard import server_state
+    from tasks.sandboxing.run_guard import server_state
 
     return server_state(handle)[0]

@@ -14,7 +14,7 @@ from core.errors import InvalidRequest
 from core.policy import LimitCaps, SandboxPolicy, check_sandbox_options
 from core.settings import Settings
 from sandbox.spec import SandboxOptions
-from tasks import sandboxes
+from tasks.sandboxing import sandboxes
 
 POLICY = SandboxPolicy(runtimes=["bwrap"], env=["FOO"], max_limits=LimitCaps(memory_mb=1024))
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from app.cli import main
-from app.slurm import SlurmJobConfig
+from app.ops.cli import main
+from app.ops.slurm import SlurmJobConfig
 from core.settings import Settings
 from sandbox.environments import (
     SHARED_MARK,

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from fakellm.server import BUNDLED_TOKENIZER, start_simulator
-from app.embedded import next_commands
+from app.ops.embedded import next_commands
 from app.openapi import build_openapi
 from tests.pipeline_harness import start_service
 
@@ -29,7 +29,18 @@ def test_llm_sim_detach_on_a_busy_port_fails_and_registers_nothing(tmp_path):
     try:
         env = {**os.environ, "RAAS_HOME": str(tmp_path / "home")}
         res = subprocess.run(
-            [sys.executable, "-m", "app.cli", "llm-sim", "--detach", "--register", "--port", port, "--url", svc.url],
+            [
+                sys.executable,
+                "-m",
+                "app.ops.cli",
+                "llm-sim",
+                "--detach",
+                "--register",
+                "--port",
+                port,
+                "--url",
+                svc.url,
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -23,6 +23,7 @@ from tests.test_api import serve
 
 ALICE, BOB, OPERATOR = "alice-token-0001", "bob-token-00002", "operator-token-01"
 REPO = Path(__file__).resolve().parents[1]
+HOME = Path.home()  # host paths a tenant might aim at: this machine's, computed, never written in
 
 
 def tenant_settings(tmp_path: Path, **policy) -> Settings:
@@ -91,15 +92,15 @@ def rejected(resp: httpx.Response, status: int, *needles: str) -> dict:
     "sandbox, needles",
     [
         ({"runtime": "local"}, ["sandbox.runtime", "policy.sandbox.runtimes"]),
-        ({"env": {"LD_PRELOAD": "/work/other-job/evil.so"}}, ["sandbox.env.LD_PRELOAD", "LD_*"]),
+        ({"env": {"LD_PRELOAD": str(REPO.parent / "other-job" / "evil.so")}}, ["sandbox.env.LD_PRELOAD", "LD_*"]),
         ({"env": {"PYTHONPATH": "/tmp"}}, ["sandbox.env.PYTHONPATH", "PYTHON*"]),
         ({"env": {"BASH_ENV": "/tmp/x"}}, ["sandbox.env.BASH_ENV"]),
-        ({"env": {"HOME": "/root"}}, ["sandbox.env.HOME", "policy.sandbox.env"]),
-        ({"python_env": "/root/.pyenv/versions/3.11.7"}, ["sandbox.python_env", "never a path"]),
+        ({"env": {"HOME": str(HOME)}}, ["sandbox.env.HOME", "policy.sandbox.env"]),
+        ({"python_env": str(HOME / ".pyenv" / "versions" / "3.11.7")}, ["sandbox.python_env", "never a path"]),
         ({"image": "/"}, ["sandbox.image", "never a path"]),
         ({"image": "../../etc"}, ["sandbox.image"]),
         ({"network": True}, ["sandbox.network", "policy.sandbox.network"]),
-        ({"binds": [{"host": "/root"}]}, ["sandbox.binds", "policy.sandbox.binds"]),
+        ({"binds": [{"host": str(HOME)}]}, ["sandbox.binds", "policy.sandbox.binds"]),
         ({"limits": {"max_procs": 10**9}}, ["sandbox.limits.max_procs", "max_limits.max_procs=4096"]),
         ({"limits": {"memory_mb": 10**9}}, ["sandbox.limits.memory_mb", "cap 16384"]),
         ({"limits": {"output_bytes": 10**12}}, ["sandbox.limits.output_bytes", "cap 1048576"]),
@@ -125,7 +126,7 @@ def test_choices_inside_the_policy_are_accepted(gateway):
 
 
 def test_handler_python_env_from_the_job_is_a_name_too(gateway):
-    body = job(agent="math", agent_config={"python_env": "/root/.pyenv"})
+    body = job(agent="math", agent_config={"python_env": str(HOME / ".pyenv")})
     rejected(gateway["alice"].post("/v1/jobs", json=body), 400, "agent_config.python_env")
 
 
@@ -174,7 +175,7 @@ def test_chat_template_is_never_a_host_path_and_no_existence_oracle(gateway):
 
 def test_tokenizer_folder_only_under_the_operator_roots_for_tenants(gateway):
     answers = set()
-    for path in ("/etc", "/nonexistent/tok", "/root/.cache/huggingface"):
+    for path in ("/etc", "/nonexistent/tok", str(HOME / ".cache" / "huggingface")):
         body = rejected(
             gateway["alice"].post("/v1/jobs", json=llm_job(tokenizer=path)),
             400,
@@ -287,7 +288,11 @@ def test_empty_or_whitespace_token_is_a_configuration_error(tmp_path, token):
 def test_empty_token_in_the_environment_stops_the_gateway(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "RAAS_API_TOKEN": "", "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "gateway", "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "app.ops.cli", "gateway", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode != 0 and "api_token is empty" in run.stderr
 
@@ -332,7 +337,7 @@ def test_operator_routes_need_the_admin_role(gateway):
 
 def test_database_tokens_from_the_admin_cli(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
-    cli = [sys.executable, "-m", "app.cli"]
+    cli = [sys.executable, "-m", "app.ops.cli"]
     from migrations.runner import upgrade
 
     settings = Settings(home=tmp_path, handler_modules="tests.pipeline_handlers")
@@ -377,7 +382,11 @@ def test_a_token_that_starts_with_a_dash_is_removed_by_the_cli(tmp_path):
         s.add(ApiToken(id=token_digest(legacy), owner="carol", admin=False, label=None))
     env = {"PATH": "/usr/bin:/bin", "RAAS_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "token", "rm", legacy], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "app.ops.cli", "token", "rm", legacy],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0 and done.stdout.strip() == "removed", done.stderr
     with session_scope(settings.db_url) as s:
@@ -392,7 +401,7 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
 
     upgrade(Settings(home=tmp_path).db_url)
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "gateway", "--host", "0.0.0.0", "--port", "0"],
+        [sys.executable, "-m", "app.ops.cli", "gateway", "--host", "0.0.0.0", "--port", "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -400,14 +409,14 @@ def test_no_token_service_refuses_a_public_address(tmp_path):
     )
     assert run.returncode != 0 and "refusing to listen on 0.0.0.0 without API tokens" in run.stderr
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "flower", "--address", "0.0.0.0"],
+        [sys.executable, "-m", "app.ops.cli", "flower", "--address", "0.0.0.0"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert run.returncode != 0 and "--basic-auth" in run.stderr
-    from tasks.embedded_redis import answers
+    from tasks.broker.embedded_redis import answers
 
     assert not answers(embedded_redis_socket(tmp_path))  # refused before starting a broker
 
@@ -426,11 +435,11 @@ def test_embedded_default_without_tokens_is_one_local_admin(tmp_path):
         server.shutdown()
 
 
-def test_readme_policy_file_loads(tmp_path, monkeypatch):
-    """The README's TOML example is a valid policy file (RAAS_POLICY_FILE)."""
+def test_documented_policy_file_loads(tmp_path, monkeypatch):
+    """The TOML example of docs/policy-and-tenants.md is a valid policy file (RAAS_POLICY_FILE)."""
     import re
 
-    toml = re.search(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    toml = re.search(r"```toml\n(.*?)```", (REPO / "docs" / "policy-and-tenants.md").read_text(), re.S).group(1)
     (tmp_path / "policy.toml").write_text(toml)
     monkeypatch.setenv("RAAS_POLICY_FILE", str(tmp_path / "policy.toml"))
     policy = Settings(home=tmp_path).policy

@@ -1,4 +1,4 @@
-"""The turn log's write path (`tasks.turn_log`): the lease fence inside the insert, on SQLite
+"""The turn log's write path (`tasks.writes.turn_log`): the lease fence inside the insert, on SQLite
 and PostgreSQL, and group commit across the threads of one process (order, durability, one
 refused write not spoiling its batch)."""
 
@@ -15,7 +15,7 @@ from core.db import get_engine, session_scope
 from core.errors import LeaseLost
 from core.models import Job, Rollout, Turn, utcnow
 from migrations.runner import upgrade
-from tasks import lifecycle, turn_log
+from tasks.writes import lifecycle, turn_log
 
 
 def _rollouts(db_url: str, n: int, lease: str = "L1") -> list[str]:
@@ -106,6 +106,7 @@ def test_a_take_over_committed_while_the_insert_waits_is_seen(pg_url) -> None:
 def test_group_commit_keeps_each_rollouts_order_under_concurrent_threads(any_db_url) -> None:
     ids = _rollouts(any_db_url, 16)
     writer = turn_log.TurnWriter(any_db_url, window=0.02)
+    writer.start()
     errors: list[BaseException] = []
 
     def loop(rid: str) -> None:
@@ -134,6 +135,7 @@ def test_group_commit_keeps_each_rollouts_order_under_concurrent_threads(any_db_
 def test_a_refused_write_does_not_spoil_its_batch(any_db_url) -> None:
     a, b = _rollouts(any_db_url, 2)
     writer = turn_log.TurnWriter(any_db_url, window=0.2)  # both land in one batch
+    writer.start()
     stale = writer.submit(a, lambda c: turn_log.write_turn(c, a, 1, "stale", {"index": 0}))
     good = writer.submit(b, lambda c: turn_log.write_turn(c, b, 1, f"L1-{b}", {"index": 0}))
     with pytest.raises(LeaseLost):
@@ -149,6 +151,7 @@ def test_a_clear_queued_before_a_turn_commits_before_it_and_never_after_a_new_ma
     with session_scope(any_db_url) as s:
         s.get(Rollout, rid).generating_on = "http://server"
     writer = turn_log.TurnWriter(any_db_url, window=0.1)
+    writer.start()
     writer.clear_generating(rid, lease)  # no wait
     with session_scope(any_db_url) as s:  # not yet committed: the batch window is open
         assert s.get(Rollout, rid).generating_on == "http://server"
@@ -162,6 +165,7 @@ def test_a_queued_turn_returns_before_its_commit_and_does_not_hold_back_the_next
     clears only, not for queued turns."""
     [rid] = _rollouts(any_db_url, 1)
     writer = turn_log.TurnWriter(any_db_url, window=0.5)
+    writer.start()
     queued = writer.queue_turn(rid, 1, f"L1-{rid}", {"index": 0, "text": "t0"})
     assert not queued.done()
     started = time.monotonic()
@@ -173,9 +177,11 @@ def test_a_queued_turn_returns_before_its_commit_and_does_not_hold_back_the_next
 
 
 def _run_turns(db_url: str, rollout_id: str) -> object:
-    from tasks.run_turns import RunTurns
+    from tasks.writes.run_turns import RunTurns
 
-    return RunTurns(db_url, rollout_id, 1, f"L1-{rollout_id}", turn_log.DEFAULT_WINDOW, logging.getLogger("test"))
+    writes = turn_log.TurnLog(db_url)
+    writes.start()
+    return RunTurns(writes, db_url, rollout_id, 1, f"L1-{rollout_id}", logging.getLogger("test"))
 
 
 def test_settling_writes_again_a_turn_whose_batch_failed(sqlite_url) -> None:
@@ -220,15 +226,20 @@ def test_a_failing_run_settles_its_queued_turns_without_masking_its_error(sqlite
     assert len(_turns(sqlite_url, rid)) == 2 and run.unsettled == []
 
 
-def test_lifecycle_record_turn_goes_through_the_fenced_writer(sqlite_url) -> None:
+@pytest.mark.parametrize("through", ["the process's turn log", "a transaction of its own"])
+def test_lifecycle_record_turn_is_fenced_on_the_lease(sqlite_url, through) -> None:
     [rid] = _rollouts(sqlite_url, 1)
-    lifecycle.record_turn(sqlite_url, rid, 1, lease=f"L1-{rid}", window=0, index=0, text="t0", weight_version="v1")
+    writes = turn_log.TurnLog(sqlite_url, window=0) if through == "the process's turn log" else None
+    if writes is not None:
+        writes.start()
+    lifecycle.record_turn(sqlite_url, rid, 1, lease=f"L1-{rid}", writes=writes, index=0, text="t0", weight_version="v1")
     with pytest.raises(LeaseLost):
-        lifecycle.record_turn(sqlite_url, rid, 1, lease="L0", window=0, index=1)
+        lifecycle.record_turn(sqlite_url, rid, 1, lease="L0", writes=writes, index=1)
     with session_scope(sqlite_url) as s:
         [turn] = s.scalars(sa.select(Turn)).all()
         assert (turn.index, turn.weight_version, turn.extra) == (0, "v1", {})
         assert turn.created_at is not None
+    assert writes is None or writes.batches == 2
 
 
 def _server(db_url: str, url: str = "http://sim:1") -> None:
@@ -241,8 +252,8 @@ def _server(db_url: str, url: str = "http://sim:1") -> None:
 def test_the_mark_and_the_server_read_are_one_statement(any_db_url) -> None:
     """`begin_generation`: one UPDATE ... RETURNING marks the rollout and reads the row (the
     weight version a turn records); a paused server is read but not marked."""
-    from tasks.llm_pool import RegisteredPool
-    from tasks.pool_pause import set_paused
+    from tasks.llm.llm_pool import RegisteredPool
+    from tasks.llm.pool_pause import set_paused
 
     [rid] = _rollouts(any_db_url, 1)
     _server(any_db_url)
@@ -273,23 +284,21 @@ def test_a_mark_takes_back_the_queued_clear_and_no_late_clear_wipes_it(any_db_ur
     """The next generation does not wait for the previous mark's clear to commit: the mark
     takes the queued clear back (it writes the column itself), and nothing of the old
     generation lands after it."""
-    from tasks.llm_pool import RegisteredPool
+    from tasks.llm.llm_pool import RegisteredPool
 
     [rid] = _rollouts(any_db_url, 1)
     _server(any_db_url)
-    writes = turn_log.writer(any_db_url, 1.0)  # a wide batch window
-    try:
-        pool = RegisteredPool(any_db_url, "vllm", rid, f"L1-{rid}")
-        pool.begin_generation("http://sim:1")
-        pool.end_generation()  # queued: the window is open
-        started = time.monotonic()
-        pool.begin_generation("http://sim:1")
-        assert time.monotonic() - started < 0.5  # not the window
-        writes.record_turn(rid, 1, f"L1-{rid}", {"index": 0})  # the next batch commits
-        with session_scope(any_db_url) as s:
-            assert s.get(Rollout, rid).generating_on == "http://sim:1"  # the new mark stands
-    finally:
-        writes.set_window(turn_log.DEFAULT_WINDOW)
+    writes = turn_log.TurnLog(any_db_url, 1.0)  # a wide batch window
+    writes.start()
+    pool = RegisteredPool(any_db_url, "vllm", rid, f"L1-{rid}", writes=writes)
+    pool.begin_generation("http://sim:1")
+    pool.end_generation()  # queued: the window is open
+    started = time.monotonic()
+    pool.begin_generation("http://sim:1")
+    assert time.monotonic() - started < 0.5  # not the window
+    writes.record_turn(rid, 1, f"L1-{rid}", {"index": 0})  # the next batch commits
+    with session_scope(any_db_url) as s:
+        assert s.get(Rollout, rid).generating_on == "http://sim:1"  # the new mark stands
 
 
 def test_a_mark_racing_a_pause_is_either_seen_by_it_or_sees_it(pg_url) -> None:
@@ -297,8 +306,8 @@ def test_a_mark_racing_a_pause_is_either_seen_by_it_or_sees_it(pg_url) -> None:
     read the paused row (a read from the statement's snapshot would say "not paused" and
     mark after the pause counted the marks: a generation would run during a weight load)."""
     from core.models import LLMServer
-    from tasks.llm_pool import RegisteredPool
-    from tasks.pool_pause import generating
+    from tasks.llm.llm_pool import RegisteredPool
+    from tasks.llm.pool_pause import generating
 
     [rid] = _rollouts(pg_url, 1)
     _server(pg_url)

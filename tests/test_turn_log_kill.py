@@ -1,4 +1,4 @@
-"""A RUN worker SIGKILLed while its turn-log batch is open (`tasks.turn_log`): what resume
+"""A RUN worker SIGKILLed while its turn-log batch is open (`tasks.writes.turn_log`): what resume
 loses is exactly what the module says, the turn whose record had not committed, and nothing
 is logged twice.
 

@@ -1,6 +1,6 @@
 """`raas validate`: the shipped examples are sound, and a broken instance of each kind is found.
 
-Real EVAL throughout: gold and null artifacts graded by `tasks.grading.grade` in fresh bwrap
+Real EVAL throughout: gold and null artifacts graded by `tasks.sandboxing.grading.grade` in fresh bwrap
 sandboxes (swe, code) or on the host (math), the same function the EVAL stage calls. The broken
 instances are made from shipped ones:
 
@@ -255,7 +255,19 @@ def test_the_cli_prints_the_problems_and_writes_the_list(settings, tmp_path) -> 
     )
     env = {**os.environ, "RAAS_HOME": str(settings.home), "RAAS_ENV_ROOT": str(DEFAULT_ENVS_ROOT.resolve())}
     out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "validate", str(data), "--agent", "math", "--k", "2", "--name", "cli-list"],
+        [
+            sys.executable,
+            "-m",
+            "app.ops.cli",
+            "validate",
+            str(data),
+            "--agent",
+            "math",
+            "--k",
+            "2",
+            "--name",
+            "cli-list",
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@ server it started on (stickiness: prefix-cache reuse, and a RUN resumed in the s
 returns to it; a retried attempt picks again, since its failure may have been that server),
 gives the slot back, and marks a failing server down until a probe finds it healthy again.
 Where that bookkeeping lives is the pool's business: the pipeline's pools keep it in the
-database, fenced on the rollout's lease (`tasks.llm_pool`); `StaticServerPool` keeps it in this
+database, fenced on the rollout's lease (`tasks.llm.llm_pool`); `StaticServerPool` keeps it in this
 process, for servers a job names when no database is involved (tests, library use).
 """
 
@@ -110,7 +110,7 @@ class ServerPool(ABC):
     def begin_generation(self, url: str) -> ServerInfo | None:
         """Mark this rollout as generating on `url`, then read the server's current info.
 
-        A pool-wide pause (`tasks.pool_pause`) sets `paused` and then waits for these marks.
+        A pool-wide pause (`tasks.llm.pool_pause`) sets `paused` and then waits for these marks.
         Mark first, read second: a pause committed before the read is seen here (the caller
         drops the mark and waits), one committed after it sees the mark and waits for the
         request. Pools that cannot be paused just look the server up.

@@ -8,7 +8,7 @@ EventSource does it by itself) resumes right after it, and the `group`/`job` eve
 seq come again (they share its id), so nothing is missed. Comments (`: keep-alive`) keep idle
 proxies from closing the stream.
 
-Health alerts (`tasks.health_alerts`: judged by the reaper's pass, and here as the stream's
+Health alerts (`tasks.watch.health_alerts`: judged by the reaper's pass, and here as the stream's
 rollouts arrive) are `alert` events carrying the id of the last rollout sent before them (an
 alert never moves the resume point). A
 (re)connection first sends the job's alerts still active and those raised at or after its
@@ -28,10 +28,10 @@ from app.jobs import get_job, job_view, results_after
 from app.schemas import GroupList, GroupView, RolloutView
 from core.db import session_scope
 from core.errors import InvalidRequest
-from tasks import groups
-from tasks.callbacks import owner_secret
+from tasks.writes import groups
+from tasks.writes.callbacks import owner_secret
 from app.job_health import app_cache
-from tasks.health_alerts import alert_view, check_job, job_alerts
+from tasks.watch.health_alerts import alert_view, check_job, job_alerts
 
 bp = Blueprint("events", __name__)
 POLL_SECONDS = 0.2

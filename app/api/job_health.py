@@ -9,7 +9,7 @@ from app.api.routing import typed_route
 from app.job_health import app_cache, health_view
 from app.jobs import get_job
 from core.db import session_scope
-from tasks.health_alerts import check_job
+from tasks.watch.health_alerts import check_job
 
 bp = Blueprint("job_health", __name__)
 

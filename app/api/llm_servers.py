@@ -3,7 +3,7 @@
 Weight updates without restarts: `PUT {"paused": true}` (no new generation goes to the server;
 rollouts that use it wait, they do not fail), load the weights, then
 `PUT {"paused": false, "weight_version": "<new>"}`. Every turn records the version it was
-sampled with; see the README's weight-update flow. Servers belong to the caller's owner:
+sampled with; see docs/weights.md. Servers belong to the caller's owner:
 another owner's server ids answer 404 (registration rules: `app.servers`).
 """
 

@@ -3,7 +3,7 @@
 `POST /v1/llm/pause` pauses every server of the caller's pool (or the ids given) and returns
 once no generation is in flight on them; `POST /v1/llm/resume` serves again, optionally with a
 new weight version. `POST /v1/weights/push` does both around a verified load (see
-`tasks.weights` and docs/weights.md). These calls block for as long as the pause takes.
+`tasks.llm.weights` and docs/weights.md). These calls block for as long as the pause takes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from raas_client.weight_models import (
 from agents.llm.weights import Fingerprint
 from app.api.routing import typed_route
 from app.servers import servers_by_id
-from tasks import pool_pause, weights
+from tasks.llm import pool_pause, weights
 
 bp = Blueprint("weights", __name__)
 

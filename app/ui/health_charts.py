@@ -12,7 +12,7 @@ from typing import Any
 from raas_client.health_models import HealthView
 
 from agents.health_config import HealthConfig
-from tasks.health_alerts import RULES
+from tasks.watch.health_alerts import RULES
 
 W, H = 170, 40
 # (figure, title, alert it feeds or None, format)

@@ -15,9 +15,9 @@ from app.ui.auth import bp, check_csrf, safe_next
 from core.db import session_scope
 from core.errors import InvalidRequest
 from core.models import Rollout, Turn
-from tasks.config import UNROUTED_QUEUE
-from tasks.health_alerts import check_job
-from tasks.queues import known_queues, queue_depths
+from tasks.broker.config import UNROUTED_QUEUE
+from tasks.watch.health_alerts import check_job
+from tasks.broker.queues import known_queues, queue_depths
 
 ROW_COLUMNS = (
     "id",

@@ -3,8 +3,8 @@
 `push_weights` is the one place that talks to vLLM's dev endpoints (`VLLM_SERVER_DEV_MODE=1`)
 directly; `push_via_service` hands the same job to the service's verified push
 (`POST /v1/weights/push`, SDK `RaasClient.push_weights`) where the SDK has it (`train.py
---push service`). Either way the order is the one the traps on this machine dictate
-(/work/shared/notes/weights-on-cpu.md):
+--push service`). Either way the order is the one the traps measured on the CPU vLLM dictate
+(docs/weights.md, "Traps the verification catches"):
 1. raas pauses the server: new generations wait, the ones in flight finish (nothing aborted);
 2. the server loads the folder in place (`reload_weights`), or the LoRA adapter under its one
    fixed name (`load_inplace`);

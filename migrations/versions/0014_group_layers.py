@@ -1,5 +1,5 @@
 """Group layers (issue 38): the prepared workspace a GRPO group's samples fork on one node,
-with the lease of the sample preparing it (`tasks.group_layers`).
+with the lease of the sample preparing it (`tasks.sandboxing.group_layers`).
 
 Revision ID: 0014
 Revises: 0013

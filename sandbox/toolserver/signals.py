@@ -12,7 +12,7 @@ one thread, appends one JSON line per signal to a descriptor the host opened for
 the host's 0700 state dir, never mounted in the sandbox, close-on-exec here and the server is
 not dumpable, so no tool process can write to it), then exits (status 128 + the signal), as the
 signal would have ended it.
-SIGKILL and SIGSTOP cannot be caught; the host diagnoses those (`tasks.run_guard`).
+SIGKILL and SIGSTOP cannot be caught; the host diagnoses those (`tasks.sandboxing.run_guard`).
 """
 
 from __future__ import annotations

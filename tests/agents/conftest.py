@@ -207,13 +207,13 @@ def grade_artifact(tmp_path: Path) -> Callable[..., Any]:
     """EVAL as the pipeline runs it: (handler, ctx after RUN, sandbox options) -> EvalResult.
 
     Kills RUN's sandbox (`ctx.sandbox`), reads the artifact from its dead workspace
-    (`handler.artifact(ctx, run_result)`), then grades it through `tasks.grading.grade` in an
+    (`handler.artifact(ctx, run_result)`), then grades it through `tasks.sandboxing.grading.grade` in an
     `EvalContext` (a fresh sandbox when the handler asks for one). Calling it again with
     `artifact=` re-grades a stored artifact, which is what re-evaluation does. The last
     artifact graded is `grade_artifact.artifact`.
     """
     from core.settings import Settings
-    from tasks import grading
+    from tasks.sandboxing import grading
 
     settings = Settings(home=tmp_path / "eval-home", sandbox_runtime="bwrap")
     count = [0]

@@ -112,7 +112,7 @@ def test_a_registered_harness_environment_is_built_on_first_use(monkeypatch, tmp
     """As a handler's declared environment: a fresh node runs without a manual build step."""
     import sandbox.environments
     from core.settings import Settings
-    from tasks.sandboxes import ensure_declared_environment
+    from tasks.sandboxing.sandboxes import ensure_declared_environment
 
     built: list[tuple[str, list[str], list[str]]] = []
     monkeypatch.setattr(

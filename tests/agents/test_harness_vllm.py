@@ -11,9 +11,7 @@ carry no tool call from the history it sends next, so its rollouts split into se
 (`history_rewritten`): each is checked on its own. Figures
 are printed as JSON lines (`-s`): calls, samples, merges, splits, the re-score's max |diff|.
 
-    VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 /work/shared-venvs/vllm/bin/python -m \
-        vllm.entrypoints.openai.api_server --model /work/models/smollm2-135m-instruct \
-        --host 127.0.0.1 --port 8231 --max-model-len 2048 --dtype float32 &   # ready in ~3-7 min
+    scripts/serve_vllm_cpu.sh models/smollm2-135m-instruct 8231 float32 &   # ready in ~3-7 min
     RAAS_VLLM_URL=http://127.0.0.1:8231 .venv/bin/python -m pytest -m vllm -s \\
         tests/agents/test_harness_vllm.py
 """

@@ -170,7 +170,7 @@ def test_every_shipped_problem_is_a_valid_instance() -> None:
         {"max_turns": 0},
         {"grading_timeout_s": 0},
         {"temperature": 1.0},
-        {"python_env": "/root/.pyenv"},
+        {"python_env": str(Path.home() / ".pyenv")},  # a host path, never a name
     ],
 )
 def test_bad_config_is_rejected(config: dict) -> None:

@@ -55,7 +55,7 @@ def test_a_lost_node_costs_at_most_the_turn_in_flight_per_rollout(fault_report):
     """Issue 41: the rollouts in RUN on the lost node get new attempts elsewhere that replay
     their logged turns into rebuilt sandboxes, so only what was not durable is generated
     again (before replay, every finished turn was): the turn in flight, and at most one turn
-    whose group commit died with the SIGKILLed process (`tasks.turn_log`: a turn's commit
+    whose group commit died with the SIGKILLed process (`tasks.writes.turn_log`: a turn's commit
     overlaps the next generation). At most one per affected rollout on average, as for a
     killed RUN pool."""
     report = fault_report("node-loss")

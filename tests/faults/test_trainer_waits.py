@@ -59,7 +59,7 @@ class GatewayProcess:
         """Start it and wait until /healthz answers."""
         log = open(self.svc.logs / f"gateway-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "gateway", "--port", str(self.port)],
+            [sys.executable, "-m", "app.ops.cli", "gateway", "--port", str(self.port)],
             env=self.svc.env,
             cwd=REPO,
             stdout=log,
@@ -88,7 +88,7 @@ class GatewayProcess:
 def raas(*args: str, env: dict[str, str], **kw: Any) -> subprocess.Popen:
     """The `raas` command as a child process (stdout and stderr captured as text)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "app.ops.cli", *args],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ from agents.llm import LLMSession
 from core.db import session_scope
 from core.errors import LeaseLost
 from core.models import Job, LLMServer, Rollout
-from tasks.llm_pool import RegisteredPool, make_pool, reconcile_in_flight
+from tasks.llm.llm_pool import RegisteredPool, make_pool, reconcile_in_flight
 from tests.llm.conftest import SMOLLM2, deadline
 
 SCRIPT = {"default": ['<tool_call>{"name": "step", "arguments": {}}</tool_call>']}
@@ -183,7 +183,7 @@ def test_weight_swap_by_re_registering(simulators, db_url) -> None:
 
 
 def test_down_server_comes_back_after_probe(simulators, db_url, monkeypatch) -> None:
-    import tasks.llm_pool as pool_module
+    import tasks.llm.llm_pool as pool_module
 
     monkeypatch.setattr(pool_module, "RECHECK_SECONDS", 0.0)
     url, _ = simulators(SCRIPT)
@@ -196,7 +196,7 @@ def test_down_server_comes_back_after_probe(simulators, db_url, monkeypatch) -> 
 
 
 def test_retried_attempt_returns_to_its_server_and_health_sweep(simulators, db_url) -> None:
-    from tasks.llm_pool import check_health
+    from tasks.llm.llm_pool import check_health
 
     (url_a, kill_a), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
     register(db_url, [url_a, url_b])
@@ -239,7 +239,7 @@ def test_the_claimed_rows_server_is_not_read_again(simulators, db_url, monkeypat
     read per rollout) and from this pool's own `stick` after; a pool told nothing reads it."""
     from types import SimpleNamespace
 
-    from tasks import llm_pool_sql
+    from tasks.llm import llm_pool_sql
 
     (url_a, _), (url_b, _) = simulators(SCRIPT), simulators(SCRIPT)
     register(db_url, [url_a, url_b])

@@ -14,7 +14,7 @@ from agents.llm.spec import validate_sampling
 from core.db import session_scope
 from core.errors import InvalidRequest, StageTimeout
 from core.models import LLMServer
-from tasks.llm_pool import registered_urls
+from tasks.llm.llm_pool import registered_urls
 from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2, TOOLS, deadline
 
 CALLS = (

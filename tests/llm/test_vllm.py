@@ -16,7 +16,7 @@ import pytest
 from agents.llm import LLMSession, validate_llm_spec
 from core.db import session_scope
 from core.models import LLMServer
-from tasks.llm_pool import registered_urls
+from tasks.llm.llm_pool import registered_urls
 from tests.llm.conftest import TOOLS, deadline
 from tests.llm.test_pool import make_rollouts, open_session
 

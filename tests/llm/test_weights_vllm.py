@@ -1,12 +1,13 @@
 """Verified weight pushes against a real CPU vLLM serving SmolLM2-135M-Instruct in fp32.
 
 Real tier (`make test-vllm`, marker `vllm`). The fixture starts the server itself from
-`VLLM_VENV` (default /work/shared-venvs/vllm) with `VLLM_SERVER_DEV_MODE=1 --dtype float32` and
+`VLLM_VENV` (default `.venv-vllm`) with `VLLM_SERVER_DEV_MODE=1 --dtype float32` and
 a fixed `--served-model-name`, on a free port, serving an untied fp32 copy of
-`RAAS_SMOLLM2_DIR` (default /work/models/smollm2-135m-instruct) made by
+`SMOLLM_DIR` (default `models/smollm2-135m-instruct`) made by
 `scripts/untie_checkpoint.py`. The trainer's side (the perturbed "trained" checkpoint and the
-probe fingerprints) runs in `RAAS_TORCH_PYTHON` (default /work/shared-venvs/convert/bin/python,
-torch 2.13 + transformers). To reuse a server already running, set `RAAS_WEIGHTS_VLLM_URL` and
+probe fingerprints) runs in `RAAS_TORCH_PYTHON` (default the python of `CONVERT_VENV`,
+`.venv-convert`: torch 2.13 + transformers, made by `scripts/build_smollm2.sh`); see
+tests/local_models.py. To reuse a server already running, set `RAAS_WEIGHTS_VLLM_URL` and
 `RAAS_WEIGHTS_VLLM_MODEL` (the untied folder it serves). Figures are printed as JSON lines
 (`-s` shows them): pause, load and verify seconds, max |Δ logprob|.
 """
@@ -27,15 +28,15 @@ from raas_client.weight_models import WeightPushReport
 from raas_client.weights import TiedCheckpoint
 
 from agents.llm.weights import Fingerprint, apply_weights, reset_prefix_cache, verify
+from tests.local_models import CONVERT_VENV, SMOLLM_DIR, VLLM_VENV, torch_python
 from tests.pipeline_harness import Service, start_service
 from tests.private_services import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]  # a vLLM start + torch runs
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/work/shared-venvs/vllm"))
-TORCH_PYTHON = os.environ.get("RAAS_TORCH_PYTHON", "/work/shared-venvs/convert/bin/python")
-SMOLLM2 = Path(os.environ.get("RAAS_SMOLLM2_DIR", "/work/models/smollm2-135m-instruct"))
+TORCH_PYTHON = torch_python(CONVERT_VENV)
+SMOLLM2 = SMOLLM_DIR
 SERVED = "smollm2-untied"  # fixed: a reload never changes what requests must name
 READY_SECONDS = 900  # ~2 min idle; much more on a loaded 2-core machine
 
@@ -209,7 +210,7 @@ def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None
 def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gateway, checkpoints) -> None:
     """Rollouts of the real model are mid-flight: the push waits for their generations (the
     measured pause), aborts none, and every turn records the version it was sampled with."""
-    from tasks.pool_pause import generating
+    from tasks.llm.pool_pause import generating
 
     client = gateway.client
     url = gateway_server(gateway)

@@ -18,6 +18,10 @@ from sandbox.cgroups import pids_current
 from sandbox.handles import read_handles
 from tests.sandbox.conftest import host_processes_matching
 
+REPO = Path(__file__).resolve().parents[2]
+HOME = Path.home()
+DATA_TREE = REPO.parents[-2]  # the top-level folder the checkout lives in (e.g. /srv, /home)
+
 
 @pytest.fixture
 def bw(start):
@@ -32,8 +36,8 @@ def test_cannot_write_outside_the_workspace(bw, tmp_path):
         "/etc/raas-evil",
         "/opt/raas/toolserver/evil.py",
         str(outside),
-        "/work/raas-evil",
-        "/root/raas-evil",
+        str(REPO / "raas-evil"),  # the checkout the service runs from
+        str(HOME / "raas-evil"),
     ]
     for target in targets:
         r = bw.bash(f"echo pwned > {target}")
@@ -48,19 +52,19 @@ def test_cannot_read_host_secrets_or_data_trees(start, tmp_path, monkeypatch):
     monkeypatch.setenv("RAAS_TEST_SECRET", "hunter2-env")
     secret_tmp = tmp_path / "secret.txt"
     secret_tmp.write_text("hunter2-file")
-    secret_root = Path(f"/root/raas-test-secret-{uuid.uuid4().hex[:8]}")
-    secret_root.write_text("hunter2-root")
+    secret_home = HOME / f"raas-test-secret-{uuid.uuid4().hex[:8]}"
+    secret_home.write_text("hunter2-home")
     try:
         bw = start("bwrap")
-        r = bw.bash(f"cat {secret_tmp} {secret_root}; echo env=$RAAS_TEST_SECRET; cat /proc/*/environ | tr '\\0' '\\n'")
+        r = bw.bash(f"cat {secret_tmp} {secret_home}; echo env=$RAAS_TEST_SECRET; cat /proc/*/environ | tr '\\0' '\\n'")
         assert "hunter2" not in r.output
-        listing = bw.bash("ls -A /root /home /var /srv /mnt /work 2>&1; ls -A /tmp").output
+        listing = bw.bash(f"ls -A {HOME} /root /home /var /srv /mnt {DATA_TREE} {REPO} 2>&1; ls -A /tmp").output
         assert "No such file" in listing and "hunter2" not in listing
         assert "root:" not in bw.bash("cat /etc/shadow").output  # masked even where it is readable
         with pytest.raises(ToolUsageError):
             bw.read_file(str(secret_tmp))
     finally:
-        secret_root.unlink()
+        secret_home.unlink()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root service only: a user's sandbox is that user")

@@ -1,7 +1,7 @@
 """Review 1 item 4: the tool server's signal record counts only kernel-made senders as outside.
 
 Each case runs the real recorder (`sandbox.toolserver.signals`) in a child process and sends
-it a real SIGTERM; the record file is what `tasks.run_guard` reads. A forged `rt_sigqueueinfo`
+it a real SIGTERM; the record file is what `tasks.sandboxing.run_guard` reads. A forged `rt_sigqueueinfo`
 (SI_QUEUE with `si_pid` 0, which any same-uid process may send) must not read as "outside",
 while a plain kill(2) from outside the server's pid namespace still does.
 """

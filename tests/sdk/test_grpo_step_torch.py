@@ -1,7 +1,7 @@
 """The README's GRPO step, verbatim, run with torch against the real service.
 
 torch is not in the service's venv (and is not a dependency of anything here): the step runs
-in an interpreter that has it (`RAAS_TORCH_PYTHON`, default the shared CPU-vLLM venv's) with
+in an interpreter that has it (`RAAS_TORCH_PYTHON`, default the CPU vLLM venv's, `VLLM_VENV`) with
 only `sdk/` on its path, against a gateway and Celery workers started by this test; the policy
 is a stand-in (an embedding and a linear head, a real torch module) since no model is needed to
 check the SDK's arrays feed a loss that back-propagates. Marked `sdk_torch`:
@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_models import VLLM_VENV, torch_python
 from tests.pipeline_harness import start_service
 from tests.sdk.test_readme_train import train_block
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.service, pytest.mark.sdk_torch]  # whole-service tier
-TORCH_PYTHON = os.environ.get("RAAS_TORCH_PYTHON", "/work/shared-venvs/vllm/bin/python")
+TORCH_PYTHON = torch_python(VLLM_VENV)  # the CPU vLLM's venv has torch
 
 RUN = """
 import json, torch

@@ -2,7 +2,7 @@
 
 Everything is the cluster's own: a munged on a private socket and key, a `slurm.conf` in a
 temporary folder with free controller/daemon ports, own state, spool, pid and log files. It
-runs as root (CI does), as `/work/shared/notes/slurm.md` describes: `slurmctld -D -i` and
+runs as root (CI does): `munged --force`, then `slurmctld -D -i` (first start, no state yet) and
 `slurmd -D` in the background, `SLURM_CONF` for the client commands.
 
 `proctrack` is the plugin under test: `cgroup` (what most production sites use; needs a

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.slurm import SlurmJobConfig, write_jobs
+from app.ops.slurm import SlurmJobConfig, write_jobs
 from raas_client import RaasClient
 from core.db import session_scope
 from core.models import Rollout, Turn

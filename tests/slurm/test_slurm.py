@@ -70,7 +70,7 @@ def test_struck_node_job_loses_nothing_and_grades_right(scenario, fault):
 def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
     """A site without a service node: `services.sbatch` (PostgreSQL, Redis, the gateway in a
     job) writes its address, the node job waits for it; rollouts go through that gateway."""
-    from app.slurm import SlurmJobConfig, write_jobs
+    from app.ops.slurm import SlurmJobConfig, write_jobs
     from raas_client import RaasClient
     from tests.faults.campaign import PROBLEMS, answers_right
     from tests.private_services import PG_BIN, free_port

@@ -16,7 +16,7 @@ Safe to share between jobs and tenants:
 
 Generation calls (`ServerClient.call`) go to the httpcore pools directly, without httpx's
 request and response objects: that layer cost ~0.5 ms of CPU per call at 32 threads (2.03 ms
-against 1.52; BENCHMARKS.md, "Hot path, round 4"). The rules above hold the same way there: no
+against 1.52; docs/benchmarks-history.md, "Hot path, round 4"). The rules above hold the same way there: no
 cookie jar at all, no redirects, the credential a header of its own request, the URL guard
 and the abort handle on the same pools. Everything else (health probes, model lists, weight
 pushes) uses the httpx client, whose pools these are.
