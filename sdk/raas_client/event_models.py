@@ -30,7 +30,7 @@ class RolloutEvent(Answer):
 
 
 EventData = RolloutEvent | GroupView | AlertView | JobView
-EVENT_DATA: dict[str, type[EventData]] = {
+EVENT_DATA: dict[str, type[Answer]] = {
     "rollout": RolloutEvent,
     "group": GroupView,
     "alert": AlertView,

@@ -79,7 +79,7 @@ def test_a_server_serving_a_hub_id_runs_rollouts(service):
         svc.wait_done(job.job_id, timeout=90)
         rows = svc.all_results(job.job_id)
         assert [(r.outcome, r.reward) for r in rows] == [("completed", 1.0)] * 2, svc.log_tail()
-        assert all(r["response_ids"] and 1 in r["loss_mask"] for r in rows)
+        assert all(r.response_ids and 1 in (r.loss_mask or []) for r in rows)
         named = svc.client.submit(
             "test-grpo",
             [{"instance_id": "h1", "data": {"answer": "4"}}],
