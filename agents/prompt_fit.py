@@ -14,15 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 from agents.abstract import AgentHandler, HandlerConfig
+from agents.llm.spec import LLMSpec
 from agents.llm.tokenizer import load_chat_tokenizer, server_max_model_len
 from agents.loop import prompt_messages
 from core.errors import InvalidRequest
 
 
-def effective_context(llm: dict[str, Any], urls: list[str]) -> tuple[int, str]:
+def effective_context(llm: LLMSpec, urls: list[str]) -> tuple[int, str]:
     """The largest context any of `urls` could give the job, and how it was derived."""
     served = [n for n in (server_max_model_len(url) for url in urls) if n is not None]
-    job = int(llm["max_model_len"])
+    job = llm.max_model_len
     if served and len(served) == len(urls) and max(served) < job:
         return max(served), f"llm.max_model_len {job}, servers serve at most {max(served)}"
     return job, f"llm.max_model_len {job}"
@@ -32,13 +33,16 @@ def check_prompts_fit(
     handler: AgentHandler,
     config: HandlerConfig,
     instances: list[tuple[str, dict[str, Any]]],
-    llm: dict[str, Any],
+    llm: LLMSpec,
     urls: list[str],
 ) -> None:
-    """Raise InvalidRequest naming the first instance whose prompt cannot fit the context."""
+    """Raise InvalidRequest naming the first instance whose prompt cannot fit the context
+    (`llm` as the submission resolved it: its tokenizer and template text are set)."""
     if not instances or handler.prompt(instances[0][1], config) is None:
         return
-    tok = load_chat_tokenizer(llm["tokenizer"], llm.get("chat_template"))
+    # The tokenizer's own template, as before: a job's inline template is rendered in the
+    # gateway only inside the bounded child of `check_untrusted_template`.
+    tok = load_chat_tokenizer(llm.tokenizer)
     limit, why = effective_context(llm, urls)
     for index, (instance_id, data) in enumerate(instances):
         system, user, tools = handler.prompt(data, config)
@@ -47,7 +51,7 @@ def check_prompts_fit(
             prompt_messages(system, user, tools, tok.supports_tools),
             schemas,
             True,
-            **(llm.get("chat_template_kwargs") or {}),
+            **llm.chat_template_kwargs,
         )
         if len(text) < limit:
             continue

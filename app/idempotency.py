@@ -53,7 +53,7 @@ def replay(settings: Settings, owner: str, req: JobCreate) -> JobAccepted | None
             if differs:
                 raise Conflict(_difference(s, job, req, differs), field=differs[0], job_id=job.id, fields=differs)
         ids = _ids_in_request_order(s, job.id, req)
-        return JobAccepted(job_id=job.id, rollout_ids=ids, created=False)
+        return JobAccepted.build(job_id=job.id, rollout_ids=ids, created=False)
 
 
 def _ids_in_request_order(s: Session, job_id: str, req: JobCreate) -> list[str]:

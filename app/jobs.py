@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agents.job_config import JobConfig
+from agents.llm.spec import LLMSpec
 from agents.registry import get_handler
 from app.idempotency import replay, request_digest
 from app.schemas import (
@@ -42,7 +43,7 @@ from tasks.writes import cancels, groups, lifecycle
 from tasks.broker import outbox, purge
 from tasks import quotas
 from tasks.llm.llm_pool import registered_urls
-from tasks.writes.records import record_fields
+from tasks.writes.records import wire_fields
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,11 @@ def validate_submission(
     llm = None
     if handler.needs_llm:  # no spec = the registered server pool, tokenizer from the servers
         from agents.llm.backends.guard import url_guard
-        from agents.llm.spec import LLMSpec, validate_llm_spec
+        from agents.llm.spec import resolve_llm_spec
 
         with url_guard(None if admin else settings.policy.llm.server_rules):
-            llm = validate_llm_spec(
-                (req.llm or LLMSpec()).model_dump(),
+            llm = resolve_llm_spec(  # parsed once, with the request: typed from here on
+                req.llm or LLMSpec(),
                 partial(registered_urls, settings.db_url, owner),
                 settings.policy.llm,
                 admin,
@@ -94,7 +95,7 @@ def validate_submission(
     elif req.llm is not None:  # unused by the handler: stored, but held to the same rules
         from agents.llm.spec import check_llm_policy
 
-        llm = check_llm_policy(req.llm.model_copy(), settings.policy.llm, admin).model_dump()
+        llm = check_llm_policy(req.llm.model_copy(deep=True), settings.policy.llm, admin)
     if req.callback_url is not None:
         check_callback_url(settings.policy, req.callback_url, admin, "callback_url")
     return JobConfig(
@@ -111,14 +112,13 @@ def validate_submission(
 
 
 def _check_prompts_fit(
-    settings: Settings, handler: Any, agent_config: Any, req: JobCreate, llm: dict[str, Any], owner: str
+    settings: Settings, handler: Any, agent_config: Any, req: JobCreate, llm: LLMSpec, owner: str
 ) -> None:
     """Reject an instance whose prompt cannot fit the context, when that is knowable now."""
     from agents.llm.pool import candidate_urls
-    from agents.llm.spec import LLMSpec
     from agents.prompt_fit import check_prompts_fit
 
-    urls = candidate_urls(LLMSpec.model_validate(llm), partial(registered_urls, settings.db_url, owner))
+    urls = candidate_urls(llm, partial(registered_urls, settings.db_url, owner))
     check_prompts_fit(handler, agent_config, [(i.instance_id, i.data) for i in req.instances], llm, urls)
 
 
@@ -189,7 +189,7 @@ def create_job(
         return existing
     ids = [row["id"] for row in rows]
     celery.raas_parts.get(outbox.OutboxPublisher).submit(ids)  # the gateway's (`app.factory`)
-    return JobAccepted(job_id=job.id, rollout_ids=ids, created=True)
+    return JobAccepted.build(job_id=job.id, rollout_ids=ids, created=True)
 
 
 def get_job(s: Session, job_id: str, owner: str | None = None) -> Job:
@@ -232,7 +232,7 @@ def job_view(s: Session, job: Job) -> JobView:
     else:
         status = "cancelling" if job.cancel_requested else "running"
     size = job.group_size or job.n_samples
-    return JobView(
+    return JobView.build(
         job_id=job.id,
         agent=job.agent,
         status=status,
@@ -253,13 +253,13 @@ def job_view(s: Session, job: Job) -> JobView:
 
 
 def rollout_view(r: Rollout, turns: list[Turn] | None = None, group: dict[str, Any] | None = None) -> RolloutView:
-    """The wire form of a rollout (`raas_client.models.Rollout`: the record and the row's
+    """The wire form of a rollout (`raas_client.models.RolloutView`: the record and the row's
     identity, status and timing); given its turns, they are grouped by attempt."""
     current, earlier = None, None
     if turns is not None:
         current = [TurnView.model_validate(t) for t in turns if t.attempt == r.attempt]
         earlier = [
-            AttemptView(
+            AttemptView.build(
                 attempt=h.get("attempt", 0),
                 error=h.get("error"),
                 ended_at=h.get("ended_at"),
@@ -267,8 +267,8 @@ def rollout_view(r: Rollout, turns: list[Turn] | None = None, group: dict[str, A
             )
             for h in (r.attempt_history or [])
         ]
-    return RolloutView(
-        **record_fields(r),  # the record's part: the columns named like its fields
+    return RolloutView.build(
+        **wire_fields(r),  # the record's part: the columns named like its fields, less pipeline keys
         rollout_id=r.id,
         job_id=r.job_id,
         instance_id=r.instance_id,
@@ -278,7 +278,7 @@ def rollout_view(r: Rollout, turns: list[Turn] | None = None, group: dict[str, A
         attempt=r.attempt,
         node=r.node,
         reward=r.reward,
-        timing=Timing(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
+        timing=Timing.build(init=r.init_seconds, run=r.run_seconds, eval=r.eval_seconds),
         seq=r.result_seq,
         group_complete=r.completes_group,
         cut_reason=r.cut_reason,

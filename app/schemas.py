@@ -21,10 +21,11 @@ try:
         JobAccepted,
         JobList,
         JobView,
+        LLMServerDeleted,
         LLMServerList,
         LLMServerView,
         ResultsPage,
-        Rollout,
+        RolloutView,
         Timing,
         TurnView,
     )
@@ -139,8 +140,6 @@ class LLMServerUpdate(Strict):
         return value
 
 
-RolloutView = Rollout  # the gateway's older name for the rollout record
-
 __all__ = [
     "AttemptView",
     "ErrorBody",
@@ -152,11 +151,11 @@ __all__ = [
     "JobList",
     "JobView",
     "LLMServerCreate",
+    "LLMServerDeleted",
     "LLMServerList",
     "LLMServerUpdate",
     "LLMServerView",
     "ResultsPage",
-    "Rollout",
     "RolloutView",
     "Strict",
     "Timing",

@@ -76,7 +76,7 @@ def child(repo: Path, n: int, idle_s: float) -> dict:
         client = redis.Redis(unix_socket_path=sock)
         svc = start_service(Path(data) / "home", nodes=("bench",), concurrency=4, broker_url=f"redis+socket://{sock}")
         try:
-            wait_all(svc, svc.client.submit("test-trivial", [{"instance_id": "w"}])["job_id"])
+            wait_all(svc, svc.client.submit("test-trivial", [{"instance_id": "w"}]).job_id)
             time.sleep(1.0)
             client.config_resetstat()
             time.sleep(idle_s)
@@ -84,10 +84,10 @@ def child(repo: Path, n: int, idle_s: float) -> dict:
             client.config_resetstat()
             t0 = time.monotonic()
             job = svc.client.submit("test-trivial", [{"instance_id": f"i{k}"} for k in range(n)])
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
             calls = commandstats(client)
-            assert svc.client.job(job["job_id"])["outcomes"] == {"completed": n}
+            assert svc.client.job(job.job_id).outcomes == {"completed": n}
         finally:
             svc.stop()
             server.terminate()

@@ -40,18 +40,18 @@ def child(repo: Path, broker: str, n: int, solos: int) -> dict:
         t_start = time.monotonic()
         svc = start_service(Path(home), nodes=("bench",), concurrency=4, reaper=False, **kwargs)
         try:
-            wait_all(svc, svc.client.submit("test-trivial", [{"instance_id": "w"}])["job_id"])
+            wait_all(svc, svc.client.submit("test-trivial", [{"instance_id": "w"}]).job_id)
             ready_s = time.monotonic() - t_start
             t0 = time.monotonic()
             job = svc.client.submit("test-trivial", [{"instance_id": f"i{k}"} for k in range(n)])
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
-            assert svc.client.job(job["job_id"])["outcomes"] == {"completed": n}
+            assert svc.client.job(job.job_id).outcomes == {"completed": n}
             solo = []
             for k in range(solos):
                 one = svc.client.submit("test-trivial", [{"instance_id": f"s{k}"}])
-                wait_all(svc, one["job_id"])
-                solo.append(finish_times(svc, one["job_id"])[0])
+                wait_all(svc, one.job_id)
+                solo.append(finish_times(svc, one.job_id)[0])
         finally:
             svc.stop()
     return {

@@ -111,19 +111,19 @@ def run_backend(name: str, n: int, init_ahead: bool, timeout: float, headerless:
         celery = svc._celery
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
-            svc.wait_done(warm["job_id"], timeout=600)
+            svc.wait_done(warm.job_id, timeout=600)
             job = svc.client.submit("test-sleepy", [{"instance_id": "x"}], agent_config={"init_s": 0.0})
-            svc.wait_done(job["job_id"], timeout=120)
+            svc.wait_done(job.job_id, timeout=120)
             from core.db import session_scope
             from core.models import Job
 
             with session_scope(svc.settings.db_url) as s:  # a finished job's cancel flag, set as a cancel does
-                s.get(Job, job["job_id"]).cancel_requested = True
+                s.get(Job, job.job_id).cancel_requested = True
             label = f"{name}{' init_ahead' if init_ahead else ''}{' headerless' if headerless else ''}"
             if has_purge():  # alone: no INIT pool takes (or purges) meanwhile
                 svc.kill_worker("init", "bench")
-                _stale(celery, job["job_id"], n)
-                removed, took, longest = _timed_purge(celery, job["job_id"])
+                _stale(celery, job.job_id, n)
+                removed, took, longest = _timed_purge(celery, job.job_id)
                 rows.append(
                     {
                         "backend": label,
@@ -136,8 +136,8 @@ def run_backend(name: str, n: int, init_ahead: bool, timeout: float, headerless:
                 )
                 svc.start_worker("init", "bench", 2)
                 ready = svc.client.submit("test-trivial", [{"instance_id": "ready"}])
-                svc.wait_done(ready["job_id"], timeout=600)
-            _stale(celery, job["job_id"], n, headerless)
+                svc.wait_done(ready.job_id, timeout=600)
+            _stale(celery, job.job_id, n, headerless)
             took = _until_empty(celery, timeout)
             rows.append(
                 {

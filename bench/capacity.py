@@ -44,6 +44,7 @@ from bench import capacity_probe as probe  # noqa: E402
 from bench.capacity_model import STAGES, cluster_rows, model, per_rollout  # noqa: E402
 from bench.support.pipeline_harness import start_service  # noqa: E402
 from bench.support.private_services import PrivatePostgres, PrivateRedis  # noqa: E402
+from raas_client.models import JobView  # noqa: E402
 
 MACHINE_PG = "postgresql://postgres@127.0.0.1:5432/test"
 POOLS = {
@@ -147,7 +148,7 @@ def node_run(
                     agent_config={**STAGE_S, "turns": turns},
                 )
                 submit = probe.snapshot()
-                view = wait_done(svc, job["job_id"], timeout)
+                view = wait_done(svc, job.job_id, timeout)
                 wall = time.monotonic() - t0
                 commands = redis_commands(broker.url) - idle_commands - idle_per_s * wall
                 probe.reset()
@@ -163,7 +164,7 @@ def node_run(
         from core.db import dispose_all
 
         dispose_all(close=True)
-        finished = finish_seconds(db_url, job["job_id"])
+        finished = finish_seconds(db_url, job.job_id)
         workers = probe.collect(Path(counts))
     per_node = min(
         slots["init"] / STAGE_S["init_s"], slots["run"] / STAGE_S["run_s"], slots["eval"] / STAGE_S["eval_s"]
@@ -174,8 +175,8 @@ def node_run(
         "slots": slots,
         "rollouts": n,
         "turns": turns,
-        "done": view["counts"].get("done", 0),
-        "outcomes": view["outcomes"],
+        "done": view.counts.get("done", 0),
+        "outcomes": view.outcomes,
         "too_many_clients_lines": logs.count("too many clients"),
         "peak_connections": sampler.peak,
         "wall_s": round(wall, 2),
@@ -202,13 +203,13 @@ def wait_ready(svc, nodes: int, timeout: float = 120) -> None:
     raise TimeoutError("worker pools did not start")
 
 
-def wait_done(svc, job_id: str, timeout: float) -> dict:
+def wait_done(svc, job_id: str, timeout: float) -> JobView:
     """The job view once every rollout is terminal, or at `timeout` (a failed baseline)."""
     deadline = time.monotonic() + timeout
     view = None
     while True:
         view = job_view(svc, job_id) or view
-        done = view is not None and view["finished"] >= view["n_rollouts"]
+        done = view is not None and view.finished >= view.n_rollouts
         if (done or time.monotonic() > deadline) and view is not None:
             return view
         time.sleep(0.25)
@@ -234,7 +235,7 @@ def finish_seconds(db_url: str, job_id: str) -> list[float]:
     return [float(x) for x in rows]
 
 
-def job_view(svc, job_id: str) -> dict | None:
+def job_view(svc, job_id: str) -> JobView | None:
     """The job view, or None while the gateway cannot reach the database."""
     try:
         return svc.client.job(job_id)

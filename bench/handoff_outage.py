@@ -64,11 +64,11 @@ def measure(aof: bool, downtime: float) -> dict:
             [{"instance_id": f"i{k}"} for k in range(N_ROLLOUTS)],
             agent_config={"init_s": 0.5, "run_s": 1.0, "turns": TURNS},
         )
-        wait_for(lambda: svc.client.job(job["job_id"])["finished"] >= 4, 120, "the first rollouts to finish")
-        at = svc.client.job(job["job_id"])["finished"]
+        wait_for(lambda: svc.client.job(job.job_id).finished >= 4, 120, "the first rollouts to finish")
+        at = svc.client.job(job.job_id).finished
         redis.restart(downtime=downtime)
         exits = 0
-        while svc.client.job(job["job_id"])["finished"] < N_ROLLOUTS:
+        while svc.client.job(job.job_id).finished < N_ROLLOUTS:
             if time.monotonic() - started > 400:
                 raise AssertionError(f"job not done: {svc.log_tail()}")
             for (stage, node), proc in list(svc.workers.items()):
@@ -84,7 +84,7 @@ def measure(aof: bool, downtime: float) -> dict:
                     Rollout.status,
                     Rollout.attempt_history,
                     *([Rollout.resumes] if hasattr(Rollout, "resumes") else []),
-                ).where(Rollout.job_id == job["job_id"])
+                ).where(Rollout.job_id == job.job_id)
             ).all()
             turns = s.scalar(sa.select(sa.func.count()).select_from(Turn))
         lost = sum(any("stopped beating" in (h.get("error") or "") for h in r.attempt_history or []) for r in rows)

@@ -105,7 +105,7 @@ def wait_all(svc, job_id: str, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = svc.client.job(job_id)
-        if j["finished"] >= j["n_rollouts"]:
+        if j.finished >= j.n_rollouts:
             return
         time.sleep(0.1)
     raise TimeoutError(f"{job_id}: {svc.client.job(job_id)}\n{svc.log_tail()}")
@@ -279,7 +279,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
             def submit(n: int, tag: str) -> str:
                 instances = [{"instance_id": f"{tag}{k}", "data": QUESTION} for k in range(n)]
-                return svc.client.submit("search", instances, **job_kwargs)["job_id"]
+                return svc.client.submit("search", instances, **job_kwargs).job_id
 
             wait_all(svc, submit(args.slots, "warm"))
             pids = stage_pids(svc)

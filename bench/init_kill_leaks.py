@@ -71,7 +71,7 @@ def measure(kills: int, spread: float) -> dict:
     try:
         for k in range(kills):
             job = svc.client.submit("test-sandboxed", [{"instance_id": "a"}])
-            workspace = f"{root}/{job['rollout_ids'][0]}-1"
+            workspace = f"{root}/{job.rollout_ids[0]}-1"
             wait_for(
                 lambda workspace=workspace: _processes_naming(workspace),
                 120,
@@ -82,7 +82,7 @@ def measure(kills: int, spread: float) -> dict:
             svc.kill_worker("init", "node-a")
             hits += 1
             svc.start_worker("init", "node-a", 1)
-            svc.wait_done(job["job_id"], timeout=180)
+            svc.wait_done(job.job_id, timeout=180)
         time.sleep(3 * svc.settings.reaper_interval + svc.settings.lease_timeout)
         processes = _processes_naming(root + "/")
         handles = [p for p in os.listdir(state) if p.endswith(".json")] if state.exists() else []

@@ -71,7 +71,7 @@ def wait_all(svc, job_id: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = svc.client.job(job_id)
-        if j["finished"] >= j["n_rollouts"]:
+        if j.finished >= j.n_rollouts:
             return
         time.sleep(0.05)
     raise TimeoutError(job_id)
@@ -121,22 +121,22 @@ def throughput(name: str, n: int) -> dict:
         )
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
-            wait_all(svc, warm["job_id"])
+            wait_all(svc, warm.job_id)
             time.sleep(1.2)  # the probes' last per-second dump of the warm-up
             ops0 = worker_ops(probe_dir)
             instances = [{"instance_id": f"i{k}"} for k in range(n)]
             t0 = time.monotonic()
             job = svc.client.submit("test-trivial", instances)
             submitted = time.monotonic() - t0
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
             time.sleep(1.2)
             ops = ops_per_rollout(ops0, worker_ops(probe_dir), n)
             latencies = []
             for k in range(10):
                 one = svc.client.submit("test-trivial", [{"instance_id": f"solo{k}"}])
-                wait_all(svc, one["job_id"])
-                latencies.append(finish_times(svc, one["job_id"])[0])
+                wait_all(svc, one.job_id)
+                latencies.append(finish_times(svc, one.job_id)[0])
         finally:
             svc.stop()
             cleanup()
@@ -194,9 +194,9 @@ def overlap(mode: str, n: int, serial_slots: int = 12) -> dict:
             cfg = {"init_s": 1.0, "run_s": 2.0, "eval_s": 1.0, "turns": 1}
             t0 = time.monotonic()
             job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(n)], agent_config=cfg)
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
-            done = finish_times(svc, job["job_id"])
+            done = finish_times(svc, job.job_id)
         finally:
             if serial:
                 serial.terminate()
@@ -261,15 +261,15 @@ def math_eval(n: int) -> list[dict]:
         try:
             job = svc.client.submit("math", instances, llm={"servers": [{"url": url}]})
             t0 = time.monotonic()
-            wait_all(svc, job["job_id"])
+            wait_all(svc, job.job_id)
             wall = time.monotonic() - t0
-            done = svc.all_results(job["job_id"])
-            details = [svc.client.rollout(r["rollout_id"]) for r in done]
+            done = svc.all_results(job.job_id)
+            details = [svc.client.rollout(r.rollout_id) for r in done]
         finally:
             svc.stop()
             stop_sim()
-    evals = [r["timing"]["eval"] for r in done if r["timing"]["eval"] is not None]
-    answers = [(d["extra"]["predicted_answer"], d["extra"]["reference_answer"]) for d in details]
+    evals = [r.timing.eval for r in done if r.timing.eval is not None]
+    answers = [(d.extra["predicted_answer"], d.extra["reference_answer"]) for d in details]
     t0 = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
         fresh = list(pool.map(lambda a: grade_in_fresh_process(*a), answers))
@@ -287,11 +287,9 @@ def math_eval(n: int) -> list[dict]:
         {
             "grading": "warm grading process (EVAL)",
             "answers": len(done),
-            "rewarded": sum(r["reward"] == 1.0 for r in done),
-            "grading_p50_s": round(statistics.median(d["metrics"]["grading_seconds"] for d in details), 4),
-            "grading_p90_s": round(
-                statistics.quantiles([d["metrics"]["grading_seconds"] for d in details], n=10)[-1], 4
-            ),
+            "rewarded": sum(r.reward == 1.0 for r in done),
+            "grading_p50_s": round(statistics.median(d.metrics["grading_seconds"] for d in details), 4),
+            "grading_p90_s": round(statistics.quantiles([d.metrics["grading_seconds"] for d in details], n=10)[-1], 4),
             "eval_p50_s": round(statistics.median(evals), 3),
             "wall_s": round(wall, 2),
         },

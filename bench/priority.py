@@ -38,15 +38,15 @@ def one_run(broker: str, priority: int, args: argparse.Namespace) -> dict:
                 backlog = svc.client.submit(
                     "test-sleepy", [{"instance_id": f"b{k}"} for k in range(args.backlog)], agent_config=config
                 )
-                wait_for(lambda: svc.client.job(backlog["job_id"])["finished"] >= 2, timeout=300, what="the backlog")
+                wait_for(lambda: svc.client.job(backlog.job_id).finished >= 2, timeout=300, what="the backlog")
                 t0 = time.monotonic()
                 urgent = svc.client.submit(
                     "test-sleepy", [{"instance_id": f"u{k}"} for k in range(3)], agent_config=config, priority=priority
                 )
-                wait_all(svc, urgent["job_id"], timeout=600)
+                wait_all(svc, urgent.job_id, timeout=600)
                 wall = time.monotonic() - t0
-                behind = svc.client.job(backlog["job_id"])["finished"]
-                svc.client.cancel(backlog["job_id"])
+                behind = svc.client.job(backlog.job_id).finished
+                svc.client.cancel(backlog.job_id)
             finally:
                 svc.stop()
     finally:

@@ -9,9 +9,9 @@ goes through each hop the record makes, timed per call (median of `--repeat`):
     `model_copy(deep=True)` (what a naive one-type copy would cost);
   * `EVAL reads`: `tasks.writes.records.stored_record` (validates the row's columns into the record)
     vs the baseline, the old unvalidated `RunResult(...)` from the columns;
-  * `gateway view`: `raas_client.models.Rollout(**record_fields(row), ...)` (validated, as the
+  * `gateway view`: `raas_client.models.RolloutView(**record_fields(row), ...)` (validated, as the
     old `RolloutView(...)` was);
-  * `SDK parse`: `Rollout.model_validate` of the JSON the gateway sends.
+  * `SDK parse`: `RolloutView.model_validate` of the JSON the gateway sends.
 
 Ratios against the baseline are what to compare across runs (the machine is shared).
 Run: `.venv/bin/python bench/record_path.py [--tokens 32000] [--repeat 15]`.
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from raas_client.models import Rollout, Trajectory  # noqa: E402
+from raas_client.models import RolloutView, Trajectory  # noqa: E402
 
 from tasks.writes.records import record_fields, stored_record  # noqa: E402
 
@@ -110,7 +110,7 @@ def main() -> None:
         timing={"run": 1.0},
         created_at=now,
     )
-    view = Rollout(**record_fields(row), **identity)
+    view = RolloutView(**record_fields(row), **identity)
     wire = view.model_dump_json()
     figures = {
         "tokens": args.tokens,
@@ -119,8 +119,8 @@ def main() -> None:
         "end_of_run_deep_copy_ms": timed(lambda: traj.model_copy(deep=True), args.repeat),
         "eval_reads_ms": timed(lambda: stored_record(row), args.repeat),
         "eval_reads_baseline_ms": timed(lambda: dict(vars(row)), args.repeat),
-        "gateway_view_ms": timed(lambda: Rollout(**record_fields(row), **identity), args.repeat),
-        "sdk_parse_ms": timed(lambda: Rollout.model_validate(json.loads(wire)), args.repeat),
+        "gateway_view_ms": timed(lambda: RolloutView(**record_fields(row), **identity), args.repeat),
+        "sdk_parse_ms": timed(lambda: RolloutView.model_validate(json.loads(wire)), args.repeat),
     }
     figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
     print(json.dumps(figures))

@@ -138,17 +138,17 @@ def run_servers(count: int, args: argparse.Namespace, script: Path) -> dict[str,
                     svc.client.add_llm_server(url)
                 config = {"observation_words": 150, "tool_s": 0.5 * args.time_scale}
                 warm = svc.client.submit("test-chat", [{"instance_id": "warm", "turns": 1}], agent_config=config)
-                wait_all(svc, warm["job_id"])
+                wait_all(svc, warm.job_id)
                 before = {u: server_metrics(u) for u in urls}
                 load_before = os.getloadavg()[0]
                 t0 = time.monotonic()
                 job = svc.client.submit("test-chat", instances, agent_config=config)
-                wait_all(svc, job["job_id"], timeout=1800)
+                wait_all(svc, job.job_id, timeout=1800)
                 wall = time.monotonic() - t0
                 load = (load_before, os.getloadavg()[0])
                 after = {u: server_metrics(u) for u in urls}
-                results = svc.all_results(job["job_id"])
-                turns = turn_rows(svc.settings.db_url, job["job_id"])
+                results = svc.all_results(job.job_id)
+                turns = turn_rows(svc.settings.db_url, job.job_id)
             finally:
                 svc.stop()
     finally:
@@ -162,7 +162,7 @@ def run_servers(count: int, args: argparse.Namespace, script: Path) -> dict[str,
     return {
         "server_count": count,
         "rollouts": len(results),
-        "all_turns_done": sum(r.get("reward") == 1.0 for r in results),
+        "all_turns_done": sum(r.reward == 1.0 for r in results),
         "turns": len(turns),
         "wall_s": round(wall, 2),
         "machine_load_1m": [round(x, 1) for x in load],  # at start and end (2 cores, shared)

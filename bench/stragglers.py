@@ -73,7 +73,7 @@ def one_run(kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
                 warm = svc.client.submit(
                     "test-chat", [{"instance_id": "warm", "turns": 1}], agent_config={"observation_words": 20}
                 )
-                wait_all(svc, warm["job_id"])
+                wait_all(svc, warm.job_id)
                 before = httpx.get(f"{sim}/sim/stats").json()
                 job_args: dict[str, Any] = {"n_samples": args.n, "agent_config": {"observation_words": 20}}
                 if kind == "spare":
@@ -86,20 +86,20 @@ def one_run(kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
                 job = svc.client.submit("test-chat", instances, **job_args)
                 groups_done = None
                 while True:  # poll the groups, then the last sample
-                    view = svc.client.job(job["job_id"])
+                    view = svc.client.job(job.job_id)
                     if (
                         groups_done is None
-                        and len(group_times(svc.settings.db_url, job["job_id"], submitted)) == args.instances
+                        and len(group_times(svc.settings.db_url, job.job_id, submitted)) == args.instances
                     ):
                         groups_done = time.monotonic() - t0
-                    if view["finished"] >= view["n_rollouts"]:
+                    if view.finished >= view.n_rollouts:
                         break
                     time.sleep(0.1)
                 wall = time.monotonic() - t0
                 after = httpx.get(f"{sim}/sim/stats").json()
-                rows = svc.all_results(job["job_id"])
-                times = group_times(svc.settings.db_url, job["job_id"], submitted)
-                members = sum(len(g) for g in svc.client.groups(job["job_id"], wait=1))
+                rows = svc.all_results(job.job_id)
+                times = group_times(svc.settings.db_url, job.job_id, submitted)
+                members = sum(len(g) for g in svc.client.groups(job.job_id, wait=1))
             finally:
                 svc.stop()
     finally:
@@ -115,7 +115,7 @@ def one_run(kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "group_p90_s": round(statistics.quantiles(times, n=10, method="inclusive")[-1], 2),
         "group_max_s": round(max(times), 2),
         "samples_in_groups": members,
-        "cut": sum(1 for r in rows if r.get("cut_reason")),
+        "cut": sum(1 for r in rows if r.cut_reason),
         "llm_requests": after.get("started", 0) - before.get("started", 0),
         "llm_aborted": after.get("aborted", 0) - before.get("aborted", 0),
     }

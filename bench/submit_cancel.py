@@ -167,7 +167,7 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
         svc.client.http.timeout = httpx.Timeout(900.0)  # the per-row cancel took minutes
         try:
             warm = svc.client.submit("test-trivial", [{"instance_id": "warm"}])
-            svc.wait_done(warm["job_id"], timeout=600)
+            svc.wait_done(warm.job_id, timeout=600)
             instances = [{"instance_id": f"i{k:05d}"} for k in range(n // 8)]
             row: dict = {"backend": name, "rollouts": len(instances) * 8}
             with HealthPoller(svc.url) as health:
@@ -175,7 +175,7 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 t0 = time.monotonic()
                 job = svc.client.submit("test-sleepy", instances, n_samples=8, agent_config=SLEEPY)
                 t_202 = time.monotonic()
-                drained = _wait(lambda: not _outbox_left(svc.settings.db_url, job["job_id"]), timeout=300)
+                drained = _wait(lambda: not _outbox_left(svc.settings.db_url, job.job_id), timeout=300)
                 t_pub = time.monotonic()
                 row["submit_202_s"] = round(t_202 - t0, 3)
                 row["submit_published_s"] = round(t_pub - t0, 3) if drained is not None else None
@@ -183,10 +183,10 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 row["healthz_request"] = health.during(t0, t_202)  # the POST itself
                 row["healthz_publish"] = health.during(t_202, t_pub)  # after the 202
                 time.sleep(2.0)  # let the INIT pool claim a few, so some are running
-                running = svc.client.job(job["job_id"])["counts"]
+                running = svc.client.job(job.job_id).counts
                 purges = PurgeLog()
                 t1 = time.monotonic()
-                view = svc.client.cancel(job["job_id"])
+                view = svc.client.cancel(job.job_id)
                 t2 = time.monotonic()
                 empty_poll = EmptyPoller(celery)
                 row["cancel_s"] = round(t2 - t1, 3)
@@ -194,14 +194,12 @@ def run_backend(name: str, n: int, after_timeout: float) -> dict:
                 row["purge"] = purges.close()  # removed, seconds (None: no purge in this code)
                 row["healthz_cancel"] = health.during(t1, t2)
                 row["counts_before_cancel"] = running
-                row["counts_after_cancel"] = view["counts"]
-                final = _wait(
-                    lambda: svc.client.job(job["job_id"])["finished"] >= row["rollouts"], timeout=120, step=0.2
-                )
+                row["counts_after_cancel"] = view.counts
+                final = _wait(lambda: svc.client.job(job.job_id).finished >= row["rollouts"], timeout=120, step=0.2)
                 row["all_terminal_s"] = round(final, 2) if final is not None else None
                 t3 = time.monotonic()
                 one = svc.client.submit("test-trivial", [{"instance_id": "after"}])
-                waited = _wait(lambda: svc.client.job(one["job_id"])["finished"] >= 1, timeout=after_timeout, step=0.1)
+                waited = _wait(lambda: svc.client.job(one.job_id).finished >= 1, timeout=after_timeout, step=0.1)
                 row["next_job_done_s"] = round(waited, 2) if waited is not None else f">{after_timeout}"
                 empty = empty_poll.wait(after_timeout)
                 row["init_queue_empty_s"] = round(empty - t2, 2) if empty is not None else f">{after_timeout}"

@@ -56,20 +56,20 @@ class Trainer(threading.Thread):
     def __init__(self, name: str, items: Any) -> None:
         super().__init__(name=name, daemon=True)
         self.items_iter = items
-        self.got: list[dict[str, Any]] = []
+        self.got: list[int] = []  # the seq of each rollout received
         self.error: str | None = None
         self.ended_at = 0.0
 
     def run(self) -> None:
         try:
-            for item in self.items_iter:
-                self.got.append(item)
+            for item in self.items_iter:  # the baseline SDK's rows are dicts, today's RolloutView
+                self.got.append(item["seq"] if isinstance(item, dict) else item.seq)
         except Exception as exc:  # noqa: BLE001 - the outcome being measured
             self.error = f"{type(exc).__name__}: {exc}"[:120]
         self.ended_at = time.monotonic()
 
     def outcome(self, killed_at: float) -> dict[str, Any]:
-        seqs = [r["seq"] for r in self.got]
+        seqs = self.got
         complete = seqs == list(range(1, ROLLOUTS + 1))
         return {
             "trainer": self.name,
@@ -88,7 +88,7 @@ def one_outage(svc: Any, gateway: GatewayProcess, old: Any, outage: float) -> li
         [{"instance_id": f"p{i}"} for i in range(12)],
         n_samples=2,
         agent_config={"run_s": 1.0, "turns": 2},
-    )["job_id"]
+    ).job_id
     clients = {"before": old.RaasClient(gateway.url), "after": RaasClient(gateway.url)}
     trainers = [
         Trainer(f"{when} {how}()", getattr(c, how)(job, wait=30))

@@ -121,30 +121,29 @@ def submit(agent: str, args: argparse.Namespace, url: str, work: Path) -> tuple[
 
 def rollout_rows(agent: str, out: Path, url: str) -> list[dict[str, Any]]:
     """One row per rollout: outcome, reward, turns, tool calls, tokens, stage seconds."""
-    from raas_client import RaasClient
+    from raas_client import RaasClient, RolloutView
 
     rows = []
     with RaasClient(url) as client:
         for line in out.read_text().splitlines():
-            result = json.loads(line)
-            detail = client.rollout(result["rollout_id"])
-            metrics = detail.get("metrics") or {}
-            timing = result.get("timing") or {}
+            result = RolloutView.model_validate_json(line)  # a line of `raas submit --out`
+            detail = client.rollout(result.rollout_id)
+            metrics = detail.metrics
             rows.append(
                 {
                     "agent": agent,
-                    "instance": result["instance_id"],
-                    "sample": result["sample_index"],
-                    "outcome": result["outcome"],
-                    "finish": result.get("finish_reason"),
-                    "reward": result["reward"],
-                    "turns": metrics.get("turns", len(detail.get("turns") or [])),
+                    "instance": result.instance_id,
+                    "sample": result.sample_index,
+                    "outcome": result.outcome,
+                    "finish": result.finish_reason,
+                    "reward": result.reward,
+                    "turns": metrics.get("turns", len(detail.turns or [])),
                     "calls": metrics.get("tool_calls", 0) - metrics.get("invalid_tool_calls", 0),
                     "malformed": metrics.get("malformed_tool_calls", 0),
-                    "tokens": sum(result.get("loss_mask") or []),
+                    "tokens": sum(result.loss_mask or []),
                     "drift": metrics.get("retokenization_drift"),
-                    "exact": result.get("token_exact"),
-                    **{stage: timing.get(stage) or 0.0 for stage in ("init", "run", "eval")},
+                    "exact": result.token_exact,
+                    **{stage: getattr(result.timing, stage) or 0.0 for stage in ("init", "run", "eval")},
                 }
             )
     return sorted(rows, key=lambda r: (r["instance"], r["sample"]))

@@ -220,7 +220,9 @@ class StageRun:
                 result = self.handler.run(ctx)
             result = guard.over_quota(result)
         except StageTimeout as exc:
-            result = Trajectory(outcome=Outcome.TIMEOUT.value, finish_reason="deadline", metrics={"timeout": str(exc)})
+            result = Trajectory.build(
+                outcome=Outcome.TIMEOUT.value, finish_reason="deadline", metrics={"timeout": str(exc)}
+            )
         except BaseException:
             turns.settle_quietly()  # a RUN that fails keeps every turn it produced
             raise

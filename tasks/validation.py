@@ -79,7 +79,7 @@ class _Run:
         result = grading.grade(
             self.settings,
             self.handler,
-            base.for_eval(Trajectory(), artifact),
+            base.for_eval(Trajectory.build(), artifact),
             job_sandbox=self.config.sandbox,
             label=(f"validate-{self.validation_id}", n),
             workspace=self.settings.workspaces / f"validate-{self.validation_id}-{n}-{run}",

@@ -272,6 +272,6 @@ def test_sdk_takes_flat_rows_like_the_cli(api, tmp_path):
     with RaasClient(str(api.base_url)) as sdk:
         flat = sdk.submit("test-trivial", [{"instance_id": "p1", "problem": "2+3", "answer": 5}])
         wrapped = sdk.submit("test-trivial", [{"instance_id": "p1", "data": {"problem": "2+3", "answer": 5}}])
-    [a], [b] = flat["rollout_ids"], wrapped["rollout_ids"]
+    [a], [b] = flat.rollout_ids, wrapped.rollout_ids
     with session_scope(Settings(home=tmp_path).db_url) as s:
         assert s.get(Rollout, a).instance == s.get(Rollout, b).instance == {"problem": "2+3", "answer": 5}

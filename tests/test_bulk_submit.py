@@ -71,11 +71,11 @@ def test_caps_answer_400_and_429_naming_the_cap(tmp_path, backend):
             "in_flight": 50,
             "requested": 31,
         }
-        assert svc.client.submit("test-trivial", [{"instance_id": "j"}] * 1)["created"]
+        assert svc.client.submit("test-trivial", [{"instance_id": "j"}] * 1).created
         # what finishes (here: is cancelled) no longer counts against the owner
-        svc.client.cancel(first["job_id"])
+        svc.client.cancel(first.job_id)
         again = svc.client.submit("test-trivial", [{"instance_id": f"j{k}"} for k in range(31)])
-        assert len(again["rollout_ids"]) == 31
+        assert len(again.rollout_ids) == 31
     finally:
         svc.stop()
 
@@ -87,16 +87,16 @@ def test_large_job_is_answered_first_and_published_exactly_once(tmp_path, backen
         # 600 rollouts: above the inline limit, so the publisher process takes them
         job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(150)], n_samples=4)
         answered = time.monotonic() - t0
-        assert len(job["rollout_ids"]) == 600 and answered < 30
-        wait_for(lambda: _outbox(svc, job["job_id"]) == 0, 60, "the outbox to drain")
+        assert len(job.rollout_ids) == 600 and answered < 30
+        wait_for(lambda: _outbox(svc, job.job_id) == 0, 60, "the outbox to drain")
         assert _init_depth(svc) == 600
         for stage in ("init", "run", "eval"):
             svc.start_worker(stage, "node-a", 4)
-        done = svc.wait_done(job["job_id"], timeout=240)
-        assert done["counts"] == {"done": 600} and done["outcomes"] == {"completed": 600}
-        results = svc.all_results(job["job_id"])
-        assert [r["seq"] for r in results] == list(range(1, 601))
-        assert all(r["reward"] == 1.0 and r["attempt"] == 1 for r in results)
+        done = svc.wait_done(job.job_id, timeout=240)
+        assert done.counts == {"done": 600} and done.outcomes == {"completed": 600}
+        results = svc.all_results(job.job_id)
+        assert [r.seq for r in results] == list(range(1, 601))
+        assert all(r.reward == 1.0 and r.attempt == 1 for r in results)
         assert _init_depth(svc) == 0
     finally:
         svc.stop()
@@ -114,18 +114,18 @@ def test_large_jobs_are_published_by_a_process_that_is_replaced_when_it_dies(tmp
         celery = svc._server.app.extensions["celery"]
         n = (INLINE_MAX // 2 + 1) * 2  # above the inline limit
         first = svc.client.submit("test-trivial", [{"instance_id": f"a{k:04d}"} for k in range(n // 2)], n_samples=2)
-        wait_for(lambda: _outbox(svc, first["job_id"]) == 0, 60, "the outbox to drain")
+        wait_for(lambda: _outbox(svc, first.job_id) == 0, 60, "the outbox to drain")
         pub = celery.raas_parts.get(OutboxPublisher)  # the gateway's
         child = pub._process
         assert child is not None and child.pid != os.getpid() and child.poll() is None and _init_depth(svc) == n
         child.kill()
         child.wait(10)
         second = svc.client.submit("test-trivial", [{"instance_id": f"b{k:04d}"} for k in range(n // 2)], n_samples=2)
-        wait_for(lambda: _outbox(svc, second["job_id"]) == 0, 60, "the outbox to drain")
+        wait_for(lambda: _outbox(svc, second.job_id) == 0, 60, "the outbox to drain")
         assert pub._process is not None and pub._process.pid != child.pid
         assert _init_depth(svc) == 2 * n
         small = svc.client.submit("test-trivial", [{"instance_id": "c"}])  # inline thread
-        wait_for(lambda: _outbox(svc, small["job_id"]) == 0, 30, "the small job's publish")
+        wait_for(lambda: _outbox(svc, small.job_id) == 0, 30, "the small job's publish")
         assert _init_depth(svc) == 2 * n + 1
     finally:
         svc.stop()
@@ -141,18 +141,18 @@ def test_reaper_publishes_what_a_dead_gateway_left_in_the_outbox(tmp_path, backe
     try:
         job = svc.client.submit("test-trivial", [{"instance_id": f"i{k:04d}"} for k in range(30)], n_samples=4)
         time.sleep(1.5)
-        assert _outbox(svc, job["job_id"]) == 120 and _init_depth(svc) == 0
+        assert _outbox(svc, job.job_id) == 120 and _init_depth(svc) == 0
         from tasks.recovery.reaper import Reaper
 
         reaper = Reaper(svc.settings, svc._server.app.extensions["celery"])
         counts = reaper.run_once()
         assert counts["outbox"] == 120 and counts["requeued"] == 0
-        assert _outbox(svc, job["job_id"]) == 0 and _init_depth(svc) == 120
+        assert _outbox(svc, job.job_id) == 0 and _init_depth(svc) == 120
         assert reaper.run_once()["outbox"] == 0 and _init_depth(svc) == 120  # nothing twice
         for stage in ("init", "run", "eval"):
             svc.start_worker(stage, "node-a", 4)
-        done = svc.wait_done(job["job_id"], timeout=240)
-        assert done["outcomes"] == {"completed": 120}
+        done = svc.wait_done(job.job_id, timeout=240)
+        assert done.outcomes == {"completed": 120}
     finally:
         svc.stop()
 
@@ -166,26 +166,26 @@ def test_cancel_with_queued_and_running_rollouts(tmp_path, backend):
             n_samples=4,
             agent_config={"init_s": 1, "run_s": 30, "turns": 30},
         )
-        jid = job["job_id"]
+        jid = job.job_id
         wait_for(lambda: _turns(svc) >= 2, 60, "rollouts turning in RUN")
         t0 = time.monotonic()
         view = svc.client.cancel(jid)
         assert time.monotonic() - t0 < 10
-        assert view["status"] == "cancelling"
-        assert view["counts"].get("cancelled", 0) >= 30  # the queued ones ended at once
+        assert view.status == "cancelling"
+        assert view.counts.get("cancelled", 0) >= 30  # the queued ones ended at once
         done = svc.wait_done(jid, timeout=60)  # running ones stop at their next turn
-        assert done["status"] == "cancelled" and done["counts"] == {"cancelled": 40}
+        assert done.status == "cancelled" and done.counts == {"cancelled": 40}
         results = svc.all_results(jid)
-        assert [r["seq"] for r in results] == list(range(1, 41))
+        assert [r.seq for r in results] == list(range(1, 41))
         last_of: dict[str, int] = {}
         for r in results:
-            last_of[r["instance_id"]] = r["seq"]
-        assert {r["seq"] for r in results if r["group_complete"]} == set(last_of.values())
-        stopped = [r for r in results if r["node"]]  # the ones that had started
-        assert stopped and all(r["outcome"] == "cancelled" for r in stopped)
+            last_of[r.instance_id] = r.seq
+        assert {r.seq for r in results if r.group_complete} == set(last_of.values())
+        stopped = [r for r in results if r.node]  # the ones that had started
+        assert stopped and all(r.outcome == "cancelled" for r in stopped)
         assert _turns(svc) < 2 * 10  # the two running ones stopped early (30 turns each)
         # the stale INIT messages of the cancelled job do not hold up the next job
         nxt = svc.client.submit("test-trivial", [{"instance_id": "next"}])
-        assert svc.wait_done(nxt["job_id"], timeout=60)["outcomes"] == {"completed": 1}
+        assert svc.wait_done(nxt.job_id, timeout=60).outcomes == {"completed": 1}
     finally:
         svc.stop()

@@ -11,24 +11,21 @@ from click.testing import CliRunner
 
 from raas_client.cli import results
 from raas_client.follow import ResultsFile, ResultsFileError
-from tests.test_sdk_retry import ScriptedGateway, status
+from raas_client import RolloutView
+from tests.test_sdk_retry import ScriptedGateway, job_view, rollout_row, status
 
 
-def row(seq: int, job: str = "j") -> dict:
-    return {
-        "rollout_id": f"r{seq}",
-        "job_id": job,
-        "seq": seq,
-        "outcome": "success",
-        "reward": 1.0,
-        "instance_id": f"i{seq}",
-        "sample_index": 0,
-    }
+def row(seq: int, job: str = "j") -> RolloutView:
+    return RolloutView.model_validate(rollout_row(seq, job))
+
+
+def line(seq: int, job: str = "j") -> str:
+    return row(seq, job).model_dump_json()
 
 
 def test_torn_last_line_is_cut_and_the_cursor_is_the_gapless_prefix(tmp_path):
     out = tmp_path / "f.jsonl"
-    lines = [json.dumps(row(s)) for s in (1, 2, 4)]  # 3 missing: cursor stops at 2
+    lines = [line(s) for s in (1, 2, 4)]  # 3 missing: cursor stops at 2
     out.write_text("\n".join(lines) + '\n{"rollout_id": "r5", "jo')
     f = ResultsFile.open(out, "j")
     assert f.cursor == 2 and f.ids == {"r1", "r2", "r4"} and f.repaired > 0
@@ -40,10 +37,10 @@ def test_torn_last_line_is_cut_and_the_cursor_is_the_gapless_prefix(tmp_path):
 
 def test_another_jobs_file_or_a_corrupt_middle_line_is_refused(tmp_path):
     out = tmp_path / "f.jsonl"
-    out.write_text(json.dumps(row(1, job="other")) + "\n")
+    out.write_text(line(1, job="other") + "\n")
     with pytest.raises(ResultsFileError, match="holds rollouts of job other, not j"):
         ResultsFile.open(out, "j")
-    out.write_text("garbage\n" + json.dumps(row(1)) + "\n")
+    out.write_text("garbage\n" + line(1) + "\n")
     with pytest.raises(ResultsFileError, match="f.jsonl:1: not JSON"):
         ResultsFile.open(out, "j")
     assert ResultsFile.open(out, "j", fresh=True).ids == set()  # a new submission starts over
@@ -51,12 +48,12 @@ def test_another_jobs_file_or_a_corrupt_middle_line_is_refused(tmp_path):
 
 def test_follow_appends_only_what_the_file_lacks(tmp_path):
     out = tmp_path / "f.jsonl"
-    out.write_text(json.dumps(row(1)) + "\n" + json.dumps(row(2))[:20])
-    items = [{**row(s), "prompt_ids": [1, 2]} for s in (2, 3)]
+    out.write_text(line(1) + "\n" + line(2)[:20])
+    items = [rollout_row(s, prompt_ids=[1, 2]) for s in (2, 3)]
     gw = ScriptedGateway(
         [
             status(200, {"ok": True}),  # /healthz
-            status(200, {"n_rollouts": 3}),  # GET /v1/jobs/j
+            status(200, job_view(n_rollouts=3)),  # GET /v1/jobs/j
             status(503),  # restarting
             status(200, {"job_id": "j", "items": items, "cursor": 3, "done": True}),
         ]
@@ -74,7 +71,7 @@ def test_follow_appends_only_what_the_file_lacks(tmp_path):
 
 def test_a_follow_that_loses_the_gateway_says_how_to_resume(tmp_path):
     out = tmp_path / "f.jsonl"
-    gw = ScriptedGateway([status(200, {"ok": True}), status(200, {"n_rollouts": 3})] + [status(503)] * 100)
+    gw = ScriptedGateway([status(200, {"ok": True}), status(200, job_view(n_rollouts=3))] + [status(503)] * 100)
     res = CliRunner().invoke(
         results, ["j", "--follow", "--out", str(out), "--url", gw.url], env={"RAAS_RETRY_TOTAL": "1"}
     )

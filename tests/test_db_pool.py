@@ -84,16 +84,16 @@ def test_64_run_slots_finish_everything_within_a_40_connection_postgres(tmp_path
                 n_samples=2,
                 agent_config={"turns": TURNS, "run_s": RUN_S},
             )
-            view = svc.wait_done(job["job_id"], timeout=90)
-            results = svc.all_results(job["job_id"])
+            view = svc.wait_done(job.job_id, timeout=90)
+            results = svc.all_results(job.job_id)
             logs = svc.log_tail(lines=100_000)
             workers = sum(len(procs) for procs in svc.processes.values())  # RUN's 64 slots are two
         finally:
             svc.stop()
-    assert view["counts"] == {"done": RUN_SLOTS}, view
-    assert sorted(r["reward"] for r in results) == [0.0] * 32 + [1.0] * 32
-    assert all(r["reward"] == float(r["sample_index"] % 2) for r in results)
-    assert all(r["response_ids"] == [4, 5] and r["loss_mask"] == [1, 1] for r in results)
+    assert view.counts == {"done": RUN_SLOTS}, view
+    assert sorted(r.reward for r in results) == [0.0] * 32 + [1.0] * 32
+    assert all(r.reward == float(r.sample_index % 2) for r in results)
+    assert all(r.response_ids == [4, 5] and r.loss_mask == [1, 1] for r in results)
     assert "too many clients" not in logs and "QueuePool limit" not in logs
     # bound: the worker processes (INIT, two RUN, EVAL) + this process (gateway and reaper)
     # at POOL each, plus the gateway's single-threaded outbox publisher process (one connection)

@@ -111,11 +111,11 @@ def test_up_submit_stream_groups_prorl_and_ctrl_c(tmp_path):
         } <= set(rows[0])
         with RaasClient(url) as client:
             job = client.submit("test-sleepy", [{"instance_id": f"g{k}"} for k in range(3)], n_samples=2)
-            groups = list(client.groups(job["job_id"]))
-            assert sorted(g[0]["instance_id"] for g in groups) == ["g0", "g1", "g2"]
-            assert all([r["sample_index"] for r in g] == [0, 1] for g in groups)
-            streamed = list(client.stream(job["job_id"]))
-            assert [r["seq"] for r in streamed] == [1, 2, 3, 4, 5, 6]
+            groups = list(client.groups(job.job_id))
+            assert sorted(g[0].instance_id for g in groups) == ["g0", "g1", "g2"]
+            assert all([r.sample_index for r in g] == [0, 1] for g in groups)
+            streamed = list(client.stream(job.job_id))
+            assert [r.seq for r in streamed] == [1, 2, 3, 4, 5, 6]
         assert httpx.post(f"{url}/start", timeout=10).status_code == 200  # ProRL's lifecycle
         prorl = httpx.post(
             f"{url}/process",
@@ -288,7 +288,7 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
         assert stage_pids(home, "run") and run_pid not in stage_pids(home, "run")
         with RaasClient(url) as client:
             job = client.submit("test-sandboxed", [{"instance_id": "s0"}], agent_config={"run_s": 60, "turns": 60})
-            wait_until(lambda: client.job(job["job_id"])["counts"].get("run"), 60, "RUN")
+            wait_until(lambda: client.job(job.job_id).counts.get("run"), 60, "RUN")
         root = str(home.resolve() / "workspaces") + "/"
 
         def mine() -> list[dict]:  # the rollout's and the INIT pool's warm ones alike
@@ -366,7 +366,7 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
                 n_samples=2,
                 agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4},
             )
-            wait_until(lambda: client.job(job["job_id"])["finished"] >= 2, 120, "2 rollouts done")
+            wait_until(lambda: client.job(job.job_id).finished >= 2, 120, "2 rollouts done")
         os.killpg(launched[0].pid, signal.SIGKILL)  # the gateway, the reaper, the pools
         launched[0].communicate()
         pid = int((settings.redis_dir / "redis.pid").read_text())
@@ -375,15 +375,15 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
         assert not answers(embedded_redis_socket(home))
         url = start()
         with RaasClient(url) as client:
-            wait_until(lambda: client.job(job["job_id"])["finished"] >= 20, 180, "the job done")
-            rows = list(client.results(job["job_id"], wait=1))
+            wait_until(lambda: client.job(job.job_id).finished >= 20, 180, "the job done")
+            rows = list(client.results(job.job_id, wait=1))
     finally:
         output = ctrl_c(launched[-1]) if launched[-1].poll() is None else ""
         left_running = answers(embedded_redis_socket(home))
         stop(settings)  # whatever the test's outcome: no server outlives it
     assert launched[-1].returncode == 0, output[-3000:]
-    assert len(rows) == 20 and len({r["rollout_id"] for r in rows}) == 20
-    assert {r["outcome"] for r in rows} == {"completed"}
-    assert sorted(r["reward"] for r in rows) == [0.0] * 10 + [1.0] * 10  # graded, really
-    assert all(r["response_ids"] == [4, 5] for r in rows)
+    assert len(rows) == 20 and len({r.rollout_id for r in rows}) == 20
+    assert {r.outcome for r in rows} == {"completed"}
+    assert sorted(r.reward for r in rows) == [0.0] * 10 + [1.0] * 10  # graded, really
+    assert all(r.response_ids == [4, 5] for r in rows)
     assert not left_running, "raas up left its Redis running"

@@ -32,6 +32,7 @@ import pytest
 from fakellm.server import make_server
 from raas_client.sdk import verify_callback
 from bench.support.pipeline_harness import start_service, wait_for
+from raas_client.health_models import AlertView
 
 pytestmark = pytest.mark.service
 
@@ -144,7 +145,7 @@ def run(service):
             llm=llm,
             health=thresholds,
             callback_url=f"http://127.0.0.1:{receiver.server_port}/hook",
-        )["job_id"]
+        ).job_id
         streams[name] = []
 
         def read(job_id: str = jobs[name], seen: list = streams[name]) -> None:
@@ -175,14 +176,14 @@ def run(service):
 
 def changed_seq(service, job_id: str, shows_change) -> int:
     """The completion seq of the job's first rollout that shows the change."""
-    return min(r["seq"] for r in service.all_results(job_id) if shows_change(r["metrics"]))
+    return min(r.seq for r in service.all_results(job_id) if shows_change(r.metrics))
 
 
 @pytest.mark.parametrize("scenario", list(CHANGES))
 def test_each_change_raises_its_alert_within_two_groups_on_the_stream(service, run, scenario) -> None:
     job_id, alert = run["jobs"][scenario], CHANGES[scenario][1]
     first = changed_seq(service, job_id, CHANGES[scenario][3])
-    shown = [r for r in service.all_results(job_id) if CHANGES[scenario][3](r["metrics"])]
+    shown = [r for r in service.all_results(job_id) if CHANGES[scenario][3](r.metrics)]
     # the first groups stayed healthy (but for the rollouts in RUN at the change: 2 RUN slots)
     assert 2 <= len(shown) <= (N_GROUPS - HEALTHY) * N_SAMPLES + 2
     health = service.client.job_health(job_id)
@@ -191,10 +192,10 @@ def test_each_change_raises_its_alert_within_two_groups_on_the_stream(service, r
     assert first <= raised[0].seq <= first + WITHIN_ROLLOUTS, (first, raised[0])
     assert raised[0].weight_version == "step-3"
     events = run["streams"][scenario]
-    kinds = [kind for kind, _, _ in events]
+    kinds = [e.event for e in events]
     assert kinds[-1] == "job" and kinds.count("alert") == 1, kinds  # pushed live, before the end
-    _, ident, data = next(e for e in events if e[0] == "alert")
-    assert data["name"] == alert and ident >= first
+    pushed = next(e for e in events if e.event == "alert")
+    assert isinstance(pushed.data, AlertView) and pushed.data.name == alert and pushed.id >= first
     assert "rollout" in kinds[: kinds.index("alert")]
 
 

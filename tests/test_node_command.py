@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from core.db import session_scope
 from core.models import QueueConsumer, Rollout
 from tests.conftest import REDIS_URL
-from bench.support.pipeline_harness import REPO, _as_env, start_service, wait_for
+from bench.support.pipeline_harness import REPO, _as_env, start_service, wait_for, Service
 import pytest
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
@@ -49,7 +49,7 @@ def _rows(db: str, job_id: str) -> list[Rollout]:
         return list(rows)
 
 
-def _service(tmp_path, pg_url, redis_prefix, **extra):
+def _service(tmp_path, pg_url, redis_prefix, **extra) -> Service:
     return start_service(
         tmp_path,
         db_url=pg_url,
@@ -89,7 +89,7 @@ def test_sigterm_mid_run_drains_within_the_timeout_and_hands_back(tmp_path, pg_u
         )
 
         def all_in_run() -> bool:
-            rows = _rows(db, short["job_id"]) + _rows(db, long["job_id"])
+            rows = _rows(db, short.job_id) + _rows(db, long.job_id)
             return all(r.status == "run" and r.lease_owner for r in rows)
 
         wait_for(all_in_run, timeout=60, what="four rollouts in RUN on n1", interval=0.05)
@@ -104,30 +104,30 @@ def test_sigterm_mid_run_drains_within_the_timeout_and_hands_back(tmp_path, pg_u
         # what n1 held is not waiting for a lease timeout: nothing is leased by n1 any more
         left = [
             r
-            for r in _rows(db, short["job_id"]) + _rows(db, long["job_id"])
+            for r in _rows(db, short.job_id) + _rows(db, long.job_id)
             if (r.lease_owner or "").startswith("n1/") or (r.node == "n1" and r.finished_at is None)
         ]
         assert left == [], [(r.id, r.status, r.node, r.lease_owner) for r in left]
         assert not _consumers(db, "n1")
         for job, n in ((short, 2), (long, 2)):
-            done = svc.wait_done(job["job_id"], timeout=150)
-            assert done["outcomes"] == {"completed": n}, done
-        short_results = svc.all_results(short["job_id"])
-        long_results = svc.all_results(long["job_id"])
+            done = svc.wait_done(job.job_id, timeout=150)
+            assert done.outcomes == {"completed": n}, done
+        short_results = svc.all_results(short.job_id)
+        long_results = svc.all_results(long.job_id)
         for r in short_results + long_results:
-            assert r["reward"] == float(r["sample_index"] % 2), r
-        assert len({r["rollout_id"] for r in short_results}) == 2 == len(short_results)
-        assert len({r["rollout_id"] for r in long_results}) == 2 == len(long_results)
+            assert r.reward == float(r.sample_index % 2), r
+        assert len({r.rollout_id for r in short_results}) == 2 == len(short_results)
+        assert len({r.rollout_id for r in long_results}) == 2 == len(long_results)
         for r in short_results:  # RUN finished on n1 during the drain: graded, not re-run
-            where = r["extra"]["where"]
-            assert r["attempt"] == 1 and where["run"]["node"] == "n1", r
-        evals = {r["extra"]["where"]["eval"]["node"] for r in short_results}
+            where = r.extra["where"]
+            assert r.attempt == 1 and where["run"]["node"] == "n1", r
+        evals = {r.extra["where"]["eval"]["node"] for r in short_results}
         assert "n2" in evals, short_results  # the EVAL still grading at the deadline moved
         for r in long_results:  # could not finish in time: a new attempt, all of it on n2
-            where = r["extra"]["where"]
-            assert r["attempt"] == 2 and where["init"]["node"] == where["run"]["node"] == "n2"
-            [earlier] = svc.client.rollout(r["rollout_id"])["earlier_attempts"]
-            assert "drains" in earlier["error"], earlier
+            where = r.extra["where"]
+            assert r.attempt == 2 and where["init"]["node"] == where["run"]["node"] == "n2"
+            [earlier] = svc.client.rollout(r.rollout_id).earlier_attempts
+            assert "drains" in earlier.error, earlier
     finally:
         for proc in (n1, n2):
             if proc is not None and proc.poll() is None:
@@ -156,13 +156,13 @@ def test_a_node_whose_eval_pool_died_takes_no_init_work(tmp_path, pg_url, redis_
         job = svc.client.submit(
             "test-sleepy", [{"instance_id": f"i{k}"} for k in range(6)], agent_config={"run_s": 0.5, "turns": 2}
         )
-        done = svc.wait_done(job["job_id"], timeout=120)
-        assert done["outcomes"] == {"completed": 6}, done
-        results = svc.all_results(job["job_id"])
+        done = svc.wait_done(job.job_id, timeout=120)
+        assert done.outcomes == {"completed": 6}, done
+        results = svc.all_results(job.job_id)
         for r in results:
-            where = r["extra"]["where"]
+            where = r.extra["where"]
             assert where["init"]["node"] == where["eval"]["node"] == "n2", r
-            assert r["attempt"] == 1 and r["reward"] == float(r["sample_index"] % 2), r
+            assert r.attempt == 1 and r.reward == float(r.sample_index % 2), r
     finally:
         svc.stop()
 
@@ -218,8 +218,8 @@ def test_a_node_on_the_embedded_default_starts_its_broker_and_works(tmp_path):
             what="the node's embedded Redis",
         )
         job = svc.client.submit("test-sleepy", [{"instance_id": f"e{k}"} for k in range(3)])
-        done = svc.wait_done(job["job_id"], timeout=120)
-        assert done["outcomes"] == {"completed": 3}, done
+        done = svc.wait_done(job.job_id, timeout=120)
+        assert done.outcomes == {"completed": 3}, done
         assert embedded_redis.answers(embedded_redis_socket(tmp_path))
         node.send_signal(signal.SIGTERM)
         assert node.wait(60) == 0, svc.log_tail()
@@ -250,17 +250,17 @@ def test_a_pool_past_max_slots_per_process_runs_as_several_processes(tmp_path, p
         )
 
         def holders() -> set[str]:
-            rows = _rows(db, job["job_id"])
+            rows = _rows(db, job.job_id)
             return {r.lease_owner.split("/")[1] for r in rows if r.status == "run" and r.lease_owner}
 
         wait_for(lambda: len(holders()) == 2, timeout=60, what="RUNs held by both processes", interval=0.05)
         assert {int(pid) for pid in holders()} == run_pids()
-        done = svc.wait_done(job["job_id"], timeout=90)
-        assert done["outcomes"] == {"completed": 4}, done
-        results = svc.all_results(job["job_id"])
-        assert len({r["rollout_id"] for r in results}) == 4 == len(results)
+        done = svc.wait_done(job.job_id, timeout=90)
+        assert done.outcomes == {"completed": 4}, done
+        results = svc.all_results(job.job_id)
+        assert len({r.rollout_id for r in results}) == 4 == len(results)
         for r in results:
-            assert r["reward"] == float(r["sample_index"] % 2), r
+            assert r.reward == float(r.sample_index % 2), r
         node.send_signal(signal.SIGTERM)
         assert node.wait(30) == 0
         assert not _consumers(db, "n1")

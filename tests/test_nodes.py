@@ -70,7 +70,7 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
         )
 
         def queued_on_n1():
-            rows = _rows(db, job["job_id"])
+            rows = _rows(db, job.job_id)
             queued = [r for r in rows if r.status == "run" and r.lease_owner is None]
             leased = [r for r in rows if r.status == "run" and r.lease_owner]
             return queued if len(queued) >= 3 and leased else None
@@ -82,29 +82,29 @@ def test_dead_node_rollouts_restart_on_a_live_node(tmp_path, redis_pg):
         killed_at = time.monotonic()
         svc.start_worker("init", "n2")
         svc.start_reaper("n2")
-        done = svc.wait_done(job["job_id"], timeout=120)
+        done = svc.wait_done(job.job_id, timeout=120)
         elapsed = time.monotonic() - killed_at
-        assert done["counts"] == {"done": 6}, done
-        results = svc.all_results(job["job_id"])
-        assert sorted(r["seq"] for r in results) == list(range(1, 7))  # each ended once
-        by_id = {r["rollout_id"]: r for r in results}
+        assert done.counts == {"done": 6}, done
+        results = svc.all_results(job.job_id)
+        assert sorted(r.seq for r in results) == list(range(1, 7))  # each ended once
+        by_id = {r.rollout_id: r for r in results}
         for r in results:
-            assert r["outcome"] == "completed" and r["response_ids"] == [4, 5]
+            assert r.outcome == "completed" and r.response_ids == [4, 5]
         for rid in queued:  # the stranded ones: a second attempt, all of it on n2
             r = by_id[rid]
-            assert (r["node"], r["attempt"]) == ("n2", 2), r
-            where = r["extra"]["where"]
+            assert (r.node, r.attempt) == ("n2", 2), r
+            where = r.extra["where"]
             assert where["init"]["node"] == where["run"]["node"] == where["eval"]["node"] == "n2"
-            [earlier] = svc.client.rollout(rid)["earlier_attempts"]
+            [earlier] = svc.client.rollout(rid).earlier_attempts
             # its pool's consumer row and its node's row went stale together: either says so
-            assert (
-                "node n1 stopped beating" in earlier["error"] or "queue run.n1 has no live consumer" in earlier["error"]
-            ), earlier
+            assert "node n1 stopped beating" in earlier.error or "queue run.n1 has no live consumer" in earlier.error, (
+                earlier
+            )
         with session_scope(db) as s:
             samples = dict(
-                s.execute(sa.select(Rollout.id, Rollout.sample_index).where(Rollout.job_id == job["job_id"])).all()
+                s.execute(sa.select(Rollout.id, Rollout.sample_index).where(Rollout.job_id == job.job_id)).all()
             )
-        assert all(r["reward"] == float(samples[r["rollout_id"]] % 2) for r in results)
+        assert all(r.reward == float(samples[r.rollout_id] % 2) for r in results)
         print(
             f"\nnode loss: {len(queued)} stranded rollouts finished on n2 "
             f"{elapsed:.1f} s after n1 died (test {time.monotonic() - t0:.1f} s so far)"
@@ -132,9 +132,9 @@ def test_a_consumer_that_dies_restarts_in_process(tmp_path, redis_prefix):
             what="the consumer's in-process restart",
         )
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])
-        done = svc.wait_done(job["job_id"], timeout=90)
-        assert done["outcomes"] == {"completed": 3}, done
-        svc.wait_done(crash["job_id"], timeout=60)
+        done = svc.wait_done(job.job_id, timeout=90)
+        assert done.outcomes == {"completed": 3}, done
+        svc.wait_done(crash.job_id, timeout=60)
         assert proc.poll() is None and "Unrecoverable error" not in svc.log_tail(400)
         assert _consumers(db, "init")
     finally:
@@ -382,8 +382,8 @@ def test_workers_reconnect_after_a_broker_outage(tmp_path, private_redis):
         pids = {key: proc.pid for key, proc in svc.workers.items()}
         private_redis.restart("immediate", downtime=4.0)
         job = svc.client.submit("test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)])
-        done = svc.wait_done(job["job_id"], timeout=120)
-        assert done["outcomes"] == {"completed": 3}
+        done = svc.wait_done(job.job_id, timeout=120)
+        assert done.outcomes == {"completed": 3}
         assert {key: proc.pid for key, proc in svc.workers.items()} == pids
         assert all(proc.poll() is None for proc in svc.workers.values())
     finally:

@@ -15,6 +15,8 @@ from core.errors import InvalidRequest
 from core.policy import Policy, check_callback_url
 from tests.conftest import REDIS_URL
 from bench.support.pipeline_harness import start_service, wait_for
+from raas_client.event_models import RolloutEvent
+from raas_client.models import GroupView, JobView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -63,7 +65,7 @@ def test_callbacks_are_signed_retried_and_complete(service) -> None:
         job = service.client.submit(
             "test-sleepy", [{"instance_id": f"i{k}"} for k in range(2)], n_samples=2, callback_url=receiver.url
         )
-        service.wait_done(job["job_id"])
+        service.wait_done(job.job_id)
         delivered = wait_for(
             lambda: (
                 [c for c in receiver.calls if c[2] == 200] if sum(c[2] == 200 for c in receiver.calls) >= 3 else None
@@ -80,7 +82,7 @@ def test_callbacks_are_signed_retried_and_complete(service) -> None:
         assert not verify_callback(secret, body + b" ", headers["X-Raas-Signature"])
         events.append(json.loads(body))
     assert sorted(e["event"] for e in events) == ["group", "group", "job"]
-    assert {e["job_id"] for e in events} == {job["job_id"]}
+    assert {e["job_id"] for e in events} == {job.job_id}
     assert sorted(e["group"]["instance_id"] for e in events if e["event"] == "group") == ["i0", "i1"]
     assert all(len(e["group"]["members"]) == 2 for e in events if e["event"] == "group")
     # the failed first delivery was retried under the same delivery id
@@ -104,16 +106,19 @@ def test_event_stream_reports_progress_and_resumes(service) -> None:
     job = service.client.submit(
         "test-sleepy", [{"instance_id": f"i{k}"} for k in range(3)], n_samples=2, agent_config={"run_s": 0.2}
     )
-    events = list(service.client.events(job["job_id"], wait=30))
-    kinds = [e[0] for e in events]
+    events = list(service.client.events(job.job_id, wait=30))
+    kinds = [e.event for e in events]
     assert kinds.count("rollout") == 6 and kinds.count("group") == 3 and kinds[-1] == "job"
-    assert [e[1] for e in events if e[0] == "rollout"] == list(range(1, 7))
-    assert all(e[2]["reward"] in (0.0, 1.0) for e in events if e[0] == "rollout")
-    assert events[-1][2]["status"] == "done" and events[-1][2]["finished"] == 6
+    rollouts = [e for e in events if e.event == "rollout"]
+    assert [e.id for e in rollouts] == list(range(1, 7))
+    assert all(isinstance(e.data, RolloutEvent) and e.data.reward in (0.0, 1.0) for e in rollouts)
+    assert all(isinstance(e.data, GroupView) for e in events if e.event == "group")
+    last = events[-1].data
+    assert isinstance(last, JobView) and last.status == "done" and last.finished == 6
     # a reconnect with Last-Event-ID 3 gets exactly what followed seq 3
-    resumed = list(service.client.events(job["job_id"], after=3, wait=5))
-    assert [e[1] for e in resumed if e[0] == "rollout"] == [4, 5, 6]
-    assert [e for e in events if e[1] > 3] == resumed
+    resumed = list(service.client.events(job.job_id, after=3, wait=5))
+    assert [e.id for e in resumed if e.event == "rollout"] == [4, 5, 6]
+    assert [e for e in events if e.id > 3] == resumed
 
 
 @pytest.mark.parametrize("backend", ["redis+postgresql", "embedded"])
@@ -131,18 +136,18 @@ def test_a_high_priority_job_overtakes_a_backlog(backend, tmp_path, request) -> 
             "test-sleepy", [{"instance_id": f"b{k}"} for k in range(30)], agent_config={"init_s": 1.0}
         )
         wait_for(
-            lambda: svc.client.job(backlog["job_id"])["finished"] >= 2, timeout=120, what="the backlog to start"
+            lambda: svc.client.job(backlog.job_id).finished >= 2, timeout=120, what="the backlog to start"
         )  # worker start-up is slow on a loaded machine
         urgent = svc.client.submit(
             "test-sleepy", [{"instance_id": f"u{k}"} for k in range(3)], agent_config={"init_s": 1.0}, priority=9
         )
-        assert svc.client.job(urgent["job_id"])["priority"] == 9
-        svc.wait_done(urgent["job_id"], timeout=60)
-        behind = svc.client.job(backlog["job_id"])
+        assert svc.client.job(urgent.job_id).priority == 9
+        svc.wait_done(urgent.job_id, timeout=60)
+        behind = svc.client.job(backlog.job_id)
         # without priorities the urgent job waits for the whole backlog (30 s of INIT on one
         # slot: the same test with priority 0 finds all 30 done); with them it waits only for
         # the backlog messages the INIT pool had already taken
-        assert behind["finished"] <= 15, behind
-        svc.client.cancel(backlog["job_id"])
+        assert behind.finished <= 15, behind
+        svc.client.cancel(backlog.job_id)
     finally:
         svc.stop()

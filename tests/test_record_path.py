@@ -5,7 +5,7 @@ the real agent loop and tokenizer on the LLM simulator (a scripted fake of vLLM:
 here), SQLite. The handler (`tests/record_handlers.py`) notes, inside the workers, the class
 that carried the record at each boundary and a digest of its token arrays; the gateway's
 serving function is watched in this process; the SDK parses the answer. Every boundary must
-name `raas_client.models.Trajectory` (the gateway's and the SDK's `Rollout` extends it), and
+name `raas_client.models.Trajectory` (the gateway's and the SDK's `RolloutView` extends it), and
 the arrays must be the same tokens all the way.
 """
 
@@ -19,7 +19,7 @@ import app.jobs
 import app.rollouts
 from fakellm.server import start_simulator
 from raas_client import RaasClient
-from raas_client.models import Rollout, Trajectory
+from raas_client.models import Trajectory, RolloutView
 from bench.support.pipeline_harness import start_service
 from tests.record_handlers import arrays_digest
 from bench.support.waiting import wait_for
@@ -51,10 +51,10 @@ def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
     try:
         svc.client.add_llm_server(url, weight_version="step-1")
         job = svc.client.submit("test-record-path", [{"instance_id": "q", "data": {}}])
-        [row] = list(svc.client.rollouts(job["job_id"], wait=60))  # the SDK's typed rows
+        [row] = list(svc.client.results(job.job_id, wait=60))  # the SDK's typed rows
 
         # The trainer side: the SDK parsed the wire into the record's subclass.
-        assert type(row) is Rollout and isinstance(row, Trajectory), svc.log_tail()
+        assert type(row) is RolloutView and isinstance(row, Trajectory), svc.log_tail()
         assert (row.outcome, row.reward) == ("completed", 1.0), svc.log_tail()
         assert row.response_ids and sum(row.loss_mask) > 0 and row.policy_versions == ["step-1"]
         assert row.turn_boundaries and row.message_token_counts
@@ -73,14 +73,14 @@ def test_one_record_type_from_generation_to_the_sdk(tmp_path, served) -> None:
         assert row.extra["eval_digest"] == digest
 
         # The gateway served the record's own subclass (the very class the SDK parses).
-        assert served and all(type(view) is Rollout for view in served)
-        assert Rollout.__mro__[1] is Trajectory  # no copy of its fields in between
+        assert served and all(type(view) is RolloutView for view in served)
+        assert RolloutView.__mro__[1] is Trajectory  # no copy of its fields in between
 
         # Re-evaluation reads the same record from the row and grades it the same.
         svc.client.reevaluate(row.rollout_id)
         client = RaasClient(svc.url, timeout=60)
-        wait_for(lambda: client.rollout(row.rollout_id)["extra"].get("reevaluations"), 60, "the re-evaluation")
-        [again] = client.rollout(row.rollout_id)["extra"]["reevaluations"]
+        wait_for(lambda: client.rollout(row.rollout_id).extra.get("reevaluations"), 60, "the re-evaluation")
+        [again] = client.rollout(row.rollout_id).extra["reevaluations"]
         assert again.get("reward") == 1.0, again
         assert again["extra"]["eval_reads"] == RECORD
         assert again["extra"]["eval_digest"] == digest

@@ -13,7 +13,7 @@ import pytest
 
 from core.db import session_scope
 from core.models import Rollout
-from tasks.broker.config import PENDING_REEVALUATIONS
+from tasks.broker.config import PENDING_REEVALUATIONS, PIPELINE_EXTRA_KEYS
 from tests.conftest import REDIS_URL
 from bench.support.pipeline_harness import start_service, wait_for
 
@@ -45,14 +45,14 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
     svc = start_service(tmp_path, reaper=False, **backend, extra={"outbox_grace": 1.0})
     try:
         job = svc.client.submit("test-trivial", [{"instance_id": "only"}])
-        svc.wait_done(job["job_id"])
-        [rollout] = svc.all_results(job["job_id"])
-        rid = rollout["rollout_id"]
+        svc.wait_done(job.job_id)
+        [rollout] = svc.all_results(job.job_id)
+        rid = rollout.rollout_id
 
         # the plain path: published at once, graded, recorded; no mark, nothing pending
         first = svc.client.reevaluate(rid, wait=60)
-        [entry] = first["extra"]["reevaluations"]
-        assert entry["request_id"] == first["extra"]["reevaluation_request"]
+        [entry] = first.extra["reevaluations"]
+        assert entry["request_id"] == first.extra["reevaluation_request"]
         assert entry["reward"] == 1.0 and "error" not in entry
         mark, extra = _row(svc, rid)
         assert mark is None and PENDING_REEVALUATIONS not in extra
@@ -63,9 +63,13 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
 
         monkeypatch.setattr(tasks.broker.outbox, "publish_reevaluation_message", broker_away)
         second = svc.client.reevaluate(rid, wait=0)
-        request_id = second["extra"]["reevaluation_request"]
+        request_id = second.extra["reevaluation_request"]
         mark, extra = _row(svc, rid)
         assert mark is not None and extra[PENDING_REEVALUATIONS] == [request_id]
+        # pipeline state stays on the server: not in what a trainer reads, pending or not
+        assert PIPELINE_EXTRA_KEYS.isdisjoint(second.extra)
+        assert PIPELINE_EXTRA_KEYS.isdisjoint(svc.client.rollout(rid).extra)
+        assert all(PIPELINE_EXTRA_KEYS.isdisjoint(r.extra) for r in svc.all_results(job.job_id))
         time.sleep(1.5)  # nothing reached a worker: still one result, and past the grace
         assert len(_row(svc, rid)[1]["reevaluations"]) == 1
         monkeypatch.undo()
@@ -82,7 +86,7 @@ def test_a_reevaluation_the_gateway_could_not_publish_is_drained(tmp_path, backe
         assert mark is None and PENDING_REEVALUATIONS not in extra
         assert reaper.run_once()["outbox"] == 0  # nothing twice
         shown = svc.client.rollout(rid)  # the wire shows both results, no pending request
-        assert [e["request_id"] for e in shown["extra"]["reevaluations"]] == [entry["request_id"], request_id]
-        assert PENDING_REEVALUATIONS not in shown["extra"]
+        assert [e["request_id"] for e in shown.extra["reevaluations"]] == [entry["request_id"], request_id]
+        assert PENDING_REEVALUATIONS not in shown.extra
     finally:
         svc.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -81,8 +82,44 @@ def ndjson(*lines: str):
     return answer
 
 
+def rollout_row(seq: int, job: str = "j", **fields: Any) -> dict[str, Any]:
+    """A finished rollout as the results API sends it (`RolloutView`)."""
+    return {
+        "rollout_id": f"r{seq}",
+        "job_id": job,
+        "instance_id": f"i{seq}",
+        "sample_index": 0,
+        "status": "done",
+        "attempt": 1,
+        "timing": {},
+        "created_at": "2026-01-01T00:00:00Z",
+        "seq": seq,
+        "outcome": "completed",
+        "reward": 1.0,
+        **fields,
+    }
+
+
+def job_view(job: str = "j", **fields: Any) -> dict[str, Any]:
+    """A job as GET /v1/jobs/{id} sends it (`JobView`)."""
+    return {
+        "job_id": job,
+        "agent": "math",
+        "status": "running",
+        "n_instances": 1,
+        "n_samples": 1,
+        "n_rollouts": 1,
+        "finished": 0,
+        "progress": 0.0,
+        "counts": {},
+        "outcomes": {},
+        "created_at": "2026-01-01T00:00:00Z",
+        **fields,
+    }
+
+
 def item(seq: int) -> str:
-    return json.dumps({"seq": seq, "rollout_id": f"r{seq}"}) + "\n"
+    return json.dumps(rollout_row(seq)) + "\n"
 
 
 @pytest.fixture
@@ -106,7 +143,7 @@ def test_reads_retry_5xx_but_never_4xx(client_for):
     client, gw = client_for(
         [status(503), status(502), status(504), status(200, page), status(404, {"message": "job 'j' not found"})]
     )
-    assert client.results_page("j") == page
+    assert client.results_page("j").model_dump(exclude_unset=True) == page
     assert len(gw.seen) == 4
     with pytest.raises(RaasHTTPError, match="HTTP 404: job 'j' not found"):
         client.job("j")
@@ -117,7 +154,7 @@ def test_submit_retries_only_with_an_idempotency_key(client_for):
     accepted = {"job_id": "j", "rollout_ids": ["r1"], "created": True}
     client, gw = client_for([status(503), status(503), status(202, accepted), status(503)])
     rows = [{"instance_id": "a"}]
-    assert client.submit("math", rows, idempotency_key="k") == accepted
+    assert client.submit("math", rows, idempotency_key="k").model_dump() == accepted
     with pytest.raises(RaasHTTPError, match="HTTP 503"):  # no key: sent once
         client.submit("math", rows)
     assert len(gw.seen) == 4
@@ -143,7 +180,7 @@ def test_stream_resumes_from_its_cursor_without_duplicates_or_gaps(client_for):
     not_done = {"job_id": "j", "items": [], "cursor": 4, "done": False}
     client, gw = client_for(
         [
-            ndjson(item(1), item(2), '{"seq": 3, "rollo'),  # the gateway died mid-line
+            ndjson(item(1), item(2), item(3)[:20]),  # the gateway died mid-line
             status(503),  # restarting
             ndjson(item(2), item(3), item(4)),  # a replayed line (2) is skipped
             status(200, not_done),  # idle wait passed: not done, so reconnect
@@ -151,7 +188,7 @@ def test_stream_resumes_from_its_cursor_without_duplicates_or_gaps(client_for):
             status(200, done),
         ]
     )
-    got = [r["seq"] for r in client.stream("j", wait=5)]
+    got = [r.seq for r in client.stream("j", wait=5)]
     assert got == [1, 2, 3, 4, 5]
     streams = [args["after"] for method, path, args in gw.seen if args.get("format")]
     assert streams == ["0", "2", "2", "4"]

@@ -56,7 +56,7 @@ def test_a_worker_killed_mid_batch_loses_only_the_uncommitted_turn(tmp_path) -> 
             [{"instance_id": "k", "turns": TURNS}],
             llm={"servers": [{"url": url}], "tokenizer": SMOLLM2, "max_model_len": 4096},
         )
-        rid = job["rollout_ids"][0]
+        rid = job.rollout_ids[0]
         deadline = time.monotonic() + 60
         # Turn 0 committed, turn 1 generated (its tool ran): its record sits in the batch;
         # turn 2 generated, its tool call waiting for turn 1's commit.
@@ -66,15 +66,15 @@ def test_a_worker_killed_mid_batch_loses_only_the_uncommitted_turn(tmp_path) -> 
         assert _turns(svc.settings.db_url, rid) == [(1, 0)]  # still uncommitted at the kill
         svc.kill_worker("run", "node-a")
         svc.start_worker("run", "node-a", 2)
-        svc.wait_done(job["job_id"], timeout=90)
+        svc.wait_done(job.job_id, timeout=90)
         view = svc.client.rollout(rid)
-        assert view["outcome"] == "completed" and view["reward"] == 1.0, view["error"]
+        assert view.outcome == "completed" and view.reward == 1.0, view.error
         assert _turns(svc.settings.db_url, rid) == [(1, k) for k in range(TURNS)]
-        assert view["attempt"] == 1 and view["metrics"]["resumed_from_turn"] == 1
+        assert view.attempt == 1 and view.metrics["resumed_from_turn"] == 1
         # exactly the turn lost with the batch and the generation that overlapped it, again
         assert _requests(url) == TURNS + 2
-        assert [t["observation"] for t in view["turns"]] == [f"k part {k + 1}." for k in range(TURNS - 1)] + [
-            view["turns"][-1]["observation"]
+        assert [t.observation for t in view.turns] == [f"k part {k + 1}." for k in range(TURNS - 1)] + [
+            view.turns[-1].observation
         ]
         with session_scope(svc.settings.db_url) as s:
             [entry] = s.get(Rollout, rid).resumes

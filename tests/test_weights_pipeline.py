@@ -27,6 +27,7 @@ from core.db import session_scope
 from core.models import LLMServer
 from tests.conftest import REDIS_URL
 from bench.support.pipeline_harness import start_service, wait_for
+from raas_client.models import RolloutView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -85,25 +86,25 @@ def rows(db_url: str) -> list[LLMServer]:
         return list(s.query(LLMServer).order_by(LLMServer.created_at))
 
 
-def turn_logprobs_match(detail: dict, state_of: dict) -> bool:
+def turn_logprobs_match(detail: RolloutView, state_of: dict) -> bool:
     """Every turn's logprobs are what the weights of its recorded version give (position =
     its offset in the full sequence; v0 = the never-pushed simulator)."""
     spans, start = [], None
-    mask = detail["loss_mask"] + [0]
+    mask = detail.loss_mask + [0]
     for i, m in enumerate(mask):
         if m and start is None:
             start = i
         elif not m and start is not None:
             spans.append(start)
             start = None
-    base = len(detail["prompt_ids"])
-    for turn, offset in zip(detail["turns"], spans):
-        state = state_of[turn["weight_version"]]
+    base = len(detail.prompt_ids)
+    for turn, offset in zip(detail.turns, spans):
+        state = state_of[turn.weight_version]
         expected = [
             fake_logprob(t, base + offset + i) if state is None else weights_logprob(state, t, base + offset + i)
-            for i, t in enumerate(turn["generated_ids"])
+            for i, t in enumerate(turn.generated_ids)
         ]
-        if turn["logprobs"] != pytest.approx(expected, abs=1e-9):
+        if turn.logprobs != pytest.approx(expected, abs=1e-9):
             return False
     return True
 
@@ -121,21 +122,21 @@ def test_push_mid_job_waits_for_turns_verifies_and_records_versions(service, sim
     )
     wait_for(lambda: in_flight(url) >= 2, 180, "turns in flight")
     report = client.push_weights(str(write_checkpoint(tmp_path / "v1", "v1")), "v1", probe("v1"), timeout=60)
-    [server] = report["servers"]
-    assert report["resumed"] and server["ok"] and server["check"]["max_abs_diff"] == 0.0
-    assert server["generating_at_pause"] >= 1  # it waited for in-flight turns ...
-    assert server["pause_seconds"] > 0.05 and report["pause_seconds"] < 5
-    assert server["before_max_abs_diff"] > 1e-3  # the old weights did not pass
+    [server] = report.servers
+    assert report.resumed and server.ok and server.check.max_abs_diff == 0.0
+    assert server.generating_at_pause >= 1  # it waited for in-flight turns ...
+    assert server.pause_seconds > 0.05 and report.pause_seconds < 5
+    assert server.before_max_abs_diff > 1e-3  # the old weights did not pass
     assert rows(service.settings.db_url)[0].weight_version == "v1"
-    done = service.wait_done(job["job_id"], timeout=120)
-    assert done["outcomes"] == {"completed": 8}  # ... and aborted nothing
-    results = service.all_results(job["job_id"])
-    assert [r["reward"] for r in results] == [1.0] * 8
-    versions = [client.rollout(r["rollout_id"]) for r in results]
-    seen = {v for d in versions for v in d["policy_versions"]}
+    done = service.wait_done(job.job_id, timeout=120)
+    assert done.outcomes == {"completed": 8}  # ... and aborted nothing
+    results = service.all_results(job.job_id)
+    assert [r.reward for r in results] == [1.0] * 8
+    versions = [client.rollout(r.rollout_id) for r in results]
+    seen = {v for d in versions for v in d.policy_versions}
     assert seen == {"v0", "v1"}
     for detail in versions:
-        by_turn = [t["weight_version"] for t in detail["turns"]]
+        by_turn = [t.weight_version for t in detail.turns]
         assert by_turn == sorted(by_turn)  # v0 turns, then v1 turns, never back
         assert turn_logprobs_match(detail, {"v0": None, "v1": WeightState("v1", "v1")})
     assert httpx.get(f"{url}/sim/stats").json().get("aborted", 0) == 0
@@ -145,7 +146,7 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     good, no_reset = sims(0.2), sims(0.2, reset_noop=True)
     client = service.client
     client.add_llm_server(good, model=SMOLLM2, weight_version="v0")
-    ids = [s["id"] for s in client.llm_servers()]
+    ids = [s.id for s in client.llm_servers()]
     tied = write_checkpoint(tmp_path / "tied", "v1", tied=True)
     with pytest.raises(TiedCheckpoint, match="tie_word_embeddings"):  # the SDK, before sending
         client.push_weights(str(tied), "v1", probe("v1"))
@@ -166,7 +167,7 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
         "test-chat", [{"instance_id": "p", "data": {}}], llm=LLM, agent_config={"turns": 2, "observation_words": 5}
     )
     time.sleep(3)
-    assert client.job(job["job_id"])["finished"] == 0  # nothing runs on the wrong weights
+    assert client.job(job.job_id).finished == 0  # nothing runs on the wrong weights
     assert httpx.get(f"{good}/sim/stats").json()["weights"]["body"] == "v0-retrained"
 
     client.add_llm_server(no_reset, model=SMOLLM2, weight_version="v0")
@@ -179,12 +180,12 @@ def test_failed_pushes_refuse_or_keep_the_pool_paused(service, sims, tmp_path) -
     assert by_url[good]["ok"] and not by_url[no_reset]["ok"]
     assert all(r.paused for r in rows(service.settings.db_url))  # the good one waits too
 
-    client.remove_llm_server(next(s["id"] for s in client.llm_servers() if s["url"] == no_reset))
+    client.remove_llm_server(next(s.id for s in client.llm_servers() if s.url == no_reset))
     report = client.push_weights(str(good_ckpt), "v1", probe("v1"), servers=ids, timeout=30)
-    assert report["resumed"]
-    assert service.wait_done(job["job_id"], timeout=60)["outcomes"] == {"completed": 1}
-    [result] = service.all_results(job["job_id"])
-    assert result["reward"] == 1.0 and set(result["policy_versions"]) == {"v1"}
+    assert report.resumed
+    assert service.wait_done(job.job_id, timeout=60).outcomes == {"completed": 1}
+    [result] = service.all_results(job.job_id)
+    assert result.reward == 1.0 and set(result.policy_versions) == {"v1"}
 
     probe_file = tmp_path / "probe.json"  # the same from the shell: raas weights ...
     probe_file.write_text(json.dumps(probe("v1")))
@@ -217,18 +218,18 @@ def test_a_pause_longer_than_the_run_deadline_costs_the_rollout_nothing(service,
     )
     wait_for(lambda: in_flight(url) >= 1, 180, "a turn in flight")
     paused = client.pause_pool(timeout=30)
-    assert paused["servers"][0]["generating_at_pause"] <= 1  # (it may have ended already)
-    assert 0 < paused["pause_seconds"] < 5  # an in-flight turn finished, nothing aborted
+    assert paused.servers[0].generating_at_pause <= 1  # (it may have ended already)
+    assert 0 < paused.pause_seconds < 5  # an in-flight turn finished, nothing aborted
     time.sleep(23)  # longer than the whole RUN deadline plus the reaper's grace (2 s)
-    assert client.job(job["job_id"])["finished"] == 0
+    assert client.job(job.job_id).finished == 0
     resumed = client.resume_pool("v1")
-    assert [s["weight_version"] for s in resumed["servers"]] == ["v1"]
-    done = service.wait_done(job["job_id"], timeout=60)
-    [result] = service.all_results(job["job_id"])
-    assert done["outcomes"] == {"completed": 1}, (result.get("error"), result.get("metrics"))
-    detail = client.rollout(result["rollout_id"])
-    assert result["reward"] == 1.0 and detail["attempt"] == 1  # lease kept: heartbeats went on
-    assert detail["timing"]["run"] > 20  # RUN outlived its deadline and still completed
-    assert detail["metrics"]["paused_seconds"] >= 15  # the wait after the in-flight turn
-    assert detail["metrics"]["gen_seconds"] < 20  # the wait is not generation time
-    assert [t["weight_version"] for t in detail["turns"]][-1] == "v1"
+    assert [s.weight_version for s in resumed.servers] == ["v1"]
+    done = service.wait_done(job.job_id, timeout=60)
+    [result] = service.all_results(job.job_id)
+    assert done.outcomes == {"completed": 1}, (result.error, result.metrics)
+    detail = client.rollout(result.rollout_id)
+    assert result.reward == 1.0 and detail.attempt == 1  # lease kept: heartbeats went on
+    assert detail.timing.run > 20  # RUN outlived its deadline and still completed
+    assert detail.metrics["paused_seconds"] >= 15  # the wait after the in-flight turn
+    assert detail.metrics["gen_seconds"] < 20  # the wait is not generation time
+    assert [t.weight_version for t in detail.turns][-1] == "v1"

@@ -47,7 +47,7 @@ def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str, finis
     metrics: dict[str, Any] = dict(counters)
     extra: dict[str, Any] = {}
     if not samples:
-        return Trajectory(outcome=outcome, finish_reason=finish_reason, metrics=metrics, extra=extra)
+        return Trajectory.build(outcome=outcome, finish_reason=finish_reason, metrics=metrics, extra=extra)
     metrics.update(_drift(samples))
     last = samples[-1].trajectory
     if len(samples) > 1:
@@ -59,7 +59,7 @@ def run_result(runner: CallRunner, counters: dict[str, Any], outcome: str, finis
     metrics["weight_versions"] = list(dict.fromkeys(seen))
     metrics["response_tokens"] = sum(len(s.trajectory.response_ids) for s in samples)
     metrics["context_length"] = runner.session.context_length
-    return Trajectory(
+    return Trajectory.build(
         outcome=outcome,
         finish_reason=finish_reason,
         prompt_ids=list(last.prompt_ids),

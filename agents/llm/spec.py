@@ -142,8 +142,17 @@ def validate_sampling(sampling: dict | None) -> dict:
 def validate_llm_spec(
     llm_spec: dict, registered: Callable[[], list[str]] = list, policy: LLMPolicy | None = None, admin: bool = True
 ) -> dict:
-    """Validate a job's `llm` spec at submission against the operator's policy and resolve
-    its tokenizer folder and chat template text.
+    """`resolve_llm_spec` of a spec given as JSON, returned as JSON (InvalidRequest names
+    the bad field)."""
+    return resolve_llm_spec(parse_model(LLMSpec, llm_spec, "llm"), registered, policy, admin).model_dump()
+
+
+def resolve_llm_spec(
+    parsed: LLMSpec, registered: Callable[[], list[str]] = list, policy: LLMPolicy | None = None, admin: bool = True
+) -> LLMSpec:
+    """Hold a job's parsed `llm` spec to the operator's policy at submission and resolve its
+    tokenizer folder and chat template text; returns the spec the job stores (a copy: the
+    request's own is left as it came).
 
     The job's own server URLs must be on the operator's allowlist (admins: any), credentials
     registered for those URLs, the template a registered name or capped inline text. The
@@ -160,9 +169,8 @@ def validate_llm_spec(
     )
 
     policy = policy or LLMPolicy()
-    parsed = parse_model(LLMSpec, llm_spec, "llm")
     inline = parsed.chat_template_text is not None  # a registered template is the operator's
-    spec = check_llm_policy(parsed, policy, admin)
+    spec = check_llm_policy(parsed.model_copy(deep=True), policy, admin)
     for i, server in enumerate(spec.servers or []):
         if spec.logprobs_mode is not None and server.logprobs_mode != spec.logprobs_mode:
             raise InvalidRequest(
@@ -183,7 +191,7 @@ def validate_llm_spec(
         ) from exc
     except (OSError, ValueError) as exc:
         raise InvalidRequest(f"llm.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from exc
-    return spec.model_dump()
+    return spec
 
 
 def check_llm_policy(spec: LLMSpec, policy: LLMPolicy, admin: bool) -> LLMSpec:

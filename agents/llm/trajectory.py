@@ -118,7 +118,7 @@ class TrajectoryBuilder:
             counts = self._prompt_counts(list(messages), prompt)
             if key is not None:
                 prompts.put(key, messages, prompt, counts)
-        self.traj = Trajectory(
+        self.traj = Trajectory.build(
             prompt_ids=prompt,
             response_ids=[],
             response_logprobs=[],

@@ -17,15 +17,16 @@ resume point, then each new one.
 
 from __future__ import annotations
 
-import json
 import time
 
 from flask import Blueprint, Response, g, request, stream_with_context
+from pydantic import BaseModel
+from raas_client.event_models import CallbackSecret, RolloutEvent
 
 from app.api.routing import query_number, typed_route
 from app.context import POLL_SECONDS, gateway_settings
 from app.jobs import get_job, job_view, results_after
-from app.schemas import GroupList, GroupView
+from app.schemas import GroupList, GroupView, RolloutView
 from core.db import session_scope
 from core.errors import InvalidRequest
 from tasks.writes import groups
@@ -55,15 +56,16 @@ def list_groups(job_id: str) -> GroupList:
     bp,
     "/v1/callbacks/secret",
     "GET",
+    response=CallbackSecret,
     summary="The secret your job callbacks are signed with (HMAC-SHA256, header X-Raas-Signature)",
 )
-def callback_secret() -> dict:
-    return {
-        "owner": g.owner,
-        "secret": owner_secret(gateway_settings(), g.owner),
-        "header": "X-Raas-Signature",
-        "scheme": "t=<unix>,v1=hex(hmac_sha256(secret, '<t>.' + body))",
-    }
+def callback_secret() -> CallbackSecret:
+    return CallbackSecret.build(
+        owner=g.owner,
+        secret=owner_secret(gateway_settings(), g.owner),
+        header="X-Raas-Signature",
+        scheme="t=<unix>,v1=hex(hmac_sha256(secret, '<t>.' + body))",
+    )
 
 
 @typed_route(
@@ -100,8 +102,8 @@ def _resume_point() -> int:
     return value
 
 
-def _event(kind: str, seq: int, data: dict) -> str:
-    return f"id: {seq}\nevent: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+def _event(kind: str, seq: int, data: BaseModel) -> str:
+    return f"id: {seq}\nevent: {kind}\ndata: {data.model_dump_json()}\n\n"
 
 
 def _stream(job_id: str, after: int, wait: float):
@@ -125,7 +127,7 @@ def _stream(job_id: str, after: int, wait: float):
             alerts = job_alerts(s, job_id, last_alert)
         for alert in alerts:
             if not first or alert.cleared_at is None or alert.seq >= resumed_at:
-                yield _event("alert", after, alert_view(alert).model_dump(mode="json"))
+                yield _event("alert", after, alert_view(alert))
             last_alert = alert.id
         first = False
         if items or alerts:
@@ -133,7 +135,7 @@ def _stream(job_id: str, after: int, wait: float):
             idle_until += wait
         done = view.finished >= view.n_rollouts and after >= view.finished
         if done:
-            yield _event("job", after, view.model_dump(mode="json"))
+            yield _event("job", after, view)
             return
         if time.monotonic() >= idle_until:
             return
@@ -143,21 +145,21 @@ def _stream(job_id: str, after: int, wait: float):
         time.sleep(POLL_SECONDS)
 
 
-def _rollout_event(item) -> dict:
-    return {
-        "seq": item.seq,
-        "rollout_id": item.rollout_id,
-        "instance_id": item.instance_id,
-        "sample_index": item.sample_index,
-        "status": item.status,
-        "outcome": item.outcome,
-        "reward": item.reward,
-        "cut_reason": item.cut_reason,
-        "group_complete": item.group_complete,
-    }
+def _rollout_event(item: RolloutView) -> RolloutEvent:
+    return RolloutEvent.build(
+        seq=item.seq,
+        rollout_id=item.rollout_id,
+        instance_id=item.instance_id,
+        sample_index=item.sample_index,
+        status=item.status,
+        outcome=item.outcome,
+        reward=item.reward,
+        cut_reason=item.cut_reason,
+        group_complete=item.group_complete,
+    )
 
 
-def _group_event(item) -> dict:
+def _group_event(item: RolloutView) -> GroupView:
     if item.group is not None:
-        return item.group.model_dump(mode="json")
-    return {"instance_id": item.instance_id, "status": "complete", "closer": item.rollout_id}
+        return item.group
+    return GroupView.build(instance_id=item.instance_id, status="complete", closer=item.rollout_id)

@@ -15,7 +15,7 @@ from flask import Blueprint, g, request
 
 from app.api.routing import typed_route
 from app.context import gateway_settings
-from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView
+from app.schemas import LLMServerCreate, LLMServerList, LLMServerUpdate, LLMServerView, LLMServerDeleted
 from app.servers import delete_server, owner_servers, register_server, update_server
 
 bp = Blueprint("llm_servers", __name__)
@@ -89,7 +89,7 @@ def update(server_id: str, body: LLMServerUpdate) -> LLMServerView:
     return update_server(_db(), server_id, g.owner, body.model_dump(exclude_unset=True))
 
 
-@typed_route(bp, "/v1/llm-servers/<server_id>", "DELETE", summary="Remove a server")
-def delete(server_id: str) -> dict:
+@typed_route(bp, "/v1/llm-servers/<server_id>", "DELETE", response=LLMServerDeleted, summary="Remove a server")
+def delete(server_id: str) -> LLMServerDeleted:
     delete_server(_db(), server_id, g.owner)
-    return {"deleted": server_id}
+    return LLMServerDeleted.build(deleted=server_id)

@@ -24,7 +24,8 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from app.ops.node import process_slots
-from raas_client import RaasClient
+from raas_client import RaasClient, RolloutView
+from raas_client.models import JobView
 from core.settings import Settings
 from migrations.runner import upgrade
 from tasks.recovery.reaper import Reaper
@@ -121,17 +122,17 @@ class Service:
         proc.send_signal(sig)
         proc.wait(30)
 
-    def wait_done(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_done(self, job_id: str, timeout: float = 60) -> JobView:
         """Poll until every rollout of the job is terminal; returns the job view."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.client.job(job_id)
-            if job["finished"] >= job["n_rollouts"]:
+            if job.finished >= job.n_rollouts:
                 return job
             time.sleep(0.2)
         raise AssertionError(f"job {job_id} not done in {timeout}s: {self.client.job(job_id)}\n{self.log_tail()}")
 
-    def all_results(self, job_id: str) -> list[dict[str, Any]]:
+    def all_results(self, job_id: str) -> list[RolloutView]:
         """Every result page from cursor 0."""
         return list(self.client.results(job_id, wait=1))
 

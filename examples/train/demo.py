@@ -106,7 +106,7 @@ def register(url: str, args: argparse.Namespace) -> str:
         server = client.add_llm_server(
             f"http://127.0.0.1:{args.vllm_port}", model=args.served_model_name, weight_version="v0"
         )
-    return server["id"]
+    return server.id
 
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:

@@ -19,11 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-# raas' failure contract (raas_client.models.FAILURE_CLASSES): only these outcomes are
-# samples of the policy; infra_error, timeout, cancelled (infra) and prompt_too_long (input)
-# say nothing about it, and an outcome this trainer does not know is treated as infra.
-POLICY_OUTCOMES = frozenset({"completed", "agent_error"})
+from raas_client import RolloutView
 
 
 @dataclass
@@ -55,15 +51,11 @@ class BatchStats:
     rewards: list[float] = field(default_factory=list)
 
 
-def is_infra_failure(row: dict[str, Any]) -> bool:
-    """A row the policy is not to blame for: not a policy outcome (the row's `failure_class`
-    where the gateway sends it), no reward, or no generated tokens."""
-    failure_class = row.get("failure_class")
-    if failure_class is not None:
-        not_policy = failure_class not in ("none", "policy")
-    else:
-        not_policy = row.get("outcome") not in POLICY_OUTCOMES
-    return not_policy or row.get("reward") is None or not row.get("response_ids")
+def is_infra_failure(row: RolloutView) -> bool:
+    """A row the policy is not to blame for: not a policy sample (raas' failure contract,
+    `failure_class`: infra_error, timeout, cancelled, prompt_too_long and any outcome the SDK
+    does not know), no reward, or no generated tokens."""
+    return row.failure_class not in ("none", "policy") or row.reward is None or not row.response_ids
 
 
 def version_number(version: Any) -> int | None:
@@ -88,7 +80,7 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> np.ndarray:
 
 
 def build_samples(
-    groups: Iterable[list[dict[str, Any]]], trainer_version: int, max_staleness: int | None = None
+    groups: Iterable[list[RolloutView]], trainer_version: int, max_staleness: int | None = None
 ) -> tuple[list[Sample], BatchStats]:
     """Samples with advantages from raas groups (lists of result rows of one instance).
 
@@ -105,13 +97,13 @@ def build_samples(
             if is_infra_failure(row):
                 stats.infra_excluded += 1
                 continue
-            stats.rewards.append(float(row["reward"]))  # the step's reward, stale rows too
-            lag = staleness(row.get("policy_versions") or [], trainer_version)
+            stats.rewards.append(float(row.reward or 0.0))  # the step's reward, stale rows too
+            lag = staleness(row.policy_versions or [], trainer_version)
             if max_staleness is not None and (lag is None or lag > max_staleness):
                 stats.stale_excluded += 1
                 continue
             kept.append(row)
-        rewards = [float(r["reward"]) for r in kept]
+        rewards = [float(r.reward or 0.0) for r in kept]
         if len(kept) < 2 or np.ptp(rewards) == 0:
             stats.groups_no_variance += 1
             continue
@@ -122,21 +114,21 @@ def build_samples(
     return samples, stats
 
 
-def _sample(row: dict[str, Any], advantage: float) -> Sample:
+def _sample(row: RolloutView, advantage: float) -> Sample:
     """A result row as a Sample; a row whose arrays disagree in length is a bug upstream."""
-    n = len(row["response_ids"])
-    if len(row["loss_mask"]) != n or len(row["response_logprobs"]) != n:
-        raise ValueError(f"rollout {row['rollout_id']}: response_ids, loss_mask and response_logprobs differ in length")
+    response, mask, logprobs = row.response_ids or [], row.loss_mask or [], row.response_logprobs or []
+    if len(mask) != len(response) or len(logprobs) != len(response):
+        raise ValueError(f"rollout {row.rollout_id}: response_ids, loss_mask and response_logprobs differ in length")
     return Sample(
-        row["rollout_id"],
-        row["instance_id"],
-        list(row["prompt_ids"]),
-        list(row["response_ids"]),
-        [float(x) for x in row["response_logprobs"]],
-        list(row["loss_mask"]),
-        float(row["reward"]),
+        row.rollout_id,
+        row.instance_id,
+        list(row.prompt_ids or []),
+        list(response),
+        [float(x) for x in logprobs],
+        list(mask),
+        float(row.reward or 0.0),
         advantage,
-        list(row.get("policy_versions") or []),
+        list(row.policy_versions or []),
     )
 
 

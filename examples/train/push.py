@@ -42,8 +42,8 @@ def _wait_idle(raas: Any, server_id: str, timeout: float = 600) -> None:
     """Until the paused server has nothing in flight (turns that had started, finished)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        server = next(s for s in raas.llm_servers() if s["id"] == server_id)
-        if server["in_flight"] == 0:
+        server = next(s for s in raas.llm_servers() if s.id == server_id)
+        if server.in_flight == 0:
             return
         time.sleep(0.1)
     raise PushFailed(f"server {server_id} still busy {timeout:.0f}s after the pause")
@@ -123,7 +123,6 @@ def push_via_service(
     result = raas.push_weights(
         path, version, probe, mechanism="lora" if lora_name else "reload", lora_name=lora_name, tolerance=tolerance
     )
-    servers = result.get("servers") or []
-    gap = max((float((s.get("check") or {}).get("max_abs_diff") or 0.0) for s in servers), default=0.0)
-    load = max((float(s.get("load_seconds") or 0.0) for s in servers), default=0.0)
-    return PushFigures(float(result.get("total_seconds") or time.monotonic() - started), load, gap)
+    gap = max((s.check.max_abs_diff or 0.0 for s in result.servers if s.check is not None), default=0.0)
+    load = max((s.load_seconds or 0.0 for s in result.servers), default=0.0)
+    return PushFigures(result.total_seconds or time.monotonic() - started, load, gap)

@@ -35,6 +35,7 @@ import torch
 from grpo import BatchStats, build_samples
 from policy import load_policy, save_weights, sequence_logprobs, train_step
 from push import push_via_service, push_weights
+from raas_client import RolloutView
 
 REPO = Path(__file__).resolve().parents[2]
 COLUMNS = [
@@ -115,7 +116,7 @@ class Trainer:
             limits={"max_turns": 1, "max_staleness": a.max_staleness, "run_timeout": 1800},
             llm={"max_model_len": 2048},
         )
-        return job["job_id"]
+        return job.job_id
 
     def submit_batch(self, step: int) -> str:
         """The training rollouts of `step`: random training problems x samples, T=1."""
@@ -127,9 +128,7 @@ class Trainer:
         started = time.monotonic()
         job = self.submit(self.heldout, 1, 0.0, f"eval-v{self.version}-{max_tokens}", max_tokens)
         rewards = [
-            r["reward"] or 0.0
-            for r in self.raas.results(job, wait=30)
-            if r.get("outcome") not in ("infra_error", "cancelled")
+            r.reward or 0.0 for r in self.raas.results(job, wait=30) if r.outcome not in ("infra_error", "cancelled")
         ]
         return sum(rewards) / max(len(rewards), 1), time.monotonic() - started
 
@@ -175,11 +174,11 @@ class Trainer:
         return figures, save_seconds
 
     # -- one step -----------------------------------------------------------------------
-    def collect(self, job_id: str) -> list[list[dict[str, Any]]]:
+    def collect(self, job_id: str) -> list[list[RolloutView]]:
         """Every group of the job (raas yields a group when its last sample finishes)."""
         return list(self.raas.groups(job_id, wait=30))
 
-    def learn(self, groups: list[list[dict[str, Any]]]) -> tuple[BatchStats, Any]:
+    def learn(self, groups: list[list[RolloutView]]) -> tuple[BatchStats, Any]:
         """Samples from the groups, then one optimiser step (None when no group had signal)."""
         samples, stats = build_samples(groups, self.version, self.args.max_staleness)
         if not samples:
@@ -192,7 +191,7 @@ class Trainer:
 def step_row(
     step: int,
     trainer: Trainer,
-    groups: list[list[dict[str, Any]]],
+    groups: list[list[RolloutView]],
     stats: BatchStats,
     figures: Any,
     timing: dict[str, float],
@@ -200,7 +199,7 @@ def step_row(
 ) -> dict[str, Any]:
     """The CSV row of one step."""
     rows = [r for g in groups for r in g]
-    gen = [sum(r.get("loss_mask") or []) for r in rows]
+    gen = [sum(r.loss_mask or []) for r in rows]
     row = {
         "step": step,
         "version": trainer.version,
@@ -230,7 +229,7 @@ def step_row(
     return row
 
 
-def log_rollouts(handle: Any, step: int, version: int, groups: list[list[dict[str, Any]]]) -> None:
+def log_rollouts(handle: Any, step: int, version: int, groups: list[list[RolloutView]]) -> None:
     """One line per rollout (rollouts.jsonl): what it was sampled with, per turn, and its
     reward; what a reader checks the staleness bound and the pushes against."""
     for row in (r for g in groups for r in g):
@@ -239,12 +238,12 @@ def log_rollouts(handle: Any, step: int, version: int, groups: list[list[dict[st
                 {
                     "step": step,
                     "trainer_version": f"v{version}",
-                    "rollout_id": row["rollout_id"],
-                    "instance_id": row["instance_id"],
-                    "outcome": row.get("outcome"),
-                    "reward": row.get("reward"),
-                    "policy_versions": row.get("policy_versions"),
-                    "generated_tokens": sum(row.get("loss_mask") or []),
+                    "rollout_id": row.rollout_id,
+                    "instance_id": row.instance_id,
+                    "outcome": row.outcome,
+                    "reward": row.reward,
+                    "policy_versions": row.policy_versions,
+                    "generated_tokens": sum(row.loss_mask or []),
                 }
             )
             + "\n"

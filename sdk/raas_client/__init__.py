@@ -1,7 +1,7 @@
 """Trainer-side SDK for raas (httpx + pydantic only: installs without the server)."""
 
 from raas_client.batch import Batch, Collector, Group, advantages
-from raas_client.models import FailureClass, Rollout, TrainingSample, Trajectory, failure_class_of
+from raas_client.models import FailureClass, RolloutView, TrainingSample, Trajectory, failure_class_of
 from raas_client.sdk import RaasClient, RaasHTTPError
 
 __all__ = [
@@ -11,7 +11,7 @@ __all__ = [
     "Group",
     "RaasClient",
     "RaasHTTPError",
-    "Rollout",
+    "RolloutView",
     "TrainingSample",
     "Trajectory",
     "advantages",

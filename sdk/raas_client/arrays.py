@@ -11,7 +11,7 @@ per-token array is aligned with `input_ids` (position t describes token t):
 | `old_logprobs` | [B, L] float32 | sampling logprob of a generated token; 0.0 elsewhere |
 | `policy_version` | [B, L] int64 | version number that generated the token; -1 elsewhere |
 | `prompt_lengths`, `response_lengths` | [B] int64 | real lengths of the two parts |
-| `rewards` | [B] float32 | training rewards (`Rollout.train_reward`, 0 for included failures) |
+| `rewards` | [B] float32 | training rewards (`RolloutView.train_reward`, 0 for included failures) |
 | `advantages` | [B] float32 | per-sample advantages, when given (broadcast over loss_mask for a token loss) |
 """
 
@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from raas_client.models import Rollout, version_number
+from raas_client.models import RolloutView, version_number
 
 PER_TOKEN = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "policy_version")
 INT_KEYS = ("input_ids", "attention_mask", "loss_mask", "policy_version", "prompt_lengths", "response_lengths")
 
 
-def token_versions(rollout: Rollout) -> list[int]:
+def token_versions(rollout: RolloutView) -> list[int]:
     """The policy version number of every response token (-1 outside generated turns)."""
     n = len(rollout.response_ids or [])
     out = [-1] * n
@@ -38,7 +38,7 @@ def token_versions(rollout: Rollout) -> list[int]:
     return out
 
 
-def _rows(samples: Sequence[Rollout], pad_id: int) -> dict[str, list[Any]]:
+def _rows(samples: Sequence[RolloutView], pad_id: int) -> dict[str, list[Any]]:
     prompts = [list(r.prompt_ids or []) for r in samples]
     responses = [list(r.response_ids or []) for r in samples]
     width = max((len(p) + len(q) for p, q in zip(prompts, responses)), default=0)
@@ -77,7 +77,7 @@ def _backend(choice: str) -> str:
 
 
 def to_arrays(
-    samples: Sequence[Rollout],
+    samples: Sequence[RolloutView],
     pad_id: int = 0,
     rewards: Sequence[float] | None = None,
     advantages: Sequence[float] | None = None,

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raas_client.arrays import to_arrays
 from raas_client.health_models import HealthView
-from raas_client.models import Rollout, version_number
+from raas_client.models import JobView, LLMServerView, ResultsPage, RolloutView, version_number
 
 AdvantageMethod = Literal["grpo", "rloo"]
 
@@ -41,14 +41,14 @@ AdvantageMethod = Literal["grpo", "rloo"]
 class ResultsSource(Protocol):
     """What a Collector reads from (a `RaasClient`)."""
 
-    def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> dict[str, Any]: ...
+    def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> ResultsPage: ...
 
-    def llm_servers(self) -> list[dict[str, Any]]: ...
+    def llm_servers(self) -> list[LLMServerView]: ...
 
-    def job(self, job_id: str) -> dict[str, Any]: ...
+    def job(self, job_id: str) -> JobView: ...
 
 
-def oldest_version(rollout: Rollout) -> int | None:
+def oldest_version(rollout: RolloutView) -> int | None:
     """The oldest policy version among a sample's generated turns (None if none is known)."""
     numbers = [n for n in map(version_number, rollout.policy_versions or []) if n is not None]
     return min(numbers) if numbers else None
@@ -79,20 +79,20 @@ class Group(BaseModel):
 
     job_id: str
     instance_id: str
-    rollouts: list[Rollout] = Field(description="Every sample of the instance, by sample_index")
+    rollouts: list[RolloutView] = Field(description="Every sample of the instance, by sample_index")
     stale: list[str] = Field(default_factory=list, description="Rollout ids dropped for max_staleness")
     include_infra: bool = Field(False, description="Infra failures count as reward 0")
     expected: int | None = Field(
         None, description="Samples the group should have (the job's n_samples); None: every delivered sample not cut"
     )
 
-    def _used(self, r: Rollout) -> bool:
+    def _used(self, r: RolloutView) -> bool:
         if r.rollout_id in self.stale or r.cut_reason is not None:
             return False
         return r.failure_class in ("none", "policy") or (self.include_infra and r.failure_class == "infra")
 
     @property
-    def samples(self) -> list[Rollout]:
+    def samples(self) -> list[RolloutView]:
         """The samples that enter the group's statistics and the batch's arrays."""
         return [r for r in self.rollouts if self._used(r)]
 
@@ -102,7 +102,7 @@ class Group(BaseModel):
         return [r.train_reward if r.train_reward is not None else 0.0 for r in self.samples]
 
     @property
-    def cut(self) -> list[Rollout]:
+    def cut(self) -> list[RolloutView]:
         """Samples a straggler cut removed from the group (not failures)."""
         return [r for r in self.rollouts if r.cut_reason is not None]
 
@@ -138,12 +138,12 @@ class Batch(BaseModel):
     )
 
     @property
-    def samples(self) -> list[Rollout]:
+    def samples(self) -> list[RolloutView]:
         """Every used sample (rollout), group after group."""
         return [r for g in self.groups for r in g.samples]
 
     @property
-    def rows(self) -> list[Rollout]:
+    def rows(self) -> list[RolloutView]:
         """The rows of `to_arrays`: each sample's `training_rows()` (one per rollout, or one
         per split sample of a harness rollout), in `samples` order."""
         return [row for r in self.samples for row in r.training_rows()]
@@ -190,9 +190,9 @@ class Collector:
         self.client = client
         self.job_id = job_id
         self.cursor = after
-        self.pending: dict[str, list[Rollout]] = defaultdict(list)
+        self.pending: dict[str, list[RolloutView]] = defaultdict(list)
         self.closed: set[str] = set()  # instances whose group closed: later rows were cut
-        self.ready: list[list[Rollout]] = []
+        self.ready: list[list[RolloutView]] = []
         self.done = False
         self.expected: int | None = None  # the job's n_samples, read once
 
@@ -217,7 +217,7 @@ class Collector:
             self._read(min(poll, remaining))
         taken, self.ready = self.ready[:groups], self.ready[groups:]
         if taken and self.expected is None:
-            self.expected = int(self.client.job(self.job_id)["n_samples"])
+            self.expected = self.client.job(self.job_id).n_samples
         current = self._current(current_version, taken) if max_staleness is not None else None
         built = [self._group(rows, max_staleness, current, include_infra, self.expected) for rows in taken]
         return Batch(
@@ -242,8 +242,7 @@ class Collector:
 
     def _read(self, wait: float) -> None:
         page = self.client.results_page(self.job_id, self.cursor, wait=wait, limit=1000)
-        for item in page["items"]:
-            row = Rollout.model_validate(item)
+        for row in page.items:
             if row.instance_id in self.closed:
                 continue  # a sample a straggler cut stopped after its group closed
             self.pending[row.instance_id].append(row)
@@ -254,17 +253,17 @@ class Collector:
                     members = set(row.group.members)
                     rows = [r for r in rows if r.rollout_id in members or r.cut_reason]
                 self.ready.append(sorted(rows, key=lambda r: r.sample_index))
-        self.cursor = page["cursor"]
-        self.done = bool(page["done"])
+        self.cursor = page.cursor
+        self.done = page.done
 
-    def _current(self, given: Any, taken: list[list[Rollout]]) -> int | None:
+    def _current(self, given: Any, taken: list[list[RolloutView]]) -> int | None:
         if given is not None:
             number = version_number(given)
             if number is None:
                 raise ValueError(f"current_version={given!r} has no version number")
             return number
         try:
-            versions = [version_number(s.get("weight_version")) for s in self.client.llm_servers()]
+            versions = [version_number(s.weight_version) for s in self.client.llm_servers()]
         except Exception:  # noqa: BLE001 - a tenant may not see the pool: fall back below
             versions = []
         versions += [version_number(v) for rows in taken for r in rows for v in (r.policy_versions or [])]
@@ -273,7 +272,11 @@ class Collector:
 
     @staticmethod
     def _group(
-        rows: list[Rollout], max_staleness: int | None, current: int | None, include_infra: bool, expected: int | None
+        rows: list[RolloutView],
+        max_staleness: int | None,
+        current: int | None,
+        include_infra: bool,
+        expected: int | None,
     ) -> Group:
         stale = []
         if max_staleness is not None and current is not None:

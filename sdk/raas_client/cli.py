@@ -20,6 +20,7 @@ import click
 import httpx
 
 from raas_client.follow import SUMMARY_FIELDS, ResultsFile, ResultsFileError, out_row
+from raas_client.models import JobView, LLMServerView, RolloutView
 from raas_client.retry import RETRY_STATUSES
 from raas_client.sdk import RaasClient, RaasHTTPError, as_instance
 
@@ -61,7 +62,7 @@ def gateway(url: str) -> Iterator[RaasClient]:
         raise click.ClickException(http_error_message(exc)) from None
 
 
-def find_job(client: RaasClient, job_id: str) -> dict[str, Any]:
+def find_job(client: RaasClient, job_id: str) -> JobView:
     """The job a command names by its id or a unique prefix (the dashboard's short id)."""
     try:
         return client.find_job(job_id)
@@ -133,11 +134,11 @@ def submit(
     instances = read_instances(file)[:limit]
     with gateway(url) as client:
         accepted = client.submit(agent, instances, n_samples, **job)
-        job_id = accepted["job_id"]
-        click.echo(f"job {job_id}: {len(accepted['rollout_ids'])} rollouts")
+        job_id = accepted.job_id
+        click.echo(f"job {job_id}: {len(accepted.rollout_ids)} rollouts")
         click.echo(f"dashboard: {url.rstrip('/')}/ui/jobs/{job_id}")
         if wait or out:  # a replayed idempotent submission resumes its file
-            rows = follow(client, job_id, len(accepted["rollout_ids"]), out, fresh=accepted["created"])
+            rows = follow(client, job_id, len(accepted.rollout_ids), out, fresh=accepted.created)
     if wait or out:
         report(job_id, rows)
 
@@ -162,7 +163,7 @@ def results(job_id: str, follow_: bool, out: Path | None, url: str) -> None:
     JOB_ID may be a unique prefix (the dashboard's short id)."""
     with gateway(url) as client:
         job = find_job(client, job_id)
-        job_id, total = job.get("job_id", job_id), job["n_rollouts"]
+        job_id, total = job.job_id, job.n_rollouts
         rows = follow(client, job_id, total, out, live=follow_)
     if follow_:
         report(job_id, rows)
@@ -195,8 +196,8 @@ def follow(
                     continue  # F already had it (resumed follow)
                 if sink is None:
                     click.echo(json.dumps(out_row(item)))
-                summary.append({k: item.get(k) for k in SUMMARY_FIELDS})
-                outcomes[item.get("outcome") or "none"] += 1
+                summary.append({k: getattr(item, k) for k in SUMMARY_FIELDS})
+                outcomes[item.outcome or "none"] += 1
                 bar.update(1)
                 bar.set_postfix(outcomes)
     finally:
@@ -205,14 +206,14 @@ def follow(
     return summary
 
 
-def finished_now(client: RaasClient, job_id: str, after: int) -> Iterator[dict[str, Any]]:
+def finished_now(client: RaasClient, job_id: str, after: int) -> Iterator[RolloutView]:
     """The rollouts finished so far after cursor `after`, page by page (no waiting)."""
     while True:
         page = client.results_page(job_id, after, wait=0, limit=1000)
-        yield from page["items"]
-        if not page["items"] or page["done"]:
+        yield from page.items
+        if not page.items or page.done:
             return
-        after = page["cursor"]
+        after = page.cursor
 
 
 @contextmanager
@@ -276,15 +277,13 @@ def status(job_id: str | None, url: str) -> None:
     """A job's progress (JOB_ID or a unique prefix of it), or the latest jobs."""
     with gateway(url) as client:
         if job_id:
-            click.echo(json.dumps(find_job(client, job_id), indent=2))
+            click.echo(find_job(client, job_id).model_dump_json(indent=2))
             return
-        jobs = client.jobs(limit=20)["jobs"]
+        jobs = client.jobs(limit=20).jobs
         if not jobs:
             click.echo(f"no jobs yet at {url}")
         for j in jobs:
-            click.echo(
-                f"{j['job_id']}  {j['agent']:<10} {j['status']:<10} {j['finished']}/{j['n_rollouts']}  {j['outcomes']}"
-            )
+            click.echo(f"{j.job_id}  {j.agent:<10} {j.status:<10} {j.finished}/{j.n_rollouts}  {j.outcomes}")
 
 
 @click.group()
@@ -321,15 +320,15 @@ def llm_add(server_url: str, model: str | None, weight_version: str | None, chec
     served = check_server(server_url) if check else None
     with gateway(url) as client:
         server = client.add_llm_server(server_url, model, weight_version)
-    click.echo(f"registered {server['url']} (id {server['id']}" + (f", serving {served}" if served else "") + ")")
+    click.echo(f"registered {server.url} (id {server.id}" + (f", serving {served}" if served else "") + ")")
 
 
-def health_text(server: dict[str, Any]) -> str:
+def health_text(server: LLMServerView) -> str:
     """A server's state in a few words: unreachable (the gateway's probe), else its health."""
-    if server.get("reachable") is False:
-        return f"unreachable ({server.get('probe_error') or '?'})"
-    if not server["healthy"]:
-        return f"unhealthy ({server.get('last_error') or '?'})"
+    if server.reachable is False:
+        return f"unreachable ({server.probe_error or '?'})"
+    if not server.healthy:
+        return f"unhealthy ({server.last_error or '?'})"
     return "healthy"
 
 
@@ -344,13 +343,13 @@ def llm_list(url: str, as_json: bool, probe: bool) -> None:
     with gateway(url) as client:
         servers = client.llm_servers(probe=probe)
     if as_json:
-        click.echo(json.dumps(servers, indent=1))
+        click.echo(json.dumps([s.model_dump(mode="json") for s in servers], indent=1))
         return
     if not servers:
         click.echo("no LLM server registered: `raas llm add URL`")
     for s in servers:
         health = health_text(s)
-        click.echo(f"{s['id']}  {s['url']:<28} {s.get('model') or '-':<20} in-flight {s['in_flight']:<3} {health}")
+        click.echo(f"{s.id}  {s.url:<28} {s.model or '-':<20} in-flight {s.in_flight:<3} {health}")
 
 
 @llm.command("rm")
@@ -361,12 +360,12 @@ def llm_rm(server: str, url: str) -> None:
     with gateway(url) as client:
         servers = client.llm_servers()
         wanted = server.rstrip("/").removesuffix("/v1")
-        match = [s for s in servers if wanted in (s["id"], s["url"].rstrip("/"))]
+        match = [s for s in servers if wanted in (s.id, s.url.rstrip("/"))]
         if not match:
-            known = ", ".join(s["url"] for s in servers) or "none"
+            known = ", ".join(s.url for s in servers) or "none"
             raise click.ClickException(f"no registered server {server!r} (registered: {known})")
-        client.remove_llm_server(match[0]["id"])
-    click.echo(f"removed {match[0]['url']}")
+        client.remove_llm_server(match[0].id)
+    click.echo(f"removed {match[0].url}")
 
 
 @click.group(name="raas-client")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from raas_client.models import RolloutView
+
 SUMMARY_FIELDS = ("outcome", "reward", "error")
 
 
@@ -21,11 +23,11 @@ class ResultsFileError(ValueError):
     """F cannot be resumed (another job's rows, a corrupt line in the middle)."""
 
 
-def out_row(item: dict[str, Any]) -> dict[str, Any]:
+def out_row(item: RolloutView) -> dict[str, Any]:
     """A finished rollout's line in the JSONL file: the record the results API returns, whole
-    (`raas_client.models.Rollout`: metrics, `group_complete`, `failure_class`, extra with the
-    turn boundaries), so `Rollout.model_validate(json.loads(line))` reads it back."""
-    return dict(item)
+    (`raas_client.models.RolloutView`: metrics, `group_complete`, `failure_class`, extra with the
+    turn boundaries), so `RolloutView.model_validate(json.loads(line))` reads it back."""
+    return item.model_dump(mode="json")
 
 
 @dataclass
@@ -94,7 +96,7 @@ class ResultsFile:
         self.ids.add(row["rollout_id"])
         self.summary.append({k: row.get(k) for k in SUMMARY_FIELDS})
 
-    def add(self, item: dict[str, Any]) -> bool:
+    def add(self, item: RolloutView) -> bool:
         """Append a finished rollout unless F has it; True when written."""
         row = out_row(item)
         if row["rollout_id"] in self.ids:

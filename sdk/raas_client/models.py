@@ -5,10 +5,12 @@ pydantic alone (`pip install ./sdk`). The gateway's `app/schemas.py` imports the
 only the request models that need its own validators: sampling, limits, sandbox, llm), so the
 OpenAPI document, the server's answers and the SDK's rows come from one definition.
 
-Answers ignore unknown fields (`extra="ignore"`): an older SDK reads a newer gateway's rows.
+Answers ignore unknown fields when parsed (`extra="ignore"`): an older SDK reads a newer
+gateway's rows. The side that builds an answer (the server) builds it with `Model.build(...)`,
+where an unknown field (a misspelt one) is an error naming it instead of a silent drop.
 
 `Trajectory` is the rollout record itself, the one type of a rollout's data from the server's
-LLM layer to here (the server builds, stores and grades it; `Rollout` extends it with the row's
+LLM layer to here (the server builds, stores and grades it; `RolloutView` extends it with the row's
 identity, status, reward and timing).
 
 **`failure_class`**, the trainer's contract on every finished sample (derived from `outcome`):
@@ -53,6 +55,8 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
+from typing_extensions import Self
+
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 FailureClass = Literal["none", "policy", "infra", "input"]
@@ -89,9 +93,16 @@ def version_number(version: Any) -> int | None:
 
 
 class Answer(BaseModel):
-    """Base of the gateway's answers: unknown fields are ignored (forward compatible)."""
+    """Base of the gateway's answers: unknown fields are ignored when parsed (forward
+    compatible); `build` is the producer's strict constructor."""
 
     model_config = ConfigDict(extra="ignore")
+
+    @classmethod
+    def build(cls, **fields: Any) -> Self:
+        """The answer built where it is produced (the server): an unknown field raises a
+        ValidationError naming it (pydantic >= 2.12, the server's), where parsing drops it."""
+        return cls.model_validate(fields, extra="forbid")
 
 
 class JobAccepted(Answer):
@@ -129,7 +140,11 @@ class GroupView(Answer):
     instance_id: str
     status: str = Field(description="open | complete | short")
     size: int | None = Field(None, description="Usable samples that complete it")
-    members: list[str] = Field(description="Rollout ids in the group, in finishing order")
+    members: list[str] = Field(
+        default_factory=list,
+        description="Rollout ids in the group, in finishing order (empty on the `group` event of a job "
+        "without a straggler cut: its group is all its samples)",
+    )
     cut: list[str] = Field(default_factory=list, description="Rollout ids stopped by the cut")
     reason: str | None = Field(None, description="Why it is short, or closed at its deadline")
     closer: str | None = Field(None, description="The rollout carrying group_complete")
@@ -192,7 +207,7 @@ class Timing(Answer):
 
 class TrainingSample(Answer):
     """One prefix-consistent sequence of a rollout that has several (a harness that rewrote
-    its history: the endpoint split its calls); arrays aligned as on `Rollout`."""
+    its history: the endpoint split its calls); arrays aligned as on `RolloutView`."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -216,7 +231,7 @@ class Trajectory(Answer):
     The one type of it from generation to the trainer: the LLM layer builds it turn by turn,
     a handler's RUN returns it, the stages store its fields as the rollout's columns and read
     them back for EVAL and re-evaluation, and the gateway serves it as the trajectory part of
-    `Rollout` (which extends it), which is what this SDK parses.
+    `RolloutView` (which extends it), which is what this SDK parses.
 
     The arrays align: `response_ids`, `response_logprobs` and `loss_mask` have one entry per
     response token; `extra.turn_boundaries` holds each generated turn's [start, end) in them
@@ -269,7 +284,7 @@ class Trajectory(Answer):
 TRAJECTORY_FIELDS = tuple(Trajectory.model_fields)  # also the rollout's columns of that name
 
 
-class Rollout(Trajectory):
+class RolloutView(Trajectory):
     """A rollout: identity, status, reward and its trajectory (the fields of `Trajectory`)."""
 
     rollout_id: str
@@ -341,7 +356,7 @@ class Rollout(Trajectory):
                 data["samples"] = samples
         return data
 
-    def training_rows(self) -> list[Rollout]:
+    def training_rows(self) -> list[RolloutView]:
         """The rollout as training rows: itself, or one copy per sample (same reward, group
         and identity; the copy's arrays are the sample's)."""
         if not self.samples:
@@ -372,7 +387,7 @@ class ResultsPage(Answer):
     """GET /v1/jobs/{id}/results: finished rollouts after `cursor`, in completion order."""
 
     job_id: str
-    items: list[Rollout]
+    items: list[RolloutView]
     cursor: int = Field(description="Pass as `after` to get the next page")
     done: bool = Field(description="Every rollout of the job has finished")
 
@@ -403,6 +418,12 @@ class LLMServerList(Answer):
     """All registered servers."""
 
     servers: list[LLMServerView]
+
+
+class LLMServerDeleted(Answer):
+    """DELETE /v1/llm-servers/{id}: the server is no longer in the pool."""
+
+    deleted: str = Field(description="The removed server's id")
 
 
 class ErrorBody(Answer):

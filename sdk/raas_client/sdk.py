@@ -1,9 +1,10 @@
 """The trainer-side SDK: submit a batch, iterate finished rollouts or whole GRPO groups, cancel,
 collect the groups of a training step (`collect`, typed rows, `raas_client.batch`).
 
-httpx + pydantic only: a trainer should not need raas' server dependencies to talk to it. The
-dict-returning methods give the gateway's JSON as is; `rollouts()` and `collect()` give the
-typed `Rollout` / `Group` / `Batch` rows (`Rollout.model_validate(row)` types any dict).
+httpx + pydantic only: a trainer should not need raas' server dependencies to talk to it.
+Every answer is the gateway's own wire model (`raas_client.models`, `health_models`,
+`weight_models`, `validation_models`, `event_models`): `JobView`, `RolloutView`, `Batch`, ...;
+`RolloutView.model_validate(row)` types a stored JSON row.
 """
 
 from __future__ import annotations
@@ -19,9 +20,20 @@ from typing import Any
 import httpx
 
 from raas_client.batch import Batch, Collector
-from raas_client.models import Rollout
+from raas_client.event_models import CallbackSecret, JobEvent
 from raas_client.health_models import HealthView
+from raas_client.models import (
+    JobAccepted,
+    JobList,
+    JobView,
+    LLMServerDeleted,
+    LLMServerList,
+    LLMServerView,
+    ResultsPage,
+    RolloutView,
+)
 from raas_client.validation_models import QuarantineView, ValidationView
+from raas_client.weight_models import PoolPaused, PoolResumed, WeightPushReport
 from raas_client.retry import (
     LONG_POLL_RETRY_STATUSES,
     LONG_POLL_SECONDS,
@@ -119,17 +131,19 @@ class RaasClient:
             if resp.status_code not in statuses or backoff is None or not backoff.wait():
                 return resp
 
-    def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1, **job: Any) -> dict[str, Any]:
+    def submit(self, agent: str, instances: list[dict[str, Any]], n_samples: int = 1, **job: Any) -> JobAccepted:
         """POST /v1/jobs; `instances` are flat rows or `{instance_id, data}` (see
         `as_instance`); `job` holds the other fields (sampling, limits, llm, ...)."""
         body = {"agent": agent, "instances": [as_instance(i) for i in instances], "n_samples": n_samples, **job}
-        return self._call("POST", "/v1/jobs", json=body, retry=bool(body.get("idempotency_key")))
+        return JobAccepted.model_validate(
+            self._call("POST", "/v1/jobs", json=body, retry=bool(body.get("idempotency_key")))
+        )
 
-    def job(self, job_id: str) -> dict[str, Any]:
+    def job(self, job_id: str) -> JobView:
         """GET /v1/jobs/{id}."""
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return JobView.model_validate(self._call("GET", f"/v1/jobs/{job_id}"))
 
-    def jobs(self, limit: int = 50, before: str | None = None, prefix: str | None = None) -> dict[str, Any]:
+    def jobs(self, limit: int = 50, before: str | None = None, prefix: str | None = None) -> JobList:
         """GET /v1/jobs: newest first; pass `next_cursor` as `before` for the next page;
         `prefix` keeps the jobs whose id starts with it."""
         params: dict[str, Any] = {"limit": limit}
@@ -137,9 +151,9 @@ class RaasClient:
             params["before"] = before
         if prefix:
             params["prefix"] = prefix
-        return self._call("GET", "/v1/jobs", params=params)
+        return JobList.model_validate(self._call("GET", "/v1/jobs", params=params))
 
-    def find_job(self, job_id: str) -> dict[str, Any]:
+    def find_job(self, job_id: str) -> JobView:
         """The job named by its id or a unique prefix of it (the dashboard shows 12
         characters); LookupError when none or several match."""
         try:
@@ -147,8 +161,8 @@ class RaasClient:
         except RaasHTTPError as exc:
             if exc.status != 404:
                 raise
-        jobs = self.jobs(limit=3, prefix=job_id)["jobs"]
-        matches = [j["job_id"] for j in jobs]
+        jobs = self.jobs(limit=3, prefix=job_id).jobs
+        matches = [j.job_id for j in jobs]
         if len(matches) == 1:
             return jobs[0]
         if not matches:
@@ -159,35 +173,37 @@ class RaasClient:
             f"type more of the id"
         )
 
-    def rollout(self, rollout_id: str) -> dict[str, Any]:
+    def rollout(self, rollout_id: str) -> RolloutView:
         """GET /v1/rollouts/{id} with its turns."""
-        return self._call("GET", f"/v1/rollouts/{rollout_id}")
+        return RolloutView.model_validate(self._call("GET", f"/v1/rollouts/{rollout_id}"))
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
+    def cancel(self, job_id: str) -> JobView:
         """POST /v1/jobs/{id}/cancel."""
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+        return JobView.model_validate(self._call("POST", f"/v1/jobs/{job_id}/cancel"))
 
-    def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> dict[str, Any]:
+    def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> ResultsPage:
         """One long-polled page of finished rollouts after cursor `after` (a long poll
         also retries a 500: see `raas_client.retry.LONG_POLL_RETRY_STATUSES`)."""
-        return self._call(
-            "GET",
-            f"/v1/jobs/{job_id}/results",
-            params={"after": after, "wait": wait, "limit": limit},
-            timeout=wait + 60,
-            statuses=LONG_POLL_RETRY_STATUSES if wait else RETRY_STATUSES,
+        return ResultsPage.model_validate(
+            self._call(
+                "GET",
+                f"/v1/jobs/{job_id}/results",
+                params={"after": after, "wait": wait, "limit": limit},
+                timeout=wait + 60,
+                statuses=LONG_POLL_RETRY_STATUSES if wait else RETRY_STATUSES,
+            )
         )
 
-    def results(self, job_id: str, after: int = 0, wait: float = LONG_POLL_SECONDS) -> Iterator[dict[str, Any]]:
+    def results(self, job_id: str, after: int = 0, wait: float = LONG_POLL_SECONDS) -> Iterator[RolloutView]:
         """Every finished rollout from cursor `after` until the job is done."""
         while True:
             page = self.results_page(job_id, after, wait)
-            yield from page["items"]
-            after = page["cursor"]
-            if page["done"]:
+            yield from page.items
+            after = page.cursor
+            if page.done:
                 return
 
-    def stream(self, job_id: str, after: int = 0, wait: float = 60) -> Iterator[dict[str, Any]]:
+    def stream(self, job_id: str, after: int = 0, wait: float = 60) -> Iterator[RolloutView]:
         """Every finished rollout after cursor `after` from the NDJSON stream, until the job
         is done. A dropped stream (gateway restart, idle `wait` passed) reconnects from the
         last rollout's `seq`, so nothing repeats and nothing is skipped; connection failures
@@ -197,8 +213,8 @@ class RaasClient:
             try:
                 for item in self._stream_once(job_id, after, wait):
                     backoff.reset()
-                    if item["seq"] > after:  # a replayed line after a reconnect is skipped
-                        after = item["seq"]
+                    if item.seq is not None and item.seq > after:  # a replayed line after a reconnect
+                        after = item.seq
                         yield item
             except (httpx.TransportError, RaasHTTPError) as exc:
                 retryable = not isinstance(exc, RaasHTTPError) or exc.status in RETRY_STATUSES
@@ -207,10 +223,10 @@ class RaasClient:
                 continue
             # the server closed the stream cleanly: the job is done, or `wait` passed idle
             page = self.results_page(job_id, after, wait=0, limit=1)
-            if page["done"] and not page["items"]:
+            if page.done and not page.items:
                 return
 
-    def _stream_once(self, job_id: str, after: int, wait: float) -> Iterator[dict[str, Any]]:
+    def _stream_once(self, job_id: str, after: int, wait: float) -> Iterator[RolloutView]:
         """One NDJSON connection; an error answer raises `RaasHTTPError`, a torn line (the
         gateway died mid-write) `httpx.RemoteProtocolError`."""
         params = {"after": after, "wait": wait, "format": "ndjson"}
@@ -227,35 +243,35 @@ class RaasClient:
                 if not line.strip():
                     continue
                 try:
-                    yield json.loads(line)
+                    row = json.loads(line)
                 except ValueError:
                     raise httpx.RemoteProtocolError(f"torn NDJSON line {line[:80]!r}") from None
+                yield RolloutView.model_validate(row)
 
-    def groups(self, job_id: str, wait: float = LONG_POLL_SECONDS) -> Iterator[list[dict[str, Any]]]:
+    def groups(self, job_id: str, wait: float = LONG_POLL_SECONDS) -> Iterator[list[RolloutView]]:
         """Whole GRPO groups (all samples of one instance), as each completes.
 
         With a straggler cut (`spare`, `group_timeout`) a group is its record's `members`:
         the first n usable samples (or fewer, a short group: see the closing row's
         `group.reason`); samples cut from it, which finish after it, are never yielded."""
-        pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        pending: dict[str, list[RolloutView]] = defaultdict(list)
         closed: set[str] = set()
         for item in self.results(job_id, wait=wait):
-            instance = item["instance_id"]
-            if instance in closed or item.get("cut_reason"):
+            instance = item.instance_id
+            if instance in closed or item.cut_reason:
                 continue
             pending[instance].append(item)
-            if item["group_complete"]:
+            if item.group_complete:
                 rows = pending.pop(instance)
-                record = item.get("group")
-                if record is not None:
-                    members = set(record["members"])
-                    rows = [r for r in rows if r["rollout_id"] in members]
+                if item.group is not None:
+                    members = set(item.group.members)
+                    rows = [r for r in rows if r.rollout_id in members]
                     closed.add(instance)
-                yield sorted(rows, key=lambda r: r["sample_index"])
+                yield sorted(rows, key=lambda r: r.sample_index)
 
-    def events(self, job_id: str, after: int = 0, wait: float = 300) -> Iterator[tuple[str, int, dict[str, Any]]]:
-        """The job's server-sent events as (event, id, data): `rollout`, `group`, `job`;
-        resumable: pass the last id seen as `after`."""
+    def events(self, job_id: str, after: int = 0, wait: float = 300) -> Iterator[JobEvent]:
+        """The job's server-sent events (`raas_client.event_models`): `rollout`, `group`,
+        `alert`, `job`; resumable: pass the last `id` seen as `after`."""
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
         with self.http.stream(
             "GET", f"/v1/jobs/{job_id}/events", params={"wait": wait}, headers=headers, timeout=httpx.Timeout(wait + 30)
@@ -270,17 +286,12 @@ class RaasClient:
                 elif line.startswith("data:"):
                     data.append(line[5:].strip())
                 elif not line and data:
-                    yield kind, ident, json.loads("\n".join(data))
+                    yield JobEvent.parse(kind, ident, json.loads("\n".join(data)))
                     kind, data = "message", []
 
     def callback_secret(self) -> str:
         """The secret this owner's job callbacks are signed with (`verify_callback`)."""
-        return self._call("GET", "/v1/callbacks/secret")["secret"]
-
-    def rollouts(self, job_id: str, after: int = 0, wait: float = 30) -> Iterator[Rollout]:
-        """Every finished rollout from cursor `after` until the job is done, typed."""
-        for item in self.results(job_id, after, wait):
-            yield Rollout.model_validate(item)
+        return CallbackSecret.model_validate(self._call("GET", "/v1/callbacks/secret")).secret
 
     def collector(self, job_id: str, after: int = 0) -> Collector:
         """The job's collector (one per job and client): successive `collect` calls go on
@@ -303,9 +314,12 @@ class RaasClient:
         current one are dropped and reported. See `raas_client.batch`."""
         return self.collector(job_id).collect(groups, timeout, max_staleness, current_version, include_infra)
 
-    def reevaluate(self, rollout_id: str, wait: float = 0) -> dict[str, Any]:
-        """POST /v1/rollouts/{id}/reevaluate: grade the stored result again (SWE)."""
-        return self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate", params={"wait": wait}, timeout=wait + 60)
+    def reevaluate(self, rollout_id: str, wait: float = 0) -> RolloutView:
+        """POST /v1/rollouts/{id}/reevaluate: grade the stored result again (SWE); the
+        rollout as it is after `wait` seconds, `extra.reevaluation_request` naming the request."""
+        return RolloutView.model_validate(
+            self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate", params={"wait": wait}, timeout=wait + 60)
+        )
 
     def validate(
         self,
@@ -320,14 +334,16 @@ class RaasClient:
         k times by EVAL; with `name`, the quarantine list a job names as `quarantine`. Returns
         the report once done (or as it stands after `wait` seconds)."""
         rows = [as_instance(i) for i in instances]
-        view = self._call(
-            "POST", "/v1/validations", json={"agent": agent, "instances": rows, "k": k, "name": name, **body}
+        view = ValidationView.model_validate(
+            self._call(
+                "POST", "/v1/validations", json={"agent": agent, "instances": rows, "k": k, "name": name, **body}
+            )
         )
         deadline = time.monotonic() + wait
-        while view["status"] in ("pending", "running") and time.monotonic() < deadline:
+        while view.status in ("pending", "running") and time.monotonic() < deadline:
             time.sleep(0.5)
-            view = self._call("GET", f"/v1/validations/{view['validation_id']}")
-        return ValidationView.model_validate(view)
+            view = ValidationView.model_validate(self._call("GET", f"/v1/validations/{view.validation_id}"))
+        return view
 
     def job_health(self, job_id: str) -> HealthView:
         """GET /v1/jobs/{id}/health: live figures of the job's rollouts and its alerts."""
@@ -337,47 +353,52 @@ class RaasClient:
         """GET /v1/quarantine/{name}: the instances a job naming this list is refused for."""
         return QuarantineView.model_validate(self._call("GET", f"/v1/quarantine/{name}"))
 
-    def add_llm_server(self, url: str, model: str | None = None, weight_version: str | None = None) -> dict[str, Any]:
+    def add_llm_server(self, url: str, model: str | None = None, weight_version: str | None = None) -> LLMServerView:
         """Register an inference server with the shared pool."""
-        return self._call(
-            "POST", "/v1/llm-servers", json={"url": url, "model": model, "weight_version": weight_version}
+        return LLMServerView.model_validate(
+            self._call("POST", "/v1/llm-servers", json={"url": url, "model": model, "weight_version": weight_version})
         )
 
-    def update_llm_server(self, server_id: str, **fields: Any) -> dict[str, Any]:
+    def update_llm_server(self, server_id: str, **fields: Any) -> LLMServerView:
         """PUT /v1/llm-servers/{id} (weight_version, paused, healthy, ...)."""
-        return self._call("PUT", f"/v1/llm-servers/{server_id}", json=fields)
+        return LLMServerView.model_validate(self._call("PUT", f"/v1/llm-servers/{server_id}", json=fields))
 
-    def pause_llm_server(self, server_id: str) -> dict[str, Any]:
+    def pause_llm_server(self, server_id: str) -> LLMServerView:
         """Stop sending new generations to a server (its rollouts wait) before a weight load."""
         return self.update_llm_server(server_id, paused=True)
 
-    def resume_llm_server(self, server_id: str, weight_version: str | None = None) -> dict[str, Any]:
+    def resume_llm_server(self, server_id: str, weight_version: str | None = None) -> LLMServerView:
         """Resume a paused server, recording its new weight version from the next turn on."""
         fields: dict[str, Any] = {"paused": False}
         if weight_version is not None:
             fields["weight_version"] = weight_version
         return self.update_llm_server(server_id, **fields)
 
-    def llm_servers(self, probe: bool = False) -> list[dict[str, Any]]:
+    def llm_servers(self, probe: bool = False) -> list[LLMServerView]:
         """The registered inference servers; `probe` has the gateway ask each one now
         (`reachable`, `probe_error`, `served_models`)."""
         params = {"probe": "1"} if probe else {}
-        return self._call("GET", "/v1/llm-servers", params=params, timeout=30.0 if probe else httpx.USE_CLIENT_DEFAULT)[
-            "servers"
-        ]
+        timeout = 30.0 if probe else httpx.USE_CLIENT_DEFAULT
+        return LLMServerList.model_validate(
+            self._call("GET", "/v1/llm-servers", params=params, timeout=timeout)
+        ).servers
 
-    def remove_llm_server(self, server_id: str) -> dict[str, Any]:
+    def remove_llm_server(self, server_id: str) -> LLMServerDeleted:
         """Remove a registered server by id."""
-        return self._call("DELETE", f"/v1/llm-servers/{server_id}")
+        return LLMServerDeleted.model_validate(self._call("DELETE", f"/v1/llm-servers/{server_id}"))
 
-    def pause_pool(self, servers: list[str] | None = None, timeout: float = 300.0) -> dict[str, Any]:
+    def pause_pool(self, servers: list[str] | None = None, timeout: float = 300.0) -> PoolPaused:
         """POST /v1/llm/pause: pause every server of the pool (or `servers`, ids) and return
         once no generation is in flight; `pause_seconds` is the measured pause time."""
-        return self._call("POST", "/v1/llm/pause", json={"servers": servers, "timeout": timeout}, timeout=timeout + 60)
+        return PoolPaused.model_validate(
+            self._call("POST", "/v1/llm/pause", json={"servers": servers, "timeout": timeout}, timeout=timeout + 60)
+        )
 
-    def resume_pool(self, weight_version: str | None = None, servers: list[str] | None = None) -> dict[str, Any]:
+    def resume_pool(self, weight_version: str | None = None, servers: list[str] | None = None) -> PoolResumed:
         """POST /v1/llm/resume: serve again; later turns record `weight_version` if given."""
-        return self._call("POST", "/v1/llm/resume", json={"servers": servers, "weight_version": weight_version})
+        return PoolResumed.model_validate(
+            self._call("POST", "/v1/llm/resume", json={"servers": servers, "weight_version": weight_version})
+        )
 
     def push_weights(
         self,
@@ -389,7 +410,7 @@ class RaasClient:
         tolerance: float = 1e-3,
         servers: list[str] | None = None,
         timeout: float = 300.0,
-    ) -> dict[str, Any]:
+    ) -> WeightPushReport:
         """POST /v1/weights/push: pause the pool, load `path` on every server, verify it
         against `probe` (`raas_client.weights.probe_fingerprint`), record `version`, resume.
 
@@ -412,7 +433,9 @@ class RaasClient:
             timeout=timeout,
             probe=probe,
         )  # a bad probe fails here, by field
-        return self._call("POST", "/v1/weights/push", json=body.model_dump(mode="json"), timeout=timeout + 900)
+        return WeightPushReport.model_validate(
+            self._call("POST", "/v1/weights/push", json=body.model_dump(mode="json"), timeout=timeout + 900)
+        )
 
 
 def verify_callback(secret: str, body: bytes, header: str, max_age: float = 300.0) -> bool:

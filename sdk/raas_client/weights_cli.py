@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import click
 
 from raas_client.cli import gateway, http_error_message, url_option
 from raas_client.sdk import RaasHTTPError
+from raas_client.weight_models import ServerPushReport
 from raas_client.weights import TiedCheckpoint, load_probe
 
 
@@ -18,15 +17,14 @@ def weights() -> None:
     """Pause the pool, push verified weights, resume."""
 
 
-def _server_line(s: dict[str, Any]) -> str:
-    check = s.get("check") or {}
-    diff = check.get("max_abs_diff")
-    state = "ok" if s.get("ok") else "FAILED"
+def _server_line(s: ServerPushReport) -> str:
+    diff = s.check.max_abs_diff if s.check is not None else None
+    state = "ok" if s.ok else "FAILED"
     return (
-        f"  {s['url']:<28} {state:<6} pause {s['pause_seconds']:.3f}s "
-        f"load {s.get('load_seconds') or 0:.3f}s verify {s.get('verify_seconds') or 0:.3f}s "
-        f"total {s['total_seconds']:.3f}s max|dlogp| "
-        f"{'-' if diff is None else f'{diff:.2e}'}" + (f"\n    {s['error']}" if s.get("error") else "")
+        f"  {s.url:<28} {state:<6} pause {s.pause_seconds:.3f}s "
+        f"load {s.load_seconds or 0:.3f}s verify {s.verify_seconds or 0:.3f}s "
+        f"total {s.total_seconds:.3f}s max|dlogp| "
+        f"{'-' if diff is None else f'{diff:.2e}'}" + (f"\n    {s.error}" if s.error else "")
     )
 
 
@@ -76,16 +74,17 @@ def push(
         except RaasHTTPError as exc:
             details = exc.body.get("details") if isinstance(exc.body, dict) else None
             if isinstance(details, dict) and details.get("servers"):
-                click.echo("\n".join(_server_line(s) for s in details["servers"]), err=True)
+                lines = (_server_line(ServerPushReport.model_validate(s)) for s in details["servers"])
+                click.echo("\n".join(lines), err=True)
             raise click.ClickException(http_error_message(exc)) from None
     if as_json:
-        click.echo(json.dumps(report, indent=1))
+        click.echo(report.model_dump_json(indent=1))
         return
     click.echo(
-        f"pushed {version} ({mechanism}): verified on {len(report['servers'])} servers, "
-        f"pause {report['pause_seconds']:.3f}s, total {report['total_seconds']:.3f}s"
+        f"pushed {version} ({mechanism}): verified on {len(report.servers)} servers, "
+        f"pause {report.pause_seconds:.3f}s, total {report.total_seconds:.3f}s"
     )
-    click.echo("\n".join(_server_line(s) for s in report["servers"]))
+    click.echo("\n".join(_server_line(s) for s in report.servers))
 
 
 @weights.command("pause")
@@ -99,7 +98,7 @@ def pause(servers: tuple[str, ...], timeout: float, url: str) -> None:
             result = client.pause_pool(list(servers) or None, timeout)
         except RaasHTTPError as exc:
             raise click.ClickException(http_error_message(exc)) from None
-    click.echo(f"paused {len(result['servers'])} servers in {result['pause_seconds']:.3f}s")
+    click.echo(f"paused {len(result.servers)} servers in {result.pause_seconds:.3f}s")
 
 
 @weights.command("resume")
@@ -110,6 +109,4 @@ def resume(weight_version: str | None, servers: tuple[str, ...], url: str) -> No
     """Resume the pool (after a pause, or after a push that failed verification)."""
     with gateway(url) as client:
         result = client.resume_pool(weight_version, list(servers) or None)
-    click.echo(
-        f"resumed {len(result['servers'])} servers" + (f" at version {weight_version}" if weight_version else "")
-    )
+    click.echo(f"resumed {len(result.servers)} servers" + (f" at version {weight_version}" if weight_version else ""))

@@ -20,6 +20,9 @@ TASK_NAMES = {stage: f"raas.{stage}" for stage in STAGES}
 REEVALUATE_TASK = "raas.reevaluate"
 # Where a done rollout keeps its accepted, not yet recorded re-evaluation requests (`extra`).
 PENDING_REEVALUATIONS = "reevaluations_pending"
+# Keys of a rollout's `extra` that are the pipeline's own bookkeeping, never part of the record a
+# trainer receives (`tasks.writes.records.wire_fields` leaves them out of the gateway's answers).
+PIPELINE_EXTRA_KEYS = frozenset({PENDING_REEVALUATIONS})
 
 
 def stage_queue(stage: str, node: str | None = None) -> str:

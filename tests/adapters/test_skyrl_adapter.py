@@ -43,6 +43,6 @@ def test_skyrl_generator_output_from_raas(raas_service) -> None:
     assert all(p for p in out["prompt_token_ids"])
     assert out["stop_reasons"] and out["rollout_metrics"]["raas/failed"] == 0
     # one raas job for the batch: each instance once, two samples each
-    jobs = raas_service.client.jobs()["jobs"]
-    assert jobs[0]["n_instances"] == 2 and jobs[0]["n_samples"] == 2
+    jobs = raas_service.client.jobs().jobs
+    assert jobs[0].n_instances == 2 and jobs[0].n_samples == 2
     assert TOOL_REPLY  # the simulator's turn-0 reply is what the masks cover

@@ -76,8 +76,14 @@ def test_verl_failure_rule(raas_service) -> None:
     from raas_client.adapters.rows import RaasRolloutFailed
     from raas_client.adapters.verl import to_agent_loop_output
 
+    from raas_client.models import RolloutView
+
     failed = {
         "rollout_id": "r",
+        "job_id": "j",
+        "attempt": 1,
+        "timing": {},
+        "created_at": "2026-01-01T00:00:00Z",
         "instance_id": "i",
         "sample_index": 0,
         "status": "failed",
@@ -89,6 +95,7 @@ def test_verl_failure_rule(raas_service) -> None:
         "loss_mask": [1, 1],
         "response_logprobs": [-0.1, -0.2],
     }
+    failed = RolloutView.model_validate(failed)
     with pytest.raises(RaasRolloutFailed):
         to_agent_loop_output(failed)
     masked = to_agent_loop_output(failed, on_failure="mask")

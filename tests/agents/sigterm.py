@@ -16,7 +16,7 @@ def sigterm_in_background(service, llm, instance: dict[str, Any]) -> dict[str, A
     out: dict[str, Any] = {"job": job, "pids": []}
 
     def kill() -> None:
-        out["pids"] = sigterm_sandbox_mid_run(service, job["rollout_ids"][0])
+        out["pids"] = sigterm_sandbox_mid_run(service, job.rollout_ids[0])
 
     out["thread"] = threading.Thread(target=kill, daemon=True)
     out["thread"].start()

@@ -92,7 +92,7 @@ def test_the_stall_attack_is_the_policys_failure_and_counts_in_its_group(service
         sampling={"max_tokens": 64},
         limits={"run_timeout": 30, "tool_timeout": 5, "max_turns": 20},
     )
-    batch = client.collect(job["job_id"], groups=2, timeout=300)
+    batch = client.collect(job.job_id, groups=2, timeout=300)
     assert len(batch.groups) == 2, service.log_tail()
     by_instance = {g.instance_id: g for g in batch.groups}
     stall, control = by_instance["stall"], by_instance["control"]
@@ -120,7 +120,7 @@ def test_a_stalled_inference_server_stays_infra(service, sim) -> None:
         sampling={"max_tokens": 16},
         limits={"run_timeout": 15},
     )
-    batch = client.collect(job["job_id"], groups=1, timeout=240)
+    batch = client.collect(job.job_id, groups=1, timeout=240)
     [group] = batch.groups
     assert batch.n_infra == 2 and group.short and group.samples == [], service.log_tail()
     for row in group.rollouts:
@@ -149,18 +149,18 @@ def test_a_request_held_in_a_paused_pool_past_the_deadline_stays_infra(service) 
         )
         wait_for(lambda: in_flight(url) >= 1, 120, "the rollout's request in flight")
         paused = client.pause_pool(timeout=60)  # returns once the in-flight request has ended
-        assert paused["servers"][0]["generating_at_pause"] == 1
+        assert paused.servers[0].generating_at_pause == 1
         started = time.monotonic()
-        done = service.wait_done(job["job_id"], timeout=120)
+        done = service.wait_done(job.job_id, timeout=120)
         client.resume_pool("v1")
         assert time.monotonic() - started < 60
-        [row] = service.all_results(job["job_id"])
-        view = client.rollout(row["rollout_id"])
-        assert done["outcomes"] == {"timeout": 1}, (view.get("error"), view.get("metrics"))
-        assert (view["finish_reason"], view["failure_class"], view["attempt"]) == ("deadline", "infra", 1)
-        split = view["metrics"]["time_split"]
+        [row] = service.all_results(job.job_id)
+        view = client.rollout(row.rollout_id)
+        assert done.outcomes == {"timeout": 1}, (view.error, view.metrics)
+        assert (view.finish_reason, view.failure_class, view.attempt) == ("deadline", "infra", 1)
+        split = view.metrics["time_split"]
         assert split["generation"] < 1.0 and split["waiting"] >= 6.0 and split["agent_share"] < 0.5, split
     finally:
         client.resume_pool()  # (a no-op when the test got that far)
-        client.remove_llm_server(server["id"])
+        client.remove_llm_server(server.id)
         stop()

@@ -29,6 +29,7 @@ from tests.agents.test_replay_pipeline import (
     _turns,
 )
 from bench.support.pipeline_harness import start_service, wait_for
+from raas_client.models import RolloutView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -52,12 +53,12 @@ def llm():
 
 
 @pytest.fixture(scope="module")
-def plain(service, llm):
+def plain(service, llm) -> RolloutView:
     """The uninterrupted episode: what every interrupted one must equal."""
     job, rid = _submit(service, llm, KEPT)
     service.wait_done(job, timeout=120)
     view = service.client.rollout(rid)
-    assert view["outcome"] == "completed" and view["reward"] == 1.0, view["error"]
+    assert view.outcome == "completed" and view.reward == 1.0, view.error
     return view
 
 
@@ -90,10 +91,10 @@ def test_a_drained_run_stops_at_the_turn_boundary_and_nothing_is_generated_twice
     service.wait_done(job, timeout=120)
     view = service.client.rollout(rid)
     for name in ARRAYS:
-        assert view[name] == plain[name], name
-    assert view["attempt"] == 2 and "drains" in view["earlier_attempts"][0]["error"]
-    assert [t["index"] for t in view["earlier_attempts"][0]["turns"]] == [0, 1, 2]  # the turn in flight finished
-    assert view["metrics"]["replayed_turns"] == 3
+        assert getattr(view, name) == getattr(plain, name), name
+    assert view.attempt == 2 and "drains" in view.earlier_attempts[0].error
+    assert [t.index for t in view.earlier_attempts[0].turns] == [0, 1, 2]  # the turn in flight finished
+    assert view.metrics["replayed_turns"] == 3
     after = _stats(llm)
     assert _per_turn(before, after) == [1, 1, 1, 1]  # every turn generated once
     assert after.get("started", 0) - before.get("started", 0) == 4
@@ -106,8 +107,8 @@ def test_a_plain_term_to_every_process_replays_and_regenerates_at_most_the_turn_
     service.wait_done(job, timeout=120)
     view = service.client.rollout(rid)
     for name in ARRAYS:
-        assert view[name] == plain[name], name
-    assert view["attempt"] == 2 and view["metrics"]["replayed_turns"] >= 2
+        assert getattr(view, name) == getattr(plain, name), name
+    assert view.attempt == 2 and view.metrics["replayed_turns"] >= 2
     after = _stats(llm)
     assert _per_turn(before, after)[:2] == [1, 1]  # the logged turns were never generated again
     assert after.get("started", 0) - before.get("started", 0) <= 5  # at most the turn in flight twice

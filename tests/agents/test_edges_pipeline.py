@@ -20,6 +20,7 @@ import pytest
 from fakellm.server import start_simulator
 from raas_client.sdk import RaasHTTPError
 from bench.support.pipeline_harness import start_service
+from raas_client.models import TurnView
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -64,8 +65,8 @@ def test_prompt_that_cannot_fit_is_rejected_at_submission(service) -> None:
         message = err.value.body["message"]
         assert "instances[1] (huge)" in message and "1500" in message
         accepted = service.client.submit("math", [math("ok", "What is 1 + 2?")], llm=llm)
-        job = service.wait_done(accepted["job_id"], timeout=120)
-        assert job["outcomes"] == {"completed": 1}, service.log_tail()
+        job = service.wait_done(accepted.job_id, timeout=120)
+        assert job.outcomes == {"completed": 1}, service.log_tail()
     finally:
         stop()
 
@@ -77,22 +78,22 @@ def test_prompt_too_long_when_the_limit_is_unknown_is_not_a_sample(service) -> N
         accepted = service.client.submit(
             "math", [math("ok", "What is 1 + 2?"), math("huge", HUGE)], llm=llm, sampling={"max_tokens": 1400}
         )  # prompt + 1400 > 1500: the server says 400
-        job = service.wait_done(accepted["job_id"], timeout=120)
-        by_id = {r["instance_id"]: r for r in service.all_results(accepted["job_id"])}
+        job = service.wait_done(accepted.job_id, timeout=120)
+        by_id = {r.instance_id: r for r in service.all_results(accepted.job_id)}
         huge, ok = by_id["huge"], by_id["ok"]
-        assert (huge["status"], huge["outcome"], huge["finish_reason"]) == ("failed", "prompt_too_long", "context")
-        assert huge["reward"] is None and "does not fit the context (1500 tokens)" in huge["error"]
-        assert huge["response_ids"] == [] and huge["prompt_ids"]
+        assert (huge.status, huge.outcome, huge.finish_reason) == ("failed", "prompt_too_long", "context")
+        assert huge.reward is None and "does not fit the context (1500 tokens)" in huge.error
+        assert huge.response_ids == [] and huge.prompt_ids
         # The neighbour learnt the limit from vLLM's 400 and still completed, graded.
-        assert (ok["outcome"], ok["reward"], ok["finish_reason"]) == ("completed", 1.0, "finish")
-        assert ok["metrics"]["context_length"] == 1500
-        assert job["outcomes"] == {"completed": 1, "prompt_too_long": 1}
+        assert (ok.outcome, ok.reward, ok.finish_reason) == ("completed", 1.0, "finish")
+        assert ok.metrics["context_length"] == 1500
+        assert job.outcomes == {"completed": 1, "prompt_too_long": 1}
     finally:
         stop()
 
 
-def _turns(service, rollout_id: str) -> list[dict]:
-    return service.client.rollout(rollout_id)["turns"] or []
+def _turns(service, rollout_id: str) -> list[TurnView]:
+    return service.client.rollout(rollout_id).turns or []
 
 
 def test_weight_update_pauses_and_resumes_without_restarts(service) -> None:
@@ -106,12 +107,12 @@ def test_weight_update_pauses_and_resumes_without_restarts(service) -> None:
             llm={"tokenizer": SMOLLM2, "max_model_len": 4096},
             limits={"max_turns": 10, "max_staleness": 0},
         )
-        ids = accepted["rollout_ids"]
+        ids = accepted.rollout_ids
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(len(_turns(service, r)) >= 2 for r in ids):
             time.sleep(0.1)
         assert all(len(_turns(service, r)) >= 2 for r in ids), service.log_tail()
-        service.client.pause_llm_server(server["id"])
+        service.client.pause_llm_server(server.id)
         time.sleep(1.0)  # requests already sent finish (one per rollout at most)
         before = httpx.get(f"{url}/sim/stats").json()["requests"]
         turns_before = {r: len(_turns(service, r)) for r in ids}
@@ -119,21 +120,21 @@ def test_weight_update_pauses_and_resumes_without_restarts(service) -> None:
         assert httpx.get(f"{url}/sim/stats").json()["requests"] == before  # nothing new sent
         for rid in ids:  # waiting, not failed or retried
             view = service.client.rollout(rid)
-            assert (view["status"], view["attempt"]) == ("run", 1)
-            assert len(view["turns"]) <= turns_before[rid] + 1
-        service.client.resume_llm_server(server["id"], weight_version="v2")
-        job = service.wait_done(accepted["job_id"], timeout=120)
-        assert job["outcomes"] == {"completed": 2}, service.log_tail()
+            assert (view.status, view.attempt) == ("run", 1)
+            assert len(view.turns) <= turns_before[rid] + 1
+        service.client.resume_llm_server(server.id, weight_version="v2")
+        job = service.wait_done(accepted.job_id, timeout=120)
+        assert job.outcomes == {"completed": 2}, service.log_tail()
         for rid in ids:
             view = service.client.rollout(rid)
-            versions = [t["weight_version"] for t in view["turns"]]
-            assert view["attempt"] == 1 and view["earlier_attempts"] == []
+            versions = [t.weight_version for t in view.turns]
+            assert view.attempt == 1 and view.earlier_attempts == []
             assert versions[0] == "v1" and versions[-1] == "v2"
             assert versions == sorted(versions)  # v1 ... v1, v2 ... v2: one switch
-            assert view["policy_versions"] == versions
-            assert view["reward"] == 1.0 and view["error"] is None
-            assert (view["metrics"]["staleness"], view["metrics"]["stale"]) == (1, True)
-            assert view["metrics"]["weight_versions"] == ["v1", "v2"]
-            assert view["metrics"]["logprobs_mode"] == "raw_logprobs"
+            assert view.policy_versions == versions
+            assert view.reward == 1.0 and view.error is None
+            assert (view.metrics["staleness"], view.metrics["stale"]) == (1, True)
+            assert view.metrics["weight_versions"] == ["v1", "v2"]
+            assert view.metrics["logprobs_mode"] == "raw_logprobs"
     finally:
         stop()

@@ -43,7 +43,7 @@ def llm():
 def rewards(service, job_id: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for r in service.all_results(job_id):
-        out.setdefault(r["instance_id"], []).append(r["reward"])
+        out.setdefault(r.instance_id, []).append(r.reward)
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -52,25 +52,25 @@ def test_forked_group_rewards_equal_the_unforked_ones(service, llm) -> None:
     common = {"limits": {"max_turns": 4, "tool_timeout": 5}, "llm": llm, "n_samples": N}
     forked = service.client.submit("swe", instances, **common)
     plain = service.client.submit("swe", instances, sandbox={"group_fork": False}, **common)
-    service.wait_done(forked["job_id"], timeout=300)
-    service.wait_done(plain["job_id"], timeout=300)
+    service.wait_done(forked.job_id, timeout=300)
+    service.wait_done(plain.job_id, timeout=300)
 
     expected = {INTERVALS: [1.0] * N, SLUGIFY: [0.0] * N}
-    assert rewards(service, plain["job_id"]) == expected, service.log_tail()
-    assert rewards(service, forked["job_id"]) == expected, service.log_tail()
-    fixed = [r for r in service.all_results(forked["job_id"]) if r["instance_id"] == INTERVALS]
+    assert rewards(service, plain.job_id) == expected, service.log_tail()
+    assert rewards(service, forked.job_id) == expected, service.log_tail()
+    fixed = [r for r in service.all_results(forked.job_id) if r.instance_id == INTERVALS]
     for r in fixed:  # each sample's artifact is its own diff against the base commit
-        patch = service.client.rollout(r["rollout_id"])["extra"]["git_patch"]
+        patch = service.client.rollout(r.rollout_id).extra["git_patch"]
         assert "max(merged[-1][1], end)" in patch and patch.count("diff --git") == 1
 
     db = service.settings.db_url
     with session_scope(db) as s:
-        layers = s.execute(select(GroupLayer).where(GroupLayer.job_id == forked["job_id"])).scalars().all()
+        layers = s.execute(select(GroupLayer).where(GroupLayer.job_id == forked.job_id)).scalars().all()
         assert sorted(x.instance_id for x in layers) == [INTERVALS, SLUGIFY]  # one per group
         seen = [(x.status, x.mode, x.prepared_seconds, x.error) for x in layers]
         assert all(x.mode == "overlay" and x.prepared_seconds > 0 for x in layers), seen
-        assert not s.execute(select(GroupLayer).where(GroupLayer.job_id == plain["job_id"])).first()
-        rows = s.execute(select(Rollout.sandbox).where(Rollout.job_id == forked["job_id"])).all()
+        assert not s.execute(select(GroupLayer).where(GroupLayer.job_id == plain.job_id)).first()
+        rows = s.execute(select(Rollout.sandbox).where(Rollout.job_id == forked.job_id)).all()
         assert rows
     # the reaper removes each layer once its group is past RUN; nothing of it stays on disk
     deadline = time.monotonic() + 30

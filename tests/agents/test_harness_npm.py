@@ -36,6 +36,7 @@ from tests.agents.test_harness_pipeline import (
     statement,
 )
 from bench.support.pipeline_harness import start_service
+from raas_client.models import RolloutView
 
 # A whole-service tier; the first test also waits for the npm environments' first build on a
 # machine (hundreds of MB: Claude Code, Codex and OpenCode ship native binaries).
@@ -124,7 +125,7 @@ def llm():
     stop()
 
 
-def run_harness(service, llm, name: str) -> dict[str, dict]:
+def run_harness(service, llm, name: str) -> dict[str, RolloutView]:
     """Both swe instances through harness `name`: {instance: its rollout}."""
     link_env(service, "pytest")  # the swe EVAL's environment
     link_env(service, name)
@@ -136,23 +137,23 @@ def run_harness(service, llm, name: str) -> dict[str, dict]:
         sampling={"max_tokens": 512},
         agent_config={"harness": name, "task": "swe"},
     )
-    service.wait_done(job["job_id"], timeout=900)
-    return {r["instance_id"]: service.client.rollout(r["rollout_id"]) for r in service.all_results(job["job_id"])}
+    service.wait_done(job.job_id, timeout=900)
+    return {r.instance_id: service.client.rollout(r.rollout_id) for r in service.all_results(job.job_id)}
 
 
-def check_fix_and_no_op(service, rollouts: dict[str, dict], name: str) -> None:
-    got = {i: (r["outcome"], r["reward"]) for i, r in rollouts.items()}
-    logs = {i: r["extra"].get("harness_log", "")[-1500:] for i, r in rollouts.items()}
+def check_fix_and_no_op(service, rollouts: dict[str, RolloutView], name: str) -> None:
+    got = {i: (r.outcome, r.reward) for i, r in rollouts.items()}
+    logs = {i: r.extra.get("harness_log", "")[-1500:] for i, r in rollouts.items()}
     assert got == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, (logs, service.log_tail())
     fixed = rollouts[INTERVALS]
-    assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
-    assert fixed["metrics"]["harness"] == name and fixed["metrics"]["harness_returncode"] == 0
+    assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
+    assert fixed.metrics["harness"] == name and fixed.metrics["harness_returncode"] == 0
     # the work was real: the calls went through the endpoint, tool calls parsed, tokens kept
-    assert fixed["metrics"]["calls"] >= 2 and fixed["metrics"]["tool_calls"] >= 1, fixed["metrics"]
-    assert sum(fixed["loss_mask"]) > 0 and 0 in fixed["loss_mask"]
+    assert fixed.metrics["calls"] >= 2 and fixed.metrics["tool_calls"] >= 1, fixed.metrics
+    assert sum(fixed.loss_mask) > 0 and 0 in fixed.loss_mask
     # nothing of the harness's HOME (its config, its session files) is in the diff
-    assert "raas-home" not in fixed["extra"]["git_patch"] and ".claude" not in fixed["extra"]["git_patch"]
-    print(f"\n{name}: metrics {json.dumps(fixed['metrics'], sort_keys=True)}")
+    assert "raas-home" not in fixed.extra["git_patch"] and ".claude" not in fixed.extra["git_patch"]
+    print(f"\n{name}: metrics {json.dumps(fixed.metrics, sort_keys=True)}")
 
 
 def test_claude_code_fixes_a_bug_and_the_no_op_earns_nothing(service, llm) -> None:
@@ -212,10 +213,10 @@ def test_a_preset_whose_dialect_is_still_to_come_reaches_its_endpoint(service, l
         sampling={"max_tokens": 512},
         agent_config={"harness": name, "task": "swe"},
     )
-    service.wait_done(job["job_id"], timeout=900)
-    [row] = service.all_results(job["job_id"])
-    rollout = service.client.rollout(row["rollout_id"])
-    log = rollout["extra"].get("harness_log", "")
-    assert (rollout["outcome"], rollout["reward"]) == ("agent_error", 0.0), log
-    assert rollout["metrics"]["harness_returncode"] != 0 and rollout["metrics"]["calls"] == 0
+    service.wait_done(job.job_id, timeout=900)
+    [row] = service.all_results(job.job_id)
+    rollout = service.client.rollout(row.rollout_id)
+    log = rollout.extra.get("harness_log", "")
+    assert (rollout.outcome, rollout.reward) == ("agent_error", 0.0), log
+    assert rollout.metrics["harness_returncode"] != 0 and rollout.metrics["calls"] == 0
     assert answer in log, log

@@ -102,19 +102,19 @@ def test_the_agents_sdk_fixes_a_bug_through_responses_and_the_no_op_earns_nothin
         sampling={"max_tokens": 512},
         agent_config={"harness": "openai-agents", "task": "swe"},
     )
-    service.wait_done(job["job_id"], timeout=600)
-    done = {r["instance_id"]: service.client.rollout(r["rollout_id"]) for r in service.all_results(job["job_id"])}
-    got = {i: (r["outcome"], r["reward"]) for i, r in done.items()}
+    service.wait_done(job.job_id, timeout=600)
+    done = {r.instance_id: service.client.rollout(r.rollout_id) for r in service.all_results(job.job_id)}
+    got = {i: (r.outcome, r.reward) for i, r in done.items()}
     assert got == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
     fixed = done[INTERVALS]
-    assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
-    metrics = fixed["metrics"]
-    assert metrics["harness_returncode"] == 0, fixed["extra"].get("harness_log")
+    assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
+    metrics = fixed.metrics
+    assert metrics["harness_returncode"] == 0, fixed.extra.get("harness_log")
     assert (metrics["calls"], metrics["tool_calls"], metrics["failed_calls"]) == (2, 1, 0), metrics
     assert metrics["malformed_tool_calls"] == 0 and metrics["refusals"] == {}, metrics
     # the second call's input is the first's + the reply + the tool's output: one sample
     assert (metrics["samples"], metrics["merges"], metrics["splits"]) == (1, 1, 0), metrics
-    turns = sorted(fixed["turns"], key=lambda t: t["index"])
-    assert [t["extra"]["api"] for t in turns] == ["responses", "responses"], [t["extra"] for t in turns]
-    generated = [i for t in turns for i in t["generated_ids"]]
-    assert sum(fixed["loss_mask"]) == len(generated)
+    turns = sorted(fixed.turns, key=lambda t: t.index)
+    assert [t.extra["api"] for t in turns] == ["responses", "responses"], [t.extra for t in turns]
+    generated = [i for t in turns for i in t.generated_ids]
+    assert sum(fixed.loss_mask) == len(generated)

@@ -20,6 +20,7 @@ import pytest
 from core.harnesses import EXAMPLE_AGENT
 from fakellm.server import start_simulator
 from bench.support.pipeline_harness import start_service
+from raas_client.models import JobAccepted
 
 # A whole-service tier: `make test`, not `make test-fast`. The first test also waits for the
 # environments' first build on a machine (pip: minutes on a loaded one) and for its job among
@@ -121,12 +122,12 @@ def llm():
     stop()
 
 
-def outcomes(service, job: dict) -> dict[str, tuple[str, float | None]]:
-    service.wait_done(job["job_id"], timeout=300)
-    return {r["instance_id"]: (r["outcome"], r["reward"]) for r in service.all_results(job["job_id"])}
+def outcomes(service, job: JobAccepted) -> dict[str, tuple[str | None, float | None]]:
+    service.wait_done(job.job_id, timeout=300)
+    return {r.instance_id: (r.outcome, r.reward) for r in service.all_results(job.job_id)}
 
 
-def submit(service, llm, harness: str, task: str, instances: list[dict], **config) -> dict:
+def submit(service, llm, harness: str, task: str, instances: list[dict], **config) -> JobAccepted:
     return service.client.submit(
         "harness",
         instances,
@@ -156,7 +157,7 @@ JOBS = {
 
 
 @pytest.fixture(scope="module")
-def jobs(service, llm) -> dict[str, dict]:
+def jobs(service, llm) -> dict[str, JobAccepted]:
     """The submitted jobs of `JOBS`, by name."""
     return {name: submit(service, llm, harness, task, instances()) for name, (harness, task, instances) in JOBS.items()}
 
@@ -164,24 +165,24 @@ def jobs(service, llm) -> dict[str, dict]:
 def test_the_openai_sdk_agent_fixes_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
     job = jobs["openai-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
-    by_id = {r["instance_id"]: r for r in service.all_results(job["job_id"])}
-    fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
-    assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
-    assert fixed["metrics"]["calls"] == 2 and fixed["metrics"]["tool_calls"] == 2
-    assert fixed["metrics"]["harness_returncode"] == 0 and fixed["finish_reason"] == "finish"
+    by_id = {r.instance_id: r for r in service.all_results(job.job_id)}
+    fixed = service.client.rollout(by_id[INTERVALS].rollout_id)
+    assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
+    assert fixed.metrics["calls"] == 2 and fixed.metrics["tool_calls"] == 2
+    assert fixed.metrics["harness_returncode"] == 0 and fixed.finish_reason == "finish"
     # the work was real: two generated turns, their tokens masked 1, the observation 0
-    assert sum(fixed["loss_mask"]) > 0 and 0 in fixed["loss_mask"]
-    assert len(fixed["turns"]) == 2
+    assert sum(fixed.loss_mask) > 0 and 0 in fixed.loss_mask
+    assert len(fixed.turns) == 2
     # re-evaluation grades the stored artifact again, with the task kind's EVAL
-    again = service.client.reevaluate(by_id[INTERVALS]["rollout_id"], wait=120)
-    assert again["extra"]["reevaluations"][0]["reward"] == 1.0
+    again = service.client.reevaluate(by_id[INTERVALS].rollout_id, wait=120)
+    assert again.extra["reevaluations"][0]["reward"] == 1.0
 
 
 def test_the_openai_sdk_agent_answers_a_math_problem_in_its_answer_file(service, jobs) -> None:
     job = jobs["openai-math"]
     assert outcomes(service, job) == {MATH_ID: ("completed", 1.0)}, service.log_tail()
-    [row] = service.all_results(job["job_id"])
-    assert service.client.rollout(row["rollout_id"])["extra"]["predicted_answer"] == "1170"
+    [row] = service.all_results(job.job_id)
+    assert service.client.rollout(row.rollout_id).extra["predicted_answer"] == "1170"
 
 
 def test_the_anthropic_sdk_path_fixes_the_bug(service, jobs) -> None:
@@ -192,11 +193,11 @@ def test_the_anthropic_sdk_path_fixes_the_bug(service, jobs) -> None:
 def test_mini_swe_agent_unmodified_fixes_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
     job = jobs["mini-swe"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
-    by_id = {r["instance_id"]: r for r in service.all_results(job["job_id"])}
-    fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
-    assert fixed["metrics"]["calls"] == 2 and fixed["metrics"]["harness_returncode"] == 0
-    assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
-    assert (fixed["metrics"]["samples"], fixed["metrics"]["merges"]) == (1, 1)
+    by_id = {r.instance_id: r for r in service.all_results(job.job_id)}
+    fixed = service.client.rollout(by_id[INTERVALS].rollout_id)
+    assert fixed.metrics["calls"] == 2 and fixed.metrics["harness_returncode"] == 0
+    assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
+    assert (fixed.metrics["samples"], fixed.metrics["merges"]) == (1, 1)
 
 
 def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, jobs) -> None:
@@ -204,31 +205,31 @@ def test_mini_swe_agent_rewriting_its_history_splits_into_samples(service, jobs)
     history without that reply (a rewrite): two prefix-consistent samples, still reward 1."""
     job = jobs["mini-split"]
     assert outcomes(service, job) == {INTERVALS: ("completed", 1.0)}, service.log_tail()
-    [result] = service.all_results(job["job_id"])
-    rollout = service.client.rollout(result["rollout_id"])
-    metrics = rollout["metrics"]
+    [result] = service.all_results(job.job_id)
+    rollout = service.client.rollout(result.rollout_id)
+    metrics = rollout.metrics
     assert (metrics["calls"], metrics["samples"], metrics["splits"]) == (3, 2, 1), metrics
     assert metrics["split_reasons"] == {"history_rewritten": 1}
-    first, second = rollout["samples"]
-    cut, fix, submit_call = sorted(rollout["turns"], key=lambda t: t["index"])
-    assert cut["finish_reason"] == "turn_length" and first["response_ids"] == cut["generated_ids"]
-    assert second["split_reason"] == "history_rewritten"
+    first, second = rollout.samples
+    cut, fix, submit_call = sorted(rollout.turns, key=lambda t: t.index)
+    assert cut.finish_reason == "turn_length" and first.response_ids == cut.generated_ids
+    assert second.split_reason == "history_rewritten"
     # the second sample: the rewritten prompt, the fix, the observation, the submit
-    spans = second["turn_boundaries"]
-    assert [second["response_ids"][a:b] for a, b in spans] == [fix["generated_ids"], submit_call["generated_ids"]]
-    assert second["prompt_ids"] == fix["extra"]["prompt_ids"]
-    assert rollout["response_ids"] == second["response_ids"]  # the main arrays: the last one
+    spans = second.turn_boundaries
+    assert [second.response_ids[a:b] for a, b in spans] == [fix.generated_ids, submit_call.generated_ids]
+    assert second.prompt_ids == fix.extra["prompt_ids"]
+    assert rollout.response_ids == second.response_ids  # the main arrays: the last one
 
 
 def test_a_harness_that_crashes_is_an_agent_error_graded_zero(service, jobs) -> None:
     """The model's command kills the harness (SIGKILL to the agent process): its own crash."""
     job = jobs["openai-crash"]
     assert outcomes(service, job) == {MONEY: ("agent_error", 0.0)}, service.log_tail()
-    [row] = service.all_results(job["job_id"])
-    rollout = service.client.rollout(row["rollout_id"])
-    assert rollout["finish_reason"] == "harness_exit"
-    assert rollout["metrics"]["harness_returncode"] == -9 and rollout["metrics"]["calls"] == 1
-    assert len(rollout["turns"]) == 1 and sum(rollout["loss_mask"]) > 0  # the call is kept
+    [row] = service.all_results(job.job_id)
+    rollout = service.client.rollout(row.rollout_id)
+    assert rollout.finish_reason == "harness_exit"
+    assert rollout.metrics["harness_returncode"] == -9 and rollout.metrics["calls"] == 1
+    assert len(rollout.turns) == 1 and sum(rollout.loss_mask) > 0  # the call is kept
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ import pytest
 
 from fakellm.server import start_simulator
 from bench.support.pipeline_harness import start_service
+from raas_client.models import JobAccepted
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -81,7 +82,7 @@ def llm():
     stop()
 
 
-def submit(service, llm, harness: str, n: int) -> dict:
+def submit(service, llm, harness: str, n: int) -> JobAccepted:
     instance = {"instance_id": f"{harness}-1", "data": {"problem": "What is 3 + 4?", "answer": "7"}}
     return service.client.submit(
         "harness",
@@ -95,7 +96,7 @@ def submit(service, llm, harness: str, n: int) -> dict:
 
 def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
     jobs = {name: submit(service, llm, name, 2 if name in ("refused", "stall") else 1) for name in HARNESSES}
-    batches = {name: service.client.collect(job["job_id"], groups=1, timeout=300) for name, job in jobs.items()}
+    batches = {name: service.client.collect(job.job_id, groups=1, timeout=300) for name, job in jobs.items()}
 
     [refused] = batches["refused"].groups
     assert refused.n_infra == 2 and refused.short and refused.samples == [], service.log_tail()

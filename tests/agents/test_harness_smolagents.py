@@ -23,6 +23,7 @@ import pytest
 from core.harnesses import SMOLAGENTS_LAUNCHER
 from fakellm.server import start_simulator
 from bench.support.pipeline_harness import start_service
+from raas_client.models import JobAccepted, RolloutView
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(900)]
 
@@ -102,7 +103,7 @@ def llm():
 
 
 @pytest.fixture(scope="module")
-def jobs(service, llm) -> dict[str, dict]:
+def jobs(service, llm) -> dict[str, JobAccepted]:
     """Both jobs, submitted at once (the pools work on them together)."""
     instances = {
         "swe": [marked(INTERVALS, "[smol] "), marked(SLUGIFY, "[smol] ")],
@@ -120,18 +121,18 @@ def jobs(service, llm) -> dict[str, dict]:
     }
 
 
-def rollouts(service, job: dict) -> dict[str, dict]:
-    service.wait_done(job["job_id"], timeout=600)
-    return {r["instance_id"]: service.client.rollout(r["rollout_id"]) for r in service.all_results(job["job_id"])}
+def rollouts(service, job: JobAccepted) -> dict[str, RolloutView]:
+    service.wait_done(job.job_id, timeout=600)
+    return {r.instance_id: service.client.rollout(r.rollout_id) for r in service.all_results(job.job_id)}
 
 
 def test_smolagents_defaults_fix_a_bug_and_the_no_op_earns_nothing(service, jobs) -> None:
     done = rollouts(service, jobs["swe"])
-    got = {i: (r["outcome"], r["reward"]) for i, r in done.items()}
+    got = {i: (r.outcome, r.reward) for i, r in done.items()}
     assert got == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, service.log_tail()
     fixed = done[INTERVALS]
-    assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
-    metrics = fixed["metrics"]
+    assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
+    metrics = fixed.metrics
     assert metrics["harness_returncode"] == 0
     # bash + final_answer: two calls, both tool calls, no refusal, no demanded call missed
     assert (metrics["calls"], metrics["tool_calls"], metrics["failed_calls"]) == (2, 2, 0), metrics
@@ -140,24 +141,24 @@ def test_smolagents_defaults_fix_a_bug_and_the_no_op_earns_nothing(service, jobs
     # prefix-consistent, the main arrays the last one
     assert metrics["samples"] == 2 and metrics["splits"] == 1, metrics
     assert set(metrics["split_reasons"]) <= {"assistant_edited", "history_rewritten"}
-    turns = sorted(fixed["turns"], key=lambda t: t["index"])
-    assert [t["extra"]["tool_choice"] for t in turns] == ["required", "required"]
-    assert sum(fixed["loss_mask"]) == len(turns[-1]["generated_ids"])
-    assert fixed["response_ids"][-len(turns[-1]["generated_ids"]) :] == turns[-1]["generated_ids"]
+    turns = sorted(fixed.turns, key=lambda t: t.index)
+    assert [t.extra["tool_choice"] for t in turns] == ["required", "required"]
+    assert sum(fixed.loss_mask) == len(turns[-1].generated_ids)
+    assert fixed.response_ids[-len(turns[-1].generated_ids) :] == turns[-1].generated_ids
 
 
 def test_a_reply_without_the_required_call_is_answered_and_counted(service, jobs) -> None:
     [rollout] = rollouts(service, jobs["ponder"]).values()
-    assert (rollout["outcome"], rollout["reward"]) == ("completed", 1.0), service.log_tail()
-    metrics = rollout["metrics"]
+    assert (rollout.outcome, rollout.reward) == ("completed", 1.0), service.log_tail()
+    metrics = rollout.metrics
     assert metrics["tool_choice_unmet"] == 1 and metrics["calls"] == 3, metrics
-    first = min(rollout["turns"], key=lambda t: t["index"])
+    first = min(rollout.turns, key=lambda t: t.index)
     # The server stopped at smolagents' "Observation:": the turn holds exactly the ids it
     # returned (through that string's last token, no end token), the text before it went back.
-    assert first["extra"]["stop_sequence"] == "Observation:" and first["finish_reason"] == "stop"
+    assert first.extra["stop_sequence"] == "Observation:" and first.finish_reason == "stop"
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(f"{SMOLLM2}/tokenizer.json")
     ids = tok.encode(PONDER, add_special_tokens=False).ids
     through = next(ids[:n] for n in range(1, len(ids) + 1) if "Observation:" in tok.decode(ids[:n]))
-    assert first["generated_ids"] == through
+    assert first.generated_ids == through

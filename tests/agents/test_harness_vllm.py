@@ -29,6 +29,7 @@ import pytest
 
 from tests.agents.test_harness_pipeline import ENVS, INTERVALS, QWEN_TEMPLATE, SWE, as_instance
 from bench.support.pipeline_harness import Service, start_service
+from raas_client.models import RolloutView, TrainingSample, TurnView
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -66,54 +67,58 @@ def llm() -> dict[str, Any]:
     }  # renders the harness's tools
 
 
-def samples_of(detail: dict[str, Any]) -> list[dict[str, Any]]:
+def samples_of(detail: RolloutView) -> list[TrainingSample]:
     """Every training sample of a rollout (the main arrays are the last one)."""
-    return detail.get("samples") or [
-        {k: detail[k] for k in ("prompt_ids", "response_ids", "response_logprobs", "loss_mask")}
-        | {"turn_boundaries": detail["extra"].get("turn_boundaries", [])}
+    return detail.samples or [
+        TrainingSample(
+            prompt_ids=detail.prompt_ids or [],
+            response_ids=detail.response_ids or [],
+            response_logprobs=detail.response_logprobs or [],
+            loss_mask=detail.loss_mask or [],
+            turn_boundaries=detail.turn_boundaries,
+        )
     ]
 
 
-def calls_by_sample(turns: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def calls_by_sample(turns: list[TurnView]) -> list[list[TurnView]]:
     """The logged calls grouped into samples, in order: a call logged with its whole prompt
     starts a sample, one logged with a delta extends the current one."""
-    groups: list[list[dict[str, Any]]] = []
-    for turn in sorted(turns, key=lambda t: t["index"]):
-        if "prompt_ids" in (turn["extra"] or {}) or not groups:
+    groups: list[list[TurnView]] = []
+    for turn in sorted(turns, key=lambda t: t.index):
+        if "prompt_ids" in turn.extra or not groups:
             groups.append([])
         groups[-1].append(turn)
     return groups
 
 
-def check_sample(sample: dict[str, Any], turns: list[dict[str, Any]]) -> None:
+def check_sample(sample: TrainingSample, turns: list[TurnView]) -> None:
     """Token-exact and prefix-consistent: the arrays are the calls' own tokens, in order."""
-    response, mask, logprobs = (sample["response_ids"], sample["loss_mask"], sample["response_logprobs"])
+    response, mask, logprobs = (sample.response_ids, sample.loss_mask, sample.response_logprobs)
     assert len(response) == len(mask) == len(logprobs) and all(map(math.isfinite, logprobs))
-    spans = sample["turn_boundaries"]
-    assert [response[s:e] for s, e in spans] == [t["generated_ids"] for t in turns]
-    assert [logprobs[s:e] for s, e in spans] == [t["logprobs"] for t in turns]
+    spans = sample.turn_boundaries
+    assert [response[s:e] for s, e in spans] == [t.generated_ids for t in turns]
+    assert [logprobs[s:e] for s, e in spans] == [t.logprobs for t in turns]
     assert {i for i, m in enumerate(mask) if m} == {i for s, e in spans for i in range(s, e)}
     sequence: list[int] = []
     for turn in turns:  # first call: its whole prompt; later ones: the delta after the reply
-        extra = turn["extra"] or {}
-        sequence += extra.get("prompt_ids") if not sequence else extra.get("delta_ids") or []
-        sequence += turn["generated_ids"]
-    assert sample["prompt_ids"] + response == sequence[: len(sample["prompt_ids"] + response)]
+        sequence += turn.extra.get("prompt_ids") if not sequence else turn.extra.get("delta_ids") or []
+        sequence += turn.generated_ids or []
+    assert sample.prompt_ids + response == sequence[: len(sample.prompt_ids + response)]
 
 
-def rescore(sample: dict[str, Any], model: str) -> float:
+def rescore(sample: TrainingSample, model: str) -> float:
     """Max |stored - re-scored| logprob over the sample's generated tokens."""
-    ids = sample["prompt_ids"] + sample["response_ids"]
+    ids = sample.prompt_ids + sample.response_ids
     reply = httpx.post(
         f"{VLLM_URL}/v1/completions",
         timeout=600,
         json={"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0},
     ).json()
     scored = reply["choices"][0]["prompt_logprobs"]
-    start = len(sample["prompt_ids"])
+    start = len(sample.prompt_ids)
     worst = 0.0
-    for i, (token, kept) in enumerate(zip(sample["response_ids"], sample["response_logprobs"])):
-        if sample["loss_mask"][i]:
+    for i, (token, kept) in enumerate(zip(sample.response_ids, sample.response_logprobs)):
+        if sample.loss_mask[i]:
             worst = max(worst, abs(scored[start + i][str(token)]["logprob"] - kept))
     return worst
 
@@ -129,30 +134,30 @@ def test_a_real_harness_on_the_real_model_is_token_exact(service, llm, harness) 
         sampling={"temperature": 1.0, "max_tokens": 256},
         agent_config={"harness": harness, "task": "swe"},
     )
-    job = service.wait_done(accepted["job_id"], timeout=1500)
-    assert job["counts"] == {"done": 2} or set(job["counts"]) <= {"done", "failed"}, job
+    job = service.wait_done(accepted.job_id, timeout=1500)
+    assert job.counts == {"done": 2} or set(job.counts) <= {"done", "failed"}, job
     model = httpx.get(f"{VLLM_URL}/v1/models").json()["data"][0]["id"]
-    for rollout_id in accepted["rollout_ids"]:
+    for rollout_id in accepted.rollout_ids:
         detail = service.client.rollout(rollout_id)
-        assert detail["outcome"] in {"completed", "agent_error", "timeout"}, detail.get("error")
-        turns = [t for t in detail["turns"] if t["attempt"] == detail["attempt"]]
+        assert detail.outcome in {"completed", "agent_error", "timeout"}, detail.error
+        turns = [t for t in detail.turns if t.attempt == detail.attempt]
         assert turns, "the harness made no call"
         samples = samples_of(detail)
         groups = calls_by_sample(turns)
-        assert len(groups) == len(samples) == detail["metrics"]["samples"]
-        assert detail["metrics"]["splits"] == len(samples) - 1
+        assert len(groups) == len(samples) == detail.metrics["samples"]
+        assert detail.metrics["splits"] == len(samples) - 1
         worst = 0.0
         for sample, calls in zip(samples, groups):
             check_sample(sample, calls)
             worst = max(worst, rescore(sample, model))
         assert worst <= RESCORE_TOLERANCE, worst
-        metrics = detail["metrics"]
+        metrics = detail.metrics
         print(
             json.dumps(
                 {
                     "harness": harness,
-                    "outcome": detail["outcome"],
-                    "reward": detail["reward"],
+                    "outcome": detail.outcome,
+                    "reward": detail.reward,
                     "calls": metrics["calls"],
                     "samples": len(samples),
                     "merges": metrics["merges"],

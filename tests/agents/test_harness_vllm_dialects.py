@@ -52,6 +52,7 @@ from tests.agents.test_harness_vllm import (
     samples_of,
 )
 from bench.support.pipeline_harness import Service, start_service
+from raas_client.models import JobAccepted, TurnView
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -160,19 +161,18 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
     svc.stop()
 
 
-def call_prompts(calls: list[dict[str, Any]]) -> list[list[int]]:
+def call_prompts(calls: list[TurnView]) -> list[list[int]]:
     """Each call's whole prompt, rebuilt from the turn log of one sample."""
     prompts, sequence = [], []
     for turn in calls:
-        extra = turn["extra"] or {}
-        sequence += extra["prompt_ids"] if not sequence else extra.get("delta_ids") or []
+        sequence += turn.extra["prompt_ids"] if not sequence else turn.extra.get("delta_ids") or []
         prompts.append(list(sequence))
-        sequence += turn["generated_ids"]
+        sequence += turn.generated_ids or []
     return prompts
 
 
 @pytest.fixture(scope="module")
-def jobs(service: Service, llm: dict[str, Any], proxy: RecordingProxy) -> dict[str, dict[str, Any]]:  # noqa: F811
+def jobs(service: Service, llm: dict[str, Any], proxy: RecordingProxy) -> dict[str, JobAccepted]:  # noqa: F811
     """One job per harness, all submitted at once (the pools run two rollouts at a time)."""
     through_proxy = {**llm, "servers": [{"url": proxy.url}]}
     return {
@@ -192,51 +192,51 @@ def jobs(service: Service, llm: dict[str, Any], proxy: RecordingProxy) -> dict[s
 @pytest.mark.parametrize("harness", list(HARNESSES))
 def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, proxy, jobs, harness) -> None:
     accepted = jobs[harness]
-    job = service.wait_done(accepted["job_id"], timeout=1700)
-    assert set(job["counts"]) <= {"done", "failed"}, job
+    job = service.wait_done(accepted.job_id, timeout=1700)
+    assert set(job.counts) <= {"done", "failed"}, job
     model = httpx.get(f"{VLLM_URL}/v1/models").json()["data"][0]["id"]
     most_calls = 0
-    for rollout_id in accepted["rollout_ids"]:
+    for rollout_id in accepted.rollout_ids:
         detail = service.client.rollout(rollout_id)
-        assert detail["outcome"] in {"completed", "agent_error", "timeout"}, (detail.get("error"), service.log_tail())
+        assert detail.outcome in {"completed", "agent_error", "timeout"}, (detail.error, service.log_tail())
         # the endpoint refused nothing these SDKs sent (a refusal is `infrastructure`)
-        assert detail.get("failure_class") != "infrastructure", detail.get("error")
-        turns = [t for t in detail["turns"] if t["attempt"] == detail["attempt"]]
-        assert turns, f"{harness} made no call: {detail.get('error')}"
+        assert detail.failure_class != "infrastructure", detail.error
+        turns = [t for t in detail.turns if t.attempt == detail.attempt]
+        assert turns, f"{harness} made no call: {detail.error}"
         samples, groups = samples_of(detail), calls_by_sample(turns)
-        assert len(groups) == len(samples) == detail["metrics"]["samples"]
-        assert detail["metrics"]["splits"] == len(samples) - 1
+        assert len(groups) == len(samples) == detail.metrics["samples"]
+        assert detail.metrics["splits"] == len(samples) - 1
         exchanges = {(p, g): lp for p, g, lp in proxy.exchanges}
         worst_rescore = worst_stored = 0.0
         for sample, calls in zip(samples, groups):
             check_sample(sample, calls)
             for prompt, turn in zip(call_prompts(calls), calls):
-                key = (tuple(prompt), tuple(turn["generated_ids"]))
-                assert key in exchanges, f"turn {turn['index']}: no vLLM exchange with this prompt and these ids"
-                assert len(exchanges[key]) == len(turn["logprobs"])
-                worst_stored = max([worst_stored, *(abs(a - b) for a, b in zip(exchanges[key], turn["logprobs"]))])
+                key = (tuple(prompt), tuple(turn.generated_ids or []))
+                assert key in exchanges, f"turn {turn.index}: no vLLM exchange with this prompt and these ids"
+                assert len(exchanges[key]) == len(turn.logprobs or [])
+                worst_stored = max([worst_stored, *(abs(a - b) for a, b in zip(exchanges[key], turn.logprobs or []))])
             worst_rescore = max(worst_rescore, rescore(sample, model))
         assert worst_stored == 0.0, worst_stored  # stored as vLLM sent them, not recomputed
         assert worst_rescore <= RESCORE_TOLERANCE, worst_rescore
-        metrics = detail["metrics"]
+        metrics = detail.metrics
         most_calls = max(most_calls, metrics["calls"])
         print(
             json.dumps(
                 {
                     "harness": harness,
                     "dialect": HARNESSES[harness],
-                    "outcome": detail["outcome"],
-                    "finish_reason": detail.get("finish_reason"),
+                    "outcome": detail.outcome,
+                    "finish_reason": detail.finish_reason,
                     "returncode": metrics.get("harness_returncode"),
-                    "reward": detail["reward"],
+                    "reward": detail.reward,
                     "calls": metrics["calls"],
                     "samples": len(samples),
                     "merges": metrics["merges"],
                     "splits": metrics["splits"],
                     "tool_calls": metrics["tool_calls"],
                     "malformed_tool_calls": metrics["malformed_tool_calls"],
-                    "first_prompt_tokens": len(samples[0]["prompt_ids"]),
-                    "generated_tokens": sum(sum(x["loss_mask"]) for x in samples),
+                    "first_prompt_tokens": len(samples[0].prompt_ids),
+                    "generated_tokens": sum(sum(x.loss_mask) for x in samples),
                     "ids_equal_vllm": True,
                     "stored_vs_vllm_max_abs": worst_stored,
                     "rescore_max_abs_diff": round(worst_rescore, 6),
@@ -244,6 +244,6 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
             )
         )
         if metrics.get("harness_returncode"):  # what the SDK raised (a spent budget, a full context)
-            print(detail["extra"].get("harness_log", "")[-600:])
+            print(detail.extra.get("harness_log", "")[-600:])
     if harness in DIALECT_HARNESSES:  # the nudging loops: the echo of a reply went back at least once
         assert most_calls >= 2, most_calls

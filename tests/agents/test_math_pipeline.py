@@ -67,24 +67,24 @@ def llm():
 def test_math_jobs_run_to_rewards_in_sandboxes(service, llm) -> None:
     ids = ["math-008", "math-009", "math-022"]
     accepted = service.client.submit("math", [instance(i) for i in ids], limits={"max_turns": 4}, llm=llm)
-    job = service.wait_done(accepted["job_id"], timeout=120)
-    assert job["counts"] == {"done": 3}, service.log_tail()
-    assert job["outcomes"] == {"completed": 3}
-    by_id = {r["instance_id"]: r for r in service.all_results(accepted["job_id"])}
-    assert {i: by_id[i]["reward"] for i in ids} == {"math-008": 1.0, "math-009": 0.0, "math-022": 1.0}
-    detail = service.client.rollout(by_id["math-008"]["rollout_id"])
-    assert detail["turns"][0]["observation"].strip() == "1"  # sympy ran in the sandbox
-    assert detail["metrics"]["graded_by"] == "exact"  # the reference is the integer 1
+    job = service.wait_done(accepted.job_id, timeout=120)
+    assert job.counts == {"done": 3}, service.log_tail()
+    assert job.outcomes == {"completed": 3}
+    by_id = {r.instance_id: r for r in service.all_results(accepted.job_id)}
+    assert {i: by_id[i].reward for i in ids} == {"math-008": 1.0, "math-009": 0.0, "math-022": 1.0}
+    detail = service.client.rollout(by_id["math-008"].rollout_id)
+    assert detail.turns[0].observation.strip() == "1"  # sympy ran in the sandbox
+    assert detail.metrics["graded_by"] == "exact"  # the reference is the integer 1
 
 
 def test_cancel_mid_run(service, llm) -> None:
     accepted = service.client.submit("math", [instance("math-001")], llm=llm, limits={"max_turns": 200})
-    rollout_id = accepted["rollout_ids"][0]
+    rollout_id = accepted.rollout_ids[0]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(service.client.rollout(rollout_id)["turns"]) < 2:
+    while time.monotonic() < deadline and len(service.client.rollout(rollout_id).turns) < 2:
         time.sleep(0.2)
-    service.client.cancel(accepted["job_id"])
-    job = service.wait_done(accepted["job_id"], timeout=120)
+    service.client.cancel(accepted.job_id)
+    job = service.wait_done(accepted.job_id, timeout=120)
     detail = service.client.rollout(rollout_id)
-    assert detail["outcome"] == "cancelled" and job["outcomes"] == {"cancelled": 1}
-    assert 2 <= len(detail["turns"]) < 200
+    assert detail.outcome == "cancelled" and job.outcomes == {"cancelled": 1}
+    assert 2 <= len(detail.turns) < 200

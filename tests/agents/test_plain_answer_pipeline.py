@@ -71,18 +71,18 @@ def test_plain_answer_grades_the_last_number_without_a_sandbox(service, simulato
         sampling={"max_tokens": 24},
         llm={**LLM, "servers": [{"url": simulator_url}]},
     )
-    job = service.wait_done(accepted["job_id"], timeout=120)
-    assert job["counts"] == {"done": 6}, service.log_tail()
-    results = service.all_results(accepted["job_id"])
-    rewards = {(r["instance_id"], r["reward"]) for r in results}
+    job = service.wait_done(accepted.job_id, timeout=120)
+    assert job.counts == {"done": 6}, service.log_tail()
+    results = service.all_results(accepted.job_id)
+    rewards = {(r.instance_id, r.reward) for r in results}
     assert rewards == {(RIGHT, 1.0), (WRONG, 0.0), (RAMBLE, 0.0)}
     for r in results:
-        assert r["outcome"] == "completed"
-        assert sum(r["loss_mask"]) > 0 and len(r["response_logprobs"]) == len(r["response_ids"])
-        assert r["policy_versions"] and len(r["policy_versions"]) == 1  # one turn, one version
-    right = next(r for r in results if r["instance_id"] == RIGHT)
-    detail = service.client.rollout(right["rollout_id"])
-    assert detail["extra"]["predicted_answer"] == "8" and len(detail["turns"]) == 1
+        assert r.outcome == "completed"
+        assert sum(r.loss_mask) > 0 and len(r.response_logprobs) == len(r.response_ids)
+        assert r.policy_versions and len(r.policy_versions) == 1  # one turn, one version
+    right = next(r for r in results if r.instance_id == RIGHT)
+    detail = service.client.rollout(right.rollout_id)
+    assert detail.extra["predicted_answer"] == "8" and len(detail.turns) == 1
     assert not list(service.settings.workspaces.glob("*")), "a sandbox workspace was made"
 
 
@@ -94,7 +94,7 @@ def test_math_without_tools_starts_no_sandbox(service, simulator_url) -> None:
         agent_config={"tools": []},
         llm={**LLM, "servers": [{"url": simulator_url}]},
     )
-    job = service.wait_done(accepted["job_id"], timeout=120)
-    assert job["counts"] == {"done": 2}, service.log_tail()
-    assert [r["reward"] for r in service.all_results(accepted["job_id"])] == [1.0, 1.0]
+    job = service.wait_done(accepted.job_id, timeout=120)
+    assert job.counts == {"done": 2}, service.log_tail()
+    assert [r.reward for r in service.all_results(accepted.job_id)] == [1.0, 1.0]
     assert not list(service.settings.workspaces.glob("*")), "a sandbox workspace was made"

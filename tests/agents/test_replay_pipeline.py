@@ -93,7 +93,7 @@ def _submit(service, llm, problem: str, **job: Any) -> tuple[str, str]:
         llm=llm,
         **job,
     )
-    return accepted["job_id"], accepted["rollout_ids"][0]
+    return accepted.job_id, accepted.rollout_ids[0]
 
 
 def _turns(service, rollout_id: str) -> list[tuple[int, int]]:
@@ -131,7 +131,7 @@ def test_a_lost_sandbox_is_rebuilt_by_replay_and_generates_only_the_turn_in_flig
     job, plain_id = _submit(service, llm, KEPT)
     service.wait_done(job, timeout=120)
     plain = service.client.rollout(plain_id)
-    assert plain["outcome"] == "completed" and plain["reward"] == 1.0, plain["error"]
+    assert plain.outcome == "completed" and plain.reward == 1.0, plain.error
     assert _stats(llm).get("started", 0) - before.get("started", 0) == 4
 
     before = _stats(llm)
@@ -141,12 +141,12 @@ def test_a_lost_sandbox_is_rebuilt_by_replay_and_generates_only_the_turn_in_flig
     replayed = service.client.rollout(rid)
 
     for name in ARRAYS:  # the reward too: the same episode as the uninterrupted one
-        assert replayed[name] == plain[name], name
-    assert replayed["attempt"] == 2 and len(replayed["earlier_attempts"]) == 1  # INIT ran again
-    assert "stopped beating" in replayed["earlier_attempts"][0]["error"]
+        assert getattr(replayed, name) == getattr(plain, name), name
+    assert replayed.attempt == 2 and len(replayed.earlier_attempts) == 1  # INIT ran again
+    assert "stopped beating" in replayed.earlier_attempts[0].error
     assert _turns(service, rid) == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (2, 3)]
-    assert replayed["turns"][2]["observation"].strip() == "42"  # x was rebuilt by the replay
-    assert replayed["metrics"]["replayed_turns"] == 2 and replayed["metrics"]["replay_divergences"] == []
+    assert replayed.turns[2].observation.strip() == "42"  # x was rebuilt by the replay
+    assert replayed.metrics["replayed_turns"] == 2 and replayed.metrics["replay_divergences"] == []
     answered = _stats(llm)
     per_turn = [answered.get(f"turn:{KEPT}:{t}", 0) - before.get(f"turn:{KEPT}:{t}", 0) for t in range(4)]
     assert per_turn[:2] == [1, 1]  # the logged turns were never generated again
@@ -160,22 +160,22 @@ def test_a_tool_that_prints_the_time_diverges_and_the_job_chooses(service, llm, 
     lose_node_mid_turn(service, rid)
     service.wait_done(job, timeout=180)
     view = service.client.rollout(rid)
-    assert (view["outcome"], view["reward"]) == ("completed", 1.0), view["error"]
+    assert (view.outcome, view.reward) == ("completed", 1.0), view.error
     history = _row(service, rid).attempt_history
     answered = _stats(llm)
     first = answered.get(f"turn:{CLOCK}:0", 0) - before.get(f"turn:{CLOCK}:0", 0)
     if choice == "continue":  # attempt 2 goes on, the divergence on record, observations logged
-        assert view["attempt"] == 2
-        [divergence] = view["metrics"]["replay_divergences"]
+        assert view.attempt == 2
+        [divergence] = view.metrics["replay_divergences"]
         assert (divergence["turn"], divergence["tool"]) == (0, "python")
         assert divergence["replayed"] != divergence["logged"]
-        assert view["turns"][0]["observation"] == view["earlier_attempts"][0]["turns"][0]["observation"]
-        assert view["metrics"]["replayed_turns"] == 2 and first == 1
+        assert view.turns[0].observation == view.earlier_attempts[0].turns[0].observation
+        assert view.metrics["replayed_turns"] == 2 and first == 1
     else:  # attempt 2 stopped at the divergence; attempt 3 started over from INIT
-        assert view["attempt"] == 3 and "replayed_turns" not in view["metrics"]
+        assert view.attempt == 3 and "replayed_turns" not in view.metrics
         assert history[1]["replay"] is False and "diverged" in history[1]["error"]
         assert history[1]["replay_divergences"][0]["tool"] == "python"
-        assert [t["index"] for t in view["turns"]] == [0, 1, 2, 3] and first == 2
+        assert [t.index for t in view.turns] == [0, 1, 2, 3] and first == 2
 
 
 def test_a_job_that_turns_replay_off_restarts_from_init_as_before(service, llm) -> None:
@@ -184,8 +184,8 @@ def test_a_job_that_turns_replay_off_restarts_from_init_as_before(service, llm) 
     lose_node_mid_turn(service, rid)
     service.wait_done(job, timeout=120)
     view = service.client.rollout(rid)
-    assert (view["outcome"], view["reward"], view["attempt"]) == ("completed", 1.0, 2), view["error"]
-    assert "replayed_turns" not in view["metrics"]
+    assert (view.outcome, view.reward, view.attempt) == ("completed", 1.0, 2), view.error
+    assert "replayed_turns" not in view.metrics
     first = _stats(llm).get(f"turn:{KEPT}:0", 0) - before.get(f"turn:{KEPT}:0", 0)
     assert first == 2  # every turn generated again
 

@@ -87,7 +87,7 @@ def _submit(service, llm, agent: str = "math") -> tuple[str, str]:
     accepted = service.client.submit(
         agent, [{"instance_id": "p", "data": {"problem": PROBLEM, "answer": "42"}}], limits={"max_turns": 6}, llm=llm
     )
-    return accepted["job_id"], accepted["rollout_ids"][0]
+    return accepted.job_id, accepted.rollout_ids[0]
 
 
 def _turns(service, rollout_id: str) -> list[tuple[int, int]]:
@@ -105,7 +105,7 @@ def test_killed_run_worker_resumes_in_the_same_sandbox(service, llm) -> None:
     job, plain_id = _submit(service, llm)
     service.wait_done(job, timeout=120)
     plain = service.client.rollout(plain_id)
-    assert plain["outcome"] == "completed" and plain["reward"] == 1.0, plain["error"]
+    assert plain.outcome == "completed" and plain.reward == 1.0, plain.error
     assert _started(llm) - before == 4
 
     before = _started(llm)
@@ -120,11 +120,11 @@ def test_killed_run_worker_resumes_in_the_same_sandbox(service, llm) -> None:
     resumed = service.client.rollout(rid)
 
     for name in ARRAYS:
-        assert resumed[name] == plain[name], name
-    assert resumed["attempt"] == 1 and not resumed["earlier_attempts"]  # no new INIT
+        assert getattr(resumed, name) == getattr(plain, name), name
+    assert resumed.attempt == 1 and not resumed.earlier_attempts  # no new INIT
     assert _turns(service, rid) == [(1, 0), (1, 1), (1, 2), (1, 3)]  # no index repeated
-    assert resumed["turns"][2]["observation"].strip() == "42"  # x survived: same sandbox
-    assert resumed["metrics"]["resumed_from_turn"] == 2
+    assert resumed.turns[2].observation.strip() == "42"  # x survived: same sandbox
+    assert resumed.metrics["resumed_from_turn"] == 2
     assert 4 <= _started(llm) - before <= 5  # 4 turns (+ the one in flight at the kill)
     with session_scope(service.settings.db_url) as s:
         [entry] = s.get(Rollout, rid).resumes
@@ -141,8 +141,8 @@ def test_a_retryable_error_in_run_resumes_without_the_reaper(service, llm) -> No
     service.wait_done(job, timeout=120)
     resumed = service.client.rollout(rid)
     for name in ARRAYS:
-        assert resumed[name] == plain[name], name
-    assert resumed["attempt"] == 1 and resumed["metrics"]["resumed_from_turn"] == 2
+        assert getattr(resumed, name) == getattr(plain, name), name
+    assert resumed.attempt == 1 and resumed.metrics["resumed_from_turn"] == 2
     assert _turns(service, rid) == [(1, 0), (1, 1), (1, 2), (1, 3)]
     assert _started(llm) - before == 4  # the error fell between turns: nothing generated twice
     with session_scope(service.settings.db_url) as s:
@@ -155,7 +155,7 @@ def test_a_retryable_error_in_eval_grades_again_without_a_new_run(service, llm) 
     job, rid = _submit(service, llm, agent="test-flaky-grader")
     service.wait_done(job, timeout=120)
     view = service.client.rollout(rid)
-    assert (view["outcome"], view["reward"], view["attempt"]) == ("completed", 1.0, 1)
+    assert (view.outcome, view.reward, view.attempt) == ("completed", 1.0, 1)
     assert _started(llm) - before == 4  # RUN ran once
     with session_scope(service.settings.db_url) as s:
         [entry] = s.get(Rollout, rid).resumes

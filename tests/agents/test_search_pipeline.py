@@ -62,19 +62,19 @@ def test_search_jobs_run_to_rewards(service, simulator_url) -> None:
         limits={"max_turns": 4},
         llm={"servers": [{"url": simulator_url}], "tokenizer": SMOLLM2, "max_model_len": 4096},
     )
-    job = service.wait_done(accepted["job_id"], timeout=120)
-    failed = [service.client.rollout(r) for r in accepted["rollout_ids"]]
-    failed = [(r.get("error"), r.get("outcome")) for r in failed if r["status"] != "done"]
-    assert job["counts"] == {"done": 4}, (failed, service.log_tail())
-    assert job["outcomes"] == {"completed": 4}
-    results = service.all_results(accepted["job_id"])
-    rewards = {(r["instance_id"], r["reward"]) for r in results}
+    job = service.wait_done(accepted.job_id, timeout=120)
+    failed = [service.client.rollout(r) for r in accepted.rollout_ids]
+    failed = [(r.error, r.outcome) for r in failed if r.status != "done"]
+    assert job.counts == {"done": 4}, (failed, service.log_tail())
+    assert job.outcomes == {"completed": 4}
+    results = service.all_results(accepted.job_id)
+    rewards = {(r.instance_id, r.reward) for r in results}
     assert rewards == {("search-003", 1.0), ("search-016", 0.0)}
     for r in results:
-        assert r["response_ids"] and len(r["loss_mask"]) == len(r["response_ids"])
-    detail = service.client.rollout(results[0]["rollout_id"])
-    assert [t["index"] for t in detail["turns"]] == [0, 1]
-    assert detail["metrics"]["gold_passage_retrieved"] is True
+        assert r.response_ids and len(r.loss_mask) == len(r.response_ids)
+    detail = service.client.rollout(results[0].rollout_id)
+    assert [t.index for t in detail.turns] == [0, 1]
+    assert detail.metrics["gold_passage_retrieved"] is True
 
 
 @pytest.mark.parametrize(

@@ -111,38 +111,38 @@ def test_swe_and_code_jobs_run_to_rewards(service, llm) -> None:
     code = service.client.submit(
         "code", [as_instance(i, CODE) for i in ("code-fizzbuzz", "code-palindrome")], limits={"max_turns": 5}, llm=llm
     )
-    service.wait_done(swe["job_id"], timeout=180)
-    service.wait_done(code["job_id"], timeout=180)
+    service.wait_done(swe.job_id, timeout=180)
+    service.wait_done(code.job_id, timeout=180)
 
-    by_id = {r["instance_id"]: r for r in service.all_results(swe["job_id"])}
-    assert {i: (r["outcome"], r["reward"]) for i, r in by_id.items()} == {
+    by_id = {r.instance_id: r for r in service.all_results(swe.job_id)}
+    assert {i: (r.outcome, r.reward) for i, r in by_id.items()} == {
         INTERVALS: ("completed", 1.0),
         SLUGIFY: ("completed", 0.0),
         MONEY: ("completed", 0.0),
     }, service.log_tail()
-    fixed = service.client.rollout(by_id[INTERVALS]["rollout_id"])
-    assert "max(merged[-1][1], end)" in fixed["extra"]["git_patch"]
-    money = service.client.rollout(by_id[MONEY]["rollout_id"])
-    observations = [t["observation"] for t in money["turns"]]
+    fixed = service.client.rollout(by_id[INTERVALS].rollout_id)
+    assert "max(merged[-1][1], end)" in fixed.extra["git_patch"]
+    money = service.client.rollout(by_id[MONEY].rollout_id)
+    observations = [t.observation for t in money.turns]
     assert "malformed tool call" in observations[0]
     assert "timed out" in observations[1] and observations[2].strip() == "alive"
-    assert money["metrics"]["malformed_tool_calls"] == 1
+    assert money.metrics["malformed_tool_calls"] == 1
 
     # POST /v1/rollouts/{id}/reevaluate grades the stored artifact again in a fresh sandbox
-    again = service.client.reevaluate(by_id[INTERVALS]["rollout_id"], wait=120)
-    [entry] = again["extra"]["reevaluations"]
-    assert entry["reward"] == 1.0 and entry["request_id"] == again["extra"]["reevaluation_request"]
-    assert again["reward"] == 1.0  # the rollout's own reward is untouched
-    unfixed = service.client.reevaluate(by_id[SLUGIFY]["rollout_id"], wait=120)
-    assert unfixed["extra"]["reevaluations"][0]["reward"] == 0.0
+    again = service.client.reevaluate(by_id[INTERVALS].rollout_id, wait=120)
+    [entry] = again.extra["reevaluations"]
+    assert entry["reward"] == 1.0 and entry["request_id"] == again.extra["reevaluation_request"]
+    assert again.reward == 1.0  # the rollout's own reward is untouched
+    unfixed = service.client.reevaluate(by_id[SLUGIFY].rollout_id, wait=120)
+    assert unfixed.extra["reevaluations"][0]["reward"] == 0.0
 
-    results = service.all_results(code["job_id"])
-    rewards = {r["instance_id"]: r["reward"] for r in results}
+    results = service.all_results(code.job_id)
+    rewards = {r.instance_id: r.reward for r in results}
     assert rewards["code-fizzbuzz"] == 1.0
     # every agent re-evaluates: the same EVAL on the stored artifact (here the solution file)
-    fizz = next(r for r in results if r["instance_id"] == "code-fizzbuzz")
-    again = service.client.reevaluate(fizz["rollout_id"], wait=120)
-    assert again["extra"]["reevaluations"][0]["reward"] == 1.0
+    fizz = next(r for r in results if r.instance_id == "code-fizzbuzz")
+    again = service.client.reevaluate(fizz.rollout_id, wait=120)
+    assert again.extra["reevaluations"][0]["reward"] == 1.0
     assert 0.0 < rewards["code-palindrome"] < 1.0  # case/punctuation tests fail
 
 

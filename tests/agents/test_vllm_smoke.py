@@ -22,6 +22,7 @@ import pytest
 
 from raas_client.cli import read_instances
 from bench.support.pipeline_harness import Service, start_service
+from raas_client.models import RolloutView
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm]
 
@@ -67,21 +68,21 @@ def smoke_instances(path: str, ids: list[str]) -> list[dict[str, Any]]:
     return [by_id[i] for i in ids]
 
 
-def check_token_exact(detail: dict[str, Any]) -> None:
+def check_token_exact(detail: RolloutView) -> None:
     """The stored trajectory is exactly what the server generated, turn by turn."""
-    response, mask = detail["response_ids"], detail["loss_mask"]
-    logprobs = detail["response_logprobs"]
-    assert detail["token_exact"] is True
+    response, mask = detail.response_ids or [], detail.loss_mask or []
+    logprobs = detail.response_logprobs or []
+    assert detail.token_exact is True
     assert len(mask) == len(response) == len(logprobs) and sum(mask) > 0
     assert all(math.isfinite(x) for x in logprobs)
-    turns = [t for t in detail["turns"] if t["attempt"] == detail["attempt"]]
-    generated = [t for t in turns if t["generated_ids"]]
-    spans = detail["extra"]["turn_boundaries"]
-    assert [response[s:e] for s, e in spans] == [t["generated_ids"] for t in generated]
-    assert [logprobs[s:e] for s, e in spans] == [t["logprobs"] for t in generated]
+    turns = [t for t in detail.turns or [] if t.attempt == detail.attempt]
+    generated = [t for t in turns if t.generated_ids]
+    spans = detail.extra["turn_boundaries"]
+    assert [response[s:e] for s, e in spans] == [t.generated_ids for t in generated]
+    assert [logprobs[s:e] for s, e in spans] == [t.logprobs for t in generated]
     assert {i for i, m in enumerate(mask) if m} == {i for s, e in spans for i in range(s, e)}
-    assert isinstance(detail["metrics"]["retokenization_drift"], int)  # the drift audit ran
-    assert "first_diff" in detail["metrics"]
+    assert isinstance(detail.metrics["retokenization_drift"], int)  # the drift audit ran
+    assert "first_diff" in detail.metrics
 
 
 @pytest.mark.timeout(900)
@@ -96,11 +97,11 @@ def test_agent_smoke_on_vllm(service: Service, llm: dict[str, Any], agent: str) 
         limits={"max_turns": 3, "max_tokens": 1024, "tool_timeout": 20},
         sampling={"temperature": 1.0, "max_tokens": 256},
     )
-    job = service.wait_done(accepted["job_id"], timeout=840)
-    assert job["counts"] == {"done": len(accepted["rollout_ids"])}, service.log_tail()
-    for rollout_id in accepted["rollout_ids"]:
+    job = service.wait_done(accepted.job_id, timeout=840)
+    assert job.counts == {"done": len(accepted.rollout_ids)}, service.log_tail()
+    for rollout_id in accepted.rollout_ids:
         detail = service.client.rollout(rollout_id)
-        assert detail["outcome"] in AGENT_OUTCOMES, (detail["outcome"], detail.get("error"))
-        assert detail["reward"] is not None and 0.0 <= detail["reward"] <= 1.0
-        assert detail["timing"]["run"] is not None and detail["timing"]["eval"] is not None
+        assert detail.outcome in AGENT_OUTCOMES, (detail.outcome, detail.error)
+        assert detail.reward is not None and 0.0 <= detail.reward <= 1.0
+        assert detail.timing.run is not None and detail.timing.eval is not None
         check_token_exact(detail)

@@ -60,14 +60,14 @@ def test_a_broker_outage_during_a_hand_off_costs_no_rerun(stage, budget, downtim
             agent_config={"init_s": 2.5 if stage == "init" else 0, "run_s": 2.5 if stage == "run" else 0, "turns": 2},
         )
         wait_for(
-            _in_stage_with(svc.settings.db_url, job["job_id"], stage, stage == "run"),
+            _in_stage_with(svc.settings.db_url, job.job_id, stage, stage == "run"),
             60,
             f"both rollouts in {stage} with their sandbox",
         )
         private_redis.restart(downtime=downtime)  # the hand-off comes while it is down
-        svc.wait_done(job["job_id"], timeout=90)
-        results = sorted(svc.all_results(job["job_id"]), key=lambda r: r["sample_index"])
-        assert [(r["status"], r["outcome"], r["attempt"], r["reward"]) for r in results] == [
+        svc.wait_done(job.job_id, timeout=90)
+        results = sorted(svc.all_results(job.job_id), key=lambda r: r.sample_index)
+        assert [(r.status, r.outcome, r.attempt, r.reward) for r in results] == [
             ("done", "completed", 1, 0.0),
             ("done", "completed", 1, 1.0),
         ]
@@ -99,7 +99,7 @@ def test_a_sigkilled_init_worker_mid_start_leaks_nothing(tmp_path, pg_url, redis
     )
     try:
         job = svc.client.submit("test-sandboxed", [{"instance_id": "a"}])
-        rid = job["rollout_ids"][0]
+        rid = job.rollout_ids[0]
 
         def launched():  # the intent record with the launcher's pid, before the sandbox is ready
             found = [
@@ -116,9 +116,9 @@ def test_a_sigkilled_init_worker_mid_start_leaks_nothing(tmp_path, pg_url, redis
         tree = [launcher, *descendants(launcher)]
         starts = {pid: start_time(pid) for pid in tree}
         svc.start_worker("init", "node-a", 1)
-        svc.wait_done(job["job_id"], timeout=90)
-        [result] = svc.all_results(job["job_id"])
-        assert (result["outcome"], result["attempt"], result["reward"]) == ("completed", 2, 0.0)
+        svc.wait_done(job.job_id, timeout=90)
+        [result] = svc.all_results(job.job_id)
+        assert (result.outcome, result.attempt, result.reward) == ("completed", 2, 0.0)
         wait_for(
             lambda: not any(pid_alive(p, starts[p]) for p in tree), 10, "the orphaned sandbox's processes to be killed"
         )

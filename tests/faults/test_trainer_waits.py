@@ -27,6 +27,7 @@ from typing import Any
 from raas_client import RaasClient
 from tests.conftest import REDIS_URL
 from bench.support.pipeline_harness import REPO, GatewayProcess, start_service, wait_for
+from raas_client.models import RolloutView
 
 OUTAGE_SECONDS = 6.0
 INSTANCES = 12  # x 2 samples = 24 rollouts
@@ -61,19 +62,19 @@ def running(proc: subprocess.Popen) -> bool:
     raise AssertionError(f"{proc.args[3:]} exited {proc.returncode}:\n{out}\n{err}")
 
 
-def rows_of(path: Path) -> list[dict[str, Any]]:
+def rows_of(path: Path) -> list[RolloutView]:
     """The rows of a JSONL file (none while it does not exist)."""
     text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [RolloutView.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
 
-def assert_every_rollout_once(rows: list[dict[str, Any]], ids: list[str], what: str) -> None:
+def assert_every_rollout_once(rows: list[RolloutView], ids: list[str], what: str) -> None:
     """Each rollout exactly once, seq 1..n without a gap, real rewards and tokens."""
-    assert sorted(r["rollout_id"] for r in rows) == sorted(ids), what
-    assert sorted(r["seq"] for r in rows) == list(range(1, len(ids) + 1)), what
+    assert sorted(r.rollout_id for r in rows) == sorted(ids), what
+    assert sorted(r.seq for r in rows) == list(range(1, len(ids) + 1)), what
     for r in rows:
-        assert r["outcome"] == "completed" and r["reward"] == float(r["sample_index"] % 2), r
-        assert r["prompt_ids"] == [1, 2, 3] and r["response_ids"] == [4, 5], r
+        assert r.outcome == "completed" and r.reward == float(r.sample_index % 2), r
+        assert r.prompt_ids == [1, 2, 3] and r.response_ids == [4, 5], r
 
 
 def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
@@ -103,12 +104,12 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
         )
         followers.append(submit)
         job_id = wait_for(
-            lambda: running(submit) and f2.exists() and svc.client.jobs()["jobs"], timeout=120, what="the submission"
-        )[0]["job_id"]
+            lambda: running(submit) and f2.exists() and svc.client.jobs().jobs, timeout=120, what="the submission"
+        )[0].job_id
         follow = raas("results", job_id, "--follow", "--out", str(f1), env={**env, "RAAS_RETRY_TOTAL": "60"})
         followers.append(follow)
 
-        streamed: list[dict[str, Any]] = []
+        streamed: list[RolloutView] = []
         errors: list[BaseException] = []
         trainer = RaasClient(gateway.url, retry_total=60, retry_max_wait=0.5)
 
@@ -144,7 +145,7 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
         thread.join(120)
         assert not thread.is_alive() and not errors, errors
         trainer.close()
-        ids = [r["rollout_id"] for r in svc.all_results(job_id)]
+        ids = [r.rollout_id for r in svc.all_results(job_id)]
         assert len(ids) == INSTANCES * 2
 
         assert submit.returncode == 1 and "Traceback" not in submit_err, submit_err
@@ -155,7 +156,7 @@ def test_gateway_restart_while_trainers_follow(tmp_path, pg_url, redis_prefix):
 
         assert 0 < killed_at < len(ids), "the gateway must die while the job runs"
         assert_every_rollout_once(streamed, ids, "SDK stream()")
-        assert [r["seq"] for r in streamed] == list(range(1, len(ids) + 1))  # in order
+        assert [r.seq for r in streamed] == list(range(1, len(ids) + 1))  # in order
         assert_every_rollout_once(rows_of(f1), ids, "raas results --follow (killed, resumed)")
         assert_every_rollout_once(rows_of(f2), ids, "raas submit --out, then results --follow")
         assert f1.read_text().endswith("\n") and "torn" not in f1.read_text()

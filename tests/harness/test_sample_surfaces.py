@@ -13,7 +13,7 @@ from core.db import session_scope
 from core.models import Job, Rollout, Turn
 from migrations.runner import upgrade
 from raas_client import Batch, Group
-from raas_client import Rollout as WireRollout
+from raas_client import RolloutView
 from tests.harness.conftest import BASH_TOOL, openai_client, recorded
 
 SCRIPT = {"default": ["Looking.", "Still looking.", "Found it."]}
@@ -78,7 +78,7 @@ def test_split_samples_reach_the_wire_the_batch_and_prorl(endpoint, tmp_path) ->
         stored_turns = s.query(Turn).filter_by(rollout_id=rollout_id).order_by(Turn.index).all()
         prorl = prorl_result(row, stored_turns, {"trajectory_id": 0}, "i-1")
 
-    wire = WireRollout.model_validate(json.loads(view.model_dump_json()))
+    wire = RolloutView.model_validate(json.loads(view.model_dump_json()))
     assert "samples" not in wire.extra and len(wire.samples) == 2
     assert wire.samples[1].split_reason == "history_rewritten" and wire.samples[0].calls == 2
     assert wire.response_ids == wire.samples[1].response_ids  # main arrays: the last sample

@@ -70,24 +70,24 @@ def test_the_cache_layout_resolves_offline(service, tmp_path, monkeypatch):
 
 
 def test_a_server_serving_a_hub_id_runs_rollouts(service):
-    svc, url = service
+    svc, url = service  # (Service, simulator url)
     server = svc.client.add_llm_server(url)
     try:
         job = svc.client.submit(
             "test-grpo", [{"instance_id": "h0", "data": {"answer": "4"}}], n_samples=2
         )  # no llm: the pool, tokenizer from its model id
-        svc.wait_done(job["job_id"], timeout=90)
-        rows = svc.all_results(job["job_id"])
-        assert [(r["outcome"], r["reward"]) for r in rows] == [("completed", 1.0)] * 2, svc.log_tail()
-        assert all(r["response_ids"] and 1 in r["loss_mask"] for r in rows)
+        svc.wait_done(job.job_id, timeout=90)
+        rows = svc.all_results(job.job_id)
+        assert [(r.outcome, r.reward) for r in rows] == [("completed", 1.0)] * 2, svc.log_tail()
+        assert all(r.response_ids and 1 in (r.loss_mask or []) for r in rows)
         named = svc.client.submit(
             "test-grpo",
             [{"instance_id": "h1", "data": {"answer": "4"}}],
             llm={"servers": [{"url": url}], "tokenizer": HUB_ID},
         )
-        assert svc.wait_done(named["job_id"], timeout=90)["outcomes"] == {"completed": 1}
+        assert svc.wait_done(named.job_id, timeout=90).outcomes == {"completed": 1}
     finally:
-        svc.client.remove_llm_server(server["id"])
+        svc.client.remove_llm_server(server.id)
 
 
 def test_a_dead_server_is_named_unreachable_in_the_400_and_in_llm_list(service):
@@ -112,7 +112,7 @@ def test_a_dead_server_is_named_unreachable_in_the_400_and_in_llm_list(service):
             svc.client.submit("test-grpo", [{"instance_id": "d", "data": {"answer": "4"}}])
         assert "did not answer" in caught.value.body["message"]
     finally:
-        svc.client.remove_llm_server(server["id"])
+        svc.client.remove_llm_server(server.id)
 
 
 def test_a_model_neither_local_nor_cached_says_where_it_looked(service):

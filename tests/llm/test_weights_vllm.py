@@ -18,16 +18,18 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from raas_client import RaasHTTPError
+from raas_client.weight_models import WeightPushReport
 from raas_client.weights import TiedCheckpoint
 
 from agents.llm.weights import Fingerprint, apply_weights, reset_prefix_cache, verify
 from tests.local_models import CONVERT_VENV, SMOLLM_DIR, VLLM_VENV, torch_python
-from bench.support.pipeline_harness import start_service
+from bench.support.pipeline_harness import start_service, Service
 from bench.support.private_services import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]  # a vLLM start + torch runs
@@ -124,7 +126,7 @@ def vllm_url(checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory, vllm_url):
+def gateway(tmp_path_factory, vllm_url) -> Iterator[Service]:
     """A raas service (gateway, workers, reaper) with the server registered as its pool."""
     svc = start_service(tmp_path_factory.mktemp("gateway"), concurrency={"init": 2, "run": 4, "eval": 2})
     svc.client.add_llm_server(vllm_url, model=SERVED, weight_version="v0")
@@ -134,20 +136,20 @@ def gateway(tmp_path_factory, vllm_url):
 
 def gateway_server(gateway) -> str:
     """The registered server's url."""
-    return gateway.client.llm_servers()[0]["url"]
+    return gateway.client.llm_servers()[0].url
 
 
-def figures(report: dict) -> dict:
+def figures(report: WeightPushReport) -> dict:
     """The push's measured figures, printed for the record."""
-    [s] = report["servers"]
+    [s] = report.servers
     out = {
-        "version": report["version"],
-        "pause_s": s["pause_seconds"],
-        "load_s": s["load_seconds"],
-        "verify_s": s["verify_seconds"],
-        "total_s": s["total_seconds"],
-        "max_abs_dlogp": s["check"]["max_abs_diff"],
-        "before_max_abs_dlogp": s["before_max_abs_diff"],
+        "version": report.version,
+        "pause_s": s.pause_seconds,
+        "load_s": s.load_seconds,
+        "verify_s": s.verify_seconds,
+        "total_s": s.total_seconds,
+        "max_abs_dlogp": s.check.max_abs_diff if s.check is not None else None,
+        "before_max_abs_dlogp": s.before_max_abs_diff,
     }
     print(json.dumps(out))
     return out
@@ -159,8 +161,8 @@ def test_a_push_makes_the_served_logprobs_the_trainers(gateway, checkpoints) -> 
         probe = json.loads(checkpoints[f"probe-{version}"].read_text())
         report = client.push_weights(str(checkpoints[version]), version, probe, timeout=60)
         got = figures(report)
-        assert report["resumed"] and got["max_abs_dlogp"] <= 1e-3  # fp32: < 1e-4 measured
-        assert client.llm_servers()[0]["weight_version"] == version
+        assert report.resumed and got["max_abs_dlogp"] <= 1e-3  # fp32: < 1e-4 measured
+        assert client.llm_servers()[0].weight_version == version
     probe_v1 = Fingerprint(**json.loads(checkpoints["probe-v1"].read_text()))
     on_v0 = verify(gateway_server(gateway), "vllm", SERVED, probe_v1, 1e-3)
     assert not on_v0.ok  # the two checkpoints are really different
@@ -175,7 +177,7 @@ def test_a_tied_checkpoint_is_refused(gateway, checkpoints) -> None:
     with pytest.raises(RaasHTTPError) as refused:
         client._call("POST", "/v1/weights/push", json={"version": "tied", "path": str(SMOLLM2), "probe": probe})
     assert refused.value.status == 422 and "tie_word_embeddings" in refused.value.body["message"]
-    assert not client.llm_servers()[0]["paused"]
+    assert not client.llm_servers()[0].paused
 
 
 def test_skipping_the_prefix_cache_reset_is_caught(gateway, checkpoints) -> None:
@@ -227,22 +229,22 @@ def test_a_push_mid_job_pauses_at_turn_boundaries_and_versions_every_turn(gatewa
     probe = json.loads(checkpoints["probe-v1"].read_text())
     report = client.push_weights(str(checkpoints["v1"]), "v1", probe, timeout=300)
     got = figures(report)
-    [server] = report["servers"]
-    print(json.dumps({"generating_at_pause": server["generating_at_pause"]}))
-    assert report["resumed"] and server["generating_at_pause"] >= 1
+    [server] = report.servers
+    print(json.dumps({"generating_at_pause": server.generating_at_pause}))
+    assert report.resumed and server.generating_at_pause >= 1
     assert got["max_abs_dlogp"] <= 1e-3
-    done = gateway.wait_done(job["job_id"], timeout=900)
-    assert set(done["outcomes"]) <= {"completed", "agent_error"}, done  # never infra/timeout
-    details = [client.rollout(r["rollout_id"]) for r in gateway.all_results(job["job_id"])]
+    done = gateway.wait_done(job.job_id, timeout=900)
+    assert set(done.outcomes) <= {"completed", "agent_error"}, done  # never infra/timeout
+    details = [client.rollout(r.rollout_id) for r in gateway.all_results(job.job_id)]
     seen = set()
     for detail in details:
-        versions = [t["weight_version"] for t in detail["turns"]]
+        versions = [t.weight_version for t in detail.turns]
         assert versions == sorted(versions)  # v0 turns, then v1 turns
         seen.update(versions)
     assert seen == {"v0", "v1"}
     # back to v0 for the other tests (verified too)
     probe_v0 = json.loads(checkpoints["probe-v0"].read_text())
-    assert client.push_weights(str(checkpoints["v0"]), "v0", probe_v0, timeout=300)["resumed"]
+    assert client.push_weights(str(checkpoints["v0"]), "v0", probe_v0, timeout=300).resumed
 
 
 def test_a_tied_checkpoint_pushed_anyway_fails_the_verification(gateway, checkpoints, tmp_path_factory) -> None:

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from fakellm.server import start_simulator
-from raas_client import Batch, Collector, Group, Rollout
+from raas_client import Batch, Collector, Group, RolloutView
 from raas_client.cli import results, status
 from bench.support.pipeline_harness import start_service
 
@@ -41,7 +41,7 @@ def service(tmp_path_factory):
     )
     url, stop = start_simulator(SMOLLM2, SCRIPT)
     server = svc.client.add_llm_server(url, weight_version="step-1")
-    svc.server_id = server["id"]
+    svc.server_id = server.id
     yield svc
     stop()
     svc.stop()
@@ -55,7 +55,7 @@ def job(service):
         [instance("g0", infra_samples=[1]), instance("g1", policy_samples=[2]), instance("g2"), instance("g3")],
         n_samples=N,
     )
-    return accepted["job_id"]
+    return accepted.job_id
 
 
 def test_collect_gives_k_groups_then_the_rest(service, job):
@@ -66,7 +66,7 @@ def test_collect_gives_k_groups_then_the_rest(service, job):
     groups = {g.instance_id: g for g in first.groups + rest.groups}
     assert sorted(groups) == ["g0", "g1", "g2", "g3"]
     for g in groups.values():
-        assert isinstance(g, Group) and all(isinstance(r, Rollout) for r in g.rollouts)
+        assert isinstance(g, Group) and all(isinstance(r, RolloutView) for r in g.rollouts)
         assert [r.sample_index for r in g.rollouts] == list(range(N))
 
     g0, g1 = groups["g0"], groups["g1"]
@@ -91,7 +91,7 @@ def test_collect_gives_k_groups_then_the_rest(service, job):
 
 def test_advantages_and_arrays_from_a_real_batch(service):
     accepted = service.client.submit("test-grpo", [instance("a0"), instance("a1")], n_samples=N)
-    batch = service.client.collect(accepted["job_id"], groups=2, timeout=120)
+    batch = service.client.collect(accepted.job_id, groups=2, timeout=120)
     assert len(batch.groups) == 2, service.log_tail()
     for g in batch.groups:
         adv = g.advantages("grpo")
@@ -145,10 +145,10 @@ def test_collect_returns_at_the_timeout_with_what_completed(service):
         accepted = service.client.submit(
             "test-grpo", [instance("slow")], n_samples=2, llm={"servers": [{"url": url}], "tokenizer": SMOLLM2}
         )
-        batch = service.client.collect(accepted["job_id"], groups=1, timeout=2)
+        batch = service.client.collect(accepted.job_id, groups=1, timeout=2)
         assert batch.groups == [] and batch.timed_out and not batch.job_done
         assert 1.5 < batch.seconds < 10
-        service.client.cancel(accepted["job_id"])
+        service.client.cancel(accepted.job_id)
     finally:
         stop()
 
@@ -156,23 +156,23 @@ def test_collect_returns_at_the_timeout_with_what_completed(service):
 def test_rows_parse_from_the_wire_json(service, job):
     """The gateway serves the SDK's model: a raw row parses, and carries failure_class."""
     page = service.client.results_page(job, 0, wait=0, limit=100)
-    assert page["items"] and all(i["failure_class"] in ("none", "policy", "infra") for i in page["items"])
-    row = Rollout.model_validate(json.loads(json.dumps(page["items"][0])))
-    assert row.model_dump(mode="json")["failure_class"] == page["items"][0]["failure_class"]
+    assert page.items and all(i.failure_class in ("none", "policy", "infra") for i in page.items)
+    row = RolloutView.model_validate(json.loads(page.items[0].model_dump_json()))
+    assert row.model_dump(mode="json")["failure_class"] == page.items[0].failure_class
 
 
 def test_out_rows_are_the_api_records(service, job, tmp_path):
     """`raas results JOB --out F` writes the record the API returns: metrics, group markers,
-    failure_class; each line parses as the SDK's Rollout."""
+    failure_class; each line parses as the SDK's RolloutView."""
     out = tmp_path / "rows.jsonl"
     res = CliRunner().invoke(results, [job, "--out", str(out), "--url", service.url])
     assert res.exit_code == 0, res.output
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     api = service.all_results(job)
-    assert lines == api and len(lines) == 4 * N
+    assert lines == [r.model_dump(mode="json") for r in api] and len(lines) == 4 * N
     assert sum(r["group_complete"] for r in lines) == 4
     assert all(r["metrics"].get("turns") for r in lines if r["failure_class"] == "none")
-    assert [Rollout.model_validate(r).failure_class for r in lines] == [r["failure_class"] for r in lines]
+    assert [RolloutView.model_validate(r).failure_class for r in lines] == [r["failure_class"] for r in lines]
 
 
 def test_short_job_ids_work_in_the_cli(service, job):
@@ -183,9 +183,9 @@ def test_short_job_ids_work_in_the_cli(service, job):
     res = CliRunner().invoke(results, [short, "--url", service.url])
     assert res.exit_code == 0 and len(res.output.strip().splitlines()) >= 4 * N
     # an ambiguous prefix: at most 17 jobs give two ids with the same first character
-    ids = [j["job_id"] for j in service.client.jobs(limit=100)["jobs"]]
+    ids = [j.job_id for j in service.client.jobs(limit=100).jobs]
     while len({i[0] for i in ids}) == len(ids):
-        ids.append(service.client.submit("test-sleepy", [{"instance_id": "x"}])["job_id"])
+        ids.append(service.client.submit("test-sleepy", [{"instance_id": "x"}]).job_id)
     first = next(i[0] for i in ids if sum(j[0] == i[0] for j in ids) > 1)
     res = CliRunner().invoke(status, [first, "--url", service.url])
     assert res.exit_code == 1 and "is ambiguous" in res.output and "type more" in res.output

@@ -40,11 +40,11 @@ BARE_CLI = "import sys; sys.modules['click'] = None; from raas_client.console im
 PROBE = textwrap.dedent("""
     import importlib.util, json, sys
     sys.modules["click"] = sys.modules["tqdm"] = None  # the SDK itself needs neither
-    from raas_client import RaasClient, Rollout
+    from raas_client import RaasClient
     url, job_id = sys.argv[1], sys.argv[2]
     absent = [m for m in sys.argv[3].split(",") if importlib.util.find_spec(m) is None]
     with RaasClient(url) as client:
-        rows = [Rollout.model_validate(i) for i in client.results_page(job_id, limit=100)["items"]]
+        rows = client.results_page(job_id, limit=100).items  # typed: RolloutView
         batch = client.collect(job_id, groups=2, timeout=30)
     print(json.dumps({"absent": absent, "classes": [r.failure_class for r in rows],
                       "rewards": [r.reward for r in rows], "tokens": [r.response_ids for r in rows],
@@ -65,9 +65,9 @@ def test_the_sdk_installs_and_works_without_the_server(tmp_path):
     svc = start_service(tmp_path / "home", concurrency=2)
     try:
         job = svc.client.submit("test-sleepy", [{"instance_id": "i0"}, {"instance_id": "i1"}], n_samples=2)
-        svc.wait_done(job["job_id"], timeout=60)
+        svc.wait_done(job.job_id, timeout=60)
         probe = subprocess.run(
-            [str(python), "-c", PROBE, svc.url, job["job_id"], ",".join(SERVER_ONLY)],
+            [str(python), "-c", PROBE, svc.url, job.job_id, ",".join(SERVER_ONLY)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -86,7 +86,7 @@ def test_the_sdk_installs_and_works_without_the_server(tmp_path):
         )
         assert bare.returncode != 0 and "pip install 'raas-client[cli]'" in bare.stderr
         # with the `cli` extra the trainer-side commands work, without the server
-        command = [str(venv / "bin" / "raas-client"), "status", job["job_id"][:12], "--url", svc.url]
+        command = [str(venv / "bin" / "raas-client"), "status", job.job_id[:12], "--url", svc.url]
         shown = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["outcomes"] == {"completed": 4}

@@ -9,7 +9,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from raas_client import Batch, Group, RaasClient, Rollout
+from raas_client import Batch, Group, RaasClient, RolloutView
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_the_grpo_step_is_short_and_uses_what_the_sdk_gives():
     code = train_block()
     assert len(code.strip().splitlines()) <= 30
     ast.parse(code)
-    row = Rollout(
+    row = RolloutView(
         rollout_id="r",
         job_id="j",
         instance_id="i",

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from raas_client import Group, Rollout, advantages, failure_class_of
+from raas_client import Group, RolloutView, advantages, failure_class_of
 from raas_client.arrays import to_arrays
 from raas_client.models import version_number
 
@@ -48,7 +48,7 @@ def test_arrays_of_nothing_keep_their_rank():
     assert arrays["input_ids"].shape == (0, 0) and arrays["rewards"].shape == (0,)
 
 
-def row(k: int, **fields) -> Rollout:
+def row(k: int, **fields) -> RolloutView:
     base = {
         "rollout_id": f"r{k}",
         "job_id": "j",
@@ -61,7 +61,7 @@ def row(k: int, **fields) -> Rollout:
         "timing": {},
         "created_at": datetime.now(timezone.utc),
     }
-    return Rollout(**{**base, **fields})
+    return RolloutView(**{**base, **fields})
 
 
 def test_a_straggler_cut_is_neither_a_sample_nor_a_failure():
@@ -72,3 +72,24 @@ def test_a_straggler_cut_is_neither_a_sample_nor_a_failure():
     failed = row(2, outcome="infra_error", reward=None)
     short = Group(job_id="j", instance_id="i", rollouts=[row(0), row(1), failed, cut], expected=3)
     assert short.short and short.n_infra == 1 and len(short.samples) == 2
+
+
+def test_every_client_method_answers_with_a_typed_model() -> None:
+    """No public `RaasClient` method returns a dict (or Any): each answer is a wire model, a
+    list or iterator of them, a string or None."""
+    import inspect
+    import typing
+
+    from pydantic import BaseModel
+
+    from raas_client import RaasClient
+
+    def untyped(hint: object) -> bool:
+        if hint is typing.Any or hint is dict or typing.get_origin(hint) is dict:
+            return True
+        return any(untyped(arg) for arg in typing.get_args(hint))
+
+    methods = [m for name, m in inspect.getmembers(RaasClient, inspect.isfunction) if not name.startswith("_")]
+    hints = {m.__name__: typing.get_type_hints(m)["return"] for m in methods}
+    assert len(hints) >= 25 and not [name for name, hint in hints.items() if untyped(hint)]
+    assert issubclass(hints["job"], BaseModel) and issubclass(hints["submit"], BaseModel)

@@ -97,18 +97,16 @@ def test_service_job_then_node_job_from_the_shipped_scripts(scenario, tmp_path):
         client = RaasClient(url, timeout=60)
         job = scenario.submit(4, client=client)
         wait_for(
-            lambda: client.job(job["job_id"])["finished"] == 4,
+            lambda: client.job(job.job_id).finished == 4,
             180,
             "4 finished rollouts",
             interval=1,
             context=lambda: _logs(folder),
         )
-        results = list(client.results(job["job_id"], wait=1))
-        assert sorted(r["outcome"] for r in results) == ["completed"] * 4
+        results = list(client.results(job.job_id, wait=1))
+        assert sorted(r.outcome for r in results) == ["completed"] * 4
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
-        assert [r["reward"] for r in results] == [
-            1.0 if answers_right(index[r["instance_id"]]) else 0.0 for r in results
-        ]
+        assert [r.reward for r in results] == [1.0 if answers_right(index[r.instance_id]) else 0.0 for r in results]
         client.close()
     finally:
         scenario.stop_nodes()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from raas_client import RolloutView
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "train"))
 
@@ -22,18 +23,26 @@ from grpo import (
 
 def row(
     instance: str, reward: float | None, outcome: str = "completed", versions: list | None = None, n: int = 3
-) -> dict:
-    return {
-        "rollout_id": f"{instance}-{reward}-{outcome}",
-        "instance_id": instance,
-        "outcome": outcome,
-        "reward": reward,
-        "prompt_ids": [1, 2],
-        "response_ids": list(range(10, 10 + n)),
-        "response_logprobs": [-0.5] * n,
-        "loss_mask": [1] * n,
-        "policy_versions": versions or ["v3"],
-    }
+) -> RolloutView:
+    return RolloutView.model_validate(
+        {
+            "rollout_id": f"{instance}-{reward}-{outcome}",
+            "job_id": "j",
+            "sample_index": 0,
+            "status": "done",
+            "attempt": 1,
+            "timing": {},
+            "created_at": "2026-01-01T00:00:00Z",
+            "instance_id": instance,
+            "outcome": outcome,
+            "reward": reward,
+            "prompt_ids": [1, 2],
+            "response_ids": list(range(10, 10 + n)),
+            "response_logprobs": [-0.5] * n,
+            "loss_mask": [1] * n,
+            "policy_versions": versions or ["v3"],
+        }
+    )
 
 
 def test_group_advantages_are_normalised_within_the_group() -> None:
@@ -59,8 +68,8 @@ def test_infra_failures_leave_the_group_and_flat_groups_are_dropped() -> None:
     timed_out = [row("d", 1.0), row("d", 0.0, "timeout"), row("d", 0.0, "agent_error")]
     samples_d, stats_d = build_samples([timed_out], trainer_version=3)
     assert stats_d.infra_excluded == 1 and [s.reward for s in samples_d] == [1.0, 0.0]
-    labelled = [dict(row("e", 1.0), failure_class="infra"), row("e", 0.0), row("e", 1.0)]
-    assert build_samples([labelled], trainer_version=3)[1].infra_excluded == 1
+    unknown = [row("e", 1.0, "a_newer_outcome"), row("e", 0.0), row("e", 1.0)]  # unknown: infra
+    assert build_samples([unknown], trainer_version=3)[1].infra_excluded == 1
     assert [round(s.advantage, 4) for s in samples] == [1.0, -1.0]
     assert (stats.groups, stats.groups_no_variance, stats.infra_excluded) == (3, 2, 3)
     assert stats.mean_reward == pytest.approx(5 / 6)  # rewards of the 6 real samples
@@ -85,7 +94,7 @@ def test_staleness_bound_uses_the_per_turn_versions() -> None:
 
 def test_rows_with_inconsistent_arrays_are_refused() -> None:
     bad = row("a", 1.0)
-    bad["loss_mask"] = [1, 1]
+    bad.loss_mask = [1, 1]
     with pytest.raises(ValueError, match="differ in length"):
         build_samples([[bad, row("a", 0.0)]], trainer_version=3)
 

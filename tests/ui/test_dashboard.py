@@ -24,6 +24,8 @@ from fakellm.server import start_simulator
 from raas_client import RaasClient
 from bench.support.pipeline_harness import start_service, wait_for
 from bench.support.browser import chromium, console_errors
+from collections.abc import Iterator
+from raas_client.models import JobAccepted
 
 pytestmark = pytest.mark.service  # a whole-service tier: `make test`, not `make test-fast`
 
@@ -87,7 +89,7 @@ def service(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def jobs(service):
+def jobs(service) -> Iterator[dict[str, JobAccepted]]:
     """A finished job (completed with and without drift, agent_error), a slow one, another's."""
     good, bad, slow = QUESTIONS["search-003"], QUESTIONS["search-016"], QUESTIONS["search-002"]
     script = {
@@ -115,9 +117,9 @@ def jobs(service):
         limits={"max_turns": 4},
     )
     service.bob.add_llm_server(url.replace("127.0.0.1", "127.0.0.2"))  # bob's own pool
-    service.wait_done(main["job_id"], timeout=120)
+    service.wait_done(main.job_id, timeout=120)
     deadline = time.monotonic() + 120
-    while service.bob.job(other["job_id"])["status"] == "running":
+    while service.bob.job(other.job_id).status == "running":
         assert time.monotonic() < deadline, "bob's job did not finish"
         time.sleep(0.2)
     slow_job = service.client.submit(
@@ -149,21 +151,21 @@ def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs
         page = anon.get("/ui/")
         assert page.status_code == 401 and 'id="login"' in page.text
         assert anon.get("/ui/?token=wrong").status_code == 401
-        assert anon.get(f"/ui/jobs/{main['job_id']}").status_code == 401
-        assert anon.get(f"/ui/rollouts/{main['rollout_ids'][0]}/tokens.json?segment=0").status_code == 401
+        assert anon.get(f"/ui/jobs/{main.job_id}").status_code == 401
+        assert anon.get(f"/ui/rollouts/{main.rollout_ids[0]}/tokens.json?segment=0").status_code == 401
         assert anon.post("/ui/login", data={"token": "wrong"}).status_code == 401
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=service.url, headers=auth) as mine:
-        assert mine.get(f"/ui/jobs/{main['job_id']}").status_code == 200
-        assert mine.get(f"/ui/jobs/{other['job_id']}").status_code == 404
-        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}").status_code == 404
-        assert mine.get(f"/ui/rollouts/{other['rollout_ids'][0]}/tokens.json?segment=0").status_code == 404
-        assert mine.post(f"/ui/jobs/{other['job_id']}/cancel").status_code == 404
-        assert other["job_id"] not in mine.get("/ui/").text
+        assert mine.get(f"/ui/jobs/{main.job_id}").status_code == 200
+        assert mine.get(f"/ui/jobs/{other.job_id}").status_code == 404
+        assert mine.get(f"/ui/rollouts/{other.rollout_ids[0]}").status_code == 404
+        assert mine.get(f"/ui/rollouts/{other.rollout_ids[0]}/tokens.json?segment=0").status_code == 404
+        assert mine.post(f"/ui/jobs/{other.job_id}/cancel").status_code == 404
+        assert other.job_id not in mine.get("/ui/").text
     with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {OTHER}"}) as bob:
-        assert bob.get(f"/ui/jobs/{other['job_id']}").status_code == 200
-        assert bob.get(f"/ui/jobs/{main['job_id']}").status_code == 404
-        assert bob.get(f"/ui/rollouts/{main['rollout_ids'][0]}").status_code == 404
+        assert bob.get(f"/ui/jobs/{other.job_id}").status_code == 200
+        assert bob.get(f"/ui/jobs/{main.job_id}").status_code == 404
+        assert bob.get(f"/ui/rollouts/{main.rollout_ids[0]}").status_code == 404
     # The cookie is for /ui only: it never authenticates an API call.
     with httpx.Client(base_url=service.url) as browser_like:
         browser_like.post("/ui/login", data={"token": TOKEN})
@@ -172,8 +174,8 @@ def test_pages_answer_401_without_the_token_and_404_across_tenants(service, jobs
 
 
 def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifacts) -> None:
-    main = service.client.job(jobs["main"]["job_id"])
-    assert main["outcomes"] == {"completed": 4, "agent_error": 2}
+    main = service.client.job(jobs["main"].job_id)
+    assert main.outcomes == {"completed": 4, "agent_error": 2}
     browser.get(f"{service.url}/ui/")
     # Read the row in one script: the rows refresh themselves while the slow job runs.
     shown, text = browser.execute_script(
@@ -183,17 +185,17 @@ def test_jobs_page_lists_the_job_with_its_counts(service, jobs, browser, artifac
         row.querySelectorAll('.badge').forEach(
             b => { badges[b.dataset.outcome] = Number(b.querySelector('b').textContent); });
         return [badges, row.innerText];""",
-        main["job_id"],
+        main.job_id,
     )
-    assert shown == main["outcomes"]
+    assert shown == main.outcomes
     assert "6 / 6" in text and "search" in text
-    assert jobs["other"]["job_id"] not in browser.page_source
+    assert jobs["other"].job_id not in browser.page_source
     shot(browser, artifacts, "jobs")
     assert console_errors(browser) == []
 
 
 def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browser, artifacts) -> None:
-    job_id = jobs["main"]["job_id"]
+    job_id = jobs["main"].job_id
     browser.get(f"{service.url}/ui/")
     browser.find_element("css selector", f'tr[data-job="{job_id}"] a').click()  # click 1
     wait_for(lambda: browser.find_elements("id", "groups"))
@@ -204,18 +206,18 @@ def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browse
     wait_for(lambda: browser.find_elements("id", "conversation"))
     rollout_id = browser.current_url.rsplit("/", 1)[-1]
     stored = service.client.rollout(rollout_id)
-    n_tokens = len(stored["prompt_ids"]) + len(stored["response_ids"])
-    assert len(browser.find_elements("css selector", ".turn")) == len(stored["turns"]) == 2
+    n_tokens = len(stored.prompt_ids) + len(stored.response_ids)
+    assert len(browser.find_elements("css selector", ".turn")) == len(stored.turns) == 2
     assert int(browser.find_element("id", "n-tokens").text) == n_tokens
-    assert int(browser.find_element("id", "n-trained").text) == sum(stored["loss_mask"])
+    assert int(browser.find_element("id", "n-trained").text) == sum(stored.loss_mask)
     browser.find_element("id", "expand-all").click()
     boxes = browser.find_elements("css selector", "details.tokens .tokbox")
     wait_for(lambda: all(b.get_attribute("data-loaded") for b in boxes))
     assert len(browser.find_elements("css selector", ".tokbox .tok")) == n_tokens
     trained = browser.find_elements("css selector", ".tokbox .tok.m1")
-    assert len(trained) == sum(stored["loss_mask"])
+    assert len(trained) == sum(stored.loss_mask)
     # Hover the 5th trained token: the tip shows exactly the stored logprob.
-    k = [i for i, m in enumerate(stored["loss_mask"]) if m == 1][4]
+    k = [i for i, m in enumerate(stored.loss_mask) if m == 1][4]
     from selenium.webdriver import ActionChains
 
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", trained[4])
@@ -223,13 +225,13 @@ def test_rollout_page_shows_turns_tokens_mask_and_logprobs(service, jobs, browse
     tip = browser.find_element("id", "tip")
     wait_for(lambda: tip.is_displayed())
     lines = dict(line.split(" ", 1) for line in tip.text.splitlines())
-    assert float(lines["logprob"].split()[0]) == stored["response_logprobs"][k]
-    assert f"id {stored['response_ids'][k]}" in tip.text
+    assert float(lines["logprob"].split()[0]) == stored.response_logprobs[k]
+    assert f"id {stored.response_ids[k]}" in tip.text
     assert lines["mask"].startswith("1")
     assert json.loads(lines["piece"])  # decoded with the job's tokenizer on the server
-    assert lines["policy"] == "version step-6" == f"version {stored['policy_versions'][0]}"
+    assert lines["policy"] == "version step-6" == f"version {stored.policy_versions[0]}"
     # The drift audit found the non-canonical tokens of turn 0; the first one is marked.
-    assert stored["metrics"]["retokenization_drift"] > 0
+    assert stored.metrics["retokenization_drift"] > 0
     drift = browser.find_elements("css selector", ".tokbox .tok.drift")
     assert len(drift) == 1 and browser.find_element("id", "drift").is_displayed()
     assert "128" in browser.find_element("id", "artifacts").text  # the graded answer
@@ -266,7 +268,7 @@ def test_stage_view_shows_the_metrics_numbers(service, jobs, browser, artifacts)
 
 
 def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, browser, artifacts) -> None:
-    job_id = jobs["slow"]["job_id"]
+    job_id = jobs["slow"].job_id
     browser.get(f"{service.url}/ui/")
     row = f'tr[data-job="{job_id}"]'
     if wait_for(lambda: _attribute_fresh(browser, row, "data-status")) != "running":
@@ -275,10 +277,10 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     alert = wait_for(lambda: _alert(browser))
     assert "Cancel job" in alert.text
     alert.dismiss()  # said no: nothing happens
-    assert service.client.job(job_id)["status"] == "running"
+    assert service.client.job(job_id).status == "running"
     click_fresh(browser, f"{row} form.cancel button")
     wait_for(lambda: _alert(browser)).accept()
-    wait_for(lambda: service.client.job(job_id)["status"] in ("cancelling", "cancelled"))
+    wait_for(lambda: service.client.job(job_id).status in ("cancelling", "cancelled"))
     wait_for(lambda: browser.current_url.endswith("/ui/"))
     browser.execute_script("window.notReloaded = true")
     # The running rollout stops at its next turn; the rows refresh without a reload.
@@ -288,7 +290,7 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
         what="the row to show cancelled",
     )
     assert browser.execute_script("return window.notReloaded") is True
-    assert service.client.job(job_id)["outcomes"] == {"cancelled": 1}
+    assert service.client.job(job_id).outcomes == {"cancelled": 1}
     shot(browser, artifacts, "jobs-cancelled")
     assert console_errors(browser) == []
 

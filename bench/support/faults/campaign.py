@@ -38,6 +38,7 @@ from bench.support.pipeline_harness import REPO, Service, start_service, wait_fo
 from bench.support.private_services import PrivatePostgres, PrivateRedis
 from bench.support.faults.report import Report
 from bench.support.tcp_proxy import ProxyProcess
+from raas_client.models import JobAccepted, RolloutView
 
 if TYPE_CHECKING:
     from bench.support.faults.faults import Fault
@@ -248,7 +249,7 @@ class Campaign:
                 if node not in self.svc.reapers:
                     self.svc.start_reaper(node)
 
-    def submit(self, n: int, offset: int = 0, slow_tools: bool = False, registered: bool = False) -> dict[str, Any]:
+    def submit(self, n: int, offset: int = 0, slow_tools: bool = False, registered: bool = False) -> JobAccepted:
         """A job of `n` distinct problems (each its own simulator script; `slow_tools`: their
         tool calls take SLOW_TOOL_SECONDS; `registered`: the simulator as a server of the
         shared pool, as a trainer registers its vLLM servers, instead of named by the job)."""
@@ -266,7 +267,7 @@ class Campaign:
                 self.registered = True
             llm = {k: v for k, v in llm.items() if k != "servers"}
         job = self.svc.client.submit("math", instances, llm=llm, limits={"max_turns": TURNS + 2})
-        self.prefixes[job["job_id"]] = prefix
+        self.prefixes[job.job_id] = prefix
         return job
 
     # -- one faulted job ------------------------------------------------------------------
@@ -289,11 +290,11 @@ class Campaign:
         )
         fault.strike(self, job, report)
         jobs = [job, *report.extra_jobs]
-        report.job_ids = [j["job_id"] for j in jobs]
+        report.job_ids = [j.job_id for j in jobs]
         deadline = time.monotonic() + timeout
         for j in jobs:
             try:
-                self.svc.wait_done(j["job_id"], timeout=max(1.0, deadline - time.monotonic()))
+                self.svc.wait_done(j.job_id, timeout=max(1.0, deadline - time.monotonic()))
             except AssertionError as exc:
                 report.notes.append(str(exc).splitlines()[0][:300])
         report.seconds = round(time.monotonic() - started, 1)
@@ -310,33 +311,33 @@ class Campaign:
         self._count_leaks(leaks_before, report)
         return report
 
-    def _measure(self, job: dict[str, Any], report: Report, allowed: tuple[str, ...]) -> None:
-        view = self.svc.client.job(job["job_id"])
-        report.finished += view["finished"]
-        for k, v in (view.get("outcomes") or {}).items():
+    def _measure(self, job: JobAccepted, report: Report, allowed: tuple[str, ...]) -> None:
+        view = self.svc.client.job(job.job_id)
+        report.finished += view.finished
+        for k, v in (view.outcomes or {}).items():
             report.outcomes[k] = report.outcomes.get(k, 0) + v
             report.unexpected_outcomes += v if k not in allowed else 0
-        report.lost += view["n_rollouts"] - view["finished"]
-        results = self._results(job["job_id"])
-        ids = [r["rollout_id"] for r in results]
+        report.lost += view.n_rollouts - view.finished
+        results = self._results(job.job_id)
+        ids = [r.rollout_id for r in results]
         report.duplicated += len(ids) - len(set(ids))
-        seqs = sorted(r["seq"] for r in results)
+        seqs = sorted(r.seq for r in results)
         report.seq_gaps += sorted(set(range(1, len(seqs) + 1)) - set(seqs))
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
-            report.retried_rollouts += r["attempt"] > 1
-            if r["attempt"] > 1 and report.affected_ids and r["rollout_id"] not in report.affected_ids:
-                report.notes.append(f"retried, not affected: {r['rollout_id']}: {self._history(r['rollout_id'])}")
-            metrics = r.get("metrics") or {}
+            report.retried_rollouts += r.attempt > 1
+            if r.attempt > 1 and report.affected_ids and r.rollout_id not in report.affected_ids:
+                report.notes.append(f"retried, not affected: {r.rollout_id}: {self._history(r.rollout_id)}")
+            metrics = r.metrics or {}
             report.replayed_turns += int(metrics.get("replayed_turns") or 0)
             report.replay_divergences += len(metrics.get("replay_divergences") or [])
-            if r["outcome"] != "completed":
+            if r.outcome != "completed":
                 continue
-            want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
-            report.wrong_rewards += r["reward"] != want
-            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
-            turns = self.svc.client.rollout(r["rollout_id"])["turns"] or []
-            report.repeated_turns += [t["index"] for t in turns] != list(range(TURNS))
+            want = 1.0 if answers_right(index[r.instance_id]) else 0.0
+            report.wrong_rewards += r.reward != want
+            report.missing_tokens += not (r.prompt_ids and r.response_ids and r.loss_mask)
+            turns = self.svc.client.rollout(r.rollout_id).turns or []
+            report.repeated_turns += [t.index for t in turns] != list(range(TURNS))
 
     def _history(self, rollout_id: str) -> list[str]:
         """Why each earlier attempt of a rollout ended (a note names a retry nobody expected)."""
@@ -344,25 +345,25 @@ class Campaign:
             history = s.scalar(sa.select(Rollout.attempt_history).where(Rollout.id == rollout_id)) or []
         return [str(h.get("error"))[:160] for h in history]
 
-    def _results(self, job_id: str) -> list[dict[str, Any]]:
+    def _results(self, job_id: str) -> list[RolloutView]:
         """Every finished rollout so far, page by page (the SDK's `results()` would follow a
         job that never ends)."""
         out, cursor = [], 0
         while True:
             page = self.svc.client.results_page(job_id, after=cursor)
-            out += page["items"]
-            if not page["items"] or page["done"]:
+            out += page.items
+            if not page.items or page.done:
                 return out
-            cursor = page["cursor"]
+            cursor = page.cursor
 
-    def _count_calls(self, jobs: list[dict[str, Any]], before: dict[str, int], report: Report) -> None:
+    def _count_calls(self, jobs: list[JobAccepted], before: dict[str, int], report: Report) -> None:
         after = sim_stats(self.sim_url)
         report.llm_calls = after.get("started", 0) - before.get("started", 0)
         problems = {p["instance_id"]: p["problem"] for p in PROBLEMS}
         looped = 0
         for j in jobs:
-            for row in self.rows(j["job_id"]):
-                key = self.prefixes.get(j["job_id"], "") + problems[row.instance_id]
+            for row in self.rows(j.job_id):
+                key = self.prefixes.get(j.job_id, "") + problems[row.instance_id]
                 answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0) for t in range(TURNS)]
                 looped += answered[0] > 0
                 report.rerun_rollouts += answered[0] > 1

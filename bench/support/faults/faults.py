@@ -12,7 +12,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -20,8 +19,9 @@ from core.db import session_scope
 from core.models import Rollout, Turn
 from bench.support.faults.campaign import CONCURRENCY, NODES, Campaign, Report
 from bench.support.pipeline_harness import wait_for
+from raas_client.models import JobAccepted
 
-Strike = Callable[[Campaign, dict[str, Any], Report], None]
+Strike = Callable[[Campaign, JobAccepted, Report], None]
 OUTAGE_SECONDS = 3.0  # the issue's goal: a 3 s Redis or PostgreSQL restart costs 0 re-runs
 
 
@@ -80,14 +80,14 @@ def _mid_run(c: Campaign, job_id: str) -> list[Rollout]:
 
 
 # -- worker kills -------------------------------------------------------------------------
-def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def sigkill_every_stage(c: Campaign, job: JobAccepted, report: Report) -> None:
     """SIGKILL an INIT, a RUN and an EVAL pool while each holds work; restart each at once."""
     rng = random.Random(15)
     # RUN is killed once a rollout has 2 turns stored: a restart from INIT re-generates them,
     # a resume in the same sandbox at most the turn that was in flight.
     for stage, turns in (("init", 0), ("run", 2), ("eval", 0)):
         rows = wait_for(
-            lambda stage=stage, turns=turns: _leased(c, job["job_id"], stage, turns),
+            lambda stage=stage, turns=turns: _leased(c, job.job_id, stage, turns),
             timeout=60,
             what=f"a rollout held by {stage}",
             interval=0.05,
@@ -102,7 +102,7 @@ def sigkill_every_stage(c: Campaign, job: dict[str, Any], report: Report) -> Non
 
 
 # -- node loss ------------------------------------------------------------------------------
-def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def lose_node(c: Campaign, job: JobAccepted, report: Report) -> None:
     """n1's pools and reaper die for good, holding leased RUN work and RUN work queued for it.
 
     Its RUN pool dies first, with rollouts mid-RUN (one with 2 turns stored at least: a
@@ -112,7 +112,7 @@ def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     """
     lost = NODES[0]
     wait_for(
-        lambda: [r for r in _leased(c, job["job_id"], "run", 2) if _node_of(r) == lost],
+        lambda: [r for r in _leased(c, job.job_id, "run", 2) if _node_of(r) == lost],
         timeout=60,
         what=f"a rollout mid-RUN on {lost}",
         interval=0.05,
@@ -120,11 +120,11 @@ def lose_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
     c.lose_node(lost, stages=("run",), reaper=False)
 
     def queued_for_lost_node() -> bool:
-        return any(r.node == lost and r.status == "run" and not r.lease_owner for r in c.rows(job["job_id"]))
+        return any(r.node == lost and r.status == "run" and not r.lease_owner for r in c.rows(job.job_id))
 
     wait_for(queued_for_lost_node, timeout=60, what=f"a rollout queued for run.{lost}", interval=0.05)
     c.lose_node(lost)
-    report.affected_ids = {r.id for r in c.rows(job["job_id"]) if r.node == lost and r.finished_at is None}
+    report.affected_ids = {r.id for r in c.rows(job.job_id) if r.node == lost and r.finished_at is None}
     report.affected = len(report.affected_ids)
     report.notes.append(f"{lost} lost holding {report.affected} rollouts")
 
@@ -135,10 +135,10 @@ def node_returns(c: Campaign, report: Report) -> None:
 
 
 # -- broker and database restarts ---------------------------------------------------------
-def redis_restart(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def redis_restart(c: Campaign, job: JobAccepted, report: Report) -> None:
     """Redis restarts (down 3 s) mid-RUN; a second job is submitted during the outage."""
-    _mid_run(c, job["job_id"])
-    report.affected_ids = _unfinished(c, job["job_id"])
+    _mid_run(c, job.job_id)
+    report.affected_ids = _unfinished(c, job.job_id)
     report.affected = len(report.affected_ids)
     restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
     time.sleep(1.0)
@@ -147,23 +147,23 @@ def redis_restart(c: Campaign, job: dict[str, Any], report: Report) -> None:
     restart.join(60)
 
 
-def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def redis_restart_during_acks(c: Campaign, job: JobAccepted, report: Report) -> None:
     """Issue 26: Redis restarts with nothing persisted (down 3 s) while RUN leases are held
     and stages finish and ack, and n2's EVAL consumer fails once at the same moment (as the
     ack through kombu's cleared connection made it fail); nothing restarts a pool that exits."""
-    _mid_run(c, job["job_id"])
+    _mid_run(c, job.job_id)
     try:  # strike with several RUN leases held when the machine lets INIT keep up
         wait_for(
-            lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= 4,
+            lambda: len(_leased(c, job.job_id, "run", min_turns=1)) >= 4,
             timeout=10,
             what="4 rollouts mid-RUN",
             interval=0.05,
         )
     except AssertionError:
         pass
-    held = len(_leased(c, job["job_id"], "run"))
+    held = len(_leased(c, job.job_id, "run"))
     c.eval_log_mark = len(_eval_log(c))  # type: ignore[attr-defined]
-    report.affected_ids = _unfinished(c, job["job_id"])
+    report.affected_ids = _unfinished(c, job.job_id)
     report.affected = len(report.affected_ids)
     restart = c.redis.restart_in_background("fast", OUTAGE_SECONDS)
     c.fail_consumer_once("eval", NODES[1])
@@ -171,13 +171,13 @@ def redis_restart_during_acks(c: Campaign, job: dict[str, Any], report: Report) 
     report.notes.append(f"Redis restarted with {held} RUN leases held, {report.affected} rollouts unfinished")
 
 
-def drain_node(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def drain_node(c: Campaign, job: JobAccepted, report: Report) -> None:
     """Issue 27: a node's pools get SIGTERM (2 s drain) while it holds RUNs with stored turns,
     as at the end of its Slurm job; the node does not come back during the job. `affected`:
     rollouts that had not finished RUN there then (the most that may restart from INIT)."""
-    mid_run = _mid_run(c, job["job_id"])
+    mid_run = _mid_run(c, job.job_id)
     drained = sorted({_node_of(r) for r in mid_run})[0]  # a node holding RUNs with turns
-    before_run = {r.id for r in c.rows(job["job_id"]) if r.node == drained and r.status in ("init", "run")}
+    before_run = {r.id for r in c.rows(job.job_id) if r.node == drained and r.status in ("init", "run")}
     seconds, codes = c.drain_node(drained)
     report.affected_ids = before_run
     report.affected = len(before_run)
@@ -207,20 +207,20 @@ def postgres_restart(mode: str) -> Strike:
     statements (the generation mark, the server claim, the turn insert) or its hand-off; with
     fast tools a RUN met it in the turn insert's settle, whose SQLAlchemy path always retried."""
 
-    def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
-        _mid_run(c, job["job_id"])
+    def strike(c: Campaign, job: JobAccepted, report: Report) -> None:
+        _mid_run(c, job.job_id)
         slots = CONCURRENCY["run"] * len(NODES)
         try:
             wait_for(
-                lambda: len(_leased(c, job["job_id"], "run", min_turns=1)) >= slots - 1,
+                lambda: len(_leased(c, job.job_id, "run", min_turns=1)) >= slots - 1,
                 timeout=10,
                 what=f"{slots - 1} rollouts mid-RUN",
                 interval=0.05,
             )
         except AssertionError:
             pass
-        held = len(_leased(c, job["job_id"], "run", min_turns=1))
-        report.affected_ids = _unfinished(c, job["job_id"])
+        held = len(_leased(c, job.job_id, "run", min_turns=1))
+        report.affected_ids = _unfinished(c, job.job_id)
         report.affected = len(report.affected_ids)
         c.pg.restart(mode, OUTAGE_SECONDS)  # type: ignore[arg-type]
         report.notes.append(f"PostgreSQL down {OUTAGE_SECONDS:.0f}s with {held} RUN leases between turns")
@@ -229,12 +229,12 @@ def postgres_restart(mode: str) -> Strike:
 
 
 # -- cancel -------------------------------------------------------------------------------
-def cancel_mid_run(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def cancel_mid_run(c: Campaign, job: JobAccepted, report: Report) -> None:
     """The trainer cancels the job while rollouts are mid-RUN and others still queue."""
-    _mid_run(c, job["job_id"])
-    report.affected_ids = _unfinished(c, job["job_id"])
+    _mid_run(c, job.job_id)
+    report.affected_ids = _unfinished(c, job.job_id)
     report.affected = len(report.affected_ids)
-    c.svc.client.cancel(job["job_id"])
+    c.svc.client.cancel(job.job_id)
 
 
 FAULTS = {

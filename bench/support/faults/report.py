@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from raas_client.models import JobAccepted
 
 
 @dataclass
@@ -39,10 +40,10 @@ class Report:
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
     violations: int = 0  # history checks that failed (bench/support/partitions/checker.py), named in notes
     job_ids: list[str] = field(default_factory=list)  # the scripted jobs measured here
-    side_jobs: list[dict[str, Any]] = field(default_factory=list)  # other jobs: the fault's `after` judges them
+    side_jobs: list[JobAccepted] = field(default_factory=list)  # other jobs: the fault's `after` judges them
     notes: list[str] = field(default_factory=list)
     affected_ids: set[str] = field(default_factory=set, repr=False)  # set by the fault
-    extra_jobs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # ditto
+    extra_jobs: list[JobAccepted] = field(default_factory=list, repr=False)  # ditto
 
     def problems(self) -> list[str]:
         """Why the job was not clean: lost, duplicated, leaked or fake work."""

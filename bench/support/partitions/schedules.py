@@ -20,6 +20,7 @@ from bench.support.faults.faults import Fault, _mid_run, _unfinished
 from bench.support.partitions.checker import check_history
 from bench.support.pipeline_harness import wait_for
 from bench.support.tcp_proxy import Direction
+from raas_client.models import JobAccepted, JobView
 
 CUT = "n1"  # the node whose links the schedules cut
 TRIVIAL_BURST = 1000  # rollouts the gateway accepts while its Redis link is cut
@@ -29,21 +30,21 @@ def warm_up(c: Campaign) -> None:
     """One job before the schedules, on the registered pool: the gateway's first submission
     loads what submissions need (templates, the tokenizer) and on a loaded machine took longer
     than the client's 60 s; each schedule's job then meets only its own fault."""
-    c.svc.wait_done(c.submit(2, offset=len(PROBLEMS) - 2, registered=True)["job_id"], timeout=300)
+    c.svc.wait_done(c.submit(2, offset=len(PROBLEMS) - 2, registered=True).job_id, timeout=300)
 
 
-def _mark(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def _mark(c: Campaign, job: JobAccepted, report: Report) -> None:
     report.resets_before = sum(link.resets for link in c.links.values())  # type: ignore[attr-defined]
-    _mid_run(c, job["job_id"])
-    report.affected_ids = {r.id for r in c.rows(job["job_id"]) if r.node == CUT and r.finished_at is None}
-    report.affected = len(report.affected_ids) or len(_unfinished(c, job["job_id"]))
+    _mid_run(c, job.job_id)
+    report.affected_ids = {r.id for r in c.rows(job.job_id) if r.node == CUT and r.finished_at is None}
+    report.affected = len(report.affected_ids) or len(_unfinished(c, job.job_id))
 
 
 def cut(service: str, seconds: float, direction: Direction = "both") -> Any:
     """n1's link to `service` ("pg" or "redis") partitioned for `seconds` mid-RUN, then healed
     (bytes held in `direction` are delivered late)."""
 
-    def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    def strike(c: Campaign, job: JobAccepted, report: Report) -> None:
         _mark(c, job, report)
         c.links[CUT, service].partition(direction)
         time.sleep(seconds)
@@ -57,7 +58,7 @@ def degrade(delay: float = 0.0, reset_rate: float = 0.0, services: tuple[str, ..
     """n1's links slowed by `delay` per chunk each way and/or resetting connections with
     `reset_rate` per chunk, for the rest of the job (the `after` hook restores them)."""
 
-    def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    def strike(c: Campaign, job: JobAccepted, report: Report) -> None:
         for service in services:
             c.links[CUT, service].delay = delay
             c.links[CUT, service].reset_rate = reset_rate
@@ -70,7 +71,7 @@ def degrade(delay: float = 0.0, reset_rate: float = 0.0, services: tuple[str, ..
 def flap(service: str, cycles: int, down: float, up: float) -> Any:
     """n1's link to `service` down `down` s, up `up` s, `cycles` times (a flapping link)."""
 
-    def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    def strike(c: Campaign, job: JobAccepted, report: Report) -> None:
         _mark(c, job, report)
         for _ in range(cycles):
             c.links[CUT, service].partition()
@@ -87,7 +88,7 @@ def gateway_cut_during_submit(seconds: float) -> Any:
     submission must be answered (the outbox holds the messages) and every rollout run once
     after the heal."""
 
-    def strike(c: Campaign, job: dict[str, Any], report: Report) -> None:
+    def strike(c: Campaign, job: JobAccepted, report: Report) -> None:
         _mark(c, job, report)
         c.links["gateway", "redis"].partition()
         started = time.monotonic()
@@ -116,26 +117,26 @@ def check(c: Campaign, report: Report) -> None:
         report.notes.append(f"connections reset by the links: {resets}")
 
 
-def _judge_side_job(c: Campaign, job: dict[str, Any], report: Report) -> None:
+def _judge_side_job(c: Campaign, job: JobAccepted, report: Report) -> None:
     """A trivial burst: every rollout completed, each result once."""
     try:
         wait_for(lambda: _ended(c, job), timeout=180, what="the burst's rollouts", interval=0.5)
     except AssertionError as exc:
         report.notes.append(str(exc).splitlines()[0][:300])
-    view = c.svc.client.job(job["job_id"])
-    report.rollouts += view["n_rollouts"]
-    report.finished += view["finished"]
-    report.lost += view["n_rollouts"] - view["finished"]
-    completed = (view.get("outcomes") or {}).get("completed", 0)
-    report.unexpected_outcomes += view["finished"] - completed
-    ids = [r["rollout_id"] for r in c._results(job["job_id"])]
+    view = c.svc.client.job(job.job_id)
+    report.rollouts += view.n_rollouts
+    report.finished += view.finished
+    report.lost += view.n_rollouts - view.finished
+    completed = (view.outcomes or {}).get("completed", 0)
+    report.unexpected_outcomes += view.finished - completed
+    ids = [r.rollout_id for r in c._results(job.job_id)]
     report.duplicated += len(ids) - len(set(ids))
-    report.notes.append(f"burst: {completed}/{view['n_rollouts']} completed, {len(ids)} results")
+    report.notes.append(f"burst: {completed}/{view.n_rollouts} completed, {len(ids)} results")
 
 
-def _ended(c: Campaign, job: dict[str, Any]) -> dict[str, Any] | None:
-    view = c.svc.client.job(job["job_id"])
-    return view if view["finished"] >= view["n_rollouts"] else None
+def _ended(c: Campaign, job: JobAccepted) -> JobView | None:
+    view = c.svc.client.job(job.job_id)
+    return view if view.finished >= view.n_rollouts else None
 
 
 SCHEDULES = {

@@ -42,6 +42,7 @@ from core.settings import Settings
 from migrations.runner import upgrade
 from bench.support.faults.campaign import PROBLEMS, SMOLLM2, TURNS, answers_right, script
 from bench.support.slurm.cluster import SlurmCluster
+from raas_client.models import JobAccepted, RolloutView
 
 SLOTS = {"init": 2, "run": 4, "eval": 2}
 STRUCK_WITH_TURNS = 3  # rollouts in RUN with 2+ turns stored when a scancel or requeue strikes
@@ -251,7 +252,7 @@ class SlurmScenario:
                 .where(Rollout.job_id == job_id, Rollout.status == "run", stored >= turns)
             )
 
-    def submit(self, n: int, samples: int = 1, client: RaasClient | None = None) -> dict[str, Any]:
+    def submit(self, n: int, samples: int = 1, client: RaasClient | None = None) -> JobAccepted:
         """A job of `n` distinct problems, `samples` rollouts each."""
         instances = [
             {"instance_id": p["instance_id"], "data": {"problem": p["problem"], "answer": p["answer"]}}
@@ -266,7 +267,7 @@ class SlurmScenario:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             view = self.client.job(job_id)
-            if view["finished"] >= view["n_rollouts"]:
+            if view.finished >= view.n_rollouts:
                 return True
             time.sleep(0.5)
         return False
@@ -292,7 +293,7 @@ class SlurmScenario:
     ) -> tuple[str, str]:
         a = self.submit_node(layout)
         self.cluster.wait_state(a, ("RUNNING",), 60)
-        job_id = self.submit(n, samples)["job_id"]
+        job_id = self.submit(n, samples).job_id
         _wait(lambda: self.in_run(job_id) >= SLOTS["run"], 90, "node job A's RUN slots busy", lambda: self.job_log(a))
         # several turns into their loops: what a restart from INIT would generate again
         try:
@@ -361,23 +362,23 @@ class SlurmScenario:
 
     def _measure(self, job_id: str, report: SlurmReport, before: dict[str, int], n: int, samples: int) -> None:
         view = self.client.job(job_id)
-        report.outcomes = view.get("outcomes") or {}
-        report.lost = view["n_rollouts"] - view["finished"]
+        report.outcomes = view.outcomes or {}
+        report.lost = view.n_rollouts - view.finished
         results = _all_results(self.client, job_id)
-        ids = [r["rollout_id"] for r in results]
+        ids = [r.rollout_id for r in results]
         report.duplicated = len(ids) - len(set(ids))
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
         for r in results:
-            report.rerun_from_init += r["attempt"] > 1
-            report.replayed_turns += int((r.get("metrics") or {}).get("replayed_turns") or 0)
-            report.agent_errors += r["outcome"] == "agent_error"
-            if r["outcome"] != "completed":
+            report.rerun_from_init += r.attempt > 1
+            report.replayed_turns += int((r.metrics or {}).get("replayed_turns") or 0)
+            report.agent_errors += r.outcome == "agent_error"
+            if r.outcome != "completed":
                 report.not_completed += 1
                 continue
             report.completed += 1
-            want = 1.0 if answers_right(index[r["instance_id"]]) else 0.0
-            report.wrong_rewards += r["reward"] != want
-            report.missing_tokens += not (r.get("prompt_ids") and r.get("response_ids") and r.get("loss_mask"))
+            want = 1.0 if answers_right(index[r.instance_id]) else 0.0
+            report.wrong_rewards += r.reward != want
+            report.missing_tokens += not (r.prompt_ids and r.response_ids and r.loss_mask)
         after = _sim_stats(self.sim_url)
         for p in PROBLEMS[:n]:  # first turns beyond one per sample: loops begun again
             key = f"turn:{p['problem']}:0"
@@ -407,14 +408,14 @@ def _sim_stats(url: str) -> dict[str, int]:
     return httpx.get(f"{url}/sim/stats", timeout=10).json()
 
 
-def _all_results(client: RaasClient, job_id: str) -> list[dict[str, Any]]:
+def _all_results(client: RaasClient, job_id: str) -> list[RolloutView]:
     out, cursor = [], 0
     while True:
         page = client.results_page(job_id, after=cursor)
-        out += page["items"]
-        if not page["items"] or page["done"]:
+        out += page.items
+        if not page.items or page.done:
             return out
-        cursor = page["cursor"]
+        cursor = page.cursor
 
 
 def _wait(predicate, timeout: float, what: str, context=lambda: "") -> None:

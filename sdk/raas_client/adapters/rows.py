@@ -12,18 +12,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from raas_client.models import RolloutView
+
 OnFailure = Literal["raise", "mask"]
 
 
 class RaasRolloutFailed(RuntimeError):
-    """A rollout ended without a reward (infrastructure): not a policy sample."""
+    """A rollout ended without a reward (infrastructure), or a group slot has none (a short
+    group): not a policy sample. `row` is the rollout, None for a missing slot."""
 
-    def __init__(self, row: dict[str, Any]) -> None:
+    def __init__(self, message: str, row: RolloutView | None = None) -> None:
         self.row = row
-        super().__init__(
-            f"raas rollout {row.get('rollout_id')} ({row.get('instance_id')}#"
-            f"{row.get('sample_index')}) ended {row.get('status')}/"
-            f"{row.get('outcome')}: {row.get('error')}"
+        super().__init__(message)
+
+    @classmethod
+    def of(cls, row: RolloutView) -> RaasRolloutFailed:
+        """The failure of a finished rollout without a reward."""
+        return cls(
+            f"raas rollout {row.rollout_id} ({row.instance_id}#{row.sample_index}) ended "
+            f"{row.status}/{row.outcome}: {row.error}",
+            row,
         )
 
 
@@ -42,35 +50,54 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def sample_of(row: dict[str, Any], on_failure: OnFailure = "raise", max_response: int | None = None) -> Sample:
+def sample_of(row: RolloutView, on_failure: OnFailure = "raise", max_response: int | None = None) -> Sample:
     """The trainer's view of one finished row (truncated to `max_response` tokens)."""
-    failed = row.get("reward") is None
+    failed = row.reward is None
     if failed and on_failure == "raise":
-        raise RaasRolloutFailed(row)
-    response = list(row.get("response_ids") or [])
-    mask = list(row.get("loss_mask") or [0] * len(response))
-    logprobs = list(row.get("response_logprobs") or [0.0] * len(response))
+        raise RaasRolloutFailed.of(row)
+    response = list(row.response_ids or [])
+    mask = list(row.loss_mask or [0] * len(response))
+    logprobs = list(row.response_logprobs or [0.0] * len(response))
     if failed:
         mask = [0] * len(response)
     if max_response is not None and len(response) > max_response:
         response, mask, logprobs = (response[:max_response], mask[:max_response], logprobs[:max_response])
-    timing = row.get("timing") or {}
-    metrics = row.get("metrics") or {}
+    timing = [row.timing.init, row.timing.run, row.timing.eval]
     return Sample(
-        prompt_ids=list(row.get("prompt_ids") or []),
+        prompt_ids=list(row.prompt_ids or []),
         response_ids=response,
         loss_mask=mask,
         logprobs=logprobs,
-        reward=0.0 if failed else float(row["reward"]),
-        finish_reason=row.get("finish_reason"),
-        turns=int(metrics.get("turns") or 0),
-        seconds=sum(v for v in timing.values() if v is not None),
+        reward=0.0 if row.reward is None else float(row.reward),
+        finish_reason=row.finish_reason,
+        turns=int(row.metrics.get("turns") or 0),
+        seconds=sum(v for v in timing if v is not None),
         extra={
-            "raas_rollout_id": row.get("rollout_id"),
-            "raas_outcome": row.get("outcome"),
+            "raas_rollout_id": row.rollout_id,
+            "raas_outcome": row.outcome,
             "raas_failed": failed,
-            "raas_policy_versions": row.get("policy_versions"),
+            "raas_policy_versions": row.policy_versions,
         },
+    )
+
+
+def missing_sample(instance_id: str | None, repetition: int, on_failure: OnFailure = "raise") -> Sample:
+    """A group slot no rollout filled (the group completed short: a straggler cut): raised,
+    or an empty sample that adds no gradient."""
+    if on_failure == "raise":
+        raise RaasRolloutFailed(
+            f"raas group {instance_id} has no sample #{repetition}: the group completed short (straggler cut)"
+        )
+    return Sample(
+        prompt_ids=[],
+        response_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        reward=0.0,
+        finish_reason=None,
+        turns=0,
+        seconds=0.0,
+        extra={"raas_rollout_id": None, "raas_outcome": None, "raas_failed": True, "raas_policy_versions": None},
     )
 
 

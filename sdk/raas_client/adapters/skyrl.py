@@ -23,7 +23,8 @@ import typing
 from types import ModuleType
 from typing import Any
 
-from raas_client.adapters.rows import OnFailure, RaasRolloutFailed, Sample, sample_of, sampling_of
+from raas_client.adapters.rows import OnFailure, RaasRolloutFailed, Sample, missing_sample, sample_of, sampling_of
+from raas_client.models import RolloutView
 from raas_client.sdk import RaasClient
 
 __all__ = ["RaasGenerator", "RaasRolloutFailed", "skyrl_types"]
@@ -90,7 +91,7 @@ class RaasGenerator(GeneratorInterface):
         started = time.monotonic()
         with RaasClient(self.url, token=self.token, timeout=60) as client:
             accepted = client.submit(self.agent, instances, **job)
-            groups = {g[0]["instance_id"]: g for g in client.groups(accepted["job_id"], wait=min(self.timeout, 60))}
+            groups = {g[0].instance_id: g for g in client.groups(accepted.job_id, wait=min(self.timeout, 60))}
         samples = [self._slot(groups.get(iid, []), rep) for iid, rep in keys]
         return self._output(batch, samples, time.monotonic() - started)
 
@@ -114,19 +115,10 @@ class RaasGenerator(GeneratorInterface):
                 instances[iid] = {**data, "instance_id": iid}
         return list(instances.values()), counts
 
-    def _slot(self, group: list[dict[str, Any]], repetition: int) -> Sample:
+    def _slot(self, group: list[RolloutView], repetition: int) -> Sample:
         if repetition < len(group):
             return sample_of(group[repetition], self.on_failure)
-        short = {
-            "rollout_id": None,
-            "instance_id": group[0]["instance_id"] if group else None,
-            "sample_index": repetition,
-            "status": "short",
-            "outcome": None,
-            "error": "the group completed short (straggler cut)",
-            "reward": None,
-        }
-        return sample_of(short, self.on_failure)
+        return missing_sample(group[0].instance_id if group else None, repetition, self.on_failure)
 
     @staticmethod
     def _output(batch: GeneratorInput, samples: list[Sample], seconds: float) -> GeneratorOutput:

@@ -35,13 +35,14 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from raas_client.adapters.rows import OnFailure, RaasRolloutFailed, sample_of, sampling_of
+from raas_client.models import RolloutView
 from raas_client.sdk import RaasClient
 
 __all__ = ["RaasAgentLoop", "RaasRolloutFailed", "to_agent_loop_output"]
 
 
 def to_agent_loop_output(
-    row: dict[str, Any], on_failure: OnFailure = "raise", max_response: int | None = None
+    row: RolloutView, on_failure: OnFailure = "raise", max_response: int | None = None
 ) -> AgentLoopOutput:
     """verl's output type for one finished raas row."""
     sample = sample_of(row, on_failure, max_response)
@@ -51,10 +52,10 @@ def to_agent_loop_output(
         response_mask=sample.loss_mask,
         response_logprobs=sample.logprobs,
         reward_score=sample.reward,
-        num_turns=len(row.get("messages") or []) or sample.turns,
+        num_turns=len(row.messages or []) or sample.turns,
         metrics=AgentLoopMetrics(
-            generate_sequences=(row.get("timing") or {}).get("run") or 0.0,
-            compute_score=(row.get("timing") or {}).get("eval") or 0.0,
+            generate_sequences=row.timing.run or 0.0,
+            compute_score=row.timing.eval or 0.0,
         ),
         extra_fields=sample.extra,
     )
@@ -109,11 +110,11 @@ class RaasAgentLoop(AgentLoopBase):
             "messages": list(fields.get("raw_prompt") or []),
         }
 
-    def _rollout(self, instance: dict[str, Any], sampling_params: dict[str, Any]) -> dict:
+    def _rollout(self, instance: dict[str, Any], sampling_params: dict[str, Any]) -> RolloutView:
         job = {**self.raas_job}
         job["sampling"] = {**sampling_of(sampling_params), **job.get("sampling", {})}
         with RaasClient(self.raas_url, token=self.raas_token, timeout=60) as client:
             accepted = client.submit(self.raas_agent, [instance], n_samples=1, **job)
-            for row in client.results(accepted["job_id"], wait=min(self.raas_timeout, 60)):
+            for row in client.results(accepted.job_id, wait=min(self.raas_timeout, 60)):
                 return row
-        raise TimeoutError(f"raas job {accepted['job_id']} returned no row")
+        raise TimeoutError(f"raas job {accepted.job_id} returned no row")
