@@ -70,11 +70,12 @@ def up(
     home: Path | None, host: str, port: int, concurrency: int, verbose: bool, access_log: bool, insecure: bool
 ) -> None:
     """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
-    from app.ops.embedded import run_embedded
+    from app.ops.embedded import UP_SOFT_SHUTDOWN_SECONDS, run_embedded
 
     _setup_logging(verbose=verbose, access_log=access_log)
     if home is not None:
         os.environ["RAAS_HOME"] = str(home.resolve())
+    os.environ.setdefault("RAAS_SOFT_SHUTDOWN_TIMEOUT", str(UP_SOFT_SHUTDOWN_SECONDS))  # the pools read it too
     run_embedded(load_settings(), host, port, concurrency, verbose=verbose, insecure=insecure)
 
 
