@@ -169,8 +169,8 @@ def ctrl_c(up: subprocess.Popen, grace: float = 60) -> str:
         return up.communicate(timeout=grace)[0].decode(errors="replace")
     except subprocess.TimeoutExpired:
         os.killpg(up.pid, signal.SIGKILL)
-        up.communicate()
-        raise AssertionError("raas up did not stop on Ctrl-C") from None
+        output = up.communicate()[0].decode(errors="replace")
+        raise AssertionError(f"raas up did not stop on Ctrl-C:\n{output[-3000:]}") from None
 
 
 def processes_with_env(entry: str) -> list[int]:
