@@ -168,9 +168,10 @@ def ctrl_c(up: subprocess.Popen, grace: float = 60) -> str:
     try:
         return up.communicate(timeout=grace)[0].decode(errors="replace")
     except subprocess.TimeoutExpired:
+        exited = up.poll()  # not None: it exited, but something it started holds its output open
         os.killpg(up.pid, signal.SIGKILL)
         output = up.communicate()[0].decode(errors="replace")
-        raise AssertionError(f"raas up did not stop on Ctrl-C:\n{output[-3000:]}") from None
+        raise AssertionError(f"raas up did not stop on Ctrl-C (exit code {exited}):\n{output[-3000:]}") from None
 
 
 def processes_with_env(entry: str) -> list[int]:
