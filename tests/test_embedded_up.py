@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -169,7 +170,8 @@ def ctrl_c(up: subprocess.Popen, grace: float = 60) -> str:
         return up.communicate(timeout=grace)[0].decode(errors="replace")
     except subprocess.TimeoutExpired:
         exited = up.poll()  # not None: it exited, but something it started holds its output open
-        os.killpg(up.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # none of its group is left
+            os.killpg(up.pid, signal.SIGKILL)
         output = up.communicate()[0].decode(errors="replace")
         raise AssertionError(f"raas up did not stop on Ctrl-C (exit code {exited}):\n{output[-3000:]}") from None
 
