@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from app.ops.embedded import up_supervisor
 from app.ops.node import NodeSupervisor, process_slots
 from core.settings import Settings
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -52,3 +59,21 @@ def test_raas_up_runs_the_node_supervisor_with_its_concurrency_per_stage(tmp_pat
     assert run_env["RAAS_HOME"] == str(tmp_path.resolve()) and run_env["RAAS_NODE"] == settings.node
     wide = up_supervisor(settings.model_copy(update={"max_slots_per_process": 32}), 4)
     assert [(p.stage, p.slots) for p in wide.pools] == [("init", 4), ("run", 4), ("eval", 4)]
+
+
+def test_a_pool_whose_supervisor_is_gone_before_it_arms_the_parent_death_signal_exits():
+    code = (
+        "import os; from app.ops.node import follow_supervisor as f; f(); print(os.environ.get('RAAS_SUPERVISOR_PID'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    mine = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "RAAS_SUPERVISOR_PID": str(os.getpid())},
+        capture_output=True,
+        text=True,
+    )
+    assert (mine.returncode, mine.stdout) == (0, "None\n")  # armed; not passed on to its children
+    other = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "RAAS_SUPERVISOR_PID": "1"}, capture_output=True, text=True
+    )
+    assert (other.returncode, other.stdout) == (1, "")

@@ -109,8 +109,10 @@ def gateway(host: str, port: int, verbose: bool, access_log: bool, insecure: boo
 @verbose_option
 def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str, verbose: bool) -> None:
     """A stage worker pool: init consumes `init`; run/eval consume `<stage>.<node>`."""
+    from app.ops.node import follow_supervisor
     from tasks.worker import run_worker
 
+    follow_supervisor()  # a pool of `raas node` or `raas up` ends with it
     _setup_logging(loglevel, verbose=verbose)
     settings = load_settings({"node": node} if node else None)
     code = run_worker(settings, stage, concurrency, pool, loglevel, quiet=not verbose)

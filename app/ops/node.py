@@ -48,22 +48,20 @@ HEALTHY_SECONDS = 60.0  # a pool that ran this long is restarted at the first pa
 KILL_GRACE = 10.0  # after the drain deadline, before a pool that did not exit is killed
 TICK = 0.2
 PR_SET_PDEATHSIG = 1
+SUPERVISOR_PID = "RAAS_SUPERVISOR_PID"  # a pool's supervisor, for `follow_supervisor`
 
 
-def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A `preexec_fn` that asks Linux to send `sig` to the child when `parent` dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    # Looked up here, in the parent: the child of a threaded process must not load libraries
-    # (a lock another thread held at fork time would never be released there).
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
+def follow_supervisor() -> None:
+    """In a pool process its supervisor started: ask Linux for SIGTERM when the supervisor
+    dies (the parent-death signal), and exit at once if it died already. Armed here, after
+    exec, not in a `preexec_fn`: Python code between fork and exec in a threaded supervisor
+    (the gateway's, a test's) can deadlock on a lock another thread held at fork time."""
+    parent = os.environ.pop(SUPERVISOR_PID, None)  # not passed on to this pool's own children
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before prctl took effect
+        sys.exit(1)
 
 
 def process_slots(slots: int, per_process: int) -> list[int]:
@@ -124,12 +122,11 @@ class NodeSupervisor:
         self.pool_type = pool
         self.verbose = verbose
         self.env = {**(os.environ if env is None else env), "RAAS_HOME": str(settings.home.resolve())}
-        self.env["RAAS_NODE"] = settings.node
+        self.env.update(RAAS_NODE=settings.node, **{SUPERVISOR_PID: str(os.getpid())})
         self.logs = logs
         self._celery = celery
         self.stop_requested = threading.Event()
         self.reaper = None
-        self._preexec = die_with_parent(os.getpid())
 
     @property
     def celery(self) -> Any:
@@ -172,8 +169,9 @@ class NodeSupervisor:
         return self.env
 
     def _start(self, pool: Pool) -> None:
-        """Start a pool's process, in its own session and with the parent-death signal (from
-        the thread that supervises: Linux sends that signal when the forking thread ends)."""
+        """Start a pool's process, in its own session; it arms the parent-death signal itself
+        (`follow_supervisor`). Call it from the thread that supervises: Linux sends that signal
+        when the thread that forked ends."""
         output = open(self.logs / f"{pool.stage}-{self.settings.node}.log", "ab") if self.logs else None
         try:
             pool.proc = subprocess.Popen(
@@ -182,7 +180,6 @@ class NodeSupervisor:
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
                 start_new_session=True,
-                preexec_fn=self._preexec,
             )
         finally:
             if output:
