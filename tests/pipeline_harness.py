@@ -48,7 +48,8 @@ class Service:
 
     Each node's pools and reaper start and stop through that node's `NodeSupervisor` (the one
     `raas node` and `raas up` run: same argv, sessions, parent-death signal and stop order),
-    but nothing restarts a pool that exits unless the test does (`start_worker`)."""
+    but nothing restarts a pool that exits unless the test does (`start_worker`, from a thread
+    that outlives the pool: Linux sends the parent-death signal when the forking thread ends)."""
 
     settings: Settings
     env: dict[str, str]
