@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -168,9 +169,11 @@ def ctrl_c(up: subprocess.Popen, grace: float = 60) -> str:
     try:
         return up.communicate(timeout=grace)[0].decode(errors="replace")
     except subprocess.TimeoutExpired:
-        os.killpg(up.pid, signal.SIGKILL)
-        up.communicate()
-        raise AssertionError("raas up did not stop on Ctrl-C") from None
+        exited = up.poll()  # not None: it exited, but something it started holds its output open
+        with contextlib.suppress(ProcessLookupError):  # none of its group is left
+            os.killpg(up.pid, signal.SIGKILL)
+        output = up.communicate()[0].decode(errors="replace")
+        raise AssertionError(f"raas up did not stop on Ctrl-C (exit code {exited}):\n{output[-3000:]}") from None
 
 
 def processes_with_env(entry: str) -> list[int]:
@@ -298,7 +301,7 @@ def test_up_restarts_a_killed_pool_and_ctrl_c_stops_its_sandboxes(tmp_path):
     finally:
         output = ctrl_c(up)
     assert up.returncode == 0, output[-3000:]
-    assert f"RUN pool (pid {run_pid}) exited with signal SIGKILL; starting a new one" in output
+    assert f"RUN pool (pid {run_pid}) exited with signal SIGKILL after " in output  # the node supervisor's line
     # a quiet console: one line per component, no banners, no warnings nobody can act on
     assert output.count(" pool ready: queue ") == 4 and output.count("raas up: gateway ") == 1
     for noise in ("[config]", "SecurityWarning", "No hostname was supplied", "alembic", "GET /readyz", "celery.worker"):
@@ -367,7 +370,12 @@ def test_kill_9_of_the_service_and_its_broker_mid_job_loses_nothing(tmp_path):
                 agent_config={"init_s": 0.2, "run_s": 1.0, "turns": 4},
             )
             wait_until(lambda: client.job(job.job_id).finished >= 2, 120, "2 rollouts done")
-        os.killpg(launched[0].pid, signal.SIGKILL)  # the gateway, the reaper, the pools
+        # the gateway and the reaper, then the pools (each in its own session; stopped first,
+        # `raas up` cannot start new ones, nor is its parent-death signal a drain they see)
+        os.kill(launched[0].pid, signal.SIGSTOP)
+        for pid in [pid for stage in ("init", "run", "eval") for pid in stage_pids(home, stage)]:
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(launched[0].pid, signal.SIGKILL)
         launched[0].communicate()
         pid = int((settings.redis_dir / "redis.pid").read_text())
         os.kill(pid, signal.SIGKILL)  # ... and the broker (its own session: a daemon)

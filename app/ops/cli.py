@@ -70,11 +70,12 @@ def up(
     home: Path | None, host: str, port: int, concurrency: int, verbose: bool, access_log: bool, insecure: bool
 ) -> None:
     """Everything in one command: migrations, gateway, the three stage pools and the reaper."""
-    from app.ops.embedded import run_embedded
+    from app.ops.embedded import UP_SOFT_SHUTDOWN_SECONDS, run_embedded
 
     _setup_logging(verbose=verbose, access_log=access_log)
     if home is not None:
         os.environ["RAAS_HOME"] = str(home.resolve())
+    os.environ.setdefault("RAAS_SOFT_SHUTDOWN_TIMEOUT", str(UP_SOFT_SHUTDOWN_SECONDS))  # the pools read it too
     run_embedded(load_settings(), host, port, concurrency, verbose=verbose, insecure=insecure)
 
 
@@ -108,8 +109,10 @@ def gateway(host: str, port: int, verbose: bool, access_log: bool, insecure: boo
 @verbose_option
 def worker(stage: str, node: str | None, concurrency: int, pool: str, loglevel: str, verbose: bool) -> None:
     """A stage worker pool: init consumes `init`; run/eval consume `<stage>.<node>`."""
+    from app.ops.node import follow_supervisor
     from tasks.worker import run_worker
 
+    follow_supervisor()  # a pool of `raas node` or `raas up` ends with it
     _setup_logging(loglevel, verbose=verbose)
     settings = load_settings({"node": node} if node else None)
     code = run_worker(settings, stage, concurrency, pool, loglevel, quiet=not verbose)

@@ -1,25 +1,24 @@
-"""`raas up`: the whole service in one command on the embedded default.
+"""`raas up`: the whole service in one command on the embedded default: the gateway beside
+the node supervisor of `raas node` (app/ops/node.py).
 
 SQLite and the embedded Redis server (tasks/broker/embedded_redis.py: the broker, on a Unix socket,
 with an append-only file) live under the home folder; `raas up` starts the server (or adopts
 the one a killed `raas up` or a standalone worker left running) and stops it at exit;
-migrations run first; the three stage pools are child processes (so a crash in one does not take the gateway down; a
-pool of more than `max_slots_per_process` slots is several) that
-a supervisor thread restarts when one dies; the reaper runs in a thread; Ctrl-C stops
-everything, children first, then the sandboxes this deployment left running.
+migrations run first; the gateway serves from a thread; the main thread is the node
+supervisor: the three stage pools as child processes (so a crash in one does not take the
+gateway down) restarted with its backoff, and the reaper. Ctrl-C or SIGTERM drains as
+`raas node` does (within `UP_SOFT_SHUTDOWN_SECONDS` unless RAAS_SOFT_SHUTDOWN_TIMEOUT says),
+then the gateway stops, then the sandboxes this deployment left running, then the broker.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
+from typing import Any
 
+from app.ops.node import STAGES, NodeSupervisor
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,129 +49,28 @@ def next_commands(host: str, port: int, sim_port: int = SIM_PORT) -> list[str]:
     ]
 
 
-STOP_GRACE_SECONDS = 15
-SUPERVISE_INTERVAL = 1.0
-RESTART_BACKOFF = 5.0  # a pool that keeps crashing at start is retried this often, not faster
-STAGES = ("init", "run", "eval")
+# Ctrl-C at a terminal: RUN gets this long to finish its turn before it hands the rollout
+# back (`raas node` under a scheduler: RAAS_SOFT_SHUTDOWN_TIMEOUT, 60 s by default)
+UP_SOFT_SHUTDOWN_SECONDS = 5
 
 
-def spawn_worker(settings: Settings, stage: str, concurrency: int, verbose: bool = False) -> subprocess.Popen:
-    """One stage pool as a child process, with this process's settings in its environment."""
-    env = {**os.environ, "RAAS_HOME": str(settings.home.resolve()), "RAAS_NODE": settings.node}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app.ops.cli",
-            "worker",
-            "--stage",
-            stage,
-            "--concurrency",
-            str(concurrency),
-            *(["--verbose"] if verbose else []),
-        ],
-        env=env,
-    )
-
-
-class Supervisor:
-    """Keeps each stage pool's processes alive (one unless `concurrency` exceeds
-    `max_slots_per_process`: `app.ops.node.process_slots`): a process that exits is started
-    again (with a log line)."""
-
-    def __init__(self, settings: Settings, concurrency: int, verbose: bool = False) -> None:
-        from app.ops.node import process_slots
-
-        self.settings = settings
-        self.verbose = verbose
-        # (stage, index) -> that process's slots
-        self.slots = {
-            (stage, i): n
-            for stage in STAGES
-            for i, n in enumerate(process_slots(concurrency, settings.max_slots_per_process))
-        }
-        self.pools: dict[tuple[str, int], subprocess.Popen] = {}
-        self.started: dict[tuple[str, int], float] = {}
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-
-    def start(self) -> None:
-        """Spawn the pools and the watching thread."""
-        with self.lock:
-            for key in self.slots:
-                self._spawn(key)
-        threading.Thread(target=self._watch, name="raas-supervisor", daemon=True).start()
-
-    def _watch(self) -> None:
-        while not self.stopping.wait(SUPERVISE_INTERVAL):
-            with self.lock:
-                if self.stopping.is_set():
-                    return
-                for key, proc in list(self.pools.items()):
-                    if proc.poll() is None:
-                        continue
-                    if time.monotonic() - self.started[key] < RESTART_BACKOFF:
-                        continue
-                    log.warning(
-                        "%s pool (pid %s) exited with %s; starting a new one",
-                        key[0].upper(),
-                        proc.pid,
-                        _describe_exit(proc.returncode),
-                    )
-                    self._spawn(key)
-
-    def _spawn(self, key: tuple[str, int]) -> None:
-        self.pools[key] = spawn_worker(self.settings, key[0], self.slots[key], self.verbose)
-        self.started[key] = time.monotonic()
-
-    def stop(self) -> None:
-        """Stop watching, then stop every pool."""
-        self.stopping.set()
-        with self.lock:
-            stop_children(list(self.pools.values()))
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
-
-
-def _interrupt(supervisor: Supervisor) -> None:
-    """Ctrl-C: the pools got it too and are exiting; do not restart them."""
-    supervisor.stopping.set()
-    raise KeyboardInterrupt
-
-
-def stop_children(children: list[subprocess.Popen]) -> None:
-    """SIGTERM, wait, then SIGKILL whatever is left."""
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    for child in children:
-        try:
-            child.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+def up_supervisor(settings: Settings, concurrency: int, verbose: bool = False, celery: Any = None) -> NodeSupervisor:
+    """The node supervisor of `raas up`: `concurrency` slots per stage, the reaper on."""
+    return NodeSupervisor(settings, dict.fromkeys(STAGES, concurrency), verbose=verbose, celery=celery)
 
 
 def stop_deployment_sandboxes(settings: Settings) -> int:
-    """Stop the sandboxes whose workspaces are this deployment's; returns how many."""
+    """Stop the sandboxes whose workspaces are this deployment's (after the drain: warm ones,
+    and those of rollouts between stages, which the next start retries); returns how many."""
     from sandbox import list_sandboxes
     from tasks.sandboxing.sandboxes import release
 
     root = str(settings.workspaces) + "/"
-    handles = [h for h in list_sandboxes() if str(h.get("workspace", "")).startswith(root)]
+    handles = [h for h in list_sandboxes(settings.sandbox_dir) if str(h.get("workspace", "")).startswith(root)]
     for handle in handles:
         release(handle)
     if handles:
-        log.info(
-            "stopped %s sandbox(es) of rollouts between stages; the next `raas up` retries those rollouts", len(handles)
-        )
+        log.info("stopped %s sandbox(es) this deployment left running", len(handles))
     return len(handles)
 
 
@@ -187,13 +85,12 @@ def stop_broker(settings: Settings) -> None:
 def run_embedded(
     settings: Settings, host: str, port: int, concurrency: int, verbose: bool = False, insecure: bool = False
 ) -> None:
-    """Run until Ctrl-C (a non-loopback host without tokens refuses unless `insecure`)."""
+    """Run until Ctrl-C or SIGTERM (a non-loopback host without tokens refuses unless `insecure`)."""
     from app import create_app
     from app.auth import check_exposure
     from app.ops.devserver import make_server
     from migrations.runner import upgrade
     from tasks.broker import embedded_redis
-    from tasks.recovery.reaper import Reaper
 
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade(settings.db_url)
@@ -206,37 +103,31 @@ def run_embedded(
     except BaseException:
         stop_broker(settings)
         raise
-    supervisor = Supervisor(settings, concurrency, verbose)
-    reaper = Reaper(settings, app.extensions["celery"])
-    # Background launches (`cmd &` in a script) start with SIGINT ignored: SIGTERM always works.
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, lambda *_: _interrupt(supervisor))
+    gateway = threading.Thread(target=server.serve_forever, name="raas-gateway", daemon=True)
+    gateway.start()
+    supervisor = up_supervisor(settings, concurrency, verbose, app.extensions["celery"])
     try:
-        supervisor.start()
-        threading.Thread(target=reaper.run_forever, name="raas-reaper", daemon=True).start()
-        log.info(
-            "raas up: gateway http://%s:%s, home %s, node %s, database %s (migrated), "
-            "broker %s, pools init/run/eval x%s",
-            host,
-            port,
-            settings.home.resolve(),
-            settings.node,
-            settings.db_url.split("@")[-1],
-            settings.broker.split("@")[-1],
-            concurrency,
-        )
-        log.info("next, in another shell (. .venv/bin/activate):\n  %s", "\n  ".join(next_commands(host, port)))
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        supervisor.run(announce=lambda: announce(settings, host, port, concurrency))
     finally:
-        log.info("stopping")
-        reaper.stop()
-        supervisor.stop()
+        server.shutdown()
         try:
             stop_deployment_sandboxes(settings)
         except Exception:  # stopping must finish; the next reaper sweeps them
             log.exception("stopping this deployment's sandboxes failed")
         stop_broker(settings)  # after the pools: their last acks reach it
         server.server_close()
+
+
+def announce(settings: Settings, host: str, port: int, concurrency: int) -> None:
+    """The two lines `raas up` prints once everything runs: where, and what to type next."""
+    log.info(
+        "raas up: gateway http://%s:%s, home %s, node %s, database %s (migrated), broker %s, pools init/run/eval x%s",
+        host,
+        port,
+        settings.home.resolve(),
+        settings.node,
+        settings.db_url.split("@")[-1],
+        settings.broker.split("@")[-1],
+        concurrency,
+    )
+    log.info("next, in another shell (. .venv/bin/activate):\n  %s", "\n  ".join(next_commands(host, port)))

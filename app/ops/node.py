@@ -1,4 +1,5 @@
-"""`raas node`: one node's stage pools and its reaper as one supervised unit, in the foreground.
+"""The node supervisor: one node's stage pools and its reaper as one supervised unit, in the
+foreground. `raas node` is this alone; `raas up` is its gateway beside this (app/ops/embedded.py).
 
 Each stage pool is one or more child processes (`raas worker --stage ...`: a pool of more than
 `max_slots_per_process` slots is split evenly, `process_slots`), each in its own session, so a terminal's
@@ -20,7 +21,8 @@ reapers take over at once, and the command exits 0.
 
 On the embedded default (no RAAS_BROKER_URL) the node starts the home's Redis server unless it
 runs, and leaves it running at exit (a gateway of the same home may use it: `raas broker
-stop`); several nodes share a broker only through RAAS_BROKER_URL.
+stop`; `raas up` stops it after the drain); several nodes share a broker only through
+RAAS_BROKER_URL.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from core.settings import Settings
 
@@ -44,22 +48,20 @@ HEALTHY_SECONDS = 60.0  # a pool that ran this long is restarted at the first pa
 KILL_GRACE = 10.0  # after the drain deadline, before a pool that did not exit is killed
 TICK = 0.2
 PR_SET_PDEATHSIG = 1
+SUPERVISOR_PID = "RAAS_SUPERVISOR_PID"  # a pool's supervisor, for `follow_supervisor`
 
 
-def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A `preexec_fn` that asks Linux to send `sig` to the child when `parent` dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    # Looked up here, in the parent: the child of a threaded process must not load libraries
-    # (a lock another thread held at fork time would never be released there).
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
+def follow_supervisor() -> None:
+    """In a pool process its supervisor started: ask Linux for SIGTERM when the supervisor
+    dies (the parent-death signal), and exit at once if it died already. Armed here, after
+    exec, not in a `preexec_fn`: Python code between fork and exec in a threaded supervisor
+    (the gateway's, a test's) can deadlock on a lock another thread held at fork time."""
+    parent = os.environ.pop(SUPERVISOR_PID, None)  # not passed on to this pool's own children
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before prctl took effect
+        sys.exit(1)
 
 
 def process_slots(slots: int, per_process: int) -> list[int]:
@@ -92,7 +94,11 @@ class Pool:
 
 
 class NodeSupervisor:
-    """Runs the node's pools and reaper until SIGTERM/SIGINT, then drains (see module doc)."""
+    """Runs the node's pools and reaper until SIGTERM/SIGINT, then drains (see module doc).
+
+    `env`: the pools' environment (default this process's); `logs`: a folder where each pool
+    appends its output to `<stage>-<node>.log` (default this process's stdout and stderr);
+    `celery`: the app the reaper and the hand-back publish with (default one of their own)."""
 
     def __init__(
         self,
@@ -101,6 +107,9 @@ class NodeSupervisor:
         reaper: bool = True,
         pool: str = "threads",
         verbose: bool = False,
+        env: dict[str, str] | None = None,
+        logs: Path | None = None,
+        celery: Any = None,
     ) -> None:
         self.settings = settings
         self.pools = [
@@ -108,12 +117,25 @@ class NodeSupervisor:
             for stage in STAGES
             for n in process_slots(slots.get(stage, 0), settings.max_slots_per_process)
         ]
+        self.init_ahead = slots.get("run", 0)  # INIT runs at most a RUN's worth ahead
         self.with_reaper = reaper
         self.pool_type = pool
         self.verbose = verbose
+        self.env = {**(os.environ if env is None else env), "RAAS_HOME": str(settings.home.resolve())}
+        self.env.update(RAAS_NODE=settings.node, **{SUPERVISOR_PID: str(os.getpid())})
+        self.logs = logs
+        self._celery = celery
         self.stop_requested = threading.Event()
         self.reaper = None
-        self._preexec = die_with_parent(os.getpid())
+
+    @property
+    def celery(self) -> Any:
+        """The Celery app of the reaper and the hand-back (made once, when first needed)."""
+        if self._celery is None:
+            from tasks.celery_app import make_celery
+
+            self._celery = make_celery(self.settings)
+        return self._celery
 
     # -- the pools -----------------------------------------------------------------------
     def _argv(self, pool: Pool) -> list[str]:
@@ -133,14 +155,35 @@ class NodeSupervisor:
             *(["--verbose"] if self.verbose else []),
         ]
 
+    def add_pool(self, stage: str, slots: int) -> list[Pool]:
+        """Start one more `stage` pool of `slots` slots (split as `process_slots` says)."""
+        pools = [Pool(stage, n) for n in process_slots(slots, self.settings.max_slots_per_process)]
+        for pool in pools:
+            self._start(pool)
+        self.pools += pools
+        return pools
+
+    def _env(self, pool: Pool) -> dict[str, str]:
+        if pool.stage == "init" and self.init_ahead and "RAAS_INIT_AHEAD" not in self.env:
+            return {**self.env, "RAAS_INIT_AHEAD": str(self.init_ahead)}
+        return self.env
+
     def _start(self, pool: Pool) -> None:
-        """Start a pool's process (from the main thread: Linux ties the parent-death signal
-        to the thread that forked)."""
-        env = {**os.environ, "RAAS_NODE": self.settings.node}
-        run_slots = sum(p.slots for p in self.pools if p.stage == "run")
-        if pool.stage == "init" and run_slots:  # INIT runs at most a RUN's worth ahead
-            env.setdefault("RAAS_INIT_AHEAD", str(run_slots))
-        pool.proc = subprocess.Popen(self._argv(pool), env=env, start_new_session=True, preexec_fn=self._preexec)
+        """Start a pool's process, in its own session; it arms the parent-death signal itself
+        (`follow_supervisor`). Call it from the thread that supervises: Linux sends that signal
+        when the thread that forked ends."""
+        output = open(self.logs / f"{pool.stage}-{self.settings.node}.log", "ab") if self.logs else None
+        try:
+            pool.proc = subprocess.Popen(
+                self._argv(pool),
+                env=self._env(pool),
+                stdout=output,
+                stderr=subprocess.STDOUT if output else None,
+                start_new_session=True,
+            )
+        finally:
+            if output:
+                output.close()  # the child has its own copy
         pool.started = time.monotonic()
         log.info("%s pool started: pid %s, %s slots", pool.stage.upper(), pool.proc.pid, pool.slots)
 
@@ -188,42 +231,68 @@ class NodeSupervisor:
             )
         self.stop_requested.set()
 
-    def run(self) -> int:
-        """Supervise until a stop is requested, drain, hand back; returns the exit code."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.request_stop)
+    def run(self, announce: Callable[[], None] | None = None) -> int:
+        """Supervise until a stop is requested, drain, hand back; returns the exit code.
+        `announce` logs what runs once everything started (default: the node's pools)."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        # Background launches (`cmd &` in a script) start with SIGINT ignored: it stays so.
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, self.request_stop)
+        self.start()
+        try:
+            (announce or self._announce)()
+            while not self.stop_requested.wait(TICK):
+                for pool in self.pools:
+                    self._check(pool)
+        finally:
+            self.drain()
+        return 0
+
+    def start(self) -> None:
+        """The broker (on the embedded default), the pools, then the reaper."""
         if self.settings.embedded_broker:  # once, before the pools race for it
             from tasks.broker.embedded_redis import ensure_running
 
             ensure_running(self.settings)
         for pool in self.pools:
             self._start(pool)
-        self._start_reaper()
+        if self.with_reaper:
+            self.start_reaper()
+
+    def _announce(self) -> None:
         log.info(
             "node %s: pools %s, reaper %s",
             self.settings.node,
             ", ".join(f"{p.stage}x{p.slots}" for p in self.pools) or "none",
             "on" if self.with_reaper else "off",
         )
-        while not self.stop_requested.wait(TICK):
-            for pool in self.pools:
-                self._check(pool)
-        self._drain()
-        return 0
 
-    def _start_reaper(self) -> None:
-        if not self.with_reaper:
-            return
-        from tasks.celery_app import make_celery
+    def start_reaper(self) -> Any:
+        """Start (or restart) the node's reaper loop in a thread; returns the Reaper."""
         from tasks.recovery.reaper import Reaper
 
-        self.reaper = Reaper(self.settings, make_celery(self.settings))
-        threading.Thread(target=self.reaper.run_forever, name="raas-reaper", daemon=True).start()
+        self.reaper = Reaper(self.settings, self.celery)
+        name = f"raas-reaper-{self.settings.node}"
+        threading.Thread(target=self.reaper.run_forever, name=name, daemon=True).start()
+        return self.reaper
 
-    def _drain(self) -> None:
-        """SIGTERM every pool, wait for them (killing stragglers), hand back the rest."""
+    def stop_reaper(self) -> None:
+        """Stop the reaper after its current pass (none: nothing to do)."""
+        if self.reaper is not None:
+            self.reaper.stop()
+            self.reaper = None
+
+    def drain(self) -> None:
+        """Stop the pools, then the reaper, then hand back what is left on the node."""
         started = time.monotonic()
-        deadline = started + self.settings.soft_shutdown_timeout + KILL_GRACE
+        self.stop_pools()
+        self.stop_reaper()
+        self._hand_back()
+        log.info("node %s drained in %.1fs", self.settings.node, time.monotonic() - started)
+
+    def stop_pools(self) -> None:
+        """SIGTERM every pool at once, wait for them until the drain's deadline, kill stragglers."""
+        deadline = time.monotonic() + self.settings.soft_shutdown_timeout + KILL_GRACE
         running = [p for p in self.pools if p.alive()]
         for pool in running:
             pool.proc.send_signal(signal.SIGTERM)
@@ -235,19 +304,14 @@ class NodeSupervisor:
                 pool.proc.kill()
                 pool.proc.wait()
             self._forget(pool.proc.pid)
-        if self.reaper is not None:
-            self.reaper.stop()
-        self._hand_back()
-        log.info("node %s drained in %.1fs", self.settings.node, time.monotonic() - started)
 
     def _hand_back(self) -> None:
         """What the pools left on the node goes to nodes that can finish it."""
-        from tasks.celery_app import make_celery
         from tasks.recovery.handback import hand_back_node
         from tasks.recovery.nodes import mark_gone
 
         try:
-            moved = hand_back_node(self.settings, make_celery(self.settings))
+            moved = hand_back_node(self.settings, self.celery)
             if moved:
                 log.warning("node %s: handed back %s rollout(s) at exit", self.settings.node, moved)
             mark_gone(self.settings.db_url, self.settings.node)

@@ -23,7 +23,8 @@ import httpx
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.ops.node import process_slots
+from app.ops.embedded import stop_broker, stop_deployment_sandboxes
+from app.ops.node import NodeSupervisor
 from raas_client import RaasClient, RolloutView
 from raas_client.models import JobView
 from core.settings import Settings
@@ -46,7 +47,12 @@ FAST_RELIABILITY = {
 
 @dataclass
 class Service:
-    """A running raas service; `stop()` tears everything down."""
+    """A running raas service; `stop()` tears everything down.
+
+    Each node's pools and reaper start and stop through that node's `NodeSupervisor` (the one
+    `raas node` and `raas up` run: same argv, sessions, parent-death signal and stop order),
+    but nothing restarts a pool that exits unless the test does (`start_worker`, from a thread
+    that outlives the pool: Linux sends the parent-death signal when the forking thread ends)."""
 
     settings: Settings
     env: dict[str, str]
@@ -58,6 +64,7 @@ class Service:
     processes: dict[tuple[str, str], list[subprocess.Popen]] = field(default_factory=dict)
     node_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     reapers: dict[str, Reaper] = field(default_factory=dict)
+    supervisors: dict[str, NodeSupervisor] = field(default_factory=dict)
     _server: Any = None
     _reaper: Reaper | None = None
     _celery: Any = None
@@ -67,54 +74,35 @@ class Service:
         its values are typed as Settings holds them, e.g. Path for folders)."""
         return self.settings.model_copy(update={"node": node, **self.node_extra.get(node, {})})
 
+    def supervisor(self, node: str) -> NodeSupervisor:
+        """`node`'s supervisor (made on first use), its pools logging to `logs/<stage>-<node>.log`."""
+        if node not in self.supervisors:
+            env = {**self.env, **_as_env(self.node_extra.get(node, {}))}
+            self.supervisors[node] = NodeSupervisor(
+                self.node_settings(node), {}, env=env, logs=self.logs, celery=self._celery
+            )
+        return self.supervisors[node]
+
     def start_reaper(self, node: str) -> Reaper:
         """Start (or restart) `node`'s reaper loop in a thread of this process."""
-        reaper = Reaper(self.node_settings(node), self._celery)
+        reaper = self.supervisor(node).start_reaper()
         self.reapers[node] = reaper
         self._reaper = self._reaper or reaper
-        threading.Thread(target=reaper.run_forever, name=f"reaper-{node}", daemon=True).start()
         return reaper
 
     def stop_reaper(self, node: str) -> None:
         """Stop `node`'s reaper after its current pass (a node that died stops reaping)."""
         reaper = self.reapers.pop(node)
-        reaper.stop()
+        self.supervisor(node).stop_reaper()
         if self._reaper is reaper:
             self._reaper = next(iter(self.reapers.values()), None)
 
     def start_worker(self, stage: str, node: str, concurrency: int = 4) -> subprocess.Popen:
         """Start (or restart) the `stage` pool of `node` as child processes, split as `raas
         node` splits it; returns the first."""
-        procs = [
-            self._start_process(stage, node, n)
-            for n in process_slots(concurrency, self.node_settings(node).max_slots_per_process)
-        ]
+        procs = [pool.proc for pool in self.supervisor(node).add_pool(stage, concurrency)]
         self.workers[(stage, node)], self.processes[(stage, node)] = procs[0], procs
         return procs[0]
-
-    def _start_process(self, stage: str, node: str, concurrency: int) -> subprocess.Popen:
-        log = open(self.logs / f"{stage}-{node}.log", "ab")
-        env = {**self.env, "RAAS_NODE": node, **_as_env(self.node_extra.get(node, {}))}
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app.ops.cli",
-                "worker",
-                "--stage",
-                stage,
-                "--node",
-                node,
-                "--concurrency",
-                str(concurrency),
-                "--loglevel",
-                "INFO",
-            ],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
 
     def kill_worker(self, stage: str, node: str, sig: int = signal.SIGKILL) -> None:
         """Kill a pool the hard way (no cleanup, no ack)."""
@@ -145,42 +133,19 @@ class Service:
         return "\n".join(out)
 
     def stop(self) -> None:
-        """Stop workers, reaper and gateway."""
-        for reaper in {id(r): r for r in [*self.reapers.values(), self._reaper] if r}.values():
-            reaper.stop()
-        procs = {id(p): p for p in [*self.workers.values(), *(p for ps in self.processes.values() for p in ps)]}
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        """Stop reapers, workers (as a node's drain does, without its hand-back) and gateway,
+        then the sandboxes left behind (rollouts still running at stop) and the broker."""
+        self.reapers.clear()
+        for supervisor in self.supervisors.values():
+            supervisor.stop_reaper()
+        for supervisor in self.supervisors.values():
+            supervisor.stop_pools()
         self.client.close()
         if self._server:
             self._server.shutdown()
-        self.release_sandboxes()
-        if self.settings.embedded_broker:  # the gateway started it (make_celery)
-            from tasks.broker import embedded_redis
-
-            embedded_redis.stop(self.settings)
-
-    def release_sandboxes(self) -> int:
-        """Stop sandboxes this service left behind (rollouts still running at stop)."""
-        from sandbox import list_sandboxes
-        from tasks.sandboxing.sandboxes import release
-
-        leftovers = []
         for node in {self.settings.node, *self.node_extra}:
-            settings = self.node_settings(node)
-            root = str(settings.workspaces) + "/"
-            leftovers += [
-                h for h in list_sandboxes(settings.sandbox_dir) if str(h.get("workspace", "")).startswith(root)
-            ]
-        for handle in leftovers:
-            release(handle)
-        return len(leftovers)
+            stop_deployment_sandboxes(self.node_settings(node))
+        stop_broker(self.settings)  # the gateway started it (make_celery)
 
 
 def start_service(
