@@ -111,6 +111,6 @@ def test_up_prints_next_commands_for_the_ports_in_use():
 def test_the_mask_0_logprob_is_documented_in_the_record():
     import app.api.jobs  # noqa: F401 - registers the typed routes the document is built from
 
-    schema = build_openapi()["components"]["schemas"]["Rollout-Output"]["properties"]
+    schema = build_openapi()["components"]["schemas"]["RolloutView-Output"]["properties"]
     assert "0.0 where loss_mask is 0" in schema["response_logprobs"]["description"]
     assert "failure_class" in schema
