@@ -13,31 +13,27 @@ from __future__ import annotations
 import logging
 import os
 import time
-import traceback
 import uuid
 from typing import Any
 
 from celery import shared_task
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from raas_client.models import Trajectory
 
 from agents.abstract import AgentHandler, EvalResult
 from agents.contexts import RolloutContext
-from agents.finish_reasons import POLICY_DEADLINE, SELF_INFLICTED
+from agents.finish_reasons import POLICY_DEADLINE
 from agents.job_config import JobConfig
 from agents.registry import get_handler
 from core.errors import (
     AgentError,
-    InfraError,
     LeaseLost,
     ResumeError,
     RolloutCancelled,
     StageTimeout,
 )
 from core.models import Job, Outcome, Status
-from sandbox import SandboxError
 from tasks.writes import db_retry, groups, lifecycle, terminal
 from tasks.recovery import drain, handback, resume
 from tasks.sandboxing import grading, group_layers, sandboxes
@@ -48,29 +44,12 @@ from tasks.recovery.handback import LiveQueues
 from tasks.recovery.heartbeat import Heartbeater
 from tasks.writes.cancels import CancelMemory
 from tasks.writes.outbox_marks import Mark, MarkClearer
-from tasks.writes.records import record_fields
+from tasks.stage_records import RETRYABLE, describe, divergences, run_fields, ungraded
 from tasks.writes.run_turns import RunTurns
 from tasks.writes.turn_log import TurnLog
 from tasks.broker.publish import publish
 
 logger = logging.getLogger(__name__)
-
-# Infrastructure trouble gets a new attempt; sqlalchemy's OperationalError covers a database
-# that restarted under us (its connections are dropped and the next checkout reconnects).
-# Sandbox infrastructure errors have their own root (the sandbox package is standalone).
-# PoolTimeout: no pooled connection came free within `db_pool_timeout` (an overloaded database).
-# A driver's own disconnect error (`db_retry.DRIVER_DISCONNECTS`) is the same outage, whichever
-# layer raised it: never a final `infra_error` on the first attempt (issue 40).
-RETRYABLE = (
-    InfraError,
-    SandboxError,
-    ConnectionError,
-    TimeoutError,
-    OSError,
-    OperationalError,
-    PoolTimeout,
-    *db_retry.DRIVER_DISCONNECTS,
-)
 
 
 class RolloutLog(logging.LoggerAdapter):
@@ -143,7 +122,7 @@ class StageRun:
             self._retry_or_fail(exc)
         except Exception as exc:
             self.log.exception("%s failed", self.stage)
-            self._end(Status.FAILED, Outcome.INFRA_ERROR, _describe(exc, self.stage))
+            self._end(Status.FAILED, Outcome.INFRA_ERROR, describe(exc, self.stage))
 
     # -- context -------------------------------------------------------------------------
     def _context(self) -> RolloutContext:
@@ -231,11 +210,11 @@ class StageRun:
                 ctx.llm.close()
         turns.settle()  # every turn durable before the rollout leaves this lease
         sandboxes.stop(handle)  # the agent's: nothing it started may live on into grading
-        if _ungraded(result):
+        if ungraded(result):
             self._end_ungraded(result)
             return
         artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
-        self._hand_on("eval", **_run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
+        self._hand_on("eval", **run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
 
     def _turn_boundary(self) -> drain.TurnBoundary:
@@ -282,7 +261,7 @@ class StageRun:
         endpoint refused or that never started (infra_error, reward null), a sandbox the agent
         broke or a deadline its own actions ran out (agent_error, reward 0); the trajectory is
         kept either way."""
-        fields = _run_fields(result)
+        fields = run_fields(result)
         outcome = fields.pop("outcome")
         if outcome == Outcome.PROMPT_TOO_LONG.value:
             reward = None
@@ -391,7 +370,7 @@ class StageRun:
                 priority=self.job.priority,
             )
         except Exception as exc:  # noqa: BLE001 - kombu's OperationalError after the retries, and the like
-            self.log.warning("%s; publish deferred to the outbox: %s", what, _describe(exc, "publish"))
+            self.log.warning("%s; publish deferred to the outbox: %s", what, describe(exc, "publish"))
             return
         queued = Status.PENDING.value if stage == "init" else stage
         if marked_at is not False:
@@ -400,7 +379,7 @@ class StageRun:
         try:
             lifecycle.clear_mark(self.db, self.rollout_id, attempt, queued)
         except OperationalError as exc:  # the mark stays: at worst one duplicate message
-            self.log.info("%s; the outbox mark stays (%s)", what, _describe(exc, "clear"))
+            self.log.info("%s; the outbox mark stays (%s)", what, describe(exc, "clear"))
 
     # -- endings -------------------------------------------------------------------------
     def _cleanup(self, exc_text: str) -> None:
@@ -439,7 +418,7 @@ class StageRun:
             )
 
     def _retry_or_fail(self, exc: BaseException, may_resume: bool = True) -> None:
-        error = _describe(exc, self.stage)
+        error = describe(exc, self.stage)
         in_place = may_resume and not isinstance(exc, drain.Drained)  # a drained node is leaving
         if in_place and self.stage in ("run", "eval") and self._resume(error):
             return
@@ -450,7 +429,7 @@ class StageRun:
         self.log.warning("%s failed, retrying: %s", self.stage, error[:200])
         self._cleanup(error)
         # turns that could not rebuild this RUN (or whose replay diverged): never replayed again
-        note = {} if may_resume else {"replay": False, **_divergences(exc)}
+        note = {} if may_resume else {"replay": False, **divergences(exc)}
         new_attempt = lifecycle.retry(self.db, self.rollout_id, lease=self.lease, error=error, note=note)
         if new_attempt is not None:
             self._deliver("init", new_attempt, None, f"queued attempt {new_attempt}")
@@ -481,33 +460,6 @@ class StageRun:
         self.handed_on = True  # the sandbox is the resumed RUN's
         self._deliver("run", self.attempt, self.settings.node, "queued the RUN again")
         return True
-
-
-def _describe(exc: BaseException, stage: str) -> str:
-    tail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    return f"{stage}: {tail}"
-
-
-def _ungraded(result: Trajectory) -> bool:
-    """Whether RUN's result ends the rollout without EVAL (`_end_ungraded`)."""
-    return (
-        result.outcome in (Outcome.PROMPT_TOO_LONG.value, Outcome.INFRA_ERROR.value)
-        or result.finish_reason in SELF_INFLICTED
-        or (result.outcome, result.finish_reason) == POLICY_DEADLINE
-    )
-
-
-def _divergences(exc: BaseException) -> dict[str, Any]:
-    """A diverged replay's record for the attempt history (`ReplayDiverged`)."""
-    found = getattr(exc, "details", {}).get("divergences")
-    return {"replay_divergences": found} if found else {}
-
-
-def _run_fields(result: Trajectory) -> dict[str, Any]:
-    """RUN's record as the rollout's columns (a handler that set no outcome completed)."""
-    fields = record_fields(result)
-    fields["outcome"] = fields["outcome"] or Outcome.COMPLETED.value
-    return fields
 
 
 @shared_task(name=TASK_NAMES["init"], bind=True)

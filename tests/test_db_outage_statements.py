@@ -234,7 +234,7 @@ def test_a_refused_checkout_is_sqlalchemys_operational_error(outage) -> None:
 
 def test_a_driver_error_that_escapes_still_counts_as_an_outage() -> None:
     """Defence in depth: the retry and the stages' RETRYABLE know the drivers' own class."""
-    from tasks.stages import RETRYABLE
+    from tasks.stage_records import RETRYABLE
 
     exc = psycopg.OperationalError("connection failed: Connection refused")
     assert db_retry.is_disconnect(exc) and isinstance(exc, RETRYABLE)

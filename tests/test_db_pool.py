@@ -135,7 +135,7 @@ def test_pool_settings_size_server_engines_and_leave_sqlite_alone(tmp_path, pg_u
 
 def test_a_pool_that_stays_busy_fails_the_call_as_retryable_infrastructure(pg_url):
     from core.db import session_scope
-    from tasks.stages import RETRYABLE
+    from tasks.stage_records import RETRYABLE
 
     configure_pool(Settings(db_pool_size=1, db_pool_timeout=0.2))
     try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,9 +29,11 @@ from agents.llm.backends.guard import url_guard
 from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
-    list_models,
+    is_context_error,
     load_chat_tokenizer,
     remember_max_model_len,
+    served_model,
+    stated_context_limit,
     resolve_tokenizer_path,
     server_max_model_len,
 )
@@ -58,11 +59,6 @@ PAUSE_POLL_SECONDS = 0.25
 # How often a wait on a paused pool is written to the rollout: the reaper subtracts it from
 # the stage's age, so what is not yet written must stay well under its `stage_grace`.
 PAUSE_REPORT_SECONDS = 1.0
-# vLLM/SGLang error texts for a request longer than the server's context.
-_CONTEXT_ERRORS = ("maximum context length", "max_model_len", "context length", "too long")
-# vLLM: "maximum context length is 4096 tokens"; SGLang: "... context length (4096 tokens)".
-_CONTEXT_LIMIT = re.compile(r"maximum context length is (\d+)|context length \((\d+) tokens")
-_model_names: dict[str, str | None] = {}
 
 
 class LLMSession:
@@ -257,7 +253,7 @@ class LLMSession:
                 continue
             except InvalidRequest as exc:
                 said = server_said(exc)  # the body: parsed here, never put in results
-                if not any(text in said.lower() for text in _CONTEXT_ERRORS):
+                if not is_context_error(said):
                     raise
                 if self._learn_context(server, said):
                     continue  # ask again within the limit the server just told us
@@ -319,8 +315,7 @@ class LLMSession:
     def _learn_context(self, server: ServerInfo, message: str) -> bool:
         """A context 400 that names the server's limit: lower ours; True if it got lower."""
         log.info("rollout %s: %s rejects the request: %s", self.rollout_id, server.url, message[:300])
-        match = _CONTEXT_LIMIT.search(message)
-        served = int(match.group(1) or match.group(2)) if match else None
+        served = stated_context_limit(message)
         if served is None or served >= self.builder.max_model_len:
             return False
         remember_max_model_len(server.url, served)
@@ -375,7 +370,7 @@ class LLMSession:
             max_tokens=max_tokens,
             sampling=self.sampling.model_dump(),
             timeout=min(self.spec.request_timeout, remaining),
-            model=server.model or _served_model(server.url),
+            model=server.model or served_model(server.url),
             messages=traj.messages,
             tools=self.builder.tools,
             stop=self._stop,
@@ -498,11 +493,3 @@ class LLMSession:
             self.pool.release(self.server.url)
         self.server = None
         self.closed = True
-
-
-def _served_model(url: str) -> str | None:
-    """The first model a server lists (cached); vLLM rejects requests naming another one."""
-    if url not in _model_names:
-        models = list_models(url)
-        _model_names[url] = models[0].get("id") if models else None
-    return _model_names[url]

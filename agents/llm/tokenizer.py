@@ -317,6 +317,34 @@ def remember_max_model_len(url: str, max_model_len: int) -> None:
     _served_lengths[url] = (time.monotonic() + SERVED_LENGTH_TTL, max_model_len)
 
 
+# vLLM/SGLang error texts for a request longer than the server's context.
+# vLLM: "maximum context length is 4096 tokens"; SGLang: "... context length (4096 tokens)".
+CONTEXT_ERRORS = ("maximum context length", "max_model_len", "context length", "too long")
+CONTEXT_LIMIT = re.compile(r"maximum context length is (\d+)|context length \((\d+) tokens")
+
+
+def is_context_error(message: str) -> bool:
+    """Whether a server's 400 says the request is longer than its context."""
+    return any(text in message.lower() for text in CONTEXT_ERRORS)
+
+
+def stated_context_limit(message: str) -> int | None:
+    """The context length a server's error names (when it did not report it in /v1/models)."""
+    match = CONTEXT_LIMIT.search(message)
+    return int(match.group(1) or match.group(2)) if match else None
+
+
+_served_models: dict[str, str | None] = {}  # url -> the first model it lists
+
+
+def served_model(url: str) -> str | None:
+    """The first model a server lists (cached); vLLM rejects requests naming another one."""
+    if url not in _served_models:
+        models = list_models(url)
+        _served_models[url] = models[0].get("id") if models else None
+    return _served_models[url]
+
+
 def model_names(entries: list[dict]) -> list[str]:
     """Model roots and ids a server lists: candidates for a tokenizer (folder or hub id)."""
     names: list[str] = []
