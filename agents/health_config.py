@@ -41,9 +41,9 @@ class HealthConfig(BaseModel):
     critical: list[AlertName] = Field(
         default_factory=lambda: ["infra"], description="Alerts that are critical (the others are warnings)"
     )
-    on_critical: Literal["alert", "cancel"] = Field(
+    on_critical: Literal["alert", "pause", "cancel"] = Field(
         "alert",
-        description="What a critical alert does besides alerting: cancel stops the job (queued "
-        "rollouts never start, running ones stop at their next turn). raas has no job pause: "
-        "INIT claims every queued rollout",
+        description="What a critical alert does besides alerting: pause holds the job's queued "
+        "rollouts until `POST /v1/jobs/{id}/resume` (started ones finish); cancel stops the job "
+        "(queued rollouts never start, running ones stop at their next turn)",
     )

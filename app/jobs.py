@@ -30,7 +30,7 @@ from app.schemas import (
     TurnView,
 )
 from core.db import session_scope
-from core.errors import InvalidRequest, NotFound, validation_error
+from core.errors import Conflict, InvalidRequest, NotFound, validation_error
 from core.models import TERMINAL_VALUES, Job, Rollout, Turn, new_id
 from core.policy import (
     DEFAULT_OWNER,
@@ -39,7 +39,7 @@ from core.policy import (
     check_sandbox_options,
 )
 from core.settings import Settings
-from tasks.writes import cancels, groups, lifecycle
+from tasks.writes import cancels, groups, lifecycle, pauses
 from tasks.broker import outbox, purge
 from tasks import quotas
 from tasks.llm.llm_pool import registered_urls
@@ -229,8 +229,10 @@ def job_view(s: Session, job: Job) -> JobView:
     finished = sum(counts.get(v, 0) for v in TERMINAL_VALUES)
     if finished >= total:
         status = "cancelled" if job.cancel_requested else "done"
+    elif job.cancel_requested:
+        status = "cancelling"
     else:
-        status = "cancelling" if job.cancel_requested else "running"
+        status = "paused" if job.paused_at is not None else "running"
     size = job.group_size or job.n_samples
     return JobView.build(
         job_id=job.id,
@@ -249,6 +251,8 @@ def job_view(s: Session, job: Job) -> JobView:
         created_at=job.created_at,
         finished_at=job.finished_at,
         idempotency_key=job.idempotency_key,
+        paused_at=job.paused_at,
+        pause_reason=job.pause_reason,
     )
 
 
@@ -301,6 +305,31 @@ def results_after(s: Session, job_id: str, after: int, limit: int) -> list[Rollo
     closers = [r.instance_id for r in rows if r.completes_group]
     records = groups.records(s, job_id, closers) if closers else {}
     return [rollout_view(r, group=records.get(r.instance_id) if r.completes_group else None) for r in rows]
+
+
+def pause_job(settings: Settings, job_id: str, owner: str | None = None, celery: Any = None) -> JobView:
+    """Pause a job (`tasks.writes.pauses`): its queued rollouts wait unclaimed, started ones
+    finish. Pausing a finished or cancelled job is refused; pausing a paused one changes nothing."""
+    with session_scope(settings.db_url) as s:
+        job = get_job(s, job_id, owner)
+        if job.cancel_requested or job.finished_at is not None:
+            raise Conflict(f"job {job_id!r} is {'cancelled' if job.cancel_requested else 'finished'}: nothing to pause")
+    if pauses.pause_job(settings.db_url, job_id, f"paused by {owner or 'an operator'}") and celery is not None:
+        purge.purge_quietly(celery, job_id)
+    with session_scope(settings.db_url) as s:
+        return job_view(s, get_job(s, job_id))
+
+
+def resume_job(settings: Settings, job_id: str, owner: str | None = None, celery: Any = None) -> JobView:
+    """Resume a paused job: its parked rollouts are published again through the outbox.
+    Resuming a job that is not paused changes nothing."""
+    with session_scope(settings.db_url) as s:
+        get_job(s, job_id, owner)
+    ids = pauses.resume_job(settings.db_url, job_id)
+    if ids and celery is not None:
+        celery.raas_parts.get(outbox.OutboxPublisher).submit(ids)
+    with session_scope(settings.db_url) as s:
+        return job_view(s, get_job(s, job_id))
 
 
 def cancel_job(settings: Settings, job_id: str, owner: str | None = None, celery: Any = None) -> JobView:

@@ -116,6 +116,10 @@ class Job(Base):
     # Called (signed, retried, from the callback dispatcher) when a group or the job completes.
     callback_url: Mapped[str | None] = mapped_column(String(2048))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Set while the job is paused: INIT claims none of its queued rollouts (`tasks.writes.pauses`);
+    # the reason says who paused it (a trainer, or the health alert that did).
+    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    pause_reason: Mapped[str | None] = mapped_column(Text)
     # Allocator of the per-job completion order; bumped under the job row lock.
     finished_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

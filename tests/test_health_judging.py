@@ -151,3 +151,29 @@ def test_harness_rows_stored_under_the_old_names_are_judged_like_new_ones(any_db
     with session_scope(any_db_url) as s:
         found = figures(cache.samples(s, job_id))
     assert (found.tool_calls_mean, found.parse_failure_rate) == (1.0, pytest.approx(2 / 3, abs=0.01))
+
+
+def test_a_critical_alert_pauses_a_job_that_asks_for_it(any_db_url) -> None:
+    """`on_critical: pause`: the alert says so, the job is paused with the alert as its reason,
+    its queued rollout waits (not cancelled), and the resume marks it for publication."""
+    from tasks.writes import pauses
+
+    job_id = make_job(any_db_url, {"window": 4, "min_rollouts": 4, "critical": ["infra"], "on_critical": "pause"})
+    for seq in range(1, 5):
+        finish(any_db_url, job_id, seq, outcome="infra_error", reward=None, finish_reason=None)
+    with session_scope(any_db_url) as s:
+        s.add(Rollout(job_id=job_id, instance_id="queued", status="pending"))
+    assert check_running(any_db_url, HealthCache()) == 1
+    (alert,) = alerts(any_db_url, job_id)
+    assert (alert.name, alert.severity, alert.action) == ("infra", "critical", "paused")
+    with session_scope(any_db_url) as s:
+        job = s.get(Job, job_id)
+        assert job.paused_at is not None and job.pause_reason.startswith("critical health alert infra")
+        queued = s.scalars(select(Rollout).where(Rollout.instance_id == "queued")).one()
+        assert (queued.status, queued.outbox_at) == ("pending", None)
+    assert pauses.pause_job(any_db_url, job_id, "again") is False  # the first reason is kept
+    [rid] = pauses.resume_job(any_db_url, job_id)
+    with session_scope(any_db_url) as s:
+        assert s.get(Job, job_id).paused_at is None
+        assert s.get(Rollout, rid).outbox_at is not None
+    assert pauses.resume_job(any_db_url, job_id) == []

@@ -9,7 +9,7 @@ from flask import Blueprint, Response, current_app, g, request, stream_with_cont
 
 from app.api.routing import query_number, typed_route
 from app.context import POLL_SECONDS, gateway_settings
-from app.jobs import cancel_job, create_job, get_job, job_view, owner_jobs, results_after
+from app.jobs import cancel_job, create_job, get_job, job_view, owner_jobs, pause_job, results_after, resume_job
 from app.schemas import JobAccepted, JobCreate, JobList, JobView, ResultsPage
 from core.db import session_scope
 from core.errors import InvalidRequest
@@ -68,6 +68,28 @@ def show(job_id: str) -> JobView:
 )
 def cancel(job_id: str) -> JobView:
     return cancel_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
+
+
+@typed_route(
+    bp,
+    "/v1/jobs/<job_id>/pause",
+    "POST",
+    response=JobView,
+    summary="Pause: queued rollouts wait unclaimed until resume, started ones finish",
+)
+def pause(job_id: str) -> JobView:
+    return pause_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
+
+
+@typed_route(
+    bp,
+    "/v1/jobs/<job_id>/resume",
+    "POST",
+    response=JobView,
+    summary="Resume a paused job: its waiting rollouts are queued again",
+)
+def resume(job_id: str) -> JobView:
+    return resume_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
 
 
 @typed_route(

@@ -7,7 +7,7 @@ from typing import Any
 from flask import current_app, g, redirect, render_template, request, url_for
 
 from app.context import gateway_settings
-from app.jobs import cancel_job, get_job, job_view, owner_jobs
+from app.jobs import cancel_job, get_job, job_view, owner_jobs, pause_job, resume_job
 from app.metrics import llm_servers, queue_consumers, rollout_counts
 from app.rollouts import current_turns, job_rollout_rows, owned_rollout
 from agents.job_config import JobConfig
@@ -60,7 +60,7 @@ def jobs():
     """The owner's jobs, newest first; the rows refresh themselves while any job runs."""
     with session_scope(gateway_settings().db_url) as s:
         views = owner_jobs(s, g.owner, request.args.get("before"), JOBS_PAGE)
-    running = any(v.status in ("running", "cancelling") for v in views)
+    running = any(v.status in ("running", "paused", "cancelling") for v in views)
     template = "ui/_job_rows.html" if request.args.get("fragment") else "ui/jobs.html"
     return render_template(
         template, jobs=views, running=running, next_cursor=views[-1].job_id if len(views) == JOBS_PAGE else None
@@ -74,6 +74,22 @@ def cancel(job_id: str):
     cancel_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
     back = request.form.get("back")
     return redirect(safe_next(back) if back else url_for("ui.job", job_id=job_id), code=303)
+
+
+@bp.post("/jobs/<job_id>/pause")
+def pause(job_id: str):
+    """Pause a job: its queued rollouts wait until it resumes."""
+    check_csrf()
+    pause_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
+    return redirect(url_for("ui.job", job_id=job_id), code=303)
+
+
+@bp.post("/jobs/<job_id>/resume")
+def resume(job_id: str):
+    """Resume a paused job."""
+    check_csrf()
+    resume_job(gateway_settings(), job_id, g.owner, current_app.extensions["celery"])
+    return redirect(url_for("ui.job", job_id=job_id), code=303)
 
 
 @bp.get("/jobs/<job_id>")

@@ -72,7 +72,9 @@ class AlertView(Answer):
     seq: int = Field(description="Finished rollouts of the job when raised (the event stream's id)")
     weight_version: str | None = Field(None, description="Newest weight version among the rollouts judged")
     message: str = Field(description="One line for people")
-    action: str = Field("none", description="What raas did: none, or cancelled (on_critical: cancel)")
+    action: str = Field(
+        "none", description="What raas did: none, paused (on_critical: pause) or cancelled (on_critical: cancel)"
+    )
     raised_at: datetime | None = Field(None, description="When raised")
     cleared_at: datetime | None = Field(None, description="When the figure was back within the threshold")
 

@@ -118,7 +118,7 @@ class JobView(Answer):
 
     job_id: str
     agent: str
-    status: str = Field(description="running | cancelling | done | cancelled")
+    status: str = Field(description="running | paused | cancelling | done | cancelled")
     n_instances: int
     n_samples: int
     n_rollouts: int
@@ -132,6 +132,12 @@ class JobView(Answer):
     spare: int = Field(0, description="Extra samples per instance (straggler cut)")
     priority: int = 0
     callback_url: str | None = None
+    paused_at: datetime | None = Field(
+        None, description="When the job was paused (its queued rollouts wait; started ones finish)"
+    )
+    pause_reason: str | None = Field(
+        None, description="Who paused it: a trainer, or the critical health alert that did"
+    )
 
 
 class GroupView(Answer):

@@ -181,6 +181,15 @@ class RaasClient:
         """POST /v1/jobs/{id}/cancel."""
         return JobView.model_validate(self._call("POST", f"/v1/jobs/{job_id}/cancel"))
 
+    def pause(self, job_id: str) -> JobView:
+        """POST /v1/jobs/{id}/pause: queued rollouts wait unclaimed, started ones finish (a job
+        with `health.on_critical: "pause"` is paused by its first critical alert)."""
+        return JobView.model_validate(self._call("POST", f"/v1/jobs/{job_id}/pause"))
+
+    def resume(self, job_id: str) -> JobView:
+        """POST /v1/jobs/{id}/resume: the paused job's waiting rollouts are queued again."""
+        return JobView.model_validate(self._call("POST", f"/v1/jobs/{job_id}/resume"))
+
     def results_page(self, job_id: str, after: int = 0, wait: float = 0, limit: int = 100) -> ResultsPage:
         """One long-polled page of finished rollouts after cursor `after` (a long poll
         also retries a 500: see `raas_client.retry.LONG_POLL_RETRY_STATUSES`)."""

@@ -78,6 +78,11 @@ class Sweeps:
             Rollout.outbox_at.is_(None),
             Rollout.status.in_([Status.PENDING.value, "run", "eval"]),
             Rollout.queued_at < cutoff,
+            # a paused job's INIT-queued rows wait without a message on purpose (`tasks.writes.pauses`)
+            or_(
+                Rollout.status != Status.PENDING.value,
+                ~select(Job.id).where(Job.id == Rollout.job_id, Job.paused_at.is_not(None)).exists(),
+            ),
         ]
         with session_scope(self.db) as s:
             rows = s.execute(select(Rollout.status, Rollout.node).where(*waiting).distinct()).all()

@@ -11,7 +11,8 @@ event, and a signed `alert` callback in the callback outbox when the job has a `
 An active alert is cleared once its figure is back within the threshold over a whole window of
 rollouts that finished after it was raised (so rollouts finishing out of order do not make it
 flap); it may then fire again.
-A critical alert of a job with `on_critical: cancel` cancels the job.
+A critical alert of a job with `on_critical: cancel` cancels the job; with `on_critical: pause`
+it pauses it (`tasks.writes.pauses`: queued rollouts wait for a resume, started ones finish).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _raise(
     """Insert one alert (and its callback) in the judging transaction."""
     severity = "critical" if name in config.critical else "warning"
     versions = [x.weight_version for x in samples if x.weight_version]
-    cancel = severity == "critical" and config.on_critical == "cancel"
+    action = {"cancel": "cancelled", "pause": "paused"}.get(config.on_critical) if severity == "critical" else None
     side = "<=" if RULES[name][2] else ">="
     row = JobAlert(
         job_id=job.id,
@@ -89,7 +90,7 @@ def _raise(
         weight_version=versions[-1] if versions else None,
         message=f"{LABELS[name]}: {RULES[name][0]} {value:.3g} {side} {threshold:g} "
         f"over the last {len(samples)} rollouts",
-        action="cancelled" if cancel else "none",
+        action=action or "none",
         raised_at=utcnow(),
     )
     s.add(row)
@@ -192,6 +193,10 @@ def _apply(db_url: str, job_id: str, config: HealthConfig, decisions: list[_Deci
 
         log.warning("job %s: critical health alert, cancelling (on_critical: cancel)", job_id)
         cancels.cancel_job(db_url, job_id)
+    elif first := next((a for a in raised if a.action == "paused"), None):
+        from tasks.writes import pauses
+
+        pauses.pause_job(db_url, job_id, f"critical health alert {first.name}: {first.message}")
     for alert in raised:
         log.warning("job %s: health alert %s: %s", job_id, alert.name, alert.message)
     return raised

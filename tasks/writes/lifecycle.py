@@ -81,8 +81,9 @@ def _job_snapshot(db_url: str, job_id: str) -> Job:
 def job_snapshot(db_url: str, job_id: str) -> Job:
     """The job's immutable part (agent, config, sizes), cached per process.
 
-    Only `cancel_requested`, `finished_count` and `finished_at` ever change on a job, and stage
-    code reads cancel from the rollout row, so a cached copy is safe and saves a query per stage.
+    Only `cancel_requested`, `paused_at`/`pause_reason`, `finished_count` and `finished_at` ever
+    change on a job; stage code reads cancel from the rollout row and pause only in the INIT
+    claim's own statement, so a cached copy is safe and saves a query per stage.
     """
     return _job_snapshot(db_url, job_id)
 

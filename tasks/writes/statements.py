@@ -48,7 +48,9 @@ def claim(init: bool, nodeless: bool = False) -> Executable:
     """The claim of a queued rollout (`lifecycle.claim`), returning the whole row.
 
     INIT sets the node; RUN and EVAL claim only on the node the rollout is queued for
-    (`nodeless`: a rollout queued without one, `node IS NULL`).
+    (`nodeless`: a rollout queued without one, `node IS NULL`). INIT claims nothing of a
+    paused job (`tasks.writes.pauses`): the message is acked, the row stays queued without
+    one, and the resume publishes it again. One primary-key probe of the job per INIT claim.
     """
     cond = [
         R.id == bindparam("k_rid"),
@@ -56,7 +58,10 @@ def claim(init: bool, nodeless: bool = False) -> Executable:
         R.status == bindparam("k_queued"),
         R.lease_owner.is_(None),
     ]
-    if not init:
+    if init:
+        paused = select(JOBS.c.id).where(JOBS.c.id == R.job_id, JOBS.c.paused_at.is_not(None))
+        cond.append(~paused.exists())
+    else:
         cond.append(R.node.is_(None) if nodeless else R.node == bindparam("k_here"))
     columns = ("status", "lease_owner", "heartbeat_at", "stage_started_at", "outbox_at", "generating_on")
     values = {**values_of(columns), "paused_seconds": 0.0}

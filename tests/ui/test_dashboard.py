@@ -267,6 +267,24 @@ def test_stage_view_shows_the_metrics_numbers(service, jobs, browser, artifacts)
     assert console_errors(browser) == []
 
 
+def test_pause_then_resume_from_the_job_page(service, jobs, browser, artifacts) -> None:
+    """The job page pauses a running job (its header says so and who paused it) and resumes it;
+    the rollout that had started goes on either way."""
+    job_id = jobs["slow"].job_id
+    browser.get(f"{service.url}/ui/jobs/{job_id}")
+    if wait_for(lambda: _attribute_fresh(browser, "#job-header", "data-status")) != "running":
+        pytest.fail("the slow job finished before the test could pause it")
+    click_fresh(browser, "#job-header form.pause button")
+    wait_for(lambda: _attribute_fresh(browser, "#job-header", "data-status") == "paused", what="the page to say paused")
+    assert "paused by" in browser.find_element("css selector", "#paused").text
+    assert service.client.job(job_id).status == "paused"
+    shot(browser, artifacts, "job-paused")
+    click_fresh(browser, "#job-header form.resume button")
+    wait_for(lambda: _attribute_fresh(browser, "#job-header", "data-status") == "running", what="resumed")
+    assert service.client.job(job_id).paused_at is None
+    assert console_errors(browser) == []
+
+
 def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, browser, artifacts) -> None:
     job_id = jobs["slow"].job_id
     browser.get(f"{service.url}/ui/")
