@@ -1,4 +1,4 @@
-"""Job service: accept a submission, report progress, page results, cancel.
+"""Job service: accept a submission, report progress, page results, cancel, pause and resume.
 
 A submission is validated completely (agent, handler config, every instance, llm spec) before
 anything is written; rows are committed first and only then enqueued, so an accepted rollout

@@ -51,6 +51,7 @@ COLUMNS = [
     ("affected_regen_per_rollout", "per killed-RUN rollout"),
     ("affected_regenerated_max", "most by one"),
     ("replayed_turns", "replayed"),
+    ("regenerated_tokens", "tokens generated again"),
     ("pools_exited", "pools exited"),
     ("seconds", "s"),
 ]

@@ -1,4 +1,4 @@
-"""v1 jobs: submit, inspect, page results (long-poll or NDJSON stream), cancel."""
+"""v1 jobs: submit, inspect, page results (long-poll or NDJSON stream), cancel, pause, resume."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from flask import current_app, g, redirect, render_template, request, url_for
 from app.context import gateway_settings
 from app.jobs import cancel_job, get_job, job_view, owner_jobs, pause_job, resume_job
 from app.metrics import llm_servers, queue_consumers, rollout_counts
-from app.rollouts import current_turns, job_rollout_rows, owned_rollout
+from app.recovery_costs import job_cost, rollout_cost
+from app.rollouts import current_turns, job_rollout_rows, owned_rollout, rollout_turns
 from agents.job_config import JobConfig
 from app.job_health import app_cache, health_view
 from app.ui import charts, health_charts, tokens
@@ -104,6 +105,7 @@ def job(job_id: str):
         rows = job_rollout_rows(s, job_id, ROW_COLUMNS)
         config = j.config or {}
         health = health_view(s, j, app_cache())
+        recovery = job_cost(s, job_id)
     groups = charts.groups(rows)
     health_config = JobConfig.load(config).health
     return render_template(
@@ -122,6 +124,7 @@ def job(job_id: str):
         health_tiles=health_charts.tiles(health, health_config),
         turns_bars=health_charts.turns_bars(health),
         time_split=health_charts.time_split(health),
+        recovery=recovery,
     )
 
 
@@ -131,6 +134,7 @@ def rollout(rollout_id: str):
     with session_scope(gateway_settings().db_url) as s:
         r, job = owned_rollout(s, rollout_id, g.owner)
         turns, earlier = current_turns(s, r)
+        recovery = rollout_cost(r.attempt, rollout_turns(s, r.id)) if earlier else None
         samples = tokens.samples_of(r)
         r, turns, sample = tokens.pick_sample(r, turns, request.args.get("sample"))
         segs = tokens.segments(r, turns)
@@ -142,6 +146,7 @@ def rollout(rollout_id: str):
             job=job,
             turns=turns,
             earlier_turns=earlier,
+            recovery=recovery,
             segments=segs,
             metrics=metrics,
             waterfall=_waterfall(r, turns),

@@ -108,3 +108,50 @@ def test_stage_view_and_jobs_page_render_with_nothing(app) -> None:
     page = client.get("/ui/stages")
     assert page.status_code == 200 and 'data-queue="init"' in page.text
     assert client.get("/ui/jobs/nope").status_code == 404
+
+
+def test_recovery_counts_tokens_generated_again_not_replayed(app) -> None:
+    """Attempt 1 logged turns 0-2 and was lost; attempt 2 started over and was lost after turn 0;
+    attempt 3 replayed attempt 2's turn 0 (itself generated) and generated turns 1-2 live. The
+    job and rollout pages say: attempt 1's three turns (6 tokens) were generated for nothing,
+    attempt 2's turn 0 was carried into attempt 3 (one turn replayed)."""
+    from app.recovery_costs import rollout_cost
+
+    job_id, rollout_id = add(app, status="run", node="n1", attempt=3)
+    logged = [
+        (1, 0, [1, 2], {}),
+        (1, 1, [3, 4, 5], {}),
+        (1, 2, [6], {}),
+        (2, 0, [7, 8], {}),
+        (3, 0, [7, 8], {"replayed_from_attempt": 2}),
+        (3, 1, [9], {}),
+        (3, 2, [10, 11], {}),
+    ]
+    with session_scope(app.config["RAAS"].db_url) as s:
+        for attempt, index, ids, extra in logged:
+            s.add(Turn(rollout_id=rollout_id, attempt=attempt, index=index, generated_ids=ids, extra=extra))
+    with session_scope(app.config["RAAS"].db_url) as s:
+        cost = rollout_cost(3, s.query(Turn).filter_by(rollout_id=rollout_id).all())
+    assert (cost.rollouts_retried, cost.replayed_turns, cost.regenerated_turns, cost.regenerated_tokens) == (1, 1, 3, 6)
+    client = app.test_client()
+    page = client.get(f"/ui/rollouts/{rollout_id}")
+    assert "4 turns logged by earlier attempts: 1 replayed, 3 generated again, 6 tokens" in page.text
+    job = client.get(f"/ui/jobs/{job_id}")
+    assert 'data-regenerated-tokens="6"' in job.text
+
+
+def test_a_replay_chain_is_followed_to_the_turn_that_was_generated() -> None:
+    """Attempt 3 replays attempt 2's turn, which attempt 2 had replayed from attempt 1: the
+    generated turn is attempt 1's, and nothing was generated twice."""
+    from types import SimpleNamespace as T
+
+    from app.recovery_costs import rollout_cost
+
+    turns = [
+        T(attempt=1, index=0, generated_ids=[1, 2], extra={}),
+        T(attempt=2, index=0, generated_ids=[1, 2], extra={"replayed_from_attempt": 1}),
+        T(attempt=3, index=0, generated_ids=[1, 2], extra={"replayed_from_attempt": 2}),
+    ]
+    cost = rollout_cost(3, turns)
+    assert (cost.replayed_turns, cost.regenerated_turns, cost.regenerated_tokens) == (1, 0, 0)
+    assert rollout_cost(1, turns[:1]).regenerated_turns == 0

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 
 from fakellm.server import start_simulator
 from core.db import session_scope
+from app.recovery_costs import job_cost
 from core.models import Rollout
 from core.settings import Settings
 from bench.support.pipeline_harness import REPO, Service, start_service, wait_for
@@ -362,6 +363,8 @@ class Campaign:
         problems = {p["instance_id"]: p["problem"] for p in PROBLEMS}
         looped = 0
         for j in jobs:
+            with session_scope(self.db) as s:
+                report.regenerated_tokens += job_cost(s, j.job_id).regenerated_tokens
             for row in self.rows(j.job_id):
                 key = self.prefixes.get(j.job_id, "") + problems[row.instance_id]
                 answered = [after.get(f"turn:{key}:{t}", 0) - before.get(f"turn:{key}:{t}", 0) for t in range(TURNS)]

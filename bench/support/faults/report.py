@@ -36,6 +36,9 @@ class Report:
     affected_regenerated: int = 0  # answered turns beyond 4 of the affected rollouts
     affected_regenerated_max: int = 0  # the most any one affected rollout regenerated (goal <= 1)
     replayed_turns: int = 0  # logged turns replayed into a rebuilt sandbox (metrics.replayed_turns)
+    regenerated_tokens: int = (
+        0  # tokens of logged turns generated again, as the service counts them (app.recovery_costs)
+    )
     replay_divergences: int = 0  # replayed calls whose output differed from the log
     pools_exited: int = 0  # pools that ended by themselves (dead at the end or restarted)
     violations: int = 0  # history checks that failed (bench/support/partitions/checker.py), named in notes

@@ -1,0 +1,100 @@
+"""What recovery cost a rollout and a job: attempts, turns replayed, tokens generated twice.
+
+A re-run is cheap to count and says little: a rollout that got a second attempt may have lost
+nothing (its turns were replayed into the rebuilt sandbox, `agents.loop_replay`) or every
+turn (it started over from INIT). What costs a trainer inference time is the tokens generated
+again, so the dashboard shows those, read from the turn log:
+
+- a logged turn was *generated* unless it carries `extra.replayed_from_attempt` (a replayed
+  turn is the earlier attempt's, logged again under the new one);
+- the current attempt's turns *use* the generated turns they descend from (a replayed turn's
+  origin is followed back through the attempts that replayed it);
+- every generated turn no current turn uses was generated for nothing: its tokens were (or
+  will be) generated again, or thrown away with its attempt.
+
+The turn in flight at a loss was never logged, so it is not counted here (the fault campaign
+and the Slurm tier count it from the simulator's side: at most one per interrupted rollout).
+A resume in the same attempt (a RUN worker died, its sandbox still answers) logs nothing
+twice and costs nothing here either.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import Rollout, Turn
+
+
+@dataclass
+class RecoveryCost:
+    """Figures for one rollout or summed over a job's."""
+
+    rollouts_retried: int = 0  # rollouts on a second or later attempt
+    replayed_turns: int = 0  # turns carried into a later attempt by replay (not generated again)
+    regenerated_turns: int = 0  # logged turns generated for nothing
+    regenerated_tokens: int = 0  # their generated tokens
+
+    def add(self, other: RecoveryCost) -> None:
+        self.rollouts_retried += other.rollouts_retried
+        self.replayed_turns += other.replayed_turns
+        self.regenerated_turns += other.regenerated_turns
+        self.regenerated_tokens += other.regenerated_tokens
+
+
+def rollout_cost(attempt: int, turns: Iterable[Any]) -> RecoveryCost:
+    """The cost for a rollout now on `attempt`, from its logged turns of every attempt (rows
+    with `attempt`, `index`, `extra` and `generated_ids`)."""
+    by_key = {(t.attempt, t.index): t for t in turns}
+    cost = RecoveryCost(rollouts_retried=int(attempt > 1))
+    if not by_key:
+        return cost
+
+    def origin(key: tuple[int, int]) -> tuple[int, int]:
+        seen = set()
+        while key in by_key and key not in seen:
+            seen.add(key)
+            source = (by_key[key].extra or {}).get("replayed_from_attempt")
+            if source is None:
+                return key
+            key = (int(source), key[1])
+        return key
+
+    used = {origin(key) for key in by_key if key[0] == attempt}
+    for key, turn in by_key.items():
+        if key[0] == attempt and (turn.extra or {}).get("replayed_from_attempt") is not None:
+            cost.replayed_turns += 1
+        generated = (turn.extra or {}).get("replayed_from_attempt") is None
+        if generated and key not in used:
+            cost.regenerated_turns += 1
+            cost.regenerated_tokens += len(turn.generated_ids or ())
+    return cost
+
+
+def job_cost(s: Session, job_id: str) -> RecoveryCost:
+    """The cost summed over a job's rollouts. Only rollouts past their first attempt can have
+    any (a first attempt's turns are all its own), so only their turns are read."""
+    retried = dict(
+        s.execute(select(Rollout.id, Rollout.attempt).where(Rollout.job_id == job_id, Rollout.attempt > 1)).all()
+    )
+    total = RecoveryCost()
+    if not retried:
+        return total
+    turns: dict[str, list[Any]] = defaultdict(list)
+    ids = list(retried)
+    for start in range(0, len(ids), 500):
+        rows = s.execute(
+            select(Turn.rollout_id, Turn.attempt, Turn.index, Turn.extra, Turn.generated_ids).where(
+                Turn.rollout_id.in_(ids[start : start + 500])
+            )
+        ).all()
+        for row in rows:
+            turns[row.rollout_id].append(row)
+    for rollout_id, attempt in retried.items():
+        total.add(rollout_cost(attempt, turns.get(rollout_id, ())))
+    return total
