@@ -272,6 +272,8 @@ class Turn(Base):
     (`tasks.recovery.resume`): the generation verbatim, the messages appended after it with their
     template ids, and the loop's counters. (rollout, attempt, index) is unique, so a turn is
     never logged twice (a retried insert whose first commit landed finds its own row).
+    Attempt 0 is a branch's inheritance: its parent's turns 0..k, copied when it was made
+    (`app.branches`), replayed by its first RUN.
     """
 
     __tablename__ = "turns"

@@ -100,6 +100,21 @@ def test_a_branch_request_makes_a_child_job_of_n_branches_with_the_inherited_tur
     assert clients["alice"].post(f"/v1/rollouts/{running}/branches", json={"turn": 1}).status_code == 202
 
 
+def test_the_branch_command_prints_the_answer_or_the_problem(gateway) -> None:
+    from click.testing import CliRunner
+
+    from raas_client.cli import branch
+
+    settings, clients, ids = gateway
+    url, parent = str(clients["alice"].base_url), ids[("math", "done")]
+    env = {"RAAS_TOKEN": ALICE}
+    ok = CliRunner().invoke(branch, [parent, "--turn", "0", "-n", "2", "--url", url], env=env)
+    assert ok.exit_code == 0, ok.output
+    assert '"branch_turn": 0' in ok.output and ok.output.count('"rollout_ids"') == 1
+    bad = CliRunner().invoke(branch, [parent, "--turn", "7", "--url", url], env=env)
+    assert bad.exit_code != 0 and "turn 7 is out of range" in bad.output and "field: turn" in bad.output
+
+
 @pytest.mark.parametrize(
     "who, parent, body, status, needles",
     [
