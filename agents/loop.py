@@ -298,8 +298,7 @@ def _one_turn(
     The turn is logged last, with the counters as they stand after it (what resume reads).
     """
     gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
-    if clock.first_reply_at is None:
-        clock.first_reply_at = time.time()
+    clock.first_reply_at = clock.first_reply_at or time.time()
     ctx.extend_deadline(getattr(gen, "paused_seconds", 0.0))  # a weight push paused the pool:
     clock.sync(ctx, ep)  # the agent's clock stood still
     if not gen.token_ids and gen.finish_reason in CUT_TURN:
