@@ -182,3 +182,37 @@ def test_tree_advantages_score_each_branch_against_its_siblings_at_its_turn() ->
     assert with_parent["a"] == pytest.approx(1.0 - (1.0 + 0.0 + 0.0) / 3)
     grpo = tree.advantages(baseline="grpo")
     assert grpo["a"] > 0 > grpo["c"] and grpo["d"] is None
+
+
+def test_every_attempt_of_a_branch_starts_from_the_inherited_prefix_never_from_turn_0(gateway) -> None:
+    """`turns_to_resume` for a branch: attempt 1 replays the inherited turns (attempt 0), even
+    under `resume.replay: false`; a later attempt replays its predecessor's turns, or the
+    inherited ones again once that predecessor's replay diverged (`replay: false` noted)."""
+    from types import SimpleNamespace
+
+    from tasks.recovery.resume import inherited_workspace, turns_to_resume
+
+    settings, clients, ids = gateway
+    parent = ids[("math", "done")]
+    body = clients["alice"].post(f"/v1/rollouts/{parent}/branches", json={"turn": 1, "n": 1}).json()
+    rid = body["rollout_ids"][0]
+    with session_scope(settings.db_url) as s:
+        s.add_all(_turn(rid, i) for i in range(3))  # attempt 1 replayed 0..1 and went on to 2
+        s.execute(
+            Turn.__table__.update()
+            .where(Turn.rollout_id == rid, Turn.attempt == 0)
+            .values(extra={"workspace": "/w/p-1"})
+        )
+
+    def row(history):
+        return SimpleNamespace(id=rid, parent_rollout_id=parent, resumes=None, attempt_history=history)
+
+    first = turns_to_resume(settings.db_url, row([]), 1, replay=False)
+    assert [(t["attempt"], t["index"]) for t in first] == [(0, 0), (0, 1)]
+    lost = turns_to_resume(settings.db_url, row([{"attempt": 1}]), 2, replay=False)
+    assert [(t["attempt"], t["index"]) for t in lost] == [(1, 0), (1, 1), (1, 2)]
+    diverged = turns_to_resume(settings.db_url, row([{"attempt": 1, "replay": False}]), 2, replay=True)
+    assert [(t["attempt"], t["index"]) for t in diverged] == [(0, 0), (0, 1)]
+    assert inherited_workspace(settings.db_url, rid) == {"workspace_inside": "/w/p-1"}
+    plain = SimpleNamespace(id=parent, parent_rollout_id=None, resumes=None, attempt_history=[])
+    assert turns_to_resume(settings.db_url, plain, 1, replay=True) is None  # not a branch: turn 0
