@@ -81,6 +81,7 @@ class _Episode(RolloutCounters):
     # the calls whose output differed (`agents.loop_replay`).
     replayed_turns: int = 0
     replay_divergences: list[dict[str, Any]] = field(default_factory=list)
+    replay_seconds: float = 0.0  # wall time of that replay (a branch's cost before it samples)
     # The rendered prompt's digest (`replay.prompt_digest`), logged with every turn and checked
     # on resume: the prompt never changes within an episode, so it is hashed once.
     prompt_digest: str | None = None
@@ -135,6 +136,8 @@ def run_agent_loop(
     ctx.settle_turns()  # the last turn too: the loop returns only what the log holds
     result = _result(ctx, ep)
     result.metrics["time_split"] = (split or clock.split(ctx, ep)).to_metrics()  # the one decided on
+    if ep.replayed_turns and clock.first_reply_at is not None:  # when the replayed RUN went live
+        result.metrics["first_live_reply_at"] = round(clock.first_reply_at, 3)
     result.extra["tools"] = [tool.schema() for tool in tools]  # what the model was offered
     return result
 
@@ -169,6 +172,7 @@ class _Clock:
         self.started = ctx.deadline - ctx.limits.stage_timeout("run")
         self.base = SessionClock(ep.gen_seconds, ep.wait_seconds, ep.paused_seconds)
         self.tools_before = ep.tool_seconds
+        self.first_reply_at: float | None = None  # wall clock of this execution's first reply
 
     def sync(self, ctx: RunContext, ep: _Episode) -> SessionClock:
         """Bring the episode's generation/waiting/paused counters up to the session's."""
@@ -216,9 +220,11 @@ def _resumed(ctx: RunContext, turns: list[dict[str, Any]]) -> _Episode:
 def _replay_lost_sandbox(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], limit: int) -> None:
     """Turns an earlier attempt logged: their tool calls run again in this attempt's rebuilt
     sandbox before the loop goes on (`agents.loop_replay`)."""
+    started = time.monotonic()
     report = replay_into_sandbox(ctx, ctx.resume_turns or [], tools, lambda text: _clip(text, limit))
     if report is not None:
         ep.replayed_turns, ep.replay_divergences = report
+        ep.replay_seconds = round(time.monotonic() - started, 4)
 
 
 def _loop_state(ctx: RunContext, ep: _Episode) -> dict[str, Any]:
@@ -292,6 +298,7 @@ def _one_turn(
     The turn is logged last, with the counters as they stand after it (what resume reads).
     """
     gen = ctx.llm.generate(ctx.deadline, ctx.cancel_check, max_new_tokens=_tokens_left(ctx))
+    clock.first_reply_at = clock.first_reply_at or time.time()
     ctx.extend_deadline(getattr(gen, "paused_seconds", 0.0))  # a weight push paused the pool:
     clock.sync(ctx, ep)  # the agent's clock stood still
     if not gen.token_ids and gen.finish_reason in CUT_TURN:
@@ -472,6 +479,7 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
     if ep.replayed_turns:  # the sandbox was lost and rebuilt by replaying the logged turns
         metrics["replayed_turns"] = ep.replayed_turns
         metrics["replay_divergences"] = ep.replay_divergences
+        metrics["replay_seconds"] = ep.replay_seconds
     if ctx.limits.max_staleness is not None:
         metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())

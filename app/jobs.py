@@ -289,6 +289,8 @@ def rollout_view(r: Rollout, turns: list[Turn] | None = None, group: dict[str, A
         group=GroupView.model_validate(group) if group is not None else None,
         created_at=r.created_at,
         finished_at=r.finished_at,
+        parent_rollout_id=r.parent_rollout_id,
+        branch_turn=r.branch_turn,
         turns=current,
         earlier_attempts=earlier,
     )

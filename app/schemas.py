@@ -29,6 +29,7 @@ try:
         Timing,
         TurnView,
     )
+    from raas_client.branch_models import BranchCreate, BranchesAccepted, BranchList
 except ImportError as exc:  # the server installed without its SDK (`make` installs both)
     raise ImportError(
         "raas imports its wire models from the raas-client distribution in "
@@ -142,6 +143,9 @@ class LLMServerUpdate(Strict):
 
 __all__ = [
     "AttemptView",
+    "BranchCreate",
+    "BranchList",
+    "BranchesAccepted",
     "ErrorBody",
     "GroupList",
     "GroupView",

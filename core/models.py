@@ -141,6 +141,7 @@ class Rollout(Base):
         Index("ix_rollouts_job_seq", "job_id", "result_seq"),
         Index("ix_rollouts_status", "status"),
         Index("ix_rollouts_job_instance", "job_id", "instance_id"),
+        Index("ix_rollouts_parent", "parent_rollout_id"),
         # only the few rows waiting for publication are indexed
         Index(
             "ix_rollouts_outbox",
@@ -204,6 +205,11 @@ class Rollout(Base):
     # Why a straggler cut took this sample out of its group (its group completed without it);
     # a cut sample is never one of a group's members, whatever it ends with.
     cut_reason: Mapped[str | None] = mapped_column(String(256))
+    # A branch (`app.branches`): the rollout it continues and the turn index it continues
+    # after. Its turns 0..branch_turn are the parent's, inherited as attempt 0 of its turn log
+    # and replayed into its own sandbox before it samples on; NULL for a rollout of its own.
+    parent_rollout_id: Mapped[str | None] = mapped_column(String(32))
+    branch_turn: Mapped[int | None] = mapped_column(Integer)
 
     job: Mapped[Job] = relationship(back_populates="rollouts", lazy="raise")
 
@@ -270,6 +276,8 @@ class Turn(Base):
     (`tasks.recovery.resume`): the generation verbatim, the messages appended after it with their
     template ids, and the loop's counters. (rollout, attempt, index) is unique, so a turn is
     never logged twice (a retried insert whose first commit landed finds its own row).
+    Attempt 0 is a branch's inheritance: its parent's turns 0..k, copied when it was made
+    (`app.branches`), replayed by its first RUN.
     """
 
     __tablename__ = "turns"

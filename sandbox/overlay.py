@@ -166,7 +166,7 @@ def workspace_mount(spec: SandboxSpec, reach: Callable[[str], str]) -> list[str]
     """The workspace bound read-write, or a fork's overlay: the shared lower read-only, the
     fork folder staged as one source (overlayfs wants upper and work on one mount)."""
     if spec.overlay is None:
-        return ["--bind", reach(spec.workspace), spec.workspace]
+        return ["--bind", reach(spec.workspace), spec.inner_workspace]
     folder = os.path.dirname(spec.workspace)
     if os.path.dirname(spec.overlay.work) != folder:
         raise SandboxStartError("a fork's work dir must sit beside its workspace (sandbox.overlay.fork_folder)")
@@ -177,5 +177,5 @@ def workspace_mount(spec: SandboxSpec, reach: Callable[[str], str]) -> list[str]
         "--overlay",
         f"{staged}/{os.path.basename(spec.workspace)}",
         f"{staged}/{os.path.basename(spec.overlay.work)}",
-        spec.workspace,
+        spec.inner_workspace,
     ]

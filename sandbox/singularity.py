@@ -140,7 +140,7 @@ class SingularityRuntime(Runtime):
             argv += ["--net", "--network", "none"]
         if spec.fakeroot:
             argv += ["--fakeroot"]
-        argv += _bind(spec.workspace, spec.workspace, False)
+        argv += _bind(spec.workspace, spec.inner_workspace, False)
         argv += _bind(handle["socket_dir"], SOCKET_DIR, False)
         argv += _bind(TOOLSERVER_DIR, f"{OPT}/toolserver", True)
         argv += _bind(PTYPROCESS_DIR, f"{OPT}/lib/ptyprocess", True)

@@ -118,6 +118,12 @@ class SandboxSpec(SandboxOptions):
     the fields below SandboxOptions' are the service's)."""
 
     workspace: str = Field(description="Absolute host dir, the only writable host path; same path inside")
+    workspace_inside: str | None = Field(
+        None,
+        description="Where the workspace appears inside when not at its host path: a branch's "
+        "sandbox shows its own workspace at its parent's path, the one the parent's prompt and "
+        "tool outputs name (bwrap and singularity; the local runtime refuses it)",
+    )
     model_endpoint: bool = Field(
         False,
         description="Make a per-sandbox folder for a model endpoint's Unix socket, "
@@ -128,6 +134,18 @@ class SandboxSpec(SandboxOptions):
         description="Make the workspace a private copy-on-write layer over a prepared folder "
         "(runtimes whose `overlay_unavailable_reason` is None)",
     )
+
+    @property
+    def inner_workspace(self) -> str:
+        """The workspace's path inside the sandbox."""
+        return self.workspace_inside or self.workspace
+
+    @field_validator("workspace_inside")
+    @classmethod
+    def _inside_absolute(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError(f"workspace_inside {value!r} must be an absolute path")
+        return value
 
     @field_validator("workspace")
     @classmethod

@@ -10,6 +10,7 @@ cancelled jobs, ...) is reached through the process's parts, `app.raas_parts` (`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -157,6 +158,8 @@ class StageRun:
         forked = False
         if runtime != "none":
             options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
+            if self.rollout.parent_rollout_id is not None:  # a branch: shown where its parent was
+                options.update(resume.inherited_workspace(self.db, self.rollout_id))
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
@@ -185,7 +188,8 @@ class StageRun:
         turns = RunTurns(self.parts.get(TurnLog), self.db, self.rollout_id, self.attempt, self.lease, self.log)
         self.ctx = ctx = self.ctx.for_run(
             sandbox,
-            (handle or {}).get("workspace"),
+            # the path the agent is shown (a branch's is its parent's: `workspace_inside`)
+            (handle or {}).get("workspace_inside") or (handle or {}).get("workspace"),
             llm=self._llm_session(),
             record_turn=turns.record,
             settle_turns=turns.settle,
@@ -213,7 +217,8 @@ class StageRun:
         if ungraded(result):
             self._end_ungraded(result)
             return
-        artifact = self.handler.artifact(ctx, result)  # read from the dead workspace
+        # read from the dead workspace, on the host
+        artifact = self.handler.artifact(dataclasses.replace(ctx, workspace=(handle or {}).get("workspace")), result)
         self._hand_on("eval", **run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
 
@@ -221,8 +226,10 @@ class StageRun:
         return drain.TurnBoundary(self.settings.node, self.parts.get(drain.Intake))
 
     def _replayable(self) -> bool:
-        """Whether a new attempt of this rollout would replay its logged turns."""
-        return self.handler.resumable and self.config.resume.replay
+        """Whether a new attempt of this rollout would replay its logged turns (a branch's
+        always do: `tasks.recovery.resume.turns_to_resume`)."""
+        branch = self.rollout.parent_rollout_id is not None
+        return self.handler.resumable and (self.config.resume.replay or branch)
 
     def _llm_session(self) -> Any:
         """The rollout's LLM session on the job's typed llm spec and sampling (None when the

@@ -390,7 +390,7 @@ def _declared_npm() -> dict[str, list[str]]:
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.ops.tokens_cli import token_command
-    from raas_client.cli import llm, results, status, submit
+    from raas_client.cli import branch, llm, results, status, submit
     from raas_client.weights_cli import weights
 
     main.add_command(token_command)
@@ -398,7 +398,7 @@ def _register_optional_commands() -> None:
 
     main.add_command(validate_command)
 
-    for command in (submit, results, status, llm, weights):
+    for command in (submit, results, status, branch, llm, weights):
         main.add_command(command)
     try:
         from sandbox.cli import make_env_command

@@ -3,7 +3,7 @@ set by the operator or trainer (`POST /v1/jobs/{id}/pause`) or by a critical hea
 job with `health.on_critical: pause` (`tasks.writes.pauses`).
 
 Revision ID: 0017
-Revises: 0014
+Revises: 0015
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

@@ -1,6 +1,7 @@
 """Trainer-side SDK for raas (httpx + pydantic only: installs without the server)."""
 
 from raas_client.batch import Batch, Collector, Group, advantages
+from raas_client.branch_models import RolloutTree
 from raas_client.models import FailureClass, RolloutView, TrainingSample, Trajectory, failure_class_of
 from raas_client.sdk import RaasClient, RaasHTTPError
 
@@ -11,6 +12,7 @@ __all__ = [
     "Group",
     "RaasClient",
     "RaasHTTPError",
+    "RolloutTree",
     "RolloutView",
     "TrainingSample",
     "Trajectory",

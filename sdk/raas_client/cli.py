@@ -1,4 +1,4 @@
-"""Trainer-side commands: `raas submit`, `raas results`, `raas status`, `raas llm add|list|rm`.
+"""Trainer-side commands: `raas submit`, `raas results`, `raas status`, `raas branch`, `raas llm add|list|rm`.
 
 Expected failures (no gateway at the URL, an unknown job, a rejected submission, a gateway
 gone for longer than the retry budget while following) end in one line that says what to do,
@@ -286,6 +286,17 @@ def status(job_id: str | None, url: str) -> None:
             click.echo(f"{j.job_id}  {j.agent:<10} {j.status:<10} {j.finished}/{j.n_rollouts}  {j.outcomes}")
 
 
+@click.command()
+@click.argument("rollout_id")
+@click.option("--turn", "-k", type=int, required=True, help="0-based turn of the rollout the branches continue after")
+@click.option("--n", "-n", "n", type=int, default=1, show_default=True, help="How many branches")
+@url_option
+def branch(rollout_id: str, turn: int, n: int, url: str) -> None:
+    """Start N continuations of ROLLOUT_ID after its turn K (one child job; prints its answer)."""
+    with gateway(url) as client:
+        click.echo(client.branch(rollout_id, turn=turn, n=n).model_dump_json(indent=2))
+
+
 @click.group()
 def llm() -> None:
     """Inference servers in the shared pool."""
@@ -373,5 +384,5 @@ def main() -> None:
     """Trainer-side raas commands (the server's `raas` command carries the same ones)."""
 
 
-for _command in (submit, results, status, llm):
+for _command in (submit, results, status, branch, llm):
     main.add_command(_command)

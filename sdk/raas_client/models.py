@@ -317,6 +317,10 @@ class RolloutView(Trajectory):
     )
     created_at: datetime
     finished_at: datetime | None = None
+    parent_rollout_id: str | None = Field(
+        None, description="A branch: the rollout it continues (its turns 0..branch_turn are that rollout's)"
+    )
+    branch_turn: int | None = Field(None, description="A branch: the parent's turn it continues after")
     samples: list[TrainingSample] | None = Field(
         None,
         description="Every training sample in order when the rollout has several (a "

@@ -3,7 +3,7 @@ collect the groups of a training step (`collect`, typed rows, `raas_client.batch
 
 httpx + pydantic only: a trainer should not need raas' server dependencies to talk to it.
 Every answer is the gateway's own wire model (`raas_client.models`, `health_models`,
-`weight_models`, `validation_models`, `event_models`): `JobView`, `RolloutView`, `Batch`, ...;
+`weight_models`, `validation_models`, `event_models`, `branch_models`): `JobView`, `RolloutView`, `Batch`, ...;
 `RolloutView.model_validate(row)` types a stored JSON row.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from raas_client.batch import Batch, Collector
+from raas_client.branch_models import BranchCreate, BranchesAccepted, BranchList, RolloutTree, wait_tree
 from raas_client.event_models import CallbackSecret, JobEvent
 from raas_client.health_models import HealthView
 from raas_client.models import (
@@ -329,6 +330,23 @@ class RaasClient:
         return RolloutView.model_validate(
             self._call("POST", f"/v1/rollouts/{rollout_id}/reevaluate", params={"wait": wait}, timeout=wait + 60)
         )
+
+    def branch(self, rollout_id: str, turn: int, n: int = 1, idempotency_key: str | None = None) -> BranchesAccepted:
+        """POST /v1/rollouts/{id}/branches: `n` continuations of the rollout after its turn
+        `turn` (one child job; see `raas_client.branch_models`). Sent again on a lost answer
+        only with an idempotency key."""
+        body = BranchCreate(turn=turn, n=n, idempotency_key=idempotency_key).model_dump(exclude_none=True)
+        path = f"/v1/rollouts/{rollout_id}/branches"
+        return BranchesAccepted.model_validate(self._call("POST", path, json=body, retry=bool(idempotency_key)))
+
+    def branches(self, rollout_id: str) -> BranchList:
+        """GET /v1/rollouts/{id}/branches: every branch of the rollout, by turn."""
+        return BranchList.model_validate(self._call("GET", f"/v1/rollouts/{rollout_id}/branches"))
+
+    def tree(self, rollout_id: str, timeout: float = 600.0, poll: float = 1.0) -> RolloutTree:
+        """The rollout and its branches once all have finished (or as they stand after
+        `timeout`); `RolloutTree.advantages()` scores each branch against its siblings."""
+        return wait_tree(self, rollout_id, timeout, poll)
 
     def validate(
         self,

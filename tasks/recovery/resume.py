@@ -49,6 +49,8 @@ from tasks.writes.db_retry import retrying
 
 log = logging.getLogger(__name__)
 
+INHERITED_ATTEMPT = 0  # a branch's copy of its parent's turns 0..k (`app.branches`)
+
 
 @retrying
 def stored_turns(db_url: str, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
@@ -83,12 +85,39 @@ def turns_to_resume(db_url: str, rollout: Any, attempt: int, replay: bool) -> li
     """The logged turns a RUN of `attempt` continues after (None: it starts at turn 0): its
     own, if it was queued again in place, then those of an earlier attempt whose sandbox was
     lost, from the first index it has not logged itself (`replay`: the job's
-    `resume.replay`)."""
+    `resume.replay`).
+
+    A branch (`app.branches`) always replays: its parent's turns 0..k are logged as its
+    attempt 0 (`INHERITED_ATTEMPT`), the source when no later attempt of its own logged any
+    that may be replayed, so every attempt of a branch starts from the parent's prefix and
+    never from turn 0 (a prefix that diverges under `resume.on_divergence: restart` is
+    replayed again by the next attempt, until the attempts run out)."""
+    branch = getattr(rollout, "parent_rollout_id", None) is not None
     own = stored_turns(db_url, rollout.id, attempt) if run_resumed(rollout.resumes, attempt) else []
-    source = replay_source(db_url, rollout.id, attempt, rollout.attempt_history) if replay and attempt > 1 else None
+    source = None
+    if (replay or branch) and attempt > 1:
+        source = replay_source(db_url, rollout.id, attempt, rollout.attempt_history)
+    if source is None and branch:
+        source = INHERITED_ATTEMPT
     if source is not None:
         own += [turn for turn in stored_turns(db_url, rollout.id, source) if turn["index"] >= len(own)]
     return own or None
+
+
+@retrying
+def inherited_workspace(db_url: str, rollout_id: str) -> dict[str, Any]:
+    """A branch's sandbox option: its workspace shown at the path its parent's turns were
+    logged in (`workspace_inside`), so the prompt that names it renders to the parent's tokens
+    and the replayed outputs name the same paths; {} when the parent had no workspace."""
+    with session_scope(db_url) as s:
+        extra = s.scalar(
+            select(Turn.extra)
+            .where(Turn.rollout_id == rollout_id, Turn.attempt == INHERITED_ATTEMPT)
+            .order_by(Turn.index.desc())
+            .limit(1)
+        )
+    path = (extra or {}).get("workspace")
+    return {"workspace_inside": path} if path else {}
 
 
 @retrying

@@ -180,10 +180,11 @@ def claim(
     none of this shape (the miss teaches the pool the shape). Its slot folder is the
     workspace: whatever the host writes there after the claim needs `hand_over`. A sandbox
     with a model endpoint folder (a harness's RUN) always starts cold: the folder is made per
-    sandbox at its start, and a harness rollout runs for minutes, not milliseconds."""
+    sandbox at its start, and a harness rollout runs for minutes, not milliseconds. So does a
+    branch's (its workspace shown at its parent's path, `workspace_inside`): the pool's are not."""
     from sandbox import SandboxOptions
 
-    if runtime == "none" or options.get("model_endpoint"):
+    if runtime == "none" or options.get("model_endpoint") or options.get("workspace_inside"):
         return None
     ensure_declared_environment(settings, options.get("python_env"))
     fields = spec_fields(settings, options, runtime)

@@ -139,3 +139,20 @@ def test_runtimes_without_overlays_refuse_a_fork_and_the_copy_fallback_is_whole(
     target.mkdir()
     copy_lower(lower, str(target))
     assert tree_digest(str(target)) == tree_digest(lower)
+
+
+def test_a_workspace_shown_at_another_path_is_the_same_folder_there(start, tmp_path, lower):
+    """A branch's sandbox (`workspace_inside`): its own workspace, plain or a fork, at the path
+    its parent's prompt names; the host path is not there, the local runtime refuses."""
+    shown = str(tmp_path / "parent-1")  # the parent's workspace: gone from the host
+    plain = tmp_path / "own"
+    plain.mkdir()
+    (plain / "f.txt").write_text("mine\n")
+    sb = start("bwrap", workspace=str(plain), workspace_inside=shown)
+    assert sb.bash("pwd; cat f.txt; echo w > new.txt").output == f"{shown}\nmine\n"
+    assert (plain / "new.txt").read_text() == "w\n" and not os.path.exists(shown)
+    assert sb.bash(f"test -e {plain} && echo there || echo absent").output.strip() == "absent"
+    forked = start("bwrap", workspace_inside=shown, **fork_fields(tmp_path / "f", lower))
+    assert forked.bash("pwd; cat README").output == f"{shown}\nshared\n"
+    with pytest.raises(SandboxStartError, match="cannot show workspace"):
+        start("local", workspace=str(plain), workspace_inside=shown)
