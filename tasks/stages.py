@@ -158,8 +158,9 @@ class StageRun:
         forked = False
         if runtime != "none":
             options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
-            if self.rollout.parent_rollout_id is not None:  # a branch: shown where its parent was
-                options.update(resume.inherited_workspace(self.db, self.rollout_id))
+            # an attempt that replays logged turns (a branch's, or after a lost sandbox): its
+            # workspace shown at the path they were logged in
+            options.update(resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replayable()))
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(

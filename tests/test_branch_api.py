@@ -190,7 +190,7 @@ def test_every_attempt_of_a_branch_starts_from_the_inherited_prefix_never_from_t
     inherited ones again once that predecessor's replay diverged (`replay: false` noted)."""
     from types import SimpleNamespace
 
-    from tasks.recovery.resume import inherited_workspace, turns_to_resume
+    from tasks.recovery.resume import replayed_workspace, turns_to_resume
 
     settings, clients, ids = gateway
     parent = ids[("math", "done")]
@@ -213,6 +213,7 @@ def test_every_attempt_of_a_branch_starts_from_the_inherited_prefix_never_from_t
     assert [(t["attempt"], t["index"]) for t in lost] == [(1, 0), (1, 1), (1, 2)]
     diverged = turns_to_resume(settings.db_url, row([{"attempt": 1, "replay": False}]), 2, replay=True)
     assert [(t["attempt"], t["index"]) for t in diverged] == [(0, 0), (0, 1)]
-    assert inherited_workspace(settings.db_url, rid) == {"workspace_inside": "/w/p-1"}
+    assert replayed_workspace(settings.db_url, row([]), 1, replay=False) == {"workspace_inside": "/w/p-1"}
     plain = SimpleNamespace(id=parent, parent_rollout_id=None, resumes=None, attempt_history=[])
+    assert replayed_workspace(settings.db_url, plain, 1, replay=True) == {}  # a first attempt replays nothing
     assert turns_to_resume(settings.db_url, plain, 1, replay=True) is None  # not a branch: turn 0

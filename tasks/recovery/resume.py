@@ -104,20 +104,37 @@ def turns_to_resume(db_url: str, rollout: Any, attempt: int, replay: bool) -> li
     return own or None
 
 
+def replayed_workspace(db_url: str, rollout: Any, attempt: int, replay: bool) -> dict[str, Any]:
+    """The sandbox option of an attempt that will replay logged turns: its workspace shown at
+    the path those turns were logged in (`workspace_inside`), so a prompt that names the
+    workspace (swe's does) renders to the logged tokens and the replayed outputs name the same
+    paths; {} when nothing will be replayed or the turns named no workspace. A branch's source
+    is its parent's turns (`INHERITED_ATTEMPT`) until an attempt of its own logged some."""
+    if attempt <= 1 and getattr(rollout, "parent_rollout_id", None) is None:
+        return {}
+    branch = getattr(rollout, "parent_rollout_id", None) is not None
+    source = None
+    if (replay or branch) and attempt > 1:
+        source = replay_source(db_url, rollout.id, attempt, rollout.attempt_history)
+    if source is None and branch:
+        source = INHERITED_ATTEMPT
+    if source is None:
+        return {}
+    path = _logged_workspace(db_url, rollout.id, source)
+    return {"workspace_inside": path} if path else {}
+
+
 @retrying
-def inherited_workspace(db_url: str, rollout_id: str) -> dict[str, Any]:
-    """A branch's sandbox option: its workspace shown at the path its parent's turns were
-    logged in (`workspace_inside`), so the prompt that names it renders to the parent's tokens
-    and the replayed outputs name the same paths; {} when the parent had no workspace."""
+def _logged_workspace(db_url: str, rollout_id: str, attempt: int) -> str | None:
+    """The workspace path the last logged turn of `attempt` names (`extra.workspace`)."""
     with session_scope(db_url) as s:
         extra = s.scalar(
             select(Turn.extra)
-            .where(Turn.rollout_id == rollout_id, Turn.attempt == INHERITED_ATTEMPT)
+            .where(Turn.rollout_id == rollout_id, Turn.attempt == attempt)
             .order_by(Turn.index.desc())
             .limit(1)
         )
-    path = (extra or {}).get("workspace")
-    return {"workspace_inside": path} if path else {}
+    return (extra or {}).get("workspace")
 
 
 @retrying
