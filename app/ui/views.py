@@ -9,6 +9,7 @@ from flask import current_app, g, redirect, render_template, request, url_for
 from app.context import gateway_settings
 from app.jobs import cancel_job, get_job, job_view, owner_jobs, pause_job, resume_job
 from app.metrics import llm_servers, queue_consumers, rollout_counts
+from app.harness_figures import job_harness_figures
 from app.recovery_costs import job_cost, rollout_cost
 from app.rollouts import current_turns, job_rollout_rows, owned_rollout, rollout_turns
 from agents.job_config import JobConfig
@@ -106,6 +107,7 @@ def job(job_id: str):
         config = j.config or {}
         health = health_view(s, j, app_cache())
         recovery = job_cost(s, job_id)
+        harness = job_harness_figures(s, job_id) if j.agent == "harness" else None
     groups = charts.groups(rows)
     health_config = JobConfig.load(config).health
     return render_template(
@@ -125,6 +127,7 @@ def job(job_id: str):
         turns_bars=health_charts.turns_bars(health),
         time_split=health_charts.time_split(health),
         recovery=recovery,
+        harness=harness,
     )
 
 

@@ -155,3 +155,53 @@ def test_a_replay_chain_is_followed_to_the_turn_that_was_generated() -> None:
     cost = rollout_cost(3, turns)
     assert (cost.replayed_turns, cost.regenerated_turns, cost.regenerated_tokens) == (1, 0, 0)
     assert rollout_cost(1, turns[:1]).regenerated_turns == 0
+
+
+def test_a_harness_job_page_sums_what_its_model_api_saw(app) -> None:
+    """Two finished harness rollouts' endpoint counters (one split twice, one with a streamed
+    call and a refusal) summed on the job page; a rollout still running counts for nothing."""
+    from app.harness_figures import harness_figures
+
+    metrics = [
+        {
+            "calls": 5,
+            "samples": 3,
+            "merges": 2,
+            "splits": 2,
+            "split_reasons": {"history_rewritten": 2},
+            "malformed_tool_calls": 1,
+            "tool_choice_unmet": 1,
+            "streamed_calls": 0,
+            "failed_calls": 0,
+        },
+        {
+            "calls": 3,
+            "samples": 1,
+            "merges": 2,
+            "splits": 0,
+            "failed_calls": 1,
+            "errors": {"context": 1},
+            "refusals": {"n": 1},
+            "streamed_calls": 2,
+            "ttft_ms_p50": 12.5,
+            "ttft_ms_max": 30.0,
+        },
+        {"turns": 3},  # a loop agent's metrics: not a harness rollout
+    ]
+    figures = harness_figures(metrics)
+    assert figures.rollouts == 2 and figures.counts["calls"] == 8 and figures.counts["samples"] == 4
+    assert (figures.parse_failures, figures.split_reasons, figures.ttft_ms_p50) == (1, {"history_rewritten": 2}, 12.5)
+    with session_scope(app.config["RAAS"].db_url) as s:
+        job = Job(agent="harness", n_instances=3, n_samples=1, config={})
+        s.add(job)
+        s.flush()
+        for k, m in enumerate(metrics[:2]):
+            s.add(
+                Rollout(job_id=job.id, instance_id=f"i{k}", status="done", outcome="completed", reward=1.0, metrics=m)
+            )
+        s.add(Rollout(job_id=job.id, instance_id="running", status="run", metrics={"calls": 99}))
+        job_id = job.id
+    page = app.test_client().get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200
+    assert 'id="harness" data-calls="8" data-splits="2"' in page.text
+    assert "history_rewritten 2" in page.text and "context 1" in page.text and "12.5 / 30.0" in page.text
