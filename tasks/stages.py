@@ -180,7 +180,8 @@ class StageRun:
         sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.sandbox, self.parts.shutting_down)
         resume_turns = None
-        if self.handler.resumable:  # a lost RUN or sandbox logged these: continue after them
+        # a lost RUN or sandbox logged these: continue after them (a harness: answered from them)
+        if self.handler.resumable or self.handler.replays_calls:
             resume_turns = resume.turns_to_resume(self.db, self.rollout, self.attempt, self.config.resume.replay)
         turns = RunTurns(self.parts.get(TurnLog), self.db, self.rollout_id, self.attempt, self.lease, self.log)
         self.ctx = ctx = self.ctx.for_run(
