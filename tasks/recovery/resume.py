@@ -31,6 +31,11 @@ on a `ResumeError` (turns that cannot rebuild the session, or a replay that dive
 `resume.on_divergence: restart`) is noted `replay: false` in the attempt history: nothing up to
 it is replayed again, the next attempt starts over. A job with `resume.replay: false` never
 replays.
+
+A harness rollout (`AgentHandler.replays_calls`) is never resumed in place (its program cannot
+be re-attached, and starting it over in the sandbox it changed would run its commands on their
+own effects): a lost RUN is always a new attempt, whose RUN gets the same `turns_to_resume` and
+whose endpoint answers the restarted harness's matching calls from them (`agents.harness.replay`).
 """
 
 from __future__ import annotations
