@@ -92,8 +92,26 @@ def turns_to_resume(db_url: str, rollout: Any, attempt: int, replay: bool) -> li
     own = stored_turns(db_url, rollout.id, attempt) if run_resumed(rollout.resumes, attempt) else []
     source = replay_source(db_url, rollout.id, attempt, rollout.attempt_history) if replay and attempt > 1 else None
     if source is not None:
-        own += [turn for turn in stored_turns(db_url, rollout.id, source) if turn["index"] >= len(own)]
+        own += [turn for turn in replayed_log(db_url, rollout.id, source) if turn["index"] >= len(own)]
     return own or None
+
+
+def replayed_log(db_url: str, rollout_id: str, source: int) -> list[dict[str, Any]]:
+    """`source`'s logged turns, and when the last one was replayed from an earlier attempt
+    (`source` was lost mid-replay: its log is a prefix of that attempt's), the earlier attempt's
+    turns after them: what `source` would have replayed had it gone on, never generated again."""
+    turns = stored_turns(db_url, rollout_id, source)
+    seen = {source}
+    while turns:
+        earlier = (turns[-1].get("extra") or {}).get("replayed_from_attempt")
+        if not isinstance(earlier, int) or earlier in seen or earlier > source:
+            return turns
+        seen.add(earlier)
+        rest = [turn for turn in stored_turns(db_url, rollout_id, earlier) if turn["index"] >= len(turns)]
+        if not rest:
+            return turns
+        turns += rest
+    return turns
 
 
 @retrying
