@@ -190,3 +190,20 @@ def test_a_first_attempt_compares_nothing(endpoint) -> None:
     assert ep.runner.replay is None
     assert "replayed_calls" not in ep.result("completed", "finish").metrics
     assert "replayed_from_attempt" not in recorded(ep)[0]["extra"]
+
+
+def test_a_replayed_responses_stream_is_a_valid_event_stream(endpoint) -> None:
+    from tests.harness.test_responses_endpoint import SCRIPT as RESPONSES_SCRIPT
+    from tests.harness.test_responses_endpoint import tool_loop
+
+    def said(replies: list) -> list:  # what a harness reads of each reply (the SDK parsed its events)
+        return [
+            [(o.type, getattr(o, "call_id", None), getattr(o, "arguments", None)) for o in r.output] for r in replies
+        ]
+
+    first = endpoint(RESPONSES_SCRIPT)
+    before = tool_loop(openai_client(first), stream=True)
+    again = endpoint(RESPONSES_SCRIPT, attempt=2, resume_turns=logged(first))
+    after = tool_loop(openai_client(again), stream=True)
+    assert said(after) == said(before) and generated(again) == 0
+    assert after[-1].output_text == before[-1].output_text == "The bug is fixed."
