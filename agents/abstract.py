@@ -99,6 +99,10 @@ class AgentHandler(ABC):
     # True when `run` drives `agents.loop.run_agent_loop`, which continues a lost RUN from its
     # logged turns (`ctx.resume_turns`); other handlers restart from INIT when RUN is lost.
     resumable: ClassVar[bool] = False
+    # True when `run` serves an external harness's model calls (`agents.harness`): a lost RUN
+    # is a new attempt whose harness starts over, and its calls that match the logged ones are
+    # answered from the log (`agents.harness.replay`), never generated again.
+    replays_calls: ClassVar[bool] = False
     # True when what `init` leaves in the workspace is the same for every sample of an instance
     # and does not depend on the workspace's path: a GRPO group's samples then fork one
     # prepared workspace copy-on-write (`tasks.sandboxing.group_layers`), each running `init_fork`.

@@ -166,8 +166,10 @@ class RunContext(RolloutContext):
     generation overlaps the commit); `settle_turns()` returns once every turn handed over is
     durable. The shared loop settles before a turn's tool calls run and before it returns,
     and the stage settles before the hand-on, so at most the turn in flight is unlogged while
-    its tool calls' effects exist (what resume relies on). `resume_turns` holds the attempt's logged
-    turns when a lost RUN continues in the same sandbox (see `AgentHandler.resumable`);
+    its tool calls' effects exist (what resume relies on). `resume_turns` holds the logged turns
+    a RUN continues after: the attempt's own when a lost RUN continues in the same sandbox (see
+    `AgentHandler.resumable`), an earlier attempt's when a lost sandbox is replayed (the loop's
+    tool calls, or a restarted harness's model calls: `AgentHandler.replays_calls`);
     `diagnose(exc)` says whether a sandbox failure is the agent's doing ("disk_quota", "oom",
     ...) or None (infrastructure).
     """

@@ -160,7 +160,7 @@ class StageRun:
             options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
             # an attempt that replays logged turns (a branch's, or after a lost sandbox): its
             # workspace shown at the path they were logged in
-            options.update(resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replayable()))
+            options.update(resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replays_logged()))
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
@@ -184,7 +184,8 @@ class StageRun:
         sandbox = sandboxes.attach(self.settings, handle)
         guard = RunGuard(handle, self.config.sandbox, self.parts.shutting_down)
         resume_turns = None
-        if self.handler.resumable:  # a lost RUN or sandbox logged these: continue after them
+        # a lost RUN or sandbox logged these: continue after them (a harness: answered from them)
+        if self.handler.resumable or self.handler.replays_calls:
             resume_turns = resume.turns_to_resume(self.db, self.rollout, self.attempt, self.config.resume.replay)
         turns = RunTurns(self.parts.get(TurnLog), self.db, self.rollout_id, self.attempt, self.lease, self.log)
         self.ctx = ctx = self.ctx.for_run(
@@ -231,6 +232,13 @@ class StageRun:
         always do: `tasks.recovery.resume.turns_to_resume`)."""
         branch = self.rollout.parent_rollout_id is not None
         return self.handler.resumable and (self.config.resume.replay or branch)
+
+    def _replays_logged(self) -> bool:
+        """Whether this attempt's RUN replays logged turns (a loop's tool calls) or answers logged
+        calls (a harness's model calls): then its workspace is shown at their path."""
+        branch = self.rollout.parent_rollout_id is not None
+        replays = self.handler.resumable or self.handler.replays_calls
+        return replays and (self.config.resume.replay or branch)
 
     def _llm_session(self) -> Any:
         """The rollout's LLM session on the job's typed llm spec and sampling (None when the

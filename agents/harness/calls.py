@@ -20,6 +20,7 @@ from typing import Any
 from agents.contexts import RunContext
 from agents.counters import EndpointCounters
 from agents.finish_reasons import CUT_TURN, FinishReason
+from agents.harness.replay import CallReplay, logged_call_ids, logged_generation
 from agents.harness.replies import cut_at_stop, split_thinking, token_logprobs
 from agents.harness.samples import Prepared, SampleTracker
 from agents.harness.streaming import ReplyStream
@@ -106,6 +107,9 @@ class CallRunner:
         self.lock = threading.Lock()
         self.closing = False  # set by the endpoint's exit: an in-flight generation stops
         self.fatal: BaseException | None = None  # cancel / infra failure seen by a call
+        # An earlier attempt's logged calls, answered while requests match (`replay`); None
+        # on a first attempt: nothing is compared then.
+        self.replay = CallReplay(ctx.resume_turns, ctx.workspace) if ctx.resume_turns else None
 
     def _new_builder(self) -> TrajectoryBuilder:
         """A builder like the session's (same tokenizer, template, current context limit)."""
@@ -154,19 +158,26 @@ class CallRunner:
         if not prepared.fits:
             raise _context_error(prepared.prompt_tokens, self.session.context_length)
         self.session.builder = self.tracker.current.builder
-        if stream is not None:
-            stream.prompt_tokens = prepared.prompt_tokens
-            stream.live = not (request.thinking and self._prompt_opens_thinking())
-        started = time.monotonic()
-        gen = self._generate(request, stream)
-        seconds = time.monotonic() - started
+        logged = self.replay.take(prepared, self._decode) if self.replay is not None else None
+        if logged is not None:  # answered from the log: nothing is generated (`replay`)
+            gen, seconds = logged_generation(self.session.builder, logged), float(logged.get("gen_seconds") or 0)
+        else:
+            if stream is not None:
+                stream.prompt_tokens = prepared.prompt_tokens
+                stream.live = not (request.thinking and self._prompt_opens_thinking())
+            started = time.monotonic()
+            gen = self._generate(request, stream)
+            seconds = time.monotonic() - started
         if not gen.token_ids and gen.finish_reason in CUT_TURN:
             raise self._no_room(gen.finish_reason, prepared)
-        completion, errors = self._reply(request, gen, prepared)
+        completion, errors = self._reply(request, gen, prepared, logged_call_ids(logged) if logged else None)
         self.tracker.generated(_openai_reply(completion), gen.text or "")
         self.stats.generated_tokens += len(gen.token_ids)
-        self._record(request, gen, prepared, completion, errors, seconds, stream)
+        self._record(request, gen, prepared, completion, errors, seconds, stream, logged)
         return completion
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.session.builder.tok.hf.decode(ids, skip_special_tokens=False)
 
     def _prompt_opens_thinking(self) -> bool:
         """Whether the prompt ends inside a `<think>` block (a thinking template's generation
@@ -239,9 +250,12 @@ class CallRunner:
             f"the rollout's generated-token budget (limits.max_tokens = {self.ctx.limits.max_tokens}) is spent",
         )
 
-    def _reply(self, request: CallRequest, gen: Any, prepared: Prepared) -> tuple[Completion, list[str]]:
-        """The answer to the harness, and the tool-call parse errors of the reply. The policy
-        was sampled as it is: a demanded tool call it did not make is counted, not forced."""
+    def _reply(
+        self, request: CallRequest, gen: Any, prepared: Prepared, ids: list[str] | None = None
+    ) -> tuple[Completion, list[str]]:
+        """The answer to the harness, and the tool-call parse errors of the reply (`ids`: the
+        tool-call ids a replayed reply had). The policy was sampled as it is: a demanded tool
+        call it did not make is counted, not forced."""
         text, matched = cut_at_stop(gen.text or "", request.stop, gen.stop_reason)
         reasoning, text = split_thinking(text) if request.thinking else (None, text)
         cut = gen.finish_reason in CUT_TURN
@@ -255,7 +269,9 @@ class CallRunner:
             self.stats.tool_choice_unmet += 1
         if request.single_tool_call and len(calls) > 1:
             _count(self.stats.unenforced_params, "parallel_tool_calls")
-        out = [ToolCallOut(f"call_{secrets.token_hex(12)}", c.name, c.arguments) for c in calls]
+        if ids is None or len(ids) != len(calls):
+            ids = [f"call_{secrets.token_hex(12)}" for _ in calls]
+        out = [ToolCallOut(i, c.name, c.arguments) for i, c in zip(ids, calls)]
         self.stats.tool_calls += len(out)
         content = _outside_calls(text) if out else text
         finish = "length" if cut else ("tool_calls" if out else "stop")
@@ -277,10 +293,12 @@ class CallRunner:
         errors: list[str],
         seconds: float,
         stream: ReplyStream | None = None,
+        logged: dict[str, Any] | None = None,
     ) -> None:
         """Log the call as a turn (the pipeline writes it before the reply is sent). A
         streamed call's `ttft_ms`: from reading the request to writing its first text (or,
-        when none could go out early, to now: the reply is written next)."""
+        when none could go out early, to now: the reply is written next). `logged`: the
+        earlier attempt's turn it was answered from."""
         extra: dict[str, Any] = {
             "api": request.api,
             "stream": request.stream,
@@ -305,6 +323,11 @@ class CallRunner:
             extra["parse_errors"] = errors
         if getattr(gen, "logprobs_mode", None):
             extra["logprobs_mode"] = gen.logprobs_mode
+        if completion.tool_calls:  # a replay returns the same ones
+            extra["tool_call_ids"] = [c.id for c in completion.tool_calls]
+        extra["workspace"] = self.ctx.workspace  # what a replay masks (each attempt has its own)
+        if self.replay is not None:
+            extra.update(self.replay.on_turn(logged))
         index, self.stats.turns = self.stats.turns, self.stats.turns + 1
         self.ctx.record_turn(
             index=index,

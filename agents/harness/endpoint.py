@@ -132,8 +132,11 @@ class RolloutEndpoint:
 
     def result(self, outcome: str, finish_reason: str | None) -> Trajectory:
         """The rollout's record: the last sample's arrays, every sample in `extra["samples"]` when
-        there are several, the counters in `metrics`."""
-        return run_result(self.runner, self.counters.metrics(), outcome, finish_reason)
+        there are several, the counters in `metrics` (and the replay's, `agents.harness.replay`)."""
+        metrics = self.counters.metrics()
+        if self.runner.replay is not None:  # a new attempt answered from an earlier one's log
+            metrics.update(self.runner.replay.metrics())
+        return run_result(self.runner, metrics, outcome, finish_reason)
 
     # -- one request ---------------------------------------------------------------------
     def serve(self, req: Handler) -> None:

@@ -31,6 +31,11 @@ on a `ResumeError` (turns that cannot rebuild the session, or a replay that dive
 `resume.on_divergence: restart`) is noted `replay: false` in the attempt history: nothing up to
 it is replayed again, the next attempt starts over. A job with `resume.replay: false` never
 replays.
+
+A harness rollout (`AgentHandler.replays_calls`) is never resumed in place (its program cannot
+be re-attached, and starting it over in the sandbox it changed would run its commands on their
+own effects): a lost RUN is always a new attempt, whose RUN gets the same `turns_to_resume` and
+whose endpoint answers the restarted harness's matching calls from them (`agents.harness.replay`).
 """
 
 from __future__ import annotations
@@ -100,7 +105,7 @@ def turns_to_resume(db_url: str, rollout: Any, attempt: int, replay: bool) -> li
     if source is None and branch:
         source = INHERITED_ATTEMPT
     if source is not None:
-        own += [turn for turn in stored_turns(db_url, rollout.id, source) if turn["index"] >= len(own)]
+        own += [turn for turn in replayed_log(db_url, rollout.id, source) if turn["index"] >= len(own)]
     return own or None
 
 
@@ -135,6 +140,24 @@ def _logged_workspace(db_url: str, rollout_id: str, attempt: int) -> str | None:
             .limit(1)
         )
     return (extra or {}).get("workspace")
+
+
+def replayed_log(db_url: str, rollout_id: str, source: int) -> list[dict[str, Any]]:
+    """`source`'s logged turns, and when the last one was replayed from an earlier attempt
+    (`source` was lost mid-replay: its log is a prefix of that attempt's), the earlier attempt's
+    turns after them: what `source` would have replayed had it gone on, never generated again."""
+    turns = stored_turns(db_url, rollout_id, source)
+    seen = {source}
+    while turns:
+        earlier = (turns[-1].get("extra") or {}).get("replayed_from_attempt")
+        if not isinstance(earlier, int) or earlier in seen or earlier > source:
+            return turns
+        seen.add(earlier)
+        rest = [turn for turn in stored_turns(db_url, rollout_id, earlier) if turn["index"] >= len(turns)]
+        if not rest:
+            return turns
+        turns += rest
+    return turns
 
 
 @retrying

@@ -57,15 +57,21 @@ def make_ctx(
     timeout: float = 60.0,
     cancel_check: Callable[[], bool] = lambda: False,
     record_turn: Callable[..., None] | None = None,
+    attempt: int = 1,
+    workspace: str | None = None,
+    resume_turns: list[dict[str, Any]] | None = None,
 ) -> Any:
-    """The RUN context the pipeline would hand the harness handler (turns: `recorded`)."""
+    """The RUN context the pipeline would hand the harness handler (turns: `recorded`;
+    `resume_turns`: an earlier attempt's logged calls, as a new attempt's RUN gets them)."""
     return run_context(
         rollout_id="rollout-h",
         job_id="job-h",
         instance_id="i-1",
         instance={"instance_id": "i-1"},
         sample_index=0,
-        attempt=1,
+        attempt=attempt,
+        workspace=workspace,
+        resume_turns=resume_turns,
         agent_config=HandlerConfig(),
         job_config=JobConfig(limits=limits or {}),
         deadline=time.monotonic() + timeout,

@@ -55,8 +55,9 @@ def stream_chat(client, messages, **kwargs) -> tuple[list[tuple[float, str]], di
 
 
 def comparable(turn: dict) -> dict:
-    """A recorded turn without what differs between two runs (timings, the stream flag)."""
-    extra = {k: v for k, v in turn["extra"].items() if k not in ("stream", "ttft_ms")}
+    """A recorded turn without what differs between two runs (timings, the stream flag, the
+    tool calls' random ids)."""
+    extra = {k: v for k, v in turn["extra"].items() if k not in ("stream", "ttft_ms", "tool_call_ids")}
     kept = ("generated_ids", "logprobs", "text", "tool_calls", "finish_reason", "weight_version")
     return {**{k: turn[k] for k in kept}, "extra": extra}
 

@@ -72,6 +72,7 @@ class HarnessHandler(AgentHandler):
 
     name = "harness"
     Config = HarnessConfig
+    replays_calls = True  # a new attempt's harness is answered from the lost one's log
 
     # -- the task kind's handler does INIT, the artifact and EVAL -------------------------
     @staticmethod
