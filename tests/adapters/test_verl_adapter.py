@@ -13,14 +13,14 @@ verl_loop = pytest.importorskip(
 )
 
 from fakellm.server import BUNDLED_TOKENIZER  # noqa: E402
-from tests.adapters.conftest import TOOL_REPLY  # noqa: E402
+from tests.adapters.conftest import SPLIT_CONFIG, SPLIT_INSTANCE, TOOL_REPLY  # noqa: E402
 
 pytestmark = pytest.mark.adapters
 
 
-def make_loop(raas_url: str, **raas: object):
+def make_loop(raas_url: str, use_v1: bool | None = None, **raas: object):
     """The adapter as verl's AgentLoopWorker makes one: hydra.instantiate of the registry
-    entry with the worker's constructor arguments."""
+    entry with the worker's constructor arguments (`use_v1`: the trainer's setting, if any)."""
     import hydra
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
@@ -32,6 +32,8 @@ def make_loop(raas_url: str, **raas: object):
     config = OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"prompt_length": 2048, "response_length": 2048}}, "data": {}}
     )
+    if use_v1 is not None:
+        config.trainer = {"use_v1": use_v1}
     return hydra.utils.instantiate(
         config={**entry, "raas_url": raas_url, "raas_agent": "test-chat", **raas},
         trainer_config=verl_loop.DictConfigWrap(config=config),
@@ -100,3 +102,76 @@ def test_verl_failure_rule(raas_service) -> None:
         to_agent_loop_output(failed)
     masked = to_agent_loop_output(failed, on_failure="mask")
     assert masked.response_mask == [0, 0] and masked.reward_score == 0.0
+
+
+@pytest.fixture(scope="module")
+def split_runs(raas_service) -> dict[str, object]:
+    """The split harness rollout through `run()` three ways, at once: verl's V1 trainer (the
+    default: a list), the legacy worker (`trainer.use_v1=false`: one output) and the legacy
+    worker told to refuse; each value the output(s) or the exception."""
+    job = {"agent_config": SPLIT_CONFIG, "sampling": {"max_tokens": 64}}
+    loops = {
+        "v1": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=True),
+        "legacy": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=False),
+        "refuse": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=False, raas_on_split="raise"),
+    }
+
+    async def run_all() -> list[object]:
+        return await asyncio.gather(
+            *(
+                loop.run(
+                    {"temperature": 1.0, "logprobs": True},
+                    raw_prompt=[{"role": "user", "content": "What is 3 + 4?"}],
+                    extra_info={"raas_instance": {**SPLIT_INSTANCE, "instance_id": f"split-{name}"}},
+                )
+                for name, loop in loops.items()
+            ),
+            return_exceptions=True,
+        )
+
+    return dict(zip(loops, asyncio.run(run_all()), strict=True))
+
+
+def stored_samples(raas_service, rollout_id: str):
+    """The rollout's samples as raas recorded them."""
+    return raas_service.client.rollout(rollout_id).samples
+
+
+def test_verl_v1_receives_every_sample_of_a_split_rollout(raas_service, split_runs) -> None:
+    outputs = split_runs["v1"]
+    assert isinstance(outputs, list) and len(outputs) == 2, outputs
+    assert all(isinstance(o, verl_loop.AgentLoopOutput) for o in outputs)
+    samples = stored_samples(raas_service, outputs[0].extra_fields["raas_rollout_id"])
+    tokenizer = make_loop(raas_service.url).tokenizer
+    for k, (out, sample) in enumerate(zip(outputs, samples, strict=True)):
+        assert out.prompt_ids == sample.prompt_ids and out.response_ids == sample.response_ids
+        assert out.response_mask == sample.loss_mask and out.response_logprobs == sample.response_logprobs
+        assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs) > 0
+        assert out.reward_score == 1.0  # the rollout's reward (the math EVAL graded its answer), on each
+        assert out.extra_fields["raas_sample"] == k and out.extra_fields["raas_samples"] == 2
+        assert out.extra_fields["reward_extra_info"] == {}  # V1 copies the last one's to the others
+        tensors = out.as_dict()  # what verl's V1 worker stores per output
+        assert tensors["rm_scores"][-1] == 1.0 and tensors["rollout_log_probs"].shape == tensors["responses"].shape
+    first, second = outputs
+    assert first.prompt_ids != second.prompt_ids  # the rewritten history
+    assert second.extra_fields["raas_split_reason"] == "history_rewritten"
+    generated = [[t for t, m in zip(o.response_ids, o.response_mask) if m] for o in outputs]
+    assert tokenizer.decode(generated[0]).startswith("Reading it.")  # the simulator's turn 0
+    assert tokenizer.decode(generated[1]).startswith("Done.")  # its turn 1
+    assert all(lp <= 0 for o in outputs for lp in o.response_logprobs) and any(lp < 0 for lp in first.response_logprobs)
+
+
+def test_verl_legacy_worker_gets_the_last_sample_and_the_others_beside_it(split_runs) -> None:
+    out = split_runs["legacy"]
+    assert isinstance(out, verl_loop.AgentLoopOutput), out
+    v1_first, v1_last = split_runs["v1"]
+    assert out.response_ids == v1_last.response_ids and out.response_mask == v1_last.response_mask
+    assert out.reward_score == 1.0 and out.extra_fields["raas_sample"] == 1
+    [earlier] = out.extra_fields["raas_earlier_samples"]
+    assert earlier["response_ids"] == v1_first.response_ids and earlier["response_mask"] == v1_first.response_mask
+    assert earlier["response_logprobs"] == v1_first.response_logprobs and earlier["reward_score"] == 1.0
+    refused = split_runs["refuse"]
+    from raas_client.adapters.rows import RaasRolloutFailed
+
+    assert isinstance(refused, RaasRolloutFailed) and "trainer.use_v1=true" in str(refused)
+    assert refused.row is not None and len(refused.row.samples) == 2
