@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 verl_loop = pytest.importorskip(
@@ -104,14 +105,22 @@ def test_verl_failure_rule(raas_service) -> None:
     assert masked.response_mask == [0, 0] and masked.reward_score == 0.0
 
 
+def split_instance(name: str) -> dict:
+    """The split harness instance under its own id (`v1_wrong`: gold answer 8, the harness writes 7)."""
+    data = {**SPLIT_INSTANCE["data"], **({"answer": "8"} if name == "v1_wrong" else {})}
+    return {"instance_id": f"split-{name}", "data": data}
+
+
 @pytest.fixture(scope="module")
 def split_runs(raas_service) -> dict[str, object]:
-    """The split harness rollout through `run()` three ways, at once: verl's V1 trainer (the
-    default: a list), the legacy worker (`trainer.use_v1=false`: one output) and the legacy
-    worker told to refuse; each value the output(s) or the exception."""
+    """The split harness rollout through `run()` four ways, at once: verl's V1 trainer (the
+    default: a list), again with a wrong gold answer (reward 0: its GRPO group mate), the
+    legacy worker (`trainer.use_v1=false`: one output) and the legacy worker told to refuse;
+    each value the output(s) or the exception."""
     job = {"agent_config": SPLIT_CONFIG, "sampling": {"max_tokens": 64}}
     loops = {
         "v1": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=True),
+        "v1_wrong": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=True),
         "legacy": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=False),
         "refuse": make_loop(raas_service.url, raas_agent="harness", raas_job=job, use_v1=False, raas_on_split="raise"),
     }
@@ -122,7 +131,7 @@ def split_runs(raas_service) -> dict[str, object]:
                 loop.run(
                     {"temperature": 1.0, "logprobs": True},
                     raw_prompt=[{"role": "user", "content": "What is 3 + 4?"}],
-                    extra_info={"raas_instance": {**SPLIT_INSTANCE, "instance_id": f"split-{name}"}},
+                    extra_info={"raas_instance": split_instance(name)},
                 )
                 for name, loop in loops.items()
             ),
@@ -161,17 +170,66 @@ def test_verl_v1_receives_every_sample_of_a_split_rollout(raas_service, split_ru
     assert all(lp <= 0 for o in outputs for lp in o.response_logprobs) and any(lp < 0 for lp in first.response_logprobs)
 
 
-def test_verl_legacy_worker_gets_the_last_sample_and_the_others_beside_it(split_runs) -> None:
+def test_verl_legacy_worker_gets_the_last_sample_and_the_others_beside_it(raas_service, split_runs) -> None:
     out = split_runs["legacy"]
     assert isinstance(out, verl_loop.AgentLoopOutput), out
-    v1_first, v1_last = split_runs["v1"]
-    assert out.response_ids == v1_last.response_ids and out.response_mask == v1_last.response_mask
+    first, last = stored_samples(raas_service, out.extra_fields["raas_rollout_id"])
+    assert out.response_ids == last.response_ids and out.response_mask == last.loss_mask
+    assert out.response_logprobs == last.response_logprobs and out.prompt_ids == last.prompt_ids
     assert out.reward_score == 1.0 and out.extra_fields["raas_sample"] == 1
     [earlier] = out.extra_fields["raas_earlier_samples"]
-    assert earlier["response_ids"] == v1_first.response_ids and earlier["response_mask"] == v1_first.response_mask
-    assert earlier["response_logprobs"] == v1_first.response_logprobs and earlier["reward_score"] == 1.0
+    assert earlier["prompt_ids"] == first.prompt_ids and earlier["response_ids"] == first.response_ids
+    assert earlier["response_mask"] == first.loss_mask and earlier["response_logprobs"] == first.response_logprobs
+    assert earlier["reward_score"] == 1.0
     refused = split_runs["refuse"]
     from raas_client.adapters.rows import RaasRolloutFailed
 
     assert isinstance(refused, RaasRolloutFailed) and "trainer.use_v1=true" in str(refused)
     assert refused.row is not None and len(refused.row.samples) == 2
+
+
+def test_verl_v1_worker_stores_each_sample_and_grpo_gives_them_the_rollouts_advantage(split_runs, monkeypatch) -> None:
+    """verl's own V1 code on the lists `run()` returned: `AgentLoopWorkerTQ._agent_loop_postprocess`
+    (each output stored as `{uid}_{session}_{i}`, the last one's reward given to all) and
+    `compute_advantage_for_multi_trajectories` (GRPO over each session's last output,
+    broadcast to the others). The TransferQueue store, a Ray-actor service, is the one fake:
+    its put records what it is given."""
+    import torch
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    stored: dict[str, dict] = {}
+
+    async def put(keys, fields, tags, partition_id):  # fake TransferQueue: records the puts
+        stored.update({k: fields[i] for i, k in enumerate(keys)})
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", put)
+    worker = object.__new__(agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.processor, worker.reward_loop_worker_handles, worker.distillation_enabled = None, None, False
+    right, wrong = split_runs["v1"], split_runs["v1_wrong"]
+    assert isinstance(wrong, list) and [o.reward_score for o in wrong] == [0.0, 0.0], wrong
+    for session, outputs in enumerate((right, wrong)):
+        prompt = {"uid": "u1", "session_id": session, "global_steps": 1, "raw_prompt": []}
+        asyncio.run(worker._agent_loop_postprocess(outputs, False, **prompt))
+    keys = sorted(stored)
+    assert keys == ["u1_0_0", "u1_0_1", "u1_1_0", "u1_1_1"]  # every sample of both rollouts
+    assert stored["u1_0_0"]["responses"].tolist() == right[0].response_ids
+
+    rows = [stored[k] for k in keys]
+    width = max(len(r["responses"]) for r in rows)
+
+    def padded(name: str) -> torch.Tensor:
+        return torch.stack([torch.nn.functional.pad(r[name], (0, width - len(r[name]))) for r in rows])
+
+    data = DataProto.from_dict(
+        tensors={"response_mask": padded("response_mask"), "token_level_rewards": padded("rm_scores")},
+        non_tensors={"uid": np.array([r["uid"] for r in rows], dtype=object)},
+    )
+    advantages = compute_advantage_for_multi_trajectories(data, keys, AdvantageEstimator.GRPO).batch["advantages"]
+    masks = data.batch["response_mask"].bool()
+    per_row = [advantages[i][masks[i]].unique().tolist() for i in range(len(rows))]
+    assert all(len(v) == 1 for v in per_row)  # one advantage per row, on its generated tokens
+    assert per_row[0] == per_row[1] and per_row[2] == per_row[3]  # each sample: its rollout's advantage
+    assert per_row[0][0] > 0 > per_row[2][0]  # reward 1 above its group, reward 0 below
