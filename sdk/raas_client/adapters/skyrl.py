@@ -95,6 +95,8 @@ class RaasGenerator(GeneratorInterface):
         self.job = dict(job or {})
         self.on_failure = on_failure
         self.timeout = timeout
+        if on_split not in ("last", "raise"):
+            raise ValueError(f"on_split must be last or raise, not {on_split!r}")
         self.step_wise = step_wise
         self.on_split = on_split
 

@@ -128,6 +128,8 @@ class RaasAgentLoop(AgentLoopBase):
         self.raas_timeout = raas_timeout
         if raas_samples not in ("auto", "all", "last"):
             raise ValueError(f"raas_samples must be auto, all or last, not {raas_samples!r}")
+        if raas_on_split not in ("warn", "raise"):
+            raise ValueError(f"raas_on_split must be warn or raise, not {raas_on_split!r}")
         self.raas_samples = raas_samples
         self.raas_on_split = raas_on_split
 
