@@ -1,4 +1,10 @@
-"""What the framework adapters share: turning raas result rows into a trainer's sample.
+"""What the framework adapters share: turning raas result rows into a trainer's samples.
+
+A rollout is usually one sequence; a harness rollout whose program rewrote its history is
+split into several (`RolloutView.samples`, the main arrays being the last). `samples_of`
+gives every one of them, in order, each with the rollout's reward (the SDK's
+`training_rows`); `sample_of` reads one row's main arrays (an unsplit rollout, or one
+training row of a split one).
 
 The failure rule is the SDK's: a rollout whose reward is null failed for a reason outside the
 policy (infrastructure, a cancel, a prompt that does not fit) and must not be trained on as
@@ -49,9 +55,29 @@ class Sample:
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def is_last(self) -> bool:
+        """The rollout's final sequence (the one a framework's per-trajectory fields describe)."""
+        return self.extra.get("raas_sample", 0) == self.extra.get("raas_samples", 1) - 1
+
+
+def samples_of(row: RolloutView, on_failure: OnFailure = "raise", max_response: int | None = None) -> list[Sample]:
+    """Every training sample of one finished rollout, in order, each with its own ids, mask
+    and logprobs and the rollout's reward: one for an unsplit rollout, one per
+    `TrainingSample` of a split one. The failure rule applies to the rollout as a whole."""
+    if row.reward is None and on_failure == "raise":
+        raise RaasRolloutFailed.of(row)
+    rows = row.training_rows()
+    samples = [sample_of(r, on_failure, max_response) for r in rows]
+    for k, (r, sample) in enumerate(zip(rows, samples)):
+        sample.extra.update(raas_sample=k, raas_samples=len(rows), raas_split_reason=r.extra.get("split_reason"))
+    return samples
+
 
 def sample_of(row: RolloutView, on_failure: OnFailure = "raise", max_response: int | None = None) -> Sample:
-    """The trainer's view of one finished row (truncated to `max_response` tokens)."""
+    """The trainer's view of one finished row's main arrays (truncated to `max_response`
+    tokens): the whole rollout when unsplit, only its last sample when split (`samples_of`
+    gives them all)."""
     failed = row.reward is None
     if failed and on_failure == "raise":
         raise RaasRolloutFailed.of(row)
@@ -77,6 +103,9 @@ def sample_of(row: RolloutView, on_failure: OnFailure = "raise", max_response: i
             "raas_outcome": row.outcome,
             "raas_failed": failed,
             "raas_policy_versions": row.policy_versions,
+            "raas_sample": 0,
+            "raas_samples": 1,
+            "raas_split_reason": None,
         },
     )
 
@@ -97,7 +126,15 @@ def missing_sample(instance_id: str | None, repetition: int, on_failure: OnFailu
         finish_reason=None,
         turns=0,
         seconds=0.0,
-        extra={"raas_rollout_id": None, "raas_outcome": None, "raas_failed": True, "raas_policy_versions": None},
+        extra={
+            "raas_rollout_id": None,
+            "raas_outcome": None,
+            "raas_failed": True,
+            "raas_policy_versions": None,
+            "raas_sample": 0,
+            "raas_samples": 1,
+            "raas_split_reason": None,
+        },
     )
 
 
