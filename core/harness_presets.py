@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.harnesses import HOME_DIR
+# The rollout's HOME (`core.harnesses.HOME_DIR`, which imports this module: not imported back).
+HOME_DIR = "/tmp/raas-home"
 
 # What every preset's environment has besides its npm package: pytest, for the swe tests.
 PIP = ["pytest"]

@@ -15,7 +15,6 @@ the task's message): the fixed rollout is two samples, one split.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -98,7 +97,8 @@ def test_aider_fixes_a_bug_with_a_search_replace_block_and_the_no_op_earns_nothi
     service.wait_done(job.job_id, timeout=600)
     done = {r.instance_id: service.client.rollout(r.rollout_id) for r in service.all_results(job.job_id)}
     for instance, rollout in sorted(done.items()):
-        print(f"\naider {instance}: reward {rollout.reward} {json.dumps(counts(rollout))}")
+        seconds = rollout.metrics["harness_seconds"]
+        print(f"\naider {instance}: reward {rollout.reward} {json.dumps(counts(rollout))} harness {seconds} s")
     logs = {i: r.extra.get("harness_log", "")[-2000:] for i, r in done.items()}
     got = {i: (r.outcome, r.reward) for i, r in done.items()}
     assert got == {INTERVALS: ("completed", 1.0), SLUGIFY: ("completed", 0.0)}, (logs, service.log_tail())
@@ -109,6 +109,9 @@ def test_aider_fixes_a_bug_with_a_search_replace_block_and_the_no_op_earns_nothi
     assert ".aider" not in fixed.extra["git_patch"] and ".gitignore" not in fixed.extra["git_patch"]
     assert fixed.metrics["harness_returncode"] == 0 and no_op.metrics["harness_returncode"] == 0
     assert "Applied edit to intervals/core.py" in fixed.extra["harness_log"], logs[INTERVALS]
+    # nothing tried to leave the sandbox (LiteLLM's price list, PyPI's version, analytics)
+    for log in (fixed.extra["harness_log"], no_op.extra["harness_log"]):
+        assert "Failed to resolve" not in log and "Max retries exceeded" not in log, log
     # two calls, text only (aider offers no tools); its history rewrite between them is a split
     assert counts(fixed) == dict(
         calls=2, samples=2, merges=0, splits=1, malformed_tool_calls=0, tool_calls=0, failed_calls=0
