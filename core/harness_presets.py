@@ -1,8 +1,8 @@
-"""Presets: popular coding harnesses shipped on npm, registered as they are (issue 36).
+"""Presets: popular coding harnesses shipped on npm and PyPI, registered as they are (issue 36).
 
 Each runs unmodified in its own environment (`raas env build <name>`: a venv with pytest for
-the swe tests, and the npm package beside it), gets the task from its own command line in its
-headless mode, and reaches only its rollout's endpoint: through its own base-url variables or
+the swe tests, and the npm package beside it or the pip package in it), gets the task from its
+own command line in its headless mode, and reaches only its rollout's endpoint: through its own base-url variables or
 a config file written into the rollout's HOME (`files`). Telemetry, update checks and other
 traffic are switched off where the CLI allows (the sandbox has no network anyway: a CLI that
 tried would only wait). Versions are pinned to the ones tested here (an operator's policy can
@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+# The rollout's HOME (`core.harnesses.HOME_DIR`, which imports this module: not imported back).
+HOME_DIR = "/tmp/raas-home"
 
 # What every preset's environment has besides its npm package: pytest, for the swe tests.
 PIP = ["pytest"]
@@ -181,10 +184,63 @@ CODEX: dict[str, Any] = dict(
     tasks=["swe", "code", "math"],
 )
 
+# aider asks LiteLLM's price list (fetched from GitHub) for a model it does not know unless a
+# metadata file names it: this one does, free, with a context it sizes its repo map from.
+AIDER_MODEL_METADATA = json.dumps(
+    {
+        "openai/{model}": {
+            "max_input_tokens": 32768,
+            "max_output_tokens": 4096,
+            "input_cost_per_token": 0,
+            "output_cost_per_token": 0,
+            "litellm_provider": "openai",
+            "mode": "chat",
+        }
+    },
+    indent=1,
+)
+
+AIDER: dict[str, Any] = dict(
+    description="aider (PyPI `aider-chat`), one headless message with --yes-always; edits as "
+    "SEARCH/REPLACE blocks in its replies (no tool calls), through LiteLLM; OpenAI Chat",
+    command=[
+        "aider",
+        "--message-file",
+        "{task_file}",
+        "--model",
+        "openai/{model}",
+        "--edit-format",
+        "diff",  # SEARCH/REPLACE blocks (an unknown model would get "whole": every file re-sent)
+        "--yes-always",  # adds the files the model names, applies its edits (never runs its shell commands)
+        # the workspace is the artifact: no commits, no .gitignore edit, its histories in HOME
+        "--no-auto-commits",
+        "--no-dirty-commits",
+        "--no-gitignore",
+        "--input-history-file",
+        f"{HOME_DIR}/.aider.input.history",
+        "--chat-history-file",
+        f"{HOME_DIR}/.aider.chat.history.md",
+        "--no-check-update",
+        "--no-analytics",
+        "--no-show-model-warnings",
+        "--no-show-release-notes",
+        "--no-detect-urls",
+        "--no-pretty",
+        "--no-fancy-input",
+    ],
+    python_env="aider",
+    packages=["aider-chat==0.86.2", *PIP],
+    env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"},  # LiteLLM's own price list: the bundled copy
+    endpoint_env={"OPENAI_API_BASE": "{base_url}", "OPENAI_API_KEY": "{token}"},
+    files={"~/.aider.model.metadata.json": AIDER_MODEL_METADATA},
+    tasks=["swe", "code", "math"],
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "claude-code": CLAUDE_CODE,
     "qwen-code": QWEN_CODE,
     "opencode": OPENCODE,
     "gemini-cli": GEMINI_CLI,
     "codex": CODEX,
+    "aider": AIDER,
 }

@@ -15,8 +15,9 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-# Never part of an artifact: VCS metadata and caches the agent's own runs leave behind.
-SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".hypothesis"})
+# Never part of an artifact: VCS metadata and caches the agent's own runs leave behind (aider
+# keeps its repo map's tags in the git root, with no option to move them).
+SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".hypothesis", ".aider.tags.cache.v4"})
 SKIP_SUFFIXES = (".pyc", ".pyo")
 
 

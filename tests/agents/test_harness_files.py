@@ -105,9 +105,11 @@ def test_the_presets_are_registered_with_their_environments_and_render_fully() -
 
     shipped = default_harnesses()
     presets = {name: shipped[name] for name in PRESETS}
-    assert set(presets) == {"claude-code", "qwen-code", "opencode", "gemini-cli", "codex"}
+    assert set(presets) == {"claude-code", "qwen-code", "opencode", "gemini-cli", "codex", "aider"}
     for name, harness in presets.items():
-        assert harness.python_env == name and harness.npm_packages and "pytest" in harness.packages
+        # each pins its package: on npm, or on PyPI (aider)
+        pinned = harness.npm_packages or [p for p in harness.packages if "==" in p]
+        assert harness.python_env == name and pinned and "pytest" in harness.packages
         for path, template in harness.files.items():
             text = fill_file(template, VALUES)
             if path.endswith(".json"):
@@ -126,3 +128,8 @@ def test_the_presets_are_registered_with_their_environments_and_render_fully() -
     opencode = json.loads(fill_file(presets["opencode"].files["~/.config/opencode/opencode.json"], VALUES))
     assert opencode["provider"]["raas"]["options"] == {"baseURL": "http://127.0.0.1:4242/v1", "apiKey": "tok-abc"}
     assert opencode["model"] == "raas/policy-7b"
+    # aider finds the model in its metadata file (or it would fetch LiteLLM's price list)
+    aider = json.loads(fill_file(presets["aider"].files["~/.aider.model.metadata.json"], VALUES))
+    assert aider["openai/policy-7b"]["litellm_provider"] == "openai"
+    histories = [arg for arg in presets["aider"].command if arg.endswith((".history", ".history.md"))]
+    assert len(histories) == 2 and all(arg.startswith(HOME_DIR + "/") for arg in histories)

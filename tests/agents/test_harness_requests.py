@@ -1,4 +1,4 @@
-"""The first request each npm preset really sends (recorded from the CLI itself, issue 36)
+"""The first request each preset (npm, and aider) really sends (recorded from the CLI itself, issue 36)
 parses on its route: the endpoint takes what the real clients send.
 
 The bodies and headers in tests/fixtures/harness-requests/ were captured by running each preset's
@@ -41,6 +41,20 @@ def test_the_recorded_first_request_parses_with_the_harness_tools(name, path, to
     assert tools <= {t["function"]["name"] for t in call.tools or []}
     # the task came from the CLI's own arguments, as the last user turn
     assert call.messages[-1]["role"] == "user" and TASK in str(call.messages[-1]["content"])
+
+
+def test_aiders_first_request_offers_no_tools_and_asks_for_search_replace_blocks() -> None:
+    """aider (LiteLLM on the `openai` SDK) streams plain chat: its edits are text in the reply."""
+    from agents.harness import openai_wire
+
+    request = recorded("aider")
+    assert request["path"] == "/v1/chat/completions" and request["headers"]["Authorization"] == "Bearer raas-token"
+    call = openai_wire.parse_request(request["body"])
+    assert call.stream is True and not call.tools
+    # its example exchanges, repo map and file requests come first, as turns of their own
+    assert [m["role"] for m in call.messages[:2]] == ["system", "user"] and len(call.messages) == 12
+    last = str(call.messages[-1]["content"])
+    assert call.messages[-1]["role"] == "user" and last.startswith(TASK) and "<<<<<<< SEARCH" in last
 
 
 @pytest.mark.parametrize(
