@@ -159,8 +159,10 @@ class StageRun:
         if runtime != "none":
             options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(self.ctx))
             # an attempt that replays logged turns (a branch's, or after a lost sandbox): its
-            # workspace shown at the path they were logged in
-            options.update(resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replays_logged()))
+            # workspace shown at the path they were logged in (the `local` runtime, with no
+            # mount namespace, cannot: there a replay meets another path, which a branch refuses)
+            if runtime != "local" or self.rollout.parent_rollout_id is not None:
+                options.update(resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replays_logged()))
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
