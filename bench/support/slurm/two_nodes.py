@@ -50,6 +50,7 @@ class TwoNodeReport(SlurmReport):
     struck_with_turns: int = 0  # of which in RUN with 2+ turns stored
     taken_over: int = 0  # of those, completed on n1
     finished_on_struck: int = 0  # of those, completed on n2 (within a drain)
+    aborted_generations: int = 0  # LLM answers cut off mid-generation (their client died)
     bad_turn_logs: int = 0  # completed rollouts whose attempt's turns are not 0..k-1 once each
     survivor_completed: int = 0  # completed on n1 with a reward and token arrays
     turns_on_struck_after_drain: int = 0  # turns n2 stored between its drain and its cancel
@@ -115,10 +116,11 @@ class TwoNodeScenario:
             self.s.client.cancel(job_id)
         report.seconds = round(time.monotonic() - started, 1)
         self.s.measure(job_id, report, before, ROLLOUTS, 1)
+        report.aborted_generations = sim_stats(self.s.sim_url).get("aborted", 0) - before.get("aborted", 0)
         self._survivor_work(job_id, names[SURVIVOR], held, report)
+        report.slurm = "; ".join(filter(None, [report.slurm, self._slurm_after(fault, jobs[STRUCK])]))
         report.leaked_sandboxes = {n: self._leaked(self._scratch(jobs[n])) for n in (SURVIVOR, STRUCK)}
         report.orphans = self._alive_of(jobs[STRUCK])
-        report.slurm = "; ".join(filter(None, [report.slurm, self._slurm_after(fault, jobs[STRUCK])]))
 
     # -- the rows -------------------------------------------------------------------------
     def _held(self, job_id: str, node: str, *statuses: str) -> set[str]:
@@ -222,8 +224,15 @@ class TwoNodeScenario:
                 wait_for(lambda: "DOWN" in self.cluster.node_flags(STRUCK), limit, "n2 DOWN", interval=1)
             except AssertionError:
                 pass
-        else:
+        else:  # CANCELLED at once; its processes drain, then Slurm kills the rest (KillWait)
             self.cluster.wait_state(job, ENDED, 90)
+            wait_for(
+                lambda: not self.cluster.run("squeue", "-h", "-j", job, check=False).stdout.strip(),
+                self.cluster.kill_wait + 60,
+                "n2's job to finish completing",
+                interval=0.5,
+            )
+            time.sleep(5)  # what outlives the job shows now (the one-node tier's 5 s)
         info = self.cluster.job_info(job)
         return (
             f"ended: n2 {self.cluster.node_flags(STRUCK)}, job {info.get('JobState')} "
