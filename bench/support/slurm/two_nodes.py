@@ -39,7 +39,7 @@ from tasks.recovery.nodes import live_queues
 SURVIVOR, STRUCK = "n1", "n2"
 ROLLOUTS = 24  # distinct problems, one sample each: three waves over two nodes' 4 RUN slots
 HOLD_ON_DRAIN = 6  # seconds the drained node's job keeps running before the site cancels it
-ENDED = ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED", "NODE_FAIL", "PENDING", "UNKNOWN")
+ENDED = ("CANCELLED", "TIMEOUT", "COMPLETED", "FAILED")
 
 
 @dataclass
@@ -99,18 +99,7 @@ class TwoNodeScenario:
             context=lambda: self.s.job_log(jobs[STRUCK]),
         )
         report.in_run_at_strike = self.s.in_run(job_id)
-        if fault == "failure":
-            held, with_turns = self._strike(job_id, names[STRUCK])
-            report.notes.append(f"{self.cluster.kill_node(STRUCK)} processes of n2 SIGKILLed")
-        else:
-            self.cluster.run("scontrol", "update", f"nodename={STRUCK}", "state=drain", "reason=raas-test")
-            turns = self._turns_on(job_id, names[STRUCK])
-            time.sleep(HOLD_ON_DRAIN)  # a drain only stops new jobs: n2's job goes on working
-            report.turns_on_struck_after_drain = self._turns_on(job_id, names[STRUCK]) - turns
-            report.slurm = f"drained: n2 {self.cluster.node_flags(STRUCK)}, job {self.cluster.state(jobs[STRUCK])}"
-            held, with_turns = self._strike(job_id, names[STRUCK])
-            self.cluster.run("scancel", f"--nodelist={STRUCK}")
-        report.held_by_struck, report.struck_with_turns = len(held), with_turns
+        held = self._strike(fault, job_id, names[STRUCK], jobs[STRUCK], report)
         if not self.s.wait_terminal(job_id, timeout):
             report.notes.append(f"not terminal after {timeout}s: {self.s.client.job(job_id)}")
             self.s.client.cancel(job_id)
@@ -121,6 +110,22 @@ class TwoNodeScenario:
         report.slurm = "; ".join(filter(None, [report.slurm, self._slurm_after(fault, jobs[STRUCK])]))
         report.leaked_sandboxes = {n: self._leaked(self._scratch(jobs[n])) for n in (SURVIVOR, STRUCK)}
         report.orphans = self._alive_of(jobs[STRUCK])
+
+    def _strike(self, fault: str, job_id: str, node: str, job: str, report: TwoNodeReport) -> set[str]:
+        """Fail or drain n2; returns the rollouts it held when its job died."""
+        if fault == "failure":
+            held, report.struck_with_turns = self._holding(job_id, node)
+            report.notes.append(f"{self.cluster.kill_node(STRUCK)} processes of n2 SIGKILLed")
+        else:
+            self.cluster.run("scontrol", "update", f"nodename={STRUCK}", "state=drain", "reason=raas-test")
+            turns = self._turns_on(job_id, node)
+            time.sleep(HOLD_ON_DRAIN)  # a drain only stops new jobs: n2's job goes on working
+            report.turns_on_struck_after_drain = self._turns_on(job_id, node) - turns
+            report.slurm = f"drained: n2 {self.cluster.node_flags(STRUCK)}, job {self.cluster.state(job)}"
+            held, report.struck_with_turns = self._holding(job_id, node)
+            self.cluster.run("scancel", f"--nodelist={STRUCK}")  # the site empties the node
+        report.held_by_struck = len(held)
+        return held
 
     # -- the rows -------------------------------------------------------------------------
     def _held(self, job_id: str, node: str, *statuses: str) -> set[str]:
@@ -153,7 +158,7 @@ class TwoNodeScenario:
                 .where(Rollout.job_id == job_id, Rollout.node == node, Turn.attempt == Rollout.attempt)
             )
 
-    def _strike(self, job_id: str, node: str) -> tuple[set[str], int]:
+    def _holding(self, job_id: str, node: str) -> tuple[set[str], int]:
         """What `node` holds now: its rollouts, and how many of them are in RUN with turns."""
         return self._held(job_id, node), self._run_with_turns(job_id, node)
 
