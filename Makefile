@@ -103,8 +103,9 @@ test-adapters: $(ADAPTERS_VENV)/.installed
 	$(ADAPTERS_VENV)/bin/python -m pytest -q -m adapters tests/adapters
 
 # raas node jobs on a private one-node Slurm (installs slurm-wlm + munge when missing, needs
-# root): scancel, time limit and requeue under proctrack/cgroup and linuxproc. Minutes, not
-# seconds (Slurm checks time limits every 30 s): its own CI step, not part of `make test`.
+# root): scancel, time limit and requeue under proctrack/cgroup and linuxproc; then two nodes
+# on this machine, one failed and one drained. Minutes, not seconds (Slurm checks time limits
+# every 30 s): its own CI step, not part of `make test`.
 test-slurm: install
 	$(PY) -m pytest -m "slurm and not slurm_services" -p no:xdist -s tests/slurm
 

@@ -277,13 +277,13 @@ class SlurmScenario:
         """Submit, strike node job A mid-RUN with `fault`, finish on B, measure."""
         n, samples = ROLLOUTS[fault]
         report = SlurmReport(fault=fault, layout=layout, proctrack=self.cluster.proctrack, rollouts=n * samples)
-        before = _sim_stats(self.sim_url)
+        before = sim_stats(self.sim_url)
         started = time.monotonic()
         try:
             job_id, a = self._strike_and_finish(fault, layout, n, samples, timeout, report)
             report.seconds = round(time.monotonic() - started, 1)
             report.orphans = self._orphans_of(a, fault)
-            self._measure(job_id, report, before, n, samples)
+            self.measure(job_id, report, before, n, samples)
         finally:
             self.stop_nodes()  # the next fault starts with no node, whatever happened
         return report
@@ -360,7 +360,8 @@ class SlurmScenario:
             count += any(e == tag or e.startswith(tag + b"-") for e in env)
         return count
 
-    def _measure(self, job_id: str, report: SlurmReport, before: dict[str, int], n: int, samples: int) -> None:
+    def measure(self, job_id: str, report: SlurmReport, before: dict[str, int], n: int, samples: int) -> None:
+        """Fill `report` from the job's results and the simulator's counts since `before`."""
         view = self.client.job(job_id)
         report.outcomes = view.outcomes or {}
         report.lost = view.n_rollouts - view.finished
@@ -379,7 +380,7 @@ class SlurmScenario:
             want = 1.0 if answers_right(index[r.instance_id]) else 0.0
             report.wrong_rewards += r.reward != want
             report.missing_tokens += not (r.prompt_ids and r.response_ids and r.loss_mask)
-        after = _sim_stats(self.sim_url)
+        after = sim_stats(self.sim_url)
         for p in PROBLEMS[:n]:  # first turns beyond one per sample: loops begun again
             key = f"turn:{p['problem']}:0"
             report.loops_regenerated += max(0, after.get(key, 0) - before.get(key, 0) - samples)
@@ -404,7 +405,7 @@ class SlurmScenario:
         self._stop_sim()
 
 
-def _sim_stats(url: str) -> dict[str, int]:
+def sim_stats(url: str) -> dict[str, int]:
     return httpx.get(f"{url}/sim/stats", timeout=10).json()
 
 
