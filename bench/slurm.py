@@ -40,6 +40,7 @@ COLUMNS = (
     "turns_regenerated",
     "turns_regenerated_max",
     "replayed_turns",
+    "tokens_regenerated",
     "in_run_at_strike",
     "orphans",
     "seconds",

@@ -36,6 +36,7 @@ from werkzeug.serving import make_server
 from app import create_app
 from app.ops.slurm import SlurmJobConfig, write_jobs
 from raas_client import RaasClient
+from app.recovery_costs import job_cost
 from core.db import session_scope
 from core.models import Rollout, Turn
 from core.settings import Settings
@@ -112,6 +113,9 @@ class SlurmReport:
     turns_regenerated: int = 0  # answered turns beyond one per sample (issue 41: finished work redone)
     turns_regenerated_max: int = 0  # the most of them for one problem, per sample (goal <= 1)
     replayed_turns: int = 0  # logged turns replayed into rebuilt sandboxes (metrics.replayed_turns)
+    tokens_regenerated: int = (
+        0  # tokens of logged turns generated again, as the service counts them (app.recovery_costs)
+    )
     orphans: int = 0  # processes of the struck job alive 5 s after it ended
     notes: list[str] = field(default_factory=list)
 
@@ -369,6 +373,8 @@ class SlurmScenario:
         ids = [r.rollout_id for r in results]
         report.duplicated = len(ids) - len(set(ids))
         index = {p["instance_id"]: k for k, p in enumerate(PROBLEMS)}
+        with session_scope(self.settings.db_url) as s:
+            report.tokens_regenerated += job_cost(s, job_id).regenerated_tokens
         for r in results:
             report.rerun_from_init += r.attempt > 1
             report.replayed_turns += int((r.metrics or {}).get("replayed_turns") or 0)
