@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ class RolloutCheckpoints:
                     return turn
             except RestoreIncomplete as exc:  # neither fresh nor restored: replay would be wrong
                 raise ResumeError(f"workspace checkpoint of attempt {attempt}: {exc}") from exc
-            except (OSError, CheckpointError, KeyError, ValueError) as exc:
+            except (OSError, CheckpointError, tarfile.TarError, KeyError, ValueError) as exc:
                 reason = f"unusable: {exc}"
         counts["restore_skipped"] = reason
         log.warning("rollout %s: checkpoint not restored (%s); replaying every turn", self.rollout_id, reason)

@@ -155,3 +155,21 @@ def test_a_replay_chain_is_followed_to_the_turn_that_was_generated() -> None:
     cost = rollout_cost(3, turns)
     assert (cost.replayed_turns, cost.regenerated_turns, cost.regenerated_tokens) == (1, 0, 0)
     assert rollout_cost(1, turns[:1]).regenerated_turns == 0
+
+
+def test_turns_restored_from_a_checkpoint_are_carried_not_generated_again() -> None:
+    """Issue 41: a turn restored from a workspace checkpoint keeps `replayed_from_attempt` (it
+    was not generated again) and is counted as restored, not replayed."""
+    from types import SimpleNamespace as T
+
+    from app.recovery_costs import rollout_cost
+
+    turns = [
+        T(attempt=1, index=0, generated_ids=[1, 2], extra={}),
+        T(attempt=1, index=1, generated_ids=[3], extra={}),
+        T(attempt=2, index=0, generated_ids=[1, 2], extra={"replayed_from_attempt": 1, "restored_from_checkpoint": 0}),
+        T(attempt=2, index=1, generated_ids=[3], extra={"replayed_from_attempt": 1}),
+        T(attempt=2, index=2, generated_ids=[4], extra={}),
+    ]
+    cost = rollout_cost(2, turns)
+    assert (cost.restored_turns, cost.replayed_turns, cost.regenerated_turns) == (1, 1, 0)
