@@ -96,7 +96,9 @@ def replay_into_sandbox(
         int(base.get("restored_turns") or 0),
         list(base.get("replay_divergences") or []),
     )
-    through = -1  # the last turn the restored checkpoint holds
+    # The last turn the restored checkpoint holds: a RUN resumed in place after it logged some
+    # of the restored turns goes on in the sandbox the restore made, restoring nothing again.
+    through = max((_restored_through(t) for t in own), default=-1)
     if not own and ctx.checkpoints is not None:  # a fresh sandbox: nothing of the turns is in it
         through = ctx.checkpoints.restore(turns[0]["attempt"], turns[-1]["index"], checkpoints or {})
     for turn in turns[len(own) :]:
@@ -128,6 +130,12 @@ def replay_into_sandbox(
         len(done.divergences),
     )
     return done
+
+
+def _restored_through(turn: dict[str, Any]) -> int:
+    """The checkpoint turn a carried turn was restored from (-1: it was not)."""
+    mark = (turn.get("extra") or {}).get("restored_from_checkpoint")
+    return int(mark) if mark is not None else -1
 
 
 def _replay_turn(

@@ -36,7 +36,8 @@ GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid",
 
 
 def make_repo(root: Path, files: int) -> None:
-    """`files` Python sources in folders of 100, committed."""
+    """`files` Python sources in folders of 100, committed and packed (as a swe INIT leaves a
+    repository: `agents.handlers.swe.repo`)."""
     for i in range(files):
         folder = root / "src" / f"pkg{i // 100}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -44,6 +45,7 @@ def make_repo(root: Path, files: int) -> None:
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
     subprocess.run([*GIT, "add", "-A"], cwd=root, check=True)
     subprocess.run([*GIT, "commit", "-q", "-m", "import"], cwd=root, check=True)
+    subprocess.run(["git", "gc", "-q", "--prune=now"], cwd=root, check=True)  # packed, as swe INIT leaves it
 
 
 def tree_hash(root: Path) -> str:
