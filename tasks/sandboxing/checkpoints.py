@@ -49,14 +49,19 @@ def folder(settings: Settings, rollout_id: str, attempt: int) -> Path:
 def take_manifest(settings: Settings, rollout_id: str, attempt: int, workspace: str, forked: bool) -> None:
     """INIT's manifest of the workspace it leaves (a forked one: only the reason it has none)."""
     where = folder(settings, rollout_id, attempt)
+    settings.checkpoints.mkdir(mode=0o700, parents=True, exist_ok=True)  # workspaces' content: ours only
     where.mkdir(parents=True, exist_ok=True)
     if forked:
-        write_manifest({}, where / MANIFEST)
         (where / "skipped").write_text("forked workspace")
         return
     started = time.monotonic()
-    manifest = scan(workspace)
-    write_manifest(manifest, where / MANIFEST)
+    try:
+        manifest = scan(workspace)
+        write_manifest(manifest, where / MANIFEST)
+    except OSError as exc:  # no checkpoints for this attempt; a resume replays, as without them
+        log.warning("rollout %s: no workspace manifest (%s); its checkpoints are off", rollout_id, exc)
+        (where / "skipped").write_text(f"no manifest: {exc}")
+        return
     log.info("rollout %s: workspace manifest, %d entries, %.3fs", rollout_id, len(manifest), time.monotonic() - started)
 
 
