@@ -65,6 +65,16 @@ class AgentSandbox(Protocol):
         """Kill every tool process; the next call starts fresh."""
 
 
+class WorkspaceCheckpoints(Protocol):
+    """A RUN's workspace checkpoints (`tasks.sandboxing.checkpoints`), when the job has them."""
+
+    def save(self, turn: int, counts: dict[str, Any]) -> None:
+        """Checkpoint the workspace after `turn`; what happened is counted in `counts`."""
+
+    def restore(self, attempt: int, last_logged: int, counts: dict[str, Any]) -> int:
+        """Restore `attempt`'s latest checkpoint here; its turn, or -1 (replay everything)."""
+
+
 def _never() -> bool:
     return False
 
@@ -186,6 +196,9 @@ class RunContext(RolloutContext):
     # Called by the shared loop between turns (the last turn handed to the log, the next not
     # generated): the pipeline raises there to hand the rollout back (a draining node).
     turn_boundary: Callable[[], None] = _nothing_to_settle
+    # The job's workspace checkpoints (`resume.checkpoints`): saved by the shared loop after
+    # each turn, restored before a replay (`agents.loop_replay`); None when off.
+    checkpoints: WorkspaceCheckpoints | None = None
 
     def extend_deadline(self, seconds: float) -> None:
         """Move the deadline on by `seconds` the agent did not have (a paused server pool):

@@ -71,6 +71,19 @@ class ResumePolicy(BaseModel):
         "restart (a new attempt from INIT, every turn generated again) or continue (the policy's "
         "observations stay the logged ones); each divergence is in metrics.replay_divergences",
     )
+    checkpoints: bool = Field(
+        False,
+        description="Save the workspace's changes since INIT at every turn boundary; a rollout "
+        "whose sandbox was lost restores the latest checkpoint and replays only the turns after "
+        "it (the workspace only: processes, the shell and Python sessions are not in it)",
+    )
+    checkpoint_max_bytes: int = Field(
+        256 * 2**20,
+        ge=1,
+        le=64 * 2**30,
+        description="Most bytes of changed file content one checkpoint holds; a turn over it "
+        "saves none (counted in metrics.checkpoints) and a resume replays from the one before",
+    )
 
 
 class JobConfig(BaseModel):

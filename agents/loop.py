@@ -82,6 +82,8 @@ class _Episode(RolloutCounters):
     replayed_turns: int = 0
     replay_divergences: list[dict[str, Any]] = field(default_factory=list)
     replay_seconds: float = 0.0  # wall time of that replay (a branch's cost before it samples)
+    restored_turns: int = 0  # carried by a workspace checkpoint, nothing run again
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # `tasks.sandboxing.checkpoints`
     # The rendered prompt's digest (`replay.prompt_digest`), logged with every turn and checked
     # on resume: the prompt never changes within an episode, so it is hashed once.
     prompt_digest: str | None = None
@@ -221,9 +223,9 @@ def _replay_lost_sandbox(ctx: RunContext, ep: _Episode, tools: dict[str, Tool], 
     """Turns an earlier attempt logged: their tool calls run again in this attempt's rebuilt
     sandbox before the loop goes on (`agents.loop_replay`)."""
     started = time.monotonic()
-    report = replay_into_sandbox(ctx, ctx.resume_turns or [], tools, lambda text: _clip(text, limit))
-    if report is not None:
-        ep.replayed_turns, ep.replay_divergences = report
+    done = replay_into_sandbox(ctx, ctx.resume_turns or [], tools, lambda text: _clip(text, limit), ep.checkpoints)
+    if done is not None:
+        ep.replayed_turns, ep.restored_turns, ep.replay_divergences = done.replayed, done.restored, done.divergences
         ep.replay_seconds = round(time.monotonic() - started, 4)
 
 
@@ -317,6 +319,8 @@ def _one_turn(
         )
     observation_ids = ctx.llm.append_messages(messages) if messages else []
     _record(ctx, ep, index, gen, calls, messages, observation_ids, tool_seconds, errors)
+    if ctx.checkpoints is not None:  # the workspace as this turn left it (`tasks.sandboxing.checkpoints`)
+        ctx.checkpoints.save(index, ep.checkpoints)
 
 
 def _act(
@@ -480,6 +484,8 @@ def _result(ctx: RunContext, ep: _Episode) -> Trajectory:
         metrics["replayed_turns"] = ep.replayed_turns
         metrics["replay_divergences"] = ep.replay_divergences
         metrics["replay_seconds"] = ep.replay_seconds
+    if ep.restored_turns or ep.checkpoints:  # a workspace checkpoint carried turns, or was saved
+        metrics["restored_turns"], metrics["checkpoints"] = ep.restored_turns, ep.checkpoints
     if ctx.limits.max_staleness is not None:
         metrics["stale"] = metrics["staleness"] > ctx.limits.max_staleness
     metrics.update(ctx.llm.audit_drift())

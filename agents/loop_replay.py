@@ -17,6 +17,13 @@ workspace path (each attempt has its own) and pytest's run time (`N passed in 0.
 chooses what a divergence does (`resume.on_divergence`): `restart`, the default, raises
 `ReplayDiverged` and the pipeline starts a new attempt from INIT that replays nothing;
 `continue` goes on in the sandbox as replay left it.
+
+With workspace checkpoints (`resume.checkpoints`, `tasks.sandboxing.checkpoints`) the fresh
+sandbox first gets the latest checkpoint the earlier attempt saved (after its turn j): turns
+up to j are logged again without running anything (`extra.restored_from_checkpoint`), and only
+the turns after j are replayed. Only the workspace is restored: what turns up to j left in
+processes (the shell's directory, a Python session's variables) or outside the workspace is
+not there, which is why checkpoints are a job's choice.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from agents.contexts import RunContext
@@ -56,40 +64,78 @@ PYTEST_TIME = re.compile(r" in \d+(?:\.\d+)?s\b")  # "1 passed in 0.12s": a run 
 EXCERPT = 200  # characters of each side kept in a divergence record
 
 
+@dataclass
+class Carried:
+    """What the rebuilt sandbox got of the earlier attempt's turns: replayed (tool calls run
+    again), restored (from its workspace checkpoint, nothing run) and the divergences."""
+
+    replayed: int = 0
+    restored: int = 0
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+
+
 def replay_into_sandbox(
-    ctx: RunContext, turns: list[dict[str, Any]], tools: dict[str, Tool], clip: Callable[[str], str]
-) -> tuple[int, list[dict[str, Any]]] | None:
+    ctx: RunContext,
+    turns: list[dict[str, Any]],
+    tools: dict[str, Tool],
+    clip: Callable[[str], str],
+    checkpoints: dict[str, Any] | None = None,
+) -> Carried | None:
     """Run the tool calls of the turns other attempts logged (they follow this attempt's own
-    turns in `turns`) and log them again here; returns (turns replayed into this attempt's
-    sandbox, divergences), or None when every turn is this attempt's own. `clip` is the
-    loop's cut of an over-long observation (the logged ones were cut by it)."""
+    turns in `turns`) and log them again here; None when every turn is this attempt's own.
+    `clip` is the loop's cut of an over-long observation (the logged ones were cut by it).
+    With workspace checkpoints (`ctx.checkpoints`) a fresh sandbox first gets the earlier
+    attempt's latest one, and only the turns after it are replayed (`checkpoints`: the
+    episode's counts)."""
     own = [t for t in turns if t.get("attempt", ctx.attempt) == ctx.attempt]
     if len(own) == len(turns):
         return None
     base = (own[-1].get("loop_state") or {}) if own else {}
-    replayed = int(base.get("replayed_turns") or 0)
-    divergences: list[dict[str, Any]] = list(base.get("replay_divergences") or [])
+    done = Carried(
+        int(base.get("replayed_turns") or 0),
+        int(base.get("restored_turns") or 0),
+        list(base.get("replay_divergences") or []),
+    )
+    # The last turn the restored checkpoint holds: a RUN resumed in place after it logged some
+    # of the restored turns goes on in the sandbox the restore made, restoring nothing again.
+    through = max((_restored_through(t) for t in own), default=-1)
+    if not own and ctx.checkpoints is not None:  # a fresh sandbox: nothing of the turns is in it
+        through = ctx.checkpoints.restore(turns[0]["attempt"], turns[-1]["index"], checkpoints or {})
     for turn in turns[len(own) :]:
         ctx.checkpoint()  # a cancel or the deadline stops a replay like a turn
+        if turn["index"] <= through:
+            done.restored += 1
+            _log_again(ctx, turn, [], done, restored=through)
+            continue
         ctx.settle_turns()  # the turns before this one durable before its calls run again
         found = _replay_turn(ctx, turn, tools, clip)
-        divergences += found
+        done.divergences += found
         if found and ctx.job_config.resume.on_divergence == "restart":
             first = found[0]
             raise ReplayDiverged(
                 f"replayed turn {first['turn']} diverged ({first['tool']}: logged {first['logged']!r}, "
                 f"replayed {first['replayed']!r}); starting over from INIT",
-                divergences=divergences,
+                divergences=done.divergences,
             )
-        replayed += 1
-        _log_again(ctx, turn, found, replayed, divergences)
+        done.replayed += 1
+        _log_again(ctx, turn, found, done)
+    if ctx.checkpoints is not None:  # this attempt's own, so a loss from here restores it
+        ctx.checkpoints.save(turns[-1]["index"], checkpoints if checkpoints is not None else {})
     log.info(
-        "rollout %s: replayed %d logged turn(s) into the rebuilt sandbox, %d divergence(s)",
+        "rollout %s: %d logged turn(s) restored from a checkpoint, %d replayed into the rebuilt sandbox, "
+        "%d divergence(s)",
         ctx.rollout_id,
-        replayed,
-        len(divergences),
+        done.restored,
+        done.replayed,
+        len(done.divergences),
     )
-    return replayed, divergences
+    return done
+
+
+def _restored_through(turn: dict[str, Any]) -> int:
+    """The checkpoint turn a carried turn was restored from (-1: it was not)."""
+    mark = (turn.get("extra") or {}).get("restored_from_checkpoint")
+    return int(mark) if mark is not None else -1
 
 
 def _replay_turn(
@@ -129,14 +175,19 @@ def _masked(text: str, now: str | None, then: str | None) -> str:
 
 
 def _log_again(
-    ctx: RunContext, turn: dict[str, Any], found: list[dict[str, Any]], replayed: int, divergences: list[dict]
+    ctx: RunContext, turn: dict[str, Any], found: list[dict[str, Any]], done: Carried, restored: int | None = None
 ) -> None:
-    """Log a replayed turn under this attempt: as logged (the policy's observations stay the
-    logged ones), noting where it came from, what diverged, and the handler state the replay
-    built (an earlier attempt's names its own sandbox)."""
+    """Log a carried turn under this attempt: as logged (the policy's observations stay the
+    logged ones), noting where it came from (`replayed_from_attempt` on every carried turn:
+    what `app.recovery_costs` counts as not generated again; `restored_from_checkpoint`, the
+    checkpoint's turn, on those whose calls were not run again), what diverged, and the
+    handler state the replay built (an earlier attempt's names its own sandbox)."""
     fields = {name: turn.get(name) for name in LOGGED}
     # `extra.workspace` stays the one the observation was produced in (what a later replay masks)
     extra = {**(turn.get("extra") or {}), "replayed_from_attempt": turn.get("attempt")}
+    extra.pop("restored_from_checkpoint", None)
+    if restored is not None:
+        extra["restored_from_checkpoint"] = restored
     if found:
         extra["replay_divergences"] = found
     else:
@@ -145,7 +196,8 @@ def _log_again(
     fields["loop_state"] = {
         **(turn.get("loop_state") or {}),
         "handler_state": dict(ctx.state),
-        "replayed_turns": replayed,
-        "replay_divergences": list(divergences),
+        "replayed_turns": done.replayed,
+        "restored_turns": done.restored,
+        "replay_divergences": list(done.divergences),
     }
     ctx.record_turn(**fields)

@@ -6,7 +6,9 @@ turn (it started over from INIT). What costs a trainer inference time is the tok
 again, so the dashboard shows those, read from the turn log:
 
 - a logged turn was *generated* unless it carries `extra.replayed_from_attempt` (a replayed
-  turn is the earlier attempt's, logged again under the new one);
+  turn is the earlier attempt's, logged again under the new one); a carried turn that also
+  carries `extra.restored_from_checkpoint` was restored from a workspace checkpoint (nothing of
+  it ran again), counted as restored rather than replayed;
 - the current attempt's turns *use* the generated turns they descend from (a replayed turn's
   origin is followed back through the attempts that replayed it);
 - every generated turn no current turn uses was generated for nothing: its tokens were (or
@@ -37,12 +39,14 @@ class RecoveryCost:
 
     rollouts_retried: int = 0  # rollouts on a second or later attempt
     replayed_turns: int = 0  # turns carried into a later attempt by replay (not generated again)
+    restored_turns: int = 0  # carried by a workspace checkpoint instead (nothing run again)
     regenerated_turns: int = 0  # logged turns generated for nothing
     regenerated_tokens: int = 0  # their generated tokens
 
     def add(self, other: RecoveryCost) -> None:
         self.rollouts_retried += other.rollouts_retried
         self.replayed_turns += other.replayed_turns
+        self.restored_turns += other.restored_turns
         self.regenerated_turns += other.regenerated_turns
         self.regenerated_tokens += other.regenerated_tokens
 
@@ -68,7 +72,10 @@ def rollout_cost(attempt: int, turns: Iterable[Any]) -> RecoveryCost:
     used = {origin(key) for key in by_key if key[0] == attempt}
     for key, turn in by_key.items():
         if key[0] == attempt and (turn.extra or {}).get("replayed_from_attempt") is not None:
-            cost.replayed_turns += 1
+            if (turn.extra or {}).get("restored_from_checkpoint") is not None:
+                cost.restored_turns += 1
+            else:
+                cost.replayed_turns += 1
         generated = (turn.extra or {}).get("replayed_from_attempt") is None
         if generated and key not in used:
             cost.regenerated_turns += 1

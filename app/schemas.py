@@ -64,7 +64,9 @@ class JobCreate(Strict):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     limits: Limits = Field(default_factory=Limits)
     sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
-    resume: ResumePolicy = Field(default_factory=ResumePolicy, description="Replay of a lost sandbox's logged turns")
+    resume: ResumePolicy = Field(
+        default_factory=ResumePolicy, description="Replay of a lost sandbox's logged turns, workspace checkpoints"
+    )
     llm: LLMSpec | None = Field(None, description="Servers/tokenizer; needed by LLM agents")
     agent_config: dict[str, Any] = Field(default_factory=dict, description="Handler config")
     idempotency_key: str | None = Field(

@@ -212,6 +212,12 @@ class Settings(BaseSettings):
         "--shared`), used read-only by compute nodes",
     )
     workspace_root: Path | None = Field(None, description="Sandbox workspaces; default home")
+    checkpoint_root: Path | None = Field(
+        None,
+        description="Workspace checkpoints of jobs with resume.checkpoints (one folder per "
+        "rollout, removed once its RUN is over); default <home>/checkpoints. On a cluster: "
+        "shared storage, so another node can restore a rollout whose node was lost",
+    )
     sandbox_dir: Path | None = Field(
         None,
         description="Sandbox sockets and handle files (a 0700 folder of this user); default /tmp/raas-sandboxes-<uid>",
@@ -319,6 +325,11 @@ class Settings(BaseSettings):
     def workspaces(self) -> Path:
         """Where sandbox workspaces are created."""
         return (self.workspace_root or self.home / "workspaces").resolve()
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where workspace checkpoints are kept (`tasks.sandboxing.checkpoints`)."""
+        return (self.checkpoint_root or self.home / "checkpoints").resolve()
 
 
 SOCKET_PATH_MAX = 107  # bytes in sockaddr_un.sun_path, less the terminating NUL (Linux)

@@ -37,7 +37,7 @@ from core.errors import (
 from core.models import Job, Outcome, Status
 from tasks.writes import db_retry, groups, lifecycle, terminal
 from tasks.recovery import drain, handback, resume
-from tasks.sandboxing import grading, group_layers, sandboxes
+from tasks.sandboxing import checkpoints, grading, group_layers, sandboxes
 from tasks.contexts import eval_context, rollout_context
 from tasks.broker.config import TASK_NAMES
 from tasks.process.parts import ProcessParts
@@ -177,6 +177,8 @@ class StageRun:
             self.ctx = self.ctx.with_sandbox(sb, handle.get("workspace"))
         (self.handler.init_fork if forked else self.handler.init)(self.ctx)
         sandboxes.hand_over(self.rollout.sandbox)  # what INIT wrote is the agent's to edit
+        if self._checkpointed() and self.ctx.workspace:  # what a checkpoint's changes are since
+            checkpoints.take_manifest(self.settings, self.rollout_id, self.attempt, self.ctx.workspace, forked)
         self._hand_on("run", state=self.ctx.state, init_seconds=self._elapsed())
 
     def _run(self) -> None:
@@ -201,6 +203,9 @@ class StageRun:
             diagnose=guard.diagnose,
             # a drain hands back at a turn boundary only what a new attempt can replay
             **({"turn_boundary": self._turn_boundary()} if self._replayable() else {}),
+            checkpoints=checkpoints.for_run(self.settings, self.rollout_id, self.attempt, handle, self.config.resume)
+            if self._checkpointed()
+            else None,
         )
         try:
             with guard.watching():
@@ -225,9 +230,15 @@ class StageRun:
         artifact = self.handler.artifact(dataclasses.replace(ctx, workspace=(handle or {}).get("workspace")), result)
         self._hand_on("eval", **run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
+        if self._checkpointed():  # no resume restores a RUN that is over
+            checkpoints.remove(self.settings, self.rollout_id)
 
     def _turn_boundary(self) -> drain.TurnBoundary:
         return drain.TurnBoundary(self.settings.node, self.parts.get(drain.Intake))
+
+    def _checkpointed(self) -> bool:
+        """Whether this job's rollouts save workspace checkpoints (`resume.checkpoints`)."""
+        return self._replayable() and self.config.resume.checkpoints
 
     def _replayable(self) -> bool:
         """Whether a new attempt of this rollout would replay its logged turns (a branch's
@@ -296,6 +307,7 @@ class StageRun:
             reward, error = 0.0, f"run: the agent broke its sandbox ({result.finish_reason})"
         self.log.info("%s", error)
         sandboxes.release(self.rollout.sandbox)
+        checkpoints.remove(self.settings, self.rollout_id)
         terminal.finish(
             self.db,
             self.rollout_id,
@@ -413,6 +425,7 @@ class StageRun:
 
     def _end(self, status: Status, outcome: Outcome, error: str, **values: Any) -> None:
         self._cleanup(error)
+        checkpoints.remove(self.settings, self.rollout_id)  # ended: nothing will restore them
         if terminal.finish(
             self.db,
             self.rollout_id,

@@ -89,6 +89,7 @@ class Reaper(ReclaimRules, Sweeps):
             "group_deadlines": len(groups.close_overdue(self.db)),
             "sandboxes": self.sweep_sandboxes(),
             "group_layers": group_layers.sweep(self.settings),  # layers no sample can use
+            "checkpoints": self.sweep_checkpoints(),  # of rollouts past RUN
             "llm_servers": self.maintain_llm_pool(),
             "health_alerts": health_alerts.check_running(self.db, self._health),
         }

@@ -8,7 +8,9 @@
   harmless if it was not lost, because the duplicate finds nothing to claim;
 - sandboxes on this node whose rollout ended, moved on to another attempt, or is unknown,
   and starts whose starter was killed before the sandbox was ready (intent records); their
-  workspaces go with them, as do workspace folders no live attempt owns.
+  workspaces go with them, as do workspace folders no live attempt owns;
+- workspace checkpoints of rollouts that no longer wait for or run INIT or RUN
+  (`tasks.sandboxing.checkpoints.sweep`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from core.models import Job, Outcome, Rollout, Status, utcnow
 from core.settings import Settings
 from tasks.writes import lifecycle, terminal
 from tasks.broker import outbox
-from tasks.sandboxing import sandboxes
+from tasks.sandboxing import checkpoints, sandboxes
 from tasks.broker.config import STAGES as ACTIVE_STAGES
 from tasks.broker.config import stage_queue
 from tasks.broker.outbox import publish_many
@@ -165,6 +167,11 @@ class Sweeps:
             if label not in live and path not in kept:
                 sandboxes.remove_workspace(path)
         return n
+
+    def sweep_checkpoints(self) -> int:
+        """Remove the workspace checkpoints no resume can restore any more (ended rollouts,
+        those in EVAL, unknown ones); how many rollouts' folders went."""
+        return checkpoints.sweep(self.settings, self.db)
 
     def _live_attempts(self, labels: set[str]) -> set[str]:
         """Those of the "<rollout>:<attempt>" labels whose attempt is in a stage now."""

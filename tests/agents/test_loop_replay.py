@@ -119,3 +119,72 @@ def test_a_replay_cut_short_goes_on_from_what_this_attempt_logged(make_llm, make
     assert [t["index"] for t in ctx.turns_recorded] == [1, 2, 3]
     assert replayed.metrics["replayed_turns"] == 3  # 1 before the loss + 2 after
     assert replayed.response_ids == full.response_ids
+
+
+class FakeCheckpoints:
+    """A fake `WorkspaceCheckpoints` (this file's tools have no workspace): restores the turn
+    it is told to and records the calls; the real store is tests/test_checkpoint_store.py."""
+
+    def __init__(self, restores: int) -> None:
+        self.restores, self.saved, self.asked = restores, [], []
+
+    def save(self, turn: int, counts: dict[str, Any]) -> None:
+        self.saved.append(turn)
+        counts["saved"] = counts.get("saved", 0) + 1
+
+    def restore(self, attempt: int, last_logged: int, counts: dict[str, Any]) -> int:
+        self.asked.append((attempt, last_logged))
+        return self.restores
+
+
+def _with_checkpoints(make_llm, make_ctx, turns, checkpoints, on_divergence="restart"):
+    llm = make_llm({"default": REPLIES})
+    config = JobConfig(resume={"on_divergence": on_divergence, "checkpoints": True})
+    ctx = dataclasses.replace(
+        make_ctx(llm=llm, resume_turns=turns, job_config=config), attempt=2, checkpoints=checkpoints
+    )
+    executed: list[str] = []
+    tools = _tools(executed, itertools.count(100))  # the clock would diverge if it ran again
+    result = run_agent_loop(
+        ctx, system_prompt="You are a test agent.", user_prompt="Do it.", tools=tools, max_invalid_turns=5
+    )
+    return ctx, result, executed
+
+
+def test_turns_a_checkpoint_holds_are_restored_not_run_and_only_later_ones_replayed(make_llm, make_ctx) -> None:
+    full_ctx, full, _, _ = _episode(make_llm, make_ctx)
+    store = FakeCheckpoints(restores=1)
+    ctx, result, executed = _with_checkpoints(make_llm, make_ctx, _logged_by_attempt_1(full_ctx, 3), store)
+    assert store.asked == [(1, 2)]  # attempt 1's checkpoint, no later than its last logged turn
+    assert executed == ["echo c"]  # turns 0-1 (the clock) did not run again; turn 2 was replayed
+    assert result.metrics["restored_turns"] == 2 and result.metrics["replayed_turns"] == 1
+    assert result.metrics["replay_divergences"] == [] and result.response_ids == full.response_ids
+    marks = [
+        (t["extra"].get("restored_from_checkpoint"), t["extra"].get("replayed_from_attempt"))
+        for t in ctx.turns_recorded
+    ]
+    assert marks == [(1, 1), (1, 1), (None, 1), (None, None)]
+    assert store.saved == [2, 3]  # its own checkpoint after the carried turns, then each live turn
+
+
+def test_without_a_usable_checkpoint_every_turn_is_replayed(make_llm, make_ctx) -> None:
+    full_ctx, _, _, _ = _episode(make_llm, make_ctx)
+    store = FakeCheckpoints(restores=-1)
+    _, result, executed = _with_checkpoints(
+        make_llm, make_ctx, _logged_by_attempt_1(full_ctx, 3), store, on_divergence="continue"
+    )
+    assert executed[0] == "clock" and result.metrics["replayed_turns"] == 3
+    assert result.metrics["restored_turns"] == 0
+
+
+def test_a_run_resumed_in_place_after_a_restore_restores_nothing_again(make_llm, make_ctx) -> None:
+    """Attempt 2 restored turns 0-1 and logged turn 0 again before its worker died (its sandbox
+    alive): the resumed RUN knows the workspace holds turn 1 already and runs only turn 2."""
+    full_ctx, full, _, _ = _episode(make_llm, make_ctx)
+    logged = _logged_by_attempt_1(full_ctx, 3)
+    own = [{**logged[0], "attempt": 2, "extra": {**logged[0]["extra"], "restored_from_checkpoint": 1}}]
+    store = FakeCheckpoints(restores=1)
+    ctx, result, executed = _with_checkpoints(make_llm, make_ctx, own + logged[1:], store)
+    assert store.asked == [] and executed == ["echo c"]
+    assert [t["index"] for t in ctx.turns_recorded] == [1, 2, 3]
+    assert result.response_ids == full.response_ids

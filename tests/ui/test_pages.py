@@ -205,3 +205,21 @@ def test_a_harness_job_page_sums_what_its_model_api_saw(app) -> None:
     assert page.status_code == 200
     assert 'id="harness" data-calls="8" data-splits="2"' in page.text
     assert "history_rewritten 2" in page.text and "context 1" in page.text and "12.5 / 30.0" in page.text
+
+
+def test_turns_restored_from_a_checkpoint_are_carried_not_generated_again() -> None:
+    """Issue 41: a turn restored from a workspace checkpoint keeps `replayed_from_attempt` (it
+    was not generated again) and is counted as restored, not replayed."""
+    from types import SimpleNamespace as T
+
+    from app.recovery_costs import rollout_cost
+
+    turns = [
+        T(attempt=1, index=0, generated_ids=[1, 2], extra={}),
+        T(attempt=1, index=1, generated_ids=[3], extra={}),
+        T(attempt=2, index=0, generated_ids=[1, 2], extra={"replayed_from_attempt": 1, "restored_from_checkpoint": 0}),
+        T(attempt=2, index=1, generated_ids=[3], extra={"replayed_from_attempt": 1}),
+        T(attempt=2, index=2, generated_ids=[4], extra={}),
+    ]
+    cost = rollout_cost(2, turns)
+    assert (cost.restored_turns, cost.replayed_turns, cost.regenerated_turns) == (1, 1, 0)
