@@ -32,9 +32,6 @@ CSV = json.loads((REPO / "examples/swe/instances.jsonl").read_text().splitlines(
 assert CSV["instance_id"] == "raas-examples__csvlite-1"
 MARK = "CKPT-41 doubled quotes are dropped."
 FILLER = 2500  # files besides the package: a real-size repository
-# The default prompt names the workspace, whose path is each attempt's own: the logged turns
-# of attempt 1 could not rebuild attempt 2's session (replay and checkpoints alike).
-PROMPT = "The repository is your current directory.\n\n{problem_statement}"
 STATE = "cat log.txt; wc -l < log.txt; find . -type f -not -path './.git/*' | sort | xargs sha256sum | sha256sum"
 
 
@@ -94,7 +91,6 @@ def _submit(service, llm, repos, **job: Any) -> tuple[str, str]:
         [{"instance_id": "big-1", "data": data}],
         limits={"max_turns": 6},
         llm=llm,
-        agent_config={"user_prompt": PROMPT},
         **job,
     )
     return accepted.job_id, accepted.rollout_ids[0]
