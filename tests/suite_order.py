@@ -46,6 +46,12 @@ FILE_SECONDS = {
     "tests/agents/test_plain_answer_pipeline.py": 58,
     "tests/test_idempotency.py": 52,
     "tests/test_trust_tenant.py": 51,
+    # this round's whole-service files, from their own runs (2026-12-06, load ~8): aider's
+    # includes building its environment on a clean clone (~100 s)
+    "tests/agents/test_harness_aider.py": 150,
+    "tests/agents/test_checkpoint_pipeline.py": 110,
+    "tests/agents/test_harness_replay_pipeline.py": 80,
+    "tests/test_job_pause.py": 60,
 }
 
 
