@@ -15,6 +15,7 @@ as `HarnessRegistration`s by `core.harnesses.default_harnesses`, which imports t
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from typing import Any
 
 # The rollout's HOME (`core.harnesses.HOME_DIR`, which imports this module: not imported back).
@@ -236,6 +237,35 @@ AIDER: dict[str, Any] = dict(
     tasks=["swe", "code", "math"],
 )
 
+# The OpenHands SDK needs Python >= 3.12 (PEP 695 generics): its environment names the version,
+# which the node finds (`sandbox.pythons`: pyenv's here) and binds into the sandbox.
+OPENHANDS_VERSION = "1.58.2"
+OPENHANDS_LAUNCHER = str(files("core") / "harness_launchers" / "harness_openhands")
+
+OPENHANDS: dict[str, Any] = dict(
+    description="OpenHands (PyPI `openhands-sdk` + `openhands-tools`, Python 3.12), headless: the "
+    "SDK's Agent with its terminal and file-editor tools in a local conversation on the "
+    "workspace, started by core/harness_launchers/harness_openhands; OpenAI Chat through LiteLLM",
+    command=["raas-openhands", "--task-file", "{task_file}", "--model", "{model}"],
+    python_env="openhands",
+    python="3.12",
+    packages=[
+        f"openhands-sdk=={OPENHANDS_VERSION}",
+        f"openhands-tools=={OPENHANDS_VERSION}",
+        *PIP,
+        OPENHANDS_LAUNCHER,
+    ],
+    env={
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # LiteLLM's own price list: the bundled copy
+        "OPENHANDS_SUPPRESS_BANNER": "1",
+        # its terminal runs in tmux, whose panes start $SHELL, else the user's login shell:
+        # the sandbox user's is nologin (every pane would exit at once)
+        "SHELL": "/bin/bash",
+    },
+    endpoint_env={"OPENAI_BASE_URL": "{base_url}", "OPENAI_API_KEY": "{token}"},
+    tasks=["swe", "code", "math"],
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "claude-code": CLAUDE_CODE,
     "qwen-code": QWEN_CODE,
@@ -243,4 +273,5 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gemini-cli": GEMINI_CLI,
     "codex": CODEX,
     "aider": AIDER,
+    "openhands": OPENHANDS,
 }

@@ -11,6 +11,10 @@ command line, an environment or a variable of its own. The registration says:
 - `python_env`: the named environment holding the harness (bound read-only, first on PATH):
   a venv with the pip `packages`, plus `npm_packages` installed beside it whose
   `node_modules/.bin` comes first (harnesses shipped on npm, `sandbox.environments`);
+- `python`: the Python version its environment is built from ("3.12"; null: the system
+  python), for harnesses that need a newer one than the node's; the interpreter is the
+  operator's (`HarnessPolicy.pythons`, else found on the node: `sandbox.pythons`), and a
+  version the node lacks fails at submission and at `raas env build`, naming it;
 - `files`: config files written for each rollout (`~/...` in the rollout's writable HOME,
   `HOME_DIR`, or `/tmp/...`), templated with the `endpoint_env` placeholders; HOME is that
   folder, outside the workspace, so nothing there is ever part of a diff;
@@ -127,6 +131,11 @@ class HarnessRegistration(BaseModel):
     packages: list[str] = Field(
         default_factory=list,
         description="What `raas env build <python_env>` installs; a node builds it on first use like a handler's",
+    )
+    python: str | None = Field(
+        None,
+        pattern=r"^3\.\d{1,2}$",
+        description="Python version the environment is built from (e.g. 3.12); null: the system python",
     )
     npm_packages: list[str] = Field(
         default_factory=list,
@@ -297,6 +306,16 @@ def harness_environments(registered: dict[str, HarnessRegistration]) -> dict[str
     return found
 
 
+def harness_pythons(registered: dict[str, HarnessRegistration]) -> dict[str, str]:
+    """Environment name -> the Python version its registration names (as `harness_environments`
+    decides which registration speaks for an environment)."""
+    found: dict[str, str | None] = {}
+    for harness in registered.values():
+        if harness.python_env and (harness.packages or harness.npm_packages):
+            found.setdefault(harness.python_env, harness.python)
+    return {name: version for name, version in found.items() if version}
+
+
 class HarnessPolicy(BaseModel):
     """The harnesses of this deployment: registrations by name (`policy.harnesses`)."""
 
@@ -305,3 +324,17 @@ class HarnessPolicy(BaseModel):
     registered: dict[str, HarnessRegistration] = Field(
         default_factory=default_harnesses, description="Harnesses by name"
     )
+    pythons: dict[str, str] = Field(
+        default_factory=dict,
+        description='Python version -> interpreter path on the nodes (e.g. {"3.12": '
+        '"/opt/python3.12/bin/python3.12"}), for registrations naming a `python`; a version not '
+        "here is looked for as python3.X on PATH, then in pyenv's versions",
+    )
+
+    @field_validator("pythons")
+    @classmethod
+    def _pythons(cls, value: dict[str, str]) -> dict[str, str]:
+        for version, path in value.items():
+            if not re.match(r"^3\.\d{1,2}$", version) or not path.startswith("/"):
+                raise ValueError(f"pythons: {version!r} -> {path!r} must map a version like 3.12 to an absolute path")
+        return value

@@ -20,7 +20,7 @@ from pydantic import Field
 from sandbox import cgroups, limits
 from sandbox.abstract import Runtime, RuntimeConfig, pin_server, server_ready
 from sandbox.client import Sandbox
-from sandbox.environments import resolve_env
+from sandbox.environments import interpreter_binds, resolve_env
 from sandbox.errors import SandboxStartError
 from sandbox.handles import (
     Handle,
@@ -325,6 +325,8 @@ class BwrapRuntime(Runtime):
             argv += bind("ro-bind", handle["endpoint_dir"], ENDPOINT_DIR)
         if env_dir:
             argv += bind("ro-bind", env_dir, env_dir)
+            for base in interpreter_binds(env_dir):  # its python's install (pyenv's): that folder only
+                argv += bind("ro-bind", base, base)
         for extra in spec.binds:
             argv += bind("ro-bind" if extra.read_only else "bind", extra.host, extra.target)
         inside = sandbox_env(spec, env_dir) | {"PYTHONPATH": INSIDE_PYTHONPATH}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import click
 
-from sandbox.environments import build_environment, list_environments
+from sandbox.environments import SYSTEM_PYTHON, build_environment, list_environments
+from sandbox.errors import SandboxStartError
 from sandbox.settings import DEFAULT_ENVS_ROOT
 
 Declared = Callable[[], dict[str, list[str]]]
@@ -25,10 +26,13 @@ def make_env_command(
     declared: Declared = dict,
     default_root: Callable[[], Path] = lambda: DEFAULT_ENVS_ROOT,
     declared_npm: Declared = dict,
+    declared_python: Callable[[], dict[str, str]] = dict,
+    python_map: Callable[[], dict[str, str]] = dict,
 ) -> click.Group:
     """The `env` command group; `declared()` gives the environments handlers ask for (pip
-    packages), `declared_npm()` their npm packages, `default_root()` the folder used when
-    --root is not given."""
+    packages), `declared_npm()` their npm packages, `declared_python()` the Python versions
+    they name, `python_map()` the operator's version -> interpreter mapping, `default_root()`
+    the folder used when --root is not given."""
 
     @click.group("env")
     def env_command() -> None:
@@ -52,9 +56,10 @@ def make_env_command(
     @click.option(
         "--python",
         "python",
-        default="/usr/bin/python3",
-        show_default=True,
-        help="Interpreter the venv is made from (must exist inside sandboxes)",
+        default=None,
+        help="Interpreter the venv is made from: a path, or a version (3.12) found as the "
+        "policy's harnesses.pythons maps it, else python3.X on PATH or pyenv's (default: the "
+        "registration's version, else /usr/bin/python3); its install is bound into sandboxes",
     )
     @click.option(
         "--find-links",
@@ -87,7 +92,7 @@ def make_env_command(
         name: str,
         packages: tuple[str, ...],
         root: str | None,
-        python: str,
+        python: str | None,
         find_links: tuple[str, ...],
         npm: tuple[str, ...],
         npm_cache: str | None,
@@ -98,20 +103,22 @@ def make_env_command(
         given = bool(packages or npm)  # explicit lists replace the declared ones, both
         wanted = list(packages) if given else declared().get(name, [])
         wanted_npm = list(npm) if given else declared_npm().get(name, [])
-        click.echo(f"building {name} ({' '.join([*wanted, *wanted_npm]) or 'no packages'}) ...")
+        python = python or declared_python().get(name) or SYSTEM_PYTHON
+        click.echo(f"building {name} ({' '.join([*wanted, *wanted_npm]) or 'no packages'}; python {python}) ...")
         try:
             path = build_environment(
                 name,
                 wanted,
                 root=root or default_root(),
                 python=python,
+                pythons=python_map(),
                 find_links=find_links,
                 no_index=no_index,
                 shared=shared,
                 npm=wanted_npm,
                 npm_cache=npm_cache,
             )
-        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        except (RuntimeError, OSError, ValueError, SandboxStartError, subprocess.CalledProcessError) as exc:
             raise click.ClickException(f"building {name} failed: {exc}") from None
         click.echo(f"{name}: {path}")
 

@@ -1,5 +1,11 @@
-"""Named sandbox environments: venvs of the system interpreter, with npm packages beside them
-when asked, bound read-only into sandboxes.
+"""Named sandbox environments: venvs of the system interpreter (or of another Python a
+registration names), with npm packages beside them when asked, bound read-only into sandboxes.
+
+Another Python ("3.12", for harnesses that need it: `sandbox.pythons` finds it): the venv's
+python is a symlink into that interpreter's base install, which the manifest records
+(`base_prefix`) and the runtimes bind read-only at the same path when it is outside the
+system dirs every sandbox sees (`interpreter_binds`): that folder only, nothing else of the
+home it may lie under.
 
 A venv's scripts carry absolute paths, so an environment is built at its final path on the
 host and bound at that same path inside the sandbox. npm packages (harnesses shipped on npm:
@@ -31,10 +37,11 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from sandbox.errors import SandboxStartError
+from sandbox.pythons import find_python
 from sandbox.settings import DEFAULT_ENVS_ROOT
 
 log = logging.getLogger(__name__)
@@ -59,12 +66,18 @@ def is_shared_root(root: str | os.PathLike) -> bool:
 
 
 def build_command(
-    name: str, packages: Sequence[str], root: str | os.PathLike, shared: bool = True, npm: Sequence[str] = ()
+    name: str,
+    packages: Sequence[str],
+    root: str | os.PathLike,
+    shared: bool = True,
+    npm: Sequence[str] = (),
+    python: str = SYSTEM_PYTHON,
 ) -> str:
     """The command that builds `name` into `root` (for error messages)."""
     words = [
         "raas env build",
         name,
+        *([f"--python {python}"] if python != SYSTEM_PYTHON else []),
         *(f"--package {p}" for p in packages),
         *(f"--npm {p}" for p in npm),
         *(["--shared"] if shared else []),
@@ -99,6 +112,7 @@ def ensure_environment(
     root: str | os.PathLike = DEFAULT_ENVS_ROOT,
     python: str = SYSTEM_PYTHON,
     npm: Sequence[str] = (),
+    pythons: Mapping[str, str] = {},
 ) -> bool:
     """Build `name` with `packages` unless it is built already; True if this call built it.
 
@@ -111,7 +125,7 @@ def ensure_environment(
         raise EnvironmentMissing(
             f"sandbox environment {name!r} is not built in the shared environment root "
             f"{Path(root).resolve()}, and compute nodes never build there; build it once on a "
-            f"login node: `{build_command(name, packages, Path(root).resolve(), npm=npm)}`",
+            f"login node: `{build_command(name, packages, Path(root).resolve(), npm=npm, python=python)}`",
             name=name,
         )
     log.info(
@@ -120,7 +134,7 @@ def ensure_environment(
         " ".join([*packages, *npm]) or "no packages",
     )
     started = time.monotonic()
-    target = build_environment(name, packages, root=root, python=python, npm=npm)
+    target = build_environment(name, packages, root=root, python=python, npm=npm, pythons=pythons)
     log.info("sandbox environment %r ready at %s (%.0f s)", name, target, time.monotonic() - started)
     return True
 
@@ -128,6 +142,35 @@ def ensure_environment(
 def _manifest(packages: Sequence[str], python: str, npm: Sequence[str] = ()) -> dict:
     """What an environment was built from (a Python-only one's manifest has no `npm`)."""
     return {"packages": sorted(packages), "python": python, **({"npm": sorted(npm)} if npm else {})}
+
+
+# What every sandbox already sees of the host (bwrap's system dirs): an interpreter installed
+# there needs no bind of its own.
+SYSTEM_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+
+def _built_from(manifest: dict | None) -> dict | None:
+    """A manifest's build inputs (what decides a rebuild): not what was learnt while building."""
+    return None if manifest is None else {k: v for k, v in manifest.items() if k != "base_prefix"}
+
+
+def interpreter_binds(env_dir: str | os.PathLike | None) -> list[str]:
+    """Host folders a sandbox must also see, read-only at the same path, for `env_dir`'s python
+    to run: its interpreter's base install (a venv's python is a symlink into it) when that is
+    outside the system dirs, e.g. pyenv's `/root/.pyenv/versions/3.12.1`. Only that folder is
+    bound: nothing else of its parents (a home) becomes visible."""
+    manifest = _read_manifest(Path(env_dir)) if env_dir else None
+    base = (manifest or {}).get("base_prefix")
+    if not base or not os.path.isabs(base):
+        return []
+    real = os.path.realpath(base)
+    if any(real == p or real.startswith(p + "/") for p in SYSTEM_PREFIXES):
+        return []
+    if not os.path.isdir(real):
+        raise SandboxStartError(
+            f"environment {env_dir} was built from the Python install {base}, which is not on this node"
+        )
+    return [real]
 
 
 def build_environment(
@@ -140,33 +183,37 @@ def build_environment(
     shared: bool = False,
     npm: Sequence[str] = (),
     npm_cache: str | os.PathLike | None = None,
+    pythons: Mapping[str, str] = {},
 ) -> Path:
     """Create `root/name` as a venv with `packages` (pip) and `npm` packages; a no-op when
     built with the same lists.
 
     `find_links`/`no_index` install from a local wheelhouse (sites whose compute or login
     nodes reach no package index), and `no_index` makes npm install from `npm_cache` alone;
-    `shared` marks the root as one that nodes only read.
+    `shared` marks the root as one that nodes only read. `python` is an interpreter's path or
+    a version ("3.12", found as `sandbox.pythons.find_python` says, `pythons` the operator's
+    mapping); the manifest records the interpreter and its base install.
     """
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"bad environment name {name!r}")
     base = Path(root).resolve()
     base.mkdir(parents=True, exist_ok=True)
     target = base / name
-    wanted = _manifest(packages, python, npm)
+    interpreter = find_python(python, pythons)  # a missing one fails here, naming it
+    wanted = _manifest(packages, interpreter.executable, npm)
     if shared:
         (base / SHARED_MARK).write_text("compute nodes use these environments read-only\n")
     lock = _shared_lock if shared or is_shared_root(base) else _node_lock
     with lock(base / f".{name}.lock"):
-        if _read_manifest(target) == wanted:
+        if _built_from(_read_manifest(target)) == wanted:
             return target
         shutil.rmtree(target, ignore_errors=True)
-        subprocess.run([python, "-m", "venv", str(target)], check=True, capture_output=True)
+        subprocess.run([interpreter.executable, "-m", "venv", str(target)], check=True, capture_output=True)
         if packages:
             _pip_install(target, packages, find_links, no_index)
         if npm:
             _npm_install(target, npm, npm_cache, offline=no_index)
-        (target / MANIFEST).write_text(json.dumps(wanted))
+        (target / MANIFEST).write_text(json.dumps({**wanted, "base_prefix": interpreter.base_prefix}))
     return target
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 from sandbox import limits
 from sandbox.abstract import Runtime, RuntimeConfig, pin_server
 from sandbox.client import Sandbox, ToolClient
-from sandbox.environments import resolve_env
+from sandbox.environments import interpreter_binds, resolve_env
 from sandbox.errors import SandboxGone, SandboxStartError, SandboxTimeout
 from sandbox.handles import Handle, kill_pid, pid_alive, remove_state, wait_gone, write_handle
 from sandbox.inside import (
@@ -148,6 +148,8 @@ class SingularityRuntime(Runtime):
             argv += _bind(handle["endpoint_dir"], ENDPOINT_DIR, True)
         if env_dir:
             argv += _bind(env_dir, env_dir, True)
+            for base in interpreter_binds(env_dir):  # its python's install (pyenv's), as under bwrap
+                argv += _bind(base, base, True)
         for bind in spec.binds:
             argv += _bind(bind.host, bind.target, bind.read_only)
         return argv + [image, handle["instance"]]

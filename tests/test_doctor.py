@@ -129,3 +129,22 @@ def test_the_embedded_database_once_made_answers_and_an_impossible_home_fails(tm
     (tmp_path / "a-file").write_text("")
     impossible = check_database(Settings(home=tmp_path / "a-file" / "home", database_url=None))
     assert impossible.status == "fail" and "RAAS_HOME" in impossible.fix
+
+
+def test_the_pythons_harnesses_name_are_found_or_reported(tmp_path):
+    """OpenHands' 3.12 (pyenv's here) is found; a version no node has is a warning naming it
+    and the environment that needs it (jobs naming that harness are refused, others run)."""
+    from app.ops.doctor import check_harness_pythons
+    from sandbox.pythons import PythonMissing, find_python
+
+    registered = {"future": {"command": ["x"], "python_env": "future", "packages": ["x"], "python": "3.99"}}
+    settings = Settings(home=tmp_path, policy={"harnesses": {"registered": registered}})
+    [check] = check_harness_pythons(settings)
+    assert (check.name, check.status) == ("python 3.99", "warn")
+    assert "no Python 3.99" in check.detail and "future environment" in check.detail and "3.99" in check.fix
+    try:
+        found = find_python("3.12")
+    except PythonMissing:
+        return  # a host without 3.12: the shipped preset's line is a warning, checked above
+    [shipped] = check_harness_pythons(Settings(home=tmp_path))
+    assert (shipped.name, shipped.status) == ("python 3.12", "ok") and found.executable in shipped.detail

@@ -387,6 +387,19 @@ def _declared_npm() -> dict[str, list[str]]:
     return {name: npm for name, (_, npm) in harnesses.items() if npm}
 
 
+def _declared_pythons() -> dict[str, str]:
+    """... and the Python versions they name."""
+    from core.harnesses import harness_pythons
+
+    harnesses = load_settings().policy.harnesses
+    return harness_pythons(harnesses.registered)
+
+
+def _python_map() -> dict[str, str]:
+    """The operator's version -> interpreter mapping (`policy.harnesses.pythons`)."""
+    return dict(load_settings().policy.harnesses.pythons)
+
+
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.ops.tokens_cli import token_command
@@ -403,7 +416,12 @@ def _register_optional_commands() -> None:
     try:
         from sandbox.cli import make_env_command
 
-        main.add_command(make_env_command(_declared_pip, lambda: load_settings().envs_root, _declared_npm), "env")
+        main.add_command(
+            make_env_command(
+                _declared_pip, lambda: load_settings().envs_root, _declared_npm, _declared_pythons, _python_map
+            ),
+            "env",
+        )
     except ImportError:
         pass
     try:

@@ -192,6 +192,31 @@ def check_environments(settings: Settings) -> list[Check]:
     return out
 
 
+def check_harness_pythons(settings: Settings) -> list[Check]:
+    """Every Python version a harness registration names is found here (`sandbox.pythons`:
+    the policy's `harnesses.pythons`, else python3.X on PATH or pyenv's); a missing one only
+    warns, since jobs naming those harnesses are refused at submission, the others run."""
+    from core.harnesses import harness_pythons
+    from sandbox.pythons import PythonMissing, find_python
+
+    harnesses = settings.policy.harnesses
+    wanted: dict[str, list[str]] = {}
+    for env, version in harness_pythons(harnesses.registered).items():
+        wanted.setdefault(version, []).append(env)
+    out = []
+    for version, envs in sorted(wanted.items()):
+        name, users = f"python {version}", ", ".join(sorted(envs))
+        try:
+            found = find_python(version, harnesses.pythons)
+        except PythonMissing as exc:
+            fix = f'install Python {version}, or map it in the policy: harnesses.pythons = {{"{version}" = "/path"}}'
+            out.append(Check(name, "warn", f"{exc.message} (needed by the {users} environment)", fix))
+            continue
+        detail = f"{found.executable} (its install {found.base_prefix} is bound into sandboxes) for {users}"
+        out.append(Check(name, "ok", detail))
+    return out
+
+
 def check_database(settings: Settings) -> Check:
     """The database answers (the embedded SQLite: it exists, or the first `raas up` can make it)."""
     embedded = settings.embedded_database
@@ -359,6 +384,7 @@ def run_checks(settings: Settings) -> list[Check]:
     """Every check, in the order a node needs them."""
     checks = [check_userns(), check_glibc(), check_bwrap(settings), check_group_fork(settings), check_cgroups(settings)]
     checks += check_environments(settings)
+    checks += check_harness_pythons(settings)
     checks += [check_database(settings), check_broker(settings)]
     checks += check_llm_servers(settings)
     checks.append(check_scratch(settings))

@@ -144,15 +144,18 @@ def ensure_declared_environment(settings: Settings, name: str | None) -> None:
     if not name or os.path.isabs(name):
         return
     from agents.registry import declared_environments
-    from sandbox.environments import ensure_environment
+    from sandbox.environments import SYSTEM_PYTHON, ensure_environment
 
-    packages, npm = declared_environments().get(name), []
+    packages, npm, python = declared_environments().get(name), [], SYSTEM_PYTHON
     if packages is None:  # a registered harness's environment (operator policy)
-        from core.harnesses import harness_environments
+        from core.harnesses import harness_environments, harness_pythons
 
-        packages, npm = harness_environments(settings.policy.harnesses.registered).get(name, (None, []))
+        registered = settings.policy.harnesses.registered
+        packages, npm = harness_environments(registered).get(name, (None, []))
+        python = harness_pythons(registered).get(name, SYSTEM_PYTHON)
     if packages is not None:
-        ensure_environment(name, packages, settings.envs_root, npm=npm)
+        pythons = settings.policy.harnesses.pythons
+        ensure_environment(name, packages, settings.envs_root, python=python, npm=npm, pythons=pythons)
 
 
 def warm_pool(settings: Settings) -> Any:

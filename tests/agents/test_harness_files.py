@@ -105,9 +105,11 @@ def test_the_presets_are_registered_with_their_environments_and_render_fully() -
 
     shipped = default_harnesses()
     presets = {name: shipped[name] for name in PRESETS}
-    assert set(presets) == {"claude-code", "qwen-code", "opencode", "gemini-cli", "codex", "aider"}
+    assert set(presets) == {"claude-code", "qwen-code", "opencode", "gemini-cli", "codex", "aider", "openhands"}
+    # only OpenHands needs a newer Python than the system's (its SDK: >= 3.12)
+    assert {name: h.python for name, h in presets.items() if h.python} == {"openhands": "3.12"}
     for name, harness in presets.items():
-        # each pins its package: on npm, or on PyPI (aider)
+        # each pins its package: on npm, or on PyPI (aider, OpenHands)
         pinned = harness.npm_packages or [p for p in harness.packages if "==" in p]
         assert harness.python_env == name and pinned and "pytest" in harness.packages
         for path, template in harness.files.items():

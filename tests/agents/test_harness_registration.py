@@ -46,6 +46,8 @@ def test_the_shipped_registrations_are_valid_and_shown_without_variable_values()
         ({"python_env": "/home/me/venv"}, "python_env"),
         ({"command": []}, "command"),
         ({"shell": "sh -c x"}, "shell"),
+        ({"python": "python3.12"}, "python"),
+        ({"python": "/usr/bin/python3"}, "python"),
     ],
 )
 def test_a_bad_registration_fails_at_start_up_naming_the_field(fields, message) -> None:
@@ -69,6 +71,28 @@ def test_a_job_is_held_to_the_registrations_and_the_tenant_rules() -> None:
         check_harness(policy, "open", "swe", admin=False)
     with pytest.raises(InvalidRequest, match="not a registered name"):
         check_harness(policy, "/usr/bin/sh", "swe", admin=True)
+
+
+def test_a_harness_naming_a_python_the_node_lacks_is_refused_at_submission() -> None:
+    """Not deep in RUN: the job is refused with the version named (`sandbox.pythons`)."""
+    from agents.handlers.harness.handler import HarnessConfig, HarnessHandler
+
+    policy = Policy(harnesses={"registered": {"future": reg(python_env="future", packages=["x"], python="3.99")}})
+    config = HarnessConfig(harness="future", task="swe")
+    with pytest.raises(InvalidRequest, match=r"needs Python 3\.99: no Python 3\.99 on this node") as err:
+        HarnessHandler().check_policy(config, policy, admin=True)
+    assert err.value.details["policy"] == "policy.harnesses.pythons"
+    # a version the operator maps to an interpreter that is not there: refused the same way
+    mapped = Policy(
+        harnesses={
+            "registered": {"m": reg(python_env="m", packages=["x"], python="3.12")},
+            "pythons": {"3.12": "/nonexistent/python3.12"},
+        }
+    )
+    with pytest.raises(InvalidRequest, match="/nonexistent/python3.12"):
+        HarnessHandler().check_policy(HarnessConfig(harness="m", task="swe"), mapped, admin=True)
+    with pytest.raises(ValidationError, match="absolute path"):
+        Policy(harnesses={"pythons": {"3.12": "python3.12"}})
 
 
 def test_the_command_and_variables_are_rendered_from_the_registration_only() -> None:
@@ -114,20 +138,29 @@ def test_a_registered_harness_environment_is_built_on_first_use(monkeypatch, tmp
     from core.settings import Settings
     from tasks.sandboxing.sandboxes import ensure_declared_environment
 
-    built: list[tuple[str, list[str], list[str]]] = []
+    built: list[tuple[str, list[str], list[str], str, dict]] = []
     monkeypatch.setattr(
         sandbox.environments,
         "ensure_environment",
-        lambda name, packages, root, npm=(): built.append((name, packages, list(npm))),
+        lambda name, packages, root, python, npm=(), pythons={}: built.append(
+            (name, packages, list(npm), python, dict(pythons))
+        ),
     )
     registered = {
         "mine": reg(python_env="my-env", packages=["my-agent==1.0"]),
         "node": reg(python_env="node-env", npm_packages=["some-cli@1"]),
+        "new": reg(python_env="new-env", packages=["new-agent"], python="3.12"),
     }
-    settings = Settings(home=tmp_path, policy={"harnesses": {"registered": registered}})
+    mapping = {"3.12": "/opt/py312/bin/python3.12"}
+    settings = Settings(home=tmp_path, policy={"harnesses": {"registered": registered, "pythons": mapping}})
     ensure_declared_environment(settings, "my-env")
     ensure_declared_environment(settings, "node-env")
+    ensure_declared_environment(settings, "new-env")
     ensure_declared_environment(settings, "unknown-env")  # left to the runtime's error
-    assert built == [("my-env", ["my-agent==1.0"], []), ("node-env", [], ["some-cli@1"])]
+    assert built == [
+        ("my-env", ["my-agent==1.0"], [], "/usr/bin/python3", mapping),
+        ("node-env", [], ["some-cli@1"], "/usr/bin/python3", mapping),
+        ("new-env", ["new-agent"], [], "3.12", mapping),  # the version, found by the operator's map
+    ]
     shipped = default_harnesses()["openai-agent"].packages
     assert Path(shipped[-1], "raas_openai_agent.py").is_file()  # the example, installable

@@ -1,4 +1,4 @@
-"""The first request each preset (npm, and aider) really sends (recorded from the CLI itself, issue 36)
+"""The first request each preset (npm, aider and OpenHands) really sends (recorded from the CLI itself, issue 36)
 parses on its route: the endpoint takes what the real clients send.
 
 The bodies and headers in tests/fixtures/harness-requests/ were captured by running each preset's
@@ -55,6 +55,25 @@ def test_aiders_first_request_offers_no_tools_and_asks_for_search_replace_blocks
     assert [m["role"] for m in call.messages[:2]] == ["system", "user"] and len(call.messages) == 12
     last = str(call.messages[-1]["content"])
     assert call.messages[-1]["role"] == "user" and last.startswith(TASK) and "<<<<<<< SEARCH" in last
+
+
+def test_openhands_first_request_offers_its_terminal_and_file_editor_unstreamed() -> None:
+    """OpenHands (the SDK's Agent through LiteLLM's `openai` provider, Python 3.12): one plain
+    Chat call, not streamed, with its four tools and text parts as content."""
+    from agents.harness import openai_wire
+
+    request = recorded("openhands")
+    assert request["path"] == "/v1/chat/completions" and request["headers"]["Authorization"] == "Bearer raas-token"
+    assert request["headers"]["X-Stainless-Runtime-Version"].startswith("3.12")
+    call = openai_wire.parse_request(request["body"])
+    assert call.stream is False and request["body"]["reasoning_effort"] == "high"
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in call.tools or []}
+    assert set(tools) == {"terminal", "file_editor", "finish", "think"}
+    # what the scripted replies of tests/agents/test_harness_openhands.py call them with
+    assert tools["terminal"]["required"] == ["command"] and tools["file_editor"]["required"] == ["command", "path"]
+    assert "str_replace" in tools["file_editor"]["properties"]["command"]["enum"]
+    assert [m["role"] for m in call.messages] == ["system", "user"]
+    assert call.messages[-1]["content"] == [{"type": "text", "text": TASK + "\n"}]
 
 
 @pytest.mark.parametrize(

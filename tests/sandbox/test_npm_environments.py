@@ -59,7 +59,8 @@ def test_a_node_environment_is_a_venv_with_its_npm_programs_first_on_path(node_e
 
 def test_a_python_environment_keeps_its_path_and_manifest(tmp_path) -> None:
     env = build_environment("plain", [], root=tmp_path)
-    assert json.loads(Path(env, "raas-env.json").read_text()) == {"packages": [], "python": "/usr/bin/python3"}
+    manifest = json.loads(Path(env, "raas-env.json").read_text())
+    assert manifest == {"packages": [], "python": "/usr/bin/python3", "base_prefix": "/usr"}
     assert sandbox_env(SandboxSpec(workspace="/w"), str(env))["PATH"].startswith(f"{env}/bin:/usr/local/sbin")
 
 

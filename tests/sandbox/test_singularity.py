@@ -175,3 +175,24 @@ def test_a_model_endpoint_folder_is_bound_read_only(fake_rt, workspace, tmp_path
     spec = SandboxSpec(workspace=workspace, image=image, model_endpoint=True)
     argv = rt.start_argv(spec, handle, image, None)
     assert argv[argv.index(f"{tmp_path}/ep:/run/raas-model:ro") - 1] == "--bind"
+
+
+def test_an_environments_python_install_is_bound_read_only_beside_it(fake_rt, workspace, tmp_path):
+    """Issue 36: a venv of pyenv's 3.12 needs its base install too; the same bind as bwrap's
+    (that folder only), and none for the system python's."""
+    import json
+
+    rt, image = fake_rt
+    (tmp_path / "sock").mkdir()
+    base = tmp_path / "pyenv" / "versions" / "3.12.1"
+    base.mkdir(parents=True)
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "raas-env.json").write_text(json.dumps({"packages": [], "python": "x", "base_prefix": str(base)}))
+    handle = {"socket_dir": str(tmp_path / "sock"), "instance": "raas-abc"}
+    argv = rt.start_argv(SandboxSpec(workspace=workspace, image=image), handle, image, str(env))
+    assert argv[argv.index(f"{base}:{base}:ro") - 1] == "--bind"
+    assert argv[argv.index(f"{env}:{env}:ro") - 1] == "--bind"
+    (env / "raas-env.json").write_text(json.dumps({"packages": [], "python": "x", "base_prefix": "/usr"}))
+    argv = rt.start_argv(SandboxSpec(workspace=workspace, image=image), handle, image, str(env))
+    assert not any("/usr" in a for a in argv if ":" in a)

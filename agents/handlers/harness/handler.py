@@ -87,7 +87,18 @@ class HarnessHandler(AgentHandler):
         from core.policy import check_harness
 
         cfg: HarnessConfig = config  # type: ignore[assignment]
-        check_harness(policy, cfg.harness, cfg.task, admin)
+        harness = check_harness(policy, cfg.harness, cfg.task, admin)
+        if harness.python is not None:  # at submission, not deep in RUN: the nodes lack it too
+            from sandbox.pythons import PythonMissing, find_python
+
+            try:
+                find_python(harness.python, policy.harnesses.pythons)
+            except PythonMissing as exc:
+                raise InvalidRequest(
+                    f"agent_config.harness: harness {cfg.harness!r} needs Python {harness.python}: {exc}",
+                    field="agent_config.harness",
+                    policy="policy.harnesses.pythons",
+                ) from None
 
     def check_instance(self, config: HandlerConfig, instance: dict[str, Any]) -> None:
         """The instance must be one the task kind's handler accepts."""
