@@ -49,6 +49,7 @@ FILE_SECONDS = {
     # this round's whole-service files, from their own runs (2026-12-06, load ~8): aider's
     # includes building its environment on a clean clone (~100 s)
     "tests/agents/test_harness_aider.py": 150,
+    "tests/agents/test_harness_openhands.py": 200,  # its Python 3.12 environment: ~200 s cold
     "tests/agents/test_checkpoint_pipeline.py": 110,
     "tests/agents/test_harness_replay_pipeline.py": 80,
     "tests/test_job_pause.py": 60,
