@@ -157,7 +157,7 @@ def _built_from(manifest: dict | None) -> dict | None:
 def interpreter_binds(env_dir: str | os.PathLike | None) -> list[str]:
     """Host folders a sandbox must also see, read-only at the same path, for `env_dir`'s python
     to run: its interpreter's base install (a venv's python is a symlink into it) when that is
-    outside the system dirs, e.g. pyenv's `/root/.pyenv/versions/3.12.1`. Only that folder is
+    outside the system dirs, e.g. pyenv's `~/.pyenv/versions/3.12.x`. Only that folder is
     bound: nothing else of its parents (a home) becomes visible."""
     manifest = _read_manifest(Path(env_dir)) if env_dir else None
     base = (manifest or {}).get("base_prefix")

@@ -106,8 +106,9 @@ def test_the_sandbox_runs_the_environments_python_and_sees_no_more_of_its_home(s
     assert "top secret" not in sb.bash(f"cat {home_secret}").output
     listing = sb.bash(f"ls -A {home}").output.split()
     assert listing == [Path(found.base_prefix).relative_to(home).parts[0]], listing  # ".pyenv" alone
-    if os.path.isdir("/root/.ssh"):
-        assert sb.bash("ls /root/.ssh").exit_code != 0
+    ssh = os.path.join(os.path.expanduser("~"), ".ssh")
+    if os.path.isdir(ssh):
+        assert sb.bash(f"ls {ssh}").exit_code != 0
     # read-only, like the environment
     assert sb.bash(f"touch {found.base_prefix}/evil").exit_code != 0
     assert not os.path.exists(f"{found.base_prefix}/evil")
