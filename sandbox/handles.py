@@ -42,12 +42,32 @@ def state_root(override: str | os.PathLike | None = None) -> Path:
     return root
 
 
+# A handle's temporary file (`write_handle`) older than this was left by a writer killed
+# between its write and its rename: a live writer renames within milliseconds.
+STALE_TEMP_SECONDS = 10.0
+
+
 def write_handle(handle: Handle) -> None:
     """Persist a handle atomically next to its socket directory."""
     path = Path(handle["handle_file"])
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(handle, indent=1))
     os.replace(tmp, path)
+
+
+def remove_stale_temps(root: Path, older_than: float = STALE_TEMP_SECONDS) -> int:
+    """Delete the temporary handle files (`<id>.tmp`) of writers killed between the write and
+    the rename (a SIGKILLed INIT worker mid-start: its intent record may never have become a
+    handle, so no sweep of handles would find it); how many."""
+    removed, now = 0, time.time()
+    for path in root.glob("*.tmp"):
+        try:
+            if now - path.stat().st_mtime > older_than:
+                path.unlink()
+                removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 def write_intent(handle: Handle) -> None:
@@ -178,3 +198,7 @@ def remove_state(handle: Handle) -> None:
             os.unlink(handle[key])
         except (OSError, KeyError):
             pass
+    try:  # a rewrite of the handle cut short by a kill
+        os.unlink(Path(handle["handle_file"]).with_suffix(".tmp"))
+    except (OSError, KeyError):
+        pass

@@ -138,9 +138,13 @@ class Sweeps:
         many sandboxes were stopped."""
         try:
             from sandbox import list_sandboxes
-            from sandbox.handles import orphaned, unclaimed
+            from sandbox.handles import orphaned, remove_stale_temps, state_root, unclaimed
         except ImportError:
             return 0
+        try:  # half-written handles of starters killed mid-write
+            remove_stale_temps(state_root(self.settings.sandbox_dir))
+        except OSError:
+            pass
         # Only sandboxes of this deployment: their workspaces live under our workspace root.
         # Another raas (or a re-evaluation) on the same node is none of our business.
         root = str(self.settings.workspaces) + "/"

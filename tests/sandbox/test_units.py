@@ -165,3 +165,26 @@ def test_bwrap_and_singularity_hand_the_server_the_same_command_line(state_dir, 
         5,
     )
     assert singularity_server.socket == "/run/raas/tool.sock"
+
+
+def test_half_written_handles_of_killed_starters_are_swept(tmp_path) -> None:
+    """A starter SIGKILLed between writing `<id>.tmp` and renaming it leaves the temp file (its
+    intent record may never have become a handle): the sweep removes temps older than a live
+    writer could take, never a fresh one, never a handle; `remove_state` takes a handle's."""
+    import json
+    import os
+    import time
+
+    from sandbox.handles import STALE_TEMP_SECONDS, remove_stale_temps, remove_state
+
+    old, fresh, handle = tmp_path / "dead.tmp", tmp_path / "live.tmp", tmp_path / "kept.json"
+    for path in (old, fresh, handle):
+        path.write_text("{}")
+    then = time.time() - STALE_TEMP_SECONDS - 5
+    os.utime(old, (then, then))
+    os.utime(handle, (then, then))
+    assert remove_stale_temps(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "live.tmp"]
+    remove_state({"handle_file": str(tmp_path / "live.json")})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    assert json.loads(handle.read_text()) == {}
