@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from core.models import Rollout, Turn
@@ -53,7 +53,7 @@ class RecoveryCost:
 
 def rollout_cost(attempt: int, turns: Iterable[Any]) -> RecoveryCost:
     """The cost for a rollout now on `attempt`, from its logged turns of every attempt (rows
-    with `attempt`, `index`, `extra` and `generated_ids`)."""
+    with `attempt`, `index`, `extra`, and `n_generated` or `generated_ids`)."""
     by_key = {(t.attempt, t.index): t for t in turns}
     cost = RecoveryCost(rollouts_retried=int(attempt > 1))
     if not by_key:
@@ -79,7 +79,10 @@ def rollout_cost(attempt: int, turns: Iterable[Any]) -> RecoveryCost:
         generated = (turn.extra or {}).get("replayed_from_attempt") is None
         if generated and key not in used:
             cost.regenerated_turns += 1
-            cost.regenerated_tokens += len(turn.generated_ids or ())
+            counted = getattr(turn, "n_generated", None)
+            cost.regenerated_tokens += (
+                counted if counted is not None else len(getattr(turn, "generated_ids", None) or ())
+            )
     return cost
 
 
@@ -94,9 +97,17 @@ def job_cost(s: Session, job_id: str) -> RecoveryCost:
         return total
     turns: dict[str, list[Any]] = defaultdict(list)
     ids = list(retried)
+    # the token counts, not the tokens: a job page refreshes every few seconds, and a node lost
+    # under a thousand long rollouts would otherwise ship every generated id to the gateway
+    ids_column = Turn.generated_ids
+    if s.get_bind().dialect.name == "postgresql":  # jsonb; a JSON null is no array there
+        length = case((func.jsonb_typeof(ids_column) == "array", func.jsonb_array_length(ids_column)), else_=0)
+    else:  # SQLite: 0 for a JSON null, NULL for SQL's
+        length = func.json_array_length(ids_column)
+    n_generated = func.coalesce(length, 0).label("n_generated")
     for start in range(0, len(ids), 500):
         rows = s.execute(
-            select(Turn.rollout_id, Turn.attempt, Turn.index, Turn.extra, Turn.generated_ids).where(
+            select(Turn.rollout_id, Turn.attempt, Turn.index, Turn.extra, n_generated).where(
                 Turn.rollout_id.in_(ids[start : start + 500])
             )
         ).all()
