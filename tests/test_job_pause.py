@@ -93,5 +93,15 @@ def test_pause_and_resume_answer_clearly(tmp_path):
             # resuming a job that is not paused changes nothing
             again = http.post(f"/v1/jobs/{job.job_id}/resume")
             assert again.status_code == 200 and again.json()["status"] == "done"
+        # the command line, with the dashboard's short id
+        from click.testing import CliRunner
+
+        from raas_client.cli import pause, resume
+
+        short = job.job_id[:12]
+        refused = CliRunner().invoke(pause, [short, "--url", svc.url])
+        assert refused.exit_code != 0 and "nothing to pause" in refused.output
+        said = CliRunner().invoke(resume, [short, "--url", svc.url])
+        assert said.exit_code == 0 and said.output.startswith(f"{job.job_id}  done  1/1"), said.output
     finally:
         svc.stop()

@@ -403,7 +403,7 @@ def _python_map() -> dict[str, str]:
 def _register_optional_commands() -> None:
     """Commands owned by other packages (client, sandbox envs, LLM simulator)."""
     from app.ops.tokens_cli import token_command
-    from raas_client.cli import branch, llm, results, status, submit
+    from raas_client.cli import branch, cancel, llm, pause, results, resume, status, submit
     from raas_client.weights_cli import weights
 
     main.add_command(token_command)
@@ -411,7 +411,7 @@ def _register_optional_commands() -> None:
 
     main.add_command(validate_command)
 
-    for command in (submit, results, status, branch, llm, weights):
+    for command in (submit, results, status, pause, resume, cancel, branch, llm, weights):
         main.add_command(command)
     try:
         from sandbox.cli import make_env_command

@@ -286,6 +286,39 @@ def status(job_id: str | None, url: str) -> None:
             click.echo(f"{j.job_id}  {j.agent:<10} {j.status:<10} {j.finished}/{j.n_rollouts}  {j.outcomes}")
 
 
+def _job_action(action: str, job_id: str, url: str) -> None:
+    """Pause, resume or cancel a job (JOB_ID or a unique prefix of it); print one line."""
+    with gateway(url) as client:
+        job = find_job(client, job_id)
+        view = getattr(client, action)(job.job_id)
+        reason = f" ({view.pause_reason})" if view.pause_reason else ""
+        click.echo(f"{view.job_id}  {view.status}{reason}  {view.finished}/{view.n_rollouts}  {view.counts}")
+
+
+@click.command()
+@click.argument("job_id")
+@url_option
+def pause(job_id: str, url: str) -> None:
+    """Pause a job: its queued rollouts wait unclaimed, started ones finish."""
+    _job_action("pause", job_id, url)
+
+
+@click.command()
+@click.argument("job_id")
+@url_option
+def resume(job_id: str, url: str) -> None:
+    """Resume a paused job: its waiting rollouts are queued again."""
+    _job_action("resume", job_id, url)
+
+
+@click.command()
+@click.argument("job_id")
+@url_option
+def cancel(job_id: str, url: str) -> None:
+    """Cancel a job: queued rollouts never start, running ones stop at their next turn."""
+    _job_action("cancel", job_id, url)
+
+
 @click.command()
 @click.argument("rollout_id")
 @click.option("--turn", "-k", type=int, required=True, help="0-based turn of the rollout the branches continue after")
@@ -384,5 +417,5 @@ def main() -> None:
     """Trainer-side raas commands (the server's `raas` command carries the same ones)."""
 
 
-for _command in (submit, results, status, branch, llm):
+for _command in (submit, results, status, pause, resume, cancel, branch, llm):
     main.add_command(_command)
