@@ -52,11 +52,14 @@ def test_a_paused_job_starts_nothing_until_resumed(tmp_path, backend):
 
         # what had started finishes; nothing else starts, for longer than the stale-queue sweep's
         # `requeue_after` (3 s here) with the reaper running
-        wait_for(
-            lambda: svc.client.job(job.job_id).counts.get("pending", 0) == 2 * N - started, 30, "started ones done"
-        )
+        def in_flight() -> int:
+            counts = svc.client.job(job.job_id).counts
+            return sum(counts.get(stage, 0) for stage in ("init", "run", "eval"))
+
+        wait_for(lambda: in_flight() == 0, 30, "the started rollouts to finish")
         held = _started(svc, job.job_id)
-        assert held <= started + 1  # at most the claim racing the pause's commit
+        assert held <= started + 1  # at most the one INIT slot's claim racing the pause's commit
+        assert svc.client.job(job.job_id).counts.get("pending", 0) == 2 * N - held
         time.sleep(svc.settings.requeue_after + 3)
         assert _started(svc, job.job_id) == held
         paused = svc.client.job(job.job_id)
