@@ -38,7 +38,8 @@ from agents.llm import parse_tool_calls
 from agents.llm.replay import prompt_digest, replay_turns
 from agents.loop_replay import replay_into_sandbox
 from agents.time_split import SessionClock, TimeSplit
-from agents.tools import Tool, ToolOutput, call_tool, describe_tools
+from agents.prompt_fit import prompt_messages
+from agents.tools import Tool, ToolOutput, call_tool
 from core.errors import ResumeError, StageTimeout
 from core.models import Outcome
 from sandbox.errors import SandboxError
@@ -237,15 +238,6 @@ def _loop_state(ctx: RunContext, ep: _Episode) -> dict[str, Any]:
 
 def _prompt_messages(ctx: RunContext, system_prompt: str, user_prompt: str, tools: list[Tool]) -> list[dict[str, Any]]:
     return prompt_messages(system_prompt, user_prompt, tools, _template_renders_tools(ctx.llm))
-
-
-def prompt_messages(
-    system_prompt: str, user_prompt: str, tools: list[Tool], template_renders_tools: bool
-) -> list[dict[str, Any]]:
-    """System + user messages; the tool list goes in the system prompt if the template can't."""
-    if tools and not template_renders_tools:
-        system_prompt = f"{system_prompt.rstrip()}\n\n{describe_tools(tools)}"
-    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_prompt}]
 
 
 def _template_renders_tools(llm: Any) -> bool:

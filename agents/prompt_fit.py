@@ -16,7 +16,7 @@ from typing import Any
 from agents.abstract import AgentHandler, HandlerConfig
 from agents.llm.spec import LLMSpec
 from agents.llm.tokenizer import load_chat_tokenizer, server_max_model_len
-from agents.loop import prompt_messages
+from agents.tools import Tool, describe_tools
 from core.errors import InvalidRequest
 
 
@@ -62,3 +62,13 @@ def check_prompts_fit(
                 f"room to generate in a context of {limit} tokens ({why})",
                 field=f"instances[{index}]",
             )
+
+
+def prompt_messages(
+    system_prompt: str, user_prompt: str, tools: list[Tool], template_renders_tools: bool
+) -> list[dict[str, Any]]:
+    """System + user messages; the tool list goes in the system prompt if the template can't
+    (the loop's first prompt, and what a submission's fit check renders)."""
+    if tools and not template_renders_tools:
+        system_prompt = f"{system_prompt.rstrip()}\n\n{describe_tools(tools)}"
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_prompt}]

@@ -57,3 +57,47 @@ def rollout_context(
 def eval_context(base: RolloutContext, rollout: Rollout) -> EvalContext:
     """EVAL's context (and re-evaluation's): the record and artifact RUN stored on the row."""
     return base.for_eval(stored_record(rollout), rollout.artifact)
+
+
+def llm_session(
+    settings: Settings,
+    config: JobConfig,
+    handler: AgentHandler,
+    job: Job,
+    db_url: str,
+    lease: str,
+    claimed: Any,
+    parts: Any,
+) -> Any:
+    """A RUN's LLM session on the job's typed llm spec and sampling, its pool statements retried
+    through a database outage (None when the handler generates nothing)."""
+    if not handler.needs_llm:
+        return None
+    from agents.llm import LLMSession
+    from agents.llm.spec import LLMSpec
+    from core.owners import url_rules_for
+    from tasks.llm.llm_pool import PoolMemory, make_pool
+    from tasks.writes import db_retry
+    from tasks.writes.turn_log import TurnLog
+
+    spec = config.llm or LLMSpec()
+    pool = db_retry.Retrying(
+        make_pool(
+            spec,
+            db_url,
+            claimed.id,
+            lease,
+            job.owner,
+            claimed=claimed,
+            writes=parts.get(TurnLog),
+            memory=parts.get(PoolMemory),
+        )
+    )
+    return LLMSession.open(
+        spec,
+        config.sampling,
+        claimed.id,
+        pool,
+        policy=settings.policy.llm,
+        url_rules=url_rules_for(settings, job.owner),
+    )

@@ -35,10 +35,10 @@ from core.errors import (
     StageTimeout,
 )
 from core.models import Job, Outcome, Status
-from tasks.writes import db_retry, groups, lifecycle, terminal
+from tasks.writes import groups, lifecycle, terminal
 from tasks.recovery import drain, handback, resume
 from tasks.sandboxing import checkpoints, grading, group_layers, sandboxes
-from tasks.contexts import eval_context, rollout_context
+from tasks.contexts import eval_context, llm_session, rollout_context
 from tasks.broker.config import TASK_NAMES
 from tasks.process.parts import ProcessParts
 from tasks.recovery.handback import LiveQueues
@@ -162,7 +162,9 @@ class StageRun:
             # workspace shown at the path they were logged in (the `local` runtime, with no
             # mount namespace, cannot: there a replay meets another path, which a branch refuses)
             if runtime != "local" or self.rollout.parent_rollout_id is not None:
-                options.update(resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replays_logged()))
+                options.update(
+                    resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replayable(calls=True))
+                )
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
@@ -196,13 +198,19 @@ class StageRun:
             sandbox,
             # the path the agent is shown (a branch's is its parent's: `workspace_inside`)
             (handle or {}).get("workspace_inside") or (handle or {}).get("workspace"),
-            llm=self._llm_session(),
+            llm=llm_session(
+                self.settings, self.config, self.handler, self.job, self.db, self.lease, self.rollout, self.parts
+            ),
             record_turn=turns.record,
             settle_turns=turns.settle,
             resume_turns=resume_turns,
             diagnose=guard.diagnose,
             # a drain hands back at a turn boundary only what a new attempt can replay
-            **({"turn_boundary": self._turn_boundary()} if self._replayable() else {}),
+            **(
+                {"turn_boundary": drain.TurnBoundary(self.settings.node, self.parts.get(drain.Intake))}
+                if self._replayable()
+                else {}
+            ),
             checkpoints=checkpoints.for_run(self.settings, self.rollout_id, self.attempt, handle, self.config.resume)
             if self._checkpointed()
             else None,
@@ -230,60 +238,14 @@ class StageRun:
         artifact = self.handler.artifact(dataclasses.replace(ctx, workspace=(handle or {}).get("workspace")), result)
         self._hand_on("eval", **run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
         sandboxes.release(handle)  # the workspace: its artifact is stored
-        if self._checkpointed():  # no resume restores a RUN that is over
-            checkpoints.remove(self.settings, self.rollout_id)
-
-    def _turn_boundary(self) -> drain.TurnBoundary:
-        return drain.TurnBoundary(self.settings.node, self.parts.get(drain.Intake))
+        checkpoints.remove(self.settings, self.rollout_id)  # no resume restores a RUN that is over
 
     def _checkpointed(self) -> bool:
         """Whether this job's rollouts save workspace checkpoints (`resume.checkpoints`)."""
         return self._replayable() and self.config.resume.checkpoints
 
-    def _replayable(self) -> bool:
-        """Whether a new attempt of this rollout would replay its logged turns (a branch's
-        always do: `tasks.recovery.resume.turns_to_resume`)."""
-        branch = self.rollout.parent_rollout_id is not None
-        return self.handler.resumable and (self.config.resume.replay or branch)
-
-    def _replays_logged(self) -> bool:
-        """Whether this attempt's RUN replays logged turns (a loop's tool calls) or answers logged
-        calls (a harness's model calls): then its workspace is shown at their path."""
-        branch = self.rollout.parent_rollout_id is not None
-        replays = self.handler.resumable or self.handler.replays_calls
-        return replays and (self.config.resume.replay or branch)
-
-    def _llm_session(self) -> Any:
-        """The rollout's LLM session on the job's typed llm spec and sampling (None when the
-        handler generates nothing)."""
-        if not self.handler.needs_llm:
-            return None
-        from agents.llm import LLMSession
-        from agents.llm.spec import LLMSpec
-        from core.owners import url_rules_for
-        from tasks.llm.llm_pool import PoolMemory, make_pool
-
-        spec = self.config.llm or LLMSpec()
-        pool = db_retry.Retrying(
-            make_pool(
-                spec,
-                self.db,
-                self.rollout_id,
-                self.lease,
-                self.job.owner,
-                claimed=self.rollout,
-                writes=self.parts.get(TurnLog),
-                memory=self.parts.get(PoolMemory),
-            )
-        )
-        return LLMSession.open(
-            spec,
-            self.config.sampling,
-            self.rollout_id,
-            pool,
-            policy=self.settings.policy.llm,
-            url_rules=url_rules_for(self.settings, self.job.owner),
-        )
+    def _replayable(self, calls: bool = False) -> bool:
+        return resume.replays(self.handler, self.config, self.rollout, calls)
 
     def _end_ungraded(self, result: Trajectory) -> None:
         """End at RUN: a prompt that does not fit (reward null, not a sample), a harness the

@@ -109,6 +109,15 @@ def turns_to_resume(db_url: str, rollout: Any, attempt: int, replay: bool) -> li
     return own or None
 
 
+def replays(handler: Any, config: Any, rollout: Any, calls: bool = False) -> bool:
+    """Whether a new attempt of this rollout replays its logged turns (the loop's tool calls;
+    with `calls`, a harness's logged model calls too): the job's `resume.replay`, and always
+    for a branch (`turns_to_resume`)."""
+    branch = getattr(rollout, "parent_rollout_id", None) is not None
+    kind = handler.resumable or (calls and handler.replays_calls)
+    return bool(kind) and (config.resume.replay or branch)
+
+
 def replayed_workspace(db_url: str, rollout: Any, attempt: int, replay: bool) -> dict[str, Any]:
     """The sandbox option of an attempt that will replay logged turns: its workspace shown at
     the path those turns were logged in (`workspace_inside`), so a prompt that names the
