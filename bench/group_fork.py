@@ -158,7 +158,9 @@ class Group:
         ctx = self.ctx(k)
         options = sandboxes.merged_options(self.config.sandbox, self.handler.sandbox_overrides(ctx))
         if self.forked:
-            sb, handle = group_layers.sample_sandbox(self.settings, self.handler, ctx, self.job_id, options, "bwrap", 1)
+            sb, handle = group_layers.sample_sandbox(
+                self.settings, self.handler, ctx, self.job_id, options, "bwrap", 1, self.n
+            )
             started = handle["fork_seconds"]
             ctx = ctx.with_sandbox(sb, handle["workspace"])
             self.handler.init_fork(ctx)

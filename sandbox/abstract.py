@@ -58,6 +58,11 @@ class Runtime(ABC):
         here, or None when it can."""
         return f"the {cls.name} runtime does not mount overlays"
 
+    def fork_slots_unavailable_reason(self) -> str | None:
+        """Why this runtime cannot start fork slots (`SandboxSpec.fork_slot`: a warm fork whose
+        layer is named at its claim) here, or None when it can."""
+        return f"the {self.name} runtime has no fork slots"
+
     @abstractmethod
     def start(self, spec: SandboxSpec, label: str = "") -> Sandbox:
         """Start a sandbox for `spec`; returns it once its tool server answers."""
@@ -98,6 +103,8 @@ class Runtime(ABC):
         }
         if spec.overlay is not None:
             handle["overlay"] = spec.overlay.model_dump()
+        if spec.fork_slot is not None:  # becomes "overlay" at the claim (sandbox.pool)
+            handle["fork_slot"] = spec.fork_slot.model_dump()
         if spec.workspace_inside is not None:  # what the agent is shown (RUN's ctx.workspace)
             handle["workspace_inside"] = spec.workspace_inside
         if spec.model_endpoint:

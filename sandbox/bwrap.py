@@ -64,6 +64,17 @@ MASKED_DIRS = ("/etc/ssl/private", "/etc/ssh", "/etc/sudoers.d", "/etc/credstore
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # Run by root before bwrap: stage the binds where an unprivileged uid reaches them, drop to it.
 LAUNCH_AS = str(Path(__file__).resolve().parent / "launch_as.py")
+# What overlayfs' mounter holds in the sandbox's user namespace (bwrap mounts its own overlays
+# with all of them): a fork slot's mounter keeps them, its server lowers them at once.
+FORK_SLOT_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_MKNOD",
+    "CAP_SETPCAP",
+)
 IMAGE_SKIP = {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "srv", "lost+found"}
 
 
@@ -257,6 +268,13 @@ class BwrapRuntime(Runtime):
         """None when bwrap mounts overlays here, as this process's sandboxes run (tried once)."""
         return _overlay_probe(unprivileged_uid(SandboxSettings()) if os.geteuid() == 0 else None)
 
+    def fork_slots_unavailable_reason(self) -> str | None:
+        """None when this runtime starts fork slots here: isolated tools (the server holds
+        CAP_SYS_ADMIN, its tool sessions nothing) and overlays that bwrap mounts."""
+        if not self.settings.isolate_tools:
+            return "tools are not isolated (sandbox isolate_tools is off)"
+        return self.overlay_unavailable_reason()
+
     def build_argv(self, spec: SandboxSpec, handle: Handle, env_dir: str | None, server_flags: list[str]) -> list[str]:
         """The full bwrap command line for one sandbox (its environment set inside only)."""
         binary = bwrap_binary()
@@ -279,6 +297,11 @@ class BwrapRuntime(Runtime):
         if self.settings.isolate_tools:  # for isolate.py only: tool sessions run without it
             argv += ["--cap-add", "CAP_SYS_ADMIN"]
             server_flags = [*server_flags, "--isolate"]
+        if spec.fork_slot is not None:  # the claim's mounter keeps them, the server drops them
+            if not self.settings.isolate_tools:
+                raise SandboxStartError("a fork slot needs isolated tools (sandbox isolate_tools)")
+            argv += [x for cap in FORK_SLOT_CAPS for x in ("--cap-add", cap)]
+            server_flags = [*server_flags, "--fork-slot"]
         uid = unprivileged_uid(self.settings)
         staged: list[str] = []
 
@@ -368,6 +391,8 @@ class BwrapRuntime(Runtime):
                 give_workspace(spec.workspace, uid)  # what the host wrote after: hand_over
                 if spec.overlay is not None:
                     give_fork(spec.workspace, spec.overlay.work, uid)
+                if spec.fork_slot is not None:
+                    give_fork(spec.workspace, spec.fork_slot.work, uid)
                 if spec.model_endpoint:  # 0700: the sandbox's user alone reaches the socket
                     os.chown(handle["endpoint_dir"], uid, uid)
             env_dir = resolve_env(spec.python_env, self.settings.envs_root)

@@ -184,6 +184,11 @@ class Sandbox:
         """Kill every tool process (shell, Python, their children); the next call starts fresh."""
         self._call("reset", {})
 
+    def attach_layer(self, layer: str, timeout: float = 10.0) -> None:
+        """A fork slot's claim: its workspace becomes a copy-on-write fork of `layer` (a folder
+        of the layers folder it was started with); raises SandboxError when it cannot."""
+        self.client.call("attach", {"layer": layer}, timeout)
+
     def ping(self, timeout: float = 5.0) -> Pong:
         """Round trip to the tool server; raises SandboxGone/SandboxTimeout if it cannot answer."""
         return p.decode(Pong, self.client.call("ping", {}, timeout))

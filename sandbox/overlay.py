@@ -165,6 +165,24 @@ def remove_tree(path: str | os.PathLike) -> None:
 def workspace_mount(spec: SandboxSpec, reach: Callable[[str], str]) -> list[str]:
     """The workspace bound read-write, or a fork's overlay: the shared lower read-only, the
     fork folder staged as one source (overlayfs wants upper and work on one mount)."""
+    if spec.fork_slot is not None:  # staged for the claim's mount (toolserver/attach.py)
+        from sandbox.toolserver.attach import FOLDER, LAYERS
+
+        folder = os.path.dirname(spec.workspace)
+        if os.path.dirname(spec.fork_slot.work) != folder:
+            raise SandboxStartError(
+                "a fork slot's work dir must sit beside its workspace (sandbox.overlay.fork_folder)"
+            )
+        return [
+            "--ro-bind",
+            reach(spec.fork_slot.layers),
+            LAYERS,
+            "--bind",
+            reach(folder),
+            FOLDER,
+            "--dir",
+            spec.inner_workspace,
+        ]
     if spec.overlay is None:
         return ["--bind", reach(spec.workspace), spec.inner_workspace]
     folder = os.path.dirname(spec.workspace)

@@ -16,9 +16,13 @@ moves that work off the critical path: a claim relabels a sandbox that is alread
   after `idle_s` without a request. Runtimes outside `POOLABLE` (Singularity may pull an
   image at start) and callers that bring their own workspace always start cold.
 - **Forks.** A claim that names a prepared layer (`lower`, a GRPO group's: `sandbox.overlay`)
-  asks for a shape of forks of it: members started on fork folders (upper layer + work dir)
-  over that layer, so a group's samples after the first in a process start warm. A fork shape
-  is dropped as soon as its layer is gone (removed when its group is past RUN).
+  takes a *fork slot* where the runtime has them (bwrap with isolated tools): a member started
+  on a fork folder (upper layer + work dir) before any layer is known, with the layers folder
+  (the layer's parent) staged inside; the claim names the layer and the member mounts it
+  (`toolserver/attach.py`, a few milliseconds). One shape serves every group of a node, so
+  it stays warm across groups, and a group asks for it while its layer is being prepared
+  (`want`). Elsewhere the shape is forks of that one layer, started once the layer exists (a
+  group's samples after the first in a process start warm) and dropped with the layer.
 - **Isolation first.** A member is handed out once: popped under the lock, checked alive,
   relabelled on disk before it is returned; nothing ever puts it back (its rollout's release
   stops it). No tool call reaches a member before its claim (the tool server starts bash and
@@ -47,10 +51,11 @@ from pathlib import Path
 from sandbox.abstract import Runtime
 from sandbox.node import get_runtime, is_alive, stop_handle
 from sandbox.client import Sandbox
+from sandbox.errors import SandboxError
 from sandbox.handles import POOL_LABEL, Handle, pid_alive, write_handle
 from sandbox.settings import SandboxSettings
 from sandbox.overlay import fork_folder, remove_tree
-from sandbox.spec import Overlay, SandboxOptions, SandboxSpec
+from sandbox.spec import ForkSlot, Overlay, SandboxOptions, SandboxSpec
 from sandbox.toolserver.procs import start_time
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,8 @@ class _Shape:
     options: SandboxOptions
     runtime: str
     lower: str | None = None  # forks of this prepared layer (`sandbox.overlay`)
+    layers: str | None = None  # fork slots over this layers folder (`sandbox.fork_slot`)
+    groups: dict[str, list[float]] = field(default_factory=dict)  # group -> [forks to come, asked at]
     ready: deque[tuple[float, Handle]] = field(default_factory=deque)  # (ready at, handle)
     starting: int = 0
     wanted_at: float = field(default_factory=time.monotonic)
@@ -73,16 +80,18 @@ class _Shape:
     claims: int = 0
 
 
-def shape_key(options: SandboxOptions, runtime: str, lower: str | None = None) -> str:
+def shape_key(options: SandboxOptions, runtime: str, lower: str | None = None, layers: str | None = None) -> str:
     """One string per shape: the runtime plus every option (the workspace is not one), and
-    the layer a fork's workspace is copy-on-write over."""
+    the layer a fork's workspace is copy-on-write over, or the layers folder of fork slots."""
     key = [runtime, options.model_dump(mode="json")] + ([lower] if lower else [])
+    key += [{"fork_slots": layers}] if layers else []
     return json.dumps(key, sort_keys=True)
 
 
 def slot_of(handle: Handle) -> str:
     """A member's slot folder: its workspace, or a fork's folder (upper layer + work dir)."""
-    return os.path.dirname(handle["workspace"]) if handle.get("overlay") else handle["workspace"]
+    forked = handle.get("overlay") or handle.get("fork_slot")
+    return os.path.dirname(handle["workspace"]) if forked else handle["workspace"]
 
 
 def claim_file(workspace: str | os.PathLike) -> Path:
@@ -122,6 +131,16 @@ def remove_slot(workspace: str | os.PathLike) -> None:
         pass
 
 
+def ensure_layers_folder(layers: str) -> None:
+    """The layers folder fork slots bind, made if new and searchable by a sandbox uid that is
+    not its owner (root's sandboxes run as nobody: their mounter looks a layer up by name in
+    it; 0711 lets it do that and no more)."""
+    os.makedirs(layers, exist_ok=True)
+    info = os.stat(layers)
+    if info.st_uid == os.geteuid() and info.st_mode & 0o011 != 0o011:
+        os.chmod(layers, (info.st_mode & 0o7777) | 0o011)
+
+
 class WarmPool:
     """Keeps `size` ready sandboxes per recently wanted shape; one per process that starts
     sandboxes (a pool belongs to its process: its members die with it, see the module doc)."""
@@ -135,8 +154,9 @@ class WarmPool:
         idle_s: float = 300.0,
         max_age_s: float = 900.0,
         runtimes: Callable[[str], Runtime] | None = None,
+        max_slots: int = 16,
     ) -> None:
-        self.settings, self.size = settings, size
+        self.settings, self.size, self.max_slots = settings, size, max_slots
         self.slots_dir = Path(slots_dir)
         self.max_shapes, self.idle_s, self.max_age_s = max_shapes, idle_s, max_age_s
         self._runtimes: dict[str, Runtime] = {}
@@ -148,19 +168,25 @@ class WarmPool:
         self.pid = os.getpid()
 
     # -- claims ---------------------------------------------------------------------------
-    def claim(self, options: SandboxOptions, runtime: str, label: str, lower: str | None = None) -> Sandbox | None:
+    def claim(
+        self, options: SandboxOptions, runtime: str, label: str, lower: str | None = None, group: str | None = None
+    ) -> Sandbox | None:
         """A ready sandbox of this shape relabelled for `label`, or None (start cold); a miss
-        asks the filler for the shape. With `lower`: a fork of that prepared layer."""
-        if self.size <= 0 or self._closed:
+        asks the filler for the shape. With `lower`: a fork of that prepared layer, for one
+        sample of `group` (whose count of forks to come, see `want`, goes down by one)."""
+        found = self._shape_for(options, runtime, lower)
+        if found is None:
             return None
-        if runtime == "auto":  # as what it resolves to on this node
-            runtime = self._runtime(runtime).name
-        if runtime not in POOLABLE:
-            return None
-        key = shape_key(options, runtime, lower)
+        key, runtime, layers = found
+        counted = False
         while True:
             with self._lock:
-                shape = self._want(key, options, runtime, lower)
+                shape = self._want(key, options, runtime, None if layers else lower, layers)
+                if not counted and group in shape.groups:
+                    counted = True
+                    shape.groups[group][0] -= 1
+                    if shape.groups[group][0] <= 0:
+                        del shape.groups[group]
                 if not shape.ready:
                     shape.misses += 1
                     self._lock.notify_all()
@@ -168,34 +194,85 @@ class WarmPool:
                 _, handle = shape.ready.popleft()
                 shape.claims += 1
                 self._lock.notify_all()  # one to make up
+            if layers is not None:  # a fork slot: mounted now, or a cold start (never retried)
+                return self._hand_out(handle, label, os.path.normpath(lower or ""))
             sandbox = self._hand_out(handle, label)
             if sandbox is not None:
                 return sandbox
 
-    def _want(self, key: str, options: SandboxOptions, runtime: str, lower: str | None = None) -> _Shape:
+    def want(self, options: SandboxOptions, runtime: str, layers: str, group: str = "", samples: int = 1) -> None:
+        """Ask ahead for fork slots over the folder `layers`: a group's samples ask while its
+        layer is prepared or waited for, so they find their slots started. The first ask of a
+        `group` counts its `samples` forks to come (each claim takes one off): the shape keeps
+        that many more than `size` ready until they are claimed or `idle_s` passes, at most
+        `max_slots`. Nothing where forks are started per layer (they need the layer first)."""
+        found = self._shape_for(options, runtime, os.path.join(layers, "-"))
+        if found is None or found[2] is None:
+            return
+        ensure_layers_folder(found[2])
+        with self._lock:
+            shape = self._want(found[0], options, found[1], None, found[2])
+            if group and group not in shape.groups:
+                shape.groups[group] = [samples, time.monotonic()]
+            elif group:
+                shape.groups[group][1] = time.monotonic()
+            self._lock.notify_all()
+
+    def _shape_for(
+        self, options: SandboxOptions, runtime: str, lower: str | None
+    ) -> tuple[str, str, str | None] | None:
+        """(shape key, runtime, layers folder of fork slots or None), or None: no pool here.
+        A fork of `lower` takes a fork slot over its parent folder where the runtime has them."""
+        if self.size <= 0 or self._closed:
+            return None
+        if runtime == "auto":  # as what it resolves to on this node
+            runtime = self._runtime(runtime).name
+        if runtime not in POOLABLE:
+            return None
+        if lower is not None and self._runtime(runtime).fork_slots_unavailable_reason() is None:
+            layers = os.path.dirname(os.path.normpath(lower))
+            return shape_key(options, runtime, layers=layers), runtime, layers
+        return shape_key(options, runtime, lower), runtime, None
+
+    def _want(
+        self, key: str, options: SandboxOptions, runtime: str, lower: str | None = None, layers: str | None = None
+    ) -> _Shape:
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = _Shape(options, runtime, lower)
+            shape = self._shapes[key] = _Shape(options, runtime, lower, layers)
             self._start_filler()
         shape.wanted_at = time.monotonic()
         return shape
 
-    def _hand_out(self, handle: Handle, label: str) -> Sandbox | None:
+    def _hand_out(self, handle: Handle, label: str, layer: str | None = None) -> Sandbox | None:
         """Relabel a popped member for its rollout (the claim file first, then the handle),
         or stop it and return None when its processes are gone (checked in /proc: a ping
-        would wait for the sandbox to be scheduled; an idle server that runs answers)."""
+        would wait for the sandbox to be scheduled; an idle server that runs answers). A fork
+        slot first mounts `layer` (its handle then names the overlay as a cold fork's does);
+        one that cannot is stopped too (its rollout starts cold)."""
         if not (is_alive(handle) and pid_alive(handle.get("server_pid"), handle.get("server_start"))):
             log.warning("pooled sandbox %s is gone: not handed out", handle["id"])
             self._discard(handle)
             return None
+        sandbox = Sandbox(handle, stop_handle)
+        if layer is not None:
+            try:
+                sandbox.attach_layer(os.path.basename(layer))
+            except SandboxError as exc:
+                log.warning("fork slot %s could not take layer %s: %s", handle["id"], layer, exc)
+                sandbox.close()
+                self._discard(handle)
+                return None
+            handle["overlay"] = {"lower": layer, "work": handle.pop("fork_slot")["work"]}
         try:
             claim_file(slot_of(handle)).write_text(label)
             handle.update(label=label, claimed=time.time())
             write_handle(handle)
         except BaseException:  # e.g. a full disk: neither handed out nor left in the pool
+            sandbox.close()
             self._discard(handle)
             raise
-        return Sandbox(handle, stop_handle)
+        return sandbox
 
     # -- the filler -----------------------------------------------------------------------
     def _start_filler(self) -> None:
@@ -223,7 +300,10 @@ class WarmPool:
         for key, shape in list(self._shapes.items()):
             while shape.ready and now - shape.ready[0][0] > self.max_age_s:
                 stale.append(shape.ready.popleft()[1])
-            if now - shape.wanted_at > self.idle_s or (shape.lower and not os.path.isdir(shape.lower)):
+            gone = (shape.lower and not os.path.isdir(shape.lower)) or (
+                shape.layers and not os.path.isdir(shape.layers)
+            )
+            if now - shape.wanted_at > self.idle_s or gone:
                 stale += [handle for _, handle in shape.ready]
                 shape.ready.clear()
                 if not shape.starting:
@@ -233,10 +313,19 @@ class WarmPool:
             stale += [handle for _, handle in shape.ready]
             shape.ready.clear()
         for key, shape in wanted[: self.max_shapes]:
-            if now - shape.wanted_at <= self.idle_s and len(shape.ready) + shape.starting < self.size:
+            if now - shape.wanted_at <= self.idle_s and len(shape.ready) + shape.starting < self._target(shape, now):
                 shape.starting += 1
                 return (key, shape), stale
         return (None, stale) if stale else None
+
+    def _target(self, shape: _Shape, now: float) -> int:
+        """Members a shape keeps ready: `size`, plus a fork slot per fork its groups still
+        have to take (groups not asked about for `idle_s` are forgotten), at most `max_slots`."""
+        for group, (_, asked) in list(shape.groups.items()):
+            if now - asked > self.idle_s:
+                del shape.groups[group]
+        to_come = sum(int(left) for left, _ in shape.groups.values())
+        return self.size + min(to_come, max(0, self.max_slots - self.size))
 
     def _fill(self, key: str, shape: _Shape) -> None:
         """Start one member of `shape` (outside the lock) and file it as ready."""
@@ -265,7 +354,11 @@ class WarmPool:
         runtime = self._runtime(shape.runtime)
         slot = self.slots_dir / f"pool-{self.pid}.{start_time(self.pid)}-{uuid.uuid4().hex[:12]}"
         try:
-            if shape.lower:  # a fork: its folder holds the upper layer and the work dir
+            if shape.layers:  # a fork slot: its layer is mounted at its claim
+                ensure_layers_folder(shape.layers)
+                workspace, work = fork_folder(slot)
+                fork = {"fork_slot": ForkSlot(layers=shape.layers, work=work)}
+            elif shape.lower:  # a fork: its folder holds the upper layer and the work dir
                 workspace, work = fork_folder(slot)
                 fork = {"overlay": Overlay(lower=shape.lower, work=work)}
             else:

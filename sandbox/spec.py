@@ -113,6 +113,24 @@ class Overlay(BaseModel):
         return os.path.normpath(value)
 
 
+class ForkSlot(BaseModel):
+    """A fork started before its layer is known (`sandbox/toolserver/attach.py`): the node's
+    layers folder and the slot's fork folder are staged inside, and the workspace becomes a
+    copy-on-write fork of one folder of `layers` when the sandbox is claimed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: str = Field(description="Absolute host dir whose folders are prepared layers")
+    work: str = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
+
+    @field_validator("layers", "work")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not os.path.isabs(value):
+            raise ValueError(f"fork slot path {value!r} must be absolute")
+        return os.path.normpath(value)
+
+
 class SandboxSpec(SandboxOptions):
     """Everything a runtime needs to start one sandbox (never chosen by a job as a whole:
     the fields below SandboxOptions' are the service's)."""
@@ -133,6 +151,12 @@ class SandboxSpec(SandboxOptions):
         None,
         description="Make the workspace a private copy-on-write layer over a prepared folder "
         "(runtimes whose `overlay_unavailable_reason` is None)",
+    )
+
+    fork_slot: ForkSlot | None = Field(
+        None,
+        description="Start as a fork slot: the workspace is a fork of a layer named at the claim "
+        "(bwrap with isolated tools: `Runtime.fork_slots_unavailable_reason`)",
     )
 
     @property

@@ -168,7 +168,14 @@ class StageRun:
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
-                    self.settings, self.handler, self.ctx, self.job.id, options, runtime, self.attempt
+                    self.settings,
+                    self.handler,
+                    self.ctx,
+                    self.job.id,
+                    options,
+                    runtime,
+                    self.attempt,
+                    self.job.n_samples,
                 )
             else:
                 sb, handle = sandboxes.start(self.settings, options, self.rollout_id, self.attempt, runtime)

@@ -60,6 +60,7 @@ def test_doctor_passes_on_a_working_node(tmp_path, pg_url):
     assert checks["cgroups"]["status"] in ("ok", "warn")
     # this kernel mounts overlayfs in a user namespace: groups fork copy-on-write
     assert checks["group fork"]["status"] == "ok" and checks["group fork"]["detail"].startswith("overlay")
+    assert "fork slots: the warm pool starts forks before their layer" in checks["group fork"]["detail"]
     # nothing built in this fresh home: a node that may build says it will, with the command
     assert checks["environment math"]["status"] == "warn"
     assert "raas env build math --package numpy" in checks["environment math"]["fix"]

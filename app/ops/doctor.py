@@ -135,13 +135,33 @@ def check_group_fork(settings: Settings) -> Check:
 
     runtime = settings.sandbox_runtime
     if fork_mode(runtime) == "overlay":
-        return Check("group fork", "ok", f"overlay: samples fork their group's layer copy-on-write ({runtime})")
+        slots = fork_slots_refusal(settings, runtime)
+        warm = (
+            "fork slots: the warm pool starts forks before their layer, a claim mounts it"
+            if slots is None
+            else f"no fork slots ({slots}): each sample's fork starts cold"
+        )
+        return Check("group fork", "ok", f"overlay: samples fork their group's layer copy-on-write ({runtime}); {warm}")
     return Check(
         "group fork",
         "warn",
         f"copy: each sample gets a copy of its group's layer (reflinks where the filesystem has them): {why(runtime)}",
         "a kernel >= 5.11 mounts overlayfs in user namespaces; with bwrap >= 0.11 forks cost no disk",
     )
+
+
+def fork_slots_refusal(settings: Settings, runtime: str) -> str | None:
+    """Why the pool cannot start fork slots (`sandbox/toolserver/attach.py`) here, or None."""
+    from sandbox import get_runtime
+    from sandbox.errors import SandboxError
+    from tasks.sandboxing.sandboxes import sandbox_settings
+
+    if runtime == "none":
+        return "no sandboxes"
+    try:
+        return get_runtime(runtime, sandbox_settings(settings)).fork_slots_unavailable_reason()
+    except SandboxError as exc:  # an unusable runtime is another check's failure
+        return str(exc)
 
 
 def check_cgroups(settings: Settings) -> Check:

@@ -89,6 +89,13 @@ class WriteFileRequest:
 
 
 @dataclass
+class AttachRequest:
+    """Make a fork slot's workspace a copy-on-write fork of one layer (toolserver/attach.py)."""
+
+    layer: str
+
+
+@dataclass
 class Empty:
     """A request or result without fields."""
 
@@ -112,6 +119,7 @@ OPS: dict[str, tuple[type, type]] = {
     "reset": (Empty, Empty),
     "ping": (Empty, Pong),
     "shutdown": (Empty, Empty),
+    "attach": (AttachRequest, Empty),
 }
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from . import protocol as p
+from .attach import ForkSlot
 from .bash import BashSession
 from .editor import Editor
 from .procs import become_subreaper, kill_descendants, reap_orphans
@@ -28,7 +29,7 @@ _CONTROL_ENV = ("PYTHONPATH", "RAAS_TOOLSERVER")
 class ToolServer:
     """Owns the sessions and dispatches typed requests to them."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, fork_slot: ForkSlot | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _CONTROL_ENV}
         self.started = time.monotonic()
         wrap = isolating_prefix() if args.isolate else []
@@ -36,12 +37,18 @@ class ToolServer:
         self.python = PythonSession(args.python, env, args.workdir, args.output_bytes, args.address_space, wrap)
         self.editor = Editor(args.workspace)
         self.stopping = threading.Event()
+        self.fork_slot = fork_slot
+        self._attach_lock = threading.Lock()
 
     def handle(self, op: str, args: Any) -> Any:
         """Run one request; raises WireError subclasses for typed failures."""
         if op not in p.OPS:
             raise p.BadRequest(f"unknown op {op!r}")
         request = p.decode(p.OPS[op][0], args)
+        if op == "attach":
+            return self.attach(request.layer)
+        if self.fork_slot is not None and self.fork_slot.attached is None and op not in ("ping", "shutdown"):
+            raise p.BadRequest(f"{op!r} before the fork slot's layer is attached: the workspace is not there yet")
         if op == "bash":
             return self.bash.run(request.command, request.timeout)
         if op == "python":
@@ -61,6 +68,17 @@ class ToolServer:
             self.stopping.set()
             return p.Empty()
         return p.Pong(p.PROTOCOL_VERSION, os.getpid(), time.monotonic() - self.started)
+
+    def attach(self, layer: str) -> p.Empty:
+        """A fork slot's one attach (its claim): the workspace becomes the layer's fork."""
+        if self.fork_slot is None:
+            raise p.BadRequest("this sandbox is not a fork slot")
+        with self._attach_lock:
+            try:
+                self.fork_slot.attach(layer)
+            except (OSError, ValueError) as exc:
+                raise p.BadRequest(f"attach {layer!r}: {exc}") from None
+        return p.Empty()
 
     def close_sessions(self) -> None:
         """Kill the shell, the Python worker and everything they started (even setsid'd)."""
@@ -170,6 +188,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--isolate", action="store_true", help="run tool sessions in a pid namespace below the server's"
     )
+    parser.add_argument(
+        "--fork-slot",
+        action="store_true",
+        help="the workspace is mounted by a later `attach` (toolserver/attach.py); needs --isolate",
+    )
     return parser.parse_args(argv)
 
 
@@ -177,6 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     """Listen, signal readiness on --ready-fd, serve until shutdown, then kill the sessions."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s toolserver %(message)s")
     args = parse_args(argv)
+    fork_slot = None
+    if args.fork_slot:  # first: single-threaded, and before the capabilities are lowered
+        fork_slot = ForkSlot(args.workspace)
+        fork_slot.prepare()
     block_signals()  # before any thread: the recorder thread alone takes them
     start_recorder(args.signal_fd)
     _apply_limits(args)
@@ -186,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     server = _listen(args)
     become_subreaper()
     _not_dumpable()
-    server.tools = ToolServer(args)  # type: ignore[attr-defined]
+    server.tools = ToolServer(args, fork_slot)  # type: ignore[attr-defined]
     threading.Thread(target=_reaper, args=(server.tools,), daemon=True).start()
     if args.ready_fd >= 0:
         os.write(args.ready_fd, b"ready\n")

@@ -241,18 +241,28 @@ def _prepare(settings: Settings, row: GroupLayer, token: str, prepare: Any) -> L
 
 
 def sample_sandbox(
-    settings: Settings, handler: Any, ctx: Any, job_id: str, options: dict[str, Any], runtime: str, attempt: int
+    settings: Settings,
+    handler: Any,
+    ctx: Any,
+    job_id: str,
+    options: dict[str, Any],
+    runtime: str,
+    attempt: int,
+    samples: int = 1,
 ) -> tuple[Any, dict[str, Any]]:
-    """A group sample's sandbox: a fork of its group's layer, prepared first if nobody has."""
+    """A group sample's sandbox: a fork of its group's layer, prepared first if nobody has
+    (meanwhile this process's pool starts fork slots for the group's `samples`)."""
     rollout_id = ctx.rollout_id
+    group = f"{job_id}/{ctx.instance_id}"
 
     def prepare(path: str) -> str:
         prepare_layer(settings, handler, ctx, options, runtime, attempt, path)
         return fork_mode(runtime)
 
+    sandboxes.want_forks(settings, options, runtime, layers_root(settings), group, samples)
     layer = layer_for(settings, ctx, job_id, prepare)
     started = time.monotonic()
-    sb, handle = sandboxes.start_fork(settings, options, rollout_id, attempt, runtime, layer.path, layer.mode)
+    sb, handle = sandboxes.start_fork(settings, options, rollout_id, attempt, runtime, layer.path, layer.mode, group)
     # which layer, and how long this sample's start took once the layer was there
     handle.update(group_layer=layer.id, fork_seconds=round(time.monotonic() - started, 6))
     return sb, handle

@@ -177,7 +177,13 @@ def close_warm_pools() -> None:
 
 
 def claim(
-    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str, lower: str | None = None
+    settings: Settings,
+    options: dict[str, Any],
+    rollout_id: str,
+    attempt: int,
+    runtime: str,
+    lower: str | None = None,
+    group: str | None = None,
 ) -> tuple[Any, dict[str, Any]] | None:
     """A warm sandbox for the rollout from this process's pool, or None when the pool holds
     none of this shape (the miss teaches the pool the shape). Its slot folder is the
@@ -191,8 +197,23 @@ def claim(
         return None
     ensure_declared_environment(settings, options.get("python_env"))
     fields = spec_fields(settings, options, runtime)
-    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}", lower=lower)
+    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}", lower, group)
     return (sb, sb.handle) if sb is not None else None
+
+
+def want_forks(
+    settings: Settings, options: dict[str, Any], runtime: str, layers: Path, group: str, samples: int
+) -> None:
+    """Ask this process's pool ahead for fork slots of this shape over the node's `layers`
+    folder (`WarmPool.want`): a group's sample asks while its layer is prepared or waited
+    for, and the group's first ask here counts its `samples` forks to come."""
+    from sandbox import SandboxOptions
+
+    if runtime == "none" or options.get("model_endpoint") or options.get("workspace_inside"):
+        return
+    ensure_declared_environment(settings, options.get("python_env"))
+    fields = spec_fields(settings, options, runtime)
+    warm_pool(settings).want(SandboxOptions(**fields), runtime, str(layers), group, samples)
 
 
 def start(
@@ -228,7 +249,14 @@ def start(
 
 
 def start_fork(
-    settings: Settings, options: dict[str, Any], rollout_id: str, attempt: int, runtime: str, lower: str, mode: str
+    settings: Settings,
+    options: dict[str, Any],
+    rollout_id: str,
+    attempt: int,
+    runtime: str,
+    lower: str,
+    mode: str,
+    group: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """A group sample's sandbox over its group's prepared `lower` folder: a copy-on-write
     overlay (mode "overlay": its own folder `<rollout>-<attempt>-fork` holds the upper layer
@@ -239,8 +267,8 @@ def start_fork(
         workspace = workspace_for(settings, rollout_id, attempt)
         copy_lower(lower, str(workspace))
         return start(settings, options, rollout_id, attempt, runtime, workspace=workspace)
-    warm = claim(settings, options, rollout_id, attempt, runtime, lower=lower)
-    if warm is not None:  # a fork of this layer the pool started ahead (its second use on)
+    warm = claim(settings, options, rollout_id, attempt, runtime, lower=lower, group=group)
+    if warm is not None:  # a fork slot, or a fork of this layer the pool started ahead
         return warm
     upper, work = fork_folder(settings.workspaces / f"{rollout_id}-{attempt}-fork")
     forked = {**options, "overlay": {"lower": lower, "work": work}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -39,16 +40,18 @@ def workspace(tmp_path) -> str:
 
 
 def pytest_generate_tests(metafunc) -> None:
-    """The attack tests run on cold sandboxes, on sandboxes claimed from a warm pool and on
-    forks of a prepared layer (copy-on-write workspaces): isolation must hold for all alike."""
+    """The attack tests run on cold sandboxes, on sandboxes claimed from a warm pool, on
+    forks of a prepared layer (copy-on-write workspaces) and on fork slots claimed over one
+    (started before the layer, mounted at the claim): isolation must hold for all alike."""
     if metafunc.module.__name__.endswith("test_security") and "start" in metafunc.fixturenames:
-        metafunc.parametrize("start_mode", ["cold", "pooled", "forked"])
+        metafunc.parametrize("start_mode", ["cold", "pooled", "forked", "slot"])
 
 
 @pytest.fixture
 def start_mode() -> str:
-    """How `start` makes sandboxes: "cold" (a runtime's start), "pooled" (a claim) or
-    "forked" (a bwrap sandbox whose workspace is a copy-on-write layer over a prepared one)."""
+    """How `start` makes sandboxes: "cold" (a runtime's start), "pooled" (a claim),
+    "forked" (a bwrap sandbox whose workspace is a copy-on-write layer over a prepared one)
+    or "slot" (a fork slot claimed from a warm pool over that layer)."""
     return "cold"
 
 
@@ -71,6 +74,8 @@ def start(state_dir, workspace, start_mode, tmp_path) -> Iterator:
             sandbox = pools[-1].claim(options, runtime, label)
             assert sandbox is not None and sandbox.label == label
             return sandbox
+        if start_mode == "slot" and "workspace" not in fields and runtime == "bwrap":
+            return claim_slot(pools, SandboxOptions(**fields), state_dir, tmp_path, label)
         if start_mode == "forked" and "workspace" not in fields and runtime == "bwrap":
             fields.update(fork_fields(tmp_path / f"fork-{len(forks)}", shared_lower(tmp_path)))
             forks.append(fields["workspace"])
@@ -82,6 +87,20 @@ def start(state_dir, workspace, start_mode, tmp_path) -> Iterator:
         pool.close()
     for handle in list_sandboxes(state_dir, include_dead=True):
         stop_handle(handle)
+
+
+def claim_slot(pools: list[WarmPool], options: SandboxOptions, state_dir: str, tmp_path, label: str) -> Sandbox:
+    """A fork slot over `shared_lower`, started by a warm pool before the claim names it."""
+    lower = shared_lower(tmp_path)
+    pools.append(WarmPool(SandboxSettings(state_dir=state_dir), tmp_path / "slots", 1))
+    pools[-1].want(options, "bwrap", os.path.dirname(lower))
+    end = time.monotonic() + 60
+    while pools[-1].stats()["ready"] < 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    sandbox = pools[-1].claim(options, "bwrap", label, lower=lower)
+    assert sandbox is not None and sandbox.label == label and "fork_slot" not in sandbox.handle
+    assert sandbox.handle["overlay"]["lower"] == lower
+    return sandbox
 
 
 def shared_lower(tmp_path) -> str:

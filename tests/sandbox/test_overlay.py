@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import SandboxOptions, SandboxSettings, SandboxStartError, get_runtime, stop_handle
+from sandbox.bwrap import unprivileged_uid
+from sandbox.handles import give_workspace
 from sandbox.overlay import copy_lower, remove_tree, settle
 from sandbox.pool import WarmPool, remove_slot, slot_of
 from sandbox.workspace import disk_usage, walk
@@ -123,11 +125,21 @@ def test_the_warm_pool_starts_forks_of_a_layer_ahead(tmp_path, state_dir):
         stop_handle(sb.handle)
         remove_slot(slot_of(sb.handle))
         assert not Path(slot_of(sb.handle)).exists()
-        remove_tree(lower)  # the group is past RUN: its fork shape goes, members and all
-        end = time.monotonic() + 30
-        while pool.stats()["shapes"] > 1 and time.monotonic() < end:
-            time.sleep(0.1)
-        assert pool.stats()["shapes"] == 1
+        remove_tree(lower)  # the group is past RUN: the next group's layer takes a slot too
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "NEXT").write_text("next group\n")
+        uid = unprivileged_uid(SandboxSettings())
+        if uid is not None:
+            give_workspace(str(other), uid)
+        end = time.monotonic() + 60
+        while pool.stats()["ready"] < 1 and time.monotonic() < end:
+            time.sleep(0.05)
+        nxt = pool.claim(SandboxOptions(), "bwrap", "r:3", lower=str(other))
+        assert nxt is not None and nxt.bash("cat NEXT; ls").output == "next group\nNEXT\n"
+        nxt.stop()
+        stop_handle(nxt.handle)
+        remove_slot(slot_of(nxt.handle))
     finally:
         pool.close()
 

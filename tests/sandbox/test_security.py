@@ -292,11 +292,18 @@ def test_no_nested_user_namespaces(bw):
     assert reason, r.output
 
 
-def test_tool_socket_is_out_of_reach_inside(bw):
+def test_tool_socket_is_out_of_reach_inside(bw, start_mode):
     """The host binds the socket in its own state dir and passes it in: nothing to move."""
     assert bw.handle["server_pid"] and bw.handle["server_start"]
     r = bw.bash("ls -A /run; find / -xdev -type s 2>/dev/null | head; echo done")
-    assert "raas" not in r.output and "tool.sock" not in r.output and r.output.endswith("done\n")
+    # a fork slot's two staging points (the layers folder, its fork folder) stay as names,
+    # each covered by an empty, read-only tmpfs the agent can neither read nor unmount
+    staged = ("raas-fork", "raas-layers") if start_mode == "slot" else ()
+    seen = " ".join(x for x in r.output.split() if x not in staged)
+    assert "raas" not in seen and "tool.sock" not in r.output and r.output.endswith("done\n")
+    for name in staged:
+        covered = bw.bash(f"ls -A /run/{name}; umount /run/{name}; touch /run/{name}/x; ls -A /run/{name}")
+        assert "Permission denied" in covered.output and "must be superuser" in covered.output, covered.output
     # the tools run in a pid namespace below the server's: it has no pid they could use
     assert bw.bash("echo $PPID").output == "0\n"
     # where the kernel leaves the outer /proc visible (a root service), the server is
