@@ -59,8 +59,15 @@ def divergences(exc: BaseException) -> dict[str, Any]:
     return {"replay_divergences": found} if found else {}
 
 
-def run_fields(result: Trajectory) -> dict[str, Any]:
-    """RUN's record as the rollout's columns (a handler that set no outcome completed)."""
+INIT_METRICS = ("sandbox_start",)  # what INIT measured, kept beside RUN's metrics
+
+
+def run_fields(result: Trajectory, before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """RUN's record as the rollout's columns (a handler that set no outcome completed); the
+    metrics INIT saved on the row (`before`) are kept."""
     fields = record_fields(result)
     fields["outcome"] = fields["outcome"] or Outcome.COMPLETED.value
+    kept = {k: v for k, v in (before or {}).items() if k in INIT_METRICS}
+    if kept:
+        fields["metrics"] = {**kept, **(fields.get("metrics") or {})}
     return fields

@@ -166,6 +166,7 @@ class StageRun:
                     resume.replayed_workspace(self.db, self.rollout, self.attempt, self._replayable(calls=True))
                 )
             forked = group_layers.wanted(self.config, self.handler, runtime, self.job.n_samples)
+            asked = time.monotonic()
             if forked:  # the group's layer, prepared once per node, forked copy-on-write
                 sb, handle = group_layers.sample_sandbox(
                     self.settings,
@@ -180,7 +181,10 @@ class StageRun:
             else:
                 sb, handle = sandboxes.start(self.settings, options, self.rollout_id, self.attempt, runtime)
             self.rollout.sandbox = handle  # released by _end if anything below fails
-            if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle):
+            # how the sandbox came (a warm claim, a fork slot, a cold start) and what it cost
+            started = sandboxes.start_metric(handle, handle.get("fork_seconds", time.monotonic() - asked))
+            metrics = {**(self.rollout.metrics or {}), "sandbox_start": started}
+            if not lifecycle.save(self.db, self.rollout_id, self.lease, sandbox=handle, metrics=metrics):
                 sandboxes.release(handle)
                 return
             self.ctx = self.ctx.with_sandbox(sb, handle.get("workspace"))
@@ -243,7 +247,13 @@ class StageRun:
             return
         # read from the dead workspace, on the host
         artifact = self.handler.artifact(dataclasses.replace(ctx, workspace=(handle or {}).get("workspace")), result)
-        self._hand_on("eval", **run_fields(result), artifact=artifact, state=ctx.state, run_seconds=self._elapsed())
+        self._hand_on(
+            "eval",
+            **run_fields(result, self.rollout.metrics),
+            artifact=artifact,
+            state=ctx.state,
+            run_seconds=self._elapsed(),
+        )
         sandboxes.release(handle)  # the workspace: its artifact is stored
         checkpoints.remove(self.settings, self.rollout_id)  # no resume restores a RUN that is over
 
@@ -259,7 +269,7 @@ class StageRun:
         endpoint refused or that never started (infra_error, reward null), a sandbox the agent
         broke or a deadline its own actions ran out (agent_error, reward 0); the trajectory is
         kept either way."""
-        fields = run_fields(result)
+        fields = run_fields(result, self.rollout.metrics)
         outcome = fields.pop("outcome")
         if outcome == Outcome.PROMPT_TOO_LONG.value:
             reward = None

@@ -275,6 +275,15 @@ def start_fork(
     return start(settings, forked, rollout_id, attempt, runtime, workspace=Path(upper))
 
 
+def start_metric(handle: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """A rollout's `metrics.sandbox_start`: how INIT got its sandbox ("fork slot": a warm
+    fork mounted at the claim, "fork": a fork started cold, "warm": a pooled claim, "cold")
+    and the milliseconds it took (a fork's from the moment its group's layer was ready)."""
+    forked, claimed = bool(handle.get("overlay")), bool(handle.get("claimed"))
+    kind = ("fork slot" if claimed else "fork") if forked else ("warm" if claimed else "cold")
+    return {"kind": kind, "ms": round(seconds * 1000, 1)}
+
+
 def hand_over(handle: dict[str, Any] | None) -> None:
     """Give the host's writes into a running sandbox's workspace to the sandbox's uid."""
     if handle:

@@ -72,6 +72,14 @@ def test_forked_group_rewards_equal_the_unforked_ones(service, llm) -> None:
         assert not s.execute(select(GroupLayer).where(GroupLayer.job_id == plain.job_id)).first()
         rows = s.execute(select(Rollout.sandbox).where(Rollout.job_id == forked.job_id)).all()
         assert rows
+    # the samples took fork slots the INIT processes' pools started while the layer was made
+    starts = [r.metrics["sandbox_start"] for r in service.all_results(forked.job_id)]
+    assert sum(x["kind"] == "fork slot" for x in starts) >= N, starts
+    assert all(x["kind"] in ("fork slot", "fork") and x["ms"] >= 0 for x in starts), starts
+    assert {x["kind"] for x in (r.metrics["sandbox_start"] for r in service.all_results(plain.job_id))} <= {
+        "warm",
+        "cold",
+    }
     # the reaper removes each layer once its group is past RUN; nothing of it stays on disk
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
