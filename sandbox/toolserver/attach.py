@@ -102,6 +102,12 @@ def _mounter(requests: int, replies: int, workspace: str) -> None:
     try:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        for fd in range(3, 1024):  # the server's (its listening socket, ready pipe): not ours
+            if fd not in (requests, replies):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         with os.fdopen(requests, "rb") as pipe:
