@@ -15,7 +15,9 @@ Both paths run in this one process, through the pipeline's own functions and the
 `--workers` INIT threads take the n samples, as an INIT pool's slots would. Each sample then
 changes one file, so "disk per sample" is a checkout (unforked) vs its own change (forked).
 CPU counts this process, its reaped children (git) and every sandbox's processes, warm-pool
-members included (read from /proc just before each is stopped). The warm pool runs as in a
+members included (read from /proc just before each is stopped; the CPU of those reads, a walk
+of all of /proc per sandbox, is the bench's and is left out; a sandbox whose bwrap this process
+reaped is in its children's CPU too, and is taken off there). The warm pool runs as in a
 worker (`--pool`, default 2 per shape; 0: every start cold) and is closed between groups, so
 each group pays for the members started on its behalf.
 """
@@ -102,13 +104,18 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.by_sandbox: dict[str, float] = {}
+        self.pids: dict[str, int] = {}  # the sandbox's bwrap: a child of this process
+        self.overhead = 0.0  # this process's CPU spent reading /proc here: the bench's, not INIT's
         self.lock = threading.Lock()
 
     def snap(self, handle: dict | None) -> None:
         if handle and handle.get("pid"):
-            cpu = tree_cpu({handle["pid"]})
+            t0 = time.thread_time()
+            cpu = tree_cpu({handle["pid"]})  # walks all of /proc per sandbox
             with self.lock:
                 self.by_sandbox[handle["id"]] = max(cpu, self.by_sandbox.get(handle["id"], 0.0))
+                self.pids[handle["id"]] = handle["pid"]
+                self.overhead += time.thread_time() - t0
 
     def wrap(self, module, name: str) -> None:
         real = getattr(module, name)
@@ -121,6 +128,20 @@ class CpuMeter:
 
     def total(self) -> float:
         return sum(self.by_sandbox.values())
+
+    def reaped(self) -> float:
+        """CPU of the metered sandboxes whose bwrap this process has reaped (reaping those
+        that exited): the kernel added it to this process's children's CPU too, so it is
+        taken off there and counted once, in `total`."""
+        gone = 0.0
+        for sid, pid in self.pids.items():
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue  # still running: not in the children's CPU
+            except ChildProcessError:
+                pass  # reaped already (by subprocess' cleanup)
+            gone += self.by_sandbox[sid]
+        return gone
 
 
 METER = CpuMeter()
@@ -177,7 +198,8 @@ class Group:
 
     def run(self, workers: int) -> dict:
         METER.by_sandbox.clear()
-        cpu0, t0 = own_cpu(), time.monotonic()
+        METER.pids.clear()
+        cpu0, t0, overhead0 = own_cpu(), time.monotonic(), METER.overhead
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(self.sample, range(self.n)))
         wall = time.monotonic() - t0
@@ -185,7 +207,8 @@ class Group:
             METER.snap(handle)  # the group's and the pool members started on its behalf
         sandboxes.close_warm_pools()
         sandbox_cpu = METER.total()
-        cpu = own_cpu() - cpu0 + sandbox_cpu
+        counted_twice = METER.reaped()
+        cpu = own_cpu() - cpu0 - counted_twice - (METER.overhead - overhead0) + sandbox_cpu
         for h in self.handles:  # the agent's work: one file changed per sample
             sb = sandboxes.attach(self.settings, h)
             assert sb.bash("echo '# changed' >> pkg1/sub1/mod1.py").exit_code == 0
