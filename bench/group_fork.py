@@ -6,12 +6,14 @@ Run (prints a table, then the JSON; about a minute):
 
 A real repository of `--files` generated source files (a git repo with history, served from a
 repository mirror as a `owner__name.git` bare repo, as SWE-bench slugs are) is the instance.
-Both paths run in this one process, through the pipeline's own functions and the swe handler:
+The paths run in this one process, through the pipeline's own functions and the swe handler:
 - `unforked` (the baseline, `sandbox.group_fork: false`): each sample's INIT starts its sandbox
   (`tasks.sandboxing.sandboxes.start`) and runs `SWEHandler.init` (clone + checkout at the base commit);
 - `forked`: each sample's INIT goes through `tasks.sandboxing.group_layers.sample_sandbox` (a real SQLite
   `group_layers` row; the first sample prepares the layer, the others wait for it) and runs
-  `SWEHandler.init_fork`.
+  `SWEHandler.init_fork`; its sandbox is a fork slot the pool started while the layer was made;
+- `forked, cold forks`: the same without fork slots (the path before them: each sample's fork is
+  a bwrap start once its layer is there).
 `--workers` INIT threads take the n samples, as an INIT pool's slots would. Each sample then
 changes one file, so "disk per sample" is a checkout (unforked) vs its own change (forked).
 CPU counts this process, its reaped children (git) and every sandbox's processes, warm-pool
@@ -25,6 +27,7 @@ each group pays for the members started on its behalf.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -228,6 +231,19 @@ class Group:
         }
 
 
+@contextlib.contextmanager
+def no_fork_slots():
+    """The pool without fork slots (as before them): forks of a layer start once it exists."""
+    from sandbox.bwrap import BwrapRuntime
+
+    real = BwrapRuntime.fork_slots_unavailable_reason
+    BwrapRuntime.fork_slots_unavailable_reason = lambda self: "off for the bench's comparison"
+    try:
+        yield
+    finally:
+        BwrapRuntime.fork_slots_unavailable_reason = real
+
+
 def one_sample(settings: Settings, job_id: str, instance: dict) -> dict:
     """One unforked sample's INIT alone (the unit the goal is stated in; the least CPU of
     three is reported, the kindest baseline for the forked group's ratio)."""
@@ -254,24 +270,27 @@ def main() -> None:
         instance = {"repo": SLUG, "base_commit": base}
         results, layer_cpu = {}, {}
         with session_scope(settings.db_url) as s:
-            jobs = [Job(agent="swe", n_instances=1) for _ in range(1 + 2 * args.repeat)]
+            jobs = [Job(agent="swe", n_instances=1) for _ in range(1 + 3 * args.repeat)]
             s.add_all(jobs)
             s.flush()
             ids = [j.id for j in jobs]
         one_sample(settings, ids[0], instance)  # warm-up: builds the `pytest` environment once
         singles = [one_sample(settings, ids[0], instance) for _ in range(3)]
         results["one unforked sample"] = min(singles, key=lambda r: r["init_cpu_s"])
-        least = {"unforked group": [], "forked group": []}
+        least = {"unforked group": [], "forked group, cold forks": [], "forked group": []}
         for k in range(args.repeat):  # alternating, each group a job of its own (its own layer)
-            least["unforked group"].append(Group(settings, ids[1 + 2 * k], instance, False, args.n).run(args.workers))
-            least["forked group"].append(Group(settings, ids[2 + 2 * k], instance, True, args.n).run(args.workers))
+            least["unforked group"].append(Group(settings, ids[1 + 3 * k], instance, False, args.n).run(args.workers))
+            with no_fork_slots():  # last round's forks: each started cold once its layer is there
+                cold = Group(settings, ids[2 + 3 * k], instance, True, args.n).run(args.workers)
+            least["forked group, cold forks"].append(cold)
+            least["forked group"].append(Group(settings, ids[3 + 3 * k], instance, True, args.n).run(args.workers))
         for name, runs in least.items():  # the least CPU of the repeats, as for the baseline
             results[name] = min(runs, key=lambda r: r["init_cpu_s"])
             results[name]["start_after_init_ms_p50_all_runs"] = [r["start_after_init_ms_p50"] for r in runs]
         with session_scope(settings.db_url) as s:
             from core.models import GroupLayer
 
-            layer = s.query(GroupLayer).filter(GroupLayer.job_id == ids[2]).one()
+            layer = s.query(GroupLayer).filter(GroupLayer.job_id == ids[3]).one()
             layer_cpu = {"prepared_s": layer.prepared_seconds, "mode": layer.mode}
             files = int(
                 subprocess.run(
