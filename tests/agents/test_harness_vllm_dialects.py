@@ -5,6 +5,8 @@ the whole service (gateway, Celery workers, bwrap) against SmolLM2 on a real CPU
 - the shipped example agent on the `openai` SDK (`openai-agent`, Chat) and on the `anthropic`
   SDK (`anthropic-agent`, Messages): it stops at the first reply without a tool call, which is
   SmolLM2's usual reply, so these make one call;
+- the shipped `openai-agents` preset (PyPI `openai-agents`, an `Agent` on its default
+  `OpenAIResponsesModel`: Responses), which also ends at the first reply without a tool call;
 - `dialect-<api>` (tests/fixtures/dialect_agents, registered by this test's policy): a loop
   per dialect on the `openai` SDK (Chat), the `anthropic` SDK (Messages), the OpenAI Agents
   SDK's `Runner` on its default `OpenAIResponsesModel` (Responses) and `google-genai`'s
@@ -87,6 +89,7 @@ DIALECT_HARNESSES = {
 HARNESSES = {
     "openai-agent": "chat",
     "anthropic-agent": "messages",
+    "openai-agents": "responses",  # the shipped preset: the OpenAI Agents SDK's defaults
     **{name: name.removeprefix("dialect-") for name in DIALECT_HARNESSES},
 }
 
@@ -162,12 +165,13 @@ def proxy() -> RecordingProxy:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
-    from core.harnesses import default_harnesses
+    from core.harnesses import OPENAI_AGENTS, default_harnesses
     from sandbox.environments import build_environment
 
     home = tmp_path_factory.mktemp("harness-vllm-dialects")
     (home / "envs").mkdir()
     wanted = {k: v for k, v in ENVS.items() if k != "mini-swe-agent"} | DIALECT_ENV
+    wanted["openai-agents"] = OPENAI_AGENTS.packages
     for name, packages in wanted.items():
         folder = {"pytest": name, "dialect-agents": f"harness-{name}-{DIALECT_DIGEST}"}.get(name, f"harness-{name}")
         (home / "envs" / name).symlink_to(build_environment(folder, packages))
