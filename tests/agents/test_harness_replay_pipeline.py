@@ -116,9 +116,10 @@ def logged(service, rollout_id: str) -> list[tuple[int, int]]:
         return [tuple(r) for r in rows]
 
 
-def lose_run(service, rollout_id: str, sandbox_too: bool, calls: int = 2) -> int:
+def lose_run(service, rollout_id: str, sandbox_too: bool, calls: int = 2, settle: Any = None) -> int:
     """Once `calls` calls are logged, SIGKILL the RUN pool (and the rollout's sandbox: bwrap and
-    the init inside it, as a lost node does); the pool comes back empty. The calls logged."""
+    the init inside it, as a lost node does); the pool comes back empty, after `settle()` if
+    given (a real server finishing the lost call first). The calls logged."""
     deadline = time.monotonic() + 120
     while len(logged(service, rollout_id)) < calls:
         assert time.monotonic() < deadline, service.log_tail()
@@ -132,6 +133,8 @@ def lose_run(service, rollout_id: str, sandbox_too: bool, calls: int = 2) -> int
         except (ProcessLookupError, KeyError, TypeError):
             pass
     before = len(logged(service, rollout_id))
+    if settle is not None:
+        settle()
     service.start_worker("run", "node-a", 2)
     return before
 

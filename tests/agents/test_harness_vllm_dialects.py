@@ -5,6 +5,8 @@ the whole service (gateway, Celery workers, bwrap) against SmolLM2 on a real CPU
 - the shipped example agent on the `openai` SDK (`openai-agent`, Chat) and on the `anthropic`
   SDK (`anthropic-agent`, Messages): it stops at the first reply without a tool call, which is
   SmolLM2's usual reply, so these make one call;
+- the shipped `openai-agents` preset (PyPI `openai-agents`, an `Agent` on its default
+  `OpenAIResponsesModel`: Responses), which also ends at the first reply without a tool call;
 - `dialect-<api>` (tests/fixtures/dialect_agents, registered by this test's policy): a loop
   per dialect on the `openai` SDK (Chat), the `anthropic` SDK (Messages), the OpenAI Agents
   SDK's `Runner` on its default `OpenAIResponsesModel` (Responses) and `google-genai`'s
@@ -34,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,7 @@ from tests.agents.test_harness_vllm import (
     samples_of,
 )
 from bench.support.pipeline_harness import Service, start_service
-from raas_client.models import JobAccepted, TurnView
+from raas_client.models import JobAccepted, RolloutView, TurnView
 
 pytestmark = [pytest.mark.service, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -86,6 +89,7 @@ DIALECT_HARNESSES = {
 HARNESSES = {
     "openai-agent": "chat",
     "anthropic-agent": "messages",
+    "openai-agents": "responses",  # the shipped preset: the OpenAI Agents SDK's defaults
     **{name: name.removeprefix("dialect-") for name in DIALECT_HARNESSES},
 }
 
@@ -96,6 +100,7 @@ class RecordingProxy:
 
     def __init__(self, upstream: str) -> None:
         self.exchanges: list[tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]] = []
+        self.in_flight = 0  # requests forwarded and not yet answered by vLLM
         lock = threading.Lock()
         client = httpx.Client(base_url=upstream, timeout=900)
         proxy = self
@@ -104,7 +109,13 @@ class RecordingProxy:
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() in {"content-type", "authorization"}}
-                reply = client.request(self.command, self.path, content=body, headers=headers)
+                with lock:
+                    proxy.in_flight += 1
+                try:  # finished even when the caller is gone (a killed worker): vLLM generated it
+                    reply = client.request(self.command, self.path, content=body, headers=headers)
+                finally:
+                    with lock:
+                        proxy.in_flight -= 1
                 if self.path.startswith("/v1/completions") and reply.status_code == 200:
                     prompt, choice = json.loads(body)["prompt"], reply.json()["choices"][0]
                     exchange = (
@@ -118,7 +129,10 @@ class RecordingProxy:
                 self.send_header("Content-Type", reply.headers.get("content-type", "application/json"))
                 self.send_header("Content-Length", str(len(reply.content)))
                 self.end_headers()
-                self.wfile.write(reply.content)
+                try:
+                    self.wfile.write(reply.content)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller is gone (a SIGKILLed worker): vLLM's answer is recorded all the same
 
             do_GET = do_POST = _forward
 
@@ -128,6 +142,13 @@ class RecordingProxy:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_idle(self, timeout: float = 600) -> None:
+        """Until vLLM has answered every request forwarded (a lost caller's included)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight:
+            assert time.monotonic() < deadline, f"{self.in_flight} requests still in flight"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -144,12 +165,13 @@ def proxy() -> RecordingProxy:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Service:
-    from core.harnesses import default_harnesses
+    from core.harnesses import OPENAI_AGENTS, default_harnesses
     from sandbox.environments import build_environment
 
     home = tmp_path_factory.mktemp("harness-vllm-dialects")
     (home / "envs").mkdir()
     wanted = {k: v for k, v in ENVS.items() if k != "mini-swe-agent"} | DIALECT_ENV
+    wanted["openai-agents"] = OPENAI_AGENTS.packages
     for name, packages in wanted.items():
         folder = {"pytest": name, "dialect-agents": f"harness-{name}-{DIALECT_DIGEST}"}.get(name, f"harness-{name}")
         (home / "envs" / name).symlink_to(build_environment(folder, packages))
@@ -169,6 +191,29 @@ def call_prompts(calls: list[TurnView]) -> list[list[int]]:
         prompts.append(list(sequence))
         sequence += turn.generated_ids or []
     return prompts
+
+
+def check_against_vllm(detail: RolloutView, proxy: RecordingProxy, model: str) -> tuple[list, float, float]:
+    """Every call of the rollout's attempt is a (prompt, ids) pair vLLM answered, with its
+    logprobs, and each sample re-scores within the tolerance: (samples, max |stored - vLLM's|,
+    max |stored - re-scored|)."""
+    turns = [t for t in detail.turns if t.attempt == detail.attempt]
+    samples, groups = samples_of(detail), calls_by_sample(turns)
+    assert len(groups) == len(samples) == detail.metrics["samples"]
+    assert detail.metrics["splits"] == len(samples) - 1
+    exchanges = {(p, g): lp for p, g, lp in proxy.exchanges}
+    worst_rescore = worst_stored = 0.0
+    for sample, calls in zip(samples, groups):
+        check_sample(sample, calls)
+        for prompt, turn in zip(call_prompts(calls), calls):
+            key = (tuple(prompt), tuple(turn.generated_ids or []))
+            assert key in exchanges, f"turn {turn.index}: no vLLM exchange with this prompt and these ids"
+            assert len(exchanges[key]) == len(turn.logprobs or [])
+            worst_stored = max([worst_stored, *(abs(a - b) for a, b in zip(exchanges[key], turn.logprobs or []))])
+        worst_rescore = max(worst_rescore, rescore(sample, model))
+    assert worst_stored == 0.0, worst_stored  # stored as vLLM sent them, not recomputed
+    assert worst_rescore <= RESCORE_TOLERANCE, worst_rescore
+    return samples, worst_stored, worst_rescore
 
 
 @pytest.fixture(scope="module")
@@ -203,21 +248,7 @@ def test_each_dialect_on_the_real_model_stores_what_vllm_generated(service, prox
         assert detail.failure_class != "infrastructure", detail.error
         turns = [t for t in detail.turns if t.attempt == detail.attempt]
         assert turns, f"{harness} made no call: {detail.error}"
-        samples, groups = samples_of(detail), calls_by_sample(turns)
-        assert len(groups) == len(samples) == detail.metrics["samples"]
-        assert detail.metrics["splits"] == len(samples) - 1
-        exchanges = {(p, g): lp for p, g, lp in proxy.exchanges}
-        worst_rescore = worst_stored = 0.0
-        for sample, calls in zip(samples, groups):
-            check_sample(sample, calls)
-            for prompt, turn in zip(call_prompts(calls), calls):
-                key = (tuple(prompt), tuple(turn.generated_ids or []))
-                assert key in exchanges, f"turn {turn.index}: no vLLM exchange with this prompt and these ids"
-                assert len(exchanges[key]) == len(turn.logprobs or [])
-                worst_stored = max([worst_stored, *(abs(a - b) for a, b in zip(exchanges[key], turn.logprobs or []))])
-            worst_rescore = max(worst_rescore, rescore(sample, model))
-        assert worst_stored == 0.0, worst_stored  # stored as vLLM sent them, not recomputed
-        assert worst_rescore <= RESCORE_TOLERANCE, worst_rescore
+        samples, worst_stored, worst_rescore = check_against_vllm(detail, proxy, model)
         metrics = detail.metrics
         most_calls = max(most_calls, metrics["calls"])
         print(
