@@ -73,6 +73,7 @@ class _Shape:
     lower: str | None = None  # forks of this prepared layer (`sandbox.overlay`)
     layers: str | None = None  # fork slots over this layers folder (`sandbox.fork_slot`)
     groups: dict[str, list[float]] = field(default_factory=dict)  # group -> [forks to come, asked at]
+    waiting: int = 0  # claims waiting for a fork slot being started (`_await_start`)
     ready: deque[tuple[float, Handle]] = field(default_factory=deque)  # (ready at, handle)
     starting: int = 0
     wanted_at: float = field(default_factory=time.monotonic)
@@ -187,6 +188,8 @@ class WarmPool:
                     shape.groups[group][0] -= 1
                     if shape.groups[group][0] <= 0:
                         del shape.groups[group]
+                if not shape.ready and layers is not None:
+                    self._await_start(shape)
                 if not shape.ready:
                     shape.misses += 1
                     self._lock.notify_all()
@@ -199,6 +202,20 @@ class WarmPool:
             sandbox = self._hand_out(handle, label)
             if sandbox is not None:
                 return sandbox
+
+    def _await_start(self, shape: _Shape) -> None:
+        """Under the lock: wait for a fork slot being started when no other claim waits for
+        it (it is ready sooner than a cold start begun now would be, and costs no second
+        start), until one is ready or none is starting."""
+        if shape.starting <= shape.waiting:
+            return
+        shape.waiting += 1
+        try:
+            end = time.monotonic() + self.settings.start_timeout
+            while not shape.ready and shape.starting and not self._closed and time.monotonic() < end:
+                self._lock.wait(0.05)
+        finally:
+            shape.waiting -= 1
 
     def want(self, options: SandboxOptions, runtime: str, layers: str, group: str = "", samples: int = 1) -> None:
         """Ask ahead for fork slots over the folder `layers`: a group's samples ask while its

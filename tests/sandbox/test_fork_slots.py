@@ -176,3 +176,17 @@ def test_a_slot_that_cannot_take_its_layer_is_stopped_and_the_claim_misses(pool,
     for handle in members:
         assert os.path.isdir(slot_of(handle))
     assert not any(Path(pool.slots_dir).glob("*.claim"))
+
+
+def test_a_claim_waits_for_a_slot_being_started_rather_than_start_cold(pool, layers):
+    options = SandboxOptions()
+    pool.want(options, "bwrap", str(layers))
+    end = time.monotonic() + 30
+    while not any(s.starting for s in pool._shapes.values()) and time.monotonic() < end:
+        time.sleep(0.005)  # the filler has begun the slot's start
+    assert pool.stats()["ready"] == 0
+    sb = pool.claim(options, "bwrap", "r:1", lower=str(layers / "L1"))
+    assert sb is not None and pool.stats()["misses"] == 0
+    assert sb.bash("cat README").output == "layer one\n"
+    sb.stop()
+    remove_slot(slot_of(sb.handle))
