@@ -38,6 +38,7 @@ class ToolServer:
         self.editor = Editor(args.workspace)
         self.stopping = threading.Event()
         self.fork_slot = fork_slot
+        self.workdir = args.workdir
         self._attach_lock = threading.Lock()
 
     def handle(self, op: str, args: Any) -> Any:
@@ -78,6 +79,10 @@ class ToolServer:
                 self.fork_slot.attach(layer)
             except (OSError, ValueError) as exc:
                 raise p.BadRequest(f"attach {layer!r}: {exc}") from None
+            try:  # made at start on what the mount now covers (a workdir inside the workspace)
+                os.makedirs(self.workdir, exist_ok=True)
+            except OSError:
+                pass  # the shell says so when it cannot start there
         return p.Empty()
 
     def close_sessions(self) -> None:

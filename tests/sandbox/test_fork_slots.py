@@ -190,3 +190,14 @@ def test_a_claim_waits_for_a_slot_being_started_rather_than_start_cold(pool, lay
     assert sb.bash("cat README").output == "layer one\n"
     sb.stop()
     remove_slot(slot_of(sb.handle))
+
+
+def test_a_workdir_inside_the_workspace_is_there_after_the_claim(tmp_path, state_dir, layers):
+    ws, work = fork_folder(tmp_path / "wd")
+    spec = SandboxSpec(workspace=ws, workdir=f"{ws}/pkg/deep", fork_slot=ForkSlot(layers=str(layers), work=work))
+    sb = get_runtime("bwrap", state_dir=state_dir).start(spec, label="slot:wd")
+    try:
+        sb.attach_layer("L1")
+        assert sb.bash("pwd; ls -1 ..").output == f"{ws}/pkg/deep\ndeep\nmod.py\n"
+    finally:
+        stop_handle(sb.handle)
