@@ -177,6 +177,17 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in self.extra_headers.items():
             self.send_header(name, value)
 
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header's text, formatted once a second (it names the second)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        now = int(time.time())
+        second, text = self.server.date
+        if second != now:
+            text = super().date_time_string(now)
+            self.server.date = (now, text)  # one tuple: a racing connection sees a whole pair
+        return text
+
     def address_string(self) -> str:
         return "unix-socket"  # a Unix socket peer has no address
 
@@ -193,6 +204,7 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, path: str, endpoint: Any) -> None:
         self.endpoint = endpoint
         self._connections: set[socket.socket] = set()
+        self.date: tuple[int, str] = (0, "")  # the second and its Date header text (`Handler`)
         self._guard = threading.Lock()
         super().__init__(path, Handler)
 

@@ -18,10 +18,12 @@ and the copying was a third of that render. tests/llm/test_template_render.py pr
 paths equal over the tests' templates and tokenizers (ChatML, Qwen- and Llama-3.1-style).
 
 The sandbox's `getattr` (every `message.role` of a template) first tries the Python attribute,
-which for a dict key raises and catches an AttributeError before reading the key: a quarter of
-a render. `install_dict_getattr` reads an exact dict's key at once when the name is no
-attribute of dict (where the attribute lookup can only fail); every other lookup is the
-sandbox's own, so what a template may reach is unchanged.
+which for a dict key raises and catches an AttributeError before reading the key, and judges
+every attribute it finds (`loop.index0`, `ns.last_user`) with a chain of isinstance tests: half
+of a render. `install_fast_lookups` reads an exact dict's key at once when the name is no
+attribute of dict (where the attribute lookup can only fail) and remembers the verdicts that
+depend only on the type and the name; everything else is the sandbox's own, so what a template
+may reach is unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import functools
 
 # Names a message's reasoning may come under (apply_chat_template aliases them: not an identity).
-REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+REASONING_FIELDS = frozenset({"reasoning_content", "thinking", "reasoning"})
 # Keyword names apply_chat_template or the render call would take for themselves.
 RESERVED = frozenset(
     {
@@ -75,6 +77,10 @@ def _transformers() -> tuple[Any, Any, Any]:
 
 
 _DICT_NAMES = frozenset(dir(dict))  # every attribute an exact dict has (it has no __dict__)
+# Types whose sandbox verdict on an attribute is a function of (type, name) alone: jinja's
+# checks are isinstance tests against their class (no instance of these can pose as another).
+_PURE_TYPES = (str, dict, list, int, float, bool)
+MAX_VERDICTS = 4096  # remembered verdicts (names come from templates: bounded, not trusted)
 
 
 def is_plain(value: Any) -> bool:
@@ -148,10 +154,14 @@ class PlainRenderer:
         for message in messages:
             if type(message) is not dict:
                 return None
-            message = {k: v for k, v in message.items() if v is not None}  # what the normalisation drops
-            if not is_plain(message) or any(f in message for f in REASONING_FIELDS):
-                return None
-            chat.append(message)
+            copy = {}
+            for key, value in message.items():
+                if value is None:
+                    continue  # what the normalisation drops
+                if type(key) is not str or key in REASONING_FIELDS or (type(value) is not str and not is_plain(value)):
+                    return None
+                copy[key] = value
+            chat.append(copy)
         return chat
 
 
@@ -174,12 +184,20 @@ def fast_encoder(hf: Any) -> Any | None:
     return backend
 
 
-def install_dict_getattr(env_class: Any) -> None:
-    """Make `env_class.getattr` read an exact dict's key directly when the name is not an
-    attribute of dict; the same value or Undefined as the sandbox's own lookup, faster."""
-    if getattr(env_class, "_raas_dict_getattr", False):
+def install_fast_lookups(env_class: Any) -> None:
+    """Make `env_class`'s attribute lookups cheaper with the same answers: an exact dict's key
+    read at once when the name is no attribute of dict (the sandbox's lookup would fail on the
+    attribute, then read the key), and the sandbox's verdict on an attribute remembered per
+    (type, name) for the types whose verdict depends on nothing else (`_PURE_TYPES`, jinja's
+    loop and namespace objects: `loop.index0`, `ns.last_user`)."""
+    if getattr(env_class, "_raas_fast_lookups", False):
         return
-    base = env_class.getattr
+    from jinja2.runtime import LoopContext
+    from jinja2.utils import Namespace
+
+    base_getattr, base_safe = env_class.getattr, env_class.is_safe_attribute
+    pure = (*_PURE_TYPES, LoopContext)
+    verdicts: dict[tuple[type, str], bool] = {}
 
     def getattr_(self: Any, obj: Any, attribute: str) -> Any:
         if type(obj) is dict and type(attribute) is str and attribute not in _DICT_NAMES:
@@ -187,7 +205,17 @@ def install_dict_getattr(env_class: Any) -> None:
                 return obj[attribute]
             except KeyError:  # as the sandbox's lookup ends
                 return self.undefined(obj=obj, name=attribute)
-        return base(self, obj, attribute)
+        return base_getattr(self, obj, attribute)
 
-    env_class.getattr = getattr_
-    env_class._raas_dict_getattr = True
+    def is_safe_attribute(self: Any, obj: Any, attr: str, value: Any) -> bool:
+        kind = type(obj)
+        verdict = verdicts.get((kind, attr))
+        if verdict is None:
+            verdict = base_safe(self, obj, attr, value)
+            if (kind in pure or issubclass(kind, Namespace)) and len(verdicts) < MAX_VERDICTS:
+                verdicts[(kind, attr)] = verdict
+        return verdict
+
+    env_class._raas_base_lookups = (base_getattr, base_safe)  # the sandbox's own (tests compare)
+    env_class.getattr, env_class.is_safe_attribute = getattr_, is_safe_attribute
+    env_class._raas_fast_lookups = True

@@ -127,28 +127,32 @@ def test_is_plain() -> None:
     assert not is_plain([object()])
 
 
-def test_dict_getattr_answers_as_the_sandbox_does() -> None:
-    """The patched lookup against jinja's own, on dict keys that are and are not dict
-    attributes, missing keys, other types; and whole renders of the fixture templates."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
+def test_fast_lookups_answer_as_the_sandbox_does() -> None:
+    """The patched lookup and verdicts against jinja's own: dict keys that are and are not dict
+    attributes, missing keys, other types; every attribute name of the remembered types."""
+    from jinja2.runtime import LoopContext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
 
+    own_getattr, own_safe = ImmutableSandboxedEnvironment._raas_base_lookups
     env = ImmutableSandboxedEnvironment()
-    assert ImmutableSandboxedEnvironment.getattr is not SandboxedEnvironment.getattr  # installed
-    own = SandboxedEnvironment.getattr
     data = {"role": "user", "items": 1, "get": 2, "__class__": 3, "content": None}
     for obj in (data, {}, "text", ["a"], 5, None):
         for name in ("role", "items", "get", "keys", "__class__", "__init__", "content", "missing", "mro", "upper"):
-            mine, theirs = env.getattr(obj, name), own(env, obj, name)
+            mine, theirs = env.getattr(obj, name), own_getattr(env, obj, name)
             assert type(mine) is type(theirs)
-            if callable(theirs) or hasattr(theirs, "_undefined_name"):
-                assert getattr(mine, "_undefined_name", None) == getattr(theirs, "_undefined_name", None)
-                assert repr(mine) == repr(theirs) or callable(theirs)
-            else:
-                assert mine == theirs
+            if not callable(theirs):
+                assert repr(mine) == repr(theirs)
+    loop = LoopContext(iter([1, 2]), env.undefined)
+    for obj in ("s", {"a": 1}, [1], 1, 1.5, True, loop, Namespace(a=1)):
+        for name in [*dir(type(obj)), "pop", "append", "update", "clear", "mro", "__globals__", "x"]:
+            value = getattr(obj, name, None)
+            for _ in range(2):  # the second answer is the remembered one
+                assert env.is_safe_attribute(obj, name, value) == own_safe(env, obj, name, value), (obj, name)
 
 
-def test_templates_render_the_same_with_the_sandbox_own_getattr(tokenizer) -> None:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
+def test_templates_render_the_same_with_the_sandbox_own_lookups(tokenizer) -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment as Env
 
     rng = random.Random(7)
     cases = [(_conversation(rng), TOOLS if rng.random() < 0.5 else None) for _ in range(40)]
@@ -163,9 +167,9 @@ def test_templates_render_the_same_with_the_sandbox_own_getattr(tokenizer) -> No
         return out
 
     patched = renders()
-    saved = ImmutableSandboxedEnvironment.getattr
-    ImmutableSandboxedEnvironment.getattr = SandboxedEnvironment.getattr
+    saved = Env.getattr, Env.is_safe_attribute
+    Env.getattr, Env.is_safe_attribute = Env._raas_base_lookups
     try:
         assert renders() == patched
     finally:
-        ImmutableSandboxedEnvironment.getattr = saved
+        Env.getattr, Env.is_safe_attribute = saved
