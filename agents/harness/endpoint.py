@@ -258,5 +258,7 @@ def _live_wire(wire: Any, call: Any, body: dict[str, Any], model: str) -> Any:
 
 def _query_key(path: str) -> str:
     """The `?key=` of a request (Google's clients may authenticate that way)."""
+    if "?" not in path:
+        return ""  # no query: nothing to parse (every bearer-token call comes here)
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
     return (query.get("key") or [""])[0]

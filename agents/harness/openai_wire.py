@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from agents.harness.calls import CallError, CallRequest, Completion
 from agents.harness.messages import check_messages, function_tools
 from core.errors import InvalidRequest
@@ -174,7 +176,7 @@ class LiveChat:
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return _data(json.dumps({**self.head_fields, "choices": [choice]}, ensure_ascii=False))
+        return _data(_json({**self.head_fields, "choices": [choice]}))
 
     def head(self, prompt_tokens: int = 0) -> Iterator[str]:
         yield self._chunk({"role": "assistant", "content": ""})
@@ -205,6 +207,15 @@ class LiveChat:
 
 def _data(payload: str) -> str:
     return f"data: {payload}\n\n"
+
+
+def _json(value: Any) -> str:
+    """`value` as compact JSON (orjson: a chunk is written per streamed piece of text, the first
+    on the time to first token); what orjson cannot write goes through `json`."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # an integer past 64 bits a model wrote
+        return json.dumps(value, ensure_ascii=False)
 
 
 _TYPES = {
