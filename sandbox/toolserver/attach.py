@@ -156,7 +156,10 @@ class ForkSlot:
         os.close(self._requests)
         with os.fdopen(self._replies, "rb") as pipe:
             answer = pipe.readline().decode().strip()
-        os.waitpid(self._pid, 0)
+        try:
+            os.waitpid(self._pid, 0)
+        except ChildProcessError:  # the server's orphan reaper took the zombie first
+            pass
         if answer != "ok":
             raise OSError(answer or "the mounter died without an answer")
         self.attached = layer
