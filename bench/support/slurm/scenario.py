@@ -63,10 +63,11 @@ MARK = "RAASTEST_SLURM_MARK"  # in every process of our node jobs: orphans are f
 # (problems, samples each). The time limit is set on A once its RUN slots are busy (the
 # next whole minute of its run time): the controller checks limits every 30 s and may send
 # `--signal` up to 60 s early, so the limit strikes 0-30 s (B:TERM) or 30-90 s (the kill)
-# later; its job keeps A alone busy that long.
+# later; its job keeps A alone busy that long (4 RUN slots, ~4 s a rollout: 108 rollouts are
+# ~110 s of RUN; 81 ran out before a late strike once forked groups made INIT fast).
 # `drain` is `scancel -b -s TERM`: the batch shell alone, what a user does to stop a node
 # gracefully (bench only).
-ROLLOUTS = {"scancel": (16, 1), "timelimit": (27, 3), "requeue": (16, 1), "drain": (16, 1)}
+ROLLOUTS = {"scancel": (16, 1), "timelimit": (27, 4), "requeue": (16, 1), "drain": (16, 1)}
 
 README_NODE_JOB = r"""#!/bin/bash
 #SBATCH --job-name=raas-node-readme
@@ -328,13 +329,18 @@ class SlurmScenario:
             run_time = self.cluster.job_info(a).get("RunTime", "0:0:0")
             seconds = sum(int(x) * 60**i for i, x in enumerate(reversed(run_time.split("-")[-1].split(":"))))
             self.cluster.run("scontrol", "update", f"JobId={a}", f"TimeLimit={seconds // 60 + 1}")
-            _wait(
-                lambda: self.cluster.state(a) != "RUNNING" or "TERM at" in self.job_log(a),
-                150,
-                "the time limit's signal",
-                lambda: self.job_log(a),
-            )
-            return self.in_run(job_id)
+            # The count polled last before the signal is the one at the strike: read after
+            # it, the drain may already have handed the RUN rollouts back.
+            last = [0]
+
+            def struck() -> bool:
+                if self.cluster.state(a) != "RUNNING" or "TERM at" in self.job_log(a):
+                    return True
+                last[0] = self.in_run(job_id)
+                return False
+
+            _wait(struck, 150, "the time limit's signal", lambda: self.job_log(a))
+            return max(last[0], self.in_run(job_id))
         in_run = self.in_run(job_id)
         if fault == "scancel":
             self.cluster.run("scancel", a)
