@@ -96,21 +96,24 @@ class SandboxOptions(BaseModel):
         return value
 
 
+def _absolute_host_dir(value: str) -> str:
+    if not os.path.isabs(value):
+        raise ValueError(f"host path {value!r} must be absolute")
+    return os.path.normpath(value)
+
+
+# A host folder the service names for a sandbox (an overlay's layers, a fork slot's folders).
+HostDir = Annotated[str, AfterValidator(_absolute_host_dir)]
+
+
 class Overlay(BaseModel):
     """A copy-on-write workspace (`sandbox.overlay`): the workspace is the private upper layer
     over `lower`, a prepared folder the sandbox reads but never changes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lower: str = Field(description="Absolute host dir: the shared, read-only lower layer")
-    work: str = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
-
-    @field_validator("lower", "work")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not os.path.isabs(value):
-            raise ValueError(f"overlay path {value!r} must be absolute")
-        return os.path.normpath(value)
+    lower: HostDir = Field(description="Absolute host dir: the shared, read-only lower layer")
+    work: HostDir = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
 
 
 class ForkSlot(BaseModel):
@@ -120,15 +123,8 @@ class ForkSlot(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    layers: str = Field(description="Absolute host dir whose folders are prepared layers")
-    work: str = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
-
-    @field_validator("layers", "work")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not os.path.isabs(value):
-            raise ValueError(f"fork slot path {value!r} must be absolute")
-        return os.path.normpath(value)
+    layers: HostDir = Field(description="Absolute host dir whose folders are prepared layers")
+    work: HostDir = Field(description="Absolute host dir: overlayfs' work dir, beside the workspace in its fork folder")
 
 
 class SandboxSpec(SandboxOptions):

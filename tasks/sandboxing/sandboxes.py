@@ -191,14 +191,22 @@ def claim(
     with a model endpoint folder (a harness's RUN) always starts cold: the folder is made per
     sandbox at its start, and a harness rollout runs for minutes, not milliseconds. So does a
     branch's (its workspace shown at its parent's path, `workspace_inside`): the pool's are not."""
+    shape = _pool_shape(settings, options, runtime)
+    if shape is None:
+        return None
+    sb = warm_pool(settings).claim(shape, runtime, f"{rollout_id}:{attempt}", lower, group)
+    return (sb, sb.handle) if sb is not None else None
+
+
+def _pool_shape(settings: Settings, options: dict[str, Any], runtime: str) -> Any:
+    """The pool's shape (`SandboxOptions`) for these options, its environment built; None for
+    a sandbox the pool never holds (no runtime, a model endpoint, a branch's workspace)."""
     from sandbox import SandboxOptions
 
     if runtime == "none" or options.get("model_endpoint") or options.get("workspace_inside"):
         return None
     ensure_declared_environment(settings, options.get("python_env"))
-    fields = spec_fields(settings, options, runtime)
-    sb = warm_pool(settings).claim(SandboxOptions(**fields), runtime, f"{rollout_id}:{attempt}", lower, group)
-    return (sb, sb.handle) if sb is not None else None
+    return SandboxOptions(**spec_fields(settings, options, runtime))
 
 
 def want_forks(
@@ -207,13 +215,9 @@ def want_forks(
     """Ask this process's pool ahead for fork slots of this shape over the node's `layers`
     folder (`WarmPool.want`): a group's sample asks while its layer is prepared or waited
     for, and the group's first ask here counts its `samples` forks to come."""
-    from sandbox import SandboxOptions
-
-    if runtime == "none" or options.get("model_endpoint") or options.get("workspace_inside"):
-        return
-    ensure_declared_environment(settings, options.get("python_env"))
-    fields = spec_fields(settings, options, runtime)
-    warm_pool(settings).want(SandboxOptions(**fields), runtime, str(layers), group, samples)
+    shape = _pool_shape(settings, options, runtime)
+    if shape is not None:
+        warm_pool(settings).want(shape, runtime, str(layers), group, samples)
 
 
 def start(
