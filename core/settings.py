@@ -234,6 +234,14 @@ class Settings(BaseSettings):
         "of demand, per recently wanted sandbox shape (0: every "
         "sandbox starts cold); see sandbox/pool.py",
     )
+    sandbox_fork_slots: int = Field(
+        16,
+        ge=0,
+        le=256,
+        description="Fork slots (warm sandboxes a group's samples fork their prepared "
+        "layer in) each INIT process keeps started at most for the groups it is preparing, "
+        "counted with sandbox_pool_size; see sandbox/pool.py",
+    )
     sandbox_isolate_tools: bool = Field(
         True,
         description="bwrap: run the agent's tools in a pid namespace below the tool "

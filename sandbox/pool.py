@@ -454,16 +454,17 @@ _pools: OrderedDict[tuple, WarmPool] = OrderedDict()
 _pools_lock = threading.Lock()
 
 
-def pool_for(settings: SandboxSettings, slots_dir: str | os.PathLike, size: int) -> WarmPool:
+def pool_for(settings: SandboxSettings, slots_dir: str | os.PathLike, size: int, max_slots: int = 16) -> WarmPool:
     """This process's pool for these settings and slot folder (a forked child gets its own:
     members belong to the process that started them); closed at exit, or when pools for
-    other settings pushed it out (at most `MAX_POOLS` per process, the least recently used go)."""
-    key = (os.getpid(), settings.model_dump_json(), str(slots_dir), size)
+    other settings pushed it out (at most `MAX_POOLS` per process, the least recently used go).
+    `max_slots`: the most fork slots it keeps for the groups it prepares (`WarmPool.want`)."""
+    key = (os.getpid(), settings.model_dump_json(), str(slots_dir), size, max_slots)
     evicted = []
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = WarmPool(settings, slots_dir, size)
+            pool = _pools[key] = WarmPool(settings, slots_dir, size, max_slots=max_slots)
             atexit.register(pool.close)
         _pools.move_to_end(key)
         while len(_pools) > MAX_POOLS:

@@ -162,7 +162,9 @@ def warm_pool(settings: Settings) -> Any:
     """This process's warm pool of sandboxes (`sandbox.pool`), slots under the workspaces."""
     from sandbox.pool import pool_for
 
-    return pool_for(sandbox_settings(settings), settings.workspaces, settings.sandbox_pool_size)
+    return pool_for(
+        sandbox_settings(settings), settings.workspaces, settings.sandbox_pool_size, settings.sandbox_fork_slots
+    )
 
 
 def close_warm_pools() -> None:

@@ -201,3 +201,23 @@ def test_a_workdir_inside_the_workspace_is_there_after_the_claim(tmp_path, state
         assert sb.bash("pwd; ls -1 ..").output == f"{ws}/pkg/deep\ndeep\nmod.py\n"
     finally:
         stop_handle(sb.handle)
+
+
+def test_the_operator_caps_the_slots_a_process_keeps_for_its_groups(tmp_path, layers):
+    """`RAAS_SANDBOX_FORK_SLOTS` (here 2, pool size 1): a group of 6 samples gets one slot
+    beyond the pool's size, not six; the claims past it start cold (forks still work)."""
+    from core.settings import Settings
+    from tasks.sandboxing.sandboxes import warm_pool
+
+    settings = Settings(home=tmp_path / "home", sandbox_pool_size=1, sandbox_fork_slots=2)
+    pool = warm_pool(settings)
+    try:
+        assert pool.max_slots == 2 and pool.size == 1
+        pool.want(SandboxOptions(), "bwrap", str(layers), group="job/i1", samples=6)
+        wait_ready(pool, 2)
+        time.sleep(1.0)  # nothing more is started
+        assert pool.stats()["ready"] == 2, pool.stats()
+    finally:
+        pool.close()
+        for handle in list_sandboxes(settings.sandbox_dir, include_dead=True):
+            stop_handle(handle)
