@@ -126,6 +126,10 @@ def _stream(job_id: str, after: int, wait: float):
         with session_scope(gateway_settings().db_url) as s:
             alerts = job_alerts(s, job_id, last_alert)
         for alert in alerts:
+            if alert.seq > after:
+                # raised on a rollout committed after this round's read: it goes out next
+                # round, after that rollout (an event's id never runs ahead of its rollouts)
+                break
             if not first or alert.cleared_at is None or alert.seq >= resumed_at:
                 yield _event("alert", after, alert_view(alert))
             last_alert = alert.id
