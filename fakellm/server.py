@@ -7,7 +7,9 @@ capacity model they start once its engine has decoded the whole reply), SGLang's
 `POST /generate`, a minimal `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, and
 `GET /sim/stats` (request counts, for balancing tests; `started` counts requests as they
 arrive, `requests` as they are answered, `turn:<instance key>:<turn>` answers per turn: a
-count above 1 is a re-generated turn, which the fault benchmark reports), and with a capacity
+count above 1 is a re-generated turn, which the fault benchmark reports; `last_stream_first_ms`
+the milliseconds from the last streamed request's handling to its first chunk written, which
+a time-to-first-token benchmark subtracts to leave out the pacing's sleep), and with a capacity
 model `GET /metrics` (Prometheus text with vLLM's metric names).
 
 The replies come from a script (`fakellm.script`: its format, which reply answers which
@@ -220,6 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream_completion(self, body: dict[str, Any]) -> None:
         """`stream: true`: the answer as vLLM streams it (`fakellm.stream`), the reply's
         latency spread evenly over its tokens."""
+        handled = time.monotonic()
         status, r = self._run(
             body.get("prompt"),
             int(body.get("max_tokens") or 16),
@@ -240,10 +243,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         try:
-            for event in stream_events(self.server.script, body, r):
+            for k, event in enumerate(stream_events(self.server.script, body, r)):
                 data = event.encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
+                if k == 0:
+                    with self.server.stats_lock:
+                        self.server.stats["last_stream_first_ms"] = (time.monotonic() - handled) * 1000
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):  # the client gave up: vLLM aborts
             self.close_connection = True
