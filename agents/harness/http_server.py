@@ -9,7 +9,6 @@ listener that remembers its connections so the endpoint's exit can close them.
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import socket
 import socketserver
@@ -21,10 +20,9 @@ from http.client import HTTPMessage
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-import orjson
 
 from agents.harness.calls import CallError
-from agents.llm.backends.abstract import decode_body
+from agents.llm.backends.abstract import decode_body, encode_answer
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +126,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_json(self, status: int, body: dict[str, Any]) -> None:
         """A JSON answer."""
-        try:
-            data = orjson.dumps(body)
-        except TypeError:  # what orjson cannot write (an integer past 64 bits a model wrote)
-            data = json.dumps(body, ensure_ascii=False).encode()
+        data = encode_answer(body)
         self.send_response(status)
         self._send_extra_headers()
         self.send_header("Content-Type", "application/json")

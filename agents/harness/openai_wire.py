@@ -18,10 +18,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-
 from agents.harness.calls import CallError, CallRequest, Completion
 from agents.harness.messages import check_messages, function_tools
+from agents.llm.backends.abstract import encode_answer
 from core.errors import InvalidRequest
 
 IGNORED = (
@@ -211,11 +210,8 @@ def _data(payload: str) -> str:
 
 def _json(value: Any) -> str:
     """`value` as compact JSON (orjson: a chunk is written per streamed piece of text, the first
-    on the time to first token); what orjson cannot write goes through `json`."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # an integer past 64 bits a model wrote
-        return json.dumps(value, ensure_ascii=False)
+    on the time to first token)."""
+    return encode_answer(value).decode()
 
 
 _TYPES = {

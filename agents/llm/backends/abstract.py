@@ -224,6 +224,15 @@ def encode_body(body: dict) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
 
 
+def encode_answer(value: Any) -> bytes:
+    """An answer's JSON as UTF-8 (the harness endpoint's bodies and stream events): orjson, or
+    the stdlib for what orjson cannot write (an integer past 64 bits a model wrote)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False).encode()
+
+
 def decode_body(content: bytes) -> Any:
     """A response body: orjson, or the stdlib for what orjson refuses and `json` reads
     (NaN, Infinity, lone surrogates), so a server's answer parses as before; ValueError if
