@@ -3,7 +3,9 @@
 - per render (every turn in a RUN worker): the tokenizer's chat template through
   `ChatTokenizer.render` (deadline, range/repetition caps, output cap) vs the same template
   through transformers directly, on a 20-message chat;
-- per submission with an inline template: the bounded child (`check_untrusted_template`);
+- per submission with an inline template: the bounded child, forked by the template checker
+  process (`check_untrusted_template`), against the same child forked from this process
+  (`check_template_here`, what the gateway did before the checker);
 - the attack: nested `range()` loops (64 M iterations) in the child: refused within its wall
   deadline.
 Prints JSON + a table. `.venv/bin/python bench/template_budget.py`
@@ -20,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.llm.tokenizer import check_untrusted_template, load_chat_tokenizer  # noqa: E402
+from agents.llm.tokenizer import check_template_here, check_untrusted_template, load_chat_tokenizer  # noqa: E402
 from core.errors import InvalidRequest  # noqa: E402
 
 TOKENIZER = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")
@@ -49,11 +51,15 @@ def main() -> None:
     direct = per_call(lambda: tok.hf.apply_chat_template(messages, chat_template=tok.template, tokenize=False), 100)
     template = (Path(TOKENIZER) / "chat_template.jinja").read_text()
     check_untrusted_template(TOKENIZER, template)  # warm: the plain tokenizer is loaded
-    checks = []
-    for _ in range(5):
+    check_template_here(TOKENIZER, template)
+    checks, here = [], []
+    for _ in range(9):  # alternating: the same noise on both
         t0 = time.perf_counter()
         check_untrusted_template(TOKENIZER, template)
         checks.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        check_template_here(TOKENIZER, template)
+        here.append((time.perf_counter() - t0) * 1000)
     t0 = time.perf_counter()
     try:
         check_untrusted_template(TOKENIZER, BOMB)
@@ -66,13 +72,15 @@ def main() -> None:
         "render_ms_direct": round(direct, 3),
         "budget_overhead_us": round((budgeted - direct) * 1000, 1),
         "submission_check_ms_median": round(statistics.median(checks), 1),
+        "submission_check_in_process_ms_median": round(statistics.median(here), 1),
         "bomb_refused_after_s": round(bomb_s, 2),
         "bomb_answer": bomb,
     }
     print(json.dumps(result))
     print(f"{'render, 20 messages (budgeted)':40} {budgeted:8.3f} ms")
     print(f"{'render, 20 messages (transformers)':40} {direct:8.3f} ms")
-    print(f"{'submission check (bounded child)':40} {statistics.median(checks):8.1f} ms")
+    print(f"{'submission check (checker process)':40} {statistics.median(checks):8.1f} ms")
+    print(f"{'submission check (forked from here)':40} {statistics.median(here):8.1f} ms")
     print(f"{'64 M-iteration template refused after':40} {bomb_s:8.2f} s")
 
 

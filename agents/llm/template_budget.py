@@ -7,7 +7,8 @@ Jinja's sandbox stops escapes but not cost: nested `range()` loops rendered 64 M
   (system, user, assistant with a tool call, tool result; tool schemas) in a forked child with
   RLIMIT_CPU and RLIMIT_AS limits and a wall deadline. A render over budget, a template that
   does not compile or one the sandbox refuses is `InvalidRequest` naming
-  `llm.chat_template_text` (a 400), never a stuck request thread.
+  `llm.chat_template_text` (a 400), never a stuck request thread. It forks, so it runs in a
+  process of one thread: the gateway asks `template_checker`'s process.
 - `render_budget`: every later render (workers, each turn) is in-process, where a child per
   turn would cost too much: `range()` is capped at `MAX_RANGE` items, strings a template
   builds are capped before they are allocated (`template_caps`), and a render that runs
@@ -216,6 +217,14 @@ class _Watchdog:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
         return fired
 
+    def after_fork(self) -> None:
+        """In a forked child: the lock afresh (another thread may have held it at the fork),
+        no deadlines (the threads that set them are not here), the thread started on next use."""
+        self._lock = threading.Lock()
+        self._deadlines.clear()
+        self._fired.clear()
+        self._thread = None
+
     def _run(self) -> None:
         while True:
             time.sleep(WATCH_INTERVAL)
@@ -228,6 +237,7 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+os.register_at_fork(after_in_child=_watchdog.after_fork)
 
 
 @contextmanager

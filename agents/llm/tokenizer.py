@@ -232,6 +232,12 @@ def load_chat_tokenizer(path: str, chat_template: str | None = None) -> ChatToke
 
 @functools.lru_cache(maxsize=16)
 def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
+    folder, hf = _load_hf_tokenizer(path)
+    return ChatTokenizer(hf, chat_template, generation_eos_ids(folder))
+
+
+def _load_hf_tokenizer(path: str) -> tuple[Path, Any]:
+    """(the folder, transformers' tokenizer) of the tokenizer `path` names."""
     from transformers import AutoTokenizer
 
     folder = Path(tokenizer_folder(path) or path)
@@ -240,17 +246,30 @@ def _load_chat_tokenizer(path: str, chat_template: str | None) -> ChatTokenizer:
             f"{path} has no tokenizer.json / tokenizer_config.json (nor "
             f"is it a model id in the Hugging Face cache {hub_cache_dir()})"
         )
-    hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    template = chat_template
-    return ChatTokenizer(hf, template, generation_eos_ids(folder))
+    return folder, AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def check_untrusted_template(path: str, chat_template: str) -> None:
     """Render a sample conversation through an untrusted inline template in a bounded child
-    (`template_budget.check_template`); InvalidRequest naming llm.chat_template_text."""
-    with _load_lock:
-        plain = _load_chat_tokenizer(path, PLAIN_TEMPLATE)  # loaded here, shared by the fork
-    check_template(lambda: render_sample(ChatTokenizer(plain.hf, chat_template, generation_eos_ids(Path(path)))))
+    of this process's template checker (`template_checker`: a fork from this threaded process
+    could inherit a held lock and hang); InvalidRequest naming llm.chat_template_text."""
+    from agents.llm.template_checker import check_in_checker
+
+    check_in_checker(path, chat_template)
+
+
+def check_template_here(path: str, chat_template: str) -> None:
+    """`check_untrusted_template` in this process: its bounded child is forked from here, so
+    this process must run one thread (the template checker does: it loads transformers'
+    tokenizer alone, as a ChatTokenizer's first render would start the render watchdog)."""
+    try:
+        folder, hf = _hf_tokenizer_for_checks(path)  # loaded here, shared by the fork
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"llm.tokenizer: cannot load {path!r}: {exc}", field="llm.tokenizer") from exc
+    check_template(lambda: render_sample(ChatTokenizer(hf, chat_template, generation_eos_ids(folder))))
+
+
+_hf_tokenizer_for_checks = functools.lru_cache(maxsize=16)(_load_hf_tokenizer)
 
 
 def is_tokenizer_folder(path: str | None) -> bool:
