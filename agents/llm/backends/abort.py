@@ -167,6 +167,12 @@ class _Watcher:
 _watcher = _Watcher()
 
 
+def aborted() -> bool:
+    """True when this thread's call (inside `abort_when`) was aborted."""
+    handle = getattr(_current, "handle", None)
+    return handle is not None and handle.aborted
+
+
 @contextmanager
 def abort_when(cancelled: Callable[[], bool] | None) -> Iterator[AbortHandle | None]:
     """A handle that the watcher aborts once `cancelled()` turns true (checked every

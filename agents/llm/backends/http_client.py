@@ -14,12 +14,14 @@ Safe to share between jobs and tenants:
   to that host, whoever's job made it);
 - aborting one request (`abort.py`) shuts down only the connection that request is using.
 
-Generation calls (`ServerClient.call`) go to the httpcore pools directly, without httpx's
-request and response objects: that layer cost ~0.5 ms of CPU per call at 32 threads (2.03 ms
-against 1.52; docs/benchmarks-history.md, "Hot path, round 4"). The rules above hold the same way there: no
-cookie jar at all, no redirects, the credential a header of its own request, the URL guard
-and the abort handle on the same pools. Everything else (health probes, model lists, weight
-pushes) uses the httpx client, whose pools these are.
+Generation calls (`ServerClient.call`, `.stream`) skip httpx's request and response objects
+(~0.5 ms of CPU per call at 32 threads: 2.03 ms against 1.52; docs/benchmarks-history.md, "Hot
+path, round 4") and httpcore's pool and h11 (~0.45 ms more than a raw socket): `http11.py`
+writes the request and parses the answer with httptools over the same backends' streams. The
+rules above hold the same way there: no cookie jar at all, no redirects, the credential a
+header of its own request, the URL guard and the abort handle on the same network backends.
+Everything else (health probes, model lists, weight pushes) uses the httpx client and its
+httpcore pools.
 
 Across fork the child forgets the parent's client (its sockets belong to the parent) and
 builds its own on first use; the client is closed at exit. The SSL context honours
@@ -33,6 +35,7 @@ import atexit
 import contextlib
 import os
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
@@ -41,6 +44,7 @@ import httpcore
 import httpx
 
 from agents.llm.backends.abort import RecordingBackend
+from agents.llm.backends.http11 import Exchange, Lane, request_bytes
 from agents.llm.backends.guard import GuardedBackend, check_request, connecting, current_rules
 
 DEFAULT_SLOTS = 16  # library use, where no worker said how many sessions run at once
@@ -76,53 +80,77 @@ class Reply:
 
 
 class _AbortableTransport(httpx.BaseTransport):
-    """httpx's transport over httpcore pools whose connections report their sockets to the
-    abort handle of the thread using them (httpx has no parameter for the network backend).
+    """httpx's transport over `http11` lanes whose connections report their sockets to the
+    abort handle of the thread using them (`abort.RecordingBackend`).
 
-    One pool per server (origin): httpcore's pool walks its connections on every request and
-    release, and its idle-connection check is quadratic in them (1.0.9: a list of every
-    connection per idle one). One pool for 64 slots over 4 servers held ~64 connections and
-    took ~9 % of a RUN worker's CPU; per server it holds that server's share.
+    One lane (idle connections) per server origin, so a request never waits behind another
+    server's, and one set of connections for both ways in: `send` / `stream` (generation
+    calls, without httpx's objects) and `handle_request` (httpx's client: probes, model
+    lists, weight pushes).
 
     A call inside `guard.url_guard(rules)` (a tenant's URL) is checked against the rules and
-    sent over a pool of its own whose connections go only to addresses the rules allow."""
+    sent over a lane of its own whose connections go only to addresses the rules allow."""
 
     def __init__(self, slots: int) -> None:
         self._slots = slots
         self._ssl_context = httpx.create_ssl_context()
-        self._lanes: dict[tuple[str, bool], httpx.HTTPTransport] = {}
+        self._lanes: dict[tuple[str, bool], Lane] = {}
         self._lanes_lock = threading.Lock()
 
-    def _lane(self, origin: str, guarded: bool) -> httpx.HTTPTransport:
-        """The transport (and pool) for `origin` (`scheme://host:port`), built on first use."""
+    def _lane(self, origin: str, guarded: bool) -> Lane:
+        """The lane for `origin` (`scheme://host:port`), built on first use."""
         key = (origin.lower(), guarded)
         lane = self._lanes.get(key)
         if lane is None:
             with self._lanes_lock:
                 lane = self._lanes.get(key)
                 if lane is None:
-                    lane = httpx.HTTPTransport(verify=self._ssl_context)
-                    lane._pool = httpcore.ConnectionPool(
-                        ssl_context=self._ssl_context,
-                        max_connections=None,
-                        max_keepalive_connections=self._slots,
-                        keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
-                        network_backend=GuardedBackend(RecordingBackend()) if guarded else RecordingBackend(),
+                    parts = urllib.parse.urlsplit(origin)
+                    if parts.scheme not in ("http", "https") or not parts.hostname:
+                        raise httpcore.UnsupportedProtocol(f"{origin}: not an http:// or https:// server")
+                    lane = Lane(
+                        parts.scheme,
+                        parts.hostname,
+                        parts.port or (443 if parts.scheme == "https" else 80),
+                        GuardedBackend(RecordingBackend()) if guarded else RecordingBackend(),
+                        self._ssl_context,
+                        self._slots,
+                        KEEPALIVE_EXPIRY_SECONDS,
                     )
                     self._lanes[key] = lane
         return lane
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        origin = f"{request.url.scheme}://{request.url.netloc.decode('ascii')}"
+    def _open(self, url: str, request: bytes, timeout: float, httpx_url: httpx.URL | None = None) -> Exchange:
+        """Send `request` to `url`'s server, guarded when this thread is; its response's head."""
+        scheme, _, authority = url.split("/", 3)[:3]
+        origin = f"{scheme}//{authority}"
         rules = current_rules()
         if rules is None:
-            return self._lane(origin, False).handle_request(request)
-        target = check_request(rules, request.url)
+            return self._lane(origin, False).open(request, timeout)
+        target = check_request(rules, httpx_url or httpx.URL(url))
         with connecting(rules, target):
-            return self._lane(origin, True).handle_request(request)
+            return self._lane(origin, True).open(request, timeout)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout") or {}
+        timeout = max((t for t in timeouts.values() if t is not None), default=None)
+        body = request.read()
+        fields = [(k, v) for k, v in request.headers.raw if k.lower() not in (b"content-length", b"transfer-encoding")]
+        method = request.method
+        wire = request_bytes(
+            method, request.url.raw_path.decode("ascii"), fields, body if body or method in BODY_METHODS else None
+        )
+        with _httpx_errors():
+            answer = self._open(str(request.url), wire, timeout, request.url)
+        return httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_ResponseStream(answer),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
 
     def send(self, method: str, url: str, body: bytes | None, timeout: float, headers: dict[str, str] | None) -> Reply:
-        """One request on the pools themselves (see the module's docstring), guarded as
+        """One request on the lanes themselves (see the module's docstring), guarded as
         `handle_request` is; raises one of TRANSPORT_ERRORS when no HTTP answer came."""
         with self.stream(method, url, body, timeout, headers) as (status, chunks):
             return Reply(status, b"".join(chunks))
@@ -134,31 +162,71 @@ class _AbortableTransport(httpx.BaseTransport):
         """As `send`, with the body read as it arrives: (status, the body's byte chunks).
         `timeout` bounds each read, not the whole answer (a streamed generation is long)."""
         scheme, _, authority = url.split("/", 3)[:3]
-        # Host as the URL writes it: httpcore's own drops an IPv6 address's brackets.
+        # Host as the URL writes it (an IPv6 address keeps its brackets).
         fields = [(b"Host", authority.encode()), (b"User-Agent", USER_AGENT), (b"Accept", b"application/json")]
         if body is not None:
             fields.append((b"Content-Type", b"application/json"))
         fields += [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
-        extensions = {"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
-        origin = f"{scheme}//{authority}"
-        rules = current_rules()
-        with contextlib.ExitStack() as stack:
-            if rules is None:
-                pool = self._lane(origin, False)._pool
-            else:
-                target = check_request(rules, httpx.URL(url))
-                stack.enter_context(connecting(rules, target))
-                pool = self._lane(origin, True)._pool
-            response = stack.enter_context(
-                pool.stream(method, url, headers=fields, content=body, extensions=extensions)
-            )
-            yield response.status, response.iter_stream()
+        target = url[len(scheme) + 2 + len(authority) :] or "/"
+        answer = self._open(url, request_bytes(method, target, fields, body), timeout)
+        try:
+            yield answer.status, answer.chunks()
+        finally:
+            answer.close()
 
     def close(self) -> None:
         with self._lanes_lock:
             lanes, self._lanes = list(self._lanes.values()), {}
         for lane in lanes:
             lane.close()
+
+
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+class _ResponseStream(httpx.SyncByteStream):
+    """An `http11.Exchange`'s body as httpx reads it (httpcore's errors as httpx's)."""
+
+    def __init__(self, answer: Exchange) -> None:
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _httpx_errors():
+            yield from self._answer.chunks()
+
+    def close(self) -> None:
+        self._answer.close()
+
+
+# httpcore's errors as httpx's (what httpx's own transport raises), most specific first
+_HTTPX_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except httpx.HTTPError:
+        raise
+    except Exception as exc:
+        for core, mapped in _HTTPX_ERRORS:
+            if isinstance(exc, core):
+                raise mapped(str(exc)) from exc
+        raise
 
 
 class ServerClient(httpx.Client):

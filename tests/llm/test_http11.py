@@ -1,0 +1,209 @@
+"""The generation calls' HTTP/1.1 exchange (`backends/http11.py`) against servers that answer
+on a real socket exactly as the test writes: every way a response can end, a dead pooled
+connection, what is not HTTP, a header that would smuggle another."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpcore
+import httpx
+import pytest
+
+from agents.llm.backends import http_client
+from agents.llm.backends.abort import RecordingBackend
+from agents.llm.backends.http11 import request_bytes
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 whose connections are handled by `answer(conn, request_no)`."""
+
+    def __init__(self, answer: Callable[[socket.socket, int], None]) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                request = read_request(conn)
+                if not request:
+                    return
+                self.requests.append(request)
+                if self.answer(conn, len(self.requests)) is False:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[socket.socket, int], None]], RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(answer: Callable[[socket.socket, int], None]) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def client() -> Iterator[http_client.ServerClient]:
+    c = http_client.make_client(4)
+    yield c
+    c.close()
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_keep_alive_reuses_one_connection_for_calls_and_httpx_requests(serve, client) -> None:
+    server = serve(lambda conn, n: conn.sendall(ok(b'{"n": %d}' % n)))
+    assert client.call("POST", server.url + "/v1/completions", b"{}", 5).content == b'{"n": 1}'
+    assert client.get(server.url + "/v1/models").json() == {"n": 2}  # httpx's way in, same lane
+    assert client.call("GET", server.url + "/health", None, 5).status == 200
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.startswith(b"POST /v1/completions HTTP/1.1\r\n") and first.endswith(b"\r\n\r\n{}")
+    assert b"Content-Length: 2\r\n" in first and b"Host: 127.0.0.1:" in first
+
+
+def test_chunked_and_close_delimited_bodies_are_read_whole(serve, client) -> None:
+    def answer(conn: socket.socket, n: int) -> bool | None:
+        if n == 1:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            conn.sendall(b"6\r\n world\r\n0\r\n\r\n")
+            return None
+        if n == 2:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+            return False  # closes: the body ends with the connection
+        conn.sendall(ok(b"third"))
+        return None
+
+    server = serve(answer)
+    with client.stream("POST", server.url + "/v1/completions", b"{}", 5) as (status, chunks):
+        assert status == 200 and b"".join(chunks) == b"hello world"
+    assert client.call("POST", server.url + "/v1/completions", b"{}", 5).content == b"until the end"
+    assert client.call("POST", server.url + "/v1/completions", b"{}", 5).content == b"third"
+    assert server.connections == 2  # the closed one is not reused
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced(serve, client) -> None:
+    def answer(conn: socket.socket, n: int) -> bool:
+        conn.sendall(ok(b"%d" % n))
+        return False  # the server closes every connection after one answer, without saying so
+
+    server = serve(answer)
+    for n in (1, 2, 3):
+        assert client.call("POST", server.url + "/x", b"{}", 5).content == b"%d" % n
+    assert server.connections == 3
+
+
+def test_a_body_cut_short_and_a_non_http_answer_are_transport_errors(serve, client) -> None:
+    def answer(conn: socket.socket, n: int) -> bool:
+        if n == 1:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        else:
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        return False
+
+    server = serve(answer)
+    with pytest.raises(httpcore.RemoteProtocolError, match="before the response ended"):
+        client.call("POST", server.url + "/x", b"{}", 5)
+    with pytest.raises(http_client.TRANSPORT_ERRORS):
+        client.call("POST", server.url + "/x", b"{}", 5)
+    with pytest.raises(httpx.RemoteProtocolError):  # httpx's way in gets httpx's error
+        client.get(server.url + "/y")
+
+
+def test_a_silent_server_is_a_read_timeout(serve, client) -> None:
+    server = serve(lambda conn, n: None)  # reads the request, never answers
+    with pytest.raises(httpcore.ReadTimeout):
+        client.call("POST", server.url + "/x", b"{}", 0.3)
+    with pytest.raises(httpx.ReadTimeout):
+        client.get(server.url + "/x", timeout=0.3)
+
+
+def test_a_header_or_target_that_would_smuggle_a_request_is_refused_before_sending() -> None:
+    for name, value in ((b"X-Key", b"a\r\nX-Admin: 1"), (b"X Key", b"a"), (b"X-Key:", b"a"), (b"X-Key", b"a\0")):
+        with pytest.raises(httpcore.LocalProtocolError):
+            request_bytes("POST", "/x", [(name, value)], b"{}")
+    with pytest.raises(httpcore.LocalProtocolError):
+        request_bytes("GET", "/x HTTP/1.1\r\nX-Admin: 1\r\n\r\nGET /y", [], None)
+
+
+def test_a_credential_header_with_a_line_break_never_reaches_the_server(serve, client) -> None:
+    server = serve(lambda conn, n: conn.sendall(ok(b"{}")))
+    with pytest.raises(http_client.TRANSPORT_ERRORS):
+        client.call("POST", server.url + "/x", b"{}", 5, {"Authorization": "Bearer a\r\nX-Admin: 1"})
+    assert server.requests == []
+
+
+def test_an_abort_cuts_a_call_blocked_on_a_reused_connection(serve, client) -> None:
+    """The abort handle finds the lane's pooled connection (RecordingBackend's stream)."""
+    from agents.llm.backends.abort import abort_when
+
+    gate = threading.Event()
+
+    def answer(conn: socket.socket, n: int) -> None:
+        if n == 1:
+            conn.sendall(ok(b"first"))
+        else:
+            gate.wait(10)  # the second call hangs until the test ends
+
+    connects = []
+    original = RecordingBackend.connect_tcp
+
+    def counting(self, *args, **kwargs):
+        connects.append(args)
+        return original(self, *args, **kwargs)
+
+    server = serve(answer)
+    RecordingBackend.connect_tcp = counting
+    try:
+        assert client.call("POST", server.url + "/x", b"{}", 5).content == b"first"
+        flag = threading.Event()
+        threading.Timer(0.3, flag.set).start()
+        started = time.monotonic()
+        with abort_when(flag.is_set), pytest.raises(http_client.TRANSPORT_ERRORS):
+            client.call("POST", server.url + "/x", b"{}", 30)
+        assert time.monotonic() - started < 10  # cut, not the 30 s read timeout
+    finally:
+        RecordingBackend.connect_tcp = original
+        gate.set()
+    assert len(connects) == 1  # the second call was on the pooled connection, and was cut
