@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpcore
 import httpx
@@ -21,7 +22,8 @@ from agents.llm.backends.http11 import request_bytes
 class RawServer:
     """A TCP server on 127.0.0.1 whose connections are handled by `answer(conn, request_no)`."""
 
-    def __init__(self, answer: Callable[[socket.socket, int], None]) -> None:
+    def __init__(self, answer: Callable[[socket.socket, int], None], tls: Any = None) -> None:
+        self.tls = tls  # an ssl.SSLContext: the connections speak TLS
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.answer = answer
@@ -39,6 +41,12 @@ class RawServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:  # the client refused the certificate
+                conn.close()
+                return
         with conn:
             while True:
                 request = read_request(conn)
@@ -69,11 +77,11 @@ def read_request(conn: socket.socket) -> bytes:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[[Callable[[socket.socket, int], None]], RawServer]]:
+def serve() -> Iterator[Callable[..., RawServer]]:
     servers: list[RawServer] = []
 
-    def start(answer: Callable[[socket.socket, int], None]) -> RawServer:
-        servers.append(RawServer(answer))
+    def start(answer: Callable[[socket.socket, int], None], tls: Any = None) -> RawServer:
+        servers.append(RawServer(answer, tls))
         return servers[-1]
 
     yield start
@@ -207,3 +215,35 @@ def test_an_abort_cuts_a_call_blocked_on_a_reused_connection(serve, client) -> N
         RecordingBackend.connect_tcp = original
         gate.set()
     assert len(connects) == 1  # the second call was on the pooled connection, and was cut
+
+
+def test_an_https_server_is_reached_over_tls_with_its_name_checked(serve, tmp_path, monkeypatch) -> None:
+    """TLS through the backend's `start_tls`, verified against SSL_CERT_FILE (as httpx does)."""
+    import ssl
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+
+    def answer(conn: socket.socket, n: int) -> None:
+        conn.sendall(ok(b"secret"))
+
+    server = serve(answer, server_context)
+    port = server.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    client = http_client.make_client(2)
+    try:
+        assert client.call("POST", f"https://localhost:{port}/v1/completions", b"{}", 5).content == b"secret"
+        assert client.get(f"https://localhost:{port}/v1/models").content == b"secret"
+        with pytest.raises(http_client.TRANSPORT_ERRORS):  # the certificate names localhost only
+            client.call("POST", f"https://127.0.0.1:{port}/v1/completions", b"{}", 5)
+    finally:
+        client.close()
+    assert server.connections == 2  # the two localhost requests shared one TLS connection
