@@ -204,28 +204,35 @@ class RolloutEndpoint:
         completion = self.runner.complete(call)
         return self._answer_whole(req, wire, call, completion, model, body)
 
-    def _answer_whole(self, req: Handler, wire: Any, call: Any, completion: Any, model: str, body: dict) -> None:
-        """The reply once generated: JSON, or its whole event stream."""
-        if wire not in (openai_wire, anthropic_wire):
-            answer = wire.answer(call, completion, body, model)
-            return req.send_sse(answer) if call.stream else req.send_json(200, answer)
+    def _answer_whole(
+        self, req: Handler, wire: Any, call: Any, completion: Any, model: str, body: dict, out: LiveSSE | None = None
+    ) -> None:
+        """The reply once generated: JSON, or its whole event stream (on `out` when a
+        streamed call's head went out already)."""
+        if not call.stream:
+            if wire not in (openai_wire, anthropic_wire):
+                return req.send_json(200, wire.answer(call, completion, body, model))
+            if wire is anthropic_wire:
+                return req.send_json(200, anthropic_wire.message_body(completion, model))
+            return req.send_json(200, openai_wire.completion_body(completion, model))
         if wire is anthropic_wire:
-            if call.stream:
-                return req.send_sse(anthropic_wire.stream_events(completion, model))
-            return req.send_json(200, anthropic_wire.message_body(completion, model))
-        if call.stream:
-            return req.send_sse(openai_wire.stream_events(completion, model, _include_usage(body)))
-        return req.send_json(200, openai_wire.completion_body(completion, model))
+            events = anthropic_wire.stream_events(completion, model)
+        elif wire is openai_wire:
+            events = openai_wire.stream_events(completion, model, _include_usage(body))
+        else:
+            events = wire.answer(call, completion, body, model)
+        return out.whole(events) if out is not None else req.send_sse(events)
 
     def _stream(self, req: Handler, wire: Any, call: Any, live: Any, model: str, body: dict) -> None:
         """A `stream: true` call whose text goes out as the server generates it
-        (`streaming`); a call that fails before any text is answered as a whole one is."""
+        (`streaming`); a call that fails before a server accepted it is answered as a whole
+        one is (the API's JSON error), one that fails after with the wire's error event."""
         out = LiveSSE(req, live)
-        sink = ReplyStream(call.stop, call.parse_tools, call.thinking, out.text)
+        sink = ReplyStream(call.stop, call.parse_tools, call.thinking, out.text, out.open)
         try:
             completion = self.runner.complete(call, sink)
         except Exception as exc:
-            if not out.started:
+            if not out.opened:
                 raise
             if not isinstance(exc, CallError):
                 log.exception("rollout %s: the endpoint failed a streamed call", self.ctx.rollout_id)
@@ -236,7 +243,7 @@ class RolloutEndpoint:
         if not whole:
             self.runner.stats.stream_mismatches += 1
         if not out.started:
-            return self._answer_whole(req, wire, call, completion, model, body)
+            return self._answer_whole(req, wire, call, completion, model, body, out)
         out.finish(completion, rest)
 
 

@@ -149,7 +149,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
-        self._headers_buffer.append(b"\r\n" + _chunk("".join(events).encode()))
+        self._headers_buffer.append(b"\r\n" + _chunk("".join(events).encode()))  # no events: the head alone
         self.flush_headers()
 
     def sse_write(self, events: Iterable[str]) -> None:

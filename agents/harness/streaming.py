@@ -14,9 +14,12 @@ finish reason and usage go out at the end, as a whole reply's stream has them). 
   may: a prefix of `<think>`), or whose prompt opened one (the generation prompt of a thinking
   template): its end decides what is text, so it streams at the end.
 
-`LiveSSE` writes one wire's events on the request's connection as they come: the HTTP head and
-the wire's opening events with the first text, so a call that fails before any text is still
-answered with the API's JSON error, and one that fails after gets the wire's error event.
+`LiveSSE` writes one wire's events on the request's connection as they come: the HTTP head as
+soon as a server accepted the generation (the harness parses it while the model prefills, off
+the first token's path), the wire's opening events with the first text. A call that fails
+before a server accepted it (a context overflow, every server down) is answered with the API's
+JSON error and status; one that fails after gets the wire's error event, as the real APIs do
+once their stream is open.
 
 The record is the session's (ids and logprobs as the server sent them): streaming changes
 only when the harness sees the text, never what is stored.
@@ -56,12 +59,20 @@ class WireStream(Protocol):
 class ReplyStream:
     """The text filter between the session's streamed generation and the harness."""
 
-    def __init__(self, stop: list[str], parse_tools: bool, thinking: bool, emit: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        stop: list[str],
+        parse_tools: bool,
+        thinking: bool,
+        emit: Callable[[str, int], None],
+        on_open: Callable[[], None] | None = None,
+    ) -> None:
         self.stop = [s for s in stop if s]
         self.markers = [*self.stop, OPEN_TAG] if parse_tools else list(self.stop)
         self.thinking = thinking
         self.live = True  # False: nothing streams before the end (the runner: a prompt opened `<think>`)
         self.emit = emit
+        self.on_open = on_open
         self.raw = ""  # the server's text of the current request
         self.sent = ""  # what the harness was sent
         self.first_at: float | None = None  # when the first text was written
@@ -82,6 +93,10 @@ class ReplyStream:
     def restart(self) -> None:
         """A new request for the turn: its text must repeat what was sent to be passed on."""
         self.raw = ""
+
+    def opened(self) -> None:
+        if self.live and self.on_open is not None:
+            self.on_open()
 
     # -- the end ---------------------------------------------------------------------------
     def rest(self, content: str | None) -> tuple[str, bool]:
@@ -122,16 +137,35 @@ class LiveSSE:
     def __init__(self, req: Any, wire: WireStream) -> None:
         self.req = req
         self.wire = wire
-        self.started = False
+        self.opened = False  # the HTTP head was written
+        self.started = False  # the wire's events were (its opening ones, then text)
         self.gone = False
 
+    def open(self) -> None:
+        """Write the HTTP head alone (once: a failover's second server opens nothing new)."""
+        if not self.opened:
+            self.opened = True
+            self._write(self.req.sse_open, ())
+
     def text(self, delta: str, prompt_tokens: int = 0) -> None:
-        """Write a piece of text (the head first, once)."""
+        """Write a piece of text (the wire's opening events first, once)."""
         if not self.started:
             self.started = True
-            self._write(self.req.sse_open, [*self.wire.head(prompt_tokens), *self.wire.text(delta)])
+            self._send([*self.wire.head(prompt_tokens), *self.wire.text(delta)])
             return
         self._write(self.req.sse_write, self.wire.text(delta))
+
+    def whole(self, events: Iterable[str]) -> None:
+        """A whole reply's events, nothing of it streamed before (a reply of tool calls only)."""
+        self._send(events)
+        self._write(self.req.sse_close)
+
+    def _send(self, events: Iterable[str]) -> None:
+        if self.opened:
+            self._write(self.req.sse_write, events)
+        else:
+            self.opened = True
+            self._write(self.req.sse_open, events)
 
     def finish(self, completion: Any, rest: str) -> None:
         """Write the rest of the reply and end the stream."""

@@ -236,6 +236,7 @@ class LLMSession:
                 request.headers = self._auth_headers(server)
                 if self._sink is not None:
                     request.on_delta = self._sink.delta
+                    request.on_open = getattr(self._sink, "opened", None)  # optional in a sink
                 sent, asked = time.monotonic(), request.max_tokens
                 with abort_when(self._cancelled) as handle:
                     generation = self.backend.generate(server.url, request)

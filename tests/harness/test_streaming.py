@@ -14,7 +14,7 @@ import time
 import pytest
 
 from agents.harness.streaming import ReplyStream
-from tests.harness.conftest import BASH_TOOL, anthropic_client, ids_of, openai_client, recorded
+from tests.harness.conftest import BASH_TOOL, anthropic_client, ids_of, openai_client, recorded, uds_client
 
 END = 2
 TEXT = "I will list the files in the working directory first, then read the one that fails."
@@ -157,6 +157,60 @@ def test_a_failure_after_text_ends_the_stream_with_the_api_s_error(endpoint) -> 
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 cancelled.append(True)
+    assert ep.counters.errors == {"cancelled": 1}
+
+
+SLOW_START = {"default": [{"text": "Hello there.", "latency": 3.0}]}  # ~4 tokens: the first at ~0.75 s
+
+
+def test_the_head_goes_out_when_the_server_accepts_not_with_the_first_text(endpoint) -> None:
+    """The harness parses the reply's HTTP head while the model prefills (off the first
+    token's path); the wire's opening events still come with the first text."""
+    ep = endpoint(SLOW_START)
+    body = {"model": "policy", "messages": START, "stream": True}
+    headers = {"Authorization": f"Bearer {ep.token}"}
+    with uds_client(ep) as http:
+        started = time.monotonic()
+        with http.stream("POST", "http://endpoint/v1/chat/completions", json=body, headers=headers) as response:
+            head_at = time.monotonic()
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/event-stream"
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            first_at = time.monotonic()
+            rest = [line for line in lines if line.startswith("data:")]
+    # the server paces its first token ~0.75 s after accepting: the head did not wait for it
+    assert first_at - head_at > 0.3, (round(head_at - started, 3), round(first_at - started, 3))
+    assert json.loads(first[5:])["choices"][0]["delta"]["role"] == "assistant"  # the opening event
+    assert rest[-1] == "data: [DONE]"
+    texts = [json.loads(line[5:])["choices"][0]["delta"].get("content") for line in rest[:-1]]
+    assert "".join(t for t in texts if t) == "Hello there."
+
+
+def test_a_failure_after_the_server_accepted_but_before_any_text_is_the_api_s_error_event(endpoint) -> None:
+    """The head is out (200): the failure comes as the wire's error event, as the real APIs
+    send one once their stream is open; the SDKs raise on it."""
+    import anthropic
+    import openai
+
+    cancelled = []
+    ep = endpoint(SLOW_START, cancel_check=lambda: bool(cancelled))
+    stream = openai_client(ep).chat.completions.create(model="policy", messages=START, stream=True)
+    cancelled.append(True)  # the head is in (create returned); the first token is ~0.75 s away
+    with pytest.raises(openai.APIError) as err:
+        for _ in stream:
+            pass
+    assert not isinstance(err.value, openai.APIStatusError)  # an event, not a status
+
+    cancelled_too = []
+    ep2 = endpoint(SLOW_START, cancel_check=lambda: bool(cancelled_too))
+    with pytest.raises(anthropic.APIError) as err2:
+        with anthropic_client(ep2).messages.stream(model="policy", max_tokens=64, messages=START[1:]) as events:
+            cancelled_too.append(True)  # the head is in
+            for _ in events:
+                pass
+    assert err2.value.status_code == 200  # the SDK's error from the stream's `error` event
+    assert ep2.counters.errors == {"cancelled": 1}
     assert ep.counters.errors == {"cancelled": 1}
 
 

@@ -53,6 +53,9 @@ class GenerateRequest:
     # backend that cannot stream calls it once with the whole text). The ids and logprobs of
     # the Generation are the server's either way.
     on_delta: Callable[[str], None] | None = None
+    # Called once the server has accepted the streamed request (its 200, before any token):
+    # the harness endpoint sends its own reply's head then, off the first token's path.
+    on_open: Callable[[], None] | None = None
 
     def sampling_params(self, *names: str) -> dict[str, Any]:
         """The named sampling parameters under the names vLLM, SGLang and OpenAI share: the
@@ -79,6 +82,9 @@ class DeltaSink(Protocol):
 
     def restart(self) -> None:
         """The request is asked again (failover, abort): its text starts over."""
+
+    def opened(self) -> None:
+        """A server accepted the streamed request (called before its first text; optional)."""
 
 
 @dataclass
@@ -150,10 +156,16 @@ class LLMBackend(ABC):
             raise ServerError(f"{url}: response is not JSON", url=url) from exc
 
     def _stream(
-        self, url: str, body: dict, timeout: float, headers: dict[str, str] | None = None
+        self,
+        url: str,
+        body: dict,
+        timeout: float,
+        headers: dict[str, str] | None = None,
+        on_open: Callable[[], None] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """A POST answered with server-sent events: each `data:` payload as JSON, up to
-        `[DONE]`. Errors as `_call`'s; an error event mid-stream is a ServerError."""
+        `[DONE]` (`on_open` called once the server accepted it). Errors as `_call`'s; an
+        error event mid-stream is a ServerError."""
         try:
             with http_client.shared_client().stream("POST", url, encode_body(body), timeout, headers) as (
                 status,
@@ -161,6 +173,8 @@ class LLMBackend(ABC):
             ):
                 if status >= 400:
                     self._check_status(url, status, b"".join(chunks))
+                if on_open is not None:
+                    on_open()
                 yield from _sse_payloads(url, chunks)
         except http_client.TRANSPORT_ERRORS as exc:
             raise ServerError(f"{url}: {type(exc).__name__}", url=url) from exc

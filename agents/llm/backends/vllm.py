@@ -74,7 +74,7 @@ class VLLMBackend(LLMBackend):
         logprobs: list[float] = []
         finish = stop_reason = None
         assert request.on_delta is not None
-        for event in self._stream(f"{url}/v1/completions", body, request.timeout, request.headers):
+        for event in self._stream(f"{url}/v1/completions", body, request.timeout, request.headers, request.on_open):
             try:
                 choice = event["choices"][0] if event.get("choices") else None
                 if choice is None:
