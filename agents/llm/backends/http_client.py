@@ -20,8 +20,8 @@ path, round 4") and httpcore's pool and h11 (~0.45 ms more than a raw socket): `
 writes the request and parses the answer with httptools over the same backends' streams. The
 rules above hold the same way there: no cookie jar at all, no redirects, the credential a
 header of its own request, the URL guard and the abort handle on the same network backends.
-Everything else (health probes, model lists, weight pushes) uses the httpx client and its
-httpcore pools.
+Everything else (health probes, model lists, weight pushes) goes through the httpx client,
+whose transport sends over the same per-server connections.
 
 Across fork the child forgets the parent's client (its sockets belong to the parent) and
 builds its own on first use; the client is closed at exit. The SSL context honours
