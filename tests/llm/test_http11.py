@@ -111,6 +111,12 @@ def test_keep_alive_reuses_one_connection_for_calls_and_httpx_requests(serve, cl
     assert b"Content-Length: 2\r\n" in first and b"Host: 127.0.0.1:" in first
 
 
+def test_a_head_request_reads_no_body_whatever_the_length_says(serve, client) -> None:
+    server = serve(lambda conn, n: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"))
+    response = client.head(server.url + "/health", timeout=5)  # would wait for 1000 bytes
+    assert response.status_code == 200 and response.content == b""
+
+
 def test_chunked_and_close_delimited_bodies_are_read_whole(serve, client) -> None:
     def answer(conn: socket.socket, n: int) -> bool | None:
         if n == 1:

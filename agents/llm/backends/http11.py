@@ -134,8 +134,9 @@ class Lane:
         self._idle: list[tuple[httpcore.NetworkStream, float]] = []
         self._lock = threading.Lock()
 
-    def open(self, request: bytes, timeout: float) -> Exchange:
-        """Send `request` (head and body, whole) and read the response's head. A pooled
+    def open(self, request: bytes, timeout: float, bodiless: bool = False) -> Exchange:
+        """Send `request` (head and body, whole) and read the response's head (`bodiless`:
+        the answer to a HEAD request, which has no body whatever its length says). A pooled
         connection that fails before any byte of an answer (the server closed it as it idled:
         the close crossed this request) is replaced once by a new one."""
         stream, reused = self._connection(timeout)
@@ -150,6 +151,8 @@ class Lane:
                         raise httpcore.RemoteProtocolError("the server closed the connection without a response")
                     answered = True
                     parsed.feed(data)
+                if bodiless:
+                    parsed.complete, parsed.keep_alive = True, False  # not kept: simplest safe
                 return Exchange(self, stream, parsed, timeout)
             except (httpcore.ReadError, httpcore.WriteError, httpcore.RemoteProtocolError):
                 parsed.parser = None

@@ -120,16 +120,18 @@ class _AbortableTransport(httpx.BaseTransport):
                     self._lanes[key] = lane
         return lane
 
-    def _open(self, url: str, request: bytes, timeout: float, httpx_url: httpx.URL | None = None) -> Exchange:
+    def _open(
+        self, url: str, request: bytes, timeout: float, httpx_url: httpx.URL | None = None, bodiless: bool = False
+    ) -> Exchange:
         """Send `request` to `url`'s server, guarded when this thread is; its response's head."""
         scheme, _, authority = url.split("/", 3)[:3]
         origin = f"{scheme}//{authority}"
         rules = current_rules()
         if rules is None:
-            return self._lane(origin, False).open(request, timeout)
+            return self._lane(origin, False).open(request, timeout, bodiless)
         target = check_request(rules, httpx_url or httpx.URL(url))
         with connecting(rules, target):
-            return self._lane(origin, True).open(request, timeout)
+            return self._lane(origin, True).open(request, timeout, bodiless)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout") or {}
@@ -141,7 +143,7 @@ class _AbortableTransport(httpx.BaseTransport):
             method, request.url.raw_path.decode("ascii"), fields, body if body or method in BODY_METHODS else None
         )
         with _httpx_errors():
-            answer = self._open(str(request.url), wire, timeout, request.url)
+            answer = self._open(str(request.url), wire, timeout, request.url, method == "HEAD")
         return httpx.Response(
             answer.status,
             headers=answer.headers,
