@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.llm.tokenizer import check_template_here, check_untrusted_template, load_chat_tokenizer  # noqa: E402
+from agents.llm.template_checker import check_untrusted_template  # noqa: E402
+from agents.llm.tokenizer import check_template_here, load_chat_tokenizer  # noqa: E402
 from core.errors import InvalidRequest  # noqa: E402
 
 TOKENIZER = str(REPO / "tests" / "fixtures" / "smollm2-tokenizer")

@@ -416,7 +416,8 @@ def test_strings_a_template_builds_are_capped_before_they_are_allocated(name):
     `~` 27 times (134 M characters) is refused before the allocation, in milliseconds."""
     import resource
 
-    from agents.llm.tokenizer import check_untrusted_template, load_chat_tokenizer
+    from agents.llm.template_checker import check_untrusted_template
+    from agents.llm.tokenizer import load_chat_tokenizer
 
     text = ALLOCATION_BOMBS[name]
     check_untrusted_template(SMOLLM2, text)  # the sample never reaches the branch

@@ -162,11 +162,8 @@ def resolve_llm_spec(
     """
     from jinja2 import TemplateError
 
-    from agents.llm.tokenizer import (
-        check_untrusted_template,
-        load_chat_tokenizer,
-        resolve_tokenizer_path,
-    )
+    from agents.llm.template_checker import check_untrusted_template
+    from agents.llm.tokenizer import load_chat_tokenizer, resolve_tokenizer_path
 
     policy = policy or LLMPolicy()
     inline = parsed.chat_template_text is not None  # a registered template is the operator's

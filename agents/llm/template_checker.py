@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from agents.llm.template_budget import FIELD, TemplateOverBudget
+from agents.llm.tokenizer import check_template_here
 from core.errors import InvalidRequest, ServiceUnavailable
 
 VERDICTS = ("ok", "invalid", "over_budget", "tokenizer")
@@ -132,15 +133,15 @@ def _read_line(stream: IO[bytes], timeout: float) -> bytes:
 _checker = TemplateChecker()
 
 
-def check_in_checker(tokenizer: str, template: str) -> dict[str, Any]:
-    """`TemplateChecker.check` through this process's checker."""
+def check_untrusted_template(tokenizer: str, template: str) -> dict[str, Any]:
+    """Render a sample conversation through an untrusted inline template in a bounded child
+    of this process's checker; InvalidRequest naming llm.chat_template_text (or llm.tokenizer)
+    unless it passes (the reply, for tests)."""
     return _checker.check(tokenizer, template)
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     """The checker's reply to one request (this runs in the checker process)."""
-    from agents.llm.tokenizer import check_template_here
-
     try:
         check_template_here(str(request["tokenizer"]), str(request["template"]))
         verdict, message = "ok", ""

@@ -249,19 +249,11 @@ def _load_hf_tokenizer(path: str) -> tuple[Path, Any]:
     return folder, AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def check_untrusted_template(path: str, chat_template: str) -> None:
-    """Render a sample conversation through an untrusted inline template in a bounded child
-    of this process's template checker (`template_checker`: a fork from this threaded process
-    could inherit a held lock and hang); InvalidRequest naming llm.chat_template_text."""
-    from agents.llm.template_checker import check_in_checker
-
-    check_in_checker(path, chat_template)
-
-
 def check_template_here(path: str, chat_template: str) -> None:
-    """`check_untrusted_template` in this process: its bounded child is forked from here, so
-    this process must run one thread (the template checker does: it loads transformers'
-    tokenizer alone, as a ChatTokenizer's first render would start the render watchdog)."""
+    """`template_checker.check_untrusted_template` in this process: its bounded child is forked
+    from here, so this process must run one thread (the template checker does: it loads
+    transformers' tokenizer alone, as a ChatTokenizer's first render would start the render
+    watchdog)."""
     try:
         folder, hf = _hf_tokenizer_for_checks(path)  # loaded here, shared by the fork
     except (OSError, ValueError) as exc:

@@ -17,7 +17,7 @@ import pytest
 from agents.llm import template_budget, template_checker
 from agents.llm.template_budget import TemplateOverBudget
 from agents.llm.template_checker import TemplateChecker
-from agents.llm.tokenizer import check_untrusted_template
+from agents.llm.template_checker import check_untrusted_template
 from core.errors import InvalidRequest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

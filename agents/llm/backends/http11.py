@@ -12,9 +12,8 @@ backends (`abort.RecordingBackend`: a call's abort handle finds and cuts its con
 `guard.GuardedBackend`: a tenant's URL connects only where the rules allow), TLS (`start_tls`),
 per-read timeouts and the exceptions (`http_client.TRANSPORT_ERRORS` catches all this raises).
 A pooled connection the server has closed (readable while idle) or one idle longer than the
-keep-alive expiry is dropped before use, as httpcore's pool does; one whose close crossed the
-request (it failed before any byte of an answer, and no abort cut it) is replaced once by a
-new connection.
+keep-alive expiry is dropped before use, as httpcore's pool does; one whose write fails is
+replaced once by a new connection.
 """
 
 from __future__ import annotations
@@ -137,33 +136,33 @@ class Lane:
     def open(self, request: bytes, timeout: float, bodiless: bool = False) -> Exchange:
         """Send `request` (head and body, whole) and read the response's head (`bodiless`:
         the answer to a HEAD request, which has no body whatever its length says). A pooled
-        connection that fails before any byte of an answer (the server closed it as it idled:
-        the close crossed this request) is replaced once by a new one."""
+        connection whose write fails (the server had closed it) is replaced once; one that
+        fails after the request went out is not: the server may have taken the request (a
+        restart mid-request), and asking again is the session's call (a paused server, a
+        failover), as with httpcore."""
         stream, reused = self._connection(timeout)
-        while True:
-            parsed = _Parsed()
-            answered = False
+        parsed = _Parsed()
+        try:
             try:
                 stream.write(request, timeout)
-                while not parsed.head_done:
-                    data = stream.read(READ_BYTES, timeout)
-                    if not data:
-                        raise httpcore.RemoteProtocolError("the server closed the connection without a response")
-                    answered = True
-                    parsed.feed(data)
-                if bodiless:
-                    parsed.complete, parsed.keep_alive = True, False  # not kept: simplest safe
-                return Exchange(self, stream, parsed, timeout)
-            except (httpcore.ReadError, httpcore.WriteError, httpcore.RemoteProtocolError):
-                parsed.parser = None
+            except httpcore.WriteError:
                 stream.close()
-                if not reused or answered or aborted():  # an abort cut it: no second try
+                if not reused or aborted():  # an abort cut it: no second try
                     raise
-                stream, reused = self._connect(timeout), False
-            except BaseException:
-                parsed.parser = None
-                stream.close()
-                raise
+                stream = self._connect(timeout)
+                stream.write(request, timeout)
+            while not parsed.head_done:
+                data = stream.read(READ_BYTES, timeout)
+                if not data:
+                    raise httpcore.RemoteProtocolError("the server closed the connection without a response")
+                parsed.feed(data)
+            if bodiless:
+                parsed.complete, parsed.keep_alive = True, False  # not kept: simplest safe
+        except BaseException:
+            parsed.parser = None
+            stream.close()
+            raise
+        return Exchange(self, stream, parsed, timeout)
 
     @contextlib.contextmanager
     def exchange(self, request: bytes, timeout: float) -> Iterator[tuple[int, Iterator[bytes]]]:

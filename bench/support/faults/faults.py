@@ -174,13 +174,20 @@ def redis_restart_during_acks(c: Campaign, job: JobAccepted, report: Report) -> 
 def drain_node(c: Campaign, job: JobAccepted, report: Report) -> None:
     """Issue 27: a node's pools get SIGTERM (2 s drain) while it holds RUNs with stored turns,
     as at the end of its Slurm job; the node does not come back during the job. `affected`:
-    rollouts that had not finished RUN there then (the most that may restart from INIT)."""
+    rollouts that had not finished RUN there then (the most that may restart from INIT), and
+    any its INIT pool took just before the signal and handed back."""
     mid_run = _mid_run(c, job.job_id)
     drained = sorted({_node_of(r) for r in mid_run})[0]  # a node holding RUNs with turns
     before_run = {r.id for r in c.rows(job.job_id) if r.node == drained and r.status in ("init", "run")}
     seconds, codes = c.drain_node(drained)
-    report.affected_ids = before_run
-    report.affected = len(before_run)
+    # and one the node's INIT took between that look and the signal, handed back by the drain
+    handed_back = {
+        r.id
+        for r in c.rows(job.job_id)
+        if any(f"node {drained} drains" in str(h.get("error")) for h in r.attempt_history or [])
+    }
+    report.affected_ids = before_run | handed_back
+    report.affected = len(report.affected_ids)
     report.notes.append(f"{drained} drained in {seconds}s, exit codes {codes}")
 
 
