@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agents.counters import metric_count
 from fakellm.server import make_server
 from raas_client.sdk import verify_callback
 from bench.support.pipeline_harness import start_service, wait_for
@@ -205,7 +206,13 @@ def test_figures_say_what_changed(service, run) -> None:
     assert set(hist) == {"1", "2"} and sum(hist.values()) == N_GROUPS * N_SAMPLES and hist["2"] >= HEALTHY * N_SAMPLES
     assert collapse.recent.turns_mean <= 1.5 and collapse.overall.reward_mean == 1.0
     no_tools = service.client.job_health(run["jobs"]["no_tools"])
-    assert no_tools.recent.reward_without_tools == 1.0 and 0 < no_tools.overall.reward_without_tools < 1
+    # the recent window is the last 4 rollouts finished: the changed policy's, unless one that
+    # started before the change (it calls a tool) finished among them on a loaded machine
+    last = sorted(service.all_results(run["jobs"]["no_tools"]), key=lambda r: r.seq)[-4:]
+    rewarded = [r for r in last if (r.reward or 0) > 0]
+    without = sum(metric_count(r.metrics, "tool_calls") == 0 for r in rewarded) / len(rewarded)
+    assert without >= 0.5 and no_tools.recent.reward_without_tools == without, last
+    assert 0 < no_tools.overall.reward_without_tools < without
     garbled = service.client.job_health(run["jobs"]["garbled"])
     assert garbled.recent.parse_failure_rate >= 0.5 and 0.3 < garbled.overall.parse_failure_rate < 1
     assert set(garbled.by_weight_version) == {"step-3"} and garbled.overall.time_split["gen"] > 0
