@@ -18,7 +18,6 @@ replaced once by a new connection.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import time
@@ -163,15 +162,6 @@ class Lane:
             stream.close()
             raise
         return Exchange(self, stream, parsed, timeout)
-
-    @contextlib.contextmanager
-    def exchange(self, request: bytes, timeout: float) -> Iterator[tuple[int, Iterator[bytes]]]:
-        """`open` as a context: (status, the body's chunks as they arrive)."""
-        answer = self.open(request, timeout)
-        try:
-            yield answer.status, answer.chunks()
-        finally:
-            answer.close()
 
     def release(self, stream: httpcore.NetworkStream) -> None:
         """Keep `stream` (its last response read whole) for the next request."""
