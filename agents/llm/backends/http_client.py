@@ -200,33 +200,17 @@ class _ResponseStream(httpx.SyncByteStream):
         self._answer.close()
 
 
-# httpcore's errors as httpx's (what httpx's own transport raises), most specific first
-_HTTPX_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
 @contextlib.contextmanager
 def _httpx_errors() -> Iterator[None]:
+    """httpcore's errors as httpx's (what httpx's own transport raises): httpx names each of
+    httpcore's exception classes the same, so the most specific class of the error that httpx
+    also has is the one raised."""
     try:
         yield
-    except httpx.HTTPError:
-        raise
     except Exception as exc:
-        for core, mapped in _HTTPX_ERRORS:
-            if isinstance(exc, core):
+        for cls in type(exc).__mro__:
+            mapped = getattr(httpx, cls.__name__, None) if cls.__module__.startswith("httpcore") else None
+            if isinstance(mapped, type) and issubclass(mapped, httpx.TransportError):
                 raise mapped(str(exc)) from exc
         raise
 
