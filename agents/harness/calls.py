@@ -110,6 +110,9 @@ class CallRunner:
         # An earlier attempt's logged calls, answered while requests match (`replay`); None
         # on a first attempt: nothing is compared then.
         self.replay = CallReplay(ctx.resume_turns, ctx.workspace) if ctx.resume_turns else None
+        # A merge's delta is rendered head-only and checked while the server generates; not
+        # while replaying (a logged call is matched on the delta's ids before any generation).
+        self.tracker.speculate = self.replay is None
 
     def _new_builder(self) -> TrajectoryBuilder:
         """A builder like the session's (same tokenizer, template, current context limit)."""
@@ -168,6 +171,7 @@ class CallRunner:
             started = time.monotonic()
             gen = self._generate(request, stream)
             seconds = time.monotonic() - started
+            prepared = self.tracker.confirmed(prepared)  # the delta as sent (redone if it had to be)
         if not gen.token_ids and gen.finish_reason in CUT_TURN:
             raise self._no_room(gen.finish_reason, prepared)
         completion, errors = self._reply(request, gen, prepared, logged_call_ids(logged) if logged else None)

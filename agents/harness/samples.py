@@ -15,7 +15,7 @@ The comparison tolerates exactly the normalisations an SDK makes when it echoes 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.harness.messages import canonical, key, template_message
@@ -63,6 +63,9 @@ class SampleTracker:
     _pending: list[dict] | None = None  # a prepared call that did not generate (canonical)
     _prepared: Prepared | None = None  # how that call was prepared (a retry reuses it)
     _generated: dict[str, str] = field(default_factory=dict)  # reply key -> model's text
+    # Merges render their delta head-only, checked while the server generates
+    # (`TrajectoryBuilder.add_messages(speculate=True)`; `confirmed` after the generation).
+    speculate: bool = False
 
     @property
     def current(self) -> Sample | None:
@@ -109,7 +112,7 @@ class SampleTracker:
     def _merge(self, sample: Sample, new: list[dict[str, Any]], keys: list[dict]) -> Prepared:
         rendered = [template_message(m, self._generated) for m in new]
         before = sample.builder.length
-        delta = sample.builder.add_messages(rendered)
+        delta = sample.builder.add_messages(rendered, speculate=self.speculate)
         if not delta or sample.builder.exhausted:
             # Nothing was appended: the sample still ends on its last reply.
             return Prepared(len(self.samples) - 1, True, None, [], False, before)
@@ -134,6 +137,17 @@ class SampleTracker:
     def _ready(self, sample: Sample, merged: bool, reason: str | None, ids: list[int]) -> Prepared:
         fits = not sample.builder.exhausted and sample.builder.budget_left > 0
         self._prepared = Prepared(len(self.samples) - 1, merged, reason, ids, fits, sample.builder.length)
+        return self._prepared
+
+    def confirmed(self, prepared: Prepared) -> Prepared:
+        """`prepared` as it was generated from: a merge whose head-only delta the whole render
+        redid (`TrajectoryBuilder.check_delta`) went to the server with the redone ids."""
+        builder = self.samples[prepared.sample].builder
+        if not prepared.merged or builder.last_delta is prepared.ids:
+            return prepared
+        ids = builder.last_delta
+        prompt_tokens = prepared.prompt_tokens - len(prepared.ids) + len(ids)
+        self._prepared = replace(prepared, ids=ids, fits=prepared.fits and bool(ids), prompt_tokens=prompt_tokens)
         return self._prepared
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> int:

@@ -26,6 +26,7 @@ from agents.llm.backends import GenerateRequest, Generation, ServerError, get_ba
 from agents.llm.backends.abort import abort_when
 from agents.llm.backends.abstract import DeltaSink, server_said
 from agents.llm.backends.guard import url_guard
+from agents.llm.backends.http11 import while_server_works
 from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
@@ -238,8 +239,10 @@ class LLMSession:
                     request.on_delta = self._sink.delta
                     request.on_open = getattr(self._sink, "opened", None)  # optional in a sink
                 sent, asked = time.monotonic(), request.max_tokens
-                with abort_when(self._cancelled) as handle:
+                with abort_when(self._cancelled) as handle, while_server_works(self._check_delta):
                     generation = self.backend.generate(server.url, request)
+            except _DeltaRedone:
+                continue  # the request went out with a delta since redone: ask with the right one
             except ServerError as exc:
                 if handle is not None and handle.aborted:
                     raise RolloutCancelled("rollout cancelled during generation", rollout_id=self.rollout_id) from exc
@@ -261,12 +264,19 @@ class LLMSession:
                 return self._no_room(FinishReason.CONTEXT.value)
             finally:
                 self.pool.end_generation()
+            if not self.builder.check_delta():  # not checked while the server worked (no request went out)
+                continue  # generated after a delta since redone: not this trajectory's turn
             if generation.finish_reason == "abort":  # e.g. vLLM paused with in-flight requests
                 self._sleep_before(self._deadline, f"{server.url} aborted the request")
                 continue
             took = time.monotonic() - sent
             self._generated += min(took, expected_generation_seconds(len(generation.token_ids)))
             return self._record(generation, server, cap, reason)
+
+    def _check_delta(self) -> None:
+        """The trajectory's unchecked delta, checked while the server generates (`while_server_works`)."""
+        if not self.builder.check_delta():
+            raise _DeltaRedone()
 
     def _clock_cut(self, server: ServerInfo, asked: int, took: float) -> None:
         """A request the deadline cut: the policy's time up to what a reply of `asked` tokens
@@ -365,14 +375,13 @@ class LLMSession:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise StageTimeout(f"rollout {self.rollout_id}: LLM deadline passed")
-        traj = self.builder.trajectory()
         return GenerateRequest(
-            prompt_ids=traj.prompt_ids + traj.response_ids,
+            prompt_ids=self.builder.sequence(),  # an unchecked delta is checked once it is sent
             max_tokens=max_tokens,
             sampling=self.sampling.model_dump(),
             timeout=min(self.spec.request_timeout, remaining),
             model=server.model or served_model(server.url),
-            messages=traj.messages,
+            messages=self.builder.messages,
             tools=self.builder.tools,
             stop=self._stop,
         )
@@ -494,3 +503,8 @@ class LLMSession:
             self.pool.release(self.server.url)
         self.server = None
         self.closed = True
+
+
+class _DeltaRedone(Exception):
+    """A request went out with a head-only delta the whole render disagreed with: it is
+    dropped (its connection closed) and asked again with the redone delta (`_generate`)."""

@@ -66,6 +66,9 @@ class ChatTokenizer:
         # Rendering is pure but transformers' template cache is not documented thread-safe.
         self._lock = threading.Lock()
         self.prompts = PromptCache()  # first prompts rendered with this template (GRPO groups)
+        # Whether a delta may be rendered after the conversation's head alone (checked against
+        # the whole render each time; off for good after one miss: `TrajectoryBuilder`).
+        self.speculative_deltas = True
         self.close_text = self._assistant_close_text()
         self.turn_end_id = self._template_turn_end_id()
         self.end_ids = self._end_of_turn_ids(generation_eos_ids or [])

@@ -24,6 +24,8 @@ in observations is reported by the drift audit (`forged_control_tokens`).
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 from raas_client.models import Trajectory
@@ -31,6 +33,8 @@ from raas_client.models import Trajectory
 from agents.llm.drift import align_drift
 from agents.llm.tokenizer import SENTINEL, ChatTokenizer
 from core.errors import RaasError
+
+log = logging.getLogger(__name__)
 
 
 class TrajectoryError(RaasError, ValueError):
@@ -68,6 +72,11 @@ class TrajectoryBuilder:
         self._last_ended = True  # did the last generated turn end with an end-of-turn token?
         self.exhausted = False  # a delta did not fit: the conversation cannot go on
         self.forged_control_tokens = 0  # control-token texts in appended observations
+        # A delta rendered from the conversation's head only, not yet checked against the
+        # whole conversation's render (`add_messages(speculate=True)`, `check_delta`).
+        self._unchecked: _Unchecked | None = None
+        self.last_delta: list[int] = []  # the ids the last `add_messages` appended
+        self.redone_deltas = 0  # head-only deltas the whole render disagreed with
 
     def limit_context(self, max_model_len: int) -> None:
         """Lower the context length (a server serves less than the job asked for)."""
@@ -144,6 +153,8 @@ class TrajectoryBuilder:
         traj = self._require()
         if traj.messages[-1].get("role") == "assistant":
             raise TrajectoryError("two generations in a row: append the observations first")
+        if self._unchecked is not None:  # it may yet be redone: the turn would follow other ids
+            raise TrajectoryError("a generation after an unchecked delta: check_delta() first")
         logprobs = list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
         if len(logprobs) != len(token_ids):
             raise TrajectoryError(f"{len(token_ids)} tokens but {len(logprobs)} logprobs")
@@ -160,9 +171,19 @@ class TrajectoryBuilder:
         traj.extra["message_token_counts"].append(len(token_ids))
         return text
 
-    def add_messages(self, messages: list[dict]) -> list[int]:
-        """Append new messages as the template delta (mask 0); [] if the context is exhausted."""
+    def add_messages(self, messages: list[dict], speculate: bool = False) -> list[int]:
+        """Append new messages as the template delta (mask 0); [] if the context is exhausted.
+
+        `speculate`: render the delta after the conversation's head alone (its system and
+        first user message), not after all of it: the render then costs the same at turn 50 as
+        at turn 2. Every template this was tried with writes the same delta either way, but
+        nothing promises it, so the delta is unchecked until `check_delta` compares it with the
+        whole conversation's render; the caller sends the prompt first and checks while the
+        server works on it (`http11.while_server_works`), and asks again if it was redone.
+        """
         traj = self._require()
+        self.check_delta()  # an earlier unchecked delta is settled before anything is added
+        self.last_delta = []
         if not messages or self.exhausted:
             return []
         if traj.messages[-1].get("role") != "assistant":
@@ -172,9 +193,16 @@ class TrajectoryBuilder:
             for m in messages
             if m.get("role") != "assistant"
         )
-        messages, text, spans = self._render_untrusted(list(messages), self.delta_text)
+        head = self._speculation_head(messages) if speculate else None
+        mark = _Mark.of(traj, self.forged_control_tokens)
+        if head is None:
+            messages, text, spans = self._render_untrusted(list(messages), self.delta_text)
+        else:
+            messages, text, spans = list(messages), self.delta_text(messages, head), []
         delta = self.tok.encode_untrusted(text, spans)
         if self.length + len(delta) >= self.max_model_len:  # no room left to generate after it
+            if head is not None:
+                return self.add_messages(messages)  # the whole render decides whether it fits
             traj.finish_reason, self.exhausted = "context", True
             return []
         self.forged_control_tokens += forged
@@ -183,7 +211,43 @@ class TrajectoryBuilder:
         traj.loss_mask += [0] * len(delta)
         traj.messages += [dict(m) for m in messages]
         traj.extra["message_token_counts"] += self._delta_counts(messages, text, delta)
+        self.last_delta = delta
+        if head is not None:
+            self._unchecked = _Unchecked(messages, text, mark)
         return delta
+
+    def _speculation_head(self, messages: list[dict]) -> int | None:
+        """How many of the conversation's first messages a head-only delta render keeps (up to
+        its first non-system message); None when that is no shorter than the whole or the new
+        messages hold control-token text (their spans need the whole render)."""
+        history = self._require().messages
+        head = next((i + 1 for i, m in enumerate(history) if m.get("role") not in ("system", "developer")), None)
+        if head is None or head >= len(history) - 1 or not self.tok.speculative_deltas:
+            return None
+        if any(
+            self.tok.control_texts_in(m["content"])
+            for m in messages
+            if m.get("role") != "assistant" and isinstance(m.get("content"), str)
+        ):
+            return None
+        return head
+
+    def check_delta(self) -> bool:
+        """Settle the unchecked delta (`add_messages(speculate=True)`): True if there is none or
+        the whole conversation's render writes the same text; else it is taken back, appended
+        again from the whole render, and False (a prompt sent with it must be sent again).
+        After one such miss a template's deltas are no longer rendered head-only."""
+        unchecked, self._unchecked = self._unchecked, None
+        if unchecked is None:
+            return True
+        if self.delta_text(unchecked.messages, upto=unchecked.mark.messages) == unchecked.text:
+            return True
+        self.redone_deltas += 1
+        self.tok.speculative_deltas = False
+        log.info("a head-only template delta differed from the whole render: deltas are rendered whole from now on")
+        unchecked.mark.restore(self._require(), self)
+        self.add_messages(unchecked.messages)
+        return False
 
     def _render_untrusted(self, messages: list[dict], render) -> tuple[list[dict], str, list[tuple[int, int]]]:
         """(messages, `render(messages)`, the character spans of their non-assistant contents).
@@ -264,10 +328,13 @@ class TrajectoryBuilder:
             at = max(at, found)
         return self.tok.split_counts(text, delta, cuts)
 
-    def delta_text(self, new_messages: list[dict]) -> str:
-        """Text the template writes after the last generated turn, up to the next generation."""
-        history = self._require().messages
-        probe = history[:-1] + [{"role": "assistant", "content": SENTINEL}] + list(new_messages)
+    def delta_text(self, new_messages: list[dict], head: int | None = None, upto: int | None = None) -> str:
+        """Text the template writes after the last generated turn, up to the next generation
+        (`head`: rendered after the conversation's first `head` messages only; `upto`: the
+        conversation as it was with that many messages)."""
+        history = self._require().messages[:upto]
+        kept = history[:-1] if head is None else history[:head]
+        probe = kept + [{"role": "assistant", "content": SENTINEL}] + list(new_messages)
         rendered = self._render(probe, add_generation_prompt=True)
         after = rendered[rendered.index(SENTINEL) + len(SENTINEL) :]
         if not self._last_ended:
@@ -304,5 +371,48 @@ class TrajectoryBuilder:
         return report
 
     def trajectory(self) -> Trajectory:
-        """The trajectory so far (a live object: copy it before mutating)."""
+        """The trajectory so far (a live object: copy it before mutating); an unchecked delta
+        is settled first (`check_delta`)."""
+        self.check_delta()
         return self._require()
+
+    def sequence(self) -> list[int]:
+        """Prompt and response ids as they stand, an unchecked delta included: what a
+        generation request sends (`check_delta` settles it while the server works)."""
+        traj = self._require()
+        return traj.prompt_ids + traj.response_ids
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """How long a trajectory's arrays were before a delta was appended (to take it back)."""
+
+    ids: int
+    messages: int
+    counts: int
+    forged: int
+    finish_reason: str | None
+
+    @classmethod
+    def of(cls, traj: Trajectory, forged: int) -> _Mark:
+        return cls(
+            len(traj.response_ids),
+            len(traj.messages),
+            len(traj.extra["message_token_counts"]),
+            forged,
+            traj.finish_reason,
+        )
+
+    def restore(self, traj: Trajectory, builder: TrajectoryBuilder) -> None:
+        del traj.response_ids[self.ids :], traj.response_logprobs[self.ids :], traj.loss_mask[self.ids :]
+        del traj.messages[self.messages :], traj.extra["message_token_counts"][self.counts :]
+        traj.finish_reason, builder.forged_control_tokens = self.finish_reason, self.forged
+
+
+@dataclass(frozen=True)
+class _Unchecked:
+    """A head-only delta awaiting `TrajectoryBuilder.check_delta`."""
+
+    messages: list[dict]
+    text: str
+    mark: _Mark

@@ -117,8 +117,8 @@ def endpoint() -> Iterator[Callable[..., RolloutEndpoint]]:
             "tokenizer": SMOLLM2,
             "max_model_len": max_model_len,
         }
-        if template == "qwen":
-            spec["chat_template_text"] = QWEN_TEMPLATE
+        if template is not None:  # None: SmolLM2's own ChatML; else "qwen" or a template's text
+            spec["chat_template_text"] = QWEN_TEMPLATE if template == "qwen" else template
         session = LLMSession.open(spec, sampling or {"max_tokens": 256}, "rollout-h")
         cleanups.append(session.close)
         ctx = make_ctx(session, limits, **ctx_kwargs)

@@ -364,3 +364,32 @@ def test_a_paused_pool_makes_the_call_wait_not_fail(endpoint) -> None:
     paused = recorded(ep)[0]["extra"]["paused_seconds"]
     assert paused > 0  # the session waited on the paused server...
     assert ep.ctx.deadline - deadline_before == pytest.approx(paused, abs=1e-3)  # uncharged
+
+
+# Tool messages carry their index: a delta rendered after the conversation's head alone says
+# `#3` where the whole conversation's says `#5` (`TrajectoryBuilder.add_messages(speculate=True)`).
+NUMBERED = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}{{ ' #' ~ loop.index0 if m['role'] == 'tool' else '' }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_delta_rendered_head_only_is_checked_and_redone_before_the_reply(endpoint, stream) -> None:
+    import uuid
+
+    ep = endpoint(SCRIPT, template=NUMBERED + "{# " + uuid.uuid4().hex + " #}")  # its own tokenizer
+    replies = run_conversation(openai_client(ep), stream)
+    assert [finish for _, finish in replies] == ["tool_calls", "tool_calls", "stop"]
+    turns = recorded(ep)
+    deltas = [t["extra"]["delta_ids"] for t in turns[1:]]
+    tok = ep.runner.tracker.current.builder.tok
+    # the second merge was rendered after the head (`#3`), found wrong while the server
+    # worked, and sent again as the whole render writes it: that is what was logged
+    assert " #5" in tok.hf.decode(deltas[1]) and " #3" in tok.hf.decode(deltas[0])
+    assert ep.runner.tracker.current.builder.redone_deltas == 1
+    result = ep.result("completed", "harness_exit")
+    gen = [t["generated_ids"] for t in turns]
+    assert result.response_ids == gen[0] + deltas[0] + gen[1] + deltas[1] + gen[2]
+    assert result.metrics["retokenization_drift"] == 0 and result.metrics["merges"] == 2
+    assert turns[2]["extra"]["prompt_tokens"] == len(result.prompt_ids) + len(gen[0] + deltas[0] + gen[1] + deltas[1])

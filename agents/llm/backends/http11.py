@@ -14,14 +14,19 @@ per-read timeouts and the exceptions (`http_client.TRANSPORT_ERRORS` catches all
 A pooled connection the server has closed (readable while idle) or one idle longer than the
 keep-alive expiry is dropped before use, as httpcore's pool does; one whose write fails is
 replaced once by a new connection.
+
+`while_server_works(callback)` runs work that must be done before an answer is used, but not
+before the request is sent, in the time the server spends on it (the harness endpoint checks a
+prompt's template delta there: `agents.llm.trajectory`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpcore
 import httptools
@@ -32,6 +37,27 @@ READ_BYTES = 64 * 1024
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 token)
 _UNSAFE = re.compile(rb"[\r\n\0]")  # what would end a header value early (a smuggled header)
 _UNSAFE_TARGET = re.compile(r"[\s\0]")  # what would end the request line early
+_sent = threading.local()  # .callback: run once this thread's next request is written
+
+
+@contextlib.contextmanager
+def while_server_works(callback: Callable[[], None]) -> Iterator[None]:
+    """Run `callback` once, right after this thread's next request is written and before its
+    answer is read: while the server works on it. An error it raises closes the connection
+    (the server drops the request) and is raised to the caller; if no request is sent, the
+    callback is not run (the caller does the work itself then)."""
+    _sent.callback = callback
+    try:
+        yield
+    finally:
+        _sent.callback = None
+
+
+def _after_write() -> None:
+    callback = getattr(_sent, "callback", None)
+    if callback is not None:
+        _sent.callback = None
+        callback()
 
 
 class _Parsed:
@@ -150,6 +176,7 @@ class Lane:
                     raise
                 stream = self._connect(timeout)
                 stream.write(request, timeout)
+            _after_write()
             while not parsed.head_done:
                 data = stream.read(READ_BYTES, timeout)
                 if not data:
