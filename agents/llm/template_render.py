@@ -184,6 +184,19 @@ def fast_encoder(hf: Any) -> Any | None:
     return backend
 
 
+def fast_decoder(hf: Any) -> Any | None:
+    """The Rust tokenizer behind `hf` when `hf.decode(ids, skip_special_tokens=False)` is exactly
+    its `decode(ids, skip_special_tokens=False)` (a fast tokenizer with transformers' own decode
+    path and no clean-up of tokenization spaces); None otherwise."""
+    _, base, fast = _transformers()
+    if fast is None or not isinstance(hf, fast):
+        return None
+    kind = type(hf)
+    if kind.decode is not base.decode or kind._decode is not fast._decode or hf.clean_up_tokenization_spaces:
+        return None
+    return getattr(hf, "_tokenizer", None)
+
+
 def install_fast_lookups(env_class: Any) -> None:
     """Make `env_class`'s attribute lookups cheaper with the same answers: an exact dict's key
     read at once when the name is no attribute of dict (the sandbox's lookup would fail on the

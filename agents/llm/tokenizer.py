@@ -25,7 +25,7 @@ import httpx
 
 from agents.llm.backends.http_client import shared_client
 from agents.llm.prompt_cache import PromptCache
-from agents.llm.template_render import PlainRenderer, fast_encoder
+from agents.llm.template_render import PlainRenderer, fast_decoder, fast_encoder
 from agents.llm.hub_cache import cached_tokenizer_folder, hub_cache_dir, hub_repo_dir, is_hub_id
 from agents.llm.template_budget import (
     capped_output,
@@ -69,6 +69,7 @@ class ChatTokenizer:
         # Whether a delta may be rendered after the conversation's head alone (checked against
         # the whole render each time; off for good after one miss: `TrajectoryBuilder`).
         self.speculative_deltas = True
+        self.shaped_deltas = True  # ... and filled in from a render of its messages' shape
         self.close_text = self._assistant_close_text()
         self.turn_end_id = self._template_turn_end_id()
         self.end_ids = self._end_of_turn_ids(generation_eos_ids or [])
@@ -199,6 +200,9 @@ class ChatTokenizer:
         ids = list(ids)
         while ids and ids[-1] in self.end_ids:
             ids.pop()
+        backend = fast_decoder(self.hf)  # the same text without the wrapper's bookkeeping
+        if backend is not None:
+            return backend.decode(ids, skip_special_tokens=False)
         return self.hf.decode(ids, skip_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:

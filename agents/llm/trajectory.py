@@ -25,9 +25,11 @@ in observations is reported by the drift audit (`forged_control_tokens`).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from raas_client.models import Trajectory
 
 from agents.llm.drift import align_drift
@@ -77,6 +79,7 @@ class TrajectoryBuilder:
         self._unchecked: _Unchecked | None = None
         self.last_delta: list[int] = []  # the ids the last `add_messages` appended
         self.redone_deltas = 0  # head-only deltas the whole render disagreed with
+        self._shapes: dict[bytes, str | None] = {}  # new messages' shape -> its delta (`_head_delta`)
 
     def limit_context(self, max_model_len: int) -> None:
         """Lower the context length (a server serves less than the job asked for)."""
@@ -85,8 +88,9 @@ class TrajectoryBuilder:
             self.exhausted = True
             self.traj.finish_reason = "context"
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tok.render(messages, self.tools, add_generation_prompt, **self.template_kwargs)
+    def _render(self, messages: list[dict], add_generation_prompt: bool, with_tools: bool = True) -> str:
+        tools = self.tools if with_tools else None
+        return self.tok.render(messages, tools, add_generation_prompt, **self.template_kwargs)
 
     @property
     def messages(self) -> list[dict]:
@@ -195,10 +199,12 @@ class TrajectoryBuilder:
         )
         head = self._speculation_head(messages) if speculate else None
         mark = _Mark.of(traj, self.forged_control_tokens)
+        shaped = False
         if head is None:
             messages, text, spans = self._render_untrusted(list(messages), self.delta_text)
         else:
-            messages, text, spans = list(messages), self.delta_text(messages, head), []
+            messages, spans = list(messages), []
+            text, shaped = self._head_delta(messages, head)
         delta = self.tok.encode_untrusted(text, spans)
         if self.length + len(delta) >= self.max_model_len:  # no room left to generate after it
             if head is not None:
@@ -213,8 +219,35 @@ class TrajectoryBuilder:
         traj.extra["message_token_counts"] += self._delta_counts(messages, text, delta)
         self.last_delta = delta
         if head is not None:
-            self._unchecked = _Unchecked(messages, text, mark)
+            self._unchecked = _Unchecked(messages, text, mark, shaped)
         return delta
+
+    def _head_delta(self, messages: list[dict], head: int) -> tuple[str, bool]:
+        """The head-only delta of `messages`, and whether it came from their shape's render: the
+        same messages with each field's text a mark, rendered once per shape (a rollout's tool
+        results mostly share one) and filled in with this call's texts in one pass."""
+        if not self.tok.shaped_deltas:
+            return self.delta_text(messages, head), False
+        values: list[str] = []
+        shape = [
+            {k: _field_mark(values, v) if isinstance(v, str) and k != "role" else v for k, v in m.items()}
+            for m in messages
+        ]
+        try:
+            key = orjson.dumps([shape, self._last_ended], option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a value JSON cannot hold: no shape to key it by
+            return self.delta_text(messages, head), False
+        if key not in self._shapes:
+            if len(self._shapes) >= MAX_SHAPES:
+                self._shapes.clear()
+            text = self.delta_text(shape, head)
+            # usable only if the template wrote each text once, as it was (not escaped, not cut)
+            whole = all(text.count(_field_mark([], v, i)) == 1 for i, v in enumerate(values))
+            self._shapes[key] = text if whole else None
+        cached = self._shapes[key]
+        if cached is None:
+            return self.delta_text(messages, head), False
+        return _FIELD_MARK.sub(lambda found: values[int(found.group(1))], cached), True
 
     def _speculation_head(self, messages: list[dict]) -> int | None:
         """How many of the conversation's first messages a head-only delta render keeps (up to
@@ -243,8 +276,12 @@ class TrajectoryBuilder:
         if self.delta_text(unchecked.messages, upto=unchecked.mark.messages) == unchecked.text:
             return True
         self.redone_deltas += 1
-        self.tok.speculative_deltas = False
-        log.info("a head-only template delta differed from the whole render: deltas are rendered whole from now on")
+        if unchecked.shaped:  # the template's texts are not written as they are: render them
+            self.tok.shaped_deltas = False
+            log.info("a template delta filled in from its shape differed from the whole render: no longer filled in")
+        else:
+            self.tok.speculative_deltas = False
+            log.info("a head-only template delta differed from the whole render: rendered whole from now on")
         unchecked.mark.restore(self._require(), self)
         self.add_messages(unchecked.messages)
         return False
@@ -335,7 +372,9 @@ class TrajectoryBuilder:
         history = self._require().messages[:upto]
         kept = history[:-1] if head is None else history[:head]
         probe = kept + [{"role": "assistant", "content": SENTINEL}] + list(new_messages)
-        rendered = self._render(probe, add_generation_prompt=True)
+        # A head-only render leaves the tool schemas out too: the templates tried write them
+        # before the first user message, never after an assistant turn (the check says if not).
+        rendered = self._render(probe, add_generation_prompt=True, with_tools=head is None)
         after = rendered[rendered.index(SENTINEL) + len(SENTINEL) :]
         if not self._last_ended:
             return after  # cut on length: the template's closing text belongs to the delta
@@ -416,3 +455,16 @@ class _Unchecked:
     messages: list[dict]
     text: str
     mark: _Mark
+    shaped: bool  # filled in from its shape's render (`TrajectoryBuilder._head_delta`)
+
+
+MAX_SHAPES = 64  # message shapes a builder keeps the delta of
+_FIELD_MARK = re.compile("\x00raas-field-([0-9]+)\x00")
+
+
+def _field_mark(values: list[str], value: str, index: int | None = None) -> str:
+    """The mark standing for `value` in a shape (appended to `values`), or the `index`-th one's."""
+    if index is None:
+        index = len(values)
+        values.append(value)
+    return f"\x00raas-field-{index}\x00"

@@ -58,18 +58,19 @@ def test_head_only_deltas_are_the_whole_render_s_and_render_only_the_head(templa
     probes: list[int] = []
     render = fast._render
 
-    def counted(ms: list[dict], add_generation_prompt: bool) -> str:
-        probes.append(len(ms))
-        return render(ms, add_generation_prompt)
+    def counted(ms: list[dict], add_generation_prompt: bool, with_tools: bool = True) -> str:
+        probes.append(len(ms) if with_tools else -len(ms))
+        return render(ms, add_generation_prompt, with_tools)
 
     monkeypatch.setattr(fast, "_render", counted)
     converse(fast, 6, speculate=True)
     assert fast.trajectory().model_dump() == whole.trajectory().model_dump()
     assert fast.redone_deltas == 0 and fast.tok.speculative_deltas
-    # the first delta is rendered whole (the head is all there is); each later one as the head
-    # (system, user), the sentinel and the tool message, then checked against the whole
-    # conversation's probe (two messages longer each turn)
-    assert probes == [4, 4, 6, 4, 8, 4, 10, 4, 12, 4, 14]
+    # the first delta is rendered whole (the head is all there is); the next as the head
+    # (system, user), the sentinel and the tool message with its text a mark, without the tool
+    # schemas (negative here); the later ones fill that render in. Each is checked against the
+    # whole conversation's probe (two messages longer a turn).
+    assert probes == [4, -4, 6, 8, 10, 12, 14]
 
 
 def test_a_template_that_disagrees_is_redone_exactly_and_then_rendered_whole() -> None:
@@ -79,20 +80,49 @@ def test_a_template_that_disagrees_is_redone_exactly_and_then_rendered_whole() -
     fast = builder(template)
     fast.start(PROMPT, TOOLS)
     ids = fast.tok.encode(CALL) + [IM_END]
-    for k in range(3):
+    for k in range(4):
         fast.add_generation(ids, [-0.5] * len(ids), "stop", "w1")
         delta = fast.add_messages([{"role": "tool", "content": f"file-{k}.txt"}], speculate=True)
-        if k == 1:  # the first turn whose head is shorter than the conversation
-            assert "#3" in fast.tok.hf.decode(delta)  # rendered after the head: wrong index
+        if k in (1, 2):  # filled in from its shape's render, then rendered head-only: both wrong
+            wrong, right = ("#3", "#5") if k == 1 else ("#3", "#7")
+            assert wrong in fast.tok.hf.decode(delta)  # rendered after the head: wrong index
             with pytest.raises(TrajectoryError, match="unchecked delta"):
                 fast.add_generation(ids, [-0.5] * len(ids), "stop", "w1")
             assert fast.check_delta() is False
-            assert "#5" in fast.tok.hf.decode(fast.last_delta)  # redone from the whole render
+            assert right in fast.tok.hf.decode(fast.last_delta)  # redone from the whole render
             assert fast.sequence()[-len(fast.last_delta) :] == fast.last_delta
+            assert fast.tok.shaped_deltas is False and fast.tok.speculative_deltas is (k == 1)
         else:
             assert fast.check_delta() is True
+    whole.add_generation(ids, [-0.5] * len(ids), "stop", "w1")
+    whole.add_messages([{"role": "tool", "content": "file-3.txt"}])
     assert fast.trajectory().model_dump() == whole.trajectory().model_dump()
-    assert fast.redone_deltas == 1 and fast.tok.speculative_deltas is False  # whole from then on
+    assert fast.redone_deltas == 2  # and whole renders from then on
+
+
+@pytest.mark.parametrize(
+    ("written", "redone"),
+    [("tojson", 0), ("trim", 1)],
+    ids=["escaped: no shape", "trimmed: one miss"],
+)
+def test_a_template_that_rewrites_texts_gets_them_rendered(written, redone) -> None:
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] | " + written + " if m['role'] == 'tool' else m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{# " + uuid.uuid4().hex + " #}"
+    )
+    whole, fast = builder(template), builder(template)
+    for b, speculate in ((whole, False), (fast, True)):
+        b.start(PROMPT)
+        ids = b.tok.encode("Looking.") + [IM_END]
+        for k in range(4):
+            b.add_generation(ids, [-0.5] * len(ids), "stop", "w1")
+            b.add_messages([{"role": "tool", "content": f'"file-{k}.txt"\n'}], speculate=speculate)
+            b.check_delta()
+    assert fast.trajectory().model_dump() == whole.trajectory().model_dump()
+    # an escaped mark is no mark: the shape is not used; a trimmed text is a miss, once
+    assert fast.redone_deltas == redone and fast.tok.shaped_deltas is (redone == 0)
+    assert fast.tok.speculative_deltas
 
 
 def test_a_head_only_delta_that_would_not_fit_is_decided_by_the_whole_render() -> None:
