@@ -169,9 +169,11 @@ class CallRunner:
                 stream.prompt_tokens = prepared.prompt_tokens
                 stream.live = not (request.thinking and self._prompt_opens_thinking())
             started = time.monotonic()
-            gen = self._generate(request, stream)
+            try:
+                gen = self._generate(request, stream)
+            finally:
+                prepared = self.tracker.confirmed(prepared)  # the delta as sent (redone if it had to be)
             seconds = time.monotonic() - started
-            prepared = self.tracker.confirmed(prepared)  # the delta as sent (redone if it had to be)
         if not gen.token_ids and gen.finish_reason in CUT_TURN:
             raise self._no_room(gen.finish_reason, prepared)
         completion, errors = self._reply(request, gen, prepared, logged_call_ids(logged) if logged else None)

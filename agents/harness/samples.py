@@ -147,8 +147,12 @@ class SampleTracker:
             return prepared
         ids = builder.last_delta
         prompt_tokens = prepared.prompt_tokens - len(prepared.ids) + len(ids)
-        self._prepared = replace(prepared, ids=ids, fits=prepared.fits and bool(ids), prompt_tokens=prompt_tokens)
-        return self._prepared
+        confirmed = replace(prepared, ids=ids, fits=prepared.fits and bool(ids), prompt_tokens=prompt_tokens)
+        if ids:
+            self._prepared = confirmed
+        else:  # the delta is not in the sample (it did not fit, or its render failed): a
+            self._pending = self._prepared = None  # retry of the call prepares it afresh
+        return confirmed
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> int:
         """How many tokens a fresh render of `messages` (and `tools`) is, replies raas

@@ -241,7 +241,9 @@ class LLMSession:
                 sent, asked = time.monotonic(), request.max_tokens
                 with abort_when(self._cancelled) as handle, while_server_works(self._check_delta):
                     generation = self.backend.generate(server.url, request)
-            except _DeltaRedone:
+            except _DeltaRedone as redone:
+                if redone.error is not None:
+                    raise redone.error from None  # the template's, raised here: not taken for the server's
                 continue  # the request went out with a delta since redone: ask with the right one
             except ServerError as exc:
                 if handle is not None and handle.aborted:
@@ -275,7 +277,11 @@ class LLMSession:
 
     def _check_delta(self) -> None:
         """The trajectory's unchecked delta, checked while the server generates (`while_server_works`)."""
-        if not self.builder.check_delta():
+        try:
+            same = self.builder.check_delta()
+        except Exception as exc:  # carried out of the backend call, raised by `_generate`
+            raise _DeltaRedone(exc) from exc
+        if not same:
             raise _DeltaRedone()
 
     def _clock_cut(self, server: ServerInfo, asked: int, took: float) -> None:
@@ -507,4 +513,10 @@ class LLMSession:
 
 class _DeltaRedone(Exception):
     """A request went out with a head-only delta the whole render disagreed with: it is
-    dropped (its connection closed) and asked again with the redone delta (`_generate`)."""
+    dropped (its connection closed) and asked again with the redone delta (`_generate`), or,
+    when the whole render failed, `error` is raised (outside the backend call, so it is not
+    taken for the server's)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__("the prompt's template delta was redone")
+        self.error = error

@@ -254,6 +254,12 @@ def render_budget(seconds: float | None = None) -> Iterator[None]:
     except _Interrupt:
         _watchdog.leave(ident)
         raise TemplateOverBudget(f"{FIELD}: rendering took longer than {seconds} s", field=FIELD) from None
+    except BaseException:
+        # The template's own error (`raise_exception`, a bad value): the deadline goes with
+        # it, or it would fire later into whatever runs on this thread, or on a new thread
+        # that got its id.
+        _watchdog.leave(ident)
+        raise
     if _watchdog.leave(ident):
         raise TemplateOverBudget(f"{FIELD}: rendering took longer than {seconds} s", field=FIELD)
 

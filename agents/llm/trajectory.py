@@ -269,12 +269,17 @@ class TrajectoryBuilder:
         """Settle the unchecked delta (`add_messages(speculate=True)`): True if there is none or
         the whole conversation's render writes the same text; else it is taken back, appended
         again from the whole render, and False (a prompt sent with it must be sent again).
-        After one such miss a template's deltas are no longer rendered head-only."""
+        After one such miss a template's deltas are no longer rendered head-only. A whole
+        render that raises takes the delta back and raises, as appending it would have."""
         unchecked, self._unchecked = self._unchecked, None
         if unchecked is None:
             return True
-        if self.delta_text(unchecked.messages, upto=unchecked.mark.messages) == unchecked.text:
-            return True
+        try:
+            if self.delta_text(unchecked.messages, upto=unchecked.mark.messages) == unchecked.text:
+                return True
+        except Exception:  # the whole render fails (a budget, the template's own error): as
+            unchecked.mark.restore(self._require(), self)  # if it had failed when appending
+            raise
         self.redone_deltas += 1
         if unchecked.shaped:  # the template's texts are not written as they are: render them
             self.tok.shaped_deltas = False
@@ -446,6 +451,7 @@ class _Mark:
         del traj.response_ids[self.ids :], traj.response_logprobs[self.ids :], traj.loss_mask[self.ids :]
         del traj.messages[self.messages :], traj.extra["message_token_counts"][self.counts :]
         traj.finish_reason, builder.forged_control_tokens = self.finish_reason, self.forged
+        builder.last_delta = []
 
 
 @dataclass(frozen=True)

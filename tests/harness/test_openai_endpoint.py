@@ -393,3 +393,38 @@ def test_a_delta_rendered_head_only_is_checked_and_redone_before_the_reply(endpo
     assert result.response_ids == gen[0] + deltas[0] + gen[1] + deltas[1] + gen[2]
     assert result.metrics["retokenization_drift"] == 0 and result.metrics["merges"] == 2
     assert turns[2]["extra"]["prompt_tokens"] == len(result.prompt_ids) + len(gen[0] + deltas[0] + gen[1] + deltas[1])
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+def test_a_whole_render_that_fails_fails_the_call_as_it_would_unchecked(endpoint, speculate) -> None:
+    import uuid
+
+    # the head-only probe (4 messages) renders; the whole conversation's (6) raises
+    template = (
+        "{% if messages | length > 5 %}{{ raise_exception('this template takes 5 messages') }}{% endif %}"
+        + NUMBERED
+        + "{# "
+        + uuid.uuid4().hex
+        + " #}"
+    )
+    ep = endpoint(SCRIPT, template=template)
+    ep.runner.tracker.speculate = speculate
+    client = uds_client(ep)
+    headers = {"Authorization": f"Bearer {ep.token}"}
+    messages = list(START)
+    for n in range(3):
+        answers = [
+            client.post(
+                "http://rollout/v1/chat/completions",
+                headers=headers,
+                json={"model": "p", "messages": messages, "tools": [BASH_TOOL]},
+            )
+            for _ in range(2 if n == 2 else 1)  # the failing call, and the harness trying it again
+        ]
+        if n < 2:
+            reply = answers[0].json()["choices"][0]["message"]
+            messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ok"}]
+    assert [a.status_code for a in answers] == [500, 500]
+    assert all("raas failed this call" in a.json()["error"]["message"] for a in answers)
+    assert len(recorded(ep)) == 2  # nothing generated for the failing call
+    assert ep.runner.tracker.current.builder.trajectory().messages[-1]["role"] == "assistant"

@@ -8,11 +8,13 @@ generation prompt. Inputs the fast path cannot prove plain take transformers' ow
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
 
-from agents.llm.template_render import PlainRenderer, fast_encoder, is_plain
+from agents.llm.template_budget import render_budget
+from agents.llm.template_render import PlainRenderer, fast_decoder, fast_encoder, is_plain
 from agents.llm.tokenizer import load_chat_tokenizer
 from tests.llm.conftest import QWEN_TEMPLATE, SMOLLM2, TOOLS
 
@@ -118,6 +120,30 @@ def test_fast_encoder_steps_aside_when_the_wrapper_would_encode_differently() ->
         assert tok.encode("<|im_end|>") == list(tok.hf.encode("<|im_end|>", add_special_tokens=False))
     finally:
         tok.hf.split_special_tokens = False
+
+
+def test_fast_decoder_is_transformers_decode() -> None:
+    tok = load_chat_tokenizer(SMOLLM2)
+    assert fast_decoder(tok.hf) is not None
+    ids = tok.encode('<tool_call>\n{"a": 1}</tool_call> ok , !') + [2, 0, 49151]
+    assert fast_decoder(tok.hf).decode(ids, skip_special_tokens=False) == tok.hf.decode(ids, skip_special_tokens=False)
+    tok.hf.clean_up_tokenization_spaces = True  # the wrapper would edit the text: it decodes
+    try:
+        assert fast_decoder(tok.hf) is None
+    finally:
+        tok.hf.clean_up_tokenization_spaces = False
+
+
+def test_a_render_that_raises_leaves_no_deadline_to_fire_later() -> None:
+    """A template's own error ends its render's budget: no interrupt lands on this thread
+    (or a later one with its id) once the deadline passes."""
+    renderer = PlainRenderer(load_chat_tokenizer(SMOLLM2).hf, "{{ raise_exception('the template says no') }}")
+    with pytest.raises(Exception, match="the template says no"):
+        with render_budget(0.05):
+            renderer.render([{"role": "user", "content": "x"}], None, False, {})
+    until = time.monotonic() + 0.4
+    while time.monotonic() < until:  # bytecode runs here: a pending interrupt would be raised
+        time.sleep(0.01)
 
 
 def test_is_plain() -> None:
