@@ -117,6 +117,20 @@ def test_a_head_request_reads_no_body_whatever_the_length_says(serve, client) ->
     assert response.status_code == 200 and response.content == b""
 
 
+def test_interim_responses_are_skipped_for_the_final_one(serve, client) -> None:
+    def answer(conn: socket.socket, n: int) -> None:
+        conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+        time.sleep(0.05)  # the final answer in a later read
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b'{"n": %d}' % n))
+
+    server = serve(answer)
+    reply = client.call("POST", server.url + "/v1/completions", b"{}", 5)
+    assert reply.status == 200 and reply.content == b'{"n": 1}'
+    response = client.get(server.url + "/v1/models")  # httpx's way in: the final head's headers
+    assert response.json() == {"n": 2} and "link" not in response.headers
+    assert server.connections == 1  # kept alive across both
+
+
 def test_chunked_and_close_delimited_bodies_are_read_whole(serve, client) -> None:
     def answer(conn: socket.socket, n: int) -> bool | None:
         if n == 1:

@@ -63,10 +63,11 @@ def _after_write() -> None:
 class _Parsed:
     """httptools' callbacks: the response as far as it was parsed."""
 
-    __slots__ = ("parser", "head_done", "headers", "chunks", "complete", "delimited", "keep_alive")
+    __slots__ = ("parser", "head_done", "headers", "chunks", "complete", "delimited", "keep_alive", "interim")
 
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
+        self.interim = False  # parsing an interim (1xx) response: skipped, the final one follows
         self.head_done = False
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
@@ -80,12 +81,19 @@ class _Parsed:
             self.delimited = True
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # 100 Continue, 103 Early Hints: not the answer
+            self.interim, self.headers, self.delimited = True, [], False
+            return
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
 
