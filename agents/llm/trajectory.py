@@ -389,7 +389,7 @@ class TrajectoryBuilder:
 
     def reference_ids(self) -> list[int]:
         """Ids of a full re-render of the conversation, cut where the trajectory stops."""
-        traj = self._require()
+        traj = self.trajectory()
         last_is_assistant = traj.messages[-1].get("role") == "assistant"
         _, text, spans = self._render_untrusted(
             traj.messages, lambda ms: self._render(ms, add_generation_prompt=not last_is_assistant)
@@ -407,7 +407,7 @@ class TrajectoryBuilder:
 
     def audit_drift(self) -> dict[str, Any]:
         """Compare with a full re-render; report, never edit (see `agents.llm.drift`)."""
-        traj = self._require()
+        traj = self.trajectory()
         report = align_drift(
             traj.prompt_ids + traj.response_ids, self.reference_ids(), len(traj.prompt_ids), traj.turn_boundaries
         )
