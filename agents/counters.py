@@ -56,6 +56,7 @@ class EndpointCounters(RolloutCounters):
     unauthorized: int = 0
     ttft_ms: list[float] = field(default_factory=list)  # each streamed call's time to first text
     stream_mismatches: int = 0  # streamed text the final reply did not start with (logged)
+    redone_deltas: int = 0  # head-only template deltas the whole render redid (a request dropped each)
 
     @property
     def streamed_calls(self) -> int:

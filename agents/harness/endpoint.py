@@ -117,6 +117,7 @@ class RolloutEndpoint:
         counters.samples = len(tracker.training_samples())
         counters.merges, counters.splits = tracker.merges, tracker.splits
         counters.split_reasons = dict(tracker.split_reasons)
+        counters.redone_deltas = sum(s.builder.redone_deltas for s in tracker.samples)
         counters.unauthorized = self._unauthorized
         return counters
 

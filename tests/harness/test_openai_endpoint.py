@@ -392,6 +392,7 @@ def test_a_delta_rendered_head_only_is_checked_and_redone_before_the_reply(endpo
     gen = [t["generated_ids"] for t in turns]
     assert result.response_ids == gen[0] + deltas[0] + gen[1] + deltas[1] + gen[2]
     assert result.metrics["retokenization_drift"] == 0 and result.metrics["merges"] == 2
+    assert result.metrics["redone_deltas"] == 1
     assert turns[2]["extra"]["prompt_tokens"] == len(result.prompt_ids) + len(gen[0] + deltas[0] + gen[1] + deltas[1])
 
 
