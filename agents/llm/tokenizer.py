@@ -66,10 +66,11 @@ class ChatTokenizer:
         # Rendering is pure but transformers' template cache is not documented thread-safe.
         self._lock = threading.Lock()
         self.prompts = PromptCache()  # first prompts rendered with this template (GRPO groups)
-        # Whether a delta may be rendered after the conversation's head alone (checked against
-        # the whole render each time; off for good after one miss: `TrajectoryBuilder`).
+        # Whether a delta may be rendered after the conversation's head alone, and filled in
+        # from a render of its messages' shape: each is checked against the whole render and
+        # is off for good in this process after a miss of its own (`TrajectoryBuilder.check_delta`).
         self.speculative_deltas = True
-        self.shaped_deltas = True  # ... and filled in from a render of its messages' shape
+        self.shaped_deltas = True
         self.close_text = self._assistant_close_text()
         self.turn_end_id = self._template_turn_end_id()
         self.end_ids = self._end_of_turn_ids(generation_eos_ids or [])
