@@ -27,7 +27,8 @@ from agents.llm.backends.abort import abort_when
 from agents.llm.backends.abstract import DeltaSink, server_said
 from agents.llm.backends.guard import url_guard
 from agents.llm.backends.http11 import while_server_works
-from agents.llm.pool import ServerInfo, ServerPool, ServersPaused, StaticServerPool
+from agents.llm.pool import ServerInfo, ServerPool, StaticServerPool
+from agents.llm.server_hold import ServerHold
 from agents.llm.spec import LLMSpec, SamplingParams, parse_model
 from agents.llm.tokenizer import (
     is_context_error,
@@ -41,7 +42,6 @@ from agents.llm.tokenizer import (
 from agents.llm.trajectory import Trajectory, TrajectoryBuilder
 from agents.time_split import SessionClock, expected_generation_seconds
 from core.errors import (
-    ConfigError,
     InvalidRequest,
     RolloutCancelled,
     ServiceUnavailable,
@@ -52,18 +52,10 @@ from core.urls import UrlRule
 
 log = logging.getLogger(__name__)
 
-NO_SERVER_RETRY_SECONDS = 0.5
-# When every server is down, keep trying this long (within the deadline) before giving up.
-NO_SERVER_WAIT_SECONDS = 30.0
-# How often a turn waiting on a paused server (or after an aborted request) looks again.
-PAUSE_POLL_SECONDS = 0.25
-# How often a wait on a paused pool is written to the rollout: the reaper subtracts it from
-# the stage's age, so what is not yet written must stay well under its `stage_grace`.
-PAUSE_REPORT_SECONDS = 1.0
 
-
-class LLMSession:
-    """One rollout's conversation with the policy: token-exact trajectory + sticky server."""
+class LLMSession(ServerHold):
+    """One rollout's conversation with the policy: token-exact trajectory + sticky server
+    (which server a turn goes to, and the waits for it: `ServerHold`)."""
 
     def __init__(
         self,
@@ -75,22 +67,15 @@ class LLMSession:
         policy: LLMPolicy | None = None,
         url_rules: list[UrlRule] | None = None,
     ) -> None:
+        super().__init__(pool, rollout_id, spec.logprobs_mode)
         self.spec = spec
         self.url_rules = url_rules  # a tenant's job: its servers are held to these
         self.sampling = sampling
-        self.rollout_id = rollout_id
-        self.pool = pool
         self.builder = builder
         self.policy = policy or LLMPolicy()  # the worker's: where credentials live
         self.backend = get_backend_class(spec.backend)()
-        self.server: ServerInfo | None = None
-        self._stuck_url: str | None = None
         self._modes: set[str | None] = set()
         self.closed = False
-        # The running turn: its deadline (moved on by pause waits), cancel check, pause time.
-        self._deadline = 0.0
-        self._cancelled: Callable[[], bool] | None = None
-        self._paused = self._unreported = 0.0
         self._stop: list[str] = []  # the running turn's own stop strings
         self._sink: DeltaSink | None = None  # the running turn's streamed text goes here
         # Where the session's time went (`agents.time_split`): the turn's generation so far,
@@ -339,33 +324,6 @@ class LLMSession:
         self.builder.limit_context(served)
         return True
 
-    def _sleep_before(self, deadline: float, why: str) -> None:
-        """Wait a poll interval, or raise StageTimeout if the deadline comes first."""
-        if time.monotonic() + PAUSE_POLL_SECONDS >= deadline:
-            raise StageTimeout(f"rollout {self.rollout_id}: deadline passed while {why}")
-        time.sleep(PAUSE_POLL_SECONDS)
-
-    def _wait_paused(self, why: str) -> None:
-        """Wait one poll for a paused pool. Not charged to the rollout: its deadline moves on
-        by the wait (the stage's clock in the database too, for the reaper); a cancel still
-        stops it."""
-        if self._cancelled is not None and self._cancelled():
-            raise RolloutCancelled(f"rollout cancelled while {why}", rollout_id=self.rollout_id)
-        started = time.monotonic()
-        time.sleep(PAUSE_POLL_SECONDS)
-        waited = time.monotonic() - started
-        self._deadline += waited
-        self._paused += waited
-        self._unreported += waited
-        if self._unreported >= PAUSE_REPORT_SECONDS:
-            self._report_paused()
-
-    def _report_paused(self) -> None:
-        """Write the pause time not yet recorded on the rollout."""
-        if self._unreported > 0:
-            self.pool.note_paused(self._unreported)
-            self._unreported = 0.0
-
     def _auth_headers(self, server: ServerInfo) -> dict[str, str]:
         """The server's credential, read from the worker variable the operator registered for
         it and sent only to the URLs the operator allowed (never a variable the job names)."""
@@ -424,71 +382,6 @@ class LLMSession:
             ids.append(tok.hf.eos_token_id)
         generation.token_ids, generation.logprobs = ids, [0.0] * len(ids)
         return generation
-
-    def _server_for_turn(self, tried: set[str]) -> ServerInfo:
-        """The sticky server (re-read: weight version may change), else a fresh pick; the
-        rollout is marked as generating on it when this returns (`pool.begin_generation`).
-
-        A paused server (weights loading) is waited for, without charging the deadline: the
-        rollout keeps its slot and its prefix cache, and the turn records the new version.
-        """
-        if self.server is not None:
-            current = self._unpaused(self.server.url)
-            if current is not None:
-                self.server = current
-                return self._check_mode(current)
-            log.info("rollout %s: server %s left the pool", self.rollout_id, self.server.url)
-            self.pool.release(self.server.url)
-            self.server = None
-        if not tried:
-            sticky = self.pool.sticky_url()
-            self.server = self.pool.take(sticky) if sticky else None
-        if self.server is None:
-            self.server = self._acquire(tried)
-        if self._stuck_url != self.server.url:
-            self.pool.stick(self.server.url)
-            self._stuck_url = self.server.url
-        return self._server_for_turn(tried)  # now the held server: wait, mark, re-read
-
-    def _unpaused(self, url: str) -> ServerInfo | None:
-        """The server's current info once it is not paused, with the rollout marked as
-        generating on it (None if it left the pool)."""
-        current = self.pool.begin_generation(url)
-        while current is not None and current.paused:
-            self._wait_paused(f"waiting for paused server {url}")
-            current = self.pool.begin_generation(url)
-        return current
-
-    def _check_mode(self, server: ServerInfo) -> ServerInfo:
-        """Refuse a server whose logprobs are not the kind the job asked for."""
-        wanted = self.spec.logprobs_mode
-        if wanted is not None and server.logprobs_mode != wanted:
-            raise ConfigError(
-                f"llm.logprobs_mode: the job needs {wanted} but {server.url} declares {server.logprobs_mode}"
-            )
-        return server
-
-    def _acquire(self, tried: set[str]) -> ServerInfo:
-        """Pick a server, waiting (bounded by the deadline) while none is healthy and (not
-        charged) while every one is paused."""
-        give_up = min(self._deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
-        while True:
-            try:
-                return self.pool.acquire(exclude=frozenset(tried))
-            except ServersPaused:
-                self._wait_paused("every server is paused")
-                give_up = min(self._deadline, time.monotonic() + NO_SERVER_WAIT_SECONDS)
-            except ServiceUnavailable as exc:
-                if time.monotonic() + NO_SERVER_RETRY_SECONDS >= give_up:
-                    raise ServiceUnavailable(f"rollout {self.rollout_id}: {exc.message}") from exc
-                tried.clear()  # the pool skips servers marked down until they probe healthy
-                time.sleep(NO_SERVER_RETRY_SECONDS)
-
-    def _fail_over(self, server: ServerInfo, error: str) -> None:
-        log.warning("rollout %s: LLM server %s failed, moving on: %s", self.rollout_id, server.url, error)
-        self.pool.mark_down(server.url, error)
-        self.pool.release(server.url)
-        self.server = None
 
     def append_messages(self, messages: list[dict]) -> list[int]:
         """Add tool observations / user turns as the template delta (mask 0); returns its ids."""
