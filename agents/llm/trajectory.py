@@ -197,7 +197,7 @@ class TrajectoryBuilder:
             for m in messages
             if m.get("role") != "assistant"
         )
-        head = self._speculation_head(messages) if speculate else None
+        head = self._speculation_head() if speculate and not forged else None  # spans need the whole render
         mark = _Mark.of(traj, self.forged_control_tokens)
         shaped = False
         if head is None:
@@ -229,10 +229,12 @@ class TrajectoryBuilder:
         if not self.tok.shaped_deltas:
             return self.delta_text(messages, head), False
         values: list[str] = []
-        shape = [
-            {k: _field_mark(values, v) if isinstance(v, str) and k != "role" else v for k, v in m.items()}
-            for m in messages
-        ]
+
+        def mark(value: str) -> str:
+            values.append(value)
+            return FIELD_MARK.format(len(values) - 1)
+
+        shape = [{k: mark(v) if isinstance(v, str) and k != "role" else v for k, v in m.items()} for m in messages]
         try:
             key = orjson.dumps([shape, self._last_ended], option=orjson.OPT_SORT_KEYS)
         except TypeError:  # a value JSON cannot hold: no shape to key it by
@@ -242,26 +244,19 @@ class TrajectoryBuilder:
                 self._shapes.clear()
             text = self.delta_text(shape, head)
             # usable only if the template wrote each text once, as it was (not escaped, not cut)
-            whole = all(text.count(_field_mark([], v, i)) == 1 for i, v in enumerate(values))
+            whole = all(text.count(FIELD_MARK.format(i)) == 1 for i in range(len(values)))
             self._shapes[key] = text if whole else None
         cached = self._shapes[key]
         if cached is None:
             return self.delta_text(messages, head), False
         return _FIELD_MARK.sub(lambda found: values[int(found.group(1))], cached), True
 
-    def _speculation_head(self, messages: list[dict]) -> int | None:
+    def _speculation_head(self) -> int | None:
         """How many of the conversation's first messages a head-only delta render keeps (up to
-        its first non-system message); None when that is no shorter than the whole or the new
-        messages hold control-token text (their spans need the whole render)."""
+        its first non-system message); None when that is no shorter than the whole."""
         history = self._require().messages
         head = next((i + 1 for i, m in enumerate(history) if m.get("role") not in ("system", "developer")), None)
         if head is None or head >= len(history) - 1 or not self.tok.speculative_deltas:
-            return None
-        if any(
-            self.tok.control_texts_in(m["content"])
-            for m in messages
-            if m.get("role") != "assistant" and isinstance(m.get("content"), str)
-        ):
             return None
         return head
 
@@ -465,12 +460,5 @@ class _Unchecked:
 
 
 MAX_SHAPES = 64  # message shapes a builder keeps the delta of
+FIELD_MARK = "\x00raas-field-{}\x00"  # stands for a message's text in its shape's render
 _FIELD_MARK = re.compile("\x00raas-field-([0-9]+)\x00")
-
-
-def _field_mark(values: list[str], value: str, index: int | None = None) -> str:
-    """The mark standing for `value` in a shape (appended to `values`), or the `index`-th one's."""
-    if index is None:
-        index = len(values)
-        values.append(value)
-    return f"\x00raas-field-{index}\x00"
