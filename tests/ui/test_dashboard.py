@@ -272,8 +272,9 @@ def test_pause_then_resume_from_the_job_page(service, jobs, browser, artifacts) 
     the rollout that had started goes on either way."""
     job_id = jobs["slow"].job_id
     browser.get(f"{service.url}/ui/jobs/{job_id}")
-    if wait_for(lambda: _attribute_fresh(browser, "#job-header", "data-status")) != "running":
-        pytest.fail("the slow job finished before the test could pause it")
+    status = wait_for(lambda: _attribute_fresh(browser, "#job-header", "data-status"))
+    if status != "running":
+        pytest.fail(f"the slow job was {status!r} before the test could pause it")
     click_fresh(browser, "#job-header form.pause button")
     wait_for(lambda: _attribute_fresh(browser, "#job-header", "data-status") == "paused", what="the page to say paused")
     assert "paused by" in browser.find_element("css selector", "#paused").text
@@ -289,8 +290,9 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
     job_id = jobs["slow"].job_id
     browser.get(f"{service.url}/ui/")
     row = f'tr[data-job="{job_id}"]'
-    if wait_for(lambda: _attribute_fresh(browser, row, "data-status")) != "running":
-        pytest.fail("the slow job finished before the test could cancel it")
+    status = wait_for(lambda: _attribute_fresh(browser, row, "data-status"))
+    if status != "running":  # "paused": the test above failed between its pause and its resume
+        pytest.fail(f"the slow job was {status!r} before the test could cancel it")
     click_fresh(browser, f"{row} form.cancel button")
     alert = wait_for(lambda: _alert(browser))
     assert "Cancel job" in alert.text
@@ -314,26 +316,28 @@ def test_cancel_asks_first_then_the_jobs_page_follows_by_itself(service, jobs, b
 
 
 def click_fresh(driver, selector: str) -> None:
-    """Click, retrying when the page's self-refresh replaced the element under us."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """Click, retrying when the page's self-refresh replaced the element under us (or the
+    next page is still loading)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     for _ in range(10):
         try:
             driver.find_element("css selector", selector).click()
             return
-        except StaleElementReferenceException:
+        except (StaleElementReferenceException, NoSuchElementException):
             time.sleep(0.1)
     raise AssertionError(f"{selector} kept being replaced")
 
 
 def _attribute_fresh(driver, selector: str, name: str) -> str | None:
     """An attribute of the element now under `selector`; None when the page's self-refresh
-    replaced it between the lookup and the read (the next poll looks it up again)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    replaced it between the lookup and the read, or when a form's POST is still navigating to
+    the next page and the element is not there yet (the next poll looks it up again)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     try:
         return driver.find_element("css selector", selector).get_attribute(name)
-    except StaleElementReferenceException:
+    except (StaleElementReferenceException, NoSuchElementException):
         return None
 
 
