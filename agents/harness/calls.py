@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import TemplateError
+
 from agents.contexts import RunContext
 from agents.counters import EndpointCounters
 from agents.finish_reasons import CUT_TURN, FinishReason
@@ -24,6 +26,7 @@ from agents.harness.replay import CallReplay, logged_call_ids, logged_generation
 from agents.harness.replies import cut_at_stop, split_thinking, token_logprobs
 from agents.harness.samples import Prepared, SampleTracker
 from agents.harness.streaming import ReplyStream
+from agents.llm.template_budget import TemplateOverBudget
 from agents.llm.tool_calls import CLOSE_TAG, OPEN_TAG, parse_tool_calls
 from agents.llm.trajectory import TrajectoryBuilder
 from core.errors import (
@@ -132,6 +135,10 @@ class CallRunner:
                 _count(self.stats.unenforced_params, name)
             try:
                 return self._complete(request, stream)
+            except TEMPLATE_FAILURES as exc:
+                self._failed(TEMPLATE_ERROR)
+                _count(self.stats.refusals, "chat_template")
+                raise template_error(exc) from exc
             except CallError as exc:
                 self._failed(exc.kind)
                 raise
@@ -149,7 +156,10 @@ class CallRunner:
         """The prompt tokens `request` would be rendered to, as a call would render it
         (Anthropic's `count_tokens`); nothing is generated or recorded."""
         with self.lock:
-            return self.tracker.count_prompt(request.messages, request.tools)
+            try:
+                return self.tracker.count_prompt(request.messages, request.tools)
+            except TEMPLATE_FAILURES as exc:
+                raise template_error(exc) from exc
 
     def _failed(self, kind: str) -> None:
         self.stats.failed_calls += 1
@@ -232,6 +242,8 @@ class CallRunner:
         except ServiceUnavailable as exc:
             self.fatal = self.fatal or exc
             raise CallError("unavailable", f"no inference server: {exc}", 503) from exc
+        except TemplateOverBudget:  # the template's check while the server worked: not the server's
+            raise
         except InvalidRequest as exc:  # the server refused the request (not for its length)
             raise CallError("invalid_request", f"the inference server refused the call: {exc.message}") from exc
         _extend_deadline(self.ctx, gen.paused_seconds)  # a paused pool: not the agent's time
@@ -355,6 +367,21 @@ class CallRunner:
 
 def _count(counts: dict[str, int], name: str) -> None:
     counts[name] = counts.get(name, 0) + 1
+
+
+# The job's chat template failed on this conversation: its own `raise_exception` (a role
+# order or a message shape it does not take), a bad value, or its render budget. That is the
+# job's template meeting what this harness sends, not the infrastructure (no retry would render
+# it) and not the policy: answered 400 as vLLM answers a template error, counted as a refusal
+# (`endings`: `infra_error` / `endpoint_refused`, not graded, not retried).
+TEMPLATE_FAILURES = (TemplateError, TemplateOverBudget)
+TEMPLATE_ERROR = "chat_template_error"
+
+
+def template_error(exc: Exception) -> CallError:
+    """The API error a template failure is answered with, naming the template's message."""
+    said = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return CallError(TEMPLATE_ERROR, f"the job's chat template cannot render this conversation: {said}", 400)
 
 
 def refused_field(exc: Exception) -> str:

@@ -14,6 +14,10 @@ the standard library only (no environment to build):
   `infra_error` / `harness_start`.
 * `honest` asks with `tool_choice: "auto"` and then exits 1 on its own: the control,
   the policy's `agent_error` / `harness_exit` (graded: no answer is reward 0).
+* `honest` again, in a job whose chat template raises on this task's conversation (its own
+  `raise_exception`): the job's template, not the infrastructure nor the policy. The endpoint
+  answers 400 `chat_template_error` with the template's message, the harness exits non-zero:
+  `infra_error` / `endpoint_refused`, not retried (no retry renders it).
 * `stall` asks once, then works on its own until its registration's `timeout` (8 s): its own
   time ran out, `agent_error` / `deadline`, reward 0, counted in its group (the harness twin of
   the stall attack in test_deadline_pipeline.py).
@@ -82,13 +86,22 @@ def llm():
     stop()
 
 
-def submit(service, llm, harness: str, n: int) -> JobAccepted:
+# SmolLM2's own template, refusing any conversation about 3 + 4 (the checker's test
+# conversations render).
+RAISING_TEMPLATE = (
+    "{% for m in messages %}{% if m.content is string and '3 + 4' in m.content %}"
+    "{{ raise_exception('this template does not do arithmetic') }}{% endif %}{% endfor %}"
+    + (Path(SMOLLM2) / "chat_template.jinja").read_text()
+)
+
+
+def submit(service, llm, harness: str, n: int, **llm_fields: str) -> JobAccepted:
     instance = {"instance_id": f"{harness}-1", "data": {"problem": "What is 3 + 4?", "answer": "7"}}
     return service.client.submit(
         "harness",
         [instance],
         n_samples=n,
-        llm=llm,
+        llm={**llm, **llm_fields},
         sampling={"max_tokens": 32},
         agent_config={"harness": harness, "task": "math"},
     )
@@ -96,6 +109,7 @@ def submit(service, llm, harness: str, n: int) -> JobAccepted:
 
 def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
     jobs = {name: submit(service, llm, name, 2 if name in ("refused", "stall") else 1) for name in HARNESSES}
+    jobs["template"] = submit(service, llm, "honest", 1, chat_template_text=RAISING_TEMPLATE)
     batches = {name: service.client.collect(job.job_id, groups=1, timeout=300) for name, job in jobs.items()}
 
     [refused] = batches["refused"].groups
@@ -119,6 +133,19 @@ def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
     assert (honest.outcome, honest.finish_reason, honest.failure_class) == ("agent_error", "harness_exit", "policy")
     assert honest.reward == 0.0 and honest.metrics["calls"] == 1 and sum(honest.loss_mask) > 0
     assert honest.metrics["time_split"]["generation"] > 0
+
+    # the job's template raised on the conversation: refused, named, not retried, not graded
+    [template] = batches["template"].groups[0].rollouts
+    assert (template.outcome, template.finish_reason, template.failure_class) == (
+        "infra_error",
+        "endpoint_refused",
+        "infra",
+    ), template.error
+    assert template.reward is None and template.attempt == 1
+    assert template.metrics["errors"] == {"chat_template_error": 1}
+    assert template.metrics["refusals"] == {"chat_template": 1}
+    assert "refused 400" in template.extra["harness_log"], template.extra["harness_log"]
+    assert "does not do arithmetic" in template.extra["harness_log"]
 
     # a harness working on its own until its timeout: the policy's time, trained on as 0
     [stall] = batches["stall"].groups

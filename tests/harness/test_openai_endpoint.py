@@ -397,7 +397,7 @@ def test_a_delta_rendered_head_only_is_checked_and_redone_before_the_reply(endpo
 
 
 @pytest.mark.parametrize("speculate", [True, False])
-def test_a_whole_render_that_fails_fails_the_call_as_it_would_unchecked(endpoint, speculate) -> None:
+def test_a_template_that_fails_is_refused_the_same_with_or_without_head_only_deltas(endpoint, speculate) -> None:
     import uuid
 
     # the head-only probe (4 messages) renders; the whole conversation's (6) raises
@@ -425,7 +425,15 @@ def test_a_whole_render_that_fails_fails_the_call_as_it_would_unchecked(endpoint
         if n < 2:
             reply = answers[0].json()["choices"][0]["message"]
             messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ok"}]
-    assert [a.status_code for a in answers] == [500, 500]
-    assert all("raas failed this call" in a.json()["error"]["message"] for a in answers)
+    # the job's template, not the infrastructure: a 400 naming the template's own message,
+    # counted as a refusal (the rollout ends `endpoint_refused`, not an infra failure)
+    assert [a.status_code for a in answers] == [400, 400]
+    for answer in answers:
+        error = answer.json()["error"]
+        assert error["code"] == "chat_template_error", error
+        assert "this template takes 5 messages" in error["message"], error
+    assert ep.fatal is None
+    assert ep.counters.errors == {"chat_template_error": 2}
+    assert ep.counters.refusals == {"chat_template": 2}
     assert len(recorded(ep)) == 2  # nothing generated for the failing call
     assert ep.runner.tracker.current.builder.trajectory().messages[-1]["role"] == "assistant"
