@@ -90,6 +90,7 @@ def validate_submission(
                 partial(registered_urls, settings.db_url, owner),
                 settings.policy.llm,
                 admin,
+                owner,  # an owner's inline templates are checked one at a time
             )
             _check_prompts_fit(settings, handler, agent_config, req, llm, owner)
     elif req.llm is not None:  # unused by the handler: stored, but held to the same rules

@@ -148,7 +148,11 @@ def validate_llm_spec(
 
 
 def resolve_llm_spec(
-    parsed: LLMSpec, registered: Callable[[], list[str]] = list, policy: LLMPolicy | None = None, admin: bool = True
+    parsed: LLMSpec,
+    registered: Callable[[], list[str]] = list,
+    policy: LLMPolicy | None = None,
+    admin: bool = True,
+    owner: str = "",
 ) -> LLMSpec:
     """Hold a job's parsed `llm` spec to the operator's policy at submission and resolve its
     tokenizer folder and chat template text; returns the spec the job stores (a copy: the
@@ -158,7 +162,8 @@ def resolve_llm_spec(
     registered for those URLs, the template a registered name or capped inline text. The
     tokenizer is the named folder, else the model path a server (the job's, else one of
     `registered()`, the caller's owner's) reports in GET /v1/models when that folder exists
-    locally; otherwise InvalidRequest names `llm.tokenizer`.
+    locally; otherwise InvalidRequest names `llm.tokenizer`. An inline template is checked in
+    `owner`'s turn (`template_checker.CheckerPool`).
     """
     from jinja2 import TemplateError
 
@@ -179,7 +184,7 @@ def resolve_llm_spec(
         spec, registered, None if admin else partial(tokenizer_allowed, policy, admin=False)
     )
     if spec.chat_template_text is not None and inline:
-        check_untrusted_template(spec.tokenizer, spec.chat_template_text)  # a bounded child
+        check_untrusted_template(spec.tokenizer, spec.chat_template_text, owner)  # a bounded child
     try:
         load_chat_tokenizer(spec.tokenizer, spec.chat_template_text)
     except TemplateError as exc:

@@ -12,7 +12,11 @@ which runs one thread, loads each tokenizer once and forks the bounded child fro
 The protocol is one JSON line each way on the checker's stdin and stdout:
 {"tokenizer", "template"} in; {"verdict", "message", "threads"} out, the verdict one of
 `VERDICTS` and `threads` the checker's own thread count when it forked (1; tests hold it to that).
-Checks from one process go through one checker, one at a time (~25 ms each, warm).
+A check takes ~25 ms warm; a template that spends its whole budget holds its checker for up
+to the child's wall deadline. So a process keeps a small pool (`CheckerPool`, up to
+`MAX_CHECKERS` checker processes, started as they are needed): one owner's checks run one after
+another (an owner holds at most one checker), different owners' at once. A tenant submitting
+bomb templates in parallel queues behind itself, not in front of the other tenants.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +43,9 @@ REPLY_SECONDS = 120.0
 REPO = Path(__file__).resolve().parents[2]  # the checker runs this tree's code
 # numpy (transformers imports it) would start OpenBLAS's pool: the checker forks, so one thread
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# checker processes per gateway process (~170 MB each once a tokenizer is loaded): owners whose
+# checks run at once; more wait for a checker to come free
+MAX_CHECKERS = 3
 
 
 class TemplateChecker:
@@ -130,14 +139,78 @@ def _read_line(stream: IO[bytes], timeout: float) -> bytes:
     return data
 
 
-_checker = TemplateChecker()
+class CheckerPool:
+    """This process's checkers: each owner's checks in turn, up to `size` owners' at once.
+
+    An owner first takes its own turn (a lock per owner, dropped when no check of it waits),
+    then a free checker (an idle one, else a new one while fewer than `size` were started,
+    else the next one given back)."""
+
+    def __init__(self, size: int = MAX_CHECKERS) -> None:
+        self.size = size
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked copy's locks and pipes are not its own
+
+    def _reset(self) -> None:
+        self._free = threading.Condition()
+        self._idle: list[TemplateChecker] = []
+        self._all: list[TemplateChecker] = []
+        self._turns: dict[str, tuple[threading.Lock, list[int]]] = {}  # owner -> (its lock, [waiting])
+
+    def check(self, tokenizer: str, template: str, owner: str = "") -> dict[str, Any]:
+        """`TemplateChecker.check` on a free checker, in `owner`'s turn."""
+        with self._turn(owner):
+            checker = self._take()
+            try:
+                return checker.check(tokenizer, template)
+            finally:
+                with self._free:
+                    self._idle.append(checker)
+                    self._free.notify()
+
+    def pids(self) -> list[int]:
+        """The checker processes running now (tests)."""
+        return [c._proc.pid for c in self._all if c._proc is not None and c._owner == os.getpid()]
+
+    def close(self) -> None:
+        """Stop every checker (each also exits by itself when this process exits)."""
+        with self._free:
+            for checker in self._all:
+                checker.close()
+
+    @contextmanager
+    def _turn(self, owner: str) -> Iterator[None]:
+        with self._free:
+            lock, waiting = self._turns.setdefault(owner, (threading.Lock(), [0]))
+            waiting[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._free:
+                waiting[0] -= 1
+                if not waiting[0]:
+                    del self._turns[owner]
+
+    def _take(self) -> TemplateChecker:
+        with self._free:
+            while not self._idle and len(self._all) >= self.size:
+                self._free.wait()
+            if self._idle:
+                return self._idle.pop()
+            checker = TemplateChecker()
+            self._all.append(checker)
+            return checker
 
 
-def check_untrusted_template(tokenizer: str, template: str) -> dict[str, Any]:
+_checker = CheckerPool()
+
+
+def check_untrusted_template(tokenizer: str, template: str, owner: str = "") -> dict[str, Any]:
     """Render a sample conversation through an untrusted inline template in a bounded child
-    of this process's checker; InvalidRequest naming llm.chat_template_text (or llm.tokenizer)
-    unless it passes (the reply, for tests)."""
-    return _checker.check(tokenizer, template)
+    of one of this process's checkers, in `owner`'s turn; InvalidRequest naming
+    llm.chat_template_text (or llm.tokenizer) unless it passes (the reply, for tests)."""
+    return _checker.check(tokenizer, template, owner)
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:

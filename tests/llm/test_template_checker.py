@@ -9,14 +9,16 @@ the checker.
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from agents.llm import template_budget, template_checker
 from agents.llm.template_budget import TemplateOverBudget
-from agents.llm.template_checker import TemplateChecker
+from agents.llm.template_checker import CheckerPool, TemplateChecker
 from agents.llm.template_checker import check_untrusted_template
 from core.errors import InvalidRequest
 
@@ -90,14 +92,14 @@ def test_a_closed_stdin_stops_the_checker(checker) -> None:
 def test_a_forked_copy_starts_its_own_checker() -> None:
     """A process forked after a check (a prefork pool) must not share its parent's pipes."""
     check_untrusted_template(SMOLLM2, QWEN)
-    parent_checker = template_checker._checker._proc.pid
+    [parent_checker] = template_checker._checker.pids()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         code = 1
         try:
             check_untrusted_template(SMOLLM2, QWEN)
-            mine = template_checker._checker._proc.pid
+            [mine] = template_checker._checker.pids()
             os.write(write_fd, str(mine).encode())
             code = 0
         finally:
@@ -109,7 +111,7 @@ def test_a_forked_copy_starts_its_own_checker() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert child_checker not in (0, parent_checker)
     check_untrusted_template(SMOLLM2, QWEN)
-    assert template_checker._checker._proc.pid == parent_checker  # the parent's is untouched
+    assert template_checker._checker.pids() == [parent_checker]  # the parent's is untouched
 
 
 def test_a_fork_while_a_thread_holds_the_watchdogs_lock_still_renders_in_the_child() -> None:
@@ -147,3 +149,69 @@ def test_a_fork_while_a_thread_holds_the_watchdogs_lock_still_renders_in_the_chi
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung on the watchdog's lock")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_one_owners_checks_wait_for_each_other_and_never_for_another_owners() -> None:
+    """A tenant whose checks hold the checker (bomb templates: up to the child's wall deadline
+    each) queues behind itself: another tenant's check runs on another checker meanwhile, and
+    the first tenant's next check does not take that checker while its own turn is held."""
+    pool = CheckerPool(size=2)
+    try:
+        pool.check(SMOLLM2, QWEN, owner="a")  # one warm checker
+        [stuck] = pool.pids()
+        os.kill(stuck, signal.SIGSTOP)  # owner a's first check will hang on it until SIGCONT
+        results: dict[str, object] = {}
+
+        def check(name: str, owner: str) -> threading.Thread:
+            def run() -> None:
+                results[name] = pool.check(SMOLLM2, QWEN, owner=owner)["verdict"]
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            return thread
+
+        first = check("a1", "a")
+        deadline = time.monotonic() + 30
+        while pool._idle:  # a1 took the stopped checker
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = check("a2", "a")
+        time.sleep(0.5)
+        check("b", "b").join(timeout=60)
+        assert results == {"b": "ok"}  # b was answered while both of a's waited
+        assert first.is_alive() and second.is_alive()
+        assert len(pool.pids()) == 2  # b's checker, now idle: a2 waits for a's turn, not for it
+        os.kill(stuck, signal.SIGCONT)
+        first.join(timeout=60)
+        second.join(timeout=60)
+        assert results == {"a1": "ok", "a2": "ok", "b": "ok"}
+        assert len(pool.pids()) == 2 and pool._turns == {}  # no owner's turn is left behind
+    finally:
+        for pid in pool.pids():
+            os.kill(pid, signal.SIGCONT)
+        pool.close()
+
+
+def test_a_full_pool_makes_the_next_owner_wait_for_a_checker() -> None:
+    pool = CheckerPool(size=1)
+    try:
+        pool.check(SMOLLM2, QWEN, owner="a")
+        [stuck] = pool.pids()
+        os.kill(stuck, signal.SIGSTOP)
+        done: list[str] = []
+        threads = [
+            threading.Thread(target=lambda o=o: done.append(pool.check(SMOLLM2, QWEN, owner=o)["verdict"]), daemon=True)
+            for o in ("a", "b")
+        ]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.3)
+        assert done == [] and pool.pids() == [stuck]  # b waits: no second checker past the size
+        os.kill(stuck, signal.SIGCONT)
+        for thread in threads:
+            thread.join(timeout=60)
+        assert done == ["ok", "ok"] and pool.pids() == [stuck]
+    finally:
+        for pid in pool.pids():
+            os.kill(pid, signal.SIGCONT)
+        pool.close()
