@@ -7,7 +7,10 @@
   process (`check_untrusted_template`), against the same child forked from this process
   (`check_template_here`, what the gateway did before the checker);
 - the attack: nested `range()` loops (64 M iterations) in the child: refused within its wall
-  deadline.
+  deadline;
+- two tenants: while tenant a has 4 bomb templates in check at once, how long tenant b's sound
+  template waits, on the pool (`CheckerPool()`: each owner in turn, up to 3 checkers) against
+  one checker for everyone (`CheckerPool(size=1)`, what the gateway had before the pool).
 Prints JSON + a table. `.venv/bin/python bench/template_budget.py`
 """
 
@@ -22,7 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.llm.template_checker import check_untrusted_template  # noqa: E402
+import threading  # noqa: E402
+
+from agents.llm.template_checker import CheckerPool, check_untrusted_template  # noqa: E402
 from agents.llm.tokenizer import check_template_here, load_chat_tokenizer  # noqa: E402
 from core.errors import InvalidRequest  # noqa: E402
 
@@ -43,6 +48,33 @@ def per_call(fn, n: int) -> float:
             fn()
         batches.append((time.perf_counter() - t0) / n * 1000)
     return statistics.median(batches)
+
+
+def other_tenant_wait(pool: CheckerPool, template: str, bombs: int = 4) -> float:
+    """Seconds tenant b's sound check takes while tenant a's `bombs` checks are in flight."""
+    warm = [threading.Thread(target=pool.check, args=(TOKENIZER, template, o)) for o in "ab"]
+    for thread in warm:  # at once: as many checkers as the pool starts, each with the tokenizer
+        thread.start()
+    for thread in warm:
+        thread.join()
+
+    def bomb() -> None:
+        try:
+            pool.check(TOKENIZER, BOMB, "a")
+        except InvalidRequest:
+            pass
+
+    threads = [threading.Thread(target=bomb) for _ in range(bombs)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)  # a's checks queued first
+    t0 = time.perf_counter()
+    pool.check(TOKENIZER, template, "b")
+    waited = time.perf_counter() - t0
+    for thread in threads:
+        thread.join()
+    pool.close()
+    return waited
 
 
 def main() -> None:
@@ -68,6 +100,8 @@ def main() -> None:
     except InvalidRequest as exc:
         bomb = exc.message[:90]
     bomb_s = time.perf_counter() - t0
+    one_checker = other_tenant_wait(CheckerPool(size=1), template)
+    pooled = other_tenant_wait(CheckerPool(), template)
     result = {
         "render_ms_budgeted": round(budgeted, 3),
         "render_ms_direct": round(direct, 3),
@@ -76,6 +110,8 @@ def main() -> None:
         "submission_check_in_process_ms_median": round(statistics.median(here), 1),
         "bomb_refused_after_s": round(bomb_s, 2),
         "bomb_answer": bomb,
+        "other_tenant_wait_s_one_checker": round(one_checker, 2),
+        "other_tenant_wait_s_pool": round(pooled, 2),
     }
     print(json.dumps(result))
     print(f"{'render, 20 messages (budgeted)':40} {budgeted:8.3f} ms")
@@ -83,6 +119,8 @@ def main() -> None:
     print(f"{'submission check (checker process)':40} {statistics.median(checks):8.1f} ms")
     print(f"{'submission check (forked from here)':40} {statistics.median(here):8.1f} ms")
     print(f"{'64 M-iteration template refused after':40} {bomb_s:8.2f} s")
+    print(f"{'tenant b behind 4 bombs, one checker':40} {one_checker:8.2f} s")
+    print(f"{'tenant b behind 4 bombs, the pool':40} {pooled:8.2f} s")
 
 
 if __name__ == "__main__":
