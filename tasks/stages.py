@@ -278,7 +278,9 @@ class StageRun:
                 f"the context ({result.metrics.get('context_length')} tokens)"
             )
         elif outcome == Outcome.INFRA_ERROR.value:
-            reward, error = None, f"run: the harness did not run against its endpoint ({result.finish_reason})"
+            refused = ", ".join(f"{name} x{n}" for name, n in (result.metrics.get("refusals") or {}).items())
+            reason = f"{result.finish_reason}: refused {refused}" if refused else result.finish_reason
+            reward, error = None, f"run: the harness did not run against its endpoint ({reason})"
         elif (outcome, result.finish_reason) == POLICY_DEADLINE:
             share = (result.metrics.get("time_split") or {}).get("agent_share")
             reward, error = 0.0, f"run: the deadline passed on the agent's own time (agent share {share})"

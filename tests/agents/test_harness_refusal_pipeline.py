@@ -119,6 +119,7 @@ def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
         assert row.reward is None and row.train_reward is None and row.attempt == 1  # not retried
         assert row.metrics["errors"] == {"invalid_request": 1} and row.metrics["harness_returncode"] == 1
         assert "refused 400" in row.extra["harness_log"] and "n=1" in row.extra["harness_log"]
+        assert row.error == "run: the harness did not run against its endpoint (endpoint_refused: refused n x1)"
 
     [no_start] = batches["no-start"].groups[0].rollouts
     assert (no_start.outcome, no_start.finish_reason, no_start.failure_class) == (
@@ -144,6 +145,7 @@ def test_a_refused_harness_is_infra_and_never_trained_on(service, llm) -> None:
     assert template.reward is None and template.attempt == 1
     assert template.metrics["errors"] == {"chat_template_error": 1}
     assert template.metrics["refusals"] == {"chat_template": 1}
+    assert template.error.endswith("(endpoint_refused: refused chat_template x1)"), template.error
     assert "refused 400" in template.extra["harness_log"], template.extra["harness_log"]
     assert "does not do arithmetic" in template.extra["harness_log"]
 
