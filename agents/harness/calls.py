@@ -372,7 +372,7 @@ def _count(counts: dict[str, int], name: str) -> None:
 # The job's chat template failed on this conversation: its own `raise_exception` (a role
 # order or a message shape it does not take), a bad value, or its render budget. That is the
 # job's template meeting what this harness sends, not the infrastructure (no retry would render
-# it) and not the policy: answered 400 as vLLM answers a template error, counted as a refusal
+# it) and not the policy: answered 400 naming the template's message, counted as a refusal
 # (`endings`: `infra_error` / `endpoint_refused`, not graded, not retried).
 TEMPLATE_FAILURES = (TemplateError, TemplateOverBudget)
 TEMPLATE_ERROR = "chat_template_error"
